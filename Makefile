@@ -1,0 +1,42 @@
+# The two commands the README promises, plus the checks CI runs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: serve test check lint typecheck unit bench proto clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Serve the bundled example repository (CPU): HTTP :8000, gRPC :8001.
+serve: $(PY)
+	$(PY) -m pip install -q -e .
+	$(VENV)/bin/conveyor serve
+
+# Install what the tests need, then lint, type-check and run the whole suite.
+test: $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	$(MAKE) check
+
+check: lint typecheck unit
+
+lint:
+	$(VENV)/bin/ruff check .
+
+typecheck:
+	$(VENV)/bin/mypy proto shm router workers ingress deploy
+
+unit:
+	$(PY) -m pytest -q
+
+bench: $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) deploy/bench.py
+
+proto: $(PY)
+	$(PY) -m pip install -q -e '.[dev]'
+	PATH=$(VENV)/bin:$$PATH bash proto/regenerate.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,53 @@
+"""Command-line options, with the flag names and meanings a Triton user already types."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+
+def triton_bool(text: str) -> bool:
+    """Triton's boolean flags take true/false (also 1/0, yes/no)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def run_dir(group: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"conveyor-{group}")
+
+
+def default_endpoints(group: str) -> tuple[str, str]:
+    """The router's ingress-facing and worker-facing ZeroMQ endpoints (IPC on this host)."""
+    d = run_dir(group)
+    return f"ipc://{d}/router-ingress.sock", f"ipc://{d}/router-workers.sock"
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group", default="default",
+                   help="name of this process group: shared-memory names and IPC paths carry it")
+    p.add_argument("--log-verbose", type=int, default=0, help="verbose logging level (Triton's flag)")
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0,
+                   help="how long shutdown waits for in-flight requests")
+
+
+def add_network(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--allow-http", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--allow-grpc", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--allow-metrics", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--arena-size", type=int, default=256 << 20,
+                   help="bytes of each process's shared-memory arena (tmpfs: only touched pages count)")
+
+
+def add_repository(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--model-repository", "--model-store", action="append", default=[], required=required,
+                   dest="model_repository", help="a Triton model repository (repeatable)")

@@ -1,0 +1,306 @@
+"""The transport-free KServe v2 data plane of an ingress process.
+
+HTTP and gRPC adapters parse their wire form into ``InferInput``/``InferCall``,
+call ``DataPlane.infer`` and render the ``InferResult`` back; errors are
+``ConveyorError`` values the adapter renders once. This module validates a
+request against the model's cached signature, writes the tensor bytes once into
+this process's shared-memory arena, sends a descriptor to the router and turns
+the answer into views of the worker's output block.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
+from conveyor.ingress.router_link import RouterLink, error_from
+from conveyor.proto import messages as m
+from conveyor.proto.datatypes import (
+    deserialize_bytes,
+    element_count,
+    element_size,
+    numpy_dtype,
+    serialize_bytes,
+)
+from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.shm.arena import Arena
+from conveyor.shm.regions import RegionCache
+
+TensorData = bytes | bytearray | memoryview | np.ndarray
+
+
+@dataclass(slots=True)
+class InferInput:
+    """One input: ``data`` is raw little-endian bytes (BYTES: length-prefixed) or
+    an array already in the input's dtype (from JSON)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: TensorData | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    classification: int = 0
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferCall:
+    model: str
+    version: str
+    inputs: list[InferInput]
+    outputs: list[RequestedOutput] | None = None  # None: every output
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    """An output as a view of shared memory: valid until ``InferResult.release``."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    raw: np.ndarray  # uint8 view
+
+    def as_array(self) -> np.ndarray:
+        if self.datatype == "BYTES":
+            return deserialize_bytes(self.raw.data, element_count(self.shape)).reshape(self.shape)
+        return self.raw.view(numpy_dtype(self.datatype)).reshape(self.shape)
+
+
+@dataclass(slots=True)
+class InferResult:
+    model: str
+    version: str
+    id: str
+    outputs: list[OutputTensor]
+    parameters: dict[str, Any]
+    _release: list[m.Release]
+    _regions: RegionCache
+
+    def release(self) -> None:
+        """Hand the output block back to its worker; call once the bytes are copied out."""
+        for rel in self._release:
+            self._regions.view(rel.region, rel.offset, 1)[0] = 1
+        self._release = []
+
+
+class DataPlane:
+    def __init__(self, link: RouterLink, arena: Arena, regions: RegionCache) -> None:
+        self.link = link
+        self.arena = arena
+        self.regions = regions
+        self.models = ModelSignatureCache(link)
+        self._blocks: dict[int, int] = {}  # request id -> input block, freed on reply
+        link.on_orphan = self.on_orphan
+
+    def on_orphan(self, response: m.InferResponse) -> None:
+        """A reply nobody waits for: free its memory (RouterLink calls this)."""
+        self._finish(response)
+
+    async def infer(self, call: InferCall) -> InferResult:
+        sig = await self.models.get(call.model, call.version)
+        inputs = self._check_inputs(sig, call.inputs)
+        outputs = self._check_outputs(sig, call.outputs)
+        total = sum(_aligned(nbytes) for _, _, nbytes in inputs)
+        block = self.arena.alloc(total)
+        try:
+            refs = self._write_inputs(block, inputs)
+        except BaseException:
+            self.arena.free(block)
+            raise
+        deadline = 0
+        timeout_s = call.timeout_s
+        timeout_us = call.parameters.get("timeout")
+        if isinstance(timeout_us, int) and timeout_us > 0:
+            timeout_s = min(timeout_s or 1e18, timeout_us / 1e6)
+        if timeout_s:
+            deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+        request = m.InferRequest(
+            id=self.link.next_id(),
+            model=call.model,
+            version=call.version,
+            inputs=refs,
+            outputs=outputs,
+            parameters=call.parameters,
+            deadline_ns=deadline,
+        )
+        self._blocks[request.id] = block
+        response = await self.link.infer(request)
+        self._finish_input(response.id)
+        self.models.observe_generation(response.generation)
+        if response.error is not None:
+            self._release(response.release)
+            raise error_from(response.error)
+        regions = self.regions
+        out = [
+            OutputTensor(t.name, t.datatype, t.shape, regions.view(t.region, t.offset, t.nbytes))
+            for t in response.outputs
+        ]
+        return InferResult(
+            response.model, response.version, call.id, out, response.parameters, response.release, regions
+        )
+
+    # --- validation ------------------------------------------------------------------
+
+    def _check_inputs(
+        self, sig: ModelSignature, inputs: list[InferInput]
+    ) -> list[tuple[InferInput, TensorData, int]]:
+        checked: list[tuple[InferInput, TensorData, int]] = []
+        seen: set[str] = set()
+        batch: int | None = None
+        for inp in inputs:
+            spec = sig.inputs.get(inp.name)
+            if spec is None:
+                raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{sig.name}'")
+            if inp.name in seen:
+                raise invalid_arg(f"input '{inp.name}' appears more than once in the request")
+            seen.add(inp.name)
+            if inp.datatype != spec.datatype:
+                raise invalid_arg(
+                    f"inference input '{inp.name}' data-type is '{inp.datatype}', "
+                    f"but model '{sig.name}' expects '{spec.datatype}'"
+                )
+            if any(d < 0 for d in inp.shape):
+                raise invalid_arg(f"input '{inp.name}' has a negative dimension in shape {inp.shape}")
+            dims = inp.shape
+            if sig.max_batch_size > 0:
+                if not dims:
+                    raise invalid_arg(f"input '{inp.name}' has no batch dimension: shape {inp.shape}")
+                if batch is None:
+                    batch = dims[0]
+                elif dims[0] != batch:
+                    raise invalid_arg("all inputs of a request must have the same batch size")
+                if dims[0] > sig.max_batch_size:
+                    raise invalid_arg(
+                        f"inference request batch-size must be <= {sig.max_batch_size} for '{sig.name}'"
+                    )
+                dims = dims[1:]
+            if not spec.accepts(dims):
+                expected = ([-1] if sig.max_batch_size > 0 else []) + list(spec.dims)
+                raise invalid_arg(
+                    f"unexpected shape for input '{inp.name}' for model '{sig.name}'. "
+                    f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}"
+                )
+            if inp.data is None:
+                raise invalid_arg(f"input '{inp.name}' has no data")
+            checked.append((inp, inp.data, self._byte_size(inp)))
+        missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
+        if missing:
+            raise invalid_arg(
+                f"expected {len(sig.inputs)} inputs but got {len(seen)} inputs for model '{sig.name}'. "
+                f"Got input(s) {sorted(seen)}, but missing required input(s) {missing}. "
+                "Please provide all required input(s)."
+            )
+        return checked
+
+    @staticmethod
+    def _byte_size(inp: InferInput) -> int:
+        count = element_count(inp.shape)
+        data = inp.data
+        if isinstance(data, np.ndarray):
+            if inp.datatype == "BYTES":
+                if data.size != count:
+                    raise invalid_arg(
+                        f"input '{inp.name}' has {data.size} elements, its shape {inp.shape} needs {count}"
+                    )
+                inp.data = data = np.frombuffer(serialize_bytes(data), dtype=np.uint8)
+                return data.nbytes
+            if data.size != count:
+                raise invalid_arg(
+                    f"input '{inp.name}' has {data.size} elements, its shape {inp.shape} needs {count}"
+                )
+            return count * element_size(inp.datatype)
+        nbytes = memoryview(data).nbytes  # type: ignore[arg-type]
+        if inp.datatype == "BYTES":
+            _check_bytes_count(inp.name, data, count)  # type: ignore[arg-type]
+            return nbytes
+        expected = count * element_size(inp.datatype)
+        if nbytes != expected:
+            raise invalid_arg(
+                f"input byte size mismatch for input '{inp.name}' for model: "
+                f"expected {expected} bytes for shape {inp.shape} of {inp.datatype}, got {nbytes}"
+            )
+        return nbytes
+
+    @staticmethod
+    def _check_outputs(sig: ModelSignature, outputs: list[RequestedOutput] | None) -> list[m.OutputSpec]:
+        if outputs is None:
+            return [m.OutputSpec(name) for name in sig.outputs]
+        specs: list[m.OutputSpec] = []
+        for out in outputs:
+            if out.name not in sig.outputs:
+                raise invalid_arg(f"unexpected inference output '{out.name}' for model '{sig.name}'")
+            if out.classification < 0:
+                raise invalid_arg(f"classification count for output '{out.name}' must be positive")
+            specs.append(m.OutputSpec(out.name, out.classification))
+        return specs
+
+    # --- shared memory -----------------------------------------------------------------
+
+    def _write_inputs(self, block: int, inputs: list[tuple[InferInput, TensorData, int]]) -> list[m.TensorRef]:
+        refs: list[m.TensorRef] = []
+        arena = self.arena
+        offset = block
+        for inp, _, nbytes in inputs:
+            data = inp.data
+            dst = arena.view(offset, nbytes)
+            if isinstance(data, np.ndarray):
+                # The one copy of these bytes: from the parsed request into shared memory.
+                dtype = np.uint8 if inp.datatype == "BYTES" else numpy_dtype(inp.datatype)
+                dst[:] = np.ascontiguousarray(data, dtype=dtype).reshape(-1).view(np.uint8)
+            else:
+                dst[:] = np.frombuffer(data, dtype=np.uint8)  # type: ignore[arg-type]
+            refs.append(m.TensorRef(inp.name, inp.datatype, inp.shape, arena.name, offset, nbytes))
+            offset += _aligned(nbytes)
+        return refs
+
+    def _finish_input(self, request_id: int) -> None:
+        block = self._blocks.pop(request_id, None)
+        if block is not None:
+            self.arena.free(block)
+
+    def _release(self, releases: list[m.Release]) -> None:
+        for rel in releases:
+            try:
+                self.regions.view(rel.region, rel.offset, 1)[0] = 1
+            except ConveyorError:
+                pass  # the worker is gone, and its segment with it
+
+    def _finish(self, response: m.InferResponse) -> None:
+        self._finish_input(response.id)
+        self._release(response.release)
+
+
+def _check_bytes_count(name: str, data: bytes | memoryview, count: int) -> None:
+    """Walk the length prefixes without building objects."""
+    mv = memoryview(data).cast("B")
+    pos, end, n = 0, len(mv), 0
+    while pos < end:
+        if pos + 4 > end:
+            break
+        pos += 4 + int.from_bytes(mv[pos : pos + 4], "little")
+        n += 1
+    if pos != end or n != count:
+        raise invalid_arg(
+            f"input '{name}' BYTES data does not hold exactly {count} length-prefixed element(s)"
+        )
+
+
+def _aligned(nbytes: int) -> int:
+    """Each tensor starts on a 64-byte boundary, so backends get aligned views."""
+    return (nbytes + 63) & ~63
+
+
+def _fmt(shape: list[int] | tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"

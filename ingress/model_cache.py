@@ -1,0 +1,63 @@
+"""What the ingress knows of each model: its input/output signature, fetched from
+the router once and kept until the router's repository generation changes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.ingress.router_link import RouterLink
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension; -1 = any
+    optional: bool = False
+
+    def accepts(self, dims: list[int]) -> bool:
+        if len(dims) != len(self.dims):
+            return False
+        return all(want == -1 or want == got for want, got in zip(self.dims, dims, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignature:
+    name: str
+    max_batch_size: int
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> ModelSignature:
+        def specs(items: list[dict[str, Any]]) -> dict[str, TensorSpec]:
+            return {
+                t["name"]: TensorSpec(t["name"], t["datatype"], tuple(t["dims"]), bool(t.get("optional")))
+                for t in items
+            }
+
+        return cls(d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]))
+
+
+class ModelSignatureCache:
+    def __init__(self, link: RouterLink) -> None:
+        self._link = link
+        self._cache: dict[tuple[str, str], ModelSignature] = {}
+        self._generation = -1
+
+    async def get(self, model: str, version: str) -> ModelSignature:
+        sig = self._cache.get((model, version))
+        if sig is None:
+            # Raises NOT_FOUND / UNAVAILABLE for unknown or unready models.
+            reply = await self._link.control("signature", model=model, version=version)
+            self.observe_generation(int(reply["generation"]))
+            sig = ModelSignature.from_wire(reply["signature"])
+            self._cache[(model, version)] = sig
+        return sig
+
+    def observe_generation(self, generation: int) -> None:
+        """Drop everything when the router's repository has changed."""
+        if generation != self._generation:
+            self._cache.clear()
+            self._generation = generation

@@ -1,0 +1,111 @@
+"""The ingress side of the ingress<->router ZeroMQ link (DEALER, asyncio).
+
+Each call gets an id; replies are matched to waiting futures. A reply whose
+waiter has gone (client cancelled) is handed to ``on_orphan`` so its shared
+memory is still released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError, Status, unavailable
+
+log = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 30.0
+
+
+def error_from(info: m.ErrorInfo) -> ConveyorError:
+    return ConveyorError(Status(info.status), info.message)
+
+
+class RouterLink:
+    def __init__(self, endpoint: str, on_orphan: Callable[[m.InferResponse], None] | None = None) -> None:
+        self.endpoint = endpoint
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._infer: dict[int, asyncio.Future[m.InferResponse]] = {}
+        self._control: dict[int, asyncio.Future[m.ControlReply]] = {}
+        self.on_orphan = on_orphan
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._sock.send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
+        self._task = asyncio.get_running_loop().create_task(self._receive())
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._infer)
+
+    async def infer(self, request: m.InferRequest) -> m.InferResponse:
+        """Send ``request``; if the caller is cancelled, tell the router and let the
+        eventual reply go to ``on_orphan``."""
+        fut: asyncio.Future[m.InferResponse] = asyncio.get_running_loop().create_future()
+        self._infer[request.id] = fut
+        await self._sock.send(m.encode(request), copy=False)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if not fut.done():
+                # The reply still comes (and frees memory); nobody waits for it.
+                fut.add_done_callback(self._orphaned)
+                self._sock.send(m.encode(m.Cancel(request.id)))
+            raise
+
+    def _orphaned(self, fut: asyncio.Future[m.InferResponse]) -> None:
+        if not fut.cancelled() and self.on_orphan is not None:
+            self.on_orphan(fut.result())
+
+    async def control(self, op: str, **args: Any) -> Any:
+        cid = self.next_id()
+        fut: asyncio.Future[m.ControlReply] = asyncio.get_running_loop().create_future()
+        self._control[cid] = fut
+        await self._sock.send(m.encode(m.ControlRequest(cid, op, args)))
+        try:
+            reply = await asyncio.wait_for(fut, CONTROL_TIMEOUT_S)
+        except TimeoutError:
+            raise unavailable("the router did not answer in time") from None
+        finally:
+            self._control.pop(cid, None)
+        if reply.error is not None:
+            raise error_from(reply.error)
+        return reply.result
+
+    async def _receive(self) -> None:
+        decode = m.router_reply_decoder.decode
+        while True:
+            try:
+                frame = await self._sock.recv(copy=False)
+                msg = decode(frame.buffer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("undecodable message from the router")
+                continue
+            if isinstance(msg, m.InferResponse):
+                fut = self._infer.pop(msg.id, None)
+            else:
+                fut = self._control.get(msg.id)  # type: ignore[assignment]
+            if fut is not None and not fut.done():
+                fut.set_result(msg)  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._sock.close(0)

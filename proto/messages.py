@@ -1,0 +1,209 @@
+"""Internal descriptors exchanged over ZeroMQ between ingress, router and workers.
+
+Every message is a msgspec ``Struct`` encoded as MessagePack (array-like, tagged),
+sent as ONE frame (the ROUTER sockets add an identity frame in front). Tensor
+bytes never travel here: a ``TensorRef`` points into a shared-memory region.
+
+Version: ``PROTOCOL_VERSION`` is carried by the ``*Hello`` messages; the router
+refuses peers that speak another version. Fields are only ever appended, with
+defaults, so a newer peer can read an older message.
+
+Flows (see ARCHITECTURE.md)::
+
+    ingress --InferRequest/ControlRequest/Cancel--> router
+    router  --InferResponse/ControlReply----------> ingress
+    router  --LoadModel/UnloadModel/ExecBatch-----> worker
+    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult--> router
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class TensorRef(msgspec.Struct, array_like=True, frozen=True):
+    """A tensor living in shared memory: ``nbytes`` bytes at ``offset`` of ``region``.
+
+    ``region`` is a POSIX shm name (server arena or client-registered segment).
+    For BYTES tensors the bytes are the length-prefixed wire form.
+    """
+
+    name: str
+    datatype: str
+    shape: list[int]
+    region: str
+    offset: int
+    nbytes: int
+
+
+class OutputSpec(msgspec.Struct, array_like=True, frozen=True):
+    """An output the client asked for; ``classification`` > 0 asks for top-k labels."""
+
+    name: str
+    classification: int = 0
+
+
+class Release(msgspec.Struct, array_like=True, frozen=True):
+    """Where the consumer of a response writes one byte to hand the block back."""
+
+    region: str
+    offset: int
+
+
+# --- ingress <-> router ------------------------------------------------------------
+
+
+class IngressHello(msgspec.Struct, tag="ihello", array_like=True):
+    version: int
+    pid: int
+
+
+class InferRequest(msgspec.Struct, tag="infer", array_like=True):
+    """One client request. ``id`` is unique per ingress connection.
+
+    ``parameters`` carries the request-level KServe parameters (priority,
+    timeout, sequence_id/start/end, ...) unchanged; ``deadline_ns`` is an
+    absolute CLOCK_MONOTONIC time (0 = none); ``flags`` is reserved for
+    sequence control bits.
+    """
+
+    id: int
+    model: str
+    version: str
+    inputs: list[TensorRef]
+    outputs: list[OutputSpec]
+    parameters: dict[str, Any] = {}
+    deadline_ns: int = 0
+    flags: int = 0
+
+
+class Cancel(msgspec.Struct, tag="cancel", array_like=True):
+    """The client went away: drop ``id`` if still queued."""
+
+    id: int
+
+
+class ControlRequest(msgspec.Struct, tag="ctl", array_like=True):
+    """A metadata/lifecycle call: ``op`` names it (see router.control)."""
+
+    id: int
+    op: str
+    args: dict[str, Any] = {}
+
+
+class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
+    status: int
+    message: str
+
+
+class InferResponse(msgspec.Struct, tag="resp", array_like=True):
+    """The answer to ``InferRequest`` ``id``; ``final`` is False for all but the last
+    response of a decoupled model. The consumer must write to every ``release``."""
+
+    id: int
+    model: str
+    version: str
+    outputs: list[TensorRef] = []
+    error: ErrorInfo | None = None
+    release: list[Release] = []
+    final: bool = True
+    parameters: dict[str, Any] = {}
+    generation: int = 0  # the router's repository generation: a change voids ingress caches
+
+
+class ControlReply(msgspec.Struct, tag="ctlr", array_like=True):
+    id: int
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+# --- router <-> worker -------------------------------------------------------------
+
+
+class WorkerHello(msgspec.Struct, tag="whello", array_like=True):
+    version: int
+    pid: int
+    host: str
+    devices: list[str] = []
+    slots: int = 1
+
+
+class Heartbeat(msgspec.Struct, tag="hb", array_like=True):
+    pass
+
+
+class LoadModel(msgspec.Struct, tag="load", array_like=True):
+    """Load one instance of ``model``/``version`` from ``path``; ``config`` is the
+    serialized ModelConfig protobuf; ``instance`` names the slot on this worker."""
+
+    model: str
+    version: str
+    path: str
+    config: bytes
+    instance: int
+    device: str = "cpu"
+
+
+class UnloadModel(msgspec.Struct, tag="unload", array_like=True):
+    model: str
+    version: str
+    instance: int
+
+
+class ModelLoaded(msgspec.Struct, tag="loaded", array_like=True):
+    model: str
+    version: str
+    instance: int
+    error: str = ""
+
+
+class BatchItem(msgspec.Struct, array_like=True):
+    id: int
+    inputs: list[TensorRef]
+    outputs: list[OutputSpec]
+    parameters: dict[str, Any] = {}
+
+
+class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
+    """Run ``items`` as one batched call on ``instance`` of ``model``/``version``."""
+
+    batch: int
+    model: str
+    version: str
+    instance: int
+    items: list[BatchItem]
+
+
+class ItemResult(msgspec.Struct, array_like=True):
+    id: int
+    outputs: list[TensorRef] = []
+    error: ErrorInfo | None = None
+    release: list[Release] = []
+
+
+class BatchResult(msgspec.Struct, tag="result", array_like=True):
+    """Per-item outputs plus the batch's timings in ns (for the statistics extension)."""
+
+    batch: int
+    items: list[ItemResult]
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    error: ErrorInfo | None = None
+
+
+IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
+RouterToIngress = InferResponse | ControlReply
+RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat
+WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult
+
+encoder = msgspec.msgpack.Encoder()
+encode = encoder.encode
+ingress_decoder: msgspec.msgpack.Decoder[IngressToRouter] = msgspec.msgpack.Decoder(IngressToRouter)
+router_reply_decoder: msgspec.msgpack.Decoder[RouterToIngress] = msgspec.msgpack.Decoder(RouterToIngress)
+worker_decoder: msgspec.msgpack.Decoder[WorkerToRouter] = msgspec.msgpack.Decoder(WorkerToRouter)
+worker_inbox_decoder: msgspec.msgpack.Decoder[RouterToWorker] = msgspec.msgpack.Decoder(RouterToWorker)

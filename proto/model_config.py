@@ -1,0 +1,71 @@
+"""Reading ``config.pbtxt`` into Triton's ModelConfig message, and rendering it back.
+
+The JSON form is the one Triton's ``/config`` returns: proto field names, every
+field present, and int64 fields as JSON numbers (protobuf's own JSON mapping
+would quote them; tritonclient users index into these dicts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from conveyor.proto import model_config_pb2 as mc
+
+ModelConfig = mc.ModelConfig
+
+_INT64 = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def parse_text(text: str) -> mc.ModelConfig:
+    """Parse protobuf text format; raises ``text_format.ParseError`` with a line number."""
+    config = mc.ModelConfig()
+    text_format.Parse(text, config)
+    return config
+
+
+def to_json(config: mc.ModelConfig) -> dict[str, Any]:
+    d = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _unquote_int64(config.DESCRIPTOR, d)
+    return d
+
+
+def from_json(d: dict[str, Any]) -> mc.ModelConfig:
+    return json_format.ParseDict(d, mc.ModelConfig(), ignore_unknown_fields=True)
+
+
+def _unquote_int64(desc: Descriptor, d: dict[str, Any]) -> None:
+    for field in desc.fields:
+        value = d.get(field.name)
+        if value is None:
+            continue
+        if field.type in _INT64:
+            if isinstance(value, list):
+                d[field.name] = [int(v) for v in value]
+            else:
+                d[field.name] = int(value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            sub = field.message_type
+            if sub.GetOptions().map_entry:
+                vfield = sub.fields_by_name["value"]
+                if vfield.type == FieldDescriptor.TYPE_MESSAGE:
+                    for v in value.values():
+                        _unquote_int64(vfield.message_type, v)
+                elif vfield.type in _INT64:
+                    for k in value:
+                        value[k] = int(value[k])
+            elif isinstance(value, list):
+                for v in value:
+                    _unquote_int64(sub, v)
+            else:
+                _unquote_int64(sub, value)

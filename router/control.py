@@ -1,0 +1,94 @@
+"""Answers to the ingress's control calls (metadata, readiness, config, statistics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.proto.errors import invalid_arg
+from conveyor.proto.model_config import to_json
+from conveyor.router.models import ModelRegistry, metadata, signature
+from conveyor.router.workers import WorkerPool
+
+
+class ControlHandler:
+    def __init__(self, registry: ModelRegistry, pool: WorkerPool) -> None:
+        self.registry = registry
+        self.pool = pool
+        self._ops: dict[str, Callable[..., Any]] = {
+            "server_ready": self.server_ready,
+            "model_ready": self.model_ready,
+            "model_metadata": self.model_metadata,
+            "model_config": self.model_config,
+            "model_stats": self.model_stats,
+            "signature": self.signature,
+            "repository_index": self.repository_index,
+        }
+
+    def handle(self, op: str, args: dict[str, Any]) -> Any:
+        fn = self._ops.get(op)
+        if fn is None:
+            raise invalid_arg(f"unknown control operation '{op}'")
+        try:
+            return fn(**args)
+        except TypeError as exc:
+            raise invalid_arg(f"bad arguments for '{op}': {exc}") from None
+
+    def server_ready(self) -> bool:
+        """Ready once every loadable model version has settled (ready or failed).
+
+        A model that failed to load does not hold the server back (unlike Triton's
+        strict readiness): it reports its own reason on its own endpoints.
+        """
+        versions = self.registry.versions()
+        if versions and not self.pool.workers:
+            return False
+        return all(v.state != "LOADING" for v in versions)
+
+    def model_ready(self, model: str, version: str = "") -> bool:
+        try:
+            self.registry.resolve(model, version)
+        except Exception:
+            return False
+        return True
+
+    def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        state = self.registry.resolve(model, version)
+        return metadata(self.registry.entry(model), state if version else None)
+
+    def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        entry = self.registry.entry(model)
+        if version:
+            self.registry.resolve(model, version)
+        return to_json(entry.spec.config)
+
+    def model_stats(self, model: str = "", version: str = "") -> dict[str, Any]:
+        if model:
+            entry = self.registry.entry(model)
+            if version:
+                states = [self.registry.resolve(model, version)]
+            else:
+                states = [s for s in entry.versions.values() if s.ready]
+        else:
+            if version:
+                raise invalid_arg("a version needs a model name")
+            states = [s for s in self.registry.versions() if s.ready]
+        states.sort(key=lambda s: (s.model, s.version))
+        return {"model_stats": [s.stats.wire() for s in states]}
+
+    def signature(self, model: str, version: str = "") -> dict[str, Any]:
+        state = self.registry.resolve(model, version)
+        return {"generation": self.registry.generation, "signature": signature(state)}
+
+    def repository_index(self, ready: bool = False) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for name, entry in sorted(self.registry.models.items()):
+            if entry.spec.error:
+                if not ready:
+                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": entry.spec.error})
+                continue
+            for v, state in sorted(entry.versions.items()):
+                if ready and not state.ready:
+                    continue
+                rows.append({"name": name, "version": str(v), "state": state.state, "reason": state.reason})
+        return rows

@@ -1,0 +1,222 @@
+"""The router's view of every model version: its config, state, queue, instances
+and statistics. Names the version a request is served by."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.datatypes import config_to_datatype
+from conveyor.proto.errors import not_found, unavailable
+from conveyor.router.batcher import DynamicBatcher
+from conveyor.router.repository import ModelSpec
+from conveyor.router.stats import ModelStats
+
+
+class InstanceState(enum.Enum):
+    UNPLACED = "UNPLACED"
+    LOADING = "LOADING"
+    READY = "READY"
+    FAILED = "FAILED"
+
+
+@dataclass(eq=False)
+class Instance:
+    """One copy of a model version, hosted by one worker."""
+
+    version: VersionState
+    index: int
+    device: str
+    state: InstanceState = InstanceState.UNPLACED
+    worker: bytes | None = None
+    busy: bool = False
+    error: str = ""
+
+
+@dataclass(eq=False)
+class VersionState:
+    model: str
+    version: int
+    path: str
+    config: mc.ModelConfig
+    stats: ModelStats
+    batcher: DynamicBatcher
+    instances: list[Instance] = field(default_factory=list)
+    error: str = ""
+    # No instance_group in the config: one CPU instance on every worker, added
+    # and removed as workers come and go.
+    per_worker: bool = False
+
+    @property
+    def label(self) -> str:
+        return str(self.version)
+
+    @property
+    def ready(self) -> bool:
+        return not self.error and any(i.state is InstanceState.READY for i in self.instances)
+
+    @property
+    def state(self) -> str:
+        if self.ready:
+            return "READY"
+        if self.error or (self.instances and all(i.state is InstanceState.FAILED for i in self.instances)):
+            return "UNAVAILABLE"
+        return "LOADING"
+
+    @property
+    def reason(self) -> str:
+        if self.error:
+            return self.error
+        failed = [i.error for i in self.instances if i.state is InstanceState.FAILED]
+        if failed and not self.ready:
+            return failed[0]
+        if not self.ready:
+            return "waiting for a worker to load it"
+        return ""
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    spec: ModelSpec
+    versions: dict[int, VersionState] = field(default_factory=dict)
+
+
+def build_entry(spec: ModelSpec) -> ModelEntry:
+    entry = ModelEntry(spec)
+    config = spec.config
+    for v, path in sorted(spec.versions.items()):
+        entry.versions[v] = _version_state(spec.name, v, path, config)
+    for v, err in spec.version_errors.items():
+        state = _version_state(spec.name, v, "", config)
+        state.error = err
+        entry.versions[v] = state
+    return entry
+
+
+def _version_state(name: str, v: int, path: str, config: mc.ModelConfig) -> VersionState:
+    db = config.dynamic_batching
+    batcher = DynamicBatcher(
+        config.max_batch_size,
+        list(db.preferred_batch_size),
+        db.max_queue_delay_microseconds * 1000,
+        enabled=config.HasField("dynamic_batching"),
+    )
+    state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
+    state.instances = [Instance(state, i, dev) for i, dev in enumerate(instance_devices(config))]
+    state.per_worker = not config.instance_group
+    return state
+
+
+def instance_devices(config: mc.ModelConfig) -> list[str]:
+    """One device string per instance the config's ``instance_group`` asks for.
+
+    No ``instance_group``: none here; the router then gives every worker one CPU
+    instance (a Conveyor choice that uses every worker process).
+    """
+    devices: list[str] = []
+    for group in config.instance_group:
+        count = group.count if group.count > 0 else 1
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            gpus = list(group.gpus) or [0]
+            for gpu in gpus:
+                devices += [f"cuda:{gpu}"] * count
+        else:
+            devices += ["cpu"] * count
+    return devices
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self.models: dict[str, ModelEntry] = {}
+        self.generation = 0
+
+    def replace(self, specs: dict[str, ModelSpec]) -> None:
+        self.models = {name: build_entry(spec) for name, spec in specs.items()}
+        self.generation += 1
+
+    def versions(self) -> list[VersionState]:
+        return [v for e in self.models.values() for v in e.versions.values()]
+
+    def entry(self, model: str) -> ModelEntry:
+        entry = self.models.get(model)
+        if entry is None:
+            raise not_found(f"Request for unknown model: '{model}' is not found")
+        return entry
+
+    def resolve(self, model: str, version: str) -> VersionState:
+        """The version serving a request: the one named, or the newest ready one."""
+        entry = self.entry(model)
+        if entry.spec.error:
+            raise unavailable(f"Request for unknown model: '{model}' is not ready: {entry.spec.error}")
+        if version:
+            try:
+                state = entry.versions.get(int(version))
+            except ValueError:
+                state = None
+            if state is None:
+                raise not_found(f"Request for unknown model: '{model}' version {version} is not found")
+            if not state.ready:
+                raise unavailable(
+                    f"Request for unknown model: '{model}' version {version} is not at ready state: {state.reason}"
+                )
+            return state
+        ready = [s for s in entry.versions.values() if s.ready]
+        if not ready:
+            reasons = "; ".join(s.reason for s in entry.versions.values() if s.reason)
+            raise unavailable(
+                f"Request for unknown model: '{model}' has no available versions"
+                + (f": {reasons}" if reasons else "")
+            )
+        return max(ready, key=lambda s: s.version)
+
+
+def signature(state: VersionState) -> dict[str, Any]:
+    """What the ingress needs to validate requests for this version."""
+    config = state.config
+
+    def tensors(items: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "datatype": config_to_datatype(mc.DataType.Name(t.data_type)),
+                "dims": list(t.dims),
+                "optional": bool(getattr(t, "optional", False)),
+            }
+            for t in items
+        ]
+
+    return {
+        "name": state.model,
+        "max_batch_size": config.max_batch_size,
+        "inputs": tensors(config.input),
+        "outputs": tensors(config.output),
+    }
+
+
+def metadata(entry: ModelEntry, state: VersionState | None) -> dict[str, Any]:
+    """KServe model metadata (``GET /v2/models/{m}[/versions/{v}]``)."""
+    config = entry.spec.config
+    batch = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(items: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "datatype": config_to_datatype(mc.DataType.Name(t.data_type)),
+                "shape": batch + list(t.dims),
+            }
+            for t in items
+        ]
+
+    versions = [state.label] if state is not None else [
+        s.label for s in sorted(entry.versions.values(), key=lambda s: s.version) if s.ready
+    ]
+    return {
+        "name": entry.spec.name,
+        "versions": versions,
+        "platform": config.platform or config.backend,
+        "inputs": tensors(config.input),
+        "outputs": tensors(config.output),
+    }

@@ -1,0 +1,167 @@
+"""Scanning Triton model repositories: ``<repo>/<model>/config.pbtxt`` and
+``<repo>/<model>/<version>/<file>``.
+
+A model whose directory or config is wrong is still listed, with the reason,
+so it answers "not ready: <why>" while every other model keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.model_config import parse_text
+
+log = logging.getLogger(__name__)
+
+# platform / backend names Triton uses, mapped to the worker backend that runs them.
+_BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "onnxruntime": "onnxruntime",
+}
+_DEFAULT_FILENAME = {"onnxruntime": "model.onnx"}
+
+
+@dataclass
+class ModelSpec:
+    """One model directory as found on disk."""
+
+    name: str
+    path: str
+    config: mc.ModelConfig = field(default_factory=mc.ModelConfig)
+    backend: str = ""
+    versions: dict[int, str] = field(default_factory=dict)  # version -> model file path
+    version_errors: dict[int, str] = field(default_factory=dict)
+    error: str = ""
+
+
+def scan(repositories: list[str]) -> dict[str, ModelSpec]:
+    """Every model in every repository; a name found twice is an error for that name."""
+    found: dict[str, ModelSpec] = {}
+    for repo in repositories:
+        try:
+            entries = sorted(os.listdir(repo))
+        except OSError as exc:
+            log.error("cannot read model repository %s: %s", repo, exc)
+            continue
+        for entry in entries:
+            path = os.path.join(repo, entry)
+            if entry.startswith(".") or not os.path.isdir(path):
+                continue
+            if entry in found:
+                found[entry].error = f"model '{entry}' appears in more than one model repository"
+                continue
+            found[entry] = load_spec(entry, path)
+    return found
+
+
+def load_spec(name: str, path: str) -> ModelSpec:
+    spec = ModelSpec(name=name, path=path)
+    config_path = os.path.join(path, "config.pbtxt")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            spec.config = parse_text(f.read())
+    except FileNotFoundError:
+        spec.error = f"model '{name}' has no config.pbtxt"
+        return spec
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        spec.error = f"failed to parse {config_path}: {exc}"
+        return spec
+    config = spec.config
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        spec.error = f"config name '{config.name}' does not match the model directory name '{name}'"
+        return spec
+    spec.backend = _BACKENDS.get(config.platform or config.backend, "")
+    if not spec.backend:
+        if not config.platform and not config.backend:
+            spec.backend = _guess_backend(path)
+        if not spec.backend:
+            what = config.platform or config.backend or "(none given)"
+            spec.error = f"model '{name}': platform/backend '{what}' is not supported"
+            return spec
+    if spec.backend == "onnxruntime" and not config.platform:
+        config.platform = "onnxruntime_onnx"
+    if not config.backend:
+        config.backend = spec.backend
+    problem = validate(config)
+    if problem:
+        spec.error = f"model '{name}': {problem}"
+        return spec
+    _fill_defaults(config)
+    _find_versions(spec)
+    return spec
+
+
+def _guess_backend(path: str) -> str:
+    for root, _dirs, files in os.walk(path):
+        if any(f.endswith(".onnx") for f in files):
+            return "onnxruntime"
+        if root.count(os.sep) - path.count(os.sep) > 1:
+            break
+    return ""
+
+
+def validate(config: mc.ModelConfig) -> str:
+    """The first problem Triton would reject this config for, or ''."""
+    if config.max_batch_size < 0:
+        return "max_batch_size must be >= 0"
+    if not config.input:
+        return "the config declares no inputs"
+    if not config.output:
+        return "the config declares no outputs"
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        names: set[str] = set()
+        for t in tensors:
+            if not t.name:
+                return f"an {kind} has no name"
+            if t.name in names:
+                return f"{kind} '{t.name}' is declared twice"
+            names.add(t.name)
+            if t.data_type == mc.TYPE_INVALID:
+                return f"{kind} '{t.name}' has no data_type"
+            if any(d < -1 or d == 0 for d in t.dims) and not t.dims == [0]:
+                return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+        return "dynamic batching needs max_batch_size > 0"
+    return ""
+
+
+def _fill_defaults(config: mc.ModelConfig) -> None:
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename:
+        config.default_model_filename = _DEFAULT_FILENAME.get(config.backend, "model")
+
+
+def _find_versions(spec: ModelSpec) -> None:
+    available = sorted(
+        int(e) for e in os.listdir(spec.path) if e.isdigit() and os.path.isdir(os.path.join(spec.path, e))
+    )
+    policy = spec.config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        chosen = available
+    elif which == "specific":
+        chosen = [v for v in available if v in set(policy.specific.versions)]
+        missing = set(policy.specific.versions) - set(available)
+        for v in missing:
+            spec.version_errors[v] = f"version {v} of model '{spec.name}' is not in the repository"
+    else:
+        n = max(policy.latest.num_versions, 1)
+        chosen = available[-n:]
+    if not chosen and not spec.version_errors:
+        spec.error = f"model '{spec.name}' has no version directory (e.g. '{spec.name}/1/')"
+        return
+    filename = spec.config.default_model_filename
+    for v in chosen:
+        file_path = os.path.join(spec.path, str(v), filename)
+        if os.path.exists(file_path):
+            spec.versions[v] = file_path
+        else:
+            spec.version_errors[v] = f"model file '{file_path}' does not exist"

@@ -1,0 +1,92 @@
+"""Per-model-version counters for the statistics extension (Triton's ModelStatistics)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def wire(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchSizeStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class ModelStats:
+    name: str
+    version: str
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchSizeStats] = field(default_factory=dict)
+
+    def record_batch(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of ``batch_size`` rows serving ``requests`` requests.
+
+        As in Triton, each request is charged the whole batch's compute times.
+        """
+        self.execution_count += 1
+        self.inference_count += batch_size
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchSizeStats()
+        b.compute_input.add(input_ns)
+        b.compute_infer.add(infer_ns)
+        b.compute_output.add(output_ns)
+
+    def wire(self) -> dict[str, Any]:
+        zero = Duration().wire()
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.wire(),
+                "fail": self.fail.wire(),
+                "queue": self.queue.wire(),
+                "compute_input": self.compute_input.wire(),
+                "compute_infer": self.compute_infer.wire(),
+                "compute_output": self.compute_output.wire(),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.wire(),
+                    "compute_infer": b.compute_infer.wire(),
+                    "compute_output": b.compute_output.wire(),
+                }
+                for size, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

@@ -1,0 +1,69 @@
+"""Workers known to the router, their liveness, and where model instances go."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from conveyor.router.models import Instance, InstanceState
+
+HEARTBEAT_INTERVAL_S = 1.0
+# A worker silent this long is taken for dead: its work fails, its instances move.
+WORKER_TIMEOUT_S = 10.0
+
+
+@dataclass(eq=False)
+class WorkerInfo:
+    identity: bytes
+    pid: int
+    host: str
+    devices: list[str]
+    last_seen: float = field(default_factory=time.monotonic)
+    instances: list[Instance] = field(default_factory=list)
+
+    def hosts(self, device: str) -> bool:
+        return device == "cpu" or device in self.devices
+
+
+class WorkerPool:
+    def __init__(self) -> None:
+        self.workers: dict[bytes, WorkerInfo] = {}
+
+    def join(self, info: WorkerInfo) -> None:
+        self.workers[info.identity] = info
+
+    def leave(self, identity: bytes) -> WorkerInfo | None:
+        return self.workers.pop(identity, None)
+
+    def seen(self, identity: bytes) -> WorkerInfo | None:
+        w = self.workers.get(identity)
+        if w is not None:
+            w.last_seen = time.monotonic()
+        return w
+
+    def silent(self, now: float) -> list[WorkerInfo]:
+        return [w for w in self.workers.values() if now - w.last_seen > WORKER_TIMEOUT_S]
+
+    def place(self, instances: list[Instance]) -> list[Instance]:
+        """Assign unplaced instances to workers; returns those assigned.
+
+        Each instance goes to the worker hosting the fewest instances of the
+        same model version (spreading a model over workers first), ties broken
+        by the fewest instances overall.
+        """
+        placed: list[Instance] = []
+        for inst in instances:
+            if inst.state is not InstanceState.UNPLACED:
+                continue
+            candidates = [w for w in self.workers.values() if w.hosts(inst.device)]
+            if not candidates:
+                continue
+            best = min(
+                candidates,
+                key=lambda w: (sum(1 for i in w.instances if i.version is inst.version), len(w.instances)),
+            )
+            inst.worker = best.identity
+            inst.state = InstanceState.LOADING
+            best.instances.append(inst)
+            placed.append(inst)
+        return placed

@@ -1,0 +1,111 @@
+"""A server-owned POSIX shared-memory arena: one segment, carved into blocks.
+
+Two ways a block comes back:
+
+* ``alloc``/``free``: the owner frees it (the ingress frees a request's input
+  block once the router has answered that request).
+* ``alloc_released``: the block goes to other processes and comes back when
+  every consumer has written a non-zero byte into its release flag (the worker's
+  output blocks: each ingress that copied its rows out sets its flag). The owner
+  reclaims flagged blocks lazily, before each allocation. No message is needed.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+
+import numpy as np
+import posix_ipc
+
+from conveyor.proto.errors import unavailable
+from conveyor.shm.allocator import ALIGN, BlockAllocator
+
+
+@dataclass(slots=True)
+class _Pending:
+    start: int
+    flags_at: int
+    consumers: int
+
+
+class Arena:
+    """Owns segment ``name`` (created here, unlinked by ``close``)."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=capacity)
+        try:
+            self._mmap = mmap.mmap(shm.fd, capacity)
+        finally:
+            shm.close_fd()
+        self.array = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._alloc = BlockAllocator(capacity)
+        self._pending: list[_Pending] = []
+
+    # --- owner-freed blocks ----------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> int:
+        start = self._alloc.alloc(nbytes)
+        if start is None and self._pending:
+            self.reclaim()
+            start = self._alloc.alloc(nbytes)
+        if start is None:
+            raise unavailable(
+                f"shared-memory arena '{self.name}' is full ({nbytes} bytes requested, "
+                f"{self.capacity} in all): retry later or raise --arena-size"
+            )
+        return start
+
+    def free(self, start: int) -> None:
+        self._alloc.free(start)
+
+    def view(self, start: int, nbytes: int) -> np.ndarray:
+        return self.array[start : start + nbytes]
+
+    # --- consumer-released blocks -------------------------------------------------------
+
+    def alloc_released(self, nbytes: int, consumers: int) -> tuple[int, int]:
+        """A block of ``nbytes`` plus ``consumers`` release flags in front of it.
+
+        Returns ``(payload_offset, flags_offset)``; consumer ``i`` releases by
+        writing 1 at ``flags_offset + i``.
+        """
+        header = (consumers + ALIGN - 1) // ALIGN * ALIGN
+        if self._pending:
+            self.reclaim()
+        start = self.alloc(header + nbytes)
+        self.array[start : start + consumers] = 0
+        self._pending.append(_Pending(start, start, consumers))
+        return start + header, start
+
+    def reclaim(self) -> int:
+        """Free every released block whose consumers have all set their flag."""
+        keep: list[_Pending] = []
+        freed = 0
+        arr = self.array
+        for p in self._pending:
+            if arr[p.flags_at : p.flags_at + p.consumers].all():
+                self._alloc.free(p.start)
+                freed += 1
+            else:
+                keep.append(p)
+        self._pending = keep
+        return freed
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            pass
+        # Views handed out may still exist; the mapping goes when they do.
+        del self.array
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass

@@ -1,0 +1,74 @@
+"""Names of the server's own shared-memory segments, and the sweep that frees orphans.
+
+Every segment the server creates is named ``conveyor.<group>.<role>.<pid>[.<n>]``:
+the owner's pid is in the name, so after a crash any process of the group can
+find segments whose owner is gone and unlink them (``sweep_orphans``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+PREFIX = "conveyor."
+
+
+def segment_name(group: str, role: str, pid: int | None = None, serial: int = 0) -> str:
+    """The POSIX name (leading slash) of a segment owned by this process."""
+    pid = os.getpid() if pid is None else pid
+    suffix = f".{serial}" if serial else ""
+    return f"/{PREFIX}{group}.{role}.{pid}{suffix}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_pid(entry: str) -> int | None:
+    parts = entry.split(".")
+    if len(parts) < 4 or not entry.startswith(PREFIX):
+        return None
+    try:
+        return int(parts[3])
+    except ValueError:
+        return None
+
+
+def sweep_orphans(group: str) -> list[str]:
+    """Unlink this group's segments whose owning process no longer exists."""
+    removed: list[str] = []
+    try:
+        entries = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    mine = f"{PREFIX}{group}."
+    for entry in entries:
+        if not entry.startswith(mine):
+            continue
+        pid = owner_pid(entry)
+        if pid is None or _pid_alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, entry))
+            removed.append(entry)
+        except FileNotFoundError:
+            pass
+    if removed:
+        log.warning("freed %d orphaned shared-memory segment(s): %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def group_segments(group: str) -> list[str]:
+    try:
+        return sorted(e for e in os.listdir(SHM_DIR) if e.startswith(f"{PREFIX}{group}."))
+    except FileNotFoundError:
+        return []

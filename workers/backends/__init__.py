@@ -1,0 +1,15 @@
+"""Backends by name, imported on first use so a worker only loads what it runs."""
+
+from __future__ import annotations
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import unsupported
+from conveyor.workers.backends.base import Backend
+
+
+def load_backend(backend: str, path: str, config: mc.ModelConfig, device: str) -> Backend:
+    if backend == "onnxruntime":
+        from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(path, config, device)
+    raise unsupported(f"backend '{backend}' is not supported by this worker")

@@ -1,0 +1,124 @@
+"""Turning a batch of descriptors into backend inputs, and outputs back into
+shared memory.
+
+Inputs are numpy views of the ingress's arena (no copy) when the batch holds one
+request; several requests are concatenated (the one copy batching needs).
+Outputs of the whole batch go into one block of this worker's arena, with one
+release flag per request.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from conveyor.proto import messages as m
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.datatypes import (
+    config_to_datatype,
+    deserialize_bytes,
+    element_count,
+    numpy_dtype,
+    serialize_bytes,
+)
+from conveyor.proto.errors import internal
+from conveyor.shm.arena import Arena
+from conveyor.shm.regions import RegionCache
+from conveyor.workers.classification import classify
+
+
+def tensor_view(ref: m.TensorRef, regions: RegionCache) -> np.ndarray:
+    raw = regions.view(ref.region, ref.offset, ref.nbytes)
+    if ref.datatype == "BYTES":
+        return deserialize_bytes(raw.data, element_count(ref.shape)).reshape(ref.shape)
+    return raw.view(numpy_dtype(ref.datatype)).reshape(ref.shape)
+
+
+def gather_inputs(
+    items: list[m.BatchItem], regions: RegionCache, config: mc.ModelConfig
+) -> tuple[dict[str, np.ndarray], list[int]]:
+    """The batch's inputs by name, and the rows each item contributes."""
+    batched = config.max_batch_size > 0
+    reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
+    per_name: dict[str, list[np.ndarray]] = {}
+    rows: list[int] = []
+    for item in items:
+        for ref in item.inputs:
+            per_name.setdefault(ref.name, []).append(tensor_view(ref, regions))
+        rows.append(item.inputs[0].shape[0] if batched and item.inputs and item.inputs[0].shape else 1)
+    inputs: dict[str, np.ndarray] = {}
+    for name, arrays in per_name.items():
+        arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        if name in reshape:
+            arr = arr.reshape(([arr.shape[0]] if batched else []) + reshape[name])
+        inputs[name] = arr
+    return inputs, rows
+
+
+class OutputWriter:
+    """Writes outputs into this worker's arena; the arena is shared by instance
+    threads, so allocation is locked (the copies are not)."""
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+        self.lock = threading.Lock()
+
+    def scatter(
+        self,
+        items: list[m.BatchItem],
+        rows: list[int],
+        outputs: dict[str, np.ndarray],
+        config: mc.ModelConfig,
+        labels: dict[str, list[str]],
+    ) -> list[m.ItemResult]:
+        batched = config.max_batch_size > 0
+        declared = {o.name: o for o in config.output}
+        # Per item: (name, datatype, shape, bytes-like) for each requested output.
+        planned: list[list[tuple[str, str, list[int], np.ndarray | bytes]]] = []
+        start = 0
+        for item, n in zip(items, rows, strict=True):
+            mine: list[tuple[str, str, list[int], np.ndarray | bytes]] = []
+            for spec in item.outputs:
+                full = outputs.get(spec.name)
+                if full is None:
+                    raise internal(f"the model did not produce output '{spec.name}'")
+                part = full[start : start + n] if batched else full
+                out_cfg = declared.get(spec.name)
+                if out_cfg is not None and out_cfg.HasField("reshape"):
+                    part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
+                if spec.classification > 0:
+                    cls = classify(part, spec.classification, labels.get(spec.name), batched)
+                    mine.append((spec.name, "BYTES", list(cls.shape), serialize_bytes(cls)))
+                    continue
+                dt = config_to_datatype(mc.DataType.Name(out_cfg.data_type)) if out_cfg else "FP32"
+                if dt == "BYTES":
+                    mine.append((spec.name, dt, list(part.shape), serialize_bytes(part)))
+                else:
+                    arr = np.ascontiguousarray(part, dtype=numpy_dtype(dt))
+                    mine.append((spec.name, dt, list(arr.shape), arr))
+            planned.append(mine)
+            start += n
+        total = sum(_nbytes(t[3]) for mine in planned for t in mine)
+        with self.lock:
+            payload, flags = self.arena.alloc_released(total, len(items))
+        results: list[m.ItemResult] = []
+        offset = payload
+        arena = self.arena
+        for i, mine in enumerate(planned):
+            refs = []
+            for name, dt, shape, data in mine:
+                nbytes = _nbytes(data)
+                dst = arena.array[offset : offset + nbytes]
+                if isinstance(data, np.ndarray):
+                    dst[:] = data.reshape(-1).view(np.uint8)
+                else:
+                    dst[:] = np.frombuffer(data, dtype=np.uint8)
+                refs.append(m.TensorRef(name, dt, shape, arena.name, offset, nbytes))
+                offset += nbytes
+            results.append(m.ItemResult(i, refs, release=[m.Release(arena.name, flags + i)]))
+        return results
+
+
+def _nbytes(data: np.ndarray | bytes) -> int:
+    return data.nbytes if isinstance(data, np.ndarray) else len(data)

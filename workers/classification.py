@@ -1,0 +1,36 @@
+"""Triton's classification extension: top-k of an output as "value:index[:label]"."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from conveyor.proto import model_config_pb2 as mc
+
+
+def load_labels(model_dir: str, config: mc.ModelConfig) -> dict[str, list[str]]:
+    """Labels per output, from each output's ``label_filename`` in the model directory."""
+    labels: dict[str, list[str]] = {}
+    for out in config.output:
+        if out.label_filename:
+            with open(os.path.join(model_dir, out.label_filename), encoding="utf-8") as f:
+                labels[out.name] = [line.rstrip("\n") for line in f]
+    return labels
+
+
+def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:
+    """Top ``k`` of each row (each batch entry) as BYTES strings, best first."""
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    out = np.empty((rows.shape[0], k), dtype=np.object_)
+    floating = np.issubdtype(rows.dtype, np.floating)
+    for r, row in enumerate(rows):
+        top = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        for j, idx in enumerate(top):
+            value = f"{float(row[idx]):f}" if floating else str(int(row[idx]))
+            text = f"{value}:{int(idx)}"
+            if labels is not None and idx < len(labels):
+                text += f":{labels[idx]}"
+            out[r, j] = text.encode("utf-8")
+    return out if batched else out.reshape(k)
