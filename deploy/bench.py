@@ -1,0 +1,154 @@
+"""Benchmark: perf_analyzer against a running Conveyor group, HTTP and gRPC.
+
+    python deploy/bench.py [--model simple] [--concurrency 1 4 16] [--out bench-results]
+
+Starts ``conveyor serve`` on the example repository (unless --url is given),
+installs NVIDIA's perf_analyzer with ../shared/tools/install-perf-analyzer,
+runs it per protocol and concurrency, and writes infer/s and p50/p99 latency
+(plus the CPU seconds each actor used during the run) as JSON and Markdown.
+This is a benchmark, not a test: figures go into docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALLER = ROOT.parent / "shared" / "tools" / "install-perf-analyzer"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def perf_analyzer(cache: Path) -> Path:
+    binary = cache / "perf_analyzer" / "perf_analyzer"
+    if not binary.exists():
+        subprocess.run(["bash", str(INSTALLER), str(binary.parent)], check=True)
+    return binary
+
+
+def wait_ready(url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            time.sleep(0.3)
+    raise SystemExit("server not ready")
+
+
+def actor_pids(root_pid: int) -> dict[int, str]:
+    """Children of the supervisor, by role (from their command lines)."""
+    out: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != root_pid:
+                continue
+            with open(f"/proc/{entry}/cmdline") as f:
+                argv = f.read().split("\0")
+        except OSError:
+            continue
+        role = argv[argv.index("conveyor.deploy.cli") + 1] if "conveyor.deploy.cli" in argv else "?"
+        if role == "ingress":
+            role += "-" + argv[argv.index("--protocol") + 1]
+        out[int(entry)] = role
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except OSError:
+        return 0.0
+
+
+def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, seconds: int) -> dict[str, float]:
+    with tempfile.NamedTemporaryFile(suffix=".csv") as report:
+        cmd = [
+            str(pa), "-m", model, "-u", url, "-i", protocol,
+            "--concurrency-range", f"{concurrency}:{concurrency}",
+            "--measurement-interval", str(seconds * 1000), "--stability-percentage", "50",
+            "--max-trials", "4", "--percentile", "99", "-f", report.name,
+        ]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        rows = list(csv.DictReader(open(report.name)))
+    row = rows[-1]
+    return {
+        "infer_per_sec": float(row["Inferences/Second"]),
+        "p50_us": float(row["p50 latency"]),
+        "p99_us": float(row["p99 latency"]),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="simple")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--protocols", nargs="+", default=["http", "grpc"])
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--http-ingress", type=int, default=1)
+    ap.add_argument("--grpc-ingress", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "bench-results"))
+    args = ap.parse_args()
+
+    pa = perf_analyzer(ROOT / ".cache")
+    group = f"bench{os.getpid()}"
+    server = subprocess.Popen([
+        sys.executable, "-m", "conveyor.deploy.cli", "serve", "--group", group,
+        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "18000",
+        "--grpc-port", "18001", "--workers", str(args.workers), "--http-ingress", str(args.http_ingress),
+        "--grpc-ingress", str(args.grpc_ingress),
+    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = []
+    try:
+        wait_ready("127.0.0.1:18000")
+        pids = actor_pids(server.pid)
+        for protocol in args.protocols:
+            url = "127.0.0.1:18000" if protocol == "http" else "127.0.0.1:18001"
+            for c in args.concurrency:
+                before = {p: cpu_seconds(p) for p in pids}
+                t0 = time.monotonic()
+                figures = run_one(pa, url, protocol, args.model, c, args.seconds)
+                wall = time.monotonic() - t0
+                cpu: dict[str, float] = {}
+                for p, role in pids.items():
+                    cpu[role] = cpu.get(role, 0.0) + (cpu_seconds(p) - before[p]) / wall
+                results.append({"protocol": protocol, "concurrency": c, **figures,
+                                "cpu_cores_by_actor": {k: round(v, 3) for k, v in sorted(cpu.items())}})
+                print(json.dumps(results[-1]), flush=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"model": args.model, "workers": args.workers, "http_ingress": args.http_ingress,
+            "grpc_ingress": args.grpc_ingress, "cores": os.cpu_count(), "results": results}
+    Path(args.out, "perf.json").write_text(json.dumps(meta, indent=2))
+    lines = ["| protocol | concurrency | infer/s | p50 ms | p99 ms | CPU cores by actor |", "|---|---|---|---|---|---|"]
+    for r in results:
+        split = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores_by_actor"].items())
+        lines.append(f"| {r['protocol']} | {r['concurrency']} | {r['infer_per_sec']:.0f} | "
+                     f"{r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} | {split} |")
+    Path(args.out, "perf.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Fixtures that start the real process group (router, workers, HTTP and gRPC
+ingress) on free loopback ports, with a model repository made on the fly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests import models
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    group: str
+    http_port: int
+    grpc_port: int
+    repo: str
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def shm_segments(self) -> list[str]:
+        return sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"conveyor.{self.group}."))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+def wait_ready(http_port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"conveyor serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the server did not become ready in time")
+
+
+def start_server(repo: str, group: str, *extra: str) -> Server:
+    http_port, grpc_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "conveyor.deploy.cli", "serve",
+            "--model-repository", repo, "--group", group,
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+            "--arena-size", str(64 << 20), "--exit-timeout-secs", "10", *extra,
+        ],
+    )
+    try:
+        wait_ready(http_port, proc)
+    except Exception:
+        proc.kill()
+        proc.wait()
+        raise
+    return Server(proc, group, http_port, grpc_port, repo)
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> str:
+    repo = str(tmp_path_factory.mktemp("models"))
+    models.build_test_repository(repo)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def server(model_repo: str) -> Iterator[Server]:
+    srv = start_server(model_repo, f"t{os.getpid()}", "--workers", "2")
+    yield srv
+    code = srv.stop()
+    assert code == 0
+    assert srv.shm_segments() == [], "shared memory left behind after shutdown"

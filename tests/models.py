@@ -1,0 +1,28 @@
+"""The models the tests serve, made with onnx.helper (nothing downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+from conveyor.deploy.example_repo import add_sub, identity
+
+LABELS = [f"label_{i}" for i in range(10)]
+
+
+def build_test_repository(repo: str) -> None:
+    add_sub(repo, "simple", 8, "dynamic_batching { max_queue_delay_microseconds: 2000 }")
+    add_sub(repo, "simple_nobatch", 0)
+    identity(repo, "identity_fp32", "FP32", 0, "-1")
+    identity(repo, "identity_fp16", "FP16", 0, "-1")
+    identity(repo, "identity_bool", "BOOL", 0, "-1")
+    identity(repo, "identity_int64_batched", "INT64", 16, "-1", "dynamic_batching { }")
+    identity(repo, "simple_string", "BYTES", 8, "16", "dynamic_batching { }")
+    identity(repo, "classifier", "FP32", 4, "10", "", 'label_filename: "labels.txt"')
+    with open(os.path.join(repo, "classifier", "labels.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(LABELS) + "\n")
+    # Broken models: the server must keep serving the others and say why.
+    os.makedirs(os.path.join(repo, "bad_config", "1"))
+    with open(os.path.join(repo, "bad_config", "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write('name: "bad_config"\nplatform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
+    add_sub(repo, "missing_file", 0)
+    os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))

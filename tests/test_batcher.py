@@ -1,0 +1,77 @@
+"""DynamicBatcher policy, without sockets."""
+
+from __future__ import annotations
+
+from conveyor.proto import messages as m
+from conveyor.router.batcher import DynamicBatcher, Pending, shape_key
+
+
+def pending(rid: int, rows: int = 1, width: int = 16, at: int = 0, deadline: int = 0) -> Pending:
+    req = m.InferRequest(rid, "m", "", [m.TensorRef("A", "FP32", [rows, width], "r", 0, 4 * rows * width)], [],
+                         deadline_ns=deadline)
+    return Pending(b"i", req, at, rows, shape_key(req, True))
+
+
+def test_unbatched_model_runs_one_at_a_time() -> None:
+    b = DynamicBatcher(0, [], 0, enabled=False)
+    b.push(pending(1))
+    b.push(pending(2))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1]
+
+
+def test_takes_everything_queued_up_to_max_batch_size() -> None:
+    b = DynamicBatcher(4, [], 0, enabled=True)
+    for i in range(6):
+        b.push(pending(i))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [0, 1, 2, 3]
+    rest = b.next_batch(0)
+    assert isinstance(rest, list) and [p.request.id for p in rest] == [4, 5]
+
+
+def test_waits_for_the_queue_delay_then_leaves() -> None:
+    b = DynamicBatcher(8, [4], 1000, enabled=True)
+    b.push(pending(1, at=0))
+    assert b.next_batch(10) == 1000  # wake me at the head's deadline
+    batch = b.next_batch(1000)
+    assert isinstance(batch, list) and len(batch) == 1
+
+
+def test_preferred_size_leaves_at_once() -> None:
+    b = DynamicBatcher(8, [2], 10**9, enabled=True)
+    b.push(pending(1))
+    b.push(pending(2))
+    b.push(pending(3))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1, 2]
+
+
+def test_different_shapes_do_not_batch_together() -> None:
+    b = DynamicBatcher(8, [], 10**9, enabled=True)
+    b.push(pending(1, width=16))
+    b.push(pending(2, width=8))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1]
+
+
+def test_rows_count_against_max_batch_size() -> None:
+    b = DynamicBatcher(4, [], 0, enabled=True)
+    b.push(pending(1, rows=3))
+    b.push(pending(2, rows=2))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1]
+
+
+def test_expired_requests_leave_the_queue() -> None:
+    b = DynamicBatcher(4, [], 0, enabled=True)
+    b.push(pending(1, deadline=5))
+    b.push(pending(2))
+    gone = b.take_expired(10)
+    assert [p.request.id for p in gone] == [1] and len(b) == 1
+
+
+def test_cancel_removes_the_request() -> None:
+    b = DynamicBatcher(4, [], 0, enabled=True)
+    b.push(pending(1))
+    assert b.remove(b"i", 1) is not None and len(b) == 0

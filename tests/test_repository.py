@@ -1,0 +1,59 @@
+"""Reading Triton model repositories: configs, versions, and models that are wrong."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conveyor.deploy.example_repo import add_sub
+from conveyor.proto.model_config import parse_text, to_json
+from conveyor.router.repository import scan
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_scan_finds_versions_by_policy(tmp_path: Path) -> None:
+    add_sub(str(tmp_path), "m", 8)
+    for v in (2, 3):
+        os.makedirs(tmp_path / "m" / str(v))
+        (tmp_path / "m" / str(v) / "model.onnx").write_bytes((tmp_path / "m" / "1" / "model.onnx").read_bytes())
+    spec = scan([str(tmp_path)])["m"]
+    assert spec.error == "" and list(spec.versions) == [3]  # latest 1 by default
+    cfg = (tmp_path / "m" / "config.pbtxt").read_text()
+    (tmp_path / "m" / "config.pbtxt").write_text(cfg + "\nversion_policy { all { } }\n")
+    assert list(scan([str(tmp_path)])["m"].versions) == [1, 2, 3]
+    (tmp_path / "m" / "config.pbtxt").write_text(cfg + "\nversion_policy { specific { versions: [1, 7] } }\n")
+    spec = scan([str(tmp_path)])["m"]
+    assert list(spec.versions) == [1] and "version 7" in spec.version_errors[7]
+
+
+def test_bad_models_say_why(tmp_path: Path) -> None:
+    write(tmp_path / "broken" / "config.pbtxt", "max_batch_size: [")
+    write(tmp_path / "noconfig" / "1" / "model.onnx", "")
+    write(tmp_path / "wrongname" / "config.pbtxt", 'name: "other"')
+    write(tmp_path / "noinputs" / "config.pbtxt", 'platform: "onnxruntime_onnx"')
+    write(tmp_path / "tf" / "config.pbtxt",
+          'platform: "tensorflow_savedmodel" input [{name: "a" data_type: TYPE_FP32 dims: [1]}] '
+          'output [{name: "b" data_type: TYPE_FP32 dims: [1]}]')
+    specs = scan([str(tmp_path)])
+    assert "failed to parse" in specs["broken"].error
+    assert "no config.pbtxt" in specs["noconfig"].error
+    assert "does not match" in specs["wrongname"].error
+    assert "no inputs" in specs["noinputs"].error
+    assert "not supported" in specs["tf"].error
+
+
+def test_config_json_matches_triton_form() -> None:
+    config = parse_text(
+        'name: "m" max_batch_size: 8 input [{name: "A" data_type: TYPE_INT32 dims: [16]}] '
+        'dynamic_batching { preferred_batch_size: [4] max_queue_delay_microseconds: 100 }'
+    )
+    d = to_json(config)
+    assert d["max_batch_size"] == 8
+    assert d["input"][0]["dims"] == [16]  # numbers, not protobuf's quoted int64
+    assert d["input"][0]["data_type"] == "TYPE_INT32"
+    assert d["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert d["dynamic_batching"]["preferred_batch_size"] == [4]

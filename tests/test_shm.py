@@ -1,0 +1,73 @@
+"""Arenas, the allocator and the orphan sweep, on real POSIX shared memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conveyor.proto.errors import ConveyorError
+from conveyor.shm.allocator import BlockAllocator
+from conveyor.shm.arena import Arena
+from conveyor.shm.naming import group_segments, segment_name, sweep_orphans
+from conveyor.shm.regions import RegionCache
+
+
+def test_allocator_reuses_and_coalesces() -> None:
+    a = BlockAllocator(1024)
+    x, y, z = a.alloc(100), a.alloc(100), a.alloc(100)
+    assert (x, y, z) == (0, 128, 256)
+    a.free(y)
+    a.free(x)
+    assert a.alloc(200) == 0  # x and y merged
+    a.free(0)
+    a.free(z)
+    assert a.alloc(1024) == 0  # everything merged back
+
+
+def test_arena_full_is_a_clear_error() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 4096)
+    try:
+        arena.alloc(4000)
+        with pytest.raises(ConveyorError, match="arena"):
+            arena.alloc(4000)
+    finally:
+        arena.close()
+
+
+def test_released_blocks_come_back_once_every_consumer_flags() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 1 << 16)
+    regions = RegionCache()
+    try:
+        payload, flags = arena.alloc_released(1000, 2)
+        regions.view(arena.name, payload, 4)[:] = 9
+        assert arena.array[payload] == 9
+        regions.view(arena.name, flags, 1)[0] = 1
+        assert arena.reclaim() == 0
+        regions.view(arena.name, flags + 1, 1)[0] = 1
+        assert arena.reclaim() == 1 and arena.outstanding == 0
+    finally:
+        arena.close()
+
+
+def test_view_outside_region_is_rejected() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 4096)
+    try:
+        with pytest.raises(ConveyorError, match="outside"):
+            RegionCache().view(arena.name, 4000, 200)
+    finally:
+        arena.close()
+
+
+def test_sweep_frees_segments_of_dead_owners() -> None:
+    group = f"sweep{os.getpid()}"
+    code = (
+        "from conveyor.shm.arena import Arena; from conveyor.shm.naming import segment_name; "
+        f"Arena(segment_name('{group}', 'worker'), 4096)"  # never closed: the process 'crashes'
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert len(group_segments(group)) == 1
+    assert len(sweep_orphans(group)) == 1
+    assert group_segments(group) == []
