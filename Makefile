@@ -24,8 +24,11 @@ check: lint typecheck unit
 lint:
 	$(VENV)/bin/ruff check .
 
+# mypy resolves conveyor.* through a tree of links (the package-dir mapping is setuptools-only).
 typecheck:
-	$(VENV)/bin/mypy proto shm router workers ingress deploy
+	mkdir -p build/typecheck/conveyor
+	for d in proto shm router workers ingress deploy; do ln -sfn ../../../$$d build/typecheck/conveyor/$$d; done
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p conveyor
 
 unit:
 	$(PY) -m pytest -q

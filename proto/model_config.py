@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from conveyor.proto import model_config_pb2 as mc
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-
-from conveyor.proto import model_config_pb2 as mc
 
 ModelConfig = mc.ModelConfig
 
@@ -36,7 +35,7 @@ def to_json(config: mc.ModelConfig) -> dict[str, Any]:
     d = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    _unquote_int64(config.DESCRIPTOR, d)
+    _unquote_int64(config.DESCRIPTOR, d)  # type: ignore[arg-type]
     return d
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import msgspec
 import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.batcher import Pending, shape_key
@@ -40,7 +39,7 @@ class Running:
 class Router:
     def __init__(self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str) -> None:
         self.repositories = repositories
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.front = self.ctx.socket(zmq.ROUTER)
         self.back = self.ctx.socket(zmq.ROUTER)
         for sock, endpoint in ((self.front, ingress_endpoint), (self.back, worker_endpoint)):

@@ -20,7 +20,6 @@ from typing import Any
 
 import msgspec
 import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
@@ -51,7 +50,7 @@ class LoadedInstance:
 def detect_devices() -> list[str]:
     """CUDA devices this worker could use (none without cupy or a GPU)."""
     try:
-        import cupy  # type: ignore[import-not-found]
+        import cupy
 
         return [f"cuda:{i}" for i in range(cupy.cuda.runtime.getDeviceCount())]
     except Exception:
@@ -60,7 +59,7 @@ def detect_devices() -> list[str]:
 
 class Worker:
     def __init__(self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(router_endpoint)
