@@ -270,3 +270,55 @@ def test_health_service() -> None:
     }
     assert health_pb2.HealthCheckRequest.DESCRIPTOR.fields_by_name["service"].number == 1
     assert health_pb2.HealthCheckResponse.DESCRIPTOR.fields_by_name["status"].number == 1
+
+
+def test_tritonclient_talks_to_our_servicer() -> None:
+    """A real gRPC round trip: tritonclient's client against our generated servicer."""
+    from concurrent import futures
+
+    import grpc
+    import numpy as np
+
+    tc = pytest.importorskip("tritonclient.grpc")
+
+    class Servicer(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
+        def ServerLive(self, request: Any, context: Any) -> Any:
+            return grpc_service_pb2.ServerLiveResponse(live=True)
+
+        def ModelConfig(self, request: Any, context: Any) -> Any:
+            config = model_config_pb2.ModelConfig(name=request.name, max_batch_size=4)
+            config.input.add(name="x", data_type=model_config_pb2.TYPE_FP32, dims=[2])
+            return grpc_service_pb2.ModelConfigResponse(config=config)
+
+        def ModelInfer(self, request: Any, context: Any) -> Any:
+            x = np.frombuffer(request.raw_input_contents[0], dtype="<f4")
+            response = grpc_service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+            response.outputs.add(name="y", datatype="FP32", shape=list(request.inputs[0].shape))
+            response.raw_output_contents.append((x * 2).astype("<f4").tobytes())
+            return response
+
+    class Health(health_pb2_grpc.HealthServicer):
+        def Check(self, request: Any, context: Any) -> Any:
+            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = tc.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        assert client.is_server_live()
+        config = client.get_model_config("m", as_json=True)["config"]
+        assert config["input"][0] == {"name": "x", "data_type": "TYPE_FP32", "dims": ["2"]}
+        tensor = tc.InferInput("x", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([[1.0, 2.5]], dtype=np.float32))
+        result = client.infer("m", [tensor], request_id="r7")
+        assert result.get_response().id == "r7"
+        np.testing.assert_array_equal(result.as_numpy("y"), np.array([[2.0, 5.0]], dtype=np.float32))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        client.close()
+        server.stop(None)
