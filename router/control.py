@@ -23,6 +23,7 @@ class ControlHandler:
             "model_stats": self.model_stats,
             "signature": self.signature,
             "repository_index": self.repository_index,
+            "metrics": self.metrics,
         }
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
@@ -75,6 +76,14 @@ class ControlHandler:
             states = [s for s in self.registry.versions() if s.ready]
         states.sort(key=lambda s: (s.model, s.version))
         return {"model_stats": [s.stats.wire() for s in states]}
+
+    def metrics(self) -> dict[str, Any]:
+        """Statistics of every ready version plus the router's queue depths."""
+        states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
+        return {
+            "model_stats": [s.stats.wire() for s in states],
+            "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
+        }
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)
