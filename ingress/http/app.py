@@ -1,0 +1,145 @@
+"""The falcon ASGI app: KServe v2 routes plus Triton's extensions, as thin adapters.
+
+Resources only move bytes: parsing and rendering live in ``codec``, the work in
+``DataPlane`` (inference) and the router (``RouterLink.control``: readiness,
+metadata, config, statistics). Every error goes through ``errors.render_error``.
+A model version of "" lets the server pick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import falcon
+import falcon.asgi
+from conveyor.ingress.context import IngressContext
+from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body
+from conveyor.ingress.http.codec import (
+    HEADER_LENGTH,
+    build_infer_response,
+    encode_json,
+    parse_header_length,
+    parse_infer_request,
+)
+from conveyor.ingress.http.compression import compress, response_coding
+from conveyor.ingress.http.errors import render_error
+from conveyor.ingress.router_link import RouterLink
+from conveyor.ingress.server_metadata import server_metadata
+
+Request = falcon.asgi.Request
+Response = falcon.asgi.Response
+
+
+def _json(resp: Response, doc: Any) -> None:
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = encode_json(doc)
+
+
+def _status(resp: Response, ok: bool) -> None:
+    # Triton answers readiness with an empty body: 200, or 400 when not ready.
+    resp.status = 200 if ok else 400
+
+
+class Live:
+    async def on_get(self, req: Request, resp: Response) -> None:
+        resp.status = 200
+
+
+class ServerReady:
+    def __init__(self, link: RouterLink) -> None:
+        self._link = link
+
+    async def on_get(self, req: Request, resp: Response) -> None:
+        _status(resp, bool(await self._link.control("server_ready")))
+
+
+class ServerMetadata:
+    def __init__(self) -> None:
+        self._body = encode_json(server_metadata())  # fixed for the life of the process
+
+    async def on_get(self, req: Request, resp: Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self._body
+
+
+class ModelControl:
+    """A per-model GET answered by one router control op."""
+
+    def __init__(self, link: RouterLink, op: str) -> None:
+        self._link = link
+        self._op = op
+
+    async def on_get(self, req: Request, resp: Response, model: str, version: str = "") -> None:
+        _json(resp, await self._link.control(self._op, model=model, version=version))
+
+
+class ModelReady:
+    def __init__(self, link: RouterLink) -> None:
+        self._link = link
+
+    async def on_get(self, req: Request, resp: Response, model: str, version: str = "") -> None:
+        _status(resp, bool(await self._link.control("model_ready", model=model, version=version)))
+
+
+class Stats:
+    """``/v2/models/stats`` (every model) and the per-model, per-version forms."""
+
+    def __init__(self, link: RouterLink) -> None:
+        self._link = link
+
+    async def on_get(self, req: Request, resp: Response, model: str = "", version: str = "") -> None:
+        _json(resp, await self._link.control("model_stats", model=model, version=version))
+
+
+class Infer:
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
+        self._dataplane = dataplane
+        self._limit = max_body_bytes
+
+    async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
+        header_length = parse_header_length(req.get_header(HEADER_LENGTH))
+        body = await read_body(req, resp, self._limit)
+        request = parse_infer_request(body, model, version, header_length)
+        del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
+        result = await self._dataplane.infer(request.call)
+        response = build_infer_response(result, request)  # releases the result
+        data = response.body
+        coding = response_coding(req.get_header("Accept-Encoding"))
+        if coding is not None:
+            if len(data) >= OFFLOAD_BYTES:
+                data = await asyncio.to_thread(compress, (data,), coding)
+            else:
+                data = compress((data,), coding)
+            resp.set_header("Content-Encoding", coding)
+        if response.header_length is not None:
+            # The uncompressed JSON size, as Triton sends it.
+            resp.set_header(HEADER_LENGTH, str(response.header_length))
+        resp.content_type = response.content_type
+        resp.data = data
+
+
+def build_app(ctx: IngressContext, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> falcon.asgi.App:
+    """The HTTP/REST app over ``ctx``'s router link and data plane."""
+    app = falcon.asgi.App(media_type=falcon.MEDIA_JSON)
+    app.add_error_handler([Exception, falcon.HTTPError], render_error)
+
+    link = ctx.link
+    app.add_route("/v2/health/live", Live())
+    app.add_route("/v2/health/ready", ServerReady(link))
+    app.add_route("/v2", ServerMetadata())
+
+    stats = Stats(link)
+    app.add_route("/v2/models/stats", stats)
+    per_model: dict[str, object] = {
+        "": ModelControl(link, "model_metadata"),
+        "/ready": ModelReady(link),
+        "/config": ModelControl(link, "model_config"),
+        "/stats": stats,
+        "/infer": Infer(ctx.dataplane, max_body_bytes),
+    }
+    for suffix, resource in per_model.items():
+        app.add_route("/v2/models/{model}" + suffix, resource)
+        app.add_route("/v2/models/{model}/versions/{version}" + suffix, resource)
+    return app

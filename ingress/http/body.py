@@ -1,0 +1,92 @@
+"""Reading a request body: size limit first, then decompression.
+
+The limit is checked against ``Content-Length`` before a byte is read, and
+while reading chunked bodies; decompression is bounded by the same limit.
+Large bodies inflate on a worker thread (zlib releases the GIL) so one big
+request does not stall every other connection of this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import falcon.asgi
+from conveyor.ingress.http.compression import decompress, request_coding
+from conveyor.ingress.http.errors import error_body
+from conveyor.proto.errors import ConveyorError, invalid_arg
+
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+
+DEFAULT_MAX_BODY_BYTES = 1 << 30
+
+# Below this, (de)compressing inline is cheaper than a hop to a thread.
+OFFLOAD_BYTES = 1 << 20
+
+
+def _too_large(size: int, limit: int, *, at_least: bool = False) -> ConveyorError:
+    qualifier = "at least " if at_least else ""
+    return invalid_arg(f"request body of {qualifier}{size} bytes exceeds the limit of {limit}")
+
+
+async def read_body(req: falcon.asgi.Request, resp: falcon.asgi.Response, limit: int) -> bytes:
+    """The whole (decompressed) request body; INVALID_ARG when it is over ``limit``."""
+    coding = request_coding(req.get_header("Content-Encoding"))  # unsupported codings fail before reading
+    length = req.content_length
+    if length is not None:
+        if length > limit:
+            # The body stays unread: close the connection rather than let the server drain it.
+            resp.set_header("Connection", "close")
+            raise _too_large(length, limit)
+        body = await req.stream.readall()
+    else:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in req.stream:
+            size += len(chunk)
+            if size > limit:
+                resp.set_header("Connection", "close")
+                raise _too_large(size, limit, at_least=True)
+            chunks.append(chunk)
+        body = b"".join(chunks)
+    if coding is None:
+        return body
+    if len(body) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(decompress, body, coding, limit)
+    return decompress(body, coding, limit)
+
+
+class BodyLimit:
+    """ASGI wrapper that refuses an over-limit ``Content-Length`` before anything reads.
+
+    falcon awaits the first body event before it routes a request, so a client
+    that sends the headers and waits (or expects ``100 Continue``) would never
+    hear from ``read_body``. Answering here also spares the server reading a body
+    it is going to refuse: the connection closes after the 400.
+    """
+
+    def __init__(self, app: falcon.asgi.App, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:  # ASGI header names are lower-case
+                if name == b"content-length":
+                    if value.isdigit() and int(value) > self.limit:
+                        await self._refuse(send, int(value))
+                        return
+                    break
+        await self.app(scope, receive, send)
+
+    async def _refuse(self, send: Send, size: int) -> None:
+        body = error_body(_too_large(size, self.limit).message)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

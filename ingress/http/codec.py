@@ -1,0 +1,330 @@
+"""KServe v2 / Triton HTTP inference bodies, without a transport.
+
+Request body::
+
+    <JSON header>[<input 0 bytes><input 1 bytes>...]
+
+``Inference-Header-Content-Length`` gives the JSON size when binary tensor data
+follows it; each binary input says how many bytes it owns with
+``parameters.binary_data_size``, in the order the inputs appear in the JSON.
+Those bytes reach ``InferInput.data`` as memoryview slices of the body: the only
+copy is the data plane's write into shared memory.
+
+Response body: the same layout, outputs in the order the model produced them.
+An output travels as binary when its ``binary_data`` parameter says so, or, when
+it does not say, when the request's ``binary_data_output`` parameter is true.
+Output bytes are copied out of the worker's shared memory straight into the
+response body (one ``bytes.join``), then the result is released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from conveyor.ingress.dataplane import InferCall, InferInput, InferResult, RequestedOutput, TensorData
+from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
+from conveyor.proto.datatypes import DATATYPES
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(slots=True)
+class HttpInferRequest:
+    """A parsed request: the transport-free call plus how to render each output."""
+
+    call: InferCall
+    binary_default: bool = False  # the request's ``binary_data_output``
+    binary: dict[str, bool] = field(default_factory=dict)  # per-output ``binary_data``, where given
+
+    def wants_binary(self, output: str) -> bool:
+        return self.binary.get(output, self.binary_default)
+
+
+@dataclass(slots=True)
+class HttpInferResponse:
+    body: bytes
+    header_length: int | None  # the JSON size when binary tensor data follows it
+
+    @property
+    def content_type(self) -> str:
+        return JSON_TYPE if self.header_length is None else BINARY_TYPE
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header as an int (None when absent)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise invalid_arg(f"Unable to parse {HEADER_LENGTH}, got: {value!r}") from None
+
+
+def parse_infer_request(
+    body: bytes | bytearray | memoryview,
+    model: str,
+    version: str = "",
+    header_length: int | None = None,
+) -> HttpInferRequest:
+    """Parse an inference request body (already decompressed).
+
+    Raises ConveyorError(INVALID_ARG) for any malformed request, UNSUPPORTED for
+    features this server does not offer (shared memory, raw binary bodies).
+    """
+    view = memoryview(body)
+    total = view.nbytes
+    if header_length is None:
+        json_end = total
+    elif header_length == 0:
+        raise ConveyorError(
+            Status.UNSUPPORTED,
+            f"raw binary requests ({HEADER_LENGTH}: 0) are not supported: send a JSON header "
+            "naming the input, followed by its bytes with 'binary_data_size'",
+        )
+    elif header_length < 0 or header_length > total:
+        raise invalid_arg(f"inference header size should be in range (0, {total}), got: {header_length}")
+    else:
+        json_end = header_length
+    try:
+        doc = orjson.loads(view[:json_end] if json_end < total else view)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise invalid_arg("the request JSON must be an object")
+
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid_arg("Unable to parse 'id': expected a string")
+    parameters, binary_default = _request_parameters(doc.get("parameters"))
+    inputs = _inputs(doc.get("inputs"), view, json_end, model, binary_ok=header_length is not None)
+    outputs, binary = _outputs(doc.get("outputs"))
+    call = InferCall(model, version, inputs, outputs, request_id, parameters)
+    return HttpInferRequest(call, binary_default, binary)
+
+
+def _request_parameters(raw: Any) -> tuple[dict[str, Any], bool]:
+    if raw is None:
+        return {}, False
+    if not isinstance(raw, dict):
+        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+    for key, value in raw.items():
+        check = _RESERVED.get(key)
+        if check is not None:
+            if not check(value):
+                raise invalid_arg(f"Unable to parse '{key}': {_RESERVED_TYPES[key]}")
+        elif key.startswith("triton_"):
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            )
+        elif not isinstance(value, str | int | float):
+            raise invalid_arg(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', 'double' or 'string'."
+            )
+    if "binary_data_output" not in raw:
+        return raw, False
+    # An HTTP rendering choice, not a request parameter: the model never sees it.
+    parameters = dict(raw)
+    return parameters, parameters.pop("binary_data_output")
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+_RESERVED = {
+    "sequence_id": lambda v: _is_count(v) or isinstance(v, str),
+    "sequence_start": _is_bool,
+    "sequence_end": _is_bool,
+    "priority": _is_count,
+    "timeout": _is_count,
+    "binary_data_output": _is_bool,
+}
+_RESERVED_TYPES = {
+    "sequence_id": "expected a non-negative integer or a string",
+    "sequence_start": "expected a boolean",
+    "sequence_end": "expected a boolean",
+    "priority": "expected a non-negative integer",
+    "timeout": "expected a non-negative integer (microseconds)",
+    "binary_data_output": "expected a boolean",
+}
+
+
+def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok: bool) -> list[InferInput]:
+    if not isinstance(raw, list):
+        raise invalid_arg("Unable to parse 'inputs': the request needs an 'inputs' array")
+    total = view.nbytes
+    offset = json_end
+    inputs: list[InferInput] = []
+    for i, tensor in enumerate(raw):
+        if not isinstance(tensor, dict):
+            raise invalid_arg(f"Unable to parse 'inputs': input {i} is not a JSON object")
+        name = tensor.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg(f"Unable to parse 'name' of input {i}: expected a string")
+        datatype = tensor.get("datatype")
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
+            raise invalid_arg(f"Unable to parse 'datatype' of input '{name}': got {datatype!r}")
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+        params = _parameters(tensor, "input", name)
+        if "shared_memory_region" in params:
+            raise _shm_unsupported("input", name)
+        size = params.get("binary_data_size")
+        data: TensorData
+        if size is not None:
+            if "data" in tensor:
+                raise _one_source(name, "'data' 'binary_data_size'")
+            if not binary_ok:
+                raise invalid_arg(
+                    f"must specify valid '{HEADER_LENGTH}' in request header and 'binary_data_size' "
+                    "when passing inputs in binary data format"
+                )
+            if not _is_count(size):
+                raise invalid_arg(
+                    f"Unable to parse 'binary_data_size' of input '{name}': expected a non-negative integer"
+                )
+            end = offset + size
+            if end > total:
+                raise invalid_arg(
+                    f"unexpected size for input '{name}', expecting {end - total} additional bytes for "
+                    f"model '{model}': the body is truncated or 'binary_data_size' is wrong"
+                )
+            data = view[offset:end]
+            offset = end
+            params = _without(params, "binary_data_size")
+        elif "data" in tensor:
+            data = array_from_json(name, datatype, tensor["data"])
+        else:
+            raise _one_source(name, None)
+        inputs.append(InferInput(name, datatype, shape, data, params))
+    if offset != total:
+        raise invalid_arg(
+            f"unexpected additional input data for model '{model}': {total - offset} bytes follow the "
+            "binary inputs (the 'binary_data_size' values add up to less than the body holds)"
+        )
+    return inputs
+
+
+def _outputs(raw: Any) -> tuple[list[RequestedOutput] | None, dict[str, bool]]:
+    # Absent or empty: every output, as Triton does.
+    if raw is None or raw == []:
+        return None, {}
+    if not isinstance(raw, list):
+        raise invalid_arg("Unable to parse 'outputs': expected a JSON array")
+    outputs: list[RequestedOutput] = []
+    binary: dict[str, bool] = {}
+    for i, tensor in enumerate(raw):
+        if not isinstance(tensor, dict):
+            raise invalid_arg(f"Unable to parse 'outputs': output {i} is not a JSON object")
+        name = tensor.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg(f"Unable to parse 'name' of output {i}: expected a string")
+        params = _parameters(tensor, "output", name)
+        if "shared_memory_region" in params:
+            raise _shm_unsupported("output", name)
+        classification = params.get("classification", 0)
+        if not _is_count(classification):
+            raise invalid_arg(f"Unable to parse 'classification' of output '{name}': expected a non-negative integer")
+        wants_binary = params.get("binary_data")
+        if wants_binary is not None:
+            if not _is_bool(wants_binary):
+                raise invalid_arg(f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
+            binary[name] = wants_binary
+        rest = _without(params, "binary_data", "classification")
+        outputs.append(RequestedOutput(name, classification, rest))
+    return outputs, binary
+
+
+def _parameters(tensor: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    params = tensor.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise invalid_arg(f"Unable to parse 'parameters' of {kind} '{name}': expected a JSON object")
+    return params
+
+
+def _without(params: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """``params`` less the protocol keys, copying only when something else is left."""
+    if all(k in keys for k in params):
+        return {}
+    return {k: v for k, v in params.items() if k not in keys}
+
+
+def _one_source(name: str, found: str | None) -> ConveyorError:
+    but = f"set {found}" if found else "no field is set"
+    return invalid_arg(
+        f"Input '{name}' must set only one of the following fields: 'data', 'binary_data_size' in "
+        f"'parameters', 'shared_memory_region' in 'parameters'. But {but}"
+    )
+
+
+def _shm_unsupported(kind: str, name: str) -> ConveyorError:
+    return ConveyorError(
+        Status.UNSUPPORTED,
+        f"{kind} '{name}' uses 'shared_memory_region', but system shared memory is not enabled on this server",
+    )
+
+
+# --- responses -----------------------------------------------------------------------
+
+
+def build_infer_response(result: InferResult, request: HttpInferRequest) -> HttpInferResponse:
+    """Render ``result`` and release it (always, also when rendering fails).
+
+    The output views point into the worker's shared memory: everything that
+    reads them (JSON serialization, the body join) happens before the release.
+    """
+    try:
+        outputs: list[dict[str, Any]] = []
+        binary: list[memoryview] = []
+        for out in result.outputs:
+            entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
+            if request.wants_binary(out.name):
+                nbytes = out.raw.nbytes
+                entry["parameters"] = {"binary_data_size": nbytes}
+                if nbytes:
+                    binary.append(out.raw.data)
+            else:
+                entry["data"] = json_output_data(out)
+            outputs.append(entry)
+        doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
+        if result.id:
+            doc["id"] = result.id
+        if result.parameters:
+            doc["parameters"] = result.parameters
+        doc["outputs"] = outputs
+        header = orjson.dumps(doc, default=_to_list, option=_DUMPS_OPTIONS)
+        if not binary:
+            # As Triton: no binary bytes, no Inference-Header-Content-Length.
+            return HttpInferResponse(header, None)
+        return HttpInferResponse(b"".join([header, *binary]), len(header))
+    finally:
+        result.release()
+
+
+def _to_list(obj: Any) -> Any:
+    """orjson fallback for arrays it cannot serialize natively."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def encode_json(doc: Any) -> bytes:
+    return orjson.dumps(doc, default=_to_list, option=_DUMPS_OPTIONS)

@@ -1,0 +1,62 @@
+"""The HTTP ingress's one error renderer: every failure becomes ``{"error": msg}``.
+
+* ``ConveyorError``          -> ``http_status(err.status)`` (Triton's mapping)
+* ``falcon.HTTPError``       -> its own status (404 unknown route, 405, bad headers ...),
+                                with its headers (``Allow``) kept
+* anything else              -> 500, logged with its traceback
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+from conveyor.proto.errors import ConveyorError, http_status
+
+log = logging.getLogger(__name__)
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+async def render_error(
+    req: falcon.asgi.Request,
+    resp: falcon.asgi.Response | None,
+    error: Exception,
+    params: dict[str, Any],
+    *,
+    ws: falcon.asgi.WebSocket | None = None,
+) -> None:
+    """Falcon error handler, registered for ``Exception`` and ``falcon.HTTPError``."""
+    if resp is None:  # a WebSocket, which this app does not serve
+        return
+    if isinstance(error, ConveyorError):
+        status = http_status(error.status)
+        message = error.message
+    elif isinstance(error, falcon.HTTPError):
+        status = error.status_code
+        message = error.description or _phrase(status)
+        if error.headers:
+            resp.set_headers(error.headers)
+    else:
+        log.exception("unhandled error serving %s %s", req.method, req.path)
+        status = 500
+        message = f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else "")
+    # A failure after headers were staged must not leave binary-response headers behind.
+    resp.delete_header("Inference-Header-Content-Length")
+    resp.delete_header("Content-Encoding")
+    resp.status = status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error_body(message)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"

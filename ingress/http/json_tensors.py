@@ -1,0 +1,106 @@
+"""Tensor data as JSON: request ``data`` arrays in, response ``data`` arrays out.
+
+Inputs: ``data`` may be flat or nested (row-major); it becomes a flat-or-nested
+numpy array in the input's dtype, checked for value kinds and integer range so
+that ``1.5`` or ``300`` for a UINT8 input is an error instead of a silent cast.
+The data plane checks the element count against the shape.
+
+Outputs: a flat numpy view of the output's bytes, which orjson serializes
+straight from shared memory (``OPT_SERIALIZE_NUMPY``); BYTES become str.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from conveyor.ingress.dataplane import OutputTensor
+from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
+from conveyor.proto.errors import internal, invalid_arg
+
+# Value kinds numpy infers from JSON that each target kind accepts.
+_ACCEPTS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings"}
+
+
+def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
+    """Convert an input's JSON ``data`` to an array of its datatype (BYTES: utf-8 bytes objects)."""
+    if not isinstance(data, list):
+        raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
+    if datatype == "BYTES":
+        return _bytes_array(name, data)
+    if datatype == "BF16":
+        raise invalid_arg(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{name}'"
+        )
+    dtype = numpy_dtype(datatype)  # raises for unknown datatypes
+    try:
+        arr = np.array(data)
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Ragged nesting ("inhomogeneous shape") or out-of-range integers.
+        raise invalid_arg(f"Unable to parse 'data' of input '{name}': {exc}") from None
+    if arr.size == 0:
+        return np.empty(0, dtype=dtype)
+    kind = arr.dtype.kind
+    if kind not in _ACCEPTS[dtype.kind]:
+        got = _KIND_NAMES.get(kind, "values of mixed types")
+        raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected {datatype} values, got {got}")
+    if dtype.kind in "iu" and arr.dtype != dtype:
+        info = np.iinfo(dtype)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise invalid_arg(f"Unable to parse 'data' of input '{name}': {bad} is out of range for {datatype}")
+    return arr.astype(dtype, copy=False)
+
+
+def _bytes_array(name: str, data: list[Any]) -> np.ndarray:
+    try:
+        flat = [s.encode() for s in data]  # the common case: a flat list of strings
+    except AttributeError:
+        flat = []
+        _collect_strings(name, data, flat)
+    arr = np.empty(len(flat), dtype=np.object_)
+    arr[:] = flat
+    return arr
+
+
+def _collect_strings(name: str, data: list[Any], out: list[bytes]) -> None:
+    for item in data:
+        if isinstance(item, str):
+            out.append(item.encode())
+        elif isinstance(item, list):
+            _collect_strings(name, item, out)
+        else:
+            raise invalid_arg(
+                f"Unable to parse 'data' of input '{name}': BYTES elements must be JSON strings, "
+                f"got {type(item).__name__}"
+            )
+
+
+def json_output_data(out: OutputTensor) -> np.ndarray | list[str]:
+    """The flat JSON ``data`` of an output: a numpy view of shared memory (serialize it
+    before the result is released) or, for BYTES, a list of str."""
+    count = element_count(out.shape)
+    if out.datatype == "BYTES":
+        items = deserialize_bytes(out.raw.data, count)
+        try:
+            return [b.decode() for b in items]
+        except UnicodeDecodeError:
+            raise invalid_arg(
+                f"output '{out.name}' holds BYTES that are not valid UTF-8 and cannot be returned as "
+                "JSON; request it with binary_data=true"
+            ) from None
+    if out.datatype == "BF16":
+        # No JSON-able numpy type: widen the top 16 bits of a float32 (exact).
+        return (_view(out, np.dtype("<u2"), count).astype("<u4") << 16).view("<f4")
+    values = _view(out, numpy_dtype(out.datatype), count)
+    if out.datatype == "FP16":
+        return values.astype(np.float32)  # orjson has no float16; float32 holds every value exactly
+    return values
+
+
+def _view(out: OutputTensor, dtype: np.dtype, count: int) -> np.ndarray:
+    if out.raw.nbytes != count * dtype.itemsize:
+        raise internal(f"output tensor shape does not match size of output for '{out.name}'")
+    return out.raw.view(dtype)

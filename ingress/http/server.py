@@ -1,0 +1,153 @@
+"""Run the HTTP ingress: uvicorn (uvloop + httptools) on a socket of our own.
+
+Several ingress processes serve one port: each binds its own listening socket
+with SO_REUSEPORT and the kernel spreads new connections across them.
+
+Shutdown (SIGTERM/SIGINT): uvicorn closes the listener, lets in-flight requests
+finish for up to ``exit_timeout_s`` (then cancels them, which cancels their
+router requests), and only then is the context closed, unlinking this
+process's shared-memory arena.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+import uvloop
+from conveyor.ingress.context import IngressContext
+from conveyor.ingress.http.app import build_app
+from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+
+# Longer than the common 60 s idle timeout of load balancers, so they close first.
+KEEP_ALIVE_S = 75
+BACKLOG = 2048
+
+
+def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """A listening TCP socket that other processes may bind to the same port too."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Signals:
+    """Stands in for the default SIGTERM/SIGINT handlers while ``serve`` runs.
+
+    uvicorn installs its own handlers while serving and, when it has drained,
+    restores the previous ones and re-raises the signal it caught. With the
+    defaults that would kill the process before the arena is unlinked; here the
+    re-raised signal is only recorded. A signal that arrives while starting up
+    is recorded too, and makes the server stop as soon as it has started.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        self.received.append(sig)
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self) for sig in self.SIGNALS}
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def serve(
+    router: str,
+    group: str,
+    host: str,
+    port: int,
+    *,
+    arena_bytes: int,
+    log_level: str = "warning",
+    exit_timeout_s: float = 30.0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> None:
+    """Serve HTTP on ``host:port`` for the router at ``router`` until SIGTERM/SIGINT.
+
+    Blocking; returns once in-flight requests are done and the context is closed.
+    """
+    signals = _Signals()
+    signals.install()
+    try:
+        uvloop.run(
+            _serve(
+                signals,
+                router,
+                group,
+                host,
+                port,
+                arena_bytes=arena_bytes,
+                log_level=log_level,
+                exit_timeout_s=exit_timeout_s,
+                max_body_bytes=max_body_bytes,
+            )
+        )
+    finally:
+        signals.restore()
+
+
+async def _serve(
+    signals: _Signals,
+    router: str,
+    group: str,
+    host: str,
+    port: int,
+    *,
+    arena_bytes: int,
+    log_level: str,
+    exit_timeout_s: float,
+    max_body_bytes: int,
+) -> None:
+    # The context's ZeroMQ socket and futures belong to this loop: create it here.
+    ctx = await IngressContext.create(router, group, arena_bytes)
+    try:
+        # Bind only once ready, so the kernel does not hand connections to a process still starting.
+        sock = bind_socket(host, port)
+        app = BodyLimit(build_app(ctx, max_body_bytes=max_body_bytes), max_body_bytes)
+        config = uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            ws="none",
+            lifespan="off",
+            interface="asgi3",
+            access_log=False,
+            proxy_headers=False,  # no X-Forwarded-* rewriting on the hot path
+            server_header=False,
+            log_config=None,  # log through the process's own logging setup
+            log_level=log_level,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=math.ceil(exit_timeout_s),
+        )
+        server = uvicorn.Server(config)
+        if signals.received:
+            server.should_exit = True
+        await server.serve(sockets=[sock])
+    finally:
+        await ctx.close()
