@@ -83,8 +83,8 @@ def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, sec
         cmd = [
             str(pa), "-m", model, "-u", url, "-i", protocol,
             "--concurrency-range", f"{concurrency}:{concurrency}",
-            "--measurement-interval", str(seconds * 1000), "--stability-percentage", "50",
-            "--max-trials", "4", "--percentile", "99", "-f", report.name,
+            "--measurement-interval", str(seconds * 1000), "--stability-percentage", "100",
+            "--percentile", "99", "-f", report.name,
         ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         rows = list(csv.DictReader(open(report.name)))
@@ -113,7 +113,8 @@ def main() -> int:
     server = subprocess.Popen([
         sys.executable, "-m", "conveyor.deploy.cli", "serve", "--group", group,
         "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "18000",
-        "--grpc-port", "18001", "--workers", str(args.workers), "--http-ingress", str(args.http_ingress),
+        "--grpc-port", "18001", "--metrics-port", "18002", "--workers", str(args.workers),
+        "--http-ingress", str(args.http_ingress),
         "--grpc-ingress", str(args.grpc_ingress),
     ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = []

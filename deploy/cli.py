@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingress = sub.add_parser("ingress", help="run one ingress process")
     add_common(ingress)
     add_network(ingress)
-    ingress.add_argument("--protocol", choices=["http", "grpc"], required=True)
+    ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], required=True)
     ingress.add_argument("--router", default="", help="the router's ingress endpoint")
 
     worker = sub.add_parser("worker", help="run one worker process")
@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return Supervisor(args).run()
     if args.command == "router":
+        import os
+
         from conveyor.deploy.options import run_dir
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans
-
-        import os
 
         os.makedirs(run_dir(args.group), exist_ok=True)
         sweep_orphans(args.group)
@@ -74,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ingress":
         level = "debug" if args.log_verbose > 0 else "warning"
-        if args.protocol == "http":
+        if args.protocol == "metrics":
+            from conveyor.ingress.http.server import serve as serve_http
+            from conveyor.ingress.metrics import build_metrics_app
+
+            serve_http(args.router or ingress_ep, args.group, args.http_address, args.metrics_port,
+                       arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       app_factory=build_metrics_app)
+        elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,

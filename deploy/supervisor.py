@@ -49,16 +49,19 @@ class Supervisor:
 
     def _common(self) -> list[str]:
         a = self.args
-        return ["--group", a.group, "--log-verbose", str(a.log_verbose), "--exit-timeout-secs", str(a.exit_timeout_secs)]
+        return ["--group", a.group, "--log-verbose", str(a.log_verbose),
+                "--exit-timeout-secs", str(a.exit_timeout_secs)]
 
     def _children(self, repos: list[str]) -> tuple[list[Child], list[Child], list[Child]]:
         a = self.args
         common = self._common()
         repo_args = [x for r in repos for x in ("--model-repository", r)]
         router = [Child("router", ["router", *common, *repo_args])]
-        workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)]) for i in range(a.workers)]
+        workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)])
+                   for i in range(a.workers)]
         net = [
             "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port),
+            "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
         ]
         ingress: list[Child] = []
@@ -68,6 +71,8 @@ class Supervisor:
         if a.allow_grpc:
             ingress += [Child(f"grpc-{i}", ["ingress", "--protocol", "grpc", *common, *net])
                         for i in range(a.grpc_ingress)]
+        if a.allow_metrics:
+            ingress.append(Child("metrics", ["ingress", "--protocol", "metrics", *common, *net]))
         return router, workers, ingress
 
     def run(self) -> int:

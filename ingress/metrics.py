@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import falcon
+import falcon.asgi
+from conveyor.ingress.context import IngressContext
+
 # (metric, help, type, how to read it from one model_stats entry)
 _COUNTERS: list[tuple[str, str, str]] = [
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success.count"),
@@ -48,3 +52,20 @@ def render(model_stats: list[dict[str, Any]], pending: dict[str, int]) -> str:
         depth = pending.get(f'{s["name"]}:{s["version"]}', 0)
         lines.append(f'nv_inference_pending_request_count{{model="{s["name"]}",version="{s["version"]}"}} {depth}')
     return "\n".join(lines) + "\n"
+
+
+class MetricsResource:
+    def __init__(self, ctx: IngressContext) -> None:
+        self._link = ctx.link
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        snapshot = await self._link.control("metrics")
+        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        resp.text = render(snapshot["model_stats"], snapshot["pending"])
+
+
+def build_metrics_app(ctx: IngressContext) -> falcon.asgi.App:
+    """The app behind ``--metrics-port``: only ``GET /metrics``."""
+    app = falcon.asgi.App()
+    app.add_route("/metrics", MetricsResource(ctx))
+    return app

@@ -30,6 +30,7 @@ class Server:
     group: str
     http_port: int
     grpc_port: int
+    metrics_port: int
     repo: str
 
     @property
@@ -65,12 +66,12 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], timeout: float = 6
 
 
 def start_server(repo: str, group: str, *extra: str) -> Server:
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "conveyor.deploy.cli", "serve",
             "--model-repository", repo, "--group", group,
-            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
             "--arena-size", str(64 << 20), "--exit-timeout-secs", "10", *extra,
         ],
@@ -81,7 +82,7 @@ def start_server(repo: str, group: str, *extra: str) -> Server:
         proc.kill()
         proc.wait()
         raise
-    return Server(proc, group, http_port, grpc_port, repo)
+    return Server(proc, group, http_port, grpc_port, metrics_port, repo)
 
 
 @pytest.fixture(scope="session")

@@ -230,3 +230,15 @@ def test_oversize_request_is_refused(server: Server) -> None:
     assert resp.status in (400, 413) and "exceeds" in error_of(resp.status, resp.read())
     conn.close()
     assert httpclient.InferenceServerClient(server.http_url).is_server_ready()
+
+
+def test_prometheus_metrics(server: Server, client: httpclient.InferenceServerClient) -> None:
+    a = np.ones((1, 16), dtype=np.int32)
+    client.infer("simple", simple_inputs(a, a))
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    line = next(x for x in text.splitlines() if x.startswith('nv_inference_request_success{model="simple"'))
+    assert int(line.split()[-1]) >= 1
+    assert 'nv_inference_pending_request_count{model="simple",version="1"}' in text

@@ -25,6 +25,8 @@ from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
+AppFactory = Callable[[IngressContext], Any]
+
 # Longer than the common 60 s idle timeout of load balancers, so they close first.
 KEEP_ALIVE_S = 75
 BACKLOG = 2048
@@ -87,10 +89,13 @@ def serve(
     log_level: str = "warning",
     exit_timeout_s: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    app_factory: AppFactory | None = None,
 ) -> None:
     """Serve HTTP on ``host:port`` for the router at ``router`` until SIGTERM/SIGINT.
 
-    Blocking; returns once in-flight requests are done and the context is closed.
+    ``app_factory`` builds the ASGI app from the context (default: the KServe v2
+    app; the metrics endpoint passes its own). Blocking; returns once in-flight
+    requests are done and the context is closed.
     """
     signals = _Signals()
     signals.install()
@@ -106,6 +111,7 @@ def serve(
                 log_level=log_level,
                 exit_timeout_s=exit_timeout_s,
                 max_body_bytes=max_body_bytes,
+                app_factory=app_factory,
             )
         )
     finally:
@@ -123,13 +129,15 @@ async def _serve(
     log_level: str,
     exit_timeout_s: float,
     max_body_bytes: int,
+    app_factory: AppFactory | None,
 ) -> None:
     # The context's ZeroMQ socket and futures belong to this loop: create it here.
     ctx = await IngressContext.create(router, group, arena_bytes)
     try:
         # Bind only once ready, so the kernel does not hand connections to a process still starting.
         sock = bind_socket(host, port)
-        app = BodyLimit(build_app(ctx, max_body_bytes=max_body_bytes), max_body_bytes)
+        inner = app_factory(ctx) if app_factory else build_app(ctx, max_body_bytes=max_body_bytes)
+        app = BodyLimit(inner, max_body_bytes)
         config = uvicorn.Config(
             app,
             loop="uvloop",
