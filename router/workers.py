@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +12,22 @@ from conveyor.router.models import Instance, InstanceState
 HEARTBEAT_INTERVAL_S = 1.0
 # A worker silent this long is taken for dead: its work fails, its instances move.
 WORKER_TIMEOUT_S = 10.0
+
+
+_HOST = socket.gethostname()
+
+
+def _alive(worker: WorkerInfo) -> bool:
+    # A local worker that crashed is noticed at the next tick, not after the timeout.
+    if worker.host != _HOST:
+        return True
+    try:
+        os.kill(worker.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 @dataclass(eq=False)
@@ -42,7 +60,8 @@ class WorkerPool:
         return w
 
     def silent(self, now: float) -> list[WorkerInfo]:
-        return [w for w in self.workers.values() if now - w.last_seen > WORKER_TIMEOUT_S]
+        """Workers to drop: silent too long, or (on this host) whose process is gone."""
+        return [w for w in self.workers.values() if now - w.last_seen > WORKER_TIMEOUT_S or not _alive(w)]
 
     def place(self, instances: list[Instance]) -> list[Instance]:
         """Assign unplaced instances to workers; returns those assigned.
