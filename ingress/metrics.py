@@ -6,6 +6,7 @@ from typing import Any
 
 import falcon
 import falcon.asgi
+
 from conveyor.ingress.context import IngressContext
 
 # (metric, help, type, how to read it from one model_stats entry)

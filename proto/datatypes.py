@@ -10,6 +10,7 @@ import struct
 from collections.abc import Iterable
 
 import numpy as np
+
 from conveyor.proto.errors import invalid_arg
 
 # BF16 has no numpy dtype: it travels as raw 2-byte words.

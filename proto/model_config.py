@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.proto import model_config_pb2 as mc
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from conveyor.proto import model_config_pb2 as mc
 
 ModelConfig = mc.ModelConfig
 

@@ -11,9 +11,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from google.protobuf import text_format
+
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
-from google.protobuf import text_format
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import zmq
+
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.batcher import Pending, shape_key

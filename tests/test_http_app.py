@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as th
+
 from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import BodyLimit

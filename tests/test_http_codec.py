@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as th
+
 from conveyor.ingress.dataplane import InferResult, OutputTensor
 from conveyor.ingress.http import compression
 from conveyor.ingress.http.codec import (

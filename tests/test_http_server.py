@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+
 from conveyor.proto import messages as m
 
 

@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from google.protobuf import descriptor as _d
+from google.protobuf import descriptor_pool, json_format, text_format
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from conveyor.proto import (
     grpc_service_pb2,
     grpc_service_pb2_grpc,
@@ -24,9 +28,6 @@ from conveyor.proto import (
     model_config_pb2,
 )
 from conveyor.proto._pool import POOL
-from google.protobuf import descriptor as _d
-from google.protobuf import descriptor_pool, json_format, text_format
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 triton_service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 triton_model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")

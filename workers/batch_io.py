@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import (

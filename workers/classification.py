@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
 from conveyor.proto import model_config_pb2 as mc
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import zmq
+
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status

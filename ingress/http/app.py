@@ -13,6 +13,7 @@ from typing import Any
 
 import falcon
 import falcon.asgi
+
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import falcon.asgi
+
 from conveyor.ingress.http.compression import decompress, request_coding
 from conveyor.ingress.http.errors import error_body
 from conveyor.proto.errors import ConveyorError, invalid_arg

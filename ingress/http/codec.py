@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+
 from conveyor.ingress.dataplane import InferCall, InferInput, InferResult, RequestedOutput, TensorData
 from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
 from conveyor.proto.datatypes import DATATYPES

@@ -15,6 +15,7 @@ from typing import Any
 import falcon
 import falcon.asgi
 import orjson
+
 from conveyor.proto.errors import ConveyorError, http_status
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from conveyor.ingress.dataplane import OutputTensor
 from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import internal, invalid_arg

@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 import uvloop
+
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
 

@@ -1,0 +1,101 @@
+"""The gRPC ingress process: grpc.aio serving Triton's API on one port.
+
+Several ingress processes bind the same port (SO_REUSEPORT) and the kernel
+spreads connections over them; each has its own router link and arena.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import grpc
+
+from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
+from conveyor.ingress.grpc import health, service
+
+log = logging.getLogger(__name__)
+
+# Triton accepts tensors up to protobuf's own 2 GiB message limit.
+MAX_MESSAGE_BYTES = (1 << 31) - 1
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.so_reuseport", 1),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+def _address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+async def start_server(ctx: IngressContext, host: str, port: int) -> tuple[Any, int]:
+    """Build, bind and start a ``grpc.aio`` server on ``ctx``; return it and the
+    bound port (useful with ``port=0``). The caller stops it."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane), server)
+    health.add_to_server(health.HealthServicer(ctx.link), server)
+    bound = server.add_insecure_port(_address(host, port))
+    if bound == 0:  # older grpcio reports a failed bind this way instead of raising
+        raise OSError(f"cannot bind the gRPC endpoint to {_address(host, port)}")
+    await server.start()
+    return server, bound
+
+
+async def run(
+    router: str,
+    group: str,
+    host: str,
+    port: int,
+    *,
+    arena_bytes: int = DEFAULT_ARENA_BYTES,
+    exit_timeout_s: float = 30.0,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then let in-flight calls finish (up to
+    ``exit_timeout_s``) before closing the context and its arena."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ctx = await IngressContext.create(router, group, arena_bytes)
+    try:
+        server, bound = await start_server(ctx, host, port)
+        log.info("gRPC ingress listening on %s", _address(host, bound))
+        try:
+            await stop.wait()
+        finally:
+            # New calls are refused at once; running ones get the grace period.
+            await server.stop(grace=exit_timeout_s)
+    finally:
+        await ctx.close()
+
+
+def serve(
+    router: str,
+    group: str,
+    host: str,
+    port: int,
+    *,
+    arena_bytes: int,
+    log_level: str = "warning",
+    exit_timeout_s: float = 30.0,
+) -> None:
+    """Run a gRPC ingress process (blocking).
+
+    Args:
+        router: the router's ZeroMQ endpoint.
+        group: the deployment's name, used to name this process's shm arena.
+        host, port: where to listen; other ingress processes may share the port.
+        arena_bytes: size of the shared-memory arena for request tensors.
+        log_level: a ``logging`` level name.
+        exit_timeout_s: how long in-flight calls may run after SIGTERM/SIGINT.
+    """
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s"
+    )
+    asyncio.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s))

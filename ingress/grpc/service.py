@@ -1,0 +1,233 @@
+"""``inference.GRPCInferenceService``: a thin adapter over the data plane.
+
+Every RPC converts its request with ``codec``, asks the data plane or the
+router, and converts back. A ``ConveyorError`` becomes the gRPC status of its
+Triton code (``proto/errors.py``); anything else is logged and reported as
+INTERNAL. ModelStreamInfer is the exception: its errors travel in-band and
+the stream stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.grpc import codec, wire
+from conveyor.ingress.grpc.health import server_ready
+from conveyor.ingress.grpc.stream import ordered_replies
+from conveyor.ingress.router_link import RouterLink
+from conveyor.ingress.server_metadata import server_metadata
+from conveyor.proto import grpc_service_pb2 as pb
+from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
+from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, not_found, unsupported
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+
+_GRPC_CODE = {status: grpc.StatusCode[grpc_code_name(status)] for status in Status}
+
+_S = TypeVar("_S")
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
+async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("context.abort returned")  # it raises AbortError
+
+
+def _internal_message(err: BaseException) -> str:
+    return f"internal error: {type(err).__name__}: {err}"
+
+
+def _unary(
+    method: Callable[[_S, _Req, Any], Awaitable[_Resp]],
+) -> Callable[[_S, _Req, Any], Coroutine[Any, Any, _Resp]]:
+    """Render the errors of a unary RPC as gRPC statuses."""
+
+    @functools.wraps(method)
+    async def handler(self: _S, request: _Req, context: Any) -> _Resp:
+        try:
+            return await method(self, request, context)
+        except ConveyorError as err:
+            await _abort(context, _GRPC_CODE[err.status], err.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as err:
+            log.exception("%s failed", method.__name__)
+            await _abort(context, grpc.StatusCode.INTERNAL, _internal_message(err))
+
+    return handler
+
+
+def _time_left(context: Any) -> float | None:
+    """The client's deadline as a timeout, None without one."""
+    remaining = context.time_remaining()
+    # 0 means "already due", not "no deadline": keep it positive for the data plane.
+    return None if remaining is None else max(remaining, 1e-6)
+
+
+class InferenceServicer:
+    """The RPCs of ``inference.GRPCInferenceService`` (names are Triton's)."""
+
+    def __init__(self, link: RouterLink, dataplane: DataPlane) -> None:
+        self._link = link
+        self._dataplane = dataplane
+        self._server_metadata = codec.server_metadata_response(server_metadata())
+
+    # --- health and metadata ---------------------------------------------------------
+
+    @_unary
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        # This process answering is the liveness; it must not depend on models loading.
+        return pb.ServerLiveResponse(live=True)
+
+    @_unary
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=await server_ready(self._link))
+
+    @_unary
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        ready = await self._link.control("model_ready", model=request.name, version=request.version)
+        return pb.ModelReadyResponse(ready=bool(ready))
+
+    @_unary
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return self._server_metadata
+
+    @_unary
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        meta = await self._link.control("model_metadata", model=request.name, version=request.version)
+        return codec.model_metadata_response(meta)
+
+    @_unary
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        config = await self._link.control("model_config", model=request.name, version=request.version)
+        return codec.model_config_response(config)
+
+    @_unary
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        # "" asks for every model / every version.
+        stats = await self._link.control("model_stats", model=request.name, version=request.version)
+        return codec.model_statistics_response(stats)
+
+    # --- inference -------------------------------------------------------------------
+
+    @_unary
+    async def ModelInfer(self, request: wire.WireInferRequest, context: Any) -> bytes:
+        call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+        return codec.encode_infer_response(await self._dataplane.infer(call))
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterable[wire.WireInferRequest], context: Any
+    ) -> AsyncIterator[bytes]:
+        reply = functools.partial(self._stream_reply, context)
+        # aclosing: when grpc stops iterating (client gone), the running requests
+        # are cancelled now rather than when the generator is collected.
+        async with contextlib.aclosing(ordered_replies(requests, reply)) as replies:
+            async for message in replies:
+                yield message
+
+    async def _stream_reply(self, context: Any, request: wire.WireInferRequest) -> bytes:
+        try:
+            call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+            return codec.encode_infer_response(await self._dataplane.infer(call), stream=True)
+        except ConveyorError as err:
+            return codec.encode_stream_error(err.message, request.message.id)
+        except Exception as err:  # not CancelledError: that ends the stream
+            log.exception("ModelStreamInfer request failed")
+            return codec.encode_stream_error(_internal_message(err), request.message.id)
+
+    # --- shared memory: not enabled yet ------------------------------------------------
+    # tritonclient's examples start by listing and unregistering regions, so the
+    # queries answer "none" and only registering fails.
+
+    @_unary
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        if request.name:
+            raise not_found(f"Unable to find system shared memory region: '{request.name}'")
+        return pb.SystemSharedMemoryStatusResponse()
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise unsupported("system shared memory is not enabled on this server")
+
+    @_unary
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_unary
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        if request.name:
+            raise not_found(f"Unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise unsupported("CUDA shared memory is not enabled on this server")
+
+    @_unary
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # --- not available over gRPC yet ---------------------------------------------------
+
+    @_unary
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        raise unsupported("RepositoryIndex is not supported by this server's gRPC endpoint yet")
+
+    @_unary
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        raise unsupported("RepositoryModelLoad is not supported by this server's gRPC endpoint yet")
+
+    @_unary
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        raise unsupported("RepositoryModelUnload is not supported by this server's gRPC endpoint yet")
+
+    @_unary
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        raise unsupported("trace settings are not supported by this server yet")
+
+    @_unary
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        raise unsupported("log settings are not supported by this server yet")
+
+
+class _HandlerRecorder:
+    """Stands in for a server to capture the generated method-handler table."""
+
+    handlers: dict[str, Any] | None = None
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_to_server(servicer: InferenceServicer, server: Any) -> None:
+    """Register ``servicer`` on a ``grpc.aio`` server.
+
+    The method table is the generated one, except that the two infer RPCs use
+    ``wire``'s zero-copy framing: they take a ``WireInferRequest`` and return
+    serialized bytes.
+    """
+    recorder = _HandlerRecorder()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
+    handlers = recorder.handlers
+    if handlers is None:
+        raise RuntimeError("grpc_service_pb2_grpc did not register method handlers (regenerate proto/)")
+    for name in ("ModelInfer", "ModelStreamInfer"):
+        handlers[name] = handlers[name]._replace(
+            request_deserializer=wire.parse_infer_request, response_serializer=None
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
