@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 
 from conveyor.proto import model_config_pb2 as mc
 
@@ -36,7 +36,7 @@ def to_json(config: mc.ModelConfig) -> dict[str, Any]:
     d = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    _unquote_int64(config.DESCRIPTOR, d)  # type: ignore[arg-type]
+    _unquote_int64(config.DESCRIPTOR, d)
     return d
 
 
@@ -44,7 +44,8 @@ def from_json(d: dict[str, Any]) -> mc.ModelConfig:
     return json_format.ParseDict(d, mc.ModelConfig(), ignore_unknown_fields=True)
 
 
-def _unquote_int64(desc: Descriptor, d: dict[str, Any]) -> None:
+def _unquote_int64(desc: Any, d: dict[str, Any]) -> None:
+    # desc: a protobuf Descriptor (typed Any: its stubs differ between protobuf releases)
     for field in desc.fields:
         value = d.get(field.name)
         if value is None:
