@@ -50,14 +50,24 @@ class Server:
         return self.proc.wait(timeout)
 
 
-def wait_ready(http_port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple[int, ...] = (),
+               timeout: float = 60.0) -> None:
+    """Ready over HTTP, and every other ingress port accepting connections."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"conveyor serve exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and all(_listening(p) for p in other_ports):
                     return
         except Exception:
             pass
@@ -65,7 +75,7 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], timeout: float = 6
     raise RuntimeError("the server did not become ready in time")
 
 
-def start_server(repo: str, group: str, *extra: str) -> Server:
+def start_server(repo: str, group: str, *extra: str, grpc: bool = True) -> Server:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [
@@ -77,7 +87,7 @@ def start_server(repo: str, group: str, *extra: str) -> Server:
         ],
     )
     try:
-        wait_ready(http_port, proc)
+        wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,))
     except Exception:
         proc.kill()
         proc.wait()

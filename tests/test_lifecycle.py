@@ -66,7 +66,7 @@ def eventually(check: object, timeout: float = 30.0) -> None:
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("lifecycle"))
     add_sub(repo, "simple", 0)  # unbatched: shapes [16]
-    srv = start_server(repo, f"l{os.getpid()}", "--workers", "1", "--grpc-ingress", "0")
+    srv = start_server(repo, f"l{os.getpid()}", "--workers", "1", "--grpc-ingress", "0", grpc=False)
     yield srv
     assert srv.stop() == 0
     assert srv.shm_segments() == []
