@@ -105,7 +105,7 @@ def test_async_infer_callbacks(client: grpcclient.InferenceServerClient) -> None
     for _ in range(20):
         k, r, e = done.get(timeout=20)
         assert e is None
-        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), np.zeros((1, 16), np.int32))  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.full((1, 16), 2 * k, np.int32))  # type: ignore[attr-defined]
 
 
 def test_aio_client_concurrent(server: Server) -> None:
