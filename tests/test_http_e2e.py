@@ -242,3 +242,14 @@ def test_prometheus_metrics(server: Server, client: httpclient.InferenceServerCl
     line = next(x for x in text.splitlines() if x.startswith('nv_inference_request_success{model="simple"'))
     assert int(line.split()[-1]) >= 1
     assert 'nv_inference_pending_request_count{model="simple",version="1"}' in text
+
+
+def test_raw_binary_body_for_a_single_input_model(server: Server) -> None:
+    x = np.arange(8, dtype=np.float32)
+    status, body = raw_post(server, "/v2/models/identity_fp32/infer", x.tobytes(),
+                            {"Inference-Header-Content-Length": "0"})
+    assert status == 200
+    result = httpclient.InferResult.from_response_body(body, header_length=len(body) - x.nbytes)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    status, body = raw_post(server, "/v2/models/simple/infer", b"\0" * 128, {"Inference-Header-Content-Length": "0"})
+    assert status == 400 and "exactly one input" in error_of(status, body)

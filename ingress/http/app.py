@@ -26,6 +26,7 @@ from conveyor.ingress.http.codec import (
 )
 from conveyor.ingress.http.compression import compress, response_coding
 from conveyor.ingress.http.errors import render_error
+from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 
@@ -102,7 +103,11 @@ class Infer:
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         header_length = parse_header_length(req.get_header(HEADER_LENGTH))
         body = await read_body(req, resp, self._limit)
-        request = parse_infer_request(body, model, version, header_length)
+        if header_length == 0:
+            sig = await self._dataplane.models.get(model, version)
+            request = raw_infer_request(memoryview(body), model, version, sig)
+        else:
+            request = parse_infer_request(body, model, version, header_length)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
         response = build_infer_response(result, request)  # releases the result
