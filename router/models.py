@@ -61,7 +61,7 @@ class VersionState:
     def state(self) -> str:
         if self.ready:
             return "READY"
-        if self.error or (self.instances and all(i.state is InstanceState.FAILED for i in self.instances)):
+        if self.error or (self.instances and all(_hopeless(i) for i in self.instances)):
             return "UNAVAILABLE"
         return "LOADING"
 
@@ -69,12 +69,17 @@ class VersionState:
     def reason(self) -> str:
         if self.error:
             return self.error
-        failed = [i.error for i in self.instances if i.state is InstanceState.FAILED]
+        failed = [i.error for i in self.instances if _hopeless(i)]
         if failed and not self.ready:
             return failed[0]
         if not self.ready:
             return "waiting for a worker to load it"
         return ""
+
+
+def _hopeless(inst: Instance) -> bool:
+    """Failed to load, or no worker can host it (until one with its device joins)."""
+    return inst.state is InstanceState.FAILED or (inst.state is InstanceState.UNPLACED and bool(inst.error))
 
 
 @dataclass(eq=False)

@@ -76,7 +76,10 @@ class WorkerPool:
                 continue
             candidates = [w for w in self.workers.values() if w.hosts(inst.device)]
             if not candidates:
+                # Stays unplaced (a worker with that device may join later), but says why.
+                inst.error = f"no worker has device '{inst.device}'" if self.workers else ""
                 continue
+            inst.error = ""
             best = min(
                 candidates,
                 key=lambda w: (sum(1 for i in w.instances if i.version is inst.version), len(w.instances)),

@@ -20,7 +20,9 @@ def build_test_repository(repo: str) -> None:
     identity(repo, "classifier", "FP32", 4, "10", "", 'label_filename: "labels.txt"')
     with open(os.path.join(repo, "classifier", "labels.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(LABELS) + "\n")
+    add_sub(repo, "simple_two_instances", 8, "instance_group [{ count: 2 kind: KIND_CPU }]")
     # Broken models: the server must keep serving the others and say why.
+    add_sub(repo, "gpu_only", 8, "instance_group [{ count: 1 kind: KIND_GPU }]")
     os.makedirs(os.path.join(repo, "bad_config", "1"))
     with open(os.path.join(repo, "bad_config", "config.pbtxt"), "w", encoding="utf-8") as f:
         f.write('name: "bad_config"\nplatform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')

@@ -184,7 +184,21 @@ def test_broken_models_say_why_and_others_serve(client: httpclient.InferenceServ
     assert not client.is_model_ready("bad_config")
     assert not client.is_model_ready("missing_file")
     expect_error(client, lambda: client.get_model_metadata("bad_config"), "failed to parse")
+    expect_error(client, lambda: client.get_model_metadata("missing_file"), "does not exist")
     assert client.is_model_ready("simple")
+
+
+def test_gpu_model_without_gpu_worker_says_why(client: httpclient.InferenceServerClient) -> None:
+    if client.is_model_ready("gpu_only"):
+        pytest.skip("a worker on this host has a GPU")
+    expect_error(client, lambda: client.get_model_metadata("gpu_only"), "no worker has device 'cuda:0'")
+
+
+def test_instance_group_count(client: httpclient.InferenceServerClient) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for _ in range(4):
+        np.testing.assert_array_equal(client.infer("simple_two_instances", simple_inputs(a, a)).as_numpy("OUTPUT0"),
+                                      2 * a)
 
 
 def error_of(status: int, body: bytes) -> str:
