@@ -4,6 +4,7 @@ and statistics. Names the version a request is served by."""
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,9 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
 class ModelRegistry:
     def __init__(self) -> None:
         self.models: dict[str, ModelEntry] = {}
-        self.generation = 0
+        # Starts from the clock so a restarted router never repeats a generation
+        # that ingress caches already hold.
+        self.generation = time.time_ns() // 1_000_000 % (1 << 40)
 
     def replace(self, specs: dict[str, ModelSpec]) -> None:
         self.models = {name: build_entry(spec) for name, spec in specs.items()}

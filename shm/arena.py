@@ -13,7 +13,8 @@ Two ways a block comes back:
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import posix_ipc
@@ -22,11 +23,17 @@ from conveyor.proto.errors import unavailable
 from conveyor.shm.allocator import ALIGN, BlockAllocator
 
 
+# A consumer copies its bytes out within milliseconds of the response; a block
+# still flagged-out after this long belongs to a consumer that died.
+ABANDONED_AFTER_S = 120.0
+
+
 @dataclass(slots=True)
 class _Pending:
     start: int
     flags_at: int
     consumers: int
+    created: float = field(default_factory=time.monotonic)
 
 
 class Arena:
@@ -81,12 +88,14 @@ class Arena:
         return start + header, start
 
     def reclaim(self) -> int:
-        """Free every released block whose consumers have all set their flag."""
+        """Free every block whose consumers have all set their flag (or that was
+        abandoned by a consumer that died)."""
         keep: list[_Pending] = []
         freed = 0
         arr = self.array
+        stale = time.monotonic() - ABANDONED_AFTER_S
         for p in self._pending:
-            if arr[p.flags_at : p.flags_at + p.consumers].all():
+            if arr[p.flags_at : p.flags_at + p.consumers].all() or p.created < stale:
                 self._alloc.free(p.start)
                 freed += 1
             else:
