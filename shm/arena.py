@@ -22,7 +22,6 @@ import posix_ipc
 from conveyor.proto.errors import unavailable
 from conveyor.shm.allocator import ALIGN, BlockAllocator
 
-
 # A consumer copies its bytes out within milliseconds of the response; a block
 # still flagged-out after this long belongs to a consumer that died.
 ABANDONED_AFTER_S = 120.0
