@@ -12,7 +12,7 @@ Flows (see ARCHITECTURE.md)::
 
     ingress --InferRequest/ControlRequest/Cancel--> router
     router  --InferResponse/ControlReply----------> ingress
-    router  --LoadModel/UnloadModel/ExecBatch-----> worker
+    router  --LoadModel/UnloadModel/ExecBatch/Rehello--> worker
     worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult--> router
 """
 
@@ -136,6 +136,11 @@ class Heartbeat(msgspec.Struct, tag="hb", array_like=True):
     pass
 
 
+class Rehello(msgspec.Struct, tag="rehello", array_like=True):
+    """Router to worker: "I don't know you" (the router restarted): drop every
+    instance and say hello again."""
+
+
 class LoadModel(msgspec.Struct, tag="load", array_like=True):
     """Load one instance of ``model``/``version`` from ``path``; ``config`` is the
     serialized ModelConfig protobuf; ``instance`` names the slot on this worker."""
@@ -198,7 +203,7 @@ class BatchResult(msgspec.Struct, tag="result", array_like=True):
 
 IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
 RouterToIngress = InferResponse | ControlReply
-RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat
+RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello
 WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult
 
 encoder = msgspec.msgpack.Encoder()

@@ -240,7 +240,7 @@ class Router:
         worker = self.pool.seen(identity)
         if worker is None:
             # A worker we dropped (or from before a router restart): make it start over.
-            self.back.send_multipart([identity, m.encode(m.Heartbeat())])
+            self.back.send_multipart([identity, m.encode(m.Rehello())])
             return
         if isinstance(msg, m.BatchResult):
             self._on_result(msg)

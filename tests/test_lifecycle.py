@@ -95,3 +95,10 @@ def test_a_worker_can_join_and_leave_at_run_time(small_server: Server) -> None:
     assert not any(f".worker.{extra.pid}" in s for s in small_server.shm_segments())
     for i in range(5):
         assert infer_simple(small_server, i) == [i + j + 1 for j in range(16)]
+
+
+def test_a_restarted_router_gets_its_workers_back(small_server: Server) -> None:
+    assert infer_simple(small_server) == [i + 1 for i in range(16)]
+    router = next(p for p, argv in children(small_server.proc.pid).items() if "router" in argv)
+    os.kill(router, signal.SIGKILL)
+    eventually(lambda: infer_simple(small_server, 3) == [i + 4 for i in range(16)])

@@ -136,6 +136,9 @@ class Worker:
                 self._load(msg)
             elif isinstance(msg, m.UnloadModel):
                 self._unload((msg.model, msg.version, msg.instance))
+            elif isinstance(msg, m.Rehello):
+                log.warning("the router does not know this worker (it restarted?): saying hello again")
+                self._reset()
 
     def _reset(self) -> None:
         for key in list(self.instances):
