@@ -23,6 +23,11 @@ from conveyor.proto.errors import ConveyorError, Status, unavailable
 log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 30.0
+# While requests are in flight the link pings the router this often; a router
+# that does not answer within PING_TIMEOUT_S, or answers with another boot id
+# (it restarted), has lost those requests: they fail instead of hanging.
+PING_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 5.0
 
 
 def error_from(info: m.ErrorInfo) -> ConveyorError:
@@ -41,10 +46,43 @@ class RouterLink:
         self._control: dict[int, asyncio.Future[m.ControlReply]] = {}
         self.on_orphan = on_orphan
         self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._boot: int | None = None
 
     async def start(self) -> None:
         await self._sock.send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
-        self._task = asyncio.get_running_loop().create_task(self._receive())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._receive())
+        self._watch = loop.create_task(self._watch_router())
+
+    async def _watch_router(self) -> None:
+        first = True
+        while True:
+            if not first:
+                await asyncio.sleep(PING_INTERVAL_S)
+            first = False  # learn the boot id at once, before any request can be lost
+            if not self._infer and self._boot is not None:
+                continue
+            pending = list(self._infer)
+            try:
+                boot = await asyncio.wait_for(self.control("ping"), PING_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.fail_in_flight(pending, "the router stopped answering")
+                continue
+            if self._boot is not None and boot != self._boot:
+                self.fail_in_flight(pending, "the router restarted")
+            self._boot = boot
+
+    def fail_in_flight(self, ids: list[int], why: str) -> None:
+        """Answer these requests with UNAVAILABLE (their memory is freed as usual)."""
+        error = m.ErrorInfo(int(Status.UNAVAILABLE), f"{why}; the request's outcome is unknown: retry it")
+        for rid in ids:
+            fut = self._infer.pop(rid, None)
+            if fut is not None and not fut.done():
+                log.error("request %d lost: %s", rid, why)
+                fut.set_result(m.InferResponse(rid, "", "", error=error))
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -106,6 +144,7 @@ class RouterLink:
                 fut.set_result(msg)  # type: ignore[arg-type]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._watch):
+            if task is not None:
+                task.cancel()
         self._sock.close(0)

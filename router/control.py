@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,9 @@ class ControlHandler:
             "signature": self.signature,
             "repository_index": self.repository_index,
             "metrics": self.metrics,
+            "ping": self.ping,
         }
+        self.boot_id = time.time_ns()
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
         fn = self._ops.get(op)
@@ -34,6 +37,10 @@ class ControlHandler:
             return fn(**args)
         except TypeError as exc:
             raise invalid_arg(f"bad arguments for '{op}': {exc}") from None
+
+    def ping(self) -> int:
+        """This router's boot id: a change tells the ingress the router restarted."""
+        return self.boot_id
 
     def server_ready(self) -> bool:
         """Ready once every loadable model version has settled (ready or failed).
