@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
+from conveyor.router.autocomplete import complete_onnx
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +63,22 @@ def scan(repositories: list[str]) -> dict[str, ModelSpec]:
 def load_spec(name: str, path: str) -> ModelSpec:
     spec = ModelSpec(name=name, path=path)
     config_path = os.path.join(path, "config.pbtxt")
+    text = ""
     try:
         with open(config_path, encoding="utf-8") as f:
-            spec.config = parse_text(f.read())
+            text = f.read()
+        spec.config = parse_text(text)
     except FileNotFoundError:
-        spec.error = f"model '{name}' has no config.pbtxt"
-        return spec
+        pass  # completed from the model file below, as Triton does
     except (text_format.ParseError, UnicodeDecodeError) as exc:
         spec.error = f"failed to parse {config_path}: {exc}"
         return spec
     config = spec.config
     if not config.name:
         config.name = name
+    if not text and not _guess_backend(path):
+        spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
+        return spec
     elif config.name != name:
         spec.error = f"config name '{config.name}' does not match the model directory name '{name}'"
         return spec
@@ -89,6 +94,17 @@ def load_spec(name: str, path: str) -> ModelSpec:
         config.platform = "onnxruntime_onnx"
     if not config.backend:
         config.backend = spec.backend
+    if not config.input or not config.output:
+        _fill_defaults(config)
+        _find_versions(spec)
+        if spec.backend == "onnxruntime" and spec.versions:
+            given = "max_batch_size" in text
+            problem = complete_onnx(config, spec.versions[max(spec.versions)], given)
+            if problem:
+                spec.error = f"model '{name}': {problem}"
+                return spec
+        spec.versions.clear()
+        spec.version_errors.clear()
     problem = validate(config)
     if problem:
         spec.error = f"model '{name}': {problem}"

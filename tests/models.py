@@ -20,6 +20,8 @@ def build_test_repository(repo: str) -> None:
     identity(repo, "classifier", "FP32", 4, "10", "", 'label_filename: "labels.txt"')
     with open(os.path.join(repo, "classifier", "labels.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(LABELS) + "\n")
+    add_sub(repo, "no_config", 8)
+    os.remove(os.path.join(repo, "no_config", "config.pbtxt"))  # completed from the ONNX graph
     add_sub(repo, "simple_two_instances", 8, "instance_group [{ count: 2 kind: KIND_CPU }]")
     # Broken models: the server must keep serving the others and say why.
     add_sub(repo, "gpu_only", 8, "instance_group [{ count: 1 kind: KIND_GPU }]")

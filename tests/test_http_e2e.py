@@ -267,3 +267,10 @@ def test_raw_binary_body_for_a_single_input_model(server: Server) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
     status, body = raw_post(server, "/v2/models/simple/infer", b"\0" * 128, {"Inference-Header-Content-Length": "0"})
     assert status == 400 and "exactly one input" in error_of(status, body)
+
+
+def test_model_without_config_is_completed(client: httpclient.InferenceServerClient) -> None:
+    cfg = client.get_model_config("no_config")
+    assert cfg["max_batch_size"] == 4 and [i["dims"] for i in cfg["input"]] == [[16], [16]]
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    np.testing.assert_array_equal(client.infer("no_config", simple_inputs(a, a)).as_numpy("OUTPUT1"), 0 * a)

@@ -40,7 +40,7 @@ def test_bad_models_say_why(tmp_path: Path) -> None:
           'output [{name: "b" data_type: TYPE_FP32 dims: [1]}]')
     specs = scan([str(tmp_path)])
     assert "failed to parse" in specs["broken"].error
-    assert "no config.pbtxt" in specs["noconfig"].error
+    assert "no inputs" in specs["noconfig"].error  # an empty model.onnx completes to nothing
     assert "does not match" in specs["wrongname"].error
     assert "no inputs" in specs["noinputs"].error
     assert "not supported" in specs["tf"].error
@@ -57,3 +57,18 @@ def test_config_json_matches_triton_form() -> None:
     assert d["input"][0]["data_type"] == "TYPE_INT32"
     assert d["dynamic_batching"]["max_queue_delay_microseconds"] == 100
     assert d["dynamic_batching"]["preferred_batch_size"] == [4]
+
+
+def test_onnx_config_is_completed_from_the_graph(tmp_path: Path) -> None:
+    add_sub(str(tmp_path), "batched", 8)
+    add_sub(str(tmp_path), "plain", 0)
+    (tmp_path / "batched" / "config.pbtxt").unlink()
+    (tmp_path / "plain" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 0\n')
+    specs = scan([str(tmp_path)])
+    batched, plain = specs["batched"].config, specs["plain"].config
+    assert specs["batched"].error == "" and list(specs["batched"].versions) == [1]
+    assert batched.max_batch_size == 4 and batched.HasField("dynamic_batching")
+    assert [(i.name, list(i.dims)) for i in batched.input] == [("INPUT0", [16]), ("INPUT1", [16])]
+    assert [o.name for o in batched.output] == ["OUTPUT0", "OUTPUT1"]
+    assert specs["plain"].error == "" and plain.max_batch_size == 0
+    assert [list(i.dims) for i in plain.input] == [[16], [16]]

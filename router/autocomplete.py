@@ -1,0 +1,64 @@
+"""Triton's config auto-completion for ONNX models: a model directory with no
+``config.pbtxt`` (or one without inputs/outputs) is completed from the graph.
+
+As in Triton: when every input and output has a variable first dimension, the
+model is taken to be batched (``max_batch_size`` 4, dynamic batching on) unless
+the config already set ``max_batch_size``.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from conveyor.proto import model_config_pb2 as mc
+
+DEFAULT_MAX_BATCH_SIZE = 4
+
+_ONNX_TO_CONFIG: dict[int, int] = {
+    onnx.TensorProto.FLOAT: mc.TYPE_FP32,
+    onnx.TensorProto.FLOAT16: mc.TYPE_FP16,
+    onnx.TensorProto.DOUBLE: mc.TYPE_FP64,
+    onnx.TensorProto.BFLOAT16: mc.TYPE_BF16,
+    onnx.TensorProto.INT8: mc.TYPE_INT8,
+    onnx.TensorProto.INT16: mc.TYPE_INT16,
+    onnx.TensorProto.INT32: mc.TYPE_INT32,
+    onnx.TensorProto.INT64: mc.TYPE_INT64,
+    onnx.TensorProto.UINT8: mc.TYPE_UINT8,
+    onnx.TensorProto.UINT16: mc.TYPE_UINT16,
+    onnx.TensorProto.UINT32: mc.TYPE_UINT32,
+    onnx.TensorProto.UINT64: mc.TYPE_UINT64,
+    onnx.TensorProto.BOOL: mc.TYPE_BOOL,
+    onnx.TensorProto.STRING: mc.TYPE_STRING,
+}
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int]:
+    return [d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim]
+
+
+def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given: bool) -> str:
+    """Fill missing inputs/outputs (and batching) of ``config`` from the ONNX file; '' or a reason."""
+    try:
+        graph = onnx.load(model_path, load_external_data=False).graph
+    except Exception as exc:
+        return f"cannot read '{model_path}' to complete its config: {exc}"
+    initializers = {i.name for i in graph.initializer}
+    inputs = [v for v in graph.input if v.name not in initializers]
+    tensors = [*inputs, *graph.output]
+    batched = config.max_batch_size > 0
+    if not max_batch_size_given:
+        batched = bool(tensors) and all(_dims(v)[:1] == [-1] for v in tensors)
+        if batched:
+            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+            if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
+                config.dynamic_batching.SetInParent()
+    for values, declared in ((inputs, config.input), (list(graph.output), config.output)):
+        if len(declared):
+            continue
+        for v in values:
+            dtype = _ONNX_TO_CONFIG.get(v.type.tensor_type.elem_type)
+            if dtype is None:
+                return f"tensor '{v.name}' has an ONNX type Conveyor cannot serve"
+            dims = _dims(v)[1:] if batched else _dims(v)
+            declared.add(name=v.name, data_type=dtype, dims=dims)
+    return ""
