@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.deploy.options import run_dir
-from conveyor.shm.naming import group_segments, sweep_orphans
+from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
 
@@ -85,6 +85,10 @@ class Supervisor:
             log.info("no --model-repository given: serving the example repository %s", repos[0])
         os.makedirs(run_dir(a.group), exist_ok=True)
         sweep_orphans(a.group)
+        arenas = a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)
+        warning = shm_preflight(arenas * a.arena_size)
+        if warning:
+            log.warning("%s", warning)
         router, workers, ingress = self._children(repos)
         everyone = router + workers + ingress
         signal.signal(signal.SIGTERM, self._on_signal)

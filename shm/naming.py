@@ -72,3 +72,23 @@ def group_segments(group: str) -> list[str]:
         return sorted(e for e in os.listdir(SHM_DIR) if e.startswith(f"{PREFIX}{group}."))
     except FileNotFoundError:
         return []
+
+
+def shm_preflight(needed_bytes: int) -> str:
+    """A warning when /dev/shm is smaller than the arenas may grow to, else ''.
+
+    Segments are sparse (tmpfs), so this is a ceiling, not a reservation; a
+    container's default 64 MiB /dev/shm is the usual culprit.
+    """
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return f"{SHM_DIR} is not available: shared memory cannot work here"
+    size = st.f_blocks * st.f_frsize
+    if size >= needed_bytes:
+        return ""
+    return (
+        f"{SHM_DIR} holds {size >> 20} MiB but the arenas of this group may use up to {needed_bytes >> 20} MiB: "
+        "lower --arena-size, or give the container more (docker run --shm-size, or a Memory-backed "
+        "emptyDir on /dev/shm in Kubernetes)"
+    )

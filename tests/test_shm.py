@@ -11,7 +11,7 @@ import pytest
 from conveyor.proto.errors import ConveyorError
 from conveyor.shm.allocator import BlockAllocator
 from conveyor.shm.arena import Arena
-from conveyor.shm.naming import group_segments, segment_name, sweep_orphans
+from conveyor.shm.naming import group_segments, segment_name, shm_preflight, sweep_orphans
 from conveyor.shm.regions import RegionCache
 
 
@@ -71,3 +71,8 @@ def test_sweep_frees_segments_of_dead_owners() -> None:
     assert len(group_segments(group)) == 1
     assert len(sweep_orphans(group)) == 1
     assert group_segments(group) == []
+
+
+def test_preflight_names_the_fix_when_dev_shm_is_small() -> None:
+    assert shm_preflight(1) == ""
+    assert "--shm-size" in shm_preflight(1 << 60)
