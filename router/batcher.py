@@ -49,22 +49,37 @@ class DynamicBatcher:
         self.target = max(sizes) if sizes else self.max_batch_size
         self.max_delay_ns = max_delay_ns
         self.queue: deque[Pending] = deque()
+        self._with_deadline = 0  # queued requests that carry a deadline: 0 skips the scan
 
     def __len__(self) -> int:
         return len(self.queue)
 
     def push(self, item: Pending) -> None:
         self.queue.append(item)
+        if item.request.deadline_ns:
+            self._with_deadline += 1
+
+    def _left(self, item: Pending) -> None:
+        if item.request.deadline_ns:
+            self._with_deadline -= 1
 
     def remove(self, ingress: bytes, request_id: int) -> Pending | None:
         for item in self.queue:
             if item.request.id == request_id and item.ingress == ingress:
                 self.queue.remove(item)
+                self._left(item)
                 return item
         return None
 
+    def pop(self) -> Pending:
+        item = self.queue.popleft()
+        self._left(item)
+        return item
+
     def take_expired(self, now_ns: int) -> list[Pending]:
         """Requests whose deadline has passed while queued (never executed)."""
+        if not self._with_deadline:
+            return []
         if not any(p.request.deadline_ns and p.request.deadline_ns <= now_ns for p in self.queue):
             return []
         keep: deque[Pending] = deque()
@@ -72,6 +87,7 @@ class DynamicBatcher:
         for p in self.queue:
             (gone if p.request.deadline_ns and p.request.deadline_ns <= now_ns else keep).append(p)
         self.queue = keep
+        self._with_deadline -= len(gone)
         return gone
 
     def next_batch(self, now_ns: int) -> list[Pending] | int | None:
@@ -80,7 +96,7 @@ class DynamicBatcher:
         if not queue:
             return None
         if not self.enabled:
-            return [queue.popleft()]
+            return [self.pop()]
         head = queue[0]
         rows = 0
         count = 0
@@ -96,4 +112,4 @@ class DynamicBatcher:
         due = head.arrival_ns + self.max_delay_ns
         if rows < self.target and not blocked and now_ns < due:
             return due
-        return [queue.popleft() for _ in range(count)]
+        return [self.pop() for _ in range(count)]

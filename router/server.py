@@ -215,7 +215,7 @@ class Router:
     def _fail_queue(self, state: VersionState, exc: ConveyorError) -> None:
         now = time.monotonic_ns()
         while state.batcher.queue:
-            item = state.batcher.queue.popleft()
+            item = state.batcher.pop()
             self.queued.pop((item.ingress, item.request.id), None)
             state.stats.fail.add(now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
