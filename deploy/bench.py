@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from conveyor.deploy.procs import actor_role, children
+
 ROOT = Path(__file__).resolve().parent.parent
 INSTALLER = ROOT.parent / "shared" / "tools" / "install-perf-analyzer"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -48,25 +50,8 @@ def wait_ready(url: str, timeout: float = 90) -> None:
 
 
 def actor_pids(root_pid: int) -> dict[int, str]:
-    """Children of the supervisor, by role (from their command lines)."""
-    out: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != root_pid:
-                continue
-            with open(f"/proc/{entry}/cmdline") as f:
-                argv = f.read().split("\0")
-        except OSError:
-            continue
-        role = argv[argv.index("conveyor.deploy.cli") + 1] if "conveyor.deploy.cli" in argv else "?"
-        if role == "ingress":
-            role += "-" + argv[argv.index("--protocol") + 1]
-        out[int(entry)] = role
-    return out
+    """Children of the supervisor, by role."""
+    return {pid: actor_role(argv) for pid, argv in children(root_pid).items()}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.procs import children
 from tests.conftest import Server, start_server
 
 
@@ -31,22 +32,6 @@ def infer_simple(server: Server, offset: int = 0) -> list[int]:
     with urllib.request.urlopen(req, timeout=10) as r:
         out = json.loads(r.read())
     return next(o["data"] for o in out["outputs"] if o["name"] == "OUTPUT0")  # type: ignore[no-any-return]
-
-
-def children(pid: int) -> dict[int, list[str]]:
-    found: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                with open(f"/proc/{entry}/cmdline") as f:
-                    found[int(entry)] = f.read().split("\0")
-        except OSError:
-            continue
-    return found
 
 
 def eventually(check: object, timeout: float = 30.0) -> None:

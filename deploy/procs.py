@@ -1,0 +1,33 @@
+"""The supervisor's children as /proc shows them (for the benchmark and the tests)."""
+
+from __future__ import annotations
+
+import os
+
+
+def children(pid: int) -> dict[int, list[str]]:
+    """Child pid -> its command line, for every live child of ``pid``."""
+    found: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != pid:
+                continue
+            with open(f"/proc/{entry}/cmdline") as f:
+                found[int(entry)] = f.read().split("\0")
+        except OSError:
+            continue
+    return found
+
+
+def actor_role(argv: list[str]) -> str:
+    """'router', 'worker', 'ingress-http', ... from a ``conveyor.deploy.cli`` command line."""
+    if "conveyor.deploy.cli" not in argv:
+        return "?"
+    role = argv[argv.index("conveyor.deploy.cli") + 1]
+    if role == "ingress" and "--protocol" in argv:
+        role += "-" + argv[argv.index("--protocol") + 1]
+    return role
