@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,10 +79,12 @@ class Supervisor:
     def run(self) -> int:
         a = self.args
         repos = list(a.model_repository)
+        built: str | None = None
         if not repos:
             from conveyor.deploy.example_repo import build
 
-            repos = [build(os.path.join(tempfile.gettempdir(), f"conveyor-{a.group}-example-models"))]
+            built = build(os.path.join(tempfile.gettempdir(), f"conveyor-{a.group}-example-models"))
+            repos = [built]
             log.info("no --model-repository given: serving the example repository %s", repos[0])
         os.makedirs(run_dir(a.group), exist_ok=True)
         sweep_orphans(a.group)
@@ -103,6 +106,10 @@ class Supervisor:
                 if not child.alive() and not self._stop:
                     self._restart(child)
         self._shutdown(ingress, router + workers)
+        # What this run made in /tmp goes with it: the IPC folder, the example models.
+        for path in (run_dir(a.group), built):
+            if path:
+                shutil.rmtree(path, ignore_errors=True)
         return 0
 
     def _on_signal(self, signum: int, _frame: object) -> None:
