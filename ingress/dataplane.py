@@ -90,8 +90,7 @@ class InferResult:
 
     def release(self) -> None:
         """Hand the output block back to its worker; call once the bytes are copied out."""
-        for rel in self._release:
-            self._regions.view(rel.region, rel.offset, 1)[0] = 1
+        release_blocks(self._regions, self._release)
         self._release = []
 
 
@@ -112,7 +111,7 @@ class DataPlane:
         sig = await self.models.get(call.model, call.version)
         inputs = self._check_inputs(sig, call.inputs)
         outputs = self._check_outputs(sig, call.outputs)
-        total = sum(_aligned(nbytes) for _, _, nbytes in inputs)
+        total = sum(_aligned(nbytes) for _, nbytes in inputs)
         block = self.arena.alloc(total)
         try:
             refs = self._write_inputs(block, inputs)
@@ -140,7 +139,7 @@ class DataPlane:
         self._finish_input(response.id)
         self.models.observe_generation(response.generation)
         if response.error is not None:
-            self._release(response.release)
+            release_blocks(self.regions, response.release)
             raise error_from(response.error)
         regions = self.regions
         out = [
@@ -155,8 +154,8 @@ class DataPlane:
 
     def _check_inputs(
         self, sig: ModelSignature, inputs: list[InferInput]
-    ) -> list[tuple[InferInput, TensorData, int]]:
-        checked: list[tuple[InferInput, TensorData, int]] = []
+    ) -> list[tuple[InferInput, int]]:
+        checked: list[tuple[InferInput, int]] = []
         seen: set[str] = set()
         batch: int | None = None
         for inp in inputs:
@@ -194,7 +193,7 @@ class DataPlane:
                 )
             if inp.data is None:
                 raise invalid_arg(f"input '{inp.name}' has no data")
-            checked.append((inp, inp.data, self._byte_size(inp)))
+            checked.append((inp, self._byte_size(inp)))
         missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
         if missing:
             raise invalid_arg(
@@ -248,11 +247,11 @@ class DataPlane:
 
     # --- shared memory -----------------------------------------------------------------
 
-    def _write_inputs(self, block: int, inputs: list[tuple[InferInput, TensorData, int]]) -> list[m.TensorRef]:
+    def _write_inputs(self, block: int, inputs: list[tuple[InferInput, int]]) -> list[m.TensorRef]:
         refs: list[m.TensorRef] = []
         arena = self.arena
         offset = block
-        for inp, _, nbytes in inputs:
+        for inp, nbytes in inputs:
             data = inp.data
             dst = arena.view(offset, nbytes)
             if isinstance(data, np.ndarray):
@@ -270,16 +269,18 @@ class DataPlane:
         if block is not None:
             self.arena.free(block)
 
-    def _release(self, releases: list[m.Release]) -> None:
-        for rel in releases:
-            try:
-                self.regions.view(rel.region, rel.offset, 1)[0] = 1
-            except ConveyorError:
-                pass  # the worker is gone, and its segment with it
-
     def _finish(self, response: m.InferResponse) -> None:
         self._finish_input(response.id)
-        self._release(response.release)
+        release_blocks(self.regions, response.release)
+
+
+def release_blocks(regions: RegionCache, releases: list[m.Release]) -> None:
+    """Write each release flag: the worker reclaims a block once all its flags are set."""
+    for rel in releases:
+        try:
+            regions.view(rel.region, rel.offset, 1)[0] = 1
+        except ConveyorError:
+            pass  # the worker is gone, and its segment with it
 
 
 def _check_bytes_count(name: str, data: bytes | memoryview, count: int) -> None:

@@ -81,7 +81,8 @@ def parse_infer_request(
     """Parse an inference request body (already decompressed).
 
     Raises ConveyorError(INVALID_ARG) for any malformed request, UNSUPPORTED for
-    features this server does not offer (shared memory, raw binary bodies).
+    features this server does not offer (shared memory); raw binary bodies
+    (header length 0) are ``raw_body``'s.
     """
     view = memoryview(body)
     total = view.nbytes
@@ -90,8 +91,8 @@ def parse_infer_request(
     elif header_length == 0:
         raise ConveyorError(
             Status.UNSUPPORTED,
-            f"raw binary requests ({HEADER_LENGTH}: 0) are not supported: send a JSON header "
-            "naming the input, followed by its bytes with 'binary_data_size'",
+            f"raw binary requests ({HEADER_LENGTH}: 0) need the model's signature: "
+            "the app parses them with ingress.http.raw_body, not this codec",
         )
     elif header_length < 0 or header_length > total:
         raise invalid_arg(f"inference header size should be in range (0, {total}), got: {header_length}")
