@@ -51,3 +51,9 @@ def add_network(p: argparse.ArgumentParser) -> None:
 def add_repository(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--model-repository", "--model-store", action="append", default=[], required=required,
                    dest="model_repository", help="a Triton model repository (repeatable)")
+
+
+def add_client_shm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-client-shm", type=triton_bool, default=False, metavar="BOOL",
+                   help="let clients register system/CUDA shared-memory regions (off by default, as in Triton: "
+                        "a client may name any segment the server's user can open)")

@@ -57,7 +57,8 @@ class Supervisor:
         a = self.args
         common = self._common()
         repo_args = [x for r in repos for x in ("--model-repository", r)]
-        router = [Child("router", ["router", *common, *repo_args])]
+        shm = ["--allow-client-shm", "true"] if a.allow_client_shm else []
+        router = [Child("router", ["router", *common, *repo_args, *shm])]
         workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)])
                    for i in range(a.workers)]
         net = [

@@ -18,6 +18,7 @@ import numpy as np
 
 from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
 from conveyor.ingress.router_link import RouterLink, error_from
+from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import (
     deserialize_bytes,
@@ -31,18 +32,21 @@ from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
+_CLIENT = m.CLIENT_REGION_PREFIX
 
 
 @dataclass(slots=True)
 class InferInput:
     """One input: ``data`` is raw little-endian bytes (BYTES: length-prefixed) or
-    an array already in the input's dtype (from JSON)."""
+    an array already in the input's dtype (from JSON); or ``shm`` names where in a
+    client-registered region the bytes already are (``data`` is None then)."""
 
     name: str
     datatype: str
     shape: list[int]
     data: TensorData | None
     parameters: dict[str, Any] = field(default_factory=dict)
+    shm: ShmPlacement | None = None
 
 
 @dataclass(slots=True)
@@ -50,6 +54,7 @@ class RequestedOutput:
     name: str
     classification: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
+    shm: ShmPlacement | None = None  # write it into this client region, return no bytes
 
 
 @dataclass(slots=True)
@@ -65,14 +70,19 @@ class InferCall:
 
 @dataclass(slots=True)
 class OutputTensor:
-    """An output as a view of shared memory: valid until ``InferResult.release``."""
+    """An output as a view of shared memory: valid until ``InferResult.release``.
+
+    ``raw`` is None for an output the worker wrote into a client's region: the
+    response carries no bytes for it."""
 
     name: str
     datatype: str
     shape: list[int]
-    raw: np.ndarray  # uint8 view
+    raw: np.ndarray | None  # uint8 view
 
     def as_array(self) -> np.ndarray:
+        if self.raw is None:
+            raise ValueError(f"output '{self.name}' lies in the client's shared memory")
         if self.datatype == "BYTES":
             return deserialize_bytes(self.raw.data, element_count(self.shape)).reshape(self.shape)
         return self.raw.view(numpy_dtype(self.datatype)).reshape(self.shape)
@@ -111,7 +121,8 @@ class DataPlane:
         sig = await self.models.get(call.model, call.version)
         inputs = self._check_inputs(sig, call.inputs)
         outputs = self._check_outputs(sig, call.outputs)
-        total = sum(_aligned(nbytes) for _, nbytes in inputs)
+        total = sum(_aligned(nbytes) for inp, nbytes in inputs if inp.shm is None)
+        uses_shm = any(inp.shm for inp, _ in inputs) or any(o.region for o in outputs)
         block = self.arena.alloc(total)
         try:
             refs = self._write_inputs(block, inputs)
@@ -133,6 +144,7 @@ class DataPlane:
             outputs=outputs,
             parameters=call.parameters,
             deadline_ns=deadline,
+            flags=m.FLAG_CLIENT_SHM if uses_shm else 0,
         )
         self._blocks[request.id] = block
         response = await self.link.infer(request)
@@ -143,7 +155,10 @@ class DataPlane:
             raise error_from(response.error)
         regions = self.regions
         out = [
-            OutputTensor(t.name, t.datatype, t.shape, regions.view(t.region, t.offset, t.nbytes))
+            OutputTensor(
+                t.name, t.datatype, t.shape,
+                None if t.region.startswith(_CLIENT) else regions.view(t.region, t.offset, t.nbytes),
+            )
             for t in response.outputs
         ]
         return InferResult(
@@ -191,6 +206,9 @@ class DataPlane:
                     f"unexpected shape for input '{inp.name}' for model '{sig.name}'. "
                     f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}"
                 )
+            if inp.shm is not None:
+                checked.append((inp, self._shm_byte_size(sig, inp, inp.shm)))
+                continue
             if inp.data is None:
                 raise invalid_arg(f"input '{inp.name}' has no data")
             checked.append((inp, self._byte_size(inp)))
@@ -202,6 +220,19 @@ class DataPlane:
                 "Please provide all required input(s)."
             )
         return checked
+
+    @staticmethod
+    def _shm_byte_size(sig: ModelSignature, inp: InferInput, shm: ShmPlacement) -> int:
+        if inp.data is not None:
+            raise invalid_arg(f"input '{inp.name}' has both data and a shared memory region")
+        if inp.datatype != "BYTES":
+            expected = element_count(inp.shape) * element_size(inp.datatype)
+            if shm.byte_size != expected:
+                raise invalid_arg(
+                    f"input byte size mismatch for input '{inp.name}' for model '{sig.name}'. "
+                    f"Expected {expected}, got {shm.byte_size}"
+                )
+        return shm.byte_size
 
     @staticmethod
     def _byte_size(inp: InferInput) -> int:
@@ -242,7 +273,11 @@ class DataPlane:
                 raise invalid_arg(f"unexpected inference output '{out.name}' for model '{sig.name}'")
             if out.classification < 0:
                 raise invalid_arg(f"classification count for output '{out.name}' must be positive")
-            specs.append(m.OutputSpec(out.name, out.classification))
+            shm = out.shm
+            if shm is None:
+                specs.append(m.OutputSpec(out.name, out.classification))
+            else:
+                specs.append(m.OutputSpec(out.name, out.classification, shm.region, shm.offset, shm.byte_size))
         return specs
 
     # --- shared memory -----------------------------------------------------------------
@@ -252,6 +287,11 @@ class DataPlane:
         arena = self.arena
         offset = block
         for inp, nbytes in inputs:
+            shm = inp.shm
+            if shm is not None:
+                # Already in the client's region: the router resolves the name.
+                refs.append(m.TensorRef(inp.name, inp.datatype, inp.shape, _CLIENT + shm.region, shm.offset, nbytes))
+                continue
             data = inp.data
             dst = arena.view(offset, nbytes)
             if isinstance(data, np.ndarray):

@@ -11,6 +11,8 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "system_shared_memory",
+    "cuda_shared_memory",
 ]
 
 # tritonclient and tooling check the name; Conveyor answers as Triton does.

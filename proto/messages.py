@@ -41,10 +41,41 @@ class TensorRef(msgspec.Struct, array_like=True, frozen=True):
 
 
 class OutputSpec(msgspec.Struct, array_like=True, frozen=True):
-    """An output the client asked for; ``classification`` > 0 asks for top-k labels."""
+    """An output the client asked for; ``classification`` > 0 asks for top-k labels.
+
+    A non-empty ``region`` asks the worker to write the output in place into a
+    client-registered region (see ``ClientRegion``): ``nbytes`` bytes at ``offset``.
+    """
 
     name: str
     classification: int = 0
+    region: str = ""
+    offset: int = 0
+    nbytes: int = 0
+
+
+# Client-registered regions appear in ``TensorRef.region``/``OutputSpec.region`` as
+# ``CLIENT_REGION_PREFIX`` + the region's name (ingress to router) and as the prefix +
+# the router's registration id (router to worker, with the ``ClientRegion`` in the batch).
+CLIENT_REGION_PREFIX = "@"
+
+
+class ClientRegion(msgspec.Struct, array_like=True, frozen=True):
+    """A client's registered region, as a worker needs it to map the bytes.
+
+    ``kind`` is "system" (``key`` names the POSIX segment) or "cuda" (``handle`` is
+    the 64-byte cudaIpcMemHandle_t on ``device_id``). Offsets in refs are absolute
+    within the segment; ``offset``/``byte_size`` bound the registered window.
+    """
+
+    id: int
+    name: str
+    kind: str
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+    handle: bytes = b""
 
 
 class Release(msgspec.Struct, array_like=True, frozen=True):
@@ -67,8 +98,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
 
     ``parameters`` carries the request-level KServe parameters (priority,
     timeout, sequence_id/start/end, ...) unchanged; ``deadline_ns`` is an
-    absolute CLOCK_MONOTONIC time (0 = none); ``flags`` is reserved for
-    sequence control bits.
+    absolute CLOCK_MONOTONIC time (0 = none); ``flags`` holds ``FLAG_*`` bits.
     """
 
     id: int
@@ -79,6 +109,11 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     parameters: dict[str, Any] = {}
     deadline_ns: int = 0
     flags: int = 0
+    regions: list[ClientRegion] = []  # filled by the router when refs name client regions
+
+
+# ``InferRequest.flags`` bits.
+FLAG_CLIENT_SHM = 1  # some input or output names a client-registered region
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -181,6 +216,13 @@ class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
     version: str
     instance: int
     items: list[BatchItem]
+    regions: list[ClientRegion] = []  # the client regions the items' refs name
+
+
+class ForgetRegions(msgspec.Struct, tag="forget", array_like=True):
+    """Router to worker: these client registrations are gone; unmap them."""
+
+    ids: list[int]
 
 
 class ItemResult(msgspec.Struct, array_like=True):
@@ -203,7 +245,7 @@ class BatchResult(msgspec.Struct, tag="result", array_like=True):
 
 IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
 RouterToIngress = InferResponse | ControlReply
-RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello
+RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions
 WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult
 
 encoder = msgspec.msgpack.Encoder()

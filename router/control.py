@@ -29,6 +29,10 @@ class ControlHandler:
         }
         self.boot_id = time.time_ns()
 
+    def add_ops(self, ops: dict[str, Callable[..., Any]]) -> None:
+        """Operations answered by another router component (e.g. the shm registry)."""
+        self._ops.update(ops)
+
     def handle(self, op: str, args: dict[str, Any]) -> Any:
         fn = self._ops.get(op)
         if fn is None:

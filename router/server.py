@@ -20,12 +20,16 @@ import zmq
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.batcher import Pending, shape_key
+from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.repository import scan
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
 log = logging.getLogger(__name__)
+
+# How often registered client segments are checked for having gone away.
+SHM_SWEEP_INTERVAL_S = 5.0
 
 
 @dataclass(slots=True, eq=False)
@@ -38,7 +42,9 @@ class Running:
 
 
 class Router:
-    def __init__(self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str) -> None:
+    def __init__(
+        self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *, allow_client_shm: bool = False
+    ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.front = self.ctx.socket(zmq.ROUTER)
@@ -50,6 +56,9 @@ class Router:
         self.registry = ModelRegistry()
         self.pool = WorkerPool()
         self.control = ControlHandler(self.registry, self.pool)
+        self.shm = ClientShmRegistry(allow_client_shm)
+        self.control.add_ops(control_ops(self.shm, self._forget_regions))
+        self._next_shm_sweep = 0.0
         self.running: dict[int, Running] = {}
         self.queued: dict[tuple[bytes, int], VersionState] = {}
         self._batch_ids = itertools.count(1)
@@ -145,6 +154,12 @@ class Router:
         except ConveyorError as exc:
             self._reply_error(identity, req.id, req.model, req.version, exc)
             return
+        if req.flags & m.FLAG_CLIENT_SHM:
+            try:
+                self.shm.resolve(req)
+            except ConveyorError as exc:
+                self._reply_error(identity, req.id, req.model, req.version, exc)
+                return
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
@@ -201,14 +216,17 @@ class Router:
     def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int) -> None:
         bid = next(self._batch_ids)
         items = []
+        regions: list[m.ClientRegion] = []
         for p in batch:
             self.queued.pop((p.ingress, p.request.id), None)
             state.stats.queue.add(now - p.arrival_ns)
             r = p.request
             items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters))
+            if r.regions:
+                regions += r.regions
         instance.busy = True
         self.running[bid] = Running(instance, batch, now)
-        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items)
+        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
         assert instance.worker is not None
         self.back.send_multipart([instance.worker, m.encode(msg)])
 
@@ -255,6 +273,7 @@ class Router:
             self._drop_worker(identity, "it restarted")
         worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
         self.pool.join(worker)
+        self._update_cuda_devices()
         log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
         for state in self.registry.versions():
             if state.per_worker and not state.error:
@@ -320,11 +339,27 @@ class Router:
         for state in self.registry.versions():
             if state.batcher.queue:
                 self._schedule(state)
+        if self.shm and now >= self._next_shm_sweep:
+            self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
+            self._forget_regions(self.shm.sweep())
+
+    def _forget_regions(self, ids: list[int]) -> None:
+        """Tell every worker to unmap these client registrations."""
+        if ids:
+            msg = m.encode(m.ForgetRegions(ids))
+            for identity in self.pool.workers:
+                self.back.send_multipart([identity, msg])
+
+    def _update_cuda_devices(self) -> None:
+        self.shm.cuda_devices = {
+            int(d.split(":", 1)[1]) for w in self.pool.workers.values() for d in w.devices if d.startswith("cuda:")
+        }
 
     def _drop_worker(self, identity: bytes, why: str) -> None:
         worker = self.pool.leave(identity)
         if worker is None:
             return
+        self._update_cuda_devices()
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
         for bid, run in list(self.running.items()):

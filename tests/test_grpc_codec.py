@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as tpb
 from conveyor.ingress.dataplane import InferResult, OutputTensor
 from conveyor.ingress.grpc import codec
 from conveyor.ingress.grpc.wire import parse_infer_request
+from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto.datatypes import numpy_dtype, serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
@@ -269,22 +270,28 @@ def test_output_binary_data_parameter_is_ignored() -> None:
     assert (requested.classification, requested.parameters) == (0, {})
 
 
-def test_shared_memory_input_is_unsupported() -> None:
+def test_shared_memory_tensors_carry_their_placement() -> None:
     x = tg.InferInput("x", [1], "INT32")
-    x.set_shared_memory("region0", 4)
-    with pytest.raises(ConveyorError, match="system shared memory is not enabled") as err:
-        call_of(client_request([x]))
-    assert err.value.status == Status.UNSUPPORTED
-    assert "region0" in err.value.message
+    x.set_shared_memory("region0", 4, offset=8)
+    y = tg.InferInput("y", [1], "INT32").set_data_from_numpy(np.array([7], np.int32))
+    out = tg.InferRequestedOutput("z")
+    out.set_shared_memory("region1", 16)
+    call = call_of(client_request([x, y], [out]))
+    sx, sy = call.inputs
+    assert (sx.data, sx.shm) == (None, ShmPlacement("region0", 8, 4))
+    assert sx.parameters == {}
+    # raw_input_contents holds only the inline input: indexes skip the shm one.
+    assert sy.shm is None and bytes(sy.data) == np.array([7], np.int32).tobytes()  # type: ignore[arg-type]
+    assert call.outputs is not None and call.outputs[0].shm == ShmPlacement("region1", 0, 16)
 
 
-def test_shared_memory_output_is_unsupported() -> None:
-    x = tg.InferInput("x", [1], "INT32").set_data_from_numpy(np.array([1], np.int32))
-    out = tg.InferRequestedOutput("y")
-    out.set_shared_memory("region1", 4)
-    with pytest.raises(ConveyorError, match="output 'y' refers to shared memory region 'region1'") as err:
-        call_of(client_request([x], [out]))
-    assert err.value.status == Status.UNSUPPORTED
+def test_shared_memory_needs_a_byte_size() -> None:
+    req = typed_request("INT32", "int_contents", [1])
+    req.inputs[0].ClearField("contents")
+    req.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    with pytest.raises(ConveyorError, match="no 'shared_memory_byte_size'") as err:
+        codec.to_infer_call(req)
+    assert err.value.status == Status.INVALID_ARG
 
 
 # --- responses -----------------------------------------------------------------------------

@@ -270,15 +270,9 @@ async def test_sync_client_infer_and_stream(served: SimpleNamespace) -> None:
     await asyncio.to_thread(run)
 
 
-async def test_shared_memory_and_unimplemented_rpcs(served: SimpleNamespace) -> None:
+async def test_unimplemented_rpcs(served: SimpleNamespace) -> None:
+    # Shared memory is answered by the real router: see test_client_shm.py.
     c = served.client
-    assert list((await c.get_system_shared_memory_status()).regions) == []
-    assert list((await c.get_cuda_shared_memory_status()).regions) == []
-    await c.unregister_system_shared_memory()
-    await c.unregister_cuda_shared_memory("any")
-    status, message = await status_of(c.register_system_shared_memory("r", "/k", 64))
-    assert (status, message) == ("StatusCode.UNIMPLEMENTED", "system shared memory is not enabled on this server")
-    assert (await status_of(c.get_system_shared_memory_status("r")))[0] == "StatusCode.NOT_FOUND"
     for call in (c.get_model_repository_index(), c.load_model("m"), c.get_trace_settings(), c.get_log_settings()):
         assert (await status_of(call))[0] == "StatusCode.UNIMPLEMENTED"
 

@@ -24,6 +24,7 @@ from conveyor.ingress.http.codec import (
     parse_header_length,
     parse_infer_request,
 )
+from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
@@ -284,13 +285,23 @@ def test_binary_data_size_must_be_a_count() -> None:
     invalid(doc, b"\0" * 4, match="'binary_data_size' of input 'A'")
 
 
-def test_shared_memory_is_unsupported() -> None:
+def test_shared_memory_tensors_carry_their_placement() -> None:
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 4, "shared_memory_offset": 8}
+    doc = {"inputs": [tensor("A", "FP32", [1], parameters=region)],
+           "outputs": [{"name": "X", "parameters": {"shared_memory_region": "o", "shared_memory_byte_size": 64}}]}
+    call = parse_doc(doc).call
+    assert (call.inputs[0].data, call.inputs[0].shm) == (None, ShmPlacement("r", 8, 4))
+    assert call.outputs is not None and call.outputs[0].shm == ShmPlacement("o", 0, 64)
+
+
+def test_shared_memory_input_with_data_or_bad_size_is_refused() -> None:
     region = {"shared_memory_region": "r", "shared_memory_byte_size": 4}
-    for doc in (
-        {"inputs": [tensor("A", "FP32", [1], parameters=region)]},
-        {"inputs": [tensor("A", "FP32", [1], data=[1])], "outputs": [{"name": "X", "parameters": region}]},
-    ):
-        invalid(doc, match="system shared memory is not enabled", status=Status.UNSUPPORTED)
+    invalid({"inputs": [tensor("A", "FP32", [1], data=[1], parameters=region)]},
+            match="But set 'data' 'shared_memory_region'")
+    invalid({"inputs": [tensor("A", "FP32", [1], parameters={"shared_memory_region": "r"})]},
+            match="no 'shared_memory_byte_size'")
+    invalid({"inputs": [tensor("A", "FP32", [1], parameters={**region, "shared_memory_offset": -1})]},
+            match="'shared_memory_offset' of input 'A'")
 
 
 def test_extra_tensor_parameters_pass_through() -> None:

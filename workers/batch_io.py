@@ -1,15 +1,17 @@
 """Turning a batch of descriptors into backend inputs, and outputs back into
 shared memory.
 
-Inputs are numpy views of the ingress's arena (no copy) when the batch holds one
-request; several requests are concatenated (the one copy batching needs).
-Outputs of the whole batch go into one block of this worker's arena, with one
-release flag per request.
+Inputs are numpy views of the ingress's arena or of a client-registered region
+(no copy) when the batch holds one request; several requests are concatenated
+(the one copy batching needs). Outputs a client placed in its own region are
+written there in place; the rest of the batch's outputs go into one block of
+this worker's arena, with one release flag per request.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -22,63 +24,190 @@ from conveyor.proto.datatypes import (
     numpy_dtype,
     serialize_bytes,
 )
-from conveyor.proto.errors import internal
+from conveyor.proto.errors import ConveyorError, internal, invalid_arg
 from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.classification import classify
+from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
 
 
-def tensor_view(ref: m.TensorRef, regions: RegionCache) -> np.ndarray:
-    raw = regions.view(ref.region, ref.offset, ref.nbytes)
-    if ref.datatype == "BYTES":
-        return deserialize_bytes(raw.data, element_count(ref.shape)).reshape(ref.shape)
-    return raw.view(numpy_dtype(ref.datatype)).reshape(ref.shape)
+class TensorViews:
+    """Resolves a ``TensorRef`` to an array over the bytes where they lie: a server
+    arena (``RegionCache``) or a client-registered region (``ClientRegionMaps``)."""
+
+    def __init__(self, arenas: RegionCache, clients: ClientRegionMaps) -> None:
+        self.arenas = arenas
+        self.clients = clients
+
+    def raw(self, region: str, offset: int, nbytes: int) -> Any:
+        if is_client_region(region):
+            return self.clients.view(region, offset, nbytes)
+        return self.arenas.view(region, offset, nbytes)
+
+    def tensor(self, ref: m.TensorRef) -> Any:
+        raw = self.raw(ref.region, ref.offset, ref.nbytes)
+        if ref.datatype == "BYTES":
+            if is_device_array(raw):
+                raise invalid_arg(f"input '{ref.name}': BYTES tensors cannot be passed in CUDA shared memory")
+            return deserialize_bytes(raw.data, element_count(ref.shape)).reshape(ref.shape)
+        dtype = numpy_dtype(ref.datatype)
+        if ref.nbytes != element_count(ref.shape) * dtype.itemsize:
+            raise invalid_arg(
+                f"input '{ref.name}': {ref.nbytes} bytes do not hold shape {ref.shape} of {ref.datatype}"
+            )
+        return raw.view(dtype).reshape(ref.shape)
 
 
 def gather_inputs(
-    items: list[m.BatchItem], regions: RegionCache, config: mc.ModelConfig
-) -> tuple[dict[str, np.ndarray], list[int]]:
+    items: list[m.BatchItem], views: TensorViews, config: mc.ModelConfig
+) -> tuple[dict[str, Any], list[int]]:
     """The batch's inputs by name, and the rows each item contributes."""
     batched = config.max_batch_size > 0
     reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
-    per_name: dict[str, list[np.ndarray]] = {}
+    per_name: dict[str, list[Any]] = {}
     rows: list[int] = []
     for item in items:
         for ref in item.inputs:
-            per_name.setdefault(ref.name, []).append(tensor_view(ref, regions))
+            per_name.setdefault(ref.name, []).append(views.tensor(ref))
         rows.append(item.inputs[0].shape[0] if batched and item.inputs and item.inputs[0].shape else 1)
-    inputs: dict[str, np.ndarray] = {}
+    inputs: dict[str, Any] = {}
     for name, arrays in per_name.items():
-        arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        arr = arrays[0] if len(arrays) == 1 else _concatenate(arrays)
         if name in reshape:
             arr = arr.reshape(([arr.shape[0]] if batched else []) + reshape[name])
         inputs[name] = arr
     return inputs, rows
 
 
-class OutputWriter:
-    """Writes outputs into this worker's arena; the arena is shared by instance
-    threads, so allocation is locked (the copies are not)."""
+def _concatenate(arrays: list[Any]) -> Any:
+    if any(is_device_array(a) for a in arrays):
+        if all(is_device_array(a) for a in arrays):
+            import cupy
 
-    def __init__(self, arena: Arena) -> None:
+            return cupy.concatenate(arrays, axis=0)
+        arrays = [to_host(a) for a in arrays]
+    return np.concatenate(arrays, axis=0)
+
+
+def to_host(arr: Any) -> np.ndarray:
+    """A numpy array of ``arr`` (a device array is copied to the host)."""
+    return arr.get() if is_device_array(arr) else np.asarray(arr)
+
+
+def host_inputs(inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    """For backends that take host arrays only: device inputs cross to the host here."""
+    return {k: to_host(v) if is_device_array(v) else v for k, v in inputs.items()}
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Copy the C-contiguous bytes of ``src`` into the uint8 array ``dst`` (host or device)."""
+    if is_device_array(dst):
+        import cupy
+
+        dst[:] = cupy.ascontiguousarray(cupy.asarray(src)).reshape(-1).view(cupy.uint8)
+    else:
+        dst[:] = np.ascontiguousarray(to_host(src)).reshape(-1).view(np.uint8)
+
+
+# One planned output: (spec, datatype, shape, bytes-like or array).
+_Planned = tuple[m.OutputSpec, str, list[int], Any]
+
+
+class OutputWriter:
+    """Writes outputs into this worker's arena, or in place into client regions;
+    the arena is shared by instance threads, so allocation is locked (the copies are not)."""
+
+    def __init__(self, arena: Arena, views: TensorViews) -> None:
         self.arena = arena
+        self.views = views
         self.lock = threading.Lock()
 
     def scatter(
         self,
         items: list[m.BatchItem],
         rows: list[int],
-        outputs: dict[str, np.ndarray],
+        outputs: dict[str, Any],
         config: mc.ModelConfig,
         labels: dict[str, list[str]],
     ) -> list[m.ItemResult]:
+        planned = self._plan(items, rows, outputs, config, labels)
+        # Outputs bound for client regions are written now; an item whose region is
+        # too small fails alone.
+        placed: list[dict[str, m.TensorRef]] = []
+        errors: list[m.ErrorInfo | None] = []
+        for mine in planned:
+            refs: dict[str, m.TensorRef] = {}
+            error = None
+            for spec, dt, shape, data in mine:
+                if spec.region:
+                    try:
+                        refs[spec.name] = self._write_in_place(spec, dt, shape, data)
+                    except ConveyorError as exc:
+                        error = m.ErrorInfo(int(exc.status), exc.message)
+                        break
+            placed.append(refs)
+            errors.append(error)
+        total = sum(
+            _nbytes(t[3]) for mine, err in zip(planned, errors, strict=True) if err is None
+            for t in mine if not t[0].region
+        )
+        with self.lock:
+            payload, flags = self.arena.alloc_released(total, len(items))
+        results: list[m.ItemResult] = []
+        offset = payload
+        arena = self.arena
+        for i, mine in enumerate(planned):
+            release = [m.Release(arena.name, flags + i)]
+            if errors[i] is not None:
+                results.append(m.ItemResult(i, error=errors[i], release=release))
+                continue
+            out: list[m.TensorRef] = []
+            for spec, dt, shape, data in mine:
+                if spec.region:
+                    out.append(placed[i][spec.name])
+                    continue
+                nbytes = _nbytes(data)
+                dst = arena.array[offset : offset + nbytes]
+                if isinstance(data, bytes):
+                    dst[:] = np.frombuffer(data, dtype=np.uint8)
+                else:
+                    copy_into(dst, data)
+                out.append(m.TensorRef(spec.name, dt, shape, arena.name, offset, nbytes))
+                offset += nbytes
+            results.append(m.ItemResult(i, out, release=release))
+        return results
+
+    def _write_in_place(self, spec: m.OutputSpec, dt: str, shape: list[int], data: Any) -> m.TensorRef:
+        nbytes = _nbytes(data)
+        if nbytes > spec.nbytes:
+            raise invalid_arg(
+                f"shared memory size specified with the request for output '{spec.name}' ({spec.nbytes} bytes) "
+                f"should be at least {nbytes} bytes to hold the results"
+            )
+        dst = self.views.raw(spec.region, spec.offset, nbytes)
+        if isinstance(data, bytes):
+            if is_device_array(dst):
+                raise invalid_arg(f"output '{spec.name}': BYTES tensors cannot be placed in CUDA shared memory")
+            dst[:] = np.frombuffer(data, dtype=np.uint8)
+        else:
+            copy_into(dst, data)
+        return m.TensorRef(spec.name, dt, shape, spec.region, spec.offset, nbytes)
+
+    @staticmethod
+    def _plan(
+        items: list[m.BatchItem],
+        rows: list[int],
+        outputs: dict[str, Any],
+        config: mc.ModelConfig,
+        labels: dict[str, list[str]],
+    ) -> list[list[_Planned]]:
+        """Per item, each requested output cut to its rows and in its wire form."""
         batched = config.max_batch_size > 0
         declared = {o.name: o for o in config.output}
-        # Per item: (name, datatype, shape, bytes-like) for each requested output.
-        planned: list[list[tuple[str, str, list[int], np.ndarray | bytes]]] = []
+        planned: list[list[_Planned]] = []
         start = 0
         for item, n in zip(items, rows, strict=True):
-            mine: list[tuple[str, str, list[int], np.ndarray | bytes]] = []
+            mine: list[_Planned] = []
             for spec in item.outputs:
                 full = outputs.get(spec.name)
                 if full is None:
@@ -88,37 +217,22 @@ class OutputWriter:
                 if out_cfg is not None and out_cfg.HasField("reshape"):
                     part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
                 if spec.classification > 0:
-                    cls = classify(part, spec.classification, labels.get(spec.name), batched)
-                    mine.append((spec.name, "BYTES", list(cls.shape), serialize_bytes(cls)))
+                    cls = classify(to_host(part), spec.classification, labels.get(spec.name), batched)
+                    mine.append((spec, "BYTES", list(cls.shape), serialize_bytes(cls)))
                     continue
                 dt = config_to_datatype(mc.DataType.Name(out_cfg.data_type)) if out_cfg else "FP32"
                 if dt == "BYTES":
-                    mine.append((spec.name, dt, list(part.shape), serialize_bytes(part)))
+                    mine.append((spec, dt, list(part.shape), serialize_bytes(to_host(part))))
+                elif is_device_array(part):
+                    # Stays on the device until it is copied into its destination.
+                    mine.append((spec, dt, list(part.shape), part.astype(numpy_dtype(dt), copy=False)))
                 else:
                     arr = np.ascontiguousarray(part, dtype=numpy_dtype(dt))
-                    mine.append((spec.name, dt, list(arr.shape), arr))
+                    mine.append((spec, dt, list(arr.shape), arr))
             planned.append(mine)
             start += n
-        total = sum(_nbytes(t[3]) for mine in planned for t in mine)
-        with self.lock:
-            payload, flags = self.arena.alloc_released(total, len(items))
-        results: list[m.ItemResult] = []
-        offset = payload
-        arena = self.arena
-        for i, mine in enumerate(planned):
-            refs = []
-            for name, dt, shape, data in mine:
-                nbytes = _nbytes(data)
-                dst = arena.array[offset : offset + nbytes]
-                if isinstance(data, np.ndarray):
-                    dst[:] = data.reshape(-1).view(np.uint8)
-                else:
-                    dst[:] = np.frombuffer(data, dtype=np.uint8)
-                refs.append(m.TensorRef(name, dt, shape, arena.name, offset, nbytes))
-                offset += nbytes
-            results.append(m.ItemResult(i, refs, release=[m.Release(arena.name, flags + i)]))
-        return results
+        return planned
 
 
-def _nbytes(data: np.ndarray | bytes) -> int:
-    return data.nbytes if isinstance(data, np.ndarray) else len(data)
+def _nbytes(data: Any) -> int:
+    return len(data) if isinstance(data, bytes) else int(data.nbytes)

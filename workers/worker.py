@@ -29,8 +29,9 @@ from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.base import Backend
-from conveyor.workers.batch_io import OutputWriter, gather_inputs
+from conveyor.workers.batch_io import OutputWriter, TensorViews, gather_inputs, host_inputs
 from conveyor.workers.classification import load_labels
+from conveyor.workers.client_regions import ClientRegionMaps
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ class Worker:
         self._wake_local = threading.local()
         self.results: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.arena = Arena(segment_name(group, "worker"), arena_bytes)
-        self.writer = OutputWriter(self.arena)
         self.regions = RegionCache()
+        self.client_regions = ClientRegionMaps()
+        self.views = TensorViews(self.regions, self.client_regions)
+        self.writer = OutputWriter(self.arena, self.views)
         self.instances: dict[tuple[str, str, int], LoadedInstance] = {}
         self._stopping = False
         self._last_heard = time.monotonic()
@@ -134,6 +137,8 @@ class Worker:
                 self._exec(msg)
             elif isinstance(msg, m.LoadModel):
                 self._load(msg)
+            elif isinstance(msg, m.ForgetRegions):
+                self.client_regions.forget(msg.ids)
             elif isinstance(msg, m.UnloadModel):
                 self._unload((msg.model, msg.version, msg.instance))
             elif isinstance(msg, m.Rehello):
@@ -143,6 +148,7 @@ class Worker:
     def _reset(self) -> None:
         for key in list(self.instances):
             self._unload(key)
+        self.client_regions.clear()
         self._last_heard = time.monotonic()
         self._hello()
 
@@ -195,13 +201,17 @@ class Worker:
             err = m.ErrorInfo(int(Status.UNAVAILABLE), f"model '{msg.model}' is not loaded on this worker")
             self.sock.send(m.encode(m.BatchResult(msg.batch, [], error=err)))
             return
+        if msg.regions:
+            self.client_regions.announce(msg.regions)
         inst.executor.submit(self._run_batch, inst, msg)
 
     def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch) -> None:
         assert inst.backend is not None
         t0 = time.monotonic_ns()
         try:
-            inputs, rows = gather_inputs(msg.items, self.regions, inst.config)
+            inputs, rows = gather_inputs(msg.items, self.views, inst.config)
+            if msg.regions and not getattr(inst.backend, "accepts_device_arrays", False):
+                inputs = host_inputs(inputs)
             wanted = sorted({o.name for item in msg.items for o in item.outputs})
             t1 = time.monotonic_ns()
             outputs = inst.backend.execute(inputs, wanted)

@@ -25,11 +25,12 @@ from google.protobuf import json_format
 
 from conveyor.ingress.dataplane import InferCall, InferInput, InferResult, RequestedOutput, TensorData
 from conveyor.ingress.grpc import wire
+from conveyor.ingress.shm_params import take_placement
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import model_config_pb2
 from conveyor.proto._pool import POOL
 from conveyor.proto.datatypes import numpy_dtype
-from conveyor.proto.errors import ConveyorError, internal, invalid_arg, unsupported
+from conveyor.proto.errors import ConveyorError, internal, invalid_arg
 
 # --- requests ----------------------------------------------------------------------
 
@@ -77,7 +78,7 @@ def to_infer_call(
         timeout_s: the time left before the client's deadline, if it set one.
 
     Raises:
-        ConveyorError: INVALID_ARG for a malformed request, UNSUPPORTED for shared memory.
+        ConveyorError: INVALID_ARG for a malformed request.
     """
     # NOTE: [:] turns protobuf's repeated fields into lists at a third of the cost
     # of list() or iteration; this function is on every request's path.
@@ -87,10 +88,15 @@ def to_infer_call(
     model = request.model_name
     tensors = request.inputs[:]
     inputs: list[InferInput] = []
-    for index, tensor in enumerate(tensors):
+    index = 0  # into raw: inputs in shared memory have no raw entry
+    for tensor in tensors:
         params = _params(tensor.parameters) if tensor.parameters else {}
         if _SHM_PARAM in params:
-            raise _no_shared_memory("input", tensor.name, params[_SHM_PARAM])
+            shm, params = take_placement(params, "input", tensor.name)
+            if tensor.HasField("contents"):
+                raise invalid_arg(f"input '{tensor.name}' has both contents and a shared memory region")
+            inputs.append(InferInput(tensor.name, tensor.datatype, tensor.shape[:], None, params, shm))
+            continue
         data: TensorData
         if n_raw:
             if tensor.HasField("contents"):
@@ -101,6 +107,7 @@ def to_infer_call(
             if index >= n_raw:
                 raise _raw_count_error(model, n_raw, len(tensors))
             data = raw[index]
+            index += 1
         elif tensor.HasField("contents"):
             data = _from_contents(tensor, model)
         else:
@@ -108,8 +115,8 @@ def to_infer_call(
                 f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request."
             )
         inputs.append(InferInput(tensor.name, tensor.datatype, tensor.shape[:], data, params))
-    if n_raw and n_raw != len(inputs):
-        raise _raw_count_error(model, n_raw, len(inputs))
+    if n_raw and n_raw != index:
+        raise _raw_count_error(model, n_raw, index)
 
     outputs: list[RequestedOutput] | None = None
     if request.outputs:
@@ -163,15 +170,14 @@ def _requested_output(tensor: Any) -> RequestedOutput:
     if not tensor.parameters:
         return RequestedOutput(tensor.name)
     params = _params(tensor.parameters)
-    if _SHM_PARAM in params:
-        raise _no_shared_memory("output", tensor.name, params[_SHM_PARAM])
+    shm, params = take_placement(params, "output", tensor.name)
     params.pop("binary_data", None)  # an HTTP notion: gRPC outputs are always binary
     count = params.pop("classification", 0)
     if isinstance(count, bool) or not isinstance(count, int):
         raise invalid_arg(
             f"invalid value type for 'classification' of output '{tensor.name}', expected int64_param"
         )
-    return RequestedOutput(tensor.name, count, params)
+    return RequestedOutput(tensor.name, count, params, shm)
 
 
 def _params(entries: Any) -> dict[str, Any]:
@@ -213,13 +219,6 @@ def _raw_count_error(model: str, raw: int, inputs: int) -> ConveyorError:
     )
 
 
-def _no_shared_memory(kind: str, name: str, region: object) -> ConveyorError:
-    return unsupported(
-        f"{kind} '{name}' refers to shared memory region '{region}', "
-        "but system shared memory is not enabled on this server"
-    )
-
-
 # --- responses ---------------------------------------------------------------------
 
 
@@ -237,7 +236,8 @@ def encode_infer_response(result: InferResult, *, stream: bool = False) -> bytes
             add(name=out.name, datatype=out.datatype, shape=out.shape)
         if result.parameters:
             set_params(head.parameters, result.parameters)
-        tensors = [out.raw for out in result.outputs]
+        # An output in the client's shared memory keeps its place with no bytes, as in Triton.
+        tensors = [b"" if out.raw is None else out.raw for out in result.outputs]
         return wire.frame_infer_response(head.SerializeToString(), tensors, stream=stream)
     finally:
         result.release()

@@ -26,7 +26,7 @@ from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
-from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, not_found, unsupported
+from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, unsupported
 
 log = logging.getLogger(__name__)
 
@@ -146,36 +146,46 @@ class InferenceServicer:
             log.exception("ModelStreamInfer request failed")
             return codec.encode_stream_error(_internal_message(err), request.message.id)
 
-    # --- shared memory: not enabled yet ------------------------------------------------
-    # tritonclient's examples start by listing and unregistering regions, so the
-    # queries answer "none" and only registering fails.
+    # --- shared memory: the router keeps the registry ------------------------------------
 
     @_unary
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        if request.name:
-            raise not_found(f"Unable to find system shared memory region: '{request.name}'")
-        return pb.SystemSharedMemoryStatusResponse()
+        rows = await self._link.control("shm_status", kind="system", name=request.name)
+        response = pb.SystemSharedMemoryStatusResponse()
+        for row in rows:
+            response.regions[row["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**row)
+            )
+        return response
 
     @_unary
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise unsupported("system shared memory is not enabled on this server")
+        await self._link.control("shm_register", kind="system", name=request.name, key=request.key,
+                                 offset=request.offset, byte_size=request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     @_unary
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self._link.control("shm_unregister", kind="system", name=request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_unary
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        if request.name:
-            raise not_found(f"Unable to find cuda shared memory region: '{request.name}'")
-        return pb.CudaSharedMemoryStatusResponse()
+        rows = await self._link.control("shm_status", kind="cuda", name=request.name)
+        response = pb.CudaSharedMemoryStatusResponse()
+        for row in rows:
+            response.regions[row["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**row))
+        return response
 
     @_unary
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise unsupported("CUDA shared memory is not enabled on this server")
+        await self._link.control("shm_register", kind="cuda", name=request.name, handle=request.raw_handle,
+                                 device_id=request.device_id, byte_size=request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @_unary
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self._link.control("shm_unregister", kind="cuda", name=request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # --- not available over gRPC yet ---------------------------------------------------

@@ -27,6 +27,7 @@ import orjson
 
 from conveyor.ingress.dataplane import InferCall, InferInput, InferResult, RequestedOutput, TensorData
 from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
+from conveyor.ingress.shm_params import REGION, take_placement
 from conveyor.proto.datatypes import DATATYPES
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 
@@ -185,10 +186,16 @@ def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok:
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
             raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
         params = _parameters(tensor, "input", name)
-        if "shared_memory_region" in params:
-            raise _shm_unsupported("input", name)
         size = params.get("binary_data_size")
         data: TensorData
+        if REGION in params:
+            if "data" in tensor or size is not None:
+                found = " ".join(f for f, there in (("'data'", "data" in tensor),
+                                                    ("'binary_data_size'", size is not None)) if there)
+                raise _one_source(name, f"{found} 'shared_memory_region'")
+            shm, params = take_placement(params, "input", name)
+            inputs.append(InferInput(name, datatype, shape, None, params, shm))
+            continue
         if size is not None:
             if "data" in tensor:
                 raise _one_source(name, "'data' 'binary_data_size'")
@@ -237,9 +244,7 @@ def _outputs(raw: Any) -> tuple[list[RequestedOutput] | None, dict[str, bool]]:
         name = tensor.get("name")
         if not isinstance(name, str):
             raise invalid_arg(f"Unable to parse 'name' of output {i}: expected a string")
-        params = _parameters(tensor, "output", name)
-        if "shared_memory_region" in params:
-            raise _shm_unsupported("output", name)
+        shm, params = take_placement(_parameters(tensor, "output", name), "output", name)
         classification = params.get("classification", 0)
         if not _is_count(classification):
             raise invalid_arg(f"Unable to parse 'classification' of output '{name}': expected a non-negative integer")
@@ -249,7 +254,7 @@ def _outputs(raw: Any) -> tuple[list[RequestedOutput] | None, dict[str, bool]]:
                 raise invalid_arg(f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
             binary[name] = wants_binary
         rest = _without(params, "binary_data", "classification")
-        outputs.append(RequestedOutput(name, classification, rest))
+        outputs.append(RequestedOutput(name, classification, rest, shm))
     return outputs, binary
 
 
@@ -277,13 +282,6 @@ def _one_source(name: str, found: str | None) -> ConveyorError:
     )
 
 
-def _shm_unsupported(kind: str, name: str) -> ConveyorError:
-    return ConveyorError(
-        Status.UNSUPPORTED,
-        f"{kind} '{name}' uses 'shared_memory_region', but system shared memory is not enabled on this server",
-    )
-
-
 # --- responses -----------------------------------------------------------------------
 
 
@@ -298,7 +296,9 @@ def build_infer_response(result: InferResult, request: HttpInferRequest) -> Http
         binary: list[memoryview] = []
         for out in result.outputs:
             entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
-            if request.wants_binary(out.name):
+            if out.raw is None:
+                pass  # written into the client's shared memory: no data, as in Triton
+            elif request.wants_binary(out.name):
                 nbytes = out.raw.nbytes
                 entry["parameters"] = {"binary_data_size": nbytes}
                 if nbytes:

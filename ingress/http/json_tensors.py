@@ -83,8 +83,11 @@ def json_output_data(out: OutputTensor) -> np.ndarray | list[str]:
     """The flat JSON ``data`` of an output: a numpy view of shared memory (serialize it
     before the result is released) or, for BYTES, a list of str."""
     count = element_count(out.shape)
+    raw = out.raw
+    if raw is None:
+        raise internal(f"output '{out.name}' lies in the client's shared memory")
     if out.datatype == "BYTES":
-        items = deserialize_bytes(out.raw.data, count)
+        items = deserialize_bytes(raw.data, count)
         try:
             return [b.decode() for b in items]
         except UnicodeDecodeError:
@@ -94,14 +97,14 @@ def json_output_data(out: OutputTensor) -> np.ndarray | list[str]:
             ) from None
     if out.datatype == "BF16":
         # No JSON-able numpy type: widen the top 16 bits of a float32 (exact).
-        return (_view(out, np.dtype("<u2"), count).astype("<u4") << 16).view("<f4")
-    values = _view(out, numpy_dtype(out.datatype), count)
+        return (_view(out.name, raw, np.dtype("<u2"), count).astype("<u4") << 16).view("<f4")
+    values = _view(out.name, raw, numpy_dtype(out.datatype), count)
     if out.datatype == "FP16":
         return values.astype(np.float32)  # orjson has no float16; float32 holds every value exactly
     return values
 
 
-def _view(out: OutputTensor, dtype: np.dtype, count: int) -> np.ndarray:
-    if out.raw.nbytes != count * dtype.itemsize:
-        raise internal(f"output tensor shape does not match size of output for '{out.name}'")
-    return out.raw.view(dtype)
+def _view(name: str, raw: np.ndarray, dtype: np.dtype, count: int) -> np.ndarray:
+    if raw.nbytes != count * dtype.itemsize:
+        raise internal(f"output tensor shape does not match size of output for '{name}'")
+    return raw.view(dtype)

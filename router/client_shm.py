@@ -1,0 +1,201 @@
+"""The client shared-memory registry: regions clients registered, by name.
+
+Owned by the router so that every ingress process sees one namespace (a client
+may register through one ingress and infer through another). The router never
+maps a client region: it checks the segment at registration, rewrites requests
+that name a region into absolute refs with a registration id, and hands the
+``ClientRegion`` descriptors to the worker with the batch. Workers map lazily and
+unmap on ``ForgetRegions`` (unregister, or the segment disappeared).
+
+System and CUDA regions share one namespace, as in Triton.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import posix_ipc
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+
+PREFIX = m.CLIENT_REGION_PREFIX
+CUDA_IPC_HANDLE_BYTES = 64
+
+
+def disabled() -> ConveyorError:
+    return ConveyorError(
+        Status.UNSUPPORTED,
+        "client shared memory is disabled on this server: start it with --allow-client-shm=true "
+        "(a registered region lets the server map any segment its user can open; see docs/SHARED-MEMORY.md)",
+    )
+
+
+@dataclass(slots=True)
+class Registration:
+    region: m.ClientRegion
+    inode: int = 0  # system: the segment's inode at registration, to notice it was replaced
+
+
+class ClientShmRegistry:
+    def __init__(self, allow: bool) -> None:
+        self.allow = allow
+        self.cuda_devices: set[int] = set()  # GPUs some worker has; kept current by the router
+        self._by_name: dict[str, Registration] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    # --- registration ------------------------------------------------------------------
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_new(name, offset, byte_size)
+        size, inode = _segment_size(key)
+        if offset + byte_size > size:
+            raise invalid_arg(
+                f"failed to register shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                f"is beyond the end of segment '{key}' ({size} bytes)"
+            )
+        region = m.ClientRegion(next(self._ids), name, "system", key=key, offset=offset, byte_size=byte_size)
+        self._by_name[name] = Registration(region, inode)
+
+    def register_cuda(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
+        if not self.allow:
+            raise disabled()
+        if device_id not in self.cuda_devices:
+            raise ConveyorError(
+                Status.UNSUPPORTED,
+                f"CUDA shared memory is unavailable: no worker of this server has CUDA device {device_id} "
+                "(no GPU, or cupy is not installed: pip install 'conveyor[gpu]')",
+            )
+        self._check_new(name, 0, byte_size)
+        if len(handle) != CUDA_IPC_HANDLE_BYTES:
+            raise invalid_arg(
+                f"'raw_handle' must be a {CUDA_IPC_HANDLE_BYTES}-byte cudaIpcMemHandle_t, got {len(handle)} bytes"
+            )
+        region = m.ClientRegion(next(self._ids), name, "cuda", byte_size=byte_size, device_id=device_id,
+                                handle=handle)
+        self._by_name[name] = Registration(region)
+
+    def _check_new(self, name: str, offset: int, byte_size: int) -> None:
+        if not self.allow:
+            raise disabled()
+        if not name:
+            raise invalid_arg("a shared memory region needs a name")
+        if name in self._by_name:
+            raise ConveyorError(Status.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        if offset < 0 or byte_size <= 0:
+            raise invalid_arg(
+                f"failed to register shared memory region '{name}': offset must be >= 0 and byte_size > 0"
+            )
+
+    def unregister(self, kind: str, name: str = "") -> list[int]:
+        """Drop ``name`` (or every region of ``kind``); returns the ids workers must forget."""
+        names = [name] if name else [n for n, r in self._by_name.items() if r.region.kind == kind]
+        gone: list[int] = []
+        for n in names:
+            reg = self._by_name.get(n)
+            if reg is not None and reg.region.kind == kind:
+                del self._by_name[n]
+                gone.append(reg.region.id)
+        return gone
+
+    def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        regs = [r.region for r in self._by_name.values() if r.region.kind == kind]
+        if name:
+            regs = [r for r in regs if r.name == name]
+            if not regs:
+                label = "system" if kind == "system" else "cuda"
+                raise not_found(f"Unable to find {label} shared memory region: '{name}'")
+        if kind == "system":
+            return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regs]
+        return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regs]
+
+    def sweep(self) -> list[int]:
+        """Drop system regions whose segment was removed or replaced (a client that
+        died without unregistering); returns the ids workers must forget."""
+        gone: list[int] = []
+        for name, reg in list(self._by_name.items()):
+            if reg.region.kind != "system":
+                continue
+            try:
+                _, inode = _segment_size(reg.region.key)
+            except ConveyorError:
+                inode = -1
+            if inode != reg.inode:
+                del self._by_name[name]
+                gone.append(reg.region.id)
+        return gone
+
+    # --- requests ------------------------------------------------------------------------
+
+    def resolve(self, req: m.InferRequest) -> None:
+        """Rewrite ``req``'s region names into registration ids and absolute offsets,
+        checking each range against its region; the descriptors go into ``req.regions``."""
+        used: dict[int, m.ClientRegion] = {}
+        inputs = req.inputs
+        for i, ref in enumerate(inputs):
+            if ref.region.startswith(PREFIX):
+                region = self._range(ref.region[1:], ref.offset, ref.nbytes, used)
+                inputs[i] = m.TensorRef(ref.name, ref.datatype, ref.shape, f"{PREFIX}{region.id}",
+                                        region.offset + ref.offset, ref.nbytes)
+        outputs = req.outputs
+        for i, out in enumerate(outputs):
+            if out.region:
+                region = self._range(out.region, out.offset, out.nbytes, used)
+                outputs[i] = m.OutputSpec(out.name, out.classification, f"{PREFIX}{region.id}",
+                                          region.offset + out.offset, out.nbytes)
+        req.regions = list(used.values())
+
+    def _range(self, name: str, offset: int, nbytes: int, used: dict[int, m.ClientRegion]) -> m.ClientRegion:
+        reg = self._by_name.get(name)
+        if reg is None:
+            raise not_found(f"Unable to find shared memory region: '{name}'")
+        region = reg.region
+        if offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
+            raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{name}'")
+        used[region.id] = region
+        return region
+
+
+def _segment_size(key: str) -> tuple[int, int]:
+    """The size and inode of POSIX segment ``key``, opened read-only and closed again."""
+    try:
+        shm = posix_ipc.SharedMemory(key, read_only=True)
+    except posix_ipc.ExistentialError:
+        raise not_found(f"Unable to open shared memory region: '{key}': no such segment") from None
+    except posix_ipc.PermissionsError:
+        raise invalid_arg(
+            f"Unable to open shared memory region: '{key}': permission denied for the server's user"
+        ) from None
+    except (ValueError, posix_ipc.Error) as exc:
+        raise invalid_arg(f"Unable to open shared memory region: '{key}': {exc}") from None
+    try:
+        st = os.fstat(shm.fd)
+        return st.st_size, st.st_ino
+    finally:
+        shm.close_fd()
+
+
+def control_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None]) -> dict[str, Callable[..., Any]]:
+    """The registry's control operations; ``forget`` tells workers to unmap ids."""
+
+    def register(kind: str, name: str, byte_size: int, key: str = "", offset: int = 0,
+                 handle: bytes = b"", device_id: int = 0) -> None:
+        if kind == "cuda":
+            shm.register_cuda(name, handle, device_id, byte_size)
+        else:
+            shm.register_system(name, key, offset, byte_size)
+
+    def unregister(kind: str, name: str = "") -> None:
+        forget(shm.unregister(kind, name))
+
+    def status(kind: str, name: str = "") -> list[dict[str, Any]]:
+        return shm.status(kind, name)
+
+    return {"shm_register": register, "shm_unregister": unregister, "shm_status": status}

@@ -1,0 +1,139 @@
+"""Client-registered regions as a worker sees them: mapped on first use, by
+registration id, and unmapped when the router says the registration is gone.
+
+System regions are numpy views of the client's POSIX segment (the backend reads
+the client's bytes in place; outputs are written in place). CUDA regions are
+cupy arrays over the client's device memory, opened with cudaIpcOpenMemHandle.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from typing import Any
+
+import numpy as np
+import posix_ipc
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import invalid_arg, unavailable
+
+PREFIX = m.CLIENT_REGION_PREFIX
+
+
+def is_client_region(region: str) -> bool:
+    return region.startswith(PREFIX)
+
+
+def is_device_array(arr: Any) -> bool:
+    return hasattr(arr, "__cuda_array_interface__")
+
+
+class ClientRegionMaps:
+    """Descriptors arrive with each batch (``announce``, socket thread); instance
+    threads map on first use (``view``); ``forget`` (socket thread) unmaps. A
+    registration forgotten while a batch was still using it is mapped for that
+    batch only, never cached, so no mapping outlives its registration."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, m.ClientRegion] = {}
+        self._maps: dict[int, Any] = {}
+        self._forgotten: set[int] = set()
+        self._lock = threading.Lock()
+
+    def announce(self, regions: list[m.ClientRegion]) -> None:
+        for region in regions:
+            if region.id not in self._forgotten:
+                self._known.setdefault(region.id, region)
+
+    def forget(self, ids: list[int]) -> None:
+        with self._lock:
+            for rid in ids:
+                self._forgotten.add(rid)
+                self._known.pop(rid, None)
+                self._maps.pop(rid, None)  # unmapped once the last view of it is dropped
+
+    def clear(self) -> None:
+        """A new router numbers registrations from scratch: drop everything."""
+        with self._lock:
+            self._known.clear()
+            self._maps.clear()
+            self._forgotten.clear()
+
+    @property
+    def mapped(self) -> int:
+        return len(self._maps)
+
+    def view(self, region: str, offset: int, nbytes: int) -> Any:
+        """``nbytes`` at absolute ``offset`` of the region: a numpy or cupy uint8 array."""
+        rid = int(region[len(PREFIX):])
+        arr = self._maps.get(rid)
+        if arr is None:
+            arr = self._map(rid)
+        if offset < 0 or nbytes < 0 or offset + nbytes > arr.shape[0]:
+            raise invalid_arg(f"shared-memory range [{offset}, {offset + nbytes}) is outside the registered region")
+        return arr[offset : offset + nbytes]
+
+    def _map(self, rid: int) -> Any:
+        desc = self._known.get(rid)
+        if desc is None:
+            raise unavailable("the shared memory region was unregistered before this request ran")
+        arr = _open_cuda(desc) if desc.kind == "cuda" else _open_system(desc)
+        with self._lock:
+            if rid in self._forgotten:
+                return arr
+            return self._maps.setdefault(rid, arr)
+
+
+def _open_system(desc: m.ClientRegion) -> np.ndarray:
+    """The whole segment (refs carry absolute offsets), writable if the server may write it."""
+    try:
+        shm = posix_ipc.SharedMemory(desc.key)
+        writable = True
+    except posix_ipc.PermissionsError:
+        shm = posix_ipc.SharedMemory(desc.key, read_only=True)
+        writable = False
+    except posix_ipc.ExistentialError:
+        raise unavailable(f"shared memory region '{desc.name}': segment '{desc.key}' no longer exists") from None
+    try:
+        if shm.size < desc.offset + desc.byte_size:
+            raise invalid_arg(
+                f"shared memory region '{desc.name}': segment '{desc.key}' shrank below its registered size"
+            )
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        mm = mmap.mmap(shm.fd, shm.size, access=access)
+    finally:
+        shm.close_fd()
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+class _IpcMapping:
+    """Owns one cudaIpcOpenMemHandle mapping; closed when the last array over it goes."""
+
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr = ptr
+        self.device_id = device_id
+
+    def __del__(self) -> None:
+        try:
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                cupy.cuda.runtime.ipcCloseMemHandle(self.ptr)
+        except Exception:
+            pass  # the process is exiting or the context is gone: the driver reclaims it
+
+
+def _open_cuda(desc: m.ClientRegion) -> Any:
+    try:
+        import cupy
+    except ImportError:
+        raise unavailable("CUDA shared memory needs cupy in the worker: pip install 'conveyor[gpu]'") from None
+    try:
+        with cupy.cuda.Device(desc.device_id):
+            ptr = cupy.cuda.runtime.ipcOpenMemHandle(desc.handle)
+    except Exception as exc:
+        raise invalid_arg(f"CUDA shared memory region '{desc.name}' could not be opened: {exc}") from None
+    owner = _IpcMapping(ptr, desc.device_id)
+    mem = cupy.cuda.UnownedMemory(ptr, desc.byte_size, owner, device_id=desc.device_id)
+    return cupy.ndarray((desc.byte_size,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
