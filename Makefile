@@ -9,10 +9,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Serve the bundled example repository (CPU): HTTP :8000, gRPC :8001.
+# Serve the bundled example repository (CPU): HTTP :8000, gRPC :8001, shm clients allowed.
 serve: $(PY)
 	$(PY) -m pip install -q -e .
-	$(VENV)/bin/conveyor serve
+	$(VENV)/bin/conveyor serve --allow-client-shm=true
 
 # Install what the tests need, then lint, type-check and run the whole suite.
 test: $(PY)

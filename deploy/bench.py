@@ -1,6 +1,10 @@
 """Benchmark: perf_analyzer against a running Conveyor group, HTTP and gRPC.
 
     python deploy/bench.py [--model simple] [--concurrency 1 4 16] [--out bench-results]
+    python deploy/bench.py --model identity_fp32 --shape INPUT0:262144 --shared-memory none system
+
+``--shared-memory system`` has perf_analyzer place inputs and outputs in its own
+POSIX regions (the server is started with --allow-client-shm=true).
 
 Starts ``conveyor serve`` on the example repository (unless --url is given),
 installs NVIDIA's perf_analyzer with ../shared/tools/install-perf-analyzer,
@@ -63,14 +67,18 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, seconds: int) -> dict[str, float]:
+def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, seconds: int,
+            shape: list[str], shared_memory: str, output_bytes: int) -> dict[str, float]:
     with tempfile.NamedTemporaryFile(suffix=".csv") as report:
         cmd = [
             str(pa), "-m", model, "-u", url, "-i", protocol,
             "--concurrency-range", f"{concurrency}:{concurrency}",
             "--measurement-interval", str(seconds * 1000), "--stability-percentage", "100",
-            "--percentile", "99", "-f", report.name,
+            "--percentile", "99", "-f", report.name, "--shared-memory", shared_memory,
         ]
+        cmd += [x for s in shape for x in ("--shape", s)]
+        if shared_memory != "none":
+            cmd += ["--output-shared-memory-size", str(output_bytes)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         rows = list(csv.DictReader(open(report.name)))
     row = rows[-1]
@@ -90,7 +98,11 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--http-ingress", type=int, default=1)
     ap.add_argument("--grpc-ingress", type=int, default=1)
+    ap.add_argument("--shape", nargs="*", default=[], help="perf_analyzer --shape values, e.g. INPUT0:262144")
+    ap.add_argument("--shared-memory", nargs="+", default=["none"], choices=["none", "system", "cuda"])
+    ap.add_argument("--output-shared-memory-size", type=int, default=64 << 20)
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
+    ap.add_argument("--tag", default="perf", help="name of the result files")
     args = ap.parse_args()
 
     pa = perf_analyzer(ROOT / ".cache")
@@ -100,38 +112,40 @@ def main() -> int:
         "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "18000",
         "--grpc-port", "18001", "--metrics-port", "18002", "--workers", str(args.workers),
         "--http-ingress", str(args.http_ingress),
-        "--grpc-ingress", str(args.grpc_ingress),
+        "--grpc-ingress", str(args.grpc_ingress), "--allow-client-shm", "true",
     ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = []
     try:
         wait_ready("127.0.0.1:18000")
         pids = actor_pids(server.pid)
-        for protocol in args.protocols:
+        runs = [(p, shm, c) for shm in args.shared_memory for p in args.protocols for c in args.concurrency]
+        for protocol, shm, c in runs:
             url = "127.0.0.1:18000" if protocol == "http" else "127.0.0.1:18001"
-            for c in args.concurrency:
-                before = {p: cpu_seconds(p) for p in pids}
-                t0 = time.monotonic()
-                figures = run_one(pa, url, protocol, args.model, c, args.seconds)
-                wall = time.monotonic() - t0
-                cpu: dict[str, float] = {}
-                for p, role in pids.items():
-                    cpu[role] = cpu.get(role, 0.0) + (cpu_seconds(p) - before[p]) / wall
-                results.append({"protocol": protocol, "concurrency": c, **figures,
-                                "cpu_cores_by_actor": {k: round(v, 3) for k, v in sorted(cpu.items())}})
-                print(json.dumps(results[-1]), flush=True)
+            before = {p: cpu_seconds(p) for p in pids}
+            t0 = time.monotonic()
+            figures = run_one(pa, url, protocol, args.model, c, args.seconds, args.shape, shm,
+                              args.output_shared_memory_size)
+            wall = time.monotonic() - t0
+            cpu: dict[str, float] = {}
+            for p, role in pids.items():
+                cpu[role] = cpu.get(role, 0.0) + (cpu_seconds(p) - before[p]) / wall
+            results.append({"protocol": protocol, "shared_memory": shm, "concurrency": c, **figures,
+                            "cpu_cores_by_actor": {k: round(v, 3) for k, v in sorted(cpu.items())}})
+            print(json.dumps(results[-1]), flush=True)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"model": args.model, "workers": args.workers, "http_ingress": args.http_ingress,
+    meta = {"model": args.model, "shape": args.shape, "workers": args.workers, "http_ingress": args.http_ingress,
             "grpc_ingress": args.grpc_ingress, "cores": os.cpu_count(), "results": results}
-    Path(args.out, "perf.json").write_text(json.dumps(meta, indent=2))
-    lines = ["| protocol | concurrency | infer/s | p50 ms | p99 ms | CPU cores by actor |", "|---|---|---|---|---|---|"]
+    Path(args.out, f"{args.tag}.json").write_text(json.dumps(meta, indent=2))
+    lines = ["| protocol | shm | concurrency | infer/s | p50 ms | p99 ms | CPU cores by actor |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         split = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_cores_by_actor"].items())
-        lines.append(f"| {r['protocol']} | {r['concurrency']} | {r['infer_per_sec']:.0f} | "
+        lines.append(f"| {r['protocol']} | {r['shared_memory']} | {r['concurrency']} | {r['infer_per_sec']:.0f} | "
                      f"{r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} | {split} |")
-    Path(args.out, "perf.md").write_text("\n".join(lines) + "\n")
+    Path(args.out, f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

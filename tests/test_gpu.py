@@ -5,6 +5,8 @@ Skipped unless onnxruntime has the CUDA execution provider and a GPU is present.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -39,3 +41,58 @@ def test_kind_gpu_instance_runs_on_cuda(tmp_path: object) -> None:
     x = np.arange(1024, dtype=np.float32)
     out = backend.execute({"INPUT0": x}, ["OUTPUT0"])
     np.testing.assert_array_equal(out["OUTPUT0"], x)
+
+
+# --- CUDA shared memory end to end -------------------------------------------------------------
+
+
+def _cudashm() -> object:
+    try:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+    except Exception as exc:  # needs cuda-python (cuda.bindings)
+        pytest.skip(f"tritonclient's cuda_shared_memory is unavailable: {exc}")
+    return cudashm
+
+
+def test_cuda_shared_memory_in_and_out(tmp_path: object) -> None:
+    """A client's CUDA regions feed a KIND_GPU model in place and receive its output,
+    over HTTP and gRPC, with tritonclient's own cuda_shared_memory helpers."""
+    import os
+
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+
+    from conveyor.deploy.example_repo import identity
+    from tests.conftest import start_server
+
+    cudashm: Any = _cudashm()
+    repo = str(tmp_path)
+    identity(repo, "gpu_identity", "FP32", 0, "-1", extra="instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]")
+    identity(repo, "cpu_identity", "FP32", 0, "-1")
+    srv = start_server(repo, f"g{os.getpid()}", "--workers", "1", "--allow-client-shm", "true")
+    x = np.arange(1 << 16, dtype=np.float32)
+    ins = cudashm.create_shared_memory_region("cin", x.nbytes, 0)
+    outs = cudashm.create_shared_memory_region("cout", x.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(ins, [x])
+        http = th.InferenceServerClient(srv.http_url)
+        grpc = tg.InferenceServerClient(srv.grpc_url)
+        http.register_cuda_shared_memory("cin", cudashm.get_raw_handle(ins), 0, x.nbytes)
+        grpc.register_cuda_shared_memory("cout", cudashm.get_raw_handle(outs), 0, x.nbytes)
+        assert {r["name"] for r in http.get_cuda_shared_memory_status()} == {"cin", "cout"}
+        for model in ("gpu_identity", "cpu_identity"):  # on the device, and via the host
+            for client, mod in ((http, th), (grpc, tg)):
+                inp = mod.InferInput("INPUT0", [x.size], "FP32")
+                inp.set_shared_memory("cin", x.nbytes)
+                out = mod.InferRequestedOutput("OUTPUT0")
+                out.set_shared_memory("cout", x.nbytes)
+                client.infer(model, [inp], outputs=[out])
+                got = cudashm.get_contents_as_numpy(outs, "FP32", [x.size])
+                np.testing.assert_array_equal(got, x)
+                cudashm.set_shared_memory_region(outs, [np.zeros_like(x)])
+        http.unregister_cuda_shared_memory()
+        assert http.get_cuda_shared_memory_status() == []
+    finally:
+        cudashm.destroy_shared_memory_region(ins)
+        cudashm.destroy_shared_memory_region(outs)
+        assert srv.stop() == 0
