@@ -68,7 +68,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, seconds: int,
-            shape: list[str], shared_memory: str, output_bytes: int) -> dict[str, float]:
+            shape: tuple[str, ...] = (), shared_memory: str = "none", output_bytes: int = 0) -> dict[str, float]:
     with tempfile.NamedTemporaryFile(suffix=".csv") as report:
         cmd = [
             str(pa), "-m", model, "-u", url, "-i", protocol,
@@ -123,7 +123,7 @@ def main() -> int:
             url = "127.0.0.1:18000" if protocol == "http" else "127.0.0.1:18001"
             before = {p: cpu_seconds(p) for p in pids}
             t0 = time.monotonic()
-            figures = run_one(pa, url, protocol, args.model, c, args.seconds, args.shape, shm,
+            figures = run_one(pa, url, protocol, args.model, c, args.seconds, tuple(args.shape), shm,
                               args.output_shared_memory_size)
             wall = time.monotonic() - t0
             cpu: dict[str, float] = {}
