@@ -133,6 +133,7 @@ class DataPlane:
             outputs=outputs,
             parameters=call.parameters,
             deadline_ns=deadline,
+            request_id=call.id,
         )
         self._blocks[request.id] = block
         response = await self.link.infer(request)

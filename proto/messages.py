@@ -79,6 +79,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     parameters: dict[str, Any] = {}
     deadline_ns: int = 0
     flags: int = 0
+    request_id: str = ""  # the client's own id for the request (Triton's request_id())
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -171,6 +172,7 @@ class BatchItem(msgspec.Struct, array_like=True):
     inputs: list[TensorRef]
     outputs: list[OutputSpec]
     parameters: dict[str, Any] = {}
+    request_id: str = ""
 
 
 class ExecBatch(msgspec.Struct, tag="exec", array_like=True):

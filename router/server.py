@@ -205,7 +205,7 @@ class Router:
             self.queued.pop((p.ingress, p.request.id), None)
             state.stats.queue.add(now - p.arrival_ns)
             r = p.request
-            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters))
+            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id))
         instance.busy = True
         self.running[bid] = Running(instance, batch, now)
         msg = m.ExecBatch(bid, state.model, state.label, instance.index, items)
