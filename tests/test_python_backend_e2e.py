@@ -4,6 +4,7 @@ with tritonclient over HTTP and gRPC."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import numpy as np
@@ -125,3 +126,23 @@ def test_broken_python_models_say_why_and_others_serve(client: Client, protocol:
     with pytest.raises(InferenceServerException, match=reason):
         client.infer(model, [infer_input(protocol, "INPUT0", x, "FP32")])
     assert client.is_server_ready() and client.is_model_ready("add_sub")
+
+
+def test_concurrent_requests_get_their_own_rows(server: Server) -> None:
+    errors: list[str] = []
+
+    def run(worker: int) -> None:
+        c = httpclient.InferenceServerClient(server.http_url)
+        for i in range(6):
+            x = np.full((1 + (worker + i) % 3, 2), worker * 100 + i, dtype=np.float32)
+            out = c.infer("py_identity", [infer_input(httpclient, "INPUT0", x, "FP32")],
+                          outputs=[httpclient.InferRequestedOutput("OUTPUT0")]).as_numpy("OUTPUT0")
+            if not np.array_equal(out, x):
+                errors.append(f"client {worker} request {i} got {out.tolist()}")
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
