@@ -231,3 +231,16 @@ def test_config_helpers() -> None:
 def test_parse_text_of_the_triton_example_config() -> None:
     config = parse_text(python_models.ADD_SUB_CONFIG)
     assert config.backend == "python" and [i.name for i in config.input] == ["INPUT0", "INPUT1"]
+
+
+def test_an_output_no_datatype_fits_fails_only_its_request() -> None:
+    from conveyor.proto import messages as m
+    from conveyor.workers.batch_io import plan_request_outputs
+
+    items = [m.BatchItem(i, [], [m.OutputSpec("OUT")]) for i in range(2)]
+    outcomes: list[dict[str, np.ndarray] | ConveyorError] = [
+        {"OUT": np.zeros(2, np.complex64)}, {"OUT": np.arange(2, dtype=np.int16)}
+    ]
+    planned = plan_request_outputs(items, outcomes, mc.ModelConfig(), {})
+    assert isinstance(planned[0], ConveyorError) and "output 'OUT'" in planned[0].message
+    assert not isinstance(planned[1], ConveyorError) and planned[1][0][:3] == ("OUT", "INT16", [2])

@@ -25,7 +25,7 @@ from conveyor.proto.datatypes import (
     numpy_dtype,
     serialize_bytes,
 )
-from conveyor.proto.errors import ConveyorError, internal
+from conveyor.proto.errors import ConveyorError, Status, internal
 from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
@@ -136,11 +136,15 @@ def plan_request_outputs(
             planned.append(outcome)
             continue
         mine: list[PlannedOutput] = []
-        for spec in item.outputs:
-            array = outcome.get(spec.name)
-            if array is not None:  # an output the model did not produce is left out, as in Triton
-                array = np.asarray(array)
-                mine.append(_plan_output(spec, array, datatype_of(array), labels, batched))
+        try:
+            for spec in item.outputs:
+                array = outcome.get(spec.name)
+                if array is not None:  # an output the model did not produce is left out, as in Triton
+                    array = np.asarray(array)
+                    mine.append(_plan_output(spec, array, datatype_of(array), labels, batched))
+        except ConveyorError as exc:  # e.g. a dtype no datatype matches: only this request fails
+            planned.append(ConveyorError(Status.INTERNAL, f"output '{spec.name}' of the model: {exc.message}"))
+            continue
         planned.append(mine)
     return planned
 

@@ -116,8 +116,10 @@ def _outcome(response: InferenceResponse | None) -> RequestOutcome:
         return internal("the model sent no response for this request")
     error = response.error()
     if error is not None:
-        code = error.code()
-        status = Status(code) if code in Status._value2member_map_ else Status.INTERNAL
+        try:
+            status = Status(error.code())
+        except ValueError:
+            status = Status.INTERNAL
         return ConveyorError(status, error.message())
     outputs: dict[str, Any] = {}
     for tensor in response.output_tensors():
