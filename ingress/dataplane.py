@@ -145,6 +145,7 @@ class DataPlane:
             parameters=call.parameters,
             deadline_ns=deadline,
             flags=m.FLAG_CLIENT_SHM if uses_shm else 0,
+            request_id=call.id,
         )
         self._blocks[request.id] = block
         response = await self.link.infer(request)

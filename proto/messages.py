@@ -110,6 +110,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     deadline_ns: int = 0
     flags: int = 0
     regions: list[ClientRegion] = []  # filled by the router when refs name client regions
+    request_id: str = ""  # the client's own id for the request (Triton's request_id())
 
 
 # ``InferRequest.flags`` bits.
@@ -206,6 +207,7 @@ class BatchItem(msgspec.Struct, array_like=True):
     inputs: list[TensorRef]
     outputs: list[OutputSpec]
     parameters: dict[str, Any] = {}
+    request_id: str = ""
 
 
 class ExecBatch(msgspec.Struct, tag="exec", array_like=True):

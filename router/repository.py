@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
 from conveyor.router.autocomplete import complete_onnx
+from conveyor.router.autocomplete_python import complete_python
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 _BACKENDS = {
     "onnxruntime_onnx": "onnxruntime",
     "onnxruntime": "onnxruntime",
+    "python": "python",
 }
-_DEFAULT_FILENAME = {"onnxruntime": "model.onnx"}
+_DEFAULT_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py"}
 
 
 @dataclass
@@ -94,12 +96,17 @@ def load_spec(name: str, path: str) -> ModelSpec:
         config.platform = "onnxruntime_onnx"
     if not config.backend:
         config.backend = spec.backend
-    if not config.input or not config.output:
+    # Python models complete their own config whenever they define the hook, as in Triton.
+    if spec.backend == "python" or not config.input or not config.output:
         _fill_defaults(config)
         _find_versions(spec)
-        if spec.backend == "onnxruntime" and spec.versions:
-            given = "max_batch_size" in text
-            problem = complete_onnx(config, spec.versions[max(spec.versions)], given)
+        if spec.versions:
+            newest = spec.versions[max(spec.versions)]
+            problem = ""
+            if spec.backend == "onnxruntime":
+                problem = complete_onnx(config, newest, "max_batch_size" in text)
+            elif spec.backend == "python":
+                problem = complete_python(config, newest)
             if problem:
                 spec.error = f"model '{name}': {problem}"
                 return spec
@@ -145,6 +152,8 @@ def validate(config: mc.ModelConfig) -> str:
                 return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         return "dynamic batching needs max_batch_size > 0"
+    if config.model_transaction_policy.decoupled:
+        return "decoupled models (model_transaction_policy { decoupled: true }) are not supported by Conveyor yet"
     return ""
 
 

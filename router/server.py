@@ -221,7 +221,7 @@ class Router:
             self.queued.pop((p.ingress, p.request.id), None)
             state.stats.queue.add(now - p.arrival_ns)
             r = p.request
-            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters))
+            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id))
             if r.regions:
                 regions += r.regions
         instance.busy = True

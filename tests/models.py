@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from conveyor.deploy.example_repo import add_sub, identity
+from tests import python_models
 
 LABELS = [f"label_{i}" for i in range(10)]
 
@@ -30,3 +31,4 @@ def build_test_repository(repo: str) -> None:
         f.write('name: "bad_config"\nplatform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
+    python_models.build(repo)

@@ -358,3 +358,18 @@ def test_client_shm_is_off_by_default(server: Server, regions: Any) -> None:
         client.register_system_shared_memory("off", key_of(seg), 64)
     meta = client.get_server_metadata()
     assert "system_shared_memory" in meta["extensions"]
+
+
+def test_python_model_reads_and_writes_client_shm(grpc: tg.InferenceServerClient, regions: Any) -> None:
+    """A Triton model.py gets its input from, and its output lands in, the client's region."""
+    x = np.linspace(0, 1, 32, dtype=np.float32).reshape(1, 32)
+    ins, outs = regions("pin", x.nbytes), regions("pout", x.nbytes)
+    shm.set_shared_memory_region(ins, [x])
+    grpc.register_system_shared_memory("pin", key_of(ins), x.nbytes)
+    grpc.register_system_shared_memory("pout", key_of(outs), x.nbytes)
+    inp = tg.InferInput("INPUT0", [1, 32], "FP32")
+    inp.set_shared_memory("pin", x.nbytes)
+    out = tg.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("pout", x.nbytes)
+    grpc.infer("py_identity", [inp], outputs=[out])
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(outs, np.float32, [1, 32]), x)

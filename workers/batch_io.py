@@ -2,15 +2,17 @@
 shared memory.
 
 Inputs are numpy views of the ingress's arena or of a client-registered region
-(no copy) when the batch holds one request; several requests are concatenated
-(the one copy batching needs). Outputs a client placed in its own region are
-written there in place; the rest of the batch's outputs go into one block of
-this worker's arena, with one release flag per request.
+(no copy) when the batch holds one request; for an array backend several
+requests are concatenated (the one copy batching needs), a request backend gets
+each request's own views. Outputs a client placed in its own region are written
+there in place; the rest of the batch's outputs go into one block of this
+worker's arena, with one release flag per request.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,14 +21,16 @@ from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import (
     config_to_datatype,
+    datatype_of,
     deserialize_bytes,
     element_count,
     numpy_dtype,
     serialize_bytes,
 )
-from conveyor.proto.errors import ConveyorError, internal, invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg
 from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
+from conveyor.workers.backends.base import RequestItem, RequestOutcome
 from conveyor.workers.classification import classify
 from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
 
@@ -79,6 +83,22 @@ def gather_inputs(
     return inputs, rows
 
 
+def gather_requests(items: list[m.BatchItem], views: TensorViews, config: mc.ModelConfig) -> list[RequestItem]:
+    """Each request's own inputs (host views, not concatenated), for a ``RequestBackend``."""
+    batched = config.max_batch_size > 0
+    reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
+    requests: list[RequestItem] = []
+    for item in items:
+        inputs: dict[str, np.ndarray] = {}
+        for ref in item.inputs:
+            arr = to_host(views.tensor(ref))
+            if ref.name in reshape:
+                arr = arr.reshape(([arr.shape[0]] if batched else []) + reshape[ref.name])
+            inputs[ref.name] = arr
+        requests.append(RequestItem(item.request_id, inputs, [o.name for o in item.outputs], item.parameters))
+    return requests
+
+
 def _concatenate(arrays: list[Any]) -> Any:
     if any(is_device_array(a) for a in arrays):
         if all(is_device_array(a) for a in arrays):
@@ -109,8 +129,80 @@ def copy_into(dst: Any, src: Any) -> None:
         dst[:] = np.ascontiguousarray(to_host(src)).reshape(-1).view(np.uint8)
 
 
-# One planned output: (spec, datatype, shape, bytes-like or array).
-_Planned = tuple[m.OutputSpec, str, list[int], Any]
+# One output of one request, ready to copy: (spec, datatype, shape, bytes or array).
+PlannedOutput = tuple[m.OutputSpec, str, list[int], Any]
+
+
+def _plan_output(
+    spec: m.OutputSpec, part: Any, datatype: str, labels: dict[str, list[str]], batched: bool
+) -> PlannedOutput:
+    if spec.classification > 0:
+        cls = classify(to_host(part), spec.classification, labels.get(spec.name), batched)
+        return (spec, "BYTES", list(cls.shape), serialize_bytes(cls))
+    if datatype == "BYTES":
+        return (spec, datatype, list(part.shape), serialize_bytes(to_host(part)))
+    if is_device_array(part):
+        # Stays on the device until it is copied into its destination.
+        return (spec, datatype, list(part.shape), part.astype(numpy_dtype(datatype), copy=False))
+    arr = np.ascontiguousarray(part, dtype=numpy_dtype(datatype))
+    return (spec, datatype, list(arr.shape), arr)
+
+
+def plan_batch_outputs(
+    items: list[m.BatchItem],
+    rows: list[int],
+    outputs: dict[str, Any],
+    config: mc.ModelConfig,
+    labels: dict[str, list[str]],
+) -> list[list[PlannedOutput]]:
+    """Split a batched call's outputs back into each request's rows."""
+    batched = config.max_batch_size > 0
+    declared = {o.name: o for o in config.output}
+    planned: list[list[PlannedOutput]] = []
+    start = 0
+    for item, n in zip(items, rows, strict=True):
+        mine: list[PlannedOutput] = []
+        for spec in item.outputs:
+            full = outputs.get(spec.name)
+            if full is None:
+                raise internal(f"the model did not produce output '{spec.name}'")
+            part = full[start : start + n] if batched else full
+            out_cfg = declared.get(spec.name)
+            if out_cfg is not None and out_cfg.HasField("reshape"):
+                part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
+            dt = config_to_datatype(mc.DataType.Name(out_cfg.data_type)) if out_cfg else "FP32"
+            mine.append(_plan_output(spec, part, dt, labels, batched))
+        planned.append(mine)
+        start += n
+    return planned
+
+
+def plan_request_outputs(
+    items: list[m.BatchItem], outcomes: list[RequestOutcome], config: mc.ModelConfig, labels: dict[str, list[str]]
+) -> list[list[PlannedOutput] | ConveyorError]:
+    """Each request's outcome from a ``RequestBackend``: the requested outputs it
+    produced, in the datatype it produced them in (as Triton's Python backend
+    does), or its error."""
+    if len(outcomes) != len(items):
+        raise internal(f"the backend returned {len(outcomes)} outcomes for {len(items)} requests")
+    batched = config.max_batch_size > 0
+    planned: list[list[PlannedOutput] | ConveyorError] = []
+    for item, outcome in zip(items, outcomes, strict=True):
+        if isinstance(outcome, ConveyorError):
+            planned.append(outcome)
+            continue
+        mine: list[PlannedOutput] = []
+        try:
+            for spec in item.outputs:
+                array = outcome.get(spec.name)
+                if array is not None:  # an output the model did not produce is left out, as in Triton
+                    array = np.asarray(array)
+                    mine.append(_plan_output(spec, array, datatype_of(array), labels, batched))
+        except ConveyorError as exc:  # e.g. a dtype no datatype matches: only this request fails
+            planned.append(ConveyorError(Status.INTERNAL, f"output '{spec.name}' of the model: {exc.message}"))
+            continue
+        planned.append(mine)
+    return planned
 
 
 class OutputWriter:
@@ -122,44 +214,34 @@ class OutputWriter:
         self.views = views
         self.lock = threading.Lock()
 
-    def scatter(
-        self,
-        items: list[m.BatchItem],
-        rows: list[int],
-        outputs: dict[str, Any],
-        config: mc.ModelConfig,
-        labels: dict[str, list[str]],
-    ) -> list[m.ItemResult]:
-        planned = self._plan(items, rows, outputs, config, labels)
-        # Outputs bound for client regions are written now; an item whose region is
-        # too small fails alone.
+    def write(self, planned: Sequence[list[PlannedOutput] | ConveyorError]) -> list[m.ItemResult]:
+        """Client-region outputs in place; the rest in one block for the whole batch,
+        one release flag per request. A request whose region is too small fails alone."""
+        outcomes: list[list[PlannedOutput] | ConveyorError] = []
         placed: list[dict[str, m.TensorRef]] = []
-        errors: list[m.ErrorInfo | None] = []
         for mine in planned:
             refs: dict[str, m.TensorRef] = {}
-            error = None
-            for spec, dt, shape, data in mine:
-                if spec.region:
-                    try:
-                        refs[spec.name] = self._write_in_place(spec, dt, shape, data)
-                    except ConveyorError as exc:
-                        error = m.ErrorInfo(int(exc.status), exc.message)
-                        break
+            if not isinstance(mine, ConveyorError):
+                try:
+                    for spec, dt, shape, data in mine:
+                        if spec.region:
+                            refs[spec.name] = self._write_in_place(spec, dt, shape, data)
+                except ConveyorError as exc:
+                    mine = exc
+            outcomes.append(mine)
             placed.append(refs)
-            errors.append(error)
         total = sum(
-            _nbytes(t[3]) for mine, err in zip(planned, errors, strict=True) if err is None
-            for t in mine if not t[0].region
+            _nbytes(t[3]) for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine if not t[0].region
         )
         with self.lock:
-            payload, flags = self.arena.alloc_released(total, len(items))
+            payload, flags = self.arena.alloc_released(total, len(outcomes))
         results: list[m.ItemResult] = []
         offset = payload
         arena = self.arena
-        for i, mine in enumerate(planned):
-            release = [m.Release(arena.name, flags + i)]
-            if errors[i] is not None:
-                results.append(m.ItemResult(i, error=errors[i], release=release))
+        for i, mine in enumerate(outcomes):
+            if isinstance(mine, ConveyorError):
+                arena.array[flags + i] = 1  # nothing of this block goes to that request
+                results.append(m.ItemResult(i, error=m.ErrorInfo(int(mine.status), mine.message)))
                 continue
             out: list[m.TensorRef] = []
             for spec, dt, shape, data in mine:
@@ -174,7 +256,7 @@ class OutputWriter:
                     copy_into(dst, data)
                 out.append(m.TensorRef(spec.name, dt, shape, arena.name, offset, nbytes))
                 offset += nbytes
-            results.append(m.ItemResult(i, out, release=release))
+            results.append(m.ItemResult(i, out, release=[m.Release(arena.name, flags + i)]))
         return results
 
     def _write_in_place(self, spec: m.OutputSpec, dt: str, shape: list[int], data: Any) -> m.TensorRef:
@@ -192,46 +274,6 @@ class OutputWriter:
         else:
             copy_into(dst, data)
         return m.TensorRef(spec.name, dt, shape, spec.region, spec.offset, nbytes)
-
-    @staticmethod
-    def _plan(
-        items: list[m.BatchItem],
-        rows: list[int],
-        outputs: dict[str, Any],
-        config: mc.ModelConfig,
-        labels: dict[str, list[str]],
-    ) -> list[list[_Planned]]:
-        """Per item, each requested output cut to its rows and in its wire form."""
-        batched = config.max_batch_size > 0
-        declared = {o.name: o for o in config.output}
-        planned: list[list[_Planned]] = []
-        start = 0
-        for item, n in zip(items, rows, strict=True):
-            mine: list[_Planned] = []
-            for spec in item.outputs:
-                full = outputs.get(spec.name)
-                if full is None:
-                    raise internal(f"the model did not produce output '{spec.name}'")
-                part = full[start : start + n] if batched else full
-                out_cfg = declared.get(spec.name)
-                if out_cfg is not None and out_cfg.HasField("reshape"):
-                    part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
-                if spec.classification > 0:
-                    cls = classify(to_host(part), spec.classification, labels.get(spec.name), batched)
-                    mine.append((spec, "BYTES", list(cls.shape), serialize_bytes(cls)))
-                    continue
-                dt = config_to_datatype(mc.DataType.Name(out_cfg.data_type)) if out_cfg else "FP32"
-                if dt == "BYTES":
-                    mine.append((spec, dt, list(part.shape), serialize_bytes(to_host(part))))
-                elif is_device_array(part):
-                    # Stays on the device until it is copied into its destination.
-                    mine.append((spec, dt, list(part.shape), part.astype(numpy_dtype(dt), copy=False)))
-                else:
-                    arr = np.ascontiguousarray(part, dtype=numpy_dtype(dt))
-                    mine.append((spec, dt, list(arr.shape), arr))
-            planned.append(mine)
-            start += n
-        return planned
 
 
 def _nbytes(data: Any) -> int:

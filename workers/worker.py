@@ -14,9 +14,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -28,8 +29,17 @@ from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends import load_backend
-from conveyor.workers.backends.base import Backend
-from conveyor.workers.batch_io import OutputWriter, TensorViews, gather_inputs, host_inputs
+from conveyor.workers.backends.base import Backend, RequestBackend
+from conveyor.workers.batch_io import (
+    OutputWriter,
+    PlannedOutput,
+    TensorViews,
+    gather_inputs,
+    gather_requests,
+    host_inputs,
+    plan_batch_outputs,
+    plan_request_outputs,
+)
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
 
@@ -43,9 +53,11 @@ ROUTER_SILENCE_S = 5.0
 @dataclass(eq=False)
 class LoadedInstance:
     key: tuple[str, str, int]
-    backend: Backend | None
+    backend: Backend | RequestBackend | None
     config: mc.ModelConfig
     labels: dict[str, list[str]]
+    # Decided once at load: a runtime Protocol check costs tens of microseconds per batch.
+    per_request: bool = False
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
 
 
@@ -173,7 +185,9 @@ class Worker:
             error = ""
             try:
                 inst.labels = load_labels(os.path.dirname(os.path.dirname(msg.path)), config)
-                inst.backend = load_backend(config.backend, msg.path, config, msg.device)
+                backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
+                inst.per_request = isinstance(backend, RequestBackend)
+                inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
             except Exception as exc:
@@ -206,17 +220,27 @@ class Worker:
         inst.executor.submit(self._run_batch, inst, msg)
 
     def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch) -> None:
-        assert inst.backend is not None
+        backend = inst.backend
+        assert backend is not None
         t0 = time.monotonic_ns()
+        planned: Sequence[list[PlannedOutput] | ConveyorError]
         try:
-            inputs, rows = gather_inputs(msg.items, self.views, inst.config)
-            if msg.regions and not getattr(inst.backend, "accepts_device_arrays", False):
-                inputs = host_inputs(inputs)
-            wanted = sorted({o.name for item in msg.items for o in item.outputs})
-            t1 = time.monotonic_ns()
-            outputs = inst.backend.execute(inputs, wanted)
-            t2 = time.monotonic_ns()
-            results = self.writer.scatter(msg.items, rows, outputs, inst.config, inst.labels)
+            if inst.per_request:
+                requests = gather_requests(msg.items, self.views, inst.config)
+                t1 = time.monotonic_ns()
+                outcomes = cast(RequestBackend, backend).execute_requests(requests)
+                t2 = time.monotonic_ns()
+                planned = plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
+            else:
+                inputs, rows = gather_inputs(msg.items, self.views, inst.config)
+                if msg.regions and not getattr(backend, "accepts_device_arrays", False):
+                    inputs = host_inputs(inputs)
+                wanted = sorted({o.name for item in msg.items for o in item.outputs})
+                t1 = time.monotonic_ns()
+                outputs = cast(Backend, backend).execute(inputs, wanted)
+                t2 = time.monotonic_ns()
+                planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels)
+            results = self.writer.write(planned)
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
         except ConveyorError as exc:

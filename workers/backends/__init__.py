@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import unsupported
-from conveyor.workers.backends.base import Backend
+from conveyor.workers.backends.base import Backend, RequestBackend
 
 
-def load_backend(backend: str, path: str, config: mc.ModelConfig, device: str) -> Backend:
+def load_backend(
+    backend: str, path: str, config: mc.ModelConfig, device: str, instance: int = 0
+) -> Backend | RequestBackend:
     if backend == "onnxruntime":
         from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(path, config, device)
+    if backend == "python":
+        from conveyor.workers.backends.python import PythonBackend
+
+        return PythonBackend(path, config, device, instance)
     raise unsupported(f"backend '{backend}' is not supported by this worker")

@@ -1,12 +1,23 @@
-"""What a backend is: something that loads one model instance and runs batches."""
+"""What a backend is: something that loads one model instance and runs batches.
+
+Two kinds:
+
+* ``Backend`` (onnxruntime): one call per batch on the requests' inputs
+  concatenated along the batch dimension; outputs are split back by rows.
+* ``RequestBackend`` (python): one call per batch on the list of requests, each
+  with its own inputs (views of shared memory, not concatenated) and its own
+  outcome, so one request can fail while the others succeed. Triton's Python
+  backend works this way.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError
 
 
 class Backend(Protocol):
@@ -20,5 +31,27 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class BackendFactory(Protocol):
-    def __call__(self, path: str, config: mc.ModelConfig, device: str) -> Backend: ...
+@dataclass(slots=True)
+class RequestItem:
+    """One client request of a batch, as a ``RequestBackend`` gets it."""
+
+    request_id: str
+    inputs: dict[str, np.ndarray]
+    outputs: list[str]  # the outputs the client asked for
+    parameters: dict[str, Any]
+
+
+# Per request: its outputs by name, or the error that fails only this request.
+RequestOutcome = dict[str, np.ndarray] | ConveyorError
+
+
+@runtime_checkable
+class RequestBackend(Protocol):
+    """One loaded model instance that answers each request of a batch on its own.
+
+    ``execute_requests`` returns one outcome per item, in order; raising fails
+    the whole batch."""
+
+    def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,266 @@
+"""Triton Python models (``model.py`` + ``config.pbtxt``) for the tests, written
+into the test repository as a user would write them for Triton."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+# Written the way Triton's python_backend examples/add_sub is: the proof that
+# such a model.py runs unchanged.
+ADD_SUB_MODEL = '''
+import json
+
+# Every Triton Python model can import this module; it holds the request,
+# response and tensor types and helpers for reading the model config.
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """The class name every Triton Python model must use."""
+
+    def initialize(self, args):
+        """Called once when the model loads. `args` maps strings to strings:
+        model_config (JSON), model_instance_kind, model_instance_device_id,
+        model_repository, model_version, model_name."""
+        self.model_config = model_config = json.loads(args["model_config"])
+
+        output0_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
+        output1_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
+
+        self.output0_dtype = pb_utils.triton_string_to_numpy(output0_config["data_type"])
+        self.output1_dtype = pb_utils.triton_string_to_numpy(output1_config["data_type"])
+
+    def execute(self, requests):
+        """Gets a list of pb_utils.InferenceRequest and returns one
+        pb_utils.InferenceResponse per request, in the same order."""
+        output0_dtype = self.output0_dtype
+        output1_dtype = self.output1_dtype
+
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+
+            out_0, out_1 = (
+                in_0.as_numpy() + in_1.as_numpy(),
+                in_0.as_numpy() - in_1.as_numpy(),
+            )
+
+            out_tensor_0 = pb_utils.Tensor("OUTPUT0", out_0.astype(output0_dtype))
+            out_tensor_1 = pb_utils.Tensor("OUTPUT1", out_1.astype(output1_dtype))
+
+            # An error for this request alone would be:
+            # pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("An error occurred"))
+            inference_response = pb_utils.InferenceResponse(output_tensors=[out_tensor_0, out_tensor_1])
+            responses.append(inference_response)
+
+        return responses
+
+    def finalize(self):
+        """Called once when the model unloads."""
+        print("Cleaning up...")
+'''
+
+ADD_SUB_CONFIG = '''
+name: "add_sub"
+backend: "python"
+
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+input [
+  {
+    name: "INPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+
+instance_group [{ kind: KIND_CPU }]
+'''
+
+# Batched identity that also reports what each request looked like to the model.
+IDENTITY_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+        pb_utils.Logger.log_info(f"initialized {args['model_instance_name']}")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            seen = {
+                "request_id": request.request_id(),
+                "correlation_id": request.correlation_id(),
+                "parameters": json.loads(request.parameters()),
+                "requested": sorted(request.requested_output_names()),
+                "shape": list(x.shape),
+                "batch_requests": len(requests),
+                "args": {k: v for k, v in self.args.items() if k != "model_config"},
+            }
+            info = np.array([json.dumps(seen).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x.copy()),
+                                                         pb_utils.Tensor("INFO", info)]))
+        return responses
+'''
+
+IDENTITY_CONFIG = '''
+name: "py_identity"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 1000 }
+'''
+
+# OUTPUT0 = 2 * INPUT0; a negative input fails that request; 13 makes execute raise.
+ERRORS_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if (x == 13).any():
+                raise ValueError("thirteen is unlucky")
+            if (x < 0).any():
+                error = pb_utils.TritonError("negative input is not allowed", pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]))
+        return responses
+'''
+
+ERRORS_CONFIG = '''
+name: "py_errors"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+'''
+
+# BYTES in, BYTES out: each element upper-cased, as an object array of bytes.
+BYTES_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            assert text.dtype == np.object_ and all(isinstance(v, bytes) for v in text.reshape(-1))
+            upper = np.array([v.upper() for v in text.reshape(-1)], dtype=np.object_).reshape(text.shape)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", upper)]))
+        return responses
+'''
+
+BYTES_CONFIG = '''
+name: "py_bytes"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+'''
+
+# No inputs or outputs in the config: the model says what they are.
+AUTOCOMPLETE_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "INPUT0", "data_type": "TYPE_INT64", "dims": [3]})
+        auto_complete_model_config.add_output({"name": "OUTPUT0", "data_type": "TYPE_INT64", "dims": [3]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0")
+                                                        .as_numpy() + 1)])
+            for r in requests
+        ]
+'''
+
+IMPORT_FAILS_MODEL = '''
+import triton_python_backend_utils as pb_utils
+import conveyor_no_such_module  # noqa: F401
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+'''
+
+INIT_FAILS_MODEL = '''
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("weights are missing")
+
+    def execute(self, requests):
+        return []
+'''
+
+
+def _simple_config(name: str) -> str:
+    return f'''
+name: "{name}"
+backend: "python"
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+'''
+
+
+def write_model(repo: str, name: str, model_py: str, config: str) -> None:
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    with open(os.path.join(repo, name, "1", "model.py"), "w", encoding="utf-8") as f:
+        f.write(textwrap.dedent(model_py).lstrip())
+    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(textwrap.dedent(config).lstrip())
+
+
+def build(repo: str) -> None:
+    write_model(repo, "add_sub", ADD_SUB_MODEL, ADD_SUB_CONFIG)
+    write_model(repo, "py_identity", IDENTITY_MODEL, IDENTITY_CONFIG)
+    write_model(repo, "py_errors", ERRORS_MODEL, ERRORS_CONFIG)
+    write_model(repo, "py_bytes", BYTES_MODEL, BYTES_CONFIG)
+    write_model(repo, "py_autocomplete", AUTOCOMPLETE_MODEL, 'name: "py_autocomplete"\nbackend: "python"\n')
+    write_model(repo, "py_import_fails", IMPORT_FAILS_MODEL, _simple_config("py_import_fails"))
+    write_model(repo, "py_init_fails", INIT_FAILS_MODEL, _simple_config("py_init_fails"))
+    write_model(repo, "py_decoupled", INIT_FAILS_MODEL,
+                _simple_config("py_decoupled") + "model_transaction_policy { decoupled: true }\n")

@@ -1,0 +1,178 @@
+"""Requests and responses as ``TritonPythonModel.execute`` sees them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.workers.backends.python_utils.errors import TritonError, TritonModelException
+from conveyor.workers.backends.python_utils.tensor import Tensor
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+# Request parameters Triton consumes itself and does not hand to the model.
+_RESERVED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
+
+class InferenceResponse:
+    """``InferenceResponse(output_tensors=[...], error=None)``: a response with an
+    error fails only its own request, and its tensors are ignored."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list | tuple):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._outputs = list(output_tensors)
+        self._error = error
+        self._parameters = json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """``request.get_response_sender()``. Conveyor runs models in the default
+    (one response per request) mode, so a request takes exactly one response,
+    sent with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``."""
+
+    def __init__(self) -> None:
+        self.response: InferenceResponse | None = None
+        self.closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self.closed:
+            raise TritonModelException("the response sender is closed: a final response was already sent")
+        if response is not None:
+            if self.response is not None:
+                raise TritonModelException(
+                    "a model that is not decoupled sends exactly one response per request"
+                )
+            self.response = response
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.closed = True
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class InferenceRequest:
+    """One client request: its own inputs (with their own batch dimension),
+    the outputs it asked for and its parameters."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: dict[str, Any] | str | None = None,
+        model_version: int = -1,
+        timeout: int = 0,
+    ) -> None:
+        self._model_name = model_name
+        self._model_version = model_version
+        self._inputs = list(inputs)
+        self._requested = list(requested_output_names)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
+        self._sender: InferenceResponseSender | None = None
+
+    @classmethod
+    def received(
+        cls, model_name: str, model_version: int, inputs: list[Tensor], requested_output_names: list[str],
+        request_id: str, parameters: dict[str, Any],
+    ) -> InferenceRequest:
+        """A request as the server hands it to ``execute``: Triton's reserved
+        parameters become the correlation id, flags and timeout."""
+        flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0) | (
+            TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.get("sequence_end") else 0
+        )
+        timeout = parameters.get("timeout", 0)
+        return cls(
+            model_name, inputs, requested_output_names, request_id,
+            correlation_id=parameters.get("sequence_id", 0),
+            flags=flags,
+            parameters={k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS},
+            model_version=model_version,
+            timeout=timeout if isinstance(timeout, int) else 0,
+        )
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON string, as in Triton."""
+        return json.dumps(self._parameters)
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def is_cancelled(self) -> bool:
+        # Cancellation is honoured while a request is queued; once it runs, it runs to the end.
+        return False
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            self._sender = InferenceResponseSender()
+        return self._sender
+
+    def exec(self, *_: Any, **__: Any) -> InferenceResponse:
+        raise TritonModelException("Business Logic Scripting (InferenceRequest.exec) is not supported by Conveyor yet")
+
+    async def async_exec(self, *_: Any, **__: Any) -> InferenceResponse:
+        raise TritonModelException(
+            "Business Logic Scripting (InferenceRequest.async_exec) is not supported by Conveyor yet"
+        )
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in inference_request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in inference_response.output_tensors() if t.name() == name), None)

@@ -1,0 +1,47 @@
+"""``pb_utils.Logger``: model log lines go to Python logging (the worker's log)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+_log = logging.getLogger("triton_python_backend_utils")
+
+
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_TO_LOGGING = {
+    LogLevel.INFO: logging.INFO,
+    LogLevel.WARNING: logging.WARNING,
+    LogLevel.ERROR: logging.ERROR,
+    LogLevel.VERBOSE: logging.DEBUG,
+}
+
+
+class Logger:
+    """Static methods, as in Triton (models call ``pb_utils.Logger.log_info(...)``)."""
+
+    @staticmethod
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        _log.log(_TO_LOGGING.get(LogLevel(level), logging.INFO), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
