@@ -271,6 +271,21 @@ def test_request_errors(shm_server: Server, httpc: th.InferenceServerClient, grp
     ok = http_error(shm_server, "POST", infer, body("e", NBYTES))
     assert ok == (200, "")
     assert httpc.is_server_ready()
+    # Once unregistered, no worker keeps a mapping of any test segment.
+    httpc.unregister_system_shared_memory()
+    try:
+        eventually(lambda: "cv_test_" not in worker_maps(shm_server))
+    except AssertionError:
+        raise AssertionError([ln for ln in worker_maps(shm_server).splitlines() if "cv_test_" in ln]) from None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root opens any segment: permissions cannot be tested as root")
+def test_segment_the_server_may_not_open(shm_server: Server, regions: Any) -> None:
+    seg = regions("private", 64)
+    os.fchmod(seg._shm_fd, 0) if hasattr(seg, "_shm_fd") else os.chmod(f"/dev/shm/{key_of(seg).lstrip('/')}", 0)
+    status, message = http_error(shm_server, "POST", "/v2/systemsharedmemory/region/private/register",
+                                 {"key": key_of(seg), "offset": 0, "byte_size": 64})
+    assert status == 400 and "permission denied" in message
 
 
 def test_client_that_dies_without_unregistering(shm_server: Server, httpc: th.InferenceServerClient,

@@ -227,7 +227,9 @@ class OutputWriter:
                         if spec.region:
                             refs[spec.name] = self._write_in_place(spec, dt, shape, data)
                 except ConveyorError as exc:
-                    mine = exc
+                    # A fresh error, without the traceback: its frames would keep this
+                    # batch's views of client regions alive until the next GC cycle.
+                    mine = ConveyorError(exc.status, exc.message)
             outcomes.append(mine)
             placed.append(refs)
         total = sum(
