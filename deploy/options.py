@@ -6,6 +6,8 @@ import argparse
 import os
 import tempfile
 
+from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+
 
 def triton_bool(text: str) -> bool:
     """Triton's boolean flags take true/false (also 1/0, yes/no)."""
@@ -51,3 +53,10 @@ def add_network(p: argparse.ArgumentParser) -> None:
 def add_repository(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--model-repository", "--model-store", action="append", default=[], required=required,
                    dest="model_repository", help="a Triton model repository (repeatable)")
+
+
+def add_scheduling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-queue-size", type=int, default=DEFAULT_QUEUE_CAP, metavar="N",
+                   help="requests one model version may hold queued before new ones are refused with "
+                        "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
+                        f"(default {DEFAULT_QUEUE_CAP})")

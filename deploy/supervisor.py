@@ -57,7 +57,7 @@ class Supervisor:
         a = self.args
         common = self._common()
         repo_args = [x for r in repos for x in ("--model-repository", r)]
-        router = [Child("router", ["router", *common, *repo_args])]
+        router = [Child("router", ["router", *common, *repo_args, "--max-queue-size", str(a.max_queue_size)])]
         workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)])
                    for i in range(a.workers)]
         net = [

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
 from conveyor.router.autocomplete import complete_onnx
+from conveyor.router.queue_policy import scheduling_problem
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def validate(config: mc.ModelConfig) -> str:
                 return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         return "dynamic batching needs max_batch_size > 0"
-    return ""
+    return scheduling_problem(config)
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:
