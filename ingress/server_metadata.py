@@ -11,6 +11,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "schedule_policy",
 ]
 
 # tritonclient and tooling check the name; Conveyor answers as Triton does.

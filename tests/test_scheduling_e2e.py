@@ -104,6 +104,10 @@ def grpc_error(server: Server, model: str, **kwargs: int) -> InferenceServerExce
     return exc.value
 
 
+def test_server_metadata_lists_the_schedule_policy_extension(server: Server) -> None:
+    assert "schedule_policy" in httpclient.InferenceServerClient(server.http_url).get_server_metadata()["extensions"]
+
+
 def test_high_priority_overtakes_requests_queued_before_it(server: Server, calls: Calls) -> None:
     low = []
     for i in range(3):  # one at a time, so they arrive in this order
