@@ -19,6 +19,8 @@ Policy, as Triton's:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from conveyor.router.pending import Pending
 from conveyor.router.priority_queues import Expired, PriorityQueues
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
@@ -40,24 +42,17 @@ class DynamicBatcher:
         self.preferred = frozenset(sizes)
         self.max_preferred = max(sizes)
         self.max_delay_ns = max_delay_ns
-        self.queues = PriorityQueues(policy or SchedulingPolicy(), queue_cap)
+        self.queues = queues = PriorityQueues(policy or SchedulingPolicy(), queue_cap)
+        # The queue's own methods, without a forwarding call on the router's hot path:
+        # push raises UNAVAILABLE ("Exceeds maximum queue size") when full; take_expired
+        # returns the requests that leave unexecuted, each with its answer.
+        self.push: Callable[[Pending], None] = queues.push
+        self.pop: Callable[[], Pending] = queues.pop
+        self.remove: Callable[[bytes, int], Pending | None] = queues.remove
+        self.take_expired: Callable[[int], Expired] = queues.take_expired
 
     def __len__(self) -> int:
         return len(self.queues)
-
-    def push(self, item: Pending) -> None:
-        """Queue ``item``; raises UNAVAILABLE ("Exceeds maximum queue size") when full."""
-        self.queues.push(item)
-
-    def remove(self, ingress: bytes, request_id: int) -> Pending | None:
-        return self.queues.remove(ingress, request_id)
-
-    def pop(self) -> Pending:
-        return self.queues.pop()
-
-    def take_expired(self, now_ns: int) -> Expired:
-        """Requests that leave the queue unexecuted, each with its answer."""
-        return self.queues.take_expired(now_ns)
 
     @property
     def next_expiry_ns(self) -> int:
@@ -94,7 +89,7 @@ class DynamicBatcher:
         delay = self.max_delay_ns
         waited_enough = delay > 0 and now_ns - oldest >= delay
         if best and not waited_enough:
-            return [queues.pop() for _ in range(best)]
+            return queues.take(best)
         if blocked or rows >= self.max_preferred or not delay or waited_enough:
-            return [queues.pop() for _ in range(count)]
+            return queues.take(count)
         return oldest + delay

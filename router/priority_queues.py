@@ -63,11 +63,13 @@ class PriorityQueues:
             )
         item.level = index
         timeout = level.policy.timeout_ns(params.get("timeout")) if params else level.policy.default_timeout_ns
+        expires = item.request.deadline_ns
         if timeout:
-            item.timeout_ns = item.arrival_ns + timeout
+            item.timeout_ns = timeout = item.arrival_ns + timeout
+            if not expires or timeout < expires:
+                expires = timeout
         level.ready.append(item)
         self._size += 1
-        expires = item.expires_ns()
         if expires:
             self._timed += 1
             if not self._next_expiry or expires < self._next_expiry:
@@ -83,16 +85,20 @@ class PriorityQueues:
     def pop(self) -> Pending:
         """The first request in service order."""
         for level in self.levels:
-            if level.ready:
-                item = level.ready.popleft()
-                break
-            if level.delayed:
-                item = level.delayed.popleft()
-                break
-        else:
-            raise IndexError("pop from empty PriorityQueues")
-        self._left(item)
-        return item
+            queue = level.ready or level.delayed
+            if queue:
+                item = queue.popleft()
+                self._left(item)
+                return item
+        raise IndexError("pop from empty PriorityQueues")
+
+    def take(self, count: int) -> list[Pending]:
+        """The first ``count`` requests in service order."""
+        ready = self.levels[0].ready
+        if len(ready) >= count and not self._timed:  # the common case: one plain FIFO
+            self._size -= count
+            return [ready.popleft() for _ in range(count)]
+        return [self.pop() for _ in range(count)]
 
     def remove(self, ingress: bytes, request_id: int) -> Pending | None:
         for level in self.levels:
@@ -106,7 +112,7 @@ class PriorityQueues:
 
     def _left(self, item: Pending) -> None:
         self._size -= 1
-        if item.expires_ns():
+        if self._timed and (item.request.deadline_ns or item.timeout_ns):
             self._timed -= 1
 
     @property
