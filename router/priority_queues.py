@@ -71,9 +71,9 @@ class PriorityQueues:
         level.ready.append(item)
         self._size += 1
         if expires:
-            self._timed += 1
-            if not self._next_expiry or expires < self._next_expiry:
+            if not self._timed or expires < self._next_expiry:
                 self._next_expiry = expires
+            self._timed += 1
 
     def in_order(self) -> Iterator[Pending]:
         """Every queued request, in service order (no copy)."""
