@@ -6,7 +6,14 @@ import argparse
 import logging
 import sys
 
-from conveyor.deploy.options import add_client_shm, add_common, add_network, add_repository, default_endpoints
+from conveyor.deploy.options import (
+    add_client_shm,
+    add_common,
+    add_network,
+    add_repository,
+    add_scheduling,
+    default_endpoints,
+)
 
 
 def _setup_logging(verbose: int, role: str) -> None:
@@ -24,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(serve)
     add_network(serve)
     add_repository(serve, required=False)
+    add_scheduling(serve)
     serve.add_argument("--workers", type=int, default=2, help="worker processes")
     serve.add_argument("--http-ingress", type=int, default=1, help="HTTP ingress processes")
     serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
@@ -32,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     router = sub.add_parser("router", help="run the router")
     add_common(router)
     add_repository(router, required=True)
+    add_scheduling(router)
     router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
     router.add_argument("--worker-endpoint", default="", help="ZeroMQ endpoint workers connect to")
     add_client_shm(router)
@@ -67,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(run_dir(args.group), exist_ok=True)
         sweep_orphans(args.group)
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
-               args.worker_endpoint or worker_ep, allow_client_shm=args.allow_client_shm).run(args.exit_timeout_secs)
+               args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
+               allow_client_shm=args.allow_client_shm).run(args.exit_timeout_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker

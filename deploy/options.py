@@ -6,6 +6,8 @@ import argparse
 import os
 import tempfile
 
+from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+
 
 def triton_bool(text: str) -> bool:
     """Triton's boolean flags take true/false (also 1/0, yes/no)."""
@@ -57,3 +59,10 @@ def add_client_shm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-client-shm", type=triton_bool, default=False, metavar="BOOL",
                    help="let clients register system/CUDA shared-memory regions (off by default, as in Triton: "
                         "a client may name any segment the server's user can open)")
+
+
+def add_scheduling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-queue-size", type=int, default=DEFAULT_QUEUE_CAP, metavar="N",
+                   help="requests one model version may hold queued before new ones are refused with "
+                        "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
+                        f"(default {DEFAULT_QUEUE_CAP})")

@@ -129,13 +129,11 @@ class DataPlane:
         except BaseException:
             self.arena.free(block)
             raise
+        # Only the client's own deadline (gRPC) is a hard one; the "timeout"
+        # parameter is the model's queue policy's business, in the router.
         deadline = 0
-        timeout_s = call.timeout_s
-        timeout_us = call.parameters.get("timeout")
-        if isinstance(timeout_us, int) and timeout_us > 0:
-            timeout_s = min(timeout_s or 1e18, timeout_us / 1e6)
-        if timeout_s:
-            deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+        if call.timeout_s:
+            deadline = time.monotonic_ns() + int(call.timeout_s * 1e9)
         request = m.InferRequest(
             id=self.link.next_id(),
             model=call.model,

@@ -13,6 +13,7 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "schedule_policy",
 ]
 
 # tritonclient and tooling check the name; Conveyor answers as Triton does.

@@ -1,115 +1,95 @@
-"""The dynamic batcher: one queue per model version, turned into batches when an
-instance is free.
+"""The dynamic batcher: turns one model version's queue into batches when an
+instance is free (Triton's ``dynamic_batching``).
 
-Policy (first cut of Triton's ``dynamic_batching``):
+Policy, as Triton's:
 
-* Requests are taken in arrival order; a batch holds consecutive requests whose
-  non-batch shapes match the head's, up to ``max_batch_size`` rows.
-* A batch leaves at once when it reaches the largest preferred size (or
-  ``max_batch_size``), when the next request can't join it, or when its oldest
-  request has waited ``max_queue_delay``; otherwise the batcher asks to be
-  woken at that deadline. With no delay configured, whatever is queued when an
-  instance frees up goes together — batches grow with load by themselves.
+* Requests are considered in service order (``PriorityQueues``: priority
+  level, then arrival); a batch holds consecutive requests whose non-batch
+  shapes match the first one's, up to ``max_batch_size`` rows.
+* If a preferred batch size (``preferred_batch_size``; default
+  ``max_batch_size``) can be formed, the largest such batch leaves at once.
+* Otherwise the batch leaves when it cannot grow (the next request does not
+  fit or match, or it reached the largest preferred size), or when its oldest
+  request has waited ``max_queue_delay_microseconds``; until then the batcher
+  asks to be woken at that time. With no delay configured, whatever is queued
+  when an instance frees up goes together — batches grow with load by
+  themselves.
 * Without dynamic batching every request is its own batch.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from conveyor.proto import messages as m
-
-
-@dataclass(slots=True)
-class Pending:
-    """A queued request and where its answer goes."""
-
-    ingress: bytes
-    request: m.InferRequest
-    arrival_ns: int
-    rows: int
-    shape_key: tuple[object, ...]
-
-
-def shape_key(request: m.InferRequest, batched: bool) -> tuple[object, ...]:
-    """Requests batch together only when every non-batch dimension matches."""
-    if not batched:
-        return ()
-    return tuple((t.name, t.datatype, *t.shape[1:]) for t in request.inputs)
+from conveyor.router.pending import Pending
+from conveyor.router.priority_queues import Expired, PriorityQueues
+from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 
 
 class DynamicBatcher:
     def __init__(
-        self, max_batch_size: int, preferred: list[int], max_delay_ns: int, enabled: bool
+        self,
+        max_batch_size: int,
+        preferred: list[int],
+        max_delay_ns: int,
+        enabled: bool,
+        policy: SchedulingPolicy | None = None,
+        queue_cap: int = DEFAULT_QUEUE_CAP,
     ) -> None:
         self.max_batch_size = max(max_batch_size, 1)
         self.enabled = enabled and max_batch_size > 0
-        sizes = [p for p in preferred if 0 < p <= self.max_batch_size]
-        self.target = max(sizes) if sizes else self.max_batch_size
+        sizes = {p for p in preferred if 0 < p <= self.max_batch_size} or {self.max_batch_size}
+        self.preferred = frozenset(sizes)
+        self.max_preferred = max(sizes)
         self.max_delay_ns = max_delay_ns
-        self.queue: deque[Pending] = deque()
-        self._with_deadline = 0  # queued requests that carry a deadline: 0 skips the scan
+        self.queues = queues = PriorityQueues(policy or SchedulingPolicy(), queue_cap)
+        # The queue's own methods, without a forwarding call on the router's hot path:
+        # push raises UNAVAILABLE ("Exceeds maximum queue size") when full; take_expired
+        # returns the requests that leave unexecuted, each with its answer.
+        self.push: Callable[[Pending], None] = queues.push
+        self.pop: Callable[[], Pending] = queues.pop
+        self.remove: Callable[[bytes, int], Pending | None] = queues.remove
+        self.take_expired: Callable[[int], Expired] = queues.take_expired
 
     def __len__(self) -> int:
-        return len(self.queue)
+        return len(self.queues)
 
-    def push(self, item: Pending) -> None:
-        self.queue.append(item)
-        if item.request.deadline_ns:
-            self._with_deadline += 1
-
-    def _left(self, item: Pending) -> None:
-        if item.request.deadline_ns:
-            self._with_deadline -= 1
-
-    def remove(self, ingress: bytes, request_id: int) -> Pending | None:
-        for item in self.queue:
-            if item.request.id == request_id and item.ingress == ingress:
-                self.queue.remove(item)
-                self._left(item)
-                return item
-        return None
-
-    def pop(self) -> Pending:
-        item = self.queue.popleft()
-        self._left(item)
-        return item
-
-    def take_expired(self, now_ns: int) -> list[Pending]:
-        """Requests whose deadline has passed while queued (never executed)."""
-        if not self._with_deadline:
-            return []
-        if not any(p.request.deadline_ns and p.request.deadline_ns <= now_ns for p in self.queue):
-            return []
-        keep: deque[Pending] = deque()
-        gone: list[Pending] = []
-        for p in self.queue:
-            (gone if p.request.deadline_ns and p.request.deadline_ns <= now_ns else keep).append(p)
-        self.queue = keep
-        self._with_deadline -= len(gone)
-        return gone
+    @property
+    def next_expiry_ns(self) -> int:
+        return self.queues.next_expiry_ns
 
     def next_batch(self, now_ns: int) -> list[Pending] | int | None:
         """A batch to run now, or the time (ns) to ask again, or None if empty."""
-        queue = self.queue
-        if not queue:
+        queues = self.queues
+        if not len(queues):
             return None
         if not self.enabled:
-            return [self.pop()]
-        head = queue[0]
-        rows = 0
-        count = 0
-        blocked = False
-        for item in queue:
-            if item.shape_key != head.shape_key or rows + item.rows > self.max_batch_size:
-                blocked = True
-                break
-            rows += item.rows
-            count += 1
-            if rows >= self.target:
-                break
-        due = head.arrival_ns + self.max_delay_ns
-        if rows < self.target and not blocked and now_ns < due:
-            return due
-        return [self.pop() for _ in range(count)]
+            return [queues.pop()]
+        items = queues.in_order()
+        head = next(items)
+        rows = head.rows
+        count = 1
+        best = count if rows in self.preferred else 0  # longest run whose rows are a preferred size
+        oldest = head.arrival_ns
+        blocked = rows >= self.max_batch_size
+        if not blocked:
+            for item in items:
+                if item.shape_key != head.shape_key or rows + item.rows > self.max_batch_size:
+                    blocked = True
+                    break
+                rows += item.rows
+                count += 1
+                if item.arrival_ns < oldest:
+                    oldest = item.arrival_ns
+                if rows in self.preferred:
+                    best = count
+                if rows >= self.max_batch_size:
+                    blocked = True
+                    break
+        delay = self.max_delay_ns
+        waited_enough = delay > 0 and now_ns - oldest >= delay
+        if best and not waited_enough:
+            return queues.take(best)
+        if blocked or rows >= self.max_preferred or not delay or waited_enough:
+            return queues.take(count)
+        return oldest + delay

@@ -12,6 +12,8 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import not_found, unavailable
 from conveyor.router.batcher import DynamicBatcher
+from conveyor.router.ordering import ResponseOrder
+from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
 from conveyor.router.stats import ModelStats
 
@@ -49,6 +51,7 @@ class VersionState:
     # No instance_group in the config: one CPU instance on every worker, added
     # and removed as workers come and go.
     per_worker: bool = False
+    order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
 
     @property
     def label(self) -> str:
@@ -89,29 +92,33 @@ class ModelEntry:
     versions: dict[int, VersionState] = field(default_factory=dict)
 
 
-def build_entry(spec: ModelSpec) -> ModelEntry:
+def build_entry(spec: ModelSpec, queue_cap: int = DEFAULT_QUEUE_CAP) -> ModelEntry:
     entry = ModelEntry(spec)
     config = spec.config
     for v, path in sorted(spec.versions.items()):
-        entry.versions[v] = _version_state(spec.name, v, path, config)
+        entry.versions[v] = _version_state(spec.name, v, path, config, queue_cap)
     for v, err in spec.version_errors.items():
-        state = _version_state(spec.name, v, "", config)
+        state = _version_state(spec.name, v, "", config, queue_cap)
         state.error = err
         entry.versions[v] = state
     return entry
 
 
-def _version_state(name: str, v: int, path: str, config: mc.ModelConfig) -> VersionState:
+def _version_state(name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int) -> VersionState:
     db = config.dynamic_batching
     batcher = DynamicBatcher(
         config.max_batch_size,
         list(db.preferred_batch_size),
         db.max_queue_delay_microseconds * 1000,
         enabled=config.HasField("dynamic_batching"),
+        policy=SchedulingPolicy.from_config(config),
+        queue_cap=queue_cap,
     )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
     state.instances = [Instance(state, i, dev) for i, dev in enumerate(instance_devices(config))]
     state.per_worker = not config.instance_group
+    if db.preserve_ordering:
+        state.order = ResponseOrder()
     return state
 
 
@@ -134,14 +141,15 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
 
 
 class ModelRegistry:
-    def __init__(self) -> None:
+    def __init__(self, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
         self.models: dict[str, ModelEntry] = {}
+        self.queue_cap = queue_cap  # per model version; 0 = none
         # Starts from the clock so a restarted router never repeats a generation
         # that ingress caches already hold.
         self.generation = time.time_ns() // 1_000_000 % (1 << 40)
 
     def replace(self, specs: dict[str, ModelSpec]) -> None:
-        self.models = {name: build_entry(spec) for name, spec in specs.items()}
+        self.models = {name: build_entry(spec, self.queue_cap) for name, spec in specs.items()}
         self.generation += 1
 
     def versions(self) -> list[VersionState]:

@@ -17,6 +17,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
 from conveyor.router.autocomplete import complete_onnx
 from conveyor.router.autocomplete_python import complete_python
+from conveyor.router.queue_policy import scheduling_problem
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def validate(config: mc.ModelConfig) -> str:
         return "dynamic batching needs max_batch_size > 0"
     if config.model_transaction_policy.decoupled:
         return "decoupled models (model_transaction_policy { decoupled: true }) are not supported by Conveyor yet"
-    return ""
+    return scheduling_problem(config)
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:

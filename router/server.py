@@ -19,10 +19,11 @@ import zmq
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.batcher import Pending, shape_key
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
+from conveyor.router.pending import Pending, shape_key
+from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.repository import scan
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
@@ -43,7 +44,8 @@ class Running:
 
 class Router:
     def __init__(
-        self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *, allow_client_shm: bool = False
+        self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
+        queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -53,7 +55,7 @@ class Router:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
             sock.bind(endpoint)
-        self.registry = ModelRegistry()
+        self.registry = ModelRegistry(queue_cap)
         self.pool = WorkerPool()
         self.control = ControlHandler(self.registry, self.pool)
         self.shm = ClientShmRegistry(allow_client_shm)
@@ -64,6 +66,7 @@ class Router:
         self._batch_ids = itertools.count(1)
         self._timers: list[tuple[int, int, VersionState]] = []
         self._timer_seq = itertools.count()
+        self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -163,7 +166,12 @@ class Router:
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
-        state.batcher.push(pending)
+        try:
+            state.batcher.push(pending)
+        except ConveyorError as exc:  # queue full
+            state.stats.fail.add(0)
+            self._reply_error(identity, req.id, state.model, state.label, exc)
+            return
         self.queued[(identity, req.id)] = state
         self._schedule(state)
 
@@ -190,14 +198,18 @@ class Router:
 
     def _schedule(self, state: VersionState) -> None:
         now = time.monotonic_ns()
-        for item in state.batcher.take_expired(now):
+        batcher = state.batcher
+        for item, exc in batcher.take_expired(now):
             self.queued.pop((item.ingress, item.request.id), None)
             state.stats.fail.add(now - item.arrival_ns)
-            self._reply_error(
-                item.ingress, item.request.id, state.model, state.label,
-                ConveyorError(Status.DEADLINE_EXCEEDED, "request timeout expired before the model ran it"),
-            )
-        while state.batcher.queue:
+            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+        self._run_batches(state, now)
+        expiry = batcher.next_expiry_ns
+        if expiry:
+            self._wake_at(state, expiry)  # answer timed-out requests even when nothing else happens
+
+    def _run_batches(self, state: VersionState, now: int) -> None:
+        while len(state.batcher):
             instance = next(
                 (i for i in state.instances if i.state is InstanceState.READY and not i.busy), None
             )
@@ -209,17 +221,27 @@ class Router:
             if batch is None:
                 return
             if isinstance(batch, int):
-                heapq.heappush(self._timers, (batch, next(self._timer_seq), state))
+                self._wake_at(state, batch)
                 return
             self._dispatch(state, instance, batch, now)
+
+    def _wake_at(self, state: VersionState, due_ns: int) -> None:
+        armed = self._armed.get(state)
+        if armed is not None and armed <= due_ns:
+            return  # that earlier wake-up looks again and re-arms
+        self._armed[state] = due_ns
+        heapq.heappush(self._timers, (due_ns, next(self._timer_seq), state))
 
     def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int) -> None:
         bid = next(self._batch_ids)
         items = []
         regions: list[m.ClientRegion] = []
+        order = state.order
         for p in batch:
             self.queued.pop((p.ingress, p.request.id), None)
             state.stats.queue.add(now - p.arrival_ns)
+            if order is not None:
+                p.ticket = order.ticket()
             r = p.request
             items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id))
             if r.regions:
@@ -232,7 +254,7 @@ class Router:
 
     def _fail_queue(self, state: VersionState, exc: ConveyorError) -> None:
         now = time.monotonic_ns()
-        while state.batcher.queue:
+        while len(state.batcher):
             item = state.batcher.pop()
             self.queued.pop((item.ingress, item.request.id), None)
             state.stats.fail.add(now - item.arrival_ns)
@@ -241,7 +263,9 @@ class Router:
     def _fire_timers(self) -> None:
         now = time.monotonic_ns()
         while self._timers and self._timers[0][0] <= now:
-            _, _, state = heapq.heappop(self._timers)
+            due, _, state = heapq.heappop(self._timers)
+            if self._armed.get(state) == due:
+                del self._armed[state]
             self._schedule(state)
 
     # --- worker side --------------------------------------------------------------------
@@ -317,6 +341,7 @@ class Router:
             rows = sum(p.rows for p in run.items)
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
         send = self.front.send_multipart
+        order = state.order
         for i, p in enumerate(run.items):
             item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
             error = item.error or result.error
@@ -327,7 +352,11 @@ class Router:
             resp = m.InferResponse(
                 p.request.id, state.model, state.label, item.outputs, error, item.release, generation=gen
             )
-            send([p.ingress, m.encode(resp)], copy=False)
+            if order is None:
+                send([p.ingress, m.encode(resp)], copy=False)
+            else:
+                for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
+                    send([identity, payload], copy=False)
         self._schedule(state)
 
     def _tick(self, now: float) -> None:
@@ -337,7 +366,7 @@ class Router:
         for identity in self.pool.workers:
             self.back.send_multipart([identity, beat])
         for state in self.registry.versions():
-            if state.batcher.queue:
+            if len(state.batcher):
                 self._schedule(state)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S

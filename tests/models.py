@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-from conveyor.deploy.example_repo import add_sub, identity
+import onnx
+from onnx import TensorProto, helper
+
+from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub, identity
 from tests import python_models
 
 LABELS = [f"label_{i}" for i in range(10)]
@@ -32,3 +35,67 @@ def build_test_repository(repo: str) -> None:
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
+    build_scheduling_models(repo)
+
+
+# Batches of these leave only at 4 rows (or after 30 s): the tests decide when.
+_GATED = "preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000"
+
+
+def build_scheduling_models(repo: str) -> None:
+    """Single-instance models whose queues the scheduling tests fill on purpose."""
+    position(repo, "sched_priority", f"{_GATED} priority_levels: 2 default_priority_level: 2")
+    position(repo, "sched_queue_full", f"""{_GATED} priority_levels: 2 default_priority_level: 2
+        priority_queue_policy {{ key: 2 value: {{ max_queue_size: 1 }} }}""")
+    position(repo, "sched_reject", f"""{_GATED} default_queue_policy {{
+        timeout_action: REJECT default_timeout_microseconds: 60000000 allow_timeout_override: true }}""")
+    position(repo, "sched_delay", f"""{_GATED} default_queue_policy {{
+        timeout_action: DELAY default_timeout_microseconds: 60000000 allow_timeout_override: true }}""")
+    squares(repo, "sched_ordered", f"{_GATED} preserve_ordering: true", instances=2)
+
+
+def _save(model: onnx.ModelProto, repo: str, name: str, config: str) -> None:
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
+    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(config)
+
+
+def _config(name: str, input_type: str, in_dims: str, out_dims: str, dynamic_batching: str, instances: int) -> str:
+    return f"""name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ {{ name: "INPUT0" data_type: {input_type} dims: [ {in_dims} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: {input_type} dims: [ {out_dims} ] }} ]
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+dynamic_batching {{ {dynamic_batching} }}
+"""
+
+
+def position(repo: str, name: str, dynamic_batching: str) -> None:
+    """OUTPUT0 = running sum of INPUT0 down the batch: send ones and each row
+    reads its 1-based place in the batch it ran in."""
+    vi = helper.make_tensor_value_info
+    axis = helper.make_tensor("axis", TensorProto.INT64, [], [0])
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["INPUT0", "axis"], ["OUTPUT0"])], name,
+        [vi("INPUT0", TensorProto.INT32, ["B", 1])], [vi("OUTPUT0", TensorProto.INT32, ["B", 1])], [axis],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    _save(model, repo, name, _config(name, "TYPE_INT32", "1", "1", dynamic_batching, 1))
+
+
+def squares(repo: str, name: str, dynamic_batching: str, instances: int) -> None:
+    """OUTPUT0 = sum of INPUT0 @ INPUT0 per request: an [n, n] input costs n^3,
+    so a big one keeps an instance busy while a small one finishes."""
+    vi = helper.make_tensor_value_info
+    axes = helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["INPUT0", "INPUT0"], ["square"]),
+         helper.make_node("ReduceSum", ["square", "axes"], ["OUTPUT0"], keepdims=1)], name,
+        [vi("INPUT0", TensorProto.FLOAT, ["B", "n", "n"])], [vi("OUTPUT0", TensorProto.FLOAT, ["B", 1, 1])], [axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    _save(model, repo, name, _config(name, "TYPE_FP32", "-1, -1", "1, 1", dynamic_batching, instances))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from conveyor.proto import messages as m
-from conveyor.router.batcher import DynamicBatcher, Pending, shape_key
+from conveyor.router.batcher import DynamicBatcher
+from conveyor.router.pending import Pending, shape_key
 
 
 def pending(rid: int, rows: int = 1, width: int = 16, at: int = 0, deadline: int = 0) -> Pending:
@@ -68,7 +69,7 @@ def test_expired_requests_leave_the_queue() -> None:
     b.push(pending(1, deadline=5))
     b.push(pending(2))
     gone = b.take_expired(10)
-    assert [p.request.id for p in gone] == [1] and len(b) == 1
+    assert [p.request.id for p, _ in gone] == [1] and len(b) == 1
 
 
 def test_cancel_removes_the_request() -> None:

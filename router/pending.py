@@ -1,0 +1,34 @@
+"""A request waiting in the router: the descriptor, where its answer goes, and
+what the scheduler decided about it on arrival."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.proto import messages as m
+
+
+@dataclass(slots=True)
+class Pending:
+    ingress: bytes
+    request: m.InferRequest
+    arrival_ns: int
+    rows: int
+    shape_key: tuple[object, ...]
+    level: int = 0  # priority level index, 0 = highest
+    timeout_ns: int = 0  # when its queue policy times it out (absolute, monotonic); 0 = never
+    ticket: int = 0  # its place in the response order (preserve_ordering)
+
+    def expires_ns(self) -> int:
+        """The earlier of the client's deadline and the queue timeout; 0 = never."""
+        deadline, timeout = self.request.deadline_ns, self.timeout_ns
+        if deadline and timeout:
+            return min(deadline, timeout)
+        return deadline or timeout
+
+
+def shape_key(request: m.InferRequest, batched: bool) -> tuple[object, ...]:
+    """Requests batch together only when every non-batch dimension matches."""
+    if not batched:
+        return ()
+    return tuple((t.name, t.datatype, *t.shape[1:]) for t in request.inputs)

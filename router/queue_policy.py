@@ -1,0 +1,100 @@
+"""Triton's queue policies and priority levels (``dynamic_batching`` in config.pbtxt),
+read once per model version, plus the checks Triton applies to them at load.
+
+* ``priority_levels`` N > 0 gives levels 1 (highest) .. N; a request's
+  ``priority`` parameter picks one. 0, or a value above N, means
+  ``default_priority_level`` (Triton does the same: no error).
+* Each level has a ``QueuePolicy``: ``priority_queue_policy[level]`` or else
+  ``default_queue_policy``.
+* A request's ``timeout`` parameter (microseconds) counts only when the policy
+  allows overrides, and only to shorten ``default_timeout_microseconds``: with
+  no default timeout it has no effect. That is Triton's rule too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.proto import model_config_pb2 as mc
+
+# Requests one model version may hold queued when its config sets no smaller
+# max_queue_size (router option --max-queue-size; 0 = no cap): overload then
+# answers "queue full" instead of growing the router without bound.
+DEFAULT_QUEUE_CAP = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """One priority level's ``ModelQueuePolicy``."""
+
+    delay_on_timeout: bool = False  # timeout_action DELAY; REJECT otherwise
+    default_timeout_ns: int = 0  # 0: requests never time out in the queue
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0  # 0: unbounded (but for the server-wide cap)
+
+    @classmethod
+    def from_config(cls, policy: mc.ModelQueuePolicy) -> QueuePolicy:
+        return cls(
+            delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
+            default_timeout_ns=policy.default_timeout_microseconds * 1000,
+            allow_timeout_override=policy.allow_timeout_override,
+            max_queue_size=policy.max_queue_size,
+        )
+
+    def timeout_ns(self, requested_us: object) -> int:
+        """How long (ns) a request may wait in the queue; 0 for ever."""
+        timeout = self.default_timeout_ns
+        if self.allow_timeout_override and type(requested_us) is int and 0 < requested_us * 1000 < timeout:
+            timeout = requested_us * 1000
+        return timeout
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingPolicy:
+    """The priority levels of one model version, index 0 being the highest."""
+
+    levels: tuple[QueuePolicy, ...] = (QueuePolicy(),)
+    default_index: int = 0
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig) -> SchedulingPolicy:
+        db = config.dynamic_batching
+        default = QueuePolicy.from_config(db.default_queue_policy)
+        if db.priority_levels == 0:
+            return cls((default,), 0)
+        levels = tuple(
+            QueuePolicy.from_config(db.priority_queue_policy[level]) if level in db.priority_queue_policy else default
+            for level in range(1, db.priority_levels + 1)
+        )
+        return cls(levels, db.default_priority_level - 1)
+
+    def level_index(self, priority: object) -> int:
+        """The queue a request with this ``priority`` parameter waits in."""
+        if type(priority) is int and 0 < priority <= len(self.levels):
+            return priority - 1
+        return self.default_index
+
+
+def scheduling_problem(config: mc.ModelConfig) -> str:
+    """The first ``dynamic_batching`` setting Triton would refuse to load, or ''."""
+    if not config.HasField("dynamic_batching"):
+        return ""
+    db = config.dynamic_batching
+    for size in db.preferred_batch_size:
+        if size <= 0:
+            return "dynamic batching preferred size must be positive"
+        if size > config.max_batch_size:
+            return "dynamic batching preferred size must be <= max batch size"
+    levels = db.priority_levels
+    if levels:
+        if not 1 <= db.default_priority_level <= levels:
+            return f"default priority level must be in range [1, {levels}]"
+        if any(not 1 <= level <= levels for level in db.priority_queue_policy):
+            return f"priority queue policy must have priority level in range [1, {levels}]"
+    if db.preserve_ordering:
+        if levels > 1:
+            return "Only one priority level is allowed when 'preserve_ordering' is true"
+        policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+        if any(p.default_timeout_microseconds and p.timeout_action == mc.ModelQueuePolicy.DELAY for p in policies):
+            return "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"
+    return ""
