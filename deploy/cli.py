@@ -9,6 +9,7 @@ import sys
 from conveyor.deploy.options import (
     add_client_shm,
     add_common,
+    add_model_control,
     add_network,
     add_repository,
     add_scheduling,
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-ingress", type=int, default=1, help="HTTP ingress processes")
     serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
     add_client_shm(serve)
+    add_model_control(serve)
 
     router = sub.add_parser("router", help="run the router")
     add_common(router)
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
     router.add_argument("--worker-endpoint", default="", help="ZeroMQ endpoint workers connect to")
     add_client_shm(router)
+    add_model_control(router)
 
     ingress = sub.add_parser("ingress", help="run one ingress process")
     add_common(ingress)
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         from conveyor.deploy.options import run_dir
+        from conveyor.router.lifecycle import ControlMode
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans
 
@@ -77,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         sweep_orphans(args.group)
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
-               allow_client_shm=args.allow_client_shm).run(args.exit_timeout_secs)
+               allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
+               load_models=args.load_model, strict_config=args.strict_model_config,
+               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker

@@ -66,3 +66,24 @@ def add_scheduling(p: argparse.ArgumentParser) -> None:
                    help="requests one model version may hold queued before new ones are refused with "
                         "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
                         f"(default {DEFAULT_QUEUE_CAP})")
+
+
+def add_model_control(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+                   help="none: load every model at start; poll: also follow repository changes; "
+                        "explicit: load what --load-model names and what the load API asks for")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0,
+                   help="how often poll mode rescans the repositories")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="explicit mode: load this model at start (repeatable; '*' for every model)")
+    p.add_argument("--strict-model-config", type=triton_bool, default=False, metavar="BOOL",
+                   help="never complete a config from the model file: config.pbtxt must declare inputs and outputs")
+
+
+def model_control_args(a: argparse.Namespace) -> list[str]:
+    """The model-control flags, as the supervisor passes them on to the router."""
+    out = ["--model-control-mode", a.model_control_mode, "--repository-poll-secs", str(a.repository_poll_secs),
+           "--strict-model-config", str(a.strict_model_config).lower()]
+    for name in a.load_model:
+        out += ["--load-model", name]
+    return out

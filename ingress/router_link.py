@@ -23,6 +23,8 @@ from conveyor.proto.errors import ConveyorError, Status, unavailable
 log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 30.0
+# A model load answers once the model is ready: big models take a while.
+LOAD_TIMEOUT_S = 600.0
 # While requests are in flight the link pings the router this often; a router
 # that does not answer within PING_TIMEOUT_S, or answers with another boot id
 # (it restarted), has lost those requests: they fail instead of hanging.
@@ -110,13 +112,13 @@ class RouterLink:
         if not fut.cancelled() and self.on_orphan is not None:
             self.on_orphan(fut.result())
 
-    async def control(self, op: str, **args: Any) -> Any:
+    async def control(self, op: str, *, timeout_s: float = CONTROL_TIMEOUT_S, **args: Any) -> Any:
         cid = self.next_id()
         fut: asyncio.Future[m.ControlReply] = asyncio.get_running_loop().create_future()
         self._control[cid] = fut
         await self._sock.send(m.encode(m.ControlRequest(cid, op, args)))
         try:
-            reply = await asyncio.wait_for(fut, CONTROL_TIMEOUT_S)
+            reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             raise unavailable("the router did not answer in time") from None
         finally:

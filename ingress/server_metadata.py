@@ -11,6 +11,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "model_repository",
     "system_shared_memory",
     "cuda_shared_memory",
     "schedule_policy",

@@ -4,7 +4,9 @@ and statistics. Names the version a request is served by."""
 from __future__ import annotations
 
 import enum
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,19 +94,26 @@ class ModelEntry:
     versions: dict[int, VersionState] = field(default_factory=dict)
 
 
-def build_entry(spec: ModelSpec, queue_cap: int = DEFAULT_QUEUE_CAP) -> ModelEntry:
+def build_entry(
+    spec: ModelSpec, queue_cap: int = DEFAULT_QUEUE_CAP, next_index: Callable[[], int] | None = None
+) -> ModelEntry:
+    """``next_index`` numbers instances: unique per router, so a reloaded model's new
+    instances never collide with the old ones still finishing on the same worker."""
     entry = ModelEntry(spec)
     config = spec.config
+    number = next_index or itertools.count().__next__
     for v, path in sorted(spec.versions.items()):
-        entry.versions[v] = _version_state(spec.name, v, path, config, queue_cap)
+        entry.versions[v] = _version_state(spec.name, v, path, config, queue_cap, number)
     for v, err in spec.version_errors.items():
-        state = _version_state(spec.name, v, "", config, queue_cap)
+        state = _version_state(spec.name, v, "", config, queue_cap, number)
         state.error = err
         entry.versions[v] = state
     return entry
 
 
-def _version_state(name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int) -> VersionState:
+def _version_state(
+    name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int, next_index: Callable[[], int]
+) -> VersionState:
     db = config.dynamic_batching
     batcher = DynamicBatcher(
         config.max_batch_size,
@@ -115,7 +124,7 @@ def _version_state(name: str, v: int, path: str, config: mc.ModelConfig, queue_c
         queue_cap=queue_cap,
     )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
-    state.instances = [Instance(state, i, dev) for i, dev in enumerate(instance_devices(config))]
+    state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:
         state.order = ResponseOrder()
@@ -141,19 +150,48 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
 
 
 class ModelRegistry:
+    """Models by name. ``models`` serve requests; ``staging`` holds a reload whose
+    instances are still loading (the old entry keeps serving until it is ready);
+    ``retiring`` holds replaced or unloaded entries finishing their queued and
+    running requests before their instances are unloaded."""
+
     def __init__(self, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
         self.models: dict[str, ModelEntry] = {}
+        self.staging: dict[str, ModelEntry] = {}
+        self.retiring: list[ModelEntry] = []
+        self.unloaded: dict[str, str] = {}  # name -> why, for the repository index
         self.queue_cap = queue_cap  # per model version; 0 = none
+        self.next_index = itertools.count().__next__
         # Starts from the clock so a restarted router never repeats a generation
         # that ingress caches already hold.
         self.generation = time.time_ns() // 1_000_000 % (1 << 40)
 
+    def build(self, spec: ModelSpec) -> ModelEntry:
+        return build_entry(spec, self.queue_cap, self.next_index)
+
     def replace(self, specs: dict[str, ModelSpec]) -> None:
-        self.models = {name: build_entry(spec, self.queue_cap) for name, spec in specs.items()}
+        self.models = {name: self.build(spec) for name, spec in specs.items()}
         self.generation += 1
 
     def versions(self) -> list[VersionState]:
+        """The versions that serve requests."""
         return [v for e in self.models.values() for v in e.versions.values()]
+
+    def live_versions(self) -> list[VersionState]:
+        """Serving and staged versions: those that get instances placed."""
+        return self.versions() + [v for e in self.staging.values() for v in e.versions.values()]
+
+    def every_version(self) -> list[VersionState]:
+        """Everything with instances on workers, retiring entries included."""
+        return self.live_versions() + [v for e in self.retiring for v in e.versions.values()]
+
+    def find_instance(self, model: str, version: str, index: int) -> Instance | None:
+        for state in self.every_version():
+            if state.model == model and state.label == version:
+                for inst in state.instances:
+                    if inst.index == index:
+                        return inst
+        return None
 
     def entry(self, model: str) -> ModelEntry:
         entry = self.models.get(model)

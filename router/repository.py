@@ -43,7 +43,7 @@ class ModelSpec:
     error: str = ""
 
 
-def scan(repositories: list[str]) -> dict[str, ModelSpec]:
+def scan(repositories: list[str], autocomplete: bool = True) -> dict[str, ModelSpec]:
     """Every model in every repository; a name found twice is an error for that name."""
     found: dict[str, ModelSpec] = {}
     for repo in repositories:
@@ -59,23 +59,32 @@ def scan(repositories: list[str]) -> dict[str, ModelSpec]:
             if entry in found:
                 found[entry].error = f"model '{entry}' appears in more than one model repository"
                 continue
-            found[entry] = load_spec(entry, path)
+            found[entry] = load_spec(entry, path, autocomplete=autocomplete)
     return found
 
 
-def load_spec(name: str, path: str) -> ModelSpec:
+def load_spec(
+    name: str, path: str, *, override: mc.ModelConfig | None = None, autocomplete: bool = True
+) -> ModelSpec:
+    """The model in directory ``path``; ``override`` replaces its config.pbtxt (a load
+    request's ``config`` parameter); without ``autocomplete`` (Triton's
+    --strict-model-config) the config must declare its inputs and outputs."""
     spec = ModelSpec(name=name, path=path)
     config_path = os.path.join(path, "config.pbtxt")
     text = ""
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            text = f.read()
-        spec.config = parse_text(text)
-    except FileNotFoundError:
-        pass  # completed from the model file below, as Triton does
-    except (text_format.ParseError, UnicodeDecodeError) as exc:
-        spec.error = f"failed to parse {config_path}: {exc}"
-        return spec
+    if override is not None:
+        spec.config.CopyFrom(override)
+        text = str(override)
+    else:
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                text = f.read()
+            spec.config = parse_text(text)
+        except FileNotFoundError:
+            pass  # completed from the model file below, as Triton does
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            spec.error = f"failed to parse {config_path}: {exc}"
+            return spec
     config = spec.config
     if not config.name:
         config.name = name
@@ -98,7 +107,7 @@ def load_spec(name: str, path: str) -> ModelSpec:
     if not config.backend:
         config.backend = spec.backend
     # Python models complete their own config whenever they define the hook, as in Triton.
-    if spec.backend == "python" or not config.input or not config.output:
+    if autocomplete and (spec.backend == "python" or not config.input or not config.output):
         _fill_defaults(config)
         _find_versions(spec)
         if spec.versions:

@@ -21,10 +21,10 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
+from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
-from conveyor.router.repository import scan
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class Router:
     def __init__(
         self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
+        control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
+        strict_config: bool = False, poll_secs: float = 15.0,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -58,6 +60,10 @@ class Router:
         self.registry = ModelRegistry(queue_cap)
         self.pool = WorkerPool()
         self.control = ControlHandler(self.registry, self.pool)
+        self.lifecycle = ModelLifecycle(self.registry, repositories, control_mode, load_models, strict_config)
+        self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
+        self._poll_secs = poll_secs
+        self._next_poll = time.monotonic() + poll_secs
         self.shm = ClientShmRegistry(allow_client_shm)
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
@@ -72,13 +78,7 @@ class Router:
     # --- lifecycle ---------------------------------------------------------------------
 
     def load_repository(self) -> None:
-        specs = scan(self.repositories)
-        self.registry.replace(specs)
-        for name, spec in specs.items():
-            if spec.error:
-                log.error("model '%s' is not available: %s", name, spec.error)
-            else:
-                log.info("model '%s' versions %s", name, sorted(spec.versions))
+        self.lifecycle.startup()
 
     def stop(self, *_: Any) -> None:
         self._stopping = True
@@ -140,6 +140,8 @@ class Router:
             return
         if isinstance(msg, m.InferRequest):
             self._on_infer(identity, msg)
+        elif isinstance(msg, m.ControlRequest) and msg.op in ("repository_load", "repository_unload"):
+            self._on_model_control(identity, msg)
         elif isinstance(msg, m.ControlRequest):
             try:
                 reply = m.ControlReply(msg.id, result=self.control.handle(msg.op, msg.args))
@@ -174,6 +176,52 @@ class Router:
             return
         self.queued[(identity, req.id)] = state
         self._schedule(state)
+
+    def _on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
+        """Load answers once the model settled (``_settle``); unload at once."""
+        try:
+            name = str(msg.args.get("model", ""))
+            if msg.op == "repository_load":
+                self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
+                                    msg.args.get("files") or None)
+            else:
+                self.lifecycle.unload(name)
+                self.front.send_multipart([identity, m.encode(m.ControlReply(msg.id))])
+        except ConveyorError as exc:
+            reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
+            self.front.send_multipart([identity, m.encode(reply)])
+            return
+        self._place()
+        self._settle()
+
+    def _place(self) -> None:
+        """Give per-worker models (no instance_group) one instance per worker, then
+        send every unplaced instance to a worker."""
+        workers = len(self.pool.workers)
+        for state in self.registry.live_versions():
+            if state.per_worker and not state.error:
+                for _ in range(workers - len(state.instances)):
+                    state.instances.append(Instance(state, self.registry.next_index(), "cpu"))
+        self._place_instances()
+
+    def _settle(self) -> None:
+        """Let the lifecycle swap, fail or retire entries; answer load calls; unload
+        retired instances that have nothing left to do."""
+        if not self.lifecycle.busy:
+            return
+        running = {id(run.instance) for run in self.running.values()}
+        out = self.lifecycle.settle(running)
+        for (identity, cid), error in out.answers:
+            err = None if error is None else m.ErrorInfo(int(error.status), error.message)
+            self.front.send_multipart([identity, m.encode(m.ControlReply(cid, error=err))])
+        for inst in out.unload:
+            worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
+            if worker is not None:
+                if inst in worker.instances:
+                    worker.instances.remove(inst)
+                st = inst.version
+                self.back.send_multipart([worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index))])
+            inst.worker = None
 
     def _on_cancel(self, identity: bytes, request_id: int) -> None:
         state = self.queued.pop((identity, request_id), None)
@@ -299,14 +347,10 @@ class Router:
         self.pool.join(worker)
         self._update_cuda_devices()
         log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
-        for state in self.registry.versions():
-            if state.per_worker and not state.error:
-                index = max((i.index for i in state.instances), default=-1) + 1
-                state.instances.append(Instance(state, index, "cpu"))
         self._place()
 
-    def _place(self) -> None:
-        pending = [i for s in self.registry.versions() if not s.error for i in s.instances]
+    def _place_instances(self) -> None:
+        pending = [i for s in self.registry.live_versions() if not s.error for i in s.instances]
         for inst in self.pool.place(pending):
             st = inst.version
             assert inst.worker is not None
@@ -314,11 +358,10 @@ class Router:
             self.back.send_multipart([inst.worker, m.encode(load)])
 
     def _on_loaded(self, worker: WorkerInfo, msg: m.ModelLoaded) -> None:
-        entry = self.registry.models.get(msg.model)
-        state = entry.versions.get(int(msg.version)) if entry else None
-        inst = next((i for i in state.instances if i.index == msg.instance), None) if state else None
-        if state is None or inst is None or inst.worker != worker.identity:
+        inst = self.registry.find_instance(msg.model, msg.version, msg.instance)
+        if inst is None or inst.worker != worker.identity:
             return
+        state = inst.version
         if msg.error:
             inst.state, inst.error = InstanceState.FAILED, msg.error
             log.error("model '%s' version %s failed to load: %s", msg.model, msg.version, msg.error)
@@ -326,6 +369,7 @@ class Router:
             inst.state = InstanceState.READY
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
         self._schedule(state)
+        self._settle()
 
     def _on_result(self, result: m.BatchResult) -> None:
         run = self.running.pop(result.batch, None)
@@ -358,6 +402,7 @@ class Router:
                 for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
                     send([identity, payload], copy=False)
         self._schedule(state)
+        self._settle()
 
     def _tick(self, now: float) -> None:
         for worker in self.pool.silent(now):
@@ -365,9 +410,14 @@ class Router:
         beat = m.encode(m.Heartbeat())
         for identity in self.pool.workers:
             self.back.send_multipart([identity, beat])
-        for state in self.registry.versions():
+        for state in self.registry.every_version():
             if len(state.batcher):
                 self._schedule(state)
+        if self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll:
+            self._next_poll = now + self._poll_secs
+            self.lifecycle.poll()
+            self._place()
+        self._settle()
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
             self._forget_regions(self.shm.sweep())
@@ -403,6 +453,7 @@ class Router:
                 inst.state, inst.worker, inst.busy = InstanceState.UNPLACED, None, False
             touched.add(id(state))
         self._place()
-        for state in self.registry.versions():
+        for state in self.registry.every_version():
             if id(state) in touched:
                 self._schedule(state)
+        self._settle()

@@ -273,7 +273,7 @@ async def test_sync_client_infer_and_stream(served: SimpleNamespace) -> None:
 async def test_unimplemented_rpcs(served: SimpleNamespace) -> None:
     # Shared memory is answered by the real router: see test_client_shm.py.
     c = served.client
-    for call in (c.get_model_repository_index(), c.load_model("m"), c.get_trace_settings(), c.get_log_settings()):
+    for call in (c.get_trace_settings(), c.get_log_settings()):
         assert (await status_of(call))[0] == "StatusCode.UNIMPLEMENTED"
 
 

@@ -22,11 +22,11 @@ from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.grpc import codec, wire
 from conveyor.ingress.grpc.health import server_ready
 from conveyor.ingress.grpc.stream import ordered_replies
-from conveyor.ingress.router_link import RouterLink
+from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
-from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, unsupported
+from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, invalid_arg, unsupported
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +188,34 @@ class InferenceServicer:
         await self._link.control("shm_unregister", kind="cuda", name=request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # --- not available over gRPC yet ---------------------------------------------------
-
     @_unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        raise unsupported("RepositoryIndex is not supported by this server's gRPC endpoint yet")
+        rows = await self._link.control("repository_index", ready=request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**r) for r in rows])
 
     @_unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        raise unsupported("RepositoryModelLoad is not supported by this server's gRPC endpoint yet")
+        config, files = "", {}
+        for key, param in request.parameters.items():
+            kind = param.WhichOneof("parameter_choice")
+            if key == "config" and kind == "string_param":
+                config = param.string_param
+            elif key.startswith("file:") and kind == "bytes_param":
+                files[key[5:]] = param.bytes_param
+            else:
+                raise invalid_arg(f"unexpected parameter '{key}' in the load request")
+        await self._link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=request.model_name,
+                                 config=config, files=files)
+        return pb.RepositoryModelLoadResponse()
 
     @_unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        raise unsupported("RepositoryModelUnload is not supported by this server's gRPC endpoint yet")
+        param = request.parameters.get("unload_dependents")
+        dependents = bool(param.bool_param) if param is not None else False
+        await self._link.control("repository_unload", model=request.model_name, unload_dependents=dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # --- not available yet ---------------------------------------------------------------
 
     @_unary
     async def TraceSetting(self, request: Any, context: Any) -> Any:

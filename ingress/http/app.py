@@ -27,6 +27,7 @@ from conveyor.ingress.http.codec import (
 from conveyor.ingress.http.compression import compress, response_coding
 from conveyor.ingress.http.errors import render_error
 from conveyor.ingress.http.raw_body import raw_infer_request
+from conveyor.ingress.http.repository import add_repository_routes
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
@@ -150,4 +151,5 @@ def build_app(ctx: IngressContext, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYT
         app.add_route("/v2/models/{model}" + suffix, resource)
         app.add_route("/v2/models/{model}/versions/{version}" + suffix, resource)
     add_shared_memory_routes(app, link)
+    add_repository_routes(app, link)
     return app

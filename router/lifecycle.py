@@ -1,0 +1,298 @@
+"""Model lifecycle: Triton's model control modes, load / unload / reload, and
+repository polling.
+
+Reload without loss: a model that is already serving is reloaded into
+``registry.staging``; its old entry keeps serving until every new version is
+READY, then the two swap and the old entry retires (it finishes its queued and
+running requests, then its instances are unloaded). A reload that fails leaves
+the old model serving, as Triton documents. A model that was not serving loads
+in place. ``settle`` is called after every event that can change an instance's
+state and returns what the router must do: answer waiting load calls, unload
+instances.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+from conveyor.router.models import Instance, ModelEntry, ModelRegistry
+from conveyor.router.repository import ModelSpec, load_spec, scan
+
+log = logging.getLogger(__name__)
+
+
+class ControlMode(enum.Enum):
+    NONE = "none"
+    POLL = "poll"
+    EXPLICIT = "explicit"
+
+
+@dataclass(slots=True)
+class LoadWaiter:
+    """A load call to answer once its model has settled (an opaque handle of the router's)."""
+
+    name: str
+    reply_to: Any
+
+
+@dataclass
+class Settled:
+    answers: list[tuple[Any, ConveyorError | None]] = field(default_factory=list)
+    unload: list[Instance] = field(default_factory=list)
+
+
+def fingerprint(path: str) -> str:
+    """Changes when any file under a model directory is added, removed or modified."""
+    h = hashlib.sha1()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for f in sorted(files):
+            full = os.path.join(root, f)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(full, path)}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+    return h.hexdigest()
+
+
+class ModelLifecycle:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        repositories: list[str],
+        mode: ControlMode = ControlMode.NONE,
+        load_at_start: list[str] | None = None,
+        strict_config: bool = False,
+    ) -> None:
+        self.registry = registry
+        self.repositories = repositories
+        self.mode = mode
+        self.load_at_start = load_at_start or []
+        self.strict_config = strict_config
+        self._waiters: list[LoadWaiter] = []
+        self._prints: dict[str, str] = {}  # model -> fingerprint of what is loaded
+
+    # --- start-up and polling ---------------------------------------------------------
+
+    def startup(self) -> None:
+        if self.mode is ControlMode.EXPLICIT and "*" not in self.load_at_start:
+            names = self._on_disk()
+            specs: dict[str, ModelSpec] = {}
+            for name in self.load_at_start:
+                path = names.get(name)
+                if path is None:
+                    log.error("--load-model %s: no such model in the repositories", name)
+                    continue
+                specs[name] = self._spec(name, path)
+        else:
+            specs = scan(self.repositories, autocomplete=not self.strict_config)
+        for name, spec in specs.items():
+            self._prints[name] = fingerprint(spec.path)
+        self.registry.replace(specs)
+        for name, spec in specs.items():
+            if spec.error:
+                log.error("model '%s' is not available: %s", name, spec.error)
+            else:
+                log.info("model '%s' versions %s", name, sorted(spec.versions))
+
+    def poll(self) -> None:
+        """POLL mode: load new and changed models, unload removed ones."""
+        names = self._on_disk()
+        for name, path in sorted(names.items()):
+            if self._prints.get(name) != fingerprint(path) and name not in self.registry.staging:
+                log.info("model '%s' changed on disk: reloading", name)
+                self._load(name, path, None)
+        for name in list(self.registry.models):
+            if name not in names:
+                log.info("model '%s' left the repository: unloading", name)
+                self._unload(name)
+
+    # --- the model repository extension ----------------------------------------------
+
+    def check_control_allowed(self) -> None:
+        if self.mode is not ControlMode.EXPLICIT:
+            raise ConveyorError(
+                Status.UNAVAILABLE,
+                f"explicit model load / unload is not allowed if the model control mode is "
+                f"{self.mode.value.upper()}: start the server with --model-control-mode=explicit",
+            )
+
+    def load(self, name: str, reply_to: Any, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
+        """Start loading ``name``; its waiter is answered from ``settle``."""
+        self.check_control_allowed()
+        if files:
+            raise ConveyorError(
+                Status.UNSUPPORTED, "loading a model from file overrides ('file:' parameters) is not supported yet"
+            )
+        override = None
+        if config_json:
+            override = mc.ModelConfig()
+            try:
+                json_format.Parse(config_json, override)
+            except json_format.ParseError as exc:
+                raise invalid_arg(f"failed to parse the 'config' parameter of the load request: {exc}") from None
+        path = self._on_disk().get(name)
+        if path is None:
+            raise not_found(f"failed to load '{name}', failed to poll from model repository")
+        self._load(name, path, override)
+        self._waiters.append(LoadWaiter(name, reply_to))
+
+    def unload(self, name: str) -> None:
+        self.check_control_allowed()
+        if name not in self.registry.models and name not in self.registry.staging:
+            return  # as Triton: unloading what is not loaded succeeds
+        self._unload(name)
+
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        names = set(self._on_disk()) | set(self.registry.models) | set(self.registry.unloaded)
+        for name in sorted(names):
+            entry = self.registry.models.get(name)
+            if entry is None:
+                if not ready_only:
+                    reason = self.registry.unloaded.get(name, "")
+                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE" if reason else "",
+                                 "reason": reason})
+                continue
+            if entry.spec.error:
+                if not ready_only:
+                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": entry.spec.error})
+                continue
+            for v, state in sorted(entry.versions.items()):
+                if ready_only and not state.ready:
+                    continue
+                rows.append({"name": name, "version": str(v), "state": state.state, "reason": state.reason})
+        return rows
+
+    # --- settling -----------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """Anything for ``settle`` to do (checked on the router's hot path)."""
+        return bool(self._waiters or self.registry.staging or self.registry.retiring)
+
+    def settle(self, running_instances: set[int]) -> Settled:
+        """Swap staged entries that are ready, drop those that failed, answer the
+        load calls whose model settled, and pick retired instances that are idle.
+        ``running_instances`` holds ``id()`` of instances with a batch in flight."""
+        out = Settled()
+        registry = self.registry
+        for name, entry in list(registry.staging.items()):
+            if _loading(entry):
+                continue
+            del registry.staging[name]
+            problem = _problem(entry)
+            if problem:
+                log.error("reloading model '%s' failed, the loaded one keeps serving: %s", name, problem)
+                registry.retiring.append(entry)
+                self._answer(out, name, ConveyorError(Status.INVALID_ARG, f"failed to load '{name}': {problem}"))
+                continue
+            old = registry.models.get(name)
+            registry.models[name] = entry
+            registry.generation += 1
+            if old is not None:
+                registry.retiring.append(old)
+            log.info("model '%s' reloaded: the new versions serve", name)
+            self._answer(out, name, None)
+        for waiter in list(self._waiters):
+            current = registry.models.get(waiter.name)
+            if waiter.name in registry.staging or current is None or _loading(current):
+                continue
+            problem = _problem(current)
+            self._answer(out, waiter.name,
+                         ConveyorError(Status.INVALID_ARG, f"failed to load '{waiter.name}': {problem}")
+                         if problem else None)
+        keep: list[ModelEntry] = []
+        for entry in registry.retiring:
+            states = list(entry.versions.values())
+            if any(len(s.batcher) for s in states) or any(
+                id(i) in running_instances for s in states for i in s.instances
+            ):
+                keep.append(entry)
+                continue
+            out.unload += [i for s in states for i in s.instances if i.worker is not None]
+        registry.retiring = keep
+        return out
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _answer(self, out: Settled, name: str, error: ConveyorError | None) -> None:
+        for waiter in [w for w in self._waiters if w.name == name]:
+            self._waiters.remove(waiter)
+            out.answers.append((waiter.reply_to, error))
+
+    def _load(self, name: str, path: str, override: mc.ModelConfig | None) -> None:
+        registry = self.registry
+        spec = self._spec(name, path, override)
+        self._prints[name] = fingerprint(path)
+        entry = registry.build(spec)
+        registry.unloaded.pop(name, None)
+        previous = registry.staging.pop(name, None)
+        if previous is not None:
+            registry.retiring.append(previous)  # a newer load supersedes a reload still loading
+        if name in registry.models and not registry.models[name].spec.error and _serving(registry.models[name]):
+            registry.staging[name] = entry
+        else:
+            old = registry.models.get(name)
+            if old is not None:
+                registry.retiring.append(old)
+            registry.models[name] = entry
+            registry.generation += 1
+        if spec.error:
+            log.error("model '%s' is not available: %s", name, spec.error)
+
+    def _unload(self, name: str) -> None:
+        registry = self.registry
+        for source in (registry.staging, registry.models):
+            entry = source.pop(name, None)
+            if entry is not None:
+                registry.retiring.append(entry)
+        registry.unloaded[name] = "unloaded"
+        self._prints.pop(name, None)
+        registry.generation += 1
+
+    def _spec(self, name: str, path: str, override: mc.ModelConfig | None = None) -> ModelSpec:
+        return load_spec(name, path, override=override, autocomplete=not self.strict_config)
+
+    def _on_disk(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for repo in self.repositories:
+            try:
+                entries = sorted(os.listdir(repo))
+            except OSError:
+                continue
+            for entry in entries:
+                path = os.path.join(repo, entry)
+                if not entry.startswith(".") and os.path.isdir(path):
+                    found.setdefault(entry, path)
+        return found
+
+
+def _loading(entry: ModelEntry) -> bool:
+    return not entry.spec.error and any(s.state == "LOADING" for s in entry.versions.values())
+
+
+def _serving(entry: ModelEntry) -> bool:
+    return any(s.ready for s in entry.versions.values())
+
+
+def _problem(entry: ModelEntry) -> str:
+    """Why a settled entry is not fully ready ('' if every version is)."""
+    if entry.spec.error:
+        return entry.spec.error
+    if not entry.versions:
+        return f"model '{entry.spec.name}' has no versions to load"
+    for state in entry.versions.values():
+        if not state.ready:
+            return f"version {state.label}: {state.reason}"
+    return ""
