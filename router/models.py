@@ -51,6 +51,10 @@ class VersionState:
     per_worker: bool = False
 
     @property
+    def decoupled(self) -> bool:
+        return self.config.model_transaction_policy.decoupled
+
+    @property
     def label(self) -> str:
         return str(self.version)
 
@@ -200,6 +204,7 @@ def signature(state: VersionState) -> dict[str, Any]:
         "max_batch_size": config.max_batch_size,
         "inputs": tensors(config.input),
         "outputs": tensors(config.output),
+        "decoupled": config.model_transaction_policy.decoupled,
     }
 
 
@@ -227,4 +232,5 @@ def metadata(entry: ModelEntry, state: VersionState | None) -> dict[str, Any]:
         "platform": config.platform or config.backend,
         "inputs": tensors(config.input),
         "outputs": tensors(config.output),
+        "decoupled": config.model_transaction_policy.decoupled,
     }

@@ -237,6 +237,109 @@ class TritonPythonModel:
 '''
 
 
+# Decoupled, in the style of Triton's repeat example: one response per element
+# of IN (OUT = the value, IDX = its index), the first sent from execute and the
+# rest from a thread after execute returned, then the bare final flag.
+# 0 sends nothing, -1 an error response (the stream goes on), -2 ends the
+# request with an error.
+REPEAT_MODEL = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        assert pb_utils.using_decoupled_model_transaction_policy(__import__("json").loads(args["model_config"]))
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist()
+            sender = request.get_response_sender()
+            if self._respond(sender, values[:1], 0):
+                threading.Thread(target=self._rest, args=(sender, values)).start()
+        return None
+
+    def _rest(self, sender, values):
+        if self._respond(sender, values[1:], 1):
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    @staticmethod
+    def _respond(sender, values, start):
+        for i, v in enumerate(values, start):
+            if v == -1:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"value -1 at {i} is not allowed")))
+            elif v == -2:
+                error = pb_utils.TritonError("told to stop", pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return False
+            elif v != 0:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([v], dtype=np.int32)),
+                                                        pb_utils.Tensor("IDX", np.array([i], dtype=np.int32))]))
+        return True
+'''
+
+REPEAT_CONFIG = '''
+name: "py_repeat"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "IDX" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+'''
+
+# Decoupled and never done on its own: IN = [1] sends one response, then waits
+# until the client goes away (request.is_cancelled()) and counts it; IN = [0]
+# answers with that count. One instance, so both kinds of request meet there.
+UNTIL_CANCELLED_MODEL = '''
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.cancelled = 0
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            if pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0] == 0:
+                sender.send(pb_utils.InferenceResponse([self._out(self.cancelled)]), flags=FINAL)
+                continue
+            sender.send(pb_utils.InferenceResponse([self._out(-1)]))
+            threading.Thread(target=self._wait, args=(request, sender)).start()
+
+    def _wait(self, request, sender):
+        deadline = time.monotonic() + 60
+        while not request.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.cancelled += sender.is_cancelled()
+        sender.send(flags=FINAL)
+
+    @staticmethod
+    def _out(value):
+        return pb_utils.Tensor("OUT", np.array([value], dtype=np.int32))
+'''
+
+UNTIL_CANCELLED_CONFIG = '''
+name: "py_until_cancelled"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [{ count: 1, kind: KIND_CPU }]
+'''
+
+
 def _simple_config(name: str) -> str:
     return f'''
 name: "{name}"
@@ -262,5 +365,5 @@ def build(repo: str) -> None:
     write_model(repo, "py_autocomplete", AUTOCOMPLETE_MODEL, 'name: "py_autocomplete"\nbackend: "python"\n')
     write_model(repo, "py_import_fails", IMPORT_FAILS_MODEL, _simple_config("py_import_fails"))
     write_model(repo, "py_init_fails", INIT_FAILS_MODEL, _simple_config("py_init_fails"))
-    write_model(repo, "py_decoupled", INIT_FAILS_MODEL,
-                _simple_config("py_decoupled") + "model_transaction_policy { decoupled: true }\n")
+    write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
+    write_model(repo, "py_until_cancelled", UNTIL_CANCELLED_MODEL, UNTIL_CANCELLED_CONFIG)

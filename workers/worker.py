@@ -42,6 +42,7 @@ from conveyor.workers.batch_io import (
 )
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
+from conveyor.workers.item_stream import ItemStream
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class LoadedInstance:
     labels: dict[str, list[str]]
     # Decided once at load: a runtime Protocol check costs tens of microseconds per batch.
     per_request: bool = False
+    decoupled: bool = False
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
 
 
@@ -88,6 +90,9 @@ class Worker:
         self.views = TensorViews(self.regions, self.client_regions)
         self.writer = OutputWriter(self.arena, self.views)
         self.instances: dict[tuple[str, str, int], LoadedInstance] = {}
+        # (batch, index) -> the stream of each request a request backend is running
+        # or, decoupled, has not ended yet. Instance threads remove their own entries.
+        self.streams: dict[tuple[int, int], tuple[tuple[str, str, int], ItemStream]] = {}
         self._stopping = False
         self._last_heard = time.monotonic()
 
@@ -149,6 +154,10 @@ class Worker:
                 self._exec(msg)
             elif isinstance(msg, m.LoadModel):
                 self._load(msg)
+            elif isinstance(msg, m.CancelItem):
+                entry = self.streams.get((msg.batch, msg.index))
+                if entry is not None:
+                    entry[1].cancelled = True
             elif isinstance(msg, m.ForgetRegions):
                 self.client_regions.forget(msg.ids)
             elif isinstance(msg, m.UnloadModel):
@@ -158,6 +167,9 @@ class Worker:
                 self._reset()
 
     def _reset(self) -> None:
+        # The router that knew these requests is gone: end them without a word.
+        for _, stream in list(self.streams.values()):
+            stream.close()
         for key in list(self.instances):
             self._unload(key)
         self.client_regions.clear()
@@ -187,6 +199,7 @@ class Worker:
                 inst.labels = load_labels(os.path.dirname(os.path.dirname(msg.path)), config)
                 backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
+                inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
                 inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
@@ -201,6 +214,10 @@ class Worker:
         inst = self.instances.pop(key, None)
         if inst is None:
             return
+        gone = ConveyorError(Status.UNAVAILABLE, f"model instance '{key[0]}' version {key[1]} was unloaded")
+        for owner, stream in list(self.streams.values()):
+            if owner == key:
+                stream.fail(gone)
 
         def close() -> None:
             if inst.backend is not None:
@@ -217,9 +234,19 @@ class Worker:
             return
         if msg.regions:
             self.client_regions.announce(msg.regions)
-        inst.executor.submit(self._run_batch, inst, msg)
+        streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
+        inst.executor.submit(self._run_batch, inst, msg, streams)
 
-    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch) -> None:
+    def _stream(self, inst: LoadedInstance, msg: m.ExecBatch, index: int) -> ItemStream:
+        stream = ItemStream(msg.batch, index, msg.items[index], inst.config, inst.labels, self.writer, self._post,
+                            self._forget_stream)
+        self.streams[stream.key] = (inst.key, stream)
+        return stream
+
+    def _forget_stream(self, stream: ItemStream) -> None:
+        self.streams.pop(stream.key, None)
+
+    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> None:
         backend = inst.backend
         assert backend is not None
         t0 = time.monotonic_ns()
@@ -227,10 +254,13 @@ class Worker:
         try:
             if inst.per_request:
                 requests = gather_requests(msg.items, self.views, inst.config)
+                for request, stream in zip(requests, streams, strict=True):
+                    request.channel = stream
                 t1 = time.monotonic_ns()
                 outcomes = cast(RequestBackend, backend).execute_requests(requests)
                 t2 = time.monotonic_ns()
-                planned = plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
+                # Decoupled: the requests were answered (or will be) through their streams.
+                planned = [] if inst.decoupled else plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
             else:
                 inputs, rows = gather_inputs(msg.items, self.views, inst.config)
                 if msg.regions and not getattr(backend, "accepts_device_arrays", False):
@@ -240,7 +270,7 @@ class Worker:
                 outputs = cast(Backend, backend).execute(inputs, wanted)
                 t2 = time.monotonic_ns()
                 planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels)
-            results = self.writer.write(planned)
+            results = self.writer.write(planned) if planned else []
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
         except ConveyorError as exc:
@@ -248,6 +278,11 @@ class Worker:
         except Exception as exc:
             log.exception("batch %d of '%s' failed", msg.batch, msg.model)
             reply = m.BatchResult(msg.batch, [], error=m.ErrorInfo(int(Status.INTERNAL), f"{exc}"))
+        for stream in streams:
+            # A decoupled request stays open past execute, unless the batch failed
+            # (the router ends its open requests with the batch's error).
+            if not inst.decoupled or reply.error is not None:
+                stream.close()
         self._post(m.encode(reply))
 
     def close(self) -> None:
