@@ -340,6 +340,79 @@ instance_group [{ count: 1, kind: KIND_CPU }]
 '''
 
 
+# BLS: calls other models through the server; the request parameter "mode"
+# picks the call. execute is async, as Triton allows, to await async_exec.
+BLS_MODEL = '''
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(model, inputs, outputs, **kwargs):
+    tensors = [pb_utils.Tensor(name, array) for name, array in inputs.items()]
+    return pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs, **kwargs)
+
+
+def output(response, name):
+    return pb_utils.get_output_tensor_by_name(response, name).as_numpy()
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        return [await self._one(request) for request in requests]
+
+    async def _one(self, request):
+        a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+        b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+        mode = json.loads(request.parameters())["mode"]
+        if mode == "onnx":
+            response = call("simple", {"INPUT0": a[None], "INPUT1": b[None]}, ["OUTPUT0", "OUTPUT1"]).exec()
+            out0, out1 = output(response, "OUTPUT0")[0], output(response, "OUTPUT1")[0]
+        elif mode == "python":
+            response = call("py_errors", {"INPUT0": a}, []).exec()  # no names: every output
+            assert not response.has_error(), response.error().message()
+            out0, out1 = output(response, "OUTPUT0"), b
+        elif mode == "gather":
+            onnx, python = await asyncio.gather(
+                call("simple", {"INPUT0": a[None], "INPUT1": b[None]}, ["OUTPUT1"]).async_exec(),
+                call("py_errors", {"INPUT0": b}, ["OUTPUT0"]).async_exec(),
+            )
+            out0, out1 = output(onnx, "OUTPUT1")[0], output(python, "OUTPUT0")
+        elif mode == "decoupled":
+            values = []
+            for response in call("py_repeat", {"IN": a[:3]}, ["OUT"]).exec(decoupled=True):
+                if response.has_error():
+                    return response
+                if response.output_tensors():
+                    values.append(int(output(response, "OUT")[0]))
+            out0, out1 = np.array(values + [0] * (16 - len(values)), dtype=np.int32), b
+        else:  # the callee's error comes back in its response
+            model = {"error": "py_errors", "self": "py_bls", "missing": "no_such_model"}[mode]
+            response = call(model, {"INPUT0": -a, "INPUT1": b}, ["OUTPUT0"], timeout=200000).exec()
+            assert response.has_error()
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError("callee: " + response.error().message()))
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out0.astype(np.int32)),
+                                           pb_utils.Tensor("OUTPUT1", out1.astype(np.int32))])
+'''
+
+BLS_CONFIG = '''
+name: "py_bls"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+instance_group [{ count: 1, kind: KIND_CPU }]
+'''
+
+
 def _simple_config(name: str) -> str:
     return f'''
 name: "{name}"
@@ -367,3 +440,4 @@ def build(repo: str) -> None:
     write_model(repo, "py_init_fails", INIT_FAILS_MODEL, _simple_config("py_init_fails"))
     write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
     write_model(repo, "py_until_cancelled", UNTIL_CANCELLED_MODEL, UNTIL_CANCELLED_CONFIG)
+    write_model(repo, "py_bls", BLS_MODEL, BLS_CONFIG)

@@ -10,6 +10,8 @@ answers through each request's response sender instead.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import os
@@ -48,6 +50,7 @@ class PythonBackend:
     def __init__(self, path: str, config: mc.ModelConfig, device: str, instance: int = 0) -> None:
         self.name = config.name
         self.decoupled = config.model_transaction_policy.decoupled
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Triton names instances <model>_<group>_<index>; Conveyor numbers them across groups.
         self.instance_name = f"{config.name}_0_{instance}"
         args = initialize_args(path, config, device, self.instance_name)
@@ -81,17 +84,27 @@ class PythonBackend:
             self._execute_decoupled(requests)
             return []
         try:
-            returned = self.model.execute(requests)
+            returned = self._execute(requests)
         except Exception as exc:
             log.warning("python model '%s' raised in execute", self.name, exc_info=True)
             raise internal(self._failed(f"{type(exc).__name__}: {exc}")) from None
         return [response_outcome(r) for r in self._responses(requests, returned)]
 
+    def _execute(self, requests: list[InferenceRequest]) -> Any:
+        """``execute``, which may be ``async def`` (e.g. to ``await`` several
+        ``async_exec`` BLS calls): then it runs on this instance's event loop."""
+        returned = self.model.execute(requests)
+        if inspect.iscoroutine(returned):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            returned = self._loop.run_until_complete(returned)
+        return returned
+
     def _execute_decoupled(self, requests: list[InferenceRequest]) -> None:
         """Responses go out through the senders, during execute or after it; a
         failed execute ends every request it left open with the failure."""
         try:
-            returned = self.model.execute(requests)
+            returned = self._execute(requests)
         except Exception as exc:
             log.warning("python model '%s' raised in execute", self.name, exc_info=True)
             problem: str | None = self._failed(f"{type(exc).__name__}: {exc}")
@@ -131,4 +144,6 @@ class PythonBackend:
         except Exception:
             log.exception("finalize of python model '%s' failed", self.name)
         finally:
+            if self._loop is not None:
+                self._loop.close()
             forget_module(self._class)

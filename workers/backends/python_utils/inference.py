@@ -8,6 +8,7 @@ from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status, internal
 from conveyor.workers.backends.base import RequestOutcome, ResponseChannel
+from conveyor.workers.backends.python_utils import bls
 from conveyor.workers.backends.python_utils.errors import TritonError, TritonModelException
 from conveyor.workers.backends.python_utils.tensor import Tensor
 
@@ -204,13 +205,19 @@ class InferenceRequest:
             self._sender = InferenceResponseSender(self._channel, self._decoupled)
         return self._sender
 
-    def exec(self, *_: Any, **__: Any) -> InferenceResponse:
-        raise TritonModelException("Business Logic Scripting (InferenceRequest.exec) is not supported by Conveyor yet")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (BLS) and wait: its response, or with
+        ``decoupled`` an iterator of every response (the last one final, maybe
+        empty). A callee's error comes back in the response, not raised."""
+        if decoupled:
+            return bls.executor().stream(self)
+        return bls.executor().infer(self)
 
-    async def async_exec(self, *_: Any, **__: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "Business Logic Scripting (InferenceRequest.async_exec) is not supported by Conveyor yet"
-        )
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` as an awaitable: several may run at once (``asyncio.gather``)."""
+        if decoupled:
+            return bls.executor().stream(self)
+        return await bls.executor().infer_async(self)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
