@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one worker process")
     add_common(worker)
     worker.add_argument("--router", default="", help="the router's worker endpoint")
+    worker.add_argument("--ingress-endpoint", default="",
+                        help="the router's ingress endpoint, for BLS requests from models")
     worker.add_argument("--arena-size", type=int, default=256 << 20)
     return parser
 
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         from conveyor.workers.worker import Worker
 
-        Worker(args.router or worker_ep, args.group, args.arena_size).run()
+        Worker(args.router or worker_ep, args.group, args.arena_size, args.ingress_endpoint or ingress_ep).run()
         return 0
     if args.command == "ingress":
         level = "debug" if args.log_verbose > 0 else "warning"

@@ -6,11 +6,17 @@ call ``DataPlane.infer`` and render the ``InferResult`` back; errors are
 request against the model's cached signature, writes the tensor bytes once into
 this process's shared-memory arena, sends a descriptor to the router and turns
 the answer into views of the worker's output block.
+
+A decoupled model answers a request with any number of responses: only
+``infer_stream`` (gRPC ModelStreamInfer) takes them; ``infer`` refuses such a
+model as Triton does. The request's input block lives until its final response.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +33,7 @@ from conveyor.proto.datatypes import (
     numpy_dtype,
     serialize_bytes,
 )
-from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.errors import ConveyorError, invalid_arg, unsupported
 from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
 
@@ -97,11 +103,20 @@ class InferResult:
     parameters: dict[str, Any]
     _release: list[m.Release]
     _regions: RegionCache
+    final: bool = True  # False for all but the last response of a decoupled model
 
     def release(self) -> None:
         """Hand the output block back to its worker; call once the bytes are copied out."""
         release_blocks(self._regions, self._release)
         self._release = []
+
+
+@dataclass(slots=True)
+class StreamError:
+    """An error response of a decoupled model: ends its request when ``final``."""
+
+    error: ConveyorError
+    final: bool
 
 
 class DataPlane:
@@ -117,8 +132,41 @@ class DataPlane:
         """A reply nobody waits for: free its memory (RouterLink calls this)."""
         self._finish(response)
 
-    async def infer(self, call: InferCall) -> InferResult:
+    async def is_decoupled(self, model: str, version: str) -> bool:
+        return (await self.models.get(model, version)).decoupled
+
+    async def infer(self, call: InferCall, *, endpoint: str = "HTTP end point") -> InferResult:
+        """One request, one response; ``endpoint`` names the caller in the refusal of a decoupled model."""
         sig = await self.models.get(call.model, call.version)
+        if sig.decoupled:
+            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        request = self._send_inputs(sig, call)
+        response = await self.link.infer(request)
+        self._finish_input(response.id)
+        self.models.observe_generation(response.generation)
+        if response.error is not None:
+            release_blocks(self.regions, response.release)
+            raise error_from(response.error)
+        return self._result(response, call)
+
+    async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
+        """Every response to ``call`` (a decoupled model may send none but the final
+        flag: an ``InferResult`` without outputs), the last one ``final``."""
+        sig = await self.models.get(call.model, call.version)
+        request = self._send_inputs(sig, call)
+        async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
+            async for response in responses:
+                if response.final:
+                    self._finish_input(response.id)
+                self.models.observe_generation(response.generation)
+                if response.error is not None:
+                    release_blocks(self.regions, response.release)
+                    yield StreamError(error_from(response.error), response.final)
+                else:
+                    yield self._result(response, call)
+
+    def _send_inputs(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
+        """Validate ``call``, write its inputs into this process's arena, describe it."""
         inputs = self._check_inputs(sig, call.inputs)
         outputs = self._check_outputs(sig, call.outputs)
         total = sum(_aligned(nbytes) for inp, nbytes in inputs if inp.shm is None)
@@ -146,12 +194,9 @@ class DataPlane:
             request_id=call.id,
         )
         self._blocks[request.id] = block
-        response = await self.link.infer(request)
-        self._finish_input(response.id)
-        self.models.observe_generation(response.generation)
-        if response.error is not None:
-            release_blocks(self.regions, response.release)
-            raise error_from(response.error)
+        return request
+
+    def _result(self, response: m.InferResponse, call: InferCall) -> InferResult:
         regions = self.regions
         out = [
             OutputTensor(
@@ -161,7 +206,8 @@ class DataPlane:
             for t in response.outputs
         ]
         return InferResult(
-            response.model, response.version, call.id, out, response.parameters, response.release, regions
+            response.model, response.version, call.id, out, response.parameters, response.release, regions,
+            response.final,
         )
 
     # --- validation ------------------------------------------------------------------
@@ -309,7 +355,8 @@ class DataPlane:
             self.arena.free(block)
 
     def _finish(self, response: m.InferResponse) -> None:
-        self._finish_input(response.id)
+        if response.final:  # a decoupled model may read the inputs until its final response
+            self._finish_input(response.id)
         release_blocks(self.regions, response.release)
 
 

@@ -28,6 +28,7 @@ class ModelSignature:
     max_batch_size: int
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    decoupled: bool = False  # answers with a stream of responses (gRPC ModelStreamInfer only)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ModelSignature:
@@ -37,7 +38,9 @@ class ModelSignature:
                 for t in items
             }
 
-        return cls(d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]))
+        return cls(
+            d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled"))
+        )
 
 
 class ModelSignatureCache:

@@ -1,8 +1,9 @@
 """The ingress side of the ingress<->router ZeroMQ link (DEALER, asyncio).
 
-Each call gets an id; replies are matched to waiting futures. A reply whose
-waiter has gone (client cancelled) is handed to ``on_orphan`` so its shared
-memory is still released.
+Each call gets an id; replies are matched to waiting futures, or, for a
+decoupled model's request (``infer_stream``), queued until its final one. A
+reply whose waiter has gone (client cancelled) is handed to ``on_orphan`` so
+its shared memory is still released.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import zmq
@@ -46,6 +47,8 @@ class RouterLink:
         self._ids = itertools.count(1)
         self._infer: dict[int, asyncio.Future[m.InferResponse]] = {}
         self._control: dict[int, asyncio.Future[m.ControlReply]] = {}
+        # Streams of responses until the final one; None once their reader left.
+        self._streams: dict[int, asyncio.Queue[m.InferResponse] | None] = {}
         self.on_orphan = on_orphan
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -63,9 +66,9 @@ class RouterLink:
             if not first:
                 await asyncio.sleep(PING_INTERVAL_S)
             first = False  # learn the boot id at once, before any request can be lost
-            if not self._infer and self._boot is not None:
+            if not self._infer and not self._streams and self._boot is not None:
                 continue
-            pending = list(self._infer)
+            pending = [*self._infer, *self._streams]
             try:
                 boot = await asyncio.wait_for(self.control("ping"), PING_TIMEOUT_S)
             except asyncio.CancelledError:
@@ -85,13 +88,16 @@ class RouterLink:
             if fut is not None and not fut.done():
                 log.error("request %d lost: %s", rid, why)
                 fut.set_result(m.InferResponse(rid, "", "", error=error))
+            elif rid in self._streams:
+                log.error("request %d lost: %s", rid, why)
+                self._on_stream_response(m.InferResponse(rid, "", "", error=error))
 
     def next_id(self) -> int:
         return next(self._ids)
 
     @property
     def in_flight(self) -> int:
-        return len(self._infer)
+        return len(self._infer) + len(self._streams)
 
     async def infer(self, request: m.InferRequest) -> m.InferResponse:
         """Send ``request``; if the caller is cancelled, tell the router and let the
@@ -107,6 +113,41 @@ class RouterLink:
                 fut.add_done_callback(self._orphaned)
                 self._sock.send(m.encode(m.Cancel(request.id)))
             raise
+
+    async def infer_stream(self, request: m.InferRequest) -> AsyncGenerator[m.InferResponse, None]:
+        """Send ``request`` to a decoupled model; yield its responses up to the final
+        one. If the caller stops early, tell the router and let the rest of the
+        responses go to ``on_orphan``."""
+        responses: asyncio.Queue[m.InferResponse] = asyncio.Queue()
+        self._streams[request.id] = responses
+        final = False
+        try:
+            await self._sock.send(m.encode(request), copy=False)
+            while not final:
+                response = await responses.get()
+                final = response.final
+                yield response
+        finally:
+            if not final:
+                if request.id in self._streams:
+                    self._streams[request.id] = None
+                self._drain_orphans(responses)
+                self._sock.send(m.encode(m.Cancel(request.id)))
+
+    def _drain_orphans(self, responses: asyncio.Queue[m.InferResponse]) -> None:
+        while not responses.empty():
+            response = responses.get_nowait()
+            if self.on_orphan is not None:
+                self.on_orphan(response)
+
+    def _on_stream_response(self, msg: m.InferResponse) -> None:
+        if msg.id not in self._streams:
+            return
+        responses = self._streams.pop(msg.id) if msg.final else self._streams[msg.id]
+        if responses is not None:
+            responses.put_nowait(msg)
+        elif self.on_orphan is not None:
+            self.on_orphan(msg)
 
     def _orphaned(self, fut: asyncio.Future[m.InferResponse]) -> None:
         if not fut.cancelled() and self.on_orphan is not None:
@@ -140,6 +181,9 @@ class RouterLink:
                 continue
             if isinstance(msg, m.InferResponse):
                 fut = self._infer.pop(msg.id, None)
+                if fut is None:
+                    self._on_stream_response(msg)
+                    continue
             else:
                 fut = self._control.get(msg.id)  # type: ignore[assignment]
             if fut is not None and not fut.done():

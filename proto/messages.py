@@ -12,8 +12,9 @@ Flows (see ARCHITECTURE.md)::
 
     ingress --InferRequest/ControlRequest/Cancel--> router
     router  --InferResponse/ControlReply----------> ingress
-    router  --LoadModel/UnloadModel/ExecBatch/Rehello--> worker
-    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult--> router
+    router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem--> worker
+    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse--> router
+    worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
 """
 
 from __future__ import annotations
@@ -245,10 +246,31 @@ class BatchResult(msgspec.Struct, tag="result", array_like=True):
     error: ErrorInfo | None = None
 
 
+class ItemResponse(msgspec.Struct, tag="iresp", array_like=True):
+    """One response to item ``index`` of ``batch``, sent as a decoupled model produces
+    it (during or after the batch's execute); ``final`` closes that request."""
+
+    batch: int
+    index: int
+    outputs: list[TensorRef] = []
+    error: ErrorInfo | None = None
+    release: list[Release] = []
+    final: bool = True
+    parameters: dict[str, Any] = {}
+
+
+class CancelItem(msgspec.Struct, tag="icancel", array_like=True):
+    """Router to worker: the client of item ``index`` of ``batch`` went away
+    (a Python model sees it as ``request.is_cancelled()``)."""
+
+    batch: int
+    index: int
+
+
 IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
 RouterToIngress = InferResponse | ControlReply
-RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions
-WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult
+RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem
+WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode

@@ -56,6 +56,10 @@ class VersionState:
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
 
     @property
+    def decoupled(self) -> bool:
+        return self.config.model_transaction_policy.decoupled
+
+    @property
     def label(self) -> str:
         return str(self.version)
 
@@ -246,6 +250,7 @@ def signature(state: VersionState) -> dict[str, Any]:
         "max_batch_size": config.max_batch_size,
         "inputs": tensors(config.input),
         "outputs": tensors(config.output),
+        "decoupled": config.model_transaction_policy.decoupled,
     }
 
 
@@ -273,4 +278,5 @@ def metadata(entry: ModelEntry, state: VersionState | None) -> dict[str, Any]:
         "platform": config.platform or config.backend,
         "inputs": tensors(config.input),
         "outputs": tensors(config.output),
+        "decoupled": config.model_transaction_policy.decoupled,
     }

@@ -162,8 +162,8 @@ def validate(config: mc.ModelConfig) -> str:
                 return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         return "dynamic batching needs max_batch_size > 0"
-    if config.model_transaction_policy.decoupled:
-        return "decoupled models (model_transaction_policy { decoupled: true }) are not supported by Conveyor yet"
+    if config.model_transaction_policy.decoupled and config.backend != "python":
+        return "decoupled models (model_transaction_policy { decoupled: true }) need the python backend"
     return scheduling_problem(config)
 
 

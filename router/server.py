@@ -35,11 +35,18 @@ SHM_SWEEP_INTERVAL_S = 5.0
 
 @dataclass(slots=True, eq=False)
 class Running:
-    """A batch on a worker."""
+    """A batch on a worker.
+
+    A decoupled model's batch stays after its execute returned (``executing``
+    False: the instance is free again, as in Triton) until every item has had
+    its final ``ItemResponse``; ``open`` says which items still wait for theirs.
+    """
 
     instance: Instance
     items: list[Pending]
     dispatched_ns: int
+    executing: bool = True
+    open: list[bool] | None = None  # None: not decoupled, the BatchResult answers every item
 
 
 class Router:
@@ -68,6 +75,9 @@ class Router:
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
         self.running: dict[int, Running] = {}
+        # (ingress, request id) -> (batch, index) of every request on a worker, so a
+        # Cancel can reach the model (``CancelItem``).
+        self.started: dict[tuple[bytes, int], tuple[int, int]] = {}
         self.queued: dict[tuple[bytes, int], VersionState] = {}
         self._batch_ids = itertools.count(1)
         self._timers: list[tuple[int, int, VersionState]] = []
@@ -165,6 +175,8 @@ class Router:
             except ConveyorError as exc:
                 self._reply_error(identity, req.id, req.model, req.version, exc)
                 return
+        if not req.outputs:  # a BLS request that names no outputs gets them all, as in Triton
+            req.outputs = [m.OutputSpec(o.name) for o in state.config.output]
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
@@ -226,7 +238,13 @@ class Router:
     def _on_cancel(self, identity: bytes, request_id: int) -> None:
         state = self.queued.pop((identity, request_id), None)
         if state is None:
-            return  # already running: its result will come back and be released
+            # Already running: tell the worker (the model may stop early); its
+            # responses still come back and are released.
+            where = self.started.get((identity, request_id))
+            run = self.running.get(where[0]) if where is not None else None
+            if where is not None and run is not None and run.instance.worker is not None:
+                self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
+            return
         item = state.batcher.remove(identity, request_id)
         if item is not None:
             state.stats.fail.add(time.monotonic_ns() - item.arrival_ns)
@@ -285,8 +303,10 @@ class Router:
         items = []
         regions: list[m.ClientRegion] = []
         order = state.order
-        for p in batch:
+        started = self.started
+        for i, p in enumerate(batch):
             self.queued.pop((p.ingress, p.request.id), None)
+            started[(p.ingress, p.request.id)] = (bid, i)
             state.stats.queue.add(now - p.arrival_ns)
             if order is not None:
                 p.ticket = order.ticket()
@@ -295,7 +315,7 @@ class Router:
             if r.regions:
                 regions += r.regions
         instance.busy = True
-        self.running[bid] = Running(instance, batch, now)
+        self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
         msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
         assert instance.worker is not None
         self.back.send_multipart([instance.worker, m.encode(msg)])
@@ -332,7 +352,9 @@ class Router:
             # A worker we dropped (or from before a router restart): make it start over.
             self.back.send_multipart([identity, m.encode(m.Rehello())])
             return
-        if isinstance(msg, m.BatchResult):
+        if isinstance(msg, m.ItemResponse):
+            self._on_item_response(identity, msg)
+        elif isinstance(msg, m.BatchResult):
             self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):
             self._on_loaded(worker, msg)
@@ -372,21 +394,33 @@ class Router:
         self._settle()
 
     def _on_result(self, result: m.BatchResult) -> None:
-        run = self.running.pop(result.batch, None)
-        if run is None:
+        run = self.running.get(result.batch)
+        if run is None or not run.executing:
             return
+        run.executing = False
         inst = run.instance
         inst.busy = False
         state = inst.version
-        now = time.monotonic_ns()
         stats = state.stats
-        gen = self.registry.generation
         if result.error is None:
             rows = sum(p.rows for p in run.items)
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+        if run.open is not None:
+            # Decoupled: the items were (or will be) answered by ItemResponses.
+            if result.error is not None:
+                self._end_open_items(result.batch, run, result.error)
+            if not any(run.open):
+                self.running.pop(result.batch, None)
+            self._schedule(state)
+            return
+        del self.running[result.batch]
+        now = time.monotonic_ns()
+        gen = self.registry.generation
         send = self.front.send_multipart
         order = state.order
+        started = self.started
         for i, p in enumerate(run.items):
+            started.pop((p.ingress, p.request.id), None)
             item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
             error = item.error or result.error
             if error is None:
@@ -403,6 +437,42 @@ class Router:
                     send([identity, payload], copy=False)
         self._schedule(state)
         self._settle()
+
+    def _on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
+        """Forward one response of a decoupled model's request to its ingress."""
+        run = self.running.get(msg.batch)
+        if (
+            run is None or run.open is None or run.instance.worker != worker
+            or not 0 <= msg.index < len(run.open) or not run.open[msg.index]
+        ):
+            return  # a late response for a request already ended (worker dropped, router restarted)
+        p = run.items[msg.index]
+        state = run.instance.version
+        resp = m.InferResponse(
+            p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
+            msg.parameters, self.registry.generation,
+        )
+        self.front.send_multipart([p.ingress, m.encode(resp)], copy=False)
+        if msg.final:
+            self._close_item(msg.batch, run, msg.index, msg.error is None)
+
+    def _close_item(self, bid: int, run: Running, index: int, ok: bool) -> None:
+        """A decoupled request had its final response: count it, forget it."""
+        assert run.open is not None
+        run.open[index] = False
+        p = run.items[index]
+        self.started.pop((p.ingress, p.request.id), None)
+        stats = run.instance.version.stats
+        (stats.success if ok else stats.fail).add(time.monotonic_ns() - p.arrival_ns)
+        if not run.executing and not any(run.open):
+            self.running.pop(bid, None)
+
+    def _end_open_items(self, bid: int, run: Running, error: m.ErrorInfo) -> None:
+        """Answer every decoupled request of ``run`` still open with ``error`` (final)."""
+        assert run.open is not None
+        for i, is_open in enumerate(run.open):
+            if is_open:
+                self._on_item_response(run.instance.worker or b"", m.ItemResponse(bid, i, error=error))
 
     def _tick(self, now: float) -> None:
         for worker in self.pool.silent(now):
@@ -443,7 +513,10 @@ class Router:
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
         for bid, run in list(self.running.items()):
             if run.instance.worker == identity:
-                self._on_result(m.BatchResult(bid, [], error=err))
+                if run.executing:
+                    self._on_result(m.BatchResult(bid, [], error=err))
+                else:
+                    self._end_open_items(bid, run, err)
         touched: set[int] = set()
         for inst in worker.instances:
             state = inst.version

@@ -237,6 +237,182 @@ class TritonPythonModel:
 '''
 
 
+# Decoupled, in the style of Triton's repeat example: one response per element
+# of IN (OUT = the value, IDX = its index), the first sent from execute and the
+# rest from a thread after execute returned, then the bare final flag.
+# 0 sends nothing, -1 an error response (the stream goes on), -2 ends the
+# request with an error.
+REPEAT_MODEL = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        assert pb_utils.using_decoupled_model_transaction_policy(__import__("json").loads(args["model_config"]))
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist()
+            sender = request.get_response_sender()
+            if self._respond(sender, values[:1], 0):
+                threading.Thread(target=self._rest, args=(sender, values)).start()
+        return None
+
+    def _rest(self, sender, values):
+        if self._respond(sender, values[1:], 1):
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    @staticmethod
+    def _respond(sender, values, start):
+        for i, v in enumerate(values, start):
+            if v == -1:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"value -1 at {i} is not allowed")))
+            elif v == -2:
+                error = pb_utils.TritonError("told to stop", pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return False
+            elif v != 0:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([v], dtype=np.int32)),
+                                                        pb_utils.Tensor("IDX", np.array([i], dtype=np.int32))]))
+        return True
+'''
+
+REPEAT_CONFIG = '''
+name: "py_repeat"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "IDX" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+'''
+
+# Decoupled and never done on its own: IN = [1] sends one response, then waits
+# until the client goes away (request.is_cancelled()) and counts it; IN = [0]
+# answers with that count. One instance, so both kinds of request meet there.
+UNTIL_CANCELLED_MODEL = '''
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.cancelled = 0
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            if pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0] == 0:
+                sender.send(pb_utils.InferenceResponse([self._out(self.cancelled)]), flags=FINAL)
+                continue
+            sender.send(pb_utils.InferenceResponse([self._out(-1)]))
+            threading.Thread(target=self._wait, args=(request, sender)).start()
+
+    def _wait(self, request, sender):
+        deadline = time.monotonic() + 60
+        while not request.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.cancelled += sender.is_cancelled()
+        sender.send(flags=FINAL)
+
+    @staticmethod
+    def _out(value):
+        return pb_utils.Tensor("OUT", np.array([value], dtype=np.int32))
+'''
+
+UNTIL_CANCELLED_CONFIG = '''
+name: "py_until_cancelled"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [{ count: 1, kind: KIND_CPU }]
+'''
+
+
+# BLS: calls other models through the server; the request parameter "mode"
+# picks the call. execute is async, as Triton allows, to await async_exec.
+BLS_MODEL = '''
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(model, inputs, outputs, **kwargs):
+    tensors = [pb_utils.Tensor(name, array) for name, array in inputs.items()]
+    return pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs, **kwargs)
+
+
+def output(response, name):
+    return pb_utils.get_output_tensor_by_name(response, name).as_numpy()
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        return [await self._one(request) for request in requests]
+
+    async def _one(self, request):
+        a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+        b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+        mode = json.loads(request.parameters())["mode"]
+        if mode == "onnx":
+            response = call("simple", {"INPUT0": a[None], "INPUT1": b[None]}, ["OUTPUT0", "OUTPUT1"]).exec()
+            out0, out1 = output(response, "OUTPUT0")[0], output(response, "OUTPUT1")[0]
+        elif mode == "python":
+            response = call("py_errors", {"INPUT0": a}, []).exec()  # no names: every output
+            assert not response.has_error(), response.error().message()
+            out0, out1 = output(response, "OUTPUT0"), b
+        elif mode == "gather":
+            onnx, python = await asyncio.gather(
+                call("simple", {"INPUT0": a[None], "INPUT1": b[None]}, ["OUTPUT1"]).async_exec(),
+                call("py_errors", {"INPUT0": b}, ["OUTPUT0"]).async_exec(),
+            )
+            out0, out1 = output(onnx, "OUTPUT1")[0], output(python, "OUTPUT0")
+        elif mode == "decoupled":
+            values = []
+            for response in call("py_repeat", {"IN": a[:3]}, ["OUT"]).exec(decoupled=True):
+                if response.has_error():
+                    return response
+                if response.output_tensors():
+                    values.append(int(output(response, "OUT")[0]))
+            out0, out1 = np.array(values + [0] * (16 - len(values)), dtype=np.int32), b
+        else:  # the callee's error comes back in its response
+            model = {"error": "py_errors", "self": "py_bls", "missing": "no_such_model"}[mode]
+            response = call(model, {"INPUT0": -a, "INPUT1": b}, ["OUTPUT0"], timeout=200000).exec()
+            assert response.has_error()
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError("callee: " + response.error().message()))
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out0.astype(np.int32)),
+                                           pb_utils.Tensor("OUTPUT1", out1.astype(np.int32))])
+'''
+
+BLS_CONFIG = '''
+name: "py_bls"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+instance_group [{ count: 1, kind: KIND_CPU }]
+'''
+
+
 def _simple_config(name: str) -> str:
     return f'''
 name: "{name}"
@@ -262,5 +438,6 @@ def build(repo: str) -> None:
     write_model(repo, "py_autocomplete", AUTOCOMPLETE_MODEL, 'name: "py_autocomplete"\nbackend: "python"\n')
     write_model(repo, "py_import_fails", IMPORT_FAILS_MODEL, _simple_config("py_import_fails"))
     write_model(repo, "py_init_fails", INIT_FAILS_MODEL, _simple_config("py_init_fails"))
-    write_model(repo, "py_decoupled", INIT_FAILS_MODEL,
-                _simple_config("py_decoupled") + "model_transaction_policy { decoupled: true }\n")
+    write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
+    write_model(repo, "py_until_cancelled", UNTIL_CANCELLED_MODEL, UNTIL_CANCELLED_CONFIG)
+    write_model(repo, "py_bls", BLS_MODEL, BLS_CONFIG)

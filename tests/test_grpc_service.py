@@ -67,7 +67,10 @@ class FakeDataPlane:
         self.cancelled = 0
         self.released = 0
 
-    async def infer(self, call: InferCall) -> InferResult:
+    async def is_decoupled(self, model: str, version: str) -> bool:
+        return False
+
+    async def infer(self, call: InferCall, *, endpoint: str = "") -> InferResult:
         self.calls.append(call)
         if call.model == "fail":
             raise invalid_arg(f"bad request {call.id}")

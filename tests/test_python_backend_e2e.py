@@ -117,7 +117,6 @@ def test_auto_complete_config(client: Client, protocol: Any) -> None:
 @pytest.mark.parametrize("model,reason", [
     ("py_import_fails", "ModuleNotFoundError: No module named 'conveyor_no_such_module'"),
     ("py_init_fails", "RuntimeError: weights are missing"),
-    ("py_decoupled", "decoupled"),
 ])
 def test_broken_python_models_say_why_and_others_serve(client: Client, protocol: Any, model: str,
                                                         reason: str) -> None:

@@ -2,7 +2,8 @@
 
 One DEALER socket to the router, one thread per loaded instance (so a long
 batch never stops heartbeats or other instances), results handed back to the
-socket-owning main thread through an inproc pipe.
+socket-owning main thread through a queue and a wake pipe. A second DEALER
+(``BlsLink``) carries the BLS requests models make, as an ingress would.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import queue
 import signal
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +30,8 @@ from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.base import Backend, RequestBackend
+from conveyor.workers.backends.python_bls import BlsClient
+from conveyor.workers.backends.python_utils import bls as pb_bls
 from conveyor.workers.batch_io import (
     OutputWriter,
     PlannedOutput,
@@ -40,8 +42,10 @@ from conveyor.workers.batch_io import (
     plan_batch_outputs,
     plan_request_outputs,
 )
+from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
+from conveyor.workers.item_stream import ItemStream
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ class LoadedInstance:
     labels: dict[str, list[str]]
     # Decided once at load: a runtime Protocol check costs tens of microseconds per batch.
     per_request: bool = False
+    decoupled: bool = False
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
 
 
@@ -72,22 +77,33 @@ def detect_devices() -> list[str]:
 
 
 class Worker:
-    def __init__(self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES) -> None:
+    def __init__(
+        self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, bls_endpoint: str = ""
+    ) -> None:
+        """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS)."""
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(router_endpoint)
-        self._wake_addr = f"inproc://worker-wake-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PULL)
-        self._wake_rx.bind(self._wake_addr)
-        self._wake_local = threading.local()
+        # Any thread (instance threads, threads a model starts) wakes the main
+        # loop with a byte down this pipe: no per-thread sockets to leak.
+        self._wake_rx, self._wake_tx = os.pipe()
+        os.set_blocking(self._wake_rx, False)
+        os.set_blocking(self._wake_tx, False)
         self.results: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.arena = Arena(segment_name(group, "worker"), arena_bytes)
         self.regions = RegionCache()
         self.client_regions = ClientRegionMaps()
         self.views = TensorViews(self.regions, self.client_regions)
         self.writer = OutputWriter(self.arena, self.views)
+        self.bls: BlsLink | None = None
+        if bls_endpoint:
+            self.bls = BlsLink(self.ctx, bls_endpoint, self.arena, self.writer.lock, self._wake)
+            pb_bls.set_executor(BlsClient(self.bls, self.regions))
         self.instances: dict[tuple[str, str, int], LoadedInstance] = {}
+        # (batch, index) -> the stream of each request a request backend is running
+        # or, decoupled, has not ended yet. Instance threads remove their own entries.
+        self.streams: dict[tuple[int, int], tuple[tuple[str, str, int], ItemStream]] = {}
         self._stopping = False
         self._last_heard = time.monotonic()
 
@@ -105,21 +121,27 @@ class Worker:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        if self.bls is not None:
+            poller.register(self.bls.sock, zmq.POLLIN)
         next_beat = time.monotonic()
         try:
             while not self._stopping:
                 events = dict(poller.poll(250))
                 if self._wake_rx in events:
-                    while True:
-                        try:
-                            self._wake_rx.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
+                    try:
+                        while os.read(self._wake_rx, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
                 while True:
                     try:
                         self.sock.send(self.results.get_nowait(), copy=False)
                     except queue.Empty:
                         break
+                if self.bls is not None:
+                    self.bls.flush()
+                    if self.bls.sock in events:
+                        self.bls.drain()
                 if self.sock in events:
                     self._drain()
                 now = time.monotonic()
@@ -149,6 +171,10 @@ class Worker:
                 self._exec(msg)
             elif isinstance(msg, m.LoadModel):
                 self._load(msg)
+            elif isinstance(msg, m.CancelItem):
+                entry = self.streams.get((msg.batch, msg.index))
+                if entry is not None:
+                    entry[1].cancelled = True
             elif isinstance(msg, m.ForgetRegions):
                 self.client_regions.forget(msg.ids)
             elif isinstance(msg, m.UnloadModel):
@@ -158,6 +184,11 @@ class Worker:
                 self._reset()
 
     def _reset(self) -> None:
+        if self.bls is not None:
+            self.bls.fail_all("the router restarted")
+        # The router that knew these requests is gone: end them without a word.
+        for _, stream in list(self.streams.values()):
+            stream.close()
         for key in list(self.instances):
             self._unload(key)
         self.client_regions.clear()
@@ -168,12 +199,13 @@ class Worker:
 
     def _post(self, payload: bytes) -> None:
         self.results.put(payload)
-        wake = getattr(self._wake_local, "sock", None)
-        if wake is None:
-            wake = self._wake_local.sock = self.ctx.socket(zmq.PUSH)
-            wake.setsockopt(zmq.LINGER, 0)
-            wake.connect(self._wake_addr)
-        wake.send(b"")
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_tx, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: the main loop is woken already
 
     def _load(self, msg: m.LoadModel) -> None:
         key = (msg.model, msg.version, msg.instance)
@@ -187,6 +219,7 @@ class Worker:
                 inst.labels = load_labels(os.path.dirname(os.path.dirname(msg.path)), config)
                 backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
+                inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
                 inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
@@ -201,6 +234,10 @@ class Worker:
         inst = self.instances.pop(key, None)
         if inst is None:
             return
+        gone = ConveyorError(Status.UNAVAILABLE, f"model instance '{key[0]}' version {key[1]} was unloaded")
+        for owner, stream in list(self.streams.values()):
+            if owner == key:
+                stream.fail(gone)
 
         def close() -> None:
             if inst.backend is not None:
@@ -217,9 +254,19 @@ class Worker:
             return
         if msg.regions:
             self.client_regions.announce(msg.regions)
-        inst.executor.submit(self._run_batch, inst, msg)
+        streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
+        inst.executor.submit(self._run_batch, inst, msg, streams)
 
-    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch) -> None:
+    def _stream(self, inst: LoadedInstance, msg: m.ExecBatch, index: int) -> ItemStream:
+        stream = ItemStream(msg.batch, index, msg.items[index], inst.config, inst.labels, self.writer, self._post,
+                            self._forget_stream)
+        self.streams[stream.key] = (inst.key, stream)
+        return stream
+
+    def _forget_stream(self, stream: ItemStream) -> None:
+        self.streams.pop(stream.key, None)
+
+    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> None:
         backend = inst.backend
         assert backend is not None
         t0 = time.monotonic_ns()
@@ -227,10 +274,13 @@ class Worker:
         try:
             if inst.per_request:
                 requests = gather_requests(msg.items, self.views, inst.config)
+                for request, stream in zip(requests, streams, strict=True):
+                    request.channel = stream
                 t1 = time.monotonic_ns()
                 outcomes = cast(RequestBackend, backend).execute_requests(requests)
                 t2 = time.monotonic_ns()
-                planned = plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
+                # Decoupled: the requests were answered (or will be) through their streams.
+                planned = [] if inst.decoupled else plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
             else:
                 inputs, rows = gather_inputs(msg.items, self.views, inst.config)
                 if msg.regions and not getattr(backend, "accepts_device_arrays", False):
@@ -240,7 +290,7 @@ class Worker:
                 outputs = cast(Backend, backend).execute(inputs, wanted)
                 t2 = time.monotonic_ns()
                 planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels)
-            results = self.writer.write(planned)
+            results = self.writer.write(planned) if planned else []
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
         except ConveyorError as exc:
@@ -248,11 +298,20 @@ class Worker:
         except Exception as exc:
             log.exception("batch %d of '%s' failed", msg.batch, msg.model)
             reply = m.BatchResult(msg.batch, [], error=m.ErrorInfo(int(Status.INTERNAL), f"{exc}"))
+        for stream in streams:
+            # A decoupled request stays open past execute, unless the batch failed
+            # (the router ends its open requests with the batch's error).
+            if not inst.decoupled or reply.error is not None:
+                stream.close()
         self._post(m.encode(reply))
 
     def close(self) -> None:
         for key in list(self.instances):
             self._unload(key)
         self.sock.close(0)
-        self._wake_rx.close(0)
+        if self.bls is not None:
+            pb_bls.set_executor(None)
+            self.bls.close()
+        os.close(self._wake_rx)
+        os.close(self._wake_tx)
         self.arena.close()

@@ -222,10 +222,16 @@ def _raw_count_error(model: str, raw: int, inputs: int) -> ConveyorError:
 # --- responses ---------------------------------------------------------------------
 
 
-def encode_infer_response(result: InferResult, *, stream: bool = False) -> bytes:
+# The response parameter that tells a stream's client whether a response is its
+# request's last; sent when the request set ``triton_enable_empty_final_response``.
+FINAL_RESPONSE = "triton_final_response"
+
+
+def encode_infer_response(result: InferResult, *, stream: bool = False, final: bool | None = None) -> bytes:
     """Serialize ``result`` as a ModelInferResponse (or, with ``stream``, as a
     ModelStreamInferResponse carrying it) and release its shared memory.
 
+    ``final`` (when not None) is sent as the ``triton_final_response`` parameter.
     The outputs are copied once, from shared memory into the returned bytes; the
     result is released even if encoding fails.
     """
@@ -236,6 +242,8 @@ def encode_infer_response(result: InferResult, *, stream: bool = False) -> bytes
             add(name=out.name, datatype=out.datatype, shape=out.shape)
         if result.parameters:
             set_params(head.parameters, result.parameters)
+        if final is not None:
+            head.parameters[FINAL_RESPONSE].bool_param = final
         # An output in the client's shared memory keeps its place with no bytes, as in Triton.
         tensors = [b"" if out.raw is None else out.raw for out in result.outputs]
         return wire.frame_infer_response(head.SerializeToString(), tensors, stream=stream)
@@ -243,10 +251,13 @@ def encode_infer_response(result: InferResult, *, stream: bool = False) -> bytes
         result.release()
 
 
-def encode_stream_error(message: str, request_id: str) -> bytes:
-    """An in-band ModelStreamInfer error; like Triton, it echoes the request id."""
+def encode_stream_error(message: str, request_id: str, final: bool | None = None) -> bytes:
+    """An in-band ModelStreamInfer error; like Triton, it echoes the request id
+    (and ``final`` as ``triton_final_response`` when not None)."""
     response = pb.ModelStreamInferResponse(error_message=message)
     response.infer_response.id = request_id
+    if final is not None:
+        response.infer_response.parameters[FINAL_RESPONSE].bool_param = final
     return response.SerializeToString()
 
 

@@ -18,10 +18,10 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.dataplane import DataPlane, InferCall, StreamError
 from conveyor.ingress.grpc import codec, wire
 from conveyor.ingress.grpc.health import server_ready
-from conveyor.ingress.grpc.stream import ordered_replies
+from conveyor.ingress.grpc.stream import Replies, stream_replies
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"
 
 _GRPC_CODE = {status: grpc.StatusCode[grpc_code_name(status)] for status in Status}
+
+# How ModelInfer names itself when it refuses a decoupled model (Triton's words).
+_UNARY = "ModelInfer RPC"
+# The request parameter asking for a response that carries only the final flag.
+_EMPTY_FINAL = "triton_enable_empty_final_response"
 
 _S = TypeVar("_S")
 _Req = TypeVar("_Req")
@@ -124,27 +129,49 @@ class InferenceServicer:
     @_unary
     async def ModelInfer(self, request: wire.WireInferRequest, context: Any) -> bytes:
         call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
-        return codec.encode_infer_response(await self._dataplane.infer(call))
+        return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))
 
     async def ModelStreamInfer(
         self, requests: AsyncIterable[wire.WireInferRequest], context: Any
     ) -> AsyncIterator[bytes]:
-        reply = functools.partial(self._stream_reply, context)
+        handle = functools.partial(self._stream_request, context)
         # aclosing: when grpc stops iterating (client gone), the running requests
         # are cancelled now rather than when the generator is collected.
-        async with contextlib.aclosing(ordered_replies(requests, reply)) as replies:
+        async with contextlib.aclosing(stream_replies(requests, handle)) as replies:
             async for message in replies:
                 yield message
 
-    async def _stream_reply(self, context: Any, request: wire.WireInferRequest) -> bytes:
+    async def _stream_request(self, context: Any, request: wire.WireInferRequest, replies: Replies) -> None:
         try:
             call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
-            return codec.encode_infer_response(await self._dataplane.infer(call), stream=True)
+            if await self._dataplane.is_decoupled(call.model, call.version):
+                await self._stream_decoupled(call, replies)
+                return
+            final = True if call.parameters.get(_EMPTY_FINAL) else None
+            reply = codec.encode_infer_response(
+                await self._dataplane.infer(call, endpoint=_UNARY), stream=True, final=final
+            )
         except ConveyorError as err:
-            return codec.encode_stream_error(err.message, request.message.id)
+            reply = codec.encode_stream_error(err.message, request.message.id)
         except Exception as err:  # not CancelledError: that ends the stream
             log.exception("ModelStreamInfer request failed")
-            return codec.encode_stream_error(_internal_message(err), request.message.id)
+            reply = codec.encode_stream_error(_internal_message(err), request.message.id)
+        await replies.send_in_order(reply)
+
+    async def _stream_decoupled(self, call: InferCall, replies: Replies) -> None:
+        """Each response as the model sends it. A bare final flag (no outputs) is
+        sent only to a client that asked for it, as in Triton."""
+        flag = bool(call.parameters.get(_EMPTY_FINAL))
+        async with contextlib.aclosing(self._dataplane.infer_stream(call)) as responses:
+            async for part in responses:
+                if isinstance(part, StreamError):
+                    reply = codec.encode_stream_error(part.error.message, call.id, part.final if flag else None)
+                elif part.final and not part.outputs and not flag:
+                    part.release()
+                    continue
+                else:
+                    reply = codec.encode_infer_response(part, stream=True, final=part.final if flag else None)
+                await replies.send(reply)
 
     # --- shared memory: the router keeps the registry ------------------------------------
 

@@ -31,6 +31,25 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+# Per request: its outputs by name, or the error that fails only this request.
+RequestOutcome = dict[str, np.ndarray] | ConveyorError
+
+
+class ResponseChannel(Protocol):
+    """One request's way back while its model runs (``workers/item_stream.py``):
+    whether its client went away, and, for decoupled models, responses sent as
+    they are produced, from any thread."""
+
+    cancelled: bool
+
+    @property
+    def closed(self) -> bool: ...
+
+    def send(self, outcome: RequestOutcome | None, final: bool) -> None: ...
+
+    def fail(self, error: ConveyorError) -> None: ...
+
+
 @dataclass(slots=True)
 class RequestItem:
     """One client request of a batch, as a ``RequestBackend`` gets it."""
@@ -39,10 +58,7 @@ class RequestItem:
     inputs: dict[str, np.ndarray]
     outputs: list[str]  # the outputs the client asked for
     parameters: dict[str, Any]
-
-
-# Per request: its outputs by name, or the error that fails only this request.
-RequestOutcome = dict[str, np.ndarray] | ConveyorError
+    channel: ResponseChannel | None = None
 
 
 @runtime_checkable
@@ -50,7 +66,8 @@ class RequestBackend(Protocol):
     """One loaded model instance that answers each request of a batch on its own.
 
     ``execute_requests`` returns one outcome per item, in order; raising fails
-    the whole batch."""
+    the whole batch. A decoupled model returns no outcomes: it answers through
+    each item's ``channel``."""
 
     def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]: ...
 

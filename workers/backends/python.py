@@ -4,22 +4,26 @@ process and no extra copy of tensors; inputs are numpy views of shared memory.
 
 ``execute`` gets one ``InferenceRequest`` per client request (not
 concatenated, each with its own batch dimension) and returns one
-``InferenceResponse`` per request, in order.
+``InferenceResponse`` per request, in order; a decoupled model returns None and
+answers through each request's response sender instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import os
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status, internal, unavailable
+from conveyor.proto.errors import ConveyorError, internal, unavailable
 from conveyor.proto.model_config import to_json
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
 from conveyor.workers.backends.python_import import forget_module, import_model_class
 from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor
+from conveyor.workers.backends.python_utils.inference import response_outcome
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,8 @@ class PythonBackend:
 
     def __init__(self, path: str, config: mc.ModelConfig, device: str, instance: int = 0) -> None:
         self.name = config.name
+        self.decoupled = config.model_transaction_policy.decoupled
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Triton names instances <model>_<group>_<index>; Conveyor numbers them across groups.
         self.instance_name = f"{config.name}_0_{instance}"
         args = initialize_args(path, config, device, self.instance_name)
@@ -70,16 +76,46 @@ class PythonBackend:
         requests = [
             InferenceRequest.received(
                 self.name, self.version, [Tensor(name, array) for name, array in item.inputs.items()],
-                item.outputs, item.request_id, item.parameters,
+                item.outputs, item.request_id, item.parameters, item.channel, self.decoupled,
             )
             for item in items
         ]
+        if self.decoupled:
+            self._execute_decoupled(requests)
+            return []
         try:
-            returned = self.model.execute(requests)
+            returned = self._execute(requests)
         except Exception as exc:
             log.warning("python model '%s' raised in execute", self.name, exc_info=True)
             raise internal(self._failed(f"{type(exc).__name__}: {exc}")) from None
-        return [_outcome(r) for r in self._responses(requests, returned)]
+        return [response_outcome(r) for r in self._responses(requests, returned)]
+
+    def _execute(self, requests: list[InferenceRequest]) -> Any:
+        """``execute``, which may be ``async def`` (e.g. to ``await`` several
+        ``async_exec`` BLS calls): then it runs on this instance's event loop."""
+        returned = self.model.execute(requests)
+        if inspect.iscoroutine(returned):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            returned = self._loop.run_until_complete(returned)
+        return returned
+
+    def _execute_decoupled(self, requests: list[InferenceRequest]) -> None:
+        """Responses go out through the senders, during execute or after it; a
+        failed execute ends every request it left open with the failure."""
+        try:
+            returned = self._execute(requests)
+        except Exception as exc:
+            log.warning("python model '%s' raised in execute", self.name, exc_info=True)
+            problem: str | None = self._failed(f"{type(exc).__name__}: {exc}")
+        else:
+            problem = None if returned is None else (
+                f"Python model '{self.instance_name}' is using the decoupled mode and the execute function "
+                "must return None."
+            )
+        if problem is not None:
+            for request in requests:
+                request.get_response_sender().fail(problem)
 
     def _responses(self, requests: list[InferenceRequest], returned: Any) -> list[InferenceResponse | None]:
         """One response per request: the list ``execute`` returned, or (when it
@@ -108,22 +144,6 @@ class PythonBackend:
         except Exception:
             log.exception("finalize of python model '%s' failed", self.name)
         finally:
+            if self._loop is not None:
+                self._loop.close()
             forget_module(self._class)
-
-
-def _outcome(response: InferenceResponse | None) -> RequestOutcome:
-    if response is None:
-        return internal("the model sent no response for this request")
-    error = response.error()
-    if error is not None:
-        try:
-            status = Status(error.code())
-        except ValueError:
-            status = Status.INTERNAL
-        return ConveyorError(status, error.message())
-    outputs: dict[str, Any] = {}
-    for tensor in response.output_tensors():
-        if not isinstance(tensor, Tensor):
-            return internal(f"the model's response holds a {type(tensor).__name__}, not a pb_utils.Tensor")
-        outputs[tensor.name()] = tensor.as_numpy()
-    return outputs

@@ -6,6 +6,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from conveyor.proto.errors import ConveyorError, Status, internal
+from conveyor.workers.backends.base import RequestOutcome, ResponseChannel
+from conveyor.workers.backends.python_utils import bls
 from conveyor.workers.backends.python_utils.errors import TritonError, TritonModelException
 from conveyor.workers.backends.python_utils.tensor import Tensor
 
@@ -53,28 +56,60 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """``request.get_response_sender()``. Conveyor runs models in the default
-    (one response per request) mode, so a request takes exactly one response,
-    sent with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``."""
+    """``request.get_response_sender()``.
 
-    def __init__(self) -> None:
+    A decoupled model sends any number of responses (none included), from
+    ``execute`` or any thread; each goes to the client at once, and
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` ends the request. In the default
+    mode a request takes exactly one response, which ``execute`` then does not
+    return (it returns None)."""
+
+    def __init__(self, channel: ResponseChannel | None = None, decoupled: bool = False) -> None:
         self.response: InferenceResponse | None = None
         self.closed = False
+        self._channel = channel
+        self._decoupled = decoupled and channel is not None
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self.closed:
-            raise TritonModelException("the response sender is closed: a final response was already sent")
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if self._decoupled:
+            self._stream(response, final)
+            return
         if response is not None:
             if self.response is not None:
                 raise TritonModelException(
                     "a model that is not decoupled sends exactly one response per request"
                 )
             self.response = response
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+        if final:
             self.closed = True
 
+    def _stream(self, response: InferenceResponse | None, final: bool) -> None:
+        assert self._channel is not None
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes an InferenceResponse, not a {type(response).__name__}")
+        try:
+            self._channel.send(None if response is None else response_outcome(response), final)
+        except ConveyorError:
+            self.closed = True
+            raise TritonModelException("Unable to send response. Response sender has been closed.") from None
+        if final:
+            self.closed = True
+
+    def fail(self, message: str) -> None:
+        """End a decoupled request with an error unless the model ended it."""
+        if self._channel is not None and not self._channel.closed:
+            self._channel.fail(internal(message))
+        self.closed = True
+
     def is_cancelled(self) -> bool:
-        return False
+        return self._channel is not None and self._channel.cancelled
 
 
 class InferenceRequest:
@@ -103,26 +138,35 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
+        self._channel: ResponseChannel | None = None
+        self._decoupled = False
 
     @classmethod
     def received(
         cls, model_name: str, model_version: int, inputs: list[Tensor], requested_output_names: list[str],
-        request_id: str, parameters: dict[str, Any],
+        request_id: str, parameters: dict[str, Any], channel: ResponseChannel | None = None,
+        decoupled: bool = False,
     ) -> InferenceRequest:
         """A request as the server hands it to ``execute``: Triton's reserved
-        parameters become the correlation id, flags and timeout."""
+        parameters become the correlation id, flags and timeout; ``channel``
+        carries cancellation and a decoupled model's responses."""
         flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0) | (
             TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.get("sequence_end") else 0
         )
         timeout = parameters.get("timeout", 0)
-        return cls(
+        request = cls(
             model_name, inputs, requested_output_names, request_id,
             correlation_id=parameters.get("sequence_id", 0),
             flags=flags,
-            parameters={k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS},
+            parameters={
+                k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS and not k.startswith("triton_")
+            },
             model_version=model_version,
             timeout=timeout if isinstance(timeout, int) else 0,
         )
+        request._channel = channel
+        request._decoupled = decoupled
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -153,21 +197,27 @@ class InferenceRequest:
         return self._requested
 
     def is_cancelled(self) -> bool:
-        # Cancellation is honoured while a request is queued; once it runs, it runs to the end.
-        return False
+        """True once the client went away (the router forwards its Cancel to the worker)."""
+        return self._channel is not None and self._channel.cancelled
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            self._sender = InferenceResponseSender()
+            self._sender = InferenceResponseSender(self._channel, self._decoupled)
         return self._sender
 
-    def exec(self, *_: Any, **__: Any) -> InferenceResponse:
-        raise TritonModelException("Business Logic Scripting (InferenceRequest.exec) is not supported by Conveyor yet")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (BLS) and wait: its response, or with
+        ``decoupled`` an iterator of every response (the last one final, maybe
+        empty). A callee's error comes back in the response, not raised."""
+        if decoupled:
+            return bls.executor().stream(self)
+        return bls.executor().infer(self)
 
-    async def async_exec(self, *_: Any, **__: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "Business Logic Scripting (InferenceRequest.async_exec) is not supported by Conveyor yet"
-        )
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` as an awaitable: several may run at once (``asyncio.gather``)."""
+        if decoupled:
+            return bls.executor().stream(self)
+        return await bls.executor().infer_async(self)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
@@ -176,3 +226,22 @@ def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
     return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+
+
+def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
+    """What a response means for its request: outputs by name, or its error."""
+    if response is None:
+        return internal("the model sent no response for this request")
+    error = response.error()
+    if error is not None:
+        try:
+            status = Status(error.code())
+        except ValueError:
+            status = Status.INTERNAL
+        return ConveyorError(status, error.message())
+    outputs: dict[str, Any] = {}
+    for tensor in response.output_tensors():
+        if not isinstance(tensor, Tensor):
+            return internal(f"the model's response holds a {type(tensor).__name__}, not a pb_utils.Tensor")
+        outputs[tensor.name()] = tensor.as_numpy()
+    return outputs

@@ -1,0 +1,129 @@
+"""The worker's own request channel to the router, for models' BLS calls.
+
+The worker acts as one more ingress: a DEALER socket on the router's ingress
+endpoint sends ``InferRequest``/``Cancel`` and receives ``InferResponse``, so
+the callee is queued, batched, counted and placed like any client's request.
+Inputs go once into this worker's arena (the callee reads them in place); the
+block is freed on the request's final response.
+
+The socket belongs to the worker's main thread (zmq sockets are not thread
+safe). A model's thread hands its request over through ``outbox`` and the
+worker's wake pipe; the main thread calls each request's ``on_response`` as
+responses arrive (it must be quick and must not raise).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import Status
+from conveyor.shm.arena import Arena
+
+log = logging.getLogger(__name__)
+
+OnResponse = Callable[[m.InferResponse], None]
+
+
+@dataclass(slots=True)
+class _Call:
+    on_response: OnResponse
+    block: int | None
+
+
+class BlsLink:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        arena: Arena,
+        arena_lock: threading.Lock,
+        wake: Callable[[], None],
+    ) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.sock.send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
+        self.arena = arena
+        self.arena_lock = arena_lock  # the arena is shared with the output writers
+        self._wake = wake
+        self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._calls: dict[int, _Call] = {}
+
+    # --- any thread ----------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def alloc(self, nbytes: int) -> int:
+        with self.arena_lock:
+            return self.arena.alloc(nbytes)
+
+    def submit(self, request: m.InferRequest, block: int | None, on_response: OnResponse) -> None:
+        """Send ``request`` (its inputs in ``block`` of the arena, freed on its final response)."""
+        self._calls[request.id] = _Call(on_response, block)
+        self._outbox.put(m.encode(request))
+        self._wake()
+
+    def cancel(self, request_id: int, on_response: OnResponse) -> None:
+        """The caller stopped listening: tell the router; later responses go to ``on_response``."""
+        call = self._calls.get(request_id)
+        if call is not None:
+            call.on_response = on_response
+            self._outbox.put(m.encode(m.Cancel(request_id)))
+            self._wake()
+
+    # --- the main thread -------------------------------------------------------------------
+
+    def flush(self) -> None:
+        while True:
+            try:
+                self.sock.send(self._outbox.get_nowait(), copy=False)
+            except queue.Empty:
+                return
+
+    def drain(self) -> None:
+        decode = m.router_reply_decoder.decode
+        for _ in range(256):
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(frame.buffer)
+            except msgspec.DecodeError as exc:
+                log.error("undecodable BLS reply from the router: %s", exc)
+                continue
+            if isinstance(msg, m.InferResponse):
+                self._deliver(msg)
+
+    def fail_all(self, why: str) -> None:
+        """The router restarted: the requests it knew are lost."""
+        error = m.ErrorInfo(int(Status.UNAVAILABLE), f"{why}; the BLS request's outcome is unknown")
+        for rid in list(self._calls):
+            self._deliver(m.InferResponse(rid, "", "", error=error))
+
+    def _deliver(self, msg: m.InferResponse) -> None:
+        call = self._calls.pop(msg.id, None) if msg.final else self._calls.get(msg.id)
+        if call is None:
+            return
+        if msg.final and call.block is not None:
+            with self.arena_lock:
+                self.arena.free(call.block)
+        try:
+            call.on_response(msg)
+        except Exception:
+            log.exception("a BLS response could not be handed over")
+
+    def close(self) -> None:
+        self.sock.close(0)
