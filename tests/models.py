@@ -1,7 +1,8 @@
-"""The models the tests serve, made with onnx.helper (nothing downloaded)."""
+"""The models the tests serve, made with onnx.helper and torch.jit (nothing downloaded)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from conveyor.deploy.example_repo import add_sub, identity
@@ -32,3 +33,7 @@ def build_test_repository(repo: str) -> None:
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
+    if importlib.util.find_spec("torch") is not None:
+        from tests import torch_models
+
+        torch_models.build(repo)
