@@ -33,6 +33,14 @@ def build_test_repository(repo: str) -> None:
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
+    # A TensorRT engine needs TensorRT and a GPU: where either is missing it must say so and not hold others back.
+    os.makedirs(os.path.join(repo, "trt_plan", "1"))
+    with open(os.path.join(repo, "trt_plan", "1", "model.plan"), "wb") as f:
+        f.write(b"not an engine")
+    with open(os.path.join(repo, "trt_plan", "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write('platform: "tensorrt_plan"\nmax_batch_size: 0\n'
+                'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\n'
+                'output [{ name: "y" data_type: TYPE_FP32 dims: [4] }]\n')
     if importlib.util.find_spec("torch") is not None:
         from tests import torch_models
 

@@ -25,4 +25,8 @@ def load_backend(
         from conveyor.workers.backends.pytorch import TorchScriptBackend
 
         return TorchScriptBackend(path, config, device)
+    if backend == "tensorrt":
+        from conveyor.workers.backends.tensorrt import TensorRtBackend
+
+        return TensorRtBackend(path, config, device)
     raise unsupported(f"backend '{backend}' is not supported by this worker")
