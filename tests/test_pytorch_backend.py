@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,27 +53,31 @@ def test_without_torch_the_model_says_why(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 # --- with torch -------------------------------------------------------------------------------
 
-torch_models = pytest.importorskip("tests.torch_models", reason="torch is not installed (pip install conveyor[torch])")
+@pytest.fixture()
+def torch_models() -> Any:
+    return pytest.importorskip("tests.torch_models", reason="torch is not installed (pip install conveyor[torch])")
 
 
-def _load(tmp_path: Path, module: object, config: str) -> object:
+def _load(tmp_path: Path, module: object, config: str) -> Any:
+    from tests import torch_models
+
     path = torch_models.save(module, str(tmp_path), "m", config)
     return load_backend("pytorch", path, parse_text(config), "cpu")
 
 
-def test_add_sub_by_index_names(tmp_path: Path) -> None:
+def test_add_sub_by_index_names(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     backend = _load(tmp_path, torch.jit.script(torch_models.AddSub()), torch_models.ADD_SUB_CONFIG.format(
         name="m", extra=""))
     a, b = np.arange(16, dtype=np.float32), np.ones(16, dtype=np.float32)
-    out = backend.execute({"INPUT__1": b, "INPUT__0": a}, ["OUTPUT__1", "OUTPUT__0"])  # type: ignore[attr-defined]
+    out = backend.execute({"INPUT__1": b, "INPUT__0": a}, ["OUTPUT__1", "OUTPUT__0"])
     np.testing.assert_array_equal(out["OUTPUT__0"], a + b)
     np.testing.assert_array_equal(out["OUTPUT__1"], a - b)
     assert isinstance(out["OUTPUT__0"], np.ndarray)
 
 
-def test_forward_argument_names_and_read_only_inputs(tmp_path: Path) -> None:
+def test_forward_argument_names_and_read_only_inputs(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     backend = _load(tmp_path, torch.jit.script(torch_models.Scale()), torch_models.SCALE_CONFIG)
@@ -80,36 +85,36 @@ def test_forward_argument_names_and_read_only_inputs(tmp_path: Path) -> None:
     image.setflags(write=False)  # as a client segment mapped read-only is
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns on non-writable arrays: the backend must not hand it one
-        out = backend.execute({"image": image, "factor": np.array([3], dtype=np.float32)},  # type: ignore[attr-defined]
+        out = backend.execute({"image": image, "factor": np.array([3], dtype=np.float32)},
                               ["OUTPUT__0"])
     np.testing.assert_array_equal(out["OUTPUT__0"], image * 3)
 
 
-def test_dict_input_and_strings(tmp_path: Path) -> None:
+def test_dict_input_and_strings(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     config = ('platform: "pytorch_libtorch" input [{ name: "A" data_type: TYPE_INT64 dims: [2] },'
               '{ name: "B" data_type: TYPE_INT64 dims: [2] }] output [{ name: "S" data_type: TYPE_INT64 dims: [2] }]')
     backend = _load(tmp_path, torch.jit.script(torch_models.DictSum()), config)
     a, b = np.array([1, 2]), np.array([3, 4])
-    np.testing.assert_array_equal(backend.execute({"A": a, "B": b}, ["S"])["S"], a + 10 * b)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(backend.execute({"A": a, "B": b}, ["S"])["S"], a + 10 * b)
     strings = _load(tmp_path / "s", torch.jit.script(torch_models.Upper()), torch_models.UPPER_CONFIG)
-    out = strings.execute({"INPUT__0": np.array([b"ab", "é".encode()], dtype=object)}, ["OUTPUT__0"])  # type: ignore[attr-defined]
+    out = strings.execute({"INPUT__0": np.array([b"ab", "é".encode()], dtype=object)}, ["OUTPUT__0"])
     assert out["OUTPUT__0"].tolist() == [b"AB", "é".encode()]  # UTF-8 both ways (upper() is ASCII-only)
 
 
-def test_bf16_travels_as_raw_words(tmp_path: Path) -> None:
+def test_bf16_travels_as_raw_words(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     config = torch_models.ADD_SUB_CONFIG.format(name="m", extra="").replace("TYPE_FP32", "TYPE_BF16")
     backend = _load(tmp_path, torch.jit.script(torch_models.AddSub()), config)
     a = torch.tensor([1.5] * 16, dtype=torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    out = backend.execute({"INPUT__0": a, "INPUT__1": a}, ["OUTPUT__0"])  # type: ignore[attr-defined]
+    out = backend.execute({"INPUT__0": a, "INPUT__1": a}, ["OUTPUT__0"])
     got = torch.from_numpy(out["OUTPUT__0"].view(np.int16)).view(torch.bfloat16)
     assert got.tolist() == [3.0] * 16
 
 
-def test_load_errors_say_why(tmp_path: Path) -> None:
+def test_load_errors_say_why(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     script = torch.jit.script(torch_models.AddSub())
@@ -129,7 +134,7 @@ def test_load_errors_say_why(tmp_path: Path) -> None:
         assert info.value.status == Status.UNAVAILABLE
 
 
-def test_gpu_instance_without_cuda_says_why(tmp_path: Path) -> None:
+def test_gpu_instance_without_cuda_says_why(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -140,7 +145,7 @@ def test_gpu_instance_without_cuda_says_why(tmp_path: Path) -> None:
         load_backend("pytorch", path, parse_text(config), "cuda:0")
 
 
-def test_wrong_output_type_fails_the_batch(tmp_path: Path) -> None:
+def test_wrong_output_type_fails_the_batch(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     config = torch_models.ADD_SUB_CONFIG.format(name="m", extra="").replace(
@@ -148,10 +153,10 @@ def test_wrong_output_type_fails_the_batch(tmp_path: Path) -> None:
     backend = _load(tmp_path, torch.jit.script(torch_models.AddSub()), config)
     x = np.zeros(16, dtype=np.float32)
     with pytest.raises(ConveyorError, match="expects datatype TYPE_INT32 for output 'OUTPUT__1'"):
-        backend.execute({"INPUT__0": x, "INPUT__1": x}, ["OUTPUT__1"])  # type: ignore[attr-defined]
+        backend.execute({"INPUT__0": x, "INPUT__1": x}, ["OUTPUT__1"])
 
 
-def test_parameters_apply(tmp_path: Path) -> None:
+def test_parameters_apply(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
     extra = ('parameters [{ key: "INFERENCE_MODE" value { string_value: "false" } },'
@@ -160,5 +165,5 @@ def test_parameters_apply(tmp_path: Path) -> None:
                     torch_models.ADD_SUB_CONFIG.format(name="m", extra=extra))
     assert torch.get_num_threads() == 1  # one intra-op thread unless INTRA_OP_THREAD_COUNT says otherwise
     x = np.ones(16, dtype=np.float32)
-    np.testing.assert_array_equal(backend.execute({"INPUT__0": x, "INPUT__1": x}, ["OUTPUT__0"])["OUTPUT__0"],  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(backend.execute({"INPUT__0": x, "INPUT__1": x}, ["OUTPUT__0"])["OUTPUT__0"],
                                   2 * x)
