@@ -26,8 +26,22 @@ _BACKENDS = {
     "onnxruntime_onnx": "onnxruntime",
     "onnxruntime": "onnxruntime",
     "python": "python",
+    "pytorch_libtorch": "pytorch",
+    "pytorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorrt": "tensorrt",
 }
-_DEFAULT_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py"}
+_DEFAULT_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan"}
+# The platform Triton reports for a backend given by name alone.
+_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
+# Model files Triton recognises a backend by when the config names none.
+_MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".plan": "tensorrt"}
+# Why a config without inputs/outputs cannot be completed, for backends that cannot do it.
+_NOT_COMPLETED = {
+    "pytorch": "a TorchScript model's config must declare its inputs and outputs: Triton cannot read them "
+               "from the model file either",
+    "tensorrt": "Conveyor does not complete TensorRT configs from the engine yet: declare the inputs and outputs",
+}
 
 
 @dataclass
@@ -102,8 +116,8 @@ def load_spec(
             what = config.platform or config.backend or "(none given)"
             spec.error = f"model '{name}': platform/backend '{what}' is not supported"
             return spec
-    if spec.backend == "onnxruntime" and not config.platform:
-        config.platform = "onnxruntime_onnx"
+    if not config.platform and spec.backend in _PLATFORM:
+        config.platform = _PLATFORM[spec.backend]
     if not config.backend:
         config.backend = spec.backend
     # Python models complete their own config whenever they define the hook, as in Triton.
@@ -123,6 +137,8 @@ def load_spec(
         spec.versions.clear()
         spec.version_errors.clear()
     problem = validate(config)
+    if problem and spec.backend in _NOT_COMPLETED and (not config.input or not config.output):
+        problem = f"{problem} ({_NOT_COMPLETED[spec.backend]})"
     if problem:
         spec.error = f"model '{name}': {problem}"
         return spec
@@ -133,8 +149,10 @@ def load_spec(
 
 def _guess_backend(path: str) -> str:
     for root, _dirs, files in os.walk(path):
-        if any(f.endswith(".onnx") for f in files):
-            return "onnxruntime"
+        for f in files:
+            backend = _MODEL_FILE_BACKEND.get(os.path.splitext(f)[1])
+            if backend:
+                return backend
         if root.count(os.sep) - path.count(os.sep) > 1:
             break
     return ""

@@ -1,4 +1,4 @@
-"""The models the tests serve, made with onnx.helper (nothing downloaded)."""
+"""The models the tests serve, made with onnx.helper and torch.jit (nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,20 @@ def build_test_repository(repo: str) -> None:
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
+    # A TensorRT engine needs TensorRT and a GPU: where either is missing it must say so and not hold others back.
+    os.makedirs(os.path.join(repo, "trt_plan", "1"))
+    with open(os.path.join(repo, "trt_plan", "1", "model.plan"), "wb") as f:
+        f.write(b"not an engine")
+    with open(os.path.join(repo, "trt_plan", "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write('platform: "tensorrt_plan"\nmax_batch_size: 0\n'
+                'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\n'
+                'output [{ name: "y" data_type: TYPE_FP32 dims: [4] }]\n')
     build_scheduling_models(repo)
+    try:
+        from tests import torch_models
+    except ImportError:  # torch is an optional extra: its tests skip without it
+        return
+    torch_models.build(repo)
 
 
 # Batches of these leave only at 4 rows (or after 30 s): the tests decide when.

@@ -72,3 +72,26 @@ def test_onnx_config_is_completed_from_the_graph(tmp_path: Path) -> None:
     assert [o.name for o in batched.output] == ["OUTPUT0", "OUTPUT1"]
     assert specs["plain"].error == "" and plain.max_batch_size == 0
     assert [list(i.dims) for i in plain.input] == [[16], [16]]
+
+
+def test_torchscript_and_tensorrt_configs_are_not_completed(tmp_path: Path) -> None:
+    write(tmp_path / "pt_noconfig" / "1" / "model.pt", "")
+    write(tmp_path / "pt_noinputs" / "config.pbtxt", 'backend: "pytorch"')
+    write(tmp_path / "pt_noinputs" / "1" / "model.pt", "")
+    write(tmp_path / "plan_noinputs" / "config.pbtxt", 'platform: "tensorrt_plan"')
+    write(tmp_path / "plan_noinputs" / "1" / "model.plan", "")
+    specs = scan([str(tmp_path)])
+    for name in ("pt_noconfig", "pt_noinputs"):
+        assert specs[name].backend == "pytorch"  # recognised by its model.pt, as Triton does
+        assert "no inputs" in specs[name].error and "must declare its inputs and outputs" in specs[name].error
+    assert "does not complete TensorRT configs" in specs["plan_noinputs"].error
+
+
+def test_default_model_filename_is_honoured(tmp_path: Path) -> None:
+    write(tmp_path / "m" / "config.pbtxt",
+          'platform: "pytorch_libtorch" default_model_filename: "traced.pt" '
+          'input [{name: "INPUT__0" data_type: TYPE_FP32 dims: [1]}] '
+          'output [{name: "OUTPUT__0" data_type: TYPE_FP32 dims: [1]}]')
+    write(tmp_path / "m" / "1" / "traced.pt", "")
+    spec = scan([str(tmp_path)])["m"]
+    assert spec.error == "" and spec.versions[1].endswith("/1/traced.pt")

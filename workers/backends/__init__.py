@@ -1,4 +1,7 @@
-"""Backends by name, imported on first use so a worker only loads what it runs."""
+"""Backends by name, imported on first use so a worker only loads what it runs.
+
+The pytorch and tensorrt modules raise an UNAVAILABLE ``ConveyorError`` on import
+when their framework is not installed, so the model says why it cannot load."""
 
 from __future__ import annotations
 
@@ -18,4 +21,12 @@ def load_backend(
         from conveyor.workers.backends.python import PythonBackend
 
         return PythonBackend(path, config, device, instance)
+    if backend == "pytorch":
+        from conveyor.workers.backends.pytorch import TorchScriptBackend
+
+        return TorchScriptBackend(path, config, device)
+    if backend == "tensorrt":
+        from conveyor.workers.backends.tensorrt import TensorRtBackend
+
+        return TensorRtBackend(path, config, device)
     raise unsupported(f"backend '{backend}' is not supported by this worker")

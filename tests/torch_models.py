@@ -1,0 +1,114 @@
+"""TorchScript models (``model.pt`` + ``config.pbtxt``) for the tests, made with
+``torch.jit.script`` / ``torch.jit.trace``: imported only where torch is."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+class AddSub(torch.nn.Module):
+    """Triton's classic 'simple' model, in TorchScript."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a + b, a - b
+
+
+class Scale(torch.nn.Module):
+    """Arguments the config names directly (listed there in the other order)."""
+
+    def forward(self, image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        return image * factor
+
+
+class Doubler(torch.nn.Module):
+    """Batched: each row doubled, plus each row's sum (to tell rows apart)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x.sum(dim=1, keepdim=True)
+
+
+class Upper(torch.nn.Module):
+    """Strings: a 1-D BYTES tensor is a List[str] in TorchScript."""
+
+    def forward(self, words: list[str]) -> list[str]:
+        return [w.upper() for w in words]
+
+
+class DictSum(torch.nn.Module):
+    """One Dict[str, Tensor] argument: inputs arrive under their config names."""
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return inputs["A"] + 10 * inputs["B"]
+
+
+def save(module: torch.jit.ScriptModule, repo: str, name: str, config: str) -> str:
+    vdir = os.path.join(repo, name, "1")
+    os.makedirs(vdir, exist_ok=True)
+    path = os.path.join(vdir, "model.pt")
+    module.save(path)
+    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(config)
+    return path
+
+
+ADD_SUB_CONFIG = """name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [
+  {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "INPUT__1" data_type: TYPE_FP32 dims: [ 16 ] }}
+]
+output [
+  {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 16 ] }}
+]
+{extra}
+"""
+
+SCALE_CONFIG = """name: "torch_named"
+backend: "pytorch"
+max_batch_size: 0
+input [
+  { name: "factor" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "image" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+DOUBLER_CONFIG = """name: "torch_batched"
+platform: "pytorch_libtorch"
+max_batch_size: 16
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [
+  { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 1 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+"""
+
+UPPER_CONFIG = """name: "torch_strings"
+backend: "pytorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
+NO_INPUTS_CONFIG = """name: "torch_no_inputs"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+"""
+
+
+def add_sub(repo: str, name: str = "torch_add_sub", extra: str = "") -> str:
+    return save(torch.jit.script(AddSub()), repo, name, ADD_SUB_CONFIG.format(name=name, extra=extra))
+
+
+def build(repo: str) -> None:
+    add_sub(repo)
+    save(torch.jit.script(Scale()), repo, "torch_named", SCALE_CONFIG)
+    # Traced, not scripted: both kinds of TorchScript file load the same way.
+    save(torch.jit.trace(Doubler(), torch.ones(2, 4)), repo, "torch_batched", DOUBLER_CONFIG)
+    save(torch.jit.script(Upper()), repo, "torch_strings", UPPER_CONFIG)
+    save(torch.jit.script(AddSub()), repo, "torch_no_inputs", NO_INPUTS_CONFIG)
