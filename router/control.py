@@ -23,7 +23,6 @@ class ControlHandler:
             "model_config": self.model_config,
             "model_stats": self.model_stats,
             "signature": self.signature,
-            "repository_index": self.repository_index,
             "metrics": self.metrics,
             "ping": self.ping,
         }
@@ -99,16 +98,3 @@ class ControlHandler:
     def signature(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)
         return {"generation": self.registry.generation, "signature": signature(state)}
-
-    def repository_index(self, ready: bool = False) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for name, entry in sorted(self.registry.models.items()):
-            if entry.spec.error:
-                if not ready:
-                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": entry.spec.error})
-                continue
-            for v, state in sorted(entry.versions.items()):
-                if ready and not state.ready:
-                    continue
-                rows.append({"name": name, "version": str(v), "state": state.state, "reason": state.reason})
-        return rows
