@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
+from conveyor.deploy.instances import ingress_protocol, worker_environment
+from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.options import add_client_shm, add_common, add_network, add_repository, default_endpoints
-
-
-def _setup_logging(verbose: int, role: str) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
+from conveyor.proto.errors import ConveyorError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,27 +35,44 @@ def build_parser() -> argparse.ArgumentParser:
     ingress = sub.add_parser("ingress", help="run one ingress process")
     add_common(ingress)
     add_network(ingress)
-    ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], required=True)
+    ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
+    ingress.add_argument("--instance", default="",
+                         help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
     ingress.add_argument("--router", default="", help="the router's ingress endpoint")
 
     worker = sub.add_parser("worker", help="run one worker process")
     add_common(worker)
     worker.add_argument("--router", default="", help="the router's worker endpoint")
     worker.add_argument("--arena-size", type=int, default=256 << 20)
+    worker.add_argument("--instance", default="",
+                        help="a systemd instance name: an index (0, 1, ...) or gpu<N> (sees only GPU N)")
     return parser
 
 
+def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Turn a systemd instance name into the options and environment it stands for."""
+    try:
+        if args.command == "worker" and args.instance:
+            os.environ.update(worker_environment(args.instance))
+        elif args.command == "ingress" and args.instance:
+            args.protocol = args.protocol or ingress_protocol(args.instance)
+    except ConveyorError as exc:
+        parser.error(exc.message)
+    if args.command == "ingress" and not args.protocol:
+        parser.error("ingress needs --protocol or --instance")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.log_verbose, args.command)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _apply_instance(parser, args)
+    setup_logging(args.log_verbose, args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command == "serve":
         from conveyor.deploy.supervisor import Supervisor
 
         return Supervisor(args).run()
     if args.command == "router":
-        import os
-
         from conveyor.deploy.options import run_dir
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans

@@ -17,7 +17,17 @@ def triton_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+# Where the IPC sockets live. systemd units set RuntimeDirectory=conveyor, which
+# exports RUNTIME_DIRECTORY=/run/conveyor; CONVEYOR_RUN_DIR overrides both.
+RUN_DIR_ENV = "CONVEYOR_RUN_DIR"
+
+
 def run_dir(group: str) -> str:
+    """The folder of this group's IPC sockets: ``<base>/<group>`` for a configured base,
+    else ``$TMPDIR/conveyor-<group>``."""
+    base = os.environ.get(RUN_DIR_ENV) or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if base:
+        return os.path.join(base, group)
     return os.path.join(tempfile.gettempdir(), f"conveyor-{group}")
 
 

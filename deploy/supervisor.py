@@ -25,6 +25,9 @@ from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 log = logging.getLogger("conveyor.supervisor")
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# systemd's notification variables belong to the supervisor (a unit's main process): a child
+# that inherited them would announce readiness for the whole group.
+_SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
 @dataclass(eq=False)
@@ -36,7 +39,8 @@ class Child:
     started: float = field(default=0.0)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv])
+        env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
+        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
     def alive(self) -> bool:

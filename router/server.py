@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.batcher import Pending, shape_key
@@ -65,6 +66,7 @@ class Router:
         self._timers: list[tuple[int, int, VersionState]] = []
         self._timer_seq = itertools.count()
         self._stopping = False
+        self.systemd = Notifier()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -84,13 +86,17 @@ class Router:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         self.load_repository()
+        # Bound (in __init__) and the repository scanned: workers and ingress can come.
+        self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
         next_tick = time.monotonic()
         stop_by: float | None = None
         while True:
+            self.systemd.beat()
             if self._stopping:
+                self.systemd.stopping()
                 stop_by = stop_by or time.monotonic() + exit_timeout_s
                 if not self.running or time.monotonic() > stop_by:
                     break
@@ -273,6 +279,8 @@ class Router:
             self._drop_worker(identity, "it restarted")
         worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
         self.pool.join(worker)
+        # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
+        self.back.send_multipart([identity, m.encode(m.Heartbeat())])
         self._update_cuda_devices()
         log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
         for state in self.registry.versions():

@@ -22,6 +22,7 @@ from typing import Any, cast
 import msgspec
 import zmq
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
@@ -90,6 +91,8 @@ class Worker:
         self.instances: dict[tuple[str, str, int], LoadedInstance] = {}
         self._stopping = False
         self._last_heard = time.monotonic()
+        self._registered = False
+        self.systemd = Notifier()
 
     def stop(self, *_: Any) -> None:
         self._stopping = True
@@ -108,6 +111,7 @@ class Worker:
         next_beat = time.monotonic()
         try:
             while not self._stopping:
+                self.systemd.beat()
                 events = dict(poller.poll(250))
                 if self._wake_rx in events:
                     while True:
@@ -130,6 +134,7 @@ class Worker:
                         log.warning("no word from the router for %.0fs: saying hello again", ROUTER_SILENCE_S)
                         self._reset()
         finally:
+            self.systemd.stopping()
             self.close()
 
     def _drain(self) -> None:
@@ -145,6 +150,10 @@ class Worker:
             except msgspec.DecodeError as exc:
                 log.error("undecodable message from the router: %s", exc)
                 continue
+            if not self._registered and not isinstance(msg, m.Rehello):
+                # The router answers a hello at once: anything but Rehello means it knows us.
+                self._registered = True
+                self.systemd.ready("registered with the router")
             if isinstance(msg, m.ExecBatch):
                 self._exec(msg)
             elif isinstance(msg, m.LoadModel):
@@ -162,6 +171,7 @@ class Worker:
             self._unload(key)
         self.client_regions.clear()
         self._last_heard = time.monotonic()
+        self._registered = False
         self._hello()
 
     # --- runs in instance threads -----------------------------------------------------

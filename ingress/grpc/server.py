@@ -13,8 +13,10 @@ from typing import Any
 
 import grpc
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.grpc import health, service
+from conveyor.ingress.sd_ready import notify_when_serving
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,13 @@ async def run(
     try:
         server, bound = await start_server(ctx, host, port)
         log.info("gRPC ingress listening on %s", _address(host, bound))
+        systemd = Notifier()
+        announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
         try:
             await stop.wait()
         finally:
+            announce.cancel()
+            systemd.stopping()
             # New calls are refused at once; running ones get the grace period.
             await server.stop(grace=exit_timeout_s)
     finally:

@@ -11,6 +11,7 @@ process's shared-memory arena.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import signal
 import socket
@@ -22,9 +23,11 @@ from typing import Any
 import uvicorn
 import uvloop
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.sd_ready import notify_when_serving
 
 AppFactory = Callable[[IngressContext], Any]
 
@@ -157,6 +160,12 @@ async def _serve(
         server = uvicorn.Server(config)
         if signals.received:
             server.should_exit = True
-        await server.serve(sockets=[sock])
+        systemd = Notifier()
+        announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: server.started, systemd))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            announce.cancel()
+            systemd.stopping()
     finally:
         await ctx.close()
