@@ -8,7 +8,15 @@ import sys
 
 from conveyor.deploy.instances import ingress_protocol, worker_environment
 from conveyor.deploy.logs import setup_logging
-from conveyor.deploy.options import add_client_shm, add_common, add_network, add_repository, default_endpoints
+from conveyor.deploy.options import (
+    add_client_shm,
+    add_common,
+    add_drain,
+    add_network,
+    add_repository,
+    default_endpoints,
+)
+from conveyor.deploy.scale import ROLES
 from conveyor.proto.errors import ConveyorError
 
 
@@ -18,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run router, ingress and workers in the foreground")
     add_common(serve)
+    add_drain(serve)
     add_network(serve)
     add_repository(serve, required=False)
     serve.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -27,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     router = sub.add_parser("router", help="run the router")
     add_common(router)
+    add_drain(router)
     add_repository(router, required=True)
     router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
     router.add_argument("--worker-endpoint", default="", help="ZeroMQ endpoint workers connect to")
@@ -34,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingress = sub.add_parser("ingress", help="run one ingress process")
     add_common(ingress)
+    add_drain(ingress)
     add_network(ingress)
     ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
     ingress.add_argument("--instance", default="",
@@ -46,7 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--arena-size", type=int, default=256 << 20)
     worker.add_argument("--instance", default="",
                         help="a systemd instance name: an index (0, 1, ...) or gpu<N> (sees only GPU N)")
+
+    scale = sub.add_parser("scale", help="change how many workers or ingress processes a running 'serve' runs")
+    scale.add_argument("role", nargs="?", choices=ROLES, default=None, help="what to scale (omit: show the counts)")
+    scale.add_argument("count", nargs="?", type=int, help="how many to run (omit: show the counts)")
+    scale.add_argument("--group", default="default", help="the group of the 'conveyor serve' to scale")
     return parser
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from conveyor.deploy.scale import request_scale
+
+    try:
+        counts = request_scale(args.group, args.role or "", args.count)
+    except ConveyorError as exc:
+        print(f"conveyor scale: {exc.message}", file=sys.stderr)
+        return 1
+    print(" ".join(f"{role}={n}" for role, n in counts.items()))
+    return 0
 
 
 def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -65,6 +93,8 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "scale":
+        return _scale(args)
     _apply_instance(parser, args)
     setup_logging(args.log_verbose, args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
@@ -85,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         from conveyor.workers.worker import Worker
 
-        Worker(args.router or worker_ep, args.group, args.arena_size).run()
+        Worker(args.router or worker_ep, args.group, args.arena_size, args.exit_timeout_secs).run()
         return 0
     if args.command == "ingress":
         level = "debug" if args.log_verbose > 0 else "warning"

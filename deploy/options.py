@@ -45,6 +45,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="how long shutdown waits for in-flight requests")
 
 
+def add_drain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drain-grace-secs", type=float, default=5.0,
+                   help="on SIGTERM, how long readiness reads false while requests are still served, so load "
+                        "balancers stop sending first; then new requests get UNAVAILABLE and in-flight ones get "
+                        "--exit-timeout-secs to finish")
+
+
 def add_network(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)

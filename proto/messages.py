@@ -12,8 +12,8 @@ Flows (see ARCHITECTURE.md)::
 
     ingress --InferRequest/ControlRequest/Cancel--> router
     router  --InferResponse/ControlReply----------> ingress
-    router  --LoadModel/UnloadModel/ExecBatch/Rehello--> worker
-    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult--> router
+    router  --LoadModel/UnloadModel/ExecBatch/Rehello/LeaveGranted--> worker
+    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/WorkerLeaving--> router
 """
 
 from __future__ import annotations
@@ -245,10 +245,22 @@ class BatchResult(msgspec.Struct, tag="result", array_like=True):
     error: ErrorInfo | None = None
 
 
+class WorkerLeaving(msgspec.Struct, tag="wleave", array_like=True):
+    """Worker to router: this worker is stopping. Send it no new batch, move its
+    instances to other workers, and answer ``LeaveGranted`` once none of its batches
+    is running."""
+
+    reason: str = ""
+
+
+class LeaveGranted(msgspec.Struct, tag="wbye", array_like=True):
+    """Router to worker: nothing of yours runs or will be sent: exit now."""
+
+
 IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
 RouterToIngress = InferResponse | ControlReply
-RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions
-WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult
+RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | LeaveGranted
+WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | WorkerLeaving
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode

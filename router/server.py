@@ -25,6 +25,7 @@ from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.repository import scan
+from conveyor.router.worker_drain import WorkerDrain
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Router:
             sock.bind(endpoint)
         self.registry = ModelRegistry()
         self.pool = WorkerPool()
+        self.worker_drain = WorkerDrain(self.pool, self._grant_leave)
         self.control = ControlHandler(self.registry, self.pool)
         self.shm = ClientShmRegistry(allow_client_shm)
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
@@ -270,6 +272,11 @@ class Router:
             self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):
             self._on_loaded(worker, msg)
+        elif isinstance(msg, m.WorkerLeaving):
+            self.worker_drain.begin(worker)
+            self._place()
+        if self.worker_drain.active:
+            self._drain_workers()
 
     def _on_worker_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
         if hello.version != m.PROTOCOL_VERSION:
@@ -341,6 +348,8 @@ class Router:
     def _tick(self, now: float) -> None:
         for worker in self.pool.silent(now):
             self._drop_worker(worker.identity, "it stopped answering")
+        if self.worker_drain.active:
+            self._drain_workers()
         beat = m.encode(m.Heartbeat())
         for identity in self.pool.workers:
             self.back.send_multipart([identity, beat])
@@ -363,10 +372,24 @@ class Router:
             int(d.split(":", 1)[1]) for w in self.pool.workers.values() for d in w.devices if d.startswith("cuda:")
         }
 
+    # --- workers leaving on purpose (router/worker_drain.py) ---------------------------
+
+    def _drain_workers(self) -> None:
+        for state in self.worker_drain.progress(self._runs_on):
+            self._schedule(state)
+
+    def _runs_on(self, identity: bytes) -> bool:
+        return any(run.instance.worker == identity for run in self.running.values())
+
+    def _grant_leave(self, worker: WorkerInfo) -> None:
+        self._drop_worker(worker.identity, "it drained and stopped")
+        self.back.send_multipart([worker.identity, m.encode(m.LeaveGranted())])
+
     def _drop_worker(self, identity: bytes, why: str) -> None:
         worker = self.pool.leave(identity)
         if worker is None:
             return
+        self.worker_drain.forget(worker)  # a leaving worker's replacements exist already
         self._update_cuda_devices()
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")

@@ -73,7 +73,9 @@ def detect_devices() -> list[str]:
 
 
 class Worker:
-    def __init__(self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES) -> None:
+    def __init__(
+        self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, exit_timeout_s: float = 30.0
+    ) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -93,9 +95,30 @@ class Worker:
         self._last_heard = time.monotonic()
         self._registered = False
         self.systemd = Notifier()
+        self.exit_timeout_s = exit_timeout_s
+        self._leave_requested = False
+        self._leave_by: float | None = None  # set once WorkerLeaving is sent
 
     def stop(self, *_: Any) -> None:
-        self._stopping = True
+        """SIGTERM/SIGINT: leave gracefully (drain); a second signal stops at once."""
+        if self._leave_requested:
+            self._stopping = True
+        self._leave_requested = True
+
+    def _leave(self, now: float) -> None:
+        """Hand the work back before exiting: the router answers LeaveGranted once it
+        sends us nothing more and every batch it gave us has come back."""
+        if self._leave_by is None:
+            if not self._registered:
+                self._stopping = True  # the router knows nothing of ours: nothing to hand back
+                return
+            self.sock.send(m.encode(m.WorkerLeaving("stopping")))
+            self._leave_by = now + self.exit_timeout_s
+            self.systemd.stopping("draining: finishing in-flight batches")
+            log.info("leaving: waiting for the router to move this worker's instances")
+        elif now > self._leave_by:
+            log.warning("the router did not let this worker go within %.0fs: exiting", self.exit_timeout_s)
+            self._stopping = True
 
     def _hello(self) -> None:
         self.sock.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
@@ -127,6 +150,8 @@ class Worker:
                 if self.sock in events:
                     self._drain()
                 now = time.monotonic()
+                if self._leave_requested:
+                    self._leave(now)
                 if now >= next_beat:
                     self.sock.send(m.encode(m.Heartbeat()))
                     next_beat = now + 1.0
@@ -162,11 +187,16 @@ class Worker:
                 self.client_regions.forget(msg.ids)
             elif isinstance(msg, m.UnloadModel):
                 self._unload((msg.model, msg.version, msg.instance))
+            elif isinstance(msg, m.LeaveGranted):
+                self._stopping = True
             elif isinstance(msg, m.Rehello):
                 log.warning("the router does not know this worker (it restarted?): saying hello again")
                 self._reset()
 
     def _reset(self) -> None:
+        if self._leave_requested:
+            self._stopping = True  # a router that does not know us has nothing of ours to finish
+            return
         for key in list(self.instances):
             self._unload(key)
         self.client_regions.clear()
