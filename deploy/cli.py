@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(run_dir(args.group), exist_ok=True)
         sweep_orphans(args.group)
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
-               args.worker_endpoint or worker_ep, allow_client_shm=args.allow_client_shm).run(args.exit_timeout_secs)
+               args.worker_endpoint or worker_ep, allow_client_shm=args.allow_client_shm).run(
+            args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker
@@ -125,17 +126,19 @@ def main(argv: list[str] | None = None) -> int:
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.metrics_port,
                        arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       app_factory=build_metrics_app)
+                       drain_grace_s=args.drain_grace_secs, app_factory=build_metrics_app)
         elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs)
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       drain_grace_s=args.drain_grace_secs)
         else:
             from conveyor.ingress.grpc.server import serve as serve_grpc
 
             serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs)
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       drain_grace_s=args.drain_grace_secs)
         return 0
     return 2
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
 from conveyor.ingress.router_link import RouterLink, error_from
 from conveyor.ingress.shm_params import ShmPlacement
@@ -105,8 +106,11 @@ class InferResult:
 
 
 class DataPlane:
-    def __init__(self, link: RouterLink, arena: Arena, regions: RegionCache) -> None:
+    def __init__(
+        self, link: RouterLink, arena: Arena, regions: RegionCache, drain: IngressDrain | None = None
+    ) -> None:
         self.link = link
+        self.drain = drain or IngressDrain()
         self.arena = arena
         self.regions = regions
         self.models = ModelSignatureCache(link)
@@ -118,6 +122,7 @@ class DataPlane:
         self._finish(response)
 
     async def infer(self, call: InferCall) -> InferResult:
+        self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         inputs = self._check_inputs(sig, call.inputs)
         outputs = self._check_outputs(sig, call.outputs)

@@ -19,6 +19,7 @@ import zmq
 
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
+from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.batcher import Pending, shape_key
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
@@ -58,7 +59,9 @@ class Router:
         self.registry = ModelRegistry()
         self.pool = WorkerPool()
         self.worker_drain = WorkerDrain(self.pool, self._grant_leave)
-        self.control = ControlHandler(self.registry, self.pool)
+        # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
+        self.shutdown = DrainClock()
+        self.control = ControlHandler(self.registry, self.pool, self.shutdown)
         self.shm = ClientShmRegistry(allow_client_shm)
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
@@ -84,7 +87,8 @@ class Router:
     def stop(self, *_: Any) -> None:
         self._stopping = True
 
-    def run(self, exit_timeout_s: float = 30.0) -> None:
+    def run(self, exit_timeout_s: float = 30.0, drain_grace_s: float = 0.0) -> None:
+        self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         self.load_repository()
@@ -94,13 +98,12 @@ class Router:
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
         next_tick = time.monotonic()
-        stop_by: float | None = None
         while True:
             self.systemd.beat()
             if self._stopping:
-                self.systemd.stopping()
-                stop_by = stop_by or time.monotonic() + exit_timeout_s
-                if not self.running or time.monotonic() > stop_by:
+                self.shutdown.begin()
+                self.systemd.stopping("draining")
+                if self.shutdown.phase(busy=bool(self.running or self.queued)) is Phase.DONE:
                     break
             timeout_ms = self._poll_timeout_ms(next_tick)
             events = dict(poller.poll(timeout_ms))
@@ -144,7 +147,11 @@ class Router:
             log.error("undecodable message from ingress: %s", exc)
             return
         if isinstance(msg, m.InferRequest):
-            self._on_infer(identity, msg)
+            if self.shutdown.refusing():
+                err = ConveyorError(Status.UNAVAILABLE, "the server is shutting down: retry on another instance")
+                self._reply_error(identity, msg.id, msg.model, msg.version, err)
+            else:
+                self._on_infer(identity, msg)
         elif isinstance(msg, m.ControlRequest):
             try:
                 reply = m.ControlReply(msg.id, result=self.control.handle(msg.op, msg.args))
