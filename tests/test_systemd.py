@@ -3,6 +3,7 @@ every actor says READY=1 only once it really serves (and feeds its watchdog)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.logs import JournalFormatter, stderr_is_journal
 from conveyor.deploy.sd_notify import Notifier, notify, watchdog_interval
 from tests.conftest import free_port
 
@@ -57,6 +59,19 @@ def test_notify_outside_systemd_does_nothing() -> None:
     assert watchdog_interval({}) is None
     # The variables were inherited from a parent the watchdog watches, not this process.
     assert watchdog_interval({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"}) is None
+
+
+def test_journal_is_detected_by_the_stream_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open(tmp_path / "stderr", "w") as stream:
+        st = os.fstat(stream.fileno())
+        monkeypatch.setattr(sys, "stderr", stream)
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        assert stderr_is_journal()
+        # Inherited by a process whose stderr went elsewhere: not the journal.
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino + 1}")
+        assert not stderr_is_journal()
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "careful", None, None)
+    assert JournalFormatter("%(message)s").format(record) == "<4>careful"
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
