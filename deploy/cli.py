@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
+from conveyor.deploy.instances import ingress_protocol, worker_environment
+from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.options import (
     add_client_shm,
     add_common,
+    add_drain,
     add_model_control,
     add_network,
     add_repository,
     add_scheduling,
     default_endpoints,
 )
-
-
-def _setup_logging(verbose: int, role: str) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
+from conveyor.deploy.scale import ROLES
+from conveyor.proto.errors import ConveyorError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run router, ingress and workers in the foreground")
     add_common(serve)
+    add_drain(serve)
     add_network(serve)
     add_repository(serve, required=False)
     add_scheduling(serve)
@@ -41,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     router = sub.add_parser("router", help="run the router")
     add_common(router)
+    add_drain(router)
     add_repository(router, required=True)
     add_scheduling(router)
     router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
@@ -50,8 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingress = sub.add_parser("ingress", help="run one ingress process")
     add_common(ingress)
+    add_drain(ingress)
     add_network(ingress)
-    ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], required=True)
+    ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
+    ingress.add_argument("--instance", default="",
+                         help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
     ingress.add_argument("--router", default="", help="the router's ingress endpoint")
 
     worker = sub.add_parser("worker", help="run one worker process")
@@ -60,20 +63,54 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--ingress-endpoint", default="",
                         help="the router's ingress endpoint, for BLS requests from models")
     worker.add_argument("--arena-size", type=int, default=256 << 20)
+    worker.add_argument("--instance", default="",
+                        help="a systemd instance name: an index (0, 1, ...) or gpu<N> (sees only GPU N)")
+
+    scale = sub.add_parser("scale", help="change how many workers or ingress processes a running 'serve' runs")
+    scale.add_argument("role", nargs="?", choices=ROLES, default=None, help="what to scale (omit: show the counts)")
+    scale.add_argument("count", nargs="?", type=int, help="how many to run (omit: show the counts)")
+    scale.add_argument("--group", default="default", help="the group of the 'conveyor serve' to scale")
     return parser
 
 
+def _scale(args: argparse.Namespace) -> int:
+    from conveyor.deploy.scale import request_scale
+
+    try:
+        counts = request_scale(args.group, args.role or "", args.count)
+    except ConveyorError as exc:
+        print(f"conveyor scale: {exc.message}", file=sys.stderr)
+        return 1
+    print(" ".join(f"{role}={n}" for role, n in counts.items()))
+    return 0
+
+
+def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Turn a systemd instance name into the options and environment it stands for."""
+    try:
+        if args.command == "worker" and args.instance:
+            os.environ.update(worker_environment(args.instance))
+        elif args.command == "ingress" and args.instance:
+            args.protocol = args.protocol or ingress_protocol(args.instance)
+    except ConveyorError as exc:
+        parser.error(exc.message)
+    if args.command == "ingress" and not args.protocol:
+        parser.error("ingress needs --protocol or --instance")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.log_verbose, args.command)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "scale":
+        return _scale(args)
+    _apply_instance(parser, args)
+    setup_logging(args.log_verbose, args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command == "serve":
         from conveyor.deploy.supervisor import Supervisor
 
         return Supervisor(args).run()
     if args.command == "router":
-        import os
-
         from conveyor.deploy.options import run_dir
         from conveyor.router.lifecycle import ControlMode
         from conveyor.router.server import Router
@@ -85,12 +122,13 @@ def main(argv: list[str] | None = None) -> int:
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
-               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs)
+               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker
 
-        Worker(args.router or worker_ep, args.group, args.arena_size, args.ingress_endpoint or ingress_ep).run()
+        Worker(args.router or worker_ep, args.group, args.arena_size, args.ingress_endpoint or ingress_ep,
+               args.exit_timeout_secs).run()
         return 0
     if args.command == "ingress":
         level = "debug" if args.log_verbose > 0 else "warning"
@@ -100,17 +138,19 @@ def main(argv: list[str] | None = None) -> int:
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.metrics_port,
                        arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       app_factory=build_metrics_app)
+                       drain_grace_s=args.drain_grace_secs, app_factory=build_metrics_app)
         elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs)
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       drain_grace_s=args.drain_grace_secs)
         else:
             from conveyor.ingress.grpc.server import serve as serve_grpc
 
             serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs)
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       drain_grace_s=args.drain_grace_secs)
         return 0
     return 2
 

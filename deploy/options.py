@@ -19,7 +19,17 @@ def triton_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+# Where the IPC sockets live. systemd units set RuntimeDirectory=conveyor, which
+# exports RUNTIME_DIRECTORY=/run/conveyor; CONVEYOR_RUN_DIR overrides both.
+RUN_DIR_ENV = "CONVEYOR_RUN_DIR"
+
+
 def run_dir(group: str) -> str:
+    """The folder of this group's IPC sockets: ``<base>/<group>`` for a configured base,
+    else ``$TMPDIR/conveyor-<group>``."""
+    base = os.environ.get(RUN_DIR_ENV) or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if base:
+        return os.path.join(base, group)
     return os.path.join(tempfile.gettempdir(), f"conveyor-{group}")
 
 
@@ -35,6 +45,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-verbose", type=int, default=0, help="verbose logging level (Triton's flag)")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="how long shutdown waits for in-flight requests")
+
+
+def add_drain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drain-grace-secs", type=float, default=5.0,
+                   help="on SIGTERM, how long readiness reads false while requests are still served, so load "
+                        "balancers stop sending first; then new requests get UNAVAILABLE and in-flight ones get "
+                        "--exit-timeout-secs to finish")
 
 
 def add_network(p: argparse.ArgumentParser) -> None:

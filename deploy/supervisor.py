@@ -1,16 +1,21 @@
 """``conveyor serve``: the one-command local supervisor.
 
 Starts the router, the workers and the ingress processes as children, restarts
-any that dies, and on SIGTERM/SIGINT stops them in order: ingress first (they
-stop accepting and finish what is in flight), then workers and the router.
-Shared-memory segments of the group are swept at start and at exit.
+any that dies, changes how many workers/ingress run when ``conveyor scale``
+asks (``deploy/scale.py``), and on SIGTERM/SIGINT stops them in order: ingress
+first (readiness false for the drain grace, then they refuse new requests and
+finish what is in flight), then workers (each hands its work back and leaves),
+then the router. Shared-memory segments of the group are swept at start and at
+exit.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -20,11 +25,16 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.deploy.options import model_control_args, run_dir
+from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
+from conveyor.proto.errors import invalid_arg
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# systemd's notification variables belong to the supervisor (a unit's main process): a child
+# that inherited them would announce readiness for the whole group.
+_SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
 @dataclass(eq=False)
@@ -36,47 +46,109 @@ class Child:
     started: float = field(default=0.0)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv])
+        env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
+        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
 
 
 class Supervisor:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self._stop = False
+        self.router: Child | None = None
+        self.metrics: Child | None = None
+        # The scalable roles ("workers", "http-ingress", "grpc-ingress"), oldest first.
+        self.pools: dict[str, list[Child]] = {role: [] for role in ROLES}
+        # Scaled down: SIGTERM sent, draining; killed if still there at the deadline.
+        self.retiring: list[tuple[Child, float]] = []
+        self._serials = {role: itertools.count() for role in ROLES}
+
+    # --- children ----------------------------------------------------------------------
 
     def _common(self) -> list[str]:
         a = self.args
         return ["--group", a.group, "--log-verbose", str(a.log_verbose),
                 "--exit-timeout-secs", str(a.exit_timeout_secs)]
 
-    def _children(self, repos: list[str]) -> tuple[list[Child], list[Child], list[Child]]:
+    def _ingress_args(self) -> list[str]:
         a = self.args
-        common = self._common()
-        repo_args = [x for r in repos for x in ("--model-repository", r)]
-        shm = ["--allow-client-shm", "true"] if a.allow_client_shm else []
-        router = [Child("router", ["router", *common, *repo_args, "--max-queue-size", str(a.max_queue_size), *shm,
-                                   *model_control_args(a)])]
-        workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)])
-                   for i in range(a.workers)]
-        net = [
-            "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port),
-            "--metrics-port", str(a.metrics_port),
+        return [
+            *self._common(), "--drain-grace-secs", str(a.drain_grace_secs),
+            "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port), "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
         ]
-        ingress: list[Child] = []
-        if a.allow_http:
-            ingress += [Child(f"http-{i}", ["ingress", "--protocol", "http", *common, *net])
-                        for i in range(a.http_ingress)]
-        if a.allow_grpc:
-            ingress += [Child(f"grpc-{i}", ["ingress", "--protocol", "grpc", *common, *net])
-                        for i in range(a.grpc_ingress)]
-        if a.allow_metrics:
-            ingress.append(Child("metrics", ["ingress", "--protocol", "metrics", *common, *net]))
-        return router, workers, ingress
+
+    def _new_child(self, role: str) -> Child:
+        n = next(self._serials[role])
+        if role == "workers":
+            return Child(f"worker-{n}", ["worker", *self._common(), "--arena-size", str(self.args.arena_size)])
+        protocol = role.split("-", 1)[0]
+        return Child(f"{protocol}-{n}", ["ingress", "--protocol", protocol, *self._ingress_args()])
+
+    def _router_child(self, repos: list[str]) -> Child:
+        repo_args = [x for r in repos for x in ("--model-repository", r)]
+        shm = ["--allow-client-shm", "true"] if self.args.allow_client_shm else []
+        # No grace for the router: it stops after the ingress processes, which carry the grace.
+        return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
+                                "--max-queue-size", str(self.args.max_queue_size), *model_control_args(self.args)])
+
+    def _supervised(self) -> list[Child]:
+        singles = [c for c in (self.router, self.metrics) if c is not None]
+        return singles + [c for pool in self.pools.values() for c in pool]
+
+    # --- scaling -----------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return {role: len(pool) for role, pool in self.pools.items()}
+
+    def scale(self, role: str, count: int | None) -> dict[str, int]:
+        """Run ``count`` processes of ``role``: start new ones, or retire the newest."""
+        if not role or count is None or self._stop:
+            return self.counts()
+        a = self.args
+        if (role == "http-ingress" and not a.allow_http) or (role == "grpc-ingress" and not a.allow_grpc):
+            raise invalid_arg(f"{role} is turned off (--allow-http/--allow-grpc)")
+        pool = self.pools[role]
+        before = len(pool)
+        while len(pool) < count:
+            child = self._new_child(role)
+            child.start()
+            pool.append(child)
+        while len(pool) > count:
+            self._retire(pool.pop())
+        if before != count:
+            log.info("scaled %s from %d to %d", role, before, count)
+        return self.counts()
+
+    def _stop_deadline(self) -> float:
+        a = self.args
+        return time.monotonic() + a.drain_grace_secs + a.exit_timeout_secs + 5
+
+    def _retire(self, child: Child) -> None:
+        # SIGTERM drains: a worker hands its instances over first, an ingress finishes its requests.
+        child.terminate()
+        self.retiring.append((child, self._stop_deadline()))
+
+    def _reap_retired(self) -> None:
+        now = time.monotonic()
+        for entry in list(self.retiring):
+            child, kill_at = entry
+            if not child.alive():
+                self.retiring.remove(entry)
+            elif now > kill_at:
+                log.error("%s did not drain in time: killing it", child.role)
+                assert child.proc is not None
+                child.proc.kill()
+
+    # --- the loop ----------------------------------------------------------------------
 
     def run(self) -> int:
         a = self.args
@@ -94,20 +166,30 @@ class Supervisor:
         warning = shm_preflight(arenas * a.arena_size)
         if warning:
             log.warning("%s", warning)
-        router, workers, ingress = self._children(repos)
-        everyone = router + workers + ingress
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        for child in everyone:
-            child.start()
-        log.info("serving: HTTP %s, gRPC %s, %d worker(s)",
-                 a.http_port if a.allow_http else "off", a.grpc_port if a.allow_grpc else "off", a.workers)
-        while not self._stop:
-            time.sleep(0.2)
-            for child in everyone:
-                if not child.alive() and not self._stop:
-                    self._restart(child)
-        self._shutdown(ingress, router + workers)
+        self.router = self._router_child(repos)
+        self.router.start()
+        if a.allow_metrics:
+            self.metrics = Child("metrics", ["ingress", "--protocol", "metrics", *self._ingress_args()])
+            self.metrics.start()
+        self.scale("workers", a.workers)
+        self.scale("http-ingress", a.http_ingress if a.allow_http else 0)
+        self.scale("grpc-ingress", a.grpc_ingress if a.allow_grpc else 0)
+        control = ScaleServer(socket_path(a.group), self.scale)
+        log.info("serving: HTTP %s, gRPC %s, %d worker(s); scale with 'conveyor scale --group %s'",
+                 a.http_port if a.allow_http else "off", a.grpc_port if a.allow_grpc else "off", a.workers, a.group)
+        with selectors.DefaultSelector() as selector:
+            selector.register(control, selectors.EVENT_READ)
+            while not self._stop:
+                if selector.select(0.2):
+                    control.serve_pending()
+                self._reap_retired()
+                for child in self._supervised():
+                    if not child.alive() and not self._stop:
+                        self._restart(child)
+        control.close()
+        self._shutdown()
         # What this run made in /tmp goes with it: the IPC folder, the example models.
         for path in (run_dir(a.group), built):
             if path:
@@ -130,14 +212,16 @@ class Supervisor:
         child.restarts += 1
         child.start()
 
-    def _shutdown(self, first: list[Child], then: list[Child]) -> None:
-        timeout = self.args.exit_timeout_secs
-        for wave in (first, then):
+    def _shutdown(self) -> None:
+        """Ingress first (they drain their requests, which need workers and the router),
+        then workers (they hand their work back through the router), then the router."""
+        ingress = self.pools["http-ingress"] + self.pools["grpc-ingress"] + ([self.metrics] if self.metrics else [])
+        retiring = [child for child, _ in self.retiring]
+        waves = [ingress + retiring, self.pools["workers"], [self.router] if self.router else []]
+        for wave in waves:
             for child in wave:
-                if child.alive():
-                    assert child.proc is not None
-                    child.proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout + 5
+                child.terminate()
+            deadline = self._stop_deadline()
             for child in wave:
                 if child.proc is None:
                     continue

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
 from conveyor.ingress.router_link import RouterLink, error_from
 from conveyor.ingress.shm_params import ShmPlacement
@@ -120,8 +121,11 @@ class StreamError:
 
 
 class DataPlane:
-    def __init__(self, link: RouterLink, arena: Arena, regions: RegionCache) -> None:
+    def __init__(
+        self, link: RouterLink, arena: Arena, regions: RegionCache, drain: IngressDrain | None = None
+    ) -> None:
         self.link = link
+        self.drain = drain or IngressDrain()
         self.arena = arena
         self.regions = regions
         self.models = ModelSignatureCache(link)
@@ -137,6 +141,7 @@ class DataPlane:
 
     async def infer(self, call: InferCall, *, endpoint: str = "HTTP end point") -> InferResult:
         """One request, one response; ``endpoint`` names the caller in the refusal of a decoupled model."""
+        self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         if sig.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
@@ -152,6 +157,7 @@ class DataPlane:
     async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
         """Every response to ``call`` (a decoupled model may send none but the final
         flag: an ``InferResult`` without outputs), the last one ``final``."""
+        self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         request = self._send_inputs(sig, call)
         async with contextlib.aclosing(self.link.infer_stream(request)) as responses:

@@ -12,8 +12,8 @@ Flows (see ARCHITECTURE.md)::
 
     ingress --InferRequest/ControlRequest/Cancel--> router
     router  --InferResponse/ControlReply----------> ingress
-    router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem--> worker
-    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse--> router
+    router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
+    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving--> router
     worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
 """
 
@@ -267,10 +267,24 @@ class CancelItem(msgspec.Struct, tag="icancel", array_like=True):
     index: int
 
 
+class WorkerLeaving(msgspec.Struct, tag="wleave", array_like=True):
+    """Worker to router: this worker is stopping. Send it no new batch, move its
+    instances to other workers, and answer ``LeaveGranted`` once none of its batches
+    is running."""
+
+    reason: str = ""
+
+
+class LeaveGranted(msgspec.Struct, tag="wbye", array_like=True):
+    """Router to worker: nothing of yours runs or will be sent: exit now."""
+
+
 IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
 RouterToIngress = InferResponse | ControlReply
-RouterToWorker = LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem
-WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse
+RouterToWorker = (
+    LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
+)
+WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | WorkerLeaving
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.proto.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.models import ModelRegistry, metadata, signature
@@ -13,9 +14,10 @@ from conveyor.router.workers import WorkerPool
 
 
 class ControlHandler:
-    def __init__(self, registry: ModelRegistry, pool: WorkerPool) -> None:
+    def __init__(self, registry: ModelRegistry, pool: WorkerPool, shutdown: DrainClock | None = None) -> None:
         self.registry = registry
         self.pool = pool
+        self.shutdown = shutdown or DrainClock()
         self._ops: dict[str, Callable[..., Any]] = {
             "server_ready": self.server_ready,
             "model_ready": self.model_ready,
@@ -50,7 +52,10 @@ class ControlHandler:
 
         A model that failed to load does not hold the server back (unlike Triton's
         strict readiness): it reports its own reason on its own endpoints.
+        A draining router is not ready, so every ingress says so at once.
         """
+        if self.shutdown.draining:
+            return False
         versions = self.registry.versions()
         if versions and not self.pool.workers:
             return False

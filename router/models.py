@@ -25,6 +25,8 @@ class InstanceState(enum.Enum):
     LOADING = "LOADING"
     READY = "READY"
     FAILED = "FAILED"
+    # On a worker that is leaving: takes no new batch, goes when its worker goes.
+    DRAINING = "DRAINING"
 
 
 @dataclass(eq=False)

@@ -17,7 +17,9 @@ from typing import Any
 import msgspec
 import zmq
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
+from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
@@ -25,6 +27,7 @@ from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.worker_drain import WorkerDrain
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,10 @@ class Router:
             sock.bind(endpoint)
         self.registry = ModelRegistry(queue_cap)
         self.pool = WorkerPool()
-        self.control = ControlHandler(self.registry, self.pool)
+        self.worker_drain = WorkerDrain(self.pool, self._grant_leave)
+        # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
+        self.shutdown = DrainClock()
+        self.control = ControlHandler(self.registry, self.pool, self.shutdown)
         self.lifecycle = ModelLifecycle(self.registry, repositories, control_mode, load_models, strict_config)
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
         self._poll_secs = poll_secs
@@ -84,6 +90,7 @@ class Router:
         self._timer_seq = itertools.count()
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
+        self.systemd = Notifier()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -93,19 +100,23 @@ class Router:
     def stop(self, *_: Any) -> None:
         self._stopping = True
 
-    def run(self, exit_timeout_s: float = 30.0) -> None:
+    def run(self, exit_timeout_s: float = 30.0, drain_grace_s: float = 0.0) -> None:
+        self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         self.load_repository()
+        # Bound (in __init__) and the repository scanned: workers and ingress can come.
+        self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
         next_tick = time.monotonic()
-        stop_by: float | None = None
         while True:
+            self.systemd.beat()
             if self._stopping:
-                stop_by = stop_by or time.monotonic() + exit_timeout_s
-                if not self.running or time.monotonic() > stop_by:
+                self.shutdown.begin()
+                self.systemd.stopping("draining")
+                if self.shutdown.phase(busy=bool(self.running or self.queued)) is Phase.DONE:
                     break
             timeout_ms = self._poll_timeout_ms(next_tick)
             events = dict(poller.poll(timeout_ms))
@@ -149,7 +160,11 @@ class Router:
             log.error("undecodable message from ingress: %s", exc)
             return
         if isinstance(msg, m.InferRequest):
-            self._on_infer(identity, msg)
+            if self.shutdown.refusing():
+                err = ConveyorError(Status.UNAVAILABLE, "the server is shutting down: retry on another instance")
+                self._reply_error(identity, msg.id, msg.model, msg.version, err)
+            else:
+                self._on_infer(identity, msg)
         elif isinstance(msg, m.ControlRequest) and msg.op in ("repository_load", "repository_unload"):
             self._on_model_control(identity, msg)
         elif isinstance(msg, m.ControlRequest):
@@ -358,6 +373,11 @@ class Router:
             self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):
             self._on_loaded(worker, msg)
+        elif isinstance(msg, m.WorkerLeaving):
+            self.worker_drain.begin(worker)
+            self._place()
+        if self.worker_drain.active:
+            self._drain_workers()
 
     def _on_worker_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
         if hello.version != m.PROTOCOL_VERSION:
@@ -367,6 +387,8 @@ class Router:
             self._drop_worker(identity, "it restarted")
         worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
         self.pool.join(worker)
+        # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
+        self.back.send_multipart([identity, m.encode(m.Heartbeat())])
         self._update_cuda_devices()
         log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
         self._place()
@@ -477,6 +499,8 @@ class Router:
     def _tick(self, now: float) -> None:
         for worker in self.pool.silent(now):
             self._drop_worker(worker.identity, "it stopped answering")
+        if self.worker_drain.active:
+            self._drain_workers()
         beat = m.encode(m.Heartbeat())
         for identity in self.pool.workers:
             self.back.send_multipart([identity, beat])
@@ -504,10 +528,24 @@ class Router:
             int(d.split(":", 1)[1]) for w in self.pool.workers.values() for d in w.devices if d.startswith("cuda:")
         }
 
+    # --- workers leaving on purpose (router/worker_drain.py) ---------------------------
+
+    def _drain_workers(self) -> None:
+        for state in self.worker_drain.progress(self._runs_on):
+            self._schedule(state)
+
+    def _runs_on(self, identity: bytes) -> bool:
+        return any(run.instance.worker == identity for run in self.running.values())
+
+    def _grant_leave(self, worker: WorkerInfo) -> None:
+        self._drop_worker(worker.identity, "it drained and stopped")
+        self.back.send_multipart([worker.identity, m.encode(m.LeaveGranted())])
+
     def _drop_worker(self, identity: bytes, why: str) -> None:
         worker = self.pool.leave(identity)
         if worker is None:
             return
+        self.worker_drain.forget(worker)  # a leaving worker's replacements exist already
         self._update_cuda_devices()
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")

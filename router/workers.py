@@ -38,6 +38,7 @@ class WorkerInfo:
     devices: list[str]
     last_seen: float = field(default_factory=time.monotonic)
     instances: list[Instance] = field(default_factory=list)
+    leaving: bool = False  # said WorkerLeaving: gets no new instance
 
     def hosts(self, device: str) -> bool:
         return device == "cpu" or device in self.devices
@@ -74,7 +75,7 @@ class WorkerPool:
         for inst in instances:
             if inst.state is not InstanceState.UNPLACED:
                 continue
-            candidates = [w for w in self.workers.values() if w.hosts(inst.device)]
+            candidates = [w for w in self.workers.values() if w.hosts(inst.device) and not w.leaving]
             if not candidates:
                 # Stays unplaced (a worker with that device may join later), but says why.
                 inst.error = f"no worker has device '{inst.device}'" if self.workers else ""

@@ -90,5 +90,6 @@ def shm_preflight(needed_bytes: int) -> str:
     return (
         f"{SHM_DIR} holds {size >> 20} MiB but the arenas of this group may use up to {needed_bytes >> 20} MiB: "
         "lower --arena-size, or give the container more (docker run --shm-size, or a Memory-backed "
-        "emptyDir on /dev/shm in Kubernetes)"
+        "emptyDir on /dev/shm in Kubernetes), or on a host grow the tmpfs (/etc/fstab: "
+        "'tmpfs /dev/shm tmpfs defaults,size=NG', then mount -o remount /dev/shm)"
     )

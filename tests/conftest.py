@@ -83,7 +83,7 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True) -> Serve
             "--model-repository", repo, "--group", group,
             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-            "--arena-size", str(64 << 20), "--exit-timeout-secs", "10", *extra,
+            "--arena-size", str(64 << 20), "--exit-timeout-secs", "10", "--drain-grace-secs", "0", *extra,
         ],
     )
     try:

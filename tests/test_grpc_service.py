@@ -22,6 +22,7 @@ import tritonclient.grpc.aio as tga
 from tritonclient.utils import InferenceServerException
 
 from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.server import start_server
 from conveyor.proto import health_pb2, health_pb2_grpc
 from conveyor.proto.datatypes import serialize_bytes
@@ -103,7 +104,8 @@ class FakeDataPlane:
 @pytest.fixture
 async def served() -> AsyncIterator[SimpleNamespace]:
     link, dataplane = FakeLink(), FakeDataPlane()
-    server, port = await start_server(SimpleNamespace(link=link, dataplane=dataplane), "127.0.0.1", 0)  # type: ignore[arg-type]
+    ctx = SimpleNamespace(link=link, dataplane=dataplane, drain=IngressDrain())
+    server, port = await start_server(ctx, "127.0.0.1", 0)  # type: ignore[arg-type]
     client = tga.InferenceServerClient(f"127.0.0.1:{port}")
     try:
         yield SimpleNamespace(url=f"127.0.0.1:{port}", link=link, dataplane=dataplane, client=client)

@@ -16,6 +16,7 @@ import pytest
 import tritonclient.http as th
 
 from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import BodyLimit
 from conveyor.ingress.server_metadata import server_metadata
@@ -95,7 +96,7 @@ def plane() -> EchoPlane:
 
 @pytest.fixture
 def client(link: FakeLink, plane: EchoPlane) -> falcon.testing.TestClient:
-    ctx = SimpleNamespace(link=link, dataplane=plane)
+    ctx = SimpleNamespace(link=link, dataplane=plane, drain=IngressDrain())
     return falcon.testing.TestClient(build_app(ctx, max_body_bytes=4096))  # type: ignore[arg-type]
 
 

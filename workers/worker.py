@@ -22,6 +22,7 @@ from typing import Any, cast
 import msgspec
 import zmq
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
@@ -78,7 +79,8 @@ def detect_devices() -> list[str]:
 
 class Worker:
     def __init__(
-        self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, bls_endpoint: str = ""
+        self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, bls_endpoint: str = "",
+        exit_timeout_s: float = 30.0,
     ) -> None:
         """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS)."""
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -106,9 +108,32 @@ class Worker:
         self.streams: dict[tuple[int, int], tuple[tuple[str, str, int], ItemStream]] = {}
         self._stopping = False
         self._last_heard = time.monotonic()
+        self._registered = False
+        self.systemd = Notifier()
+        self.exit_timeout_s = exit_timeout_s
+        self._leave_requested = False
+        self._leave_by: float | None = None  # set once WorkerLeaving is sent
 
     def stop(self, *_: Any) -> None:
-        self._stopping = True
+        """SIGTERM/SIGINT: leave gracefully (drain); a second signal stops at once."""
+        if self._leave_requested:
+            self._stopping = True
+        self._leave_requested = True
+
+    def _leave(self, now: float) -> None:
+        """Hand the work back before exiting: the router answers LeaveGranted once it
+        sends us nothing more and every batch it gave us has come back."""
+        if self._leave_by is None:
+            if not self._registered:
+                self._stopping = True  # the router knows nothing of ours: nothing to hand back
+                return
+            self.sock.send(m.encode(m.WorkerLeaving("stopping")))
+            self._leave_by = now + self.exit_timeout_s
+            self.systemd.stopping("draining: finishing in-flight batches")
+            log.info("leaving: waiting for the router to move this worker's instances")
+        elif now > self._leave_by:
+            log.warning("the router did not let this worker go within %.0fs: exiting", self.exit_timeout_s)
+            self._stopping = True
 
     def _hello(self) -> None:
         self.sock.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
@@ -126,6 +151,7 @@ class Worker:
         next_beat = time.monotonic()
         try:
             while not self._stopping:
+                self.systemd.beat()
                 events = dict(poller.poll(250))
                 if self._wake_rx in events:
                     try:
@@ -145,6 +171,8 @@ class Worker:
                 if self.sock in events:
                     self._drain()
                 now = time.monotonic()
+                if self._leave_requested:
+                    self._leave(now)
                 if now >= next_beat:
                     self.sock.send(m.encode(m.Heartbeat()))
                     next_beat = now + 1.0
@@ -152,6 +180,7 @@ class Worker:
                         log.warning("no word from the router for %.0fs: saying hello again", ROUTER_SILENCE_S)
                         self._reset()
         finally:
+            self.systemd.stopping()
             self.close()
 
     def _drain(self) -> None:
@@ -167,6 +196,10 @@ class Worker:
             except msgspec.DecodeError as exc:
                 log.error("undecodable message from the router: %s", exc)
                 continue
+            if not self._registered and not isinstance(msg, m.Rehello):
+                # The router answers a hello at once: anything but Rehello means it knows us.
+                self._registered = True
+                self.systemd.ready("registered with the router")
             if isinstance(msg, m.ExecBatch):
                 self._exec(msg)
             elif isinstance(msg, m.LoadModel):
@@ -179,11 +212,16 @@ class Worker:
                 self.client_regions.forget(msg.ids)
             elif isinstance(msg, m.UnloadModel):
                 self._unload((msg.model, msg.version, msg.instance))
+            elif isinstance(msg, m.LeaveGranted):
+                self._stopping = True
             elif isinstance(msg, m.Rehello):
                 log.warning("the router does not know this worker (it restarted?): saying hello again")
                 self._reset()
 
     def _reset(self) -> None:
+        if self._leave_requested:
+            self._stopping = True  # a router that does not know us has nothing of ours to finish
+            return
         if self.bls is not None:
             self.bls.fail_all("the router restarted")
         # The router that knew these requests is gone: end them without a word.
@@ -193,6 +231,7 @@ class Worker:
             self._unload(key)
         self.client_regions.clear()
         self._last_heard = time.monotonic()
+        self._registered = False
         self._hello()
 
     # --- runs in instance threads -----------------------------------------------------

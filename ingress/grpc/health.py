@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.router_link import RouterLink
 from conveyor.proto import health_pb2, health_pb2_grpc
 from conveyor.proto.errors import ConveyorError, Status
@@ -26,8 +27,11 @@ _SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 WATCH_INTERVAL_S = 1.0
 
 
-async def server_ready(link: RouterLink) -> bool:
-    """Whether the router says the server is ready; an unreachable router means no."""
+async def server_ready(link: RouterLink, drain: IngressDrain | None = None) -> bool:
+    """Whether the router says the server is ready; an unreachable router, or this
+    process draining, means no."""
+    if drain is not None and drain.draining:
+        return False
     try:
         return bool(await link.control("server_ready"))
     except ConveyorError as err:
@@ -37,11 +41,12 @@ async def server_ready(link: RouterLink) -> bool:
 
 
 class HealthServicer:
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterLink, drain: IngressDrain | None = None) -> None:
         self._link = link
+        self._drain = drain
 
     async def _status(self) -> Any:
-        return _SERVING if await server_ready(self._link) else _NOT_SERVING
+        return _SERVING if await server_ready(self._link, self._drain) else _NOT_SERVING
 
     async def Check(self, request: Any, context: Any) -> Any:
         if request.service not in SERVICES:

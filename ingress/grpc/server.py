@@ -13,8 +13,10 @@ from typing import Any
 
 import grpc
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.grpc import health, service
+from conveyor.ingress.sd_ready import notify_when_serving
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,8 @@ async def start_server(ctx: IngressContext, host: str, port: int) -> tuple[Any, 
     """Build, bind and start a ``grpc.aio`` server on ``ctx``; return it and the
     bound port (useful with ``port=0``). The caller stops it."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane), server)
-    health.add_to_server(health.HealthServicer(ctx.link), server)
+    service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
+    health.add_to_server(health.HealthServicer(ctx.link, ctx.drain), server)
     bound = server.add_insecure_port(_address(host, port))
     if bound == 0:  # older grpcio reports a failed bind this way instead of raising
         raise OSError(f"cannot bind the gRPC endpoint to {_address(host, port)}")
@@ -55,22 +57,30 @@ async def run(
     *,
     arena_bytes: int = DEFAULT_ARENA_BYTES,
     exit_timeout_s: float = 30.0,
+    drain_grace_s: float = 0.0,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then let in-flight calls finish (up to
-    ``exit_timeout_s``) before closing the context and its arena."""
+    """Serve until SIGTERM/SIGINT, then drain (``ingress/drain.py``): not ready for
+    ``drain_grace_s``, then refuse new calls while in-flight ones finish (up to
+    ``exit_timeout_s``), then close the context and its arena."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ctx = await IngressContext.create(router, group, arena_bytes)
+    ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
+                                      exit_timeout_s=exit_timeout_s)
     try:
         server, bound = await start_server(ctx, host, port)
         log.info("gRPC ingress listening on %s", _address(host, bound))
+        systemd = Notifier()
+        announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
         try:
             await stop.wait()
+            systemd.stopping("draining")
+            await ctx.drain.run(lambda: ctx.link.in_flight)
         finally:
-            # New calls are refused at once; running ones get the grace period.
-            await server.stop(grace=exit_timeout_s)
+            announce.cancel()
+            # GOAWAY: clients reconnect elsewhere; calls not yet at the router get what time is left.
+            await server.stop(grace=max(1.0, ctx.drain.clock.time_left()))
     finally:
         await ctx.close()
 
@@ -84,6 +94,7 @@ def serve(
     arena_bytes: int,
     log_level: str = "warning",
     exit_timeout_s: float = 30.0,
+    drain_grace_s: float = 0.0,
 ) -> None:
     """Run a gRPC ingress process (blocking).
 
@@ -93,9 +104,11 @@ def serve(
         host, port: where to listen; other ingress processes may share the port.
         arena_bytes: size of the shared-memory arena for request tensors.
         log_level: a ``logging`` level name.
-        exit_timeout_s: how long in-flight calls may run after SIGTERM/SIGINT.
+        exit_timeout_s: how long in-flight calls may run once new ones are refused.
+        drain_grace_s: how long readiness is false before new calls are refused.
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s"
     )
-    asyncio.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s))
+    asyncio.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s,
+                    drain_grace_s=drain_grace_s))

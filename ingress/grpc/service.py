@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, StreamError
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc import codec, wire
 from conveyor.ingress.grpc.health import server_ready
 from conveyor.ingress.grpc.stream import Replies, stream_replies
@@ -83,9 +84,10 @@ def _time_left(context: Any) -> float | None:
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` (names are Triton's)."""
 
-    def __init__(self, link: RouterLink, dataplane: DataPlane) -> None:
+    def __init__(self, link: RouterLink, dataplane: DataPlane, drain: IngressDrain | None = None) -> None:
         self._link = link
         self._dataplane = dataplane
+        self._drain = drain
         self._server_metadata = codec.server_metadata_response(server_metadata())
 
     # --- health and metadata ---------------------------------------------------------
@@ -97,7 +99,7 @@ class InferenceServicer:
 
     @_unary
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return pb.ServerReadyResponse(ready=await server_ready(self._link))
+        return pb.ServerReadyResponse(ready=await server_ready(self._link, self._drain))
 
     @_unary
     async def ModelReady(self, request: Any, context: Any) -> Any:

@@ -16,6 +16,7 @@ import falcon.asgi
 
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body
 from conveyor.ingress.http.codec import (
     HEADER_LENGTH,
@@ -52,11 +53,13 @@ class Live:
 
 
 class ServerReady:
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterLink, drain: IngressDrain) -> None:
         self._link = link
+        self._drain = drain
 
     async def on_get(self, req: Request, resp: Response) -> None:
-        _status(resp, bool(await self._link.control("server_ready")))
+        # Draining: not ready at once, so balancers stop sending before requests are refused.
+        _status(resp, not self._drain.draining and bool(await self._link.control("server_ready")))
 
 
 class ServerMetadata:
@@ -135,7 +138,7 @@ def build_app(ctx: IngressContext, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYT
 
     link = ctx.link
     app.add_route("/v2/health/live", Live())
-    app.add_route("/v2/health/ready", ServerReady(link))
+    app.add_route("/v2/health/ready", ServerReady(link, ctx.drain))
     app.add_route("/v2", ServerMetadata())
 
     stats = Stats(link)

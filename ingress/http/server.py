@@ -3,14 +3,17 @@
 Several ingress processes serve one port: each binds its own listening socket
 with SO_REUSEPORT and the kernel spreads new connections across them.
 
-Shutdown (SIGTERM/SIGINT): uvicorn closes the listener, lets in-flight requests
-finish for up to ``exit_timeout_s`` (then cancels them, which cancels their
-router requests), and only then is the context closed, unlinking this
-process's shared-memory arena.
+Shutdown (SIGTERM/SIGINT) drains first (``ingress/drain.py``): readiness is
+false for ``drain_grace_s`` while requests are still served, then new requests
+get 503 until those in flight are done (up to ``exit_timeout_s``). Then uvicorn
+closes the listener and its connections (cancelling whatever still runs, which
+cancels their router requests), and only then is the context closed, unlinking
+this process's shared-memory arena. A second signal skips the drain.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import signal
 import socket
@@ -22,9 +25,11 @@ from typing import Any
 import uvicorn
 import uvloop
 
+from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.sd_ready import notify_when_serving
 
 AppFactory = Callable[[IngressContext], Any]
 
@@ -49,6 +54,34 @@ def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn whose first SIGTERM/SIGINT starts the drain instead of its own shutdown,
+    which follows once the drain is done."""
+
+    def __init__(self, config: uvicorn.Config, ctx: IngressContext, systemd: Notifier) -> None:
+        super().__init__(config)
+        self._ctx = ctx
+        self._systemd = systemd
+        self._loop = asyncio.get_running_loop()
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_task is not None or not self.started:
+            super().handle_exit(sig, frame)  # a second signal, or not serving yet: stop now
+            return
+        # Runs in the signal handler: hand over to the loop.
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain_task is None:
+            self._systemd.stopping("draining")
+            self._drain_task = self._loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        await self._ctx.drain.run(lambda: self._ctx.link.in_flight)
+        self.should_exit = True
 
 
 class _Signals:
@@ -89,6 +122,7 @@ def serve(
     arena_bytes: int,
     log_level: str = "warning",
     exit_timeout_s: float = 30.0,
+    drain_grace_s: float = 0.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     app_factory: AppFactory | None = None,
 ) -> None:
@@ -111,6 +145,7 @@ def serve(
                 arena_bytes=arena_bytes,
                 log_level=log_level,
                 exit_timeout_s=exit_timeout_s,
+                drain_grace_s=drain_grace_s,
                 max_body_bytes=max_body_bytes,
                 app_factory=app_factory,
             )
@@ -129,11 +164,13 @@ async def _serve(
     arena_bytes: int,
     log_level: str,
     exit_timeout_s: float,
+    drain_grace_s: float,
     max_body_bytes: int,
     app_factory: AppFactory | None,
 ) -> None:
     # The context's ZeroMQ socket and futures belong to this loop: create it here.
-    ctx = await IngressContext.create(router, group, arena_bytes)
+    ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
+                                      exit_timeout_s=exit_timeout_s)
     try:
         # Bind only once ready, so the kernel does not hand connections to a process still starting.
         sock = bind_socket(host, port)
@@ -154,9 +191,15 @@ async def _serve(
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=math.ceil(exit_timeout_s),
         )
-        server = uvicorn.Server(config)
+        systemd = Notifier()
+        server = _DrainingServer(config, ctx, systemd)
         if signals.received:
             server.should_exit = True
-        await server.serve(sockets=[sock])
+        announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: server.started, systemd))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            announce.cancel()
+            systemd.stopping()
     finally:
         await ctx.close()
