@@ -10,6 +10,7 @@ the answer into views of the worker's output block.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,10 @@ from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
+# The answer to a sequence request names the host that holds the sequence, so a
+# load balancer in front of several hosts can keep the sequence there.
+ROUTING_HINT = "conveyor_host"
+HOST = socket.gethostname()
 _CLIENT = m.CLIENT_REGION_PREFIX
 
 
@@ -160,9 +165,10 @@ class DataPlane:
             )
             for t in response.outputs
         ]
-        return InferResult(
-            response.model, response.version, call.id, out, response.parameters, response.release, regions
-        )
+        params = response.parameters
+        if "sequence_id" in call.parameters:
+            params = {**params, ROUTING_HINT: HOST}
+        return InferResult(response.model, response.version, call.id, out, params, response.release, regions)
 
     # --- validation ------------------------------------------------------------------
 

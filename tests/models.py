@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub, identity
-from tests import python_models
+from tests import python_models, sequence_models
 
 LABELS = [f"label_{i}" for i in range(10)]
 
@@ -36,6 +36,7 @@ def build_test_repository(repo: str) -> None:
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
     build_scheduling_models(repo)
+    sequence_models.build(repo)
 
 
 # Batches of these leave only at 4 rows (or after 30 s): the tests decide when.
