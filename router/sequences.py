@@ -106,6 +106,8 @@ class SequenceBatcher:
             raise invalid_arg(
                 f"inference request to model '{self.model}' must specify a non-zero or non-empty correlation ID"
             )
+        if type(sid) is int and sid < 0:
+            sid += 1 << 64  # a gRPC int64_param: Triton reads it as the uint64 it encodes
         if item.rows != 1:
             raise invalid_arg(
                 f"inference request to model '{self.model}' must specify batch-size 1 due to requirements of "

@@ -80,6 +80,15 @@ def test_requests_that_cannot_belong_to_a_sequence_are_refused(params: dict[str,
     assert exc.value.status is Status.INVALID_ARG and message in exc.value.message
 
 
+def test_a_negative_grpc_int64_id_is_the_uint64_it_encodes() -> None:
+    b = batcher()
+    b.push(request(2**64 - 1, start=True))
+    b.push(request(-1, end=True))  # the same sequence
+    home = only_home(b)
+    assert steps(b.next_batch(home, 0)) == [(2**64 - 1, 0, True, False)]
+    assert steps(b.next_batch(home, 0)) == [(2**64 - 1, 0, False, True)]
+
+
 def test_end_closes_the_sequence_and_its_slot_goes_to_the_backlog() -> None:
     b = batcher(max_batch_size=1)
     b.push(request(1, start=True))
@@ -278,3 +287,16 @@ def test_worker_refuses_a_missing_initial_state_file(tmp_path: Any) -> None:
     with pytest.raises(ConveyorError) as exc:
         SequenceSlots(config(_STATEFUL), str(tmp_path))
     assert exc.value.status is Status.UNAVAILABLE and "data_file" in exc.value.message
+
+
+def test_worker_controls_and_state_of_a_model_without_batching(tmp_path: Any) -> None:
+    slots = SequenceSlots(config(_STATEFUL.replace('data_file: "init"', "zero_data: true"), max_batch_size=0),
+                          str(tmp_path))
+    inputs: dict[str, Any] = {}
+    slots.add_batch_inputs(inputs, [item(0, start=True)])
+    assert inputs["START"].shape == (1,) and inputs["CORRID"].shape == (1,)
+    assert inputs["STATE"].tolist() == [0.0, 0.0]  # no batch dimension
+    slots.keep_batch_states([item(0, start=True)], {"NEW_STATE": np.array([1, 2], np.float32)})
+    inputs = {}
+    slots.add_batch_inputs(inputs, [item(0)])
+    assert inputs["STATE"].tolist() == [1.0, 2.0]
