@@ -15,6 +15,7 @@ model as Triton does. The request's input block lives until its final response.
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -39,6 +40,10 @@ from conveyor.shm.arena import Arena
 from conveyor.shm.regions import RegionCache
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
+# The answer to a sequence request names the host that holds the sequence, so a
+# load balancer in front of several hosts can keep the sequence there.
+ROUTING_HINT = "conveyor_host"
+HOST = socket.gethostname()
 _CLIENT = m.CLIENT_REGION_PREFIX
 
 
@@ -211,9 +216,11 @@ class DataPlane:
             )
             for t in response.outputs
         ]
+        params = response.parameters
+        if "sequence_id" in call.parameters:
+            params = {**params, ROUTING_HINT: HOST}
         return InferResult(
-            response.model, response.version, call.id, out, response.parameters, response.release, regions,
-            response.final,
+            response.model, response.version, call.id, out, params, response.release, regions, response.final,
         )
 
     # --- validation ------------------------------------------------------------------

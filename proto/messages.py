@@ -203,12 +203,24 @@ class ModelLoaded(msgspec.Struct, tag="loaded", array_like=True):
     error: str = ""
 
 
+class SequenceStep(msgspec.Struct, array_like=True):
+    """A request's place in its sequence (sequence batching): the instance's
+    ``slot`` that holds the sequence's implicit state, the START/END flags and
+    the correlation id; the worker synthesizes the control inputs from it."""
+
+    slot: int
+    start: bool
+    end: bool
+    correlation_id: int | str
+
+
 class BatchItem(msgspec.Struct, array_like=True):
     id: int
     inputs: list[TensorRef]
     outputs: list[OutputSpec]
     parameters: dict[str, Any] = {}
     request_id: str = ""
+    sequence: SequenceStep | None = None  # set for models with sequence_batching
 
 
 class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
@@ -226,6 +238,16 @@ class ForgetRegions(msgspec.Struct, tag="forget", array_like=True):
     """Router to worker: these client registrations are gone; unmap them."""
 
     ids: list[int]
+
+
+class ForgetSequences(msgspec.Struct, tag="forgetseq", array_like=True):
+    """Router to worker: the sequences in these ``slots`` of an instance idled out;
+    drop their implicit state."""
+
+    model: str
+    version: str
+    instance: int
+    slots: list[int]
 
 
 class ItemResult(msgspec.Struct, array_like=True):
@@ -283,6 +305,7 @@ IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
 RouterToIngress = InferResponse | ControlReply
 RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
+    | ForgetSequences
 )
 WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | WorkerLeaving
 

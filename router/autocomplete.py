@@ -42,9 +42,14 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
         graph = onnx.load(model_path, load_external_data=False).graph
     except Exception as exc:
         return f"cannot read '{model_path}' to complete its config: {exc}"
-    initializers = {i.name for i in graph.initializer}
-    inputs = [v for v in graph.input if v.name not in initializers]
-    tensors = [*inputs, *graph.output]
+    sb = config.sequence_batching
+    # The server feeds sequence control and state tensors itself: they are not the client's to send.
+    internal = {i.name for i in graph.initializer} | {c.name for c in sb.control_input}
+    internal |= {s.input_name for s in sb.state}
+    inputs = [v for v in graph.input if v.name not in internal]
+    state_outputs = {s.output_name for s in sb.state}
+    outputs = [v for v in graph.output if v.name not in state_outputs]
+    tensors = [*inputs, *outputs]
     batched = config.max_batch_size > 0
     if not max_batch_size_given:
         batched = bool(tensors) and all(_dims(v)[:1] == [-1] for v in tensors)
@@ -52,7 +57,7 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
             if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
                 config.dynamic_batching.SetInParent()
-    for values, declared in ((inputs, config.input), (list(graph.output), config.output)):
+    for values, declared in ((inputs, config.input), (outputs, config.output)):
         if len(declared):
             continue
         for v in values:

@@ -27,6 +27,7 @@ class ControlHandler:
             "signature": self.signature,
             "metrics": self.metrics,
             "ping": self.ping,
+            "instances": self.instances,
         }
         self.boot_id = time.time_ns()
 
@@ -103,3 +104,13 @@ class ControlHandler:
     def signature(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)
         return {"generation": self.registry.generation, "signature": signature(state)}
+
+    def instances(self) -> list[dict[str, Any]]:
+        """Where every instance of every serving version is and its state (operators, tests)."""
+        pids = {w.identity: w.pid for w in self.pool.workers.values()}
+        return [
+            {"model": s.model, "version": s.label, "index": i.index, "state": i.state.value,
+             "worker_pid": pids.get(i.worker, 0) if i.worker is not None else 0, "error": i.error}
+            for s in sorted(self.registry.versions(), key=lambda s: (s.model, s.version))
+            for i in s.instances
+        ]

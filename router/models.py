@@ -13,10 +13,12 @@ from typing import Any
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import not_found, unavailable
+from conveyor.proto.sequence_config import SequenceConfig
 from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
+from conveyor.router.sequences import SequenceBatcher
 from conveyor.router.stats import ModelStats
 
 
@@ -41,6 +43,11 @@ class Instance:
     busy: bool = False
     error: str = ""
 
+    @property
+    def serving(self) -> bool:
+        """Loaded on a worker and taking batches."""
+        return self.state is InstanceState.READY and self.worker is not None
+
 
 @dataclass(eq=False)
 class VersionState:
@@ -49,7 +56,7 @@ class VersionState:
     path: str
     config: mc.ModelConfig
     stats: ModelStats
-    batcher: DynamicBatcher
+    batcher: DynamicBatcher | SequenceBatcher  # the latter for models with sequence_batching
     instances: list[Instance] = field(default_factory=list)
     error: str = ""
     # No instance_group in the config: one CPU instance on every worker, added
@@ -121,14 +128,18 @@ def _version_state(
     name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int, next_index: Callable[[], int]
 ) -> VersionState:
     db = config.dynamic_batching
-    batcher = DynamicBatcher(
-        config.max_batch_size,
-        list(db.preferred_batch_size),
-        db.max_queue_delay_microseconds * 1000,
-        enabled=config.HasField("dynamic_batching"),
-        policy=SchedulingPolicy.from_config(config),
-        queue_cap=queue_cap,
-    )
+    batcher: DynamicBatcher | SequenceBatcher
+    if config.HasField("sequence_batching"):
+        batcher = SequenceBatcher(name, SequenceConfig.from_config(config), queue_cap)
+    else:
+        batcher = DynamicBatcher(
+            config.max_batch_size,
+            list(db.preferred_batch_size),
+            db.max_queue_delay_microseconds * 1000,
+            enabled=config.HasField("dynamic_batching"),
+            policy=SchedulingPolicy.from_config(config),
+            queue_cap=queue_cap,
+        )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
     state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group

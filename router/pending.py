@@ -18,6 +18,7 @@ class Pending:
     level: int = 0  # priority level index, 0 = highest
     timeout_ns: int = 0  # when its queue policy times it out (absolute, monotonic); 0 = never
     ticket: int = 0  # its place in the response order (preserve_ordering)
+    sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""

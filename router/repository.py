@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
+from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.autocomplete import complete_onnx
 from conveyor.router.autocomplete_python import complete_python
 from conveyor.router.queue_policy import scheduling_problem
@@ -182,7 +183,7 @@ def validate(config: mc.ModelConfig) -> str:
         return "dynamic batching needs max_batch_size > 0"
     if config.model_transaction_policy.decoupled and config.backend != "python":
         return "decoupled models (model_transaction_policy { decoupled: true }) need the python backend"
-    return scheduling_problem(config)
+    return scheduling_problem(config) or sequence_problem(config)
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:
@@ -190,6 +191,12 @@ def _fill_defaults(config: mc.ModelConfig) -> None:
         config.version_policy.latest.num_versions = 1
     if not config.default_model_filename:
         config.default_model_filename = _DEFAULT_FILENAME.get(config.backend, "model")
+    if config.HasField("sequence_batching"):  # Triton's defaults, shown by /config
+        sb = config.sequence_batching
+        if not sb.max_sequence_idle_microseconds:
+            sb.max_sequence_idle_microseconds = IDLE_DEFAULT_US
+        if sb.HasField("oldest") and not sb.oldest.preferred_batch_size and config.max_batch_size > 0:
+            sb.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def _find_versions(spec: ModelSpec) -> None:

@@ -27,6 +27,7 @@ from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.sequences import SequenceBatcher
 from conveyor.router.worker_drain import WorkerDrain
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
@@ -290,7 +291,11 @@ class Router:
             self._wake_at(state, expiry)  # answer timed-out requests even when nothing else happens
 
     def _run_batches(self, state: VersionState, now: int) -> None:
-        while len(state.batcher):
+        batcher = state.batcher
+        if isinstance(batcher, SequenceBatcher):
+            self._run_sequences(state, batcher, now)
+            return
+        while len(batcher):
             instance = next(
                 (i for i in state.instances if i.state is InstanceState.READY and not i.busy), None
             )
@@ -298,13 +303,35 @@ class Router:
                 if not state.ready:
                     self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
                 return
-            batch = state.batcher.next_batch(now)
+            batch = batcher.next_batch(now)
             if batch is None:
                 return
             if isinstance(batch, int):
                 self._wake_at(state, batch)
                 return
             self._dispatch(state, instance, batch, now)
+
+    def _run_sequences(self, state: VersionState, batcher: SequenceBatcher, now: int) -> None:
+        """Sequence batching: each serving instance runs the next requests of its own sequences."""
+        for item, exc in batcher.sync(state.instances, now):  # their instance went away
+            self.queued.pop((item.ingress, item.request.id), None)
+            state.stats.fail.add(now - item.arrival_ns)
+            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+        for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
+            if inst.worker is not None:
+                forget = m.ForgetSequences(state.model, state.label, inst.index, slots)
+                self.back.send_multipart([inst.worker, m.encode(forget)])
+        if not state.ready:
+            self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
+            return
+        for home in batcher.homes_to_run():
+            if home.instance.busy:
+                continue
+            batch = batcher.next_batch(home, now)
+            if isinstance(batch, int):
+                self._wake_at(state, batch)
+            elif batch:
+                self._dispatch(state, home.instance, batch, now)
 
     def _wake_at(self, state: VersionState, due_ns: int) -> None:
         armed = self._armed.get(state)
@@ -326,7 +353,7 @@ class Router:
             if order is not None:
                 p.ticket = order.ticket()
             r = p.request
-            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id))
+            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence))
             if r.regions:
                 regions += r.regions
         instance.busy = True

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,36 @@ def server(model_repo: str) -> Iterator[Server]:
     code = srv.stop()
     assert code == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
+
+
+def router_control(group: str, op: str, **args: Any) -> Any:
+    """Ask the router of ``group`` directly, over its real ingress socket, as an ingress does."""
+    import zmq
+
+    from conveyor.deploy.options import default_endpoints
+    from conveyor.proto import messages as m
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(default_endpoints(group)[0])
+    try:
+        sock.send(m.encode(m.ControlRequest(1, op, args)))
+        if not sock.poll(10_000):
+            raise TimeoutError(f"the router did not answer '{op}'")
+        reply = m.router_reply_decoder.decode(sock.recv())
+        assert isinstance(reply, m.ControlReply) and reply.error is None, reply
+        return reply.result
+    finally:
+        sock.close(0)
+
+
+def wait_all_instances_ready(group: str, model: str, count: int, timeout: float = 60.0) -> None:
+    """Server readiness means every model can serve; this waits for every instance of ``model``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [r for r in router_control(group, "instances") if r["model"] == model]
+        if len(rows) >= count and all(r["state"] == "READY" for r in rows):
+            return
+        assert time.monotonic() < deadline, f"instances of '{model}' not ready: {rows}"
+        time.sleep(0.1)

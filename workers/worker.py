@@ -47,6 +47,7 @@ from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
 from conveyor.workers.item_stream import ItemStream
+from conveyor.workers.sequence_state import SequenceSlots
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class LoadedInstance:
     # Decided once at load: a runtime Protocol check costs tens of microseconds per batch.
     per_request: bool = False
     decoupled: bool = False
+    sequences: SequenceSlots | None = None  # control inputs and implicit state (sequence_batching)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
 
 
@@ -210,6 +212,8 @@ class Worker:
                     entry[1].cancelled = True
             elif isinstance(msg, m.ForgetRegions):
                 self.client_regions.forget(msg.ids)
+            elif isinstance(msg, m.ForgetSequences):
+                self._forget_sequences(msg)
             elif isinstance(msg, m.UnloadModel):
                 self._unload((msg.model, msg.version, msg.instance))
             elif isinstance(msg, m.LeaveGranted):
@@ -256,6 +260,8 @@ class Worker:
             error = ""
             try:
                 inst.labels = load_labels(os.path.dirname(os.path.dirname(msg.path)), config)
+                if config.HasField("sequence_batching"):
+                    inst.sequences = SequenceSlots(config, os.path.dirname(os.path.dirname(msg.path)))
                 backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
                 inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
@@ -285,6 +291,11 @@ class Worker:
         inst.executor.submit(close)
         inst.executor.shutdown(wait=False)
 
+    def _forget_sequences(self, msg: m.ForgetSequences) -> None:
+        inst = self.instances.get((msg.model, msg.version, msg.instance))
+        if inst is not None and inst.sequences is not None:
+            inst.executor.submit(inst.sequences.forget, msg.slots)  # after the batches already submitted
+
     def _exec(self, msg: m.ExecBatch) -> None:
         inst = self.instances.get((msg.model, msg.version, msg.instance))
         if inst is None or inst.backend is None:
@@ -308,6 +319,7 @@ class Worker:
     def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> None:
         backend = inst.backend
         assert backend is not None
+        sequences = inst.sequences
         t0 = time.monotonic_ns()
         planned: Sequence[list[PlannedOutput] | ConveyorError]
         try:
@@ -315,9 +327,13 @@ class Worker:
                 requests = gather_requests(msg.items, self.views, inst.config)
                 for request, stream in zip(requests, streams, strict=True):
                     request.channel = stream
+                if sequences is not None:
+                    sequences.add_request_inputs(requests, msg.items)
                 t1 = time.monotonic_ns()
                 outcomes = cast(RequestBackend, backend).execute_requests(requests)
                 t2 = time.monotonic_ns()
+                if sequences is not None:
+                    sequences.keep_request_states(msg.items, outcomes)
                 # Decoupled: the requests were answered (or will be) through their streams.
                 planned = [] if inst.decoupled else plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
             else:
@@ -325,9 +341,14 @@ class Worker:
                 if msg.regions and not getattr(backend, "accepts_device_arrays", False):
                     inputs = host_inputs(inputs)
                 wanted = sorted({o.name for item in msg.items for o in item.outputs})
+                if sequences is not None:
+                    sequences.add_batch_inputs(inputs, msg.items)
+                    wanted = sequences.wanted(wanted)
                 t1 = time.monotonic_ns()
                 outputs = cast(Backend, backend).execute(inputs, wanted)
                 t2 = time.monotonic_ns()
+                if sequences is not None:
+                    sequences.keep_batch_states(msg.items, outputs)
                 planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels)
             results = self.writer.write(planned) if planned else []
             t3 = time.monotonic_ns()

@@ -15,7 +15,7 @@ import falcon
 import falcon.asgi
 
 from conveyor.ingress.context import IngressContext
-from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.dataplane import ROUTING_HINT, DataPlane
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body
 from conveyor.ingress.http.codec import (
@@ -32,6 +32,8 @@ from conveyor.ingress.http.repository import add_repository_routes
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
+
+ROUTING_HEADER = "conveyor-host"  # on answers to sequence requests: see dataplane.ROUTING_HINT
 
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
@@ -115,6 +117,9 @@ class Infer:
             request = parse_infer_request(body, model, version, header_length)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
+        host = result.parameters.get(ROUTING_HINT)
+        if host:  # the same hint as a header: a load balancer need not parse the body
+            resp.set_header(ROUTING_HEADER, host)
         response = build_infer_response(result, request)  # releases the result
         data = response.body
         coding = response_coding(req.get_header("Accept-Encoding"))

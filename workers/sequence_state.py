@@ -1,0 +1,180 @@
+"""The worker's side of sequence batching, per model instance: the control
+inputs the router asks for (START, END, READY, CORRID), synthesized per
+request row, and the implicit state each sequence slot keeps between the
+requests of its sequence.
+
+* Control tensors are [1] per row ([rows, 1] for a batching model), from the
+  request's ``SequenceStep``; READY is true on every row, since Conveyor runs
+  only the rows that hold a request (router/sequences.py).
+* State: a START request (or a slot without state) is fed the initial state —
+  ``initial_state`` zeros or its ``data_file``, else zeros shaped as the state's
+  dims with 1 for each variable dimension. After the run, the model's
+  ``output_name`` tensor becomes the slot's state for the next request. The
+  state is dropped once the END request ran, or when the router says the
+  sequence idled out (``forget``).
+
+Only the instance's own thread touches this object.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from conveyor.proto import messages as m
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.datatypes import numpy_dtype
+from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.proto.sequence_config import FlagControl, SequenceConfig, StateSpec
+from conveyor.workers.backends.base import RequestItem, RequestOutcome
+
+INITIAL_STATE_DIR = "initial_state"  # Triton's folder for data_file, under the model directory
+
+
+class SequenceSlots:
+    def __init__(self, config: mc.ModelConfig, model_dir: str) -> None:
+        seq = SequenceConfig.from_config(config)
+        self.batched = config.max_batch_size > 0
+        self.flags = [
+            (control, pick) for control, pick in (
+                (seq.start, _is_start), (seq.end, _is_end), (seq.ready, _always),
+            ) if control is not None
+        ]
+        self.corrid = (seq.corrid_name, numpy_dtype(seq.corrid_datatype)) if seq.corrid_name else None
+        self.states = seq.states
+        self.state_outputs = [s.output_name for s in seq.states]
+        self.initial = {s.input_name: self._initial(s, model_dir) for s in seq.states}
+        self.slots: dict[int, dict[str, np.ndarray]] = {}  # slot -> state input name -> array
+
+    def _initial(self, spec: StateSpec, model_dir: str) -> np.ndarray:
+        dtype = numpy_dtype(spec.datatype)
+        shape = ((1,) if self.batched else ()) + spec.initial_dims
+        if not spec.data_file:
+            return np.zeros(shape, dtype)
+        path = os.path.join(model_dir, INITIAL_STATE_DIR, spec.data_file)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise unavailable(f"initial_state data_file for state '{spec.input_name}': {exc}") from None
+        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(data) < need:
+            raise unavailable(
+                f"initial_state setting expects {need} bytes, but the data provided from {spec.data_file} "
+                f"only has {len(data)} bytes."
+            )
+        return np.frombuffer(data[:need], dtype).reshape(shape).copy()
+
+    # --- array backends: one call on the batch's rows --------------------------------------
+
+    def add_batch_inputs(self, inputs: dict[str, Any], items: list[m.BatchItem]) -> None:
+        """Add the control and state inputs of a batch, one row per item, in order."""
+        steps = [_step(item) for item in items]
+        shape = (len(steps), 1) if self.batched else (1,)
+        for control, pick in self.flags:
+            inputs[control.name] = _flag_tensor(control, [pick(s) for s in steps], shape)
+        if self.corrid is not None:
+            inputs[self.corrid[0]] = self._corrid_tensor(steps, shape)
+        for spec in self.states:
+            arrays = [self._state(step, spec.input_name) for step in steps]
+            if len(arrays) == 1:
+                inputs[spec.input_name] = arrays[0]
+            elif any(a.shape != arrays[0].shape for a in arrays):
+                raise invalid_arg(
+                    f"state '{spec.input_name}' has different shapes across the sequences of one batch: "
+                    f"{sorted({a.shape for a in arrays})}"
+                )
+            else:
+                inputs[spec.input_name] = np.concatenate(arrays, axis=0)
+
+    def wanted(self, outputs: list[str]) -> list[str]:
+        """The outputs to ask the backend for: the client's plus the state outputs."""
+        return sorted({*outputs, *self.state_outputs})
+
+    def keep_batch_states(self, items: list[m.BatchItem], outputs: dict[str, Any]) -> None:
+        """Each row's state outputs become its slot's state; END slots let theirs go."""
+        for row, item in enumerate(items):
+            step = _step(item)
+            if step.end:
+                self.slots.pop(step.slot, None)
+                continue
+            kept: dict[str, np.ndarray] = {}
+            for spec in self.states:
+                out = outputs.get(spec.output_name)
+                if out is None:
+                    raise internal(f"the model did not produce state output '{spec.output_name}'")
+                # A copy: a view would keep the whole batch's output alive.
+                kept[spec.input_name] = np.array(out[row : row + 1] if self.batched else out)
+            if kept:
+                self.slots[step.slot] = kept
+
+    # --- request backends: one request at a time -------------------------------------------
+
+    def add_request_inputs(self, requests: list[RequestItem], items: list[m.BatchItem]) -> None:
+        shape = (1, 1) if self.batched else (1,)
+        for request, item in zip(requests, items, strict=True):
+            step = _step(item)
+            for control, pick in self.flags:
+                request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
+            if self.corrid is not None:
+                request.inputs[self.corrid[0]] = self._corrid_tensor([step], shape)
+            for spec in self.states:
+                request.inputs[spec.input_name] = self._state(step, spec.input_name)
+
+    def keep_request_states(self, items: list[m.BatchItem], outcomes: list[RequestOutcome]) -> None:
+        for item, outcome in zip(items, outcomes, strict=True):
+            step = _step(item)
+            if step.end:
+                self.slots.pop(step.slot, None)
+            elif isinstance(outcome, dict) and self.states:
+                kept = {}
+                for spec in self.states:
+                    out = outcome.get(spec.output_name)
+                    if out is not None:
+                        kept[spec.input_name] = np.array(out)
+                if kept:
+                    self.slots[step.slot] = kept
+
+    # --- shared ------------------------------------------------------------------------------
+
+    def forget(self, slots: list[int]) -> None:
+        """The router ended these slots' sequences (idle timeout)."""
+        for slot in slots:
+            self.slots.pop(slot, None)
+
+    def _state(self, step: m.SequenceStep, name: str) -> np.ndarray:
+        held = None if step.start else self.slots.get(step.slot)
+        return self.initial[name] if held is None else held[name]
+
+    def _corrid_tensor(self, steps: list[m.SequenceStep], shape: tuple[int, ...]) -> np.ndarray:
+        assert self.corrid is not None
+        dtype = self.corrid[1]
+        if dtype.kind == "O":  # STRING: the id's bytes (an integer id as its digits)
+            ids = [str(s.correlation_id).encode() for s in steps]
+            return np.array(ids, dtype=np.object_).reshape(shape)
+        return np.array([s.correlation_id for s in steps], dtype=dtype).reshape(shape)
+
+
+def _step(item: m.BatchItem) -> m.SequenceStep:
+    if item.sequence is None:
+        raise internal("a request of a sequence-batching model came without its sequence step")
+    return item.sequence
+
+
+def _is_start(step: m.SequenceStep) -> bool:
+    return step.start
+
+
+def _is_end(step: m.SequenceStep) -> bool:
+    return step.end
+
+
+def _always(step: m.SequenceStep) -> bool:
+    return True
+
+
+def _flag_tensor(control: FlagControl, flags: list[bool], shape: tuple[int, ...]) -> np.ndarray:
+    values = [control.true if f else control.false for f in flags]
+    return np.array(values, dtype=numpy_dtype(control.datatype)).reshape(shape)
