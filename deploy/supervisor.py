@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from conveyor.deploy.options import model_control_args, run_dir
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
@@ -160,6 +160,13 @@ class Supervisor:
             built = build(os.path.join(tempfile.gettempdir(), f"conveyor-{a.group}-example-models"))
             repos = [built]
             log.info("no --model-repository given: serving the example repository %s", repos[0])
+        from conveyor.router.cloud_repository import RepositoryRoots
+
+        try:
+            RepositoryRoots(repos)  # refuse a root the router could not serve before starting anything
+        except ConveyorError as exc:
+            log.error("%s", exc.message)
+            return 2
         os.makedirs(run_dir(a.group), exist_ok=True)
         sweep_orphans(a.group)
         arenas = a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)

@@ -22,6 +22,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
+from conveyor.router.cloud_repository import RepositoryRoots
 from conveyor.router.control import ControlHandler
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
@@ -74,7 +75,8 @@ class Router:
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
         self.shutdown = DrainClock()
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
-        self.lifecycle = ModelLifecycle(self.registry, repositories, control_mode, load_models, strict_config)
+        self.roots = RepositoryRoots(repositories)  # s3:// roots become local mirrors
+        self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config)
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
@@ -96,6 +98,7 @@ class Router:
     # --- lifecycle ---------------------------------------------------------------------
 
     def load_repository(self) -> None:
+        self.roots.sync()
         self.lifecycle.startup()
 
     def stop(self, *_: Any) -> None:
@@ -210,6 +213,8 @@ class Router:
         try:
             name = str(msg.args.get("model", ""))
             if msg.op == "repository_load":
+                self.lifecycle.check_control_allowed()
+                self.roots.sync()  # as Triton, a load looks at the repository afresh
                 self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
                                     msg.args.get("files") or None)
             else:
@@ -536,6 +541,7 @@ class Router:
                 self._schedule(state)
         if self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll:
             self._next_poll = now + self._poll_secs
+            self.roots.sync()
             self.lifecycle.poll()
             self._place()
         self._settle()
