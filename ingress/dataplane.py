@@ -34,7 +34,7 @@ from conveyor.proto.datatypes import (
     serialize_bytes,
 )
 from conveyor.proto.errors import ConveyorError, invalid_arg, unsupported
-from conveyor.shm.arena import Arena
+from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
@@ -364,7 +364,7 @@ def release_blocks(regions: RegionCache, releases: list[m.Release]) -> None:
     """Write each release flag: the worker reclaims a block once all its flags are set."""
     for rel in releases:
         try:
-            regions.view(rel.region, rel.offset, 1)[0] = 1
+            regions.view(rel.region, rel.offset, 1)[0] = RELEASED
         except ConveyorError:
             pass  # the worker is gone, and its segment with it
 

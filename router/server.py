@@ -21,11 +21,18 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
+from conveyor.router.ensemble import EnsembleScheduler
+from conveyor.router.ensemble_state import EnsembleVersion
+from conveyor.router.held_blocks import HeldBlocks
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
+from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.self_link import SelfLink
+from conveyor.router.stats import ModelStats
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
+from conveyor.shm.naming import segment_name
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ class Router:
         self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
-        strict_config: bool = False, poll_secs: float = 15.0,
+        strict_config: bool = False, poll_secs: float = 15.0, group: str = "default",
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -84,6 +91,16 @@ class Router:
         self._timer_seq = itertools.count()
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
+        self.group = group
+        # Ensembles: steps are the router's own requests; blocks it keeps are held and lent out.
+        self.holds = HeldBlocks()
+        self.loans = Loans(segment_name(group, "router"), self.holds)
+        self.self_link = SelfLink(self.ctx, self.front)
+        self.ensembles = EnsembleScheduler(
+            self._submit_step, lambda step_id: self._on_cancel(self.self_link.identity, step_id),
+            self._send_response,
+            self.holds, self.loans, lambda: self.registry.generation,
+        )
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -100,6 +117,7 @@ class Router:
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
+        poller.register(self.self_link.sock, zmq.POLLIN)
         next_tick = time.monotonic()
         stop_by: float | None = None
         while True:
@@ -113,13 +131,17 @@ class Router:
                 self._drain(self.back, self._on_worker)
             if self.front in events:
                 self._drain(self.front, self._on_ingress)
+            if self.self_link.sock in events:
+                self.self_link.drain(self.ensembles.on_response)
             now = time.monotonic()
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + HEARTBEAT_INTERVAL_S
             self._fire_timers()
+        self.self_link.close()
         self.front.close(0)
         self.back.close(0)
+        self.loans.close()
 
     def _poll_timeout_ms(self, next_tick: float) -> int:
         wait_s = max(0.0, next_tick - time.monotonic())
@@ -163,7 +185,7 @@ class Router:
         elif isinstance(msg, m.IngressHello) and msg.version != m.PROTOCOL_VERSION:
             log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
 
-    def _on_infer(self, identity: bytes, req: m.InferRequest) -> None:
+    def _on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
         try:
             state = self.registry.resolve(req.model, req.version)
         except ConveyorError as exc:
@@ -177,9 +199,14 @@ class Router:
                 return
         if not req.outputs:  # a BLS request that names no outputs gets them all, as in Triton
             req.outputs = [m.OutputSpec(o.name) for o in state.config.output]
+        if isinstance(state, EnsembleVersion):
+            self.ensembles.start(identity, req, state)
+            return
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
+        if ensemble_stats is not None:
+            pending.ensemble_stats = ensemble_stats
         try:
             state.batcher.push(pending)
         except ConveyorError as exc:  # queue full
@@ -188,6 +215,13 @@ class Router:
             return
         self.queued[(identity, req.id)] = state
         self._schedule(state)
+
+    def _send_response(self, identity: bytes, resp: m.InferResponse) -> None:
+        self.front.send_multipart([identity, m.encode(resp)])
+
+    def _submit_step(self, req: m.InferRequest, ensemble_stats: ModelStats) -> None:
+        """An ensemble step: a request of the router's own link (answered there)."""
+        self._on_infer(self.self_link.identity, req, ensemble_stats)
 
     def _on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
         """Load answers once the model settled (``_settle``); unload at once."""
@@ -244,6 +278,8 @@ class Router:
             run = self.running.get(where[0]) if where is not None else None
             if where is not None and run is not None and run.instance.worker is not None:
                 self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
+            elif where is None:
+                self.ensembles.cancel(identity, request_id)
             return
         item = state.batcher.remove(identity, request_id)
         if item is not None:
@@ -308,6 +344,8 @@ class Router:
             self.queued.pop((p.ingress, p.request.id), None)
             started[(p.ingress, p.request.id)] = (bid, i)
             state.stats.queue.add(now - p.arrival_ns)
+            if p.ensemble_stats is not None:
+                p.ensemble_stats.queue.add(now - p.arrival_ns)
             if order is not None:
                 p.ticket = order.ticket()
             r = p.request
@@ -425,6 +463,8 @@ class Router:
             error = item.error or result.error
             if error is None:
                 stats.success.add(now - p.arrival_ns)
+                if p.ensemble_stats is not None:
+                    p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
                 stats.fail.add(now - p.arrival_ns)
             resp = m.InferResponse(
@@ -488,6 +528,7 @@ class Router:
             self.lifecycle.poll()
             self._place()
         self._settle()
+        self.loans.collect(expire=True)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
             self._forget_regions(self.shm.sweep())
@@ -509,6 +550,7 @@ class Router:
         if worker is None:
             return
         self._update_cuda_devices()
+        self.holds.forget_region(segment_name(self.group, "worker", worker.pid))
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
         for bid, run in list(self.running.items()):
