@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
+from conveyor.ingress.request_hash import request_hash
 from conveyor.ingress.router_link import RouterLink, error_from
 from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import messages as m
@@ -193,6 +194,8 @@ class DataPlane:
             flags=m.FLAG_CLIENT_SHM if uses_shm else 0,
             request_id=call.id,
         )
+        if sig.response_cache and not uses_shm:  # a cached response cannot be written into a client region
+            request.cache_key = request_hash(refs, self.arena.view, call.parameters)
         self._blocks[request.id] = block
         return request
 

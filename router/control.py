@@ -28,6 +28,7 @@ class ControlHandler:
             "ping": self.ping,
         }
         self.boot_id = time.time_ns()
+        self.response_cache = False  # the server has a response cache (--cache-config)
 
     def add_ops(self, ops: dict[str, Callable[..., Any]]) -> None:
         """Operations answered by another router component (e.g. the shm registry)."""
@@ -98,7 +99,12 @@ class ControlHandler:
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)
-        return {"generation": self.registry.generation, "signature": signature(state)}
+        sig = signature(state)
+        config = state.config
+        # The ingress hashes the inputs of these requests only (the router keys its cache on that).
+        sig["response_cache"] = (self.response_cache and config.response_cache.enable and not sig["decoupled"]
+                                 and config.platform != "ensemble")
+        return {"generation": self.registry.generation, "signature": sig}
 
     def repository_index(self, ready: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

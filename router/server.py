@@ -29,6 +29,7 @@ from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.self_link import SelfLink
 from conveyor.router.stats import ModelStats
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
@@ -61,7 +62,7 @@ class Router:
         self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
-        strict_config: bool = False, poll_secs: float = 15.0, group: str = "default",
+        strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -101,6 +102,8 @@ class Router:
             self._send_response,
             self.holds, self.loans, lambda: self.registry.generation,
         )
+        self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
+        self.control.response_cache = self.cache is not None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -202,6 +205,8 @@ class Router:
         if isinstance(state, EnsembleVersion):
             self.ensembles.start(identity, req, state)
             return
+        if req.cache_key and self._answer_from_cache(identity, req, state):
+            return
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
@@ -215,6 +220,43 @@ class Router:
             return
         self.queued[(identity, req.id)] = state
         self._schedule(state)
+
+    def _answer_from_cache(self, identity: bytes, req: m.InferRequest, state: VersionState) -> bool:
+        """Answer a cache hit at once (the cached block lent to the ingress). On a miss the
+        request runs, keeping its ``cache_key`` so that ``_on_result`` caches its response."""
+        start = time.monotonic_ns()
+        cache = self.cache
+        if cache is None or not state.config.response_cache.enable:
+            req.cache_key = b""
+            return False
+        entry = cache.get(cache_key(state.model, state.label, req))
+        if entry is not None:
+            try:
+                release = [self.loans.lend(entry.blocks)]
+            except ConveyorError:
+                entry = None  # no loan left: run it instead
+        if entry is None:
+            state.stats.cache_miss.add(time.monotonic_ns() - start)
+            return False
+        elapsed = time.monotonic_ns() - start
+        state.stats.record_cache_hit(elapsed, elapsed)
+        self._send_response(identity, m.InferResponse(
+            req.id, state.model, state.label, entry.outputs, release=release, generation=self.registry.generation,
+        ))
+        return True
+
+    def _cache_response(self, state: VersionState, req: m.InferRequest, item: m.ItemResult) -> list[m.Release]:
+        """A cache miss's outputs: keep them in the cache, and lend them to this request's ingress too
+        (the worker's own flag now belongs to the cache)."""
+        start = time.monotonic_ns()
+        assert self.cache is not None
+        try:
+            loan = self.loans.lend(item.release)
+        except ConveyorError:
+            return item.release
+        self.cache.put(cache_key(state.model, state.label, req), item.outputs, item.release)
+        state.stats.cache_miss.add(time.monotonic_ns() - start, 0)  # Triton counts the insertion as miss time
+        return [loan]
 
     def _send_response(self, identity: bytes, resp: m.InferResponse) -> None:
         self.front.send_multipart([identity, m.encode(resp)])
@@ -467,9 +509,10 @@ class Router:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
                 stats.fail.add(now - p.arrival_ns)
-            resp = m.InferResponse(
-                p.request.id, state.model, state.label, item.outputs, error, item.release, generation=gen
-            )
+            release = item.release
+            if p.request.cache_key and error is None:
+                release = self._cache_response(state, p.request, item)
+            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release, generation=gen)
             if order is None:
                 send([p.ingress, m.encode(resp)], copy=False)
             else:
@@ -550,7 +593,10 @@ class Router:
         if worker is None:
             return
         self._update_cuda_devices()
-        self.holds.forget_region(segment_name(self.group, "worker", worker.pid))
+        arena = segment_name(self.group, "worker", worker.pid)
+        self.holds.forget_region(arena)
+        if self.cache is not None:
+            self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
         for bid, run in list(self.running.items()):
