@@ -14,6 +14,11 @@ the blocks holding the ensemble's outputs are lent to the ingress with the final
 response (``Loans``). A failed step fails the request with that step's error,
 but only once every running step has answered: until then a worker may still be
 reading the ingress's input block, which the ingress frees on the final response.
+
+Conditional steps (a Conveyor extension, see ``ensemble_plan``): a step whose
+``when`` does not hold is skipped, and so are the steps that need its outputs;
+once ``exit_when`` holds no further step starts. The response then carries the
+requested outputs that were made.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from dataclasses import dataclass, field
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router.conditions import Condition
 from conveyor.router.ensemble_plan import Step
 from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.held_blocks import HeldBlocks
 from conveyor.router.loans import Loans
 from conveyor.router.stats import ModelStats
+from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,7 @@ class EnsembleRun:
     held: dict[tuple[str, int], m.Release] = field(default_factory=dict)  # blocks this run holds
     running: dict[int, tuple[Step, list[m.Release]]] = field(default_factory=dict)  # step id -> (step, holds)
     error: m.ErrorInfo | None = None
+    exit_checked: bool = False  # exit_when was evaluated (it holds or not, for good)
 
     def needs(self, flag: m.Release) -> bool:
         """Whether a waiting step or the final response still reads the block ``flag`` frees."""
@@ -69,13 +77,13 @@ class EnsembleRun:
         lies_there = {t for t, b in self.blocks.items() if _key(b) == key}
         if lies_there & self.wanted.keys():
             return True
-        return any(lies_there.intersection(s.inputs.values()) for s in self.waiting)
+        return any(lies_there.intersection(s.reads()) for s in self.waiting)
 
 
 class EnsembleScheduler:
     def __init__(
         self, submit: Submit, cancel: CancelStep, reply: Reply, holds: HeldBlocks, loans: Loans,
-        generation: Callable[[], int],
+        generation: Callable[[], int], regions: RegionCache | None = None,
     ) -> None:
         self._submit = submit
         self._cancel = cancel
@@ -83,6 +91,7 @@ class EnsembleScheduler:
         self._holds = holds
         self._loans = loans
         self._generation = generation
+        self._regions = regions if regions is not None else RegionCache()  # to read condition tensors
         self._runs: dict[tuple[bytes, int], EnsembleRun] = {}
         self._steps: dict[int, EnsembleRun] = {}  # step request id -> its run
         self._ids = itertools.count(1)
@@ -143,10 +152,12 @@ class EnsembleScheduler:
                 run.blocks[tensor] = block
 
     def _advance(self, run: EnsembleRun) -> None:
+        self._check_exit(run)
         if run.error is None:
-            for step in [s for s in run.waiting if all(t in run.tensors for t in s.inputs.values())]:
+            for step in [s for s in run.waiting if all(t in run.tensors for t in s.reads())]:
                 run.waiting.remove(step)
-                self._launch(run, step)
+                if step.when is None or self._condition_holds(run, step.when):
+                    self._launch(run, step)
         else:
             run.waiting.clear()
         for key, flag in list(run.held.items()):
@@ -155,6 +166,22 @@ class EnsembleScheduler:
                 self._holds.drop(flag)
         if not run.running:
             self._finish(run)
+
+    def _check_exit(self, run: EnsembleRun) -> None:
+        exit_when = run.state.plan.exit_when if run.state.plan is not None else None
+        if run.exit_checked or exit_when is None or exit_when.tensor not in run.tensors:
+            return
+        run.exit_checked = True
+        if self._condition_holds(run, exit_when):
+            run.waiting.clear()
+
+    def _condition_holds(self, run: EnsembleRun, condition: Condition) -> bool:
+        """Whether ``condition`` holds; False, failing the run, when it cannot be evaluated."""
+        try:
+            return condition.holds(run.tensors[condition.tensor], self._regions)
+        except ConveyorError as exc:
+            self._fail(run, m.ErrorInfo(int(exc.status), f"in ensemble '{run.state.model}', {exc.message}"))
+            return False
 
     def _launch(self, run: EnsembleRun, step: Step) -> None:
         req = run.request
@@ -186,7 +213,8 @@ class EnsembleScheduler:
     def _finish(self, run: EnsembleRun) -> None:
         del self._runs[(run.ingress, run.request.id)]
         state = run.state
-        if run.error is None and run.waiting:
+        conditional = state.plan is not None and state.plan.conditional
+        if run.error is None and run.waiting and not conditional:  # with conditions: skipped
             step = run.waiting[0]
             missing = [t for t in step.inputs.values() if t not in run.tensors]
             run.error = m.ErrorInfo(int(Status.INTERNAL), (
@@ -213,11 +241,11 @@ class EnsembleScheduler:
         """The final response, its blocks lent to the ingress; None (and ``run.error``) if it cannot be made."""
         state = run.state
         missing = [t for t in run.wanted if t not in run.tensors]
-        if missing:
+        if missing and not (state.plan is not None and state.plan.conditional):
             run.error = m.ErrorInfo(int(Status.INTERNAL),
                                     f"in ensemble '{state.model}', no step produced output '{missing[0]}'")
             return None
-        outputs = [run.tensors[t] for t in run.wanted]
+        outputs = [run.tensors[t] for t in run.wanted if t in run.tensors]
         blocks = list({_key(run.blocks[t]): run.blocks[t] for t in run.wanted if t in run.blocks}.values())
         release: list[m.Release] = []
         if blocks:

@@ -87,6 +87,11 @@ class EnsembleVersion(VersionState):
             problem = _inputs_problem(step, config, types)
             if problem:
                 return problem
+        conditions = [s.when for s in self.plan.steps if s.when is not None] + (
+            [self.plan.exit_when] if self.plan.exit_when is not None else [])
+        for condition in conditions:
+            if types.get(condition.tensor) == mc.TYPE_STRING:
+                return f"condition '{condition.text}': '{condition.tensor}' is a string tensor"
         for t in self.config.output:
             if types[t.name] != t.data_type:
                 return _type_mismatch(t.name, types[t.name], f"ensemble output '{t.name}'", t.data_type)

@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class HeldBlocks:
-    def __init__(self) -> None:
-        self._regions = RegionCache()
+    def __init__(self, regions: RegionCache | None = None) -> None:
+        self._regions = regions if regions is not None else RegionCache()
         self._counts: dict[tuple[str, int], int] = {}
 
     def __len__(self) -> int:

@@ -34,6 +34,7 @@ from conveyor.router.self_link import SelfLink
 from conveyor.router.stats import ModelStats
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 from conveyor.shm.naming import segment_name
+from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,14 @@ class Router:
         self._stopping = False
         self.group = group
         # Ensembles: steps are the router's own requests; blocks it keeps are held and lent out.
-        self.holds = HeldBlocks()
+        regions = RegionCache()  # other processes' arenas: flags to write, condition tensors to read
+        self.holds = HeldBlocks(regions)
         self.loans = Loans(segment_name(group, "router"), self.holds)
         self.self_link = SelfLink(self.ctx, self.front)
         self.ensembles = EnsembleScheduler(
             self._submit_step, lambda step_id: self._on_cancel(self.self_link.identity, step_id),
             self._send_response,
-            self.holds, self.loans, lambda: self.registry.generation,
+            self.holds, self.loans, lambda: self.registry.generation, regions,
         )
         self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
         self.control.response_cache = self.cache is not None

@@ -41,6 +41,30 @@ def identity_int32(repo: str, name: str, max_batch_size: int = 8, op: str = "Ide
                   + _INT32_IO.format() + "dynamic_batching { }\n")
 
 
+def gate(repo: str, name: str = "gate") -> None:
+    """OUTPUT0 = INPUT0 (INT32 [16]) and FLAG = sum(INPUT0) > 0 (BOOL [1]), per row."""
+    vi = helper.make_tensor_value_info
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT32, [], [0])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"]),
+         helper.make_node("ReduceSum", ["INPUT0", "axes"], ["total"], keepdims=1),
+         helper.make_node("Greater", ["total", "zero"], ["FLAG"])], name,
+        [vi("INPUT0", TensorProto.INT32, ["B", 16])],
+        [vi("OUTPUT0", TensorProto.INT32, ["B", 16]), vi("FLAG", TensorProto.BOOL, ["B", 1])], [axes, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
+    _write_config(repo, name, f'''name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }}, {{ name: "FLAG" data_type: TYPE_BOOL dims: [ 1 ] }} ]
+''')
+
+
 def _write_config(repo: str, name: str, text: str) -> None:
     os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)  # an ensemble's version directory is empty
     with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
@@ -53,11 +77,17 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
     return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
 
 
+def _when(conditions: dict[str, str]) -> str:
+    """Conveyor's conditional-step parameters: {"conveyor.step.1.when": "flag == true", ...}."""
+    return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in conditions.items())
+
+
 def ensemble(repo: str, name: str, inputs: list[str], outputs: list[str], steps: list[str],
              max_batch_size: int = 8, extra: str = "") -> None:
-    """An INT32 [16] ensemble over ``steps`` (see ``_step``)."""
+    """An INT32 [16] ensemble over ``steps`` (see ``_step``); an output named FLAG* is BOOL [1]."""
     ins = ", ".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in inputs)
-    outs = ", ".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in outputs)
+    outs = ", ".join(f'{{ name: "{t}" data_type: TYPE_BOOL dims: [ 1 ] }}' if t.startswith("FLAG") else
+                     f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in outputs)
     _write_config(repo, name, f'''name: "{name}"
 platform: "ensemble"
 max_batch_size: {max_batch_size}
@@ -93,6 +123,20 @@ def build(repo: str) -> None:
         _step("simple", ADD_SUB, {"OUTPUT0": "sum"}),
         _step("py_fail", {"INPUT0": "sum"}, {"OUTPUT0": "OUT"}),
     ])
+    # Conditional steps (a Conveyor extension): if / else on the sign of sum(A) ...
+    gate(repo)
+    ensemble(repo, "ens_if_else", ["A"], ["POS", "NEG"], [
+        _step("gate", {"INPUT0": "A"}, {"OUTPUT0": "a", "FLAG": "positive"}),
+        _step("ident", {"INPUT0": "a"}, {"OUTPUT0": "POS"}),
+        _step("negate", {"INPUT0": "a"}, {"OUTPUT0": "NEG"}),
+    ], extra=_when({"conveyor.step.1.when": "positive == true", "conveyor.step.2.when": "positive == false"}))
+    # ... and an early exit: a non-positive sum answers with FLAG alone.
+    ensemble(repo, "ens_exit", ["A"], ["FLAG", "OUT"], [
+        _step("gate", {"INPUT0": "A"}, {"OUTPUT0": "a", "FLAG": "FLAG"}),
+        _step("negate", {"INPUT0": "a"}, {"OUTPUT0": "OUT"}),
+    ], extra=_when({"conveyor.exit_when": "FLAG == false"}))
+    ensemble(repo, "ens_bad_condition", ["A"], ["OUT"], [_step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})],
+             extra=_when({"conveyor.step.0.when": "A is big"}))
     # Invalid: each is UNAVAILABLE with its reason, the others serve.
     ensemble(repo, "ens_missing_model", ["A"], ["OUT"], [_step("no_such_model", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})])
     ensemble(repo, "ens_cycle", ["A"], ["OUT"], [

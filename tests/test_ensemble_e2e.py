@@ -97,6 +97,7 @@ def test_a_failing_step_fails_the_request_with_its_message(client: Client, proto
                     "batch size to be 8"),
     ("ens_bad_tensor", "composing model 'ident' has no input 'NOPE'"),
     ("ens_decoupled", "decoupled composing models are not supported yet"),
+    ("ens_bad_condition", "parameter 'conveyor.step.0.when': condition 'A is big': expected '<tensor> <op> <value>'"),
 ])
 def test_invalid_ensembles_are_unavailable_with_the_reason(ens_server: Server, model: str, reason: str) -> None:
     http = httpclient.InferenceServerClient(ens_server.http_url)
@@ -147,3 +148,34 @@ def test_statistics_of_the_ensemble_and_its_composing_models(ens_server: Server)
     grpc = grpcclient.InferenceServerClient(ens_server.grpc_url)
     stats = grpc.get_inference_statistics("ens_chain", as_json=True)["model_stats"][0]
     assert int(stats["inference_stats"]["success"]["count"]) >= 3
+
+
+def test_conditional_steps_run_one_branch(ens_server: Server, client: Client, protocol: Any) -> None:
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    before = _stats(http, "ident")
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inp = protocol.InferInput("A", [1, 16], "INT32")
+    inp.set_data_from_numpy(a)
+    positive = client.infer("ens_if_else", [inp])
+    np.testing.assert_array_equal(positive.as_numpy("POS"), a)
+    assert positive.as_numpy("NEG") is None  # that step was skipped: its output is left out
+    inp.set_data_from_numpy(-a)
+    negative = client.infer("ens_if_else", [inp])
+    np.testing.assert_array_equal(negative.as_numpy("NEG"), a)
+    assert negative.as_numpy("POS") is None
+    after = _stats(http, "ident")
+    grown = int(after["inference_stats"]["success"]["count"]) - int(before["inference_stats"]["success"]["count"])
+    assert grown == 1  # "ident" ran for the positive request only
+
+
+def test_early_exit_returns_what_exists(client: Client, protocol: Any) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inp = protocol.InferInput("A", [1, 16], "INT32")
+    inp.set_data_from_numpy(-a)
+    stopped = client.infer("ens_exit", [inp])
+    np.testing.assert_array_equal(stopped.as_numpy("FLAG"), [[False]])
+    assert stopped.as_numpy("OUT") is None
+    inp.set_data_from_numpy(a)
+    full = client.infer("ens_exit", [inp])
+    np.testing.assert_array_equal(full.as_numpy("FLAG"), [[True]])
+    np.testing.assert_array_equal(full.as_numpy("OUT"), -a)
