@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests import ensemble_models
@@ -25,7 +26,7 @@ Client = Any
 def ens_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("ensembles"))
     ensemble_models.build(repo)
-    srv = start_server(repo, f"e{os.getpid()}", "--workers", "2")
+    srv = start_server(repo, f"e{os.getpid()}", "--workers", "2", "--allow-client-shm", "true")
     yield srv
     assert srv.stop() == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
@@ -179,3 +180,26 @@ def test_early_exit_returns_what_exists(client: Client, protocol: Any) -> None:
     full = client.infer("ens_exit", [inp])
     np.testing.assert_array_equal(full.as_numpy("FLAG"), [[True]])
     np.testing.assert_array_equal(full.as_numpy("OUT"), -a)
+
+
+def test_client_shared_memory_in_and_out(client: Client, protocol: Any) -> None:
+    """Inputs read from the client's segment, an ensemble output written into it by its step."""
+    a, b = sample(1, 9)
+    nbytes = a.nbytes
+    key = f"/cv_ens_{protocol.__name__.split('.')[-1]}_{os.getpid()}"
+    handle = shm.create_shared_memory_region("ens_io", key, 3 * nbytes)
+    try:
+        shm.set_shared_memory_region(handle, [a, b])
+        client.register_system_shared_memory("ens_io", key, 3 * nbytes)
+        inputs = ab_inputs(protocol, a, b)
+        inputs[0].set_shared_memory("ens_io", nbytes)
+        inputs[1].set_shared_memory("ens_io", nbytes, offset=nbytes)
+        placed = protocol.InferRequestedOutput("SUM")
+        placed.set_shared_memory("ens_io", nbytes, offset=2 * nbytes)
+        result = client.infer("ens_chain", inputs, outputs=[placed, protocol.InferRequestedOutput("DIFF")])
+        np.testing.assert_array_equal(result.as_numpy("DIFF"), a - b)
+        summed = shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=2 * nbytes)
+        np.testing.assert_array_equal(summed, a + b)
+    finally:
+        client.unregister_system_shared_memory("ens_io")
+        shm.destroy_shared_memory_region(handle)
