@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "router":
         from conveyor.deploy.options import run_dir
         from conveyor.router.lifecycle import ControlMode
+        from conveyor.router.response_cache import parse_cache_config
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans
 
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
-               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs, args.drain_grace_secs)
+               poll_secs=args.repository_poll_secs, group=args.group,
+               cache_bytes=parse_cache_config(args.cache_config)).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker

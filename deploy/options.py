@@ -6,7 +6,9 @@ import argparse
 import os
 import tempfile
 
+from conveyor.proto.errors import ConveyorError
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.response_cache import parse_cache_config
 
 
 def triton_bool(text: str) -> bool:
@@ -78,7 +80,18 @@ def add_client_shm(p: argparse.ArgumentParser) -> None:
                         "a client may name any segment the server's user can open)")
 
 
+def cache_config(text: str) -> str:
+    try:
+        parse_cache_config([text])
+    except ConveyorError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
 def add_scheduling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-config", action="append", default=[], type=cache_config, metavar="local,size=BYTES",
+                   help="Triton's response cache: models with response_cache { enable: true } are answered from "
+                        "a cache of this many bytes of outputs (off by default)")
     p.add_argument("--max-queue-size", type=int, default=DEFAULT_QUEUE_CAP, metavar="N",
                    help="requests one model version may hold queued before new ones are refused with "
                         "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "

@@ -98,7 +98,8 @@ class Supervisor:
         shm = ["--allow-client-shm", "true"] if self.args.allow_client_shm else []
         # No grace for the router: it stops after the ingress processes, which carry the grace.
         return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
-                                "--max-queue-size", str(self.args.max_queue_size), *model_control_args(self.args)])
+                                "--max-queue-size", str(self.args.max_queue_size), *model_control_args(self.args),
+                                *[x for value in self.args.cache_config for x in ("--cache-config", value)]])
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None]

@@ -25,6 +25,7 @@ import numpy as np
 
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
+from conveyor.ingress.request_hash import request_hash
 from conveyor.ingress.router_link import RouterLink, error_from
 from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import messages as m
@@ -36,7 +37,7 @@ from conveyor.proto.datatypes import (
     serialize_bytes,
 )
 from conveyor.proto.errors import ConveyorError, invalid_arg, unsupported
-from conveyor.shm.arena import Arena
+from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
@@ -204,6 +205,8 @@ class DataPlane:
             flags=m.FLAG_CLIENT_SHM if uses_shm else 0,
             request_id=call.id,
         )
+        if sig.response_cache and not uses_shm:  # a cached response cannot be written into a client region
+            request.cache_key = request_hash(refs, self.arena.view, call.parameters)
         self._blocks[request.id] = block
         return request
 
@@ -377,7 +380,7 @@ def release_blocks(regions: RegionCache, releases: list[m.Release]) -> None:
     """Write each release flag: the worker reclaims a block once all its flags are set."""
     for rel in releases:
         try:
-            regions.view(rel.region, rel.offset, 1)[0] = 1
+            regions.view(rel.region, rel.offset, 1)[0] = RELEASED
         except ConveyorError:
             pass  # the worker is gone, and its segment with it
 

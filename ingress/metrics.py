@@ -22,6 +22,12 @@ _COUNTERS: list[tuple[str, str, str]] = [
      "compute_infer.us"),
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
      "compute_output.us"),
+    ("nv_cache_num_hits_per_model", "Number of response cache hits per model", "cache_hit.count"),
+    ("nv_cache_num_misses_per_model", "Number of response cache misses per model", "cache_miss.count"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit lookup duration per model, in microseconds",
+     "cache_hit.us"),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     "cache_miss.us"),
 ]
 
 

@@ -29,6 +29,7 @@ class ModelSignature:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     decoupled: bool = False  # answers with a stream of responses (gRPC ModelStreamInfer only)
+    response_cache: bool = False  # requests carry ``cache_key`` (the router caches responses)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ModelSignature:
@@ -39,7 +40,8 @@ class ModelSignature:
             }
 
         return cls(
-            d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled"))
+            d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled")),
+            bool(d.get("response_cache")),
         )
 
 

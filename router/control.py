@@ -30,6 +30,7 @@ class ControlHandler:
             "instances": self.instances,
         }
         self.boot_id = time.time_ns()
+        self.response_cache = False  # the server has a response cache (--cache-config)
 
     def add_ops(self, ops: dict[str, Callable[..., Any]]) -> None:
         """Operations answered by another router component (e.g. the shm registry)."""
@@ -103,7 +104,12 @@ class ControlHandler:
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)
-        return {"generation": self.registry.generation, "signature": signature(state)}
+        sig = signature(state)
+        config = state.config
+        # The ingress hashes the inputs of these requests only (the router keys its cache on that).
+        sig["response_cache"] = (self.response_cache and config.response_cache.enable and not sig["decoupled"]
+                                 and config.platform != "ensemble")
+        return {"generation": self.registry.generation, "signature": sig}
 
     def instances(self) -> list[dict[str, Any]]:
         """Where every instance of every serving version is and its state (operators, tests)."""

@@ -184,6 +184,10 @@ class ModelRegistry:
         self.generation = time.time_ns() // 1_000_000 % (1 << 40)
 
     def build(self, spec: ModelSpec) -> ModelEntry:
+        if spec.backend == "ensemble" and not spec.error:
+            from conveyor.router.ensemble_state import build_ensemble_entry  # it builds on this module
+
+            return build_ensemble_entry(spec, self)
         return build_entry(spec, self.queue_cap, self.next_index)
 
     def replace(self, specs: dict[str, ModelSpec]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conveyor.proto import messages as m
+from conveyor.router.stats import ModelStats
 
 
 @dataclass(slots=True)
@@ -19,6 +20,8 @@ class Pending:
     timeout_ns: int = 0  # when its queue policy times it out (absolute, monotonic); 0 = never
     ticket: int = 0  # its place in the response order (preserve_ordering)
     sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)
+    # A step of an ensemble request: its queue and compute times count for the ensemble too, as in Triton.
+    ensemble_stats: ModelStats | None = None
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""

@@ -18,6 +18,7 @@ from conveyor.proto.model_config import parse_text
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.autocomplete import complete_onnx
 from conveyor.router.autocomplete_python import complete_python
+from conveyor.router.ensemble_plan import ensemble_problem
 from conveyor.router.queue_policy import scheduling_problem
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,11 @@ _BACKENDS = {
     "pytorch": "pytorch",
     "tensorrt_plan": "tensorrt",
     "tensorrt": "tensorrt",
+    "ensemble": "ensemble",  # run by the router itself (router/ensemble.py)
 }
-_DEFAULT_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan"}
+_DEFAULT_FILENAME = {
+    "onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan", "ensemble": "",
+}
 # The platform Triton reports for a backend given by name alone.
 _PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
 # Model files Triton recognises a backend by when the config names none.
@@ -119,10 +123,11 @@ def load_spec(
             return spec
     if not config.platform and spec.backend in _PLATFORM:
         config.platform = _PLATFORM[spec.backend]
-    if not config.backend:
+    if not config.backend and spec.backend != "ensemble":  # Triton reports an ensemble by its platform only
         config.backend = spec.backend
     # Python models complete their own config whenever they define the hook, as in Triton.
-    if autocomplete and (spec.backend == "python" or not config.input or not config.output):
+    completable = spec.backend != "ensemble"
+    if autocomplete and completable and (spec.backend == "python" or not config.input or not config.output):
         _fill_defaults(config)
         _find_versions(spec)
         if spec.versions:
@@ -138,6 +143,8 @@ def load_spec(
         spec.versions.clear()
         spec.version_errors.clear()
     problem = validate(config)
+    if not problem and spec.backend == "ensemble":
+        problem = ensemble_problem(config)
     if problem and spec.backend in _NOT_COMPLETED and (not config.input or not config.output):
         problem = f"{problem} ({_NOT_COMPLETED[spec.backend]})"
     if problem:
@@ -219,6 +226,9 @@ def _find_versions(spec: ModelSpec) -> None:
         spec.error = f"model '{spec.name}' has no version directory (e.g. '{spec.name}/1/')"
         return
     filename = spec.config.default_model_filename
+    if spec.backend == "ensemble":  # an ensemble's version directory holds no file
+        spec.versions = {v: os.path.join(spec.path, str(v)) for v in chosen}
+        return
     for v in chosen:
         file_path = os.path.join(spec.path, str(v), filename)
         if os.path.exists(file_path):

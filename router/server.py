@@ -24,13 +24,22 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
 from conveyor.router.cloud_repository import RepositoryRoots
 from conveyor.router.control import ControlHandler
+from conveyor.router.ensemble import EnsembleScheduler
+from conveyor.router.ensemble_state import EnsembleVersion
+from conveyor.router.held_blocks import HeldBlocks
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
+from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.response_cache import ResponseCache, cache_key
+from conveyor.router.self_link import SelfLink
 from conveyor.router.sequences import SequenceBatcher
+from conveyor.router.stats import ModelStats
 from conveyor.router.worker_drain import WorkerDrain
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
+from conveyor.shm.naming import segment_name
+from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +68,7 @@ class Router:
         self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
-        strict_config: bool = False, poll_secs: float = 15.0,
+        strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -94,6 +103,19 @@ class Router:
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
         self.systemd = Notifier()
+        self.group = group
+        # Ensembles: steps are the router's own requests; blocks it keeps are held and lent out.
+        regions = RegionCache()  # other processes' arenas: flags to write, condition tensors to read
+        self.holds = HeldBlocks(regions)
+        self.loans = Loans(segment_name(group, "router"), self.holds)
+        self.self_link = SelfLink(self.ctx, self.front)
+        self.ensembles = EnsembleScheduler(
+            self._submit_step, lambda step_id: self._on_cancel(self.self_link.identity, step_id),
+            self._send_response,
+            self.holds, self.loans, lambda: self.registry.generation, regions,
+        )
+        self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
+        self.control.response_cache = self.cache is not None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -114,6 +136,7 @@ class Router:
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
+        poller.register(self.self_link.sock, zmq.POLLIN)
         next_tick = time.monotonic()
         while True:
             self.systemd.beat()
@@ -128,13 +151,17 @@ class Router:
                 self._drain(self.back, self._on_worker)
             if self.front in events:
                 self._drain(self.front, self._on_ingress)
+            if self.self_link.sock in events:
+                self.self_link.drain(self.ensembles.on_response)
             now = time.monotonic()
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + HEARTBEAT_INTERVAL_S
             self._fire_timers()
+        self.self_link.close()
         self.front.close(0)
         self.back.close(0)
+        self.loans.close()
 
     def _poll_timeout_ms(self, next_tick: float) -> int:
         wait_s = max(0.0, next_tick - time.monotonic())
@@ -182,7 +209,7 @@ class Router:
         elif isinstance(msg, m.IngressHello) and msg.version != m.PROTOCOL_VERSION:
             log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
 
-    def _on_infer(self, identity: bytes, req: m.InferRequest) -> None:
+    def _on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
         try:
             state = self.registry.resolve(req.model, req.version)
         except ConveyorError as exc:
@@ -196,9 +223,16 @@ class Router:
                 return
         if not req.outputs:  # a BLS request that names no outputs gets them all, as in Triton
             req.outputs = [m.OutputSpec(o.name) for o in state.config.output]
+        if isinstance(state, EnsembleVersion):
+            self.ensembles.start(identity, req, state)
+            return
+        if req.cache_key and self._answer_from_cache(identity, req, state):
+            return
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
+        if ensemble_stats is not None:
+            pending.ensemble_stats = ensemble_stats
         try:
             state.batcher.push(pending)
         except ConveyorError as exc:  # queue full
@@ -207,6 +241,50 @@ class Router:
             return
         self.queued[(identity, req.id)] = state
         self._schedule(state)
+
+    def _answer_from_cache(self, identity: bytes, req: m.InferRequest, state: VersionState) -> bool:
+        """Answer a cache hit at once (the cached block lent to the ingress). On a miss the
+        request runs, keeping its ``cache_key`` so that ``_on_result`` caches its response."""
+        start = time.monotonic_ns()
+        cache = self.cache
+        if cache is None or not state.config.response_cache.enable:
+            req.cache_key = b""
+            return False
+        entry = cache.get(cache_key(state.model, state.label, req))
+        if entry is not None:
+            try:
+                release = [self.loans.lend(entry.blocks)]
+            except ConveyorError:
+                entry = None  # no loan left: run it instead
+        if entry is None:
+            state.stats.cache_miss.add(time.monotonic_ns() - start)
+            return False
+        elapsed = time.monotonic_ns() - start
+        state.stats.record_cache_hit(elapsed, elapsed)
+        self._send_response(identity, m.InferResponse(
+            req.id, state.model, state.label, entry.outputs, release=release, generation=self.registry.generation,
+        ))
+        return True
+
+    def _cache_response(self, state: VersionState, req: m.InferRequest, item: m.ItemResult) -> list[m.Release]:
+        """A cache miss's outputs: keep them in the cache, and lend them to this request's ingress too
+        (the worker's own flag now belongs to the cache)."""
+        start = time.monotonic_ns()
+        assert self.cache is not None
+        try:
+            loan = self.loans.lend(item.release)
+        except ConveyorError:
+            return item.release
+        self.cache.put(cache_key(state.model, state.label, req), item.outputs, item.release)
+        state.stats.cache_miss.add(time.monotonic_ns() - start, 0)  # Triton counts the insertion as miss time
+        return [loan]
+
+    def _send_response(self, identity: bytes, resp: m.InferResponse) -> None:
+        self.front.send_multipart([identity, m.encode(resp)])
+
+    def _submit_step(self, req: m.InferRequest, ensemble_stats: ModelStats) -> None:
+        """An ensemble step: a request of the router's own link (answered there)."""
+        self._on_infer(self.self_link.identity, req, ensemble_stats)
 
     def _on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
         """Load answers once the model settled (``_settle``); unload at once."""
@@ -265,6 +343,8 @@ class Router:
             run = self.running.get(where[0]) if where is not None else None
             if where is not None and run is not None and run.instance.worker is not None:
                 self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
+            elif where is None:
+                self.ensembles.cancel(identity, request_id)
             return
         item = state.batcher.remove(identity, request_id)
         if item is not None:
@@ -355,6 +435,8 @@ class Router:
             self.queued.pop((p.ingress, p.request.id), None)
             started[(p.ingress, p.request.id)] = (bid, i)
             state.stats.queue.add(now - p.arrival_ns)
+            if p.ensemble_stats is not None:
+                p.ensemble_stats.queue.add(now - p.arrival_ns)
             if order is not None:
                 p.ticket = order.ticket()
             r = p.request
@@ -479,11 +561,14 @@ class Router:
             error = item.error or result.error
             if error is None:
                 stats.success.add(now - p.arrival_ns)
+                if p.ensemble_stats is not None:
+                    p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
                 stats.fail.add(now - p.arrival_ns)
-            resp = m.InferResponse(
-                p.request.id, state.model, state.label, item.outputs, error, item.release, generation=gen
-            )
+            release = item.release
+            if p.request.cache_key and error is None:
+                release = self._cache_response(state, p.request, item)
+            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release, generation=gen)
             if order is None:
                 send([p.ingress, m.encode(resp)], copy=False)
             else:
@@ -545,6 +630,7 @@ class Router:
             self.lifecycle.poll()
             self._place()
         self._settle()
+        self.loans.collect(expire=True)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
             self._forget_regions(self.shm.sweep())
@@ -580,6 +666,10 @@ class Router:
             return
         self.worker_drain.forget(worker)  # a leaving worker's replacements exist already
         self._update_cuda_devices()
+        arena = segment_name(self.group, "worker", worker.pid)
+        self.holds.forget_region(arena)
+        if self.cache is not None:
+            self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
         for bid, run in list(self.running.items()):

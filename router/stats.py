@@ -41,6 +41,8 @@ class ModelStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchSizeStats] = field(default_factory=dict)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
 
     def record_batch(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of ``batch_size`` rows serving ``requests`` requests.
@@ -60,8 +62,27 @@ class ModelStats:
         b.compute_infer.add(infer_ns)
         b.compute_output.add(output_ns)
 
+    def record_composing(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """An ensemble step's batch ran: the ensemble counts its compute times too (once per request)."""
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+
+    def record_ensemble(self, rows: int, duration_ns: int) -> None:
+        """An ensemble request succeeded (its steps were counted by their own models)."""
+        self.success.add(duration_ns)
+        self.inference_count += rows
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_hit(self, lookup_ns: int, duration_ns: int) -> None:
+        """A request answered from the response cache: a success with no execution, as in Triton."""
+        self.cache_hit.add(lookup_ns)
+        self.success.add(duration_ns)
+        self.queue.add(0)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
     def wire(self) -> dict[str, Any]:
-        zero = Duration().wire()
         return {
             "name": self.name,
             "version": self.version,
@@ -75,8 +96,8 @@ class ModelStats:
                 "compute_input": self.compute_input.wire(),
                 "compute_infer": self.compute_infer.wire(),
                 "compute_output": self.compute_output.wire(),
-                "cache_hit": zero,
-                "cache_miss": zero,
+                "cache_hit": self.cache_hit.wire(),
+                "cache_miss": self.cache_miss.wire(),
             },
             "response_stats": {},
             "batch_stats": [

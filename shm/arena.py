@@ -5,9 +5,15 @@ Two ways a block comes back:
 * ``alloc``/``free``: the owner frees it (the ingress frees a request's input
   block once the router has answered that request).
 * ``alloc_released``: the block goes to other processes and comes back when
-  every consumer has written a non-zero byte into its release flag (the worker's
+  every consumer has written ``RELEASED`` into its release flag (the worker's
   output blocks: each ingress that copied its rows out sets its flag). The owner
   reclaims flagged blocks lazily, before each allocation. No message is needed.
+
+A release flag is one byte: ``OUTSTANDING`` (0), ``RELEASED`` (1), or ``HELD``
+(2): the router keeps the block past its response (an ensemble's intermediate
+tensor, a cached response; see ARCHITECTURE.md) and alone writes ``RELEASED``
+later. A held block is exempt from the abandonment timeout, since the router
+may keep it for minutes; ``drop_holds`` frees them when that router is gone.
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ from conveyor.shm.allocator import ALIGN, BlockAllocator
 # A consumer copies its bytes out within milliseconds of the response; a block
 # still flagged-out after this long belongs to a consumer that died.
 ABANDONED_AFTER_S = 120.0
+
+# Release flag values (one byte each).
+OUTSTANDING = 0
+RELEASED = 1
+HELD = 2
 
 
 @dataclass(slots=True)
@@ -76,7 +87,7 @@ class Arena:
         """A block of ``nbytes`` plus ``consumers`` release flags in front of it.
 
         Returns ``(payload_offset, flags_offset)``; consumer ``i`` releases by
-        writing 1 at ``flags_offset + i``.
+        writing ``RELEASED`` at ``flags_offset + i``.
         """
         header = (consumers + ALIGN - 1) // ALIGN * ALIGN
         if self._pending:
@@ -87,20 +98,28 @@ class Arena:
         return start + header, start
 
     def reclaim(self) -> int:
-        """Free every block whose consumers have all set their flag (or that was
-        abandoned by a consumer that died)."""
+        """Free every block whose consumers have all released it (or that was
+        abandoned by a consumer that died, unless the router holds it)."""
         keep: list[_Pending] = []
         freed = 0
         arr = self.array
         stale = time.monotonic() - ABANDONED_AFTER_S
         for p in self._pending:
-            if arr[p.flags_at : p.flags_at + p.consumers].all() or p.created < stale:
+            flags = arr[p.flags_at : p.flags_at + p.consumers]
+            if (flags == RELEASED).all() or (p.created < stale and not (flags == HELD).any()):
                 self._alloc.free(p.start)
                 freed += 1
             else:
                 keep.append(p)
         self._pending = keep
         return freed
+
+    def drop_holds(self) -> None:
+        """The router that held blocks is gone (it restarted): they are released."""
+        arr = self.array
+        for p in self._pending:
+            flags = arr[p.flags_at : p.flags_at + p.consumers]
+            flags[flags == HELD] = RELEASED
 
     @property
     def outstanding(self) -> int:

@@ -28,7 +28,7 @@ from conveyor.proto.datatypes import (
     serialize_bytes,
 )
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg
-from conveyor.shm.arena import Arena
+from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
 from conveyor.workers.classification import classify
@@ -242,7 +242,7 @@ class OutputWriter:
         arena = self.arena
         for i, mine in enumerate(outcomes):
             if isinstance(mine, ConveyorError):
-                arena.array[flags + i] = 1  # nothing of this block goes to that request
+                arena.array[flags + i] = RELEASED  # nothing of this block goes to that request
                 results.append(m.ItemResult(i, error=m.ErrorInfo(int(mine.status), mine.message)))
                 continue
             out: list[m.TensorRef] = []

@@ -234,6 +234,8 @@ class Worker:
         for key in list(self.instances):
             self._unload(key)
         self.client_regions.clear()
+        with self.writer.lock:  # the blocks the old router held (ensembles, cache) come back
+            self.arena.drop_holds()
         self._last_heard = time.monotonic()
         self._registered = False
         self._hello()

@@ -1,0 +1,158 @@
+"""An ensemble model version in the registry: ready only while every composing
+model is, and checked against the composing models' configs.
+
+Those checks (Triton's load-time rules: every step's model exists, the mapped
+tensor names exist with matching data types, the ensemble's max_batch_size fits
+every composing model's, no decoupled step) are redone whenever the repository
+generation changes, since composing models load, reload and unload on their own.
+A failed check makes the ensemble UNAVAILABLE with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.router.batcher import DynamicBatcher
+from conveyor.router.ensemble_plan import EnsemblePlan, Step, build_plan
+from conveyor.router.models import ModelEntry, ModelRegistry, VersionState
+from conveyor.router.repository import ModelSpec
+from conveyor.router.stats import ModelStats
+
+
+@dataclass(eq=False)
+class EnsembleVersion(VersionState):
+    plan: EnsemblePlan | None = None
+    registry: ModelRegistry | None = None
+    _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
+    _checking: bool = field(default=False)  # re-entered: ensembles that contain each other
+
+    @property
+    def ready(self) -> bool:
+        return self.composing()[0] == "READY"
+
+    @property
+    def state(self) -> str:
+        return self.composing()[0]
+
+    @property
+    def reason(self) -> str:
+        return self.composing()[1]
+
+    def composing(self) -> tuple[str, str]:
+        """(READY | LOADING | UNAVAILABLE, reason), from the composing models."""
+        if self.error:
+            return "UNAVAILABLE", self.error
+        if self._checking:
+            return "UNAVAILABLE", f"ensemble '{self.model}' contains itself"
+        self._checking = True
+        try:
+            return self._composing()
+        finally:
+            self._checking = False
+
+    def _composing(self) -> tuple[str, str]:
+        assert self.plan is not None and self.registry is not None
+        registry = self.registry
+        if self._checked[0] != registry.generation:
+            self._checked = (registry.generation, self._structural_problem())
+        if self._checked[1]:
+            return "UNAVAILABLE", self._checked[1]
+        for step in self.plan.steps:
+            versions = _step_versions(registry.models[step.model], step)
+            if any(v.ready for v in versions):
+                continue
+            if any(v.state == "LOADING" for v in versions):
+                return "LOADING", f"waiting for composing model '{step.model}' to load"
+            reasons = "; ".join(v.reason for v in versions if v.reason)
+            return "UNAVAILABLE", f"composing model '{step.model}' is not ready: {reasons}"
+        return "READY", ""
+
+    def _structural_problem(self) -> str:
+        assert self.plan is not None
+        types: dict[str, int] = {t.name: int(t.data_type) for t in self.config.input}
+        configs: list[mc.ModelConfig] = []
+        for step in self.plan.steps:  # first what each step makes, so any step order works
+            found = self._step_config(step)
+            if isinstance(found, str):
+                return found
+            configs.append(found)
+            declared_out = {t.name: t for t in found.output}
+            for key, tensor in step.outputs.items():
+                if key not in declared_out:
+                    return f"step {step.index}: composing model '{step.model}' has no output '{key}'"
+                types[tensor] = int(declared_out[key].data_type)
+        for step, config in zip(self.plan.steps, configs, strict=True):
+            problem = _inputs_problem(step, config, types)
+            if problem:
+                return problem
+        conditions = [s.when for s in self.plan.steps if s.when is not None] + (
+            [self.plan.exit_when] if self.plan.exit_when is not None else [])
+        for condition in conditions:
+            if types.get(condition.tensor) == mc.TYPE_STRING:
+                return f"condition '{condition.text}': '{condition.tensor}' is a string tensor"
+        for t in self.config.output:
+            if types[t.name] != t.data_type:
+                return _type_mismatch(t.name, types[t.name], f"ensemble output '{t.name}'", t.data_type)
+        return ""
+
+    def _step_config(self, step: Step) -> mc.ModelConfig | str:
+        """The composing model's config, or why ``step`` cannot use it."""
+        assert self.registry is not None
+        where = f"step {step.index}"
+        entry = self.registry.models.get(step.model)
+        if entry is None:
+            return f"{where}: composing model '{step.model}' is not found"
+        if entry.spec.error:
+            return f"{where}: composing model '{step.model}' is not available: {entry.spec.error}"
+        if step.version and int(step.version) not in entry.versions:
+            return f"{where}: version {step.version} of composing model '{step.model}' is not found"
+        config = entry.spec.config
+        if config.model_transaction_policy.decoupled:
+            return f"{where}: decoupled composing models are not supported yet ('{step.model}' is decoupled)"
+        ours = self.config.max_batch_size
+        if ours > 0 and config.max_batch_size < ours:
+            return (f"ensemble '{self.model}' allows maximum batch size {ours}, but it contains model "
+                    f"'{step.model}' which only allows maximum batch size to be {config.max_batch_size}")
+        return config
+
+
+def _inputs_problem(step: Step, config: mc.ModelConfig, types: dict[str, int]) -> str:
+    where = f"step {step.index}"
+    declared_in = {t.name: t for t in config.input}
+    for key, tensor in step.inputs.items():
+        spec = declared_in.get(key)
+        if spec is None:
+            return f"{where}: composing model '{step.model}' has no input '{key}'"
+        if types[tensor] != spec.data_type:
+            return _type_mismatch(tensor, types[tensor], f"input '{key}' of '{step.model}'", spec.data_type)
+    for spec in config.input:
+        if spec.name not in step.inputs and not spec.optional:
+            return f"{where}: input '{spec.name}' of composing model '{step.model}' is not mapped"
+    return ""
+
+
+def _step_versions(entry: ModelEntry, step: Step) -> Iterable[VersionState]:
+    if step.version:
+        return [entry.versions[int(step.version)]]
+    return entry.versions.values()
+
+
+def _type_mismatch(tensor: str, has: int, where: str, wants: int) -> str:
+    return (f"tensor '{tensor}' is {mc.DataType.Name(has)} but {where} is {mc.DataType.Name(wants)}")
+
+
+def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry:
+    """The registry entry of an ensemble: versions without instances (the router runs them)."""
+    entry = ModelEntry(spec)
+    plan = build_plan(spec.config)  # the repository checked it already
+    versions = {v: "" for v in spec.version_errors} | dict(spec.versions)
+    for v, path in sorted(versions.items()):
+        state = EnsembleVersion(
+            spec.name, v, path, spec.config, ModelStats(spec.name, str(v)),
+            DynamicBatcher(0, [], 0, enabled=False), plan=plan, registry=registry,
+        )
+        state.error = spec.version_errors.get(v, "")
+        entry.versions[v] = state
+    return entry

@@ -1,0 +1,48 @@
+"""The response cache's bookkeeping: Triton's flag syntax, LRU by size, and the
+release flags of the blocks it keeps alive."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError
+from conveyor.router.held_blocks import HeldBlocks
+from conveyor.router.response_cache import ResponseCache, cache_key, parse_cache_config
+from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
+from conveyor.shm.naming import segment_name
+
+
+def test_cache_config_syntax() -> None:
+    assert parse_cache_config([]) == 0
+    assert parse_cache_config(["local,size=1048576"]) == 1 << 20
+    with pytest.raises(ConveyorError, match="only the 'local' cache"):
+        parse_cache_config(["redis,host=localhost"])
+    with pytest.raises(ConveyorError, match="local,size=<bytes>"):
+        parse_cache_config(["local,size=lots"])
+
+
+def test_entries_hold_their_blocks_until_evicted() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "worker"), 4096)
+    try:
+        cache = ResponseCache(100, HeldBlocks())
+
+        def entry(i: int) -> tuple[list[m.TensorRef], list[m.Release]]:
+            return [m.TensorRef("OUT", "INT32", [15], arena.name, 64 * (i + 1), 60)], [m.Release(arena.name, i)]
+
+        keys = [cache_key("model", "1", m.InferRequest(0, "model", "", [], [m.OutputSpec("OUT")], cache_key=bytes([i])))
+                for i in range(3)]
+        assert cache.put(keys[0], *entry(0))
+        assert not cache.put(keys[0], *entry(0))  # there already
+        assert arena.array[0] == HELD
+        assert cache.get(keys[0]) is not None and cache.get(keys[1]) is None
+        assert cache.put(keys[1], *entry(1))  # 120 bytes > 100: the oldest goes
+        assert cache.get(keys[0]) is None and arena.array[0] == RELEASED
+        assert arena.array[1] == HELD and cache.used == 60
+        big = [m.TensorRef("OUT", "INT32", [50], arena.name, 256, 200)]
+        assert not cache.put(keys[2], big, [m.Release(arena.name, 2)])  # larger than the whole cache
+        assert arena.array[2] == OUTSTANDING
+    finally:
+        arena.close()
