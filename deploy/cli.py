@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
-               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs)
+               poll_secs=args.repository_poll_secs,
+               max_client_shm_regions=args.max_client_shm_regions).run(args.exit_timeout_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker

@@ -6,6 +6,7 @@ import argparse
 import os
 import tempfile
 
+from conveyor.router.client_shm import DEFAULT_MAX_REGIONS
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 
 
@@ -59,6 +60,9 @@ def add_client_shm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-client-shm", type=triton_bool, default=False, metavar="BOOL",
                    help="let clients register system/CUDA shared-memory regions (off by default, as in Triton: "
                         "a client may name any segment the server's user can open)")
+    p.add_argument("--max-client-shm-regions", type=int, default=DEFAULT_MAX_REGIONS, metavar="N",
+                   help="shared-memory regions clients may hold registered at once; past it a registration is "
+                        f"refused with 503 / UNAVAILABLE; 0: no limit (default {DEFAULT_MAX_REGIONS})")
 
 
 def add_scheduling(p: argparse.ArgumentParser) -> None:

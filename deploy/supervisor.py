@@ -58,6 +58,7 @@ class Supervisor:
         common = self._common()
         repo_args = [x for r in repos for x in ("--model-repository", r)]
         shm = ["--allow-client-shm", "true"] if a.allow_client_shm else []
+        shm += ["--max-client-shm-regions", str(a.max_client_shm_regions)]
         router = [Child("router", ["router", *common, *repo_args, "--max-queue-size", str(a.max_queue_size), *shm,
                                    *model_control_args(a)])]
         workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)])

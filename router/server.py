@@ -19,7 +19,7 @@ import zmq
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.client_shm import ClientShmRegistry, control_ops
+from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
 from conveyor.router.control import ControlHandler
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
@@ -54,7 +54,7 @@ class Router:
         self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
-        strict_config: bool = False, poll_secs: float = 15.0,
+        strict_config: bool = False, poll_secs: float = 15.0, max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -71,7 +71,7 @@ class Router:
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
-        self.shm = ClientShmRegistry(allow_client_shm)
+        self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
         self.running: dict[int, Running] = {}
