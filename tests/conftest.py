@@ -109,3 +109,14 @@ def server(model_repo: str) -> Iterator[Server]:
     code = srv.stop()
     assert code == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per fuzz target: how many generated cases this run tried."""
+    from tests.fuzz import CASES
+
+    if CASES:
+        terminalreporter.write_sep("-", "fuzz cases tried")
+        for name, count in sorted(CASES.items()):
+            terminalreporter.write_line(f"{name}: {count}")
+        terminalreporter.write_line(f"total: {sum(CASES.values())}")
