@@ -9,12 +9,17 @@ import sys
 from conveyor.deploy.options import (
     add_client_shm,
     add_common,
+    add_ingress_limits,
+    add_ingress_security,
     add_model_control,
     add_network,
     add_repository,
     add_scheduling,
+    check_ingress_args,
     default_endpoints,
 )
+from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 
 
 def _setup_logging(verbose: int, role: str) -> None:
@@ -24,6 +29,10 @@ def _setup_logging(verbose: int, role: str) -> None:
     )
 
 
+def _limits(args: argparse.Namespace) -> IngressLimits:
+    return IngressLimits(args.max_input_elements, args.max_inflight_requests)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -31,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run router, ingress and workers in the foreground")
     add_common(serve)
     add_network(serve)
+    add_ingress_limits(serve)
+    add_ingress_security(serve)
     add_repository(serve, required=False)
     add_scheduling(serve)
     serve.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -51,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ingress = sub.add_parser("ingress", help="run one ingress process")
     add_common(ingress)
     add_network(ingress)
+    add_ingress_limits(ingress)
+    add_ingress_security(ingress)
     ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], required=True)
     ingress.add_argument("--router", default="", help="the router's ingress endpoint")
 
@@ -64,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("serve", "ingress"):
+        problem = check_ingress_args(args)
+        if problem:
+            parser.error(problem)
     _setup_logging(args.log_verbose, args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command == "serve":
@@ -106,12 +124,22 @@ def main(argv: list[str] | None = None) -> int:
             from conveyor.ingress.http.server import serve as serve_http
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs)
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
+                       restricted=restrictions(args.http_restricted_api),
+                       ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key)
         else:
             from conveyor.ingress.grpc.server import serve as serve_grpc
+            from conveyor.ingress.grpc.tls import GrpcTls
 
+            tls = None
+            if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+                tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
+                              args.grpc_use_ssl_mutual)
             serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs)
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       limits=_limits(args), tls=tls,
+                       restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX))
         return 0
     return 2
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from conveyor.deploy.options import model_control_args, run_dir
+from conveyor.deploy.options import ingress_args, model_control_args, run_dir
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
@@ -67,6 +67,7 @@ class Supervisor:
             "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port),
             "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
+            *ingress_args(a),
         ]
         ingress: list[Child] = []
         if a.allow_http:

@@ -25,6 +25,8 @@ import uvloop
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.restricted import Restriction
 
 AppFactory = Callable[[IngressContext], Any]
 
@@ -91,12 +93,17 @@ def serve(
     exit_timeout_s: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     app_factory: AppFactory | None = None,
+    limits: IngressLimits | None = None,
+    restricted: dict[str, Restriction] | None = None,
+    ssl_cert: str = "",
+    ssl_key: str = "",
 ) -> None:
     """Serve HTTP on ``host:port`` for the router at ``router`` until SIGTERM/SIGINT.
 
     ``app_factory`` builds the ASGI app from the context (default: the KServe v2
-    app; the metrics endpoint passes its own). Blocking; returns once in-flight
-    requests are done and the context is closed.
+    app; the metrics endpoint passes its own). ``restricted`` maps API categories
+    to the header each needs; ``ssl_cert``/``ssl_key`` (PEM files) serve HTTPS.
+    Blocking; returns once in-flight requests are done and the context is closed.
     """
     signals = _Signals()
     signals.install()
@@ -113,6 +120,10 @@ def serve(
                 exit_timeout_s=exit_timeout_s,
                 max_body_bytes=max_body_bytes,
                 app_factory=app_factory,
+                limits=limits,
+                restricted=restricted,
+                ssl_cert=ssl_cert,
+                ssl_key=ssl_key,
             )
         )
     finally:
@@ -131,13 +142,19 @@ async def _serve(
     exit_timeout_s: float,
     max_body_bytes: int,
     app_factory: AppFactory | None,
+    limits: IngressLimits | None,
+    restricted: dict[str, Restriction] | None,
+    ssl_cert: str,
+    ssl_key: str,
 ) -> None:
     # The context's ZeroMQ socket and futures belong to this loop: create it here.
-    ctx = await IngressContext.create(router, group, arena_bytes)
+    ctx = await IngressContext.create(router, group, arena_bytes, limits)
     try:
         # Bind only once ready, so the kernel does not hand connections to a process still starting.
         sock = bind_socket(host, port)
-        inner = app_factory(ctx) if app_factory else build_app(ctx, max_body_bytes=max_body_bytes)
+        inner = app_factory(ctx) if app_factory else build_app(
+            ctx, max_body_bytes=max_body_bytes, restricted=restricted
+        )
         app = BodyLimit(inner, max_body_bytes)
         config = uvicorn.Config(
             app,
@@ -153,6 +170,9 @@ async def _serve(
             log_level=log_level,
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=math.ceil(exit_timeout_s),
+            # HTTPS is a Conveyor extension (Triton has no such flags); None serves plain HTTP.
+            ssl_certfile=ssl_cert or None,
+            ssl_keyfile=ssl_key or None,
         )
         server = uvicorn.Server(config)
         if signals.received:
