@@ -12,14 +12,23 @@ from conveyor.deploy.options import (
     add_client_shm,
     add_common,
     add_drain,
+    add_ingress_limits,
+    add_ingress_security,
     add_model_control,
     add_network,
     add_repository,
     add_scheduling,
+    check_ingress_args,
     default_endpoints,
 )
 from conveyor.deploy.scale import ROLES
+from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
+
+
+def _limits(args: argparse.Namespace) -> IngressLimits:
+    return IngressLimits(args.max_input_elements, args.max_inflight_requests)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(serve)
     add_drain(serve)
     add_network(serve)
+    add_ingress_limits(serve)
+    add_ingress_security(serve)
     add_repository(serve, required=False)
     add_scheduling(serve)
     serve.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -52,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(ingress)
     add_drain(ingress)
     add_network(ingress)
+    add_ingress_limits(ingress)
+    add_ingress_security(ingress)
     ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
     ingress.add_argument("--instance", default="",
                          help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
@@ -104,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         return _scale(args)
     _apply_instance(parser, args)
+    if args.command in ("serve", "ingress"):
+        problem = check_ingress_args(args)
+        if problem:
+            parser.error(problem)
     setup_logging(args.log_verbose, args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command == "serve":
@@ -124,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
                poll_secs=args.repository_poll_secs, group=args.group,
-               cache_bytes=parse_cache_config(args.cache_config)).run(args.exit_timeout_secs, args.drain_grace_secs)
+               cache_bytes=parse_cache_config(args.cache_config),
+               max_client_shm_regions=args.max_client_shm_regions).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker
@@ -146,13 +164,23 @@ def main(argv: list[str] | None = None) -> int:
 
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
                        arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs)
+                       drain_grace_s=args.drain_grace_secs,
+                       max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
+                       restricted=restrictions(args.http_restricted_api),
+                       ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key)
         else:
             from conveyor.ingress.grpc.server import serve as serve_grpc
+            from conveyor.ingress.grpc.tls import GrpcTls
 
+            tls = None
+            if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+                tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
+                              args.grpc_use_ssl_mutual)
             serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
                        arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs)
+                       drain_grace_s=args.drain_grace_secs,
+                       limits=_limits(args), tls=tls,
+                       restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX))
         return 0
     return 2
 

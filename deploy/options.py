@@ -6,7 +6,11 @@ import argparse
 import os
 import tempfile
 
+from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
+from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS
+from conveyor.ingress.restricted import RestrictedGroup, parse_group
 from conveyor.proto.errors import ConveyorError
+from conveyor.router.client_shm import DEFAULT_MAX_REGIONS
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.response_cache import parse_cache_config
 
@@ -78,6 +82,9 @@ def add_client_shm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-client-shm", type=triton_bool, default=False, metavar="BOOL",
                    help="let clients register system/CUDA shared-memory regions (off by default, as in Triton: "
                         "a client may name any segment the server's user can open)")
+    p.add_argument("--max-client-shm-regions", type=int, default=DEFAULT_MAX_REGIONS, metavar="N",
+                   help="shared-memory regions clients may hold registered at once; past it a registration is "
+                        f"refused with 503 / UNAVAILABLE; 0: no limit (default {DEFAULT_MAX_REGIONS})")
 
 
 def cache_config(text: str) -> str:
@@ -116,4 +123,82 @@ def model_control_args(a: argparse.Namespace) -> list[str]:
            "--strict-model-config", str(a.strict_model_config).lower()]
     for name in a.load_model:
         out += ["--load-model", name]
+    return out
+
+
+def restricted_group(text: str) -> RestrictedGroup:
+    try:
+        return parse_group(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_ingress_limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-input-elements", type=int, default=DEFAULT_MAX_INPUT_ELEMENTS, metavar="N",
+                   help="elements one input tensor may hold; more is refused with 400 / INVALID_ARGUMENT; 0: no limit "
+                        f"(default {DEFAULT_MAX_INPUT_ELEMENTS})")
+    p.add_argument("--max-inflight-requests", type=int, default=DEFAULT_MAX_INFLIGHT, metavar="N",
+                   help="requests one ingress process holds at once; more are refused with 503 / UNAVAILABLE "
+                        f"'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})")
+    p.add_argument("--http-max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
+                   help=f"largest HTTP request body, after decompression (default {DEFAULT_MAX_BODY_BYTES})")
+
+
+def add_ingress_security(p: argparse.ArgumentParser) -> None:
+    """Triton's access-control and TLS flags, plus HTTPS (a Conveyor extension)."""
+    p.add_argument("--http-restricted-api", action="append", default=[], type=restricted_group,
+                   metavar="<api>,...:<key>=<value>",
+                   help="HTTP requests to these APIs need header <key>: <value> (repeatable; APIs: health, metadata, "
+                        "inference, shared-memory, model-config, model-repository, statistics, trace, logging)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], type=restricted_group,
+                   metavar="<protocol>,...:<key>=<value>",
+                   help="gRPC calls to these protocols need metadata triton-grpc-protocol-<key>: <value> (repeatable)")
+    p.add_argument("--grpc-use-ssl", type=triton_bool, default=False, metavar="BOOL", help="serve gRPC over TLS")
+    p.add_argument("--grpc-use-ssl-mutual", type=triton_bool, default=False, metavar="BOOL",
+                   help="serve gRPC over mutual TLS: clients need a certificate signed by --grpc-root-cert")
+    p.add_argument("--grpc-server-cert", default="", metavar="PEM", help="the gRPC server's certificate (chain)")
+    p.add_argument("--grpc-server-key", default="", metavar="PEM", help="the gRPC server's private key")
+    p.add_argument("--grpc-root-cert", default="", metavar="PEM", help="the CA certificate client certificates need")
+    p.add_argument("--http-ssl-cert", default="", metavar="PEM",
+                   help="serve HTTPS with this certificate (a Conveyor extension: Triton serves plain HTTP)")
+    p.add_argument("--http-ssl-key", default="", metavar="PEM", help="the HTTPS private key")
+
+
+def check_ingress_args(a: argparse.Namespace) -> str:
+    """Why these ingress flags cannot work together, or ''."""
+    from conveyor.ingress.restricted import restrictions
+
+    for flag, groups in (("--http-restricted-api", a.http_restricted_api),
+                         ("--grpc-restricted-protocol", a.grpc_restricted_protocol)):
+        try:
+            restrictions(groups)
+        except ValueError as err:
+            return f"{flag}: {err}"
+    if a.grpc_use_ssl or a.grpc_use_ssl_mutual:
+        if not a.grpc_server_cert or not a.grpc_server_key:
+            return "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"
+        if a.grpc_use_ssl_mutual and not a.grpc_root_cert:
+            return "--grpc-use-ssl-mutual needs --grpc-root-cert"
+    if bool(a.http_ssl_cert) != bool(a.http_ssl_key):
+        return "--http-ssl-cert and --http-ssl-key go together"
+    for path in (a.grpc_server_cert, a.grpc_server_key, a.grpc_root_cert, a.http_ssl_cert, a.http_ssl_key):
+        if path and not os.path.isfile(path):
+            return f"no such file: {path}"
+    return ""
+
+
+def ingress_args(a: argparse.Namespace) -> list[str]:
+    """The limit, access and TLS flags, as the supervisor passes them on to ingress processes."""
+    out = ["--max-input-elements", str(a.max_input_elements), "--max-inflight-requests", str(a.max_inflight_requests),
+           "--http-max-body-bytes", str(a.http_max_body_bytes),
+           "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower()]
+    for flag, groups in (("--http-restricted-api", a.http_restricted_api),
+                         ("--grpc-restricted-protocol", a.grpc_restricted_protocol)):
+        for g in groups:
+            out += [flag, f"{','.join(g.categories)}:{g.key}={g.value}"]
+    for flag, value in (("--grpc-server-cert", a.grpc_server_cert), ("--grpc-server-key", a.grpc_server_key),
+                        ("--grpc-root-cert", a.grpc_root_cert), ("--http-ssl-cert", a.http_ssl_cert),
+                        ("--http-ssl-key", a.http_ssl_key)):
+        if value:
+            out += [flag, os.path.abspath(value)]
     return out

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from conveyor.deploy.options import model_control_args, run_dir
+from conveyor.deploy.options import ingress_args, model_control_args, run_dir
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
@@ -84,6 +84,7 @@ class Supervisor:
             *self._common(), "--drain-grace-secs", str(a.drain_grace_secs),
             "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port), "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
+            *ingress_args(a),
         ]
 
     def _new_child(self, role: str) -> Child:
@@ -96,6 +97,7 @@ class Supervisor:
     def _router_child(self, repos: list[str]) -> Child:
         repo_args = [x for r in repos for x in ("--model-repository", r)]
         shm = ["--allow-client-shm", "true"] if self.args.allow_client_shm else []
+        shm += ["--max-client-shm-regions", str(self.args.max_client_shm_regions)]
         # No grace for the router: it stops after the ingress processes, which carry the grace.
         return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
                                 "--max-queue-size", str(self.args.max_queue_size), *model_control_args(self.args),

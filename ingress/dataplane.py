@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.ingress.drain import IngressDrain
+from conveyor.ingress.limits import IngressLimits, too_many_elements, too_many_in_flight
 from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
 from conveyor.ingress.request_hash import request_hash
 from conveyor.ingress.router_link import RouterLink, error_from
@@ -128,14 +129,17 @@ class StreamError:
 
 class DataPlane:
     def __init__(
-        self, link: RouterLink, arena: Arena, regions: RegionCache, drain: IngressDrain | None = None
+        self, link: RouterLink, arena: Arena, regions: RegionCache, drain: IngressDrain | None = None,
+        limits: IngressLimits | None = None,
     ) -> None:
         self.link = link
         self.drain = drain or IngressDrain()
         self.arena = arena
         self.regions = regions
+        self.limits = limits or IngressLimits()
         self.models = ModelSignatureCache(link)
         self._blocks: dict[int, int] = {}  # request id -> input block, freed on reply
+        self._in_flight = 0  # requests between admission and their (final) response
         link.on_orphan = self.on_orphan
 
     def on_orphan(self, response: m.InferResponse) -> None:
@@ -151,8 +155,12 @@ class DataPlane:
         sig = await self.models.get(call.model, call.version)
         if sig.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
-        request = self._send_inputs(sig, call)
-        response = await self.link.infer(request)
+        self._admit()
+        try:
+            request = self._send_inputs(sig, call)
+            response = await self.link.infer(request)
+        finally:
+            self._in_flight -= 1
         self._finish_input(response.id)
         self.models.observe_generation(response.generation)
         if response.error is not None:
@@ -165,17 +173,28 @@ class DataPlane:
         flag: an ``InferResult`` without outputs), the last one ``final``."""
         self.drain.admit()
         sig = await self.models.get(call.model, call.version)
-        request = self._send_inputs(sig, call)
-        async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
-            async for response in responses:
-                if response.final:
-                    self._finish_input(response.id)
-                self.models.observe_generation(response.generation)
-                if response.error is not None:
-                    release_blocks(self.regions, response.release)
-                    yield StreamError(error_from(response.error), response.final)
-                else:
-                    yield self._result(response, call)
+        self._admit()
+        try:
+            request = self._send_inputs(sig, call)
+            async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
+                async for response in responses:
+                    if response.final:
+                        self._finish_input(response.id)
+                    self.models.observe_generation(response.generation)
+                    if response.error is not None:
+                        release_blocks(self.regions, response.release)
+                        yield StreamError(error_from(response.error), response.final)
+                    else:
+                        yield self._result(response, call)
+        finally:
+            self._in_flight -= 1
+
+    def _admit(self) -> None:
+        """Count one more request in flight, or refuse it (UNAVAILABLE) past the limit."""
+        limit = self.limits.max_inflight
+        if limit and self._in_flight >= limit:
+            raise too_many_in_flight(limit)
+        self._in_flight += 1
 
     def _send_inputs(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """Validate ``call``, write its inputs into this process's arena, describe it."""
@@ -234,6 +253,7 @@ class DataPlane:
         checked: list[tuple[InferInput, int]] = []
         seen: set[str] = set()
         batch: int | None = None
+        max_elements = self.limits.max_input_elements
         for inp in inputs:
             spec = sig.inputs.get(inp.name)
             if spec is None:
@@ -267,6 +287,8 @@ class DataPlane:
                     f"unexpected shape for input '{inp.name}' for model '{sig.name}'. "
                     f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}"
                 )
+            if max_elements and (count := element_count(inp.shape)) > max_elements:
+                raise too_many_elements(inp.name, count, max_elements)
             if inp.shm is not None:
                 checked.append((inp, self._shm_byte_size(sig, inp, inp.shm)))
                 continue

@@ -26,9 +26,17 @@ _INT64 = {
 
 
 def parse_text(text: str) -> mc.ModelConfig:
-    """Parse protobuf text format; raises ``text_format.ParseError`` with a line number."""
+    """Parse protobuf text format; raises ``text_format.ParseError`` (with a line number
+    where protobuf gives one) for any text that is not a ModelConfig."""
     config = mc.ModelConfig()
-    text_format.Parse(text, config)
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError:
+        raise
+    except (ValueError, RuntimeError) as exc:
+        # text_format raises these for some values, e.g. an enum number out of range
+        # ("data_type: 2147483648"): the caller's "bad config" path must see them too.
+        raise text_format.ParseError(str(exc)) from None
     return config
 
 

@@ -25,6 +25,9 @@ from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
 
 PREFIX = m.CLIENT_REGION_PREFIX
 CUDA_IPC_HANDLE_BYTES = 64
+# Registrations held at once (system and CUDA together): each costs the router a
+# sweep check every 5 s and each worker a mapping, so a client cannot pile them up.
+DEFAULT_MAX_REGIONS = 1024
 
 
 def disabled() -> ConveyorError:
@@ -42,8 +45,9 @@ class Registration:
 
 
 class ClientShmRegistry:
-    def __init__(self, allow: bool) -> None:
+    def __init__(self, allow: bool, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
         self.allow = allow
+        self.max_regions = max_regions  # 0: no limit
         self.cuda_devices: set[int] = set()  # GPUs some worker has; kept current by the router
         self._by_name: dict[str, Registration] = {}
         self._ids = itertools.count(1)
@@ -89,6 +93,12 @@ class ClientShmRegistry:
             raise invalid_arg("a shared memory region needs a name")
         if name in self._by_name:
             raise ConveyorError(Status.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        if self.max_regions and len(self._by_name) >= self.max_regions:
+            raise ConveyorError(
+                Status.UNAVAILABLE,
+                f"failed to register shared memory region '{name}': {len(self._by_name)} regions are registered, "
+                f"the most this server holds (--max-client-shm-regions); unregister some first",
+            )
         if offset < 0 or byte_size <= 0:
             raise invalid_arg(
                 f"failed to register shared memory region '{name}': offset must be >= 0 and byte_size > 0"
@@ -165,6 +175,9 @@ class ClientShmRegistry:
 
 def _segment_size(key: str) -> tuple[int, int]:
     """The size and inode of POSIX segment ``key``, opened read-only and closed again."""
+    if "\0" in key:
+        # posix_ipc (1.3) dereferences a bad pointer on such a name: the router would die (SIGSEGV).
+        raise invalid_arg(f"Unable to open shared memory region: {key!r}: a key cannot contain a NUL character")
     try:
         shm = posix_ipc.SharedMemory(key, read_only=True)
     except posix_ipc.ExistentialError:

@@ -21,7 +21,7 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.client_shm import ClientShmRegistry, control_ops
+from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
 from conveyor.router.cloud_repository import RepositoryRoots
 from conveyor.router.control import ControlHandler
 from conveyor.router.ensemble import EnsembleScheduler
@@ -69,6 +69,7 @@ class Router:
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
         strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
+        max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -89,7 +90,7 @@ class Router:
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
-        self.shm = ClientShmRegistry(allow_client_shm)
+        self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
         self.running: dict[int, Running] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -60,14 +61,15 @@ def _listening(port: int) -> bool:
 
 
 def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple[int, ...] = (),
-               timeout: float = 60.0) -> None:
-    """Ready over HTTP, and every other ingress port accepting connections."""
+               timeout: float = 60.0, https: ssl.SSLContext | None = None) -> None:
+    """Ready over HTTP (HTTPS with ``https``), and every other ingress port accepting connections."""
     deadline = time.monotonic() + timeout
+    url = f"{'https' if https else 'http'}://127.0.0.1:{http_port}/v2/health/ready"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"conveyor serve exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=https) as r:
                 if r.status == 200 and all(_listening(p) for p in other_ports):
                     return
         except Exception:
@@ -76,7 +78,7 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple
     raise RuntimeError("the server did not become ready in time")
 
 
-def start_server(repo: str, group: str, *extra: str, grpc: bool = True) -> Server:
+def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: ssl.SSLContext | None = None) -> Server:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [
@@ -88,7 +90,7 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True) -> Serve
         ],
     )
     try:
-        wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,))
+        wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), https=https)
     except Exception:
         proc.kill()
         proc.wait()
@@ -143,3 +145,14 @@ def wait_all_instances_ready(group: str, model: str, count: int, timeout: float 
             return
         assert time.monotonic() < deadline, f"instances of '{model}' not ready: {rows}"
         time.sleep(0.1)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per fuzz target: how many generated cases this run tried."""
+    from tests.fuzz import CASES
+
+    if CASES:
+        terminalreporter.write_sep("-", "fuzz cases tried")
+        for name, count in sorted(CASES.items()):
+            terminalreporter.write_line(f"{name}: {count}")
+        terminalreporter.write_line(f"total: {sum(CASES.values())}")

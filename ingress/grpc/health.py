@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from conveyor.ingress.drain import IngressDrain
+from conveyor.ingress.grpc.handlers import Malformed, method_handlers
 from conveyor.ingress.router_link import RouterLink
 from conveyor.proto import health_pb2, health_pb2_grpc
 from conveyor.proto.errors import ConveyorError, Status
@@ -49,6 +50,8 @@ class HealthServicer:
         return _SERVING if await server_ready(self._link, self._drain) else _NOT_SERVING
 
     async def Check(self, request: Any, context: Any) -> Any:
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error("Check").message)
         if request.service not in SERVICES:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
         return health_pb2.HealthCheckResponse(status=await self._status())
@@ -56,6 +59,8 @@ class HealthServicer:
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """Send the status now and again whenever it changes (polled: the router
         does not push readiness)."""
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error("Watch").message)
         if request.service not in SERVICES:
             # The spec: answer SERVICE_UNKNOWN and keep the call open, not fail it.
             yield health_pb2.HealthCheckResponse(status=_SERVICE_UNKNOWN)
@@ -69,5 +74,10 @@ class HealthServicer:
             await asyncio.sleep(WATCH_INTERVAL_S)
 
 
+SERVICE = "grpc.health.v1.Health"
+
+
 def add_to_server(servicer: HealthServicer, server: Any) -> None:
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    handlers = method_handlers(health_pb2_grpc.add_HealthServicer_to_server, servicer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

@@ -16,6 +16,10 @@ import grpc
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.grpc import health, service
+from conveyor.ingress.grpc.restricted import RestrictedProtocols
+from conveyor.ingress.grpc.tls import GrpcTls
+from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
 
 log = logging.getLogger(__name__)
@@ -36,13 +40,21 @@ def _address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def start_server(ctx: IngressContext, host: str, port: int) -> tuple[Any, int]:
+async def start_server(
+    ctx: IngressContext, host: str, port: int, *, tls: GrpcTls | None = None,
+    restricted: dict[str, Restriction] | None = None,
+) -> tuple[Any, int]:
     """Build, bind and start a ``grpc.aio`` server on ``ctx``; return it and the
-    bound port (useful with ``port=0``). The caller stops it."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    bound port (useful with ``port=0``). The caller stops it.
+
+    ``tls`` serves TLS instead of plaintext; ``restricted`` maps API categories to
+    the metadata each needs (``--grpc-restricted-protocol``)."""
+    interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
     health.add_to_server(health.HealthServicer(ctx.link, ctx.drain), server)
-    bound = server.add_insecure_port(_address(host, port))
+    address = _address(host, port)
+    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     if bound == 0:  # older grpcio reports a failed bind this way instead of raising
         raise OSError(f"cannot bind the gRPC endpoint to {_address(host, port)}")
     await server.start()
@@ -58,6 +70,9 @@ async def run(
     arena_bytes: int = DEFAULT_ARENA_BYTES,
     exit_timeout_s: float = 30.0,
     drain_grace_s: float = 0.0,
+    limits: IngressLimits | None = None,
+    tls: GrpcTls | None = None,
+    restricted: dict[str, Restriction] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain (``ingress/drain.py``): not ready for
     ``drain_grace_s``, then refuse new calls while in-flight ones finish (up to
@@ -67,10 +82,10 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
-                                      exit_timeout_s=exit_timeout_s)
+                                      exit_timeout_s=exit_timeout_s, limits=limits)
     try:
-        server, bound = await start_server(ctx, host, port)
-        log.info("gRPC ingress listening on %s", _address(host, bound))
+        server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted)
+        log.info("gRPC ingress listening on %s%s", _address(host, bound), " (TLS)" if tls else "")
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
         try:
@@ -95,6 +110,9 @@ def serve(
     log_level: str = "warning",
     exit_timeout_s: float = 30.0,
     drain_grace_s: float = 0.0,
+    limits: IngressLimits | None = None,
+    tls: GrpcTls | None = None,
+    restricted: dict[str, Restriction] | None = None,
 ) -> None:
     """Run a gRPC ingress process (blocking).
 
@@ -106,9 +124,12 @@ def serve(
         log_level: a ``logging`` level name.
         exit_timeout_s: how long in-flight calls may run once new ones are refused.
         drain_grace_s: how long readiness is false before new calls are refused.
+        limits: what one request may hold, and how many may be in flight.
+        tls: serve TLS (or mutual TLS) instead of plaintext.
+        restricted: API category -> the metadata it needs.
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s"
     )
     asyncio.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s,
-                    drain_grace_s=drain_grace_s))
+                    drain_grace_s=drain_grace_s, limits=limits, tls=tls, restricted=restricted))

@@ -21,6 +21,7 @@ import grpc
 from conveyor.ingress.dataplane import DataPlane, InferCall, StreamError
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc import codec, wire
+from conveyor.ingress.grpc.handlers import Malformed, lenient, method_handlers
 from conveyor.ingress.grpc.health import server_ready
 from conveyor.ingress.grpc.stream import Replies, stream_replies
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
@@ -62,6 +63,8 @@ def _unary(
     @functools.wraps(method)
     async def handler(self: _S, request: _Req, context: Any) -> _Resp:
         try:
+            if isinstance(request, Malformed):
+                raise request.error(method.__name__)
             return await method(self, request, context)
         except ConveyorError as err:
             await _abort(context, _GRPC_CODE[err.status], err.message)
@@ -134,7 +137,7 @@ class InferenceServicer:
         return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterable[wire.WireInferRequest], context: Any
+        self, requests: AsyncIterable[wire.WireInferRequest | Malformed], context: Any
     ) -> AsyncIterator[bytes]:
         handle = functools.partial(self._stream_request, context)
         # aclosing: when grpc stops iterating (client gone), the running requests
@@ -143,7 +146,13 @@ class InferenceServicer:
             async for message in replies:
                 yield message
 
-    async def _stream_request(self, context: Any, request: wire.WireInferRequest, replies: Replies) -> None:
+    async def _stream_request(
+        self, context: Any, request: wire.WireInferRequest | Malformed, replies: Replies
+    ) -> None:
+        if isinstance(request, Malformed):
+            # In-band like every stream error: the stream and its other requests go on.
+            await replies.send_in_order(codec.encode_stream_error(request.error("ModelStreamInfer").message, ""))
+            return
         try:
             call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
             if await self._dataplane.is_decoupled(call.model, call.version):
@@ -255,33 +264,18 @@ class InferenceServicer:
         raise unsupported("log settings are not supported by this server yet")
 
 
-class _HandlerRecorder:
-    """Stands in for a server to capture the generated method-handler table."""
-
-    handlers: dict[str, Any] | None = None
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        self.handlers = dict(handlers)
-
-
 def add_to_server(servicer: InferenceServicer, server: Any) -> None:
     """Register ``servicer`` on a ``grpc.aio`` server.
 
     The method table is the generated one, except that the two infer RPCs use
     ``wire``'s zero-copy framing: they take a ``WireInferRequest`` and return
-    serialized bytes.
+    serialized bytes; and that a message protobuf cannot parse reaches the
+    handler as ``Malformed`` (INVALID_ARGUMENT), see ``handlers``.
     """
-    recorder = _HandlerRecorder()
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
-    handlers = recorder.handlers
-    if handlers is None:
-        raise RuntimeError("grpc_service_pb2_grpc did not register method handlers (regenerate proto/)")
+    handlers = method_handlers(pb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer)
     for name in ("ModelInfer", "ModelStreamInfer"):
         handlers[name] = handlers[name]._replace(
-            request_deserializer=wire.parse_infer_request, response_serializer=None
+            request_deserializer=lenient(wire.parse_infer_request), response_serializer=None
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)

@@ -29,7 +29,9 @@ from conveyor.ingress.http.compression import compress, response_coding
 from conveyor.ingress.http.errors import render_error
 from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
+from conveyor.ingress.http.restricted import RestrictedApis
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
+from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 
@@ -49,12 +51,20 @@ def _status(resp: Response, ok: bool) -> None:
     resp.status = 200 if ok else 400
 
 
+# Each resource's ``api`` is its Triton API category (ingress/restricted.py): the
+# restricted-API middleware looks it up.
+
+
 class Live:
+    api = "health"
+
     async def on_get(self, req: Request, resp: Response) -> None:
         resp.status = 200
 
 
 class ServerReady:
+    api = "health"
+
     def __init__(self, link: RouterLink, drain: IngressDrain) -> None:
         self._link = link
         self._drain = drain
@@ -65,6 +75,8 @@ class ServerReady:
 
 
 class ServerMetadata:
+    api = "metadata"
+
     def __init__(self) -> None:
         self._body = encode_json(server_metadata())  # fixed for the life of the process
 
@@ -76,15 +88,18 @@ class ServerMetadata:
 class ModelControl:
     """A per-model GET answered by one router control op."""
 
-    def __init__(self, link: RouterLink, op: str) -> None:
+    def __init__(self, link: RouterLink, op: str, api: str) -> None:
         self._link = link
         self._op = op
+        self.api = api
 
     async def on_get(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         _json(resp, await self._link.control(self._op, model=model, version=version))
 
 
 class ModelReady:
+    api = "health"  # as in Triton: readiness, per model too
+
     def __init__(self, link: RouterLink) -> None:
         self._link = link
 
@@ -95,6 +110,8 @@ class ModelReady:
 class Stats:
     """``/v2/models/stats`` (every model) and the per-model, per-version forms."""
 
+    api = "statistics"
+
     def __init__(self, link: RouterLink) -> None:
         self._link = link
 
@@ -103,6 +120,8 @@ class Stats:
 
 
 class Infer:
+    api = "inference"
+
     def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
         self._dataplane = dataplane
         self._limit = max_body_bytes
@@ -136,9 +155,17 @@ class Infer:
         resp.data = data
 
 
-def build_app(ctx: IngressContext, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> falcon.asgi.App:
-    """The HTTP/REST app over ``ctx``'s router link and data plane."""
-    app = falcon.asgi.App(media_type=falcon.MEDIA_JSON)
+def build_app(
+    ctx: IngressContext,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    restricted: dict[str, Restriction] | None = None,
+) -> falcon.asgi.App:
+    """The HTTP/REST app over ``ctx``'s router link and data plane; ``restricted``
+    maps API categories to the header each needs (``--http-restricted-api``)."""
+    # No middleware at all unless something is restricted: nothing on the hot path.
+    middleware = [RestrictedApis(restricted)] if restricted else []
+    app = falcon.asgi.App(media_type=falcon.MEDIA_JSON, middleware=middleware)
     app.add_error_handler([Exception, falcon.HTTPError], render_error)
 
     link = ctx.link
@@ -149,9 +176,9 @@ def build_app(ctx: IngressContext, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYT
     stats = Stats(link)
     app.add_route("/v2/models/stats", stats)
     per_model: dict[str, object] = {
-        "": ModelControl(link, "model_metadata"),
+        "": ModelControl(link, "model_metadata", "metadata"),
         "/ready": ModelReady(link),
-        "/config": ModelControl(link, "model_config"),
+        "/config": ModelControl(link, "model_config", "model-config"),
         "/stats": stats,
         "/infer": Infer(ctx.dataplane, max_body_bytes),
     }

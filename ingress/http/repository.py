@@ -23,6 +23,8 @@ _MAX_BODY = 256 << 20  # a load may carry model files
 
 
 class Index:
+    api = "model-repository"
+
     def __init__(self, link: RouterLink) -> None:
         self._link = link
 
@@ -36,6 +38,8 @@ class Index:
 
 
 class Load:
+    api = "model-repository"
+
     def __init__(self, link: RouterLink) -> None:
         self._link = link
 
@@ -54,6 +58,8 @@ class Load:
 
 
 class Unload:
+    api = "model-repository"
+
     def __init__(self, link: RouterLink) -> None:
         self._link = link
 

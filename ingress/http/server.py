@@ -29,6 +29,8 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
 
 AppFactory = Callable[[IngressContext], Any]
@@ -125,12 +127,17 @@ def serve(
     drain_grace_s: float = 0.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     app_factory: AppFactory | None = None,
+    limits: IngressLimits | None = None,
+    restricted: dict[str, Restriction] | None = None,
+    ssl_cert: str = "",
+    ssl_key: str = "",
 ) -> None:
     """Serve HTTP on ``host:port`` for the router at ``router`` until SIGTERM/SIGINT.
 
     ``app_factory`` builds the ASGI app from the context (default: the KServe v2
-    app; the metrics endpoint passes its own). Blocking; returns once in-flight
-    requests are done and the context is closed.
+    app; the metrics endpoint passes its own). ``restricted`` maps API categories
+    to the header each needs; ``ssl_cert``/``ssl_key`` (PEM files) serve HTTPS.
+    Blocking; returns once in-flight requests are done and the context is closed.
     """
     signals = _Signals()
     signals.install()
@@ -148,6 +155,10 @@ def serve(
                 drain_grace_s=drain_grace_s,
                 max_body_bytes=max_body_bytes,
                 app_factory=app_factory,
+                limits=limits,
+                restricted=restricted,
+                ssl_cert=ssl_cert,
+                ssl_key=ssl_key,
             )
         )
     finally:
@@ -167,14 +178,20 @@ async def _serve(
     drain_grace_s: float,
     max_body_bytes: int,
     app_factory: AppFactory | None,
+    limits: IngressLimits | None,
+    restricted: dict[str, Restriction] | None,
+    ssl_cert: str,
+    ssl_key: str,
 ) -> None:
     # The context's ZeroMQ socket and futures belong to this loop: create it here.
     ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
-                                      exit_timeout_s=exit_timeout_s)
+                                      exit_timeout_s=exit_timeout_s, limits=limits)
     try:
         # Bind only once ready, so the kernel does not hand connections to a process still starting.
         sock = bind_socket(host, port)
-        inner = app_factory(ctx) if app_factory else build_app(ctx, max_body_bytes=max_body_bytes)
+        inner = app_factory(ctx) if app_factory else build_app(
+            ctx, max_body_bytes=max_body_bytes, restricted=restricted
+        )
         app = BodyLimit(inner, max_body_bytes)
         config = uvicorn.Config(
             app,
@@ -190,6 +207,9 @@ async def _serve(
             log_level=log_level,
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=math.ceil(exit_timeout_s),
+            # HTTPS is a Conveyor extension (Triton has no such flags); None serves plain HTTP.
+            ssl_certfile=ssl_cert or None,
+            ssl_keyfile=ssl_key or None,
         )
         systemd = Notifier()
         server = _DrainingServer(config, ctx, systemd)

@@ -23,6 +23,8 @@ _MAX_REGISTER_BODY = 64 << 10
 
 
 class Status:
+    api = "shared-memory"
+
     def __init__(self, link: RouterLink, kind: str) -> None:
         self._link = link
         self._kind = kind
@@ -34,6 +36,8 @@ class Status:
 
 
 class Unregister:
+    api = "shared-memory"
+
     def __init__(self, link: RouterLink, kind: str) -> None:
         self._link = link
         self._kind = kind
@@ -44,6 +48,8 @@ class Unregister:
 
 
 class Register:
+    api = "shared-memory"
+
     def __init__(self, link: RouterLink, kind: str) -> None:
         self._link = link
         self._kind = kind

@@ -1,0 +1,39 @@
+"""What one ingress process accepts: the limits a client meets before any model runs.
+
+Each has a safe default and a flag (``deploy/options.py``); docs/SECURITY.md lists
+them with what a client sees when it is over one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.proto.errors import ConveyorError, invalid_arg, unavailable
+
+# 2^30 elements: a 1 GiB INT8/BOOL tensor, as large as the default HTTP body limit allows.
+DEFAULT_MAX_INPUT_ELEMENTS = 1 << 30
+# Requests one ingress process holds at once (HTTP and gRPC alike); the router
+# queues each model version up to --max-queue-size on top of this.
+DEFAULT_MAX_INFLIGHT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class IngressLimits:
+    """``0`` turns a limit off."""
+
+    max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+
+
+def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:
+    return invalid_arg(
+        f"input '{name}' has {count} elements, more than the {limit} this server accepts per input "
+        "(--max-input-elements)"
+    )
+
+
+def too_many_in_flight(limit: int) -> ConveyorError:
+    return unavailable(
+        f"too many requests in flight: this ingress process serves at most {limit} at once "
+        "(--max-inflight-requests); retry later"
+    )
