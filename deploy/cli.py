@@ -12,14 +12,20 @@ from conveyor.deploy.options import (
     add_client_shm,
     add_common,
     add_drain,
+    add_metrics,
     add_model_control,
     add_network,
     add_repository,
     add_scheduling,
+    add_trace,
     default_endpoints,
+    log_settings,
+    metrics_config,
 )
 from conveyor.deploy.scale import ROLES
 from conveyor.proto.errors import ConveyorError
+from conveyor.router.histograms import parse_quantiles
+from conveyor.router.trace_settings import parse_trace_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_network(serve)
     add_repository(serve, required=False)
     add_scheduling(serve)
+    add_metrics(serve)
+    add_trace(serve)
     serve.add_argument("--workers", type=int, default=2, help="worker processes")
     serve.add_argument("--http-ingress", type=int, default=1, help="HTTP ingress processes")
     serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
@@ -43,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_drain(router)
     add_repository(router, required=True)
     add_scheduling(router)
+    add_metrics(router)
+    add_trace(router)
     router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
     router.add_argument("--worker-endpoint", default="", help="ZeroMQ endpoint workers connect to")
     add_client_shm(router)
@@ -52,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(ingress)
     add_drain(ingress)
     add_network(ingress)
+    add_metrics(ingress)
     ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
     ingress.add_argument("--instance", default="",
                          help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
@@ -96,6 +107,16 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(exc.message)
     if args.command == "ingress" and not args.protocol:
         parser.error("ingress needs --protocol or --instance")
+    if args.command in ("serve", "router", "ingress"):
+        try:
+            parse_quantiles(metrics_config(args).get("summary_quantiles", "0.5:0.05"))
+        except ValueError as exc:
+            parser.error(f"--metrics-config: {exc}")
+    if args.command in ("serve", "router"):
+        try:
+            parse_trace_config(args.trace_config)
+        except (ValueError, ConveyorError) as exc:
+            parser.error(f"--trace-config: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         return _scale(args)
     _apply_instance(parser, args)
-    setup_logging(args.log_verbose, args.command)
+    setup_logging(log_settings(args), args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command == "serve":
         from conveyor.deploy.supervisor import Supervisor
@@ -112,17 +133,20 @@ def main(argv: list[str] | None = None) -> int:
         return Supervisor(args).run()
     if args.command == "router":
         from conveyor.deploy.options import run_dir
+        from conveyor.router.histograms import configure_summaries
         from conveyor.router.lifecycle import ControlMode
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans
 
         os.makedirs(run_dir(args.group), exist_ok=True)
         sweep_orphans(args.group)
+        configure_summaries(metrics_config(args))
+        trace = parse_trace_config(args.trace_config)
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
-               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs, args.drain_grace_secs)
+               poll_secs=args.repository_poll_secs, trace=trace).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker
@@ -134,11 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         level = "debug" if args.log_verbose > 0 else "warning"
         if args.protocol == "metrics":
             from conveyor.ingress.http.server import serve as serve_http
-            from conveyor.ingress.metrics import build_metrics_app
+            from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
 
+            counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
+            options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
+                                     counters)
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.metrics_port,
                        arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs, app_factory=build_metrics_app)
+                       drain_grace_s=args.drain_grace_secs,
+                       app_factory=lambda ctx: build_metrics_app(ctx, options))
         elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 

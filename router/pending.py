@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conveyor.proto import messages as m
+from conveyor.router.tracing import TraceRecord
 
 
 @dataclass(slots=True)
@@ -19,6 +20,7 @@ class Pending:
     timeout_ns: int = 0  # when its queue policy times it out (absolute, monotonic); 0 = never
     ticket: int = 0  # its place in the response order (preserve_ordering)
     sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)
+    trace: TraceRecord | None = None  # sampled for a trace (router/tracing.py)
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""
