@@ -14,17 +14,23 @@ from conveyor.deploy.options import (
     add_drain,
     add_ingress_limits,
     add_ingress_security,
+    add_metrics,
     add_model_control,
     add_network,
     add_repository,
     add_scheduling,
+    add_trace,
     check_ingress_args,
     default_endpoints,
+    log_settings,
+    metrics_config,
 )
 from conveyor.deploy.scale import ROLES
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
+from conveyor.router.histograms import parse_quantiles
+from conveyor.router.trace_settings import parse_trace_config
 
 
 def _limits(args: argparse.Namespace) -> IngressLimits:
@@ -43,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ingress_security(serve)
     add_repository(serve, required=False)
     add_scheduling(serve)
+    add_metrics(serve)
+    add_trace(serve)
     serve.add_argument("--workers", type=int, default=2, help="worker processes")
     serve.add_argument("--http-ingress", type=int, default=1, help="HTTP ingress processes")
     serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
@@ -54,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_drain(router)
     add_repository(router, required=True)
     add_scheduling(router)
+    add_metrics(router)
+    add_trace(router)
     router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
     router.add_argument("--worker-endpoint", default="", help="ZeroMQ endpoint workers connect to")
     add_client_shm(router)
@@ -65,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_network(ingress)
     add_ingress_limits(ingress)
     add_ingress_security(ingress)
+    add_metrics(ingress)
     ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
     ingress.add_argument("--instance", default="",
                          help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
@@ -109,6 +120,16 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(exc.message)
     if args.command == "ingress" and not args.protocol:
         parser.error("ingress needs --protocol or --instance")
+    if args.command in ("serve", "router", "ingress"):
+        try:
+            parse_quantiles(metrics_config(args).get("summary_quantiles", "0.5:0.05"))
+        except ValueError as exc:
+            parser.error(f"--metrics-config: {exc}")
+    if args.command in ("serve", "router"):
+        try:
+            parse_trace_config(args.trace_config)
+        except (ValueError, ConveyorError) as exc:
+            parser.error(f"--trace-config: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = check_ingress_args(args)
         if problem:
             parser.error(problem)
-    setup_logging(args.log_verbose, args.command)
+    setup_logging(log_settings(args), args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command == "serve":
         from conveyor.deploy.supervisor import Supervisor
@@ -129,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return Supervisor(args).run()
     if args.command == "router":
         from conveyor.deploy.options import run_dir
+        from conveyor.router.histograms import configure_summaries
         from conveyor.router.lifecycle import ControlMode
         from conveyor.router.response_cache import parse_cache_config
         from conveyor.router.server import Router
@@ -136,13 +158,16 @@ def main(argv: list[str] | None = None) -> int:
 
         os.makedirs(run_dir(args.group), exist_ok=True)
         sweep_orphans(args.group)
+        configure_summaries(metrics_config(args))
+        trace = parse_trace_config(args.trace_config)
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
                poll_secs=args.repository_poll_secs, group=args.group,
                cache_bytes=parse_cache_config(args.cache_config),
-               max_client_shm_regions=args.max_client_shm_regions).run(args.exit_timeout_secs, args.drain_grace_secs)
+               max_client_shm_regions=args.max_client_shm_regions,
+               trace=trace).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker
@@ -154,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         level = "debug" if args.log_verbose > 0 else "warning"
         if args.protocol == "metrics":
             from conveyor.ingress.http.server import serve as serve_http
-            from conveyor.ingress.metrics import build_metrics_app
+            from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
 
+            counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
+            options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
+                                     counters)
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.metrics_port,
                        arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs, app_factory=build_metrics_app)
+                       drain_grace_s=args.drain_grace_secs,
+                       app_factory=lambda ctx: build_metrics_app(ctx, options))
         elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 

@@ -9,13 +9,12 @@ child whose stderr was redirected elsewhere still gets timestamps.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
-# syslog(3) priorities of the logging levels.
-_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+from conveyor.deploy.log_settings import JournalFormatter, LogSettings, ProcessLog
 
+__all__ = ["JournalFormatter", "setup_logging", "stderr_is_journal"]
 
 def stderr_is_journal() -> bool:
     stream = os.environ.get("JOURNAL_STREAM", "")
@@ -28,18 +27,8 @@ def stderr_is_journal() -> bool:
     return stream == f"{st.st_dev}:{st.st_ino}"
 
 
-class JournalFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        priority = _PRIORITY.get(record.levelno, 6 if record.levelno < logging.WARNING else 3)
-        return f"<{priority}>{super().format(record)}"
-
-
-def setup_logging(verbose: int, role: str) -> None:
-    level = logging.DEBUG if verbose > 0 else logging.INFO
-    handler = logging.StreamHandler()
-    if stderr_is_journal():
-        # journald adds the time, the unit and the pid: keep the line to what only we know.
-        handler.setFormatter(JournalFormatter(f"{role} %(levelname)s %(name)s: %(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler])
+def setup_logging(settings: LogSettings, role: str) -> None:
+    """Log as ``role`` with ``settings`` (the --log-* flags); the router may change them later."""
+    ProcessLog.role = role
+    ProcessLog.journal = stderr_is_journal()
+    ProcessLog.apply(settings)

@@ -6,6 +6,7 @@ import argparse
 import os
 import tempfile
 
+from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
@@ -49,6 +50,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", default="default",
                    help="name of this process group: shared-memory names and IPC paths carry it")
     p.add_argument("--log-verbose", type=int, default=0, help="verbose logging level (Triton's flag)")
+    p.add_argument("--log-info", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-warning", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-error", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-file", default="", help="append the log here instead of stderr (every process of the group)")
+    p.add_argument("--log-format", choices=["default", "ISO8601"], default="default")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="how long shutdown waits for in-flight requests")
 
@@ -202,3 +208,53 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
         if value:
             out += [flag, os.path.abspath(value)]
     return out
+
+
+def add_metrics(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-cpu-metrics", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--allow-gpu-metrics", type=triton_bool, default=True, metavar="BOOL")
+    p.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="MS",
+                   help="how often CPU and GPU metrics are sampled")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="summary_latencies=<bool>, summary_quantiles=<q:err,...>, counter_latencies=<bool> "
+                        "(repeatable; Triton's flag)")
+
+
+_METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies")
+
+
+def metrics_config(a: argparse.Namespace) -> dict[str, str]:
+    """``--metrics-config`` as a dict; unknown keys are refused as Triton does."""
+    out: dict[str, str] = {}
+    for item in a.metrics_config:
+        key, sep, value = item.partition("=")
+        if not sep or key not in _METRICS_CONFIG_KEYS:
+            raise ValueError(f"unknown --metrics-config '{item}' (keys: {', '.join(_METRICS_CONFIG_KEYS)})")
+        out[key] = value
+    return out
+
+
+def metrics_args(a: argparse.Namespace) -> list[str]:
+    """The metrics flags, as the supervisor passes them on to the router and the metrics process."""
+    out = ["--allow-cpu-metrics", str(a.allow_cpu_metrics).lower(), "--allow-gpu-metrics",
+           str(a.allow_gpu_metrics).lower(), "--metrics-interval-ms", str(a.metrics_interval_ms)]
+    for item in a.metrics_config:
+        out += ["--metrics-config", item]
+    return out
+
+
+def log_settings(a: argparse.Namespace) -> LogSettings:
+    return LogSettings(a.log_file, a.log_info, a.log_warning, a.log_error, a.log_verbose, a.log_format)
+
+
+def log_args(a: argparse.Namespace) -> list[str]:
+    """The --log-* flags, as the supervisor passes them on to every child."""
+    return ["--log-verbose", str(a.log_verbose), "--log-info", str(a.log_info).lower(),
+            "--log-warning", str(a.log_warning).lower(), "--log-error", str(a.log_error).lower(),
+            "--log-file", a.log_file, "--log-format", a.log_format]
+
+
+def add_trace(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
+                   help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, triton,file=PATH, "
+                        "triton,log-frequency=N (repeatable; Triton's flag)")

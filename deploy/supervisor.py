@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from conveyor.deploy.options import ingress_args, model_control_args, run_dir
+from conveyor.deploy.options import ingress_args, log_args, metrics_args, model_control_args, run_dir
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
@@ -75,8 +75,7 @@ class Supervisor:
 
     def _common(self) -> list[str]:
         a = self.args
-        return ["--group", a.group, "--log-verbose", str(a.log_verbose),
-                "--exit-timeout-secs", str(a.exit_timeout_secs)]
+        return ["--group", a.group, *log_args(a), "--exit-timeout-secs", str(a.exit_timeout_secs)]
 
     def _ingress_args(self) -> list[str]:
         a = self.args
@@ -98,10 +97,12 @@ class Supervisor:
         repo_args = [x for r in repos for x in ("--model-repository", r)]
         shm = ["--allow-client-shm", "true"] if self.args.allow_client_shm else []
         shm += ["--max-client-shm-regions", str(self.args.max_client_shm_regions)]
+        trace_args = [x for item in self.args.trace_config for x in ("--trace-config", item)]
         # No grace for the router: it stops after the ingress processes, which carry the grace.
         return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
                                 "--max-queue-size", str(self.args.max_queue_size), *model_control_args(self.args),
-                                *[x for value in self.args.cache_config for x in ("--cache-config", value)]])
+                                *[x for value in self.args.cache_config for x in ("--cache-config", value)],
+                                *metrics_args(self.args), *trace_args])
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None]
@@ -181,7 +182,8 @@ class Supervisor:
         self.router = self._router_child(repos)
         self.router.start()
         if a.allow_metrics:
-            self.metrics = Child("metrics", ["ingress", "--protocol", "metrics", *self._ingress_args()])
+            self.metrics = Child("metrics", ["ingress", "--protocol", "metrics", *self._ingress_args(),
+                                             *metrics_args(a)])
             self.metrics.start()
         self.scale("workers", a.workers)
         self.scale("http-ingress", a.http_ingress if a.allow_http else 0)

@@ -80,6 +80,7 @@ class InferCall:
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None
+    traceparent: str = ""  # the client's W3C trace context (HTTP header / gRPC metadata)
 
 
 @dataclass(slots=True)
@@ -151,6 +152,7 @@ class DataPlane:
 
     async def infer(self, call: InferCall, *, endpoint: str = "HTTP end point") -> InferResult:
         """One request, one response; ``endpoint`` names the caller in the refusal of a decoupled model."""
+        received = time.time_ns() if self.link.tracing else 0  # the router decides whether it is sampled
         self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         if sig.decoupled:
@@ -158,10 +160,14 @@ class DataPlane:
         self._admit()
         try:
             request = self._send_inputs(sig, call)
+            if received:
+                request.trace = m.TraceContext(received, call.traceparent)
             response = await self.link.infer(request)
         finally:
             self._in_flight -= 1
         self._finish_input(response.id)
+        if response.trace_id:
+            self.link.trace_end(response.trace_id)
         self.models.observe_generation(response.generation)
         if response.error is not None:
             release_blocks(self.regions, response.release)

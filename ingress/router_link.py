@@ -12,12 +12,14 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from conveyor.deploy.log_settings import ProcessLog
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, unavailable
 
@@ -53,6 +55,8 @@ class RouterLink:
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._boot: int | None = None
+        # Whether any tracing is on (the router's SettingsUpdate): only then are requests stamped.
+        self.tracing = False
 
     async def start(self) -> None:
         await self._sock.send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
@@ -91,6 +95,10 @@ class RouterLink:
             elif rid in self._streams:
                 log.error("request %d lost: %s", rid, why)
                 self._on_stream_response(m.InferResponse(rid, "", "", error=error))
+
+    def trace_end(self, trace_id: int) -> None:
+        """Tell the router a traced request's answer is going out now."""
+        self._sock.send(m.encode(m.TraceEnd(trace_id, time.time_ns())))
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -178,6 +186,10 @@ class RouterLink:
                 raise
             except Exception:
                 log.exception("undecodable message from the router")
+                continue
+            if isinstance(msg, m.SettingsUpdate):
+                ProcessLog.apply_wire(msg.log)
+                self.tracing = msg.tracing
                 continue
             if isinstance(msg, m.InferResponse):
                 fut = self._infer.pop(msg.id, None)

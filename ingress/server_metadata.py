@@ -15,6 +15,8 @@ EXTENSIONS = [
     "system_shared_memory",
     "cuda_shared_memory",
     "schedule_policy",
+    "trace",
+    "logging",
 ]
 
 # tritonclient and tooling check the name; Conveyor answers as Triton does.

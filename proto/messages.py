@@ -94,6 +94,14 @@ class IngressHello(msgspec.Struct, tag="ihello", array_like=True):
     pid: int
 
 
+class TraceContext(msgspec.Struct, array_like=True, frozen=True):
+    """What the ingress knows of a request the router may sample for a trace:
+    when it was received (wall-clock ns) and the client's W3C ``traceparent``."""
+
+    received_ns: int
+    traceparent: str = ""
+
+
 class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     """One client request. ``id`` is unique per ingress connection.
 
@@ -113,6 +121,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     regions: list[ClientRegion] = []  # filled by the router when refs name client regions
     request_id: str = ""  # the client's own id for the request (Triton's request_id())
     cache_key: bytes = b""  # response-cache models only: hash of the inputs and parameters (ingress/request_hash.py)
+    trace: TraceContext | None = None  # set by an ingress only while tracing is on (router/tracing.py)
 
 
 # ``InferRequest.flags`` bits.
@@ -151,6 +160,22 @@ class InferResponse(msgspec.Struct, tag="resp", array_like=True):
     final: bool = True
     parameters: dict[str, Any] = {}
     generation: int = 0  # the router's repository generation: a change voids ingress caches
+    trace_id: int = 0  # sampled for a trace: the ingress answers with TraceEnd(trace_id, sent_ns)
+
+
+class TraceEnd(msgspec.Struct, tag="tend", array_like=True):
+    """Ingress to router: a traced request's answer is being sent to the client (wall-clock ns)."""
+
+    trace_id: int
+    sent_ns: int
+
+
+class SettingsUpdate(msgspec.Struct, tag="settings", array_like=True):
+    """Router to every ingress and worker, on hello and on each change: the group's log
+    settings (the logging extension) and whether any tracing is on (ingress stamps requests)."""
+
+    log: dict[str, Any] = {}
+    tracing: bool = False
 
 
 class ControlReply(msgspec.Struct, tag="ctlr", array_like=True):
@@ -222,6 +247,7 @@ class BatchItem(msgspec.Struct, array_like=True):
     parameters: dict[str, Any] = {}
     request_id: str = ""
     sequence: SequenceStep | None = None  # set for models with sequence_batching
+    traced: bool = False  # the router samples this request: the worker stamps the batch's compute
 
 
 class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
@@ -267,6 +293,8 @@ class BatchResult(msgspec.Struct, tag="result", array_like=True):
     infer_ns: int = 0
     output_ns: int = 0
     error: ErrorInfo | None = None
+    # Traced items only: wall-clock COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END.
+    trace_ns: list[int] = []
 
 
 class ItemResponse(msgspec.Struct, tag="iresp", array_like=True):
@@ -302,11 +330,11 @@ class LeaveGranted(msgspec.Struct, tag="wbye", array_like=True):
     """Router to worker: nothing of yours runs or will be sent: exit now."""
 
 
-IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest
-RouterToIngress = InferResponse | ControlReply
+IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest | TraceEnd
+RouterToIngress = InferResponse | ControlReply | SettingsUpdate
 RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
-    | ForgetSequences
+    | ForgetSequences | SettingsUpdate
 )
 WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | WorkerLeaving
 

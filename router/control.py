@@ -95,11 +95,12 @@ class ControlHandler:
         return {"model_stats": [s.stats.wire() for s in states]}
 
     def metrics(self) -> dict[str, Any]:
-        """Statistics of every ready version plus the router's queue depths."""
+        """Statistics of every ready version plus the router's queue depths and latency histograms."""
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
         return {
             "model_stats": [s.stats.wire() for s in states],
             "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
+            "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
         }
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:

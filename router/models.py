@@ -15,6 +15,7 @@ from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import not_found, unavailable
 from conveyor.proto.sequence_config import SequenceConfig
 from conveyor.router.batcher import DynamicBatcher
+from conveyor.router.histograms import LatencyMetrics
 from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
@@ -63,6 +64,7 @@ class VersionState:
     # and removed as workers come and go.
     per_worker: bool = False
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
+    latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
 
     @property
     def decoupled(self) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from conveyor.proto import messages as m
 from conveyor.router.stats import ModelStats
+from conveyor.router.tracing import TraceRecord
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class Pending:
     sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)
     # A step of an ensemble request: its queue and compute times count for the ensemble too, as in Triton.
     ensemble_stats: ModelStats | None = None
+    trace: TraceRecord | None = None  # sampled for a trace (router/tracing.py)
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""

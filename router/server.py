@@ -27,6 +27,7 @@ from conveyor.router.control import ControlHandler
 from conveyor.router.ensemble import EnsembleScheduler
 from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.held_blocks import HeldBlocks
+from conveyor.router.histograms import failure_reason
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
@@ -35,7 +36,10 @@ from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.self_link import SelfLink
 from conveyor.router.sequences import SequenceBatcher
+from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.stats import ModelStats
+from conveyor.router.trace_settings import TraceSettings
+from conveyor.router.tracing import Tracer
 from conveyor.router.worker_drain import WorkerDrain
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 from conveyor.shm.naming import segment_name
@@ -70,6 +74,7 @@ class Router:
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
         strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
         max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
+        trace: TraceSettings | None = None,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -93,6 +98,15 @@ class Router:
         self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
+        # Log and trace settings (observability extensions): kept here, pushed to every process.
+        self._ingress_peers: set[bytes] = set()
+        self.settings = SettingsHub(trace or TraceSettings(), self._broadcast_settings)
+        self.tracer = Tracer(self.settings.trace)
+        self.control.add_ops({
+            "log_settings": self.settings.log_settings,
+            "trace_settings": lambda model="", settings=None: self.settings.trace_settings(
+                model, settings, lambda name: name in self.registry.models),
+        })
         self.running: dict[int, Running] = {}
         # (ingress, request id) -> (batch, index) of every request on a worker, so a
         # Cancel can reach the model (``CancelItem``).
@@ -160,6 +174,7 @@ class Router:
                 next_tick = now + HEARTBEAT_INTERVAL_S
             self._fire_timers()
         self.self_link.close()
+        self.tracer.close()
         self.front.close(0)
         self.back.close(0)
         self.loans.close()
@@ -207,8 +222,14 @@ class Router:
             self.front.send_multipart([identity, m.encode(reply)])
         elif isinstance(msg, m.Cancel):
             self._on_cancel(identity, msg.id)
-        elif isinstance(msg, m.IngressHello) and msg.version != m.PROTOCOL_VERSION:
-            log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
+        elif isinstance(msg, m.TraceEnd):
+            self.tracer.finish(msg)
+        elif isinstance(msg, m.IngressHello):
+            if msg.version != m.PROTOCOL_VERSION:
+                log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
+                return
+            self._ingress_peers.add(identity)
+            self.front.send_multipart([identity, self.settings.message()])
 
     def _on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
         try:
@@ -234,10 +255,12 @@ class Router:
         pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
         if ensemble_stats is not None:
             pending.ensemble_stats = ensemble_stats
+        if req.trace is not None:
+            pending.trace = self.tracer.sample(state.model, state.label, req.trace)
         try:
             state.batcher.push(pending)
         except ConveyorError as exc:  # queue full
-            state.stats.fail.add(0)
+            self._failed(state, "REJECTED", 0)
             self._reply_error(identity, req.id, state.model, state.label, exc)
             return
         self.queued[(identity, req.id)] = state
@@ -349,7 +372,7 @@ class Router:
             return
         item = state.batcher.remove(identity, request_id)
         if item is not None:
-            state.stats.fail.add(time.monotonic_ns() - item.arrival_ns)
+            self._failed(state, "CANCELED", time.monotonic_ns() - item.arrival_ns)
             self._reply_error(
                 identity, request_id, state.model, state.label,
                 ConveyorError(Status.CANCELLED, "request cancelled by the client"),
@@ -369,7 +392,7 @@ class Router:
         batcher = state.batcher
         for item, exc in batcher.take_expired(now):
             self.queued.pop((item.ingress, item.request.id), None)
-            state.stats.fail.add(now - item.arrival_ns)
+            self._failed(state, "REJECTED", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
         self._run_batches(state, now)
         expiry = batcher.next_expiry_ns
@@ -401,7 +424,7 @@ class Router:
         """Sequence batching: each serving instance runs the next requests of its own sequences."""
         for item, exc in batcher.sync(state.instances, now):  # their instance went away
             self.queued.pop((item.ingress, item.request.id), None)
-            state.stats.fail.add(now - item.arrival_ns)
+            self._failed(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
         for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
             if inst.worker is not None:
@@ -418,6 +441,12 @@ class Router:
                 self._wake_at(state, batch)
             elif batch:
                 self._dispatch(state, home.instance, batch, now)
+
+    @staticmethod
+    def _failed(state: VersionState, reason: str, took_ns: int) -> None:
+        """Count a failed request (``reason``: Triton's label on nv_inference_request_failure)."""
+        state.stats.fail.add(took_ns)
+        state.latency.failed(reason)
 
     def _wake_at(self, state: VersionState, due_ns: int) -> None:
         armed = self._armed.get(state)
@@ -438,10 +467,14 @@ class Router:
             state.stats.queue.add(now - p.arrival_ns)
             if p.ensemble_stats is not None:
                 p.ensemble_stats.queue.add(now - p.arrival_ns)
+            state.latency.queued(now - p.arrival_ns)
             if order is not None:
                 p.ticket = order.ticket()
             r = p.request
-            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence))
+            if p.trace is not None:
+                p.trace.stamp("DISPATCH")
+            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence,
+                                     p.trace is not None))
             if r.regions:
                 regions += r.regions
         instance.busy = True
@@ -455,7 +488,7 @@ class Router:
         while len(state.batcher):
             item = state.batcher.pop()
             self.queued.pop((item.ingress, item.request.id), None)
-            state.stats.fail.add(now - item.arrival_ns)
+            self._failed(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
 
     def _fire_timers(self) -> None:
@@ -504,6 +537,7 @@ class Router:
         self.pool.join(worker)
         # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
         self.back.send_multipart([identity, m.encode(m.Heartbeat())])
+        self.back.send_multipart([identity, self.settings.message()])
         self._update_cuda_devices()
         log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
         self._place()
@@ -542,6 +576,7 @@ class Router:
         if result.error is None:
             rows = sum(p.rows for p in run.items)
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+            state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
         if run.open is not None:
             # Decoupled: the items were (or will be) answered by ItemResponses.
             if result.error is not None:
@@ -562,14 +597,18 @@ class Router:
             error = item.error or result.error
             if error is None:
                 stats.success.add(now - p.arrival_ns)
+                state.latency.succeeded(now - p.arrival_ns)
                 if p.ensemble_stats is not None:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
-                stats.fail.add(now - p.arrival_ns)
+                self._failed(state, failure_reason(error.status), now - p.arrival_ns)
             release = item.release
             if p.request.cache_key and error is None:
                 release = self._cache_response(state, p.request, item)
             resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release, generation=gen)
+            if p.trace is not None:
+                self.tracer.returned(p.trace, result.trace_ns)
+                resp.trace_id = p.trace.id
             if order is None:
                 send([p.ingress, m.encode(resp)], copy=False)
             else:
@@ -594,16 +633,21 @@ class Router:
         )
         self.front.send_multipart([p.ingress, m.encode(resp)], copy=False)
         if msg.final:
-            self._close_item(msg.batch, run, msg.index, msg.error is None)
+            self._close_item(msg.batch, run, msg.index, msg.error)
 
-    def _close_item(self, bid: int, run: Running, index: int, ok: bool) -> None:
+    def _close_item(self, bid: int, run: Running, index: int, error: m.ErrorInfo | None) -> None:
         """A decoupled request had its final response: count it, forget it."""
         assert run.open is not None
         run.open[index] = False
         p = run.items[index]
         self.started.pop((p.ingress, p.request.id), None)
-        stats = run.instance.version.stats
-        (stats.success if ok else stats.fail).add(time.monotonic_ns() - p.arrival_ns)
+        state = run.instance.version
+        took = time.monotonic_ns() - p.arrival_ns
+        if error is None:
+            state.stats.success.add(took)
+            state.latency.succeeded(took)
+        else:
+            self._failed(state, failure_reason(error.status), took)
         if not run.executing and not any(run.open):
             self.running.pop(bid, None)
 
@@ -635,6 +679,13 @@ class Router:
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
             self._forget_regions(self.shm.sweep())
+
+    def _broadcast_settings(self, payload: bytes) -> None:
+        """A changed ``SettingsUpdate`` to every ingress (and BLS link) and worker we know."""
+        for identity in self._ingress_peers:  # one gone meanwhile: ROUTER drops the message
+            self.front.send_multipart([identity, payload])
+        for identity in self.pool.workers:
+            self.back.send_multipart([identity, payload])
 
     def _forget_regions(self, ids: list[int]) -> None:
         """Tell every worker to unmap these client registrations."""

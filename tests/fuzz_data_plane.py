@@ -46,6 +46,7 @@ class FakeRouterLink:
         self._ids = itertools.count(1)
         self.on_orphan: Any = None
         self.requests: list[m.InferRequest] = []
+        self.tracing = False
 
     def next_id(self) -> int:
         return next(self._ids)

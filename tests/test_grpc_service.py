@@ -40,6 +40,7 @@ METADATA = {
 class FakeLink:
     def __init__(self) -> None:
         self.ready: bool | None = True  # None: the router does not answer
+        self.tracing = False
 
     async def control(self, op: str, **args: Any) -> Any:
         if op == "server_ready":
@@ -48,6 +49,11 @@ class FakeLink:
             return self.ready
         if op == "model_ready":
             return args["model"] == "echo"
+        if op == "log_settings":
+            level = int(args["settings"].get("log_verbose_level", 0))
+            return {"log_file": "", "log_info": True, "log_verbose_level": level}
+        if op == "trace_settings":
+            return {"trace_level": args["settings"].get("trace_level") or ["OFF"], "trace_rate": "1000"}
         if args.get("model") not in ("echo", ""):
             raise not_found(f"Request for unknown model: '{args['model']}' is not found")
         if op == "model_metadata":
@@ -275,11 +281,14 @@ async def test_sync_client_infer_and_stream(served: SimpleNamespace) -> None:
     await asyncio.to_thread(run)
 
 
-async def test_unimplemented_rpcs(served: SimpleNamespace) -> None:
-    # Shared memory is answered by the real router: see test_client_shm.py.
+async def test_trace_and_log_settings_rpcs_convert_values(served: SimpleNamespace) -> None:
+    # The router keeps the settings (tests/test_observe_e2e.py); here only the conversion.
     c = served.client
-    for call in (c.get_trace_settings(), c.get_log_settings()):
-        assert (await status_of(call))[0] == "StatusCode.UNIMPLEMENTED"
+    logs = (await c.update_log_settings({"log_verbose_level": 2}, as_json=True))["settings"]
+    assert logs["log_verbose_level"] == {"uint32_param": 2} and logs["log_info"] == {"bool_param": True}
+    assert logs["log_file"] == {"string_param": ""}
+    trace = (await c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}, as_json=True))["settings"]
+    assert trace["trace_level"]["value"] == ["TIMESTAMPS"] and trace["trace_rate"]["value"] == ["1000"]
 
 
 async def test_grpc_health_check(served: SimpleNamespace) -> None:

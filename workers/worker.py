@@ -22,6 +22,7 @@ from typing import Any, cast
 import msgspec
 import zmq
 
+from conveyor.deploy.log_settings import ProcessLog
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
@@ -218,6 +219,8 @@ class Worker:
                 self._unload((msg.model, msg.version, msg.instance))
             elif isinstance(msg, m.LeaveGranted):
                 self._stopping = True
+            elif isinstance(msg, m.SettingsUpdate):
+                ProcessLog.apply_wire(msg.log)
             elif isinstance(msg, m.Rehello):
                 log.warning("the router does not know this worker (it restarted?): saying hello again")
                 self._reset()
@@ -273,6 +276,7 @@ class Worker:
             except Exception as exc:
                 log.exception("loading %s failed", key)
                 error = f"{type(exc).__name__}: {exc}"
+            log.debug("instance %s loaded%s", key, f": {error}" if error else "")
             self._post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error)))
 
         inst.executor.submit(load)
@@ -355,6 +359,9 @@ class Worker:
             results = self.writer.write(planned) if planned else []
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
+            if any(item.traced for item in msg.items):  # wall-clock stamps, comparable across processes
+                wall = time.time_ns() - time.monotonic_ns()
+                reply.trace_ns = [t0 + wall, t1 + wall, t2 + wall, t3 + wall]
         except ConveyorError as exc:
             reply = m.BatchResult(msg.batch, [], error=m.ErrorInfo(int(exc.status), exc.message))
         except Exception as exc:

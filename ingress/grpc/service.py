@@ -28,7 +28,7 @@ from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
-from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, invalid_arg, unsupported
+from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, invalid_arg
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,13 @@ def _time_left(context: Any) -> float | None:
     return None if remaining is None else max(remaining, 1e-6)
 
 
+def _traceparent(context: Any) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return str(value)
+    return ""
+
+
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` (names are Triton's)."""
 
@@ -134,6 +141,8 @@ class InferenceServicer:
     @_unary
     async def ModelInfer(self, request: wire.WireInferRequest, context: Any) -> bytes:
         call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+        if self._link.tracing:
+            call.traceparent = _traceparent(context)
         return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))
 
     async def ModelStreamInfer(
@@ -253,15 +262,33 @@ class InferenceServicer:
         await self._link.control("repository_unload", model=request.model_name, unload_dependents=dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- not available yet ---------------------------------------------------------------
+    # --- trace and logging extensions: the router keeps the settings -------------------------
 
     @_unary
     async def TraceSetting(self, request: Any, context: Any) -> Any:
-        raise unsupported("trace settings are not supported by this server yet")
+        # An entry without values clears that setting (null in the HTTP form).
+        settings = {k: (list(v.value) or None) for k, v in request.settings.items()}
+        doc = await self._link.control("trace_settings", model=request.model_name, settings=settings)
+        response = pb.TraceSettingResponse()
+        for key, value in doc.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     @_unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
-        raise unsupported("log settings are not supported by this server yet")
+        settings = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.settings.items()
+                    if v.WhichOneof("parameter_choice")}
+        doc = await self._link.control("log_settings", settings=settings)
+        response = pb.LogSettingsResponse()
+        for key, value in doc.items():
+            slot = response.settings[key]
+            if isinstance(value, bool):
+                slot.bool_param = value
+            elif isinstance(value, int):
+                slot.uint32_param = value
+            else:
+                slot.string_param = value
+        return response
 
 
 def add_to_server(servicer: InferenceServicer, server: Any) -> None:

@@ -27,6 +27,7 @@ from conveyor.ingress.http.codec import (
 )
 from conveyor.ingress.http.compression import compress, response_coding
 from conveyor.ingress.http.errors import render_error
+from conveyor.ingress.http.observe import add_observability_routes
 from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
 from conveyor.ingress.http.restricted import RestrictedApis
@@ -134,6 +135,7 @@ class Infer:
             request = raw_infer_request(memoryview(body), model, version, sig)
         else:
             request = parse_infer_request(body, model, version, header_length)
+        request.call.traceparent = req.get_header("traceparent") or ""
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
         host = result.parameters.get(ROUTING_HINT)
@@ -187,4 +189,5 @@ def build_app(
         app.add_route("/v2/models/{model}/versions/{version}" + suffix, resource)
     add_shared_memory_routes(app, link)
     add_repository_routes(app, link)
+    add_observability_routes(app, link)
     return app

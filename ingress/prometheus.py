@@ -1,0 +1,125 @@
+"""Prometheus text for the per-model figures the router sends (the ``metrics`` control op).
+
+Triton's names and labels (``model``, ``version``; failures add ``reason``), plus
+Conveyor's histograms ``conveyor_*_duration_seconds``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.router.histograms import BUCKETS_S, FAILURE_REASONS
+
+# (metric, help, where to read it in one model_stats entry); "x.us" is a duration's ns / 1000.
+_COUNTERS: list[tuple[str, str, str]] = [
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success.count"),
+    ("nv_inference_count", "Number of inferences performed (a batch of n counts n)", "inference_count"),
+    ("nv_inference_exec_count", "Number of model executions performed", "execution_count"),
+    ("nv_cache_num_hits_per_model", "Number of response cache hits per model", "cache_hit.count"),
+    ("nv_cache_num_misses_per_model", "Number of response cache misses per model", "cache_miss.count"),
+]
+_LATENCY_COUNTERS: list[tuple[str, str, str]] = [
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds", "success.us"),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", "queue.us"),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+     "compute_input.us"),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+     "compute_infer.us"),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+     "compute_output.us"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit lookup duration per model, in microseconds",
+     "cache_hit.us"),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     "cache_miss.us"),
+]
+# Triton's opt-in summaries (--metrics-config summary_latencies=true), by the router's summary kind.
+_SUMMARIES: list[tuple[str, str, str]] = [
+    ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds", "request"),
+    ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds", "queue"),
+    ("nv_inference_compute_input_summary_us", "Summary of compute input duration in microseconds",
+     "compute_input"),
+    ("nv_inference_compute_infer_summary_us", "Summary of compute inference duration in microseconds",
+     "compute_infer"),
+    ("nv_inference_compute_output_summary_us", "Summary of compute output duration in microseconds",
+     "compute_output"),
+]
+_HISTOGRAMS: list[tuple[str, str, str]] = [
+    ("conveyor_request_duration_seconds", "Successful request duration, router arrival to answer", "request"),
+    ("conveyor_queue_duration_seconds", "Time requests waited in the router's queue", "queue"),
+    ("conveyor_compute_duration_seconds", "Compute time (input + infer + output) charged to each request",
+     "compute"),
+]
+_LE = [repr(b) for b in BUCKETS_S] + ["+Inf"]
+
+
+def _value(stats: dict[str, Any], path: str) -> int:
+    if "." not in path:
+        return int(stats[path])
+    key, unit = path.split(".")
+    d = stats["inference_stats"][key]
+    return int(d["count"]) if unit == "count" else int(d["ns"]) // 1000
+
+
+def _labels(s: dict[str, Any]) -> str:
+    return f'model="{s["name"]}",version="{s["version"]}"'
+
+
+def _header(lines: list[str], name: str, help_text: str, kind: str) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+
+
+def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
+    """``snapshot``: the router's answer to ``metrics`` (``model_stats`` as the statistics
+    extension returns it, ``pending`` and ``latency`` keyed by "model:version")."""
+    model_stats: list[dict[str, Any]] = snapshot["model_stats"]
+    pending: dict[str, int] = snapshot.get("pending", {})
+    latency: dict[str, dict[str, Any]] = snapshot.get("latency", {})
+    lines: list[str] = []
+    for name, help_text, path in _COUNTERS + (_LATENCY_COUNTERS if counter_latencies else []):
+        _header(lines, name, help_text, "counter")
+        lines += [f"{name}{{{_labels(s)}}} {_value(s, path)}" for s in model_stats]
+    _header(lines, "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter")
+    for s in model_stats:
+        failures = latency.get(f'{s["name"]}:{s["version"]}', {}).get("failures", {})
+        for reason in FAILURE_REASONS:
+            labels = f'model="{s["name"]}",reason="{reason}",version="{s["version"]}"'
+            lines.append(f"nv_inference_request_failure{{{labels}}} {failures.get(reason, 0)}")
+    _header(lines, "nv_inference_pending_request_count", "Number of requests waiting in the queue", "gauge")
+    for s in model_stats:
+        depth = pending.get(f'{s["name"]}:{s["version"]}', 0)
+        lines.append(f"nv_inference_pending_request_count{{{_labels(s)}}} {depth}")
+    _render_summaries(lines, model_stats, latency)
+    _render_histograms(lines, model_stats, latency)
+    return "\n".join(lines) + "\n"
+
+
+def _render_summaries(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
+    rows = [(s, latency[f'{s["name"]}:{s["version"]}']["summaries"]) for s in model_stats
+            if "summaries" in latency.get(f'{s["name"]}:{s["version"]}', {})]
+    if not rows:
+        return
+    for name, help_text, kind in _SUMMARIES:
+        _header(lines, name, help_text, "summary")
+        for s, summaries in rows:
+            doc = summaries[kind]
+            for q, ns in doc["quantiles"].items():
+                lines.append(f'{name}{{{_labels(s)},quantile="{q}"}} {ns // 1000}')
+            lines.append(f"{name}_sum{{{_labels(s)}}} {doc['sum_ns'] // 1000}")
+            lines.append(f"{name}_count{{{_labels(s)}}} {doc['count']}")
+
+
+def _render_histograms(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
+    for name, help_text, kind in _HISTOGRAMS:
+        _header(lines, name, help_text, "histogram")
+        for s in model_stats:
+            hist = latency.get(f'{s["name"]}:{s["version"]}', {}).get(kind)
+            if hist is None:
+                continue
+            labels = _labels(s)
+            total = 0
+            for le, n in zip(_LE, hist["counts"], strict=True):
+                total += n  # Prometheus buckets are cumulative
+                lines.append(f'{name}_bucket{{{labels},le="{le}"}} {total}')
+            lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] / 1e9!r}")
+            lines.append(f"{name}_count{{{labels}}} {total}")

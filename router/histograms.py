@@ -1,0 +1,151 @@
+"""Latency distributions the router records per model version (beyond the statistics extension).
+
+The router sees every request of the group, so one scrape of its figures gives
+the whole group, and Prometheus histograms (unlike Triton's summaries) add up
+across hosts. Recording is on the router's hot path: one ``bisect`` and two
+additions per sample into lists allocated once; summaries (Triton's opt-in
+``--metrics-config summary_latencies=true``) cost one slot write more.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any
+
+# Upper bounds in seconds (Prometheus ``le``), from sub-millisecond CPU models to slow LLM calls.
+BUCKETS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+_BOUNDS_NS: list[int] = [round(b * 1e9) for b in BUCKETS_S]
+
+# Triton's default ``summary_quantiles``: quantile -> allowed error.
+DEFAULT_QUANTILES: dict[float, float] = {0.5: 0.05, 0.9: 0.01, 0.95: 0.001, 0.99: 0.001}
+# A summary's quantiles are over this many most recent samples (Triton: a sliding time window).
+SUMMARY_WINDOW = 1024
+
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+class Histogram:
+    """Counts per bucket (not cumulative: cumulated when rendered) and the sum, in ns."""
+
+    __slots__ = ("counts", "sum_ns")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_BOUNDS_NS) + 1)  # the last one is +Inf
+        self.sum_ns = 0
+
+    def observe(self, ns: int, n: int = 1) -> None:
+        """``n`` samples of ``ns`` each (a batch charges its compute time to each request)."""
+        self.counts[bisect_left(_BOUNDS_NS, ns)] += n
+        self.sum_ns += ns * n
+
+    def wire(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "sum_ns": self.sum_ns}
+
+
+class Summary:
+    """The last ``SUMMARY_WINDOW`` samples in a ring, plus all-time count and sum."""
+
+    __slots__ = ("count", "ring", "sum_ns")
+
+    def __init__(self) -> None:
+        self.ring: list[int] = []
+        self.count = 0
+        self.sum_ns = 0
+
+    def observe(self, ns: int) -> None:
+        if len(self.ring) < SUMMARY_WINDOW:
+            self.ring.append(ns)
+        else:
+            self.ring[self.count % SUMMARY_WINDOW] = ns
+        self.count += 1
+        self.sum_ns += ns
+
+    def wire(self, quantiles: list[float]) -> dict[str, Any]:
+        ordered = sorted(self.ring)
+        values = {str(q): ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0 for q in quantiles}
+        return {"count": self.count, "sum_ns": self.sum_ns, "quantiles": values}
+
+
+class SummaryConfig:
+    """Triton's ``--metrics-config summary_latencies`` / ``summary_quantiles``, set once at start."""
+
+    enabled = False
+    quantiles: list[float] = sorted(DEFAULT_QUANTILES)
+
+
+def parse_quantiles(text: str) -> list[float]:
+    """``0.5:0.05,0.9:0.01`` (quantile:error pairs, Triton's syntax) -> the quantiles."""
+    out = []
+    for pair in text.split(","):
+        q = float(pair.split(":", 1)[0])
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q} is not within [0, 1]")
+        out.append(q)
+    return sorted(out)
+
+
+SUMMARY_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+class LatencyMetrics:
+    """One model version's histograms, failure reasons and (opt-in) summaries."""
+
+    __slots__ = ("compute", "failures", "queue", "request", "summaries")
+
+    def __init__(self) -> None:
+        self.request = Histogram()
+        self.queue = Histogram()
+        self.compute = Histogram()
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.summaries: dict[str, Summary] | None = (
+            {k: Summary() for k in SUMMARY_KINDS} if SummaryConfig.enabled else None
+        )
+
+    def succeeded(self, request_ns: int) -> None:
+        self.request.observe(request_ns)
+        if self.summaries is not None:
+            self.summaries["request"].observe(request_ns)
+
+    def queued(self, queue_ns: int) -> None:
+        self.queue.observe(queue_ns)
+        if self.summaries is not None:
+            self.summaries["queue"].observe(queue_ns)
+
+    def computed(self, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.compute.observe(input_ns + infer_ns + output_ns, requests)
+        s = self.summaries
+        if s is not None:
+            for _ in range(requests):
+                s["compute_input"].observe(input_ns)
+                s["compute_infer"].observe(infer_ns)
+                s["compute_output"].observe(output_ns)
+
+    def failed(self, reason: str) -> None:
+        self.failures[reason] += 1
+
+    def wire(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "request": self.request.wire(), "queue": self.queue.wire(), "compute": self.compute.wire(),
+            "failures": dict(self.failures),
+        }
+        if self.summaries is not None:
+            doc["summaries"] = {k: s.wire(SummaryConfig.quantiles) for k, s in self.summaries.items()}
+        return doc
+
+
+def failure_reason(status: int) -> str:
+    """Triton's ``reason`` label for a request a worker answered with an error."""
+    if status == 7:  # Status.CANCELLED
+        return "CANCELED"
+    if status == 4:  # Status.UNAVAILABLE: the worker or instance went away, not the model's fault
+        return "OTHER"
+    return "BACKEND"
+
+
+def configure_summaries(config: dict[str, str]) -> None:
+    """Apply ``--metrics-config summary_latencies``/``summary_quantiles`` before any model loads."""
+    SummaryConfig.enabled = config.get("summary_latencies", "false").lower() in ("1", "true", "yes", "on")
+    if "summary_quantiles" in config:
+        SummaryConfig.quantiles = parse_quantiles(config["summary_quantiles"])

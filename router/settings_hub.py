@@ -1,0 +1,45 @@
+"""The group's runtime settings, kept in the router and pushed to every process.
+
+Log settings (logging extension) apply to every process; trace settings stay
+here (the router samples), and ingress processes only learn whether tracing is
+on at all, so they stamp requests only then. Each ingress and worker gets a
+``SettingsUpdate`` when it says hello and whenever a setting changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.deploy.log_settings import ProcessLog
+from conveyor.proto import messages as m
+from conveyor.proto.errors import invalid_arg
+from conveyor.router.trace_settings import TraceSettings, TraceSettingsStore
+
+
+class SettingsHub:
+    def __init__(self, trace: TraceSettings, broadcast: Callable[[bytes], None]) -> None:
+        self.trace = TraceSettingsStore(trace)
+        self._broadcast = broadcast
+
+    def message(self) -> bytes:
+        return m.encode(m.SettingsUpdate(ProcessLog.settings.wire(), self.trace.any_on))
+
+    def log_settings(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GET (no ``settings``) or POST ``/v2/logging``: apply here, then everywhere."""
+        if settings:
+            ProcessLog.apply(ProcessLog.settings.updated(settings))
+            self._broadcast(self.message())
+        return ProcessLog.settings.wire()
+
+    def trace_settings(self, model: str = "", settings: dict[str, Any] | None = None,
+                       known: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """GET or POST ``/v2[/models/{m}]/trace/setting``."""
+        if model and known is not None and not known(model):
+            raise invalid_arg(f"Request for unknown model : '{model}'")
+        if settings:
+            was_on = self.trace.any_on
+            self.trace.update(model, settings)
+            if self.trace.any_on != was_on:
+                self._broadcast(self.message())
+        return self.trace.effective(model).wire()

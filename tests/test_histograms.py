@@ -1,0 +1,58 @@
+"""Router latency histograms/summaries and their Prometheus text (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.ingress.prometheus import render
+from conveyor.ingress.system_metrics import GpuSampler
+from conveyor.router import histograms as h
+from conveyor.router.stats import ModelStats
+
+
+def test_histogram_buckets_follow_le() -> None:
+    hist = h.Histogram()
+    hist.observe(100_000)  # exactly the 0.0001 s bound: le="0.0001"
+    hist.observe(2_000_000, n=3)
+    hist.observe(10**12)  # beyond the last bound: +Inf
+    assert hist.counts[0] == 1 and hist.counts[-1] == 1 and sum(hist.counts) == 5
+    assert hist.sum_ns == 100_000 + 6_000_000 + 10**12
+
+
+def test_summary_window_and_quantiles() -> None:
+    s = h.Summary()
+    for ns in range(1, h.SUMMARY_WINDOW * 2 + 1):
+        s.observe(ns * 1000)
+    doc = s.wire([0.5, 0.99])
+    assert doc["count"] == h.SUMMARY_WINDOW * 2
+    assert doc["quantiles"]["0.5"] > h.SUMMARY_WINDOW * 1000  # only the recent half is in the window
+
+
+def test_parse_quantiles() -> None:
+    assert h.parse_quantiles("0.9:0.01,0.5:0.05") == [0.5, 0.9]
+    with pytest.raises(ValueError):
+        h.parse_quantiles("1.5:0.1")
+
+
+def test_render_has_cumulative_buckets_and_reasons() -> None:
+    lat = h.LatencyMetrics()
+    lat.succeeded(3_000_000)
+    lat.succeeded(30_000_000)
+    lat.failed("BACKEND")
+    stats = ModelStats("m", "1")
+    text = render({"model_stats": [stats.wire()], "pending": {"m:1": 2}, "latency": {"m:1": lat.wire()}})
+    assert 'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 1' in text
+    assert 'nv_inference_pending_request_count{model="m",version="1"} 2' in text
+    assert 'conveyor_request_duration_seconds_bucket{model="m",version="1",le="+Inf"} 2' in text
+    assert 'conveyor_request_duration_seconds_bucket{model="m",version="1",le="0.005"} 1' in text
+    assert 'conveyor_request_duration_seconds_count{model="m",version="1"} 2' in text
+    assert "nv_inference_request_summary_us" not in text  # summaries are opt-in
+
+
+def test_gpu_metrics_when_a_gpu_is_present() -> None:
+    gpu = GpuSampler.open()
+    if gpu is None:
+        pytest.skip("no NVML (nvidia-ml-py) or no GPU")
+    gpu.sample()
+    text = "\n".join(gpu.render())
+    assert "nv_gpu_utilization{gpu_uuid=" in text and "nv_gpu_memory_total_bytes{gpu_uuid=" in text
