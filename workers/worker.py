@@ -46,6 +46,7 @@ from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
 from conveyor.workers.item_stream import ItemStream
+from conveyor.workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -216,10 +217,17 @@ class Worker:
         def load() -> None:
             error = ""
             try:
-                inst.labels = load_labels(os.path.dirname(os.path.dirname(msg.path)), config)
+                model_dir = os.path.dirname(os.path.dirname(msg.path))
+                inst.labels = load_labels(model_dir, config)
                 backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
                 inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
+                if config.model_warmup:
+                    try:
+                        warm_up(backend, config, model_dir, inst.per_request)
+                    except BaseException:
+                        backend.close()  # a failed warmup fails the instance, as in Triton
+                        raise
                 inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
