@@ -76,16 +76,20 @@ def main(argv: list[str] | None = None) -> int:
 
         from conveyor.deploy.options import run_dir
         from conveyor.router.lifecycle import ControlMode
+        from conveyor.router.rate_limiter import RateLimiter, ResourceLimit
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans
 
         os.makedirs(run_dir(args.group), exist_ok=True)
         sweep_orphans(args.group)
+        limiter = None
+        if args.rate_limit == "execution_count":
+            limiter = RateLimiter([ResourceLimit.parse(r) for r in args.rate_limit_resource])
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
-               poll_secs=args.repository_poll_secs).run(args.exit_timeout_secs)
+               poll_secs=args.repository_poll_secs, rate_limiter=limiter).run(args.exit_timeout_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker

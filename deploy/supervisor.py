@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from conveyor.deploy.options import model_control_args, run_dir
+from conveyor.deploy.options import model_control_args, run_dir, scheduling_args
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
@@ -58,8 +58,7 @@ class Supervisor:
         common = self._common()
         repo_args = [x for r in repos for x in ("--model-repository", r)]
         shm = ["--allow-client-shm", "true"] if a.allow_client_shm else []
-        router = [Child("router", ["router", *common, *repo_args, "--max-queue-size", str(a.max_queue_size), *shm,
-                                   *model_control_args(a)])]
+        router = [Child("router", ["router", *common, *repo_args, *scheduling_args(a), *shm, *model_control_args(a)])]
         workers = [Child(f"worker-{i}", ["worker", *common, "--arena-size", str(a.arena_size)])
                    for i in range(a.workers)]
         net = [

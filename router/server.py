@@ -25,6 +25,7 @@ from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.rate_limiter import RateLimiter
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Router:
         self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
         queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
-        strict_config: bool = False, poll_secs: float = 15.0,
+        strict_config: bool = False, poll_secs: float = 15.0, rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -84,6 +85,7 @@ class Router:
         self._timer_seq = itertools.count()
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
+        self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -234,6 +236,8 @@ class Router:
                 st = inst.version
                 self.back.send_multipart([worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index))])
             inst.worker = None
+            if self.limiter is not None:
+                self.limiter.unregister(inst)
 
     def _on_cancel(self, identity: bytes, request_id: int) -> None:
         state = self.queued.pop((identity, request_id), None)
@@ -275,13 +279,17 @@ class Router:
             self._wake_at(state, expiry)  # answer timed-out requests even when nothing else happens
 
     def _run_batches(self, state: VersionState, now: int) -> None:
+        limiter = self.limiter
         while len(state.batcher):
             instance = next(
-                (i for i in state.instances if i.state is InstanceState.READY and not i.busy), None
+                (i for i in state.instances if i.state is InstanceState.READY and not i.busy
+                 and (limiter is None or limiter.free(i))), None
             )
             if instance is None:
                 if not state.ready:
                     self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
+                elif limiter is not None:
+                    limiter.wait(state)  # looked at again when resources are given back
                 return
             batch = state.batcher.next_batch(now)
             if batch is None:
@@ -315,6 +323,8 @@ class Router:
             if r.regions:
                 regions += r.regions
         instance.busy = True
+        if self.limiter is not None:
+            self.limiter.acquire(instance)
         self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
         msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
         assert instance.worker is not None
@@ -373,11 +383,25 @@ class Router:
 
     def _place_instances(self) -> None:
         pending = [i for s in self.registry.live_versions() if not s.error for i in s.instances]
+        if self.limiter is not None:
+            self._register_limits(pending)
         for inst in self.pool.place(pending):
             st = inst.version
             assert inst.worker is not None
             load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.device)
             self.back.send_multipart([inst.worker, m.encode(load)])
+
+    def _register_limits(self, instances: list[Instance]) -> None:
+        """Rate limiting: an instance whose resources can never be met fails to load (Triton's rule)."""
+        assert self.limiter is not None
+        for inst in instances:
+            if inst.state is InstanceState.UNPLACED:
+                try:
+                    self.limiter.register(inst)
+                except ConveyorError as exc:
+                    inst.state, inst.error = InstanceState.FAILED, exc.message
+                    log.error("model '%s' version %s cannot load: %s", inst.version.model, inst.version.label,
+                              exc.message)
 
     def _on_loaded(self, worker: WorkerInfo, msg: m.ModelLoaded) -> None:
         inst = self.registry.find_instance(msg.model, msg.version, msg.instance)
@@ -400,6 +424,8 @@ class Router:
         run.executing = False
         inst = run.instance
         inst.busy = False
+        if self.limiter is not None:
+            self.limiter.release(inst)
         state = inst.version
         stats = state.stats
         if result.error is None:
@@ -411,7 +437,7 @@ class Router:
                 self._end_open_items(result.batch, run, result.error)
             if not any(run.open):
                 self.running.pop(result.batch, None)
-            self._schedule(state)
+            self._after_batch(state)
             return
         del self.running[result.batch]
         now = time.monotonic_ns()
@@ -435,8 +461,18 @@ class Router:
             else:
                 for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
                     send([identity, payload], copy=False)
-        self._schedule(state)
+        self._after_batch(state)
         self._settle()
+
+    def _after_batch(self, state: VersionState) -> None:
+        """An instance of ``state`` is free again: schedule it, and with rate limiting
+        every version that waited for the resources it gave back, best turn first."""
+        if self.limiter is None:
+            self._schedule(state)
+            return
+        self.limiter.wait(state)
+        for waiting in self.limiter.take_waiting():
+            self._schedule(waiting)
 
     def _on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
         """Forward one response of a decoupled model's request to its ingress."""
