@@ -431,6 +431,9 @@ class Router:
         if result.error is None:
             rows = sum(p.rows for p in run.items)
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+            adaptive = state.batcher.adaptive
+            if adaptive is not None:
+                adaptive.executed(rows, result.input_ns + result.infer_ns + result.output_ns)
         if run.open is not None:
             # Decoupled: the items were (or will be) answered by ItemResponses.
             if result.error is not None:
