@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         from conveyor.deploy.options import run_dir
         from conveyor.router.histograms import configure_summaries
         from conveyor.router.lifecycle import ControlMode
+        from conveyor.router.rate_limiter import RateLimiter, ResourceLimit
         from conveyor.router.response_cache import parse_cache_config
         from conveyor.router.server import Router
         from conveyor.shm.naming import sweep_orphans
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         sweep_orphans(args.group)
         configure_summaries(metrics_config(args))
         trace = parse_trace_config(args.trace_config)
+        limiter = None
+        if args.rate_limit == "execution_count":
+            limiter = RateLimiter([ResourceLimit.parse(r) for r in args.rate_limit_resource])
         Router(args.model_repository, args.ingress_endpoint or ingress_ep,
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                poll_secs=args.repository_poll_secs, group=args.group,
                cache_bytes=parse_cache_config(args.cache_config),
                max_client_shm_regions=args.max_client_shm_regions,
-               trace=trace).run(args.exit_timeout_secs, args.drain_grace_secs)
+               trace=trace, rate_limiter=limiter).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker

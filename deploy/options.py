@@ -101,6 +101,16 @@ def cache_config(text: str) -> str:
     return text
 
 
+def _resource_limit(text: str) -> str:
+    from conveyor.router.rate_limiter import ResourceLimit
+
+    try:
+        ResourceLimit.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_scheduling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-config", action="append", default=[], type=cache_config, metavar="local,size=BYTES",
                    help="Triton's response cache: models with response_cache { enable: true } are answered from "
@@ -109,6 +119,21 @@ def add_scheduling(p: argparse.ArgumentParser) -> None:
                    help="requests one model version may hold queued before new ones are refused with "
                         "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
                         f"(default {DEFAULT_QUEUE_CAP})")
+    p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
+                   help="execution_count: an instance runs only when the resources its instance_group's "
+                        "rate_limiter lists are free (Triton's rate limiter); off: ignore rate_limiter")
+    p.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                   type=_resource_limit,
+                   help="copies of a rate-limiter resource (repeatable; no DEVICE: on every device); by default "
+                        "the largest count any instance asks for")
+
+
+def scheduling_args(a: argparse.Namespace) -> list[str]:
+    """The scheduling flags, as the supervisor passes them on to the router."""
+    out = ["--max-queue-size", str(a.max_queue_size), "--rate-limit", a.rate_limit]
+    for resource in a.rate_limit_resource:
+        out += ["--rate-limit-resource", resource]
+    return out
 
 
 def add_model_control(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from conveyor.deploy.options import ingress_args, log_args, metrics_args, model_control_args, run_dir
+from conveyor.deploy.options import ingress_args, log_args, metrics_args, model_control_args, run_dir, scheduling_args
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
@@ -100,7 +100,7 @@ class Supervisor:
         trace_args = [x for item in self.args.trace_config for x in ("--trace-config", item)]
         # No grace for the router: it stops after the ingress processes, which carry the grace.
         return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
-                                "--max-queue-size", str(self.args.max_queue_size), *model_control_args(self.args),
+                                *scheduling_args(self.args), *model_control_args(self.args),
                                 *[x for value in self.args.cache_config for x in ("--cache-config", value)],
                                 *metrics_args(self.args), *trace_args])
 

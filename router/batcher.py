@@ -20,13 +20,20 @@ Policy, as Triton's:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from conveyor.router.pending import Pending
 from conveyor.router.priority_queues import Expired, PriorityQueues
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 
+if TYPE_CHECKING:
+    from conveyor.router.adaptive import AdaptiveController
+
 
 class DynamicBatcher:
+    # Set by ``AdaptiveBatcher`` only: the router feeds it each batch's execution time.
+    adaptive: AdaptiveController | None = None
+
     def __init__(
         self,
         max_batch_size: int,

@@ -14,6 +14,8 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import not_found, unavailable
 from conveyor.proto.sequence_config import SequenceConfig
+from conveyor.router.adaptive import latency_target_ns
+from conveyor.router.adaptive_batcher import AdaptiveBatcher
 from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.histograms import LatencyMetrics
 from conveyor.router.ordering import ResponseOrder
@@ -130,16 +132,20 @@ def _version_state(
     name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int, next_index: Callable[[], int]
 ) -> VersionState:
     db = config.dynamic_batching
+    policy = SchedulingPolicy.from_config(config)
+    target_ns = latency_target_ns(config) if config.max_batch_size > 0 and config.HasField("dynamic_batching") else 0
     batcher: DynamicBatcher | SequenceBatcher
     if config.HasField("sequence_batching"):
         batcher = SequenceBatcher(name, SequenceConfig.from_config(config), queue_cap)
+    elif target_ns:
+        batcher = AdaptiveBatcher(config.max_batch_size, target_ns, policy, queue_cap)
     else:
         batcher = DynamicBatcher(
             config.max_batch_size,
             list(db.preferred_batch_size),
             db.max_queue_delay_microseconds * 1000,
             enabled=config.HasField("dynamic_batching"),
-            policy=SchedulingPolicy.from_config(config),
+            policy=policy,
             queue_cap=queue_cap,
         )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)

@@ -76,6 +76,8 @@ class InstanceSlots:
 
 
 class SequenceBatcher:
+    adaptive: None = None  # adaptive batching is for dynamic batching only
+
     def __init__(self, model: str, config: SequenceConfig, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
         self.model = model
         self.config = config

@@ -33,6 +33,7 @@ from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.rate_limiter import RateLimiter
 from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.self_link import SelfLink
 from conveyor.router.sequences import SequenceBatcher
@@ -75,6 +76,7 @@ class Router:
         strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
         max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
         trace: TraceSettings | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.repositories = repositories
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -131,6 +133,7 @@ class Router:
         )
         self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
         self.control.response_cache = self.cache is not None
+        self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -357,6 +360,8 @@ class Router:
                 st = inst.version
                 self.back.send_multipart([worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index))])
             inst.worker = None
+            if self.limiter is not None:
+                self.limiter.unregister(inst)
 
     def _on_cancel(self, identity: bytes, request_id: int) -> None:
         state = self.queued.pop((identity, request_id), None)
@@ -404,13 +409,17 @@ class Router:
         if isinstance(batcher, SequenceBatcher):
             self._run_sequences(state, batcher, now)
             return
+        limiter = self.limiter
         while len(batcher):
             instance = next(
-                (i for i in state.instances if i.state is InstanceState.READY and not i.busy), None
+                (i for i in state.instances if i.state is InstanceState.READY and not i.busy
+                 and (limiter is None or limiter.free(i))), None
             )
             if instance is None:
                 if not state.ready:
                     self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
+                elif limiter is not None:
+                    limiter.wait(state)  # looked at again when resources are given back
                 return
             batch = batcher.next_batch(now)
             if batch is None:
@@ -478,6 +487,8 @@ class Router:
             if r.regions:
                 regions += r.regions
         instance.busy = True
+        if self.limiter is not None:
+            self.limiter.acquire(instance)
         self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
         msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
         assert instance.worker is not None
@@ -544,11 +555,25 @@ class Router:
 
     def _place_instances(self) -> None:
         pending = [i for s in self.registry.live_versions() if not s.error for i in s.instances]
+        if self.limiter is not None:
+            self._register_limits(pending)
         for inst in self.pool.place(pending):
             st = inst.version
             assert inst.worker is not None
             load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.device)
             self.back.send_multipart([inst.worker, m.encode(load)])
+
+    def _register_limits(self, instances: list[Instance]) -> None:
+        """Rate limiting: an instance whose resources can never be met fails to load (Triton's rule)."""
+        assert self.limiter is not None
+        for inst in instances:
+            if inst.state is InstanceState.UNPLACED:
+                try:
+                    self.limiter.register(inst)
+                except ConveyorError as exc:
+                    inst.state, inst.error = InstanceState.FAILED, exc.message
+                    log.error("model '%s' version %s cannot load: %s", inst.version.model, inst.version.label,
+                              exc.message)
 
     def _on_loaded(self, worker: WorkerInfo, msg: m.ModelLoaded) -> None:
         inst = self.registry.find_instance(msg.model, msg.version, msg.instance)
@@ -571,19 +596,24 @@ class Router:
         run.executing = False
         inst = run.instance
         inst.busy = False
+        if self.limiter is not None:
+            self.limiter.release(inst)
         state = inst.version
         stats = state.stats
         if result.error is None:
             rows = sum(p.rows for p in run.items)
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+            adaptive = state.batcher.adaptive
+            if adaptive is not None:
+                adaptive.executed(rows, result.input_ns + result.infer_ns + result.output_ns)
         if run.open is not None:
             # Decoupled: the items were (or will be) answered by ItemResponses.
             if result.error is not None:
                 self._end_open_items(result.batch, run, result.error)
             if not any(run.open):
                 self.running.pop(result.batch, None)
-            self._schedule(state)
+            self._after_batch(state)
             return
         del self.running[result.batch]
         now = time.monotonic_ns()
@@ -614,8 +644,18 @@ class Router:
             else:
                 for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
                     send([identity, payload], copy=False)
-        self._schedule(state)
+        self._after_batch(state)
         self._settle()
+
+    def _after_batch(self, state: VersionState) -> None:
+        """An instance of ``state`` is free again: schedule it, and with rate limiting
+        every version that waited for the resources it gave back, best turn first."""
+        if self.limiter is None:
+            self._schedule(state)
+            return
+        self.limiter.wait(state)
+        for waiting in self.limiter.take_waiting():
+            self._schedule(waiting)
 
     def _on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
         """Forward one response of a decoupled model's request to its ingress."""

@@ -49,6 +49,7 @@ from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
 from conveyor.workers.item_stream import ItemStream
 from conveyor.workers.sequence_state import SequenceSlots
+from conveyor.workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -264,12 +265,19 @@ class Worker:
         def load() -> None:
             error = ""
             try:
-                inst.labels = load_labels(os.path.dirname(os.path.dirname(msg.path)), config)
+                model_dir = os.path.dirname(os.path.dirname(msg.path))
+                inst.labels = load_labels(model_dir, config)
                 if config.HasField("sequence_batching"):
-                    inst.sequences = SequenceSlots(config, os.path.dirname(os.path.dirname(msg.path)))
+                    inst.sequences = SequenceSlots(config, model_dir)
                 backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
                 inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
+                if config.model_warmup:
+                    try:
+                        warm_up(backend, config, model_dir, inst.per_request)
+                    except BaseException:
+                        backend.close()  # a failed warmup fails the instance, as in Triton
+                        raise
                 inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
