@@ -27,6 +27,7 @@ from conveyor.ingress.http.codec import (
 )
 from conveyor.ingress.http.compression import compress, response_coding
 from conveyor.ingress.http.errors import render_error
+from conveyor.ingress.http.generate import Generate
 from conveyor.ingress.http.observe import add_observability_routes
 from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
@@ -183,6 +184,8 @@ def build_app(
         "/config": ModelControl(link, "model_config", "model-config"),
         "/stats": stats,
         "/infer": Infer(ctx.dataplane, max_body_bytes),
+        "/generate": Generate(ctx.dataplane, max_body_bytes, stream=False),
+        "/generate_stream": Generate(ctx.dataplane, max_body_bytes, stream=True),
     }
     for suffix, resource in per_model.items():
         app.add_route("/v2/models/{model}" + suffix, resource)

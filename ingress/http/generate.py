@@ -1,0 +1,147 @@
+"""Triton's generate extension: ``POST .../generate`` and ``.../generate_stream``.
+
+A flat JSON object in, a flat JSON object out. Each key of the request that names
+a model input becomes that input (a scalar is a one-element tensor, a list keeps
+its shape, the model's datatype decides the dtype, a batched model gets a batch
+of one); ``parameters`` are the request parameters; other keys are ignored.
+Each output becomes a key of the response: one element as a scalar, more as a
+(nested) list, BYTES as text.
+
+``generate_stream`` answers with Server-Sent Events, one ``data:`` event per
+response, which is what lets decoupled models stream over HTTP (Triton's HTTP
+infer endpoint refuses them, server#2168). Errors after the stream started are
+``data: {"error": ...}`` events, as in Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import falcon
+import falcon.asgi
+import numpy as np
+import orjson
+
+from conveyor.ingress.dataplane import DataPlane, InferCall, InferInput, InferResult, StreamError
+from conveyor.ingress.http.body import read_body
+from conveyor.ingress.http.json_tensors import array_from_json
+from conveyor.ingress.model_cache import ModelSignature
+from conveyor.proto.errors import ConveyorError, invalid_arg
+
+Request = falcon.asgi.Request
+Response = falcon.asgi.Response
+_RESERVED = ("id", "parameters")
+
+
+class Generate:
+    api = "inference"
+
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int, *, stream: bool) -> None:
+        self._dataplane = dataplane
+        self._limit = max_body_bytes
+        self._stream = stream
+
+    async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
+        body = await read_body(req, resp, self._limit)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        if not isinstance(doc, dict):
+            raise invalid_arg("the generate request must be a JSON object")
+        sig = await self._dataplane.models.get(model, version)
+        call = generate_call(doc, sig, model, version)
+        if self._stream:
+            resp.content_type = "text/event-stream; charset=utf-8"
+            resp.sse = self._events(call)
+            return
+        if sig.decoupled:
+            result = await self._one_of_stream(call)
+        else:
+            result = await self._dataplane.infer(call)
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps(render(result))
+
+    async def _one_of_stream(self, call: InferCall) -> InferResult:
+        """``generate`` answers once: a decoupled model must send one response with outputs."""
+        found: InferResult | None = None
+        async for item in self._dataplane.infer_stream(call):
+            if isinstance(item, StreamError):
+                raise item.error
+            if item.outputs:
+                if found is not None:
+                    item.release()
+                    found.release()
+                    raise invalid_arg("the model sent more than one response: use generate_stream")
+                found = item
+            else:
+                item.release()
+        if found is None:
+            raise invalid_arg("the model sent no response")
+        return found
+
+    async def _events(self, call: InferCall) -> AsyncIterator[falcon.asgi.SSEvent]:
+        try:
+            async for item in self._dataplane.infer_stream(call):
+                if isinstance(item, StreamError):
+                    yield falcon.asgi.SSEvent(data=orjson.dumps({"error": item.error.message}))
+                    continue
+                if item.outputs:
+                    yield falcon.asgi.SSEvent(data=orjson.dumps(render(item)))
+                else:
+                    item.release()
+        except ConveyorError as exc:  # the status line is sent already: errors are events
+            yield falcon.asgi.SSEvent(data=orjson.dumps({"error": exc.message}))
+
+
+def generate_call(doc: dict[str, Any], sig: ModelSignature, model: str, version: str) -> InferCall:
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+    inputs: list[InferInput] = []
+    for key, value in doc.items():
+        spec = sig.inputs.get(key)
+        if key in _RESERVED or spec is None:
+            continue
+        flat = value if isinstance(value, list) else [value]
+        shape = list(np.shape(value)) or [1]
+        data = array_from_json(key, spec.datatype, _flatten(flat))
+        if sig.max_batch_size > 0:
+            shape = [1, *shape]
+        inputs.append(InferInput(key, spec.datatype, shape, data))
+    request_id = doc.get("id", "")
+    return InferCall(model=model, version=version, inputs=inputs, outputs=None,
+                     id=request_id if isinstance(request_id, str) else "", parameters=dict(params))
+
+
+def render(result: InferResult) -> dict[str, Any]:
+    """The response object; releases ``result``."""
+    try:
+        doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
+        if result.id:
+            doc["id"] = result.id
+        for out in result.outputs:
+            if out.raw is None:
+                continue  # placed in the client's shared memory
+            arr = out.as_array()
+            if out.datatype == "BYTES":
+                arr = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(arr)
+            if arr.size == 1:
+                first = arr.reshape(-1)[0]
+                doc[out.name] = first if out.datatype == "BYTES" else first.item()
+            else:
+                doc[out.name] = arr.tolist()
+        return doc
+    finally:
+        result.release()
+
+
+def _flatten(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, list):
+            out += _flatten(v)
+        else:
+            out.append(v)
+    return out
