@@ -119,6 +119,8 @@ class Supervisor:
             return self.counts()
         a = self.args
         if (role == "http-ingress" and not a.allow_http) or (role == "grpc-ingress" and not a.allow_grpc):
+            if count == 0:
+                return self.counts()  # nothing to run: the start-up call for a protocol that is off
             raise invalid_arg(f"{role} is turned off (--allow-http/--allow-grpc)")
         pool = self.pools[role]
         before = len(pool)

@@ -147,3 +147,14 @@ def test_scale_without_a_supervisor_says_so() -> None:
     result = subprocess.run([sys.executable, "-m", "conveyor.deploy.cli", "scale", "--group", "nobody-here"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and "no 'conveyor serve'" in result.stderr
+
+
+def test_a_protocol_that_is_off_scales_to_zero_quietly() -> None:
+    """`serve --allow-grpc false` starts with zero gRPC ingress processes instead of failing."""
+    from conveyor.deploy.cli import build_parser
+    from conveyor.deploy.supervisor import Supervisor
+
+    supervisor = Supervisor(build_parser().parse_args(["serve", "--allow-grpc", "false"]))
+    assert supervisor.scale("grpc-ingress", 0)["grpc-ingress"] == 0
+    with pytest.raises(ConveyorError, match="turned off"):
+        supervisor.scale("grpc-ingress", 1)
