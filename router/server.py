@@ -85,6 +85,9 @@ class Router:
         for sock, endpoint in ((self.front, ingress_endpoint), (self.back, worker_endpoint)):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
+            # A ROUTER socket silently drops what exceeds its high-water mark: a reply must
+            # never be lost, and the ingress in-flight limit already bounds what can queue.
+            sock.setsockopt(zmq.SNDHWM, 0)
             sock.bind(endpoint)
         self.registry = ModelRegistry(queue_cap)
         self.pool = WorkerPool()
