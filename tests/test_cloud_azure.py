@@ -10,6 +10,7 @@ name it in ``AZURITE_BLOB``."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -127,7 +128,8 @@ def test_connection_string_and_credential_file(container: object, tmp_path: Path
 
     # A wrong key in the file wins over the (good) connection string: the listing is refused.
     creds = tmp_path / "creds.json"
-    creds.write_text(json.dumps({"as": {"": {"account_str": ACCOUNT, "account_key": KEY[::-1]}}}))
+    wrong_key = base64.b64encode(bytes(64)).decode()
+    creds.write_text(json.dumps({"as": {"": {"account_str": ACCOUNT, "account_key": wrong_key}}}))
     monkeypatch.setenv("TRITON_CLOUD_CREDENTIAL_PATH", str(creds))
     monkeypatch.setenv("CONVEYOR_AZURE_BLOB_ENDPOINT", os.path.dirname(blob_endpoint) + "/{account}")
     with pytest.raises(ConveyorError, match="cannot list"):
