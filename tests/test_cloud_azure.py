@@ -40,7 +40,7 @@ _LOCAL = Path(__file__).resolve().parent.parent / ".cache" / "azurite" / "node_m
 def azurite_blob() -> str | None:
     named = os.environ.get("AZURITE_BLOB")
     if named:
-        return named
+        return shutil.which(named)  # None (so a skip) when it names nothing runnable
     if _LOCAL.exists():
         return str(_LOCAL)
     return shutil.which("azurite-blob")
@@ -51,7 +51,8 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Azurite's blob service on a free loopback port; yields its endpoint template."""
     exe = azurite_blob()
     if exe is None or shutil.which("node") is None:
-        pytest.skip("Azurite not installed: npm install --prefix .cache/azurite azurite (see this module's docstring)")
+        pytest.skip("Azurite not found ($AZURITE_BLOB, .cache/azurite, PATH) or no node: "
+                    "npm install --prefix .cache/azurite azurite (see this module's docstring)")
     port = free_port()
     log_path = tmp_path_factory.mktemp("azurite") / "azurite.log"
     with open(log_path, "wb") as log:
