@@ -22,7 +22,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
-from conveyor.router.cloud_repository import RepositoryRoots
+from conveyor.router.cloud import RepositoryRoots
 from conveyor.router.control import ControlHandler
 from conveyor.router.ensemble import EnsembleScheduler
 from conveyor.router.ensemble_state import EnsembleVersion
@@ -95,7 +95,7 @@ class Router:
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
         self.shutdown = DrainClock()
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
-        self.roots = RepositoryRoots(repositories)  # s3:// roots become local mirrors
+        self.roots = RepositoryRoots(repositories)  # s3://, gs://, as:// roots become local mirrors
         self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config)
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
         self._poll_secs = poll_secs
