@@ -37,7 +37,7 @@ from conveyor.proto.datatypes import (
     numpy_dtype,
     serialize_bytes,
 )
-from conveyor.proto.errors import ConveyorError, invalid_arg, unsupported
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg, unsupported
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 
@@ -159,7 +159,7 @@ class DataPlane:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
-            request = self._send_inputs(sig, call)
+            request = await self._validated(sig, call)
             if received:
                 request.trace = m.TraceContext(received, call.traceparent)
             response = await self.link.infer(request)
@@ -181,7 +181,7 @@ class DataPlane:
         sig = await self.models.get(call.model, call.version)
         self._admit()
         try:
-            request = self._send_inputs(sig, call)
+            request = await self._validated(sig, call)
             async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
                 async for response in responses:
                     if response.final:
@@ -201,6 +201,19 @@ class DataPlane:
         if limit and self._in_flight >= limit:
             raise too_many_in_flight(limit)
         self._in_flight += 1
+
+    async def _validated(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
+        """``_send_inputs``, checked against a fresh signature before refusing: after a
+        reload the cached one may be stale, and a valid request must not be refused."""
+        try:
+            return self._send_inputs(sig, call)
+        except ConveyorError as exc:
+            if exc.status is not Status.INVALID_ARG:
+                raise
+            fresh = await self.models.refresh(call.model, call.version)
+            if fresh is sig:
+                raise
+            return self._send_inputs(fresh, call)
 
     def _send_inputs(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """Validate ``call``, write its inputs into this process's arena, describe it."""

@@ -61,6 +61,19 @@ class ModelSignatureCache:
             self._cache[(model, version)] = sig
         return sig
 
+    async def refresh(self, model: str, version: str) -> ModelSignature:
+        """Ask the router again; the cached signature itself if the repository has not
+        changed since (so a caller can tell a stale cache from a bad request)."""
+        old = self._cache.get((model, version))
+        reply = await self._link.control("signature", model=model, version=version)
+        generation = int(reply["generation"])
+        if old is not None and generation == self._generation:
+            return old
+        self.observe_generation(generation)
+        sig = ModelSignature.from_wire(reply["signature"])
+        self._cache[(model, version)] = sig
+        return sig
+
     def observe_generation(self, generation: int) -> None:
         """Drop everything when the router's repository has changed."""
         if generation != self._generation:

@@ -17,6 +17,8 @@ import enum
 import hashlib
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +82,7 @@ class ModelLifecycle:
         self.load_at_start = load_at_start or []
         self.strict_config = strict_config
         self._waiters: list[LoadWaiter] = []
+        self._overrides: dict[str, str] = {}  # model -> directory written for a load with file overrides
         self._prints: dict[str, str] = {}  # model -> fingerprint of what is loaded
 
     # --- start-up and polling ---------------------------------------------------------
@@ -130,10 +133,8 @@ class ModelLifecycle:
     def load(self, name: str, reply_to: Any, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
         """Start loading ``name``; its waiter is answered from ``settle``."""
         self.check_control_allowed()
-        if files:
-            raise ConveyorError(
-                Status.UNSUPPORTED, "loading a model from file overrides ('file:' parameters) is not supported yet"
-            )
+        if files and not config_json:
+            raise invalid_arg(f"failed to load '{name}': file overrides ('file:' parameters) need a 'config' too")
         override = None
         if config_json:
             override = mc.ModelConfig()
@@ -141,17 +142,46 @@ class ModelLifecycle:
                 json_format.Parse(config_json, override)
             except json_format.ParseError as exc:
                 raise invalid_arg(f"failed to parse the 'config' parameter of the load request: {exc}") from None
-        path = self._on_disk().get(name)
+        if not files and name in self._overrides:
+            shutil.rmtree(self._overrides.pop(name), ignore_errors=True)  # back to the repository's files
+        path = self._write_override(name, files) if files else self._on_disk().get(name)
         if path is None:
             raise not_found(f"failed to load '{name}', failed to poll from model repository")
         self._load(name, path, override)
         self._waiters.append(LoadWaiter(name, reply_to))
 
-    def unload(self, name: str) -> None:
+    def _write_override(self, name: str, files: dict[str, bytes]) -> str:
+        """A model directory of its own for a load with file overrides (``<version>/<file>``
+        keys), as Triton does: the repository's directory for the model is not used."""
+        root = tempfile.mkdtemp(prefix=f"{name}-", dir=_override_root())
+        for rel, data in files.items():
+            path = os.path.normpath(os.path.join(root, rel))
+            if not path.startswith(root + os.sep) or not rel.split("/", 1)[0].isdigit():
+                shutil.rmtree(root, ignore_errors=True)
+                raise invalid_arg(f"failed to load '{name}': file override 'file:{rel}' must be <version>/<file name>")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        old = self._overrides.pop(name, None)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)  # loaded instances hold what they need
+        self._overrides[name] = root
+        return root
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
         self.check_control_allowed()
+        if unload_dependents:
+            for dependent in self._ensembles_using(name):
+                self._unload(dependent)
         if name not in self.registry.models and name not in self.registry.staging:
             return  # as Triton: unloading what is not loaded succeeds
         self._unload(name)
+
+    def _ensembles_using(self, name: str) -> list[str]:
+        return [
+            ensemble for ensemble, entry in self.registry.models.items()
+            if any(step.model_name == name for step in entry.spec.config.ensemble_scheduling.step)
+        ]
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -253,6 +283,9 @@ class ModelLifecycle:
 
     def _unload(self, name: str) -> None:
         registry = self.registry
+        override = self._overrides.pop(name, None)
+        if override:
+            shutil.rmtree(override, ignore_errors=True)
         for source in (registry.staging, registry.models):
             entry = source.pop(name, None)
             if entry is not None:
@@ -296,3 +329,9 @@ def _problem(entry: ModelEntry) -> str:
         if not state.ready:
             return f"version {state.label}: {state.reason}"
     return ""
+
+
+def _override_root() -> str:
+    root = os.path.join(tempfile.gettempdir(), "conveyor-load-overrides")
+    os.makedirs(root, exist_ok=True)
+    return root

@@ -326,7 +326,7 @@ class Router:
                 self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
                                     msg.args.get("files") or None)
             else:
-                self.lifecycle.unload(name)
+                self.lifecycle.unload(name, bool(msg.args.get("unload_dependents", False)))
                 self.front.send_multipart([identity, m.encode(m.ControlReply(msg.id))])
         except ConveyorError as exc:
             reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))

@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub, identity
 from tests.conftest import Server, start_server
+from tests.ensemble_models import ADD_SUB, _step, ensemble
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,6 +44,7 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("explicit"))
     add_sub(repo, "simple", 8, "dynamic_batching { }")
     identity(repo, "identity_fp32", "FP32", 0, "-1")
+    ensemble(repo, "ens_chain", ["A", "B"], ["SUM"], [_step("simple", ADD_SUB, {"OUTPUT0": "SUM"})])
     srv = start_server(repo, f"x{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
                        "--load-model", "simple")
     yield srv
@@ -164,3 +166,44 @@ def test_poll_mode_follows_the_repository(tmp_path: object) -> None:
         assert http.is_model_ready("simple")
     finally:
         assert srv.stop() == 0
+
+
+def test_load_with_file_overrides(explicit: Server, tmp_path: object) -> None:
+    """Triton's `file:<version>/<name>` parameters: the model loads from the files sent."""
+    import base64
+
+    staged = os.path.join(str(tmp_path), "staged")
+    identity(staged, "from_files", "FP32", 0, "-1")
+    with open(os.path.join(staged, "from_files", "1", "model.onnx"), "rb") as f:
+        onnx_bytes = f.read()
+    config = {
+        "name": "identity_fp32", "platform": "onnxruntime_onnx", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+    http = th.InferenceServerClient(explicit.http_url)
+    http.load_model("identity_fp32", config=json.dumps(config), files={"file:7/model.onnx": onnx_bytes})
+    assert http.get_model_metadata("identity_fp32")["versions"] == ["7"]  # the version the files named
+    x = th.InferInput("INPUT0", [2], "FP32")
+    x.set_data_from_numpy(np.array([4, 5], np.float32))
+    np.testing.assert_array_equal(http.infer("identity_fp32", [x]).as_numpy("OUTPUT0"), [4, 5])
+    with pytest.raises(InferenceServerException, match="must be <version>/<file name>"):
+        http.load_model("identity_fp32", config=json.dumps(config), files={"file:model.onnx": onnx_bytes})
+    with pytest.raises(InferenceServerException, match="need a 'config'"):
+        grpc = tg.InferenceServerClient(explicit.grpc_url)
+        grpc.load_model("identity_fp32", files={"file:1/model.onnx": base64.b64encode(onnx_bytes)})
+    http.load_model("identity_fp32")  # back to the repository's own files
+    assert http.get_model_metadata("identity_fp32")["versions"] == ["1"]
+
+
+def test_unload_dependents(explicit: Server) -> None:
+    http = th.InferenceServerClient(explicit.http_url)
+    http.load_model("simple")
+    http.load_model("ens_chain")
+    assert http.is_model_ready("ens_chain")
+    http.unload_model("simple", unload_dependents=True)
+    eventually(lambda: not http.is_model_ready("ens_chain") and not http.is_model_ready("simple"))
+    rows = {r["name"]: r for r in http.get_model_repository_index()}
+    assert rows["ens_chain"]["reason"] == "unloaded"
+    http.load_model("simple")
+    http.load_model("ens_chain")
