@@ -148,7 +148,23 @@ class ModelLifecycle:
         if path is None:
             raise not_found(f"failed to load '{name}', failed to poll from model repository")
         self._load(name, path, override)
+        self._load_composing(name, {name})
         self._waiters.append(LoadWaiter(name, reply_to))
+
+    def _load_composing(self, name: str, seen: set[str]) -> None:
+        """An ensemble's composing models load with it (as in Triton), unless already loaded."""
+        entry = self.registry.models.get(name) or self.registry.staging.get(name)
+        if entry is None:
+            return
+        on_disk = self._on_disk()
+        for step in entry.spec.config.ensemble_scheduling.step:
+            model = step.model_name
+            if model in seen:
+                continue
+            seen.add(model)
+            if model not in self.registry.models and model in on_disk:
+                self._load(model, on_disk[model], None)
+                self._load_composing(model, seen)
 
     def _write_override(self, name: str, files: dict[str, bytes]) -> str:
         """A model directory of its own for a load with file overrides (``<version>/<file>``

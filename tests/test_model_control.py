@@ -205,5 +205,5 @@ def test_unload_dependents(explicit: Server) -> None:
     eventually(lambda: not http.is_model_ready("ens_chain") and not http.is_model_ready("simple"))
     rows = {r["name"]: r for r in http.get_model_repository_index()}
     assert rows["ens_chain"]["reason"] == "unloaded"
-    http.load_model("simple")
-    http.load_model("ens_chain")
+    http.load_model("ens_chain")  # loads its composing model too, as Triton does
+    assert http.is_model_ready("simple") and http.is_model_ready("ens_chain")
