@@ -34,7 +34,7 @@ from conveyor.router.trace_settings import parse_trace_config
 
 
 def _limits(args: argparse.Namespace) -> IngressLimits:
-    return IngressLimits(args.max_input_elements, args.max_inflight_requests)
+    return IngressLimits(args.max_input_elements, args.max_inflight_requests, args.max_json_bytes)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ import tempfile
 
 from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
-from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS
+from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS, DEFAULT_MAX_JSON_BYTES
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.client_shm import DEFAULT_MAX_REGIONS
@@ -168,6 +168,9 @@ def add_ingress_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-input-elements", type=int, default=DEFAULT_MAX_INPUT_ELEMENTS, metavar="N",
                    help="elements one input tensor may hold; more is refused with 400 / INVALID_ARGUMENT; 0: no limit "
                         f"(default {DEFAULT_MAX_INPUT_ELEMENTS})")
+    p.add_argument("--max-json-bytes", type=int, default=DEFAULT_MAX_JSON_BYTES, metavar="BYTES",
+                   help="largest JSON part of an HTTP request (JSON tensors take ~8x their text in memory); "
+                        f"more is refused with 400; 0: no limit (default {DEFAULT_MAX_JSON_BYTES})")
     p.add_argument("--max-inflight-requests", type=int, default=DEFAULT_MAX_INFLIGHT, metavar="N",
                    help="requests one ingress process holds at once; more are refused with 503 / UNAVAILABLE "
                         f"'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})")
@@ -221,6 +224,7 @@ def check_ingress_args(a: argparse.Namespace) -> str:
 def ingress_args(a: argparse.Namespace) -> list[str]:
     """The limit, access and TLS flags, as the supervisor passes them on to ingress processes."""
     out = ["--max-input-elements", str(a.max_input_elements), "--max-inflight-requests", str(a.max_inflight_requests),
+           "--max-json-bytes", str(a.max_json_bytes),
            "--http-max-body-bytes", str(a.http_max_body_bytes),
            "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower()]
     for flag, groups in (("--http-restricted-api", a.http_restricted_api),

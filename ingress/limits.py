@@ -15,6 +15,9 @@ DEFAULT_MAX_INPUT_ELEMENTS = 1 << 30
 # Requests one ingress process holds at once (HTTP and gRPC alike); the router
 # queues each model version up to --max-queue-size on top of this.
 DEFAULT_MAX_INFLIGHT = 4096
+# JSON tensors cost a Python object per number (up to ~8x the text in memory):
+# past this, a client is told to send tensors with the binary extension.
+DEFAULT_MAX_JSON_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class IngressLimits:
 
     max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
 
 
 def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:
@@ -30,6 +34,14 @@ def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:
         f"input '{name}' has {count} elements, more than the {limit} this server accepts per input "
         "(--max-input-elements)"
     )
+
+
+def check_json_size(nbytes: int, limit: int) -> None:
+    if limit and nbytes > limit:
+        raise invalid_arg(
+            f"the request's JSON is {nbytes} bytes, more than the {limit} this server parses (--max-json-bytes); "
+            "send large tensors with the binary tensor extension or shared memory"
+        )
 
 
 def too_many_in_flight(limit: int) -> ConveyorError:

@@ -91,3 +91,14 @@ def test_ingress_flags_that_cannot_work_are_refused_at_start(flags: list[str], p
 def test_malformed_restricted_groups_are_usage_errors(value: str) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--http-restricted-api", value])
+
+
+def test_json_past_its_limit_is_refused_with_advice() -> None:
+    from conveyor.ingress.limits import check_json_size
+    from conveyor.proto.errors import Status
+
+    check_json_size(1000, 1000)
+    check_json_size(10**9, 0)  # 0: off
+    with pytest.raises(ConveyorError, match="binary tensor extension") as err:
+        check_json_size(1001, 1000)
+    assert err.value.status == Status.INVALID_ARG

@@ -33,6 +33,7 @@ from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
 from conveyor.ingress.http.restricted import RestrictedApis
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
+from conveyor.ingress.limits import check_json_size
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
@@ -131,6 +132,7 @@ class Infer:
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         header_length = parse_header_length(req.get_header(HEADER_LENGTH))
         body = await read_body(req, resp, self._limit)
+        check_json_size(len(body) if header_length is None else header_length, self._dataplane.limits.max_json_bytes)
         if header_length == 0:
             sig = await self._dataplane.models.get(model, version)
             request = raw_infer_request(memoryview(body), model, version, sig)

@@ -26,6 +26,7 @@ import orjson
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferInput, InferResult, StreamError
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.http.json_tensors import array_from_json
+from conveyor.ingress.limits import check_json_size
 from conveyor.ingress.model_cache import ModelSignature
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
@@ -44,6 +45,7 @@ class Generate:
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         body = await read_body(req, resp, self._limit)
+        check_json_size(len(body), self._dataplane.limits.max_json_bytes)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
