@@ -767,6 +767,10 @@ class Router:
             self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
+        # Failing a batch schedules its model again: none of this worker's instances may
+        # take that batch, or it would go to the dead worker and never be answered.
+        for inst in worker.instances:
+            inst.state = InstanceState.UNPLACED
         for bid, run in list(self.running.items()):
             if run.instance.worker == identity:
                 if run.executing:

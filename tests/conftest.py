@@ -148,8 +148,14 @@ def wait_all_instances_ready(group: str, model: str, count: int, timeout: float 
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per fuzz target: how many generated cases this run tried."""
+    """One line per fuzz target: how many generated cases this run tried; then the soak test's figures."""
     from tests.fuzz import CASES
+    from tests.soak_report import LINES
+
+    if LINES:
+        terminalreporter.write_sep("-", "soak")
+        for line in LINES:
+            terminalreporter.write_line(line)
 
     if CASES:
         terminalreporter.write_sep("-", "fuzz cases tried")
