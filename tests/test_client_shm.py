@@ -126,7 +126,10 @@ def test_http_inputs_and_outputs_in_shared_memory(httpc: th.InferenceServerClien
         assert result.get_output("OUTPUT0") == {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]}
         np.testing.assert_array_equal(shm.get_contents_as_numpy(outs, np.int32, [1, 16]), a + b)
         np.testing.assert_array_equal(shm.get_contents_as_numpy(outs, np.int32, [1, 16], offset=NBYTES), a - b)
-    assert key_of(ins).lstrip("/") in worker_maps(shm_server)  # the worker read the client's segment in place
+    maps = worker_maps(shm_server).splitlines()
+    # The worker read the client's segment in place, mapped read-only; only the output region is writable.
+    assert {ln.split()[1] for ln in maps if key_of(ins).lstrip("/") in ln} == {"r--s"}
+    assert {ln.split()[1] for ln in maps if key_of(outs).lstrip("/") in ln} == {"rw-s"}
 
     httpc.unregister_system_shared_memory("in")
     assert [r["name"] for r in httpc.get_system_shared_memory_status()] == ["out"]

@@ -43,9 +43,9 @@ class TensorViews:
         self.arenas = arenas
         self.clients = clients
 
-    def raw(self, region: str, offset: int, nbytes: int) -> Any:
+    def raw(self, region: str, offset: int, nbytes: int, *, writable: bool = False) -> Any:
         if is_client_region(region):
-            return self.clients.view(region, offset, nbytes)
+            return self.clients.view(region, offset, nbytes, writable=writable)
         return self.arenas.view(region, offset, nbytes)
 
     def tensor(self, ref: m.TensorRef) -> Any:
@@ -268,7 +268,7 @@ class OutputWriter:
                 f"shared memory size specified with the request for output '{spec.name}' ({spec.nbytes} bytes) "
                 f"should be at least {nbytes} bytes to hold the results"
             )
-        dst = self.views.raw(spec.region, spec.offset, nbytes)
+        dst = self.views.raw(spec.region, spec.offset, nbytes, writable=True)
         if isinstance(data, bytes):
             if is_device_array(dst):
                 raise invalid_arg(f"output '{spec.name}': BYTES tensors cannot be placed in CUDA shared memory")

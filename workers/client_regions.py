@@ -37,7 +37,8 @@ class ClientRegionMaps:
 
     def __init__(self) -> None:
         self._known: dict[int, m.ClientRegion] = {}
-        self._maps: dict[int, Any] = {}
+        # (registration id, writable) -> mapping: a region only read is mapped read-only.
+        self._maps: dict[tuple[int, bool], Any] = {}
         self._forgotten: set[int] = set()
         self._lock = threading.Lock()
 
@@ -51,7 +52,8 @@ class ClientRegionMaps:
             for rid in ids:
                 self._forgotten.add(rid)
                 self._known.pop(rid, None)
-                self._maps.pop(rid, None)  # unmapped once the last view of it is dropped
+                for writable in (False, True):
+                    self._maps.pop((rid, writable), None)  # unmapped once the last view of it is dropped
 
     def clear(self) -> None:
         """A new router numbers registrations from scratch: drop everything."""
@@ -64,35 +66,38 @@ class ClientRegionMaps:
     def mapped(self) -> int:
         return len(self._maps)
 
-    def view(self, region: str, offset: int, nbytes: int) -> Any:
-        """``nbytes`` at absolute ``offset`` of the region: a numpy or cupy uint8 array."""
+    def view(self, region: str, offset: int, nbytes: int, *, writable: bool = False) -> Any:
+        """``nbytes`` at absolute ``offset`` of the region: a numpy or cupy uint8 array.
+        Inputs get a read-only mapping; only outputs map the client's pages writable."""
         rid = int(region[len(PREFIX):])
-        arr = self._maps.get(rid)
+        arr = self._maps.get((rid, writable))
         if arr is None:
-            arr = self._map(rid)
+            arr = self._map(rid, writable)
         if offset < 0 or nbytes < 0 or offset + nbytes > arr.shape[0]:
             raise invalid_arg(f"shared-memory range [{offset}, {offset + nbytes}) is outside the registered region")
         return arr[offset : offset + nbytes]
 
-    def _map(self, rid: int) -> Any:
+    def _map(self, rid: int, writable: bool) -> Any:
         desc = self._known.get(rid)
         if desc is None:
             raise unavailable("the shared memory region was unregistered before this request ran")
-        arr = _open_cuda(desc) if desc.kind == "cuda" else _open_system(desc)
+        arr = _open_cuda(desc) if desc.kind == "cuda" else _open_system(desc, writable)
         with self._lock:
             if rid in self._forgotten:
                 return arr
-            return self._maps.setdefault(rid, arr)
+            return self._maps.setdefault((rid, writable), arr)
 
 
-def _open_system(desc: m.ClientRegion) -> np.ndarray:
-    """The whole segment (refs carry absolute offsets), writable if the server may write it."""
+def _open_system(desc: m.ClientRegion, writable: bool) -> np.ndarray:
+    """The whole segment (refs carry absolute offsets): read-only for inputs, writable
+    for outputs (refused clearly when the server's user may not write the segment)."""
     try:
-        shm = posix_ipc.SharedMemory(desc.key)
-        writable = True
+        shm = posix_ipc.SharedMemory(desc.key, read_only=not writable)
     except posix_ipc.PermissionsError:
-        shm = posix_ipc.SharedMemory(desc.key, read_only=True)
-        writable = False
+        raise invalid_arg(
+            f"shared memory region '{desc.name}': the server may not "
+            f"{'write' if writable else 'read'} segment '{desc.key}'"
+        ) from None
     except posix_ipc.ExistentialError:
         raise unavailable(f"shared memory region '{desc.name}': segment '{desc.key}' no longer exists") from None
     try:
