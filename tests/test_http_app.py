@@ -19,6 +19,7 @@ from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import BodyLimit
+from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import serialize_bytes
@@ -56,6 +57,7 @@ class EchoPlane:
         self.calls: list[InferCall] = []
         self.regions = FakeRegions()
         self.error: Exception | None = None
+        self.limits = IngressLimits()
 
     async def infer(self, call: InferCall) -> InferResult:
         self.calls.append(call)
