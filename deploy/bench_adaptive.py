@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from conveyor.deploy.bench import ROOT, perf_analyzer, run_one, wait_ready
@@ -38,18 +39,28 @@ def variants(target_us: int) -> dict[str, str]:
     }
 
 
+def counts(url: str, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of the model's statistics."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=5) as r:
+        stats = json.load(r)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--target-us", type=int, default=8000)
+    ap.add_argument("--models", nargs="*", help="only these variants (default: all)")
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args()
 
     pa = perf_analyzer(ROOT / ".cache")
     repo = tempfile.mkdtemp(prefix="conveyor-adaptive-")
     models = variants(args.target_us)
+    if args.models:
+        models = {name: config for name, config in models.items() if name in args.models}
     for name, batching in models.items():
         matmul_stack(repo, name, 16, f"{INSTANCES}\n{batching}")
     server = subprocess.Popen([
@@ -63,17 +74,23 @@ def main() -> int:
         for c in args.concurrency:
             for name in models:
                 for run in range(args.repeat):
+                    before = counts("127.0.0.1:18100", name)
                     figures = run_one(pa, "127.0.0.1:18100", "http", name, c, args.seconds)
-                    results.append({"model": name, "concurrency": c, "run": run + 1, **figures})
+                    after = counts("127.0.0.1:18100", name)
+                    rows = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                    results.append({"model": name, "concurrency": c, "run": run + 1, **figures,
+                                    "rows_per_execution": rows})
                     print(json.dumps(results[-1]), flush=True)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     os.makedirs(args.out, exist_ok=True)
     Path(args.out, "adaptive.json").write_text(json.dumps(results, indent=2))
-    lines = ["| model | concurrency | run | infer/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    lines = ["| model | concurrency | run | infer/s | p50 ms | p99 ms | rows/execution |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['concurrency']} | {r['run']} | {r['infer_per_sec']:.0f} | "
-              f"{r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} |" for r in results]
+              f"{r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} | {r['rows_per_execution']:.1f} |"
+              for r in results]
     Path(args.out, "adaptive.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

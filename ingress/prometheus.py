@@ -89,6 +89,14 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
     for s in model_stats:
         depth = pending.get(f'{s["name"]}:{s["version"]}', 0)
         lines.append(f"nv_inference_pending_request_count{{{_labels(s)}}} {depth}")
+    adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
+    if adaptive:
+        _header(lines, "conveyor_adaptive_queue_delay_us",
+                "Queue delay chosen by adaptive batching (conveyor.latency_target_us)", "gauge")
+        for s in model_stats:
+            delay = adaptive.get(f'{s["name"]}:{s["version"]}')
+            if delay is not None:
+                lines.append(f"conveyor_adaptive_queue_delay_us{{{_labels(s)}}} {delay // 1000}")
     _render_summaries(lines, model_stats, latency)
     _render_histograms(lines, model_stats, latency)
     return "\n".join(lines) + "\n"

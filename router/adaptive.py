@@ -1,44 +1,40 @@
 """Adaptive batching (a Conveyor extension): the model names a latency target
-and the router picks the batch size and the queue delay itself.
+and the router finds the queue delay itself.
 
-    parameters { key: "conveyor.latency_target_us" value { string_value: "5000" } }
+    parameters { key: "conveyor.latency_target_us" value { string_value: "8000" } }
 
 Triton ignores parameters it does not know, so such a config still loads there
 (with its static ``dynamic_batching`` settings). In Conveyor the target
 replaces ``preferred_batch_size`` and ``max_queue_delay_microseconds``; queue
 policies and priority levels still apply.
 
-The rule, re-evaluated as measurements arrive:
+Why a search and not a model: the best static delay depends on the load *and*
+on how clients behave. Under open-loop arrivals below capacity every delay gives
+the same throughput and the shortest is best; under a closed loop (each client
+waits for its answer, as perf_analyzer and most services do) a longer delay
+makes larger batches, which raises throughput *and* lowers latency, up to a
+point that depends on the model's cost per batch and per row and on what else
+runs on the machine. An earlier version modelled arrivals and execution times
+and planned from them; on a shared machine the measured times were too noisy
+and its open-loop model was wrong for closed-loop clients (see
+docs/SCHEDULING.md). So the controller measures what it optimises:
 
-* ``e(b)``: execution time of a batch of ``b`` rows (the worker's input, infer
-  and output time), an EWMA per size. A size not measured yet is interpolated
-  between the measured sizes around it. Above the largest measured size it
-  follows the least-squares line ``a + k * b`` through the measured sizes (a
-  fixed cost per execution plus a cost per row), never below the largest
-  measured time; with one size ``s`` measured, ``e(s) * b / s`` (pessimistic:
-  no fixed cost). So the controller grows into sizes it expects to afford, then
-  measures them. Nothing measured yet: batches of 1. A size not executed for
-  ``FORGET_AFTER`` executions is forgotten: one slow outlier (the machine
-  was busy) must not bar that size for ever, since a barred size is never
-  measured again.
-* ``g``: time between row arrivals, an EWMA.
-* ``c``: a ceiling following the demand the batcher saw: a batch that had to
-  leave on its delay with ``n`` rows sets ``c = n`` (more did not come in
-  time); a full batch that left rows queued behind it raises ``c`` by one.
-* Batch size ``B`` (what a batch waits for): grow ``b`` from 1 up to
-  ``min(c, M)`` while its oldest request should finish in time:
-  ``(b - 1) * g + e(b) <= target`` (filling it takes ``(b - 1) * g``). At least 1.
-* Largest batch ``M``: the largest ``b <= max_batch_size`` with
-  ``e(b) <= target`` (at least 1). Requests that queued while the instances
-  were busy have waited already: once ``B`` rows are there, the batch leaves at
-  once with up to ``M`` rows.
-* Queue delay ``D = target - e(B)`` (at least 0): a batch that has not reached
-  ``B`` leaves when its oldest request has waited this long, in time to finish
-  within the target.
-
-So at low load ``B`` is 1 and requests leave at once; as load grows, batches
-grow while the target allows, and under overload they are as large as the
-target lets one execution be (which also measures those sizes).
+* Batches leave at once when ``max_batch_size`` rows are queued, else when the
+  oldest request has waited the delay ``D`` (Triton's static rule, with ``D``
+  chosen here).
+* ``D`` is one of ``LEVELS_US`` up to the target (the target caps the wait a
+  batch adds; it is where the search stops, not a promise under overload).
+* Throughput is measured in windows (at least ``WINDOW_NS`` and
+  ``WINDOW_BATCHES`` executions): rows executed per second. The controller
+  alternates between windows at its level and, now and then, a window at a
+  neighbour level (up and down in turn). It moves to the neighbour when that
+  window did more than ``GAIN`` better, or, for the lower neighbour, when it was
+  no more than ``GAIN`` worse: at equal throughput the shorter wait wins.
+* A failed probe doubles the number of windows before the next one (up to
+  ``MAX_HOLD``), so a settled load pays little for the search; a move resets it.
+* A window that ran too long (``STALE_NS``: the load stopped or changed) is
+  thrown away; with nothing measured, the delay is 0 (batches of what is
+  queued, at once).
 """
 
 from __future__ import annotations
@@ -48,10 +44,13 @@ from dataclasses import dataclass
 from conveyor.proto import model_config_pb2 as mc
 
 LATENCY_TARGET_PARAMETER = "conveyor.latency_target_us"
-EXEC_ALPHA = 0.3  # weight of a new execution time in its size's EWMA
-GAP_ALPHA = 0.1  # weight of a new inter-arrival gap
-FORGET_AFTER = 100  # executions of other sizes after which a size's time is estimated afresh
-REPLAN_NS = 1_000_000  # arrivals move g continuously: re-plan at most this often between other events
+LEVELS_US = (0, 1000, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000)
+WINDOW_NS = 200_000_000  # a throughput window lasts at least this long ...
+WINDOW_BATCHES = 8  # ... and holds at least this many executions
+SETTLE_NS = 20_000_000  # after a change of delay, executions this soon are not counted (old batches)
+STALE_NS = 2_000_000_000  # a window longer than this is thrown away
+GAIN = 0.05  # a relative throughput difference below this is noise
+MAX_HOLD = 8  # windows between probes, at most
 
 
 def latency_target_ns(config: mc.ModelConfig) -> int:
@@ -78,107 +77,89 @@ def adaptive_problem(config: mc.ModelConfig) -> str:
     return ""
 
 
-def _line(times: dict[int, float], rows: int) -> float:
-    """The least-squares line through ``times`` (size -> ns), at ``rows``; slope at least 0."""
-    n = len(times)
-    mean_b = sum(times) / n
-    mean_e = sum(times.values()) / n
-    spread = sum((b - mean_b) ** 2 for b in times)
-    slope = max(sum((b - mean_b) * (e - mean_e) for b, e in times.items()) / spread, 0.0)
-    return mean_e + slope * (rows - mean_b)
-
-
 @dataclass(frozen=True, slots=True)
 class Plan:
-    batch_size: int  # B: leave once this many rows are queued
-    delay_ns: int  # D: or once the oldest waited this long
-    max_batch_size: int = 1  # M: never more rows than this
+    batch_size: int  # leave at once when this many rows are queued
+    delay_ns: int  # or once the oldest waited this long
+    max_batch_size: int = 1  # never more rows than this
 
 
 class AdaptiveController:
-    """The rule above, fed by the router; deterministic (every input carries its time)."""
+    """The search above, fed by the router; deterministic (every input carries its time)."""
 
     def __init__(self, target_ns: int, max_batch_size: int) -> None:
-        self.target_ns = target_ns
         self.max_batch_size = max(max_batch_size, 1)
-        self.exec_ns: dict[int, float] = {}
-        self._measured_at: dict[int, int] = {}  # size -> execution number of its last measurement
-        self._executions = 0
-        self.gap_ns = 0.0  # 0: not measured yet
-        self.ceiling = self.max_batch_size
-        self._last_arrival: int | None = None
-        self._plan = Plan(1, 0, 1)
-        self._planned_at = 0
-        self._stale = True
+        self.levels_ns = [us * 1000 for us in LEVELS_US if us * 1000 <= target_ns] or [0]
+        self.level = 0  # index into levels_ns: the delay in use between probes
+        self.probing: int | None = None  # the level of the window being measured, when it is a probe
+        self.current_rate = 0.0  # rows/s of the last window at ``level`` (0: none yet)
+        self._up_next = True  # the direction of the next probe
+        self._hold = 1  # windows at ``level`` before the next probe
+        self._held = 0
+        self._window_start: int | None = None  # first counted execution's time
+        self._settle_until = 0
+        self._rows = 0
+        self._batches = 0
+        self._plan = self._make_plan()
 
     # --- observations --------------------------------------------------------------------
 
-    def arrived(self, now_ns: int, rows: int) -> None:
-        if self._last_arrival is not None:
-            gap = (now_ns - self._last_arrival) / max(rows, 1)
-            self.gap_ns = gap if not self.gap_ns else self.gap_ns + GAP_ALPHA * (gap - self.gap_ns)
-        self._last_arrival = now_ns
-
-    def executed(self, rows: int, ns: int) -> None:
-        old = self.exec_ns.get(rows)
-        self.exec_ns[rows] = float(ns) if old is None else old + EXEC_ALPHA * (ns - old)
-        self._executions += 1
-        self._measured_at[rows] = self._executions
-        for size, at in list(self._measured_at.items()):
-            if self._executions - at > FORGET_AFTER:
-                del self._measured_at[size], self.exec_ns[size]
-        self._stale = True
-
-    def batch_left(self, rows: int, left_queued: int) -> None:
-        """A batch of ``rows`` left; ``left_queued`` requests still wait behind it."""
-        planned = self._plan.batch_size
-        if rows < planned:
-            self.ceiling = max(rows, 1)  # it left on its delay: that many came in time
-        elif left_queued and self.ceiling < self.max_batch_size:
-            self.ceiling += 1  # more came than a batch held
-        else:
+    def executed(self, now_ns: int, rows: int) -> None:
+        """A batch of ``rows`` finished at ``now_ns``."""
+        if now_ns < self._settle_until:
             return
-        self._stale = True
+        if self._window_start is None:
+            self._window_start = now_ns  # this batch opens the window; the rows after it count
+            return
+        self._rows += rows
+        self._batches += 1
+        took = now_ns - self._window_start
+        if took > STALE_NS:
+            self._restart_window(now_ns)
+        elif took >= WINDOW_NS and self._batches >= WINDOW_BATCHES:
+            self._window_done(self._rows * 1e9 / took, now_ns)
 
     # --- decision ------------------------------------------------------------------------
 
     def plan(self, now_ns: int) -> Plan:
-        if self._stale or now_ns - self._planned_at >= REPLAN_NS:
-            self._plan = self._compute()
-            self._planned_at = now_ns
-            self._stale = False
         return self._plan
 
-    def estimate_ns(self, rows: int) -> float | None:
-        """``e(rows)``: measured; else interpolated between the measured sizes around it;
-        else scaled from the largest measured size below; else the smallest measured
-        size's time (a smaller batch costs no more). None: nothing measured."""
-        times = self.exec_ns
-        known = times.get(rows)
-        if known is not None:
-            return known
-        if not times:
-            return None
-        below = max((s for s in times if s < rows), default=0)
-        above = min((s for s in times if s > rows), default=0)
-        if below and above:
-            return times[below] + (times[above] - times[below]) * (rows - below) / (above - below)
-        if not below:
-            return times[above]
-        if len(times) == 1:
-            return times[below] * rows / below
-        return max(_line(times, rows), times[below])
+    @property
+    def delay_ns(self) -> int:
+        return self._plan.delay_ns
 
-    def _compute(self) -> Plan:
-        target = self.target_ns
-        first = self.estimate_ns(1)
-        if first is None:
-            return Plan(1, 0, 1)
-        exec_ns = [first] + [self.estimate_ns(b) or first for b in range(2, self.max_batch_size + 1)]
-        largest = 1
-        while largest < self.max_batch_size and exec_ns[largest] <= target:
-            largest += 1
-        best = 1
-        while best < min(self.ceiling, largest) and best * self.gap_ns + exec_ns[best] <= target:
-            best += 1
-        return Plan(best, max(int(target - exec_ns[best - 1]), 0), largest)
+    def _window_done(self, rate: float, now_ns: int) -> None:
+        if self.probing is None:
+            self.current_rate = rate
+            self._held += 1
+            if self._held >= self._hold:
+                self._start_probe()
+        else:
+            probe, self.probing = self.probing, None
+            current = self.current_rate
+            better = rate > current * (1 + GAIN) or (probe < self.level and rate >= current * (1 - GAIN))
+            if better:
+                self.level, self.current_rate, self._hold = probe, rate, 1
+            else:
+                self._hold = min(self._hold * 2, MAX_HOLD)
+            self._held = 0
+        self._plan = self._make_plan()
+        self._restart_window(now_ns, settle=True)
+
+    def _start_probe(self) -> None:
+        top = len(self.levels_ns) - 1
+        if top == 0:
+            self._held = 0
+            return
+        up = self._up_next if 0 < self.level < top else self.level == 0
+        self._up_next = not up
+        self.probing = self.level + 1 if up else self.level - 1
+
+    def _restart_window(self, now_ns: int, settle: bool = False) -> None:
+        self._window_start = None
+        self._rows = self._batches = 0
+        self._settle_until = now_ns + SETTLE_NS if settle else 0
+
+    def _make_plan(self) -> Plan:
+        level = self.level if self.probing is None else self.probing
+        return Plan(self.max_batch_size, self.levels_ns[level], self.max_batch_size)

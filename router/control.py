@@ -101,6 +101,8 @@ class ControlHandler:
             "model_stats": [s.stats.wire() for s in states],
             "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
+            "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
+                                  for s in states if s.batcher.adaptive is not None},
         }
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:

@@ -609,7 +609,7 @@ class Router:
             state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             adaptive = state.batcher.adaptive
             if adaptive is not None:
-                adaptive.executed(rows, result.input_ns + result.infer_ns + result.output_ns)
+                adaptive.executed(time.monotonic_ns(), rows)
         if run.open is not None:
             # Decoupled: the items were (or will be) answered by ItemResponses.
             if result.error is not None:

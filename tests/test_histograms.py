@@ -47,6 +47,9 @@ def test_render_has_cumulative_buckets_and_reasons() -> None:
     assert 'conveyor_request_duration_seconds_bucket{model="m",version="1",le="0.005"} 1' in text
     assert 'conveyor_request_duration_seconds_count{model="m",version="1"} 2' in text
     assert "nv_inference_request_summary_us" not in text  # summaries are opt-in
+    assert "conveyor_adaptive_queue_delay_us" not in text  # only for models with a latency target
+    snapshot = {"model_stats": [stats.wire()], "adaptive_delay_ns": {"m:1": 3_000_000}}
+    assert 'conveyor_adaptive_queue_delay_us{model="m",version="1"} 3000' in render(snapshot)
 
 
 def test_gpu_metrics_when_a_gpu_is_present() -> None:
