@@ -14,10 +14,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
-import zmq.asyncio
 
 from conveyor.deploy.log_settings import ProcessLog
 from conveyor.proto import messages as m
@@ -33,6 +32,7 @@ LOAD_TIMEOUT_S = 600.0
 # (it restarted), has lost those requests: they fail instead of hanging.
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 5.0
+DRAIN_BATCH = 64  # replies handled per turn of the event loop
 
 
 def error_from(info: m.ErrorInfo) -> ConveyorError:
@@ -42,27 +42,53 @@ def error_from(info: m.ErrorInfo) -> ConveyorError:
 class RouterLink:
     def __init__(self, endpoint: str, on_orphan: Callable[[m.InferResponse], None] | None = None) -> None:
         self.endpoint = endpoint
-        self._ctx = zmq.asyncio.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # never refuse a send: in-flight requests are bounded elsewhere
         self._sock.connect(endpoint)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_armed = False
         self._ids = itertools.count(1)
         self._infer: dict[int, asyncio.Future[m.InferResponse]] = {}
         self._control: dict[int, asyncio.Future[m.ControlReply]] = {}
         # Streams of responses until the final one; None once their reader left.
         self._streams: dict[int, asyncio.Queue[m.InferResponse] | None] = {}
         self.on_orphan = on_orphan
-        self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._boot: int | None = None
         # Whether any tracing is on (the router's SettingsUpdate): only then are requests stamped.
         self.tracing = False
 
     async def start(self) -> None:
-        await self._sock.send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._receive())
+        self._loop = loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.FD, self._drain)
+        self._send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
         self._watch = loop.create_task(self._watch_router())
+
+    def _send(self, payload: bytes | memoryview) -> None:
+        # SNDHWM 0 and a connected DEALER: the message is queued even while the router is away.
+        self._sock.send(payload, zmq.NOBLOCK, copy=False)
+        if cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._arm_drain()
+
+    def _arm_drain(self) -> None:
+        if not self._drain_armed and self._loop is not None:
+            self._drain_armed = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Take every reply waiting now (the descriptor fires once per burst)."""
+        self._drain_armed = False
+        recv = self._sock.recv
+        for _ in range(DRAIN_BATCH):
+            try:
+                frame = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return  # closed
+            self._dispatch(frame)
+        self._arm_drain()  # more may wait: let other callbacks run first
 
     async def _watch_router(self) -> None:
         first = True
@@ -98,7 +124,7 @@ class RouterLink:
 
     def trace_end(self, trace_id: int) -> None:
         """Tell the router a traced request's answer is going out now."""
-        self._sock.send(m.encode(m.TraceEnd(trace_id, time.time_ns())))
+        self._send(m.encode(m.TraceEnd(trace_id, time.time_ns())))
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -112,14 +138,14 @@ class RouterLink:
         eventual reply go to ``on_orphan``."""
         fut: asyncio.Future[m.InferResponse] = asyncio.get_running_loop().create_future()
         self._infer[request.id] = fut
-        await self._sock.send(m.encode(request), copy=False)
+        self._send(m.encode(request))
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
             if not fut.done():
                 # The reply still comes (and frees memory); nobody waits for it.
                 fut.add_done_callback(self._orphaned)
-                self._sock.send(m.encode(m.Cancel(request.id)))
+                self._send(m.encode(m.Cancel(request.id)))
             raise
 
     async def infer_stream(self, request: m.InferRequest) -> AsyncGenerator[m.InferResponse, None]:
@@ -130,7 +156,7 @@ class RouterLink:
         self._streams[request.id] = responses
         final = False
         try:
-            await self._sock.send(m.encode(request), copy=False)
+            self._send(m.encode(request))
             while not final:
                 response = await responses.get()
                 final = response.final
@@ -140,7 +166,7 @@ class RouterLink:
                 if request.id in self._streams:
                     self._streams[request.id] = None
                 self._drain_orphans(responses)
-                self._sock.send(m.encode(m.Cancel(request.id)))
+                self._send(m.encode(m.Cancel(request.id)))
 
     def _drain_orphans(self, responses: asyncio.Queue[m.InferResponse]) -> None:
         while not responses.empty():
@@ -165,7 +191,7 @@ class RouterLink:
         cid = self.next_id()
         fut: asyncio.Future[m.ControlReply] = asyncio.get_running_loop().create_future()
         self._control[cid] = fut
-        await self._sock.send(m.encode(m.ControlRequest(cid, op, args)))
+        self._send(m.encode(m.ControlRequest(cid, op, args)))
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
@@ -176,33 +202,29 @@ class RouterLink:
             raise error_from(reply.error)
         return reply.result
 
-    async def _receive(self) -> None:
-        decode = m.router_reply_decoder.decode
-        while True:
-            try:
-                frame = await self._sock.recv(copy=False)
-                msg = decode(frame.buffer)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("undecodable message from the router")
-                continue
-            if isinstance(msg, m.SettingsUpdate):
-                ProcessLog.apply_wire(msg.log)
-                self.tracing = msg.tracing
-                continue
-            if isinstance(msg, m.InferResponse):
-                fut = self._infer.pop(msg.id, None)
-                if fut is None:
-                    self._on_stream_response(msg)
-                    continue
-            else:
-                fut = self._control.get(msg.id)  # type: ignore[assignment]
-            if fut is not None and not fut.done():
-                fut.set_result(msg)  # type: ignore[arg-type]
+    def _dispatch(self, frame: zmq.Frame) -> None:
+        try:
+            msg = m.router_reply_decoder.decode(frame.buffer)
+        except Exception:
+            log.exception("undecodable message from the router")
+            return
+        if isinstance(msg, m.SettingsUpdate):
+            ProcessLog.apply_wire(msg.log)
+            self.tracing = msg.tracing
+            return
+        if isinstance(msg, m.InferResponse):
+            fut = self._infer.pop(msg.id, None)
+            if fut is None:
+                self._on_stream_response(msg)
+                return
+        else:
+            fut = self._control.get(msg.id)  # type: ignore[assignment]
+        if fut is not None and not fut.done():
+            fut.set_result(msg)  # type: ignore[arg-type]
 
     async def close(self) -> None:
-        for task in (self._task, self._watch):
-            if task is not None:
-                task.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._loop is not None and not self._sock.closed:
+            self._loop.remove_reader(self._sock.FD)
         self._sock.close(0)
