@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import not_found, unavailable
@@ -22,6 +23,7 @@ from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
 from conveyor.router.sequences import SequenceBatcher
+from conveyor.router.shape_keys import BatchKey, batch_key
 from conveyor.router.stats import ModelStats
 
 
@@ -52,6 +54,10 @@ class Instance:
         return self.state is InstanceState.READY and self.worker is not None
 
 
+def _unbatched_key(request: m.InferRequest) -> tuple[object, ...]:
+    return ()
+
+
 @dataclass(eq=False)
 class VersionState:
     model: str
@@ -67,6 +73,8 @@ class VersionState:
     per_worker: bool = False
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
+    # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
+    batch_key: BatchKey = field(default=_unbatched_key)
 
     @property
     def decoupled(self) -> bool:
@@ -149,6 +157,7 @@ def _version_state(
             queue_cap=queue_cap,
         )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
+    state.batch_key = batch_key(config, name)
     state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:
