@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import not_found, unavailable
@@ -23,7 +22,7 @@ from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
 from conveyor.router.sequences import SequenceBatcher
-from conveyor.router.shape_keys import BatchKey, batch_key
+from conveyor.router.shape_keys import BatchKey, batch_key, unbatched
 from conveyor.router.stats import ModelStats
 
 
@@ -54,10 +53,6 @@ class Instance:
         return self.state is InstanceState.READY and self.worker is not None
 
 
-def _unbatched_key(request: m.InferRequest) -> tuple[object, ...]:
-    return ()
-
-
 @dataclass(eq=False)
 class VersionState:
     model: str
@@ -74,7 +69,7 @@ class VersionState:
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
     # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
-    batch_key: BatchKey = field(default=_unbatched_key)
+    batch_key: BatchKey = field(default=unbatched)
 
     @property
     def decoupled(self) -> bool:

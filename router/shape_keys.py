@@ -12,14 +12,13 @@ equal keys (router/batcher.py, router/sequences.py).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import PAD_BATCHING, BatchShapes
 from conveyor.proto.errors import invalid_arg
-from conveyor.router.pending import shape_key
+from conveyor.router.pending import equal_shapes
 
 BatchKey = Callable[[m.InferRequest], tuple[object, ...]]
 
@@ -31,8 +30,10 @@ def batch_key(config: mc.ModelConfig, model: str) -> BatchKey:
         shapes = BatchShapes.from_config(config)
     except ValueError:  # such a version never serves (repository.validate said why)
         shapes = BatchShapes()
-    if not batched or not (shapes.ragged or shapes.padded):
-        return functools.partial(shape_key, batched=batched)
+    if not batched:
+        return unbatched
+    if not (shapes.ragged or shapes.padded):
+        return equal_shapes
     ragged = shapes.ragged
     padded = {name: spec.positions for name, spec in shapes.padded.items()}
     largest = shapes.buckets[-1] if shapes.buckets else 0
@@ -59,3 +60,7 @@ def batch_key(config: mc.ModelConfig, model: str) -> BatchKey:
         return tuple(parts)
 
     return key
+
+
+def unbatched(request: m.InferRequest) -> tuple[object, ...]:
+    return ()

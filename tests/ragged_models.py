@@ -98,6 +98,9 @@ output [
 batch_output [{{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLED" source_input: "INPUT" }}]
 instance_group [{{ count: 1 kind: KIND_CPU }}]
 dynamic_batching {{ preferred_batch_size: [ 4 ] {GATED} }}
+# Warmup batches are assembled as requests' are (the model would not load otherwise).
+model_warmup [{{ name: "two" batch_size: 2 inputs {{ key: "INPUT" value {{ data_type: TYPE_FP32 dims: [ 3 ]
+                 zero_data: true }} }} }}]
 """
 
 
@@ -171,14 +174,19 @@ class TritonPythonModel:
         return responses
 '''
 
-PYTHON_SHAPES_CONFIG = f"""
-name: "python_shapes"
+
+
+def python_config(name: str, ragged: bool) -> str:
+    """Requests of any shape share a batch: by ``allow_ragged_batch`` or by ``conveyor.pad_batching``."""
+    pad = "" if ragged else 'parameters { key: "conveyor.pad_batching" value { string_value: "max" } }'
+    return f"""
+name: "{name}"
 backend: "python"
 max_batch_size: 8
-input [{{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] }}]
+input [{{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: {str(ragged).lower()} }}]
 output [{{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
         {{ name: "TOGETHER" data_type: TYPE_INT32 dims: [ 1 ] }}]
-parameters {{ key: "conveyor.pad_batching" value {{ string_value: "max" }} }}
+{pad}
 instance_group [{{ count: 1 kind: KIND_CPU }}]
 dynamic_batching {{ preferred_batch_size: [ 3 ] {GATED} }}
 """
@@ -194,11 +202,12 @@ BAD_CONFIGS = {
 def build(repo: str) -> None:
     ragged_sum(repo, "ragged_sum", RAGGED_SUM_CONFIG)
     padded_sum(repo, "padded_sum", PADDED_SUM_CONFIG)
-    os.makedirs(os.path.join(repo, "python_shapes", "1"))
-    with open(os.path.join(repo, "python_shapes", "1", "model.py"), "w", encoding="utf-8") as f:
-        f.write(textwrap.dedent(PYTHON_SHAPES_MODEL))
-    with open(os.path.join(repo, "python_shapes", "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(PYTHON_SHAPES_CONFIG)
+    for name, ragged in (("python_shapes", False), ("python_ragged", True)):
+        os.makedirs(os.path.join(repo, name, "1"))
+        with open(os.path.join(repo, name, "1", "model.py"), "w", encoding="utf-8") as f:
+            f.write(textwrap.dedent(PYTHON_SHAPES_MODEL))
+        with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+            f.write(python_config(name, ragged))
     for name, config in BAD_CONFIGS.items():
         source = "ragged_sum" if "ragged_sum" in config else "padded_sum"
         config = config.replace(f'name: "{source}"', f'name: "{name}"')

@@ -124,9 +124,10 @@ def test_a_request_longer_than_the_largest_bucket_is_refused(http: httpclient.In
     assert "more than the largest pad bucket 16 (parameter conveyor.pad_batching)" in exc.value.message()
 
 
-def test_python_model_gets_each_request_as_sent(grpc: grpcclient.InferenceServerClient) -> None:
+@pytest.mark.parametrize("model", ["python_shapes", "python_ragged"])  # pad_batching, allow_ragged_batch
+def test_python_model_gets_each_request_as_sent(grpc: grpcclient.InferenceServerClient, model: str) -> None:
     data = [np.full((1, 2, 3), 1, np.float32), np.full((1, 4, 1), 2, np.float32), np.full((1, 1, 5), 3, np.float32)]
-    futures = [send(grpc, "python_shapes", x) for x in data]
+    futures = [send(grpc, model, x) for x in data]
     for x, fut in zip(data, futures, strict=True):
         result = fut.result(WAIT_S)
         assert result.as_numpy("TOGETHER").tolist() == [[3]]  # one execute call for the three
