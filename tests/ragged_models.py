@@ -175,7 +175,6 @@ class TritonPythonModel:
 '''
 
 
-
 def python_config(name: str, ragged: bool) -> str:
     """Requests of any shape share a batch: by ``allow_ragged_batch`` or by ``conveyor.pad_batching``."""
     pad = "" if ragged else 'parameters { key: "conveyor.pad_batching" value { string_value: "max" } }'
@@ -190,6 +189,7 @@ output [{{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
 instance_group [{{ count: 1 kind: KIND_CPU }}]
 dynamic_batching {{ preferred_batch_size: [ 3 ] {GATED} }}
 """
+
 
 # Configs the router must refuse at load, each with its reason.
 BAD_CONFIGS = {

@@ -191,6 +191,14 @@ def test_padding_fills_only_around_each_request_and_cuts_outputs_back() -> None:
     assert [p.tolist() for p in first] == [[[7]], [[8, 9], [8, 9]]]
 
 
+def test_bytes_inputs_are_padded_with_the_pad_text() -> None:
+    text = PADDED.replace("name: \"T\" data_type: TYPE_INT32", "name: \"T\" data_type: TYPE_STRING")
+    layout = BatchLayout(BatchShapes.from_config(config(text, pad("max", param("conveyor.pad_value.T", "<pad>")))))
+    t = [np.array([[b"a"]], np.object_), np.array([[b"b", b"c"]], np.object_)]
+    x = [np.zeros((1, 1, 3, 1), np.float32)] * 2
+    assert layout.assemble({"X": x, "T": t}, 2)["T"].tolist() == [[b"a", b"<pad>"], [b"b", b"c"]]
+
+
 def test_padding_a_batch_of_equal_shapes_copies_nothing_extra() -> None:
     layout = BatchLayout(BatchShapes.from_config(config(PADDED, pad("max"))))
     a = np.ones((1, 2, 3, 5), np.float32)
