@@ -46,6 +46,7 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
     # The server feeds sequence control and state tensors itself: they are not the client's to send.
     internal = {i.name for i in graph.initializer} | {c.name for c in sb.control_input}
     internal |= {s.input_name for s in sb.state}
+    internal |= {t for bi in config.batch_input for t in bi.target_name}  # ragged batching's batch inputs
     inputs = [v for v in graph.input if v.name not in internal]
     state_outputs = {s.output_name for s in sb.state}
     outputs = [v for v in graph.output if v.name not in state_outputs]

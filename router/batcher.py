@@ -4,8 +4,12 @@ instance is free (Triton's ``dynamic_batching``).
 Policy, as Triton's:
 
 * Requests are considered in service order (``PriorityQueues``: priority
-  level, then arrival); a batch holds consecutive requests whose non-batch
-  shapes match the first one's, up to ``max_batch_size`` rows.
+  level, then arrival); a batch holds consecutive requests whose batch key
+  matches the first one's, up to ``max_batch_size`` rows. The key
+  (``router/shape_keys.py``) is the non-batch shapes, as in Triton, except
+  for ragged inputs (any shape) and padded ones (any length in their
+  variable dims: ``conveyor.pad_batching``), whose shapes the worker
+  reconciles.
 * If a preferred batch size (``preferred_batch_size``; default
   ``max_batch_size``) can be formed, the largest such batch leaves at once.
 * Otherwise the batch leaves when it cannot grow (the next request does not

@@ -22,6 +22,7 @@ from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
 from conveyor.router.sequences import SequenceBatcher
+from conveyor.router.shape_keys import BatchKey, batch_key, unbatched
 from conveyor.router.stats import ModelStats
 
 
@@ -67,6 +68,8 @@ class VersionState:
     per_worker: bool = False
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
+    # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
+    batch_key: BatchKey = field(default=unbatched)
 
     @property
     def decoupled(self) -> bool:
@@ -149,6 +152,7 @@ def _version_state(
             queue_cap=queue_cap,
         )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
+    state.batch_key = batch_key(config, name)
     state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:

@@ -34,7 +34,10 @@ class Pending:
 
 
 def shape_key(request: m.InferRequest, batched: bool) -> tuple[object, ...]:
-    """Requests batch together only when every non-batch dimension matches."""
-    if not batched:
-        return ()
-    return tuple((t.name, t.datatype, *t.shape[1:]) for t in request.inputs)
+    """Requests batch together only when every non-batch dimension matches
+    (Triton's rule; ``router/shape_keys.py`` has the others)."""
+    return equal_shapes(request) if batched else ()
+
+
+def equal_shapes(request: m.InferRequest) -> tuple[object, ...]:
+    return tuple([(t.name, t.datatype, *t.shape[1:]) for t in request.inputs])

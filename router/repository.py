@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.batch_shapes import batch_shapes_problem
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.adaptive import adaptive_problem
@@ -191,7 +192,8 @@ def validate(config: mc.ModelConfig) -> str:
         return "dynamic batching needs max_batch_size > 0"
     if config.model_transaction_policy.decoupled and config.backend != "python":
         return "decoupled models (model_transaction_policy { decoupled: true }) need the python backend"
-    return scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
+    return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
+            or batch_shapes_problem(config))
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:

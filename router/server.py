@@ -31,7 +31,7 @@ from conveyor.router.histograms import failure_reason
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
-from conveyor.router.pending import Pending, shape_key
+from conveyor.router.pending import Pending
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.rate_limiter import RateLimiter
 from conveyor.router.response_cache import ResponseCache, cache_key
@@ -258,7 +258,12 @@ class Router:
             return
         batched = state.config.max_batch_size > 0
         rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
-        pending = Pending(identity, req, time.monotonic_ns(), rows, shape_key(req, batched))
+        try:
+            key = state.batch_key(req)
+        except ConveyorError as exc:  # longer than the largest pad bucket
+            self._reply_error(identity, req.id, state.model, state.label, exc)
+            return
+        pending = Pending(identity, req, time.monotonic_ns(), rows, key)
         if ensemble_stats is not None:
             pending.ensemble_stats = ensemble_stats
         if req.trace is not None:

@@ -31,6 +31,7 @@ from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
+from conveyor.workers.batch_layout import BatchLayout, concatenate
 from conveyor.workers.classification import classify
 from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
 
@@ -63,9 +64,10 @@ class TensorViews:
 
 
 def gather_inputs(
-    items: list[m.BatchItem], views: TensorViews, config: mc.ModelConfig
+    items: list[m.BatchItem], views: TensorViews, config: mc.ModelConfig, layout: BatchLayout | None = None
 ) -> tuple[dict[str, Any], list[int]]:
-    """The batch's inputs by name, and the rows each item contributes."""
+    """The batch's inputs by name, and the rows each item contributes. ``layout``: the
+    model batches requests of different shapes (ragged inputs, padding, batch inputs)."""
     batched = config.max_batch_size > 0
     reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
     per_name: dict[str, list[Any]] = {}
@@ -74,12 +76,16 @@ def gather_inputs(
         for ref in item.inputs:
             per_name.setdefault(ref.name, []).append(views.tensor(ref))
         rows.append(item.inputs[0].shape[0] if batched and item.inputs and item.inputs[0].shape else 1)
-    inputs: dict[str, Any] = {}
-    for name, arrays in per_name.items():
-        arr = arrays[0] if len(arrays) == 1 else _concatenate(arrays)
-        if name in reshape:
-            arr = arr.reshape(([arr.shape[0]] if batched else []) + reshape[name])
-        inputs[name] = arr
+    if layout is not None:
+        inputs = layout.assemble(per_name, len(items))
+        ragged = layout.shapes.ragged
+    else:
+        inputs = {name: arrays[0] if len(arrays) == 1 else concatenate(arrays) for name, arrays in per_name.items()}
+        ragged = frozenset()
+    for name, shape in reshape.items():
+        arr = inputs.get(name)
+        if arr is not None and name not in ragged:  # a ragged input is 1-D whatever its reshape
+            inputs[name] = arr.reshape(([arr.shape[0]] if batched else []) + shape)
     return inputs, rows
 
 
@@ -99,16 +105,6 @@ def gather_requests(items: list[m.BatchItem], views: TensorViews, config: mc.Mod
     return requests
 
 
-def _concatenate(arrays: list[Any]) -> Any:
-    if any(is_device_array(a) for a in arrays):
-        if all(is_device_array(a) for a in arrays):
-            import cupy
-
-            return cupy.concatenate(arrays, axis=0)
-        arrays = [to_host(a) for a in arrays]
-    return np.concatenate(arrays, axis=0)
-
-
 def to_host(arr: Any) -> np.ndarray:
     """A numpy array of ``arr`` (a device array is copied to the host)."""
     return arr.get() if is_device_array(arr) else np.asarray(arr)
@@ -125,8 +121,12 @@ def copy_into(dst: Any, src: Any) -> None:
         import cupy
 
         dst[:] = cupy.ascontiguousarray(cupy.asarray(src)).reshape(-1).view(cupy.uint8)
-    else:
-        dst[:] = np.ascontiguousarray(to_host(src)).reshape(-1).view(np.uint8)
+        return
+    src = to_host(src)
+    if src.flags.c_contiguous:
+        dst[:] = src.reshape(-1).view(np.uint8)
+    else:  # e.g. a request's output cut out of a padded batch: gathered straight into place
+        np.copyto(dst.view(src.dtype).reshape(src.shape), src)
 
 
 # One output of one request, ready to copy: (spec, datatype, shape, bytes or array).
@@ -144,7 +144,11 @@ def _plan_output(
     if is_device_array(part):
         # Stays on the device until it is copied into its destination.
         return (spec, datatype, list(part.shape), part.astype(numpy_dtype(datatype), copy=False))
-    arr = np.ascontiguousarray(part, dtype=numpy_dtype(datatype))
+    # A strided part (cut out of a padded batch) stays a view: copy_into gathers it in its one copy.
+    want = numpy_dtype(datatype)
+    arr = np.asarray(part)
+    if arr.dtype != want:
+        arr = arr.astype(want)
     return (spec, datatype, list(arr.shape), arr)
 
 
@@ -154,22 +158,37 @@ def plan_batch_outputs(
     outputs: dict[str, Any],
     config: mc.ModelConfig,
     labels: dict[str, list[str]],
+    layout: BatchLayout | None = None,
 ) -> list[list[PlannedOutput]]:
-    """Split a batched call's outputs back into each request's rows."""
+    """Split a batched call's outputs back into each request's rows (``layout``: scatter
+    outputs and outputs cut back from padding split its way)."""
     batched = config.max_batch_size > 0
     declared = {o.name: o for o in config.output}
+    special: dict[str, list[Any]] = {}
+    if layout is not None:
+        names = {o.name for item in items for o in item.outputs} & layout.splits
+        if names:
+            shapes = [{ref.name: ref.shape for ref in item.inputs} for item in items]
+            for name in names:
+                full = outputs.get(name)
+                if full is not None:
+                    special[name] = layout.parts(name, full, shapes, rows)
     planned: list[list[PlannedOutput]] = []
     start = 0
-    for item, n in zip(items, rows, strict=True):
+    for index, (item, n) in enumerate(zip(items, rows, strict=True)):
         mine: list[PlannedOutput] = []
         for spec in item.outputs:
             full = outputs.get(spec.name)
             if full is None:
                 raise internal(f"the model did not produce output '{spec.name}'")
-            part = full[start : start + n] if batched else full
             out_cfg = declared.get(spec.name)
-            if out_cfg is not None and out_cfg.HasField("reshape"):
-                part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
+            parts = special.get(spec.name)
+            if parts is not None:
+                part = parts[index]
+            else:
+                part = full[start : start + n] if batched else full
+                if out_cfg is not None and out_cfg.HasField("reshape"):
+                    part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
             dt = config_to_datatype(mc.DataType.Name(out_cfg.data_type)) if out_cfg else "FP32"
             mine.append(_plan_output(spec, part, dt, labels, batched))
         planned.append(mine)

@@ -26,6 +26,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype, deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.workers.backends.base import Backend, RequestBackend, RequestItem
+from conveyor.workers.batch_layout import BatchLayout
 
 WARMUP_FOLDER = "warmup"
 
@@ -52,14 +53,18 @@ class _Collect:
         self._closed = True
 
 
-def warm_up(backend: Backend | RequestBackend, config: mc.ModelConfig, model_dir: str, per_request: bool) -> None:
-    """Run every warmup sample on ``backend``; raises the first failure (INVALID_ARG, as Triton)."""
+def warm_up(
+    backend: Backend | RequestBackend, config: mc.ModelConfig, model_dir: str, per_request: bool,
+    layout: BatchLayout | None = None,
+) -> None:
+    """Run every warmup sample on ``backend``; raises the first failure (INVALID_ARG, as Triton).
+    ``layout``: the batch is assembled as the model's requests' are (ragged, padded, batch inputs)."""
     for sample in config.model_warmup:
         if sample.batch_size == 0:
             continue
         rows = [sample_inputs(sample, config, model_dir) for _ in range(sample.batch_size)]
         for _ in range(max(sample.count, 1)):
-            errors = _run(backend, config, rows, per_request)
+            errors = _run(backend, config, rows, per_request, layout)
             if errors:
                 raise ConveyorError(
                     Status.INVALID_ARG, f"failed to run warmup sample '{sample.name}': " + "".join(
@@ -117,7 +122,8 @@ def _read(model_dir: str, filename: str) -> bytes:
 
 
 def _run(
-    backend: Backend | RequestBackend, config: mc.ModelConfig, rows: list[dict[str, np.ndarray]], per_request: bool
+    backend: Backend | RequestBackend, config: mc.ModelConfig, rows: list[dict[str, np.ndarray]], per_request: bool,
+    layout: BatchLayout | None,
 ) -> list[str]:
     """One execution of the sample's requests; the errors it produced."""
     outputs = [o.name for o in config.output]
@@ -128,12 +134,16 @@ def _run(
             for outcome in cast(RequestBackend, backend).execute_requests(items) or []:
                 if isinstance(outcome, ConveyorError):
                     errors.append(outcome.message)
+        elif layout is not None and config.max_batch_size > 0:
+            cast(Backend, backend).execute(layout.assemble({n: [r[n] for r in rows] for n in rows[0]}, len(rows)),
+                                           outputs)
         elif config.max_batch_size > 0:
             batch = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
             cast(Backend, backend).execute(batch, outputs)
         else:  # no batch dimension to stack along: one execution per request
             for inputs in rows:
-                cast(Backend, backend).execute(inputs, outputs)
+                cast(Backend, backend).execute(layout.assemble({n: [a] for n, a in inputs.items()}, 1)
+                                               if layout is not None else inputs, outputs)
     except ConveyorError as exc:
         errors.append(exc.message)
     except Exception as exc:

@@ -26,6 +26,7 @@ from conveyor.deploy.log_settings import ProcessLog
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.batch_shapes import BatchShapes
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
@@ -44,6 +45,7 @@ from conveyor.workers.batch_io import (
     plan_batch_outputs,
     plan_request_outputs,
 )
+from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
@@ -68,6 +70,7 @@ class LoadedInstance:
     per_request: bool = False
     decoupled: bool = False
     sequences: SequenceSlots | None = None  # control inputs and implicit state (sequence_batching)
+    layout: BatchLayout | None = None  # ragged inputs, padding, batch inputs/outputs (array backends)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
 
 
@@ -272,9 +275,12 @@ class Worker:
                 backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
                 inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
+                shapes = BatchShapes.from_config(config)
+                if shapes.active and not inst.per_request:  # a request backend sees each request as sent
+                    inst.layout = BatchLayout(shapes)
                 if config.model_warmup:
                     try:
-                        warm_up(backend, config, model_dir, inst.per_request)
+                        warm_up(backend, config, model_dir, inst.per_request, inst.layout)
                     except BaseException:
                         backend.close()  # a failed warmup fails the instance, as in Triton
                         raise
@@ -351,7 +357,7 @@ class Worker:
                 # Decoupled: the requests were answered (or will be) through their streams.
                 planned = [] if inst.decoupled else plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
             else:
-                inputs, rows = gather_inputs(msg.items, self.views, inst.config)
+                inputs, rows = gather_inputs(msg.items, self.views, inst.config, inst.layout)
                 if msg.regions and not getattr(backend, "accepts_device_arrays", False):
                     inputs = host_inputs(inputs)
                 wanted = sorted({o.name for item in msg.items for o in item.outputs})
@@ -363,7 +369,7 @@ class Worker:
                 t2 = time.monotonic_ns()
                 if sequences is not None:
                     sequences.keep_batch_states(msg.items, outputs)
-                planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels)
+                planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels, inst.layout)
             results = self.writer.write(planned) if planned else []
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
