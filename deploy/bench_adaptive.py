@@ -31,6 +31,7 @@ INSTANCES = "instance_group [ { count: 2 kind: KIND_CPU } ]"
 def variants(target_us: int) -> dict[str, str]:
     """Model name -> its batching config (each also gets INSTANCES)."""
     return {
+        "no_batching": "",
         "static_0": "dynamic_batching { }",
         "static_2ms": "dynamic_batching { max_queue_delay_microseconds: 2000 }",
         "static_6ms": "dynamic_batching { max_queue_delay_microseconds: 6000 }",
