@@ -14,7 +14,7 @@ import queue
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -49,6 +49,7 @@ from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
+from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_NS, inline_allowed
 from conveyor.workers.item_stream import ItemStream
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import warm_up
@@ -72,6 +73,34 @@ class LoadedInstance:
     sequences: SequenceSlots | None = None  # control inputs and implicit state (sequence_batching)
     layout: BatchLayout | None = None  # ragged inputs, padding, batch inputs/outputs (array backends)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
+    # Short batches of a backend that allows it run on the main thread (see ``Worker._exec``).
+    inline_ok: bool = False
+    exec_ns: float = 0.0  # recent batch time, an EWMA
+    batches: int = 0
+    # Tasks handed to the executor and finished; each counter has one writer thread.
+    submitted: int = 0
+    finished: int = 0
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on this instance's thread, after the tasks already given to it."""
+        self.submitted += 1
+
+        def run() -> None:
+            try:
+                task()
+            finally:
+                self.finished += 1
+
+        self.executor.submit(run)
+
+    def runs_inline(self) -> bool:
+        """Whether the next batch may run on the main thread: the backend allows it,
+        nothing is queued on the instance's thread (order), and its batches are short."""
+        return (self.inline_ok and self.submitted == self.finished and self.batches >= INLINE_AFTER
+                and self.exec_ns < INLINE_MAX_NS)
+
+
+EXEC_ALPHA = 0.2  # weight of a batch's time in its instance's recent average
 
 
 def detect_devices() -> list[str]:
@@ -284,6 +313,7 @@ class Worker:
                     except BaseException:
                         backend.close()  # a failed warmup fails the instance, as in Triton
                         raise
+                inst.inline_ok = inline_allowed(backend, config, msg.device, msg.path)
                 inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
@@ -293,7 +323,7 @@ class Worker:
             log.debug("instance %s loaded%s", key, f": {error}" if error else "")
             self._post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error)))
 
-        inst.executor.submit(load)
+        inst.submit(load)
 
     def _unload(self, key: tuple[str, str, int]) -> None:
         inst = self.instances.pop(key, None)
@@ -308,13 +338,14 @@ class Worker:
             if inst.backend is not None:
                 inst.backend.close()
 
-        inst.executor.submit(close)
+        inst.submit(close)
         inst.executor.shutdown(wait=False)
 
     def _forget_sequences(self, msg: m.ForgetSequences) -> None:
         inst = self.instances.get((msg.model, msg.version, msg.instance))
         if inst is not None and inst.sequences is not None:
-            inst.executor.submit(inst.sequences.forget, msg.slots)  # after the batches already submitted
+            sequences, slots = inst.sequences, msg.slots
+            inst.submit(lambda: sequences.forget(slots))  # after the batches already submitted
 
     def _exec(self, msg: m.ExecBatch) -> None:
         inst = self.instances.get((msg.model, msg.version, msg.instance))
@@ -325,7 +356,10 @@ class Worker:
         if msg.regions:
             self.client_regions.announce(msg.regions)
         streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
-        inst.executor.submit(self._run_batch, inst, msg, streams)
+        if inst.runs_inline():
+            self.sock.send(self._run_batch(inst, msg, streams), copy=False)
+        else:
+            inst.submit(lambda: self._post(self._run_batch(inst, msg, streams)))
 
     def _stream(self, inst: LoadedInstance, msg: m.ExecBatch, index: int) -> ItemStream:
         stream = ItemStream(msg.batch, index, msg.items[index], inst.config, inst.labels, self.writer, self._post,
@@ -336,7 +370,8 @@ class Worker:
     def _forget_stream(self, stream: ItemStream) -> None:
         self.streams.pop(stream.key, None)
 
-    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> None:
+    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> bytes:
+        """Run one batch; the encoded ``BatchResult``."""
         backend = inst.backend
         assert backend is not None
         sequences = inst.sequences
@@ -386,7 +421,10 @@ class Worker:
             # (the router ends its open requests with the batch's error).
             if not inst.decoupled or reply.error is not None:
                 stream.close()
-        self._post(m.encode(reply))
+        took = time.monotonic_ns() - t0
+        inst.exec_ns = took if not inst.batches else inst.exec_ns + EXEC_ALPHA * (took - inst.exec_ns)
+        inst.batches += 1
+        return m.encode(reply)
 
     def close(self) -> None:
         for key in list(self.instances):

@@ -1,0 +1,42 @@
+"""Which model instances may run short batches on the worker's main thread.
+
+Handing a batch to the instance's thread and its result back costs two thread
+wake-ups and two GIL hand-overs; for a small Python model that was about a
+quarter of the worker's CPU per request. Running it on the main thread (the one
+that owns the router socket) saves both, at the price of the main loop stalling
+for the batch: so only short batches run there (``Worker._exec`` decides per
+batch from the instance's recent batch times), and only for backends where the
+thread does not matter.
+"""
+
+from __future__ import annotations
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.workers.backends.base import Backend, RequestBackend
+from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+from conveyor.workers.backends.python import PythonBackend
+
+# A batch runs on the main thread when its instance's recent batches took less than this.
+INLINE_MAX_NS = 500_000
+INLINE_AFTER = 8  # batches measured on the instance's thread first
+# Words of model.py that mean it may make BLS calls.
+_BLS_WORDS = ("InferenceRequest", ".exec(", "async_exec")
+
+
+def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, device: str, path: str) -> bool:
+    """CPU only (GPU contexts and streams are per thread); never decoupled models
+    (their responses are sent from the instance's thread); never Python models that
+    may call BLS: the main thread delivers BLS answers, so a call made on it would
+    wait for itself."""
+    if device.startswith("cuda") or config.model_transaction_policy.decoupled:
+        return False
+    if isinstance(backend, OnnxRuntimeBackend):
+        return True
+    if isinstance(backend, PythonBackend):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                source = f.read()
+        except OSError:
+            return False
+        return not any(word in source for word in _BLS_WORDS)
+    return False
