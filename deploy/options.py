@@ -284,6 +284,9 @@ def log_args(a: argparse.Namespace) -> list[str]:
 
 
 def add_trace(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
-                   help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, triton,file=PATH, "
-                        "triton,log-frequency=N (repeatable; Triton's flag)")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton|opentelemetry, "
+                        "triton,file=PATH, triton,log-frequency=N, opentelemetry,url=HOST:PORT/v1/traces, "
+                        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size=N, "
+                        "opentelemetry,bsp_schedule_delay=MS, opentelemetry,bsp_max_export_batch_size=N "
+                        "(repeatable; Triton's flag)")

@@ -1,7 +1,8 @@
 """Prometheus text for the per-model figures the router sends (the ``metrics`` control op).
 
 Triton's names and labels (``model``, ``version``; failures add ``reason``), plus
-Conveyor's histograms ``conveyor_*_duration_seconds``.
+Conveyor's histograms ``conveyor_*_duration_seconds`` and, in OpenTelemetry trace
+mode, the span exporter's counters ``conveyor_trace_spans_*_total``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ _HISTOGRAMS: list[tuple[str, str, str]] = [
      "compute"),
 ]
 _LE = [repr(b) for b in BUCKETS_S] + ["+Inf"]
+_TRACE_EXPORT: list[tuple[str, str, str]] = [
+    ("conveyor_trace_spans_exported_total", "Spans the OTLP collector accepted", "exported"),
+    ("conveyor_trace_spans_dropped_total", "Spans dropped because the export queue was full", "dropped"),
+    ("conveyor_trace_spans_failed_total", "Spans whose export to the OTLP collector failed", "failed"),
+]
 
 
 def _value(stats: dict[str, Any], path: str) -> int:
@@ -91,6 +97,11 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
         lines.append(f"nv_inference_pending_request_count{{{_labels(s)}}} {depth}")
     _render_summaries(lines, model_stats, latency)
     _render_histograms(lines, model_stats, latency)
+    exported = snapshot.get("trace_export")
+    if exported is not None:
+        for name, help_text, key in _TRACE_EXPORT:
+            _header(lines, name, help_text, "counter")
+            lines.append(f"{name} {exported[key]}")
     return "\n".join(lines) + "\n"
 
 
