@@ -245,11 +245,11 @@ def add_metrics(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="MS",
                    help="how often CPU and GPU metrics are sampled")
     p.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
-                   help="summary_latencies=<bool>, summary_quantiles=<q:err,...>, counter_latencies=<bool> "
-                        "(repeatable; Triton's flag)")
+                   help="summary_latencies=<bool>, summary_quantiles=<q:err,...>, counter_latencies=<bool>, "
+                        "histogram_latencies=<bool> (repeatable; Triton's flag)")
 
 
-_METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies")
+_METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies", "histogram_latencies")
 
 
 def metrics_config(a: argparse.Namespace) -> dict[str, str]:

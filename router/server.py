@@ -676,6 +676,11 @@ class Router:
             return  # a late response for a request already ended (worker dropped, router restarted)
         p = run.items[msg.index]
         state = run.instance.version
+        if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response
+            p.responded = True
+            first = state.latency.first_response
+            if first is not None and msg.error is None:
+                first.histogram.observe(time.monotonic_ns() - p.arrival_ns)
         resp = m.InferResponse(
             p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
             msg.parameters, self.registry.generation,
