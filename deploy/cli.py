@@ -127,9 +127,14 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error(f"--metrics-config: {exc}")
     if args.command in ("serve", "router"):
         try:
-            parse_trace_config(args.trace_config)
+            trace = parse_trace_config(args.trace_config)
         except (ValueError, ConveyorError) as exc:
             parser.error(f"--trace-config: {exc}")
+        if trace.opentelemetry:
+            from conveyor.router.otlp_export import otel_missing
+
+            if otel_missing():
+                parser.error(otel_missing())
 
 
 def main(argv: list[str] | None = None) -> int:

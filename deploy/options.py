@@ -245,11 +245,11 @@ def add_metrics(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="MS",
                    help="how often CPU and GPU metrics are sampled")
     p.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
-                   help="summary_latencies=<bool>, summary_quantiles=<q:err,...>, counter_latencies=<bool> "
-                        "(repeatable; Triton's flag)")
+                   help="summary_latencies=<bool>, summary_quantiles=<q:err,...>, counter_latencies=<bool>, "
+                        "histogram_latencies=<bool> (repeatable; Triton's flag)")
 
 
-_METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies")
+_METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies", "histogram_latencies")
 
 
 def metrics_config(a: argparse.Namespace) -> dict[str, str]:
@@ -284,6 +284,9 @@ def log_args(a: argparse.Namespace) -> list[str]:
 
 
 def add_trace(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
-                   help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, triton,file=PATH, "
-                        "triton,log-frequency=N (repeatable; Triton's flag)")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton|opentelemetry, "
+                        "triton,file=PATH, triton,log-frequency=N, opentelemetry,url=HOST:PORT/v1/traces, "
+                        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size=N, "
+                        "opentelemetry,bsp_schedule_delay=MS, opentelemetry,bsp_max_export_batch_size=N "
+                        "(repeatable; Triton's flag)")

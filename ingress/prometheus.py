@@ -1,14 +1,15 @@
 """Prometheus text for the per-model figures the router sends (the ``metrics`` control op).
 
 Triton's names and labels (``model``, ``version``; failures add ``reason``), plus
-Conveyor's histograms ``conveyor_*_duration_seconds``.
+Conveyor's histograms ``conveyor_*_duration_seconds`` and, in OpenTelemetry trace
+mode, the span exporter's counters ``conveyor_trace_spans_*_total``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from conveyor.router.histograms import BUCKETS_S, FAILURE_REASONS
+from conveyor.router.histograms import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY
 
 # (metric, help, where to read it in one model_stats entry); "x.us" is a duration's ns / 1000.
 _COUNTERS: list[tuple[str, str, str]] = [
@@ -50,6 +51,11 @@ _HISTOGRAMS: list[tuple[str, str, str]] = [
      "compute"),
 ]
 _LE = [repr(b) for b in BUCKETS_S] + ["+Inf"]
+_TRACE_EXPORT: list[tuple[str, str, str]] = [
+    ("conveyor_trace_spans_exported_total", "Spans the OTLP collector accepted", "exported"),
+    ("conveyor_trace_spans_dropped_total", "Spans dropped because the export queue was full", "dropped"),
+    ("conveyor_trace_spans_failed_total", "Spans whose export to the OTLP collector failed", "failed"),
+]
 
 
 def _value(stats: dict[str, Any], path: str) -> int:
@@ -99,7 +105,36 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
                 lines.append(f"conveyor_adaptive_queue_delay_us{{{_labels(s)}}} {delay // 1000}")
     _render_summaries(lines, model_stats, latency)
     _render_histograms(lines, model_stats, latency)
+    _render_first_response(lines, model_stats, latency)
+    exported = snapshot.get("trace_export")
+    if exported is not None:
+        for name, help_text, key in _TRACE_EXPORT:
+            _header(lines, name, help_text, "counter")
+            lines.append(f"{name} {exported[key]}")
     return "\n".join(lines) + "\n"
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Triton writes it: ``100``, ``2.5``."""
+    return str(int(bound)) if bound == int(bound) else repr(bound)
+
+
+def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
+    """Triton's time to first response of decoupled models, in ms, with the model's own buckets."""
+    rows = [(s, latency[f'{s["name"]}:{s["version"]}']["first_response"]) for s in model_stats
+            if "first_response" in latency.get(f'{s["name"]}:{s["version"]}', {})]
+    if not rows:
+        return
+    name = FIRST_RESPONSE_FAMILY
+    _header(lines, name, "Duration from request to first response in milliseconds", "histogram")
+    for s, hist in rows:
+        labels = _labels(s)
+        total = 0
+        for le, n in zip([*map(_le, hist["buckets_ms"]), "+Inf"], hist["counts"], strict=True):
+            total += n
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {total}')
+        lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] / 1e6!r}")
+        lines.append(f"{name}_count{{{labels}}} {total}")
 
 
 def _render_summaries(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:

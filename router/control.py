@@ -31,6 +31,8 @@ class ControlHandler:
         }
         self.boot_id = time.time_ns()
         self.response_cache = False  # the server has a response cache (--cache-config)
+        # OpenTelemetry mode: spans exported, dropped and failed (router/otlp_export.py).
+        self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
 
     def add_ops(self, ops: dict[str, Callable[..., Any]]) -> None:
         """Operations answered by another router component (e.g. the shm registry)."""
@@ -97,13 +99,17 @@ class ControlHandler:
     def metrics(self) -> dict[str, Any]:
         """Statistics of every ready version plus the router's queue depths and latency histograms."""
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
-        return {
+        doc = {
             "model_stats": [s.stats.wire() for s in states],
             "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
             "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
                                   for s in states if s.batcher.adaptive is not None},
         }
+        exported = self.trace_export()
+        if exported is not None:
+            doc["trace_export"] = exported
+        return doc
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)

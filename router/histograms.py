@@ -29,19 +29,52 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 class Histogram:
     """Counts per bucket (not cumulative: cumulated when rendered) and the sum, in ns."""
 
-    __slots__ = ("counts", "sum_ns")
+    __slots__ = ("bounds_ns", "counts", "sum_ns")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(_BOUNDS_NS) + 1)  # the last one is +Inf
+    def __init__(self, bounds_ns: list[int] = _BOUNDS_NS) -> None:
+        self.bounds_ns = bounds_ns
+        self.counts = [0] * (len(bounds_ns) + 1)  # the last one is +Inf
         self.sum_ns = 0
 
     def observe(self, ns: int, n: int = 1) -> None:
         """``n`` samples of ``ns`` each (a batch charges its compute time to each request)."""
-        self.counts[bisect_left(_BOUNDS_NS, ns)] += n
+        self.counts[bisect_left(self.bounds_ns, ns)] += n
         self.sum_ns += ns * n
 
     def wire(self) -> dict[str, Any]:
         return {"counts": list(self.counts), "sum_ns": self.sum_ns}
+
+
+# Triton's time to first response (decoupled models): its name, and its default buckets in ms.
+FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
+FIRST_RESPONSE_BUCKETS_MS: tuple[float, ...] = (100.0, 500.0, 2000.0, 5000.0)
+
+
+class HistogramConfig:
+    """``--metrics-config histogram_latencies`` (Triton's flag); on by default here, off with ``false``."""
+
+    enabled = True
+
+
+def first_response_buckets_ms(model_metrics: Any) -> tuple[float, ...]:
+    """The config's ``model_metrics`` buckets for the first-response family, as Triton reads them, or the default."""
+    for control in model_metrics.metric_control:
+        if control.metric_identifier.family == FIRST_RESPONSE_FAMILY and control.histogram_options.buckets:
+            return tuple(sorted(control.histogram_options.buckets))
+    return FIRST_RESPONSE_BUCKETS_MS
+
+
+class FirstResponse:
+    """Time from a decoupled request's arrival in the router to its first response."""
+
+    __slots__ = ("buckets_ms", "histogram")
+
+    def __init__(self, buckets_ms: tuple[float, ...]) -> None:
+        self.buckets_ms = buckets_ms
+        self.histogram = Histogram([round(b * 1e6) for b in buckets_ms])
+
+    def wire(self) -> dict[str, Any]:
+        return {**self.histogram.wire(), "buckets_ms": list(self.buckets_ms)}
 
 
 class Summary:
@@ -90,11 +123,15 @@ SUMMARY_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_
 
 
 class LatencyMetrics:
-    """One model version's histograms, failure reasons and (opt-in) summaries."""
+    """One model version's histograms, failure reasons and (opt-in) summaries; a decoupled
+    model's also its time to first response (``first_response``, else None)."""
 
-    __slots__ = ("compute", "failures", "queue", "request", "summaries")
+    __slots__ = ("compute", "failures", "first_response", "queue", "request", "summaries")
 
-    def __init__(self) -> None:
+    def __init__(self, first_response_ms: tuple[float, ...] | None = None) -> None:
+        self.first_response = (
+            FirstResponse(first_response_ms) if first_response_ms is not None and HistogramConfig.enabled else None
+        )
         self.request = Histogram()
         self.queue = Histogram()
         self.compute = Histogram()
@@ -132,6 +169,8 @@ class LatencyMetrics:
         }
         if self.summaries is not None:
             doc["summaries"] = {k: s.wire(SummaryConfig.quantiles) for k, s in self.summaries.items()}
+        if self.first_response is not None:
+            doc["first_response"] = self.first_response.wire()
         return doc
 
 
@@ -145,7 +184,9 @@ def failure_reason(status: int) -> str:
 
 
 def configure_summaries(config: dict[str, str]) -> None:
-    """Apply ``--metrics-config summary_latencies``/``summary_quantiles`` before any model loads."""
+    """Apply ``--metrics-config summary_latencies``/``summary_quantiles``/``histogram_latencies``
+    before any model loads."""
     SummaryConfig.enabled = config.get("summary_latencies", "false").lower() in ("1", "true", "yes", "on")
+    HistogramConfig.enabled = config.get("histogram_latencies", "true").lower() in ("1", "true", "yes", "on")
     if "summary_quantiles" in config:
         SummaryConfig.quantiles = parse_quantiles(config["summary_quantiles"])

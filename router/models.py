@@ -17,7 +17,7 @@ from conveyor.proto.sequence_config import SequenceConfig
 from conveyor.router.adaptive import latency_target_ns
 from conveyor.router.adaptive_batcher import AdaptiveBatcher
 from conveyor.router.batcher import DynamicBatcher
-from conveyor.router.histograms import LatencyMetrics
+from conveyor.router.histograms import LatencyMetrics, first_response_buckets_ms
 from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
@@ -153,6 +153,8 @@ def _version_state(
         )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
     state.batch_key = batch_key(config, name)
+    if config.model_transaction_policy.decoupled:
+        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics))
     state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:

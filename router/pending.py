@@ -24,6 +24,7 @@ class Pending:
     # A step of an ensemble request: its queue and compute times count for the ensemble too, as in Triton.
     ensemble_stats: ModelStats | None = None
     trace: TraceRecord | None = None  # sampled for a trace (router/tracing.py)
+    responded: bool = False  # a decoupled request has had its first response
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""

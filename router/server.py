@@ -31,6 +31,7 @@ from conveyor.router.histograms import failure_reason
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.loans import Loans
 from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
+from conveyor.router.otlp_export import otlp_sink
 from conveyor.router.pending import Pending
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.rate_limiter import RateLimiter
@@ -39,7 +40,7 @@ from conveyor.router.self_link import SelfLink
 from conveyor.router.sequences import SequenceBatcher
 from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.stats import ModelStats
-from conveyor.router.trace_settings import TraceSettings
+from conveyor.router.trace_settings import TraceConfig
 from conveyor.router.tracing import Tracer
 from conveyor.router.worker_drain import WorkerDrain
 from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
@@ -75,7 +76,7 @@ class Router:
         control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
         strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
         max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
-        trace: TraceSettings | None = None,
+        trace: TraceConfig | None = None,
         rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.repositories = repositories
@@ -104,9 +105,11 @@ class Router:
         self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
         # Log and trace settings (observability extensions): kept here, pushed to every process.
-        self._ingress_peers: set[bytes] = set()
-        self.settings = SettingsHub(trace or TraceSettings(), self._broadcast_settings)
-        self.tracer = Tracer(self.settings.trace)
+        self._ingress_peers: dict[bytes, int] = {}  # identity -> pid
+        trace = trace or TraceConfig()
+        self.settings = SettingsHub(trace, self._broadcast_settings)
+        self.tracer = Tracer(self.settings.trace, otlp_sink(trace))
+        self.control.trace_export = self.tracer.export_stats
         self.control.add_ops({
             "log_settings": self.settings.log_settings,
             "trace_settings": lambda model="", settings=None: self.settings.trace_settings(
@@ -234,7 +237,7 @@ class Router:
             if msg.version != m.PROTOCOL_VERSION:
                 log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
                 return
-            self._ingress_peers.add(identity)
+            self._ingress_peers[identity] = msg.pid
             self.front.send_multipart([identity, self.settings.message()])
 
     def _on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
@@ -267,7 +270,8 @@ class Router:
         if ensemble_stats is not None:
             pending.ensemble_stats = ensemble_stats
         if req.trace is not None:
-            pending.trace = self.tracer.sample(state.model, state.label, req.trace)
+            pending.trace = self.tracer.sample(state.model, state.label, req.trace, req.request_id,
+                                               self._ingress_peers.get(identity, 0))
         try:
             state.batcher.push(pending)
         except ConveyorError as exc:  # queue full
@@ -645,7 +649,9 @@ class Router:
                 release = self._cache_response(state, p.request, item)
             resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release, generation=gen)
             if p.trace is not None:
-                self.tracer.returned(p.trace, result.trace_ns)
+                worker = self.pool.workers.get(inst.worker or b"")
+                self.tracer.returned(p.trace, result.trace_ns, worker.pid if worker else 0,
+                                     error.message if error else "")
                 resp.trace_id = p.trace.id
             if order is None:
                 send([p.ingress, m.encode(resp)], copy=False)
@@ -675,6 +681,11 @@ class Router:
             return  # a late response for a request already ended (worker dropped, router restarted)
         p = run.items[msg.index]
         state = run.instance.version
+        if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response
+            p.responded = True
+            first = state.latency.first_response
+            if first is not None and msg.error is None:
+                first.histogram.observe(time.monotonic_ns() - p.arrival_ns)
         resp = m.InferResponse(
             p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
             msg.parameters, self.registry.generation,

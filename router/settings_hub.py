@@ -14,12 +14,12 @@ from typing import Any
 from conveyor.deploy.log_settings import ProcessLog
 from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg
-from conveyor.router.trace_settings import TraceSettings, TraceSettingsStore
+from conveyor.router.trace_settings import TraceConfig, TraceSettingsStore
 
 
 class SettingsHub:
-    def __init__(self, trace: TraceSettings, broadcast: Callable[[bytes], None]) -> None:
-        self.trace = TraceSettingsStore(trace)
+    def __init__(self, trace: TraceConfig, broadcast: Callable[[bytes], None]) -> None:
+        self.trace = TraceSettingsStore(trace.settings, trace.mode, trace.otel)
         self._broadcast = broadcast
 
     def message(self) -> bytes:
@@ -42,4 +42,4 @@ class SettingsHub:
             self.trace.update(model, settings)
             if self.trace.any_on != was_on:
                 self._broadcast(self.message())
-        return self.trace.effective(model).wire()
+        return self.trace.wire(model)

@@ -4,9 +4,10 @@ An ingress marks requests with a ``TraceContext`` (received time, traceparent)
 only while some tracing is on; the router samples every ``trace_rate``-th of
 them per model, stamps queueing and dispatch, asks the worker for the compute
 stamps (``BatchItem.traced``), and the ingress sends ``TraceEnd`` when it
-answers. Complete traces are written as Triton's trace-file JSON by a
-background thread, so the router loop never waits on the disk. Untraced
-requests cost one ``is None`` test.
+answers. Complete traces go to a background thread, so the router loop never
+waits on the disk or the network: written as Triton's trace-file JSON (mode
+``triton``) or exported as OpenTelemetry spans (mode ``opentelemetry``,
+``router/otlp_export.py``). Untraced requests cost one ``is None`` test.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.proto import messages as m
+from conveyor.router.trace_context import parse_traceparent
 from conveyor.router.trace_settings import TraceSettingsStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ class TraceRecord:
     file: str
     log_frequency: int
     timestamps: list[tuple[str, int]] = field(default_factory=list)
+    request_id: str = ""  # the client's own id
+    ingress_pid: int = 0
+    worker_pid: int = 0
+    error: str = ""  # the request failed: why
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.time_ns() if ns is None else ns))
@@ -53,6 +59,20 @@ class TraceRecord:
         if self.traceparent:
             doc["traceparent"] = self.traceparent
         return doc
+
+    def span_count(self) -> int:
+        """OpenTelemetry spans: the ingress's and the router's, and the worker's when it ran."""
+        return 3 if any(name == "COMPUTE_START" for name, _ in self.timestamps) else 2
+
+
+class TraceSink(Protocol):
+    """Where finished traces go, off the router loop: the trace file or an OTLP collector."""
+
+    def add(self, record: TraceRecord) -> None: ...
+
+    def stats(self) -> dict[str, int] | None: ...
+
+    def close(self) -> None: ...
 
 
 class TraceFileWriter:
@@ -76,6 +96,9 @@ class TraceFileWriter:
             self._index[record.file] = n + 1
             self._jobs.put((f"{record.file}.{n}", self._buffers.pop(record.file)))
 
+    def stats(self) -> dict[str, int] | None:
+        return None  # nothing to count: the file is written or the error logged
+
     def close(self) -> None:
         for path, buf in self._buffers.items():
             n = self._index.get(path)
@@ -97,34 +120,44 @@ class TraceFileWriter:
 
 
 class Tracer:
-    def __init__(self, store: TraceSettingsStore) -> None:
+    def __init__(self, store: TraceSettingsStore, sink: TraceSink | None = None) -> None:
         self.store = store
         self._seen: dict[str, int] = {}
         self._ids = itertools.count(1)
         self.open: OrderedDict[int, TraceRecord] = OrderedDict()
-        self.writer = TraceFileWriter()
+        self.sink: TraceSink = sink or TraceFileWriter()
 
-    def sample(self, model: str, version: str, ctx: m.TraceContext) -> TraceRecord | None:
-        """A record for this request when it is one the settings sample, else None."""
+    def sample(self, model: str, version: str, ctx: m.TraceContext, request_id: str = "",
+               ingress_pid: int = 0) -> TraceRecord | None:
+        """A record for this request when it is one the settings sample, else None.
+
+        In OpenTelemetry mode a request that carries a valid ``traceparent`` is always
+        traced (its caller traces it), whatever the rate and count, as in Triton;
+        ``trace_rate`` 0 traces only those."""
         settings = self.store.effective(model)
-        if not settings.on:
+        forced = (self.store.opentelemetry and settings.trace_level != ("OFF",) and bool(ctx.traceparent)
+                  and parse_traceparent(ctx.traceparent) is not None)
+        hit = False
+        if settings.on and settings.trace_rate:
+            seen = self._seen.get(model, 0) + 1
+            self._seen[model] = seen
+            hit = seen % settings.trace_rate == 0
+            if hit:
+                self.store.take_count(model)
+        if not hit and not forced:
             return None
-        seen = self._seen.get(model, 0) + 1
-        self._seen[model] = seen
-        if seen % settings.trace_rate:
-            return None
-        self.store.take_count(model)
         record = TraceRecord(next(self._ids), model, version, ctx.traceparent, settings.trace_file,
-                             settings.log_frequency)
+                             settings.log_frequency, request_id=request_id, ingress_pid=ingress_pid)
         record.stamp("INGRESS_RECV", ctx.received_ns)
         record.stamp("REQUEST_START")
         record.stamp("QUEUE_START")
         return record
 
-    def returned(self, record: TraceRecord, worker_ns: list[int]) -> None:
+    def returned(self, record: TraceRecord, worker_ns: list[int], worker_pid: int = 0, error: str = "") -> None:
         """The worker answered: its compute stamps, then ours; wait for the ingress's TraceEnd."""
         for name, ns in zip(WORKER_STAMPS, worker_ns, strict=False):
             record.stamp(name, ns)
+        record.worker_pid, record.error = worker_pid, error
         record.stamp("REQUEST_END")
         self.open[record.id] = record
         while len(self.open) > MAX_OPEN_TRACES:
@@ -134,7 +167,11 @@ class Tracer:
         record = self.open.pop(msg.trace_id, None)
         if record is not None:
             record.stamp("INGRESS_SEND", msg.sent_ns)
-            self.writer.add(record)
+            self.sink.add(record)
+
+    def export_stats(self) -> dict[str, int] | None:
+        """Spans exported, dropped and failed (OpenTelemetry mode), for ``/metrics``."""
+        return self.sink.stats()
 
     def close(self) -> None:
-        self.writer.close()
+        self.sink.close()

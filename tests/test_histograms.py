@@ -59,3 +59,27 @@ def test_gpu_metrics_when_a_gpu_is_present() -> None:
     gpu.sample()
     text = "\n".join(gpu.render())
     assert "nv_gpu_utilization{gpu_uuid=" in text and "nv_gpu_memory_total_bytes{gpu_uuid=" in text
+
+
+def test_first_response_buckets_from_model_metrics_and_rendered_in_ms(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.proto.model_config import parse_text
+
+    config = parse_text('''
+        name: "m" backend: "python" model_transaction_policy { decoupled: true }
+        model_metrics { metric_control: [ { metric_identifier: { family: "nv_inference_first_response_histogram_ms" }
+                                            histogram_options: { buckets: [ 2.5, 1, 10 ] } } ] }''')
+    buckets = h.first_response_buckets_ms(config.model_metrics)
+    assert buckets == (1.0, 2.5, 10.0)
+    assert h.first_response_buckets_ms(parse_text('name: "d"').model_metrics) == (100.0, 500.0, 2000.0, 5000.0)
+    lat = h.LatencyMetrics(buckets)
+    assert lat.first_response is not None
+    lat.first_response.histogram.observe(2_000_000)  # 2 ms
+    lat.first_response.histogram.observe(50_000_000)  # 50 ms: beyond the last bucket
+    text = render({"model_stats": [ModelStats("m", "1").wire()], "latency": {"m:1": lat.wire()}})
+    family = "nv_inference_first_response_histogram_ms"
+    assert f'{family}_bucket{{model="m",version="1",le="1"}} 0' in text
+    assert f'{family}_bucket{{model="m",version="1",le="2.5"}} 1' in text
+    assert f'{family}_bucket{{model="m",version="1",le="+Inf"}} 2' in text
+    assert f'{family}_sum{{model="m",version="1"}} 52.0' in text
+    monkeypatch.setattr(h.HistogramConfig, "enabled", False)  # --metrics-config histogram_latencies=false
+    assert h.LatencyMetrics(buckets).first_response is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import urllib.request
 from typing import Any
 
 import numpy as np
@@ -171,3 +172,36 @@ def test_client_going_away_cancels_the_running_request(server: Server) -> None:
             break
         threading.Event().wait(0.1)
     assert seen == 1
+
+
+def first_response_histogram(server: Server, model: str) -> dict[str, float]:
+    """``nv_inference_first_response_histogram_ms`` of ``model`` from /metrics: bucket le -> count, sum, count."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    family = "nv_inference_first_response_histogram_ms"
+    labels = f'model="{model}",version="1"'
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if key.startswith(f"{family}_bucket{{{labels},le="):
+            out[key.split('le="')[1].rstrip('"}')] = float(value)
+        elif key in (f"{family}_sum{{{labels}}}", f"{family}_count{{{labels}}}"):
+            out[key.split("{")[0].rsplit("_", 1)[1]] = float(value)
+    return out
+
+
+def test_first_response_histogram_counts_each_decoupled_request_once(server: Server) -> None:
+    before = first_response_histogram(server, "py_repeat")
+    assert list(before)[:5] == ["100", "500", "2000", "5000", "+Inf"]  # Triton's default buckets, in ms
+    stream = Stream(server)
+    try:
+        for n in range(3):  # three requests, three responses each: three first responses
+            stream.send("py_repeat", [1, 2, 3], f"first-{n}")
+        replies = stream.take(9)
+    finally:
+        stream.close()
+    assert all(error is None for _, error in replies)
+    after = first_response_histogram(server, "py_repeat")
+    assert after["count"] - before["count"] == 3 == after["+Inf"] - before["+Inf"]
+    assert after["sum"] > before["sum"]
+    assert first_response_histogram(server, "simple") == {}  # not decoupled: no such histogram
