@@ -23,11 +23,12 @@ import falcon.asgi
 import numpy as np
 import orjson
 
-from conveyor.ingress.dataplane import DataPlane, InferCall, InferInput, InferResult, StreamError
+from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.http.json_tensors import array_from_json
 from conveyor.ingress.limits import check_json_size
-from conveyor.ingress.model_cache import ModelSignature
+from conveyor.ingress.request_checks import InferInput
+from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
 Request = falcon.asgi.Request
