@@ -543,6 +543,8 @@ class Router:
         elif isinstance(msg, m.WorkerLeaving):
             self.worker_drain.begin(worker)
             self._place()
+        elif isinstance(msg, m.CustomMetrics):
+            self.control.custom_metrics.update(identity, msg.metrics)
         if self.worker_drain.active:
             self._drain_workers()
 
@@ -643,7 +645,8 @@ class Router:
             release = item.release
             if p.request.cache_key and error is None:
                 release = self._cache_response(state, p.request, item)
-            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release, generation=gen)
+            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release,
+                                   parameters=item.parameters, generation=gen)
             if p.trace is not None:
                 self.tracer.returned(p.trace, result.trace_ns)
                 resp.trace_id = p.trace.id
@@ -765,6 +768,7 @@ class Router:
         if worker is None:
             return
         self.worker_drain.forget(worker)  # a leaving worker's replacements exist already
+        self.control.custom_metrics.forget(identity)
         self._update_cuda_devices()
         arena = segment_name(self.group, "worker", worker.pid)
         self.holds.forget_region(arena)
