@@ -563,6 +563,14 @@ class TritonPythonModel:
             return seen(call("py_params", {"IN": A[:3]}, parameters={"tag": "bls"}).exec())
         if mode == "last":
             return self.last
+        if mode == "control":
+            try:
+                pb_utils.load_model("py_errors")
+                loaded = "loaded"
+            except pb_utils.TritonModelException as exc:
+                loaded = exc.message()
+            return {"ready": pb_utils.is_model_ready("py_errors"), "nope": pb_utils.is_model_ready("no_such_model"),
+                    "v7": pb_utils.is_model_ready("py_errors", "7"), "load": loaded}
         start = time.monotonic()
         if mode == "wait":
             got = [seen(call("py_wait", {"IN": A[:1]}).exec())]

@@ -105,6 +105,12 @@ def test_a_wrong_bls_request_fails_only_that_call(server: Server) -> None:
     assert executions(server, "py_errors") == (before["py_errors"][0] + 1, before["py_errors"][1])
 
 
+def test_model_management_from_a_model(server: Server) -> None:
+    report = check(server, "control")
+    assert (report["ready"], report["nope"], report["v7"]) == (True, False, False)
+    assert "explicit model load / unload is not allowed" in report["load"]  # as the server's own API says
+
+
 def test_bls_responses_carry_the_callees_parameters(server: Server) -> None:
     assert check(server, "params") == {
         "outputs": {"OUT": [20, 21, 22]},
