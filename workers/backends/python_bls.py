@@ -25,9 +25,8 @@ never the callee's run.
 from __future__ import annotations
 
 import asyncio
-import queue
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -45,51 +44,15 @@ from conveyor.proto import messages as m
 from conveyor.proto.datatypes import datatype_of, deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.shm.regions import RegionCache
-from conveyor.workers.backends.base import ResponseChannel
-from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor, TritonError, bls
+from conveyor.workers.backends.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
+from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor, TritonError
 from conveyor.workers.backends.python_utils.inference import bls_parameters
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.bls_signatures import BlsSignatures
 
 DEFAULT_QUEUE_TIMEOUT_S = 60.0
 CheckedInputs = list[tuple[InferInput, int]]
-_CANCELLED = m.InferResponse(0, "", "", final=False)  # put in a call's queue when its requests are cancelled
 _FOR_CANCELLED = "as the request it was made for was cancelled"
-
-
-class CancelWatch:
-    """Calls ``on_cancel`` once every one of ``channels`` is cancelled (from the
-    worker's main thread, or at once if they already are); never without channels."""
-
-    def __init__(self, channels: Sequence[ResponseChannel], on_cancel: Callable[[], None]) -> None:
-        self._channels = channels
-        self._on_cancel = on_cancel
-        self._fired = False
-        for channel in channels:
-            channel.add_cancel_hook(self._check)
-        self._check()
-
-    @classmethod
-    def for_caller(cls, on_cancel: Callable[[], None]) -> CancelWatch | None:
-        """A watch over the requests the calling thread's ``execute`` serves, if any."""
-        requests = bls.current_requests()
-        if not requests:
-            return None
-        channels = [r._channel for r in requests if r._channel is not None]
-        return cls(channels, on_cancel) if channels else None
-
-    @property
-    def fired(self) -> bool:
-        return self._fired
-
-    def _check(self) -> None:
-        if not self._fired and all(c.cancelled for c in self._channels):
-            self._fired = True
-            self._on_cancel()
-
-    def close(self) -> None:
-        for channel in self._channels:
-            channel.remove_cancel_hook(self._check)
 
 
 class BlsClient:
@@ -101,8 +64,8 @@ class BlsClient:
         self.signatures = BlsSignatures(link)
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:
-        answers: queue.SimpleQueue[m.InferResponse] = queue.SimpleQueue()
-        watch = CancelWatch.for_caller(lambda: answers.put(_CANCELLED))
+        answers = Answers(self._release)
+        watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
         try:
             if watch is not None and watch.fired:
                 return _cancelled(request, _FOR_CANCELLED)
@@ -113,8 +76,9 @@ class BlsClient:
             streamed: list[m.InferResponse] = []
             while True:
                 msg = answers.get()
-                if msg is _CANCELLED:
-                    return self._abandon(request, rid, streamed)
+                if msg is CANCELLED:
+                    self._abandon(rid, answers, streamed)
+                    return _cancelled(request, _FOR_CANCELLED)
                 if msg.final:
                     return self._one(request, streamed, msg)
                 streamed.append(msg)
@@ -123,31 +87,27 @@ class BlsClient:
                 watch.close()
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
-        loop = asyncio.get_running_loop()
-        answers: asyncio.Queue[m.InferResponse] = asyncio.Queue()
-
-        def put(msg: m.InferResponse) -> None:
-            loop.call_soon_threadsafe(answers.put_nowait, msg)
-
-        watch = CancelWatch.for_caller(lambda: put(_CANCELLED))
+        answers = AsyncAnswers(self._release)
+        watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
         try:
             if watch is not None and watch.fired:
                 return _cancelled(request, _FOR_CANCELLED)
             try:
-                rid = self._send(request, put)
+                rid = self._send(request, answers.put)
             except ConveyorError as exc:
                 return _error_response(exc)
             streamed: list[m.InferResponse] = []
             try:
                 while True:
                     msg = await answers.get()
-                    if msg is _CANCELLED:
-                        return self._abandon(request, rid, streamed)
+                    if msg is CANCELLED:
+                        self._abandon(rid, answers, streamed)
+                        return _cancelled(request, _FOR_CANCELLED)
                     if msg.final:
                         return self._one(request, streamed, msg)
                     streamed.append(msg)
             except asyncio.CancelledError:  # the model stopped waiting (e.g. asyncio.wait_for)
-                self._abandon(request, rid, streamed)
+                self._abandon(rid, answers, streamed)
                 raise
         finally:
             if watch is not None:
@@ -205,12 +165,12 @@ class BlsClient:
         outputs = check_outputs(sig, [RequestedOutput(name) for name in names] if names else None)
         return check_inputs(sig, inputs), outputs
 
-    def _abandon(self, request: InferenceRequest, rid: int, streamed: list[m.InferResponse]) -> InferenceResponse:
+    def _abandon(self, rid: int, answers: Answers | AsyncAnswers, streamed: list[m.InferResponse]) -> None:
         """Stop waiting for ``rid``: tell the router, release what came and what still comes."""
         self.link.cancel(rid, self._release)
+        answers.abandon()
         for msg in streamed:
             self._release(msg)
-        return _cancelled(request, _FOR_CANCELLED)
 
     def _one(self, request: InferenceRequest, streamed: list[m.InferResponse], final: m.InferResponse) -> Any:
         if not streamed:
@@ -258,11 +218,11 @@ class ResponseIterator:
     def __init__(self, client: BlsClient, request: InferenceRequest) -> None:
         self._client = client
         self._request = request
-        self._answers: queue.SimpleQueue[m.InferResponse] = queue.SimpleQueue()
+        self._answers = Answers(client._release)
         self._done = False
         self._rid = 0
         self._last: InferenceResponse | None = None  # ends the iteration when set
-        self._watch = CancelWatch.for_caller(lambda: self._answers.put(_CANCELLED))
+        self._watch = CancelWatch.for_caller(lambda: self._answers.put(CANCELLED))
         if self._watch is not None and self._watch.fired:
             self._last = _cancelled(request, _FOR_CANCELLED)
             return
@@ -279,7 +239,7 @@ class ResponseIterator:
             raise StopIteration
         if self._last is None:
             msg = self._answers.get()
-            if msg is not _CANCELLED:
+            if msg is not CANCELLED:
                 if msg.final:
                     self._finish()
                 return self._client._response(msg)
@@ -299,10 +259,7 @@ class ResponseIterator:
         if self._rid:
             self._client.link.cancel(self._rid, self._client._release)
             self._rid = 0
-        while not self._answers.empty():
-            msg = self._answers.get_nowait()
-            if msg is not _CANCELLED:
-                self._client._release(msg)
+        self._answers.abandon()
 
     def _finish(self) -> None:
         self._done = True
