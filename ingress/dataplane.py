@@ -24,51 +24,30 @@ from typing import Any
 import numpy as np
 
 from conveyor.ingress.drain import IngressDrain
-from conveyor.ingress.limits import IngressLimits, too_many_elements, too_many_in_flight
-from conveyor.ingress.model_cache import ModelSignature, ModelSignatureCache
+from conveyor.ingress.limits import IngressLimits, too_many_in_flight
+from conveyor.ingress.model_cache import ModelSignatureCache
+from conveyor.ingress.request_checks import (
+    InferInput,
+    RequestedOutput,
+    check_inputs,
+    check_outputs,
+    inputs_nbytes,
+    write_inputs,
+)
 from conveyor.ingress.request_hash import request_hash
 from conveyor.ingress.router_link import RouterLink, error_from
-from conveyor.ingress.shm_params import ShmPlacement
+from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
-from conveyor.proto.datatypes import (
-    deserialize_bytes,
-    element_count,
-    element_size,
-    numpy_dtype,
-    serialize_bytes,
-)
-from conveyor.proto.errors import ConveyorError, Status, invalid_arg, unsupported
+from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
+from conveyor.proto.errors import ConveyorError, Status, unsupported
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 
-TensorData = bytes | bytearray | memoryview | np.ndarray
 # The answer to a sequence request names the host that holds the sequence, so a
 # load balancer in front of several hosts can keep the sequence there.
 ROUTING_HINT = "conveyor_host"
 HOST = socket.gethostname()
 _CLIENT = m.CLIENT_REGION_PREFIX
-
-
-@dataclass(slots=True)
-class InferInput:
-    """One input: ``data`` is raw little-endian bytes (BYTES: length-prefixed) or
-    an array already in the input's dtype (from JSON); or ``shm`` names where in a
-    client-registered region the bytes already are (``data`` is None then)."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    data: TensorData | None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    shm: ShmPlacement | None = None
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    name: str
-    classification: int = 0
-    parameters: dict[str, Any] = field(default_factory=dict)
-    shm: ShmPlacement | None = None  # write it into this client region, return no bytes
 
 
 @dataclass(slots=True)
@@ -217,13 +196,13 @@ class DataPlane:
 
     def _send_inputs(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """Validate ``call``, write its inputs into this process's arena, describe it."""
-        inputs = self._check_inputs(sig, call.inputs)
-        outputs = self._check_outputs(sig, call.outputs)
-        total = sum(_aligned(nbytes) for inp, nbytes in inputs if inp.shm is None)
+        inputs = check_inputs(sig, call.inputs, self.limits.max_input_elements)
+        outputs = check_outputs(sig, call.outputs)
         uses_shm = any(inp.shm for inp, _ in inputs) or any(o.region for o in outputs)
-        block = self.arena.alloc(total)
+        block = self.arena.alloc(inputs_nbytes(inputs))
         try:
-            refs = self._write_inputs(block, inputs)
+            # The one copy of these bytes: from the parsed request into shared memory.
+            refs = write_inputs(self.arena, block, inputs)
         except BaseException:
             self.arena.free(block)
             raise
@@ -264,147 +243,7 @@ class DataPlane:
             response.model, response.version, call.id, out, params, response.release, regions, response.final,
         )
 
-    # --- validation ------------------------------------------------------------------
-
-    def _check_inputs(
-        self, sig: ModelSignature, inputs: list[InferInput]
-    ) -> list[tuple[InferInput, int]]:
-        checked: list[tuple[InferInput, int]] = []
-        seen: set[str] = set()
-        batch: int | None = None
-        max_elements = self.limits.max_input_elements
-        for inp in inputs:
-            spec = sig.inputs.get(inp.name)
-            if spec is None:
-                raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{sig.name}'")
-            if inp.name in seen:
-                raise invalid_arg(f"input '{inp.name}' appears more than once in the request")
-            seen.add(inp.name)
-            if inp.datatype != spec.datatype:
-                raise invalid_arg(
-                    f"inference input '{inp.name}' data-type is '{inp.datatype}', "
-                    f"but model '{sig.name}' expects '{spec.datatype}'"
-                )
-            if any(d < 0 for d in inp.shape):
-                raise invalid_arg(f"input '{inp.name}' has a negative dimension in shape {inp.shape}")
-            dims = inp.shape
-            if sig.max_batch_size > 0:
-                if not dims:
-                    raise invalid_arg(f"input '{inp.name}' has no batch dimension: shape {inp.shape}")
-                if batch is None:
-                    batch = dims[0]
-                elif dims[0] != batch:
-                    raise invalid_arg("all inputs of a request must have the same batch size")
-                if dims[0] > sig.max_batch_size:
-                    raise invalid_arg(
-                        f"inference request batch-size must be <= {sig.max_batch_size} for '{sig.name}'"
-                    )
-                dims = dims[1:]
-            if not spec.accepts(dims):
-                expected = ([-1] if sig.max_batch_size > 0 else []) + list(spec.dims)
-                raise invalid_arg(
-                    f"unexpected shape for input '{inp.name}' for model '{sig.name}'. "
-                    f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}"
-                )
-            if max_elements and (count := element_count(inp.shape)) > max_elements:
-                raise too_many_elements(inp.name, count, max_elements)
-            if inp.shm is not None:
-                checked.append((inp, self._shm_byte_size(sig, inp, inp.shm)))
-                continue
-            if inp.data is None:
-                raise invalid_arg(f"input '{inp.name}' has no data")
-            checked.append((inp, self._byte_size(inp)))
-        missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
-        if missing:
-            raise invalid_arg(
-                f"expected {len(sig.inputs)} inputs but got {len(seen)} inputs for model '{sig.name}'. "
-                f"Got input(s) {sorted(seen)}, but missing required input(s) {missing}. "
-                "Please provide all required input(s)."
-            )
-        return checked
-
-    @staticmethod
-    def _shm_byte_size(sig: ModelSignature, inp: InferInput, shm: ShmPlacement) -> int:
-        if inp.data is not None:
-            raise invalid_arg(f"input '{inp.name}' has both data and a shared memory region")
-        if inp.datatype != "BYTES":
-            expected = element_count(inp.shape) * element_size(inp.datatype)
-            if shm.byte_size != expected:
-                raise invalid_arg(
-                    f"input byte size mismatch for input '{inp.name}' for model '{sig.name}'. "
-                    f"Expected {expected}, got {shm.byte_size}"
-                )
-        return shm.byte_size
-
-    @staticmethod
-    def _byte_size(inp: InferInput) -> int:
-        count = element_count(inp.shape)
-        data = inp.data
-        if isinstance(data, np.ndarray):
-            if inp.datatype == "BYTES":
-                if data.size != count:
-                    raise invalid_arg(
-                        f"input '{inp.name}' has {data.size} elements, its shape {inp.shape} needs {count}"
-                    )
-                inp.data = data = np.frombuffer(serialize_bytes(data), dtype=np.uint8)
-                return data.nbytes
-            if data.size != count:
-                raise invalid_arg(
-                    f"input '{inp.name}' has {data.size} elements, its shape {inp.shape} needs {count}"
-                )
-            return count * element_size(inp.datatype)
-        nbytes = memoryview(data).nbytes  # type: ignore[arg-type]
-        if inp.datatype == "BYTES":
-            _check_bytes_count(inp.name, data, count)  # type: ignore[arg-type]
-            return nbytes
-        expected = count * element_size(inp.datatype)
-        if nbytes != expected:
-            raise invalid_arg(
-                f"input byte size mismatch for input '{inp.name}' for model: "
-                f"expected {expected} bytes for shape {inp.shape} of {inp.datatype}, got {nbytes}"
-            )
-        return nbytes
-
-    @staticmethod
-    def _check_outputs(sig: ModelSignature, outputs: list[RequestedOutput] | None) -> list[m.OutputSpec]:
-        if outputs is None:
-            return [m.OutputSpec(name) for name in sig.outputs]
-        specs: list[m.OutputSpec] = []
-        for out in outputs:
-            if out.name not in sig.outputs:
-                raise invalid_arg(f"unexpected inference output '{out.name}' for model '{sig.name}'")
-            if out.classification < 0:
-                raise invalid_arg(f"classification count for output '{out.name}' must be positive")
-            shm = out.shm
-            if shm is None:
-                specs.append(m.OutputSpec(out.name, out.classification))
-            else:
-                specs.append(m.OutputSpec(out.name, out.classification, shm.region, shm.offset, shm.byte_size))
-        return specs
-
-    # --- shared memory -----------------------------------------------------------------
-
-    def _write_inputs(self, block: int, inputs: list[tuple[InferInput, int]]) -> list[m.TensorRef]:
-        refs: list[m.TensorRef] = []
-        arena = self.arena
-        offset = block
-        for inp, nbytes in inputs:
-            shm = inp.shm
-            if shm is not None:
-                # Already in the client's region: the router resolves the name.
-                refs.append(m.TensorRef(inp.name, inp.datatype, inp.shape, _CLIENT + shm.region, shm.offset, nbytes))
-                continue
-            data = inp.data
-            dst = arena.view(offset, nbytes)
-            if isinstance(data, np.ndarray):
-                # The one copy of these bytes: from the parsed request into shared memory.
-                dtype = np.uint8 if inp.datatype == "BYTES" else numpy_dtype(inp.datatype)
-                dst[:] = np.ascontiguousarray(data, dtype=dtype).reshape(-1).view(np.uint8)
-            else:
-                dst[:] = np.frombuffer(data, dtype=np.uint8)  # type: ignore[arg-type]
-            refs.append(m.TensorRef(inp.name, inp.datatype, inp.shape, arena.name, offset, nbytes))
-            offset += _aligned(nbytes)
-        return refs
+    # --- input blocks -------------------------------------------------------------------
 
     def _finish_input(self, request_id: int) -> None:
         block = self._blocks.pop(request_id, None)
@@ -424,27 +263,3 @@ def release_blocks(regions: RegionCache, releases: list[m.Release]) -> None:
             regions.view(rel.region, rel.offset, 1)[0] = RELEASED
         except ConveyorError:
             pass  # the worker is gone, and its segment with it
-
-
-def _check_bytes_count(name: str, data: bytes | memoryview, count: int) -> None:
-    """Walk the length prefixes without building objects."""
-    mv = memoryview(data).cast("B")
-    pos, end, n = 0, len(mv), 0
-    while pos < end:
-        if pos + 4 > end:
-            break
-        pos += 4 + int.from_bytes(mv[pos : pos + 4], "little")
-        n += 1
-    if pos != end or n != count:
-        raise invalid_arg(
-            f"input '{name}' BYTES data does not hold exactly {count} length-prefixed element(s)"
-        )
-
-
-def _aligned(nbytes: int) -> int:
-    """Each tensor starts on a 64-byte boundary, so backends get aligned views."""
-    return (nbytes + 63) & ~63
-
-
-def _fmt(shape: list[int] | tuple[int, ...]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -1,8 +1,10 @@
 """Prometheus text for the per-model figures the router sends (the ``metrics`` control op).
 
 Triton's names and labels (``model``, ``version``; failures add ``reason``), plus
-Conveyor's histograms ``conveyor_*_duration_seconds`` and, in OpenTelemetry trace
-mode, the span exporter's counters ``conveyor_trace_spans_*_total``.
+Conveyor's histograms ``conveyor_*_duration_seconds``; in OpenTelemetry trace
+mode, the span exporter's counters ``conveyor_trace_spans_*_total``; and the
+models' custom metrics (``pb_utils.MetricFamily``) under the names and labels
+the models gave.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
         for name, help_text, key in _TRACE_EXPORT:
             _header(lines, name, help_text, "counter")
             lines.append(f"{name} {exported[key]}")
+    _render_custom(lines, snapshot.get("custom", []))
     return "\n".join(lines) + "\n"
 
 
@@ -166,3 +169,40 @@ def _render_histograms(lines: list[str], model_stats: list[dict[str, Any]], late
                 lines.append(f'{name}_bucket{{{labels},le="{le}"}} {total}')
             lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] / 1e9!r}")
             lines.append(f"{name}_count{{{labels}}} {total}")
+
+
+_CUSTOM_KINDS = ("counter", "gauge", "histogram")
+
+
+def _render_custom(lines: list[str], families: list[dict[str, Any]]) -> None:
+    for family in families:
+        name, kind = family["name"], _CUSTOM_KINDS[family["kind"]]
+        help_text = family["description"].replace("\\", "\\\\").replace("\n", "\\n")
+        _header(lines, name, help_text, kind)
+        for series in family["series"]:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(series["labels"].items()))
+            if kind != "histogram":
+                lines.append(f"{name}{{{labels}}} {_number(series['value'])}")
+                continue
+            sep = "," if labels else ""
+            total = 0
+            for le, n in zip([*series["buckets"], float("inf")], series["counts"], strict=True):
+                total += n
+                lines.append(f'{name}_bucket{{{labels}{sep}le="{_number(le)}"}} {total}')
+            lines.append(f"{name}_sum{{{labels}}} {_number(series['value'])}")
+            lines.append(f"{name}_count{{{labels}}} {total}")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    value = float(value)
+    if value == float("inf"):
+        return "+Inf"
+    if value == float("-inf"):
+        return "-Inf"
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)

@@ -13,7 +13,7 @@ Flows (see ARCHITECTURE.md)::
     ingress --InferRequest/ControlRequest/Cancel--> router
     router  --InferResponse/ControlReply----------> ingress
     router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
-    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving--> router
+    worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving/CustomMetrics--> router
     worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
 """
 
@@ -282,6 +282,7 @@ class ItemResult(msgspec.Struct, array_like=True):
     outputs: list[TensorRef] = []
     error: ErrorInfo | None = None
     release: list[Release] = []
+    parameters: dict[str, Any] = {}  # the response's parameters (a Python model's InferenceResponse)
 
 
 class BatchResult(msgspec.Struct, tag="result", array_like=True):
@@ -310,6 +311,29 @@ class ItemResponse(msgspec.Struct, tag="iresp", array_like=True):
     parameters: dict[str, Any] = {}
 
 
+class CustomMetric(msgspec.Struct, array_like=True):
+    """One series of a model's custom metric (``pb_utils.MetricFamily``) in one worker:
+    ``kind`` 0 counter, 1 gauge, 2 histogram; a histogram's sum is ``value`` and its
+    per-bucket counts (not cumulative, the last one for +Inf) are ``counts``.
+    ``removed``: the series is gone from that worker."""
+
+    family: str
+    description: str
+    kind: int
+    labels: dict[str, str]
+    value: float = 0.0
+    buckets: list[float] = []
+    counts: list[int] = []
+    removed: bool = False
+
+
+class CustomMetrics(msgspec.Struct, tag="cmetrics", array_like=True):
+    """Worker to router: the custom-metric series that changed since the last one
+    (everything, after a hello); the router serves them on ``/metrics``."""
+
+    metrics: list[CustomMetric]
+
+
 class CancelItem(msgspec.Struct, tag="icancel", array_like=True):
     """Router to worker: the client of item ``index`` of ``batch`` went away
     (a Python model sees it as ``request.is_cancelled()``)."""
@@ -336,7 +360,7 @@ RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
     | ForgetSequences | SettingsUpdate
 )
-WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | WorkerLeaving
+WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | WorkerLeaving | CustomMetrics
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode

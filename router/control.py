@@ -9,6 +9,7 @@ from typing import Any
 from conveyor.proto.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
+from conveyor.router.custom_metrics import CustomMetricsStore
 from conveyor.router.models import ModelRegistry, metadata, signature
 from conveyor.router.workers import WorkerPool
 
@@ -30,6 +31,7 @@ class ControlHandler:
             "instances": self.instances,
         }
         self.boot_id = time.time_ns()
+        self.custom_metrics = CustomMetricsStore()  # models' pb_utils.MetricFamily series, from the workers
         self.response_cache = False  # the server has a response cache (--cache-config)
         # OpenTelemetry mode: spans exported, dropped and failed (router/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
@@ -97,7 +99,8 @@ class ControlHandler:
         return {"model_stats": [s.stats.wire() for s in states]}
 
     def metrics(self) -> dict[str, Any]:
-        """Statistics of every ready version plus the router's queue depths and latency histograms."""
+        """Statistics of every ready version, the router's queue depths and latency histograms, and
+        the models' custom metrics."""
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
         doc = {
             "model_stats": [s.stats.wire() for s in states],
@@ -105,6 +108,7 @@ class ControlHandler:
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
             "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
                                   for s in states if s.batcher.adaptive is not None},
+            "custom": self.custom_metrics.wire(),
         }
         exported = self.trace_export()
         if exported is not None:

@@ -547,6 +547,8 @@ class Router:
         elif isinstance(msg, m.WorkerLeaving):
             self.worker_drain.begin(worker)
             self._place()
+        elif isinstance(msg, m.CustomMetrics):
+            self.control.custom_metrics.update(identity, msg.metrics)
         if self.worker_drain.active:
             self._drain_workers()
 
@@ -647,7 +649,8 @@ class Router:
             release = item.release
             if p.request.cache_key and error is None:
                 release = self._cache_response(state, p.request, item)
-            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release, generation=gen)
+            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release,
+                                   parameters=item.parameters, generation=gen)
             if p.trace is not None:
                 worker = self.pool.workers.get(inst.worker or b"")
                 self.tracer.returned(p.trace, result.trace_ns, worker.pid if worker else 0,
@@ -776,6 +779,7 @@ class Router:
         if worker is None:
             return
         self.worker_drain.forget(worker)  # a leaving worker's replacements exist already
+        self.control.custom_metrics.forget(identity)
         self._update_cuda_devices()
         arena = segment_name(self.group, "worker", worker.pid)
         self.holds.forget_region(arena)

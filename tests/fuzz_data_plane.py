@@ -15,7 +15,7 @@ from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane, InferCall
 from conveyor.ingress.limits import IngressLimits
-from conveyor.ingress.model_cache import ModelSignature
+from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.errors import unsupported
 from conveyor.shm.arena import Arena

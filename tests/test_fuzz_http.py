@@ -21,12 +21,12 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from conveyor.ingress.context import IngressContext
-from conveyor.ingress.dataplane import InferInput
 from conveyor.ingress.http import compression
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.codec import HttpInferRequest, parse_header_length, parse_infer_request
 from conveyor.ingress.http.raw_body import raw_infer_request
-from conveyor.ingress.model_cache import ModelSignature, TensorSpec
+from conveyor.ingress.request_checks import InferInput, check_inputs
+from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import DATATYPES
 from conveyor.proto.errors import ConveyorError
 from tests.fuzz import bounded, tried
@@ -247,7 +247,7 @@ def test_raw_binary_bodies_are_sized_or_refused(body: bytes, dims: list[int], da
         plane.models._cache[("r", "")] = sig
         inp = request.call.inputs[0]
         try:
-            plane._check_inputs(sig, [InferInput(inp.name, inp.datatype, inp.shape, inp.data)])
+            check_inputs(sig, [InferInput(inp.name, inp.datatype, inp.shape, inp.data)])
         except ConveyorError:
             pass
 

@@ -10,7 +10,8 @@ import pytest
 from conveyor.deploy.cli import build_parser
 from conveyor.deploy.options import check_ingress_args
 from conveyor.deploy.supervisor import Supervisor
-from conveyor.ingress.dataplane import InferCall, InferInput
+from conveyor.ingress.dataplane import InferCall
+from conveyor.ingress.request_checks import InferInput
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from tests.fuzz_data_plane import data_plane, send

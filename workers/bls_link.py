@@ -9,7 +9,9 @@ block is freed on the request's final response.
 The socket belongs to the worker's main thread (zmq sockets are not thread
 safe). A model's thread hands its request over through ``outbox`` and the
 worker's wake pipe; the main thread calls each request's ``on_response`` as
-responses arrive (it must be quick and must not raise).
+responses arrive (it must be quick and must not raise). Control calls (the
+callee's signature, model readiness, load/unload from a model) travel the same
+way and are answered to their ``on_reply``.
 """
 
 from __future__ import annotations
@@ -21,17 +23,21 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import zmq
 
 from conveyor.proto import messages as m
-from conveyor.proto.errors import Status
+from conveyor.proto.errors import ConveyorError, Status
 from conveyor.shm.arena import Arena
 
 log = logging.getLogger(__name__)
 
 OnResponse = Callable[[m.InferResponse], None]
+OnReply = Callable[[m.ControlReply], None]
+# Model loads answer once the model is ready: BLS callers of load_model pass their own.
+CONTROL_TIMEOUT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -59,6 +65,10 @@ class BlsLink:
         self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
+        self._controls: dict[int, OnReply] = {}
+        # The router's repository generation, as its last answer said: a change voids
+        # the signatures BLS requests are checked against (workers/bls_signatures.py).
+        self.generation = 0
 
     # --- any thread ----------------------------------------------------------------------
 
@@ -83,6 +93,33 @@ class BlsLink:
             self._outbox.put(m.encode(m.Cancel(request_id)))
             self._wake()
 
+    def control(self, op: str, args: dict[str, Any], on_reply: OnReply) -> int:
+        """Send control call ``op``; ``on_reply`` gets the router's ``ControlReply``. Its id."""
+        cid = self.next_id()
+        self._controls[cid] = on_reply
+        self._outbox.put(m.encode(m.ControlRequest(cid, op, args)))
+        self._wake()
+        return cid
+
+    def forget_control(self, cid: int) -> None:
+        """The caller gave up waiting: a late reply is dropped."""
+        self._controls.pop(cid, None)
+
+    def call(self, op: str, args: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> Any:
+        """Control call ``op`` and wait for its result (never from the main thread).
+
+        Raises the router's error as a ``ConveyorError``, UNAVAILABLE past ``timeout_s``."""
+        replies: queue.SimpleQueue[m.ControlReply] = queue.SimpleQueue()
+        cid = self.control(op, args, replies.put)
+        try:
+            reply = replies.get(timeout=timeout_s)
+        except queue.Empty:
+            self.forget_control(cid)
+            raise ConveyorError(Status.UNAVAILABLE, f"the router did not answer '{op}' in time") from None
+        if reply.error is not None:
+            raise ConveyorError(Status(reply.error.status), reply.error.message)
+        return reply.result
+
     # --- the main thread -------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -105,13 +142,23 @@ class BlsLink:
                 log.error("undecodable BLS reply from the router: %s", exc)
                 continue
             if isinstance(msg, m.InferResponse):
+                if msg.generation:
+                    self.generation = msg.generation
                 self._deliver(msg)
+            elif isinstance(msg, m.ControlReply):
+                on_reply = self._controls.pop(msg.id, None)
+                if on_reply is not None:
+                    on_reply(msg)
 
     def fail_all(self, why: str) -> None:
         """The router restarted: the requests it knew are lost."""
         error = m.ErrorInfo(int(Status.UNAVAILABLE), f"{why}; the BLS request's outcome is unknown")
         for rid in list(self._calls):
             self._deliver(m.InferResponse(rid, "", "", error=error))
+        for cid in list(self._controls):
+            on_reply = self._controls.pop(cid)
+            on_reply(m.ControlReply(cid, error=error))
+        self.generation = 0
 
     def _deliver(self, msg: m.InferResponse) -> None:
         call = self._calls.pop(msg.id, None) if msg.final else self._calls.get(msg.id)

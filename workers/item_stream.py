@@ -2,7 +2,8 @@
 
 Every request of a request-backend (Python) batch gets an ``ItemStream``. It
 carries the cancellation flag (set by the router's ``CancelItem``; a model sees
-it as ``request.is_cancelled()``) and, for a decoupled model, sends each
+it as ``request.is_cancelled()``, and the BLS calls made for the request are
+woken through its cancel hooks) and, for a decoupled model, sends each
 response as the model produces it, from whichever thread calls ``send``: the
 outputs are copied once into this worker's arena and an ``ItemResponse`` goes
 to the router through the worker's result queue (the socket's thread sends it).
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.workers.backends.base import RequestOutcome
+from conveyor.workers.backends.base import RequestOutcome, outcome_parameters
 from conveyor.workers.batch_io import OutputWriter, plan_request_outputs
 
 
@@ -38,6 +39,7 @@ class ItemStream:
         self.index = index
         self.item = item
         self.cancelled = False
+        self._cancel_hooks: list[Callable[[], None]] | None = None  # BLS calls waiting for it
         self._config = config
         self._labels = labels
         self._writer = writer
@@ -55,6 +57,22 @@ class ItemStream:
     def closed(self) -> bool:
         return self._closed
 
+    def cancel(self) -> None:
+        """The client went away (the router's ``CancelItem``, on the main thread)."""
+        self.cancelled = True
+        if self._cancel_hooks:
+            for hook in list(self._cancel_hooks):
+                hook()
+
+    def add_cancel_hook(self, hook: Callable[[], None]) -> None:
+        if self._cancel_hooks is None:
+            self._cancel_hooks = []
+        self._cancel_hooks.append(hook)
+
+    def remove_cancel_hook(self, hook: Callable[[], None]) -> None:
+        if self._cancel_hooks is not None and hook in self._cancel_hooks:
+            self._cancel_hooks.remove(hook)
+
     def send(self, outcome: RequestOutcome | None, final: bool) -> None:
         """Send one response (``None``: no response, only the final flag).
 
@@ -71,7 +89,10 @@ class ItemStream:
                 planned = plan_request_outputs([self.item], [outcome], self._config, self._labels)
                 result = self._writer.write(planned)[0]
                 outputs, error, release = result.outputs, result.error, result.release
-            self._post(m.encode(m.ItemResponse(self.batch, self.index, outputs, error, release, final)))
+            response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)
+            if error is None and (parameters := outcome_parameters(outcome)) is not None:
+                response.parameters = parameters
+            self._post(m.encode(response))
             if final:
                 self._close()
 

@@ -18,6 +18,7 @@ The samples never reach the router, so they count in no statistics (as in Triton
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -51,6 +52,12 @@ class _Collect:
     def fail(self, error: ConveyorError) -> None:
         self._errors.append(error.message)
         self._closed = True
+
+    def add_cancel_hook(self, hook: Callable[[], None]) -> None:
+        pass  # a warmup request is never cancelled
+
+    def remove_cancel_hook(self, hook: Callable[[], None]) -> None:
+        pass
 
 
 def warm_up(

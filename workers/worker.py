@@ -35,10 +35,12 @@ from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.base import Backend, RequestBackend
 from conveyor.workers.backends.python_bls import BlsClient
 from conveyor.workers.backends.python_utils import bls as pb_bls
+from conveyor.workers.backends.python_utils import metrics as pb_metrics
 from conveyor.workers.batch_io import (
     OutputWriter,
     PlannedOutput,
     TensorViews,
+    attach_parameters,
     gather_inputs,
     gather_requests,
     host_inputs,
@@ -59,6 +61,8 @@ log = logging.getLogger(__name__)
 DEFAULT_ARENA_BYTES = 256 << 20
 # No word from the router for this long: say hello again (it may have restarted).
 ROUTER_SILENCE_S = 5.0
+# Custom metrics (pb_utils.MetricFamily) go to the router at most this often.
+METRICS_FLUSH_S = 0.1
 
 
 @dataclass(eq=False)
@@ -149,6 +153,7 @@ class Worker:
         self.exit_timeout_s = exit_timeout_s
         self._leave_requested = False
         self._leave_by: float | None = None  # set once WorkerLeaving is sent
+        self._next_metrics = 0.0
 
     def stop(self, *_: Any) -> None:
         """SIGTERM/SIGINT: leave gracefully (drain); a second signal stops at once."""
@@ -207,6 +212,8 @@ class Worker:
                 if self.sock in events:
                     self._drain()
                 now = time.monotonic()
+                if pb_metrics.REGISTRY.dirty and now >= self._next_metrics:
+                    self._send_metrics(now)
                 if self._leave_requested:
                     self._leave(now)
                 if now >= next_beat:
@@ -243,7 +250,7 @@ class Worker:
             elif isinstance(msg, m.CancelItem):
                 entry = self.streams.get((msg.batch, msg.index))
                 if entry is not None:
-                    entry[1].cancelled = True
+                    entry[1].cancel()
             elif isinstance(msg, m.ForgetRegions):
                 self.client_regions.forget(msg.ids)
             elif isinstance(msg, m.ForgetSequences):
@@ -257,6 +264,22 @@ class Worker:
             elif isinstance(msg, m.Rehello):
                 log.warning("the router does not know this worker (it restarted?): saying hello again")
                 self._reset()
+
+    def _send_metrics(self, now: float, everything: bool = False) -> None:
+        """The models' custom metrics that changed (all of them for a new router), at
+        most every ``METRICS_FLUSH_S``: a model may update them on every request."""
+        self._next_metrics = now + METRICS_FLUSH_S
+        registry = pb_metrics.REGISTRY
+        changed, removed = registry.take_changes()
+        if everything:
+            changed = registry.everything()
+        metrics = [
+            m.CustomMetric(s.family, s.description, int(s.kind), s.labels, s.value, s.buckets, s.counts)
+            for s in changed
+        ]
+        metrics += [m.CustomMetric(family, "", 0, dict(labels), removed=True) for family, labels in removed]
+        if metrics:
+            self.sock.send(m.encode(m.CustomMetrics(metrics)))
 
     def _reset(self) -> None:
         if self._leave_requested:
@@ -275,6 +298,7 @@ class Worker:
         self._last_heard = time.monotonic()
         self._registered = False
         self._hello()
+        self._send_metrics(time.monotonic(), everything=True)  # the new router knows none of them
 
     # --- runs in instance threads -----------------------------------------------------
 
@@ -406,6 +430,8 @@ class Worker:
                     sequences.keep_batch_states(msg.items, outputs)
                 planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels, inst.layout)
             results = self.writer.write(planned) if planned else []
+            if inst.per_request and results:
+                attach_parameters(results, outcomes)
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
             if any(item.traced for item in msg.items):  # wall-clock stamps, comparable across processes

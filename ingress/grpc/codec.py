@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from conveyor.ingress.dataplane import InferCall, InferInput, InferResult, RequestedOutput, TensorData
+from conveyor.ingress.dataplane import InferCall, InferResult
 from conveyor.ingress.grpc import wire
+from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
 from conveyor.ingress.shm_params import take_placement
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import model_config_pb2

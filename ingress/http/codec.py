@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from conveyor.ingress.dataplane import InferCall, InferInput, InferResult, RequestedOutput, TensorData
+from conveyor.ingress.dataplane import InferCall, InferResult
 from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
+from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
 from conveyor.ingress.shm_params import REGION, take_placement
 from conveyor.proto.datatypes import DATATYPES
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg

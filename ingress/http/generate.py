@@ -5,7 +5,8 @@ a model input becomes that input (a scalar is a one-element tensor, a list keeps
 its shape, the model's datatype decides the dtype, a batched model gets a batch
 of one); ``parameters`` are the request parameters; other keys are ignored.
 Each output becomes a key of the response: one element as a scalar, more as a
-(nested) list, BYTES as text.
+(nested) list, BYTES as text; so does each response parameter (an output of the
+same name wins).
 
 ``generate_stream`` answers with Server-Sent Events, one ``data:`` event per
 response, which is what lets decoupled models stream over HTTP (Triton's HTTP
@@ -23,11 +24,12 @@ import falcon.asgi
 import numpy as np
 import orjson
 
-from conveyor.ingress.dataplane import DataPlane, InferCall, InferInput, InferResult, StreamError
+from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.http.json_tensors import array_from_json
 from conveyor.ingress.limits import check_json_size
-from conveyor.ingress.model_cache import ModelSignature
+from conveyor.ingress.request_checks import InferInput
+from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
 Request = falcon.asgi.Request
@@ -123,6 +125,8 @@ def render(result: InferResult) -> dict[str, Any]:
         doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
         if result.id:
             doc["id"] = result.id
+        for key, value in result.parameters.items():  # the response's parameters, merged in as Triton does
+            doc.setdefault(key, value)
         for out in result.outputs:
             if out.raw is None:
                 continue  # placed in the client's shared memory

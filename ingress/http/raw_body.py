@@ -3,9 +3,10 @@ whole body is the bytes of the model's only input, batch 1, every output binary.
 
 from __future__ import annotations
 
-from conveyor.ingress.dataplane import InferCall, InferInput
+from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.http.codec import HttpInferRequest
-from conveyor.ingress.model_cache import ModelSignature
+from conveyor.ingress.request_checks import InferInput
+from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.datatypes import element_count, element_size
 from conveyor.proto.errors import invalid_arg
 

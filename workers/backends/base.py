@@ -12,6 +12,7 @@ Two kinds:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,8 +32,24 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class ParameterizedOutputs(dict[str, np.ndarray]):
+    """A request's outputs plus the response parameters the model set for it; only
+    built for a response that has parameters, so the others cost nothing."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, parameters: dict[str, Any]) -> None:
+        super().__init__()
+        self.parameters = parameters
+
+
 # Per request: its outputs by name, or the error that fails only this request.
 RequestOutcome = dict[str, np.ndarray] | ConveyorError
+
+
+def outcome_parameters(outcome: RequestOutcome | None) -> dict[str, Any] | None:
+    """The response parameters an outcome carries (None: it has none)."""
+    return outcome.parameters if type(outcome) is ParameterizedOutputs else None
 
 
 class ResponseChannel(Protocol):
@@ -44,6 +61,12 @@ class ResponseChannel(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    def add_cancel_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` (from the worker's main thread) when the request is cancelled."""
+        ...
+
+    def remove_cancel_hook(self, hook: Callable[[], None]) -> None: ...
 
     def send(self, outcome: RequestOutcome | None, final: bool) -> None: ...
 

@@ -22,7 +22,7 @@ from conveyor.proto.errors import ConveyorError, internal, unavailable
 from conveyor.proto.model_config import to_json
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
 from conveyor.workers.backends.python_import import forget_module, import_model_class
-from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor
+from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor, bls
 from conveyor.workers.backends.python_utils.inference import response_outcome
 
 log = logging.getLogger(__name__)
@@ -92,12 +92,17 @@ class PythonBackend:
 
     def _execute(self, requests: list[InferenceRequest]) -> Any:
         """``execute``, which may be ``async def`` (e.g. to ``await`` several
-        ``async_exec`` BLS calls): then it runs on this instance's event loop."""
-        returned = self.model.execute(requests)
-        if inspect.iscoroutine(returned):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            returned = self._loop.run_until_complete(returned)
+        ``async_exec`` BLS calls): then it runs on this instance's event loop.
+        BLS calls made meanwhile from this thread are made for ``requests``."""
+        bls.enter_execute(requests)
+        try:
+            returned = self.model.execute(requests)
+            if inspect.iscoroutine(returned):
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                returned = self._loop.run_until_complete(returned)
+        finally:
+            bls.enter_execute(None)
         return returned
 
     def _execute_decoupled(self, requests: list[InferenceRequest]) -> None:

@@ -20,11 +20,27 @@ from conveyor.workers.backends.python_utils.inference import (
     get_output_tensor_by_name,
 )
 from conveyor.workers.backends.python_utils.logger import Logger, LogLevel
+from conveyor.workers.backends.python_utils.metrics import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    Metric,
+    MetricFamily,
+    MetricKind,
+)
 from conveyor.workers.backends.python_utils.model_config import (
     ModelConfig,
     get_input_config_by_name,
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
+)
+from conveyor.workers.backends.python_utils.model_control import is_model_ready, load_model, unload_model
+from conveyor.workers.backends.python_utils.options import (
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_GPU,
+    InferenceTrace,
+    MemoryType,
+    PreferredMemory,
 )
 from conveyor.workers.backends.python_utils.tensor import (
     TRITON_STRING_TO_NUMPY,
@@ -37,6 +53,11 @@ from conveyor.workers.backends.python_utils.tensor import (
 )
 
 __all__ = [
+    "COUNTER",
+    "GAUGE",
+    "HISTOGRAM",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL",
@@ -46,9 +67,15 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "LogLevel",
     "Logger",
+    "MemoryType",
+    "Metric",
+    "MetricFamily",
+    "MetricKind",
     "ModelConfig",
+    "PreferredMemory",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -57,9 +84,12 @@ __all__ = [
     "get_input_tensor_by_name",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "unload_model",
     "using_decoupled_model_transaction_policy",
 ]

@@ -24,10 +24,17 @@ _TO_LOGGING = {
 
 
 class Logger:
-    """Static methods, as in Triton (models call ``pb_utils.Logger.log_info(...)``)."""
+    """Static methods, as in Triton (models call ``pb_utils.Logger.log_info(...)``);
+    the levels are also ``Logger.LogLevel.INFO`` and ``Logger.INFO``, as Triton exports them."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+    def log(message: str, level: int = LogLevel.INFO) -> None:
         _log.log(_TO_LOGGING.get(LogLevel(level), logging.INFO), "%s", message)
 
     @staticmethod

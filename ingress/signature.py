@@ -1,0 +1,47 @@
+"""A model version's tensor signature, as the router describes it (control op
+``signature``): what a request is checked against before it is sent.
+
+Used by the ingress (``model_cache.py``) and by workers for BLS requests
+(``workers/bls_signatures.py``), so both refuse a bad request the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension; -1 = any
+    optional: bool = False
+
+    def accepts(self, dims: list[int]) -> bool:
+        if len(dims) != len(self.dims):
+            return False
+        return all(want == -1 or want == got for want, got in zip(self.dims, dims, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignature:
+    name: str
+    max_batch_size: int
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    decoupled: bool = False  # answers with a stream of responses (gRPC ModelStreamInfer only)
+    response_cache: bool = False  # requests carry ``cache_key`` (the router caches responses)
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> ModelSignature:
+        def specs(items: list[dict[str, Any]]) -> dict[str, TensorSpec]:
+            return {
+                t["name"]: TensorSpec(t["name"], t["datatype"], tuple(t["dims"]), bool(t.get("optional")))
+                for t in items
+            }
+
+        return cls(
+            d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled")),
+            bool(d.get("response_cache")),
+        )
