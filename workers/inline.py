@@ -40,3 +40,4 @@ def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, de
             return False
         return not any(word in source for word in _BLS_WORDS)
     return False
+

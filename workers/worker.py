@@ -52,6 +52,7 @@ from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
 from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_NS, inline_allowed
+from conveyor.workers.inline_switch import InlineSwitch
 from conveyor.workers.item_stream import ItemStream
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import warm_up
@@ -101,7 +102,7 @@ class LoadedInstance:
         """Whether the next batch may run on the main thread: the backend allows it,
         nothing is queued on the instance's thread (order), and its batches are short."""
         return (self.inline_ok and self.submitted == self.finished and self.batches >= INLINE_AFTER
-                and self.exec_ns < INLINE_MAX_NS)
+                and self.exec_ns < INLINE_MAX_NS and InlineSwitch.on)
 
 
 EXEC_ALPHA = 0.2  # weight of a batch's time in its instance's recent average

@@ -49,6 +49,7 @@ from conveyor.workers.backends.python_utils import InferenceRequest, InferenceRe
 from conveyor.workers.backends.python_utils.inference import bls_parameters
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.bls_signatures import BlsSignatures
+from conveyor.workers.inline_switch import InlineSwitch
 
 DEFAULT_QUEUE_TIMEOUT_S = 60.0
 CheckedInputs = list[tuple[InferInput, int]]
@@ -119,6 +120,7 @@ class BlsClient:
         return ResponseIterator(self, request)
 
     def control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+        InlineSwitch.refuse_on_main_thread("model-management call")
         return self.link.call(op, args, timeout_s)
 
     # --- descriptors ---------------------------------------------------------------------
@@ -127,6 +129,7 @@ class BlsClient:
         """Check ``request`` against the callee's signature, write its inputs, send it.
 
         Raises ``ConveyorError`` (nothing sent) when the request is wrong."""
+        InlineSwitch.refuse_on_main_thread("BLS call")  # its answer would need the loop it blocks
         version = request.model_version()
         label = "" if version < 0 else str(version)
         model = request.model_name()

@@ -1,0 +1,74 @@
+"""Which instances may run short batches on the worker's main thread, and the
+switch that stops it when a model makes a call only the main loop can answer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.proto.errors import ConveyorError, Status
+from conveyor.workers.backends.python import PythonBackend
+from conveyor.workers.inline import inline_allowed
+from conveyor.workers.inline_switch import InlineSwitch
+from tests.test_python_backend import RECORDING_MODEL, write
+
+BLS_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        call = pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=["Y"])
+        return [call.exec() for _ in requests]
+'''
+
+
+@pytest.fixture(autouse=True)
+def switch_on() -> Iterator[None]:
+    InlineSwitch.on = True
+    yield
+    InlineSwitch.on = True
+
+
+def test_cpu_python_models_without_bls_may_run_inline(tmp_path: Path) -> None:
+    path, config = write(tmp_path, "plain", RECORDING_MODEL)
+    backend = PythonBackend(path, config, "cpu")
+    try:
+        assert inline_allowed(backend, config, "cpu", path)
+        assert not inline_allowed(backend, config, "cuda:0", path)  # GPU contexts are per thread
+        config.model_transaction_policy.decoupled = True
+        assert not inline_allowed(backend, config, "cpu", path)  # responses come from other threads
+    finally:
+        backend.close()
+
+
+def test_python_models_that_may_call_bls_never_run_inline(tmp_path: Path) -> None:
+    path, config = write(tmp_path, "caller", BLS_MODEL)
+    backend = PythonBackend(path, config, "cpu")
+    try:
+        assert not inline_allowed(backend, config, "cpu", path)
+    finally:
+        backend.close()
+
+
+def test_a_main_thread_bls_call_fails_retryably_and_stops_inline_batches() -> None:
+    assert threading.current_thread() is threading.main_thread()
+    elsewhere: list[BaseException] = []
+
+    def on_a_model_thread() -> None:
+        try:
+            InlineSwitch.refuse_on_main_thread("BLS call")
+        except BaseException as exc:  # pragma: no cover - would fail the assertion below
+            elsewhere.append(exc)
+
+    t = threading.Thread(target=on_a_model_thread)
+    t.start()
+    t.join()
+    assert not elsewhere and InlineSwitch.on  # an instance's own thread: nothing to refuse
+    with pytest.raises(ConveyorError) as caught:
+        InlineSwitch.refuse_on_main_thread("BLS call")
+    assert caught.value.status is Status.UNAVAILABLE and "retry" in caught.value.message
+    assert not InlineSwitch.on
