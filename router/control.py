@@ -10,6 +10,7 @@ from conveyor.proto.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.custom_metrics import CustomMetricsStore
+from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.models import ModelRegistry, metadata, signature
 from conveyor.router.workers import WorkerPool
 
@@ -82,6 +83,9 @@ class ControlHandler:
         entry = self.registry.entry(model)
         if version:
             self.registry.resolve(model, version)
+        for state in entry.versions.values():
+            if isinstance(state, EnsembleVersion):
+                state.composing()  # its check says whether it is decoupled (written into the config)
         return to_json(entry.spec.config)
 
     def model_stats(self, model: str = "", version: str = "") -> dict[str, Any]:

@@ -3,9 +3,12 @@ model is, and checked against the composing models' configs.
 
 Those checks (Triton's load-time rules: every step's model exists, the mapped
 tensor names exist with matching data types, the ensemble's max_batch_size fits
-every composing model's, no decoupled step) are redone whenever the repository
-generation changes, since composing models load, reload and unload on their own.
-A failed check makes the ensemble UNAVAILABLE with the reason.
+every composing model's, no step reads the responses of two unrelated decoupled
+steps) are redone whenever the repository generation changes, since composing
+models load, reload and unload on their own. A failed check makes the ensemble
+UNAVAILABLE with the reason. As in Triton, an ensemble with a decoupled step is
+decoupled itself: the check writes ``model_transaction_policy.decoupled`` into
+its config, which is what its metadata, config and the ingress's signature show.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError
 from conveyor.router.batcher import DynamicBatcher
+from conveyor.router.ensemble_levels import Levels, build_levels
 from conveyor.router.ensemble_plan import EnsemblePlan, Step, build_plan
 from conveyor.router.models import ModelEntry, ModelRegistry, VersionState
 from conveyor.router.repository import ModelSpec
@@ -25,6 +30,7 @@ from conveyor.router.stats import ModelStats
 class EnsembleVersion(VersionState):
     plan: EnsemblePlan | None = None
     registry: ModelRegistry | None = None
+    levels: Levels | None = None  # where decoupled steps' responses flow (set by the check)
     _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
     _checking: bool = field(default=False)  # re-entered: ensembles that contain each other
 
@@ -95,6 +101,15 @@ class EnsembleVersion(VersionState):
         for t in self.config.output:
             if types[t.name] != t.data_type:
                 return _type_mismatch(t.name, types[t.name], f"ensemble output '{t.name}'", t.data_type)
+        decoupled = [s.index for s, c in zip(self.plan.steps, configs, strict=True)
+                     if c.model_transaction_policy.decoupled]
+        try:
+            self.levels = build_levels(self.plan, decoupled)
+        except ConveyorError as exc:
+            return f"in ensemble '{self.model}', {exc.message}"
+        policy = self.config.model_transaction_policy
+        if policy.decoupled != self.levels.streaming:  # Triton sets it the same way
+            policy.decoupled = self.levels.streaming
         return ""
 
     def _step_config(self, step: Step) -> mc.ModelConfig | str:
@@ -108,9 +123,10 @@ class EnsembleVersion(VersionState):
             return f"{where}: composing model '{step.model}' is not available: {entry.spec.error}"
         if step.version and int(step.version) not in entry.versions:
             return f"{where}: version {step.version} of composing model '{step.model}' is not found"
+        for version in entry.versions.values():
+            if isinstance(version, EnsembleVersion):
+                version.composing()  # a nested ensemble: whether it is decoupled is known after its check
         config = entry.spec.config
-        if config.model_transaction_policy.decoupled:
-            return f"{where}: decoupled composing models are not supported yet ('{step.model}' is decoupled)"
         ours = self.config.max_batch_size
         if ours > 0 and config.max_batch_size < ours:
             return (f"ensemble '{self.model}' allows maximum batch size {ours}, but it contains model "
@@ -151,7 +167,7 @@ def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry
     for v, path in sorted(versions.items()):
         state = EnsembleVersion(
             spec.name, v, path, spec.config, ModelStats(spec.name, str(v)),
-            DynamicBatcher(0, [], 0, enabled=False), plan=plan, registry=registry,
+            DynamicBatcher(0, [], 0, enabled=False), plan=plan, registry=registry, levels=build_levels(plan),
         )
         state.error = spec.version_errors.get(v, "")
         entry.versions[v] = state

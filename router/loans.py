@@ -54,6 +54,18 @@ class Loans:
         self._out[slot] = (blocks, time.monotonic())
         return m.Release(segment.name, slot)
 
+    def take_back(self, loan: m.Release) -> None:
+        """A loan never handed out (its response was dropped): its blocks go back now."""
+        if self._segment is None or loan.region != self._segment.name:
+            return
+        entry = self._out.pop(loan.offset, None)
+        if entry is None:
+            return
+        for block in entry[0]:
+            self._holds.drop(block)
+        self._segment.array[loan.offset] = OUTSTANDING
+        self._free.append(loan.offset)
+
     def collect(self, expire: bool = False) -> int:
         """Take back returned loans (and, with ``expire``, abandoned ones); how many."""
         if not self._out or self._segment is None:

@@ -137,6 +137,9 @@ class Router:
             self._send_response,
             self.holds, self.loans, lambda: self.registry.generation, regions,
         )
+        # What the router keeps of other processes' memory (tests and operators check it returns to 0).
+        self.control.add_ops({"held_blocks": lambda: {
+            "held": len(self.holds), "loans": len(self.loans), "ensembles": len(self.ensembles)}})
         self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
         self.control.response_cache = self.cache is not None
         self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
@@ -625,6 +628,10 @@ class Router:
             # Decoupled: the items were (or will be) answered by ItemResponses.
             if result.error is not None:
                 self._end_open_items(result.batch, run, result.error)
+            else:
+                for p in run.items:  # an ensemble's decoupled step: its compute times count there too
+                    if p.ensemble_stats is not None:
+                        p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             if not any(run.open):
                 self.running.pop(result.batch, None)
             self._after_batch(state)

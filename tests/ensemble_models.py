@@ -147,6 +147,9 @@ def build(repo: str) -> None:
     ensemble(repo, "ens_too_big", ["A"], ["OUT"], [_step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})],
              max_batch_size=16)
     write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
-    ensemble(repo, "ens_decoupled", ["A"], ["OUT"], [_step("py_repeat", {"IN": "A"}, {"OUT": "OUT"})],
-             max_batch_size=0)
+    # Two decoupled steps whose responses cannot be paired (a streaming ensemble is fine: see
+    # tests/test_ensemble_decoupled_e2e.py).
+    ensemble(repo, "ens_two_streams", ["A"], ["OUT", "OUT2"], [
+        _step("py_repeat", {"IN": "A"}, {"OUT": "OUT"}), _step("py_repeat", {"IN": "A"}, {"OUT": "OUT2"}),
+    ], max_batch_size=0)
     ensemble(repo, "ens_bad_tensor", ["A"], ["OUT"], [_step("ident", {"NOPE": "A"}, {"OUTPUT0": "OUT"})])

@@ -66,3 +66,17 @@ def test_unsupported_scheme_is_refused_at_start(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "hdfs:// repositories are not supported (s3://, gs://, as:// and local paths are)" in proc.stderr
+
+
+def test_s3_endpoint_from_the_environment(s3: tuple[str, object], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An S3-compatible store named by boto3's AWS_ENDPOINT_URL_S3 (the Helm chart's
+    modelRepository.cloud.endpointUrl), the URL naming only bucket and path."""
+    from conveyor.router.cloud.s3 import S3Repository
+
+    endpoint, client = s3
+    client.put_object(Bucket="models", Key="env/m/config.pbtxt", Body=b'name: "m"')  # type: ignore[attr-defined]
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://{endpoint}")
+    monkeypatch.delenv("TRITON_CLOUD_CREDENTIAL_PATH", raising=False)
+    local = S3Repository.parse("s3://models/env", str(tmp_path)).sync()
+    assert (Path(local) / "m" / "config.pbtxt").read_bytes() == b'name: "m"'

@@ -35,8 +35,9 @@ KUBE_VERSIONS = ["1.25.0", "latest"]
 FULL: dict[str, Any] = {
     "replicaCount": 3,
     "gpu": {"count": 2, "runtimeClassName": "nvidia"},
-    "modelRepository": {"source": "s3", "s3": {"uri": "s3://models/prod", "endpointUrl": "http://minio:9000",
-                                               "secretName": "s3-credentials"}},
+    "modelRepository": {"source": "cloud", "cloud": {"uri": "s3://models/prod", "endpointUrl": "https://minio:9000",
+                                                     "secretName": "s3-credentials"}},
+    "serviceAccountName": "model-reader",
     "autoscaling": {"enabled": True},
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
     "service": {"headless": True, "sessionAffinity": "ClientIP", "annotations": {"team": "ml"}},
@@ -53,7 +54,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "full": FULL,
     "pvc": {"modelRepository": {"source": "pvc", "pvc": {"claimName": "models", "subPath": "triton"}}},
     "hostPath": {"modelRepository": {"source": "hostPath", "hostPath": {"path": "/srv/models"}}},
+    "gcs": {"modelRepository": {"source": "cloud", "cloud": {
+        "uri": "gs://models/prod", "credentialsFile": {"secretName": "gcs-key", "key": "key.json"}}}},
+    "azure": {"modelRepository": {"source": "cloud", "cloud": {"uri": "as://acct/models/prod",
+                                                               "secretName": "azure-storage"}}},
 }
+CLOUD_URIS = {"full": "s3://models/prod", "gcs": "gs://models/prod", "azure": "as://acct/models/prod"}
 
 
 def serve_defaults() -> Any:
@@ -123,7 +129,7 @@ def test_container_args_are_conveyor_serve_flags() -> None:
     for name, values in VALUE_SETS.items():
         args = container(render(values))["args"]
         parsed = build_parser().parse_args(["serve", *args])  # exits (SystemExit) on an unknown flag
-        repos = [] if name == "default" else ["/models"]
+        repos = [] if name == "default" else [CLOUD_URIS.get(name, "/models")]
         assert parsed.model_repository == repos, name
     parsed = build_parser().parse_args(["serve", *container(render(FULL))["args"]])
     assert (parsed.workers, parsed.max_queue_size, parsed.allow_client_shm) == (4, 64, False)
@@ -190,12 +196,27 @@ def test_model_repository_sources() -> None:
     host = {v["name"]: v for v in pod_spec(render(VALUE_SETS["hostPath"]))["volumes"]}
     assert host["models"]["hostPath"] == {"path": "/srv/models", "type": "Directory"}
 
-    s3 = pod_spec(render(FULL))
-    (init,) = s3["initContainers"]
-    assert init["args"][:4] == ["s3", "sync", "s3://models/prod", "/models"]
-    assert "--endpoint-url=http://minio:9000" in init["args"]
-    assert init["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
-    assert "emptyDir" in {v["name"]: v for v in s3["volumes"]}["models"]
+    # Cloud stores: the router reads the URL itself (no init container) into a cache emptyDir.
+    for name in ("full", "gcs", "azure"):
+        spec = pod_spec(render(VALUE_SETS[name]))
+        assert "initContainers" not in spec, name
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["name"]: m for m in container(render(VALUE_SETS[name]))["volumeMounts"]}
+        assert volumes["model-cache"]["emptyDir"] == {"sizeLimit": "20Gi"} and "models" not in volumes
+        assert mounts["model-cache"]["mountPath"] == "/var/cache/conveyor"
+    s3 = container(render(FULL))
+    env = {e["name"]: e["value"] for e in s3["env"]}
+    assert env == {"CONVEYOR_REPOSITORY_CACHE": "/var/cache/conveyor", "AWS_ENDPOINT_URL_S3": "https://minio:9000"}
+    assert s3["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+    assert pod_spec(render(FULL))["serviceAccountName"] == "model-reader"
+    gcs = container(render(VALUE_SETS["gcs"]))
+    env = {e["name"]: e["value"] for e in gcs["env"]}
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"] == "/var/run/secrets/conveyor-cloud/key.json"
+    assert {m["name"]: m for m in gcs["volumeMounts"]}["cloud-credentials"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod_spec(render(VALUE_SETS["gcs"]))["volumes"]}
+    assert volumes["cloud-credentials"]["secret"] == {"secretName": "gcs-key"}
+    assert "envFrom" not in gcs
+    assert container(render(VALUE_SETS["azure"]))["envFrom"] == [{"secretRef": {"name": "azure-storage"}}]
 
     assert "models" not in {v["name"] for v in pod_spec(render({}))["volumes"]}
     helm = pytest.importorskip("helm_python")
@@ -203,6 +224,12 @@ def test_model_repository_sources() -> None:
         render({"modelRepository": {"source": "pvc"}})
     with pytest.raises(helm.HelmRenderError, match="must be one of"):
         render({"modelRepository": {"source": "nfs"}})
+    with pytest.raises(helm.HelmRenderError, match="source s3 is now cloud"):
+        render({"modelRepository": {"source": "s3"}})
+    with pytest.raises(helm.HelmRenderError, match=r"cloud\.uri is required"):
+        render({"modelRepository": {"source": "cloud"}})
+    with pytest.raises(helm.HelmRenderError, match="must be an s3://, gs:// or as:// URL"):
+        render({"modelRepository": {"source": "cloud", "cloud": {"uri": "hdfs://nn/models"}}})
 
 
 def test_gpus_autoscaling_and_monitoring() -> None:
@@ -295,3 +322,14 @@ def test_dockerfile_agrees_with_cli_and_chart(dockerfile: Path) -> None:
     uid, gid = (int(x) for x in steps["USER"].split(":"))
     security = chart_values()["podSecurityContext"]
     assert uid != 0 and (uid, gid) == (security["runAsUser"], security["runAsGroup"])
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_read_cloud_repositories(dockerfile: Path) -> None:
+    """The chart's cloud source passes the URL to the router: the image must have the cloud extra."""
+    installs = [rest for word, rest in instructions(dockerfile) if word == "RUN" and "pip install" in rest]
+    (line,) = [r for r in installs if '".[' in r]
+    extras = line.split('".[', 1)[1].split("]", 1)[0].split("$", 1)[0].strip(",").split(",")
+    assert "cloud" in extras
+    assert re.search(r'^cloud = \[.*"boto3".*"google-cloud-storage".*"azure-storage-blob"',
+                     (ROOT / "pyproject.toml").read_text(), re.M)

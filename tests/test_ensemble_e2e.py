@@ -97,7 +97,8 @@ def test_a_failing_step_fails_the_request_with_its_message(client: Client, proto
     ("ens_too_big", "allows maximum batch size 16, but it contains model 'ident' which only allows maximum "
                     "batch size to be 8"),
     ("ens_bad_tensor", "composing model 'ident' has no input 'NOPE'"),
-    ("ens_decoupled", "decoupled composing models are not supported yet"),
+    ("ens_two_streams", "in ensemble 'ens_two_streams', the ensemble's outputs come from different decoupled "
+                        "models ('py_repeat' (step 0) and 'py_repeat' (step 1))"),
     ("ens_bad_condition", "parameter 'conveyor.step.0.when': condition 'A is big': expected '<tensor> <op> <value>'"),
 ])
 def test_invalid_ensembles_are_unavailable_with_the_reason(ens_server: Server, model: str, reason: str) -> None:

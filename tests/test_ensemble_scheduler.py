@@ -13,6 +13,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.model_config import parse_text
 from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.ensemble import EnsembleScheduler
+from conveyor.router.ensemble_levels import build_levels
 from conveyor.router.ensemble_plan import build_plan
 from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.held_blocks import HeldBlocks
@@ -153,3 +154,140 @@ def test_a_client_cancel_stops_the_run(harness: Harness) -> None:
     (reply,) = harness.replies
     assert reply.error is not None and "cancelled" in reply.error.message
     assert len(harness.scheduler) == 0
+
+
+# --- a decoupled step: "gen" streams, "post" runs once per response --------------------------
+
+STREAM = '''
+name: "stream"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "gen" input_map { key: "X" value: "A" } output_map { key: "Y" value: "tok" } },
+  { model_name: "post" input_map { key: "X" value: "tok" } output_map { key: "Y" value: "OUT" } }
+] }
+'''
+
+
+@pytest.fixture()
+def stream() -> Iterator[Harness]:
+    group = f"s{os.getpid()}"
+    worker = Arena(segment_name(group, "worker"), 1 << 16)
+    holds = HeldBlocks()
+    loans = Loans(segment_name(group, "router"), holds, slots=64)
+    config = parse_text(STREAM)
+    plan = build_plan(config)
+    state = EnsembleVersion("stream", 1, "", config, ModelStats("stream", "1"), DynamicBatcher(0, [], 0, False),
+                            plan=plan, levels=build_levels(plan, [0]))
+    h = Harness(worker, loans, None, state)  # type: ignore[arg-type]
+    h.scheduler = EnsembleScheduler(lambda req, stats: h.submitted.append(req), h.cancelled.append,
+                                    lambda identity, resp: h.replies.append(resp), holds, loans, lambda: 1)
+    yield h
+    loans.close()
+    worker.close()
+
+
+def send(h: Harness, final: bool = False, data: bool = True) -> m.Release | None:
+    """The decoupled step "gen" sends one response (a fresh block), or only its final flag."""
+    req = h.step("gen")
+    if not data:
+        h.scheduler.on_response(m.InferResponse(req.id, "gen", "1", final=True))
+        return None
+    flag = m.Release(h.worker.name, h.next_flag)
+    h.next_flag += 1
+    out = m.TensorRef("Y", "INT32", [4], h.worker.name, 1024 + 64 * flag.offset, 16)
+    h.scheduler.on_response(m.InferResponse(req.id, "gen", "1", [out], release=[flag], final=final))
+    return flag
+
+
+def post(h: Harness, index: int, error: str = "") -> m.Release:
+    """The ``index``-th "post" step (one per response of gen) answers."""
+    req = [r for r in h.submitted if r.model == "post"][index]
+    flag = m.Release(h.worker.name, h.next_flag)
+    h.next_flag += 1
+    if error:
+        h.scheduler.on_response(m.InferResponse(req.id, "post", "1", error=m.ErrorInfo(1, error)))
+    else:
+        out = m.TensorRef("Y", "INT32", [4], h.worker.name, 1024 + 64 * flag.offset, 16)
+        h.scheduler.on_response(m.InferResponse(req.id, "post", "1", [out], release=[flag]))
+    return flag
+
+
+def give_back_loans(h: Harness) -> None:
+    for reply in h.replies:
+        for loan in reply.release:
+            h.loans._open().array[loan.offset] = RELEASED  # the ingress copied the response out
+    h.loans.collect()
+
+
+def test_each_response_runs_the_next_steps_and_answers_in_order(stream: Harness) -> None:
+    stream.request("OUT")
+    first, second = send(stream), send(stream)
+    assert first is not None and second is not None
+    posts = [r for r in stream.submitted if r.model == "post"]
+    assert [p.inputs[0].offset for p in posts] == [1024, 1024 + 64]  # each reads its own response, in place
+    assert stream.flag(first) == HELD and stream.flag(second) == HELD
+    out2 = post(stream, 1)  # the second response is transformed first...
+    assert stream.replies == []  # ...and waits for the first
+    assert stream.flag(second) == RELEASED  # nothing reads it any more
+    out1 = post(stream, 0)
+    assert [(r.outputs[0].offset, r.final) for r in stream.replies] == [(1024 + 64 * out1.offset, False),
+                                                                       (1024 + 64 * out2.offset, False)]
+    send(stream, data=False)  # gen is done: only the final flag is left to send
+    assert [r.final for r in stream.replies] == [False, False, True] and stream.replies[2].outputs == []
+    give_back_loans(stream)
+    assert all(stream.flag(f) == RELEASED for f in (first, second, out1, out2))
+    assert len(stream.scheduler) == 0 and len(stream.loans) == 0
+    assert stream.state.stats.success.count == 1
+
+
+def test_the_final_flag_rides_on_the_last_response(stream: Harness) -> None:
+    stream.request("OUT")
+    send(stream, final=True)  # the decoupled step's last response carries its final flag
+    assert stream.replies == []
+    post(stream, 0)
+    ((reply,),) = [stream.replies]
+    assert reply.final and [t.name for t in reply.outputs] == ["OUT"]
+
+
+def test_no_response_sends_the_final_flag_alone(stream: Harness) -> None:
+    stream.request("OUT")
+    send(stream, data=False)
+    ((reply,),) = [stream.replies]
+    assert reply.final and reply.error is None and reply.outputs == []
+
+
+def test_a_failed_step_mid_stream_is_sent_at_once_and_ends_the_request(stream: Harness) -> None:
+    stream.request("OUT")
+    first, second, third = send(stream), send(stream), send(stream)
+    assert first is not None and second is not None and third is not None
+    post(stream, 0)
+    made = post(stream, 2)  # made but not sent (its turn comes after the second's)
+    post(stream, 1, error="post broke")
+    assert [(r.error is None, r.final) for r in stream.replies] == [(True, False), (False, False)]
+    assert stream.replies[1].error is not None and stream.replies[1].error.message == "post broke"
+    assert stream.cancelled == [stream.step("gen").id]  # the stream is asked to stop
+    late = send(stream)  # it may still send: dropped at once
+    assert late is not None and stream.flag(late) == RELEASED
+    assert stream.flag(made) == RELEASED  # the response never sent gave its loan back
+    send(stream, data=False)
+    assert [(r.error, r.final) for r in stream.replies[2:]] == [(None, True)]
+    give_back_loans(stream)
+    assert all(stream.flag(f) == RELEASED for f in (first, second, third))
+    assert len(stream.loans) == 0 and len(stream.scheduler) == 0
+    assert stream.state.stats.fail.count == 1
+
+
+def test_a_client_cancel_stops_the_decoupled_step(stream: Harness) -> None:
+    stream.request("OUT")
+    tok = send(stream)
+    assert stream.scheduler.cancel(b"ingress", 7)
+    gen, post0 = stream.step("gen"), next(r for r in stream.submitted if r.model == "post")
+    assert sorted(stream.cancelled) == sorted([gen.id, post0.id])
+    post(stream, 0)
+    send(stream, data=False)
+    assert [r.final for r in stream.replies] == [False, True]
+    assert stream.replies[0].error is not None and "cancelled" in stream.replies[0].error.message
+    assert tok is not None and stream.flag(tok) == RELEASED and len(stream.scheduler) == 0

@@ -41,8 +41,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The arguments of `conveyor serve` (the image's entrypoint). */}}
 {{- define "conveyor.args" -}}
 {{- $c := .Values.conveyor }}
-{{- if ne .Values.modelRepository.source "example" }}
-- --model-repository={{ .Values.modelRepository.mountPath }}
+{{- $repo := .Values.modelRepository }}
+{{- if eq $repo.source "cloud" }}
+{{- $uri := required "modelRepository.cloud.uri is required with source cloud" $repo.cloud.uri }}
+{{- if not (regexMatch "^(s3|gs|as)://" $uri) }}
+{{- fail "modelRepository.cloud.uri must be an s3://, gs:// or as:// URL" }}
+{{- end }}
+- --model-repository={{ $uri }}
+{{- else if ne $repo.source "example" }}
+- --model-repository={{ $repo.mountPath }}
 {{- end }}
 - --workers={{ int $c.workers }}
 - --http-ingress={{ int $c.httpIngress }}
