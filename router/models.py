@@ -41,11 +41,17 @@ class Instance:
 
     version: VersionState
     index: int
-    device: str
+    device: str  # what the config asks: "cpu", "cuda:N", or "cuda" (any GPU: KIND_GPU without gpus)
     state: InstanceState = InstanceState.UNPLACED
     worker: bytes | None = None
     busy: bool = False
     error: str = ""
+    placed_device: str = ""  # for "cuda": the GPU placement chose
+
+    @property
+    def load_device(self) -> str:
+        """The concrete device the instance loads on."""
+        return self.placed_device or self.device
 
     @property
     def serving(self) -> bool:
@@ -166,14 +172,17 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
     """One device string per instance the config's ``instance_group`` asks for.
 
     No ``instance_group``: none here; the router then gives every worker one CPU
-    instance (a Conveyor choice that uses every worker process).
+    instance (a Conveyor choice that uses every worker process). ``KIND_GPU``
+    without ``gpus``: "cuda", any GPU, chosen at placement (Triton puts ``count``
+    instances on every GPU; Conveyor places ``count`` in all, spread over the GPUs).
     """
     devices: list[str] = []
     for group in config.instance_group:
         count = group.count if group.count > 0 else 1
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
-            gpus = list(group.gpus) or [0]
-            for gpu in gpus:
+            if not group.gpus:
+                devices += ["cuda"] * count
+            for gpu in group.gpus:
                 devices += [f"cuda:{gpu}"] * count
         else:
             devices += ["cpu"] * count

@@ -104,7 +104,7 @@ class RateLimiter:
         limiters = instance_limiters(version.config)
         position = version.instances.index(inst)
         config = limiters[position] if position < len(limiters) else mc.ModelRateLimiter()
-        device = device_index(inst.device)
+        device = device_index(inst.load_device)
         needs: dict[Key, int] = {}
         for r in config.resources:
             key = (GLOBAL if getattr(r, "global") else device, r.name)

@@ -577,7 +577,7 @@ class Router:
         for inst in self.pool.place(pending):
             st = inst.version
             assert inst.worker is not None
-            load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.device)
+            load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.load_device)
             self.back.send_multipart([inst.worker, m.encode(load)])
 
     def _register_limits(self, instances: list[Instance]) -> None:

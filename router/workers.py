@@ -41,7 +41,13 @@ class WorkerInfo:
     leaving: bool = False  # said WorkerLeaving: gets no new instance
 
     def hosts(self, device: str) -> bool:
+        if device == "cuda":
+            return bool(self.devices)
         return device == "cpu" or device in self.devices
+
+    def least_used_gpu(self) -> str:
+        """The GPU of this worker holding the fewest instances."""
+        return min(self.devices, key=lambda d: sum(1 for i in self.instances if i.load_device == d))
 
 
 class WorkerPool:
@@ -78,13 +84,16 @@ class WorkerPool:
             candidates = [w for w in self.workers.values() if w.hosts(inst.device) and not w.leaving]
             if not candidates:
                 # Stays unplaced (a worker with that device may join later), but says why.
-                inst.error = f"no worker has device '{inst.device}'" if self.workers else ""
+                wanted = "a GPU" if inst.device == "cuda" else f"device '{inst.device}'"
+                inst.error = f"no worker has {wanted}" if self.workers else ""
                 continue
             inst.error = ""
             best = min(
                 candidates,
                 key=lambda w: (sum(1 for i in w.instances if i.version is inst.version), len(w.instances)),
             )
+            if inst.device == "cuda":
+                inst.placed_device = best.least_used_gpu()
             inst.worker = best.identity
             inst.state = InstanceState.LOADING
             best.instances.append(inst)

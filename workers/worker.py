@@ -51,6 +51,7 @@ from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
+from conveyor.workers.devices import DeviceMap, local_gpu_count
 from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_NS, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
 from conveyor.workers.item_stream import ItemStream
@@ -108,22 +109,13 @@ class LoadedInstance:
 EXEC_ALPHA = 0.2  # weight of a batch's time in its instance's recent average
 
 
-def detect_devices() -> list[str]:
-    """CUDA devices this worker could use (none without cupy or a GPU)."""
-    try:
-        import cupy
-
-        return [f"cuda:{i}" for i in range(cupy.cuda.runtime.getDeviceCount())]
-    except Exception:
-        return []
-
-
 class Worker:
     def __init__(
         self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, bls_endpoint: str = "",
         exit_timeout_s: float = 30.0,
     ) -> None:
         """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS)."""
+        self.devices = DeviceMap(local_gpu_count(), os.environ)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -179,7 +171,7 @@ class Worker:
 
     def _hello(self) -> None:
         self.sock.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
-                                              detect_devices())))
+                                              self.devices.reported())))
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
@@ -316,6 +308,7 @@ class Worker:
     def _load(self, msg: m.LoadModel) -> None:
         key = (msg.model, msg.version, msg.instance)
         config = mc.ModelConfig.FromString(msg.config)
+        device = self.devices.local(msg.device)  # the router names physical GPUs
         inst = LoadedInstance(key, None, config, {})
         self.instances[key] = inst
 
@@ -326,7 +319,7 @@ class Worker:
                 inst.labels = load_labels(model_dir, config)
                 if config.HasField("sequence_batching"):
                     inst.sequences = SequenceSlots(config, model_dir)
-                backend = load_backend(config.backend, msg.path, config, msg.device, msg.instance)
+                backend = load_backend(config.backend, msg.path, config, device, msg.instance)
                 inst.per_request = isinstance(backend, RequestBackend)
                 inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
                 shapes = BatchShapes.from_config(config)
@@ -338,7 +331,7 @@ class Worker:
                     except BaseException:
                         backend.close()  # a failed warmup fails the instance, as in Triton
                         raise
-                inst.inline_ok = inline_allowed(backend, config, msg.device, msg.path)
+                inst.inline_ok = inline_allowed(backend, config, device, msg.path)
                 inst.backend = backend
             except ConveyorError as exc:
                 error = exc.message
