@@ -32,6 +32,10 @@ docs/SCHEDULING.md). So the controller measures what it optimises:
   no more than ``GAIN`` worse: at equal throughput the shorter wait wins.
 * A failed probe doubles the number of windows before the next one (up to
   ``MAX_HOLD``), so a settled load pays little for the search; a move resets it.
+* No probe upwards when it cannot pay: the last window's batches all held one
+  row and rows came further apart than the higher delay (concurrency 1, or a
+  light load). Waiting would only add latency there, so the search does not
+  spend windows on it.
 * A window that ran too long (``STALE_NS``: the load stopped or changed) is
   thrown away; with nothing measured, the delay is 0 (batches of what is
   queued, at once).
@@ -45,7 +49,7 @@ from conveyor.proto import model_config_pb2 as mc
 
 LATENCY_TARGET_PARAMETER = "conveyor.latency_target_us"
 LEVELS_US = (0, 1000, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000)
-WINDOW_NS = 200_000_000  # a throughput window lasts at least this long ...
+WINDOW_NS = 300_000_000  # a throughput window lasts at least this long ...
 WINDOW_BATCHES = 8  # ... and holds at least this many executions
 SETTLE_NS = 20_000_000  # after a change of delay, executions this soon are not counted (old batches)
 STALE_NS = 2_000_000_000  # a window longer than this is thrown away
@@ -100,6 +104,7 @@ class AdaptiveController:
         self._settle_until = 0
         self._rows = 0
         self._batches = 0
+        self._lone_rows_gap_ns = 0.0  # last window: mean gap between rows when every batch held one row, else 0
         self._plan = self._make_plan()
 
     # --- observations --------------------------------------------------------------------
@@ -117,6 +122,7 @@ class AdaptiveController:
         if took > STALE_NS:
             self._restart_window(now_ns)
         elif took >= WINDOW_NS and self._batches >= WINDOW_BATCHES:
+            self._lone_rows_gap_ns = took / self._rows if self._rows == self._batches else 0.0
             self._window_done(self._rows * 1e9 / took, now_ns)
 
     # --- decision ------------------------------------------------------------------------
@@ -148,10 +154,12 @@ class AdaptiveController:
 
     def _start_probe(self) -> None:
         top = len(self.levels_ns) - 1
-        if top == 0:
+        up = self._up_next if 0 < self.level < top else self.level == 0
+        if up and self.level < top and self._lone_rows_gap_ns > self.levels_ns[self.level + 1]:
+            up = False  # nothing would join a waiting batch
+        if top == 0 or (not up and self.level == 0):
             self._held = 0
             return
-        up = self._up_next if 0 < self.level < top else self.level == 0
         self._up_next = not up
         self.probing = self.level + 1 if up else self.level - 1
 

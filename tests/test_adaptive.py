@@ -42,10 +42,21 @@ def test_the_delay_levels_stop_at_the_target() -> None:
 
 
 def test_when_waiting_does_not_pay_the_delay_stays_at_zero() -> None:
-    # Closed loop at concurrency 1: every microsecond of wait is lost throughput.
+    # Closed loop at a low concurrency: every microsecond of wait is lost throughput.
     c = AdaptiveController(8 * MS, 16)
-    Load(c, lambda d: 250 / (1 + d / 4), rows=1).run(30)
+    Load(c, lambda d: 2000 / (1 + d / 4), rows=2).run(30)
     assert c.level == 0 and c._hold == MAX_HOLD  # probes failed, so they became rare
+
+
+def test_lone_rows_further_apart_than_the_next_delay_are_never_kept_waiting() -> None:
+    # Concurrency 1: one row per batch, 4 ms apart. Waiting 1 ms could catch nothing: no probe at all.
+    c = AdaptiveController(8 * MS, 16)
+    probes = 0
+    load = Load(c, lambda d: 250 / (1 + d / 4), rows=1)
+    for _ in range(300):
+        load.run(0.1)
+        probes += c.probing is not None
+    assert probes == 0 and c.level == 0
 
 
 def test_when_larger_batches_pay_the_delay_climbs_to_the_best_level() -> None:
