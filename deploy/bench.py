@@ -79,7 +79,9 @@ def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, sec
         cmd += [x for s in shape for x in ("--shape", s)]
         if shared_memory != "none":
             cmd += ["--output-shared-memory-size", str(output_bytes)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"perf_analyzer failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         rows = list(csv.DictReader(open(report.name)))
     row = rows[-1]
     return {

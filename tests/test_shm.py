@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conveyor.proto.errors import ConveyorError
 from conveyor.shm.allocator import BlockAllocator
-from conveyor.shm.arena import Arena
+from conveyor.shm.arena import HELD, RELEASED, Arena
 from conveyor.shm.naming import group_segments, segment_name, shm_preflight, sweep_orphans
 from conveyor.shm.regions import RegionCache
 
@@ -48,6 +49,27 @@ def test_released_blocks_come_back_once_every_consumer_flags() -> None:
         assert arena.reclaim() == 0
         regions.view(arena.name, flags + 1, 1)[0] = 1
         assert arena.reclaim() == 1 and arena.outstanding == 0
+    finally:
+        arena.close()
+
+
+def test_abandoned_blocks_come_back_unless_the_router_holds_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    arena = Arena(segment_name(f"a{os.getpid()}", "test"), 1 << 16)
+    try:
+        arena.alloc_released(100, 1)  # its consumer died
+        _, held = arena.alloc_released(100, 1)  # the router keeps it (ensemble, cache)
+        _, two = arena.alloc_released(100, 2)  # one of two consumers released, the other died
+        _, mixed = arena.alloc_released(100, 2)  # one released, one held
+        arena.array[held] = HELD
+        arena.array[two] = RELEASED
+        arena.array[mixed] = RELEASED
+        arena.array[mixed + 1] = HELD
+        assert arena.reclaim() == 0  # nobody is late yet
+        monkeypatch.setattr(time, "monotonic", lambda: 10**9)  # long after ABANDONED_AFTER_S
+        assert arena.reclaim() == 2 and arena.outstanding == 2  # one, two
+        arena.array[held] = RELEASED
+        arena.array[mixed + 1] = RELEASED
+        assert arena.reclaim() == 2 and arena.outstanding == 0
     finally:
         arena.close()
 
