@@ -6,12 +6,9 @@ bytes stay in shared memory, between the ingress arena and the worker arena.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -24,6 +21,7 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
 from conveyor.router.cloud import RepositoryRoots
 from conveyor.router.control import ControlHandler
+from conveyor.router.dispatch import Dispatcher, Running
 from conveyor.router.ensemble import EnsembleScheduler
 from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.held_blocks import HeldBlocks
@@ -35,9 +33,9 @@ from conveyor.router.otlp_export import otlp_sink
 from conveyor.router.pending import Pending
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.rate_limiter import RateLimiter
+from conveyor.router.replies import Replies, count_failure
 from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.self_link import SelfLink
-from conveyor.router.sequences import SequenceBatcher
 from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.stats import ModelStats
 from conveyor.router.trace_settings import TraceConfig
@@ -51,22 +49,6 @@ log = logging.getLogger(__name__)
 
 # How often registered client segments are checked for having gone away.
 SHM_SWEEP_INTERVAL_S = 5.0
-
-
-@dataclass(slots=True, eq=False)
-class Running:
-    """A batch on a worker.
-
-    A decoupled model's batch stays after its execute returned (``executing``
-    False: the instance is free again, as in Triton) until every item has had
-    its final ``ItemResponse``; ``open`` says which items still wait for theirs.
-    """
-
-    instance: Instance
-    items: list[Pending]
-    dispatched_ns: int
-    executing: bool = True
-    open: list[bool] | None = None  # None: not decoupled, the BatchResult answers every item
 
 
 class Router:
@@ -115,15 +97,6 @@ class Router:
             "trace_settings": lambda model="", settings=None: self.settings.trace_settings(
                 model, settings, lambda name: name in self.registry.models),
         })
-        self.running: dict[int, Running] = {}
-        # (ingress, request id) -> (batch, index) of every request on a worker, so a
-        # Cancel can reach the model (``CancelItem``).
-        self.started: dict[tuple[bytes, int], tuple[int, int]] = {}
-        self.queued: dict[tuple[bytes, int], VersionState] = {}
-        self._batch_ids = itertools.count(1)
-        self._timers: list[tuple[int, int, VersionState]] = []
-        self._timer_seq = itertools.count()
-        self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
         self.systemd = Notifier()
         self.group = group
@@ -143,6 +116,13 @@ class Router:
         self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
         self.control.response_cache = self.cache is not None
         self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
+        self.replies = Replies(self.front, self.registry)
+        self._reply_error = self.replies.error
+        self.dispatcher = Dispatcher(self.back, self.replies, self.limiter)
+        self._schedule = self.dispatcher.schedule
+        self.running = self.dispatcher.running
+        self.started = self.dispatcher.started
+        self.queued = self.dispatcher.queued
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -170,7 +150,7 @@ class Router:
             if self._stopping:
                 self.shutdown.begin()
                 self.systemd.stopping("draining")
-                if self.shutdown.phase(busy=bool(self.running or self.queued)) is Phase.DONE:
+                if self.shutdown.phase(busy=self.dispatcher.busy) is Phase.DONE:
                     break
             timeout_ms = self._poll_timeout_ms(next_tick)
             events = dict(poller.poll(timeout_ms))
@@ -184,7 +164,7 @@ class Router:
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + HEARTBEAT_INTERVAL_S
-            self._fire_timers()
+            self.dispatcher.fire_timers()
         self.self_link.close()
         self.tracer.close()
         self.front.close(0)
@@ -193,8 +173,9 @@ class Router:
 
     def _poll_timeout_ms(self, next_tick: float) -> int:
         wait_s = max(0.0, next_tick - time.monotonic())
-        if self._timers:
-            wait_s = min(wait_s, max(0.0, (self._timers[0][0] - time.monotonic_ns()) / 1e9))
+        due_ns = self.dispatcher.next_timer_ns()
+        if due_ns:
+            wait_s = min(wait_s, max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
         return int(wait_s * 1000) + (1 if wait_s > 0 else 0)
 
     @staticmethod
@@ -278,7 +259,7 @@ class Router:
         try:
             state.batcher.push(pending)
         except ConveyorError as exc:  # queue full
-            self._failed(state, "REJECTED", 0)
+            count_failure(state, "REJECTED", 0)
             self._reply_error(identity, req.id, state.model, state.label, exc)
             return
         self.queued[(identity, req.id)] = state
@@ -379,151 +360,8 @@ class Router:
                 self.limiter.unregister(inst)
 
     def _on_cancel(self, identity: bytes, request_id: int) -> None:
-        state = self.queued.pop((identity, request_id), None)
-        if state is None:
-            # Already running: tell the worker (the model may stop early); its
-            # responses still come back and are released.
-            where = self.started.get((identity, request_id))
-            run = self.running.get(where[0]) if where is not None else None
-            if where is not None and run is not None and run.instance.worker is not None:
-                self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
-            elif where is None:
-                self.ensembles.cancel(identity, request_id)
-            return
-        item = state.batcher.remove(identity, request_id)
-        if item is not None:
-            self._failed(state, "CANCELED", time.monotonic_ns() - item.arrival_ns)
-            self._reply_error(
-                identity, request_id, state.model, state.label,
-                ConveyorError(Status.CANCELLED, "request cancelled by the client"),
-            )
-
-    def _reply_error(self, identity: bytes, rid: int, model: str, version: str, exc: ConveyorError) -> None:
-        resp = m.InferResponse(
-            rid, model, version, error=m.ErrorInfo(int(exc.status), exc.message),
-            generation=self.registry.generation,
-        )
-        self.front.send_multipart([identity, m.encode(resp)])
-
-    # --- scheduling ---------------------------------------------------------------------
-
-    def _schedule(self, state: VersionState) -> None:
-        now = time.monotonic_ns()
-        batcher = state.batcher
-        for item, exc in batcher.take_expired(now):
-            self.queued.pop((item.ingress, item.request.id), None)
-            self._failed(state, "REJECTED", now - item.arrival_ns)
-            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
-        self._run_batches(state, now)
-        expiry = batcher.next_expiry_ns
-        if expiry:
-            self._wake_at(state, expiry)  # answer timed-out requests even when nothing else happens
-
-    def _run_batches(self, state: VersionState, now: int) -> None:
-        batcher = state.batcher
-        if isinstance(batcher, SequenceBatcher):
-            self._run_sequences(state, batcher, now)
-            return
-        limiter = self.limiter
-        while len(batcher):
-            instance = next(
-                (i for i in state.instances if i.state is InstanceState.READY and not i.busy
-                 and (limiter is None or limiter.free(i))), None
-            )
-            if instance is None:
-                if not state.ready:
-                    self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
-                elif limiter is not None:
-                    limiter.wait(state)  # looked at again when resources are given back
-                return
-            batch = batcher.next_batch(now)
-            if batch is None:
-                return
-            if isinstance(batch, int):
-                self._wake_at(state, batch)
-                return
-            self._dispatch(state, instance, batch, now)
-
-    def _run_sequences(self, state: VersionState, batcher: SequenceBatcher, now: int) -> None:
-        """Sequence batching: each serving instance runs the next requests of its own sequences."""
-        for item, exc in batcher.sync(state.instances, now):  # their instance went away
-            self.queued.pop((item.ingress, item.request.id), None)
-            self._failed(state, "OTHER", now - item.arrival_ns)
-            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
-        for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
-            if inst.worker is not None:
-                forget = m.ForgetSequences(state.model, state.label, inst.index, slots)
-                self.back.send_multipart([inst.worker, m.encode(forget)])
-        if not state.ready:
-            self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
-            return
-        for home in batcher.homes_to_run():
-            if home.instance.busy:
-                continue
-            batch = batcher.next_batch(home, now)
-            if isinstance(batch, int):
-                self._wake_at(state, batch)
-            elif batch:
-                self._dispatch(state, home.instance, batch, now)
-
-    @staticmethod
-    def _failed(state: VersionState, reason: str, took_ns: int) -> None:
-        """Count a failed request (``reason``: Triton's label on nv_inference_request_failure)."""
-        state.stats.fail.add(took_ns)
-        state.latency.failed(reason)
-
-    def _wake_at(self, state: VersionState, due_ns: int) -> None:
-        armed = self._armed.get(state)
-        if armed is not None and armed <= due_ns:
-            return  # that earlier wake-up looks again and re-arms
-        self._armed[state] = due_ns
-        heapq.heappush(self._timers, (due_ns, next(self._timer_seq), state))
-
-    def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int) -> None:
-        bid = next(self._batch_ids)
-        items = []
-        regions: list[m.ClientRegion] = []
-        order = state.order
-        started = self.started
-        for i, p in enumerate(batch):
-            self.queued.pop((p.ingress, p.request.id), None)
-            started[(p.ingress, p.request.id)] = (bid, i)
-            state.stats.queue.add(now - p.arrival_ns)
-            if p.ensemble_stats is not None:
-                p.ensemble_stats.queue.add(now - p.arrival_ns)
-            state.latency.queued(now - p.arrival_ns)
-            if order is not None:
-                p.ticket = order.ticket()
-            r = p.request
-            if p.trace is not None:
-                p.trace.stamp("DISPATCH")
-            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence,
-                                     p.trace is not None))
-            if r.regions:
-                regions += r.regions
-        instance.busy = True
-        if self.limiter is not None:
-            self.limiter.acquire(instance)
-        self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
-        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
-        assert instance.worker is not None
-        self.back.send_multipart([instance.worker, m.encode(msg)])
-
-    def _fail_queue(self, state: VersionState, exc: ConveyorError) -> None:
-        now = time.monotonic_ns()
-        while len(state.batcher):
-            item = state.batcher.pop()
-            self.queued.pop((item.ingress, item.request.id), None)
-            self._failed(state, "OTHER", now - item.arrival_ns)
-            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
-
-    def _fire_timers(self) -> None:
-        now = time.monotonic_ns()
-        while self._timers and self._timers[0][0] <= now:
-            due, _, state = heapq.heappop(self._timers)
-            if self._armed.get(state) == due:
-                del self._armed[state]
-            self._schedule(state)
+        if not self.dispatcher.cancel(identity, request_id):
+            self.ensembles.cancel(identity, request_id)
 
     # --- worker side --------------------------------------------------------------------
 
@@ -652,7 +490,7 @@ class Router:
                 if p.ensemble_stats is not None:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
-                self._failed(state, failure_reason(error.status), now - p.arrival_ns)
+                count_failure(state, failure_reason(error.status), now - p.arrival_ns)
             release = item.release
             if p.request.cache_key and error is None:
                 release = self._cache_response(state, p.request, item)
@@ -716,7 +554,7 @@ class Router:
             state.stats.success.add(took)
             state.latency.succeeded(took)
         else:
-            self._failed(state, failure_reason(error.status), took)
+            count_failure(state, failure_reason(error.status), took)
         if not run.executing and not any(run.open):
             self.running.pop(bid, None)
 
@@ -771,11 +609,8 @@ class Router:
     # --- workers leaving on purpose (router/worker_drain.py) ---------------------------
 
     def _drain_workers(self) -> None:
-        for state in self.worker_drain.progress(self._runs_on):
+        for state in self.worker_drain.progress(self.dispatcher.runs_on):
             self._schedule(state)
-
-    def _runs_on(self, identity: bytes) -> bool:
-        return any(run.instance.worker == identity for run in self.running.values())
 
     def _grant_leave(self, worker: WorkerInfo) -> None:
         self._drop_worker(worker.identity, "it drained and stopped")
