@@ -2,16 +2,23 @@
 
 It owns model state, queues and batching, and moves descriptors only: tensor
 bytes stay in shared memory, between the ingress arena and the worker arena.
+
+This module is the loop and the wiring: sockets, poll, a message to its handler,
+the periodic tick. The handlers live in their own modules:
+
+- ``admission.py``: an ``InferRequest`` refused, answered from the cache, run as
+  an ensemble or queued; ``Cancel``;
+- ``dispatch.py``: queued requests become batches on free instances; timers;
+- ``results.py``: ``BatchResult``/``ItemResponse`` become ``InferResponse``s;
+- ``worker_membership.py``: workers joining, loading, leaving, dropped;
+- ``placement.py``: instances placed on workers, the lifecycle settled, load/unload calls.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -21,29 +28,29 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router.admission import Admission
 from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
 from conveyor.router.cloud import RepositoryRoots
 from conveyor.router.control import ControlHandler
+from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensemble import EnsembleScheduler
-from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.held_blocks import HeldBlocks
-from conveyor.router.histograms import failure_reason
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.loans import Loans
-from conveyor.router.models import Instance, InstanceState, ModelRegistry, VersionState
+from conveyor.router.models import ModelRegistry
 from conveyor.router.otlp_export import otlp_sink
-from conveyor.router.pending import Pending
+from conveyor.router.placement import Placement
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.rate_limiter import RateLimiter
-from conveyor.router.response_cache import ResponseCache, cache_key
+from conveyor.router.replies import Replies
+from conveyor.router.response_cache import ResponseCache
+from conveyor.router.results import Results
 from conveyor.router.self_link import SelfLink
-from conveyor.router.sequences import SequenceBatcher
 from conveyor.router.settings_hub import SettingsHub
-from conveyor.router.stats import ModelStats
 from conveyor.router.trace_settings import TraceConfig
 from conveyor.router.tracing import Tracer
-from conveyor.router.worker_drain import WorkerDrain
-from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerInfo, WorkerPool
+from conveyor.router.worker_membership import WorkerMembership
+from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerPool
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 
@@ -51,22 +58,6 @@ log = logging.getLogger(__name__)
 
 # How often registered client segments are checked for having gone away.
 SHM_SWEEP_INTERVAL_S = 5.0
-
-
-@dataclass(slots=True, eq=False)
-class Running:
-    """A batch on a worker.
-
-    A decoupled model's batch stays after its execute returned (``executing``
-    False: the instance is free again, as in Triton) until every item has had
-    its final ``ItemResponse``; ``open`` says which items still wait for theirs.
-    """
-
-    instance: Instance
-    items: list[Pending]
-    dispatched_ns: int
-    executing: bool = True
-    open: list[bool] | None = None  # None: not decoupled, the BatchResult answers every item
 
 
 class Router:
@@ -92,7 +83,6 @@ class Router:
             sock.bind(endpoint)
         self.registry = ModelRegistry(queue_cap)
         self.pool = WorkerPool()
-        self.worker_drain = WorkerDrain(self.pool, self._grant_leave)
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
         self.shutdown = DrainClock()
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
@@ -115,26 +105,23 @@ class Router:
             "trace_settings": lambda model="", settings=None: self.settings.trace_settings(
                 model, settings, lambda name: name in self.registry.models),
         })
-        self.running: dict[int, Running] = {}
-        # (ingress, request id) -> (batch, index) of every request on a worker, so a
-        # Cancel can reach the model (``CancelItem``).
-        self.started: dict[tuple[bytes, int], tuple[int, int]] = {}
-        self.queued: dict[tuple[bytes, int], VersionState] = {}
-        self._batch_ids = itertools.count(1)
-        self._timers: list[tuple[int, int, VersionState]] = []
-        self._timer_seq = itertools.count()
-        self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
         self._stopping = False
         self.systemd = Notifier()
         self.group = group
+        self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
+        self.replies = Replies(self.front, self.registry)
+        self.dispatcher = Dispatcher(self.back, self.replies, self.limiter)
         # Ensembles: steps are the router's own requests; blocks it keeps are held and lent out.
         regions = RegionCache()  # other processes' arenas: flags to write, condition tensors to read
         self.holds = HeldBlocks(regions)
         self.loans = Loans(segment_name(group, "router"), self.holds)
         self.self_link = SelfLink(self.ctx, self.front)
+        link = self.self_link.identity
+        # A step re-enters admission under the link's identity (Admission needs the scheduler too).
         self.ensembles = EnsembleScheduler(
-            self._submit_step, lambda step_id: self._on_cancel(self.self_link.identity, step_id),
-            self._send_response,
+            lambda req, ensemble_stats: self.admission.on_infer(link, req, ensemble_stats),
+            lambda step_id: self.admission.cancel(link, step_id),
+            self.replies.send,
             self.holds, self.loans, lambda: self.registry.generation, regions,
         )
         # What the router keeps of other processes' memory (tests and operators check it returns to 0).
@@ -142,7 +129,22 @@ class Router:
             "held": len(self.holds), "loans": len(self.loans), "ensembles": len(self.ensembles)}})
         self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
         self.control.response_cache = self.cache is not None
-        self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
+        self.admission = Admission(self.registry, self.shm, self.dispatcher, self.ensembles, self.cache,
+                                   self.loans, self.tracer, self.replies, self._ingress_peers)
+        self.placement = Placement(self.front, self.back, self.registry, self.pool, self.lifecycle, self.roots,
+                                   self.dispatcher.running, self.limiter)
+        self.results = Results(self.front, self.registry, self.dispatcher, self.pool, self.tracer, self.limiter,
+                               self.cache, self.loans, self.placement.settle)
+        self.membership = WorkerMembership(
+            self.back, self.pool, self.registry, self.dispatcher, self.results, self.placement, self.settings,
+            self.shm, self.control.custom_metrics, self.holds, self.cache, group,
+        )
+        self.worker_drain = self.membership.drain
+        # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
+        self._on_infer = self.admission.on_infer
+        self._on_cancel = self.admission.cancel
+        self._on_result = self.results.on_result
+        self._on_item_response = self.results.on_item_response
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -170,7 +172,7 @@ class Router:
             if self._stopping:
                 self.shutdown.begin()
                 self.systemd.stopping("draining")
-                if self.shutdown.phase(busy=bool(self.running or self.queued)) is Phase.DONE:
+                if self.shutdown.phase(busy=self.dispatcher.busy) is Phase.DONE:
                     break
             timeout_ms = self._poll_timeout_ms(next_tick)
             events = dict(poller.poll(timeout_ms))
@@ -184,7 +186,7 @@ class Router:
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + HEARTBEAT_INTERVAL_S
-            self._fire_timers()
+            self.dispatcher.fire_timers()
         self.self_link.close()
         self.tracer.close()
         self.front.close(0)
@@ -193,8 +195,9 @@ class Router:
 
     def _poll_timeout_ms(self, next_tick: float) -> int:
         wait_s = max(0.0, next_tick - time.monotonic())
-        if self._timers:
-            wait_s = min(wait_s, max(0.0, (self._timers[0][0] - time.monotonic_ns()) / 1e9))
+        due_ns = self.dispatcher.next_timer_ns()
+        if due_ns:
+            wait_s = min(wait_s, max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
         return int(wait_s * 1000) + (1 if wait_s > 0 else 0)
 
     @staticmethod
@@ -221,11 +224,11 @@ class Router:
         if isinstance(msg, m.InferRequest):
             if self.shutdown.refusing():
                 err = ConveyorError(Status.UNAVAILABLE, "the server is shutting down: retry on another instance")
-                self._reply_error(identity, msg.id, msg.model, msg.version, err)
+                self.replies.error(identity, msg.id, msg.model, msg.version, err)
             else:
                 self._on_infer(identity, msg)
         elif isinstance(msg, m.ControlRequest) and msg.op in ("repository_load", "repository_unload"):
-            self._on_model_control(identity, msg)
+            self.placement.on_model_control(identity, msg)
         elif isinstance(msg, m.ControlRequest):
             try:
                 reply = m.ControlReply(msg.id, result=self.control.handle(msg.op, msg.args))
@@ -243,288 +246,6 @@ class Router:
             self._ingress_peers[identity] = msg.pid
             self.front.send_multipart([identity, self.settings.message()])
 
-    def _on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
-        try:
-            state = self.registry.resolve(req.model, req.version)
-        except ConveyorError as exc:
-            self._reply_error(identity, req.id, req.model, req.version, exc)
-            return
-        if req.flags & m.FLAG_CLIENT_SHM:
-            try:
-                self.shm.resolve(req)
-            except ConveyorError as exc:
-                self._reply_error(identity, req.id, req.model, req.version, exc)
-                return
-        if not req.outputs:  # a BLS request that names no outputs gets them all, as in Triton
-            req.outputs = [m.OutputSpec(o.name) for o in state.config.output]
-        if isinstance(state, EnsembleVersion):
-            self.ensembles.start(identity, req, state)
-            return
-        if req.cache_key and self._answer_from_cache(identity, req, state):
-            return
-        batched = state.config.max_batch_size > 0
-        rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
-        try:
-            key = state.batch_key(req)
-        except ConveyorError as exc:  # longer than the largest pad bucket
-            self._reply_error(identity, req.id, state.model, state.label, exc)
-            return
-        pending = Pending(identity, req, time.monotonic_ns(), rows, key)
-        if ensemble_stats is not None:
-            pending.ensemble_stats = ensemble_stats
-        if req.trace is not None:
-            pending.trace = self.tracer.sample(state.model, state.label, req.trace, req.request_id,
-                                               self._ingress_peers.get(identity, 0))
-        try:
-            state.batcher.push(pending)
-        except ConveyorError as exc:  # queue full
-            self._failed(state, "REJECTED", 0)
-            self._reply_error(identity, req.id, state.model, state.label, exc)
-            return
-        self.queued[(identity, req.id)] = state
-        self._schedule(state)
-
-    def _answer_from_cache(self, identity: bytes, req: m.InferRequest, state: VersionState) -> bool:
-        """Answer a cache hit at once (the cached block lent to the ingress). On a miss the
-        request runs, keeping its ``cache_key`` so that ``_on_result`` caches its response."""
-        start = time.monotonic_ns()
-        cache = self.cache
-        if cache is None or not state.config.response_cache.enable:
-            req.cache_key = b""
-            return False
-        entry = cache.get(cache_key(state.model, state.label, req))
-        if entry is not None:
-            try:
-                release = [self.loans.lend(entry.blocks)]
-            except ConveyorError:
-                entry = None  # no loan left: run it instead
-        if entry is None:
-            state.stats.cache_miss.add(time.monotonic_ns() - start)
-            return False
-        elapsed = time.monotonic_ns() - start
-        state.stats.record_cache_hit(elapsed, elapsed)
-        self._send_response(identity, m.InferResponse(
-            req.id, state.model, state.label, entry.outputs, release=release, generation=self.registry.generation,
-        ))
-        return True
-
-    def _cache_response(self, state: VersionState, req: m.InferRequest, item: m.ItemResult) -> list[m.Release]:
-        """A cache miss's outputs: keep them in the cache, and lend them to this request's ingress too
-        (the worker's own flag now belongs to the cache)."""
-        start = time.monotonic_ns()
-        assert self.cache is not None
-        try:
-            loan = self.loans.lend(item.release)
-        except ConveyorError:
-            return item.release
-        self.cache.put(cache_key(state.model, state.label, req), item.outputs, item.release)
-        state.stats.cache_miss.add(time.monotonic_ns() - start, 0)  # Triton counts the insertion as miss time
-        return [loan]
-
-    def _send_response(self, identity: bytes, resp: m.InferResponse) -> None:
-        self.front.send_multipart([identity, m.encode(resp)])
-
-    def _submit_step(self, req: m.InferRequest, ensemble_stats: ModelStats) -> None:
-        """An ensemble step: a request of the router's own link (answered there)."""
-        self._on_infer(self.self_link.identity, req, ensemble_stats)
-
-    def _on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
-        """Load answers once the model settled (``_settle``); unload at once."""
-        try:
-            name = str(msg.args.get("model", ""))
-            if msg.op == "repository_load":
-                self.lifecycle.check_control_allowed()
-                self.roots.sync()  # as Triton, a load looks at the repository afresh
-                self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
-                                    msg.args.get("files") or None)
-            else:
-                self.lifecycle.unload(name, bool(msg.args.get("unload_dependents", False)))
-                self.front.send_multipart([identity, m.encode(m.ControlReply(msg.id))])
-        except ConveyorError as exc:
-            reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send_multipart([identity, m.encode(reply)])
-            return
-        self._place()
-        self._settle()
-
-    def _place(self) -> None:
-        """Give per-worker models (no instance_group) one instance per worker, then
-        send every unplaced instance to a worker."""
-        workers = len(self.pool.workers)
-        for state in self.registry.live_versions():
-            if state.per_worker and not state.error:
-                for _ in range(workers - len(state.instances)):
-                    state.instances.append(Instance(state, self.registry.next_index(), "cpu"))
-        self._place_instances()
-
-    def _settle(self) -> None:
-        """Let the lifecycle swap, fail or retire entries; answer load calls; unload
-        retired instances that have nothing left to do."""
-        if not self.lifecycle.busy:
-            return
-        running = {id(run.instance) for run in self.running.values()}
-        out = self.lifecycle.settle(running)
-        for (identity, cid), error in out.answers:
-            err = None if error is None else m.ErrorInfo(int(error.status), error.message)
-            self.front.send_multipart([identity, m.encode(m.ControlReply(cid, error=err))])
-        for inst in out.unload:
-            worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
-            if worker is not None:
-                if inst in worker.instances:
-                    worker.instances.remove(inst)
-                st = inst.version
-                self.back.send_multipart([worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index))])
-            inst.worker = None
-            if self.limiter is not None:
-                self.limiter.unregister(inst)
-
-    def _on_cancel(self, identity: bytes, request_id: int) -> None:
-        state = self.queued.pop((identity, request_id), None)
-        if state is None:
-            # Already running: tell the worker (the model may stop early); its
-            # responses still come back and are released.
-            where = self.started.get((identity, request_id))
-            run = self.running.get(where[0]) if where is not None else None
-            if where is not None and run is not None and run.instance.worker is not None:
-                self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
-            elif where is None:
-                self.ensembles.cancel(identity, request_id)
-            return
-        item = state.batcher.remove(identity, request_id)
-        if item is not None:
-            self._failed(state, "CANCELED", time.monotonic_ns() - item.arrival_ns)
-            self._reply_error(
-                identity, request_id, state.model, state.label,
-                ConveyorError(Status.CANCELLED, "request cancelled by the client"),
-            )
-
-    def _reply_error(self, identity: bytes, rid: int, model: str, version: str, exc: ConveyorError) -> None:
-        resp = m.InferResponse(
-            rid, model, version, error=m.ErrorInfo(int(exc.status), exc.message),
-            generation=self.registry.generation,
-        )
-        self.front.send_multipart([identity, m.encode(resp)])
-
-    # --- scheduling ---------------------------------------------------------------------
-
-    def _schedule(self, state: VersionState) -> None:
-        now = time.monotonic_ns()
-        batcher = state.batcher
-        for item, exc in batcher.take_expired(now):
-            self.queued.pop((item.ingress, item.request.id), None)
-            self._failed(state, "REJECTED", now - item.arrival_ns)
-            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
-        self._run_batches(state, now)
-        expiry = batcher.next_expiry_ns
-        if expiry:
-            self._wake_at(state, expiry)  # answer timed-out requests even when nothing else happens
-
-    def _run_batches(self, state: VersionState, now: int) -> None:
-        batcher = state.batcher
-        if isinstance(batcher, SequenceBatcher):
-            self._run_sequences(state, batcher, now)
-            return
-        limiter = self.limiter
-        while len(batcher):
-            instance = next(
-                (i for i in state.instances if i.state is InstanceState.READY and not i.busy
-                 and (limiter is None or limiter.free(i))), None
-            )
-            if instance is None:
-                if not state.ready:
-                    self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
-                elif limiter is not None:
-                    limiter.wait(state)  # looked at again when resources are given back
-                return
-            batch = batcher.next_batch(now)
-            if batch is None:
-                return
-            if isinstance(batch, int):
-                self._wake_at(state, batch)
-                return
-            self._dispatch(state, instance, batch, now)
-
-    def _run_sequences(self, state: VersionState, batcher: SequenceBatcher, now: int) -> None:
-        """Sequence batching: each serving instance runs the next requests of its own sequences."""
-        for item, exc in batcher.sync(state.instances, now):  # their instance went away
-            self.queued.pop((item.ingress, item.request.id), None)
-            self._failed(state, "OTHER", now - item.arrival_ns)
-            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
-        for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
-            if inst.worker is not None:
-                forget = m.ForgetSequences(state.model, state.label, inst.index, slots)
-                self.back.send_multipart([inst.worker, m.encode(forget)])
-        if not state.ready:
-            self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
-            return
-        for home in batcher.homes_to_run():
-            if home.instance.busy:
-                continue
-            batch = batcher.next_batch(home, now)
-            if isinstance(batch, int):
-                self._wake_at(state, batch)
-            elif batch:
-                self._dispatch(state, home.instance, batch, now)
-
-    @staticmethod
-    def _failed(state: VersionState, reason: str, took_ns: int) -> None:
-        """Count a failed request (``reason``: Triton's label on nv_inference_request_failure)."""
-        state.stats.fail.add(took_ns)
-        state.latency.failed(reason)
-
-    def _wake_at(self, state: VersionState, due_ns: int) -> None:
-        armed = self._armed.get(state)
-        if armed is not None and armed <= due_ns:
-            return  # that earlier wake-up looks again and re-arms
-        self._armed[state] = due_ns
-        heapq.heappush(self._timers, (due_ns, next(self._timer_seq), state))
-
-    def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int) -> None:
-        bid = next(self._batch_ids)
-        items = []
-        regions: list[m.ClientRegion] = []
-        order = state.order
-        started = self.started
-        for i, p in enumerate(batch):
-            self.queued.pop((p.ingress, p.request.id), None)
-            started[(p.ingress, p.request.id)] = (bid, i)
-            state.stats.queue.add(now - p.arrival_ns)
-            if p.ensemble_stats is not None:
-                p.ensemble_stats.queue.add(now - p.arrival_ns)
-            state.latency.queued(now - p.arrival_ns)
-            if order is not None:
-                p.ticket = order.ticket()
-            r = p.request
-            if p.trace is not None:
-                p.trace.stamp("DISPATCH")
-            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence,
-                                     p.trace is not None))
-            if r.regions:
-                regions += r.regions
-        instance.busy = True
-        if self.limiter is not None:
-            self.limiter.acquire(instance)
-        self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
-        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
-        assert instance.worker is not None
-        self.back.send_multipart([instance.worker, m.encode(msg)])
-
-    def _fail_queue(self, state: VersionState, exc: ConveyorError) -> None:
-        now = time.monotonic_ns()
-        while len(state.batcher):
-            item = state.batcher.pop()
-            self.queued.pop((item.ingress, item.request.id), None)
-            self._failed(state, "OTHER", now - item.arrival_ns)
-            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
-
-    def _fire_timers(self) -> None:
-        now = time.monotonic_ns()
-        while self._timers and self._timers[0][0] <= now:
-            due, _, state = heapq.heappop(self._timers)
-            if self._armed.get(state) == due:
-                del self._armed[state]
-            self._schedule(state)
-
     # --- worker side --------------------------------------------------------------------
 
     def _on_worker(self, identity: bytes, payload: memoryview) -> None:
@@ -534,7 +255,7 @@ class Router:
             log.error("undecodable message from a worker: %s", exc)
             return
         if isinstance(msg, m.WorkerHello):
-            self._on_worker_hello(identity, msg)
+            self.membership.on_hello(identity, msg)
             return
         worker = self.pool.seen(identity)
         if worker is None:
@@ -546,204 +267,31 @@ class Router:
         elif isinstance(msg, m.BatchResult):
             self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):
-            self._on_loaded(worker, msg)
+            self.membership.on_loaded(worker, msg)
         elif isinstance(msg, m.WorkerLeaving):
-            self.worker_drain.begin(worker)
-            self._place()
+            self.membership.on_leaving(worker)
         elif isinstance(msg, m.CustomMetrics):
             self.control.custom_metrics.update(identity, msg.metrics)
         if self.worker_drain.active:
-            self._drain_workers()
-
-    def _on_worker_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
-        if hello.version != m.PROTOCOL_VERSION:
-            log.error("worker pid %d speaks protocol %d, not %d", hello.pid, hello.version, m.PROTOCOL_VERSION)
-            return
-        if identity in self.pool.workers:
-            self._drop_worker(identity, "it restarted")
-        worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
-        self.pool.join(worker)
-        # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
-        self.back.send_multipart([identity, m.encode(m.Heartbeat())])
-        self.back.send_multipart([identity, self.settings.message()])
-        self._update_cuda_devices()
-        log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
-        self._place()
-
-    def _place_instances(self) -> None:
-        pending = [i for s in self.registry.live_versions() if not s.error for i in s.instances]
-        if self.limiter is not None:
-            self._register_limits(pending)
-        for inst in self.pool.place(pending):
-            st = inst.version
-            assert inst.worker is not None
-            load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.load_device)
-            self.back.send_multipart([inst.worker, m.encode(load)])
-
-    def _register_limits(self, instances: list[Instance]) -> None:
-        """Rate limiting: an instance whose resources can never be met fails to load (Triton's rule)."""
-        assert self.limiter is not None
-        for inst in instances:
-            if inst.state is InstanceState.UNPLACED:
-                try:
-                    self.limiter.register(inst)
-                except ConveyorError as exc:
-                    inst.state, inst.error = InstanceState.FAILED, exc.message
-                    log.error("model '%s' version %s cannot load: %s", inst.version.model, inst.version.label,
-                              exc.message)
-
-    def _on_loaded(self, worker: WorkerInfo, msg: m.ModelLoaded) -> None:
-        inst = self.registry.find_instance(msg.model, msg.version, msg.instance)
-        if inst is None or inst.worker != worker.identity:
-            return
-        state = inst.version
-        if msg.error:
-            inst.state, inst.error = InstanceState.FAILED, msg.error
-            log.error("model '%s' version %s failed to load: %s", msg.model, msg.version, msg.error)
-        else:
-            inst.state = InstanceState.READY
-            log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
-        self._schedule(state)
-        self._settle()
-
-    def _on_result(self, result: m.BatchResult) -> None:
-        run = self.running.get(result.batch)
-        if run is None or not run.executing:
-            return
-        run.executing = False
-        inst = run.instance
-        inst.busy = False
-        if self.limiter is not None:
-            self.limiter.release(inst)
-        state = inst.version
-        stats = state.stats
-        if result.error is None:
-            rows = sum(p.rows for p in run.items)
-            stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
-            state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
-            adaptive = state.batcher.adaptive
-            if adaptive is not None:
-                adaptive.executed(time.monotonic_ns(), rows)
-        if run.open is not None:
-            # Decoupled: the items were (or will be) answered by ItemResponses.
-            if result.error is not None:
-                self._end_open_items(result.batch, run, result.error)
-            else:
-                for p in run.items:  # an ensemble's decoupled step: its compute times count there too
-                    if p.ensemble_stats is not None:
-                        p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
-            if not any(run.open):
-                self.running.pop(result.batch, None)
-            self._after_batch(state)
-            return
-        del self.running[result.batch]
-        now = time.monotonic_ns()
-        gen = self.registry.generation
-        send = self.front.send_multipart
-        order = state.order
-        started = self.started
-        for i, p in enumerate(run.items):
-            started.pop((p.ingress, p.request.id), None)
-            item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
-            error = item.error or result.error
-            if error is None:
-                stats.success.add(now - p.arrival_ns)
-                state.latency.succeeded(now - p.arrival_ns)
-                if p.ensemble_stats is not None:
-                    p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
-            else:
-                self._failed(state, failure_reason(error.status), now - p.arrival_ns)
-            release = item.release
-            if p.request.cache_key and error is None:
-                release = self._cache_response(state, p.request, item)
-            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release,
-                                   parameters=item.parameters, generation=gen)
-            if p.trace is not None:
-                worker = self.pool.workers.get(inst.worker or b"")
-                self.tracer.returned(p.trace, result.trace_ns, worker.pid if worker else 0,
-                                     error.message if error else "")
-                resp.trace_id = p.trace.id
-            if order is None:
-                send([p.ingress, m.encode(resp)], copy=False)
-            else:
-                for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
-                    send([identity, payload], copy=False)
-        self._after_batch(state)
-        self._settle()
-
-    def _after_batch(self, state: VersionState) -> None:
-        """An instance of ``state`` is free again: schedule it, and with rate limiting
-        every version that waited for the resources it gave back, best turn first."""
-        if self.limiter is None:
-            self._schedule(state)
-            return
-        self.limiter.wait(state)
-        for waiting in self.limiter.take_waiting():
-            self._schedule(waiting)
-
-    def _on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
-        """Forward one response of a decoupled model's request to its ingress."""
-        run = self.running.get(msg.batch)
-        if (
-            run is None or run.open is None or run.instance.worker != worker
-            or not 0 <= msg.index < len(run.open) or not run.open[msg.index]
-        ):
-            return  # a late response for a request already ended (worker dropped, router restarted)
-        p = run.items[msg.index]
-        state = run.instance.version
-        if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response
-            p.responded = True
-            first = state.latency.first_response
-            if first is not None and msg.error is None:
-                first.histogram.observe(time.monotonic_ns() - p.arrival_ns)
-        resp = m.InferResponse(
-            p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
-            msg.parameters, self.registry.generation,
-        )
-        self.front.send_multipart([p.ingress, m.encode(resp)], copy=False)
-        if msg.final:
-            self._close_item(msg.batch, run, msg.index, msg.error)
-
-    def _close_item(self, bid: int, run: Running, index: int, error: m.ErrorInfo | None) -> None:
-        """A decoupled request had its final response: count it, forget it."""
-        assert run.open is not None
-        run.open[index] = False
-        p = run.items[index]
-        self.started.pop((p.ingress, p.request.id), None)
-        state = run.instance.version
-        took = time.monotonic_ns() - p.arrival_ns
-        if error is None:
-            state.stats.success.add(took)
-            state.latency.succeeded(took)
-        else:
-            self._failed(state, failure_reason(error.status), took)
-        if not run.executing and not any(run.open):
-            self.running.pop(bid, None)
-
-    def _end_open_items(self, bid: int, run: Running, error: m.ErrorInfo) -> None:
-        """Answer every decoupled request of ``run`` still open with ``error`` (final)."""
-        assert run.open is not None
-        for i, is_open in enumerate(run.open):
-            if is_open:
-                self._on_item_response(run.instance.worker or b"", m.ItemResponse(bid, i, error=error))
+            self.membership.progress_drain()
 
     def _tick(self, now: float) -> None:
         for worker in self.pool.silent(now):
-            self._drop_worker(worker.identity, "it stopped answering")
+            self.membership.drop(worker.identity, "it stopped answering")
         if self.worker_drain.active:
-            self._drain_workers()
+            self.membership.progress_drain()
         beat = m.encode(m.Heartbeat())
         for identity in self.pool.workers:
             self.back.send_multipart([identity, beat])
         for state in self.registry.every_version():
             if len(state.batcher):
-                self._schedule(state)
+                self.dispatcher.schedule(state)
         if self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll:
             self._next_poll = now + self._poll_secs
             self.roots.sync()
             self.lifecycle.poll()
-            self._place()
-        self._settle()
+            self.placement.place()
+        self.placement.settle()
         self.loans.collect(expire=True)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
@@ -762,58 +310,3 @@ class Router:
             msg = m.encode(m.ForgetRegions(ids))
             for identity in self.pool.workers:
                 self.back.send_multipart([identity, msg])
-
-    def _update_cuda_devices(self) -> None:
-        self.shm.cuda_devices = {
-            int(d.split(":", 1)[1]) for w in self.pool.workers.values() for d in w.devices if d.startswith("cuda:")
-        }
-
-    # --- workers leaving on purpose (router/worker_drain.py) ---------------------------
-
-    def _drain_workers(self) -> None:
-        for state in self.worker_drain.progress(self._runs_on):
-            self._schedule(state)
-
-    def _runs_on(self, identity: bytes) -> bool:
-        return any(run.instance.worker == identity for run in self.running.values())
-
-    def _grant_leave(self, worker: WorkerInfo) -> None:
-        self._drop_worker(worker.identity, "it drained and stopped")
-        self.back.send_multipart([worker.identity, m.encode(m.LeaveGranted())])
-
-    def _drop_worker(self, identity: bytes, why: str) -> None:
-        worker = self.pool.leave(identity)
-        if worker is None:
-            return
-        self.worker_drain.forget(worker)  # a leaving worker's replacements exist already
-        self.control.custom_metrics.forget(identity)
-        self._update_cuda_devices()
-        arena = segment_name(self.group, "worker", worker.pid)
-        self.holds.forget_region(arena)
-        if self.cache is not None:
-            self.cache.forget_region(arena)
-        log.warning("worker pid %d left: %s", worker.pid, why)
-        err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
-        # Failing a batch schedules its model again: none of this worker's instances may
-        # take that batch, or it would go to the dead worker and never be answered.
-        for inst in worker.instances:
-            inst.state = InstanceState.UNPLACED
-        for bid, run in list(self.running.items()):
-            if run.instance.worker == identity:
-                if run.executing:
-                    self._on_result(m.BatchResult(bid, [], error=err))
-                else:
-                    self._end_open_items(bid, run, err)
-        touched: set[int] = set()
-        for inst in worker.instances:
-            state = inst.version
-            if state.per_worker:
-                state.instances.remove(inst)
-            else:
-                inst.state, inst.worker, inst.busy = InstanceState.UNPLACED, None, False
-            touched.add(id(state))
-        self._place()
-        for state in self.registry.every_version():
-            if id(state) in touched:
-                self._schedule(state)
-        self._settle()

@@ -432,5 +432,5 @@ def test_soak_under_worker_kills(soak_server: Server) -> None:
         assert successes_after[model] >= seen, f"{model}: statistics say {successes_after[model]}, clients saw {seen}"
         assert successes_after[model] >= successes_before[model]
     # Every request is answered: a worker's death fails its batches at once and no batch is
-    # ever sent to it afterwards (Router._drop_worker marks its instances unusable first).
+    # ever sent to it afterwards (WorkerMembership.drop marks its instances unusable first).
     assert hung == 0, f"{hung} request(s) got no answer around worker kills"

@@ -1,0 +1,112 @@
+"""Where an ``InferRequest`` goes on arrival: refused (unknown model, bad client region,
+no batch shape), answered from the response cache, run by the ensemble scheduler, or
+queued in its version's batcher; and a ``Cancel`` for it."""
+
+from __future__ import annotations
+
+import time
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError
+from conveyor.router.client_shm import ClientShmRegistry
+from conveyor.router.dispatch import Dispatcher
+from conveyor.router.ensemble import EnsembleScheduler
+from conveyor.router.ensemble_state import EnsembleVersion
+from conveyor.router.loans import Loans
+from conveyor.router.models import ModelRegistry, VersionState
+from conveyor.router.pending import Pending
+from conveyor.router.replies import Replies, count_failure
+from conveyor.router.response_cache import ResponseCache, cache_key
+from conveyor.router.stats import ModelStats
+from conveyor.router.tracing import Tracer
+
+
+class Admission:
+    def __init__(
+        self, registry: ModelRegistry, shm: ClientShmRegistry, dispatcher: Dispatcher,
+        ensembles: EnsembleScheduler, cache: ResponseCache | None, loans: Loans, tracer: Tracer,
+        replies: Replies, ingress_peers: dict[bytes, int],
+    ) -> None:
+        self.registry = registry
+        self.shm = shm
+        self.dispatcher = dispatcher
+        self.queued = dispatcher.queued
+        self._schedule = dispatcher.schedule
+        self.ensembles = ensembles
+        self.cache = cache
+        self.loans = loans
+        self.tracer = tracer
+        self.replies = replies
+        self._reply_error = replies.error
+        self.ingress_peers = ingress_peers  # identity -> pid, for traces
+
+    def on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
+        try:
+            state = self.registry.resolve(req.model, req.version)
+        except ConveyorError as exc:
+            self._reply_error(identity, req.id, req.model, req.version, exc)
+            return
+        if req.flags & m.FLAG_CLIENT_SHM:
+            try:
+                self.shm.resolve(req)
+            except ConveyorError as exc:
+                self._reply_error(identity, req.id, req.model, req.version, exc)
+                return
+        if not req.outputs:  # a BLS request that names no outputs gets them all, as in Triton
+            req.outputs = [m.OutputSpec(o.name) for o in state.config.output]
+        if isinstance(state, EnsembleVersion):
+            self.ensembles.start(identity, req, state)
+            return
+        if req.cache_key and self._answer_from_cache(identity, req, state):
+            return
+        batched = state.config.max_batch_size > 0
+        rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
+        try:
+            key = state.batch_key(req)
+        except ConveyorError as exc:  # longer than the largest pad bucket
+            self._reply_error(identity, req.id, state.model, state.label, exc)
+            return
+        pending = Pending(identity, req, time.monotonic_ns(), rows, key)
+        if ensemble_stats is not None:
+            pending.ensemble_stats = ensemble_stats
+        if req.trace is not None:
+            pending.trace = self.tracer.sample(state.model, state.label, req.trace, req.request_id,
+                                               self.ingress_peers.get(identity, 0))
+        try:
+            state.batcher.push(pending)
+        except ConveyorError as exc:  # queue full
+            count_failure(state, "REJECTED", 0)
+            self._reply_error(identity, req.id, state.model, state.label, exc)
+            return
+        self.queued[(identity, req.id)] = state
+        self._schedule(state)
+
+    def cancel(self, identity: bytes, request_id: int) -> None:
+        """The client went away: drop its request from the queue, tell the worker running
+        it, or stop its ensemble run."""
+        if not self.dispatcher.cancel(identity, request_id):
+            self.ensembles.cancel(identity, request_id)
+
+    def _answer_from_cache(self, identity: bytes, req: m.InferRequest, state: VersionState) -> bool:
+        """Answer a cache hit at once (the cached block lent to the ingress). On a miss the
+        request runs, keeping its ``cache_key`` so that ``Results`` caches its response."""
+        start = time.monotonic_ns()
+        cache = self.cache
+        if cache is None or not state.config.response_cache.enable:
+            req.cache_key = b""
+            return False
+        entry = cache.get(cache_key(state.model, state.label, req))
+        if entry is not None:
+            try:
+                release = [self.loans.lend(entry.blocks)]
+            except ConveyorError:
+                entry = None  # no loan left: run it instead
+        if entry is None:
+            state.stats.cache_miss.add(time.monotonic_ns() - start)
+            return False
+        elapsed = time.monotonic_ns() - start
+        state.stats.record_cache_hit(elapsed, elapsed)
+        self.replies.send(identity, m.InferResponse(
+            req.id, state.model, state.label, entry.outputs, release=release, generation=self.registry.generation,
+        ))
+        return True

@@ -1,0 +1,207 @@
+"""Running batches: queued requests become ``ExecBatch``es on free instances.
+
+The ``Dispatcher`` owns where every request of the router is: queued in a
+version's batcher (``queued``), or on a worker (``running`` batches, ``started``
+items), and the timers that wake a version up when a batch delay or a queue
+timeout is due.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router.models import Instance, InstanceState, VersionState
+from conveyor.router.pending import Pending
+from conveyor.router.rate_limiter import RateLimiter
+from conveyor.router.replies import Replies, count_failure
+from conveyor.router.sequences import SequenceBatcher
+
+
+@dataclass(slots=True, eq=False)
+class Running:
+    """A batch on a worker.
+
+    A decoupled model's batch stays after its execute returned (``executing``
+    False: the instance is free again, as in Triton) until every item has had
+    its final ``ItemResponse``; ``open`` says which items still wait for theirs.
+    """
+
+    instance: Instance
+    items: list[Pending]
+    dispatched_ns: int
+    executing: bool = True
+    open: list[bool] | None = None  # None: not decoupled, the BatchResult answers every item
+
+
+class Dispatcher:
+    def __init__(self, back: zmq.Socket[bytes], replies: Replies, limiter: RateLimiter | None) -> None:
+        self.back = back
+        self.limiter = limiter
+        self._reply_error = replies.error
+        # These three are shared by reference (admission, results, membership): never rebound.
+        self.running: dict[int, Running] = {}
+        # (ingress, request id) -> (batch, index) of every request on a worker, so a
+        # Cancel can reach the model (``CancelItem``).
+        self.started: dict[tuple[bytes, int], tuple[int, int]] = {}
+        self.queued: dict[tuple[bytes, int], VersionState] = {}
+        self._batch_ids = itertools.count(1)
+        self._timers: list[tuple[int, int, VersionState]] = []
+        self._timer_seq = itertools.count()
+        self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
+
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or on a worker (the shutdown drain waits for them)."""
+        return bool(self.running or self.queued)
+
+    def runs_on(self, identity: bytes) -> bool:
+        """A batch is on that worker (a leaving worker waits for it)."""
+        return any(run.instance.worker == identity for run in self.running.values())
+
+    def schedule(self, state: VersionState) -> None:
+        now = time.monotonic_ns()
+        batcher = state.batcher
+        for item, exc in batcher.take_expired(now):
+            self.queued.pop((item.ingress, item.request.id), None)
+            count_failure(state, "REJECTED", now - item.arrival_ns)
+            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+        self._run_batches(state, now)
+        expiry = batcher.next_expiry_ns
+        if expiry:
+            self._wake_at(state, expiry)  # answer timed-out requests even when nothing else happens
+
+    def cancel(self, identity: bytes, request_id: int) -> bool:
+        """Drop a queued request, or tell the worker running it (the model may stop early;
+        its responses still come back and are released). False: not a request of ours."""
+        state = self.queued.pop((identity, request_id), None)
+        if state is None:
+            where = self.started.get((identity, request_id))
+            if where is None:
+                return False
+            run = self.running.get(where[0])
+            if run is not None and run.instance.worker is not None:
+                self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
+            return True
+        item = state.batcher.remove(identity, request_id)
+        if item is not None:
+            count_failure(state, "CANCELED", time.monotonic_ns() - item.arrival_ns)
+            self._reply_error(
+                identity, request_id, state.model, state.label,
+                ConveyorError(Status.CANCELLED, "request cancelled by the client"),
+            )
+        return True
+
+    # --- timers -------------------------------------------------------------------------
+
+    def next_timer_ns(self) -> int:
+        """When the earliest wake-up is due (monotonic ns); 0: none armed."""
+        return self._timers[0][0] if self._timers else 0
+
+    def fire_timers(self) -> None:
+        now = time.monotonic_ns()
+        while self._timers and self._timers[0][0] <= now:
+            due, _, state = heapq.heappop(self._timers)
+            if self._armed.get(state) == due:
+                del self._armed[state]
+            self.schedule(state)
+
+    def _wake_at(self, state: VersionState, due_ns: int) -> None:
+        armed = self._armed.get(state)
+        if armed is not None and armed <= due_ns:
+            return  # that earlier wake-up looks again and re-arms
+        self._armed[state] = due_ns
+        heapq.heappush(self._timers, (due_ns, next(self._timer_seq), state))
+
+    # --- batches ------------------------------------------------------------------------
+
+    def _run_batches(self, state: VersionState, now: int) -> None:
+        batcher = state.batcher
+        if isinstance(batcher, SequenceBatcher):
+            self._run_sequences(state, batcher, now)
+            return
+        limiter = self.limiter
+        while len(batcher):
+            instance = next(
+                (i for i in state.instances if i.state is InstanceState.READY and not i.busy
+                 and (limiter is None or limiter.free(i))), None
+            )
+            if instance is None:
+                if not state.ready:
+                    self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
+                elif limiter is not None:
+                    limiter.wait(state)  # looked at again when resources are given back
+                return
+            batch = batcher.next_batch(now)
+            if batch is None:
+                return
+            if isinstance(batch, int):
+                self._wake_at(state, batch)
+                return
+            self._dispatch(state, instance, batch, now)
+
+    def _run_sequences(self, state: VersionState, batcher: SequenceBatcher, now: int) -> None:
+        """Sequence batching: each serving instance runs the next requests of its own sequences."""
+        for item, exc in batcher.sync(state.instances, now):  # their instance went away
+            self.queued.pop((item.ingress, item.request.id), None)
+            count_failure(state, "OTHER", now - item.arrival_ns)
+            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+        for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
+            if inst.worker is not None:
+                forget = m.ForgetSequences(state.model, state.label, inst.index, slots)
+                self.back.send_multipart([inst.worker, m.encode(forget)])
+        if not state.ready:
+            self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
+            return
+        for home in batcher.homes_to_run():
+            if home.instance.busy:
+                continue
+            batch = batcher.next_batch(home, now)
+            if isinstance(batch, int):
+                self._wake_at(state, batch)
+            elif batch:
+                self._dispatch(state, home.instance, batch, now)
+
+    def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int) -> None:
+        bid = next(self._batch_ids)
+        items = []
+        regions: list[m.ClientRegion] = []
+        order = state.order
+        started = self.started
+        for i, p in enumerate(batch):
+            self.queued.pop((p.ingress, p.request.id), None)
+            started[(p.ingress, p.request.id)] = (bid, i)
+            state.stats.queue.add(now - p.arrival_ns)
+            if p.ensemble_stats is not None:
+                p.ensemble_stats.queue.add(now - p.arrival_ns)
+            state.latency.queued(now - p.arrival_ns)
+            if order is not None:
+                p.ticket = order.ticket()
+            r = p.request
+            if p.trace is not None:
+                p.trace.stamp("DISPATCH")
+            items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence,
+                                     p.trace is not None))
+            if r.regions:
+                regions += r.regions
+        instance.busy = True
+        if self.limiter is not None:
+            self.limiter.acquire(instance)
+        self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
+        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
+        assert instance.worker is not None
+        self.back.send_multipart([instance.worker, m.encode(msg)])
+
+    def _fail_queue(self, state: VersionState, exc: ConveyorError) -> None:
+        now = time.monotonic_ns()
+        while len(state.batcher):
+            item = state.batcher.pop()
+            self.queued.pop((item.ingress, item.request.id), None)
+            count_failure(state, "OTHER", now - item.arrival_ns)
+            self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)

@@ -1,0 +1,175 @@
+"""What workers answer for a batch: ``BatchResult`` (every item at once) and, for a
+decoupled model, one ``ItemResponse`` per response; each becomes an ``InferResponse``
+to the request's ingress, counted in the version's statistics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import zmq
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError
+from conveyor.router.dispatch import Dispatcher, Running
+from conveyor.router.histograms import failure_reason
+from conveyor.router.loans import Loans
+from conveyor.router.models import ModelRegistry, VersionState
+from conveyor.router.rate_limiter import RateLimiter
+from conveyor.router.replies import count_failure
+from conveyor.router.response_cache import ResponseCache, cache_key
+from conveyor.router.tracing import Tracer
+from conveyor.router.workers import WorkerPool
+
+
+class Results:
+    def __init__(
+        self, front: zmq.Socket[bytes], registry: ModelRegistry, dispatcher: Dispatcher, pool: WorkerPool,
+        tracer: Tracer, limiter: RateLimiter | None, cache: ResponseCache | None, loans: Loans,
+        settle: Callable[[], None],
+    ) -> None:
+        self.front = front
+        self.registry = registry
+        self.running = dispatcher.running
+        self.started = dispatcher.started
+        self._schedule = dispatcher.schedule
+        self.pool = pool
+        self.tracer = tracer
+        self.limiter = limiter
+        self.cache = cache
+        self.loans = loans
+        self._settle = settle  # instances of retired versions may have become idle
+
+    def on_result(self, result: m.BatchResult) -> None:
+        run = self.running.get(result.batch)
+        if run is None or not run.executing:
+            return
+        run.executing = False
+        inst = run.instance
+        inst.busy = False
+        if self.limiter is not None:
+            self.limiter.release(inst)
+        state = inst.version
+        stats = state.stats
+        if result.error is None:
+            rows = sum(p.rows for p in run.items)
+            stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+            state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+            adaptive = state.batcher.adaptive
+            if adaptive is not None:
+                adaptive.executed(time.monotonic_ns(), rows)
+        if run.open is not None:
+            # Decoupled: the items were (or will be) answered by ItemResponses.
+            if result.error is not None:
+                self.end_open_items(result.batch, run, result.error)
+            else:
+                for p in run.items:  # an ensemble's decoupled step: its compute times count there too
+                    if p.ensemble_stats is not None:
+                        p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
+            if not any(run.open):
+                self.running.pop(result.batch, None)
+            self._after_batch(state)
+            return
+        del self.running[result.batch]
+        now = time.monotonic_ns()
+        gen = self.registry.generation
+        send = self.front.send_multipart
+        order = state.order
+        started = self.started
+        for i, p in enumerate(run.items):
+            started.pop((p.ingress, p.request.id), None)
+            item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
+            error = item.error or result.error
+            if error is None:
+                stats.success.add(now - p.arrival_ns)
+                state.latency.succeeded(now - p.arrival_ns)
+                if p.ensemble_stats is not None:
+                    p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
+            else:
+                count_failure(state, failure_reason(error.status), now - p.arrival_ns)
+            release = item.release
+            if p.request.cache_key and error is None:
+                release = self._cache_response(state, p.request, item)
+            resp = m.InferResponse(p.request.id, state.model, state.label, item.outputs, error, release,
+                                   parameters=item.parameters, generation=gen)
+            if p.trace is not None:
+                worker = self.pool.workers.get(inst.worker or b"")
+                self.tracer.returned(p.trace, result.trace_ns, worker.pid if worker else 0,
+                                     error.message if error else "")
+                resp.trace_id = p.trace.id
+            if order is None:
+                send([p.ingress, m.encode(resp)], copy=False)
+            else:
+                for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
+                    send([identity, payload], copy=False)
+        self._after_batch(state)
+        self._settle()
+
+    def on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
+        """Forward one response of a decoupled model's request to its ingress."""
+        run = self.running.get(msg.batch)
+        if (
+            run is None or run.open is None or run.instance.worker != worker
+            or not 0 <= msg.index < len(run.open) or not run.open[msg.index]
+        ):
+            return  # a late response for a request already ended (worker dropped, router restarted)
+        p = run.items[msg.index]
+        state = run.instance.version
+        if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response
+            p.responded = True
+            first = state.latency.first_response
+            if first is not None and msg.error is None:
+                first.histogram.observe(time.monotonic_ns() - p.arrival_ns)
+        resp = m.InferResponse(
+            p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
+            msg.parameters, self.registry.generation,
+        )
+        self.front.send_multipart([p.ingress, m.encode(resp)], copy=False)
+        if msg.final:
+            self._close_item(msg.batch, run, msg.index, msg.error)
+
+    def end_open_items(self, bid: int, run: Running, error: m.ErrorInfo) -> None:
+        """Answer every decoupled request of ``run`` still open with ``error`` (final)."""
+        assert run.open is not None
+        for i, is_open in enumerate(run.open):
+            if is_open:
+                self.on_item_response(run.instance.worker or b"", m.ItemResponse(bid, i, error=error))
+
+    def _after_batch(self, state: VersionState) -> None:
+        """An instance of ``state`` is free again: schedule it, and with rate limiting
+        every version that waited for the resources it gave back, best turn first."""
+        if self.limiter is None:
+            self._schedule(state)
+            return
+        self.limiter.wait(state)
+        for waiting in self.limiter.take_waiting():
+            self._schedule(waiting)
+
+    def _close_item(self, bid: int, run: Running, index: int, error: m.ErrorInfo | None) -> None:
+        """A decoupled request had its final response: count it, forget it."""
+        assert run.open is not None
+        run.open[index] = False
+        p = run.items[index]
+        self.started.pop((p.ingress, p.request.id), None)
+        state = run.instance.version
+        took = time.monotonic_ns() - p.arrival_ns
+        if error is None:
+            state.stats.success.add(took)
+            state.latency.succeeded(took)
+        else:
+            count_failure(state, failure_reason(error.status), took)
+        if not run.executing and not any(run.open):
+            self.running.pop(bid, None)
+
+    def _cache_response(self, state: VersionState, req: m.InferRequest, item: m.ItemResult) -> list[m.Release]:
+        """A cache miss's outputs: keep them in the cache, and lend them to this request's ingress too
+        (the worker's own flag now belongs to the cache)."""
+        start = time.monotonic_ns()
+        assert self.cache is not None
+        try:
+            loan = self.loans.lend(item.release)
+        except ConveyorError:
+            return item.release
+        self.cache.put(cache_key(state.model, state.label, req), item.outputs, item.release)
+        state.stats.cache_miss.add(time.monotonic_ns() - start, 0)  # Triton counts the insertion as miss time
+        return [loan]
