@@ -29,8 +29,9 @@ from tests.test_ingress_kill import pids_of
 from tests.test_lifecycle import eventually
 
 REQUEST_S = 10.0  # an answer later than this would count as a hang
-RUN_AFTER_KILL_S = 6.0
-RECOVERY_S = 5.0  # from the kill to the last unavailable answer
+# From the kill to the last unavailable answer: about 1 s on a quiet machine (see
+# docs/RELIABILITY.md); the bound is generous because CI machines are busy.
+RECOVERY_S = 30.0
 
 
 @pytest.fixture()
@@ -111,7 +112,7 @@ def test_killing_the_router_under_load_fails_only_retryably_and_the_group_recove
         os.kill(router, signal.SIGKILL)
         eventually(lambda: pids_of(group, "router") - {router})
         restarted.set()
-        time.sleep(RUN_AFTER_KILL_S)
+        eventually(lambda: all(s.right_after_restart >= 20 for s in seen.values()), timeout=RECOVERY_S)
     finally:
         stop.set()
         for t in threads:
