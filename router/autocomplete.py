@@ -4,9 +4,14 @@
 As in Triton: when every input and output has a variable first dimension, the
 model is taken to be batched (``max_batch_size`` 4, dynamic batching on) unless
 the config already set ``max_batch_size``.
+
+A model directory (``<version>/model.onnx/`` with ``model.onnx`` and its external
+data inside) is read from its ``model.onnx``, without loading the external data.
 """
 
 from __future__ import annotations
+
+import os
 
 import onnx
 
@@ -38,7 +43,10 @@ def _dims(value: onnx.ValueInfoProto) -> list[int]:
 
 def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given: bool) -> str:
     """Fill missing inputs/outputs (and batching) of ``config`` from the ONNX file; '' or a reason."""
+    if os.path.isdir(model_path):  # <version>/model.onnx/ holds model.onnx and its external data
+        model_path = os.path.join(model_path, "model.onnx")
     try:
+        # The graph is all completion needs: the weights (external data) are never read.
         graph = onnx.load(model_path, load_external_data=False).graph
     except Exception as exc:
         return f"cannot read '{model_path}' to complete its config: {exc}"

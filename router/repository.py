@@ -158,8 +158,9 @@ def load_spec(
 
 
 def _guess_backend(path: str) -> str:
-    for root, _dirs, files in os.walk(path):
-        for f in files:
+    for root, dirs, files in os.walk(path):
+        # A model directory (ONNX with external data: <version>/model.onnx/) counts as its file.
+        for f in [*files, *dirs]:
             backend = _MODEL_FILE_BACKEND.get(os.path.splitext(f)[1])
             if backend:
                 return backend
@@ -234,7 +235,11 @@ def _find_versions(spec: ModelSpec) -> None:
         return
     for v in chosen:
         file_path = os.path.join(spec.path, str(v), filename)
-        if os.path.exists(file_path):
+        # As Triton: an ONNX model may be a directory holding model.onnx and its external data.
+        inner = os.path.join(file_path, "model.onnx")
+        if spec.backend == "onnxruntime" and os.path.isdir(file_path) and not os.path.isfile(inner):
+            spec.version_errors[v] = f"model directory '{file_path}' holds no 'model.onnx'"
+        elif os.path.exists(file_path):
             spec.versions[v] = file_path
         else:
             spec.version_errors[v] = f"model file '{file_path}' does not exist"

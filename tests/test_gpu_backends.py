@@ -206,3 +206,80 @@ def test_tensorrt_model_served(tmp_path: Path) -> None:
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), 0 * a)
     finally:
         assert srv.stop() == 0
+
+
+# --- onnxruntime execution accelerators ----------------------------------------------------------
+
+
+def _ort_providers() -> list[str]:
+    try:
+        import onnxruntime
+
+        return list(onnxruntime.get_available_providers())
+    except Exception:
+        return []
+
+
+needs_ort_cuda = pytest.mark.skipif("CUDAExecutionProvider" not in _ort_providers() or not _cupy_gpu(),
+                                    reason="needs onnxruntime-gpu, cupy and a GPU")
+needs_ort_tensorrt = pytest.mark.skipif("TensorrtExecutionProvider" not in _ort_providers() or not _cupy_gpu(),
+                                        reason="needs onnxruntime-gpu with its TensorRT provider and a GPU")
+
+
+@needs_ort_cuda
+def test_ort_cuda_accelerator_options_reach_the_cuda_provider(tmp_path: Path) -> None:
+    from conveyor.proto.model_config import parse_text
+    from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+    from tests import external_data_models as ext
+
+    text = ext.CONFIG + GPU_GROUP + """
+    parameters { key: "arena_extend_strategy" value: { string_value: "1" } }
+    parameters { key: "memory.enable_memory_arena_shrinkage" value: { string_value: "cpu:0;gpu:0" } }
+    optimization { execution_accelerators { gpu_execution_accelerator [{
+      name: "cuda"
+      parameters { key: "cudnn_conv_algo_search" value: "HEURISTIC" }
+      parameters { key: "gpu_mem_limit" value: "1073741824" }
+    }]}}"""
+    path = ext.model_directory(str(tmp_path), "m", text)  # external data on the GPU path too
+    backend = OnnxRuntimeBackend(path, parse_text(text), "cuda:0")
+    assert backend.session.get_providers()[0] == "CUDAExecutionProvider"
+    cuda = backend.session.get_provider_options()["CUDAExecutionProvider"]
+    assert cuda["cudnn_conv_algo_search"] == "HEURISTIC" and cuda["gpu_mem_limit"] == "1073741824"
+    assert cuda["arena_extend_strategy"] == "kSameAsRequested" and cuda["device_id"] == "0"
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for _ in range(2):  # both arenas shrink after each run; the next run still works
+        np.testing.assert_array_equal(backend.execute({"X": x}, ["Y"])["Y"], ext.expected(x))
+    backend.close()
+
+
+@needs_ort_tensorrt
+def test_ort_tensorrt_accelerator_runs_before_cuda(tmp_path: Path) -> None:
+    from conveyor.proto.errors import ConveyorError
+    from conveyor.proto.model_config import parse_text
+    from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+    from tests import external_data_models as ext
+
+    cache = tmp_path / "engines"
+    text = ext.CONFIG + GPU_GROUP + f"""
+    optimization {{ execution_accelerators {{ gpu_execution_accelerator [{{
+      name: "tensorrt"
+      parameters {{ key: "precision_mode" value: "FP16" }}
+      parameters {{ key: "max_workspace_size_bytes" value: "268435456" }}
+      parameters {{ key: "trt_engine_cache_enable" value: "1" }}
+      parameters {{ key: "trt_engine_cache_path" value: "{cache}" }}
+    }}]}}}}"""
+    path = ext.model_file_beside_data(str(tmp_path), "m", text)
+    try:
+        backend = OnnxRuntimeBackend(path, parse_text(text), "cuda:0")
+    except ConveyorError as exc:
+        # onnxruntime-gpu lists the provider even where TensorRT's libraries are missing;
+        # the backend must refuse that (not fall back to CUDA), which is what this checks then.
+        assert "could not start TensorrtExecutionProvider" in exc.message
+        pytest.skip(f"TensorRT's libraries are not loadable here: {exc.message}")
+    assert backend.session.get_providers()[:2] == ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
+    trt = backend.session.get_provider_options()["TensorrtExecutionProvider"]
+    assert trt["trt_fp16_enable"] in ("1", "True", "true") and trt["trt_max_workspace_size"] == "268435456"
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_allclose(backend.execute({"X": x}, ["Y"])["Y"], ext.expected(x), rtol=1e-2)
+    assert any(cache.iterdir()), "the engine cache is empty"
+    backend.close()

@@ -95,3 +95,25 @@ def test_default_model_filename_is_honoured(tmp_path: Path) -> None:
     write(tmp_path / "m" / "1" / "traced.pt", "")
     spec = scan([str(tmp_path)])["m"]
     assert spec.error == "" and spec.versions[1].endswith("/1/traced.pt")
+
+
+def test_onnx_model_directory_with_external_data_is_completed(tmp_path: Path) -> None:
+    from tests import external_data_models as ext
+
+    model_dir = ext.model_directory(str(tmp_path), "big")  # no config.pbtxt
+    os.remove(os.path.join(model_dir, ext.WEIGHTS))  # completion reads the graph only, never the weights
+    spec = scan([str(tmp_path)])["big"]
+    assert spec.error == "" and spec.backend == "onnxruntime" and spec.config.platform == "onnxruntime_onnx"
+    assert spec.versions == {1: model_dir}  # the worker's backend opens model.onnx inside it
+    assert spec.config.max_batch_size == 4 and spec.config.HasField("dynamic_batching")
+    assert [(i.name, list(i.dims)) for i in spec.config.input] == [("X", [4])]  # initializers W, B are not inputs
+    assert [(o.name, list(o.dims)) for o in spec.config.output] == [("Y", [4])]
+
+
+def test_onnx_model_directory_without_model_onnx_says_so(tmp_path: Path) -> None:
+    from tests import external_data_models as ext
+
+    model_dir = ext.model_directory(str(tmp_path), "big", 'platform: "onnxruntime_onnx"\n' + ext.CONFIG)
+    os.rename(os.path.join(model_dir, "model.onnx"), os.path.join(model_dir, "graph.onnx"))
+    spec = scan([str(tmp_path)])["big"]
+    assert spec.versions == {} and spec.version_errors[1] == f"model directory '{model_dir}' holds no 'model.onnx'"

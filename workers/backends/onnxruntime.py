@@ -1,4 +1,6 @@
-"""ONNX models on onnxruntime: CPU by default, CUDA for KIND_GPU instances.
+"""ONNX models on onnxruntime: CPU by default, CUDA for KIND_GPU instances, with
+the execution accelerators and session options the config asks for
+(``ort_providers.py``, ``ort_settings.py``).
 
 A CUDA instance given device arrays (inputs in a client's CUDA shared memory)
 binds them in place with IOBinding and leaves its outputs on the device, so the
@@ -7,6 +9,7 @@ tensors never make a host round trip.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,8 @@ import onnxruntime as ort
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
+from conveyor.workers.backends.ort_providers import INSTALL, execution_providers
+from conveyor.workers.backends.ort_settings import run_options, session_options
 from conveyor.workers.client_regions import is_device_array
 
 # ORT's element type names for the numeric types a device tensor can have.
@@ -25,52 +30,34 @@ _ORT_NUMPY = {
 }
 
 
-def _parameter(config: mc.ModelConfig, key: str) -> str:
-    p = config.parameters.get(key)
-    return p.string_value if p is not None else ""
-
-
-def session_options(config: mc.ModelConfig) -> ort.SessionOptions:
-    """Triton's onnxruntime backend parameters, where they map onto ORT options."""
-    opts = ort.SessionOptions()
-    intra = _parameter(config, "intra_op_thread_count")
-    inter = _parameter(config, "inter_op_thread_count")
-    # NOTE: one thread by default: each worker process is already one unit of
-    # parallelism, and ORT's default (all cores per session) oversubscribes.
-    opts.intra_op_num_threads = int(intra) if intra else 1
-    if inter:
-        opts.inter_op_num_threads = int(inter)
-        opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-    level = config.optimization.graph.level
-    opts.graph_optimization_level = {
-        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        1: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    return opts
-
-
-def providers_for(device: str) -> list[str]:
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise unavailable(
-                "the config asks for a GPU instance but onnxruntime has no CUDA execution provider "
-                "(install conveyor[gpu] on a host with a GPU)"
-            )
-        return ["CUDAExecutionProvider"]
-    return ["CPUExecutionProvider"]
+def model_file(path: str) -> str:
+    """The ONNX file for a version's model path: as in Triton, a directory (a model
+    with external data, e.g. over protobuf's 2 GB) holds it as ``model.onnx``. ORT
+    resolves external-data locations relative to the file, so it must get the path."""
+    return os.path.join(path, "model.onnx") if os.path.isdir(path) else path
 
 
 class OnnxRuntimeBackend:
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
-        providers: list[str | tuple[str, dict[str, str]]] = list(providers_for(device))
+        path = model_file(path)
+        if not os.path.isfile(path):
+            raise unavailable(f"unable to find '{path}' for model '{config.name}'")
+        providers = execution_providers(config, device, ort.get_available_providers())
         self.device_id = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
         self.accepts_device_arrays = device.startswith("cuda")
-        if device.startswith("cuda:"):
-            providers = [("CUDAExecutionProvider", {"device_id": str(self.device_id)})]
+        self._run_options = run_options(config, device)
         try:
             self.session = ort.InferenceSession(path, sess_options=session_options(config), providers=providers)
         except Exception as exc:
             raise unavailable(f"onnxruntime could not load '{path}': {exc}") from None
+        # ORT falls back to the next provider, with a warning, when one fails to start (a
+        # TensorRT provider without TensorRT's libraries): refuse it, as Triton does.
+        started = set(self.session.get_providers())
+        missing = [name for name, _ in providers if name not in started]
+        if missing:
+            del self.session
+            raise unavailable(f"onnxruntime could not start {', '.join(missing)} for '{path}' (its warning in the "
+                              f"worker's log says why): {'; '.join(INSTALL.get(m, '') for m in missing)}")
         self._string_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
 
     def execute(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
@@ -81,7 +68,7 @@ class OnnxRuntimeBackend:
             name: (_decode(arr) if name in self._string_inputs else arr) for name, arr in inputs.items()
         }
         try:
-            results = self.session.run(outputs, feed)
+            results = self.session.run(outputs, feed, self._run_options)
         except Exception as exc:
             raise internal(f"onnxruntime execution failed: {exc}") from None
         return dict(zip(outputs, results, strict=True))
@@ -101,7 +88,7 @@ class OnnxRuntimeBackend:
         for name in outputs:
             binding.bind_output(name, "cuda", self.device_id)
         try:
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binding, self._run_options)
         except Exception as exc:
             raise internal(f"onnxruntime execution failed: {exc}") from None
         return {name: _device_array(value, self.device_id) for name, value in zip(outputs, binding.get_outputs(),
