@@ -183,3 +183,20 @@ def test_inductor_compiles_where_a_cxx_compiler_is(tmp_path: Path, torch_models:
     out = backend.execute({"INPUT__0": a, "INPUT__1": b}, ["OUTPUT__0", "OUTPUT__1"])
     np.testing.assert_array_equal(out["OUTPUT__0"], a + b)
     np.testing.assert_array_equal(out["OUTPUT__1"], a - b)
+
+
+def test_inductor_without_a_cxx_compiler_says_so(
+        tmp_path: Path, torch_models: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+    import torch._inductor.config
+
+    config = torch_models.ADD_SUB_CONFIG.format(name="m", extra=torch_models.compile_parameters(
+        "auto", backend="inductor", dynamic="false"))
+    # No compiler where inductor looks, and no cached kernels to fall back on.
+    no_cxx = {"cpp.cxx": (None, str(tmp_path / "no-such-c++")), "fx_graph_cache": False}
+    with caplog.at_level("WARNING", logger="conveyor.workers.backends.pytorch"), \
+            torch._inductor.config.patch(no_cxx):
+        backend = _load(tmp_path, torch.jit.script(torch_models.AddSub()), config)
+    assert not backend.compiled and "No working C++ compiler" in caplog.text
+    x = np.ones(16, dtype=np.float32)
+    np.testing.assert_array_equal(backend.execute({"INPUT__0": x, "INPUT__1": x}, ["OUTPUT__0"])["OUTPUT__0"], 2 * x)
