@@ -112,7 +112,11 @@ def _warm(
         if shapes in seen:  # the batch dimension stopped at max_batch_size
             continue
         seen.add(shapes)
-        expected = call(module, args)
+        try:
+            expected = call(module, args)
+        except Exception as exc:  # the samples are only what the config says: the model may want others
+            raise CompileFailed(f"the TorchScript module fails on sample inputs of shapes {list(shapes)}, "
+                                f"so its compiled graph cannot be checked: {reason(exc)}") from None
         if compiled is None:
             compiled = CompiledModel(torch, fn, isinstance(expected, tuple), cuda and _cuda_graphs(torch, settings))
         try:
