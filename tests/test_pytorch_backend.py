@@ -41,6 +41,18 @@ def test_settings_from_parameters() -> None:
     assert not s.inference_mode and not s.optimized_execution and s.intra_op_threads == 2
     with pytest.raises(ConveyorError, match="INFERENCE_MODE"):
         TorchSettings.from_config(parse_text('parameters { key: "INFERENCE_MODE" value { string_value: "maybe" } }'))
+    # The thread counts under the names Triton's model.py runtime reads; ENABLE_NVFUSER is read and ignored.
+    config = parse_text('parameters [{ key: "NUM_THREADS" value { string_value: "3" } },'
+                        '{ key: "NUM_INTEROP_THREADS" value { string_value: "2" } },'
+                        '{ key: "ENABLE_NVFUSER" value { string_value: "true" } },'
+                        '{ key: "ENABLE_WEIGHT_SHARING" value { string_value: "true" } }]')
+    s = TorchSettings.from_config(config)
+    assert (s.intra_op_threads, s.inter_op_threads, s.weight_sharing) == (3, 2, True)
+    with pytest.raises(ConveyorError, match="'INTRA_OP_THREAD_COUNT' \\(2\\) and 'NUM_THREADS' \\(3\\)"):
+        TorchSettings.from_config(parse_text('parameters [{ key: "NUM_THREADS" value { string_value: "3" } },'
+                                             '{ key: "INTRA_OP_THREAD_COUNT" value { string_value: "2" } }]'))
+    with pytest.raises(ConveyorError, match="ENABLE_NVFUSER"):
+        TorchSettings.from_config(parse_text('parameters { key: "ENABLE_NVFUSER" value { string_value: "y" } }'))
 
 
 def test_without_torch_the_model_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -167,3 +179,63 @@ def test_parameters_apply(tmp_path: Path, torch_models: Any) -> None:
     x = np.ones(16, dtype=np.float32)
     np.testing.assert_array_equal(backend.execute({"INPUT__0": x, "INPUT__1": x}, ["OUTPUT__0"])["OUTPUT__0"],
                                   2 * x)
+
+
+def test_num_threads_sets_torch_intra_op_threads(tmp_path: Path, torch_models: Any) -> None:
+    import torch
+
+    extra = 'parameters { key: "NUM_THREADS" value { string_value: "2" } }'
+    script = torch.jit.script(torch_models.AddSub())
+    _load(tmp_path, script, torch_models.ADD_SUB_CONFIG.format(name="m", extra=extra))
+    assert torch.get_num_threads() == 2
+    _load(tmp_path / "b", script, torch_models.ADD_SUB_CONFIG.format(name="m", extra=""))
+    assert torch.get_num_threads() == 1
+
+
+@pytest.fixture()
+def torch_switches() -> Any:
+    """Put torch's process-wide switches back as they were."""
+    import torch
+
+    saved = (torch._C._jit_texpr_fuser_enabled(), torch.backends.cudnn.enabled)
+    yield
+    torch._C._jit_set_texpr_fuser_enabled(saved[0])
+    torch.backends.cudnn.enabled = saved[1]
+
+
+def test_each_call_runs_under_its_own_models_switches(tmp_path: Path, torch_models: Any, torch_switches: Any) -> None:
+    import torch
+
+    off = ('parameters [{ key: "ENABLE_TENSOR_FUSER" value { string_value: "false" } },'
+           '{ key: "DISABLE_CUDNN" value { string_value: "true" } }]')
+    on = 'parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "true" } }'
+    script = torch.jit.script(torch_models.AddSub())
+    a = _load(tmp_path / "a", script, torch_models.ADD_SUB_CONFIG.format(name="m", extra=off))
+    b = _load(tmp_path / "b", script, torch_models.ADD_SUB_CONFIG.format(name="m", extra=on))
+    x = {"INPUT__0": np.ones(16, dtype=np.float32), "INPUT__1": np.ones(16, dtype=np.float32)}
+    a.execute(x, ["OUTPUT__0"])  # loaded first, yet its switches hold for its calls (as in Triton)
+    assert not torch._C._jit_texpr_fuser_enabled() and not torch.backends.cudnn.enabled
+    b.execute(x, ["OUTPUT__0"])
+    assert torch._C._jit_texpr_fuser_enabled() and torch.backends.cudnn.enabled
+
+
+def test_weight_sharing_loads_a_model_once_per_device(tmp_path: Path, torch_models: Any) -> None:
+    import torch
+
+    from conveyor.workers.backends.torch_sharing import SHARED
+
+    sharing = 'parameters { key: "ENABLE_WEIGHT_SHARING" value { string_value: "true" } }'
+    text = torch_models.MLP_CONFIG.format(name="m", extra=sharing)
+    path = torch_models.save(torch.jit.script(torch_models.Mlp()), str(tmp_path), "m", text)
+    config = parse_text(text)
+    first, second = (load_backend("pytorch", path, config, "cpu") for _ in range(2))
+    assert first.module is second.module and len(SHARED) == 1
+    alone = load_backend("pytorch", path, parse_text(torch_models.MLP_CONFIG.format(name="m", extra="")), "cpu")
+    assert alone.module is not first.module
+    x = np.ones((2, 4), dtype=np.float32)
+    np.testing.assert_array_equal(first.execute({"INPUT__0": x}, ["OUTPUT__0"])["OUTPUT__0"],
+                                  alone.execute({"INPUT__0": x}, ["OUTPUT__0"])["OUTPUT__0"])
+    first.close()
+    assert len(SHARED) == 1  # the second instance still uses it
+    second.close()
+    assert len(SHARED) == 0

@@ -43,6 +43,29 @@ class DictSum(torch.nn.Module):
         return inputs["A"] + 10 * inputs["B"]
 
 
+class Mlp(torch.nn.Module):
+    """Weights and two results: what torch.compile is for (batched)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = torch.nn.Linear(4, 8)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.hidden(x))
+        return self.out(h), h.sum(dim=1, keepdim=True)
+
+
+class DoubleUntil(torch.nn.Module):
+    """A loop on a tensor's value: torch's TorchScript converter cannot take it, so it
+    does not compile (``prim::Loop``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        while bool(x.abs().sum() < 100):
+            x = x * 2 + 1
+        return x
+
+
 def save(module: torch.jit.ScriptModule, repo: str, name: str, config: str) -> str:
     vdir = os.path.join(repo, name, "1")
     os.makedirs(vdir, exist_ok=True)
@@ -95,6 +118,35 @@ input [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
 """
 
+MLP_CONFIG = """name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [
+  {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] }},
+  {{ name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 1 ] }}
+]
+dynamic_batching {{ max_queue_delay_microseconds: 5000 }}
+{extra}
+"""
+
+LOOP_CONFIG = """name: "{name}"
+backend: "pytorch"
+max_batch_size: 0
+input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+{extra}
+"""
+
+
+def compile_parameters(when: str = "true", backend: str = "aot_eager", **more: str) -> str:
+    """A config's ``parameters`` asking for torch.compile (``more``: conveyor.torch_compile_<key>)."""
+    pairs = {"conveyor.torch_compile": when, "conveyor.torch_compile_backend": backend,
+             **{f"conveyor.torch_compile_{k}": v for k, v in more.items()}}
+    return "parameters [" + ", ".join(f'{{ key: "{k}" value {{ string_value: "{v}" }} }}'
+                                       for k, v in pairs.items()) + "]"
+
+
 NO_INPUTS_CONFIG = """name: "torch_no_inputs"
 platform: "pytorch_libtorch"
 max_batch_size: 0
@@ -112,3 +164,15 @@ def build(repo: str) -> None:
     save(torch.jit.trace(Doubler(), torch.ones(2, 4)), repo, "torch_batched", DOUBLER_CONFIG)
     save(torch.jit.script(Upper()), repo, "torch_strings", UPPER_CONFIG)
     save(torch.jit.script(AddSub()), repo, "torch_no_inputs", NO_INPUTS_CONFIG)
+
+
+def build_compiled(repo: str) -> None:
+    """Models asking for torch.compile: one that compiles, one that cannot (served
+    uncompiled with ``auto``, refused with ``true``), one with a backend torch lacks."""
+    save(torch.jit.script(Mlp()), repo, "torch_compiled", MLP_CONFIG.format(
+        name="torch_compiled", extra=compile_parameters()))
+    loop = torch.jit.script(DoubleUntil())
+    for name, when in (("torch_compile_auto", "auto"), ("torch_compile_strict", "true")):
+        save(loop, repo, name, LOOP_CONFIG.format(name=name, extra=compile_parameters(when)))
+    save(loop, repo, "torch_compile_bad_backend", LOOP_CONFIG.format(
+        name="torch_compile_bad_backend", extra=compile_parameters(backend="no_such_backend")))

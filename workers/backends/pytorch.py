@@ -7,24 +7,32 @@ as cupy arrays over the same device memory (DLPack), so the worker copies them
 device-to-device into a client's CUDA region, or once to the host otherwise.
 Config names map onto ``forward``'s arguments and returned tuple by Triton's
 rules (``torch_naming``); ``List[str]`` arguments and results carry 1-D BYTES tensors.
+With ``conveyor.torch_compile`` the module is compiled at load (``torch_compile``).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.workers.backends.torch_compile import CompileFailed, compile_module, sample_tensors
+from conveyor.workers.backends.torch_compile_settings import SWITCH, CompileSettings
 from conveyor.workers.backends.torch_naming import input_positions, output_positions
 from conveyor.workers.backends.torch_settings import TorchSettings
+from conveyor.workers.backends.torch_sharing import SHARED
 from conveyor.workers.client_regions import is_device_array
 
 try:
     import torch
 except ImportError:  # this module is imported only to load a model: say why it cannot be
     raise unavailable("PyTorch is not installed in the worker's environment (pip install 'conveyor[torch]')") from None
+
+log = logging.getLogger(__name__)
 
 # Triton's config types that TorchScript tensors can hold (TYPE_STRING is a List[str] instead).
 _TORCH_DTYPES: dict[int, Any] = {
@@ -69,9 +77,28 @@ class TorchScriptBackend:
             raise unavailable(f"the config asks for a GPU instance ({device}) but torch {torch.__version__} "
                               f"sees no CUDA device (a CPU build, or no GPU)")
         self.settings = TorchSettings.from_config(config)
-        self.settings.apply(torch)
+        self.compile_settings = CompileSettings.from_config(config)
+        if self.compile_settings.enabled:  # importing dynamo takes a while: only for a model that compiles
+            self.compile_settings.check(torch._dynamo.list_backends(exclude_tags=()),
+                                        torch._inductor.list_mode_options())
+        self.settings.apply_threads(torch)
+        self._shared = SHARED.key(path, str(self.device)) if self.settings.weight_sharing else None
+        self.module = (self._load(path) if self._shared is None
+                       else SHARED.acquire(self._shared, lambda: self._load(path)))
+        # What each call runs: the TorchScript module, or the graph compiled from it.
+        self.run: Callable[..., Any] = self.module
+        self.compiled = False
         try:
-            self.module = torch.jit.load(path, map_location=self.device)
+            self._bind(path, config)
+            if self.compile_settings.enabled:
+                self._compile(config)
+        except BaseException:
+            self.close()  # a shared module has one user less
+            raise
+
+    def _bind(self, path: str, config: mc.ModelConfig) -> None:
+        """Map the config's tensors onto forward()'s arguments and results."""
+        try:
             arguments = forward_arguments(self.module)
         except Exception as exc:
             raise unavailable(f"torch could not load TorchScript model '{path}': {exc}") from None
@@ -94,20 +121,51 @@ class TorchScriptBackend:
         self.output_types = {o.name: o.data_type for o in config.output}
         self.input_types = {i.name: i.data_type for i in config.input}
 
-    def execute(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
-        tensors = {name: self._to_torch(name, arr) for name, arr in inputs.items()}
-        if self.dict_input:
-            args: list[Any] = [tensors]
-        else:
-            args = [None] * len(self.positions)
-            for name, value in tensors.items():
-                args[self.positions[name]] = value
-        s = self.settings
+    def _load(self, path: str) -> Any:
         try:
-            # no_grad always, inference_mode unless the config turns it off: as Triton's backend.
-            with torch.jit.optimized_execution(s.optimized_execution), torch.no_grad(), \
-                    torch.inference_mode(s.inference_mode):
-                result = self.module(*args)
+            return torch.jit.load(path, map_location=self.device)
+        except Exception as exc:
+            raise unavailable(f"torch could not load TorchScript model '{path}': {exc}") from None
+
+    def _compile(self, config: mc.ModelConfig) -> None:
+        s = self.compile_settings
+        try:
+            strings = [t.name for t in config.input if t.data_type == mc.TYPE_STRING] + \
+                [t.name for t in config.output if t.data_type == mc.TYPE_STRING]
+            if strings:
+                raise CompileFailed(f"torch.compile takes tensors only, and '{strings[0]}' is TYPE_STRING "
+                                    f"(a List[str] in TorchScript)")
+            self.run = compile_module(
+                torch, self.module, s,
+                lambda size: self._arguments(sample_tensors(torch, config, _TORCH_DTYPES, self.device, size)),
+                self._call, self.device.type == "cuda")
+            self.compiled = True
+        except CompileFailed as exc:
+            if s.when == "on":
+                raise unavailable(f"{exc} ('{SWITCH}' is true; 'auto' would serve the model uncompiled)") from None
+            log.warning("serving the TorchScript model uncompiled ('%s' is auto): %s", SWITCH, exc)
+
+    def _arguments(self, tensors: dict[str, Any]) -> list[Any]:
+        """forward()'s arguments from tensors by config name."""
+        if self.dict_input:
+            return [tensors]
+        args: list[Any] = [None] * len(self.positions)
+        for name, value in tensors.items():
+            args[self.positions[name]] = value
+        return args
+
+    def _call(self, run: Callable[..., Any], args: list[Any]) -> Any:
+        s = self.settings
+        s.set_for_call(torch)
+        # no_grad always, inference_mode unless the config turns it off: as Triton's backend.
+        with torch.jit.optimized_execution(s.optimized_execution), torch.no_grad(), \
+                torch.inference_mode(s.inference_mode):
+            return run(*args)
+
+    def execute(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+        args = self._arguments({name: self._to_torch(name, arr) for name, arr in inputs.items()})
+        try:
+            result = self._call(self.run, args)
         except Exception as exc:
             raise internal(f"PyTorch execute failure: {exc}") from None
         values = _returned_values(result)
@@ -117,7 +175,7 @@ class TorchScriptBackend:
             if not 0 <= index < len(values):
                 raise internal(f"output '{name}' is at position {index} but the model returned {len(values)} values")
             out[name] = self._from_torch(name, values[index])
-        if s.cache_cleaning and self.device.type == "cuda":
+        if self.settings.cache_cleaning and self.device.type == "cuda":
             torch.cuda.empty_cache()
         return out
 
@@ -157,9 +215,16 @@ class TorchScriptBackend:
         return arr.view(np.uint16) if expected == mc.TYPE_BF16 else arr
 
     def close(self) -> None:
-        del self.module
+        self.run = self.module = _unloaded  # drops this instance's hold on the weights
+        if self._shared is not None:
+            SHARED.release(self._shared)
+            self._shared = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _unloaded(*args: Any) -> Any:
+    raise internal("the model instance was unloaded")
 
 
 def _device_array(value: Any) -> Any:
