@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.config_parameters import parse_bool
 from conveyor.proto.errors import invalid_arg, unavailable
 
 TENSORRT = "TensorrtExecutionProvider"
@@ -41,20 +42,6 @@ INSTALL = {
     OPENVINO: "install onnxruntime-openvino in place of onnxruntime",
     DNNL: "use an onnxruntime built with oneDNN (--use_dnnl)",
 }
-
-# Triton's booleans (backend_common's ParseBoolValue).
-_TRUE = {"true", "1", "on"}
-_FALSE = {"false", "0", "off"}
-
-
-def _bool(value: str, what: str) -> bool:
-    text = value.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise invalid_arg(f"{what} must be true or false (1 or 0), not '{value}'")
-
 
 def _int(value: str, what: str, minimum: int | None = None) -> int:
     try:
@@ -129,7 +116,7 @@ def tensorrt_options(parameters: dict[str, str], device_id: int) -> dict[str, st
         elif key in _TRT_INT:
             options[_TRT_INT[key]] = str(_int(value, what))
         elif key in _TRT_BOOL:
-            options[_TRT_BOOL[key]] = "True" if _bool(value, what) else "False"
+            options[_TRT_BOOL[key]] = "True" if parse_bool(value, what) else "False"
         elif key in _TRT_TEXT:
             if value:  # as Triton: an empty value leaves the provider's default
                 options[_TRT_TEXT[key]] = value
@@ -158,7 +145,7 @@ _DEPRECATED_CUDA = ("cudnn_conv_algo_search", "gpu_mem_limit", "arena_extend_str
 
 def _cuda_option(key: str, value: str, what: str) -> str:
     if key in _CUDA_BOOL:
-        return "1" if _bool(value, what) else "0"
+        return "1" if parse_bool(value, what) else "0"
     if key == "cudnn_conv_algo_search":
         named = _CONV_ALGO.get(value.strip(), value.strip())
         if named not in _CONV_ALGO.values():

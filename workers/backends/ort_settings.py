@@ -19,10 +19,11 @@ import re
 import onnxruntime as ort
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.config_parameters import parameter_count as _count
+from conveyor.proto.config_parameters import parameter_flag as _flag
+from conveyor.proto.config_parameters import parameter_text as _text
 from conveyor.proto.errors import invalid_arg
 
-_TRUE = {"true", "1", "on"}
-_FALSE = {"false", "0", "off"}
 _ARENA_DEVICES = re.compile(r"(cpu|gpu):\d+(;(cpu|gpu):\d+)*")
 SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 DEVICE_ALLOCATOR = "session.use_device_allocator_for_initializers"
@@ -31,31 +32,6 @@ _LEVELS = {
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
-
-
-def _text(config: mc.ModelConfig, key: str) -> str:
-    p = config.parameters.get(key)
-    return p.string_value.strip() if p is not None else ""
-
-
-def _flag(config: mc.ModelConfig, key: str) -> bool | None:
-    text = _text(config, key).lower()
-    if not text:
-        return None
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise invalid_arg(f"parameter '{key}' must be true or false (1 or 0), not '{text}'")
-
-
-def _count(config: mc.ModelConfig, key: str) -> int | None:
-    text = _text(config, key)
-    if not text:
-        return None
-    if not text.isdigit():
-        raise invalid_arg(f"parameter '{key}' must be a non-negative integer, not '{text}'")
-    return int(text)
 
 
 def session_options(config: mc.ModelConfig) -> ort.SessionOptions:

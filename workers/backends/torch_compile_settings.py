@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.config_parameters import parameter_flag, parameter_text
 from conveyor.proto.errors import invalid_arg
-from conveyor.workers.backends.torch_settings import parameter_flag, parameter_text
 
 SWITCH = "conveyor.torch_compile"
 BACKEND = "conveyor.torch_compile_backend"

@@ -17,39 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.config_parameters import parameter_count, parameter_flag
 from conveyor.proto.errors import invalid_arg
 
 log = logging.getLogger(__name__)
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def parameter_text(config: mc.ModelConfig, key: str) -> str:
-    """A parameter's string value, stripped; "" when the config does not set it."""
-    p = config.parameters.get(key)
-    return p.string_value.strip() if p is not None else ""
-
-
-def parameter_flag(config: mc.ModelConfig, key: str) -> bool | None:
-    """A boolean parameter, or None when the config does not set it."""
-    text = parameter_text(config, key).lower()
-    if not text:
-        return None
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise invalid_arg(f"parameter '{key}' must be true or false, not '{text}'")
-
-
 def _count(config: mc.ModelConfig, key: str) -> int | None:
-    text = parameter_text(config, key)
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise invalid_arg(f"parameter '{key}' must be a positive integer, not '{text}'")
-    return int(text)
+    return parameter_count(config, key, minimum=1)
 
 
 def _thread_count(config: mc.ModelConfig, key: str, alias: str) -> int | None:
