@@ -3,17 +3,38 @@ switch that stops it when a model makes a call only the main loop can answer."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.http as th
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.python import PythonBackend
 from conveyor.workers.inline import inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
+from tests.conftest import start_server
+from tests.python_models import _simple_config, write_model
 from tests.test_python_backend import RECORDING_MODEL, write
+
+# Answers 1.0 when execute ran on the worker's main thread. The second copy's text
+# names InferenceRequest (as a BLS model would), so it must always run on its own thread.
+WHICH_THREAD_MODEL = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        main = float(threading.current_thread() is threading.main_thread())
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([main], np.float32))])
+                for _ in requests]
+'''
 
 BLS_MODEL = '''
 import triton_python_backend_utils as pb_utils
@@ -72,3 +93,27 @@ def test_a_main_thread_bls_call_fails_retryably_and_stops_inline_batches() -> No
         InlineSwitch.refuse_on_main_thread("BLS call")
     assert caught.value.status is Status.UNAVAILABLE and "retry" in caught.value.message
     assert not InlineSwitch.on
+
+
+def test_short_batches_move_to_the_main_thread_unless_the_model_may_call_bls(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    repo = str(tmp_path_factory.mktemp("inline"))
+    write_model(repo, "plain", WHICH_THREAD_MODEL, _simple_config("plain"))
+    write_model(repo, "caller", WHICH_THREAD_MODEL + "# pb_utils.InferenceRequest(...) would make a BLS call\n",
+                _simple_config("caller"))
+    server = start_server(repo, f"in{os.getpid()}", "--workers", "1", "--grpc-ingress", "0", grpc=False)
+    try:
+        client = th.InferenceServerClient(server.http_url)
+        seen: dict[str, list[float]] = {"plain": [], "caller": []}
+        for model, threads in seen.items():
+            for _ in range(64):
+                x = th.InferInput("INPUT0", [1], "FP32")
+                x.set_data_from_numpy(np.zeros(1, np.float32))
+                threads.append(float(client.infer(model, [x]).as_numpy("OUTPUT0")[0]))
+        client.close()
+        assert seen["plain"][:8] == [0.0] * 8  # measured on the instance's thread first
+        # Then short batches run on the main thread (a busy machine may make a few long ones).
+        assert sum(seen["plain"][8:]) >= 28
+        assert seen["caller"] == [0.0] * 64
+    finally:
+        assert server.stop() == 0
