@@ -23,7 +23,7 @@ from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.cloud.credentials import credential_fields
-from conveyor.router.cloud.mirror import ObjectMirror, Stamp
+from conveyor.router.cloud.mirror import ObjectMirror, Stamp, missing_library
 
 _URL = re.compile(r"^as://(?P<account>[^/]+)/(?P<container>[^/]+)/?(?P<prefix>.*)$")
 ENDPOINT_ENV = "CONVEYOR_AZURE_BLOB_ENDPOINT"
@@ -38,7 +38,6 @@ class AzureRepository(ObjectMirror):
         super().__init__(url, prefix, local)
         self.account = account
         self.container = container
-        self._client: Any = None
 
     @classmethod
     def parse(cls, url: str, cache_dir: str) -> AzureRepository:
@@ -49,19 +48,11 @@ class AzureRepository(ObjectMirror):
         local = os.path.join(cache_dir, "as", m["account"], m["container"], prefix)
         return cls(url, m["account"], m["container"], prefix, local)
 
-    def client(self) -> Any:
-        """The container's client."""
-        if self._client is None:
-            self._client = self._make_client()
-        return self._client
-
     def _make_client(self) -> Any:
         try:
             from azure.storage.blob import BlobServiceClient
         except ImportError:
-            raise ConveyorError(
-                Status.UNAVAILABLE, "as:// repositories need azure-storage-blob: pip install 'conveyor[cloud]'"
-            ) from None
+            raise missing_library("as", "azure-storage-blob") from None
         creds = credential_fields("as", self.url)
         connection_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
         if not creds and connection_string:

@@ -17,7 +17,7 @@ from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.cloud.credentials import credential_file_entry
-from conveyor.router.cloud.mirror import ObjectMirror, Stamp
+from conveyor.router.cloud.mirror import ObjectMirror, Stamp, missing_library
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,6 @@ class GcsRepository(ObjectMirror):
     def __init__(self, url: str, bucket: str, prefix: str, local: str) -> None:
         super().__init__(url, prefix, local)
         self.bucket = bucket
-        self._client: Any = None
 
     @classmethod
     def parse(cls, url: str, cache_dir: str) -> GcsRepository:
@@ -38,19 +37,12 @@ class GcsRepository(ObjectMirror):
         prefix = m["prefix"].strip("/")
         return cls(url, m["bucket"], prefix, os.path.join(cache_dir, "gs", m["bucket"], prefix))
 
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = self._make_client()
-        return self._client
-
     def _make_client(self) -> Any:
         try:
             from google.auth.exceptions import DefaultCredentialsError
             from google.cloud import storage
         except ImportError:
-            raise ConveyorError(
-                Status.UNAVAILABLE, "gs:// repositories need google-cloud-storage: pip install 'conveyor[cloud]'"
-            ) from None
+            raise missing_library("gs", "google-cloud-storage") from None
         key_file = credential_file_entry("gs", self.url)
         if isinstance(key_file, str) and key_file:
             return storage.Client.from_service_account_json(key_file)

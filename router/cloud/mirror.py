@@ -12,12 +12,18 @@ import logging
 import os
 import tempfile
 from abc import ABC, abstractmethod
+from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status
 
 log = logging.getLogger(__name__)
 
 Stamp = tuple[int, str]  # (size, etag or md5): a change in either means download again
+
+
+def missing_library(scheme: str, package: str) -> ConveyorError:
+    """The error for a repository URL whose client library is not installed."""
+    return ConveyorError(Status.UNAVAILABLE, f"{scheme}:// repositories need {package}: pip install 'conveyor[cloud]'")
 
 
 class ObjectMirror(ABC):
@@ -28,6 +34,17 @@ class ObjectMirror(ABC):
         self.prefix = prefix.strip("/")
         self.local = local
         self._seen: dict[str, Stamp] = {}  # key -> stamp of what the local file holds
+        self._client: Any = None
+
+    def client(self) -> Any:
+        """The store's client library object, built on first use (a sync may never run)."""
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        """Build the client with the store's credential conventions; raise ``missing_library`` without it."""
+        raise NotImplementedError(f"{type(self).__name__} has no client")
 
     @abstractmethod
     def list_objects(self, prefix: str) -> dict[str, Stamp]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.cloud.credentials import credential_fields
-from conveyor.router.cloud.mirror import ObjectMirror, Stamp
+from conveyor.router.cloud.mirror import ObjectMirror, Stamp, missing_library
 
 _URL = re.compile(r"^s3://(?:(?P<host>[^/:]+):(?P<port>\d+)/)?(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
 
@@ -23,7 +23,6 @@ class S3Repository(ObjectMirror):
         super().__init__(url, prefix, local)
         self.bucket = bucket
         self.endpoint = endpoint
-        self._client: Any = None
 
     @classmethod
     def parse(cls, url: str, cache_dir: str) -> S3Repository:
@@ -35,18 +34,11 @@ class S3Repository(ObjectMirror):
         local = os.path.join(cache_dir, "s3", m["host"] or "aws", m["bucket"], prefix)
         return cls(url, m["bucket"], prefix, endpoint, local)
 
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = self._make_client()
-        return self._client
-
     def _make_client(self) -> Any:
         try:
             import boto3
         except ImportError:
-            raise ConveyorError(
-                Status.UNAVAILABLE, "s3:// repositories need boto3: pip install 'conveyor[cloud]'"
-            ) from None
+            raise missing_library("s3", "boto3") from None
         kwargs: dict[str, Any] = {}
         if self.endpoint:
             kwargs["endpoint_url"] = self.endpoint
