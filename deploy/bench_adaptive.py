@@ -21,6 +21,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from statistics import median
 
 from conveyor.deploy.bench import ROOT, perf_analyzer, run_one, wait_ready
 from conveyor.deploy.bench_models import matmul_stack
@@ -34,6 +35,7 @@ def variants(target_us: int) -> dict[str, str]:
         "no_batching": "",
         "static_0": "dynamic_batching { }",
         "static_2ms": "dynamic_batching { max_queue_delay_microseconds: 2000 }",
+        "static_4ms": "dynamic_batching { max_queue_delay_microseconds: 4000 }",
         "static_6ms": "dynamic_batching { max_queue_delay_microseconds: 6000 }",
         f"adaptive_{target_us // 1000}ms": "dynamic_batching { }\nparameters { key: \"conveyor.latency_target_us\" "
                                           f"value {{ string_value: \"{target_us}\" }} }}",
@@ -72,9 +74,11 @@ def main() -> int:
     results = []
     try:
         wait_ready("127.0.0.1:18100")
-        for c in args.concurrency:
-            for name in models:
-                for run in range(args.repeat):
+        # Rounds of every variant in turn: the machine's speed drifts (other tenants), so
+        # variants measured minutes apart are not comparable; medians over rounds are.
+        for run in range(args.repeat):
+            for c in args.concurrency:
+                for name in models:
                     before = counts("127.0.0.1:18100", name)
                     figures = run_one(pa, "127.0.0.1:18100", "http", name, c, args.seconds)
                     after = counts("127.0.0.1:18100", name)
@@ -92,6 +96,15 @@ def main() -> int:
     lines += [f"| {r['model']} | {r['concurrency']} | {r['run']} | {r['infer_per_sec']:.0f} | "
               f"{r['p50_us'] / 1000:.2f} | {r['p99_us'] / 1000:.2f} | {r['rows_per_execution']:.1f} |"
               for r in results]
+    lines += ["", "| model | concurrency | median infer/s | median p50 ms | median p99 ms | rows/execution |",
+              "|---|---|---|---|---|---|"]
+    for c in args.concurrency:
+        for name in models:
+            runs = [r for r in results if r["model"] == name and r["concurrency"] == c]
+            lines.append(f"| {name} | {c} | {median(r['infer_per_sec'] for r in runs):.0f} | "
+                         f"{median(r['p50_us'] for r in runs) / 1000:.2f} | "
+                         f"{median(r['p99_us'] for r in runs) / 1000:.2f} | "
+                         f"{median(r['rows_per_execution'] for r in runs):.1f} |")
     Path(args.out, "adaptive.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
