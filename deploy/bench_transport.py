@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -67,7 +68,7 @@ def zmq_ipc(round_trips: int) -> dict[str, float]:
         for _ in range(round_trips + 1):
             sock.send_multipart(sock.recv_multipart())
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(endpoint)
 
     def ping() -> None:
@@ -105,7 +106,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args()
-    results = []
+    results: list[dict[str, Any]] = []
     for run in range(args.repeat):
         for name, bench in (("zeromq ipc DEALER/ROUTER", zmq_ipc), ("UNIX socket pair", socket_pair)):
             results.append({"transport": name, "run": run + 1, **bench(args.round_trips)})
