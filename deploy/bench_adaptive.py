@@ -4,9 +4,10 @@
 
 Serves ``matmul_stack`` (deploy/bench_models.py: batching pays) under several
 names that differ only in their batching settings, each with two CPU instances
-on two workers, and runs perf_analyzer over HTTP on each, ``--repeat`` times
-back to back per concurrency (the machine is shared: compare runs, not single
-figures). Writes bench-results/adaptive.{json,md}; the figures go into
+on two workers, and runs perf_analyzer over HTTP on each in ``--repeat`` rounds
+(every variant at every concurrency, then the next round: the machine is
+shared, so compare medians over rounds, not single figures). Writes
+bench-results/adaptive.{json,md}, per run and medians; the figures go into
 docs/SCHEDULING.md.
 """
 
