@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub, identity
-from tests import python_models, sequence_models, warmup_models
+from tests import python_bls_models, python_models, sequence_models, warmup_models
 
 LABELS = [f"label_{i}" for i in range(10)]
 
@@ -35,6 +35,7 @@ def build_test_repository(repo: str) -> None:
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
+    python_bls_models.build(repo)
     # A TensorRT engine needs TensorRT and a GPU: where either is missing it must say so and not hold others back.
     os.makedirs(os.path.join(repo, "trt_plan", "1"))
     with open(os.path.join(repo, "trt_plan", "1", "model.plan"), "wb") as f:
