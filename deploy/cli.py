@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         from conveyor.deploy.supervisor import Supervisor
 
         return Supervisor(args).run()
+    if args.command in ("router", "worker"):
+        from conveyor.proto.polling import spin_seconds
     if args.command == "router":
         from conveyor.deploy.options import run_dir
         from conveyor.router.histograms import configure_summaries
@@ -176,13 +178,14 @@ def main(argv: list[str] | None = None) -> int:
                poll_secs=args.repository_poll_secs, group=args.group,
                cache_bytes=parse_cache_config(args.cache_config),
                max_client_shm_regions=args.max_client_shm_regions,
-               trace=trace, rate_limiter=limiter).run(args.exit_timeout_secs, args.drain_grace_secs)
+               trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
+               ).run(args.exit_timeout_secs, args.drain_grace_secs)
         return 0
     if args.command == "worker":
         from conveyor.workers.worker import Worker
 
         Worker(args.router or worker_ep, args.group, args.arena_size, args.ingress_endpoint or ingress_ep,
-               args.exit_timeout_secs).run()
+               args.exit_timeout_secs, spin_seconds(args.spin_us)).run()
         return 0
     if args.command == "ingress":
         level = "debug" if args.log_verbose > 0 else "warning"

@@ -55,6 +55,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-error", type=triton_bool, default=True, metavar="BOOL")
     p.add_argument("--log-file", default="", help="append the log here instead of stderr (every process of the group)")
     p.add_argument("--log-format", choices=["default", "ISO8601"], default="default")
+    p.add_argument("--spin-us", default=None, metavar="US|auto",
+                   help="router and workers spin this long on their sockets before sleeping (0 = never); "
+                        "default auto: 50 on hosts with 8 or more cores, else 0 (proto/polling.py)")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="how long shutdown waits for in-flight requests")
 

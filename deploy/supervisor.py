@@ -75,7 +75,8 @@ class Supervisor:
 
     def _common(self) -> list[str]:
         a = self.args
-        return ["--group", a.group, *log_args(a), "--exit-timeout-secs", str(a.exit_timeout_secs)]
+        spin = ["--spin-us", a.spin_us] if a.spin_us is not None else []
+        return ["--group", a.group, *log_args(a), *spin, "--exit-timeout-secs", str(a.exit_timeout_secs)]
 
     def _ingress_args(self) -> list[str]:
         a = self.args

@@ -4,6 +4,12 @@ Each call gets an id; replies are matched to waiting futures, or, for a
 decoupled model's request (``infer_stream``), queued until its final one. A
 reply whose waiter has gone (client cancelled) is handed to ``on_orphan`` so
 its shared memory is still released.
+
+Replies come two ways: from the router on the DEALER, and straight from the
+worker that ran the request on this process's own PULL socket (``reply_to``,
+announced in the ``IngressHello``; IPC endpoints only). What a turn of the
+event loop sends leaves as one message at the end of the turn
+(``proto/framing.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import zmq
 from conveyor.deploy.log_settings import ProcessLog
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, unavailable
+from conveyor.proto.framing import Outbox, drain
+from conveyor.proto.pending_calls import PendingCalls
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +40,16 @@ LOAD_TIMEOUT_S = 600.0
 # (it restarted), has lost those requests: they fail instead of hanging.
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 5.0
-DRAIN_BATCH = 64  # replies handled per turn of the event loop
+DRAIN_BATCH = 64  # messages taken per socket per turn of the event loop
+
+
+def reply_endpoint(router_endpoint: str) -> str:
+    """Where workers may answer this process directly: an IPC socket beside the router's
+    ("" for other transports: then every reply comes through the router)."""
+    if not router_endpoint.startswith("ipc://"):
+        return ""
+    folder = os.path.dirname(router_endpoint[len("ipc://"):])
+    return f"ipc://{folder}/ingress-{os.getpid()}.sock"
 
 
 def error_from(info: m.ErrorInfo) -> ConveyorError:
@@ -46,13 +63,22 @@ class RouterLink:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never refuse a send: in-flight requests are bounded elsewhere
         self._sock.connect(endpoint)
+        self._out = Outbox(self._sock)
+        self._replies: zmq.Socket[bytes] | None = None
+        self.reply_to = reply_endpoint(endpoint)
+        if self.reply_to:
+            self._replies = zmq.Context.instance().socket(zmq.PULL)
+            self._replies.setsockopt(zmq.LINGER, 0)
+            self._replies.setsockopt(zmq.RCVHWM, 0)
+            # The router's folder, which this process may be the first to need (units start in any order).
+            os.makedirs(os.path.dirname(self.reply_to[len("ipc://"):]), exist_ok=True)
+            self._replies.bind(self.reply_to)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_armed = False
+        self._flush_armed = False
+        self._replies_armed = False
         self._ids = itertools.count(1)
-        self._infer: dict[int, asyncio.Future[m.InferResponse]] = {}
-        self._control: dict[int, asyncio.Future[m.ControlReply]] = {}
-        # Streams of responses until the final one; None once their reader left.
-        self._streams: dict[int, asyncio.Queue[m.InferResponse] | None] = {}
+        self._calls = PendingCalls()
         self.on_orphan = on_orphan
         self._watch: asyncio.Task[None] | None = None
         self._boot: int | None = None
@@ -62,12 +88,28 @@ class RouterLink:
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         loop.add_reader(self._sock.FD, self._drain)
-        self._send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
+        if self._replies is not None:
+            loop.add_reader(self._replies.FD, self._drain_replies)
+        self._hello()
         self._watch = loop.create_task(self._watch_router())
 
-    def _send(self, payload: bytes | memoryview) -> None:
+    def _hello(self) -> None:
+        self._send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid(), self.reply_to)))
+
+    def _send(self, payload: bytes) -> None:
+        """Queue ``payload`` for the router; the turn's messages leave together when it ends."""
+        self._out.send(payload)
+        if not self._flush_armed and self._loop is not None:
+            self._flush_armed = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_armed = False
+        if self._sock.closed:
+            return
         # SNDHWM 0 and a connected DEALER: the message is queued even while the router is away.
-        self._sock.send(payload, zmq.NOBLOCK, copy=False)
+        self._out.flush()
+        # A send can consume the socket's edge-triggered readiness: look for replies now.
         if cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._arm_drain()
 
@@ -79,16 +121,24 @@ class RouterLink:
     def _drain(self) -> None:
         """Take every reply waiting now (the descriptor fires once per burst)."""
         self._drain_armed = False
-        recv = self._sock.recv
-        for _ in range(DRAIN_BATCH):
-            try:
-                frame = recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return  # closed
-            self._dispatch(frame)
-        self._arm_drain()  # more may wait: let other callbacks run first
+        try:
+            more = drain(self._sock, m.router_reply_decoder.decode, self._on_reply, "the router", DRAIN_BATCH)
+        except zmq.ZMQError:
+            return  # closed
+        if more:
+            self._arm_drain()  # more may wait: let other callbacks run first
+
+    def _drain_replies(self) -> None:
+        """Take every response the workers sent straight here."""
+        self._replies_armed = False
+        assert self._replies is not None
+        try:
+            more = drain(self._replies, m.router_reply_decoder.decode, self._on_reply, "a worker", DRAIN_BATCH)
+        except zmq.ZMQError:
+            return  # closed
+        if more and not self._replies_armed and self._loop is not None:
+            self._replies_armed = True
+            self._loop.call_soon(self._drain_replies)
 
     async def _watch_router(self) -> None:
         first = True
@@ -96,9 +146,9 @@ class RouterLink:
             if not first:
                 await asyncio.sleep(PING_INTERVAL_S)
             first = False  # learn the boot id at once, before any request can be lost
-            if not self._infer and not self._streams and self._boot is not None:
+            if not len(self._calls) and self._boot is not None:
                 continue
-            pending = [*self._infer, *self._streams]
+            pending = self._calls.open_requests()
             try:
                 boot = await asyncio.wait_for(self.control("ping"), PING_TIMEOUT_S)
             except asyncio.CancelledError:
@@ -108,19 +158,15 @@ class RouterLink:
                 continue
             if self._boot is not None and boot != self._boot:
                 self.fail_in_flight(pending, "the router restarted")
+                self._hello()  # the new router learns where workers may answer us
             self._boot = boot
 
     def fail_in_flight(self, ids: list[int], why: str) -> None:
         """Answer these requests with UNAVAILABLE (their memory is freed as usual)."""
         error = m.ErrorInfo(int(Status.UNAVAILABLE), f"{why}; the request's outcome is unknown: retry it")
-        for rid in ids:
-            fut = self._infer.pop(rid, None)
-            if fut is not None and not fut.done():
-                log.error("request %d lost: %s", rid, why)
-                fut.set_result(m.InferResponse(rid, "", "", error=error))
-            elif rid in self._streams:
-                log.error("request %d lost: %s", rid, why)
-                self._on_stream_response(m.InferResponse(rid, "", "", error=error))
+        lost = self._calls.fail(ids, error)
+        if lost:
+            log.error("%d request(s) lost: %s", len(lost), why)
 
     def trace_end(self, trace_id: int) -> None:
         """Tell the router a traced request's answer is going out now."""
@@ -131,21 +177,30 @@ class RouterLink:
 
     @property
     def in_flight(self) -> int:
-        return len(self._infer) + len(self._streams)
+        return len(self._calls)
 
     async def infer(self, request: m.InferRequest) -> m.InferResponse:
         """Send ``request``; if the caller is cancelled, tell the router and let the
         eventual reply go to ``on_orphan``."""
         fut: asyncio.Future[m.InferResponse] = asyncio.get_running_loop().create_future()
-        self._infer[request.id] = fut
+
+        def resolve(msg: m.InferResponse) -> None:
+            if fut.cancelled():
+                self._orphan(msg)
+            else:
+                fut.set_result(msg)
+
+        self._calls.add(request.id, resolve)
         self._send(m.encode(request))
         try:
-            return await asyncio.shield(fut)
+            return await fut
         except asyncio.CancelledError:
-            if not fut.done():
-                # The reply still comes (and frees memory); nobody waits for it.
-                fut.add_done_callback(self._orphaned)
+            if fut.cancelled():
+                # The reply still comes, and goes to ``on_orphan`` (which frees its memory).
+                self._calls.redirect(request.id, self._orphan)
                 self._send(m.encode(m.Cancel(request.id)))
+            else:
+                self._orphan(fut.result())  # it came, but the caller was cancelled before it woke up
             raise
 
     async def infer_stream(self, request: m.InferRequest) -> AsyncGenerator[m.InferResponse, None]:
@@ -153,7 +208,7 @@ class RouterLink:
         one. If the caller stops early, tell the router and let the rest of the
         responses go to ``on_orphan``."""
         responses: asyncio.Queue[m.InferResponse] = asyncio.Queue()
-        self._streams[request.id] = responses
+        self._calls.add(request.id, responses.put_nowait)
         final = False
         try:
             self._send(m.encode(request))
@@ -163,68 +218,56 @@ class RouterLink:
                 yield response
         finally:
             if not final:
-                if request.id in self._streams:
-                    self._streams[request.id] = None
-                self._drain_orphans(responses)
+                self._calls.redirect(request.id, self._orphan)
+                while not responses.empty():
+                    self._orphan(responses.get_nowait())
                 self._send(m.encode(m.Cancel(request.id)))
 
-    def _drain_orphans(self, responses: asyncio.Queue[m.InferResponse]) -> None:
-        while not responses.empty():
-            response = responses.get_nowait()
-            if self.on_orphan is not None:
-                self.on_orphan(response)
-
-    def _on_stream_response(self, msg: m.InferResponse) -> None:
-        if msg.id not in self._streams:
-            return
-        responses = self._streams.pop(msg.id) if msg.final else self._streams[msg.id]
-        if responses is not None:
-            responses.put_nowait(msg)
-        elif self.on_orphan is not None:
+    def _orphan(self, msg: m.InferResponse) -> None:
+        """A response nobody waits for: its memory must still be freed."""
+        if self.on_orphan is not None:
             self.on_orphan(msg)
-
-    def _orphaned(self, fut: asyncio.Future[m.InferResponse]) -> None:
-        if not fut.cancelled() and self.on_orphan is not None:
-            self.on_orphan(fut.result())
 
     async def control(self, op: str, *, timeout_s: float = CONTROL_TIMEOUT_S, **args: Any) -> Any:
         cid = self.next_id()
         fut: asyncio.Future[m.ControlReply] = asyncio.get_running_loop().create_future()
-        self._control[cid] = fut
+
+        def resolve(reply: m.ControlReply) -> None:
+            if not fut.done():  # not timed out
+                fut.set_result(reply)
+
+        self._calls.add_control(cid, resolve)
         self._send(m.encode(m.ControlRequest(cid, op, args)))
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             raise unavailable("the router did not answer in time") from None
         finally:
-            self._control.pop(cid, None)
+            self._calls.forget_control(cid)
         if reply.error is not None:
             raise error_from(reply.error)
         return reply.result
 
-    def _dispatch(self, frame: zmq.Frame) -> None:
-        try:
-            msg = m.router_reply_decoder.decode(frame.buffer)
-        except Exception:
-            log.exception("undecodable message from the router")
-            return
+    def _on_reply(self, msg: m.RouterToIngress) -> None:
         if isinstance(msg, m.SettingsUpdate):
             ProcessLog.apply_wire(msg.log)
             self.tracing = msg.tracing
             return
         if isinstance(msg, m.InferResponse):
-            fut = self._infer.pop(msg.id, None)
-            if fut is None:
-                self._on_stream_response(msg)
-                return
+            if not self._calls.deliver(msg):
+                # A late answer to a request that ended otherwise (failed over, or answered both by
+                # the router and its worker around a worker's exit): only its memory is left to free.
+                self._orphan(msg)
         else:
-            fut = self._control.get(msg.id)  # type: ignore[assignment]
-        if fut is not None and not fut.done():
-            fut.set_result(msg)  # type: ignore[arg-type]
+            self._calls.deliver_control(msg)
 
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
         if self._loop is not None and not self._sock.closed:
             self._loop.remove_reader(self._sock.FD)
+            if self._replies is not None:
+                self._loop.remove_reader(self._replies.FD)
         self._sock.close(0)
+        if self._replies is not None:
+            self._replies.close(0)  # libzmq unlinks the IPC socket file it bound

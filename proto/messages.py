@@ -1,8 +1,9 @@
 """Internal descriptors exchanged over ZeroMQ between ingress, router and workers.
 
 Every message is a msgspec ``Struct`` encoded as MessagePack (array-like, tagged),
-sent as ONE frame (the ROUTER sockets add an identity frame in front). Tensor
-bytes never travel here: a ``TensorRef`` points into a shared-memory region.
+one frame each; one ZeroMQ message carries the frames one loop turn produced for
+a peer (``proto/framing.py``; the ROUTER sockets add an identity frame in front).
+Tensor bytes never travel here: a ``TensorRef`` points into a shared-memory region.
 
 Version: ``PROTOCOL_VERSION`` is carried by the ``*Hello`` messages; the router
 refuses peers that speak another version. Fields are only ever appended, with
@@ -15,6 +16,7 @@ Flows (see ARCHITECTURE.md)::
     router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
     worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving/CustomMetrics--> router
     worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
+    worker  --InferResponse--> ingress (direct replies: ``BatchItem.reply_to``)
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: several descriptors per ZeroMQ message; workers answer an ingress directly.
+PROTOCOL_VERSION = 2
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -90,8 +93,12 @@ class Release(msgspec.Struct, array_like=True, frozen=True):
 
 
 class IngressHello(msgspec.Struct, tag="ihello", array_like=True):
+    """``reply_to``: the ingress's own PULL endpoint, where workers may send its
+    responses directly ("" = every response comes through the router)."""
+
     version: int
     pid: int
+    reply_to: str = ""
 
 
 class TraceContext(msgspec.Struct, array_like=True, frozen=True):
@@ -248,6 +255,9 @@ class BatchItem(msgspec.Struct, array_like=True):
     request_id: str = ""
     sequence: SequenceStep | None = None  # set for models with sequence_batching
     traced: bool = False  # the router samples this request: the worker stamps the batch's compute
+    # Non-empty: the worker sends this request's InferResponse straight to this ingress endpoint,
+    # and the router, told by the BatchResult, only counts it (the latency path skips a hop).
+    reply_to: str = ""
 
 
 class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
@@ -259,6 +269,7 @@ class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
     instance: int
     items: list[BatchItem]
     regions: list[ClientRegion] = []  # the client regions the items' refs name
+    generation: int = 0  # the router's repository generation, for the direct replies
 
 
 class ForgetRegions(msgspec.Struct, tag="forget", array_like=True):

@@ -13,10 +13,9 @@ import itertools
 import time
 from dataclasses import dataclass
 
-import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.framing import PeerOutbox
 from conveyor.router.models import Instance, InstanceState, VersionState
 from conveyor.router.pending import Pending
 from conveyor.router.rate_limiter import RateLimiter
@@ -41,16 +40,21 @@ class Running:
 
 
 class Dispatcher:
-    def __init__(self, back: zmq.Socket[bytes], replies: Replies, limiter: RateLimiter | None) -> None:
+    def __init__(self, back: PeerOutbox, replies: Replies, limiter: RateLimiter | None) -> None:
         self.back = back
         self.limiter = limiter
         self._reply_error = replies.error
+        self._generation = lambda: replies.registry.generation
         # These three are shared by reference (admission, results, membership): never rebound.
         self.running: dict[int, Running] = {}
         # (ingress, request id) -> (batch, index) of every request on a worker, so a
         # Cancel can reach the model (``CancelItem``).
         self.started: dict[tuple[bytes, int], tuple[int, int]] = {}
         self.queued: dict[tuple[bytes, int], VersionState] = {}
+        # Ingress identity -> its reply endpoint (``IngressHello.reply_to``): workers answer it directly.
+        self.reply_to: dict[bytes, str] = {}
+        self.direct_items = 0  # requests dispatched so far whose worker answers the ingress itself
+        self.dispatched_items = 0
         self._batch_ids = itertools.count(1)
         self._timers: list[tuple[int, int, VersionState]] = []
         self._timer_seq = itertools.count()
@@ -87,7 +91,7 @@ class Dispatcher:
                 return False
             run = self.running.get(where[0])
             if run is not None and run.instance.worker is not None:
-                self.back.send_multipart([run.instance.worker, m.encode(m.CancelItem(*where))])
+                self.back.send(run.instance.worker, m.encode(m.CancelItem(*where)))
             return True
         item = state.batcher.remove(identity, request_id)
         if item is not None:
@@ -155,7 +159,7 @@ class Dispatcher:
         for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
             if inst.worker is not None:
                 forget = m.ForgetSequences(state.model, state.label, inst.index, slots)
-                self.back.send_multipart([inst.worker, m.encode(forget)])
+                self.back.send(inst.worker, m.encode(forget))
         if not state.ready:
             self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
             return
@@ -174,6 +178,9 @@ class Dispatcher:
         regions: list[m.ClientRegion] = []
         order = state.order
         started = self.started
+        # A worker answers the ingress itself unless the router must see the response first:
+        # to hold it for ordering, to cache it, to trace it, or to follow a decoupled stream.
+        reply_to = self.reply_to if order is None and not state.decoupled else {}
         for i, p in enumerate(batch):
             self.queued.pop((p.ingress, p.request.id), None)
             started[(p.ingress, p.request.id)] = (bid, i)
@@ -186,17 +193,22 @@ class Dispatcher:
             r = p.request
             if p.trace is not None:
                 p.trace.stamp("DISPATCH")
+            endpoint = reply_to.get(p.ingress, "") if p.trace is None and not r.cache_key else ""
+            if endpoint:
+                p.direct = True
+                self.direct_items += 1
             items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence,
-                                     p.trace is not None))
+                                     p.trace is not None, endpoint))
             if r.regions:
                 regions += r.regions
+        self.dispatched_items += len(batch)
         instance.busy = True
         if self.limiter is not None:
             self.limiter.acquire(instance)
         self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
-        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions)
+        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions, self._generation())
         assert instance.worker is not None
-        self.back.send_multipart([instance.worker, m.encode(msg)])
+        self.back.send(instance.worker, m.encode(msg))
 
     def _fail_queue(self, state: VersionState, exc: ConveyorError) -> None:
         now = time.monotonic_ns()

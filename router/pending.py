@@ -25,6 +25,7 @@ class Pending:
     ensemble_stats: ModelStats | None = None
     trace: TraceRecord | None = None  # sampled for a trace (router/tracing.py)
     responded: bool = False  # a decoupled request has had its first response
+    direct: bool = False  # its worker answers the ingress itself (``BatchItem.reply_to``)
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""

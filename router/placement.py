@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import logging
 
-import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.framing import PeerOutbox
 from conveyor.router.cloud import RepositoryRoots
 from conveyor.router.dispatch import Running
 from conveyor.router.lifecycle import ModelLifecycle
@@ -22,7 +21,7 @@ log = logging.getLogger(__name__)
 
 class Placement:
     def __init__(
-        self, front: zmq.Socket[bytes], back: zmq.Socket[bytes], registry: ModelRegistry, pool: WorkerPool,
+        self, front: PeerOutbox, back: PeerOutbox, registry: ModelRegistry, pool: WorkerPool,
         lifecycle: ModelLifecycle, roots: RepositoryRoots, running: dict[int, Running],
         limiter: RateLimiter | None,
     ) -> None:
@@ -46,10 +45,10 @@ class Placement:
                                     msg.args.get("files") or None)
             else:
                 self.lifecycle.unload(name, bool(msg.args.get("unload_dependents", False)))
-                self.front.send_multipart([identity, m.encode(m.ControlReply(msg.id))])
+                self.front.send(identity, m.encode(m.ControlReply(msg.id)))
         except ConveyorError as exc:
             reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send_multipart([identity, m.encode(reply)])
+            self.front.send(identity, m.encode(reply))
             return
         self.place()
         self.settle()
@@ -73,14 +72,14 @@ class Placement:
         out = self.lifecycle.settle(running)
         for (identity, cid), error in out.answers:
             err = None if error is None else m.ErrorInfo(int(error.status), error.message)
-            self.front.send_multipart([identity, m.encode(m.ControlReply(cid, error=err))])
+            self.front.send(identity, m.encode(m.ControlReply(cid, error=err)))
         for inst in out.unload:
             worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
             if worker is not None:
                 if inst in worker.instances:
                     worker.instances.remove(inst)
                 st = inst.version
-                self.back.send_multipart([worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index))])
+                self.back.send(worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index)))
             inst.worker = None
             if self.limiter is not None:
                 self.limiter.unregister(inst)
@@ -93,7 +92,7 @@ class Placement:
             st = inst.version
             assert inst.worker is not None
             load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.load_device)
-            self.back.send_multipart([inst.worker, m.encode(load)])
+            self.back.send(inst.worker, m.encode(load))
 
     def _register_limits(self, instances: list[Instance]) -> None:
         """Rate limiting: an instance whose resources can never be met fails to load (Triton's rule)."""

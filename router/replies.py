@@ -3,29 +3,28 @@ answer), and how a failed request is counted."""
 
 from __future__ import annotations
 
-import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.framing import PeerOutbox
 from conveyor.router.models import ModelRegistry, VersionState
 
 
 class Replies:
     """Sends ``InferResponse``s to the ingress socket, stamped with the repository generation."""
 
-    def __init__(self, front: zmq.Socket[bytes], registry: ModelRegistry) -> None:
+    def __init__(self, front: PeerOutbox, registry: ModelRegistry) -> None:
         self.front = front
         self.registry = registry
 
     def send(self, identity: bytes, resp: m.InferResponse) -> None:
-        self.front.send_multipart([identity, m.encode(resp)])
+        self.front.send(identity, m.encode(resp))
 
     def error(self, identity: bytes, rid: int, model: str, version: str, exc: ConveyorError) -> None:
         resp = m.InferResponse(
             rid, model, version, error=m.ErrorInfo(int(exc.status), exc.message),
             generation=self.registry.generation,
         )
-        self.front.send_multipart([identity, m.encode(resp)])
+        self.front.send(identity, m.encode(resp))
 
 
 def count_failure(state: VersionState, reason: str, took_ns: int) -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.framing import PeerOutbox
 from conveyor.router.dispatch import Dispatcher, Running
 from conveyor.router.histograms import failure_reason
 from conveyor.router.loans import Loans
@@ -24,7 +23,7 @@ from conveyor.router.workers import WorkerPool
 
 class Results:
     def __init__(
-        self, front: zmq.Socket[bytes], registry: ModelRegistry, dispatcher: Dispatcher, pool: WorkerPool,
+        self, front: PeerOutbox, registry: ModelRegistry, dispatcher: Dispatcher, pool: WorkerPool,
         tracer: Tracer, limiter: RateLimiter | None, cache: ResponseCache | None, loans: Loans,
         settle: Callable[[], None],
     ) -> None:
@@ -40,7 +39,9 @@ class Results:
         self.loans = loans
         self._settle = settle  # instances of retired versions may have become idle
 
-    def on_result(self, result: m.BatchResult) -> None:
+    def on_result(self, result: m.BatchResult, from_worker: bool = True) -> None:
+        """``from_worker`` False: the router fails the batch itself (its worker is gone), so it
+        answers every request, also those the worker would have answered directly."""
         run = self.running.get(result.batch)
         if run is None or not run.executing:
             return
@@ -73,7 +74,7 @@ class Results:
         del self.running[result.batch]
         now = time.monotonic_ns()
         gen = self.registry.generation
-        send = self.front.send_multipart
+        send = self.front.send
         order = state.order
         started = self.started
         for i, p in enumerate(run.items):
@@ -87,6 +88,8 @@ class Results:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
                 count_failure(state, failure_reason(error.status), now - p.arrival_ns)
+            if p.direct and from_worker:
+                continue  # the worker has answered the ingress itself
             release = item.release
             if p.request.cache_key and error is None:
                 release = self._cache_response(state, p.request, item)
@@ -98,10 +101,10 @@ class Results:
                                      error.message if error else "")
                 resp.trace_id = p.trace.id
             if order is None:
-                send([p.ingress, m.encode(resp)], copy=False)
+                send(p.ingress, m.encode(resp))
             else:
                 for identity, payload in order.release(p.ticket, p.ingress, m.encode(resp)):
-                    send([identity, payload], copy=False)
+                    send(identity, payload)
         self._after_batch(state)
         self._settle()
 
@@ -124,7 +127,7 @@ class Results:
             p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
             msg.parameters, self.registry.generation,
         )
-        self.front.send_multipart([p.ingress, m.encode(resp)], copy=False)
+        self.front.send(p.ingress, m.encode(resp))
         if msg.final:
             self._close_item(msg.batch, run, msg.index, msg.error)
 

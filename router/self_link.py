@@ -9,16 +9,13 @@ message (no high-water mark): a reply the ROUTER dropped would hang an ensemble.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 
-import msgspec
 import zmq
 
 from conveyor.proto import messages as m
-
-log = logging.getLogger(__name__)
+from conveyor.proto.framing import drain
 
 SELF_IDENTITY = b"\x00conveyor-router-self"
 
@@ -36,21 +33,14 @@ class SelfLink:
         # Announce ourselves, so the ROUTER knows the route before the first reply.
         self.sock.send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid())))
 
-    def drain(self, handle: Callable[[m.InferResponse], None]) -> None:
-        decode = m.router_reply_decoder.decode
-        for _ in range(256):
-            try:
-                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                msg = decode(frame.buffer)
-                if isinstance(msg, m.InferResponse):
-                    handle(msg)
-            except msgspec.DecodeError as exc:
-                log.error("undecodable reply on the router's own link: %s", exc)
-            except Exception:
-                log.exception("failed to handle a reply on the router's own link")
+    def drain(self, handle: Callable[[m.InferResponse], None]) -> bool:
+        """Hand every step response waiting to ``handle``; True if more may wait."""
+
+        def on_reply(msg: m.RouterToIngress) -> None:
+            if isinstance(msg, m.InferResponse):
+                handle(msg)
+
+        return drain(self.sock, m.router_reply_decoder.decode, on_reply, "the router's own link")
 
     def close(self) -> None:
         self.sock.close(0)

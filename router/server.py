@@ -21,13 +21,14 @@ import signal
 import time
 from typing import Any
 
-import msgspec
 import zmq
 
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.framing import PeerOutbox, drain_peers
+from conveyor.proto.polling import Poller, spin_seconds
 from conveyor.router.admission import Admission
 from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
 from conveyor.router.cloud import RepositoryRoots
@@ -69,18 +70,24 @@ class Router:
         max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
         trace: TraceConfig | None = None,
         rate_limiter: RateLimiter | None = None,
+        spin_s: float | None = None,
     ) -> None:
+        """``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
         self.repositories = repositories
+        self.spin_s = spin_seconds() if spin_s is None else spin_s
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.front = self.ctx.socket(zmq.ROUTER)
-        self.back = self.ctx.socket(zmq.ROUTER)
-        for sock, endpoint in ((self.front, ingress_endpoint), (self.back, worker_endpoint)):
+        self.front_sock = self.ctx.socket(zmq.ROUTER)
+        self.back_sock = self.ctx.socket(zmq.ROUTER)
+        for sock, endpoint in ((self.front_sock, ingress_endpoint), (self.back_sock, worker_endpoint)):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
             # A ROUTER socket silently drops what exceeds its high-water mark: a reply must
             # never be lost, and the ingress in-flight limit already bounds what can queue.
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.bind(endpoint)
+        # Everything a loop turn sends leaves at the end of the turn, one message per peer.
+        self.front = PeerOutbox(self.front_sock)
+        self.back = PeerOutbox(self.back_sock)
         self.registry = ModelRegistry(queue_cap)
         self.pool = WorkerPool()
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
@@ -115,7 +122,7 @@ class Router:
         regions = RegionCache()  # other processes' arenas: flags to write, condition tensors to read
         self.holds = HeldBlocks(regions)
         self.loans = Loans(segment_name(group, "router"), self.holds)
-        self.self_link = SelfLink(self.ctx, self.front)
+        self.self_link = SelfLink(self.ctx, self.front_sock)
         link = self.self_link.identity
         # A step re-enters admission under the link's identity (Admission needs the scheduler too).
         self.ensembles = EnsembleScheduler(
@@ -127,6 +134,9 @@ class Router:
         # What the router keeps of other processes' memory (tests and operators check it returns to 0).
         self.control.add_ops({"held_blocks": lambda: {
             "held": len(self.holds), "loans": len(self.loans), "ensembles": len(self.ensembles)}})
+        # How requests were answered: straight from their worker, or through the router.
+        self.control.add_ops({"transport": lambda: {
+            "dispatched": self.dispatcher.dispatched_items, "direct": self.dispatcher.direct_items}})
         self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
         self.control.response_cache = self.cache is not None
         self.admission = Admission(self.registry, self.shm, self.dispatcher, self.ensembles, self.cache,
@@ -162,11 +172,10 @@ class Router:
         self.load_repository()
         # Bound (in __init__) and the repository scanned: workers and ingress can come.
         self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
-        poller = zmq.Poller()
-        poller.register(self.front, zmq.POLLIN)
-        poller.register(self.back, zmq.POLLIN)
-        poller.register(self.self_link.sock, zmq.POLLIN)
+        front, back, own = self.front_sock, self.back_sock, self.self_link.sock
+        poller = Poller([front, back, own], self.spin_s)
         next_tick = time.monotonic()
+        more = False  # a drain stopped at its cap: poll without waiting
         while True:
             self.systemd.beat()
             if self._stopping:
@@ -174,23 +183,25 @@ class Router:
                 self.systemd.stopping("draining")
                 if self.shutdown.phase(busy=self.dispatcher.busy) is Phase.DONE:
                     break
-            timeout_ms = self._poll_timeout_ms(next_tick)
-            events = dict(poller.poll(timeout_ms))
-            if self.back in events:
-                self._drain(self.back, self._on_worker)
-            if self.front in events:
-                self._drain(self.front, self._on_ingress)
-            if self.self_link.sock in events:
-                self.self_link.drain(self.ensembles.on_response)
+            ready = poller.poll(0 if more else self._poll_timeout_ms(next_tick))
+            more = False
+            if back in ready:
+                more |= drain_peers(back, m.worker_decoder.decode, self._on_worker, "a worker")
+            if front in ready:
+                more |= drain_peers(front, m.ingress_decoder.decode, self._on_ingress, "an ingress")
+            if own in ready:
+                more |= self.self_link.drain(self.ensembles.on_response)
             now = time.monotonic()
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + HEARTBEAT_INTERVAL_S
             self.dispatcher.fire_timers()
+            self.back.flush()
+            self.front.flush()
         self.self_link.close()
         self.tracer.close()
-        self.front.close(0)
-        self.back.close(0)
+        self.front_sock.close(0)
+        self.back_sock.close(0)
         self.loans.close()
 
     def _poll_timeout_ms(self, next_tick: float) -> int:
@@ -200,27 +211,9 @@ class Router:
             wait_s = min(wait_s, max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
         return int(wait_s * 1000) + (1 if wait_s > 0 else 0)
 
-    @staticmethod
-    def _drain(sock: zmq.Socket, handle: Any) -> None:
-        # Take everything queued before polling again: fewer syscalls under load.
-        for _ in range(256):
-            try:
-                identity, payload = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                handle(identity.bytes, payload.buffer)
-            except Exception:
-                log.exception("failed to handle a message")
-
     # --- ingress side -------------------------------------------------------------------
 
-    def _on_ingress(self, identity: bytes, payload: memoryview) -> None:
-        try:
-            msg = m.ingress_decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            log.error("undecodable message from ingress: %s", exc)
-            return
+    def _on_ingress(self, identity: bytes, msg: m.IngressToRouter) -> None:
         if isinstance(msg, m.InferRequest):
             if self.shutdown.refusing():
                 err = ConveyorError(Status.UNAVAILABLE, "the server is shutting down: retry on another instance")
@@ -234,7 +227,7 @@ class Router:
                 reply = m.ControlReply(msg.id, result=self.control.handle(msg.op, msg.args))
             except ConveyorError as exc:
                 reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send_multipart([identity, m.encode(reply)])
+            self.front.send(identity, m.encode(reply))
         elif isinstance(msg, m.Cancel):
             self._on_cancel(identity, msg.id)
         elif isinstance(msg, m.TraceEnd):
@@ -244,23 +237,22 @@ class Router:
                 log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
                 return
             self._ingress_peers[identity] = msg.pid
-            self.front.send_multipart([identity, self.settings.message()])
+            if msg.reply_to:
+                self.dispatcher.reply_to[identity] = msg.reply_to
+            else:
+                self.dispatcher.reply_to.pop(identity, None)
+            self.front.send(identity, self.settings.message())
 
     # --- worker side --------------------------------------------------------------------
 
-    def _on_worker(self, identity: bytes, payload: memoryview) -> None:
-        try:
-            msg = m.worker_decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            log.error("undecodable message from a worker: %s", exc)
-            return
+    def _on_worker(self, identity: bytes, msg: m.WorkerToRouter) -> None:
         if isinstance(msg, m.WorkerHello):
             self.membership.on_hello(identity, msg)
             return
         worker = self.pool.seen(identity)
         if worker is None:
             # A worker we dropped (or from before a router restart): make it start over.
-            self.back.send_multipart([identity, m.encode(m.Rehello())])
+            self.back.send(identity, m.encode(m.Rehello()))
             return
         if isinstance(msg, m.ItemResponse):
             self._on_item_response(identity, msg)
@@ -282,7 +274,7 @@ class Router:
             self.membership.progress_drain()
         beat = m.encode(m.Heartbeat())
         for identity in self.pool.workers:
-            self.back.send_multipart([identity, beat])
+            self.back.send(identity, beat)
         for state in self.registry.every_version():
             if len(state.batcher):
                 self.dispatcher.schedule(state)
@@ -300,13 +292,13 @@ class Router:
     def _broadcast_settings(self, payload: bytes) -> None:
         """A changed ``SettingsUpdate`` to every ingress (and BLS link) and worker we know."""
         for identity in self._ingress_peers:  # one gone meanwhile: ROUTER drops the message
-            self.front.send_multipart([identity, payload])
+            self.front.send(identity, payload)
         for identity in self.pool.workers:
-            self.back.send_multipart([identity, payload])
+            self.back.send(identity, payload)
 
     def _forget_regions(self, ids: list[int]) -> None:
         """Tell every worker to unmap these client registrations."""
         if ids:
             msg = m.encode(m.ForgetRegions(ids))
             for identity in self.pool.workers:
-                self.back.send_multipart([identity, msg])
+                self.back.send(identity, msg)

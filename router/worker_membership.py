@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import logging
 
-import zmq
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
+from conveyor.proto.framing import PeerOutbox
 from conveyor.router.client_shm import ClientShmRegistry
 from conveyor.router.custom_metrics import CustomMetricsStore
 from conveyor.router.dispatch import Dispatcher
@@ -28,7 +27,7 @@ log = logging.getLogger(__name__)
 
 class WorkerMembership:
     def __init__(
-        self, back: zmq.Socket[bytes], pool: WorkerPool, registry: ModelRegistry, dispatcher: Dispatcher,
+        self, back: PeerOutbox, pool: WorkerPool, registry: ModelRegistry, dispatcher: Dispatcher,
         results: Results, placement: Placement, settings: SettingsHub, shm: ClientShmRegistry,
         custom_metrics: CustomMetricsStore, holds: HeldBlocks, cache: ResponseCache | None, group: str,
     ) -> None:
@@ -55,8 +54,8 @@ class WorkerMembership:
         worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
         self.pool.join(worker)
         # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
-        self.back.send_multipart([identity, m.encode(m.Heartbeat())])
-        self.back.send_multipart([identity, self.settings.message()])
+        self.back.send(identity, m.encode(m.Heartbeat()))
+        self.back.send(identity, self.settings.message())
         self._update_cuda_devices()
         log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
         self.placement.place()
@@ -86,7 +85,7 @@ class WorkerMembership:
 
     def _grant_leave(self, worker: WorkerInfo) -> None:
         self.drop(worker.identity, "it drained and stopped")
-        self.back.send_multipart([worker.identity, m.encode(m.LeaveGranted())])
+        self.back.send(worker.identity, m.encode(m.LeaveGranted()))
 
     def drop(self, identity: bytes, why: str) -> None:
         worker = self.pool.leave(identity)
@@ -108,7 +107,7 @@ class WorkerMembership:
         for bid, run in list(self.dispatcher.running.items()):
             if run.instance.worker == identity:
                 if run.executing:
-                    self.results.on_result(m.BatchResult(bid, [], error=err))
+                    self.results.on_result(m.BatchResult(bid, [], error=err), from_worker=False)
                 else:
                     self.results.end_open_items(bid, run, err)
         touched: set[int] = set()

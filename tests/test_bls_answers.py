@@ -17,7 +17,7 @@ from conveyor.workers.item_stream import ItemStream
 
 def stream(index: int) -> ItemStream:
     """A request's real stream; cancelling it needs none of its output machinery."""
-    return ItemStream(1, index, m.BatchItem(index, [], []), None, {}, None, lambda _: None,  # type: ignore[arg-type]
+    return ItemStream(1, index, m.BatchItem(index, [], []), None, None, lambda _: None,  # type: ignore[arg-type]
                       lambda _: None)
 
 

@@ -53,10 +53,11 @@ class FakeRouter:
         try:
             while not self._stop.is_set():
                 if sock.poll(20):
-                    ident, frame = sock.recv_multipart()
-                    msg = m.ingress_decoder.decode(frame)
-                    if isinstance(msg, m.ControlRequest):
-                        pending.append((time.monotonic() + self.delay, ident, m.ControlReply(msg.id, True)))
+                    ident, *frames = sock.recv_multipart()  # one message may carry several descriptors
+                    for frame in frames:
+                        msg = m.ingress_decoder.decode(frame)
+                        if isinstance(msg, m.ControlRequest):
+                            pending.append((time.monotonic() + self.delay, ident, m.ControlReply(msg.id, True)))
                 now = time.monotonic()
                 for item in [p for p in pending if p[0] <= now]:
                     pending.remove(item)

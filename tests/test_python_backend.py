@@ -235,13 +235,13 @@ def test_parse_text_of_the_triton_example_config() -> None:
 
 def test_an_output_no_datatype_fits_fails_only_its_request() -> None:
     from conveyor.proto import messages as m
-    from conveyor.workers.batch_io import plan_request_outputs
+    from conveyor.workers.batch_io import IoPlan, plan_request_outputs
 
     items = [m.BatchItem(i, [], [m.OutputSpec("OUT")]) for i in range(2)]
     outcomes: list[dict[str, np.ndarray] | ConveyorError] = [
         {"OUT": np.zeros(2, np.complex64)}, {"OUT": np.arange(2, dtype=np.int16)}
     ]
-    planned = plan_request_outputs(items, outcomes, mc.ModelConfig(), {})
+    planned = plan_request_outputs(items, outcomes, IoPlan.from_config(mc.ModelConfig(), {}))
     assert isinstance(planned[0], ConveyorError) and "output 'OUT'" in planned[0].message
     assert not isinstance(planned[1], ConveyorError)
     spec, datatype, shape, _ = planned[1][0]

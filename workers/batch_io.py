@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,37 @@ from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, Re
 from conveyor.workers.batch_layout import BatchLayout, concatenate
 from conveyor.workers.classification import classify
 from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
+
+
+@dataclass(frozen=True, slots=True)
+class IoPlan:
+    """What a model's config says about moving its tensors, worked out once at load
+    instead of on every batch."""
+
+    batched: bool
+    reshape: dict[str, list[int]]  # input name -> the shape the model takes it in (``reshape``)
+    out_datatype: dict[str, str]  # declared output -> its KServe datatype
+    out_reshape: dict[str, list[int]]  # declared output with a ``reshape`` -> its ``dims``
+    outputs_sorted: tuple[str, ...]  # every declared output, in the order array backends get them
+    labels: dict[str, list[str]]  # output -> its classification labels
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig, labels: dict[str, list[str]]) -> IoPlan:
+        return cls(
+            batched=config.max_batch_size > 0,
+            reshape={i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")},
+            out_datatype={o.name: config_to_datatype(mc.DataType.Name(o.data_type)) for o in config.output},
+            out_reshape={o.name: list(o.dims) for o in config.output if o.HasField("reshape")},
+            outputs_sorted=tuple(sorted(o.name for o in config.output)),
+            labels=labels,
+        )
+
+    def wanted(self, items: list[m.BatchItem]) -> list[str]:
+        """The outputs a batch asks for, sorted (each name once)."""
+        names = {o.name for item in items for o in item.outputs}
+        if names.issubset(self.out_datatype):
+            return [n for n in self.outputs_sorted if n in names]
+        return sorted(names)
 
 
 class TensorViews:
@@ -64,12 +96,12 @@ class TensorViews:
 
 
 def gather_inputs(
-    items: list[m.BatchItem], views: TensorViews, config: mc.ModelConfig, layout: BatchLayout | None = None
+    items: list[m.BatchItem], views: TensorViews, plan: IoPlan, layout: BatchLayout | None = None
 ) -> tuple[dict[str, Any], list[int]]:
     """The batch's inputs by name, and the rows each item contributes. ``layout``: the
     model batches requests of different shapes (ragged inputs, padding, batch inputs)."""
-    batched = config.max_batch_size > 0
-    reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
+    batched = plan.batched
+    reshape = plan.reshape
     per_name: dict[str, list[Any]] = {}
     rows: list[int] = []
     for item in items:
@@ -89,10 +121,10 @@ def gather_inputs(
     return inputs, rows
 
 
-def gather_requests(items: list[m.BatchItem], views: TensorViews, config: mc.ModelConfig) -> list[RequestItem]:
+def gather_requests(items: list[m.BatchItem], views: TensorViews, plan: IoPlan) -> list[RequestItem]:
     """Each request's own inputs (host views, not concatenated), for a ``RequestBackend``."""
-    batched = config.max_batch_size > 0
-    reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
+    batched = plan.batched
+    reshape = plan.reshape
     requests: list[RequestItem] = []
     for item in items:
         inputs: dict[str, np.ndarray] = {}
@@ -156,14 +188,13 @@ def plan_batch_outputs(
     items: list[m.BatchItem],
     rows: list[int],
     outputs: dict[str, Any],
-    config: mc.ModelConfig,
-    labels: dict[str, list[str]],
+    plan: IoPlan,
     layout: BatchLayout | None = None,
 ) -> list[list[PlannedOutput]]:
     """Split a batched call's outputs back into each request's rows (``layout``: scatter
     outputs and outputs cut back from padding split its way)."""
-    batched = config.max_batch_size > 0
-    declared = {o.name: o for o in config.output}
+    batched = plan.batched
+    datatypes, out_reshape, labels = plan.out_datatype, plan.out_reshape, plan.labels
     special: dict[str, list[Any]] = {}
     if layout is not None:
         names = {o.name for item in items for o in item.outputs} & layout.splits
@@ -181,30 +212,29 @@ def plan_batch_outputs(
             full = outputs.get(spec.name)
             if full is None:
                 raise internal(f"the model did not produce output '{spec.name}'")
-            out_cfg = declared.get(spec.name)
             parts = special.get(spec.name)
             if parts is not None:
                 part = parts[index]
             else:
                 part = full[start : start + n] if batched else full
-                if out_cfg is not None and out_cfg.HasField("reshape"):
-                    part = part.reshape(([n] if batched else []) + list(out_cfg.dims))
-            dt = config_to_datatype(mc.DataType.Name(out_cfg.data_type)) if out_cfg else "FP32"
-            mine.append(_plan_output(spec, part, dt, labels, batched))
+                dims = out_reshape.get(spec.name)
+                if dims is not None:
+                    part = part.reshape(([n] if batched else []) + dims)
+            mine.append(_plan_output(spec, part, datatypes.get(spec.name, "FP32"), labels, batched))
         planned.append(mine)
         start += n
     return planned
 
 
 def plan_request_outputs(
-    items: list[m.BatchItem], outcomes: list[RequestOutcome], config: mc.ModelConfig, labels: dict[str, list[str]]
+    items: list[m.BatchItem], outcomes: list[RequestOutcome], plan: IoPlan
 ) -> list[list[PlannedOutput] | ConveyorError]:
     """Each request's outcome from a ``RequestBackend``: the requested outputs it
     produced, in the datatype it produced them in (as Triton's Python backend
     does), or its error."""
     if len(outcomes) != len(items):
         raise internal(f"the backend returned {len(outcomes)} outcomes for {len(items)} requests")
-    batched = config.max_batch_size > 0
+    batched, labels = plan.batched, plan.labels
     planned: list[list[PlannedOutput] | ConveyorError] = []
     for item, outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, ConveyorError):

@@ -22,28 +22,20 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import zmq
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.framing import Outbox, drain
+from conveyor.proto.pending_calls import OnReply, OnResponse, PendingCalls
 from conveyor.shm.arena import Arena
 
 log = logging.getLogger(__name__)
 
-OnResponse = Callable[[m.InferResponse], None]
-OnReply = Callable[[m.ControlReply], None]
 # Model loads answer once the model is ready: BLS callers of load_model pass their own.
 CONTROL_TIMEOUT_S = 30.0
-
-
-@dataclass(slots=True)
-class _Call:
-    on_response: OnResponse
-    block: int | None
 
 
 class BlsLink:
@@ -63,9 +55,9 @@ class BlsLink:
         self.arena_lock = arena_lock  # the arena is shared with the output writers
         self._wake = wake
         self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._out = Outbox(self.sock)
         self._ids = itertools.count(1)
-        self._calls: dict[int, _Call] = {}
-        self._controls: dict[int, OnReply] = {}
+        self._calls = PendingCalls()
         # The router's repository generation, as its last answer said: a change voids
         # the signatures BLS requests are checked against (workers/bls_signatures.py).
         self.generation = 0
@@ -81,29 +73,27 @@ class BlsLink:
 
     def submit(self, request: m.InferRequest, block: int | None, on_response: OnResponse) -> None:
         """Send ``request`` (its inputs in ``block`` of the arena, freed on its final response)."""
-        self._calls[request.id] = _Call(on_response, block)
+        self._calls.add(request.id, on_response, None if block is None else lambda: self._free(block))
         self._outbox.put(m.encode(request))
         self._wake()
 
     def cancel(self, request_id: int, on_response: OnResponse) -> None:
         """The caller stopped listening: tell the router; later responses go to ``on_response``."""
-        call = self._calls.get(request_id)
-        if call is not None:
-            call.on_response = on_response
+        if self._calls.redirect(request_id, on_response):
             self._outbox.put(m.encode(m.Cancel(request_id)))
             self._wake()
 
     def control(self, op: str, args: dict[str, Any], on_reply: OnReply) -> int:
         """Send control call ``op``; ``on_reply`` gets the router's ``ControlReply``. Its id."""
         cid = self.next_id()
-        self._controls[cid] = on_reply
+        self._calls.add_control(cid, on_reply)
         self._outbox.put(m.encode(m.ControlRequest(cid, op, args)))
         self._wake()
         return cid
 
     def forget_control(self, cid: int) -> None:
         """The caller gave up waiting: a late reply is dropped."""
-        self._controls.pop(cid, None)
+        self._calls.forget_control(cid)
 
     def call(self, op: str, args: dict[str, Any], timeout_s: float = CONTROL_TIMEOUT_S) -> Any:
         """Control call ``op`` and wait for its result (never from the main thread).
@@ -123,54 +113,35 @@ class BlsLink:
     # --- the main thread -------------------------------------------------------------------
 
     def flush(self) -> None:
+        """Send what the model threads handed over, as one message."""
+        get, out = self._outbox.get_nowait, self._out
         while True:
             try:
-                self.sock.send(self._outbox.get_nowait(), copy=False)
+                out.send(get())
             except queue.Empty:
-                return
+                break
+        out.flush()
 
-    def drain(self) -> None:
-        decode = m.router_reply_decoder.decode
-        for _ in range(256):
-            try:
-                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                msg = decode(frame.buffer)
-            except msgspec.DecodeError as exc:
-                log.error("undecodable BLS reply from the router: %s", exc)
-                continue
-            if isinstance(msg, m.InferResponse):
-                if msg.generation:
-                    self.generation = msg.generation
-                self._deliver(msg)
-            elif isinstance(msg, m.ControlReply):
-                on_reply = self._controls.pop(msg.id, None)
-                if on_reply is not None:
-                    on_reply(msg)
+    def drain(self) -> bool:
+        """Deliver every reply waiting; True if more may wait."""
+        return drain(self.sock, m.router_reply_decoder.decode, self._on_reply, "the router (BLS)")
+
+    def _on_reply(self, msg: m.RouterToIngress) -> None:
+        if isinstance(msg, m.InferResponse):
+            if msg.generation:
+                self.generation = msg.generation
+            self._calls.deliver(msg)
+        elif isinstance(msg, m.ControlReply):
+            self._calls.deliver_control(msg)
 
     def fail_all(self, why: str) -> None:
         """The router restarted: the requests it knew are lost."""
-        error = m.ErrorInfo(int(Status.UNAVAILABLE), f"{why}; the BLS request's outcome is unknown")
-        for rid in list(self._calls):
-            self._deliver(m.InferResponse(rid, "", "", error=error))
-        for cid in list(self._controls):
-            on_reply = self._controls.pop(cid)
-            on_reply(m.ControlReply(cid, error=error))
+        self._calls.fail_all(m.ErrorInfo(int(Status.UNAVAILABLE), f"{why}; the BLS request's outcome is unknown"))
         self.generation = 0
 
-    def _deliver(self, msg: m.InferResponse) -> None:
-        call = self._calls.pop(msg.id, None) if msg.final else self._calls.get(msg.id)
-        if call is None:
-            return
-        if msg.final and call.block is not None:
-            with self.arena_lock:
-                self.arena.free(call.block)
-        try:
-            call.on_response(msg)
-        except Exception:
-            log.exception("a BLS response could not be handed over")
+    def _free(self, block: int) -> None:
+        with self.arena_lock:
+            self.arena.free(block)
 
     def close(self) -> None:
         self.sock.close(0)

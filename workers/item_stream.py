@@ -15,10 +15,9 @@ import threading
 from collections.abc import Callable
 
 from conveyor.proto import messages as m
-from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.base import RequestOutcome, outcome_parameters
-from conveyor.workers.batch_io import OutputWriter, plan_request_outputs
+from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
 
 
 class ItemStream:
@@ -29,8 +28,7 @@ class ItemStream:
         batch: int,
         index: int,
         item: m.BatchItem,
-        config: mc.ModelConfig,
-        labels: dict[str, list[str]],
+        plan: IoPlan,
         writer: OutputWriter,
         post: Callable[[bytes], None],
         on_close: Callable[[ItemStream], None],
@@ -40,8 +38,7 @@ class ItemStream:
         self.item = item
         self.cancelled = False
         self._cancel_hooks: list[Callable[[], None]] | None = None  # BLS calls waiting for it
-        self._config = config
-        self._labels = labels
+        self._plan = plan
         self._writer = writer
         self._post = post
         self._on_close = on_close
@@ -86,7 +83,7 @@ class ItemStream:
             if isinstance(outcome, ConveyorError):
                 error = m.ErrorInfo(int(outcome.status), outcome.message)
             elif outcome is not None:
-                planned = plan_request_outputs([self.item], [outcome], self._config, self._labels)
+                planned = plan_request_outputs([self.item], [outcome], self._plan)
                 result = self._writer.write(planned)[0]
                 outputs, error, release = result.outputs, result.error, result.release
             response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)

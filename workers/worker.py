@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import msgspec
 import zmq
 
 from conveyor.deploy.log_settings import ProcessLog
@@ -28,6 +27,8 @@ from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import BatchShapes
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.framing import Outbox, drain
+from conveyor.proto.polling import Poller, spin_seconds
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
@@ -37,6 +38,7 @@ from conveyor.workers.backends.python_bls import BlsClient
 from conveyor.workers.backends.python_utils import bls as pb_bls
 from conveyor.workers.backends.python_utils import metrics as pb_metrics
 from conveyor.workers.batch_io import (
+    IoPlan,
     OutputWriter,
     PlannedOutput,
     TensorViews,
@@ -55,6 +57,7 @@ from conveyor.workers.devices import DeviceMap, local_gpu_count
 from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_NS, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
 from conveyor.workers.item_stream import ItemStream
+from conveyor.workers.reply_links import ReplyLinks
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import warm_up
 
@@ -72,7 +75,7 @@ class LoadedInstance:
     key: tuple[str, str, int]
     backend: Backend | RequestBackend | None
     config: mc.ModelConfig
-    labels: dict[str, list[str]]
+    plan: IoPlan  # the config's tensor handling and labels, worked out at load
     # Decided once at load: a runtime Protocol check costs tens of microseconds per batch.
     per_request: bool = False
     decoupled: bool = False
@@ -112,9 +115,11 @@ EXEC_ALPHA = 0.2  # weight of a batch's time in its instance's recent average
 class Worker:
     def __init__(
         self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, bls_endpoint: str = "",
-        exit_timeout_s: float = 30.0,
+        exit_timeout_s: float = 30.0, spin_s: float | None = None,
     ) -> None:
-        """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS)."""
+        """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS);
+        ``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
+        self.spin_s = spin_seconds() if spin_s is None else spin_s
         self.devices = DeviceMap(local_gpu_count(), os.environ)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -125,7 +130,11 @@ class Worker:
         self._wake_rx, self._wake_tx = os.pipe()
         os.set_blocking(self._wake_rx, False)
         os.set_blocking(self._wake_tx, False)
-        self.results: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        # What other threads send: (destination, descriptor); "" is the router, else an ingress endpoint.
+        self.results: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        # What this loop turn sends, flushed at its end: one message per peer.
+        self.out = Outbox(self.sock)
+        self.replies = ReplyLinks(self.ctx)
         self.arena = Arena(segment_name(group, "worker"), arena_bytes)
         self.regions = RegionCache()
         self.client_regions = ClientRegionMaps()
@@ -161,7 +170,7 @@ class Worker:
             if not self._registered:
                 self._stopping = True  # the router knows nothing of ours: nothing to hand back
                 return
-            self.sock.send(m.encode(m.WorkerLeaving("stopping")))
+            self.out.send(m.encode(m.WorkerLeaving("stopping")))
             self._leave_by = now + self.exit_timeout_s
             self.systemd.stopping("draining: finishing in-flight batches")
             log.info("leaving: waiting for the router to move this worker's instances")
@@ -170,93 +179,96 @@ class Worker:
             self._stopping = True
 
     def _hello(self) -> None:
-        self.sock.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
+        self.out.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
                                               self.devices.reported())))
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         self._hello()
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
+        self.out.flush()
+        sources: list[Any] = [self.sock, self._wake_rx]
         if self.bls is not None:
-            poller.register(self.bls.sock, zmq.POLLIN)
+            sources.append(self.bls.sock)
+        poller = Poller(sources, self.spin_s)
         next_beat = time.monotonic()
+        more = False  # a drain stopped at its cap: poll without waiting
         try:
             while not self._stopping:
                 self.systemd.beat()
-                events = dict(poller.poll(250))
-                if self._wake_rx in events:
+                ready = poller.poll(0 if more else 250)
+                more = False
+                if self._wake_rx in ready:
                     try:
                         while os.read(self._wake_rx, 4096):
                             pass
                     except BlockingIOError:
                         pass
-                while True:
-                    try:
-                        self.sock.send(self.results.get_nowait(), copy=False)
-                    except queue.Empty:
-                        break
+                self._take_posted()
                 if self.bls is not None:
                     self.bls.flush()
-                    if self.bls.sock in events:
-                        self.bls.drain()
-                if self.sock in events:
-                    self._drain()
+                    if self.bls.sock in ready:
+                        more |= self.bls.drain()
+                if self.sock in ready:
+                    more |= drain(self.sock, m.worker_inbox_decoder.decode, self._on_message, "the router")
                 now = time.monotonic()
                 if pb_metrics.REGISTRY.dirty and now >= self._next_metrics:
                     self._send_metrics(now)
                 if self._leave_requested:
                     self._leave(now)
                 if now >= next_beat:
-                    self.sock.send(m.encode(m.Heartbeat()))
+                    self.out.send(m.encode(m.Heartbeat()))
                     next_beat = now + 1.0
                     if now - self._last_heard > ROUTER_SILENCE_S:
                         log.warning("no word from the router for %.0fs: saying hello again", ROUTER_SILENCE_S)
                         self._reset()
+                # The responses first: they are on the clients' latency path, the router's copy is not.
+                self.replies.flush()
+                self.out.flush()
         finally:
             self.systemd.stopping()
             self.close()
 
-    def _drain(self) -> None:
-        decode = m.worker_inbox_decoder.decode
-        for _ in range(256):
+    def _take_posted(self) -> None:
+        """Move what other threads posted into this turn's outboxes."""
+        get = self.results.get_nowait
+        while True:
             try:
-                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+                dest, payload = get()
+            except queue.Empty:
                 return
-            self._last_heard = time.monotonic()
-            try:
-                msg = decode(frame.buffer)
-            except msgspec.DecodeError as exc:
-                log.error("undecodable message from the router: %s", exc)
-                continue
-            if not self._registered and not isinstance(msg, m.Rehello):
-                # The router answers a hello at once: anything but Rehello means it knows us.
-                self._registered = True
-                self.systemd.ready("registered with the router")
-            if isinstance(msg, m.ExecBatch):
-                self._exec(msg)
-            elif isinstance(msg, m.LoadModel):
-                self._load(msg)
-            elif isinstance(msg, m.CancelItem):
-                entry = self.streams.get((msg.batch, msg.index))
-                if entry is not None:
-                    entry[1].cancel()
-            elif isinstance(msg, m.ForgetRegions):
-                self.client_regions.forget(msg.ids)
-            elif isinstance(msg, m.ForgetSequences):
-                self._forget_sequences(msg)
-            elif isinstance(msg, m.UnloadModel):
-                self._unload((msg.model, msg.version, msg.instance))
-            elif isinstance(msg, m.LeaveGranted):
-                self._stopping = True
-            elif isinstance(msg, m.SettingsUpdate):
-                ProcessLog.apply_wire(msg.log)
-            elif isinstance(msg, m.Rehello):
-                log.warning("the router does not know this worker (it restarted?): saying hello again")
-                self._reset()
+            if dest:
+                self.replies.send(dest, payload)
+            else:
+                self.out.send(payload)
+
+    def _on_message(self, msg: m.RouterToWorker) -> None:
+        self._last_heard = time.monotonic()
+        if not self._registered and not isinstance(msg, m.Rehello):
+            # The router answers a hello at once: anything but Rehello means it knows us.
+            self._registered = True
+            self.systemd.ready("registered with the router")
+        if isinstance(msg, m.ExecBatch):
+            self._exec(msg)
+        elif isinstance(msg, m.LoadModel):
+            self._load(msg)
+        elif isinstance(msg, m.CancelItem):
+            entry = self.streams.get((msg.batch, msg.index))
+            if entry is not None:
+                entry[1].cancel()
+        elif isinstance(msg, m.ForgetRegions):
+            self.client_regions.forget(msg.ids)
+        elif isinstance(msg, m.ForgetSequences):
+            self._forget_sequences(msg)
+        elif isinstance(msg, m.UnloadModel):
+            self._unload((msg.model, msg.version, msg.instance))
+        elif isinstance(msg, m.LeaveGranted):
+            self._stopping = True
+        elif isinstance(msg, m.SettingsUpdate):
+            ProcessLog.apply_wire(msg.log)
+        elif isinstance(msg, m.Rehello):
+            log.warning("the router does not know this worker (it restarted?): saying hello again")
+            self._reset()
 
     def _send_metrics(self, now: float, everything: bool = False) -> None:
         """The models' custom metrics that changed (all of them for a new router), at
@@ -272,7 +284,7 @@ class Worker:
         ]
         metrics += [m.CustomMetric(family, "", 0, dict(labels), removed=True) for family, labels in removed]
         if metrics:
-            self.sock.send(m.encode(m.CustomMetrics(metrics)))
+            self.out.send(m.encode(m.CustomMetrics(metrics)))
 
     def _reset(self) -> None:
         if self._leave_requested:
@@ -296,8 +308,24 @@ class Worker:
     # --- runs in instance threads -----------------------------------------------------
 
     def _post(self, payload: bytes) -> None:
-        self.results.put(payload)
+        """Send ``payload`` to the router from any thread."""
+        self.results.put(("", payload))
         self._wake()
+
+    def _post_all(self, messages: list[tuple[str, bytes]]) -> None:
+        """Send each (destination, payload) from any thread ("" = the router), with one wake-up."""
+        put = self.results.put
+        for message in messages:
+            put(message)
+        self._wake()
+
+    def _emit_all(self, messages: list[tuple[str, bytes]]) -> None:
+        """``_post_all`` from the main thread: straight into this turn's outboxes."""
+        for dest, payload in messages:
+            if dest:
+                self.replies.send(dest, payload)
+            else:
+                self.out.send(payload)
 
     def _wake(self) -> None:
         try:
@@ -309,14 +337,14 @@ class Worker:
         key = (msg.model, msg.version, msg.instance)
         config = mc.ModelConfig.FromString(msg.config)
         device = self.devices.local(msg.device)  # the router names physical GPUs
-        inst = LoadedInstance(key, None, config, {})
+        inst = LoadedInstance(key, None, config, IoPlan.from_config(config, {}))
         self.instances[key] = inst
 
         def load() -> None:
             error = ""
             try:
                 model_dir = os.path.dirname(os.path.dirname(msg.path))
-                inst.labels = load_labels(model_dir, config)
+                inst.plan = IoPlan.from_config(config, load_labels(model_dir, config))
                 if config.HasField("sequence_batching"):
                     inst.sequences = SequenceSlots(config, model_dir)
                 backend = load_backend(config.backend, msg.path, config, device, msg.instance)
@@ -369,18 +397,18 @@ class Worker:
         inst = self.instances.get((msg.model, msg.version, msg.instance))
         if inst is None or inst.backend is None:
             err = m.ErrorInfo(int(Status.UNAVAILABLE), f"model '{msg.model}' is not loaded on this worker")
-            self.sock.send(m.encode(m.BatchResult(msg.batch, [], error=err)))
+            self._emit_all(answers(msg, m.BatchResult(msg.batch, [], error=err)))
             return
         if msg.regions:
             self.client_regions.announce(msg.regions)
         streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
         if inst.runs_inline():
-            self.sock.send(self._run_batch(inst, msg, streams), copy=False)
+            self._emit_all(answers(msg, self._run_batch(inst, msg, streams)))
         else:
-            inst.submit(lambda: self._post(self._run_batch(inst, msg, streams)))
+            inst.submit(lambda: self._post_all(answers(msg, self._run_batch(inst, msg, streams))))
 
     def _stream(self, inst: LoadedInstance, msg: m.ExecBatch, index: int) -> ItemStream:
-        stream = ItemStream(msg.batch, index, msg.items[index], inst.config, inst.labels, self.writer, self._post,
+        stream = ItemStream(msg.batch, index, msg.items[index], inst.plan, self.writer, self._post,
                             self._forget_stream)
         self.streams[stream.key] = (inst.key, stream)
         return stream
@@ -388,8 +416,8 @@ class Worker:
     def _forget_stream(self, stream: ItemStream) -> None:
         self.streams.pop(stream.key, None)
 
-    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> bytes:
-        """Run one batch; the encoded ``BatchResult``."""
+    def _run_batch(self, inst: LoadedInstance, msg: m.ExecBatch, streams: list[ItemStream]) -> m.BatchResult:
+        """Run one batch; its ``BatchResult``."""
         backend = inst.backend
         assert backend is not None
         sequences = inst.sequences
@@ -397,7 +425,7 @@ class Worker:
         planned: Sequence[list[PlannedOutput] | ConveyorError]
         try:
             if inst.per_request:
-                requests = gather_requests(msg.items, self.views, inst.config)
+                requests = gather_requests(msg.items, self.views, inst.plan)
                 for request, stream in zip(requests, streams, strict=True):
                     request.channel = stream
                 if sequences is not None:
@@ -408,12 +436,12 @@ class Worker:
                 if sequences is not None:
                     sequences.keep_request_states(msg.items, outcomes)
                 # Decoupled: the requests were answered (or will be) through their streams.
-                planned = [] if inst.decoupled else plan_request_outputs(msg.items, outcomes, inst.config, inst.labels)
+                planned = [] if inst.decoupled else plan_request_outputs(msg.items, outcomes, inst.plan)
             else:
-                inputs, rows = gather_inputs(msg.items, self.views, inst.config, inst.layout)
+                inputs, rows = gather_inputs(msg.items, self.views, inst.plan, inst.layout)
                 if msg.regions and not getattr(backend, "accepts_device_arrays", False):
                     inputs = host_inputs(inputs)
-                wanted = sorted({o.name for item in msg.items for o in item.outputs})
+                wanted = inst.plan.wanted(msg.items)
                 if sequences is not None:
                     sequences.add_batch_inputs(inputs, msg.items)
                     wanted = sequences.wanted(wanted)
@@ -422,7 +450,7 @@ class Worker:
                 t2 = time.monotonic_ns()
                 if sequences is not None:
                     sequences.keep_batch_states(msg.items, outputs)
-                planned = plan_batch_outputs(msg.items, rows, outputs, inst.config, inst.labels, inst.layout)
+                planned = plan_batch_outputs(msg.items, rows, outputs, inst.plan, inst.layout)
             results = self.writer.write(planned) if planned else []
             if inst.per_request and results:
                 attach_parameters(results, outcomes)
@@ -444,11 +472,12 @@ class Worker:
         took = time.monotonic_ns() - t0
         inst.exec_ns = took if not inst.batches else inst.exec_ns + EXEC_ALPHA * (took - inst.exec_ns)
         inst.batches += 1
-        return m.encode(reply)
+        return reply
 
     def close(self) -> None:
         for key in list(self.instances):
             self._unload(key)
+        self.replies.close()
         self.sock.close(0)
         if self.bls is not None:
             pb_bls.set_executor(None)
@@ -456,3 +485,25 @@ class Worker:
         os.close(self._wake_rx)
         os.close(self._wake_tx)
         self.arena.close()
+
+
+def answers(msg: m.ExecBatch, result: m.BatchResult) -> list[tuple[str, bytes]]:
+    """What a batch's outcome sends: the ``InferResponse`` of each request the router marked
+    ``reply_to``, straight to its ingress, then the ``BatchResult`` to the router, which only
+    counts those requests (their outputs and release flags went with the response)."""
+    out: list[tuple[str, bytes]] = []
+    items = result.items
+    for i, item in enumerate(msg.items):
+        if not item.reply_to:
+            continue
+        if i < len(items):
+            r = items[i]
+            resp = m.InferResponse(item.id, msg.model, msg.version, r.outputs, r.error, r.release, True,
+                                   r.parameters, msg.generation)
+            items[i] = m.ItemResult(r.id, error=r.error)
+        else:  # the batch failed as a whole
+            error = result.error or m.ErrorInfo(int(Status.INTERNAL), "the batch returned no result for this request")
+            resp = m.InferResponse(item.id, msg.model, msg.version, error=error, generation=msg.generation)
+        out.append((item.reply_to, m.encode(resp)))
+    out.append(("", m.encode(result)))
+    return out

@@ -1,0 +1,141 @@
+"""How descriptors travel on the group's ZeroMQ links: several to a message.
+
+One ZeroMQ message carries one or more encoded descriptors, one frame each (a
+ROUTER socket adds the peer's identity frame in front). A sender keeps what one
+turn of its loop produces for a peer in an outbox and sends it as one message
+when the turn ends: a burst of N descriptors then costs one send, one hand-off
+to libzmq's I/O thread and one wake-up of the receiver instead of N. A lone
+descriptor leaves at the end of the turn that made it; nothing is held back to
+wait for company.
+
+Every receive loop of the group drains its socket with ``drain`` or
+``drain_peers``: the same cap per turn and the same error policy everywhere (an
+undecodable frame is logged and skipped, a handler that raises is logged and the
+rest of the message is still handled).
+
+Receives copy: descriptors are small, and below pyzmq's copy threshold a
+``bytes`` object is cheaper than a zero-copy ``Frame``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+import zmq
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# ZeroMQ messages taken per socket per loop turn: under load other sockets get their turn too.
+DRAIN_CAP = 256
+
+
+class Outbox:
+    """The descriptors one loop turn produced for the one peer of a DEALER or PUSH socket."""
+
+    __slots__ = ("_frames", "sock")
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self._frames: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def send(self, payload: bytes) -> None:
+        self._frames.append(payload)
+
+    def flush(self) -> None:
+        """Send what accumulated as one message (never blocks: the sockets have no high-water mark
+        that could refuse it, or a refused message is dropped because its peer is gone)."""
+        if not self._frames:
+            return
+        frames, self._frames = self._frames, []
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("dropped %d descriptor(s): the peer is not taking messages", len(frames))
+
+
+class PeerOutbox:
+    """The descriptors one loop turn produced for each peer of a ROUTER socket."""
+
+    __slots__ = ("_frames", "sock")
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self._frames: dict[bytes, list[bytes]] = {}
+
+    def send(self, identity: bytes, payload: bytes) -> None:
+        frames = self._frames.get(identity)
+        if frames is None:
+            self._frames[identity] = [payload]
+        else:
+            frames.append(payload)
+
+    def flush(self) -> None:
+        """One message per peer. A ROUTER drops what it cannot route (a peer gone): nothing blocks."""
+        if not self._frames:
+            return
+        pending, self._frames = self._frames, {}
+        send = self.sock.send_multipart
+        for identity, frames in pending.items():
+            send([identity, *frames])
+
+
+def drain(
+    sock: zmq.Socket[bytes], decode: Callable[[bytes], T], handle: Callable[[T], Any], source: str,
+    cap: int = DRAIN_CAP,
+) -> bool:
+    """Handle every descriptor waiting on a DEALER/PULL socket, up to ``cap`` messages.
+    True when the cap stopped it (more may wait: come back after other work)."""
+    recv = sock.recv_multipart
+    for _ in range(cap):
+        try:
+            frames = recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        for frame in frames:
+            _handle_one(frame, decode, handle, source)
+    return True
+
+
+def drain_peers(
+    sock: zmq.Socket[bytes], decode: Callable[[bytes], T], handle: Callable[[bytes, T], Any], source: str,
+    cap: int = DRAIN_CAP,
+) -> bool:
+    """``drain`` for a ROUTER socket: ``handle(identity, message)`` for each descriptor."""
+    recv = sock.recv_multipart
+    for _ in range(cap):
+        try:
+            frames = recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        identity = frames[0]
+        for i in range(1, len(frames)):
+            try:
+                msg = decode(frames[i])
+            except msgspec.DecodeError as exc:  # ValidationError included
+                log.error("undecodable message from %s: %s", source, exc)
+                continue
+            try:
+                handle(identity, msg)
+            except Exception:
+                log.exception("failed to handle a message from %s", source)
+    return True
+
+
+def _handle_one(frame: bytes, decode: Callable[[bytes], T], handle: Callable[[T], Any], source: str) -> None:
+    try:
+        msg = decode(frame)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        log.error("undecodable message from %s: %s", source, exc)
+        return
+    try:
+        handle(msg)
+    except Exception:
+        log.exception("failed to handle a message from %s", source)
