@@ -369,18 +369,18 @@ def markdown(rows: list[dict[str, Any]], servers: list[str], header: list[str]) 
             out.append(f"| {titles.get(case, case)} | " + " | ".join(cells) + " |")
         out.append("")
     out += ["### infer/s and p99 latency (ms), median of passes", "",
-            "| case | c | " + " | ".join(f"{s} infer/s | {s} p99" for s in servers) + " | "
-            + " | ".join(k.replace("/", " ÷ ") for k in ratios) + " |",
+            "| case | c | " + "".join(f"{s} infer/s | {s} p99 | " for s in servers)
+            + "".join(f"{k.replace('/', ' ÷ ')} | " for k in ratios),
             "|---|---|" + "---|---|" * len(servers) + "---|" * len(ratios)]
     for r in rows:
         cells = []
         for s in servers:
             f = r[s]
-            failed = f" ({f['failures']}/{f['passes']} failed)" if f["failures"] else ""
+            failed = f" ({f['failures']}/{f['passes']} failed)" if f["failures"] and f["infer_per_sec"] else ""
             p99 = None if f["p99_us"] is None else f["p99_us"] / 1000
             cells.append(f"{fmt(f['infer_per_sec'])}{failed} | {fmt(p99, '.2f')}")
-        out.append(f"| {titles.get(r['case'], r['case'])} | {r['concurrency']} | " + " | ".join(cells) + " | "
-                   + " | ".join(fmt(r[k], ".2f", "x") for k in ratios) + " |")
+        out.append(f"| {titles.get(r['case'], r['case'])} | {r['concurrency']} | " + "".join(f"{c} | " for c in cells)
+                   + "".join(f"{fmt(r[k], '.2f', 'x')} | " for k in ratios))
     top = max(concurrency) if concurrency else 0
     out += ["", f"### CPU per request at c={top} (µs, every process of the server summed)", "",
             "| case | " + " | ".join(servers) + " |", "|---|" + "---|" * len(servers)]
@@ -490,6 +490,9 @@ def main() -> int:
         for line in problems:
             print(f"warning: {line}", file=sys.stderr)
 
+    if not runs:
+        print("nothing measured: no result files written", file=sys.stderr)
+        return 1
     rows = summarize(runs, names, [c.key for c in cases], args.concurrency)
     heads = {s.name: git_head(c) for s, c in zip(servers, checkouts, strict=False)}
     header = [
@@ -498,8 +501,9 @@ def main() -> int:
         f"- machine: {os.cpu_count()} CPUs, {cpu_model()}; load average {load0[0]:.2f} at start, "
         f"{os.getloadavg()[0]:.2f} at end",
         *(f"- {name}: `{heads[name]}` ({c})" for name, c in zip(names, checkouts, strict=False)),
-        f"- Conveyor serves the {args.backend} models ({args.workers} workers, 1 HTTP + 1 gRPC ingress); "
-        "Triton serves the python models (1 CPU instance each, max_batch_size 8, no dynamic batching)",
+        f"- Conveyor serves the {args.backend} models ({args.workers} workers, 1 HTTP + 1 gRPC ingress)"
+        + ("; Triton serves the python models" if "triton" in names else "")
+        + " (1 CPU instance each, max_batch_size 8, no dynamic batching)",
         f"- perf_analyzer: {args.seconds} s windows, stability 100%, p99; {args.passes} pass(es), "
         "server order flipped every pass",
         *(f"- warning: {p}" for p in problems),
