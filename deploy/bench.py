@@ -67,8 +67,14 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+class PerfAnalyzerFailed(SystemExit):
+    """perf_analyzer exited non-zero or overran its time limit. A SystemExit, so a one-shot benchmark
+    stops with the message; a long run catches it and records the failure instead."""
+
+
 def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, seconds: int,
-            shape: tuple[str, ...] = (), shared_memory: str = "none", output_bytes: int = 0) -> dict[str, float]:
+            shape: tuple[str, ...] = (), shared_memory: str = "none", output_bytes: int = 0,
+            timeout: float | None = None) -> dict[str, float]:
     with tempfile.NamedTemporaryFile(suffix=".csv") as report:
         cmd = [
             str(pa), "-m", model, "-u", url, "-i", protocol,
@@ -79,9 +85,14 @@ def run_one(pa: Path, url: str, protocol: str, model: str, concurrency: int, sec
         cmd += [x for s in shape for x in ("--shape", s)]
         if shared_memory != "none":
             cmd += ["--output-shared-memory-size", str(output_bytes)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+            raise PerfAnalyzerFailed(f"perf_analyzer ran past {timeout:.0f} s:\n{out[-2000:]}") from None
         if done.returncode != 0:
-            raise SystemExit(f"perf_analyzer failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise PerfAnalyzerFailed(
+                f"perf_analyzer failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         rows = list(csv.DictReader(open(report.name)))
     row = rows[-1]
     return {
