@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,20 +84,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 5.0, post: bytes | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, data=post), timeout=timeout) as r:
             return int(r.status), r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
+    except OSError as exc:  # refused, reset, timed out: not up (yet), the callers poll
+        return 0, f"{type(exc).__name__}: {exc}"
 
 
 def build_repo(repo: str, gpu: bool) -> None:
     """TorchScript add/sub that also says where it ran (OUTPUT__2: 1.0 on a CUDA device), on
     ``cuda:0`` (KIND_GPU) and with no ``instance_group``; an ONNX identity on the CPU."""
-    import torch
-
     from conveyor.deploy.example_repo import identity
+
+    identity(repo, "onnx_cpu", "FP32", 0, "-1")  # first: the group starts with it even without torch
+    import torch
 
     class DeviceAddSub(torch.nn.Module):
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -111,7 +115,6 @@ def build_repo(repo: str, gpu: bool) -> None:
         module.save(os.path.join(repo, name, "1", "model.pt"))
         with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
             f.write(TORCH_CONFIG.format(name=name, n=N, extra=extra))
-    identity(repo, "onnx_cpu", "FP32", 0, "-1")
 
 
 class Regions:
@@ -123,7 +126,7 @@ class Regions:
         if cuda:
             import tritonclient.utils.cuda_shared_memory as mod
         else:
-            import tritonclient.utils.shared_memory as mod  # type: ignore[no-redef]
+            import tritonclient.utils.shared_memory as mod
         self.mod: Any = mod
         self.kind = "CUDA" if cuda else "system"
 
@@ -209,7 +212,7 @@ class Check:
             with self.report.item(f"model {model} READY") as d:
                 code = http_get(f"http://{self.http_url}/v2/models/{model}/ready")[0]
                 if code != 200:
-                    _, index = http_get(f"http://{self.http_url}/v2/repository/index", 5)
+                    _, index = http_get(f"http://{self.http_url}/v2/repository/index", 5, b"{}")
                     raise AssertionError(f"HTTP {code}; repository index: {index[:250]}")
                 d.append("HTTP 200")
 
@@ -411,6 +414,8 @@ def main() -> int:
     p.add_argument("--log", required=True, help="the server's output goes here")
     p.add_argument("--dry", action="store_true", help="no GPU expected: CPU models, system shm, GPU items skipped")
     args = p.parse_args()
+    # timeout(1) sends SIGTERM: end through the finally below, which stops the group it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     report = Report()
     gpu = gpu_present()
     if not args.dry and not gpu:
