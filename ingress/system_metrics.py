@@ -78,6 +78,13 @@ class GpuSampler:
         self._nvml = nvml
         self._handles = handles
         self.readings: list[tuple[str, dict[str, float]]] = []
+        # NVML counts millijoules since the driver loaded; Triton reports joules since it started.
+        self._energy_start: dict[str, int] = {}
+        for uuid, h in handles:
+            try:
+                self._energy_start[uuid] = int(nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+            except Exception as exc:  # boards before Volta have no energy counter
+                log.debug("no energy counter on %s: %s", uuid, exc)
 
     @classmethod
     def open(cls) -> GpuSampler | None:
@@ -107,6 +114,9 @@ class GpuSampler:
                     "power_usage": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW -> W
                     "power_limit": nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
                 }))
+                if uuid in self._energy_start:
+                    mj = int(nvml.nvmlDeviceGetTotalEnergyConsumption(h)) - self._energy_start[uuid]
+                    out[-1][1]["energy"] = mj / 1000.0
             except Exception as exc:  # e.g. power readings unsupported on this board
                 log.debug("NVML reading of %s failed: %s", uuid, exc)
         self.readings = out
@@ -116,4 +126,8 @@ class GpuSampler:
         for name, help_text, key in _GPU_METRICS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
             lines += [f'{name}{{gpu_uuid="{uuid}"}} {values[key]!r}' for uuid, values in self.readings]
+        lines += ["# HELP nv_energy_consumption GPU energy consumption in joules since the Triton Server started",
+                  "# TYPE nv_energy_consumption counter"]
+        lines += [f'nv_energy_consumption{{gpu_uuid="{uuid}"}} {values["energy"]!r}'
+                  for uuid, values in self.readings if "energy" in values]
         return lines

@@ -1,6 +1,8 @@
-"""GPU paths: an ONNX model with KIND_GPU runs on onnxruntime's CUDA provider.
+"""GPU paths: an ONNX model with KIND_GPU runs on onnxruntime's CUDA provider; a client's CUDA
+shared memory feeds ONNX models and receives their outputs.
 
-Skipped unless onnxruntime has the CUDA execution provider and a GPU is present.
+Each test skips without what it needs: a GPU (seen through cupy), and onnxruntime's CUDA
+execution provider (onnxruntime-gpu) for the KIND_GPU ONNX model.
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 
 
-def _have_cuda() -> bool:
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return False
+def _have_gpu() -> bool:
     try:
         import cupy
 
@@ -24,9 +24,13 @@ def _have_cuda() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _have_cuda(), reason="needs a CUDA GPU and onnxruntime-gpu")]
+ORT_CUDA = "CUDAExecutionProvider" in ort.get_available_providers() and _have_gpu()
+GPU_GROUP = "\ninstance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]\n"
+
+pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.skipif(not ORT_CUDA, reason="needs a CUDA GPU and onnxruntime-gpu")
 def test_kind_gpu_instance_runs_on_cuda(tmp_path: object) -> None:
     from conveyor.deploy.example_repo import identity
     from conveyor.proto.model_config import parse_text
@@ -35,7 +39,7 @@ def test_kind_gpu_instance_runs_on_cuda(tmp_path: object) -> None:
     repo = str(tmp_path)
     identity(repo, "gpu_identity", "FP32", 0, "-1")
     with open(f"{repo}/gpu_identity/config.pbtxt") as f:
-        config = parse_text(f.read() + "\ninstance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]\n")
+        config = parse_text(f.read() + GPU_GROUP)
     backend = OnnxRuntimeBackend(f"{repo}/gpu_identity/1/model.onnx", config, "cuda:0")
     assert backend.session.get_providers()[0] == "CUDAExecutionProvider"
     x = np.arange(1024, dtype=np.float32)
@@ -54,9 +58,11 @@ def _cudashm() -> object:
     return cudashm
 
 
+@pytest.mark.skipif(not _have_gpu(), reason="needs a CUDA GPU (and cupy)")
 def test_cuda_shared_memory_in_and_out(tmp_path: object) -> None:
-    """A client's CUDA regions feed a KIND_GPU model in place and receive its output,
-    over HTTP and gRPC, with tritonclient's own cuda_shared_memory helpers."""
+    """A client's CUDA regions feed a KIND_GPU model in place (where onnxruntime-gpu is) and a
+    KIND_CPU one through the host, and receive their output, over HTTP and gRPC, with
+    tritonclient's own cuda_shared_memory helpers."""
     import os
 
     import tritonclient.grpc as tg
@@ -67,8 +73,13 @@ def test_cuda_shared_memory_in_and_out(tmp_path: object) -> None:
 
     cudashm: Any = _cudashm()
     repo = str(tmp_path)
-    identity(repo, "gpu_identity", "FP32", 0, "-1", extra="instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]")
+    models = ["cpu_identity"]
     identity(repo, "cpu_identity", "FP32", 0, "-1")
+    if ORT_CUDA:  # onnxruntime (CPU) cannot load a KIND_GPU model: the server would not be ready
+        models.append("gpu_identity")
+        identity(repo, "gpu_identity", "FP32", 0, "-1")
+        with open(f"{repo}/gpu_identity/config.pbtxt", "a") as f:
+            f.write(GPU_GROUP)
     srv = start_server(repo, f"g{os.getpid()}", "--workers", "1", "--allow-client-shm", "true")
     x = np.arange(1 << 16, dtype=np.float32)
     ins = cudashm.create_shared_memory_region("cin", x.nbytes, 0)
@@ -80,7 +91,7 @@ def test_cuda_shared_memory_in_and_out(tmp_path: object) -> None:
         http.register_cuda_shared_memory("cin", cudashm.get_raw_handle(ins), 0, x.nbytes)
         grpc.register_cuda_shared_memory("cout", cudashm.get_raw_handle(outs), 0, x.nbytes)
         assert {r["name"] for r in http.get_cuda_shared_memory_status()} == {"cin", "cout"}
-        for model in ("gpu_identity", "cpu_identity"):  # on the device, and via the host
+        for model in models:  # via the host, and on the device
             for client, mod in ((http, th), (grpc, tg)):
                 inp = mod.InferInput("INPUT0", [x.size], "FP32")
                 inp.set_shared_memory("cin", x.nbytes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from conveyor.ingress.prometheus import render
@@ -52,13 +54,51 @@ def test_render_has_cumulative_buckets_and_reasons() -> None:
     assert 'conveyor_adaptive_queue_delay_us{model="m",version="1"} 3000' in render(snapshot)
 
 
+@pytest.mark.gpu
 def test_gpu_metrics_when_a_gpu_is_present() -> None:
     gpu = GpuSampler.open()
     if gpu is None:
         pytest.skip("no NVML (nvidia-ml-py) or no GPU")
     gpu.sample()
     text = "\n".join(gpu.render())
-    assert "nv_gpu_utilization{gpu_uuid=" in text and "nv_gpu_memory_total_bytes{gpu_uuid=" in text
+    for name in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
+                 "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"):
+        assert f"{name}{{gpu_uuid=" in text, name
+
+
+class _Nvml:
+    """NVML's answers for one board, as numbers (no NVML here): the renderer's arithmetic and names."""
+
+    def __init__(self) -> None:
+        self.energy_mj = 5_000_000
+
+    def nvmlDeviceGetMemoryInfo(self, h: object) -> Any:
+        return type("Mem", (), {"total": 80 << 30, "used": 1 << 30})()
+
+    def nvmlDeviceGetUtilizationRates(self, h: object) -> Any:
+        return type("Util", (), {"gpu": 37})()
+
+    def nvmlDeviceGetPowerUsage(self, h: object) -> int:
+        return 123_500
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: object) -> int:
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: object) -> int:
+        return self.energy_mj
+
+
+def test_gpu_metrics_in_triton_units_with_energy_since_start() -> None:
+    nvml = _Nvml()
+    gpu = GpuSampler(nvml, [("GPU-1", object())])
+    nvml.energy_mj += 2_500  # 2.5 J after the server started
+    gpu.sample()
+    text = "\n".join(gpu.render())
+    assert 'nv_gpu_utilization{gpu_uuid="GPU-1"} 0.37' in text
+    assert 'nv_gpu_power_usage{gpu_uuid="GPU-1"} 123.5' in text
+    assert 'nv_gpu_power_limit{gpu_uuid="GPU-1"} 700.0' in text
+    assert "# TYPE nv_energy_consumption counter" in text
+    assert 'nv_energy_consumption{gpu_uuid="GPU-1"} 2.5' in text
 
 
 def test_first_response_buckets_from_model_metrics_and_rendered_in_ms(monkeypatch: pytest.MonkeyPatch) -> None:
