@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
 from conveyor.router.backend_config import BackendConfig
+from conveyor.router.config_unused import log_unused_fields
 from conveyor.router.models import Instance, ModelEntry, ModelRegistry
 from conveyor.router.repository import ModelSpec, load_spec, scan
 
@@ -113,6 +114,7 @@ class ModelLifecycle:
                 log.error("model '%s' is not available: %s", name, spec.error)
             else:
                 log.info("model '%s' versions %s", name, sorted(spec.versions))
+                log_unused_fields(name, spec.config)
 
     def startup_outcome(self) -> str | None:
         """After start-up: None while a model still loads, else why not every model is ready
@@ -317,6 +319,8 @@ class ModelLifecycle:
             registry.generation += 1
         if spec.error:
             log.error("model '%s' is not available: %s", name, spec.error)
+        else:
+            log_unused_fields(name, spec.config)
 
     def _unload(self, name: str) -> None:
         registry = self.registry

@@ -288,3 +288,22 @@ def _model_ready(client: object, name: str) -> bool:
         return bool(client.is_model_ready(name))  # type: ignore[attr-defined]
     except Exception:
         return False
+
+
+def test_config_fields_read_but_not_acted_on_are_named_once_per_load(caplog: pytest.LogCaptureFixture,
+                                                                     tmp_path: object) -> None:
+    from conveyor.router.lifecycle import ModelLifecycle
+    from conveyor.router.models import ModelRegistry
+
+    repo = os.path.join(str(tmp_path), "models")
+    add_sub(repo, "plain", 8)
+    add_sub(repo, "fancy", 8, 'instance_group [{ count: 2 kind: KIND_CPU passive: true host_policy: "p0" }]\n'
+                              'optimization { cuda { graphs: true } priority: PRIORITY_MAX }\n'
+                              'model_repository_agents { agents [{ name: "checksum" }] }')
+    with caplog.at_level(logging.WARNING, logger="conveyor.router.config_unused"):
+        ModelLifecycle(ModelRegistry(), [repo]).startup()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("model 'fancy': config fields read but not acted on")
+    for field in ("model_repository_agents", "instance_group.passive", "instance_group.host_policy",
+                  "optimization.cuda", "optimization.priority"):
+        assert field in lines[0]
