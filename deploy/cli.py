@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
+from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
 from conveyor.deploy.instances import ingress_protocol, worker_environment
 from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.options import (
@@ -22,26 +24,30 @@ from conveyor.deploy.options import (
     add_trace,
     check_ingress_args,
     default_endpoints,
+    fold_deprecated_trace,
+    fold_response_cache_size,
+    grpc_keepalive_options,
     log_settings,
     metrics_config,
 )
 from conveyor.deploy.scale import ROLES
+from conveyor.deploy.triton_flags import add_unused, log_unused
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.histograms import parse_quantiles
 from conveyor.router.trace_settings import parse_trace_config
 
+log = logging.getLogger("conveyor.cli")
+
 
 def _limits(args: argparse.Namespace) -> IngressLimits:
     return IngressLimits(args.max_input_elements, args.max_inflight_requests, args.max_json_bytes)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="run router, ingress and workers in the foreground")
+def add_serve_options(serve: argparse.ArgumentParser) -> None:
+    """The one option table of ``conveyor serve`` and ``tritonserver``: Triton's flags and
+    Conveyor's own."""
     add_common(serve)
     add_drain(serve)
     add_network(serve)
@@ -56,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
     add_client_shm(serve)
     add_model_control(serve)
+    add_unused(serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run router, ingress and workers in the foreground")
+    add_serve_options(serve)
 
     router = sub.add_parser("router", help="run the router")
     add_common(router)
@@ -137,41 +152,98 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                 parser.error(otel_missing())
 
 
+def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Triton's deprecated and alias flags, as the flags they stand for."""
+    if args.command in ("serve", "router"):
+        fold_deprecated_trace(args)
+        problem = fold_response_cache_size(args)
+        if problem:
+            parser.error(problem)
+        if args.disable_auto_complete_config:
+            args.strict_model_config = True
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from conveyor.deploy.supervisor import Supervisor
+    from conveyor.router.backend_config import BackendConfig
+
+    setup_logging(log_settings(args), "serve")
+    log_unused(args, BackendConfig.parse(args.backend_config).unused_settings())
+    return Supervisor(args).run()
+
+
+def build_tritonserver_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritonserver", description=tritonserver_main.__doc__)
+    add_serve_options(parser)
+    # Triton's defaults: a failed model stops the start, readiness needs every model,
+    # and clients may register shared memory (Triton 2.5x has no switch for it).
+    parser.set_defaults(exit_on_error=True, strict_readiness=True, allow_client_shm=True, command="serve")
+    return parser
+
+
+def tritonserver_main(argv: list[str] | None = None) -> int:
+    """``tritonserver``: Triton's command line, as it is, running the same group as
+    ``conveyor serve`` with Triton's defaults where Conveyor's differ."""
+    parser = build_tritonserver_parser()
+    args = parser.parse_args(argv)
+    if not args.model_repository:
+        print("error: creating server: Invalid argument - --model-repository must be specified", file=sys.stderr)
+        return 1
+    if args.load_model and args.model_control_mode != "explicit":
+        parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
+    _fold_triton_aliases(parser, args)
+    _apply_instance(parser, args)
+    problem = check_ingress_args(args)
+    if problem:
+        parser.error(problem)
+    return _serve(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "scale":
         return _scale(args)
+    _fold_triton_aliases(parser, args)
     _apply_instance(parser, args)
     if args.command in ("serve", "ingress"):
         problem = check_ingress_args(args)
         if problem:
             parser.error(problem)
+    if args.group is not None and check_name(args.group):
+        parser.error(check_name(args.group))
+    if args.command == "serve":
+        return _serve(args)  # the supervisor picks the group name when none was given
+    args.group = args.group or DEFAULT_GROUP
     setup_logging(log_settings(args), args.command)
     ingress_ep, worker_ep = default_endpoints(args.group)
-    if args.command == "serve":
-        from conveyor.deploy.supervisor import Supervisor
-
-        return Supervisor(args).run()
     if args.command in ("router", "worker"):
         from conveyor.proto.polling import spin_seconds
     if args.command == "router":
+        from conveyor.deploy.group_lock import GroupBusy, GroupLock
         from conveyor.deploy.options import run_dir
+        from conveyor.router.backend_config import BackendConfig
         from conveyor.router.histograms import configure_summaries
         from conveyor.router.lifecycle import ControlMode
         from conveyor.router.rate_limiter import RateLimiter, ResourceLimit
         from conveyor.router.response_cache import parse_cache_config
         from conveyor.router.server import Router
+        from conveyor.router.startup import StartupOptions
         from conveyor.shm.naming import sweep_orphans
 
         os.makedirs(run_dir(args.group), exist_ok=True)
+        try:
+            lock = GroupLock(args.group, "router")  # held until this process exits
+        except GroupBusy as exc:
+            log.error("%s", exc)
+            return 2
         sweep_orphans(args.group)
         configure_summaries(metrics_config(args))
         trace = parse_trace_config(args.trace_config)
         limiter = None
         if args.rate_limit == "execution_count":
             limiter = RateLimiter([ResourceLimit.parse(r) for r in args.rate_limit_resource])
-        Router(args.model_repository, args.ingress_endpoint or ingress_ep,
+        router = Router(args.model_repository, args.ingress_endpoint or ingress_ep,
                args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
                allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
                load_models=args.load_model, strict_config=args.strict_model_config,
@@ -179,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                cache_bytes=parse_cache_config(args.cache_config),
                max_client_shm_regions=args.max_client_shm_regions,
                trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
-               ).run(args.exit_timeout_secs, args.drain_grace_secs)
-        return 0
+               startup=StartupOptions(args.exit_on_error, args.strict_readiness, args.model_config_name,
+                                      args.model_load_retry_count, BackendConfig.parse(args.backend_config)))
+        router.run(args.exit_timeout_secs, args.drain_grace_secs)
+        lock.release()
+        return router.exit_code
     if args.command == "worker":
         from conveyor.workers.worker import Worker
 
@@ -188,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                args.exit_timeout_secs, spin_seconds(args.spin_us)).run()
         return 0
     if args.command == "ingress":
+        from conveyor.ingress.server_metadata import set_server_name
+
+        set_server_name(args.server_id)
         level = "debug" if args.log_verbose > 0 else "warning"
         if args.protocol == "metrics":
             from conveyor.ingress.http.server import serve as serve_http
@@ -196,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
             options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
                                      counters)
-            serve_http(args.router or ingress_ep, args.group, args.http_address, args.metrics_port,
+            serve_http(args.router or ingress_ep, args.group, args.metrics_address or args.http_address,
+                       args.metrics_port,
                        arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                        drain_grace_s=args.drain_grace_secs,
                        app_factory=lambda ctx: build_metrics_app(ctx, options))
@@ -210,9 +289,12 @@ def main(argv: list[str] | None = None) -> int:
                        restricted=restrictions(args.http_restricted_api),
                        ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key)
         else:
+            from conveyor.ingress.grpc.server import SERVER_OPTIONS
             from conveyor.ingress.grpc.server import serve as serve_grpc
             from conveyor.ingress.grpc.tls import GrpcTls
 
+            # This process serves one gRPC server: the keepalive flags join its options.
+            SERVER_OPTIONS.extend(grpc_keepalive_options(args))
             tls = None
             if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
                 tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,

@@ -26,6 +26,17 @@ def triton_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def triton_int_bool(text: str) -> int:
+    """``--log-verbose``: an integer, or true/false as 1/0 (Triton's ParseIntBoolOption)."""
+    value = text.strip().lower()
+    if value in ("true", "false"):
+        return int(value == "true")
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid option value: '{text}'") from None
+
+
 # Where the IPC sockets live. systemd units set RuntimeDirectory=conveyor, which
 # exports RUNTIME_DIRECTORY=/run/conveyor; CONVEYOR_RUN_DIR overrides both.
 RUN_DIR_ENV = "CONVEYOR_RUN_DIR"
@@ -47,9 +58,10 @@ def default_endpoints(group: str) -> tuple[str, str]:
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--group", default="default",
-                   help="name of this process group: shared-memory names and IPC paths carry it")
-    p.add_argument("--log-verbose", type=int, default=0, help="verbose logging level (Triton's flag)")
+    p.add_argument("--group", default=None,
+                   help="name of this process group: shared-memory names and IPC paths carry it (default: "
+                        "'default'; 'conveyor serve' takes 'default-2', ... when that one is running)")
+    p.add_argument("--log-verbose", type=triton_int_bool, default=0, help="verbose logging level (Triton's flag)")
     p.add_argument("--log-info", type=triton_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=triton_bool, default=True, metavar="BOOL")
     p.add_argument("--log-error", type=triton_bool, default=True, metavar="BOOL")
@@ -80,6 +92,48 @@ def add_network(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-metrics", type=triton_bool, default=True, metavar="BOOL")
     p.add_argument("--arena-size", type=int, default=256 << 20,
                    help="bytes of each process's shared-memory arena (tmpfs: only touched pages count)")
+    p.add_argument("--metrics-address", default="", help="where /metrics listens (default: --http-address)")
+    p.add_argument("--id", default="triton", dest="server_id", help="the server name server metadata reports")
+    add_grpc_keepalive(p)
+
+
+# Triton's gRPC keepalive flags and the grpc core channel arguments they set (its grpc/grpc_server.cc).
+GRPC_KEEPALIVE = (
+    ("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000),
+    ("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000),
+    ("--grpc-keepalive-permit-without-calls", "grpc.keepalive_permit_without_calls", 0),
+    ("--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 2),
+    ("--grpc-http2-min-recv-ping-interval-without-data", "grpc.http2.min_ping_interval_without_data_ms", 300000),
+    ("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 2),
+    ("--grpc-max-connection-age", "grpc.max_connection_age_ms", None),  # None: unset, as Triton
+    ("--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", None),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def add_grpc_keepalive(p: argparse.ArgumentParser) -> None:
+    for flag, _arg, default in GRPC_KEEPALIVE:
+        kind = (lambda t: int(triton_bool(t))) if flag.endswith("without-calls") else int
+        p.add_argument(flag, type=kind, default=default, metavar="MS" if "calls" not in flag else "BOOL",
+                       help=f"Triton's flag: sets the gRPC server's {_arg}")
+
+
+def grpc_keepalive_options(a: argparse.Namespace) -> list[tuple[str, int]]:
+    """The grpc server options the keepalive flags stand for (those left unset are left out)."""
+    out = []
+    for flag, arg, _default in GRPC_KEEPALIVE:
+        value = getattr(a, _dest(flag))
+        if value is not None:
+            out.append((arg, int(value)))
+    return out
+
+
+def grpc_keepalive_args(a: argparse.Namespace) -> list[str]:
+    return [x for flag, _arg, _d in GRPC_KEEPALIVE if getattr(a, _dest(flag)) is not None
+            for x in (flag, str(getattr(a, _dest(flag))))]
 
 
 def add_repository(p: argparse.ArgumentParser, required: bool) -> None:
@@ -118,6 +172,8 @@ def add_scheduling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-config", action="append", default=[], type=cache_config, metavar="local,size=BYTES",
                    help="Triton's response cache: models with response_cache { enable: true } are answered from "
                         "a cache of this many bytes of outputs (off by default)")
+    p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="deprecated (Triton's): --cache-config local,size=BYTES")
     p.add_argument("--max-queue-size", type=int, default=DEFAULT_QUEUE_CAP, metavar="N",
                    help="requests one model version may hold queued before new ones are refused with "
                         "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
@@ -129,6 +185,18 @@ def add_scheduling(p: argparse.ArgumentParser) -> None:
                    type=_resource_limit,
                    help="copies of a rate-limiter resource (repeatable; no DEVICE: on every device); by default "
                         "the largest count any instance asks for")
+
+
+def fold_response_cache_size(a: argparse.Namespace) -> str:
+    """--response-cache-byte-size as the --cache-config it stands for; a problem, or ''."""
+    if a.response_cache_byte_size is None:
+        return ""
+    if a.cache_config:
+        return ("Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                "Please provide one or the other.")
+    a.cache_config = [f"local,size={a.response_cache_byte_size}"]
+    a.response_cache_byte_size = None
+    return ""
 
 
 def scheduling_args(a: argparse.Namespace) -> list[str]:
@@ -149,14 +217,46 @@ def add_model_control(p: argparse.ArgumentParser) -> None:
                    help="explicit mode: load this model at start (repeatable; '*' for every model)")
     p.add_argument("--strict-model-config", type=triton_bool, default=False, metavar="BOOL",
                    help="never complete a config from the model file: config.pbtxt must declare inputs and outputs")
+    p.add_argument("--disable-auto-complete-config", action="store_true",
+                   help="as --strict-model-config=true (Triton's newer name)")
+    p.add_argument("--exit-on-error", type=triton_bool, default=False, metavar="BOOL",
+                   help="a model that fails to load at start-up stops the server with a non-zero exit code "
+                        "(default false for 'conveyor serve', true for 'tritonserver', as Triton)")
+    p.add_argument("--strict-readiness", type=triton_bool, default=False, metavar="BOOL",
+                   help="ready only while every model is ready (true); false: once every load has settled, "
+                        "failed or not (default false for 'conveyor serve', true for 'tritonserver', as Triton)")
+    p.add_argument("--model-config-name", default="", metavar="NAME",
+                   help="load <model>/configs/NAME.pbtxt where it exists instead of config.pbtxt")
+    p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
+                   help="load a model instance that failed up to N more times before it counts as failed")
+    p.add_argument("--backend-config", action="append", default=[], type=_backend_setting,
+                   metavar="[BACKEND,]KEY=VALUE",
+                   help="Triton's backend settings (repeatable): default-max-batch-size, onnxruntime's "
+                        "intra_op_thread_count / inter_op_thread_count; others are accepted and logged")
+
+
+def _backend_setting(text: str) -> str:
+    from conveyor.router.backend_config import parse_setting
+
+    try:
+        parse_setting(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def model_control_args(a: argparse.Namespace) -> list[str]:
     """The model-control flags, as the supervisor passes them on to the router."""
     out = ["--model-control-mode", a.model_control_mode, "--repository-poll-secs", str(a.repository_poll_secs),
-           "--strict-model-config", str(a.strict_model_config).lower()]
+           "--strict-model-config", str(a.strict_model_config or a.disable_auto_complete_config).lower(),
+           "--exit-on-error", str(a.exit_on_error).lower(), "--strict-readiness", str(a.strict_readiness).lower(),
+           "--model-load-retry-count", str(a.model_load_retry_count)]
+    if a.model_config_name:
+        out += ["--model-config-name", a.model_config_name]
     for name in a.load_model:
         out += ["--load-model", name]
+    for setting in a.backend_config:
+        out += ["--backend-config", setting]
     return out
 
 
@@ -293,3 +393,29 @@ def add_trace(p: argparse.ArgumentParser) -> None:
                         "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size=N, "
                         "opentelemetry,bsp_schedule_delay=MS, opentelemetry,bsp_max_export_batch_size=N "
                         "(repeatable; Triton's flag)")
+    # Triton's deprecated spellings: folded into --trace-config by triton_trace_config (as Triton does).
+    p.add_argument("--trace-file", default=None, help="deprecated: --trace-config triton,file=PATH")
+    p.add_argument("--trace-level", action="append", default=[], help="deprecated: --trace-config level=LEVEL")
+    p.add_argument("--trace-rate", type=int, default=None, help="deprecated: --trace-config rate=N")
+    p.add_argument("--trace-count", type=int, default=None, help="deprecated: --trace-config count=N")
+    p.add_argument("--trace-log-frequency", type=int, default=None,
+                   help="deprecated: --trace-config triton,log-frequency=N")
+
+
+def fold_deprecated_trace(a: argparse.Namespace) -> None:
+    """Triton's deprecated --trace-* flags become --trace-config items; an explicit --trace-config
+    setting of the same key wins, as in Triton (PostProcessTraceArgs)."""
+    given = {item.split(",", 1)[-1].split("=", 1)[0] for item in a.trace_config}
+    extra: list[str] = []
+    levels = [lv for lv in a.trace_level if lv]
+    if levels and "level" not in given:
+        extra += [f"level={lv}" for lv in levels]
+    for key, value in (("rate", a.trace_rate), ("count", a.trace_count)):
+        if value is not None and key not in given:
+            extra.append(f"{key}={value}")
+    if a.trace_file is not None and "file" not in given:
+        extra.append(f"triton,file={a.trace_file}")
+    if a.trace_log_frequency is not None and "log-frequency" not in given:
+        extra.append(f"triton,log-frequency={a.trace_log_frequency}")
+    a.trace_config = [*extra, *a.trace_config]
+    a.trace_level, a.trace_rate, a.trace_count, a.trace_file, a.trace_log_frequency = [], None, None, None, None

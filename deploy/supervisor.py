@@ -24,9 +24,19 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from conveyor.deploy.options import ingress_args, log_args, metrics_args, model_control_args, run_dir, scheduling_args
+from conveyor.deploy.group_lock import GroupBusy, GroupLock, take_group
+from conveyor.deploy.options import (
+    grpc_keepalive_args,
+    ingress_args,
+    log_args,
+    metrics_args,
+    model_control_args,
+    run_dir,
+    scheduling_args,
+)
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.router.startup import EXIT_ON_ERROR_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
@@ -70,6 +80,8 @@ class Supervisor:
         # Scaled down: SIGTERM sent, draining; killed if still there at the deadline.
         self.retiring: list[tuple[Child, float]] = []
         self._serials = {role: itertools.count() for role in ROLES}
+        self._exit_code = 0
+        self._lock: GroupLock | None = None
 
     # --- children ----------------------------------------------------------------------
 
@@ -84,6 +96,7 @@ class Supervisor:
             *self._common(), "--drain-grace-secs", str(a.drain_grace_secs),
             "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port), "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
+            "--metrics-address", a.metrics_address, "--id", a.server_id, *grpc_keepalive_args(a),
             *ingress_args(a),
         ]
 
@@ -159,6 +172,16 @@ class Supervisor:
 
     def run(self) -> int:
         a = self.args
+        try:
+            # Held for the life of this process: no other group of this name can start meanwhile.
+            self._lock = take_group(a.group)
+        except GroupBusy as exc:
+            log.error("%s", exc)
+            return 2
+        if a.group is None and self._lock.group != "default":
+            log.warning("group 'default' is already running on this host: this one is '%s' "
+                        "(conveyor scale --group %s)", self._lock.group, self._lock.group)
+        a.group = self._lock.group
         repos = list(a.model_repository)
         built: str | None = None
         if not repos:
@@ -209,7 +232,8 @@ class Supervisor:
         for path in (run_dir(a.group), built):
             if path:
                 shutil.rmtree(path, ignore_errors=True)
-        return 0
+        self._lock.release()
+        return self._exit_code
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
@@ -218,6 +242,12 @@ class Supervisor:
     def _restart(self, child: Child) -> None:
         assert child.proc is not None
         code = child.proc.returncode
+        if child is self.router and code == EXIT_ON_ERROR_CODE:
+            # --exit-on-error: a model failed at start-up; a new router would fail the same way.
+            log.error("the router stopped: a model failed to load at start-up (--exit-on-error): stopping")
+            self._exit_code = 1
+            self._stop = True
+            return
         delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
         if time.monotonic() - child.started > 60:
             child.restarts = 0

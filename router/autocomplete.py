@@ -41,8 +41,10 @@ def _dims(value: onnx.ValueInfoProto) -> list[int]:
     return [d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim]
 
 
-def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given: bool) -> str:
-    """Fill missing inputs/outputs (and batching) of ``config`` from the ONNX file; '' or a reason."""
+def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given: bool,
+                  default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> str:
+    """Fill missing inputs/outputs (and batching) of ``config`` from the ONNX file; '' or a reason.
+    ``default_max_batch_size`` is --backend-config's default-max-batch-size (0: never batched)."""
     if os.path.isdir(model_path):  # <version>/model.onnx/ holds model.onnx and its external data
         model_path = os.path.join(model_path, "model.onnx")
     try:
@@ -61,9 +63,9 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
     tensors = [*inputs, *outputs]
     batched = config.max_batch_size > 0
     if not max_batch_size_given:
-        batched = bool(tensors) and all(_dims(v)[:1] == [-1] for v in tensors)
+        batched = default_max_batch_size > 0 and bool(tensors) and all(_dims(v)[:1] == [-1] for v in tensors)
         if batched:
-            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+            config.max_batch_size = default_max_batch_size
             if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
                 config.dynamic_batching.SetInParent()
     for values, declared in ((inputs, config.input), (outputs, config.output)):

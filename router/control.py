@@ -34,6 +34,7 @@ class ControlHandler:
         self.boot_id = time.time_ns()
         self.custom_metrics = CustomMetricsStore()  # models' pb_utils.MetricFamily series, from the workers
         self.response_cache = False  # the server has a response cache (--cache-config)
+        self.strict_readiness = False  # --strict-readiness
         # OpenTelemetry mode: spans exported, dropped and failed (router/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
 
@@ -57,8 +58,9 @@ class ControlHandler:
     def server_ready(self) -> bool:
         """Ready once every loadable model version has settled (ready or failed).
 
-        A model that failed to load does not hold the server back (unlike Triton's
-        strict readiness): it reports its own reason on its own endpoints.
+        By default a model that failed to load does not hold the server back: it
+        reports its own reason on its own endpoints. With --strict-readiness (Triton's
+        default, and ``tritonserver``'s) every model must be ready, as in Triton.
         A draining router is not ready, so every ingress says so at once.
         """
         if self.shutdown.draining:
@@ -66,6 +68,10 @@ class ControlHandler:
         versions = self.registry.versions()
         if versions and not self.pool.workers:
             return False
+        if self.strict_readiness:
+            if any(entry.spec.error for entry in self.registry.models.values()):
+                return False
+            return all(v.state == "READY" for v in versions)
         return all(v.state != "LOADING" for v in versions)
 
     def model_ready(self, model: str, version: str = "") -> bool:

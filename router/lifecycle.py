@@ -26,6 +26,8 @@ from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+from conveyor.router.backend_config import BackendConfig
+from conveyor.router.config_unused import log_unused_fields
 from conveyor.router.models import Instance, ModelEntry, ModelRegistry
 from conveyor.router.repository import ModelSpec, load_spec, scan
 
@@ -75,12 +77,16 @@ class ModelLifecycle:
         mode: ControlMode = ControlMode.NONE,
         load_at_start: list[str] | None = None,
         strict_config: bool = False,
+        config_name: str = "",
+        backend_config: BackendConfig | None = None,
     ) -> None:
         self.registry = registry
         self.repositories = repositories
         self.mode = mode
         self.load_at_start = load_at_start or []
         self.strict_config = strict_config
+        self.config_name = config_name  # --model-config-name
+        self.backend_config = backend_config or BackendConfig()
         self._waiters: list[LoadWaiter] = []
         self._overrides: dict[str, str] = {}  # model -> directory written for a load with file overrides
         self._prints: dict[str, str] = {}  # model -> fingerprint of what is loaded
@@ -98,7 +104,8 @@ class ModelLifecycle:
                     continue
                 specs[name] = self._spec(name, path)
         else:
-            specs = scan(self.repositories, autocomplete=not self.strict_config)
+            specs = scan(self.repositories, autocomplete=not self.strict_config, config_name=self.config_name,
+                         backend_config=self.backend_config)
         for name, spec in specs.items():
             self._prints[name] = fingerprint(spec.path)
         self.registry.replace(specs)
@@ -107,6 +114,22 @@ class ModelLifecycle:
                 log.error("model '%s' is not available: %s", name, spec.error)
             else:
                 log.info("model '%s' versions %s", name, sorted(spec.versions))
+                log_unused_fields(name, spec.config)
+
+    def startup_outcome(self) -> str | None:
+        """After start-up: None while a model still loads, else why not every model is ready
+        ('' when all are): what --exit-on-error decides on."""
+        problems = []
+        for name, entry in sorted(self.registry.models.items()):
+            if _loading(entry):
+                return None
+            problem = _problem(entry)
+            if problem:
+                problems.append(f"failed to load '{name}': {problem}")
+        for name in self.load_at_start:
+            if name != "*" and name not in self.registry.models:
+                problems.append(f"failed to load '{name}': no such model in the repositories")
+        return "; ".join(problems)
 
     def poll(self) -> None:
         """POLL mode: load new and changed models, unload removed ones."""
@@ -296,6 +319,8 @@ class ModelLifecycle:
             registry.generation += 1
         if spec.error:
             log.error("model '%s' is not available: %s", name, spec.error)
+        else:
+            log_unused_fields(name, spec.config)
 
     def _unload(self, name: str) -> None:
         registry = self.registry
@@ -311,7 +336,8 @@ class ModelLifecycle:
         registry.generation += 1
 
     def _spec(self, name: str, path: str, override: mc.ModelConfig | None = None) -> ModelSpec:
-        return load_spec(name, path, override=override, autocomplete=not self.strict_config)
+        return load_spec(name, path, override=override, autocomplete=not self.strict_config,
+                         config_name=self.config_name, backend_config=self.backend_config)
 
     def _on_disk(self) -> dict[str, str]:
         found: dict[str, str] = {}

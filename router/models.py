@@ -47,6 +47,7 @@ class Instance:
     busy: bool = False
     error: str = ""
     placed_device: str = ""  # for "cuda": the GPU placement chose
+    load_attempts: int = 0  # failed loads so far (--model-load-retry-count)
 
     @property
     def load_device(self) -> str:

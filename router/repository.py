@@ -20,6 +20,7 @@ from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.adaptive import adaptive_problem
 from conveyor.router.autocomplete import complete_onnx
 from conveyor.router.autocomplete_python import complete_python
+from conveyor.router.backend_config import BackendConfig
 from conveyor.router.ensemble_plan import ensemble_problem
 from conveyor.router.queue_policy import scheduling_problem
 
@@ -64,7 +65,8 @@ class ModelSpec:
     error: str = ""
 
 
-def scan(repositories: list[str], autocomplete: bool = True) -> dict[str, ModelSpec]:
+def scan(repositories: list[str], autocomplete: bool = True, *, config_name: str = "",
+         backend_config: BackendConfig | None = None) -> dict[str, ModelSpec]:
     """Every model in every repository; a name found twice is an error for that name."""
     found: dict[str, ModelSpec] = {}
     for repo in repositories:
@@ -80,18 +82,31 @@ def scan(repositories: list[str], autocomplete: bool = True) -> dict[str, ModelS
             if entry in found:
                 found[entry].error = f"model '{entry}' appears in more than one model repository"
                 continue
-            found[entry] = load_spec(entry, path, autocomplete=autocomplete)
+            found[entry] = load_spec(entry, path, autocomplete=autocomplete, config_name=config_name,
+                                     backend_config=backend_config)
     return found
 
 
+def config_file(path: str, config_name: str = "") -> str:
+    """The config a model loads from: ``configs/<name>.pbtxt`` when --model-config-name names
+    one that exists, else ``config.pbtxt`` (Triton's rule)."""
+    if config_name:
+        custom = os.path.join(path, "configs", f"{config_name}.pbtxt")
+        if os.path.isfile(custom):
+            return custom
+    return os.path.join(path, "config.pbtxt")
+
+
 def load_spec(
-    name: str, path: str, *, override: mc.ModelConfig | None = None, autocomplete: bool = True
+    name: str, path: str, *, override: mc.ModelConfig | None = None, autocomplete: bool = True,
+    config_name: str = "", backend_config: BackendConfig | None = None,
 ) -> ModelSpec:
     """The model in directory ``path``; ``override`` replaces its config.pbtxt (a load
     request's ``config`` parameter); without ``autocomplete`` (Triton's
     --strict-model-config) the config must declare its inputs and outputs."""
     spec = ModelSpec(name=name, path=path)
-    config_path = os.path.join(path, "config.pbtxt")
+    backend_config = backend_config or BackendConfig()
+    config_path = config_file(path, config_name)
     text = ""
     if override is not None:
         spec.config.CopyFrom(override)
@@ -136,7 +151,8 @@ def load_spec(
             newest = spec.versions[max(spec.versions)]
             problem = ""
             if spec.backend == "onnxruntime":
-                problem = complete_onnx(config, newest, "max_batch_size" in text)
+                problem = complete_onnx(config, newest, "max_batch_size" in text,
+                                        backend_config.default_max_batch_size("onnxruntime"))
             elif spec.backend == "python":
                 problem = complete_python(config, newest)
             if problem:
@@ -153,6 +169,7 @@ def load_spec(
         spec.error = f"model '{name}': {problem}"
         return spec
     _fill_defaults(config)
+    backend_config.apply(spec.backend, config)
     _find_versions(spec)
     return spec
 

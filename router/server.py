@@ -48,6 +48,7 @@ from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
 from conveyor.router.self_link import SelfLink
 from conveyor.router.settings_hub import SettingsHub
+from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
 from conveyor.router.trace_settings import TraceConfig
 from conveyor.router.tracing import Tracer
 from conveyor.router.worker_membership import WorkerMembership
@@ -71,8 +72,11 @@ class Router:
         trace: TraceConfig | None = None,
         rate_limiter: RateLimiter | None = None,
         spin_s: float | None = None,
+        startup: StartupOptions | None = None,
     ) -> None:
         """``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
+        startup = startup or StartupOptions()
+        self.startup = startup
         self.repositories = repositories
         self.spin_s = spin_seconds() if spin_s is None else spin_s
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -94,7 +98,10 @@ class Router:
         self.shutdown = DrainClock()
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
         self.roots = RepositoryRoots(repositories)  # s3://, gs://, as:// roots become local mirrors
-        self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config)
+        self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config,
+                                        startup.config_name, startup.backend_config)
+        self.control.strict_readiness = startup.strict_readiness
+        self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
@@ -113,6 +120,7 @@ class Router:
                 model, settings, lambda name: name in self.registry.models),
         })
         self._stopping = False
+        self.exit_code = 0
         self.systemd = Notifier()
         self.group = group
         self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
@@ -149,6 +157,7 @@ class Router:
             self.back, self.pool, self.registry, self.dispatcher, self.results, self.placement, self.settings,
             self.shm, self.control.custom_metrics, self.holds, self.cache, group,
         )
+        self.membership.load_retries = startup.load_retries
         self.worker_drain = self.membership.drain
         # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
         self._on_infer = self.admission.on_infer
@@ -164,6 +173,19 @@ class Router:
 
     def stop(self, *_: Any) -> None:
         self._stopping = True
+
+    def _check_startup(self) -> None:
+        """--exit-on-error: once every start-up load settled, stop if one failed (as Triton's
+        'failed to load all models'); the exit code tells the supervisor not to restart us."""
+        outcome = self.lifecycle.startup_outcome()
+        if outcome is None:
+            return
+        self._startup_pending = False
+        if outcome:
+            log.error("error: creating server: Internal - failed to load all models (%s); "
+                      "exiting (--exit-on-error=true)", outcome)
+            self.exit_code = EXIT_ON_ERROR_CODE
+            self.stop()
 
     def run(self, exit_timeout_s: float = 30.0, drain_grace_s: float = 0.0) -> None:
         self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
@@ -284,6 +306,8 @@ class Router:
             self.lifecycle.poll()
             self.placement.place()
         self.placement.settle()
+        if self._startup_pending:
+            self._check_startup()
         self.loans.collect(expire=True)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S

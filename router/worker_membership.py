@@ -44,6 +44,7 @@ class WorkerMembership:
         self.cache = cache
         self.group = group
         self.drain = WorkerDrain(pool, self._grant_leave)
+        self.load_retries = 0  # --model-load-retry-count
 
     def on_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
         if hello.version != m.PROTOCOL_VERSION:
@@ -65,6 +66,15 @@ class WorkerMembership:
         if inst is None or inst.worker != worker.identity:
             return
         state = inst.version
+        if msg.error and inst.load_attempts < self.load_retries:
+            inst.load_attempts += 1
+            log.warning("model '%s' version %s failed to load (%s): retry %d of %d", msg.model, msg.version,
+                        msg.error, inst.load_attempts, self.load_retries)
+            if inst in worker.instances:
+                worker.instances.remove(inst)
+            inst.state, inst.worker = InstanceState.UNPLACED, None
+            self.placement.place()
+            return
         if msg.error:
             inst.state, inst.error = InstanceState.FAILED, msg.error
             log.error("model '%s' version %s failed to load: %s", msg.model, msg.version, msg.error)

@@ -1,0 +1,22 @@
+"""Triton's start-up flags as the router applies them (``--exit-on-error``,
+``--strict-readiness``, ``--model-config-name``, ``--model-load-retry-count``,
+``--backend-config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.router.backend_config import BackendConfig
+
+# The router's exit code when --exit-on-error stops it: the supervisor then stops the
+# whole group with a failure instead of restarting the router (which would fail again).
+EXIT_ON_ERROR_CODE = 3
+
+
+@dataclass
+class StartupOptions:
+    exit_on_error: bool = False
+    strict_readiness: bool = False
+    config_name: str = ""
+    load_retries: int = 0
+    backend_config: BackendConfig = field(default_factory=BackendConfig)
