@@ -34,7 +34,8 @@ def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
         raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
     if datatype == "BYTES":
         return _bytes_array(name, data)
-    _check_depth(data)
+    if _check_depth(data) > _NUMPY_MAX_DIMS:
+        data = _flatten(data)  # Triton reads any depth under its limit; numpy stops at 32 or 64 dims
     if datatype == "BF16":
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{name}'"
@@ -60,8 +61,25 @@ def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
     return arr.astype(dtype, copy=False)
 
 
-def _check_depth(data: list[Any]) -> None:
-    """Refuse ``data`` nested as deep as Triton refuses it. A tensor is nested
+_NUMPY_MAX_DIMS = 32
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def _check_depth(data: list[Any]) -> int:
+    """How deep ``data`` is nested; refused as deep as Triton refuses it. A tensor is nested
     evenly, so its first elements tell its depth; an uneven array nested deeper
     elsewhere fails numpy's shape check instead."""
     depth = 0
@@ -70,11 +88,12 @@ def _check_depth(data: list[Any]) -> None:
         if depth >= MAX_NESTING_DEPTH:
             raise invalid_arg(f"Unable to parse 'data': {NESTING_ERROR}")
         if not value:
-            return
+            return depth
         value = value[0]
         depth += 1
     if depth >= MAX_NESTING_DEPTH:
         raise invalid_arg(f"Unable to parse 'data': {NESTING_ERROR}")
+    return depth
 
 
 def _bytes_array(name: str, data: list[Any]) -> np.ndarray:
