@@ -34,10 +34,30 @@ def qa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     identity(repo, "identity_int64", "INT64", 8, "-1")
     identity(repo, "nobatch_float32", "FP32", 0, "-1")
     add_sub(repo, "simple", 8)  # two inputs
+    _labelled_ensemble(repo)
     srv = start_server(repo, f"qa{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
                        "--load-model", "*")
     yield srv
     assert srv.stop() == 0
+
+
+LABELS = ["CAT", "DOG", "SPORTS CAR", "TRUCK"]
+
+
+def _labelled_ensemble(repo: str) -> None:
+    """An ensemble whose output has labels that the model making it does not have."""
+    os.makedirs(os.path.join(repo, "classify_ens", "1"))
+    with open(os.path.join(repo, "classify_ens", "labels.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(LABELS) + "\n")
+    with open(os.path.join(repo, "classify_ens", "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write("""name: "classify_ens"
+platform: "ensemble"
+max_batch_size: 8
+input [{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" }]
+ensemble_scheduling { step [{ model_name: "zero_1_float32" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } }] }
+""")
 
 
 def _infer_url(srv: Server, model: str) -> str:
@@ -242,3 +262,21 @@ def test_load_errors_in_tritons_words(qa: Server, model: str, config: str, files
         tg.InferenceServerClient(qa.grpc_url).load_model(model, config=config or None, files=files or None)
     assert (err.value.status(), err.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
     assert http.is_server_ready()
+
+
+# --- classification: the labels of the model that answers --------------------------------------
+
+
+@pytest.mark.parametrize("protocol", [th, tg])
+def test_ensemble_output_classified_with_the_ensembles_labels(qa: Server, protocol: Any) -> None:
+    client = protocol.InferenceServerClient(qa.http_url if protocol is th else qa.grpc_url)
+    x = protocol.InferInput("IN", [1, 4], "FP32")
+    x.set_data_from_numpy(np.array([[0.5, 0.25, 9.8, 1.0]], np.float32))
+    result = client.infer("classify_ens", [x], outputs=[protocol.InferRequestedOutput("OUT", class_count=2)])
+    top = [s.decode() for s in result.as_numpy("OUT").reshape(-1)]
+    assert top == ["9.800000:2:SPORTS CAR", "1.000000:3:TRUCK"]
+    # The composing model has no labels of its own: asked directly, it answers without them.
+    x2 = protocol.InferInput("INPUT0", [1, 4], "FP32")
+    x2.set_data_from_numpy(np.array([[0.5, 0.25, 9.8, 1.0]], np.float32))
+    plain = client.infer("zero_1_float32", [x2], outputs=[protocol.InferRequestedOutput("OUTPUT0", class_count=1)])
+    assert [s.decode() for s in plain.as_numpy("OUTPUT0").reshape(-1)] == ["9.800000:2"]
