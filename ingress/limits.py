@@ -38,10 +38,16 @@ def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:
 
 def check_json_size(nbytes: int, limit: int) -> None:
     if limit and nbytes > limit:
-        raise invalid_arg(
-            f"the request's JSON is {nbytes} bytes, more than the {limit} this server parses (--max-json-bytes); "
-            "send large tensors with the binary tensor extension or shared memory"
-        )
+        raise json_too_large(nbytes, limit)
+
+
+def json_too_large(nbytes: int, limit: int, flag: str = "--max-json-bytes") -> ConveyorError:
+    # Triton's words, then which of ``conveyor serve``'s flags sets this limit.
+    return invalid_arg(
+        f"request JSON size of {nbytes} bytes exceeds the maximum allowed input size of {limit} bytes. "
+        f"Use --http-max-input-size to increase the limit. (conveyor serve: {flag}; or send large tensors "
+        "with the binary tensor extension or shared memory)"
+    )
 
 
 def too_many_in_flight(limit: int) -> ConveyorError:

@@ -61,7 +61,7 @@ def check_inputs(
         if spec is None:
             raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{sig.name}'")
         if inp.name in seen:
-            raise invalid_arg(f"input '{inp.name}' appears more than once in the request")
+            raise invalid_arg(f"input '{inp.name}' already exists in request")
         seen.add(inp.name)
         if inp.datatype != spec.datatype:
             raise invalid_arg(
@@ -73,11 +73,13 @@ def check_inputs(
         dims = inp.shape
         if sig.max_batch_size > 0:
             if not dims:
-                raise invalid_arg(f"input '{inp.name}' has no batch dimension: shape {inp.shape}")
+                raise invalid_arg(
+                    f"input '{inp.name}' has no shape but model requires batch dimension for '{sig.name}'"
+                )
             if batch is None:
                 batch = dims[0]
             elif dims[0] != batch:
-                raise invalid_arg("all inputs of a request must have the same batch size")
+                raise invalid_arg(f"input '{inp.name}' batch size does not match other inputs for '{sig.name}'")
             if dims[0] > sig.max_batch_size:
                 raise invalid_arg(
                     f"inference request batch-size must be <= {sig.max_batch_size} for '{sig.name}'"
@@ -87,7 +89,7 @@ def check_inputs(
             expected = ([-1] if sig.max_batch_size > 0 else []) + list(spec.dims)
             raise invalid_arg(
                 f"unexpected shape for input '{inp.name}' for model '{sig.name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}"
+                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. "
             )
         if max_elements and (count := element_count(inp.shape)) > max_elements:
             raise too_many_elements(inp.name, count, max_elements)
@@ -96,7 +98,7 @@ def check_inputs(
             continue
         if inp.data is None:
             raise invalid_arg(f"input '{inp.name}' has no data")
-        checked.append((inp, _byte_size(inp)))
+        checked.append((inp, _byte_size(inp, sig.name)))
     missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
     if missing:
         raise invalid_arg(
@@ -111,6 +113,13 @@ def check_outputs(sig: ModelSignature, outputs: list[RequestedOutput] | None) ->
     """The outputs to produce (``None``: every output of the model)."""
     if outputs is None:
         return [m.OutputSpec(name) for name in sig.outputs]
+    if len(outputs) > 1:
+        # As Triton, which refuses a repeated output as it is added, before any name is checked.
+        named: set[str] = set()
+        for out in outputs:
+            if out.name in named:
+                raise invalid_arg(f"output '{out.name}' already exists in request")
+            named.add(out.name)
     specs: list[m.OutputSpec] = []
     for out in outputs:
         if out.name not in sig.outputs:
@@ -171,41 +180,60 @@ def _shm_byte_size(sig: ModelSignature, inp: InferInput, shm: ShmPlacement) -> i
     return shm.byte_size
 
 
-def _byte_size(inp: InferInput) -> int:
+def _byte_size(inp: InferInput, model: str) -> int:
     count = element_count(inp.shape)
     data = inp.data
     if isinstance(data, np.ndarray):
         if data.size != count:
-            raise invalid_arg(f"input '{inp.name}' has {data.size} elements, its shape {inp.shape} needs {count}")
+            raise invalid_arg(
+                f"unexpected number of string elements {data.size} for inference input '{inp.name}' for model "
+                f"'{model}', expecting {count}"
+                if inp.datatype == "BYTES"
+                else f"input byte size mismatch for input '{inp.name}' for model '{model}'. "
+                f"Expected {count * element_size(inp.datatype)}, got {data.size * element_size(inp.datatype)}"
+            )
         if inp.datatype == "BYTES":
             inp.data = data = np.frombuffer(serialize_bytes(data), dtype=np.uint8)
             return data.nbytes
         return count * element_size(inp.datatype)
     nbytes = memoryview(data).nbytes  # type: ignore[arg-type]
     if inp.datatype == "BYTES":
-        _check_bytes_count(inp.name, data, count)  # type: ignore[arg-type]
+        _check_bytes_count(inp.name, model, data, count)  # type: ignore[arg-type]
         return nbytes
     expected = count * element_size(inp.datatype)
     if nbytes != expected:
         raise invalid_arg(
-            f"input byte size mismatch for input '{inp.name}' for model: "
-            f"expected {expected} bytes for shape {inp.shape} of {inp.datatype}, got {nbytes}"
+            f"input byte size mismatch for input '{inp.name}' for model '{model}'. Expected {expected}, got {nbytes}"
         )
     return nbytes
 
 
-def _check_bytes_count(name: str, data: bytes | memoryview, count: int) -> None:
-    """Walk the length prefixes without building objects."""
+def _check_bytes_count(name: str, model: str, data: bytes | memoryview, count: int) -> None:
+    """Walk the length prefixes without building objects (Triton's checks and wording)."""
     mv = memoryview(data).cast("B")
     pos, end, n = 0, len(mv), 0
     while pos < end:
         if pos + 4 > end:
-            break
+            raise invalid_arg(
+                f"incomplete string length indicator for inference input '{name}' for model '{model}', "
+                f"expecting 4 bytes but only {end - pos} bytes available. Please make sure the string length "
+                "indicator is in one buffer."
+            )
         pos += 4 + int.from_bytes(mv[pos : pos + 4], "little")
         n += 1
-    if pos != end or n != count:
+        if n > count:
+            raise invalid_arg(
+                f"unexpected number of string elements {n} for inference input '{name}' for model '{model}', "
+                f"expecting {count}"
+            )
+    if pos > end:  # Triton does not check this: its backends would read past the tensor
         raise invalid_arg(
-            f"input '{name}' BYTES data does not hold exactly {count} length-prefixed element(s)"
+            f"incomplete string data for inference input '{name}' for model '{model}': the last element "
+            f"needs {pos - end} more bytes"
+        )
+    if n != count:
+        raise invalid_arg(
+            f"expected {count} string elements for inference input '{name}' for model '{model}', got {n}"
         )
 
 

@@ -56,6 +56,7 @@ class OutputSpec(msgspec.Struct, array_like=True, frozen=True):
     region: str = ""
     offset: int = 0
     nbytes: int = 0
+    labels_path: str = ""  # classify with this label file (an ensemble's), not the answering model's own
 
 
 # Client-registered regions appear in ``TensorRef.region``/``OutputSpec.region`` as

@@ -11,7 +11,7 @@ from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.custom_metrics import CustomMetricsStore
 from conveyor.router.ensemble_state import EnsembleVersion
-from conveyor.router.models import ModelRegistry, metadata, signature
+from conveyor.router.models import ModelRegistry, metadata, parse_version, signature
 from conveyor.router.workers import WorkerPool
 
 
@@ -75,6 +75,7 @@ class ControlHandler:
         return all(v.state != "LOADING" for v in versions)
 
     def model_ready(self, model: str, version: str = "") -> bool:
+        parse_version(version)  # a version string that is no number: Triton's 400, first
         try:
             self.registry.resolve(model, version)
         except Exception:
@@ -86,6 +87,7 @@ class ControlHandler:
         return metadata(self.registry.entry(model), state if version else None)
 
     def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        parse_version(version)  # a version string that is no number: Triton's 400, first
         entry = self.registry.entry(model)
         if version:
             self.registry.resolve(model, version)
@@ -95,6 +97,7 @@ class ControlHandler:
         return to_json(entry.spec.config)
 
     def model_stats(self, model: str = "", version: str = "") -> dict[str, Any]:
+        parse_version(version)  # a version string that is no number: Triton's 400, first
         if model:
             entry = self.registry.entry(model)
             if version:

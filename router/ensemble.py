@@ -264,8 +264,12 @@ class EnsembleScheduler:
         outputs = []
         for name, tensor in step.outputs.items():
             spec = run.wanted.get(tensor)  # a client's placement or classification of an ensemble output
-            outputs.append(m.OutputSpec(name) if spec is None else
-                           m.OutputSpec(name, spec.classification, spec.region, spec.offset, spec.nbytes))
+            if spec is None:
+                outputs.append(m.OutputSpec(name))
+                continue
+            # An enclosing ensemble's labels first: the outermost model answers the client.
+            labels = (spec.labels_path or run.state.label_files.get(tensor, "")) if spec.classification else ""
+            outputs.append(m.OutputSpec(name, spec.classification, spec.region, spec.offset, spec.nbytes, labels))
         step_id = next(self._ids)
         decoupled = step.index in run.levels.decoupled
         run.running[step_id] = StepInFlight(branch, step, reads, decoupled)

@@ -13,6 +13,7 @@ its config, which is what its metadata, config and the ingress's signature show.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ class EnsembleVersion(VersionState):
     plan: EnsemblePlan | None = None
     registry: ModelRegistry | None = None
     levels: Levels | None = None  # where decoupled steps' responses flow (set by the check)
+    label_files: dict[str, str] = field(default_factory=dict)  # output -> its label_filename's path
     _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
     _checking: bool = field(default=False)  # re-entered: ensembles that contain each other
 
@@ -164,11 +166,15 @@ def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry
     entry = ModelEntry(spec)
     plan = build_plan(spec.config)  # the repository checked it already
     versions = {v: "" for v in spec.version_errors} | dict(spec.versions)
+    # The ensemble answers, so its own labels classify its outputs (whichever step makes them).
+    label_files = {out.name: os.path.join(spec.path, out.label_filename)
+                   for out in spec.config.output if out.label_filename}
     for v, path in sorted(versions.items()):
         state = EnsembleVersion(
             spec.name, v, path, spec.config, ModelStats(spec.name, str(v)),
             DynamicBatcher(0, [], 0, enabled=False), plan=plan, registry=registry, levels=build_levels(plan),
         )
         state.error = spec.version_errors.get(v, "")
+        state.label_files = label_files
         entry.versions[v] = state
     return entry

@@ -25,7 +25,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.router.backend_config import BackendConfig
 from conveyor.router.config_unused import log_unused_fields
 from conveyor.router.models import Instance, ModelEntry, ModelRegistry
@@ -164,12 +164,15 @@ class ModelLifecycle:
             try:
                 json_format.Parse(config_json, override)
             except json_format.ParseError as exc:
-                raise invalid_arg(f"failed to parse the 'config' parameter of the load request: {exc}") from None
+                # Triton logs the parse error and answers its poll failure (500; a client's mistake: 400).
+                log.error("failed to poll model '%s': the 'config' parameter: %s", name, exc)
+                raise invalid_arg(f"failed to load '{name}', failed to poll from model repository") from None
         if not files and name in self._overrides:
             shutil.rmtree(self._overrides.pop(name), ignore_errors=True)  # back to the repository's files
         path = self._write_override(name, files) if files else self._on_disk().get(name)
         if path is None:
-            raise not_found(f"failed to load '{name}', failed to poll from model repository")
+            # Triton's INTERNAL (500) for a model its repository does not hold: a client's mistake, 400.
+            raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
         self._load(name, path, override)
         self._load_composing(name, {name})
         self._waiters.append(LoadWaiter(name, reply_to))
@@ -197,10 +200,17 @@ class ModelLifecycle:
             path = os.path.normpath(os.path.join(root, rel))
             if not path.startswith(root + os.sep) or not rel.split("/", 1)[0].isdigit():
                 shutil.rmtree(root, ignore_errors=True)
-                raise invalid_arg(f"failed to load '{name}': file override 'file:{rel}' must be <version>/<file name>")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
+                log.error("failed to poll model '%s': file override 'file:%s' must be <version>/<file name>",
+                          name, rel)
+                raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+            except OSError as exc:  # a name too long, say: Triton's filesystem error, its poll failure
+                shutil.rmtree(root, ignore_errors=True)
+                log.error("failed to poll model '%s': file override 'file:%s': %s", name, rel, exc)
+                raise invalid_arg(f"failed to load '{name}', failed to poll from model repository") from None
         old = self._overrides.pop(name, None)
         if old:
             shutil.rmtree(old, ignore_errors=True)  # loaded instances hold what they need
@@ -264,7 +274,7 @@ class ModelLifecycle:
             if problem:
                 log.error("reloading model '%s' failed, the loaded one keeps serving: %s", name, problem)
                 registry.retiring.append(entry)
-                self._answer(out, name, ConveyorError(Status.INVALID_ARG, f"failed to load '{name}': {problem}"))
+                self._answer(out, name, _load_failed(name, problem))
                 continue
             old = registry.models.get(name)
             registry.models[name] = entry
@@ -278,9 +288,7 @@ class ModelLifecycle:
             if waiter.name in registry.staging or current is None or _loading(current):
                 continue
             problem = _problem(current)
-            self._answer(out, waiter.name,
-                         ConveyorError(Status.INVALID_ARG, f"failed to load '{waiter.name}': {problem}")
-                         if problem else None)
+            self._answer(out, waiter.name, _load_failed(waiter.name, problem) if problem else None)
         keep: list[ModelEntry] = []
         for entry in registry.retiring:
             states = list(entry.versions.values())
@@ -366,11 +374,21 @@ def _problem(entry: ModelEntry) -> str:
     if entry.spec.error:
         return entry.spec.error
     if not entry.versions:
-        return f"model '{entry.spec.name}' has no versions to load"
-    for state in entry.versions.values():
-        if not state.ready:
-            return f"version {state.label}: {state.reason}"
-    return ""
+        return _NO_VERSION
+    # Triton's load tracker: one "version N is at STATE state: reason;" per version that failed.
+    return "".join(f"version {s.label} is at UNAVAILABLE state: {s.reason};"
+                   for s in entry.versions.values() if not s.ready)
+
+
+_NO_VERSION = "no version is available"
+
+
+def _load_failed(name: str, problem: str) -> ConveyorError:
+    if problem == _NO_VERSION:
+        return ConveyorError(Status.INVALID_ARG, f"failed to load '{name}', {problem}")
+    if problem.startswith("version "):
+        return ConveyorError(Status.INVALID_ARG, f"load failed for model '{name}': {problem}\n")
+    return ConveyorError(Status.INVALID_ARG, f"failed to load '{name}': {problem}")
 
 
 def _override_root() -> str:

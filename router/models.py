@@ -12,7 +12,7 @@ from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
-from conveyor.proto.errors import not_found, unavailable
+from conveyor.proto.errors import invalid_arg, not_found, unavailable
 from conveyor.proto.sequence_config import SequenceConfig
 from conveyor.router.adaptive import latency_target_ns
 from conveyor.router.adaptive_batcher import AdaptiveBatcher
@@ -246,14 +246,12 @@ class ModelRegistry:
 
     def resolve(self, model: str, version: str) -> VersionState:
         """The version serving a request: the one named, or the newest ready one."""
+        number = parse_version(version)  # first, as Triton's front ends do
         entry = self.entry(model)
         if entry.spec.error:
             raise unavailable(f"Request for unknown model: '{model}' is not ready: {entry.spec.error}")
         if version:
-            try:
-                state = entry.versions.get(int(version))
-            except ValueError:
-                state = None
+            state = entry.versions.get(number)
             if state is None:
                 raise not_found(f"Request for unknown model: '{model}' version {version} is not found")
             if not state.ready:
@@ -269,6 +267,24 @@ class ModelRegistry:
                 + (f": {reasons}" if reasons else "")
             )
         return max(ready, key=lambda s: s.version)
+
+
+def parse_version(version: str) -> int:
+    """A request's version string as a number (-1: none given), in Triton's words when it is not one."""
+    if not version:
+        return -1
+    try:
+        number = int(version)
+    except ValueError:
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{version}' (details: stol), "
+            "version should be an integral value > 0"
+        ) from None
+    if number < 0:
+        raise invalid_arg(
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
+        )
+    return number
 
 
 def signature(state: VersionState) -> dict[str, Any]:

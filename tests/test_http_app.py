@@ -242,7 +242,8 @@ def test_infer_errors(client: falcon.testing.TestClient, plane: EchoPlane) -> No
 
 def test_body_limit(client: falcon.testing.TestClient, plane: EchoPlane) -> None:
     r = client.simulate_post("/v2/models/simple/infer", body=b" " * 5000)
-    assert (r.status_code, r.json) == (400, {"error": "request body of 5000 bytes exceeds the limit of 4096"})
+    assert r.status_code == 400
+    assert r.json["error"].startswith("request size of 5000 bytes exceeds the maximum allowed input size of 4096 bytes")
     assert r.headers["connection"] == "close"
     bomb = gzip.compress(b'{"inputs": []}' + b" " * 10_000)
     r = client.simulate_post("/v2/models/simple/infer", body=bomb, headers={"Content-Encoding": "gzip"})
@@ -264,7 +265,9 @@ def test_body_limit_answers_before_the_body_is_read(client: falcon.testing.TestC
     asyncio.run(app(scope, receive, send))
     start, body = sent
     assert start["status"] == 400 and (b"connection", b"close") in start["headers"]
-    assert orjson.loads(body["body"]) == {"error": "request body of 5000 bytes exceeds the limit of 4096"}
+    assert orjson.loads(body["body"])["error"].startswith(
+        "request JSON size of 5000 bytes exceeds the maximum allowed input size of 4096 bytes"
+    )
 
     # Within the limit, the request goes through to the app.
     ok = falcon.testing.TestClient(app).simulate_get("/v2/health/live", headers={"Content-Length": "0"})

@@ -266,7 +266,7 @@ def test_raw_binary_body_for_a_single_input_model(server: Server) -> None:
     result = httpclient.InferResult.from_response_body(body, header_length=len(body) - x.nbytes)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
     status, body = raw_post(server, "/v2/models/simple/infer", b"\0" * 128, {"Inference-Header-Content-Length": "0"})
-    assert status == 400 and "exactly one input" in error_of(status, body)
+    assert status == 400 and "Raw request must only have 1 input" in error_of(status, body)
 
 
 def test_model_without_config_is_completed(client: httpclient.InferenceServerClient) -> None:

@@ -187,7 +187,7 @@ def test_load_with_file_overrides(explicit: Server, tmp_path: object) -> None:
     x = th.InferInput("INPUT0", [2], "FP32")
     x.set_data_from_numpy(np.array([4, 5], np.float32))
     np.testing.assert_array_equal(http.infer("identity_fp32", [x]).as_numpy("OUTPUT0"), [4, 5])
-    with pytest.raises(InferenceServerException, match="must be <version>/<file name>"):
+    with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
         http.load_model("identity_fp32", config=json.dumps(config), files={"file:model.onnx": onnx_bytes})
     with pytest.raises(InferenceServerException, match="need a 'config'"):
         grpc = tg.InferenceServerClient(explicit.grpc_url)

@@ -33,7 +33,7 @@ from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome
 from conveyor.workers.batch_layout import BatchLayout, concatenate
-from conveyor.workers.classification import classify
+from conveyor.workers.classification import classify, label_file
 from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
 
 
@@ -169,7 +169,8 @@ def _plan_output(
     spec: m.OutputSpec, part: Any, datatype: str, labels: dict[str, list[str]], batched: bool
 ) -> PlannedOutput:
     if spec.classification > 0:
-        cls = classify(to_host(part), spec.classification, labels.get(spec.name), batched)
+        named = label_file(spec.labels_path) if spec.labels_path else labels.get(spec.name)
+        cls = classify(to_host(part), spec.classification, named, batched)
         return (spec, "BYTES", list(cls.shape), serialize_bytes(cls))
     if datatype == "BYTES":
         return (spec, datatype, list(part.shape), serialize_bytes(to_host(part)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -14,9 +15,23 @@ def load_labels(model_dir: str, config: mc.ModelConfig) -> dict[str, list[str]]:
     labels: dict[str, list[str]] = {}
     for out in config.output:
         if out.label_filename:
-            with open(os.path.join(model_dir, out.label_filename), encoding="utf-8") as f:
-                labels[out.name] = [line.rstrip("\n") for line in f]
+            labels[out.name] = _read_labels(os.path.join(model_dir, out.label_filename))
     return labels
+
+
+@functools.lru_cache(maxsize=64)
+def label_file(path: str) -> list[str] | None:
+    """The labels an ensemble's output names for a step (``OutputSpec.labels_path``), read once;
+    None when the file cannot be read (the answer then has no labels, as without a file)."""
+    try:
+        return _read_labels(path)
+    except OSError:
+        return None
+
+
+def _read_labels(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
 
 
 def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:

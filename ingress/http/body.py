@@ -16,6 +16,7 @@ import falcon.asgi
 
 from conveyor.ingress.http.compression import decompress, request_coding
 from conveyor.ingress.http.errors import error_body
+from conveyor.ingress.limits import json_too_large
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
 Receive = Callable[[], Awaitable[Any]]
@@ -28,8 +29,12 @@ OFFLOAD_BYTES = 1 << 20
 
 
 def _too_large(size: int, limit: int, *, at_least: bool = False) -> ConveyorError:
+    # Triton's wording for its one input-size limit; here the body's (--http-max-body-bytes).
     qualifier = "at least " if at_least else ""
-    return invalid_arg(f"request body of {qualifier}{size} bytes exceeds the limit of {limit}")
+    return invalid_arg(
+        f"request size of {qualifier}{size} bytes exceeds the maximum allowed input size of {limit} bytes. "
+        "Use --http-max-input-size to increase the limit. (conveyor serve: --http-max-body-bytes)"
+    )
 
 
 async def read_body(req: falcon.asgi.Request, resp: falcon.asgi.Response, limit: int) -> bytes:
@@ -74,16 +79,28 @@ class BodyLimit:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            length = chunked = None
+            json_only = True  # no Inference-Header-Content-Length: the whole body is JSON
             for name, value in scope["headers"]:  # ASGI header names are lower-case
                 if name == b"content-length":
-                    if value.isdigit() and int(value) > self.limit:
-                        await self._refuse(send, int(value))
-                        return
-                    break
+                    length = value
+                elif name == b"transfer-encoding":
+                    chunked = value
+                elif name == b"inference-header-content-length":
+                    json_only = False
+            if length is not None:
+                if length.isdigit() and int(length) > self.limit:
+                    await self._refuse(send, int(length), json_only)
+                    return
+                if chunked is not None:
+                    # Both framings (accepted as Triton accepts them, chunked wins: RFC 9112 6.3):
+                    # a sign of request smuggling, so this connection ends after the answer.
+                    send = _closing(send)
         await self.app(scope, receive, send)
 
-    async def _refuse(self, send: Send, size: int) -> None:
-        body = error_body(_too_large(size, self.limit).message)
+    async def _refuse(self, send: Send, size: int, json_only: bool) -> None:
+        error = json_too_large(size, self.limit, "--http-max-body-bytes") if json_only else _too_large(size, self.limit)
+        body = error_body(error.message)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -91,3 +108,12 @@ class BodyLimit:
         ]
         await send({"type": "http.response.start", "status": 400, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _closing(send: Send) -> Send:
+    async def send_closing(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+        await send(message)
+
+    return send_closing

@@ -29,7 +29,7 @@ from conveyor.ingress.dataplane import InferCall, InferResult
 from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
 from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
 from conveyor.ingress.shm_params import REGION, take_placement
-from conveyor.proto.datatypes import DATATYPES
+from conveyor.proto.datatypes import DATATYPES, element_size
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -69,9 +69,17 @@ def parse_header_length(value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        return int(value)
+        length = int(value)
     except ValueError:
-        raise invalid_arg(f"Unable to parse {HEADER_LENGTH}, got: {value!r}") from None
+        raise invalid_arg(f"Unable to parse {HEADER_LENGTH}, got: {value}") from None
+    if not _INT32_MIN <= length <= _INT32_MAX:  # Triton reads it as a C int
+        raise invalid_arg(
+            f"Unable to parse {HEADER_LENGTH}, value is out of range [ {_INT32_MIN}, {_INT32_MAX} ], got: {value}"
+        )
+    return length
+
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def parse_infer_request(
@@ -184,8 +192,13 @@ def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok:
         if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise invalid_arg(f"Unable to parse 'datatype' of input '{name}': got {datatype!r}")
         shape = tensor.get("shape")
-        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-            raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+        if not isinstance(shape, list):
+            raise invalid_arg("Unable to parse 'shape': attempt to access JSON non-array as array")
+        if not all(_is_count(d) for d in shape):
+            # Triton answers 500 (its JSON reader's INTERNAL); a client's mistake is a 400 here.
+            raise invalid_arg(
+                "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"
+            )
         params = _parameters(tensor, "input", name)
         size = params.get("binary_data_size")
         data: TensorData
@@ -219,6 +232,7 @@ def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok:
             offset = end
             params = _without(params, "binary_data_size")
         elif "data" in tensor:
+            _check_json_size(name, datatype, shape)
             data = array_from_json(name, datatype, tensor["data"])
         else:
             raise _one_source(name, None)
@@ -229,6 +243,27 @@ def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok:
             "binary inputs (the 'binary_data_size' values add up to less than the body holds)"
         )
     return inputs
+
+
+def _check_json_size(name: str, datatype: str, shape: list[int]) -> None:
+    """Triton's overflow checks on a JSON input's shape, before its data is read."""
+    count = 1
+    for d in shape:
+        count *= d
+    if count > _INT64_MAX:
+        raise invalid_arg(
+            f"invalid shape for input '{name}': shape [{','.join(map(str, shape))}] causes total element count "
+            f"to exceed maximum size of {_INT64_MAX}"
+        )
+    size = element_size(datatype)  # 0 for BYTES: sized from its data
+    if size > 1 and count > _INT64_MAX // size:
+        raise invalid_arg(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size ({size}) exceeds "
+            f"maximum allowed size ({_INT64_MAX})"
+        )
+
+
+_INT64_MAX = (1 << 63) - 1
 
 
 def _outputs(raw: Any) -> tuple[list[RequestedOutput] | None, dict[str, bool]]:

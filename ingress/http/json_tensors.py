@@ -19,6 +19,10 @@ from conveyor.ingress.dataplane import OutputTensor
 from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import internal, invalid_arg
 
+# Triton's HTTP_MAX_JSON_NESTING_DEPTH: an element at this depth below 'data' is refused.
+MAX_NESTING_DEPTH = 100
+NESTING_ERROR = f"JSON nesting depth exceeds maximum allowed limit ({MAX_NESTING_DEPTH})"
+
 # Value kinds numpy infers from JSON that each target kind accepts.
 _ACCEPTS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 _KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings"}
@@ -30,6 +34,8 @@ def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
         raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
     if datatype == "BYTES":
         return _bytes_array(name, data)
+    if _check_depth(data) > _NUMPY_MAX_DIMS:
+        data = _flatten(data)  # Triton reads any depth under its limit; numpy stops at 32 or 64 dims
     if datatype == "BF16":
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{name}'"
@@ -55,23 +61,60 @@ def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
     return arr.astype(dtype, copy=False)
 
 
+_NUMPY_MAX_DIMS = 32
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def _check_depth(data: list[Any]) -> int:
+    """How deep ``data`` is nested; refused as deep as Triton refuses it. A tensor is nested
+    evenly, so its first elements tell its depth; an uneven array nested deeper
+    elsewhere fails numpy's shape check instead."""
+    depth = 0
+    value: Any = data
+    while isinstance(value, list):
+        if depth >= MAX_NESTING_DEPTH:
+            raise invalid_arg(f"Unable to parse 'data': {NESTING_ERROR}")
+        if not value:
+            return depth
+        value = value[0]
+        depth += 1
+    if depth >= MAX_NESTING_DEPTH:
+        raise invalid_arg(f"Unable to parse 'data': {NESTING_ERROR}")
+    return depth
+
+
 def _bytes_array(name: str, data: list[Any]) -> np.ndarray:
     try:
         flat = [s.encode() for s in data]  # the common case: a flat list of strings
     except AttributeError:
         flat = []
-        _collect_strings(name, data, flat)
+        _collect_strings(name, data, flat, 1)
     arr = np.empty(len(flat), dtype=np.object_)
     arr[:] = flat
     return arr
 
 
-def _collect_strings(name: str, data: list[Any], out: list[bytes]) -> None:
+def _collect_strings(name: str, data: list[Any], out: list[bytes], depth: int) -> None:
     for item in data:
+        if depth >= MAX_NESTING_DEPTH:
+            raise invalid_arg(NESTING_ERROR)  # as Triton words it for BYTES, without "Unable to parse"
         if isinstance(item, str):
             out.append(item.encode())
         elif isinstance(item, list):
-            _collect_strings(name, item, out)
+            _collect_strings(name, item, out, depth + 1)
         else:
             raise invalid_arg(
                 f"Unable to parse 'data' of input '{name}': BYTES elements must be JSON strings, "

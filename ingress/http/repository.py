@@ -14,6 +14,7 @@ import falcon
 import falcon.asgi
 import orjson
 
+from conveyor.ingress.http.deep_json import is_depth_error, shallow_object
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.proto.errors import invalid_arg
 
@@ -32,7 +33,7 @@ class Index:
         body = await _json_body(req)
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
-            raise invalid_arg("Unable to parse 'ready': expected a boolean")
+            raise invalid_arg("Invalid value for 'ready': expected a boolean")
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps(await self._link.control("repository_index", ready=ready))
 
@@ -87,7 +88,14 @@ async def _json_body(req: Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        body = None
+        if is_depth_error(exc):
+            try:
+                body = shallow_object(raw)  # as Triton, which parses any depth
+            except orjson.JSONDecodeError as again:
+                exc = again
+        if body is None:
+            raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(body, dict):
         raise invalid_arg("the request body must be a JSON object")
     return body

@@ -24,6 +24,7 @@ from typing import Any
 
 import uvicorn
 import uvloop
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
@@ -38,6 +39,16 @@ AppFactory = Callable[[IngressContext], Any]
 # Longer than the common 60 s idle timeout of load balancers, so they close first.
 KEEP_ALIVE_S = 75
 BACKLOG = 2048
+
+
+class _HttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol that, as Triton (libevhtp), reads a request carrying
+    both ``Content-Length`` and ``Transfer-Encoding: chunked`` by its chunks (RFC 9112
+    6.3) instead of refusing it; ``BodyLimit`` closes such a connection after the answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
 
 
 def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
@@ -196,7 +207,7 @@ async def _serve(
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=_HttpToolsProtocol,
             ws="none",
             lifespan="off",
             interface="asgi3",

@@ -1,0 +1,282 @@
+"""What Triton's own QA tests (qa/L0_http/http_test.py) check, against a running group,
+and Triton's exact error wording, HTTP and gRPC, as a table.
+
+Triton's test file is not vendored: these tests reproduce its behaviours with raw
+HTTP and tritonclient. docs/COMPATIBILITY.md says how to run Triton's files too.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
+
+from conveyor.deploy.example_repo import add_sub, identity
+from tests.conftest import Server, start_server
+
+
+@pytest.fixture(scope="module")
+def qa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = str(tmp_path_factory.mktemp("qa_models"))
+    identity(repo, "zero_1_float32", "FP32", 8, "-1")  # Triton's onnx_zero_1_float32
+    identity(repo, "zero_1_float16", "FP16", 8, "-1,-1")  # two variable dimensions
+    identity(repo, "zero_1_object", "BYTES", 8, "-1")
+    identity(repo, "zero_1_object_1_element", "BYTES", 8, "1")
+    identity(repo, "identity_int64", "INT64", 8, "-1")
+    identity(repo, "nobatch_float32", "FP32", 0, "-1")
+    add_sub(repo, "simple", 8)  # two inputs
+    _labelled_ensemble(repo)
+    srv = start_server(repo, f"qa{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
+                       "--load-model", "*")
+    yield srv
+    assert srv.stop() == 0
+
+
+LABELS = ["CAT", "DOG", "SPORTS CAR", "TRUCK"]
+
+
+def _labelled_ensemble(repo: str) -> None:
+    """An ensemble whose output has labels that the model making it does not have."""
+    os.makedirs(os.path.join(repo, "classify_ens", "1"))
+    with open(os.path.join(repo, "classify_ens", "labels.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(LABELS) + "\n")
+    with open(os.path.join(repo, "classify_ens", "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write("""name: "classify_ens"
+platform: "ensemble"
+max_batch_size: 8
+input [{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" }]
+ensemble_scheduling { step [{ model_name: "zero_1_float32" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } }] }
+""")
+
+
+def _infer_url(srv: Server, model: str) -> str:
+    return f"http://{srv.http_url}/v2/models/{model}/infer"
+
+
+def _raw(srv: Server, model: str, body: bytes, **headers: str) -> requests.Response:
+    return requests.post(_infer_url(srv, model), data=body, headers={"Inference-Header-Content-Length": "0", **headers},
+                         timeout=30)
+
+
+def _binary_output(r: requests.Response) -> bytes:
+    r.raise_for_status()
+    return r.content[int(r.headers["Inference-Header-Content-Length"]):]
+
+
+# --- raw binary requests: the shape from the body's size ----------------------------------------
+
+
+@pytest.mark.parametrize("count", [8, 32])
+def test_raw_body_gets_its_variable_dimension_from_its_size(qa: Server, count: int) -> None:
+    data = np.arange(count, dtype=np.float32).tobytes()
+    r = _raw(qa, "zero_1_float32", data)
+    assert _binary_output(r) == data
+    header = json.loads(r.content[: int(r.headers["Inference-Header-Content-Length"])])
+    assert header["outputs"][0]["shape"] == [1, count]
+    # Without a batch dimension too.
+    assert _binary_output(_raw(qa, "nobatch_float32", data)) == data
+
+
+def test_raw_body_chunked(qa: Server) -> None:
+    data = np.arange(8, dtype=np.float32).tobytes()
+    # Chunked by the client library (no Content-Length) ...
+    r = requests.post(_infer_url(qa, "zero_1_float32"), data=iter([data[:12], data[12:]]),
+                      headers={"Inference-Header-Content-Length": "0"}, timeout=30)
+    assert _binary_output(r) == data
+    # ... and by hand with a Content-Length beside it, as Triton's QA test sends it: the chunks win.
+    chunked = f"{len(data):X}\r\n".encode() + data + b"\r\n0\r\n\r\n"
+    r = _raw(qa, "zero_1_float32", chunked, **{"Transfer-Encoding": "chunked"})
+    assert _binary_output(r) == data
+    assert r.headers.get("connection") == "close"  # both framings: this connection ends
+
+
+def test_raw_body_for_a_bytes_input_of_shape_1(qa: Server) -> None:
+    r = _raw(qa, "zero_1_object_1_element", b"427")
+    assert _binary_output(r) == (3).to_bytes(4, "little") + b"427"
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("zero_1_object", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+    ("zero_1_float16", "The shape of the raw input 'INPUT0' can not be deduced because there are more than one "
+                       "variable-sized dimension"),
+    ("simple", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'simple' model "
+               "configuration"),
+])
+def test_raw_body_refused_in_tritons_words(qa: Server, model: str, message: str) -> None:
+    r = _raw(qa, model, np.ones(4, np.float16).tobytes())
+    assert (r.status_code, r.json()) == (400, {"error": message})
+
+
+# --- JSON requests ---------------------------------------------------------------------------
+
+
+def test_a_repeated_output_is_refused(qa: Server) -> None:
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 8], "data": [list(range(8))]}],
+           "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]}
+    r = requests.post(_infer_url(qa, "zero_1_float32"), json=doc, timeout=30)
+    assert (r.status_code, r.json()) == (400, {"error": "output 'OUTPUT0' already exists in request"})
+    client = tg.InferenceServerClient(qa.grpc_url)
+    x = tg.InferInput("INPUT0", [1, 2], "FP32")
+    x.set_data_from_numpy(np.ones((1, 2), np.float32))
+    outputs = [tg.InferRequestedOutput("OUTPUT0"), tg.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("zero_1_float32", [x], outputs=outputs)
+    assert (err.value.status(), err.value.message()) == (
+        "StatusCode.INVALID_ARGUMENT", "output 'OUTPUT0' already exists in request")
+
+
+def _nested(depth: int, value: Any) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("datatype", "value", "model"), [("BYTES", "hello", "zero_1_object"),
+                                                          ("INT64", 123, "identity_int64")])
+def test_json_nesting_limit(qa: Server, datatype: str, value: Any, model: str) -> None:
+    def post(depth: int) -> requests.Response:
+        doc = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [1, 1], "data": _nested(depth, value)}]}
+        return requests.post(_infer_url(qa, model), json=doc, timeout=30)
+
+    assert post(50).status_code == 200
+    assert post(99).status_code == 200
+    for depth in (100, 120):
+        r = post(depth)
+        assert r.status_code == 400
+        assert "JSON nesting depth exceeds maximum allowed limit (100)" in r.json()["error"]
+
+
+def test_repository_index_with_a_deeply_nested_member(qa: Server) -> None:
+    depth = 250_000
+    body = '{"ready":' + "[" * depth + "true" + "]" * depth + "}"
+    r = requests.post(f"http://{qa.http_url}/v2/repository/index", data=body, timeout=60)
+    assert (r.status_code, r.json()) == (400, {"error": "Invalid value for 'ready': expected a boolean"})
+
+
+def test_header_length_out_of_range(qa: Server) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", qa.http_port, timeout=30)
+    conn.request("POST", "/v2/models/zero_1_float32/infer", body=b'{"inputs":[]}',
+                 headers={"Inference-Header-Content-Length": "99999999999"})
+    r = conn.getresponse()
+    assert r.status == 400
+    assert json.loads(r.read())["error"] == (
+        "Unable to parse Inference-Header-Content-Length, value is out of range [ -2147483648, 2147483647 ], "
+        "got: 99999999999")
+    conn.close()
+
+
+# --- Triton's wording, HTTP and gRPC -----------------------------------------------------------
+
+FP32_8 = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 8], "data": list(range(8))}
+_NOT_NUMERIC = ("failed to get model version from specified version string 'one' (details: stol), version "
+                "should be an integral value > 0")
+
+# (id, model, version, the request's inputs and outputs, HTTP status, gRPC code, exact message)
+INFER_ERRORS: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
+    ("version not a number", "zero_1_float32", "one", {"inputs": [FP32_8]}, 400, "INVALID_ARGUMENT", _NOT_NUMERIC),
+    ("version missing", "zero_1_float32", "7", {"inputs": [FP32_8]}, 404, "NOT_FOUND",
+     "Request for unknown model: 'zero_1_float32' version 7 is not found"),
+    ("unknown model", "no_such_model", "", {"inputs": [FP32_8]}, 404, "NOT_FOUND",
+     "Request for unknown model: 'no_such_model' is not found"),
+    ("unknown input", "zero_1_float32", "", {"inputs": [{**FP32_8, "name": "X"}]}, 400, "INVALID_ARGUMENT",
+     "unexpected inference input 'X' for model 'zero_1_float32'"),
+    ("input twice", "zero_1_float32", "", {"inputs": [FP32_8, FP32_8]}, 400, "INVALID_ARGUMENT",
+     "input 'INPUT0' already exists in request"),
+    ("unknown output", "zero_1_float32", "", {"inputs": [FP32_8], "outputs": [{"name": "Y"}]}, 400,
+     "INVALID_ARGUMENT", "unexpected inference output 'Y' for model 'zero_1_float32'"),
+    ("datatype", "zero_1_float32", "", {"inputs": [{**FP32_8, "datatype": "INT32"}]}, 400, "INVALID_ARGUMENT",
+     "inference input 'INPUT0' data-type is 'INT32', but model 'zero_1_float32' expects 'FP32'"),
+    ("batch too large", "zero_1_float32", "",
+     {"inputs": [{**FP32_8, "shape": [9, 1], "data": list(range(9))}]}, 400, "INVALID_ARGUMENT",
+     "inference request batch-size must be <= 8 for 'zero_1_float32'"),
+    ("shape", "zero_1_float16", "",
+     {"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 4], "data": [1, 2, 3, 4]}]}, 400,
+     "INVALID_ARGUMENT", "unexpected shape for input 'INPUT0' for model 'zero_1_float16'. Expected [-1,-1,-1], "
+     "got [1,4]. "),
+    ("missing input", "simple", "",
+     {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}]}, 400,
+     "INVALID_ARGUMENT", "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], but "
+     "missing required input(s) ['INPUT1']. Please provide all required input(s)."),
+]
+
+
+def _grpc_inputs(doc: dict[str, Any]) -> tuple[list[tg.InferInput], list[tg.InferRequestedOutput] | None]:
+    inputs = []
+    for t in doc["inputs"]:
+        x = tg.InferInput(t["name"], t["shape"], t["datatype"])
+        dtype = {"FP32": np.float32, "FP16": np.float16, "INT32": np.int32}[t["datatype"]]
+        x.set_data_from_numpy(np.array(t["data"], dtype=dtype).reshape(t["shape"]))
+        inputs.append(x)
+    outputs = [tg.InferRequestedOutput(o["name"]) for o in doc["outputs"]] if "outputs" in doc else None
+    return inputs, outputs
+
+
+@pytest.mark.parametrize(("model", "version", "doc", "status", "code", "message"),
+                         [case[1:] for case in INFER_ERRORS], ids=[case[0] for case in INFER_ERRORS])
+def test_infer_errors_in_tritons_words(qa: Server, model: str, version: str, doc: dict[str, Any], status: int,
+                                       code: str, message: str) -> None:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    r = requests.post(f"http://{qa.http_url}{path}", json=doc, timeout=30)
+    assert (r.status_code, r.json()) == (status, {"error": message})
+    inputs, outputs = _grpc_inputs(doc)
+    with pytest.raises(InferenceServerException) as err:
+        tg.InferenceServerClient(qa.grpc_url).infer(model, inputs, model_version=version, outputs=outputs)
+    assert (err.value.status(), err.value.message()) == (f"StatusCode.{code}", message)
+
+
+def test_version_string_on_every_model_endpoint(qa: Server) -> None:
+    for suffix in ("", "/config", "/stats", "/ready"):
+        r = requests.get(f"http://{qa.http_url}/v2/models/zero_1_float32/versions/one{suffix}", timeout=30)
+        assert r.status_code == 400, suffix
+        if suffix != "/ready":  # Triton answers readiness with an empty body
+            assert r.json() == {"error": _NOT_NUMERIC}, suffix
+    with pytest.raises(InferenceServerException, match="failed to get model version from specified version string"):
+        tg.InferenceServerClient(qa.grpc_url).get_model_metadata("zero_1_float32", "one")
+
+
+@pytest.mark.parametrize(("model", "config", "files", "message"), [
+    ("zero_1_float32", "{not json", {}, "failed to load 'zero_1_float32', failed to poll from model repository"),
+    ("no_such_model", "", {}, "failed to load 'no_such_model', failed to poll from model repository"),
+    ("zero_1_float32", "{}", {"file:" + "A" * 256: b"a"},
+     "failed to load 'zero_1_float32', failed to poll from model repository"),
+])
+def test_load_errors_in_tritons_words(qa: Server, model: str, config: str, files: dict[str, bytes],
+                                      message: str) -> None:
+    # Triton answers these with 500 (its poll failure is INTERNAL): a client's mistake is a 400 here.
+    http = th.InferenceServerClient(qa.http_url)
+    with pytest.raises(InferenceServerException) as err:
+        http.load_model(model, config=config or None, files=files or None)
+    assert (err.value.status(), err.value.message()) == ("400", message)
+    with pytest.raises(InferenceServerException) as err:
+        tg.InferenceServerClient(qa.grpc_url).load_model(model, config=config or None, files=files or None)
+    assert (err.value.status(), err.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+    assert http.is_server_ready()
+
+
+# --- classification: the labels of the model that answers --------------------------------------
+
+
+@pytest.mark.parametrize("protocol", [th, tg])
+def test_ensemble_output_classified_with_the_ensembles_labels(qa: Server, protocol: Any) -> None:
+    client = protocol.InferenceServerClient(qa.http_url if protocol is th else qa.grpc_url)
+    x = protocol.InferInput("IN", [1, 4], "FP32")
+    x.set_data_from_numpy(np.array([[0.5, 0.25, 9.8, 1.0]], np.float32))
+    result = client.infer("classify_ens", [x], outputs=[protocol.InferRequestedOutput("OUT", class_count=2)])
+    top = [s.decode() for s in result.as_numpy("OUT").reshape(-1)]
+    assert top == ["9.800000:2:SPORTS CAR", "1.000000:3:TRUCK"]
+    # The composing model has no labels of its own: asked directly, it answers without them.
+    x2 = protocol.InferInput("INPUT0", [1, 4], "FP32")
+    x2.set_data_from_numpy(np.array([[0.5, 0.25, 9.8, 1.0]], np.float32))
+    plain = client.infer("zero_1_float32", [x2], outputs=[protocol.InferRequestedOutput("OUTPUT0", class_count=1)])
+    assert [s.decode() for s in plain.as_numpy("OUTPUT0").reshape(-1)] == ["9.800000:2"]
