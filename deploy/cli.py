@@ -6,9 +6,11 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
+from conveyor.deploy.cloud_options import add_cloud_endpoints, check_cloud_args, fold_storage_uri
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
-from conveyor.deploy.instances import ingress_protocol, worker_environment
+from conveyor.deploy.instances import INGRESS_PROTOCOLS, ingress_protocol, worker_environment
 from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.options import (
     add_client_shm,
@@ -62,6 +64,7 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
     add_client_shm(serve)
     add_model_control(serve)
+    add_cloud_endpoints(serve)
     add_unused(serve)
 
 
@@ -91,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ingress_limits(ingress)
     add_ingress_security(ingress)
     add_metrics(ingress)
-    ingress.add_argument("--protocol", choices=["http", "grpc", "metrics"], default="")
+    add_cloud_endpoints(ingress)
+    ingress.add_argument("--protocol", choices=list(INGRESS_PROTOCOLS), default="")
     ingress.add_argument("--instance", default="",
                          help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
     ingress.add_argument("--router", default="", help="the router's ingress endpoint")
@@ -186,6 +190,7 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     ``conveyor serve`` with Triton's defaults where Conveyor's differ."""
     parser = build_tritonserver_parser()
     args = parser.parse_args(argv)
+    fold_storage_uri(args)
     if not args.model_repository:
         print("error: creating server: Invalid argument - --model-repository must be specified", file=sys.stderr)
         return 1
@@ -193,7 +198,7 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
         parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
     _fold_triton_aliases(parser, args)
     _apply_instance(parser, args)
-    problem = check_ingress_args(args)
+    problem = check_ingress_args(args) or check_cloud_args(args)
     if problem:
         parser.error(problem)
     return _serve(args)
@@ -206,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         return _scale(args)
     _fold_triton_aliases(parser, args)
     _apply_instance(parser, args)
+    if args.command == "serve":
+        fold_storage_uri(args)
     if args.command in ("serve", "ingress"):
-        problem = check_ingress_args(args)
+        problem = check_ingress_args(args) or (check_cloud_args(args) if args.command == "serve" else "")
         if problem:
             parser.error(problem)
     if args.group is not None and check_name(args.group):
@@ -279,6 +286,31 @@ def main(argv: list[str] | None = None) -> int:
                        arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                        drain_grace_s=args.drain_grace_secs,
                        app_factory=lambda ctx: build_metrics_app(ctx, options))
+        elif args.protocol in ("sagemaker", "vertex"):
+            from conveyor.ingress.context import IngressContext
+            from conveyor.ingress.http.server import serve as serve_http
+            from conveyor.ingress.sagemaker.app import build_sagemaker_app
+            from conveyor.ingress.vertex.app import HEALTH_ROUTE_ENV, PREDICT_ROUTE_ENV, build_vertex_app
+
+            restricted = restrictions(args.http_restricted_api)
+            body = args.http_max_body_bytes
+            if args.protocol == "sagemaker":
+                port = args.sagemaker_port
+
+                def cloud_app(ctx: IngressContext) -> Any:
+                    return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted)
+            else:
+                port = args.vertex_ai_port
+
+                def cloud_app(ctx: IngressContext) -> Any:
+                    return build_vertex_app(ctx, predict_route=os.environ.get(PREDICT_ROUTE_ENV, ""),
+                                            health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
+                                            default_model=args.vertex_ai_default_model, max_body_bytes=body,
+                                            restricted=restricted)
+            serve_http(args.router or ingress_ep, args.group, args.http_address, port,
+                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                       drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
+                       app_factory=cloud_app)
         elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from conveyor.deploy.cloud_options import cloud_args
 from conveyor.deploy.group_lock import GroupBusy, GroupLock, take_group
 from conveyor.deploy.options import (
     grpc_keepalive_args,
@@ -75,6 +76,7 @@ class Supervisor:
         self._stop = False
         self.router: Child | None = None
         self.metrics: Child | None = None
+        self.cloud: list[Child] = []  # the SageMaker and Vertex AI endpoints, one process each
         # The scalable roles ("workers", "http-ingress", "grpc-ingress"), oldest first.
         self.pools: dict[str, list[Child]] = {role: [] for role in ROLES}
         # Scaled down: SIGTERM sent, draining; killed if still there at the deadline.
@@ -97,7 +99,7 @@ class Supervisor:
             "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port), "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
             "--metrics-address", a.metrics_address, "--id", a.server_id, *grpc_keepalive_args(a),
-            *ingress_args(a),
+            *ingress_args(a), *cloud_args(a),
         ]
 
     def _new_child(self, role: str) -> Child:
@@ -119,7 +121,7 @@ class Supervisor:
                                 *metrics_args(self.args), *trace_args])
 
     def _supervised(self) -> list[Child]:
-        singles = [c for c in (self.router, self.metrics) if c is not None]
+        singles = [c for c in (self.router, self.metrics) if c is not None] + self.cloud
         return singles + [c for pool in self.pools.values() for c in pool]
 
     # --- scaling -----------------------------------------------------------------------
@@ -211,6 +213,10 @@ class Supervisor:
             self.metrics = Child("metrics", ["ingress", "--protocol", "metrics", *self._ingress_args(),
                                              *metrics_args(a)])
             self.metrics.start()
+        for protocol, allowed in (("sagemaker", a.allow_sagemaker), ("vertex", a.allow_vertex_ai)):
+            if allowed:
+                self.cloud.append(Child(protocol, ["ingress", "--protocol", protocol, *self._ingress_args()]))
+                self.cloud[-1].start()
         self.scale("workers", a.workers)
         self.scale("http-ingress", a.http_ingress if a.allow_http else 0)
         self.scale("grpc-ingress", a.grpc_ingress if a.allow_grpc else 0)
@@ -260,7 +266,8 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Ingress first (they drain their requests, which need workers and the router),
         then workers (they hand their work back through the router), then the router."""
-        ingress = self.pools["http-ingress"] + self.pools["grpc-ingress"] + ([self.metrics] if self.metrics else [])
+        ingress = (self.pools["http-ingress"] + self.pools["grpc-ingress"] + ([self.metrics] if self.metrics else [])
+                   + self.cloud)
         retiring = [child for child, _ in self.retiring]
         waves = [ingress + retiring, self.pools["workers"], [self.router] if self.router else []]
         for wave in waves:

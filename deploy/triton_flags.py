@@ -78,16 +78,9 @@ UNUSED: tuple[Unused, ...] = (
     Unused("--model-load-gpu-limit", str,
            "loads are not refused on GPU memory use: each worker's framework reports out-of-memory as a "
            "failed load", repeatable=True),
-    # Triton's cloud endpoints: here only when this build has no SageMaker/Vertex AI ingress
-    # (add_unused skips a flag the parser already knows).
-    Unused("--allow-sagemaker", triton_bool, "this build serves no SageMaker endpoint"),
-    Unused("--sagemaker-port", int, "this build serves no SageMaker endpoint"),
-    Unused("--sagemaker-safe-port-range", str, "this build serves no SageMaker endpoint"),
+    # The cloud endpoints run as one event loop each (deploy/cloud_options.py has their flags).
     Unused("--sagemaker-thread-count", int, _THREADS),
-    Unused("--allow-vertex-ai", triton_bool, "this build serves no Vertex AI endpoint"),
-    Unused("--vertex-ai-port", int, "this build serves no Vertex AI endpoint"),
     Unused("--vertex-ai-thread-count", int, _THREADS),
-    Unused("--vertex-ai-default-model", str, "this build serves no Vertex AI endpoint"),
 )
 
 

@@ -138,7 +138,7 @@ class DataPlane:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
-            request = await self._validated(sig, call)
+            request = await self._refusals_counted(sig, call)
             if received:
                 request.trace = m.TraceContext(received, call.traceparent)
             response = await self.link.infer(request)
@@ -160,7 +160,7 @@ class DataPlane:
         sig = await self.models.get(call.model, call.version)
         self._admit()
         try:
-            request = await self._validated(sig, call)
+            request = await self._refusals_counted(sig, call)
             async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
                 async for response in responses:
                     if response.final:
@@ -180,6 +180,20 @@ class DataPlane:
         if limit and self._in_flight >= limit:
             raise too_many_in_flight(limit)
         self._in_flight += 1
+
+    def refused(self, model: str, version: str, exc: ConveyorError) -> None:
+        """A request to a model refused here as invalid (INVALID_ARG): the router counts it
+        as a REJECTED failure of that model. Adapters call this for what they refuse while
+        parsing; the data plane for what its checks refuse. Nothing on the success path."""
+        if exc.status is Status.INVALID_ARG and model:
+            self.link.refused(model, version)
+
+    async def _refusals_counted(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
+        try:
+            return await self._validated(sig, call)
+        except ConveyorError as exc:
+            self.refused(call.model, call.version, exc)
+            raise
 
     async def _validated(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """``_send_inputs``, checked against a fresh signature before refusing: after a

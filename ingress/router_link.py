@@ -172,6 +172,10 @@ class RouterLink:
         """Tell the router a traced request's answer is going out now."""
         self._send(m.encode(m.TraceEnd(trace_id, time.time_ns())))
 
+    def refused(self, model: str, version: str) -> None:
+        """Tell the router a request to ``model`` was refused here (counted as REJECTED)."""
+        self._send(m.encode(m.Refused(model, version)))
+
     def next_id(self) -> int:
         return next(self._ids)
 

@@ -178,6 +178,15 @@ class TraceEnd(msgspec.Struct, tag="tend", array_like=True):
     sent_ns: int
 
 
+class Refused(msgspec.Struct, tag="refused", array_like=True):
+    """Ingress to router, fire and forget: a request to this model was refused before it
+    was sent (unparsable, wrong input, shape or datatype). The router counts it as a
+    failure (``reason="REJECTED"``) of the version that would have served it."""
+
+    model: str
+    version: str = ""
+
+
 class SettingsUpdate(msgspec.Struct, tag="settings", array_like=True):
     """Router to every ingress and worker, on hello and on each change: the group's log
     settings (the logging extension) and whether any tracing is on (ingress stamps requests)."""
@@ -366,7 +375,7 @@ class LeaveGranted(msgspec.Struct, tag="wbye", array_like=True):
     """Router to worker: nothing of yours runs or will be sent: exit now."""
 
 
-IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest | TraceEnd
+IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest | TraceEnd | Refused
 RouterToIngress = InferResponse | ControlReply | SettingsUpdate
 RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted

@@ -22,14 +22,15 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
+from conveyor.proto.model_config import parse_text
 from conveyor.router.backend_config import BackendConfig
 from conveyor.router.config_unused import log_unused_fields
 from conveyor.router.models import Instance, ModelEntry, ModelRegistry
-from conveyor.router.repository import ModelSpec, load_spec, scan
+from conveyor.router.repository import ModelSpec, config_file, load_spec, scan
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class ModelLifecycle:
         self._waiters: list[LoadWaiter] = []
         self._overrides: dict[str, str] = {}  # model -> directory written for a load with file overrides
         self._prints: dict[str, str] = {}  # model -> fingerprint of what is loaded
+        # Repositories registered at run time (SageMaker's multi-model load), each with
+        # its subdirectory -> model name mapping, as Triton's RegisterModelRepository.
+        self._registered: dict[str, dict[str, str]] = {}
 
     # --- start-up and polling ---------------------------------------------------------
 
@@ -343,12 +347,47 @@ class ModelLifecycle:
         self._prints.pop(name, None)
         registry.generation += 1
 
+    def register(self, root: str, mapping: dict[str, str]) -> None:
+        """Serve the models under ``root`` too, directory ``d`` as model ``mapping[d]``
+        (or as ``d``): Triton's repository registration, which SageMaker's load uses."""
+        root = os.path.normpath(root)
+        if root in self._registered or root in (os.path.normpath(r) for r in self.repositories):
+            raise ConveyorError(Status.ALREADY_EXISTS, f"model repository '{root}' has already been registered")
+        if not os.path.isdir(root):
+            raise invalid_arg(f"failed to register '{root}', repository not found")
+        taken = self._on_disk()
+        for subdir, name in mapping.items():
+            if name in taken and taken[name] != os.path.join(root, subdir):
+                raise ConveyorError(Status.ALREADY_EXISTS,
+                                    f"failed to register '{root}', there is a conflicting mapping for '{name}'")
+        self._registered[root] = dict(mapping)
+
+    def unregister(self, root: str) -> None:
+        if self._registered.pop(os.path.normpath(root), None) is None:
+            raise invalid_arg(f"failed to unregister '{root}', repository not found")
+
     def _spec(self, name: str, path: str, override: mc.ModelConfig | None = None) -> ModelSpec:
+        if override is None and os.path.basename(path) != name and os.path.dirname(path) in self._registered:
+            override = self._renamed_config(name, path)
         return load_spec(name, path, override=override, autocomplete=not self.strict_config,
                          config_name=self.config_name, backend_config=self.backend_config)
 
+    def _renamed_config(self, name: str, path: str) -> mc.ModelConfig | None:
+        """A mapped directory serves under its mapped name: its config is read with that name."""
+        try:
+            with open(config_file(path, self.config_name), encoding="utf-8") as f:
+                config = parse_text(f.read())
+        except (OSError, text_format.ParseError, UnicodeDecodeError):
+            return None  # load_spec reports the problem
+        config.name = name
+        return config
+
     def _on_disk(self) -> dict[str, str]:
         found: dict[str, str] = {}
+        for root, mapping in self._registered.items():
+            for subdir, name in mapping.items():
+                if os.path.isdir(os.path.join(root, subdir)):
+                    found.setdefault(name, os.path.join(root, subdir))
         for repo in self.repositories:
             try:
                 entries = sorted(os.listdir(repo))

@@ -31,3 +31,13 @@ def count_failure(state: VersionState, reason: str, took_ns: int) -> None:
     """Count a failed request (``reason``: Triton's label on nv_inference_request_failure)."""
     state.stats.fail.add(took_ns)
     state.latency.failed(reason)
+
+
+def count_refused(registry: ModelRegistry, msg: m.Refused) -> None:
+    """A request an ingress refused before sending it: a REJECTED failure of the version
+    that would have served it (none for an unknown or unready model: nothing to count on)."""
+    try:
+        state = registry.resolve(msg.model, msg.version)
+    except ConveyorError:
+        return
+    count_failure(state, "REJECTED", 0)

@@ -43,7 +43,7 @@ from conveyor.router.otlp_export import otlp_sink
 from conveyor.router.placement import Placement
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.rate_limiter import RateLimiter
-from conveyor.router.replies import Replies
+from conveyor.router.replies import Replies, count_refused
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
 from conveyor.router.self_link import SelfLink
@@ -102,7 +102,9 @@ class Router:
                                         startup.config_name, startup.backend_config)
         self.control.strict_readiness = startup.strict_readiness
         self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
-        self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready))})
+        self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready)),
+                              "repository_register": self.lifecycle.register,
+                              "repository_unregister": self.lifecycle.unregister})
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
         self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
@@ -254,6 +256,8 @@ class Router:
             self._on_cancel(identity, msg.id)
         elif isinstance(msg, m.TraceEnd):
             self.tracer.finish(msg)
+        elif isinstance(msg, m.Refused):
+            count_refused(self.registry, msg)
         elif isinstance(msg, m.IngressHello):
             if msg.version != m.PROTOCOL_VERSION:
                 log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)

@@ -58,6 +58,10 @@ class EchoPlane:
         self.regions = FakeRegions()
         self.error: Exception | None = None
         self.limits = IngressLimits()
+        self.refusals: list[str] = []
+
+    def refused(self, model: str, version: str, exc: Exception) -> None:
+        self.refusals.append(model)
 
     async def infer(self, call: InferCall) -> InferResult:
         self.calls.append(call)

@@ -140,7 +140,11 @@ class InferenceServicer:
 
     @_unary
     async def ModelInfer(self, request: wire.WireInferRequest, context: Any) -> bytes:
-        call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+        try:
+            call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+        except ConveyorError as exc:  # counted as the model's REJECTED failure
+            self._dataplane.refused(request.message.model_name, request.message.model_version, exc)
+            raise
         if self._link.tracing:
             call.traceparent = _traceparent(context)
         return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))

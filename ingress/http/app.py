@@ -37,6 +37,7 @@ from conveyor.ingress.limits import check_json_size
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
+from conveyor.proto.errors import ConveyorError
 
 ROUTING_HEADER = "conveyor-host"  # on answers to sequence requests: see dataplane.ROUTING_HINT
 
@@ -130,14 +131,19 @@ class Infer:
         self._limit = max_body_bytes
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
-        header_length = parse_header_length(req.get_header(HEADER_LENGTH))
-        body = await read_body(req, resp, self._limit)
-        check_json_size(len(body) if header_length is None else header_length, self._dataplane.limits.max_json_bytes)
-        if header_length == 0:
-            sig = await self._dataplane.models.get(model, version)
-            request = raw_infer_request(memoryview(body), model, version, sig)
-        else:
-            request = parse_infer_request(body, model, version, header_length)
+        try:
+            header_length = parse_header_length(req.get_header(HEADER_LENGTH))
+            body = await read_body(req, resp, self._limit)
+            check_json_size(len(body) if header_length is None else header_length,
+                            self._dataplane.limits.max_json_bytes)
+            if header_length == 0:
+                sig = await self._dataplane.models.get(model, version)
+                request = raw_infer_request(memoryview(body), model, version, sig)
+            else:
+                request = parse_infer_request(body, model, version, header_length)
+        except ConveyorError as exc:  # counted as the model's REJECTED failure
+            self._dataplane.refused(model, version, exc)
+            raise
         request.call.traceparent = req.get_header("traceparent") or ""
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)

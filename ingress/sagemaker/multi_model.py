@@ -1,0 +1,176 @@
+"""SageMaker's multi-model endpoint API, as Triton implements it (its sagemaker_server.cc).
+
+``POST /models {"model_name": <hash>, "url": <dir>}`` registers the directory that
+holds the model as a repository of its own, its model directory served under the
+target model's name (the ``X-Amzn-SageMaker-Target-Model`` header, else ``model_name``),
+then loads it. ``GET /models`` lists the loaded ones that are ready, ``GET
+/models/<hash>`` names one, ``DELETE /models/<hash>`` unloads it (and the ensembles
+using it) and unregisters its repository. ``POST /models/<hash>/invoke`` is an
+inference (``app.py``). The loaded list lives in this process, as in Triton's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+
+from conveyor.ingress.http.errors import error_body
+from conveyor.ingress.http.restricted import RestrictedApis
+from conveyor.ingress.restricted import Restriction
+from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
+from conveyor.proto.errors import ConveyorError, Status
+
+log = logging.getLogger(__name__)
+
+TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
+_FORBIDDEN_ROOTS = ("/dev/", "/proc/", "/sys/")
+_ENSEMBLE = re.compile(r'platform:(\s)*"ensemble"')
+# Messages that mean the model did not fit: SageMaker expects 507 for them (Triton's list).
+OOM_MARKERS = (
+    "CUDA out of memory", "CUDA_OUT_OF_MEMORY", "Out of memory", "Out Of Memory", "out of memory", "MemoryError",
+    "OutOfMemory", "OOM", "Dst tensor is not initialized", "Src tensor is not initialized",
+    "CNMEM_STATUS_OUT_OF_MEMORY", "CUDNN_STATUS_NOT_INITIALIZED", "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUBLAS_STATUS_NOT_INITIALIZED", "Failed to allocate memory", "failed to allocate memory",
+    "No space left on device",
+)
+
+
+def is_oom(message: str) -> bool:
+    return any(marker in message for marker in OOM_MARKERS)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    target: str  # the name the model is served under
+    repository: str  # the registered repository (modelUrl in the answers)
+
+
+class LoadedModels(dict[str, LoadedModel]):
+    """model_name (SageMaker's hash) -> what was loaded for it."""
+
+
+def model_location(url: str) -> tuple[str, str]:
+    """The repository to register and the model directory in it, for a load's ``url``.
+
+    ``url`` holding config.pbtxt is the model directory itself; otherwise it is a
+    repository whose model is its ensemble's directory, or its (only) subdirectory."""
+    if os.path.isfile(os.path.join(url, "config.pbtxt")):
+        return os.path.dirname(url), os.path.basename(url)
+    subdirs = sorted(d for d in os.listdir(url) if os.path.isdir(os.path.join(url, d))) if os.path.isdir(url) else []
+    chosen = subdirs[-1] if subdirs else ""
+    for d in subdirs:
+        try:
+            with open(os.path.join(url, d, "config.pbtxt"), encoding="utf-8") as f:
+                if _ENSEMBLE.search(f.read()):
+                    chosen = d
+        except OSError:
+            continue
+    return url, chosen
+
+
+class _Base:
+    api = "model-repository"
+
+    def __init__(self, link: RouterLink, loaded: LoadedModels) -> None:
+        self._link = link
+        self._loaded = loaded
+
+
+class Models(_Base):
+    """``/models``: list (GET) and load (POST)."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        rows: list[dict[str, str]] = []
+        for name, model in list(self._loaded.items()):
+            if await self._link.control("model_ready", model=model.target, version=""):
+                rows.append({"modelName": name, "modelUrl": model.repository})
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({"models": rows})
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        raw = await req.stream.readall()
+        try:
+            body: Any = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError as exc:
+            raise ConveyorError(Status.INVALID_ARG, f"failed to parse the load model request JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ConveyorError(Status.INVALID_ARG, "the load model request must be a JSON object")
+        name, url = body.get("model_name", ""), body.get("url", "")
+        if not isinstance(name, str) or not isinstance(url, str) or not url:
+            raise ConveyorError(Status.INVALID_ARG, "the load model request needs 'model_name' and 'url' strings")
+        url = os.path.abspath(os.path.normpath(url))
+        if url.startswith(_FORBIDDEN_ROOTS):
+            raise ConveyorError(
+                Status.INVALID_ARG,
+                f'Invalid URL: {url}. "url" property value cannot start with /dev/, /proc/, or /sys/.',
+            )
+        target = req.get_header(TARGET_MODEL) or name
+        repository, subdir = model_location(url)
+        log.info("Loading SageMaker TargetModel: %s from %s", target, url)
+        await self._link.control("repository_register", root=repository, mapping={subdir: target})
+        try:
+            await self._link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=target, config="", files={})
+        except ConveyorError:
+            await self._link.control("repository_unregister", root=repository)
+            raise
+        self._loaded[name] = LoadedModel(target, repository)
+        resp.status = 200
+
+
+class Model(_Base):
+    """``/models/<hash>``: describe (GET) and unload (DELETE)."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        model = self._loaded.get(name)
+        if model is None:
+            resp.status = 404
+            return
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({"modelName": name, "modelUrl": model.repository})
+
+    async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        model = self._loaded.get(name)
+        if model is None:
+            resp.status = 404
+            return
+        log.info("Unloading SageMaker TargetModel: %s", model.target)
+        await self._link.control("repository_unload", model=model.target, unload_dependents=True)
+        del self._loaded[name]
+        await self._link.control("repository_unregister", root=model.repository)
+        resp.status = 200
+
+
+async def _render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
+                        params: dict[str, Any], **_: Any) -> None:
+    """Triton's SageMaker answers: 409 for a name already in use, 507 for a load that ran
+    out of memory, 400 for every other failure; ``{"error": message}``."""
+    if resp is None:
+        return
+    if isinstance(error, falcon.HTTPError):
+        resp.status = error.status_code
+        message = error.description or ""
+    elif isinstance(error, ConveyorError):
+        message = error.message
+        resp.status = 409 if error.status is Status.ALREADY_EXISTS else 507 if is_oom(message) else 400
+    else:
+        log.exception("unhandled error serving %s %s", req.method, req.path)
+        resp.status, message = 500, f"internal error: {type(error).__name__}"
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error_body(message)
+
+
+def build_multi_model_app(link: RouterLink, loaded: LoadedModels,
+                          restricted: dict[str, Restriction] | None = None) -> falcon.asgi.App:
+    app = falcon.asgi.App(middleware=[RestrictedApis(restricted)] if restricted else [])
+    app.add_error_handler([Exception, falcon.HTTPError], _render_error)
+    app.add_route("/models", Models(link, loaded))
+    app.add_route("/models/", Models(link, loaded))
+    app.add_route("/models/{name}", Model(link, loaded))
+    return app

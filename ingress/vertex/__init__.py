@@ -1,0 +1,1 @@
+"""The Vertex AI endpoint: ``app.py``."""

@@ -1,0 +1,98 @@
+"""The Vertex AI endpoint (``--allow-vertex-ai``): Triton's routes on ``--vertex-ai-port``.
+
+* ``AIP_HEALTH_ROUTE`` (GET): server readiness
+* ``AIP_PREDICT_ROUTE`` (POST): a KServe v2 inference of the default model
+  (``--vertex-ai-default-model``, else the only ready model)
+* ``AIP_PREDICT_ROUTE`` with ``X-Vertex-Ai-Triton-Redirect: <route>`` (POST): the
+  KServe v2 / Triton route ``/<route>`` (``v2/models/m/infer``, ``v2/models/m/config``,
+  ``v2/repository/index``, ``metrics``, ...), with the method that route expects,
+  since Vertex AI only sends POST
+
+Binary tensor data in a request is announced in the content type,
+``application/vnd.vertex-ai-triton.binary+json;json-header-size=<N>``; answers are
+the HTTP endpoint's own. Bodies are never compressed; errors use the HTTP endpoint's
+statuses; any other route is a 400 with no body. As in Triton.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from conveyor.ingress.asgi_rewrite import (
+    App,
+    Receive,
+    Scope,
+    Send,
+    binary_header_length,
+    header,
+    readdressed,
+    reply,
+)
+from conveyor.ingress.context import IngressContext
+from conveyor.ingress.default_model import DefaultModel
+from conveyor.ingress.http.app import build_app
+from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
+from conveyor.ingress.restricted import Restriction
+
+BINARY_MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
+REDIRECT = b"x-vertex-ai-triton-redirect"
+PREDICT_ROUTE_ENV = "AIP_PREDICT_ROUTE"
+HEALTH_ROUTE_ENV = "AIP_HEALTH_ROUTE"
+_IGNORED = (b"content-encoding", b"accept-encoding", b"inference-header-content-length")
+# Redirected routes Triton serves with POST; every other one is read with GET.
+_POST_SUFFIXES = ("/infer", "/register", "/unregister", "/index", "/load", "/unload")
+_NO_DEFAULT = "Expect the model repository contains only a single model if default model is not specified"
+
+
+class VertexApp:
+    def __init__(self, kserve: App, metrics: App, default: DefaultModel, predict_route: str,
+                 health_route: str) -> None:
+        self._kserve = kserve
+        self._metrics = metrics
+        self._default = default
+        self._predict = predict_route
+        self._health = health_route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == self._health:
+            await self._kserve(readdressed(scope, "/v2/health/ready"), receive, send)
+            return
+        if path != self._predict:
+            await reply(send, 400)
+            return
+        redirect = header(scope, REDIRECT)
+        if redirect is None:
+            model = await self._default.get()
+            if not model:
+                await reply(send, 400, orjson.dumps({"error": _NO_DEFAULT}))
+                return
+            await self._kserve(self._infer_scope(scope, f"/v2/models/{model}/infer"), receive, send)
+            return
+        if scope["method"] != "POST":
+            await reply(send, 405)
+            return
+        target = "/" + redirect
+        if target == "/metrics":
+            await self._metrics(readdressed(scope, target, "GET"), receive, send)
+        elif target == "/v2" or target.startswith("/v2/"):
+            method = "POST" if target.endswith(_POST_SUFFIXES) else "GET"
+            await self._kserve(self._infer_scope(scope, target, method), receive, send)
+        else:
+            await reply(send, 400)
+
+    @staticmethod
+    def _infer_scope(scope: Scope, path: str, method: str | None = None) -> Scope:
+        length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
+        return readdressed(scope, path, method, drop=_IGNORED, add=(length,) if length else ())
+
+
+def build_vertex_app(ctx: IngressContext, *, predict_route: str, health_route: str, default_model: str,
+                     max_body_bytes: int, restricted: dict[str, Restriction] | None = None) -> VertexApp:
+    return VertexApp(
+        build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
+        build_metrics_app(ctx, MetricsOptions(allow_cpu=False, allow_gpu=False)),
+        DefaultModel(ctx.link, default_model, "", ready_only=True), predict_route, health_route,
+    )
