@@ -138,7 +138,7 @@ class DataPlane:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
-            request = await self._refusals_counted(sig, call)
+            request = await self._validated(sig, call)
             if received:
                 request.trace = m.TraceContext(received, call.traceparent)
             response = await self.link.infer(request)
@@ -160,7 +160,7 @@ class DataPlane:
         sig = await self.models.get(call.model, call.version)
         self._admit()
         try:
-            request = await self._refusals_counted(sig, call)
+            request = await self._validated(sig, call)
             async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
                 async for response in responses:
                     if response.final:
@@ -188,25 +188,24 @@ class DataPlane:
         if exc.status is Status.INVALID_ARG and model:
             self.link.refused(model, version)
 
-    async def _refusals_counted(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
-        try:
-            return await self._validated(sig, call)
-        except ConveyorError as exc:
-            self.refused(call.model, call.version, exc)
-            raise
-
     async def _validated(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """``_send_inputs``, checked against a fresh signature before refusing: after a
-        reload the cached one may be stale, and a valid request must not be refused."""
+        reload the cached one may be stale, and a valid request must not be refused.
+        A refusal is counted for the model (``refused``); the success path pays nothing."""
         try:
             return self._send_inputs(sig, call)
         except ConveyorError as exc:
             if exc.status is not Status.INVALID_ARG:
                 raise
+            stale = exc
+        try:
             fresh = await self.models.refresh(call.model, call.version)
             if fresh is sig:
-                raise
+                raise stale
             return self._send_inputs(fresh, call)
+        except ConveyorError as exc:
+            self.refused(call.model, call.version, exc)
+            raise
 
     def _send_inputs(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """Validate ``call``, write its inputs into this process's arena, describe it."""
