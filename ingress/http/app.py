@@ -139,6 +139,9 @@ class Infer:
         else:
             request = parse_infer_request(body, model, version, header_length)
         request.call.traceparent = req.get_header("traceparent") or ""
+        forward = self._dataplane.limits.header_forward
+        if forward is not None:
+            forward.apply(req.headers.items(), request.call.parameters)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
         host = result.parameters.get(ROUTING_HINT)

@@ -1,0 +1,96 @@
+"""Triton's defaults through real clients against a running group: header forwarding
+(--http/--grpc-header-forward-pattern), the instance group filled in for a model
+without one, and the statistics/metrics fields Triton fills."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conveyor.ingress.header_forward import HeaderForward
+from conveyor.proto.errors import ConveyorError
+from tests import python_models
+from tests.conftest import Server, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = str(tmp_path_factory.mktemp("defaults"))
+    python_models.write_model(repo, "py_identity", python_models.IDENTITY_MODEL, python_models.IDENTITY_CONFIG)
+    python_models.write_model(repo, "py_repeat", python_models.REPEAT_MODEL, python_models.REPEAT_CONFIG)
+    srv = start_server(repo, f"td{os.getpid()}", "--workers", "1",
+                       "--http-header-forward-pattern=my_header.*|triton_.*",
+                       "--grpc-header-forward-pattern", "(?-i)my_header.*")
+    yield srv
+    assert srv.stop() == 0
+
+
+def _identity(protocol: Any, url: str, headers: dict[str, str]) -> dict[str, Any]:
+    client = protocol.InferenceServerClient(url)
+    inp = protocol.InferInput("INPUT0", [1, 2], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 2), dtype=np.float32))
+    # a copy: tritonclient.http adds its own headers to the dict it is given
+    result = client.infer("py_identity", [inp], headers=dict(headers), parameters={"body": "kept"})
+    seen: dict[str, Any] = json.loads(result.as_numpy("INFO").reshape(-1)[0])["parameters"]
+    return seen
+
+
+HEADERS = {"my_header_1": "my_value_1", "My_Header_2": "my_value_2", "header_3": "not forwarded",
+           "my_header_4": 'a "quoted" string with a backslash\\ '}
+
+
+def test_http_headers_matching_the_pattern_become_string_parameters(server: Server) -> None:
+    seen = _identity(httpclient, server.http_url, HEADERS)
+    # Case-insensitive by default, as Triton; names arrive lower-case.
+    assert seen == {"body": "kept", "my_header_1": "my_value_1", "my_header_2": "my_value_2",
+                    "my_header_4": 'a "quoted" string with a backslash\\ '}
+
+
+def test_http_reserved_header_is_refused_with_tritons_words(server: Server) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        _identity(httpclient, server.http_url, {"triton_enable_empty_final_response": "1"})
+    assert "Header 'triton_enable_empty_final_response' is reserved for Triton usage and cannot be forwarded." \
+        in str(info.value)
+    assert info.value.status() == "400"
+
+
+def test_grpc_metadata_matching_the_pattern_become_string_parameters(server: Server) -> None:
+    # gRPC metadata names are lower-case (grpc refuses others); "(?-i)" makes the pattern case-sensitive.
+    seen = _identity(grpcclient, server.grpc_url, {k.lower(): v for k, v in HEADERS.items()})
+    assert seen == {"body": "kept", "my_header_1": "my_value_1", "my_header_2": "my_value_2",
+                    "my_header_4": 'a "quoted" string with a backslash\\ '}
+
+
+def test_grpc_stream_requests_carry_the_forwarded_metadata(server: Server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put(error or result), headers={"my_header_s": "v"})
+    try:
+        inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+        client.async_stream_infer("py_identity", [inp])
+        result = results.get(timeout=30)
+        assert not isinstance(result, Exception), result
+        assert json.loads(result.as_numpy("INFO").reshape(-1)[0])["parameters"] == {"my_header_s": "v"}
+    finally:
+        client.stop_stream()
+
+
+def test_header_forward_rules() -> None:
+    params: dict[str, Any] = {}
+    HeaderForward("x-.*").apply([("X-A", "1"), ("y", "2"), ("pre-x-b", "3")], params)
+    assert params == {"X-A": "1", "pre-x-b": "3"}  # a partial match, as RE2's PartialMatch
+    strict: dict[str, Any] = {}
+    HeaderForward("(?-i)x-.*").apply([("X-A", "1"), ("x-b", b"2")], strict)
+    assert strict == {"x-b": "2"}
+    with pytest.raises(ConveyorError, match="Header 'priority' is reserved"):
+        HeaderForward(".*").apply([("priority", "1")], {})
