@@ -94,3 +94,59 @@ def test_header_forward_rules() -> None:
     assert strict == {"x-b": "2"}
     with pytest.raises(ConveyorError, match="Header 'priority' is reserved"):
         HeaderForward(".*").apply([("priority", "1")], {})
+
+
+def _stream_repeat(url: str, values: list[int]) -> list[Any]:
+    client = grpcclient.InferenceServerClient(url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        inp = grpcclient.InferInput("IN", [len(values)], "INT32")
+        inp.set_data_from_numpy(np.array(values, dtype=np.int32))
+        client.async_stream_infer("py_repeat", [inp], enable_empty_final_response=True)
+        got = []
+        while True:
+            item = results.get(timeout=30)
+            got.append(item)
+            if isinstance(item, Exception) or item.get_response().parameters["triton_final_response"].bool_param:
+                return got
+    finally:
+        client.stop_stream()
+
+
+def test_response_stats_of_a_decoupled_model_by_response_index(server: Server) -> None:
+    for _ in range(2):
+        assert len(_stream_repeat(server.grpc_url, [5, 6, 7])) == 4  # three responses, then a bare final flag
+    stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics("py_repeat")
+    by_index = stats["model_stats"][0]["response_stats"]
+    assert sorted(by_index) == ["0", "1", "2", "3"]
+    for key in ("0", "1", "2"):
+        r = by_index[key]
+        assert r["success"]["count"] == 2 and r["compute_infer"]["count"] == 2 and r["compute_output"]["count"] == 2
+        assert r["fail"]["count"] == r["empty_response"]["count"] == r["cancel"]["count"] == 0
+        assert r["success"]["ns"] > 0
+    assert by_index["3"]["empty_response"]["count"] == 2 and by_index["3"]["success"]["count"] == 0
+    # The same over gRPC, as its protobuf map.
+    proto = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics("py_repeat")
+    grpc_stats = proto.model_stats[0].response_stats
+    assert sorted(grpc_stats) == ["0", "1", "2", "3"] and grpc_stats["1"].success.count == 2
+    # A model that is not decoupled has none, as in Triton.
+    plain = httpclient.InferenceServerClient(server.http_url).get_inference_statistics("py_identity")
+    assert plain["model_stats"][0]["response_stats"] == {}
+    assert plain["model_stats"][0]["memory_usage"] == []  # CPU instances: nothing measured, as Triton's CPU backends
+
+
+def test_response_stats_classes() -> None:
+    from conveyor.proto.errors import Status
+    from conveyor.router.stats import ModelStats
+
+    s = ModelStats("m", "1")
+    s.record_response(0, 10, None, True)
+    s.record_response(1, 20, int(Status.INTERNAL), False)
+    s.record_response(1, 5, int(Status.CANCELLED), False)
+    s.record_response(2, 7, None, False)
+    wire = s.wire()["response_stats"]
+    assert wire["0"]["success"] == {"count": 1, "ns": 10} and wire["0"]["compute_output"]["count"] == 1
+    assert wire["1"]["fail"] == {"count": 1, "ns": 20} and wire["1"]["compute_infer"] == {"count": 1, "ns": 20}
+    assert wire["1"]["cancel"] == {"count": 1, "ns": 5} and wire["1"]["compute_output"]["count"] == 0
+    assert wire["2"]["empty_response"] == {"count": 1, "ns": 7} and wire["2"]["compute_infer"]["count"] == 1
