@@ -119,6 +119,7 @@ class ControlHandler:
             "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
                                   for s in states if s.batcher.adaptive is not None},
             "custom": self.custom_metrics.wire(),
+            "load_duration_ns": {f"{s.model}:{s.label}": s.load_duration_ns for s in states},
         }
         exported = self.trace_export()
         if exported is not None:

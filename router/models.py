@@ -77,6 +77,10 @@ class VersionState:
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
     # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
     batch_key: BatchKey = field(default=unbatched)
+    # nv_model_load_duration_secs: from the load's start until every instance first reported
+    # ready (Triton: until the version is loaded); 0 while that has not happened.
+    load_started_ns: int = field(default_factory=time.monotonic_ns)
+    load_duration_ns: int = 0
 
     @property
     def decoupled(self) -> bool:
@@ -160,8 +164,9 @@ def _version_state(
         )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
     state.batch_key = batch_key(config, name)
-    if config.model_transaction_policy.decoupled:
-        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics))
+    decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
+    if decoupled or cached:
+        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
     state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:

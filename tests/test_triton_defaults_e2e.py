@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,9 +28,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("defaults"))
     python_models.write_model(repo, "py_identity", python_models.IDENTITY_MODEL, python_models.IDENTITY_CONFIG)
     python_models.write_model(repo, "py_repeat", python_models.REPEAT_MODEL, python_models.REPEAT_CONFIG)
+    python_models.write_model(repo, "py_cached", python_models.IDENTITY_MODEL,
+                              python_models.IDENTITY_CONFIG.replace('"py_identity"', '"py_cached"')
+                              + "response_cache { enable: true }\n")
     srv = start_server(repo, f"td{os.getpid()}", "--workers", "1",
                        "--http-header-forward-pattern=my_header.*|triton_.*",
-                       "--grpc-header-forward-pattern", "(?-i)my_header.*")
+                       "--grpc-header-forward-pattern", "(?-i)my_header.*",
+                       "--cache-config", "local,size=1048576", "--metrics-config", "summary_latencies=true")
     yield srv
     assert srv.stop() == 0
 
@@ -150,3 +155,39 @@ def test_response_stats_classes() -> None:
     assert wire["1"]["fail"] == {"count": 1, "ns": 20} and wire["1"]["compute_infer"] == {"count": 1, "ns": 20}
     assert wire["1"]["cancel"] == {"count": 1, "ns": 5} and wire["1"]["compute_output"]["count"] == 0
     assert wire["2"]["empty_response"] == {"count": 1, "ns": 7} and wire["2"]["compute_infer"]["count"] == 1
+
+
+def _scrape(server: Server) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_load_duration_gauge(server: Server) -> None:
+    metrics = _scrape(server)
+    for model in ("py_identity", "py_repeat"):
+        took = metrics[f'nv_model_load_duration_secs{{model="{model}",version="1"}}']
+        assert 0 < took < 60
+
+
+def test_cache_summaries_for_a_response_cache_model(server: Server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+    inp.set_data_from_numpy(np.full((1, 3), 0.25, dtype=np.float32))
+    for _ in range(3):  # one miss, then hits
+        client.infer("py_cached", [inp])
+    metrics = _scrape(server)
+    labels = 'model="py_cached",version="1"'
+    assert metrics[f"nv_cache_miss_summary_per_model_count{{{labels}}}"] == 1
+    assert metrics[f"nv_cache_hit_summary_per_model_count{{{labels}}}"] == 2
+    assert f'nv_cache_hit_summary_per_model{{{labels},quantile="0.5"}}' in metrics
+    assert metrics[f"nv_cache_num_hits_per_model{{{labels}}}"] == 2
+    # As Triton: no request summary for a cache model, no cache summaries for the others.
+    assert f"nv_inference_request_summary_us_count{{{labels}}}" not in metrics
+    assert 'nv_inference_request_summary_us_count{model="py_identity",version="1"}' in metrics
+    assert 'nv_cache_hit_summary_per_model_count{model="py_identity",version="1"}' not in metrics
