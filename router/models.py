@@ -71,8 +71,10 @@ class VersionState:
     instances: list[Instance] = field(default_factory=list)
     error: str = ""
     # No instance_group in the config: one CPU instance on every worker, added
-    # and removed as workers come and go.
+    # and removed as workers come and go (or one on every GPU: router/default_groups.py).
     per_worker: bool = False
+    # The GPUs a default or KIND_AUTO group was given when first placed ([]: CPU); None: not yet.
+    auto_gpus: list[int] | None = None
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
     # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
@@ -190,6 +192,10 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
                 devices += ["cuda"] * count
             for gpu in group.gpus:
                 devices += [f"cuda:{gpu}"] * count
+        elif group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            # GPU or CPU once the workers' GPUs are known (router/default_groups.py).
+            listed = ",".join(str(g) for g in group.gpus)
+            devices += [f"auto:{g}:{listed}" for g in group.gpus for _ in range(count)] or ["auto"] * count
         else:
             devices += ["cpu"] * count
     return devices

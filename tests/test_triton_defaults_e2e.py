@@ -19,8 +19,11 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.ingress.header_forward import HeaderForward
 from conveyor.proto.errors import ConveyorError
-from tests import python_models
+from tests import models, python_models
 from tests.conftest import Server, start_server
+
+
+LOG: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     python_models.write_model(repo, "py_cached", python_models.IDENTITY_MODEL,
                               python_models.IDENTITY_CONFIG.replace('"py_identity"', '"py_cached"')
                               + "response_cache { enable: true }\n")
-    srv = start_server(repo, f"td{os.getpid()}", "--workers", "1",
+    # ONNX models without instance_group and with KIND_AUTO: on CPU here (no GPU).
+    models.position(repo, "onnx_default", "")
+    models.position(repo, "onnx_auto", "")
+    for name, group in (("onnx_default", ""), ("onnx_auto", "instance_group [ { count: 2 } ]\n")):
+        path = os.path.join(repo, name, "config.pbtxt")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("instance_group [ { count: 1 kind: KIND_CPU } ]\n", group))
+    LOG.clear()
+    LOG.append(str(tmp_path_factory.mktemp("log") / "conveyor.log"))
+    srv = start_server(repo, f"td{os.getpid()}", "--workers", "1", "--log-file", LOG[0],
                        "--http-header-forward-pattern=my_header.*|triton_.*",
                        "--grpc-header-forward-pattern", "(?-i)my_header.*",
                        "--cache-config", "local,size=1048576", "--metrics-config", "summary_latencies=true")
@@ -191,3 +205,24 @@ def test_cache_summaries_for_a_response_cache_model(server: Server) -> None:
     assert f"nv_inference_request_summary_us_count{{{labels}}}" not in metrics
     assert 'nv_inference_request_summary_us_count{model="py_identity",version="1"}' in metrics
     assert 'nv_cache_hit_summary_per_model_count{model="py_identity",version="1"}' not in metrics
+
+
+def _groups(config: dict[str, Any]) -> list[tuple[str, str, int, list[int]]]:
+    return [(g["name"], g["kind"], g["count"], g.get("gpus", [])) for g in config["instance_group"]]
+
+
+def test_default_and_auto_groups_stay_on_cpu_without_a_gpu_and_config_shows_them(server: Server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    # Triton's NormalizeInstanceGroup: the default group is named after the model; KIND_AUTO resolved.
+    assert _groups(client.get_model_config("onnx_default")) == [("onnx_default", "KIND_CPU", 1, [])]
+    assert _groups(client.get_model_config("onnx_auto")) == [("onnx_auto_0", "KIND_CPU", 2, [])]
+    assert _groups(client.get_model_config("py_identity")) == [("py_identity", "KIND_CPU", 1, [])]
+    proto = grpcclient.InferenceServerClient(server.grpc_url).get_model_config("onnx_auto").config
+    assert proto.instance_group[0].kind == 2 and proto.instance_group[0].count == 2  # KIND_CPU
+    inp = httpclient.InferInput("INPUT0", [2, 1], "INT32")
+    inp.set_data_from_numpy(np.ones((2, 1), dtype=np.int32))
+    for model in ("onnx_default", "onnx_auto"):
+        np.testing.assert_array_equal(client.infer(model, [inp]).as_numpy("OUTPUT0"), [[1], [2]])
+    with open(LOG[0], encoding="utf-8") as f:
+        said = [line for line in f if "no GPU on this host" in line]
+    assert len(said) == 1, said  # once for the group, not once per model
