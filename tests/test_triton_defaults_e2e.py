@@ -22,7 +22,6 @@ from conveyor.proto.errors import ConveyorError
 from tests import models, python_models
 from tests.conftest import Server, start_server
 
-
 LOG: list[str] = []
 
 

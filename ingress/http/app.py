@@ -128,6 +128,7 @@ class Infer:
     def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
         self._dataplane = dataplane
         self._limit = max_body_bytes
+        self._forward = dataplane.limits.header_forward  # --http-header-forward-pattern; None: off
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         header_length = parse_header_length(req.get_header(HEADER_LENGTH))
@@ -139,9 +140,8 @@ class Infer:
         else:
             request = parse_infer_request(body, model, version, header_length)
         request.call.traceparent = req.get_header("traceparent") or ""
-        forward = self._dataplane.limits.header_forward
-        if forward is not None:
-            forward.apply(req.headers.items(), request.call.parameters)
+        if self._forward is not None:
+            self._forward.apply(req.headers.items(), request.call.parameters)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
         host = result.parameters.get(ROUTING_HINT)
