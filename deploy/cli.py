@@ -34,6 +34,7 @@ from conveyor.deploy.options import (
 )
 from conveyor.deploy.scale import ROLES
 from conveyor.deploy.triton_flags import add_unused, log_unused
+from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
@@ -43,8 +44,9 @@ from conveyor.router.trace_settings import parse_trace_config
 log = logging.getLogger("conveyor.cli")
 
 
-def _limits(args: argparse.Namespace) -> IngressLimits:
-    return IngressLimits(args.max_input_elements, args.max_inflight_requests, args.max_json_bytes)
+def _limits(args: argparse.Namespace, forward_pattern: str = "") -> IngressLimits:
+    return IngressLimits(args.max_input_elements, args.max_inflight_requests, args.max_json_bytes,
+                         header_forward(forward_pattern))
 
 
 def add_serve_options(serve: argparse.ArgumentParser) -> None:
@@ -317,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
                        arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                        drain_grace_s=args.drain_grace_secs,
-                       max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
+                       max_body_bytes=args.http_max_body_bytes,
+                       limits=_limits(args, args.http_header_forward_pattern),
                        restricted=restrictions(args.http_restricted_api),
                        ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key)
         else:
@@ -334,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
                        arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                        drain_grace_s=args.drain_grace_secs,
-                       limits=_limits(args), tls=tls,
+                       limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
                        restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX))
         return 0
     return 2

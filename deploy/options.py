@@ -299,11 +299,23 @@ def add_ingress_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-ssl-cert", default="", metavar="PEM",
                    help="serve HTTPS with this certificate (a Conveyor extension: Triton serves plain HTTP)")
     p.add_argument("--http-ssl-key", default="", metavar="PEM", help="the HTTPS private key")
+    p.add_argument("--http-header-forward-pattern", default="", metavar="REGEX",
+                   help="request headers whose name matches become string request parameters (case-insensitive "
+                        "unless the pattern starts with (?-i))")
+    p.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
+                   help="request metadata whose name matches become string request parameters")
 
 
 def check_ingress_args(a: argparse.Namespace) -> str:
     """Why these ingress flags cannot work together, or ''."""
+    from conveyor.ingress.header_forward import check_pattern
     from conveyor.ingress.restricted import restrictions
+
+    for flag, pattern in (("--http-header-forward-pattern", a.http_header_forward_pattern),
+                          ("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)):
+        problem = check_pattern(flag, pattern)
+        if problem:
+            return problem
 
     for flag, groups in (("--http-restricted-api", a.http_restricted_api),
                          ("--grpc-restricted-protocol", a.grpc_restricted_protocol)):
@@ -339,6 +351,10 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
                         ("--http-ssl-key", a.http_ssl_key)):
         if value:
             out += [flag, os.path.abspath(value)]
+    for flag, value in (("--http-header-forward-pattern", a.http_header_forward_pattern),
+                        ("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)):
+        if value:
+            out.append(f"{flag}={value}")  # one argument: a pattern may start with '-'
     return out
 
 

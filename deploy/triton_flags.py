@@ -49,10 +49,6 @@ UNUSED: tuple[Unused, ...] = (
            "ingress's shared-memory arena"),
     Unused("--grpc-infer-response-compression-level", str,
            "responses are sent uncompressed unless the client asks for a compression algorithm on its call"),
-    Unused("--http-header-forward-pattern", str,
-           "request headers are not forwarded as request parameters yet"),
-    Unused("--grpc-header-forward-pattern", str,
-           "request metadata is not forwarded as request parameters yet"),
     Unused("--backend-directory", str,
            "backends are Python modules inside Conveyor (onnxruntime, python, pytorch, tensorrt): "
            "no shared libraries are searched"),

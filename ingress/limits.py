@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conveyor.ingress.header_forward import HeaderForward
 from conveyor.proto.errors import ConveyorError, invalid_arg, unavailable
 
 # 2^30 elements: a 1 GiB INT8/BOOL tensor, as large as the default HTTP body limit allows.
@@ -27,6 +28,9 @@ class IngressLimits:
     max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    # --http-header-forward-pattern / --grpc-header-forward-pattern, whichever this
+    # process serves; None: no header is read for it.
+    header_forward: HeaderForward | None = None
 
 
 def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:

@@ -45,6 +45,10 @@ _SUMMARIES: list[tuple[str, str, str]] = [
      "compute_infer"),
     ("nv_inference_compute_output_summary_us", "Summary of compute output duration in microseconds",
      "compute_output"),
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.",
+     "cache_hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.",
+     "cache_miss"),
 ]
 _HISTOGRAMS: list[tuple[str, str, str]] = [
     ("conveyor_request_duration_seconds", "Successful request duration, router arrival to answer", "request"),
@@ -97,6 +101,11 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
     for s in model_stats:
         depth = pending.get(f'{s["name"]}:{s["version"]}', 0)
         lines.append(f"nv_inference_pending_request_count{{{_labels(s)}}} {depth}")
+    loads: dict[str, int] = snapshot.get("load_duration_ns", {})
+    _header(lines, "nv_model_load_duration_secs", "Model load time in seconds", "gauge")
+    for s in model_stats:
+        took = loads.get(f'{s["name"]}:{s["version"]}', 0)
+        lines.append(f"nv_model_load_duration_secs{{{_labels(s)}}} {_number(took / 1e9)}")
     adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
     if adaptive:
         _header(lines, "conveyor_adaptive_queue_delay_us",
@@ -146,9 +155,11 @@ def _render_summaries(lines: list[str], model_stats: list[dict[str, Any]], laten
     if not rows:
         return
     for name, help_text, kind in _SUMMARIES:
+        present = [(s, summaries[kind]) for s, summaries in rows if kind in summaries]
+        if not present:
+            continue  # the cache summaries exist only for models with a response cache, as in Triton
         _header(lines, name, help_text, "summary")
-        for s, summaries in rows:
-            doc = summaries[kind]
+        for s, doc in present:
             for q, ns in doc["quantiles"].items():
                 lines.append(f'{name}{{{_labels(s)},quantile="{q}"}} {ns // 1000}')
             lines.append(f"{name}_sum{{{_labels(s)}}} {doc['sum_ns'] // 1000}")

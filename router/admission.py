@@ -102,10 +102,13 @@ class Admission:
             except ConveyorError:
                 entry = None  # no loan left: run it instead
         if entry is None:
-            state.stats.cache_miss.add(time.monotonic_ns() - start)
+            elapsed = time.monotonic_ns() - start
+            state.stats.cache_miss.add(elapsed)
+            state.latency.cache_looked_up(False, elapsed)
             return False
         elapsed = time.monotonic_ns() - start
         state.stats.record_cache_hit(elapsed, elapsed)
+        state.latency.cache_looked_up(True, elapsed)
         self.replies.send(identity, m.InferResponse(
             req.id, state.model, state.label, entry.outputs, release=release, generation=self.registry.generation,
         ))

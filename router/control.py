@@ -10,6 +10,7 @@ from conveyor.proto.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.custom_metrics import CustomMetricsStore
+from conveyor.router.default_groups import filled_config
 from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.models import ModelRegistry, metadata, parse_version, signature
 from conveyor.router.workers import WorkerPool
@@ -94,7 +95,8 @@ class ControlHandler:
         for state in entry.versions.values():
             if isinstance(state, EnsembleVersion):
                 state.composing()  # its check says whether it is decoupled (written into the config)
-        return to_json(entry.spec.config)
+        latest = entry.versions[max(entry.versions)] if entry.versions else None
+        return to_json(filled_config(entry.spec.config, latest))
 
     def model_stats(self, model: str = "", version: str = "") -> dict[str, Any]:
         parse_version(version)  # a version string that is no number: Triton's 400, first
@@ -122,6 +124,7 @@ class ControlHandler:
             "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
                                   for s in states if s.batcher.adaptive is not None},
             "custom": self.custom_metrics.wire(),
+            "load_duration_ns": {f"{s.model}:{s.label}": s.load_duration_ns for s in states},
         }
         exported = self.trace_export()
         if exported is not None:

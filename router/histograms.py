@@ -120,6 +120,7 @@ def parse_quantiles(text: str) -> list[float]:
 
 
 SUMMARY_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+CACHE_SUMMARY_KINDS = ("cache_hit", "cache_miss")
 
 
 class LatencyMetrics:
@@ -128,7 +129,7 @@ class LatencyMetrics:
 
     __slots__ = ("compute", "failures", "first_response", "queue", "request", "summaries")
 
-    def __init__(self, first_response_ms: tuple[float, ...] | None = None) -> None:
+    def __init__(self, first_response_ms: tuple[float, ...] | None = None, cached: bool = False) -> None:
         self.first_response = (
             FirstResponse(first_response_ms) if first_response_ms is not None and HistogramConfig.enabled else None
         )
@@ -136,14 +137,25 @@ class LatencyMetrics:
         self.queue = Histogram()
         self.compute = Histogram()
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
-        self.summaries: dict[str, Summary] | None = (
-            {k: Summary() for k in SUMMARY_KINDS} if SummaryConfig.enabled else None
-        )
+        # A response-cache model: Triton adds its cache summaries and leaves out the request
+        # summary (its core: "disabled when cache is enabled to avoid publishing misleading metrics").
+        kinds = (*SUMMARY_KINDS[1:], *CACHE_SUMMARY_KINDS) if cached else SUMMARY_KINDS
+        self.summaries: dict[str, Summary] | None = {k: Summary() for k in kinds} if SummaryConfig.enabled else None
 
     def succeeded(self, request_ns: int) -> None:
         self.request.observe(request_ns)
         if self.summaries is not None:
-            self.summaries["request"].observe(request_ns)
+            request = self.summaries.get("request")
+            if request is not None:
+                request.observe(request_ns)
+
+    def cache_looked_up(self, hit: bool, ns: int) -> None:
+        """A response-cache lookup (a hit's whole duration; a miss's lookup, its insertion
+        comes later and counts in ``nv_cache_miss_duration_per_model`` only)."""
+        if self.summaries is not None:
+            summary = self.summaries.get("cache_hit" if hit else "cache_miss")
+            if summary is not None:
+                summary.observe(ns)
 
     def queued(self, queue_ns: int) -> None:
         self.queue.observe(queue_ns)

@@ -71,12 +71,18 @@ class VersionState:
     instances: list[Instance] = field(default_factory=list)
     error: str = ""
     # No instance_group in the config: one CPU instance on every worker, added
-    # and removed as workers come and go.
+    # and removed as workers come and go (or one on every GPU: router/default_groups.py).
     per_worker: bool = False
+    # The GPUs a default or KIND_AUTO group was given when first placed ([]: CPU); None: not yet.
+    auto_gpus: list[int] | None = None
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
     # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
     batch_key: BatchKey = field(default=unbatched)
+    # nv_model_load_duration_secs: from the load's start until every instance first reported
+    # ready (Triton: until the version is loaded); 0 while that has not happened.
+    load_started_ns: int = field(default_factory=time.monotonic_ns)
+    load_duration_ns: int = 0
 
     @property
     def decoupled(self) -> bool:
@@ -160,8 +166,9 @@ def _version_state(
         )
     state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
     state.batch_key = batch_key(config, name)
-    if config.model_transaction_policy.decoupled:
-        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics))
+    decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
+    if decoupled or cached:
+        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
     state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:
@@ -185,6 +192,10 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
                 devices += ["cuda"] * count
             for gpu in group.gpus:
                 devices += [f"cuda:{gpu}"] * count
+        elif group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            # GPU or CPU once the workers' GPUs are known (router/default_groups.py).
+            listed = ",".join(str(g) for g in group.gpus)
+            devices += [f"auto:{g}:{listed}" for g in group.gpus for _ in range(count)] or ["auto"] * count
         else:
             devices += ["cpu"] * count
     return devices

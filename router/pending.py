@@ -25,6 +25,8 @@ class Pending:
     ensemble_stats: ModelStats | None = None
     trace: TraceRecord | None = None  # sampled for a trace (router/tracing.py)
     responded: bool = False  # a decoupled request has had its first response
+    responses: int = 0  # a decoupled request's responses so far: the next one's response_stats index
+    last_response_ns: int = 0  # when its latest response reached the router (0: none yet)
     direct: bool = False  # its worker answers the ingress itself (``BatchItem.reply_to``)
 
     def expires_ns(self) -> int:

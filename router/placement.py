@@ -10,6 +10,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.framing import PeerOutbox
 from conveyor.router.cloud import RepositoryRoots
+from conveyor.router.default_groups import pool_gpus, resolve
 from conveyor.router.dispatch import Running
 from conveyor.router.lifecycle import ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry
@@ -57,7 +58,10 @@ class Placement:
         """Give per-worker models (no instance_group) one instance per worker, then
         send every unplaced instance to a worker."""
         workers = len(self.pool.workers)
+        gpus = pool_gpus([w.devices for w in self.pool.workers.values()])
         for state in self.registry.live_versions():
+            if workers and state.auto_gpus is None:
+                resolve(state, gpus, self.registry.next_index)  # Triton's default / KIND_AUTO placement
             if state.per_worker and not state.error:
                 for _ in range(workers - len(state.instances)):
                     state.instances.append(Instance(state, self.registry.next_index(), "cpu"))

@@ -118,11 +118,16 @@ class Results:
             return  # a late response for a request already ended (worker dropped, router restarted)
         p = run.items[msg.index]
         state = run.instance.version
+        now = time.monotonic_ns()
+        state.stats.record_response(p.responses, now - (p.last_response_ns or run.dispatched_ns),
+                                    msg.error.status if msg.error else None, bool(msg.outputs))
+        p.responses += 1
+        p.last_response_ns = now
         if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response
             p.responded = True
             first = state.latency.first_response
             if first is not None and msg.error is None:
-                first.histogram.observe(time.monotonic_ns() - p.arrival_ns)
+                first.histogram.observe(now - p.arrival_ns)
         resp = m.InferResponse(
             p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
             msg.parameters, self.registry.generation,

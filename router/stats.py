@@ -6,6 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.proto.errors import Status
+
+CANCELLED = int(Status.CANCELLED)
+
 
 @dataclass(slots=True)
 class Duration:
@@ -27,6 +31,35 @@ class BatchSizeStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+@dataclass(slots=True)
+class ResponseStats:
+    """Triton's InferResponseStatistics: the responses at one index of decoupled requests."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def wire(self) -> dict[str, dict[str, int]]:
+        return {"compute_infer": self.compute_infer.wire(), "compute_output": self.compute_output.wire(),
+                "success": self.success.wire(), "fail": self.fail.wire(),
+                "empty_response": self.empty_response.wire(), "cancel": self.cancel.wire()}
+
+
+@dataclass(slots=True)
+class MemoryUsage:
+    """One entry of Triton's ``memory_usage``: what loading the model took on one device."""
+
+    kind: str  # "CPU", "CPU_PINNED" or "GPU"
+    device: int
+    byte_size: int
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": self.kind, "id": self.device, "byte_size": self.byte_size}
+
+
 @dataclass
 class ModelStats:
     name: str
@@ -43,6 +76,34 @@ class ModelStats:
     batches: dict[int, BatchSizeStats] = field(default_factory=dict)
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
+    # Decoupled models: by response index within a request ("0", "1", ...), as Triton.
+    responses: dict[int, ResponseStats] = field(default_factory=dict)
+    memory: list[MemoryUsage] = field(default_factory=list)
+
+    def record_response(self, index: int, took_ns: int, error_status: int | None, has_outputs: bool) -> None:
+        """A decoupled request's response number ``index``, ``took_ns`` after the previous one
+        (or after its execution started). Triton's classes: a success has outputs, an empty
+        response is a bare final flag, a cancellation is a CANCELLED error, any other error fails.
+
+        Triton's backend splits the time into infer and output (the tensor copy); here the
+        router sees the response whole, so it is all ``compute_infer`` and ``compute_output``
+        counts the response with 0 ns (the output is in shared memory already)."""
+        r = self.responses.get(index)
+        if r is None:
+            r = self.responses[index] = ResponseStats()
+        if error_status == CANCELLED:
+            r.cancel.add(took_ns)
+            return
+        r.compute_infer.add(took_ns)
+        if error_status is not None:
+            if has_outputs:
+                r.compute_output.add(0)
+            r.fail.add(took_ns)
+        elif has_outputs:
+            r.compute_output.add(0)
+            r.success.add(took_ns)
+        else:
+            r.empty_response.add(took_ns)
 
     def record_batch(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of ``batch_size`` rows serving ``requests`` requests.
@@ -99,7 +160,7 @@ class ModelStats:
                 "cache_hit": self.cache_hit.wire(),
                 "cache_miss": self.cache_miss.wire(),
             },
-            "response_stats": {},
+            "response_stats": {str(i): r.wire() for i, r in sorted(self.responses.items())},
             "batch_stats": [
                 {
                     "batch_size": size,
@@ -109,5 +170,5 @@ class ModelStats:
                 }
                 for size, b in sorted(self.batches.items())
             ],
-            "memory_usage": [],
+            "memory_usage": [u.wire() for u in self.memory],
         }

@@ -5,6 +5,7 @@ went silent or drained."""
 from __future__ import annotations
 
 import logging
+import time
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
@@ -81,6 +82,8 @@ class WorkerMembership:
         else:
             inst.state = InstanceState.READY
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
+            if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):
+                state.load_duration_ns = max(1, time.monotonic_ns() - state.load_started_ns)
         self.dispatcher.schedule(state)
         self.placement.settle()
 

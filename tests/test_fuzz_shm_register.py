@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import falcon.testing
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.http.app import build_app
+from conveyor.ingress.limits import IngressLimits
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, http_status
 from conveyor.router.client_shm import ClientShmRegistry, control_ops
@@ -67,7 +69,8 @@ region_names = st.sampled_from(["r", "r", "s", "a%2Fb", "%00", "x" * 200])
 def test_http_register_bodies(calls: list[tuple[str, str, Any]]) -> None:
     tried("shm HTTP register body")
     registry = ClientShmRegistry(allow=True, max_regions=2)
-    ctx = type("Ctx", (), {"link": RegistryLink(registry), "dataplane": None, "drain": IngressDrain()})()
+    dataplane = SimpleNamespace(limits=IngressLimits())  # the infer route reads its limits when built
+    ctx = type("Ctx", (), {"link": RegistryLink(registry), "dataplane": dataplane, "drain": IngressDrain()})()
     client = falcon.testing.TestClient(build_app(ctx))  # type: ignore[arg-type]
     for kind, name, body in calls:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.server import start_server
+from conveyor.ingress.limits import IngressLimits
 from conveyor.proto import health_pb2, health_pb2_grpc
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import invalid_arg, not_found, unavailable
@@ -70,6 +71,7 @@ class FakeDataPlane:
     raises, and a ``delay_ms`` request parameter makes it wait first."""
 
     def __init__(self) -> None:
+        self.limits = IngressLimits()
         self.calls: list[InferCall] = []
         self.cancelled = 0
         self.released = 0

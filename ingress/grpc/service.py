@@ -99,6 +99,7 @@ class InferenceServicer:
         self._dataplane = dataplane
         self._drain = drain
         self._server_metadata = codec.server_metadata_response(server_metadata())
+        self._forward = dataplane.limits.header_forward  # --grpc-header-forward-pattern, None: off
 
     # --- health and metadata ---------------------------------------------------------
 
@@ -147,6 +148,8 @@ class InferenceServicer:
             raise
         if self._link.tracing:
             call.traceparent = _traceparent(context)
+        if self._forward is not None:
+            self._forward.apply(context.invocation_metadata() or (), call.parameters)
         return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))
 
     async def ModelStreamInfer(
@@ -168,6 +171,8 @@ class InferenceServicer:
             return
         try:
             call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+            if self._forward is not None:
+                self._forward.apply(context.invocation_metadata() or (), call.parameters)
             if await self._dataplane.is_decoupled(call.model, call.version):
                 await self._stream_decoupled(call, replies)
                 return

@@ -129,6 +129,7 @@ class Infer:
     def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
         self._dataplane = dataplane
         self._limit = max_body_bytes
+        self._forward = dataplane.limits.header_forward  # --http-header-forward-pattern; None: off
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         try:
@@ -145,6 +146,8 @@ class Infer:
             self._dataplane.refused(model, version, exc)
             raise
         request.call.traceparent = req.get_header("traceparent") or ""
+        if self._forward is not None:
+            self._forward.apply(req.headers.items(), request.call.parameters)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
         host = result.parameters.get(ROUTING_HINT)
