@@ -119,3 +119,32 @@ def test_framed_response_parses_as_protobuf_built_one(stream: bool) -> None:
         assert buf == pb.ModelStreamInferResponse(infer_response=expected).SerializeToString()
     else:
         assert buf == expected.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "request_id", "outputs"),
+    [
+        ("simple", "1", "req-7", [("OUTPUT0", "INT32", [1, 16]), ("OUTPUT1", "INT32", [1, 16])]),
+        ("m", "", "", [("scalar", "FP32", [])]),  # empty strings and shape are not written
+        ("é-model", "12", "x" * 300, [("o", "BYTES", [0, 3, 1 << 40, -1])]),  # long id, big/negative dims
+        ("m", "1", "i", []),
+    ],
+)
+def test_response_head_is_what_protobuf_writes(
+    model: str, version: str, request_id: str, outputs: list[tuple[str, str, list[int]]]
+) -> None:
+    expected = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+    for name, datatype, shape in outputs:
+        expected.outputs.add(name=name, datatype=datatype, shape=shape)
+    for _ in range(2):  # the second time from the cache
+        assert wire.infer_response_head(model, version, request_id, outputs) == expected.SerializeToString()
+
+
+def test_response_head_places_the_parameters_where_protobuf_does() -> None:
+    params = pb.ModelInferResponse()
+    params.parameters["flag"].bool_param = True
+    expected = pb.ModelInferResponse(model_name="m", id="i")
+    expected.parameters["flag"].bool_param = True
+    expected.outputs.add(name="o", datatype="UINT8", shape=[2])
+    head = wire.infer_response_head("m", "", "i", [("o", "UINT8", [2])], params.SerializeToString())
+    assert head == expected.SerializeToString()

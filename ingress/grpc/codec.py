@@ -237,17 +237,21 @@ def encode_infer_response(result: InferResult, *, stream: bool = False, final: b
     result is released even if encoding fails.
     """
     try:
-        head = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=result.id)
-        add = head.outputs.add
-        for out in result.outputs:
-            add(name=out.name, datatype=out.datatype, shape=out.shape)
-        if result.parameters:
-            set_params(head.parameters, result.parameters)
-        if final is not None:
-            head.parameters[FINAL_RESPONSE].bool_param = final
+        params = b""
+        if result.parameters or final is not None:
+            holder = pb.ModelInferResponse()
+            if result.parameters:
+                set_params(holder.parameters, result.parameters)
+            if final is not None:
+                holder.parameters[FINAL_RESPONSE].bool_param = final
+            params = holder.SerializeToString()
+        outputs = result.outputs
+        head = wire.infer_response_head(
+            result.model, result.version, result.id, [(o.name, o.datatype, o.shape) for o in outputs], params
+        )
         # An output in the client's shared memory keeps its place with no bytes, as in Triton.
-        tensors = [b"" if out.raw is None else out.raw for out in result.outputs]
-        return wire.frame_infer_response(head.SerializeToString(), tensors, stream=stream)
+        tensors = [b"" if out.raw is None else out.raw for out in outputs]
+        return wire.frame_infer_response(head, tensors, stream=stream)
     finally:
         result.release()
 

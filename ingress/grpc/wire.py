@@ -13,7 +13,10 @@ instead of the generated (de)serializers:
   few microseconds of Python, more than copying a few KiB.
 * ``frame_infer_response`` appends ``raw_output_contents`` to a serialized
   header in one ``bytes.join``, so each output is copied exactly once, from
-  shared memory into the message grpc sends.
+  shared memory into the message grpc sends. ``infer_response_head`` writes
+  that header itself: the description of an output (name, datatype, shape)
+  repeats from one response to the next, so its bytes are kept, and a response
+  costs a few dictionary look-ups instead of building protobuf objects.
 
 Protobuf's wire format is stable and documented
 (https://protobuf.dev/programming-guides/encoding/); the two field numbers used
@@ -32,6 +35,10 @@ from conveyor.proto import grpc_service_pb2 as pb
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest.raw_input_contents
 RAW_OUTPUT_CONTENTS = 6  # ModelInferResponse.raw_output_contents
 STREAM_INFER_RESPONSE = 2  # ModelStreamInferResponse.infer_response
+# ModelInferResponse's other fields, in the order protobuf writes them.
+RESPONSE_MODEL_NAME, RESPONSE_MODEL_VERSION, RESPONSE_ID, RESPONSE_OUTPUTS = 1, 2, 3, 5
+# ModelInferResponse.InferOutputTensor
+OUTPUT_NAME, OUTPUT_DATATYPE, OUTPUT_SHAPE = 1, 2, 3
 
 _LENGTH_DELIMITED = 2
 _RAW_OUTPUT_KEY = bytes([RAW_OUTPUT_CONTENTS << 3 | _LENGTH_DELIMITED])
@@ -88,6 +95,60 @@ def frame_infer_response(head: bytes, tensors: Sequence[Buffer], *, stream: bool
     if stream:
         parts[0] = _STREAM_RESPONSE_KEY + _encode_varint(size)
     return b"".join(parts)
+
+
+def infer_response_head(model: str, version: str, request_id: str, outputs: Sequence[tuple[str, str, Sequence[int]]],
+                        parameters: bytes = b"") -> bytes:
+    """A ModelInferResponse without raw contents, byte for byte what protobuf
+    writes: ``parameters`` is the serialized ``parameters`` field (protobuf's
+    own, from a message holding nothing else), ``outputs`` (name, datatype,
+    shape) per output."""
+    head = _MODEL_HEADS.get((model, version))
+    if head is None:
+        head = _string_field(RESPONSE_MODEL_NAME, model) + _string_field(RESPONSE_MODEL_VERSION, version)
+        _remember(_MODEL_HEADS, (model, version), head)
+    parts = [head, _string_field(RESPONSE_ID, request_id) if request_id else b"", parameters]
+    for name, datatype, shape in outputs:
+        key = (name, datatype, *shape)
+        described = _OUTPUT_HEADS.get(key)
+        if described is None:
+            described = _length_delimited(RESPONSE_OUTPUTS, _output_tensor(name, datatype, shape))
+            _remember(_OUTPUT_HEADS, key, described)
+        parts.append(described)
+    return b"".join(parts)
+
+
+# Models and outputs seen lately, as bytes; emptied when full (shapes may vary).
+_CACHE_ENTRIES = 4096
+_MODEL_HEADS: dict[tuple[str, str], bytes] = {}
+_OUTPUT_HEADS: dict[tuple[Any, ...], bytes] = {}
+
+
+def _remember(cache: dict[Any, bytes], key: Any, value: bytes) -> None:
+    if len(cache) >= _CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
+
+
+def _output_tensor(name: str, datatype: str, shape: Sequence[int]) -> bytes:
+    body = _string_field(OUTPUT_NAME, name) + _string_field(OUTPUT_DATATYPE, datatype)
+    if len(shape):
+        # int64 is written as its 64-bit two's complement (a negative takes 10 bytes).
+        packed = b"".join(_encode_varint(d & _UINT64) for d in shape)
+        body += _length_delimited(OUTPUT_SHAPE, packed)
+    return body
+
+
+_UINT64 = (1 << 64) - 1
+
+
+def _string_field(field: int, value: str) -> bytes:
+    """A proto3 string field; the empty string is not written."""
+    return _length_delimited(field, value.encode()) if value else b""
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    return _encode_varint(field << 3 | _LENGTH_DELIMITED) + _encode_varint(len(payload)) + payload
 
 
 def _split_field(buf: bytes, field: int) -> tuple[bytes | memoryview, list[memoryview]]:
