@@ -2,15 +2,17 @@
 DEALER/ROUTER round trip over ``ipc://`` (the transport between ingress, router
 and worker) against a plain UNIX socket pair, both between two processes.
 
-    python deploy/bench_transport.py [--round-trips 5000]
+    python deploy/bench_transport.py [--round-trips 5000] [--burst 16]
 
 A request crosses two such round trips (ingress <-> router, router <-> worker),
 so this bounds from below what the pipeline adds to a model's own time. Each
 ZeroMQ message wakes three threads (the sender's I/O thread, the receiver's
 I/O thread, the receiving application thread); a socket pair wakes one. Where
 waking a thread is dear (a virtual machine whose idle vCPUs sleep), that is the
-difference. Writes bench-results/transport.{json,md}; the figures go into
-docs/PERFORMANCE.md.
+difference. The burst rows put ``--burst`` descriptors in flight at once, sent
+one ZeroMQ message each or all in one message (how the links coalesce them,
+``proto/framing.py``), and give the cost per descriptor. Writes
+bench-results/transport.{json,md}; the figures go into docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -81,6 +83,43 @@ def zmq_ipc(round_trips: int) -> dict[str, float]:
         sock.close(0)
 
 
+def zmq_ipc_burst(round_trips: int, burst: int, coalesced: bool) -> dict[str, float]:
+    """``burst`` descriptors in flight per round trip: sent as ``burst`` ZeroMQ messages, or
+    (``coalesced``) as one message of ``burst`` frames, as the links send them (proto/framing.py).
+    The figures are per descriptor."""
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='conveyor-transport-')}/hop.sock"
+
+    def serve() -> None:
+        sock = zmq.Context().socket(zmq.ROUTER)
+        sock.bind(endpoint)
+        for _ in range(round_trips + 1):
+            if coalesced:
+                sock.send_multipart(sock.recv_multipart())
+            else:
+                for _ in range(burst):
+                    sock.send_multipart(sock.recv_multipart())
+
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    frames = [PAYLOAD] * burst
+
+    def ping() -> None:
+        if coalesced:
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+        else:
+            for frame in frames:
+                sock.send(frame)
+            for _ in frames:
+                sock.recv()
+
+    try:
+        result = measure(serve, ping, round_trips)
+    finally:
+        sock.close(0)
+    return {key: value / burst for key, value in result.items()}
+
+
 def socket_pair(round_trips: int) -> dict[str, float]:
     near, far = socket.socketpair()
 
@@ -104,11 +143,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--round-trips", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--burst", type=int, default=16, help="descriptors in flight for the burst rows")
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
+    benches: list[tuple[str, Callable[[int], dict[str, float]]]] = [
+        ("zeromq ipc DEALER/ROUTER", zmq_ipc),
+        ("UNIX socket pair", socket_pair),
+        (f"zeromq, {args.burst} in flight, a message each (per descriptor)",
+         lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=False)),
+        (f"zeromq, {args.burst} in flight, one message (per descriptor)",
+         lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=True)),
+    ]
     for run in range(args.repeat):
-        for name, bench in (("zeromq ipc DEALER/ROUTER", zmq_ipc), ("UNIX socket pair", socket_pair)):
+        for name, bench in benches:
             results.append({"transport": name, "run": run + 1, **bench(args.round_trips)})
             print(json.dumps(results[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)

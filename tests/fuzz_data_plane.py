@@ -46,7 +46,11 @@ class FakeRouterLink:
         self._ids = itertools.count(1)
         self.on_orphan: Any = None
         self.requests: list[m.InferRequest] = []
+        self.refusals: list[tuple[str, str]] = []  # requests refused as invalid, counted for their model
         self.tracing = False
+
+    def refused(self, model: str, version: str) -> None:
+        self.refusals.append((model, version))
 
     def next_id(self) -> int:
         return next(self._ids)
