@@ -69,6 +69,10 @@ class DynamicBatcher:
     def next_expiry_ns(self) -> int:
         return self.queues.next_expiry_ns
 
+    def head(self) -> Pending | None:
+        """The request that leaves next (None if empty)."""
+        return next(self.queues.in_order(), None)
+
     def next_batch(self, now_ns: int) -> list[Pending] | int | None:
         """A batch to run now, or the time (ns) to ask again, or None if empty."""
         queues = self.queues

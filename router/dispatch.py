@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox
+from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.models import Instance, InstanceState, VersionState
 from conveyor.router.pending import Pending
 from conveyor.router.rate_limiter import RateLimiter
@@ -130,17 +131,15 @@ class Dispatcher:
         if isinstance(batcher, SequenceBatcher):
             self._run_sequences(state, batcher, now)
             return
-        limiter = self.limiter
         while len(batcher):
-            instance = next(
-                (i for i in state.instances if i.state is InstanceState.READY and not i.busy
-                 and (limiter is None or limiter.free(i))), None
-            )
+            instance = self._free_instance(state)
+            if instance is not None and instance.running and not _may_wait_on_worker(batcher):
+                return  # it waits here, where its deadline is kept, for an instance to be free
             if instance is None:
                 if not state.ready:
                     self._fail_queue(state, ConveyorError(Status.UNAVAILABLE, state.reason))
-                elif limiter is not None:
-                    limiter.wait(state)  # looked at again when resources are given back
+                elif self.limiter is not None:
+                    self.limiter.wait(state)  # looked at again when resources are given back
                 return
             batch = batcher.next_batch(now)
             if batch is None:
@@ -149,6 +148,20 @@ class Dispatcher:
                 self._wake_at(state, batch)
                 return
             self._dispatch(state, instance, batch, now)
+
+    def _free_instance(self, state: VersionState) -> Instance | None:
+        """A ready instance that can take a batch now: an idle one first, else one whose
+        running batch the next may queue behind (``VersionState.pipeline_depth``)."""
+        limiter = self.limiter
+        depth = state.pipeline_depth if limiter is None else 1
+        behind: Instance | None = None
+        for inst in state.instances:
+            if inst.state is InstanceState.READY and inst.running < depth and (limiter is None or limiter.free(inst)):
+                if not inst.running:
+                    return inst
+                if behind is None:
+                    behind = inst
+        return behind
 
     def _run_sequences(self, state: VersionState, batcher: SequenceBatcher, now: int) -> None:
         """Sequence batching: each serving instance runs the next requests of its own sequences."""
@@ -202,7 +215,7 @@ class Dispatcher:
             if r.regions:
                 regions += r.regions
         self.dispatched_items += len(batch)
-        instance.busy = True
+        instance.running += 1
         if self.limiter is not None:
             self.limiter.acquire(instance)
         self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
@@ -217,3 +230,11 @@ class Dispatcher:
             self.queued.pop((item.ingress, item.request.id), None)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+
+
+def _may_wait_on_worker(batcher: DynamicBatcher) -> bool:
+    """Whether the next request may queue behind a running batch on its worker: only one
+    with no deadline or queue timeout (those are kept in the router's queue, and a BLS call
+    to its own busy instance must time out there instead of waiting on itself)."""
+    head = batcher.head()
+    return head is not None and not head.expires_ns()

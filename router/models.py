@@ -44,10 +44,15 @@ class Instance:
     device: str  # what the config asks: "cpu", "cuda:N", or "cuda" (any GPU: KIND_GPU without gpus)
     state: InstanceState = InstanceState.UNPLACED
     worker: bytes | None = None
-    busy: bool = False
+    running: int = 0  # batches sent to its worker and not answered yet (see VersionState.pipeline_depth)
     error: str = ""
     placed_device: str = ""  # for "cuda": the GPU placement chose
     load_attempts: int = 0  # failed loads so far (--model-load-retry-count)
+
+    @property
+    def busy(self) -> bool:
+        """A batch of it is on its worker."""
+        return self.running > 0
 
     @property
     def load_device(self) -> str:
@@ -83,6 +88,11 @@ class VersionState:
     # ready (Triton: until the version is loaded); 0 while that has not happened.
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_duration_ns: int = 0
+    # How many batches an instance may hold at once. A model without dynamic batching never grows
+    # a batch by waiting, so its next request goes to the worker while the current one runs:
+    # the instance starts it as soon as it is free, without waiting for the router (2). Batching,
+    # sequence and decoupled models wait until an instance is free (1), as in Triton.
+    pipeline_depth: int = 1
 
     @property
     def decoupled(self) -> bool:
@@ -173,6 +183,8 @@ def _version_state(
     state.per_worker = not config.instance_group
     if db.preserve_ordering:
         state.order = ResponseOrder()
+    if not (config.HasField("dynamic_batching") or config.HasField("sequence_batching") or decoupled):
+        state.pipeline_depth = 2
     return state
 
 

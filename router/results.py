@@ -47,7 +47,7 @@ class Results:
             return
         run.executing = False
         inst = run.instance
-        inst.busy = False
+        inst.running = max(0, inst.running - 1)
         if self.limiter is not None:
             self.limiter.release(inst)
         state = inst.version

@@ -129,7 +129,7 @@ class WorkerMembership:
             if state.per_worker:
                 state.instances.remove(inst)
             else:
-                inst.state, inst.worker, inst.busy = InstanceState.UNPLACED, None, False
+                inst.state, inst.worker, inst.running = InstanceState.UNPLACED, None, 0
             touched.add(id(state))
         self.placement.place()
         for state in self.registry.every_version():

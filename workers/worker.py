@@ -404,6 +404,9 @@ class Worker:
         streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
         if inst.runs_inline():
             self._emit_all(answers(msg, self._run_batch(inst, msg, streams)))
+            # The clients' answers leave now, not after the next batches of this turn; the
+            # router's copy waits for the turn's end (it may already have sent the next batch).
+            self.replies.flush()
         else:
             inst.submit(lambda: self._post_all(answers(msg, self._run_batch(inst, msg, streams))))
 
