@@ -43,10 +43,14 @@ PING_TIMEOUT_S = 5.0
 DRAIN_BATCH = 64  # messages taken per socket per turn of the event loop
 
 
+# "0": every reply comes through the router (to compare, or to rule the direct path out).
+DIRECT_REPLIES_ENV = "CONVEYOR_DIRECT_REPLIES"
+
+
 def reply_endpoint(router_endpoint: str) -> str:
     """Where workers may answer this process directly: an IPC socket beside the router's
     ("" for other transports: then every reply comes through the router)."""
-    if not router_endpoint.startswith("ipc://"):
+    if not router_endpoint.startswith("ipc://") or os.environ.get(DIRECT_REPLIES_ENV, "1") == "0":
         return ""
     folder = os.path.dirname(router_endpoint[len("ipc://"):])
     return f"ipc://{folder}/ingress-{os.getpid()}.sock"

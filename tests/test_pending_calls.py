@@ -58,3 +58,4 @@ def test_a_callback_that_raises_does_not_stop_the_link() -> None:
     calls.add_control(5, lambda reply: None)
     calls.forget_control(5)
     calls.deliver_control(m.ControlReply(5))  # given up: dropped without a word
+
