@@ -7,15 +7,27 @@ import os
 
 def children(pid: int) -> dict[int, list[str]]:
     """Child pid -> its command line, for every live child of ``pid``."""
+    return _processes(_PPID, pid)
+
+
+def group_processes(pgid: int) -> dict[int, list[str]]:
+    """Pid -> its command line, for every live process of process group ``pgid``."""
+    return _processes(_PGRP, pgid)
+
+
+# Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ...
+_PPID, _PGRP = 1, 2
+
+
+def _processes(field: int, value: int) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != pid:
-                continue
+                if int(f.read().rsplit(")", 1)[1].split()[field]) != value:
+                    continue
             with open(f"/proc/{entry}/cmdline") as f:
                 found[int(entry)] = f.read().split("\0")
         except OSError:

@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from conveyor.deploy.bench import wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.procs import actor_role, children
 
@@ -58,18 +59,6 @@ def cpu_seconds(pid: int) -> float:
 def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
-
-
-def wait_ready(http: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://{http}/v2/models/simple/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            time.sleep(0.3)
-    raise SystemExit("server not ready")
 
 
 def done_requests(http: str, model: str) -> int:

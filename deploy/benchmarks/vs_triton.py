@@ -52,7 +52,7 @@ from typing import Any
 
 from conveyor.deploy.bench import ROOT, PerfAnalyzerFailed, cpu_seconds, perf_analyzer, run_one, wait_ready
 from conveyor.deploy.example_repo import add_sub, identity
-from conveyor.deploy.procs import actor_role
+from conveyor.deploy.procs import actor_role, group_processes
 from conveyor.shm.naming import group_segments
 
 REAL_TRITON = ROOT.parent / "shared" / "tools" / "real-triton"
@@ -154,23 +154,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def group_processes(pgid: int) -> dict[int, list[str]]:
-    """Every live process of a process group -> its command line."""
-    found: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
-                    continue
-            with open(f"/proc/{entry}/cmdline") as f:
-                found[int(entry)] = f.read().split("\0")
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 @dataclass
