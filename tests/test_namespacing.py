@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import ModelRegistry
 from conveyor.router.namespaces import assign_keys, step_key
@@ -61,8 +62,9 @@ def test_registry_refuses_the_ambiguous_name(tmp_path: Path) -> None:
     lifecycle = ModelLifecycle(registry, [a, b], ControlMode.EXPLICIT, ["m", "only_a"], namespacing=True)
     lifecycle.startup()
     assert sorted(registry.models) == sorted([f"{a}/m", f"{b}/m", "only_a"])  # --load-model m: both
-    with pytest.raises(Exception, match="There are 2 identifiers of model 'm'"):
+    with pytest.raises(ConveyorError) as info:
         registry.entry("m")
+    assert info.value.status is Status.INVALID_ARG and info.value.message == AMBIGUOUS
     assert registry.entry("only_a").spec.name == "only_a"
     lifecycle.check_control_allowed()
     lifecycle.unload("m")  # unloads every model of that name
