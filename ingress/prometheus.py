@@ -77,8 +77,7 @@ def _labels(s: dict[str, Any]) -> str:
 
 
 def _namespace(s: dict[str, Any]) -> str:
-    """Triton's ``namespace`` label: with --model-namespacing, on a model whose name several
-    repositories hold (Conveyor keeps the names of the others unchanged)."""
+    """Triton's ``namespace`` label (with --model-namespacing: the model's repository)."""
     return f'namespace="{s["namespace"]}",' if "namespace" in s else ""
 
 

@@ -153,9 +153,11 @@ class ControlHandler:
 
 
 def _metric_stats(state: VersionState) -> dict[str, Any]:
-    """A version's statistics for /metrics; a --model-namespacing key adds Triton's
-    ``namespace`` label (its repository) and the key its other maps use."""
+    """A version's statistics for /metrics; with --model-namespacing, Triton's ``namespace``
+    label (its repository) and, for a name several repositories hold, the key its other maps use."""
     doc = state.stats.wire()
+    if state.namespace:
+        doc["namespace"] = state.namespace
     if os.sep in state.model:
-        doc["key"], doc["namespace"] = state.model, os.path.dirname(state.model)
+        doc["key"] = state.model
     return doc

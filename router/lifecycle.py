@@ -260,9 +260,19 @@ class ModelLifecycle:
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        keys = set(self._on_disk()) | set(self.registry.models) | set(self.registry.unloaded)
-        # By name, as Triton: a name that several repositories hold (--model-namespacing) is listed for each.
-        for key in sorted(keys, key=lambda k: (name_of(k), k)):
+        on_disk = self._on_disk()
+        keys = set(on_disk) | set(self.registry.models) | set(self.registry.unloaded)
+
+        def order(key: str) -> tuple[str, str]:
+            """By name, as Triton; with --model-namespacing by repository, then name (Triton's
+            (namespace, name) order), a name several repositories hold once for each."""
+            if not self.namespacing:
+                return "", key
+            entry = self.registry.models.get(key)
+            path = on_disk.get(key) or (entry.spec.path if entry is not None else key)
+            return os.path.dirname(path), name_of(key)
+
+        for key in sorted(keys, key=order):
             name = name_of(key)
             entry = self.registry.models.get(key)
             if entry is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,6 +95,8 @@ class VersionState:
     # the instance starts it as soon as it is free, without waiting for the router (2). Batching,
     # sequence and decoupled models wait until an instance is free (1), as in Triton.
     pipeline_depth: int = 1
+    # --model-namespacing: its repository, Triton's ``namespace`` metrics label ("" without it).
+    namespace: str = ""
 
     @property
     def decoupled(self) -> bool:
@@ -239,11 +242,17 @@ class ModelRegistry:
         self.generation = time.time_ns() // 1_000_000 % (1 << 40)
 
     def build(self, spec: ModelSpec) -> ModelEntry:
+        entry: ModelEntry
         if spec.backend == "ensemble" and not spec.error:
             from conveyor.router.ensemble_state import build_ensemble_entry  # it builds on this module
 
-            return build_ensemble_entry(spec, self)
-        return build_entry(spec, self.queue_cap, self.next_index)
+            entry = build_ensemble_entry(spec, self)
+        else:
+            entry = build_entry(spec, self.queue_cap, self.next_index)
+        if self.namespacing:
+            for state in entry.versions.values():
+                state.namespace = os.path.dirname(spec.path)
+        return entry
 
     def replace(self, specs: dict[str, ModelSpec]) -> None:
         self.models = {name: self.build(spec) for name, spec in specs.items()}
