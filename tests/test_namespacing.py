@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router.ensemble_state import EnsembleVersion
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import ModelRegistry
 from conveyor.router.namespaces import assign_keys, step_key
@@ -137,3 +138,25 @@ def test_metrics_label_the_namespace(ns_server: Server, repos: tuple[str, str]) 
     for repo in repos:
         assert f'nv_inference_count{{model="m",namespace="{repo}",version="1"}}' in text
     assert f'nv_inference_count{{model="ens_b",namespace="{repos[1]}",version="1"}}' in text  # every model, as Triton
+
+
+def test_poll_rekeys_when_a_second_repository_gains_the_name(tmp_path: Path) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    identity_int32(a, "m")
+    ensemble(a, "ens_a", ["IN"], ["OUT"], [_step("m", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})])
+    os.makedirs(b)
+    registry = ModelRegistry()
+    lifecycle = ModelLifecycle(registry, [a, b], ControlMode.POLL, namespacing=True)
+    lifecycle.startup()
+    assert sorted(registry.models) == ["ens_a", "m"]
+    assert _steps(registry, "ens_a") == ["m"]
+    identity_int32(b, "m", op="Neg")
+    lifecycle.poll()
+    assert sorted(registry.models) == sorted(["ens_a", f"{a}/m", f"{b}/m"])
+    assert _steps(registry, "ens_a") == [f"{a}/m"]  # rebuilt: its step now runs its own repository's m
+
+
+def _steps(registry: ModelRegistry, ensemble: str) -> list[str]:
+    state = registry.models[ensemble].versions[1]
+    assert isinstance(state, EnsembleVersion) and state.plan is not None
+    return [s.model for s in state.plan.steps]
