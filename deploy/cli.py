@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                max_client_shm_regions=args.max_client_shm_regions,
                trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
                startup=StartupOptions(args.exit_on_error, args.strict_readiness, args.model_config_name,
-                                      args.model_load_retry_count, BackendConfig.parse(args.backend_config)))
+                                      args.model_load_retry_count, BackendConfig.parse(args.backend_config),
+                                      args.model_namespacing))
         router.run(args.exit_timeout_secs, args.drain_grace_secs)
         lock.release()
         return router.exit_code

@@ -227,6 +227,9 @@ def add_model_control(p: argparse.ArgumentParser) -> None:
                         "failed or not (default false for 'conveyor serve', true for 'tritonserver', as Triton)")
     p.add_argument("--model-config-name", default="", metavar="NAME",
                    help="load <model>/configs/NAME.pbtxt where it exists instead of config.pbtxt")
+    p.add_argument("--model-namespacing", type=triton_bool, default=False, metavar="BOOL",
+                   help="each model repository is a namespace: several may hold a model of the same name, "
+                        "an ensemble uses its own repository's, a request to a name held twice is refused")
     p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
                    help="load a model instance that failed up to N more times before it counts as failed")
     p.add_argument("--backend-config", action="append", default=[], type=_backend_setting,
@@ -250,7 +253,8 @@ def model_control_args(a: argparse.Namespace) -> list[str]:
     out = ["--model-control-mode", a.model_control_mode, "--repository-poll-secs", str(a.repository_poll_secs),
            "--strict-model-config", str(a.strict_model_config or a.disable_auto_complete_config).lower(),
            "--exit-on-error", str(a.exit_on_error).lower(), "--strict-readiness", str(a.strict_readiness).lower(),
-           "--model-load-retry-count", str(a.model_load_retry_count)]
+           "--model-load-retry-count", str(a.model_load_retry_count),
+           "--model-namespacing", str(a.model_namespacing).lower()]
     if a.model_config_name:
         out += ["--model-config-name", a.model_config_name]
     for name in a.load_model:

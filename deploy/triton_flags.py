@@ -34,9 +34,6 @@ UNUSED: tuple[Unused, ...] = (
     Unused("--model-load-thread-count", int,
            "models load in the worker processes, every instance on a thread of its own, all at once: "
            "there is no load thread pool to size"),
-    Unused("--model-namespacing", triton_bool,
-           "model names are global across repositories: a name found in two repositories is unavailable, "
-           "as Triton without namespacing"),
     Unused("--enable-peer-access", triton_bool,
            "tensors travel between processes through shared memory and CUDA IPC, never GPU peer copies"),
     Unused("--reuse-http-port", triton_bool,

@@ -73,7 +73,17 @@ def _value(stats: dict[str, Any], path: str) -> int:
 
 
 def _labels(s: dict[str, Any]) -> str:
-    return f'model="{s["name"]}",version="{s["version"]}"'
+    return f'model="{s["name"]}",{_namespace(s)}version="{s["version"]}"'
+
+
+def _namespace(s: dict[str, Any]) -> str:
+    """Triton's ``namespace`` label (with --model-namespacing: the model's repository)."""
+    return f'namespace="{s["namespace"]}",' if "namespace" in s else ""
+
+
+def _id(s: dict[str, Any]) -> str:
+    """The key of a version in the snapshot's per-version maps."""
+    return f'{s.get("key", s["name"])}:{s["version"]}'
 
 
 def _header(lines: list[str], name: str, help_text: str, kind: str) -> None:
@@ -93,25 +103,25 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
         lines += [f"{name}{{{_labels(s)}}} {_value(s, path)}" for s in model_stats]
     _header(lines, "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter")
     for s in model_stats:
-        failures = latency.get(f'{s["name"]}:{s["version"]}', {}).get("failures", {})
+        failures = latency.get(_id(s), {}).get("failures", {})
         for reason in FAILURE_REASONS:
-            labels = f'model="{s["name"]}",reason="{reason}",version="{s["version"]}"'
+            labels = f'model="{s["name"]}",{_namespace(s)}reason="{reason}",version="{s["version"]}"'
             lines.append(f"nv_inference_request_failure{{{labels}}} {failures.get(reason, 0)}")
     _header(lines, "nv_inference_pending_request_count", "Number of requests waiting in the queue", "gauge")
     for s in model_stats:
-        depth = pending.get(f'{s["name"]}:{s["version"]}', 0)
+        depth = pending.get(_id(s), 0)
         lines.append(f"nv_inference_pending_request_count{{{_labels(s)}}} {depth}")
     loads: dict[str, int] = snapshot.get("load_duration_ns", {})
     _header(lines, "nv_model_load_duration_secs", "Model load time in seconds", "gauge")
     for s in model_stats:
-        took = loads.get(f'{s["name"]}:{s["version"]}', 0)
+        took = loads.get(_id(s), 0)
         lines.append(f"nv_model_load_duration_secs{{{_labels(s)}}} {_number(took / 1e9)}")
     adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
     if adaptive:
         _header(lines, "conveyor_adaptive_queue_delay_us",
                 "Queue delay chosen by adaptive batching (conveyor.latency_target_us)", "gauge")
         for s in model_stats:
-            delay = adaptive.get(f'{s["name"]}:{s["version"]}')
+            delay = adaptive.get(_id(s))
             if delay is not None:
                 lines.append(f"conveyor_adaptive_queue_delay_us{{{_labels(s)}}} {delay // 1000}")
     _render_summaries(lines, model_stats, latency)
@@ -133,8 +143,8 @@ def _le(bound: float) -> str:
 
 def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
     """Triton's time to first response of decoupled models, in ms, with the model's own buckets."""
-    rows = [(s, latency[f'{s["name"]}:{s["version"]}']["first_response"]) for s in model_stats
-            if "first_response" in latency.get(f'{s["name"]}:{s["version"]}', {})]
+    rows = [(s, latency[_id(s)]["first_response"]) for s in model_stats
+            if "first_response" in latency.get(_id(s), {})]
     if not rows:
         return
     name = FIRST_RESPONSE_FAMILY
@@ -150,8 +160,8 @@ def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], 
 
 
 def _render_summaries(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
-    rows = [(s, latency[f'{s["name"]}:{s["version"]}']["summaries"]) for s in model_stats
-            if "summaries" in latency.get(f'{s["name"]}:{s["version"]}', {})]
+    rows = [(s, latency[_id(s)]["summaries"]) for s in model_stats
+            if "summaries" in latency.get(_id(s), {})]
     if not rows:
         return
     for name, help_text, kind in _SUMMARIES:
@@ -170,7 +180,7 @@ def _render_histograms(lines: list[str], model_stats: list[dict[str, Any]], late
     for name, help_text, kind in _HISTOGRAMS:
         _header(lines, name, help_text, "histogram")
         for s in model_stats:
-            hist = latency.get(f'{s["name"]}:{s["version"]}', {}).get(kind)
+            hist = latency.get(_id(s), {}).get(kind)
             if hist is None:
                 continue
             labels = _labels(s)

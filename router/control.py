@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ from conveyor.proto.model_config import to_json
 from conveyor.router.custom_metrics import CustomMetricsStore
 from conveyor.router.default_groups import filled_config
 from conveyor.router.ensemble_state import EnsembleVersion
-from conveyor.router.models import ModelRegistry, metadata, parse_version, signature
+from conveyor.router.models import ModelRegistry, VersionState, metadata, parse_version, signature
 from conveyor.router.workers import WorkerPool
 
 
@@ -118,7 +119,7 @@ class ControlHandler:
         the models' custom metrics."""
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
         doc = {
-            "model_stats": [s.stats.wire() for s in states],
+            "model_stats": [_metric_stats(s) for s in states],
             "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
             "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
@@ -149,3 +150,14 @@ class ControlHandler:
             for s in sorted(self.registry.versions(), key=lambda s: (s.model, s.version))
             for i in s.instances
         ]
+
+
+def _metric_stats(state: VersionState) -> dict[str, Any]:
+    """A version's statistics for /metrics; with --model-namespacing, Triton's ``namespace``
+    label (its repository) and, for a name several repositories hold, the key its other maps use."""
+    doc = state.stats.wire()
+    if state.namespace:
+        doc["namespace"] = state.namespace
+    if os.sep in state.model:
+        doc["key"] = state.model
+    return doc

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
@@ -23,6 +23,7 @@ from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.ensemble_levels import Levels, build_levels
 from conveyor.router.ensemble_plan import EnsemblePlan, Step, build_plan
 from conveyor.router.models import ModelEntry, ModelRegistry, VersionState
+from conveyor.router.namespaces import step_key
 from conveyor.router.repository import ModelSpec
 from conveyor.router.stats import ModelStats
 
@@ -165,13 +166,16 @@ def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry
     """The registry entry of an ensemble: versions without instances (the router runs them)."""
     entry = ModelEntry(spec)
     plan = build_plan(spec.config)  # the repository checked it already
+    if registry.namespaced:  # --model-namespacing: each step runs the model of its own repository
+        steps = tuple(replace(s, model=step_key(spec.path, s.model, registry.namespaced)) for s in plan.steps)
+        plan = replace(plan, steps=steps)
     versions = {v: "" for v in spec.version_errors} | dict(spec.versions)
     # The ensemble answers, so its own labels classify its outputs (whichever step makes them).
     label_files = {out.name: os.path.join(spec.path, out.label_filename)
                    for out in spec.config.output if out.label_filename}
     for v, path in sorted(versions.items()):
         state = EnsembleVersion(
-            spec.name, v, path, spec.config, ModelStats(spec.name, str(v)),
+            spec.registry_key, v, path, spec.config, ModelStats(spec.name, str(v)),
             DynamicBatcher(0, [], 0, enabled=False), plan=plan, registry=registry, levels=build_levels(plan),
         )
         state.error = spec.version_errors.get(v, "")

@@ -30,7 +30,8 @@ from conveyor.proto.model_config import parse_text
 from conveyor.router.backend_config import BackendConfig
 from conveyor.router.config_unused import log_unused_fields
 from conveyor.router.models import Instance, ModelEntry, ModelRegistry
-from conveyor.router.repository import ModelSpec, config_file, load_spec, scan
+from conveyor.router.namespaces import assign_keys, duplicated, name_of, step_key
+from conveyor.router.repository import ModelSpec, config_file, load_spec, model_dirs, scan
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,11 @@ class ModelLifecycle:
         strict_config: bool = False,
         config_name: str = "",
         backend_config: BackendConfig | None = None,
+        namespacing: bool = False,
     ) -> None:
         self.registry = registry
+        # --model-namespacing: models are keyed as router/namespaces.py says.
+        self.namespacing = registry.namespacing = namespacing
         self.repositories = repositories
         self.mode = mode
         self.load_at_start = load_at_start or []
@@ -98,18 +102,20 @@ class ModelLifecycle:
     # --- start-up and polling ---------------------------------------------------------
 
     def startup(self) -> None:
+        if self.namespacing:
+            self.registry.namespaced = duplicated(self._on_disk())
         if self.mode is ControlMode.EXPLICIT and "*" not in self.load_at_start:
             names = self._on_disk()
             specs: dict[str, ModelSpec] = {}
             for name in self.load_at_start:
-                path = names.get(name)
-                if path is None:
+                keys = self._keys(name, names)
+                if not keys:
                     log.error("--load-model %s: no such model in the repositories", name)
-                    continue
-                specs[name] = self._spec(name, path)
+                for key in keys:
+                    specs[key] = self._spec(key, names[key])
         else:
             specs = scan(self.repositories, autocomplete=not self.strict_config, config_name=self.config_name,
-                         backend_config=self.backend_config)
+                         backend_config=self.backend_config, namespacing=self.namespacing)
         for name, spec in specs.items():
             self._prints[name] = fingerprint(spec.path)
         self.registry.replace(specs)
@@ -131,13 +137,21 @@ class ModelLifecycle:
             if problem:
                 problems.append(f"failed to load '{name}': {problem}")
         for name in self.load_at_start:
-            if name != "*" and name not in self.registry.models:
+            if name != "*" and name not in self.registry.models and name not in self.registry.namespaced:
                 problems.append(f"failed to load '{name}': no such model in the repositories")
         return "; ".join(problems)
 
     def poll(self) -> None:
         """POLL mode: load new and changed models, unload removed ones."""
         names = self._on_disk()
+        if self.namespacing:
+            namespaced = duplicated(names)
+            if namespaced != self.registry.namespaced:
+                # Keys changed: ensembles resolve their steps again (they do on being built).
+                self.registry.namespaced = namespaced
+                for key, entry in self.registry.models.items():
+                    if entry.spec.backend == "ensemble":
+                        self._prints.pop(key, None)
         for name, path in sorted(names.items()):
             if self._prints.get(name) != fingerprint(path) and name not in self.registry.staging:
                 log.info("model '%s' changed on disk: reloading", name)
@@ -171,15 +185,22 @@ class ModelLifecycle:
                 # Triton logs the parse error and answers its poll failure (500; a client's mistake: 400).
                 log.error("failed to poll model '%s': the 'config' parameter: %s", name, exc)
                 raise invalid_arg(f"failed to load '{name}', failed to poll from model repository") from None
-        if not files and name in self._overrides:
-            shutil.rmtree(self._overrides.pop(name), ignore_errors=True)  # back to the repository's files
-        path = self._write_override(name, files) if files else self._on_disk().get(name)
+        on_disk = self._on_disk()
+        # With --model-namespacing a name several repositories hold loads from each (as Triton).
+        keys = self._keys(name, on_disk) or [name]
+        key = keys[0]
+        if not files and key in self._overrides:
+            shutil.rmtree(self._overrides.pop(key), ignore_errors=True)  # back to the repository's files
+        path = self._write_override(key, files) if files else on_disk.get(key)
         if path is None:
             # Triton's INTERNAL (500) for a model its repository does not hold: a client's mistake, 400.
             raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
-        self._load(name, path, override)
-        self._load_composing(name, {name})
-        self._waiters.append(LoadWaiter(name, reply_to))
+        self._load(key, path, override)
+        for other in keys[1:]:
+            self._load(other, on_disk[other], override)
+        for k in keys:
+            self._load_composing(k, {k})
+        self._waiters.append(LoadWaiter(key, reply_to))
 
     def _load_composing(self, name: str, seen: set[str]) -> None:
         """An ensemble's composing models load with it (as in Triton), unless already loaded."""
@@ -188,7 +209,7 @@ class ModelLifecycle:
             return
         on_disk = self._on_disk()
         for step in entry.spec.config.ensemble_scheduling.step:
-            model = step.model_name
+            model = step_key(entry.spec.path, step.model_name, self.registry.namespaced)
             if model in seen:
                 continue
             seen.add(model)
@@ -226,9 +247,10 @@ class ModelLifecycle:
         if unload_dependents:
             for dependent in self._ensembles_using(name):
                 self._unload(dependent)
-        if name not in self.registry.models and name not in self.registry.staging:
-            return  # as Triton: unloading what is not loaded succeeds
-        self._unload(name)
+        for key in [name, *self.registry.namespaced.get(name, ())]:
+            if key in self.registry.models or key in self.registry.staging:
+                self._unload(key)
+        # as Triton: unloading what is not loaded succeeds
 
     def _ensembles_using(self, name: str) -> list[str]:
         return [
@@ -238,12 +260,24 @@ class ModelLifecycle:
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        names = set(self._on_disk()) | set(self.registry.models) | set(self.registry.unloaded)
-        for name in sorted(names):
-            entry = self.registry.models.get(name)
+        on_disk = self._on_disk()
+        keys = set(on_disk) | set(self.registry.models) | set(self.registry.unloaded)
+
+        def order(key: str) -> tuple[str, str]:
+            """By name, as Triton; with --model-namespacing by repository, then name (Triton's
+            (namespace, name) order), a name several repositories hold once for each."""
+            if not self.namespacing:
+                return "", key
+            entry = self.registry.models.get(key)
+            path = on_disk.get(key) or (entry.spec.path if entry is not None else key)
+            return os.path.dirname(path), name_of(key)
+
+        for key in sorted(keys, key=order):
+            name = name_of(key)
+            entry = self.registry.models.get(key)
             if entry is None:
                 if not ready_only:
-                    reason = self.registry.unloaded.get(name, "")
+                    reason = self.registry.unloaded.get(key, "")
                     rows.append({"name": name, "version": "", "state": "UNAVAILABLE" if reason else "",
                                  "reason": reason})
                 continue
@@ -366,11 +400,14 @@ class ModelLifecycle:
         if self._registered.pop(os.path.normpath(root), None) is None:
             raise invalid_arg(f"failed to unregister '{root}', repository not found")
 
-    def _spec(self, name: str, path: str, override: mc.ModelConfig | None = None) -> ModelSpec:
+    def _spec(self, key: str, path: str, override: mc.ModelConfig | None = None) -> ModelSpec:
+        name = name_of(key)
         if override is None and os.path.basename(path) != name and os.path.dirname(path) in self._registered:
             override = self._renamed_config(name, path)
-        return load_spec(name, path, override=override, autocomplete=not self.strict_config,
+        spec = load_spec(name, path, override=override, autocomplete=not self.strict_config,
                          config_name=self.config_name, backend_config=self.backend_config)
+        spec.key = key if key != name else ""
+        return spec
 
     def _renamed_config(self, name: str, path: str) -> mc.ModelConfig | None:
         """A mapped directory serves under its mapped name: its config is read with that name."""
@@ -383,21 +420,27 @@ class ModelLifecycle:
         return config
 
     def _on_disk(self) -> dict[str, str]:
+        """Registry key -> model directory (the key is the name, but see router/namespaces.py)."""
         found: dict[str, str] = {}
         for root, mapping in self._registered.items():
             for subdir, name in mapping.items():
                 if os.path.isdir(os.path.join(root, subdir)):
                     found.setdefault(name, os.path.join(root, subdir))
-        for repo in self.repositories:
-            try:
-                entries = sorted(os.listdir(repo))
-            except OSError:
-                continue
-            for entry in entries:
-                path = os.path.join(repo, entry)
-                if not entry.startswith(".") and os.path.isdir(path):
-                    found.setdefault(entry, path)
+        dirs = model_dirs(self.repositories, quiet=True)
+        if self.namespacing:  # registered repositories keep Triton's global names
+            for key, path in assign_keys(dirs).items():
+                found.setdefault(key, path)
+            return found
+        for entry, path in dirs:
+            found.setdefault(entry, path)
         return found
+
+    def _keys(self, name: str, on_disk: dict[str, str]) -> list[str]:
+        """The keys of the models named ``name`` on disk."""
+        if name in on_disk:
+            return [name]
+        return [k for k in self.registry.namespaced.get(name, ()) if k in on_disk] or [
+            k for k in on_disk if name_of(k) == name]
 
 
 def _loading(entry: ModelEntry) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from conveyor.router.adaptive import latency_target_ns
 from conveyor.router.adaptive_batcher import AdaptiveBatcher
 from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.histograms import LatencyMetrics, first_response_buckets_ms
+from conveyor.router.namespaces import ambiguous, name_of
 from conveyor.router.ordering import ResponseOrder
 from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.repository import ModelSpec
@@ -93,6 +95,8 @@ class VersionState:
     # the instance starts it as soon as it is free, without waiting for the router (2). Batching,
     # sequence and decoupled models wait until an instance is free (1), as in Triton.
     pipeline_depth: int = 1
+    # --model-namespacing: its repository, Triton's ``namespace`` metrics label ("" without it).
+    namespace: str = ""
 
     @property
     def decoupled(self) -> bool:
@@ -145,18 +149,21 @@ def build_entry(
     entry = ModelEntry(spec)
     config = spec.config
     number = next_index or itertools.count().__next__
+    key = spec.registry_key
     for v, path in sorted(spec.versions.items()):
-        entry.versions[v] = _version_state(spec.name, v, path, config, queue_cap, number)
+        entry.versions[v] = _version_state(key, v, path, config, queue_cap, number, spec.name)
     for v, err in spec.version_errors.items():
-        state = _version_state(spec.name, v, "", config, queue_cap, number)
+        state = _version_state(key, v, "", config, queue_cap, number, spec.name)
         state.error = err
         entry.versions[v] = state
     return entry
 
 
 def _version_state(
-    name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int, next_index: Callable[[], int]
+    name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int, next_index: Callable[[], int],
+    shown: str,
 ) -> VersionState:
+    """``name``: the registry key; ``shown``: the model's name, which statistics report."""
     db = config.dynamic_batching
     policy = SchedulingPolicy.from_config(config)
     target_ns = latency_target_ns(config) if config.max_batch_size > 0 and config.HasField("dynamic_batching") else 0
@@ -174,7 +181,7 @@ def _version_state(
             policy=policy,
             queue_cap=queue_cap,
         )
-    state = VersionState(name, v, path, config, ModelStats(name, str(v)), batcher)
+    state = VersionState(name, v, path, config, ModelStats(shown, str(v)), batcher)
     state.batch_key = batch_key(config, name)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     if decoupled or cached:
@@ -224,6 +231,10 @@ class ModelRegistry:
         self.staging: dict[str, ModelEntry] = {}
         self.retiring: list[ModelEntry] = []
         self.unloaded: dict[str, str] = {}  # name -> why, for the repository index
+        # --model-namespacing: name -> the keys of the models of that name in several
+        # repositories (router/namespaces.py); empty without it. Read on lookup misses only.
+        self.namespacing = False
+        self.namespaced: dict[str, list[str]] = {}
         self.queue_cap = queue_cap  # per model version; 0 = none
         self.next_index = itertools.count().__next__
         # Starts from the clock so a restarted router never repeats a generation
@@ -231,11 +242,17 @@ class ModelRegistry:
         self.generation = time.time_ns() // 1_000_000 % (1 << 40)
 
     def build(self, spec: ModelSpec) -> ModelEntry:
+        entry: ModelEntry
         if spec.backend == "ensemble" and not spec.error:
             from conveyor.router.ensemble_state import build_ensemble_entry  # it builds on this module
 
-            return build_ensemble_entry(spec, self)
-        return build_entry(spec, self.queue_cap, self.next_index)
+            entry = build_ensemble_entry(spec, self)
+        else:
+            entry = build_entry(spec, self.queue_cap, self.next_index)
+        if self.namespacing:
+            for state in entry.versions.values():
+                state.namespace = os.path.dirname(spec.path)
+        return entry
 
     def replace(self, specs: dict[str, ModelSpec]) -> None:
         self.models = {name: self.build(spec) for name, spec in specs.items()}
@@ -264,8 +281,21 @@ class ModelRegistry:
     def entry(self, model: str) -> ModelEntry:
         entry = self.models.get(model)
         if entry is None:
-            raise not_found(f"Request for unknown model: '{model}' is not found")
+            return self._miss(model)
         return entry
+
+    def _miss(self, model: str) -> ModelEntry:
+        """A name that is no key: with --model-namespacing, a name several repositories hold
+        (one of them loaded: that one; more: Triton's ambiguity error)."""
+        if not self.namespacing:
+            raise not_found(f"Request for unknown model: '{model}' is not found")
+        loaded = [key for key in self.namespaced.get(model, ()) if key in self.models]
+        if len(loaded) == 1:
+            return self.models[loaded[0]]
+        if loaded:
+            raise ambiguous(model, len(loaded))
+        # Triton's namespaced lookup (FindModelIdentifier) refuses an unknown name as INVALID_ARG.
+        raise invalid_arg(f"Request for unknown model: '{model}' is not found")
 
     def resolve(self, model: str, version: str) -> VersionState:
         """The version serving a request: the one named, or the newest ready one."""
@@ -326,7 +356,7 @@ def signature(state: VersionState) -> dict[str, Any]:
         ]
 
     return {
-        "name": state.model,
+        "name": name_of(state.model),  # a --model-namespacing key is no name to show
         "max_batch_size": config.max_batch_size,
         "inputs": tensors(config.input),
         "outputs": tensors(config.output),

@@ -22,6 +22,7 @@ from conveyor.router.autocomplete import complete_onnx
 from conveyor.router.autocomplete_python import complete_python
 from conveyor.router.backend_config import BackendConfig
 from conveyor.router.ensemble_plan import ensemble_problem
+from conveyor.router.namespaces import assign_keys, name_of
 from conveyor.router.queue_policy import scheduling_problem
 
 log = logging.getLogger(__name__)
@@ -63,28 +64,54 @@ class ModelSpec:
     versions: dict[int, str] = field(default_factory=dict)  # version -> model file path
     version_errors: dict[int, str] = field(default_factory=dict)
     error: str = ""
+    # Its registry key where that is not its name: with --model-namespacing, a name held by
+    # several repositories is keyed by its directory (router/namespaces.py).
+    key: str = ""
+
+    @property
+    def registry_key(self) -> str:
+        return self.key or self.name
 
 
 def scan(repositories: list[str], autocomplete: bool = True, *, config_name: str = "",
-         backend_config: BackendConfig | None = None) -> dict[str, ModelSpec]:
-    """Every model in every repository; a name found twice is an error for that name."""
+         backend_config: BackendConfig | None = None, namespacing: bool = False) -> dict[str, ModelSpec]:
+    """Every model in every repository, by registry key. A name found twice is an error for
+    that name; with ``namespacing`` (Triton's --model-namespacing) both are kept instead,
+    each keyed by its directory."""
+    if namespacing:
+        keys = assign_keys(model_dirs(repositories))
+        specs: dict[str, ModelSpec] = {}
+        for key, path in keys.items():
+            spec = load_spec(name_of(key), path, autocomplete=autocomplete, config_name=config_name,
+                             backend_config=backend_config)
+            spec.key = key if key != spec.name else ""
+            specs[key] = spec
+        return specs
     found: dict[str, ModelSpec] = {}
+    for entry, path in model_dirs(repositories):
+        if entry in found:
+            found[entry].error = f"model '{entry}' appears in more than one model repository"
+            continue
+        found[entry] = load_spec(entry, path, autocomplete=autocomplete, config_name=config_name,
+                                 backend_config=backend_config)
+    return found
+
+
+def model_dirs(repositories: list[str], quiet: bool = False) -> list[tuple[str, str]]:
+    """(name, directory) of every model directory, repository by repository."""
+    out: list[tuple[str, str]] = []
     for repo in repositories:
         try:
             entries = sorted(os.listdir(repo))
         except OSError as exc:
-            log.error("cannot read model repository %s: %s", repo, exc)
+            if not quiet:
+                log.error("cannot read model repository %s: %s", repo, exc)
             continue
         for entry in entries:
             path = os.path.join(repo, entry)
-            if entry.startswith(".") or not os.path.isdir(path):
-                continue
-            if entry in found:
-                found[entry].error = f"model '{entry}' appears in more than one model repository"
-                continue
-            found[entry] = load_spec(entry, path, autocomplete=autocomplete, config_name=config_name,
-                                     backend_config=backend_config)
-    return found
+            if not entry.startswith(".") and os.path.isdir(path):
+                out.append((entry, path))
+    return out
 
 
 def config_file(path: str, config_name: str = "") -> str:

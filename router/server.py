@@ -99,7 +99,7 @@ class Router:
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
         self.roots = RepositoryRoots(repositories)  # s3://, gs://, as:// roots become local mirrors
         self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config,
-                                        startup.config_name, startup.backend_config)
+                                        startup.config_name, startup.backend_config, startup.namespacing)
         self.control.strict_readiness = startup.strict_readiness
         self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
         self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready)),

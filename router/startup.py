@@ -1,6 +1,6 @@
 """Triton's start-up flags as the router applies them (``--exit-on-error``,
 ``--strict-readiness``, ``--model-config-name``, ``--model-load-retry-count``,
-``--backend-config``)."""
+``--backend-config``, ``--model-namespacing``)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,4 @@ class StartupOptions:
     config_name: str = ""
     load_retries: int = 0
     backend_config: BackendConfig = field(default_factory=BackendConfig)
+    namespacing: bool = False  # --model-namespacing (router/namespaces.py)
