@@ -38,6 +38,7 @@ def qa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     controls(repo, "seq", "TYPE_UINT64")  # sequence batching, an integer CORRID
     _labelled_ensemble(repo)
     srv = start_server(repo, f"qa{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
+                       "--allow-client-shm", "true",
                        "--load-model", "*")
     yield srv
     assert srv.stop() == 0
