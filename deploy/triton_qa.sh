@@ -101,7 +101,9 @@ models_shared_memory() {  # qa/L0_shared_memory/test.sh: simple, the delayed pyt
     sed -i 's/TYPE_FP32/TYPE_INT32/g' "$D/offset_models/python_int32_int32_int32/config.pbtxt"
     echo "max_batch_size: 8" >> "$D/offset_models/python_int32_int32_int32/config.pbtxt"
     qa_models
-    cp -r "$WORK/qa_repo/onnx_int32_int32_int32" "$D/offset_models/"
+    # As test.sh: version 1 only (versions 2 and 3 swap the outputs).
+    mkdir -p "$D/offset_models/onnx_int32_int32_int32"
+    cp -r "$WORK/qa_repo/onnx_int32_int32_int32/"{1,config.pbtxt,output0_labels.txt} "$D/offset_models/onnx_int32_int32_int32/"
 }
 
 # --- the runs, inside the namespace --------------------------------------------------------
@@ -140,12 +142,16 @@ run_suite() {  # SUITE INNER_SCRIPT_BODY
     rm -f "$WORK/logs/$1.log"
     printf 'SUITE=%s\nsource %q\n%s\n' "$1" "$WORK/lib.sh" "$2" > "$WORK/$1.sh"
     unshare -rn bash "$WORK/$1.sh"
-    # One line per test (unittest -v and pytest -v both say so), then the totals.
-    local log=$WORK/logs/$1.log
-    local ok bad
-    ok=$(grep -cE '( \.\.\. ok$| PASSED)' "$log" || true)
-    bad=$(grep -cE '( \.\.\. (FAIL|ERROR)$| (FAILED|ERROR)( |$))' "$log" || true)
-    echo "$1: $ok passed, $bad failed (log: $log)"
+    # The totals of each run: unittest's "Ran N tests" and "FAILED (failures=F, errors=E)",
+    # pytest's "N passed, M failed".
+    awk -v suite="$1" -v logf="$WORK/logs/$1.log" '
+        /^Ran [0-9]+ test/ { ran += $2 }
+        /^FAILED \(/ { while (match($0, /(failures|errors)=[0-9]+/)) {
+            split(substr($0, RSTART, RLENGTH), kv, "="); bad += kv[2]; $0 = substr($0, RSTART + RLENGTH) } }
+        /^=+ .* in [0-9.]+s/ { if (match($0, /[0-9]+ passed/)) ok += substr($0, RSTART, RLENGTH) + 0
+                               if (match($0, /[0-9]+ failed/)) pbad += substr($0, RSTART, RLENGTH) + 0 }
+        END { printf "%s: %d passed, %d failed (log: %s)\n", suite, ran - bad + ok, bad + pbad, logf }
+    ' "$WORK/logs/$1.log"
 }
 
 for suite in "${SUITES[@]}"; do
