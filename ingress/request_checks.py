@@ -19,7 +19,7 @@ from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import element_count, element_size, numpy_dtype, serialize_bytes
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.shm.arena import Arena
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
@@ -101,12 +101,25 @@ def check_inputs(
         checked.append((inp, _byte_size(inp, sig.name)))
     missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
     if missing:
-        raise invalid_arg(
-            f"expected {len(sig.inputs)} inputs but got {len(seen)} inputs for model '{sig.name}'. "
-            f"Got input(s) {sorted(seen)}, but missing required input(s) {missing}. "
-            "Please provide all required input(s)."
-        )
+        raise missing_inputs(sig, sorted(seen), missing)
     return checked
+
+
+def missing_inputs(sig: ModelSignature, got: list[str], missing: list[str]) -> ConveyorError:
+    """Triton's words (InferenceRequest::Normalize), its lists written as it writes them."""
+    required = sum(not spec.optional for spec in sig.inputs.values())
+    expected = (
+        f"expected {len(sig.inputs)} inputs" if required == len(sig.inputs)
+        else f"expected number of inputs between {required} and {len(sig.inputs)}"
+    )
+    return invalid_arg(
+        f"{expected} but got {len(got)} inputs for model '{sig.name}'. Got input(s) {_names(got)}, but missing "
+        f"required input(s) {_names(missing)}. Please provide all required input(s)."
+    )
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
 def check_outputs(sig: ModelSignature, outputs: list[RequestedOutput] | None) -> list[m.OutputSpec]:

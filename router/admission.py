@@ -39,6 +39,21 @@ class Admission:
         self.replies = replies
         self._reply_error = replies.error
         self.ingress_peers = ingress_peers  # identity -> pid, for traces
+        shm.in_use = self.regions_in_use
+
+    def regions_in_use(self) -> set[int]:
+        """The client registrations that requests queued (in a dynamic batcher) or running use.
+        Asked only while an unregistered region waits for its requests: not on the hot path."""
+        used: set[int] = set()
+        for run in self.dispatcher.running.values():
+            for p in run.items:
+                used.update(r.id for r in p.request.regions)
+        for state in set(self.queued.values()):
+            queues = getattr(state.batcher, "queues", None)  # a sequence batcher's requests are not seen
+            if queues is not None:
+                for p in queues.in_order():
+                    used.update(r.id for r in p.request.regions)
+        return used
 
     def on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
         try:

@@ -13,6 +13,7 @@ System and CUDA regions share one namespace, as in Triton.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +23,15 @@ import posix_ipc
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+from conveyor.shm.naming import PREFIX as SEGMENT_PREFIX
+
+log = logging.getLogger(__name__)
 
 PREFIX = m.CLIENT_REGION_PREFIX
+# Triton's kTritonSharedMemoryRegionPrefix (its python backend's own segments): refused as a
+# client key. Conveyor's own segments (``conveyor.``, shm/naming.py) are refused the same way.
+RESERVED_KEY_PREFIXES = ("triton_python_backend_shm_region_", SEGMENT_PREFIX)
+SIZE_MAX = (1 << 64) - 1  # Triton's size_t, in its overflow message
 CUDA_IPC_HANDLE_BYTES = 64
 # Registrations held at once (system and CUDA together): each costs the router a
 # sweep check every 5 s and each worker a mapping, so a client cannot pile them up.
@@ -31,17 +39,39 @@ DEFAULT_MAX_REGIONS = 1024
 
 
 def disabled() -> ConveyorError:
+    # Triton's kClientShmDisabledErrorStr (src/common.h), UNSUPPORTED: 501 / UNIMPLEMENTED.
     return ConveyorError(
         Status.UNSUPPORTED,
-        "client shared memory is disabled on this server: start it with --allow-client-shm=true "
-        "(a registered region lets the server map any segment its user can open; see docs/SHARED-MEMORY.md)",
+        "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.",
     )
+
+
+def _invalid_args(name: str) -> ConveyorError:
+    return invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+
+
+def _check_key(name: str, key: str) -> None:
+    """Triton's ValidateSharedMemoryKey (src/common.cc), with Conveyor's own prefix reserved too."""
+    bare = key.lstrip("/")
+    if not bare:
+        raise invalid_arg(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
+    for prefix in RESERVED_KEY_PREFIXES:
+        if bare.startswith(prefix):
+            raise invalid_arg(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
+                f"prefix '{prefix}'"
+            )
 
 
 @dataclass(slots=True)
 class Registration:
     region: m.ClientRegion
     inode: int = 0  # system: the segment's inode at registration, to notice it was replaced
+    awaiting_unregister: bool = False  # unregistered while requests that use it were in flight
+
+
+def _nothing_in_use() -> set[int]:
+    return set()
 
 
 class ClientShmRegistry:
@@ -51,6 +81,10 @@ class ClientShmRegistry:
         self.cuda_devices: set[int] = set()  # GPUs some worker has; kept current by the router
         self._by_name: dict[str, Registration] = {}
         self._ids = itertools.count(1)
+        # The registration ids that queued or running requests use (set by the router's
+        # admission): an unregistered region stays until they are done, as in Triton.
+        self.in_use: Callable[[], set[int]] = _nothing_in_use
+        self._awaiting = 0
 
     def __len__(self) -> int:
         return len(self._by_name)
@@ -58,12 +92,21 @@ class ClientShmRegistry:
     # --- registration ------------------------------------------------------------------
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        # Triton's order (RegisterSystemSharedMemory): the key, the name, the segment, its size.
+        if not self.allow:
+            raise disabled()
+        if not name:
+            raise invalid_arg("'region name' is necessary to register system shared memory region")
+        _check_key(name, key)
         self._check_new(name, offset, byte_size)
         size, inode = _segment_size(key)
         if offset + byte_size > size:
+            log.info("shared memory region '%s': offset %d + byte_size %d is beyond the end of segment '%s' "
+                     "(%d bytes)", name, offset, byte_size, key, size)
+            raise _invalid_args(name)
+        if byte_size == 0:  # Triton's mmap of 0 bytes fails with EINVAL, and says so this way
             raise invalid_arg(
-                f"failed to register shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                f"is beyond the end of segment '{key}' ({size} bytes)"
+                f"failed to register shared memory region '{name}': unable to process address spaceInvalid argument"
             )
         region = m.ClientRegion(next(self._ids), name, "system", key=key, offset=offset, byte_size=byte_size)
         self._by_name[name] = Registration(region, inode)
@@ -90,7 +133,7 @@ class ClientShmRegistry:
         if not self.allow:
             raise disabled()
         if not name:
-            raise invalid_arg("a shared memory region needs a name")
+            raise invalid_arg("'region name' is necessary to register cuda shared memory region")
         if name in self._by_name:
             raise ConveyorError(Status.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
         if self.max_regions and len(self._by_name) >= self.max_regions:
@@ -99,29 +142,62 @@ class ClientShmRegistry:
                 f"failed to register shared memory region '{name}': {len(self._by_name)} regions are registered, "
                 f"the most this server holds (--max-client-shm-regions); unregister some first",
             )
-        if offset < 0 or byte_size <= 0:
-            raise invalid_arg(
-                f"failed to register shared memory region '{name}': offset must be >= 0 and byte_size > 0"
-            )
+        if offset < 0 or byte_size < 0:
+            raise _invalid_args(name)
 
     def unregister(self, kind: str, name: str = "") -> list[int]:
-        """Drop ``name`` (or every region of ``kind``); returns the ids workers must forget."""
+        """Drop ``name`` (or every region of ``kind``); returns the ids workers must forget.
+        An unknown name is no error, as in Triton. A region that requests in flight use is
+        dropped once they are done (Triton's "awaiting unregister"): until then it is still
+        listed, and new requests may still use it."""
+        if not self.allow:
+            raise disabled()
         names = [name] if name else [n for n, r in self._by_name.items() if r.region.kind == kind]
+        in_use = self.in_use() if names else set()
         gone: list[int] = []
         for n in names:
             reg = self._by_name.get(n)
-            if reg is not None and reg.region.kind == kind:
-                del self._by_name[n]
+            if reg is None or reg.region.kind != kind:
+                continue
+            if reg.region.id in in_use:
+                self._awaiting += not reg.awaiting_unregister
+                reg.awaiting_unregister = True
+                continue
+            self._drop(n, reg)
+            gone.append(reg.region.id)
+        return gone
+
+    def settle(self) -> list[int]:
+        """Drop the regions awaiting unregistration that no request uses any more; returns
+        the ids workers must forget."""
+        if not self._awaiting:
+            return []
+        in_use = self.in_use()
+        gone: list[int] = []
+        for n, reg in list(self._by_name.items()):
+            if reg.awaiting_unregister and reg.region.id not in in_use:
+                self._drop(n, reg)
                 gone.append(reg.region.id)
         return gone
 
+    def _drop(self, name: str, reg: Registration) -> None:
+        del self._by_name[name]
+        self._awaiting -= reg.awaiting_unregister
+
     def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
-        regs = [r.region for r in self._by_name.values() if r.region.kind == kind]
+        """Allowed while client shared memory is disabled (then empty), as in Triton."""
         if name:
-            regs = [r for r in regs if r.name == name]
-            if not regs:
+            reg = self._by_name.get(name)
+            if reg is None:
                 label = "system" if kind == "system" else "cuda"
                 raise not_found(f"Unable to find {label} shared memory region: '{name}'")
+            if reg.region.kind != kind:
+                held, asked = ("CUDA", "system") if reg.region.kind == "cuda" else ("system", "CUDA")
+                raise not_found(f"The region named '{name}' is registered as {held} shared memory, not {asked} "
+                                "shared memory")
+            regs = [reg.region]
+        else:
+            regs = [r.region for r in self._by_name.values() if r.region.kind == kind]
         if kind == "system":
             return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regs]
         return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regs]
@@ -138,9 +214,9 @@ class ClientShmRegistry:
             except ConveyorError:
                 inode = -1
             if inode != reg.inode:
-                del self._by_name[name]
+                self._drop(name, reg)
                 gone.append(reg.region.id)
-        return gone
+        return gone + self.settle()
 
     # --- requests ------------------------------------------------------------------------
 
@@ -163,31 +239,45 @@ class ClientShmRegistry:
         req.regions = list(used.values())
 
     def _range(self, name: str, offset: int, nbytes: int, used: dict[int, m.ClientRegion]) -> m.ClientRegion:
+        # Triton's checks and words (SharedMemoryManager::GetMemoryInfo), in its order.
         reg = self._by_name.get(name)
         if reg is None:
             raise not_found(f"Unable to find shared memory region: '{name}'")
         region = reg.region
-        if offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
+        if offset < 0 or offset >= region.byte_size:
+            raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
+        if nbytes > SIZE_MAX - offset:
+            raise invalid_arg(
+                f"Integer overflow detected: byte_size ({nbytes}) + offset ({offset}) exceeds maximum value "
+                f"({SIZE_MAX}) for region '{name}'"
+            )
+        if nbytes < 0 or offset + nbytes > region.byte_size:
             raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{name}'")
         used[region.id] = region
         return region
 
 
 def _segment_size(key: str) -> tuple[int, int]:
-    """The size and inode of POSIX segment ``key``, opened read-only and closed again."""
+    """The size and inode of POSIX segment ``key``, opened read-only and closed again.
+
+    Any failure is Triton's "Unable to open shared memory region" (there INTERNAL, 500: here
+    INVALID_ARG, 400, since the client named a segment this server cannot open); the reason is logged.
+    """
     if "\0" in key:
         # posix_ipc (1.3) dereferences a bad pointer on such a name: the router would die (SIGSEGV).
-        raise invalid_arg(f"Unable to open shared memory region: {key!r}: a key cannot contain a NUL character")
+        log.info("shared memory key %r: a key cannot contain a NUL character", key)
+        raise invalid_arg(f"Unable to open shared memory region: '{key}'")
     try:
         shm = posix_ipc.SharedMemory(key, read_only=True)
     except posix_ipc.ExistentialError:
-        raise not_found(f"Unable to open shared memory region: '{key}': no such segment") from None
+        log.info("shared memory key '%s': no such segment", key)
+        raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
     except posix_ipc.PermissionsError:
-        raise invalid_arg(
-            f"Unable to open shared memory region: '{key}': permission denied for the server's user"
-        ) from None
+        log.info("shared memory key '%s': permission denied for the server's user", key)
+        raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
     except (ValueError, posix_ipc.Error) as exc:
-        raise invalid_arg(f"Unable to open shared memory region: '{key}': {exc}") from None
+        log.info("shared memory key '%s': %s", key, exc)
+        raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
     try:
         st = os.fstat(shm.fd)
         return st.st_size, st.st_ino
@@ -200,15 +290,17 @@ def control_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None]) -> 
 
     def register(kind: str, name: str, byte_size: int, key: str = "", offset: int = 0,
                  handle: bytes = b"", device_id: int = 0) -> None:
+        forget(shm.settle())
         if kind == "cuda":
             shm.register_cuda(name, handle, device_id, byte_size)
         else:
             shm.register_system(name, key, offset, byte_size)
 
     def unregister(kind: str, name: str = "") -> None:
-        forget(shm.unregister(kind, name))
+        forget(shm.settle() + shm.unregister(kind, name))
 
     def status(kind: str, name: str = "") -> list[dict[str, Any]]:
+        forget(shm.settle())
         return shm.status(kind, name)
 
     return {"shm_register": register, "shm_unregister": unregister, "shm_status": status}

@@ -36,6 +36,15 @@ from conveyor.router.repository import ModelSpec, config_file, load_spec, model_
 log = logging.getLogger(__name__)
 
 
+def check_model_name(name: str) -> None:
+    """Triton's ValidateModelName, checked on load only (an unload of such a name finds nothing)."""
+    trimmed = name.strip(" \t\n\r\f\v")
+    if not trimmed:
+        raise invalid_arg("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        raise invalid_arg(f"invalid model name '{name}', model name must not contain path traversal characters")
+
+
 class ControlMode(enum.Enum):
     NONE = "none"
     POLL = "poll"
@@ -165,15 +174,13 @@ class ModelLifecycle:
 
     def check_control_allowed(self) -> None:
         if self.mode is not ControlMode.EXPLICIT:
-            raise ConveyorError(
-                Status.UNAVAILABLE,
-                f"explicit model load / unload is not allowed if the model control mode is "
-                f"{self.mode.value.upper()}: start the server with --model-control-mode=explicit",
-            )
+            # Triton's words, whatever the mode (NONE too); --model-control-mode=explicit allows it.
+            raise ConveyorError(Status.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
 
     def load(self, name: str, reply_to: Any, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
         """Start loading ``name``; its waiter is answered from ``settle``."""
         self.check_control_allowed()
+        check_model_name(name)
         if files and not config_json:
             raise invalid_arg(f"failed to load '{name}': file overrides ('file:' parameters) need a 'config' too")
         override = None

@@ -102,24 +102,27 @@ class SequenceBatcher:
     def push(self, item: Pending) -> None:
         """Queue ``item`` behind its sequence; raises Triton's INVALID_ARG errors for a
         request that cannot belong to a sequence, UNAVAILABLE when full or lost."""
+        # Triton's checks in its order: the id's type (InferenceRequest::ValidateCorrelationId),
+        # the batch size, then the id itself (SequenceBatchScheduler::Enqueue).
         params = item.request.parameters
         sid = params.get("sequence_id") if params else None
+        if type(sid) is str and self.config.corrid_name and not self.config.string_ids:
+            raise invalid_arg(
+                f"[request id: {item.request.request_id or '<id_unknown>'}] sequence batching control "
+                f"'{self.config.corrid_name}' data-type is 'BYTES', but model '{self.model}' expects "
+                f"'{self.config.corrid_datatype}'"
+            )
+        if item.rows != 1:
+            raise invalid_arg(
+                f"inference request to model '{self.model}' must specify batch-size 1 due to requirements of "
+                "sequence batcher"
+            )
         if not sid:
             raise invalid_arg(
                 f"inference request to model '{self.model}' must specify a non-zero or non-empty correlation ID"
             )
         if type(sid) is int and sid < 0:
             sid += 1 << 64  # a gRPC int64_param: Triton reads it as the uint64 it encodes
-        if item.rows != 1:
-            raise invalid_arg(
-                f"inference request to model '{self.model}' must specify batch-size 1 due to requirements of "
-                "sequence batcher"
-            )
-        if type(sid) is str and self.config.corrid_name and not self.config.string_ids:
-            raise invalid_arg(
-                f"inference request to model '{self.model}' must use an unsigned integer sequence id: its "
-                f"CONTROL_SEQUENCE_CORRID input '{self.config.corrid_name}' is {self.config.corrid_datatype}"
-            )
         if self.cap and self._size >= self.cap:
             raise unavailable(
                 f"Exceeds maximum queue size: {self._size} requests already wait for this model "

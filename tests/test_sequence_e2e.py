@@ -127,7 +127,9 @@ def test_string_correlation_id_reaches_a_string_corrid_input(server: Server) -> 
 def test_string_id_for_an_integer_corrid_is_refused(server: Server) -> None:
     with pytest.raises(InferenceServerException) as exc:
         http_step(server, "seq_controls", "abc", 1, start=True)
-    assert exc.value.status() == "400" and "unsigned integer sequence id" in exc.value.message()
+    assert (exc.value.status(), exc.value.message()) == (
+        "400", "[request id: <id_unknown>] sequence batching control 'CORRID' data-type is 'BYTES', but model "
+               "'seq_controls' expects 'UINT64'")
 
 
 START_ERROR = (

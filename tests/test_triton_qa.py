@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub, identity
 from tests.conftest import Server, start_server
+from tests.sequence_models import controls
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,10 @@ def qa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     identity(repo, "identity_int64", "INT64", 8, "-1")
     identity(repo, "nobatch_float32", "FP32", 0, "-1")
     add_sub(repo, "simple", 8)  # two inputs
+    controls(repo, "seq", "TYPE_UINT64")  # sequence batching, an integer CORRID
     _labelled_ensemble(repo)
     srv = start_server(repo, f"qa{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
+                       "--allow-client-shm", "true",
                        "--load-model", "*")
     yield srv
     assert srv.stop() == 0
@@ -264,6 +267,18 @@ def test_load_errors_in_tritons_words(qa: Server, model: str, config: str, files
     assert http.is_server_ready()
 
 
+@pytest.mark.parametrize(("model", "message"), [
+    ("..", "invalid model name '..', model name must not contain path traversal characters"),
+    ("a/../b", "invalid model name 'a/../b', model name must not contain path traversal characters"),
+    (" \t", "Model name cannot be empty. Please enter a valid name to deploy."),
+])
+def test_load_refuses_names_that_are_not_model_names(qa: Server, model: str, message: str) -> None:
+    # gRPC: over HTTP such names do not reach the load route (Triton's own test uses gRPC too).
+    with pytest.raises(InferenceServerException) as err:
+        tg.InferenceServerClient(qa.grpc_url).load_model(model)
+    assert (err.value.status(), err.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+
+
 # --- classification: the labels of the model that answers --------------------------------------
 
 
@@ -280,3 +295,128 @@ def test_ensemble_output_classified_with_the_ensembles_labels(qa: Server, protoc
     x2.set_data_from_numpy(np.array([[0.5, 0.25, 9.8, 1.0]], np.float32))
     plain = client.infer("zero_1_float32", [x2], outputs=[protocol.InferRequestedOutput("OUTPUT0", class_count=1)])
     assert [s.decode() for s in plain.as_numpy("OUTPUT0").reshape(-1)] == ["9.800000:2"]
+
+
+# --- shared memory and sequences: Triton's words, HTTP and gRPC ----------------------------------
+
+SHM_BYTES = 64  # simple's two INT32 [1, 16] inputs and outputs
+
+
+@pytest.fixture
+def segment() -> Iterator[str]:
+    import tritonclient.utils.shared_memory as shm
+
+    key = f"/cv_qa_{os.getpid()}"
+    handle = shm.create_shared_memory_region("qa", key, SHM_BYTES)
+    yield key
+    shm.destroy_shared_memory_region(handle)
+
+
+def _shm_call(client: Any, op: str, *args: Any) -> tuple[str, str] | None:
+    """``op`` on the client; None if it worked, else the error's (status, message)."""
+    try:
+        getattr(client, op)(*args)
+    except InferenceServerException as err:
+        return str(err.status()), str(err.message())
+    return None
+
+
+RESERVED = "triton_python_backend_shm_region_"
+
+
+def _registration_errors(key: str) -> list[tuple[str, tuple[Any, ...], int, str, str]]:
+    # (client call, its arguments, HTTP status, gRPC code, exact message), after "r" was registered
+    return [
+        ("register_system_shared_memory", ("r", key, SHM_BYTES), 400, "ALREADY_EXISTS",
+         "shared memory region 'r' already in manager"),
+        ("register_system_shared_memory", ("x", "/cv_qa_no_such_segment", SHM_BYTES), 400, "INVALID_ARGUMENT",
+         "Unable to open shared memory region: '/cv_qa_no_such_segment'"),
+        ("register_system_shared_memory", ("y", key, SHM_BYTES + 1), 400, "INVALID_ARGUMENT",
+         "failed to register shared memory region 'y': invalid args"),
+        ("register_system_shared_memory", ("y", key, 1, SHM_BYTES), 400, "INVALID_ARGUMENT",
+         "failed to register shared memory region 'y': invalid args"),
+        ("register_system_shared_memory", ("y", "///", 8), 400, "INVALID_ARGUMENT",
+         "cannot register shared memory region 'y' - invalid shm key '///'"),
+        ("register_system_shared_memory", ("y", f"/{RESERVED}a", 8), 400, "INVALID_ARGUMENT",
+         f"cannot register shared memory region 'y' with key '/{RESERVED}a' as the key contains the reserved "
+         f"prefix '{RESERVED}'"),
+        ("get_system_shared_memory_status", ("nope",), 404, "NOT_FOUND",
+         "Unable to find system shared memory region: 'nope'"),
+        ("get_cuda_shared_memory_status", ("r",), 404, "NOT_FOUND",
+         "The region named 'r' is registered as system shared memory, not CUDA shared memory"),
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_shared_memory_registration_errors_in_tritons_words(qa: Server, segment: str, protocol: str) -> None:
+    client = th.InferenceServerClient(qa.http_url) if protocol == "http" else tg.InferenceServerClient(qa.grpc_url)
+    client.register_system_shared_memory("r", segment, SHM_BYTES)
+    try:
+        for op, args, status, code, message in _registration_errors(segment):
+            expected = (str(status), message) if protocol == "http" else (f"StatusCode.{code}", message)
+            assert _shm_call(client, op, *args) == expected, (op, args)
+        assert _shm_call(client, "unregister_system_shared_memory", "nope") is None  # as Triton: no error
+    finally:
+        client.unregister_system_shared_memory()
+
+
+def _shm_infer_doc(region: str, offset: int, byte_size: int) -> dict[str, Any]:
+    out = {"shared_memory_region": region, "shared_memory_offset": offset, "shared_memory_byte_size": byte_size}
+    return {"inputs": [{"name": name, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                       for name in ("INPUT0", "INPUT1")],
+            "outputs": [{"name": "OUTPUT0", "parameters": out}]}
+
+
+@pytest.mark.parametrize(("region", "offset", "byte_size", "status", "code", "message"), [
+    ("nope", 0, SHM_BYTES, 404, "NOT_FOUND", "Unable to find shared memory region: 'nope'"),
+    ("r", SHM_BYTES, SHM_BYTES, 400, "INVALID_ARGUMENT", "Invalid offset for shared memory region: 'r'"),
+    ("r", 1, SHM_BYTES, 400, "INVALID_ARGUMENT", "Invalid offset + byte size for shared memory region: 'r'"),
+    ("r", 32, (1 << 64) - 32, 400, "", "Integer overflow detected: byte_size (18446744073709551584) + offset (32) "
+     "exceeds maximum value (18446744073709551615) for region 'r'"),
+], ids=["unknown region", "offset", "offset + byte size", "overflow"])
+def test_shared_memory_infer_errors_in_tritons_words(qa: Server, segment: str, region: str, offset: int,
+                                                     byte_size: int, status: int, code: str, message: str) -> None:
+    http = th.InferenceServerClient(qa.http_url)
+    http.register_system_shared_memory("r", segment, SHM_BYTES)
+    try:
+        r = requests.post(_infer_url(qa, "simple"), json=_shm_infer_doc(region, offset, byte_size), timeout=30)
+        assert (r.status_code, r.json()) == (status, {"error": message})
+        if not code:  # gRPC's int64 parameter cannot carry that byte size
+            return
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            x = tg.InferInput(name, [1, 16], "INT32")
+            x.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+            inputs.append(x)
+        out = tg.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(region, byte_size, offset=offset)
+        with pytest.raises(InferenceServerException) as err:
+            tg.InferenceServerClient(qa.grpc_url).infer("simple", inputs, outputs=[out])
+        assert (err.value.status(), err.value.message()) == (f"StatusCode.{code}", message)
+    finally:
+        http.unregister_system_shared_memory()
+
+
+_SEQ_START = ("inference request for sequence 5 to model 'seq' must specify the START flag on the first request "
+              "of the sequence")
+
+
+@pytest.mark.parametrize(("sequence", "rows", "message"), [
+    ({}, 1, "inference request to model 'seq' must specify a non-zero or non-empty correlation ID"),
+    ({"sequence_id": 5}, 1, _SEQ_START),
+    ({"sequence_id": "abc", "sequence_start": True}, 1,
+     "[request id: <id_unknown>] sequence batching control 'CORRID' data-type is 'BYTES', but model 'seq' "
+     "expects 'UINT64'"),
+    ({"sequence_id": 6, "sequence_start": True}, 2,
+     "inference request to model 'seq' must specify batch-size 1 due to requirements of sequence batcher"),
+], ids=["no sequence id", "no START", "string id", "batch of 2"])
+@pytest.mark.parametrize("protocol", [th, tg])
+def test_sequence_errors_in_tritons_words(qa: Server, protocol: Any, sequence: dict[str, Any], rows: int,
+                                          message: str) -> None:
+    client = protocol.InferenceServerClient(qa.http_url if protocol is th else qa.grpc_url)
+    x = protocol.InferInput("INPUT", [rows, 1], "INT32")
+    x.set_data_from_numpy(np.ones((rows, 1), np.int32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("seq", [x], **sequence)
+    status = "400" if protocol is th else "StatusCode.INVALID_ARGUMENT"
+    assert (err.value.status(), err.value.message()) == (status, message)
