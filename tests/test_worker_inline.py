@@ -14,7 +14,7 @@ import tritonclient.http as th
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.python import PythonBackend
-from conveyor.workers.inline import inline_allowed
+from conveyor.workers.inline import INLINE_MAX_INPUT_BYTES, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
 from tests.conftest import start_server
 from tests.python_models import _simple_config, write_model
@@ -101,6 +101,7 @@ def test_short_batches_move_to_the_main_thread_unless_the_model_may_call_bls(
     write_model(repo, "plain", WHICH_THREAD_MODEL, _simple_config("plain"))
     write_model(repo, "caller", WHICH_THREAD_MODEL + "# pb_utils.InferenceRequest(...) would make a BLS call\n",
                 _simple_config("caller"))
+    write_model(repo, "sized", WHICH_THREAD_MODEL, _simple_config("sized").replace("dims: [ 1 ]", "dims: [ -1 ]", 1))
     server = start_server(repo, f"in{os.getpid()}", "--workers", "1", "--grpc-ingress", "0", grpc=False)
     try:
         client = th.InferenceServerClient(server.http_url)
@@ -110,7 +111,14 @@ def test_short_batches_move_to_the_main_thread_unless_the_model_may_call_bls(
                 x = th.InferInput("INPUT0", [1], "FP32")
                 x.set_data_from_numpy(np.zeros(1, np.float32))
                 threads.append(float(client.infer(model, [x]).as_numpy("OUTPUT0")[0]))
+        # A big request never stalls the main loop (and its heartbeats), however short the ones before.
+        sized = []
+        for n in [1] * 24 + [(INLINE_MAX_INPUT_BYTES // 4) + 1]:
+            x = th.InferInput("INPUT0", [n], "FP32")
+            x.set_data_from_numpy(np.zeros(n, np.float32))
+            sized.append(float(client.infer("sized", [x]).as_numpy("OUTPUT0")[0]))
         client.close()
+        assert sum(sized[8:24]) >= 8 and sized[-1] == 0.0
         assert seen["plain"][:8] == [0.0] * 8  # measured on the instance's thread first
         # Then short batches run on the main thread (a busy machine may make a few long ones).
         assert sum(seen["plain"][8:]) >= 28

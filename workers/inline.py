@@ -18,6 +18,10 @@ from conveyor.workers.backends.python import PythonBackend
 
 # A batch runs on the main thread when its instance's recent batches took less than this.
 INLINE_MAX_NS = 500_000
+# ... and its inputs are no larger than this: one big request after many small ones would
+# otherwise stall the main loop, its heartbeats with it (a 50 MB BYTES request to a Python
+# model took long enough on the main thread for the router to drop the worker as silent).
+INLINE_MAX_INPUT_BYTES = 4 << 20
 INLINE_AFTER = 8  # batches measured on the instance's thread first
 # Words of model.py that mean it may make BLS calls.
 _BLS_WORDS = ("InferenceRequest", ".exec(", "async_exec")

@@ -54,7 +54,7 @@ from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
 from conveyor.workers.devices import DeviceMap, local_gpu_count
-from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_NS, inline_allowed
+from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_INPUT_BYTES, INLINE_MAX_NS, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
 from conveyor.workers.item_stream import ItemStream
 from conveyor.workers.reply_links import ReplyLinks
@@ -402,7 +402,7 @@ class Worker:
         if msg.regions:
             self.client_regions.announce(msg.regions)
         streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
-        if inst.runs_inline():
+        if inst.runs_inline() and _input_bytes(msg) <= INLINE_MAX_INPUT_BYTES:
             # Its answers leave with the rest of this turn's (one send per peer: each send wakes
             # libzmq's I/O thread, and a send per batch measured 25% less throughput at c=16).
             self._emit_all(answers(msg, self._run_batch(inst, msg, streams)))
@@ -509,3 +509,7 @@ def answers(msg: m.ExecBatch, result: m.BatchResult) -> list[tuple[str, bytes]]:
         out.append((item.reply_to, m.encode(resp)))
     out.append(("", m.encode(result)))
     return out
+
+
+def _input_bytes(msg: m.ExecBatch) -> int:
+    return sum(ref.nbytes for item in msg.items for ref in item.inputs)
