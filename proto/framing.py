@@ -117,19 +117,25 @@ def drain_peers(
             return False
         identity = frames[0]
         for i in range(1, len(frames)):
-            _handle_one(frames[i], decode, handle, source, identity)
+            try:
+                msg = decode(frames[i])
+            except msgspec.DecodeError as exc:  # ValidationError included
+                log.error("undecodable message from %s: %s", source, exc)
+                continue
+            try:
+                handle(identity, msg)
+            except Exception:
+                log.exception("failed to handle a message from %s", source)
     return True
 
 
-def _handle_one(frame: bytes, decode: Callable[[bytes], T], handle: Callable[..., Any], source: str,
-                *before: bytes) -> None:
-    """Decode one descriptor and hand it to ``handle`` (after ``before``: a ROUTER's peer identity)."""
+def _handle_one(frame: bytes, decode: Callable[[bytes], T], handle: Callable[[T], Any], source: str) -> None:
     try:
         msg = decode(frame)
     except msgspec.DecodeError as exc:  # ValidationError included
         log.error("undecodable message from %s: %s", source, exc)
         return
     try:
-        handle(*before, msg)
+        handle(msg)
     except Exception:
         log.exception("failed to handle a message from %s", source)

@@ -162,15 +162,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         for name, count in sorted(CASES.items()):
             terminalreporter.write_line(f"{name}: {count}")
         terminalreporter.write_line(f"total: {sum(CASES.values())}")
-
-
-def scrape(server: Server) -> dict[str, float]:
-    """The group's ``/metrics``: each series (name and labels) -> its value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
