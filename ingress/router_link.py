@@ -190,7 +190,7 @@ class RouterLink:
     async def infer(self, request: m.InferRequest) -> m.InferResponse:
         """Send ``request``; if the caller is cancelled, tell the router and let the
         eventual reply go to ``on_orphan``."""
-        fut: asyncio.Future[m.InferResponse] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[m.InferResponse] = (self._loop or asyncio.get_running_loop()).create_future()
 
         def resolve(msg: m.InferResponse) -> None:
             if fut.cancelled():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import socket
 import threading
 
 import numpy as np
@@ -274,3 +275,21 @@ def test_model_without_config_is_completed(client: httpclient.InferenceServerCli
     assert cfg["max_batch_size"] == 4 and [i["dims"] for i in cfg["input"]] == [[16], [16]]
     a = np.arange(32, dtype=np.int32).reshape(2, 16)
     np.testing.assert_array_equal(client.infer("no_config", simple_inputs(a, a)).as_numpy("OUTPUT1"), 0 * a)
+
+
+def test_a_response_leaves_in_one_write(server: Server) -> None:
+    """Head and body of a response arrive together (one writev), so a client wakes once for it."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                                  {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [2] * 16}]})
+    request = (f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        for _ in range(3):
+            sock.sendall(request)
+            first = sock.recv(1 << 16)
+            head, _, rest = first.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            assert head.startswith(b"HTTP/1.1 200")
+            assert len(rest) == length, "the body did not come with the head"
+            assert json.loads(rest)["outputs"][0]["data"] == [3] * 16

@@ -30,6 +30,7 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.http.corked_transport import CorkedTransport
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
@@ -44,11 +45,16 @@ BACKLOG = 2048
 class _HttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that, as Triton (libevhtp), reads a request carrying
     both ``Content-Length`` and ``Transfer-Encoding: chunked`` by its chunks (RFC 9112
-    6.3) instead of refusing it; ``BodyLimit`` closes such a connection after the answer."""
+    6.3) instead of refusing it; ``BodyLimit`` closes such a connection after the answer.
+    A response's head and body leave in one write (``CorkedTransport``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
 
 
 def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
