@@ -13,7 +13,7 @@ import pytest
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.router.repository import load_spec
+from conveyor.router.repository.scan import load_spec
 from conveyor.workers.backends import python_utils as pb_utils
 from conveyor.workers.backends.base import RequestBackend, RequestItem
 from conveyor.workers.backends.python import PythonBackend

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.batcher import DynamicBatcher
-from conveyor.router.ensemble_levels import Levels, build_levels
-from conveyor.router.ensemble_plan import EnsemblePlan, Step, build_plan
+from conveyor.router.ensembles.levels import Levels, build_levels
+from conveyor.router.ensembles.plan import EnsemblePlan, Step, build_plan
 from conveyor.router.models import ModelEntry, ModelRegistry, VersionState
-from conveyor.router.namespaces import step_key
-from conveyor.router.repository import ModelSpec
-from conveyor.router.stats import ModelStats
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.repository.namespaces import step_key
+from conveyor.router.repository.scan import ModelSpec
+from conveyor.router.scheduling.batcher import DynamicBatcher
 
 
 @dataclass(eq=False)

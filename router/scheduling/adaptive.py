@@ -39,6 +39,9 @@ docs/SCHEDULING.md). So the controller measures what it optimises:
 * A window that ran too long (``STALE_NS``: the load stopped or changed) is
   thrown away; with nothing measured, the delay is 0 (batches of what is
   queued, at once).
+
+``AdaptiveBatcher`` is the dynamic batcher that applies the controller's plan
+(its delay and batch sizes) instead of the config's.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.router.pending import Pending
+from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 
 LATENCY_TARGET_PARAMETER = "conveyor.latency_target_us"
 LEVELS_US = (0, 1000, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000)
@@ -171,3 +177,24 @@ class AdaptiveController:
     def _make_plan(self) -> Plan:
         level = self.level if self.probing is None else self.probing
         return Plan(self.max_batch_size, self.levels_ns[level], self.max_batch_size)
+
+
+class AdaptiveBatcher(DynamicBatcher):
+    def __init__(
+        self, max_batch_size: int, target_ns: int, policy: SchedulingPolicy | None = None,
+        queue_cap: int = DEFAULT_QUEUE_CAP,
+    ) -> None:
+        super().__init__(max_batch_size, [], 0, True, policy, queue_cap)
+        self.adaptive = AdaptiveController(target_ns, self.max_batch_size)
+        self._applied: Plan | None = None
+
+    def next_batch(self, now_ns: int) -> list[Pending] | int | None:
+        controller = self.adaptive
+        assert controller is not None
+        plan = controller.plan(now_ns)
+        if plan is not self._applied:
+            self._applied = plan
+            self.preferred = frozenset(range(plan.batch_size, plan.max_batch_size + 1))
+            self.max_preferred = self.max_batch_size = plan.max_batch_size
+            self.max_delay_ns = plan.delay_ns
+        return super().next_batch(now_ns)

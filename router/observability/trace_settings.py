@@ -5,7 +5,7 @@ Values travel as strings (a list of strings for ``trace_level``), as Triton's
 the global one; a global one given as null goes back to its value at start.
 
 The trace mode (``triton``: the trace file; ``opentelemetry``: OTLP export, see
-``router/otel_options.py``) is global and set at start only, as in Triton; the
+``router/observability/otel_options.py``) is global and set at start only, as in Triton; the
 responses show it as ``trace_mode``, and in OpenTelemetry mode show the exporter's
 settings instead of ``trace_file`` and ``log_frequency``.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.proto.errors import invalid_arg
-from conveyor.router.otel_options import OtelOptions, parse_otel_setting
+from conveyor.router.observability.otel_options import OtelOptions, parse_otel_setting
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 MODES = ("triton", "opentelemetry")

@@ -1,5 +1,5 @@
 """Workers joining, loading, leaving and disappearing: ``WorkerHello``, ``ModelLoaded``,
-``WorkerLeaving`` (see ``worker_drain.py``) and a worker dropped because it restarted,
+``WorkerLeaving`` (see ``drain.py``) and a worker dropped because it restarted,
 went silent or drained."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import time
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
 from conveyor.proto.framing import PeerOutbox
-from conveyor.router.client_shm import ClientShmRegistry
-from conveyor.router.custom_metrics import CustomMetricsStore
 from conveyor.router.dispatch import Dispatcher
-from conveyor.router.held_blocks import HeldBlocks
 from conveyor.router.models import InstanceState, ModelRegistry
-from conveyor.router.placement import Placement
+from conveyor.router.observability.custom_metrics import CustomMetricsStore
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
 from conveyor.router.settings_hub import SettingsHub
-from conveyor.router.worker_drain import WorkerDrain
-from conveyor.router.workers import WorkerInfo, WorkerPool
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
+from conveyor.router.worker_pool.drain import WorkerDrain
+from conveyor.router.worker_pool.placement import Placement
+from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
 from conveyor.shm.naming import segment_name
 
 log = logging.getLogger(__name__)

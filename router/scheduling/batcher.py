@@ -6,7 +6,7 @@ Policy, as Triton's:
 * Requests are considered in service order (``PriorityQueues``: priority
   level, then arrival); a batch holds consecutive requests whose batch key
   matches the first one's, up to ``max_batch_size`` rows. The key
-  (``router/shape_keys.py``) is the non-batch shapes, as in Triton, except
+  (``router/scheduling/shape_keys.py``) is the non-batch shapes, as in Triton, except
   for ragged inputs (any shape) and padded ones (any length in their
   variable dims: ``conveyor.pad_batching``), whose shapes the worker
   reconciles.
@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from conveyor.router.pending import Pending
-from conveyor.router.priority_queues import Expired, PriorityQueues
-from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
+from conveyor.router.scheduling.priority_queues import Expired, PriorityQueues
+from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 
 if TYPE_CHECKING:
-    from conveyor.router.adaptive import AdaptiveController
+    from conveyor.router.scheduling.adaptive import AdaptiveController
 
 
 class DynamicBatcher:

@@ -7,7 +7,7 @@ stamps (``BatchItem.traced``), and the ingress sends ``TraceEnd`` when it
 answers. Complete traces go to a background thread, so the router loop never
 waits on the disk or the network: written as Triton's trace-file JSON (mode
 ``triton``) or exported as OpenTelemetry spans (mode ``opentelemetry``,
-``router/otlp_export.py``). Untraced requests cost one ``is None`` test.
+``router/observability/otlp_export.py``). Untraced requests cost one ``is None`` test.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from conveyor.proto import messages as m
-from conveyor.router.trace_context import parse_traceparent
-from conveyor.router.trace_settings import TraceSettingsStore
+from conveyor.router.observability.trace_context import parse_traceparent
+from conveyor.router.observability.trace_settings import TraceSettingsStore
 
 log = logging.getLogger(__name__)
 

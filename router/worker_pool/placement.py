@@ -9,13 +9,13 @@ import logging
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.framing import PeerOutbox
-from conveyor.router.cloud import RepositoryRoots
-from conveyor.router.default_groups import pool_gpus, resolve
 from conveyor.router.dispatch import Running
 from conveyor.router.lifecycle import ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, ModelRegistry
-from conveyor.router.rate_limiter import RateLimiter
-from conveyor.router.workers import WorkerPool
+from conveyor.router.repository.cloud import RepositoryRoots
+from conveyor.router.repository.default_groups import pool_gpus, resolve
+from conveyor.router.scheduling.rate_limiter import RateLimiter
+from conveyor.router.worker_pool.pool import WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from itertools import chain
 
 from conveyor.proto.errors import ConveyorError, Status, unavailable
 from conveyor.router.pending import Pending
-from conveyor.router.queue_policy import QueuePolicy, SchedulingPolicy
+from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy
 
 # What a request that leaves the queue unexecuted is answered with.
 DEADLINE_PASSED = ConveyorError(Status.DEADLINE_EXCEEDED, "request timeout expired before the model ran it")

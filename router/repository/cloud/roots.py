@@ -8,10 +8,10 @@ import tempfile
 from collections.abc import Callable
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.cloud.azure_blob import AzureRepository
-from conveyor.router.cloud.gcs import GcsRepository
-from conveyor.router.cloud.mirror import ObjectMirror
-from conveyor.router.cloud.s3 import S3Repository
+from conveyor.router.repository.cloud.azure_blob import AzureRepository
+from conveyor.router.repository.cloud.gcs import GcsRepository
+from conveyor.router.repository.cloud.mirror import ObjectMirror
+from conveyor.router.repository.cloud.s3 import S3Repository
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg, unavailable
 from conveyor.proto.sequence_config import SequenceConfig
 from conveyor.router.pending import Pending
-from conveyor.router.priority_queues import DEADLINE_PASSED, Expired
-from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.scheduling.priority_queues import DEADLINE_PASSED, Expired
+from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 
 if TYPE_CHECKING:
     from conveyor.router.models import Instance

@@ -1,6 +1,6 @@
 """Which requests may share a batch: each request's batch key, computed once on
 arrival (``Pending.shape_key``); the batchers put together only requests with
-equal keys (router/batcher.py, router/sequences.py).
+equal keys (router/scheduling/batcher.py, router/scheduling/sequences.py).
 
 * By default, as in Triton: every input's datatype and non-batch dims.
 * A ragged input (``allow_ragged_batch``) counts by name and datatype only: the

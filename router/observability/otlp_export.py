@@ -15,9 +15,9 @@ import time
 import urllib.request
 from collections import deque
 
-from conveyor.router.otel_options import OtelOptions
-from conveyor.router.trace_settings import TraceConfig
-from conveyor.router.tracing import TraceRecord
+from conveyor.router.observability.otel_options import OtelOptions
+from conveyor.router.observability.trace_settings import TraceConfig
+from conveyor.router.observability.tracing import TraceRecord
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class OtlpExporter:
     """``add`` from the router loop; everything else happens on the exporter's thread."""
 
     def __init__(self, options: OtelOptions) -> None:
-        from conveyor.router.otel_spans import export_request  # needs the otel extra
+        from conveyor.router.observability.otel_spans import export_request  # needs the otel extra
 
         self._encode = export_request
         self.options = options

@@ -17,13 +17,13 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import batch_shapes_problem
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
-from conveyor.router.adaptive import adaptive_problem
-from conveyor.router.autocomplete import complete_onnx
-from conveyor.router.autocomplete_python import complete_python
-from conveyor.router.backend_config import BackendConfig
-from conveyor.router.ensemble_plan import ensemble_problem
-from conveyor.router.namespaces import assign_keys, name_of
-from conveyor.router.queue_policy import scheduling_problem
+from conveyor.router.ensembles.plan import ensemble_problem
+from conveyor.router.repository.backend_config import BackendConfig
+from conveyor.router.repository.namespaces import assign_keys, name_of
+from conveyor.router.repository.onnx_autocomplete import complete_onnx
+from conveyor.router.repository.python_autocomplete import complete_python
+from conveyor.router.scheduling.adaptive import adaptive_problem
+from conveyor.router.scheduling.queue_policy import scheduling_problem
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ _BACKENDS = {
     "pytorch": "pytorch",
     "tensorrt_plan": "tensorrt",
     "tensorrt": "tensorrt",
-    "ensemble": "ensemble",  # run by the router itself (router/ensemble.py)
+    "ensemble": "ensemble",  # run by the router itself (router/ensembles/scheduler.py)
 }
 _DEFAULT_FILENAME = {
     "onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan", "ensemble": "",
@@ -65,7 +65,7 @@ class ModelSpec:
     version_errors: dict[int, str] = field(default_factory=dict)
     error: str = ""
     # Its registry key where that is not its name: with --model-namespacing, a name held by
-    # several repositories is keyed by its directory (router/namespaces.py).
+    # several repositories is keyed by its directory (router/repository/namespaces.py).
     key: str = ""
 
     @property

@@ -22,7 +22,7 @@ import numpy as np
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import unavailable
-from conveyor.router.held_blocks import HeldBlocks
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.shm.arena import ABANDONED_AFTER_S, HELD, OUTSTANDING, RELEASED, Arena
 
 DEFAULT_LOANS = 1 << 16

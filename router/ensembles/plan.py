@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, invalid_arg
-from conveyor.router.conditions import Condition
+from conveyor.router.ensembles.conditions import Condition
 
 _PARAMETER_PREFIX = "conveyor."
 _STEP_WHEN = re.compile(r"conveyor\.step\.(\d+)\.when$")

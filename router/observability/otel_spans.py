@@ -21,8 +21,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from conveyor.router.trace_context import parse_traceparent
-from conveyor.router.tracing import TraceRecord
+from conveyor.router.observability.trace_context import parse_traceparent
+from conveyor.router.observability.tracing import TraceRecord
 
 SCOPE_NAME = "conveyor"
 MODEL_EVENTS = ("REQUEST_START", "QUEUE_START", "DISPATCH", "REQUEST_END")

@@ -16,8 +16,8 @@ import re
 from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.cloud.credentials import credential_file_entry
-from conveyor.router.cloud.mirror import ObjectMirror, Stamp, missing_library
+from conveyor.router.repository.cloud.credentials import credential_file_entry
+from conveyor.router.repository.cloud.mirror import ObjectMirror, Stamp, missing_library
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import re
 from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.cloud.credentials import credential_fields
-from conveyor.router.cloud.mirror import ObjectMirror, Stamp, missing_library
+from conveyor.router.repository.cloud.credentials import credential_fields
+from conveyor.router.repository.cloud.mirror import ObjectMirror, Stamp, missing_library
 
 _URL = re.compile(r"^as://(?P<account>[^/]+)/(?P<container>[^/]+)/?(?P<prefix>.*)$")
 ENDPOINT_ENV = "CONVEYOR_AZURE_BLOB_ENDPOINT"

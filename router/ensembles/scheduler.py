@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.conditions import Condition
-from conveyor.router.ensemble_branch import Branch, block_key
-from conveyor.router.ensemble_levels import REQUEST, Levels, build_levels
-from conveyor.router.ensemble_plan import Step
-from conveyor.router.ensemble_state import EnsembleVersion
-from conveyor.router.held_blocks import HeldBlocks
-from conveyor.router.loans import Loans
-from conveyor.router.stats import ModelStats
+from conveyor.router.ensembles.branch import Branch, block_key
+from conveyor.router.ensembles.conditions import Condition
+from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
+from conveyor.router.ensembles.plan import Step
+from conveyor.router.ensembles.state import EnsembleVersion
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
+from conveyor.router.shared_memory.loans import Loans
 from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
