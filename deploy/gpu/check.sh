@@ -101,7 +101,7 @@ cat "$ENVMD"
 # 4. Everything a group and the tests import.
 if out=$(timeout 120 "$PY" -c "
 import conveyor.deploy.cli, conveyor.router.server, conveyor.workers.worker, conveyor.ingress.http.server
-import conveyor.ingress.grpc, conveyor.workers.backends.pytorch, conveyor.workers.client_regions
+import conveyor.ingress.grpc, conveyor.workers.backends.pytorch.backend, conveyor.workers.client_regions
 import tritonclient.http, tritonclient.grpc, uvloop, httptools, posix_ipc
 print(conveyor.deploy.cli.__file__)" 2>&1); then
   row "imports (conveyor.* through the link tree, tritonclient, uvloop, httptools)" PASS "${out##*$'\n'}"

@@ -2,7 +2,7 @@
 
 Only a model.py that defines the hook pays for it (found by reading the file's
 syntax tree, without running it); the hook then runs in a child process
-(``conveyor.workers.backends.python_autocomplete``) so model code never runs in
+(``conveyor.workers.backends.python.autocomplete``) so model code never runs in
 the router. As in Triton it runs whenever the model defines it, and what the
 config file already says must agree with what the hook adds.
 """
@@ -42,7 +42,7 @@ def complete_python(config: mc.ModelConfig, model_path: str) -> str:
         return ""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "conveyor.workers.backends.python_autocomplete", model_path],
+            [sys.executable, "-m", "conveyor.workers.backends.python.autocomplete", model_path],
             input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:

@@ -1,6 +1,6 @@
 """ONNX models on onnxruntime: CPU by default, CUDA for KIND_GPU instances, with
 the execution accelerators and session options the config asks for
-(``ort_providers.py``, ``ort_settings.py``).
+(``providers.py``, ``settings.py``).
 
 A CUDA instance given device arrays (inputs in a client's CUDA shared memory)
 binds them in place with IOBinding and leaves its outputs on the device, so the
@@ -17,8 +17,8 @@ import onnxruntime as ort
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
-from conveyor.workers.backends.ort_providers import INSTALL, execution_providers
-from conveyor.workers.backends.ort_settings import run_options, session_options
+from conveyor.workers.backends.onnxruntime.providers import INSTALL, execution_providers
+from conveyor.workers.backends.onnxruntime.settings import run_options, session_options
 from conveyor.workers.client_regions import is_device_array
 
 # ORT's element type names for the numeric types a device tensor can have.

@@ -2,7 +2,7 @@
 which requests a BLS call is made for.
 
 The worker registers its BLS client here at start (``set_executor``); the
-client lives in ``workers/backends/python_bls.py``. While an instance runs
+client lives in ``workers/backends/python/bls.py``. While an instance runs
 ``execute`` its thread records the batch's requests (``enter_execute``): a BLS call
 made from that thread (or from the event loop of an ``async def execute``) is
 made for them, and is cancelled when they all are.
@@ -14,10 +14,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from conveyor.workers.backends.python_utils.errors import TritonModelException
+from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
 
 if TYPE_CHECKING:
-    from conveyor.workers.backends.python_utils.inference import InferenceRequest, InferenceResponse
+    from conveyor.workers.backends.python.pb_utils.inference import InferenceRequest, InferenceResponse
 
 
 class BlsExecutor(Protocol):

@@ -1,6 +1,6 @@
 """Runs a Python model's ``auto_complete_config`` in a process of its own.
 
-    python -m conveyor.workers.backends.python_autocomplete MODEL_PY < config.json > completed.json
+    python -m conveyor.workers.backends.python.autocomplete MODEL_PY < config.json > completed.json
 
 The router owns model configs but never imports model code (a model.py may pull
 in torch, or hang): it runs this for each model.py that defines
@@ -15,8 +15,8 @@ import json
 import sys
 
 from conveyor.proto.errors import ConveyorError
-from conveyor.workers.backends.python_import import import_model_class
-from conveyor.workers.backends.python_utils import ModelConfig
+from conveyor.workers.backends.python.model_import import import_model_class
+from conveyor.workers.backends.python.pb_utils import ModelConfig
 
 
 def complete(model_path: str, config_json: str) -> str:

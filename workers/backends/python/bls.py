@@ -10,7 +10,7 @@ place); each response's outputs are read from the callee's output block,
 copied into numpy arrays for the model, and the block released.
 
 A call is made for the requests the calling thread's ``execute`` serves
-(``python_utils.bls.current_requests``): once they are all cancelled (their
+(``pb_utils.bls.current_requests``): once they are all cancelled (their
 client went away, or its deadline passed) the call sends ``Cancel`` for its
 BLS request and returns a CANCELLED error response at once, instead of waiting
 for the callee; what the callee still sends is released unread.
@@ -44,9 +44,9 @@ from conveyor.proto import messages as m
 from conveyor.proto.datatypes import datatype_of, deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.shm.regions import RegionCache
-from conveyor.workers.backends.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
-from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor, TritonError
-from conveyor.workers.backends.python_utils.inference import bls_parameters
+from conveyor.workers.backends.python.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
+from conveyor.workers.backends.python.pb_utils import InferenceRequest, InferenceResponse, Tensor, TritonError
+from conveyor.workers.backends.python.pb_utils.inference import bls_parameters
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.bls_signatures import BlsSignatures
 from conveyor.workers.inline_switch import InlineSwitch
@@ -57,7 +57,7 @@ _FOR_CANCELLED = "as the request it was made for was cancelled"
 
 
 class BlsClient:
-    """Implements ``python_utils.bls.BlsExecutor`` over a ``BlsLink``."""
+    """Implements ``pb_utils.bls.BlsExecutor`` over a ``BlsLink``."""
 
     def __init__(self, link: BlsLink, regions: RegionCache) -> None:
         self.link = link

@@ -6,7 +6,7 @@ views, DLPack over a client's CUDA arrays. A GPU instance hands its outputs back
 as cupy arrays over the same device memory (DLPack), so the worker copies them
 device-to-device into a client's CUDA region, or once to the host otherwise.
 Config names map onto ``forward``'s arguments and returned tuple by Triton's
-rules (``torch_naming``); ``List[str]`` arguments and results carry 1-D BYTES tensors.
+rules (``naming``); ``List[str]`` arguments and results carry 1-D BYTES tensors.
 With ``conveyor.torch_compile`` the module is compiled at load (``torch_compile``).
 """
 
@@ -20,11 +20,11 @@ import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
-from conveyor.workers.backends.torch_compile import CompileFailed, compile_module, sample_tensors
-from conveyor.workers.backends.torch_compile_settings import SWITCH, CompileSettings
-from conveyor.workers.backends.torch_naming import input_positions, output_positions
-from conveyor.workers.backends.torch_settings import TorchSettings
-from conveyor.workers.backends.torch_sharing import SHARED
+from conveyor.workers.backends.pytorch.compile import CompileFailed, compile_module, sample_tensors
+from conveyor.workers.backends.pytorch.compile_settings import SWITCH, CompileSettings
+from conveyor.workers.backends.pytorch.naming import input_positions, output_positions
+from conveyor.workers.backends.pytorch.settings import TorchSettings
+from conveyor.workers.backends.pytorch.sharing import SHARED
 from conveyor.workers.client_regions import is_device_array
 
 try:

@@ -6,8 +6,8 @@ before it imports a ``model.py``, so ``import triton_python_backend_utils as
 pb_utils`` works unchanged; no top-level package of that name is installed.
 """
 
-from conveyor.workers.backends.python_utils.errors import TritonError, TritonModelException
-from conveyor.workers.backends.python_utils.inference import (
+from conveyor.workers.backends.python.pb_utils.errors import TritonError, TritonModelException
+from conveyor.workers.backends.python.pb_utils.inference import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_REQUEST_RELEASE_ALL,
@@ -19,8 +19,8 @@ from conveyor.workers.backends.python_utils.inference import (
     get_input_tensor_by_name,
     get_output_tensor_by_name,
 )
-from conveyor.workers.backends.python_utils.logger import Logger, LogLevel
-from conveyor.workers.backends.python_utils.metrics import (
+from conveyor.workers.backends.python.pb_utils.logger import Logger, LogLevel
+from conveyor.workers.backends.python.pb_utils.metrics import (
     COUNTER,
     GAUGE,
     HISTOGRAM,
@@ -28,21 +28,21 @@ from conveyor.workers.backends.python_utils.metrics import (
     MetricFamily,
     MetricKind,
 )
-from conveyor.workers.backends.python_utils.model_config import (
+from conveyor.workers.backends.python.pb_utils.model_config import (
     ModelConfig,
     get_input_config_by_name,
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
 )
-from conveyor.workers.backends.python_utils.model_control import is_model_ready, load_model, unload_model
-from conveyor.workers.backends.python_utils.options import (
+from conveyor.workers.backends.python.pb_utils.model_control import is_model_ready, load_model, unload_model
+from conveyor.workers.backends.python.pb_utils.options import (
     TRITONSERVER_MEMORY_CPU,
     TRITONSERVER_MEMORY_GPU,
     InferenceTrace,
     MemoryType,
     PreferredMemory,
 )
-from conveyor.workers.backends.python_utils.tensor import (
+from conveyor.workers.backends.python.pb_utils.tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,
     deserialize_bytes_tensor,

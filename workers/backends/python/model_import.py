@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from conveyor.proto.errors import unavailable
-from conveyor.workers.backends import python_utils
+from conveyor.workers.backends.python import pb_utils
 
 UTILS_MODULE = "triton_python_backend_utils"
 MODEL_CLASS = "TritonPythonModel"
@@ -28,7 +28,7 @@ _serial = itertools.count()
 
 def register_utils() -> None:
     """Make ``import triton_python_backend_utils`` find Conveyor's utilities."""
-    sys.modules.setdefault(UTILS_MODULE, python_utils)
+    sys.modules.setdefault(UTILS_MODULE, pb_utils)
 
 
 def import_model_class(path: str, label: str) -> type[Any]:

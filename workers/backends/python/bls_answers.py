@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from conveyor.proto import messages as m
 from conveyor.workers.backends.base import ResponseChannel
-from conveyor.workers.backends.python_utils import bls
+from conveyor.workers.backends.python.pb_utils import bls
 
 Release = Callable[[m.InferResponse], None]
 # Put in a call's answers when the requests it was made for are all cancelled.

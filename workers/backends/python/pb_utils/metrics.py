@@ -21,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from conveyor.workers.backends.python_utils.errors import TritonModelException
+from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")

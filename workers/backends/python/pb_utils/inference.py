@@ -8,10 +8,10 @@ from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status, internal
 from conveyor.workers.backends.base import ParameterizedOutputs, RequestOutcome, ResponseChannel
-from conveyor.workers.backends.python_utils import bls
-from conveyor.workers.backends.python_utils.errors import TritonError, TritonModelException
-from conveyor.workers.backends.python_utils.options import InferenceTrace, PreferredMemory
-from conveyor.workers.backends.python_utils.tensor import Tensor
+from conveyor.workers.backends.python.pb_utils import bls
+from conveyor.workers.backends.python.pb_utils.errors import TritonError, TritonModelException
+from conveyor.workers.backends.python.pb_utils.options import InferenceTrace, PreferredMemory
+from conveyor.workers.backends.python.pb_utils.tensor import Tensor
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.proto.errors import ConveyorError
-from conveyor.workers.backends.python_utils import bls
-from conveyor.workers.backends.python_utils.errors import TritonModelException
+from conveyor.workers.backends.python.pb_utils import bls
+from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
 
 # A load answers once the model is ready.
 LOAD_TIMEOUT_S = 600.0

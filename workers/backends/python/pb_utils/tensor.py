@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.proto.datatypes import deserialize_bytes, serialize_bytes
-from conveyor.workers.backends.python_utils.errors import TritonModelException
+from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
 
 # Config type names -> numpy, as Triton's pb_utils maps them.
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.workers.backends.torch_compile_settings import CompileSettings
+from conveyor.workers.backends.pytorch.compile_settings import CompileSettings
 
 # Sizes the variable dimensions (the batch, -1 dims) take in the calls at load, in
 # order. Dynamo compiles the first shape statically; in its automatic mode a second

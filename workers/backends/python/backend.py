@@ -21,9 +21,9 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, internal, unavailable
 from conveyor.proto.model_config import to_json
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
-from conveyor.workers.backends.python_import import forget_module, import_model_class
-from conveyor.workers.backends.python_utils import InferenceRequest, InferenceResponse, Tensor, bls
-from conveyor.workers.backends.python_utils.inference import response_outcome
+from conveyor.workers.backends.python.model_import import forget_module, import_model_class
+from conveyor.workers.backends.python.pb_utils import InferenceRequest, InferenceResponse, Tensor, bls
+from conveyor.workers.backends.python.pb_utils.inference import response_outcome
 
 log = logging.getLogger(__name__)
 
