@@ -1,8 +1,8 @@
 """Adaptive batching against static dynamic_batching settings, measured with perf_analyzer.
 
-    python deploy/bench_adaptive.py [--concurrency 1 16] [--repeat 2] [--target-us 8000]
+    python -m benchmarks.adaptive [--concurrency 1 16] [--repeat 2] [--target-us 8000]
 
-Serves ``matmul_stack`` (deploy/bench_models.py: batching pays) under several
+Serves ``matmul_stack`` (benchmarks/models.py: batching pays) under several
 names that differ only in their batching settings, each with two CPU instances
 on two workers, and runs perf_analyzer over HTTP on each in ``--repeat`` rounds
 (every variant at every concurrency, then the next round: the machine is
@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 from statistics import median
 
-from conveyor.deploy.bench import ROOT, perf_analyzer, run_one, wait_ready
-from conveyor.deploy.bench_models import matmul_stack
+from benchmarks.models import matmul_stack
+from benchmarks.perf import ROOT, perf_analyzer, run_one, wait_ready
 
 INSTANCES = "instance_group [ { count: 2 kind: KIND_CPU } ]"
 

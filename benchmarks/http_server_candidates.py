@@ -1,7 +1,7 @@
 """Compare HTTP servers for the HTTP ingress: the same falcon ASGI app under each.
 
-    python deploy/http_server_candidates.py compare [--rounds 2] [--seconds 5] [--concurrency 1 16]
-    python deploy/http_server_candidates.py drain
+    python -m benchmarks.http_server_candidates compare [--rounds 2] [--seconds 5] [--concurrency 1 16]
+    python -m benchmarks.http_server_candidates drain
 
 ``compare`` starts a router and two workers (``conveyor router`` / ``conveyor
 worker``, example repository) and then, one at a time on its own port, each
@@ -52,14 +52,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from conveyor.deploy.bench import CLK_TCK, perf_analyzer, run_one
+from benchmarks.perf import CLK_TCK, perf_analyzer, run_one
 from conveyor.deploy.options import default_endpoints, run_dir
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULE = "conveyor.deploy.http_server_candidates"
+MODULE = "benchmarks.http_server_candidates"
 BASE_PORT = 18100
 
 Scope = dict[str, Any]
@@ -178,6 +178,8 @@ def _env(group: str, delay: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.update(CONVEYOR_GROUP=group, CONVEYOR_ROUTER=default_endpoints(group)[0],
                CONVEYOR_ARENA_BYTES=str(64 << 20), CONVEYOR_CANDIDATE_DELAY="1" if delay else "0")
+    # The servers import this module by name (benchmarks/ is not installed).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
@@ -473,5 +475,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # Importable as conveyor.deploy.http_server_candidates (the servers import ``app`` from there).
+    # Importable as benchmarks.http_server_candidates (the servers import ``app`` from there).
     sys.exit(main())

@@ -1,6 +1,6 @@
 """CPU seconds per request of the ingress processes, HTTP against gRPC.
 
-    python deploy/benchmarks/grpc_ingress_cpu.py [--concurrency 1 16] [--rounds 2] \
+    python -m benchmarks.grpc_ingress_cpu [--concurrency 1 16] [--rounds 2] \
         [--variant new 'old:{"PYTHONPATH": "/tmp/old"}' 'two:{"GRPC_INGRESS": 2}']
 
 Starts ``conveyor serve`` on free loopback ports with the example repository,
@@ -14,8 +14,8 @@ unlike infer/s, so it is the figure to compare serving modes with.
 Each ``--variant NAME:JSON`` is a group of its own started with that extra
 environment, and the variants are measured in interleaved rounds so that they
 see the same load. ``PYTHONPATH`` there runs another version of Conveyor (a
-``conveyor/`` folder of links to an older tree's top-level folders, as
-``make typecheck`` builds); ``GRPC_INGRESS`` is that group's number of gRPC
+folder that holds a ``conveyor/`` of links to an older tree's top-level folders,
+like the one at the root of this repository); ``GRPC_INGRESS`` is that group's number of gRPC
 ingress processes. A benchmark, not a test: the figures go into
 docs/PERFORMANCE.md.
 """
@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from conveyor.deploy.bench import wait_ready
+from benchmarks.perf import wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.procs import actor_role, children
 
