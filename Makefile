@@ -24,18 +24,16 @@ check: lint typecheck unit
 lint:
 	$(VENV)/bin/ruff check .
 
-# mypy resolves conveyor.* through a tree of links (the package-dir mapping is setuptools-only).
+# mypy finds conveyor.* through conveyor/, the links to the top-level folders (as setuptools and editors do).
 typecheck:
-	mkdir -p build/typecheck/conveyor
-	for d in proto shm router workers ingress deploy; do ln -sfn ../../../$$d build/typecheck/conveyor/$$d; done
-	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p conveyor
+	$(VENV)/bin/mypy -p conveyor -p benchmarks
 
 unit:
 	$(PY) -m pytest -q
 
 bench: $(PY)
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) deploy/bench.py
+	$(PY) -m benchmarks.perf
 
 proto: $(PY)
 	$(PY) -m pip install -q -e '.[dev]'

@@ -38,8 +38,8 @@ from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.histograms import parse_quantiles
-from conveyor.router.trace_settings import parse_trace_config
+from conveyor.router.observability.histograms import parse_quantiles
+from conveyor.router.observability.trace_settings import parse_trace_config
 
 log = logging.getLogger("conveyor.cli")
 
@@ -152,7 +152,7 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         except (ValueError, ConveyorError) as exc:
             parser.error(f"--trace-config: {exc}")
         if trace.opentelemetry:
-            from conveyor.router.otlp_export import otel_missing
+            from conveyor.router.observability.otlp_export import otel_missing
 
             if otel_missing():
                 parser.error(otel_missing())
@@ -171,7 +171,7 @@ def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def _serve(args: argparse.Namespace) -> int:
     from conveyor.deploy.supervisor import Supervisor
-    from conveyor.router.backend_config import BackendConfig
+    from conveyor.router.repository.backend_config import BackendConfig
 
     setup_logging(log_settings(args), "serve")
     log_unused(args, BackendConfig.parse(args.backend_config).unused_settings())
@@ -231,11 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "router":
         from conveyor.deploy.group_lock import GroupBusy, GroupLock
         from conveyor.deploy.options import run_dir
-        from conveyor.router.backend_config import BackendConfig
-        from conveyor.router.histograms import configure_summaries
         from conveyor.router.lifecycle import ControlMode
-        from conveyor.router.rate_limiter import RateLimiter, ResourceLimit
+        from conveyor.router.observability.histograms import configure_summaries
+        from conveyor.router.repository.backend_config import BackendConfig
         from conveyor.router.response_cache import parse_cache_config
+        from conveyor.router.scheduling.rate_limiter import RateLimiter, ResourceLimit
         from conveyor.router.server import Router
         from conveyor.router.startup import StartupOptions
         from conveyor.shm.naming import sweep_orphans

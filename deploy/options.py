@@ -11,9 +11,9 @@ from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS, DEFAULT_MAX_JSON_BYTES
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.client_shm import DEFAULT_MAX_REGIONS
-from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.response_cache import parse_cache_config
+from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS
 
 
 def triton_bool(text: str) -> bool:
@@ -159,7 +159,7 @@ def cache_config(text: str) -> str:
 
 
 def _resource_limit(text: str) -> str:
-    from conveyor.router.rate_limiter import ResourceLimit
+    from conveyor.router.scheduling.rate_limiter import ResourceLimit
 
     try:
         ResourceLimit.parse(text)
@@ -239,7 +239,7 @@ def add_model_control(p: argparse.ArgumentParser) -> None:
 
 
 def _backend_setting(text: str) -> str:
-    from conveyor.router.backend_config import parse_setting
+    from conveyor.router.repository.backend_config import parse_setting
 
     try:
         parse_setting(text)

@@ -192,7 +192,7 @@ class Supervisor:
             built = build(os.path.join(tempfile.gettempdir(), f"conveyor-{a.group}-example-models"))
             repos = [built]
             log.info("no --model-repository given: serving the example repository %s", repos[0])
-        from conveyor.router.cloud import RepositoryRoots
+        from conveyor.router.repository.cloud import RepositoryRoots
 
         try:
             RepositoryRoots(repos)  # refuse a root the router could not serve before starting anything

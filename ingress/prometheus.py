@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.router.histograms import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY
+from conveyor.router.observability.histograms import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY
 
 # (metric, help, where to read it in one model_stats entry); "x.us" is a duration's ns / 1000.
 _COUNTERS: list[tuple[str, str, str]] = [

@@ -3,7 +3,7 @@ model's signature, then written once into a shared-memory arena.
 
 Transport-free and process-free: the ingress runs these for its clients'
 requests (``dataplane.py``) and a worker for its models' BLS requests
-(``workers/backends/python_bls.py``), so a bad request fails the same way,
+(``workers/backends/python/bls.py``), so a bad request fails the same way,
 with the same message, wherever it comes from. Messages follow Triton's.
 """
 

@@ -129,7 +129,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     regions: list[ClientRegion] = []  # filled by the router when refs name client regions
     request_id: str = ""  # the client's own id for the request (Triton's request_id())
     cache_key: bytes = b""  # response-cache models only: hash of the inputs and parameters (ingress/request_hash.py)
-    trace: TraceContext | None = None  # set by an ingress only while tracing is on (router/tracing.py)
+    trace: TraceContext | None = None  # set by an ingress only while tracing is on (router/observability/tracing.py)
 
 
 # ``InferRequest.flags`` bits.

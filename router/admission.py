@@ -8,17 +8,17 @@ import time
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.client_shm import ClientShmRegistry
 from conveyor.router.dispatch import Dispatcher
-from conveyor.router.ensemble import EnsembleScheduler
-from conveyor.router.ensemble_state import EnsembleVersion
-from conveyor.router.loans import Loans
+from conveyor.router.ensembles.scheduler import EnsembleScheduler
+from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.models import ModelRegistry, VersionState
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.observability.tracing import Tracer
 from conveyor.router.pending import Pending
 from conveyor.router.replies import Replies, count_failure
 from conveyor.router.response_cache import ResponseCache, cache_key
-from conveyor.router.stats import ModelStats
-from conveyor.router.tracing import Tracer
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry
+from conveyor.router.shared_memory.loans import Loans
 
 
 class Admission:

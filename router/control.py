@@ -10,11 +10,11 @@ from typing import Any
 from conveyor.proto.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
-from conveyor.router.custom_metrics import CustomMetricsStore
-from conveyor.router.default_groups import filled_config
-from conveyor.router.ensemble_state import EnsembleVersion
+from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.models import ModelRegistry, VersionState, metadata, parse_version, signature
-from conveyor.router.workers import WorkerPool
+from conveyor.router.observability.custom_metrics import CustomMetricsStore
+from conveyor.router.repository.default_groups import filled_config
+from conveyor.router.worker_pool.pool import WorkerPool
 
 
 class ControlHandler:
@@ -37,7 +37,7 @@ class ControlHandler:
         self.custom_metrics = CustomMetricsStore()  # models' pb_utils.MetricFamily series, from the workers
         self.response_cache = False  # the server has a response cache (--cache-config)
         self.strict_readiness = False  # --strict-readiness
-        # OpenTelemetry mode: spans exported, dropped and failed (router/otlp_export.py).
+        # OpenTelemetry mode: spans exported, dropped and failed (router/observability/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
 
     def add_ops(self, ops: dict[str, Callable[..., Any]]) -> None:

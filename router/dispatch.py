@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox
-from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.models import Instance, InstanceState, VersionState
 from conveyor.router.pending import Pending
-from conveyor.router.rate_limiter import RateLimiter
 from conveyor.router.replies import Replies, count_failure
-from conveyor.router.sequences import SequenceBatcher
+from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.rate_limiter import RateLimiter
+from conveyor.router.scheduling.sequences import SequenceBatcher
 
 
 @dataclass(slots=True, eq=False)

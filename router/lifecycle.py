@@ -27,11 +27,11 @@ from google.protobuf import json_format, text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.proto.model_config import parse_text
-from conveyor.router.backend_config import BackendConfig
-from conveyor.router.config_unused import log_unused_fields
 from conveyor.router.models import Instance, ModelEntry, ModelRegistry
-from conveyor.router.namespaces import assign_keys, duplicated, name_of, step_key
-from conveyor.router.repository import ModelSpec, config_file, load_spec, model_dirs, scan
+from conveyor.router.repository.backend_config import BackendConfig
+from conveyor.router.repository.config_unused import log_unused_fields
+from conveyor.router.repository.namespaces import assign_keys, duplicated, name_of, step_key
+from conveyor.router.repository.scan import ModelSpec, config_file, load_spec, model_dirs, scan
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ModelLifecycle:
         namespacing: bool = False,
     ) -> None:
         self.registry = registry
-        # --model-namespacing: models are keyed as router/namespaces.py says.
+        # --model-namespacing: models are keyed as router/repository/namespaces.py says.
         self.namespacing = registry.namespacing = namespacing
         self.repositories = repositories
         self.mode = mode
@@ -427,7 +427,7 @@ class ModelLifecycle:
         return config
 
     def _on_disk(self) -> dict[str, str]:
-        """Registry key -> model directory (the key is the name, but see router/namespaces.py)."""
+        """Registry key -> model directory (the key is the name, but see router/repository/namespaces.py)."""
         found: dict[str, str] = {}
         for root, mapping in self._registered.items():
             for subdir, name in mapping.items():

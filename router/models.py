@@ -15,17 +15,16 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg, not_found, unavailable
 from conveyor.proto.sequence_config import SequenceConfig
-from conveyor.router.adaptive import latency_target_ns
-from conveyor.router.adaptive_batcher import AdaptiveBatcher
-from conveyor.router.batcher import DynamicBatcher
-from conveyor.router.histograms import LatencyMetrics, first_response_buckets_ms
-from conveyor.router.namespaces import ambiguous, name_of
-from conveyor.router.ordering import ResponseOrder
-from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
-from conveyor.router.repository import ModelSpec
-from conveyor.router.sequences import SequenceBatcher
-from conveyor.router.shape_keys import BatchKey, batch_key, unbatched
-from conveyor.router.stats import ModelStats
+from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.repository.namespaces import ambiguous, name_of
+from conveyor.router.repository.scan import ModelSpec
+from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
+from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.ordering import ResponseOrder
+from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
+from conveyor.router.scheduling.sequences import SequenceBatcher
+from conveyor.router.scheduling.shape_keys import BatchKey, batch_key, unbatched
 
 
 class InstanceState(enum.Enum):
@@ -78,13 +77,13 @@ class VersionState:
     instances: list[Instance] = field(default_factory=list)
     error: str = ""
     # No instance_group in the config: one CPU instance on every worker, added
-    # and removed as workers come and go (or one on every GPU: router/default_groups.py).
+    # and removed as workers come and go (or one on every GPU: router/repository/default_groups.py).
     per_worker: bool = False
     # The GPUs a default or KIND_AUTO group was given when first placed ([]: CPU); None: not yet.
     auto_gpus: list[int] | None = None
     order: ResponseOrder | None = None  # dynamic_batching.preserve_ordering
     latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # histograms for /metrics
-    # Which requests may share a batch (router/shape_keys.py); may refuse a request (INVALID_ARG).
+    # Which requests may share a batch (router/scheduling/shape_keys.py); may refuse a request (INVALID_ARG).
     batch_key: BatchKey = field(default=unbatched)
     # nv_model_load_duration_secs: from the load's start until every instance first reported
     # ready (Triton: until the version is loaded); 0 while that has not happened.
@@ -212,7 +211,7 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
             for gpu in group.gpus:
                 devices += [f"cuda:{gpu}"] * count
         elif group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            # GPU or CPU once the workers' GPUs are known (router/default_groups.py).
+            # GPU or CPU once the workers' GPUs are known (router/repository/default_groups.py).
             listed = ",".join(str(g) for g in group.gpus)
             devices += [f"auto:{g}:{listed}" for g in group.gpus for _ in range(count)] or ["auto"] * count
         else:
@@ -232,7 +231,7 @@ class ModelRegistry:
         self.retiring: list[ModelEntry] = []
         self.unloaded: dict[str, str] = {}  # name -> why, for the repository index
         # --model-namespacing: name -> the keys of the models of that name in several
-        # repositories (router/namespaces.py); empty without it. Read on lookup misses only.
+        # repositories (router/repository/namespaces.py); empty without it. Read on lookup misses only.
         self.namespacing = False
         self.namespaced: dict[str, list[str]] = {}
         self.queue_cap = queue_cap  # per model version; 0 = none
@@ -244,7 +243,7 @@ class ModelRegistry:
     def build(self, spec: ModelSpec) -> ModelEntry:
         entry: ModelEntry
         if spec.backend == "ensemble" and not spec.error:
-            from conveyor.router.ensemble_state import build_ensemble_entry  # it builds on this module
+            from conveyor.router.ensembles.state import build_ensemble_entry  # it builds on this module
 
             entry = build_ensemble_entry(spec, self)
         else:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conveyor.proto import messages as m
-from conveyor.router.stats import ModelStats
-from conveyor.router.tracing import TraceRecord
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.observability.tracing import TraceRecord
 
 
 @dataclass(slots=True)
@@ -23,7 +23,7 @@ class Pending:
     sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)
     # A step of an ensemble request: its queue and compute times count for the ensemble too, as in Triton.
     ensemble_stats: ModelStats | None = None
-    trace: TraceRecord | None = None  # sampled for a trace (router/tracing.py)
+    trace: TraceRecord | None = None  # sampled for a trace (router/observability/tracing.py)
     responded: bool = False  # a decoupled request has had its first response
     responses: int = 0  # a decoupled request's responses so far: the next one's response_stats index
     last_response_ns: int = 0  # when its latest response reached the router (0: none yet)
@@ -39,7 +39,7 @@ class Pending:
 
 def shape_key(request: m.InferRequest, batched: bool) -> tuple[object, ...]:
     """Requests batch together only when every non-batch dimension matches
-    (Triton's rule; ``router/shape_keys.py`` has the others)."""
+    (Triton's rule; ``router/scheduling/shape_keys.py`` has the others)."""
     return equal_shapes(request) if batched else ()
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg
-from conveyor.router.held_blocks import HeldBlocks
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
 
 CacheKey = tuple[str, str, bytes, tuple[tuple[str, int], ...]]
 

@@ -11,14 +11,14 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.framing import PeerOutbox
 from conveyor.router.dispatch import Dispatcher, Running
-from conveyor.router.histograms import failure_reason
-from conveyor.router.loans import Loans
 from conveyor.router.models import ModelRegistry, VersionState
-from conveyor.router.rate_limiter import RateLimiter
+from conveyor.router.observability.histograms import failure_reason
+from conveyor.router.observability.tracing import Tracer
 from conveyor.router.replies import count_failure
 from conveyor.router.response_cache import ResponseCache, cache_key
-from conveyor.router.tracing import Tracer
-from conveyor.router.workers import WorkerPool
+from conveyor.router.scheduling.rate_limiter import RateLimiter
+from conveyor.router.shared_memory.loans import Loans
+from conveyor.router.worker_pool.pool import WorkerPool
 
 
 class Results:

@@ -10,8 +10,8 @@ the periodic tick. The handlers live in their own modules:
   an ensemble or queued; ``Cancel``;
 - ``dispatch.py``: queued requests become batches on free instances; timers;
 - ``results.py``: ``BatchResult``/``ItemResponse`` become ``InferResponse``s;
-- ``worker_membership.py``: workers joining, loading, leaving, dropped;
-- ``placement.py``: instances placed on workers, the lifecycle settled, load/unload calls.
+- ``worker_pool/membership.py``: workers joining, loading, leaving, dropped;
+- ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls.
 """
 
 from __future__ import annotations
@@ -30,29 +30,29 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.proto.polling import Poller, spin_seconds
 from conveyor.router.admission import Admission
-from conveyor.router.client_shm import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
-from conveyor.router.cloud import RepositoryRoots
 from conveyor.router.control import ControlHandler
 from conveyor.router.dispatch import Dispatcher
-from conveyor.router.ensemble import EnsembleScheduler
-from conveyor.router.held_blocks import HeldBlocks
+from conveyor.router.ensembles.scheduler import EnsembleScheduler
+from conveyor.router.ensembles.self_link import SelfLink
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
-from conveyor.router.loans import Loans
 from conveyor.router.models import ModelRegistry
-from conveyor.router.otlp_export import otlp_sink
-from conveyor.router.placement import Placement
-from conveyor.router.queue_policy import DEFAULT_QUEUE_CAP
-from conveyor.router.rate_limiter import RateLimiter
+from conveyor.router.observability.otlp_export import otlp_sink
+from conveyor.router.observability.trace_settings import TraceConfig
+from conveyor.router.observability.tracing import Tracer
 from conveyor.router.replies import Replies, count_refused
+from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
-from conveyor.router.self_link import SelfLink
+from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
+from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.settings_hub import SettingsHub
+from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
+from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
-from conveyor.router.trace_settings import TraceConfig
-from conveyor.router.tracing import Tracer
-from conveyor.router.worker_membership import WorkerMembership
-from conveyor.router.workers import HEARTBEAT_INTERVAL_S, WorkerPool
+from conveyor.router.worker_pool.membership import WorkerMembership
+from conveyor.router.worker_pool.placement import Placement
+from conveyor.router.worker_pool.pool import HEARTBEAT_INTERVAL_S, WorkerPool
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 

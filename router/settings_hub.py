@@ -14,7 +14,7 @@ from typing import Any
 from conveyor.deploy.log_settings import ProcessLog
 from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg
-from conveyor.router.trace_settings import TraceConfig, TraceSettingsStore
+from conveyor.router.observability.trace_settings import TraceConfig, TraceSettingsStore
 
 
 class SettingsHub:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conveyor.router.backend_config import BackendConfig
+from conveyor.router.repository.backend_config import BackendConfig
 
 # The router's exit code when --exit-on-error stops it: the supervisor then stops the
 # whole group with a failure instead of restarting the router (which would fail again).
@@ -20,4 +20,4 @@ class StartupOptions:
     config_name: str = ""
     load_retries: int = 0
     backend_config: BackendConfig = field(default_factory=BackendConfig)
-    namespacing: bool = False  # --model-namespacing (router/namespaces.py)
+    namespacing: bool = False  # --model-namespacing (router/repository/namespaces.py)

@@ -12,11 +12,11 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import BatchShapes
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.model_config import parse_text
-from conveyor.router.autocomplete import complete_onnx
-from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.pending import Pending
-from conveyor.router.repository import validate
-from conveyor.router.shape_keys import batch_key
+from conveyor.router.repository.onnx_autocomplete import complete_onnx
+from conveyor.router.repository.scan import validate
+from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.shape_keys import batch_key
 from conveyor.workers.batch_layout import BatchLayout, batch_input_tensor
 from tests.ragged_models import ragged_sum
 

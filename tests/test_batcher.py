@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from conveyor.proto import messages as m
-from conveyor.router.batcher import DynamicBatcher
 from conveyor.router.pending import Pending, shape_key
+from conveyor.router.scheduling.batcher import DynamicBatcher
 
 
 def pending(rid: int, rows: int = 1, width: int = 16, at: int = 0, deadline: int = 0) -> Pending:

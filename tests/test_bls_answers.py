@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from conveyor.proto import messages as m
-from conveyor.workers.backends import python_utils as pb_utils
-from conveyor.workers.backends.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
-from conveyor.workers.backends.python_utils import bls
+from conveyor.workers.backends.python import pb_utils
+from conveyor.workers.backends.python.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
+from conveyor.workers.backends.python.pb_utils import bls
 from conveyor.workers.item_stream import ItemStream
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.cloud.azure_blob import AzureRepository
+from conveyor.router.repository.cloud.azure_blob import AzureRepository
 from tests.cloud_scenario import files_under, serve_and_follow
 from tests.conftest import free_port
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.cloud import RepositoryRoots
-from conveyor.router.cloud.azure_blob import AzureRepository
-from conveyor.router.cloud.credentials import credential_fields, credential_file_entry
-from conveyor.router.cloud.gcs import GcsRepository
-from conveyor.router.cloud.mirror import ObjectMirror, Stamp
-from conveyor.router.cloud.s3 import S3Repository
+from conveyor.router.repository.cloud import RepositoryRoots
+from conveyor.router.repository.cloud.azure_blob import AzureRepository
+from conveyor.router.repository.cloud.credentials import credential_fields, credential_file_entry
+from conveyor.router.repository.cloud.gcs import GcsRepository
+from conveyor.router.repository.cloud.mirror import ObjectMirror, Stamp
+from conveyor.router.repository.cloud.s3 import S3Repository
 
 
 class MemoryStore(ObjectMirror):

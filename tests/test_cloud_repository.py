@@ -72,7 +72,7 @@ def test_s3_endpoint_from_the_environment(s3: tuple[str, object], tmp_path: Path
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An S3-compatible store named by boto3's AWS_ENDPOINT_URL_S3 (the Helm chart's
     modelRepository.cloud.endpointUrl), the URL naming only bucket and path."""
-    from conveyor.router.cloud.s3 import S3Repository
+    from conveyor.router.repository.cloud.s3 import S3Repository
 
     endpoint, client = s3
     client.put_object(Bucket="models", Key="env/m/config.pbtxt", Body=b'name: "m"')  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conveyor.ingress.prometheus import render
 from conveyor.proto import messages as m
-from conveyor.router.custom_metrics import CustomMetricsStore
+from conveyor.router.observability.custom_metrics import CustomMetricsStore
 
 LABELS = {"model": "m", "version": "1"}
 

@@ -1,4 +1,4 @@
-"""Triton's default placement (router/default_groups.py): no instance_group or KIND_AUTO
+"""Triton's default placement (router/repository/default_groups.py): no instance_group or KIND_AUTO
 goes to the GPU when the workers report one, for GPU backends; /config shows the filled-in
 group. The GPU branch runs here on fake device lists (``WorkerHello.devices``)."""
 
@@ -12,11 +12,11 @@ from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import to_json
-from conveyor.router import default_groups
-from conveyor.router.default_groups import filled_config, pool_gpus, resolve
 from conveyor.router.models import VersionState, build_entry
-from conveyor.router.repository import ModelSpec
-from conveyor.router.workers import WorkerInfo, WorkerPool
+from conveyor.router.repository import default_groups
+from conveyor.router.repository.default_groups import filled_config, pool_gpus, resolve
+from conveyor.router.repository.scan import ModelSpec
+from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
 
 _index = itertools.count(100).__next__
 
@@ -55,7 +55,7 @@ def test_no_instance_group_goes_on_every_gpu() -> None:
 
 def test_no_instance_group_without_a_gpu_stays_per_worker_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
     default_groups._said_cpu = False
-    with caplog.at_level(logging.WARNING, logger="conveyor.router.default_groups"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.router.repository.default_groups"):
         for _ in range(2):
             state = version("")
             resolve(state, [], _index)

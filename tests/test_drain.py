@@ -22,7 +22,7 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import ModelRegistry
-from conveyor.router.workers import WorkerPool
+from conveyor.router.worker_pool.pool import WorkerPool
 from tests.conftest import Server, start_server
 from tests.python_models import write_model
 from tests.test_lifecycle import eventually

@@ -11,14 +11,14 @@ import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.model_config import parse_text
-from conveyor.router.batcher import DynamicBatcher
-from conveyor.router.ensemble import EnsembleScheduler
-from conveyor.router.ensemble_levels import build_levels
-from conveyor.router.ensemble_plan import build_plan
-from conveyor.router.ensemble_state import EnsembleVersion
-from conveyor.router.held_blocks import HeldBlocks
-from conveyor.router.loans import Loans
-from conveyor.router.stats import ModelStats
+from conveyor.router.ensembles.levels import build_levels
+from conveyor.router.ensembles.plan import build_plan
+from conveyor.router.ensembles.scheduler import EnsembleScheduler
+from conveyor.router.ensembles.state import EnsembleVersion
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
+from conveyor.router.shared_memory.loans import Loans
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
 

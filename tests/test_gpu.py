@@ -34,7 +34,7 @@ pytestmark = pytest.mark.gpu
 def test_kind_gpu_instance_runs_on_cuda(tmp_path: object) -> None:
     from conveyor.deploy.example_repo import identity
     from conveyor.proto.model_config import parse_text
-    from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+    from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 
     repo = str(tmp_path)
     identity(repo, "gpu_identity", "FP32", 0, "-1")

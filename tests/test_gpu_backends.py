@@ -53,7 +53,7 @@ def test_torch_kind_gpu_uses_device_arrays_in_place(tmp_path: Path) -> None:
     import torch
 
     from conveyor.proto.model_config import parse_text
-    from conveyor.workers.backends.pytorch import TorchScriptBackend
+    from conveyor.workers.backends.pytorch.backend import TorchScriptBackend
     from tests import torch_models
 
     text = torch_models.ADD_SUB_CONFIG.format(name="m", extra=GPU_GROUP)
@@ -229,7 +229,7 @@ needs_ort_tensorrt = pytest.mark.skipif("TensorrtExecutionProvider" not in _ort_
 @needs_ort_cuda
 def test_ort_cuda_accelerator_options_reach_the_cuda_provider(tmp_path: Path) -> None:
     from conveyor.proto.model_config import parse_text
-    from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+    from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
     from tests import external_data_models as ext
 
     text = ext.CONFIG + GPU_GROUP + """
@@ -256,7 +256,7 @@ def test_ort_cuda_accelerator_options_reach_the_cuda_provider(tmp_path: Path) ->
 def test_ort_tensorrt_accelerator_runs_before_cuda(tmp_path: Path) -> None:
     from conveyor.proto.errors import ConveyorError
     from conveyor.proto.model_config import parse_text
-    from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+    from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
     from tests import external_data_models as ext
 
     cache = tmp_path / "engines"

@@ -8,8 +8,8 @@ import pytest
 
 from conveyor.ingress.prometheus import render
 from conveyor.ingress.system_metrics import GpuSampler
-from conveyor.router import histograms as h
-from conveyor.router.stats import ModelStats
+from conveyor.router.observability import histograms as h
+from conveyor.router.observability.stats import ModelStats
 
 
 def test_histogram_buckets_follow_le() -> None:

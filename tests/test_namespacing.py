@@ -18,11 +18,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.ensemble_state import EnsembleVersion
+from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import ModelRegistry
-from conveyor.router.namespaces import assign_keys, step_key
-from conveyor.router.repository import scan
+from conveyor.router.repository.namespaces import assign_keys, step_key
+from conveyor.router.repository.scan import scan
 from tests.conftest import Server, start_server
 from tests.ensemble_models import _step, ensemble, identity_int32
 

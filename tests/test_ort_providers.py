@@ -9,7 +9,7 @@ import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.workers.backends.ort_providers import (
+from conveyor.workers.backends.onnxruntime.providers import (
     CPU,
     CUDA,
     DNNL,

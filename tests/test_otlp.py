@@ -12,11 +12,11 @@ import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.otel_options import OtelOptions
-from conveyor.router.otlp_export import OtlpExporter
-from conveyor.router.trace_context import parse_traceparent
-from conveyor.router.trace_settings import TraceSettings, TraceSettingsStore, parse_trace_config
-from conveyor.router.tracing import Tracer, TraceRecord
+from conveyor.router.observability.otel_options import OtelOptions
+from conveyor.router.observability.otlp_export import OtlpExporter
+from conveyor.router.observability.trace_context import parse_traceparent
+from conveyor.router.observability.trace_settings import TraceSettings, TraceSettingsStore, parse_trace_config
+from conveyor.router.observability.tracing import Tracer, TraceRecord
 from tests.conftest import free_port
 from tests.otlp_receiver import OtlpReceiver
 
@@ -155,7 +155,7 @@ def test_exporter_drops_when_full_and_survives_a_dead_collector(caplog: pytest.L
     for i in range(5):
         exporter.add(finished_record(i))
     assert time.monotonic() - start < 0.5  # never waits for the exporter
-    with caplog.at_level(logging.WARNING, logger="conveyor.router.otlp_export"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.router.observability.otlp_export"):
         exporter.close()  # the last batch goes out (and fails: nothing listens)
     assert exporter.stats() == {"exported": 0, "dropped": 9, "failed": 6}
     assert len([r for r in caplog.records if "OTLP trace export" in r.getMessage()]) == 1

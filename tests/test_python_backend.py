@@ -13,10 +13,10 @@ import pytest
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.router.repository import load_spec
-from conveyor.workers.backends import python_utils as pb_utils
+from conveyor.router.repository.scan import load_spec
 from conveyor.workers.backends.base import RequestBackend, RequestItem
-from conveyor.workers.backends.python import PythonBackend
+from conveyor.workers.backends.python import pb_utils
+from conveyor.workers.backends.python.backend import PythonBackend
 from tests import python_models
 
 # Records what execute saw, writes a marker file in finalize, and keeps a counter
@@ -167,7 +167,7 @@ def test_auto_complete_config_conflict_is_the_reason(tmp_path: Path) -> None:
 
 
 def test_utils_are_importable_under_triton_name() -> None:
-    from conveyor.workers.backends.python_import import register_utils
+    from conveyor.workers.backends.python.model_import import register_utils
 
     register_utils()
     import triton_python_backend_utils

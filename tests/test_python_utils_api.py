@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conveyor.workers.backends import python_utils as pb_utils
 from conveyor.workers.backends.base import outcome_parameters
-from conveyor.workers.backends.python_utils.inference import bls_parameters, response_outcome
-from conveyor.workers.backends.python_utils.metrics import MetricRegistry
+from conveyor.workers.backends.python import pb_utils
+from conveyor.workers.backends.python.pb_utils.inference import bls_parameters, response_outcome
+from conveyor.workers.backends.python.pb_utils.metrics import MetricRegistry
 
 # What Triton 2.51's module offers that models use; Conveyor's must keep offering it.
 TRITON_NAMES = {
@@ -93,7 +93,7 @@ def test_logger_levels_as_triton_exports_them(caplog: pytest.LogCaptureFixture) 
 def registry(monkeypatch: pytest.MonkeyPatch) -> MetricRegistry:
     """A registry of this test's own (the worker's is process-wide)."""
     fresh = MetricRegistry()
-    monkeypatch.setattr("conveyor.workers.backends.python_utils.metrics.REGISTRY", fresh)
+    monkeypatch.setattr("conveyor.workers.backends.python.pb_utils.metrics.REGISTRY", fresh)
     return fresh
 
 

@@ -14,8 +14,8 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
 from conveyor.workers.backends import load_backend
-from conveyor.workers.backends.torch_naming import input_positions, output_positions
-from conveyor.workers.backends.torch_settings import TorchSettings
+from conveyor.workers.backends.pytorch.naming import input_positions, output_positions
+from conveyor.workers.backends.pytorch.settings import TorchSettings
 
 
 def test_inputs_by_forward_argument_then_index_then_order() -> None:
@@ -57,7 +57,7 @@ def test_settings_from_parameters() -> None:
 
 def test_without_torch_the_model_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails as if it were not installed
-    monkeypatch.delitem(sys.modules, "conveyor.workers.backends.pytorch", raising=False)
+    monkeypatch.delitem(sys.modules, "conveyor.workers.backends.pytorch.backend", raising=False)
     with pytest.raises(ConveyorError, match="PyTorch is not installed") as info:
         load_backend("pytorch", str(tmp_path / "model.pt"), mc.ModelConfig(), "cpu")
     assert info.value.status == Status.UNAVAILABLE
@@ -222,7 +222,7 @@ def test_each_call_runs_under_its_own_models_switches(tmp_path: Path, torch_mode
 def test_weight_sharing_loads_a_model_once_per_device(tmp_path: Path, torch_models: Any) -> None:
     import torch
 
-    from conveyor.workers.backends.torch_sharing import SHARED
+    from conveyor.workers.backends.pytorch.sharing import SHARED
 
     sharing = 'parameters { key: "ENABLE_WEIGHT_SHARING" value { string_value: "true" } }'
     text = torch_models.MLP_CONFIG.format(name="m", extra=sharing)

@@ -17,7 +17,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
 from conveyor.workers.backends import load_backend
-from conveyor.workers.backends.torch_compile_settings import CompileSettings
+from conveyor.workers.backends.pytorch.compile_settings import CompileSettings
 
 
 def _settings(**parameters: str) -> CompileSettings:
@@ -122,7 +122,7 @@ def test_a_model_that_cannot_compile_fails_the_load_or_with_auto_serves_uncompil
             as info:
         _load(tmp_path / "strict", loop, strict)
     assert info.value.status == Status.UNAVAILABLE
-    with caplog.at_level("WARNING", logger="conveyor.workers.backends.pytorch"):
+    with caplog.at_level("WARNING", logger="conveyor.workers.backends.pytorch.backend"):
         backend = _load(tmp_path / "auto", loop, strict.replace('"true"', '"auto"'))
     assert not backend.compiled
     assert "serving the TorchScript model uncompiled" in caplog.text and "prim::Loop" in caplog.text
@@ -194,7 +194,7 @@ def test_inductor_without_a_cxx_compiler_says_so(
         "auto", backend="inductor", dynamic="false"))
     # No compiler where inductor looks, and no cached kernels to fall back on.
     no_cxx = {"cpp.cxx": (None, str(tmp_path / "no-such-c++")), "fx_graph_cache": False}
-    with caplog.at_level("WARNING", logger="conveyor.workers.backends.pytorch"), \
+    with caplog.at_level("WARNING", logger="conveyor.workers.backends.pytorch.backend"), \
             torch._inductor.config.patch(no_cxx):
         backend = _load(tmp_path, torch.jit.script(torch_models.AddSub()), config)
     assert not backend.compiled and "No working C++ compiler" in caplog.text

@@ -7,11 +7,11 @@ import pytest
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.router.batcher import DynamicBatcher
-from conveyor.router.ordering import ResponseOrder
 from conveyor.router.pending import Pending, shape_key
-from conveyor.router.priority_queues import PriorityQueues
-from conveyor.router.queue_policy import QueuePolicy, SchedulingPolicy, scheduling_problem
+from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.ordering import ResponseOrder
+from conveyor.router.scheduling.priority_queues import PriorityQueues
+from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy, scheduling_problem
 
 MS = 1_000_000
 

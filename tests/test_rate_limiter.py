@@ -16,8 +16,8 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.models import Instance, VersionState, build_entry
-from conveyor.router.rate_limiter import ALL_DEVICES, RateLimiter, ResourceLimit
-from conveyor.router.repository import ModelSpec
+from conveyor.router.repository.scan import ModelSpec
+from conveyor.router.scheduling.rate_limiter import ALL_DEVICES, RateLimiter, ResourceLimit
 from tests import rate_limit_models
 from tests.conftest import Server, start_server
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.proto.model_config import parse_text, to_json
-from conveyor.router.repository import scan
+from conveyor.router.repository.scan import scan
 
 
 def write(path: Path, text: str) -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.held_blocks import HeldBlocks
 from conveyor.router.response_cache import ResponseCache, cache_key, parse_cache_config
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
 

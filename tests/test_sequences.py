@@ -13,7 +13,7 @@ from conveyor.proto.model_config import parse_text
 from conveyor.proto.sequence_config import SequenceConfig, sequence_problem
 from conveyor.router.models import Instance, InstanceState
 from conveyor.router.pending import Pending, shape_key
-from conveyor.router.sequences import SequenceBatcher
+from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.workers.sequence_state import SequenceSlots
 
 IDLE_NS = 1_000_000

@@ -12,7 +12,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.router.repository import scan
+from conveyor.router.repository.scan import scan
 from conveyor.workers.backends import load_backend
 from tests.conftest import Server
 

@@ -156,7 +156,7 @@ def test_response_stats_of_a_decoupled_model_by_response_index(server: Server) -
 
 def test_response_stats_classes() -> None:
     from conveyor.proto.errors import Status
-    from conveyor.router.stats import ModelStats
+    from conveyor.router.observability.stats import ModelStats
 
     s = ModelStats("m", "1")
     s.record_response(0, 10, None, True)

@@ -17,7 +17,7 @@ from conveyor.deploy.cli import build_tritonserver_parser, tritonserver_main
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.options import grpc_keepalive_options
 from conveyor.deploy.triton_flags import unused_given
-from conveyor.router.backend_config import BackendConfig, parse_setting
+from conveyor.router.repository.backend_config import BackendConfig, parse_setting
 from tests.conftest import free_port, wait_ready
 
 # Every flag of `tritonserver --help` (Triton 2.51, r24.10: /work/shared/tools/real-triton
@@ -300,7 +300,7 @@ def test_config_fields_read_but_not_acted_on_are_named_once_per_load(caplog: pyt
     add_sub(repo, "fancy", 8, 'instance_group [{ count: 2 kind: KIND_CPU passive: true host_policy: "p0" }]\n'
                               'optimization { cuda { graphs: true } priority: PRIORITY_MAX }\n'
                               'model_repository_agents { agents [{ name: "checksum" }] }')
-    with caplog.at_level(logging.WARNING, logger="conveyor.router.config_unused"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.router.repository.config_unused"):
         ModelLifecycle(ModelRegistry(), [repo]).startup()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("model 'fancy': config fields read but not acted on")

@@ -1,4 +1,4 @@
-"""The tables of deploy/benchmarks/vs_triton.py: medians over passes, failures, ratios (no server runs here)."""
+"""The tables of benchmarks/vs_triton.py: medians over passes, failures, ratios (no server runs here)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.deploy.benchmarks.vs_triton import markdown, onnx_repo, pick_cases, python_repo, summarize
+from benchmarks.vs_triton import markdown, onnx_repo, pick_cases, python_repo, summarize
 
 
 def run(server: str, infer: float | None, case: str = "simple-http", c: int = 1, cpu: float = 100.0) -> dict:

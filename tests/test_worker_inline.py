@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as th
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.workers.backends.python import PythonBackend
+from conveyor.workers.backends.python.backend import PythonBackend
 from conveyor.workers.inline import INLINE_MAX_INPUT_BYTES, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
 from tests.conftest import start_server

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.workers.backends.base import Backend, RequestBackend
-from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
-from conveyor.workers.backends.python import PythonBackend
+from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
+from conveyor.workers.backends.python.backend import PythonBackend
 
 # A batch runs on the main thread when its instance's recent batches took less than this.
 INLINE_MAX_NS = 500_000

@@ -5,7 +5,7 @@ requests of its sequence.
 
 * Control tensors are [1] per row ([rows, 1] for a batching model), from the
   request's ``SequenceStep``; READY is true on every row, since Conveyor runs
-  only the rows that hold a request (router/sequences.py).
+  only the rows that hold a request (router/scheduling/sequences.py).
 * State: a START request (or a slot without state) is fed the initial state —
   ``initial_state`` zeros or its ``data_file``, else zeros shaped as the state's
   dims with 1 for each variable dimension. After the run, the model's

@@ -34,9 +34,9 @@ from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.base import Backend, RequestBackend
-from conveyor.workers.backends.python_bls import BlsClient
-from conveyor.workers.backends.python_utils import bls as pb_bls
-from conveyor.workers.backends.python_utils import metrics as pb_metrics
+from conveyor.workers.backends.python.bls import BlsClient
+from conveyor.workers.backends.python.pb_utils import bls as pb_bls
+from conveyor.workers.backends.python.pb_utils import metrics as pb_metrics
 from conveyor.workers.batch_io import (
     IoPlan,
     OutputWriter,

@@ -56,9 +56,8 @@ else
   export PYTHONPATH=$SITE:$LINKS${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-# 2. conveyor.* -> this tree's folders (pyproject's package-dir, as the Makefile's typecheck does).
-rm -rf "$LINKS" && mkdir -p "$LINKS/conveyor"
-for d in proto shm router workers ingress deploy; do ln -sfn "$REPO/$d" "$LINKS/conveyor/$d"; done
+# 2. conveyor.* -> this tree's folders: its conveyor/ links, alone on the path (not the checkout's other folders).
+rm -rf "$LINKS" && mkdir -p "$LINKS" && ln -sfn "$REPO/conveyor" "$LINKS/conveyor"
 
 # 3. The machine, and what this check runs on.
 { echo "== nvidia-smi"; timeout 30 nvidia-smi 2>&1; echo "== pip list"; timeout 60 "$PY" -m pip list 2>&1; } >> "$SETUP"
@@ -101,7 +100,7 @@ cat "$ENVMD"
 # 4. Everything a group and the tests import.
 if out=$(timeout 120 "$PY" -c "
 import conveyor.deploy.cli, conveyor.router.server, conveyor.workers.worker, conveyor.ingress.http.server
-import conveyor.ingress.grpc, conveyor.workers.backends.pytorch, conveyor.workers.client_regions
+import conveyor.ingress.grpc, conveyor.workers.backends.pytorch.backend, conveyor.workers.client_regions
 import tritonclient.http, tritonclient.grpc, uvloop, httptools, posix_ipc
 print(conveyor.deploy.cli.__file__)" 2>&1); then
   row "imports (conveyor.* through the link tree, tritonclient, uvloop, httptools)" PASS "${out##*$'\n'}"

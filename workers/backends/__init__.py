@@ -14,15 +14,15 @@ def load_backend(
     backend: str, path: str, config: mc.ModelConfig, device: str, instance: int = 0
 ) -> Backend | RequestBackend:
     if backend == "onnxruntime":
-        from conveyor.workers.backends.onnxruntime import OnnxRuntimeBackend
+        from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(path, config, device)
     if backend == "python":
-        from conveyor.workers.backends.python import PythonBackend
+        from conveyor.workers.backends.python.backend import PythonBackend
 
         return PythonBackend(path, config, device, instance)
     if backend == "pytorch":
-        from conveyor.workers.backends.pytorch import TorchScriptBackend
+        from conveyor.workers.backends.pytorch.backend import TorchScriptBackend
 
         return TorchScriptBackend(path, config, device)
     if backend == "tensorrt":

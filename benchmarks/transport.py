@@ -1,0 +1,174 @@
+"""What one hop between two processes costs on this machine: a ZeroMQ
+DEALER/ROUTER round trip over ``ipc://`` (the transport between ingress, router
+and worker) against a plain UNIX socket pair, both between two processes.
+
+    python -m benchmarks.transport [--round-trips 5000] [--burst 16]
+
+A request crosses two such round trips (ingress <-> router, router <-> worker),
+so this bounds from below what the pipeline adds to a model's own time. Each
+ZeroMQ message wakes three threads (the sender's I/O thread, the receiver's
+I/O thread, the receiving application thread); a socket pair wakes one. Where
+waking a thread is dear (a virtual machine whose idle vCPUs sleep), that is the
+difference. The burst rows put ``--burst`` descriptors in flight at once, sent
+one ZeroMQ message each or all in one message (how the links coalesce them,
+``proto/framing.py``), and give the cost per descriptor. Writes
+bench-results/transport.{json,md}; the figures go into docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from benchmarks.perf import ROOT
+
+PAYLOAD = b"x" * 96  # about an InferRequest descriptor
+
+
+def cpu_s(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(serve: Callable[[], None], ping: Callable[[], None], round_trips: int) -> dict[str, float]:
+    """Fork ``serve`` (it answers ``round_trips`` + 1 pings); time ``ping`` here."""
+    child_before = cpu_s(resource.RUSAGE_CHILDREN)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            serve()
+        finally:
+            os._exit(0)
+    ping()  # the first round trip connects and warms up
+    t0, c0 = time.perf_counter(), cpu_s(resource.RUSAGE_SELF)
+    for _ in range(round_trips):
+        ping()
+    wall, cpu = time.perf_counter() - t0, cpu_s(resource.RUSAGE_SELF) - c0
+    os.waitpid(pid, 0)
+    child = cpu_s(resource.RUSAGE_CHILDREN) - child_before
+    return {"round_trip_us": wall / round_trips * 1e6, "client_cpu_us": cpu / round_trips * 1e6,
+            "server_cpu_us": child / round_trips * 1e6}
+
+
+def zmq_ipc(round_trips: int) -> dict[str, float]:
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='conveyor-transport-')}/hop.sock"
+
+    def serve() -> None:
+        sock = zmq.Context().socket(zmq.ROUTER)
+        sock.bind(endpoint)
+        for _ in range(round_trips + 1):
+            sock.send_multipart(sock.recv_multipart())
+
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+
+    def ping() -> None:
+        sock.send(PAYLOAD)
+        sock.recv()
+
+    try:
+        return measure(serve, ping, round_trips)
+    finally:
+        sock.close(0)
+
+
+def zmq_ipc_burst(round_trips: int, burst: int, coalesced: bool) -> dict[str, float]:
+    """``burst`` descriptors in flight per round trip: sent as ``burst`` ZeroMQ messages, or
+    (``coalesced``) as one message of ``burst`` frames, as the links send them (proto/framing.py).
+    The figures are per descriptor."""
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='conveyor-transport-')}/hop.sock"
+
+    def serve() -> None:
+        sock = zmq.Context().socket(zmq.ROUTER)
+        sock.bind(endpoint)
+        for _ in range(round_trips + 1):
+            if coalesced:
+                sock.send_multipart(sock.recv_multipart())
+            else:
+                for _ in range(burst):
+                    sock.send_multipart(sock.recv_multipart())
+
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    frames = [PAYLOAD] * burst
+
+    def ping() -> None:
+        if coalesced:
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+        else:
+            for frame in frames:
+                sock.send(frame)
+            for _ in frames:
+                sock.recv()
+
+    try:
+        result = measure(serve, ping, round_trips)
+    finally:
+        sock.close(0)
+    return {key: value / burst for key, value in result.items()}
+
+
+def socket_pair(round_trips: int) -> dict[str, float]:
+    near, far = socket.socketpair()
+
+    def serve() -> None:
+        near.close()
+        for _ in range(round_trips + 1):
+            far.send(far.recv(4096))
+
+    def ping() -> None:
+        near.send(PAYLOAD)
+        near.recv(4096)
+
+    try:
+        return measure(serve, ping, round_trips)
+    finally:
+        near.close()
+        far.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--round-trips", type=int, default=5000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--burst", type=int, default=16, help="descriptors in flight for the burst rows")
+    ap.add_argument("--out", default=str(ROOT / "bench-results"))
+    args = ap.parse_args()
+    results: list[dict[str, Any]] = []
+    benches: list[tuple[str, Callable[[int], dict[str, float]]]] = [
+        ("zeromq ipc DEALER/ROUTER", zmq_ipc),
+        ("UNIX socket pair", socket_pair),
+        (f"zeromq, {args.burst} in flight, a message each (per descriptor)",
+         lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=False)),
+        (f"zeromq, {args.burst} in flight, one message (per descriptor)",
+         lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=True)),
+    ]
+    for run in range(args.repeat):
+        for name, bench in benches:
+            results.append({"transport": name, "run": run + 1, **bench(args.round_trips)})
+            print(json.dumps(results[-1]), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    Path(args.out, "transport.json").write_text(json.dumps(results, indent=2))
+    lines = ["| transport | run | round trip µs | CPU µs (client + server) |", "|---|---|---|---|"]
+    lines += [f"| {r['transport']} | {r['run']} | {r['round_trip_us']:.0f} | "
+              f"{r['client_cpu_us'] + r['server_cpu_us']:.0f} ({r['client_cpu_us']:.0f} + "
+              f"{r['server_cpu_us']:.0f}) |" for r in results]
+    Path(args.out, "transport.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Benchmark scripts run from the source tree; not a package of the wheel (see pyproject.toml)."""

@@ -1,0 +1,289 @@
+"""Scanning Triton model repositories: ``<repo>/<model>/config.pbtxt`` and
+``<repo>/<model>/<version>/<file>``.
+
+A model whose directory or config is wrong is still listed, with the reason,
+so it answers "not ready: <why>" while every other model keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.batch_shapes import batch_shapes_problem
+from conveyor.proto.model_config import parse_text
+from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
+from conveyor.router.ensembles.plan import ensemble_problem
+from conveyor.router.repository.backend_config import BackendConfig
+from conveyor.router.repository.namespaces import assign_keys, name_of
+from conveyor.router.repository.onnx_autocomplete import complete_onnx
+from conveyor.router.repository.python_autocomplete import complete_python
+from conveyor.router.scheduling.adaptive import adaptive_problem
+from conveyor.router.scheduling.queue_policy import scheduling_problem
+
+log = logging.getLogger(__name__)
+
+# platform / backend names Triton uses, mapped to the worker backend that runs them.
+_BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "onnxruntime": "onnxruntime",
+    "python": "python",
+    "pytorch_libtorch": "pytorch",
+    "pytorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorrt": "tensorrt",
+    "ensemble": "ensemble",  # run by the router itself (router/ensembles/scheduler.py)
+}
+_DEFAULT_FILENAME = {
+    "onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan", "ensemble": "",
+}
+# The platform Triton reports for a backend given by name alone.
+_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
+# Model files Triton recognises a backend by when the config names none.
+_MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".plan": "tensorrt"}
+# Why a config without inputs/outputs cannot be completed, for backends that cannot do it.
+_NOT_COMPLETED = {
+    "pytorch": "a TorchScript model's config must declare its inputs and outputs: Triton cannot read them "
+               "from the model file either",
+    "tensorrt": "Conveyor does not complete TensorRT configs from the engine yet: declare the inputs and outputs",
+}
+
+
+@dataclass
+class ModelSpec:
+    """One model directory as found on disk."""
+
+    name: str
+    path: str
+    config: mc.ModelConfig = field(default_factory=mc.ModelConfig)
+    backend: str = ""
+    versions: dict[int, str] = field(default_factory=dict)  # version -> model file path
+    version_errors: dict[int, str] = field(default_factory=dict)
+    error: str = ""
+    # Its registry key where that is not its name: with --model-namespacing, a name held by
+    # several repositories is keyed by its directory (router/repository/namespaces.py).
+    key: str = ""
+
+    @property
+    def registry_key(self) -> str:
+        return self.key or self.name
+
+
+def scan(repositories: list[str], autocomplete: bool = True, *, config_name: str = "",
+         backend_config: BackendConfig | None = None, namespacing: bool = False) -> dict[str, ModelSpec]:
+    """Every model in every repository, by registry key. A name found twice is an error for
+    that name; with ``namespacing`` (Triton's --model-namespacing) both are kept instead,
+    each keyed by its directory."""
+    if namespacing:
+        keys = assign_keys(model_dirs(repositories))
+        specs: dict[str, ModelSpec] = {}
+        for key, path in keys.items():
+            spec = load_spec(name_of(key), path, autocomplete=autocomplete, config_name=config_name,
+                             backend_config=backend_config)
+            spec.key = key if key != spec.name else ""
+            specs[key] = spec
+        return specs
+    found: dict[str, ModelSpec] = {}
+    for entry, path in model_dirs(repositories):
+        if entry in found:
+            found[entry].error = f"model '{entry}' appears in more than one model repository"
+            continue
+        found[entry] = load_spec(entry, path, autocomplete=autocomplete, config_name=config_name,
+                                 backend_config=backend_config)
+    return found
+
+
+def model_dirs(repositories: list[str], quiet: bool = False) -> list[tuple[str, str]]:
+    """(name, directory) of every model directory, repository by repository."""
+    out: list[tuple[str, str]] = []
+    for repo in repositories:
+        try:
+            entries = sorted(os.listdir(repo))
+        except OSError as exc:
+            if not quiet:
+                log.error("cannot read model repository %s: %s", repo, exc)
+            continue
+        for entry in entries:
+            path = os.path.join(repo, entry)
+            if not entry.startswith(".") and os.path.isdir(path):
+                out.append((entry, path))
+    return out
+
+
+def config_file(path: str, config_name: str = "") -> str:
+    """The config a model loads from: ``configs/<name>.pbtxt`` when --model-config-name names
+    one that exists, else ``config.pbtxt`` (Triton's rule)."""
+    if config_name:
+        custom = os.path.join(path, "configs", f"{config_name}.pbtxt")
+        if os.path.isfile(custom):
+            return custom
+    return os.path.join(path, "config.pbtxt")
+
+
+def load_spec(
+    name: str, path: str, *, override: mc.ModelConfig | None = None, autocomplete: bool = True,
+    config_name: str = "", backend_config: BackendConfig | None = None,
+) -> ModelSpec:
+    """The model in directory ``path``; ``override`` replaces its config.pbtxt (a load
+    request's ``config`` parameter); without ``autocomplete`` (Triton's
+    --strict-model-config) the config must declare its inputs and outputs."""
+    spec = ModelSpec(name=name, path=path)
+    backend_config = backend_config or BackendConfig()
+    config_path = config_file(path, config_name)
+    text = ""
+    if override is not None:
+        spec.config.CopyFrom(override)
+        text = str(override)
+    else:
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                text = f.read()
+            spec.config = parse_text(text)
+        except FileNotFoundError:
+            pass  # completed from the model file below, as Triton does
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            spec.error = f"failed to parse {config_path}: {exc}"
+            return spec
+    config = spec.config
+    if not config.name:
+        config.name = name
+    if not text and not _guess_backend(path):
+        spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
+        return spec
+    elif config.name != name:
+        spec.error = f"config name '{config.name}' does not match the model directory name '{name}'"
+        return spec
+    spec.backend = _BACKENDS.get(config.platform or config.backend, "")
+    if not spec.backend:
+        if not config.platform and not config.backend:
+            spec.backend = _guess_backend(path)
+        if not spec.backend:
+            what = config.platform or config.backend or "(none given)"
+            spec.error = f"model '{name}': platform/backend '{what}' is not supported"
+            return spec
+    if not config.platform and spec.backend in _PLATFORM:
+        config.platform = _PLATFORM[spec.backend]
+    if not config.backend and spec.backend != "ensemble":  # Triton reports an ensemble by its platform only
+        config.backend = spec.backend
+    # Python models complete their own config whenever they define the hook, as in Triton.
+    completable = spec.backend != "ensemble"
+    if autocomplete and completable and (spec.backend == "python" or not config.input or not config.output):
+        _fill_defaults(config)
+        _find_versions(spec)
+        if spec.versions:
+            newest = spec.versions[max(spec.versions)]
+            problem = ""
+            if spec.backend == "onnxruntime":
+                problem = complete_onnx(config, newest, "max_batch_size" in text,
+                                        backend_config.default_max_batch_size("onnxruntime"))
+            elif spec.backend == "python":
+                problem = complete_python(config, newest)
+            if problem:
+                spec.error = f"model '{name}': {problem}"
+                return spec
+        spec.versions.clear()
+        spec.version_errors.clear()
+    problem = validate(config)
+    if not problem and spec.backend == "ensemble":
+        problem = ensemble_problem(config)
+    if problem and spec.backend in _NOT_COMPLETED and (not config.input or not config.output):
+        problem = f"{problem} ({_NOT_COMPLETED[spec.backend]})"
+    if problem:
+        spec.error = f"model '{name}': {problem}"
+        return spec
+    _fill_defaults(config)
+    backend_config.apply(spec.backend, config)
+    _find_versions(spec)
+    return spec
+
+
+def _guess_backend(path: str) -> str:
+    for root, dirs, files in os.walk(path):
+        # A model directory (ONNX with external data: <version>/model.onnx/) counts as its file.
+        for f in [*files, *dirs]:
+            backend = _MODEL_FILE_BACKEND.get(os.path.splitext(f)[1])
+            if backend:
+                return backend
+        if root.count(os.sep) - path.count(os.sep) > 1:
+            break
+    return ""
+
+
+def validate(config: mc.ModelConfig) -> str:
+    """The first problem Triton would reject this config for, or ''."""
+    if config.max_batch_size < 0:
+        return "max_batch_size must be >= 0"
+    if not config.input:
+        return "the config declares no inputs"
+    if not config.output:
+        return "the config declares no outputs"
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        names: set[str] = set()
+        for t in tensors:
+            if not t.name:
+                return f"an {kind} has no name"
+            if t.name in names:
+                return f"{kind} '{t.name}' is declared twice"
+            names.add(t.name)
+            if t.data_type == mc.TYPE_INVALID:
+                return f"{kind} '{t.name}' has no data_type"
+            if any(d < -1 or d == 0 for d in t.dims) and not t.dims == [0]:
+                return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+        return "dynamic batching needs max_batch_size > 0"
+    if config.model_transaction_policy.decoupled and config.backend != "python":
+        return "decoupled models (model_transaction_policy { decoupled: true }) need the python backend"
+    return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
+            or batch_shapes_problem(config))
+
+
+def _fill_defaults(config: mc.ModelConfig) -> None:
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename:
+        config.default_model_filename = _DEFAULT_FILENAME.get(config.backend, "model")
+    if config.HasField("sequence_batching"):  # Triton's defaults, shown by /config
+        sb = config.sequence_batching
+        if not sb.max_sequence_idle_microseconds:
+            sb.max_sequence_idle_microseconds = IDLE_DEFAULT_US
+        if sb.HasField("oldest") and not sb.oldest.preferred_batch_size and config.max_batch_size > 0:
+            sb.oldest.preferred_batch_size.append(config.max_batch_size)
+
+
+def _find_versions(spec: ModelSpec) -> None:
+    available = sorted(
+        int(e) for e in os.listdir(spec.path) if e.isdigit() and os.path.isdir(os.path.join(spec.path, e))
+    )
+    policy = spec.config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        chosen = available
+    elif which == "specific":
+        chosen = [v for v in available if v in set(policy.specific.versions)]
+        missing = set(policy.specific.versions) - set(available)
+        for v in missing:
+            spec.version_errors[v] = f"version {v} of model '{spec.name}' is not in the repository"
+    else:
+        n = max(policy.latest.num_versions, 1)
+        chosen = available[-n:]
+    if not chosen and not spec.version_errors:
+        spec.error = f"model '{spec.name}' has no version directory (e.g. '{spec.name}/1/')"
+        return
+    filename = spec.config.default_model_filename
+    if spec.backend == "ensemble":  # an ensemble's version directory holds no file
+        spec.versions = {v: os.path.join(spec.path, str(v)) for v in chosen}
+        return
+    for v in chosen:
+        file_path = os.path.join(spec.path, str(v), filename)
+        # As Triton: an ONNX model may be a directory holding model.onnx and its external data.
+        inner = os.path.join(file_path, "model.onnx")
+        if spec.backend == "onnxruntime" and os.path.isdir(file_path) and not os.path.isfile(inner):
+            spec.version_errors[v] = f"model directory '{file_path}' holds no 'model.onnx'"
+        elif os.path.exists(file_path):
+            spec.versions[v] = file_path
+        else:
+            spec.version_errors[v] = f"model file '{file_path}' does not exist"

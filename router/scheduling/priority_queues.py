@@ -1,0 +1,167 @@
+"""The queued requests of one model version: one FIFO per priority level, each
+with its Triton queue policy (size limit, timeout, REJECT or DELAY).
+
+Service order: level 1 before level 2 ..., and within a level the requests in
+arrival order, then those its DELAY policy has set aside (timed out), as
+Triton's per-level queues do.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from itertools import chain
+
+from conveyor.proto.errors import ConveyorError, Status, unavailable
+from conveyor.router.pending import Pending
+from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy
+
+# What a request that leaves the queue unexecuted is answered with.
+DEADLINE_PASSED = ConveyorError(Status.DEADLINE_EXCEEDED, "request timeout expired before the model ran it")
+QUEUE_TIMEOUT = ConveyorError(Status.UNAVAILABLE, "Request timeout expired")  # Triton's REJECT wording
+
+Expired = list[tuple[Pending, ConveyorError]]
+
+
+class LevelQueue:
+    __slots__ = ("delayed", "policy", "ready")
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self.ready: deque[Pending] = deque()
+        self.delayed: deque[Pending] = deque()  # timed out under DELAY: served after `ready`
+
+    def __len__(self) -> int:
+        return len(self.ready) + len(self.delayed)
+
+
+class PriorityQueues:
+    def __init__(self, policy: SchedulingPolicy, cap: int) -> None:
+        self.policy = policy
+        self.levels = [LevelQueue(p) for p in policy.levels]
+        self.cap = cap  # server-wide safety cap on the total; 0 = none
+        self._size = 0
+        self._timed = 0  # queued requests that can expire: 0 skips every scan
+        self._next_expiry = 0  # no queued request expires before this (a lower bound)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, item: Pending) -> None:
+        """Queue ``item`` at the level its ``priority`` parameter picks; raises
+        UNAVAILABLE when that level, or the model, is full."""
+        params = item.request.parameters
+        index = self.policy.level_index(params.get("priority")) if params else self.policy.default_index
+        level = self.levels[index]
+        limit = level.policy.max_queue_size
+        if limit and len(level) >= limit:
+            raise unavailable("Exceeds maximum queue size")
+        if self.cap and self._size >= self.cap:
+            raise unavailable(
+                f"Exceeds maximum queue size: {self._size} requests already wait for this model "
+                "(the server's --max-queue-size)"
+            )
+        item.level = index
+        timeout = level.policy.timeout_ns(params.get("timeout")) if params else level.policy.default_timeout_ns
+        expires = item.request.deadline_ns
+        if timeout:
+            item.timeout_ns = timeout = item.arrival_ns + timeout
+            if not expires or timeout < expires:
+                expires = timeout
+        level.ready.append(item)
+        self._size += 1
+        if expires:
+            if not self._timed or expires < self._next_expiry:
+                self._next_expiry = expires
+            self._timed += 1
+
+    def in_order(self) -> Iterator[Pending]:
+        """Every queued request, in service order (no copy)."""
+        levels = self.levels
+        if len(levels) == 1 and not levels[0].delayed:
+            return iter(levels[0].ready)
+        return chain.from_iterable(chain(q.ready, q.delayed) for q in levels)
+
+    def pop(self) -> Pending:
+        """The first request in service order."""
+        for level in self.levels:
+            queue = level.ready or level.delayed
+            if queue:
+                item = queue.popleft()
+                self._left(item)
+                return item
+        raise IndexError("pop from empty PriorityQueues")
+
+    def take(self, count: int) -> list[Pending]:
+        """The first ``count`` requests in service order."""
+        ready = self.levels[0].ready
+        if len(ready) >= count and not self._timed:  # the common case: one plain FIFO
+            self._size -= count
+            return [ready.popleft() for _ in range(count)]
+        return [self.pop() for _ in range(count)]
+
+    def remove(self, ingress: bytes, request_id: int) -> Pending | None:
+        for level in self.levels:
+            for queue in (level.ready, level.delayed):
+                for item in queue:
+                    if item.request.id == request_id and item.ingress == ingress:
+                        queue.remove(item)
+                        self._left(item)
+                        return item
+        return None
+
+    def _left(self, item: Pending) -> None:
+        self._size -= 1
+        if self._timed and (item.request.deadline_ns or item.timeout_ns):
+            self._timed -= 1
+
+    @property
+    def next_expiry_ns(self) -> int:
+        """When ``take_expired`` may next have something to do; 0 = never."""
+        return self._next_expiry if self._timed else 0
+
+    def take_expired(self, now_ns: int) -> Expired:
+        """Remove the requests that must not run any more, with their answer:
+        the client's deadline passed, or the queue timeout under REJECT. Under
+        DELAY a timed-out request moves behind its level's other requests."""
+        if not self._timed or now_ns < self._next_expiry:
+            return []
+        gone: Expired = []
+        next_expiry = 0
+        for level in self.levels:
+            keep: deque[Pending] = deque()
+            for item in level.ready:
+                deadline, timeout = item.request.deadline_ns, item.timeout_ns
+                if deadline and deadline <= now_ns:
+                    gone.append((item, DEADLINE_PASSED))
+                    continue
+                if timeout and timeout <= now_ns:
+                    if not level.policy.delay_on_timeout:
+                        gone.append((item, QUEUE_TIMEOUT))
+                        continue
+                    item.timeout_ns = 0
+                    level.delayed.append(item)  # its deadline, if any, is looked at below
+                    if not deadline:
+                        self._timed -= 1  # nothing can expire it any more
+                    continue
+                keep.append(item)
+                expires = item.expires_ns()
+                if expires and (not next_expiry or expires < next_expiry):
+                    next_expiry = expires
+            level.ready = keep
+            if not level.delayed:
+                continue
+            still: deque[Pending] = deque()
+            for item in level.delayed:
+                deadline = item.request.deadline_ns
+                if deadline and deadline <= now_ns:
+                    gone.append((item, DEADLINE_PASSED))
+                    continue
+                still.append(item)
+                if deadline and (not next_expiry or deadline < next_expiry):
+                    next_expiry = deadline
+            level.delayed = still
+        self._size -= len(gone)
+        self._timed -= len(gone)
+        self._next_expiry = next_expiry
+        return gone

@@ -1,0 +1,143 @@
+"""Workers joining, loading, leaving and disappearing: ``WorkerHello``, ``ModelLoaded``,
+``WorkerLeaving`` (see ``drain.py``) and a worker dropped because it restarted,
+went silent or drained."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import Status
+from conveyor.proto.framing import PeerOutbox
+from conveyor.router.dispatch import Dispatcher
+from conveyor.router.models import InstanceState, ModelRegistry
+from conveyor.router.observability.custom_metrics import CustomMetricsStore
+from conveyor.router.response_cache import ResponseCache
+from conveyor.router.results import Results
+from conveyor.router.settings_hub import SettingsHub
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry
+from conveyor.router.shared_memory.held_blocks import HeldBlocks
+from conveyor.router.worker_pool.drain import WorkerDrain
+from conveyor.router.worker_pool.placement import Placement
+from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
+from conveyor.shm.naming import segment_name
+
+log = logging.getLogger(__name__)
+
+
+class WorkerMembership:
+    def __init__(
+        self, back: PeerOutbox, pool: WorkerPool, registry: ModelRegistry, dispatcher: Dispatcher,
+        results: Results, placement: Placement, settings: SettingsHub, shm: ClientShmRegistry,
+        custom_metrics: CustomMetricsStore, holds: HeldBlocks, cache: ResponseCache | None, group: str,
+    ) -> None:
+        self.back = back
+        self.pool = pool
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.results = results
+        self.placement = placement
+        self.settings = settings
+        self.shm = shm
+        self.custom_metrics = custom_metrics
+        self.holds = holds
+        self.cache = cache
+        self.group = group
+        self.drain = WorkerDrain(pool, self._grant_leave)
+        self.load_retries = 0  # --model-load-retry-count
+
+    def on_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
+        if hello.version != m.PROTOCOL_VERSION:
+            log.error("worker pid %d speaks protocol %d, not %d", hello.pid, hello.version, m.PROTOCOL_VERSION)
+            return
+        if identity in self.pool.workers:
+            self.drop(identity, "it restarted")
+        worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
+        self.pool.join(worker)
+        # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
+        self.back.send(identity, m.encode(m.Heartbeat()))
+        self.back.send(identity, self.settings.message())
+        self._update_cuda_devices()
+        log.info("worker pid %d on %s joined (%s)", hello.pid, hello.host, ", ".join(hello.devices) or "cpu")
+        self.placement.place()
+
+    def on_loaded(self, worker: WorkerInfo, msg: m.ModelLoaded) -> None:
+        inst = self.registry.find_instance(msg.model, msg.version, msg.instance)
+        if inst is None or inst.worker != worker.identity:
+            return
+        state = inst.version
+        if msg.error and inst.load_attempts < self.load_retries:
+            inst.load_attempts += 1
+            log.warning("model '%s' version %s failed to load (%s): retry %d of %d", msg.model, msg.version,
+                        msg.error, inst.load_attempts, self.load_retries)
+            if inst in worker.instances:
+                worker.instances.remove(inst)
+            inst.state, inst.worker = InstanceState.UNPLACED, None
+            self.placement.place()
+            return
+        if msg.error:
+            inst.state, inst.error = InstanceState.FAILED, msg.error
+            log.error("model '%s' version %s failed to load: %s", msg.model, msg.version, msg.error)
+        else:
+            inst.state = InstanceState.READY
+            log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
+            if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):
+                state.load_duration_ns = max(1, time.monotonic_ns() - state.load_started_ns)
+        self.dispatcher.schedule(state)
+        self.placement.settle()
+
+    def on_leaving(self, worker: WorkerInfo) -> None:
+        self.drain.begin(worker)
+        self.placement.place()
+
+    def progress_drain(self) -> None:
+        """Move leaving workers' instances on; let the fully drained ones go."""
+        for state in self.drain.progress(self.dispatcher.runs_on):
+            self.dispatcher.schedule(state)
+
+    def _grant_leave(self, worker: WorkerInfo) -> None:
+        self.drop(worker.identity, "it drained and stopped")
+        self.back.send(worker.identity, m.encode(m.LeaveGranted()))
+
+    def drop(self, identity: bytes, why: str) -> None:
+        worker = self.pool.leave(identity)
+        if worker is None:
+            return
+        self.drain.forget(worker)  # a leaving worker's replacements exist already
+        self.custom_metrics.forget(identity)
+        self._update_cuda_devices()
+        arena = segment_name(self.group, "worker", worker.pid)
+        self.holds.forget_region(arena)
+        if self.cache is not None:
+            self.cache.forget_region(arena)
+        log.warning("worker pid %d left: %s", worker.pid, why)
+        err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
+        # Failing a batch schedules its model again: none of this worker's instances may
+        # take that batch, or it would go to the dead worker and never be answered.
+        for inst in worker.instances:
+            inst.state = InstanceState.UNPLACED
+        for bid, run in list(self.dispatcher.running.items()):
+            if run.instance.worker == identity:
+                if run.executing:
+                    self.results.on_result(m.BatchResult(bid, [], error=err), from_worker=False)
+                else:
+                    self.results.end_open_items(bid, run, err)
+        touched: set[int] = set()
+        for inst in worker.instances:
+            state = inst.version
+            if state.per_worker:
+                state.instances.remove(inst)
+            else:
+                inst.state, inst.worker, inst.running = InstanceState.UNPLACED, None, 0
+            touched.add(id(state))
+        self.placement.place()
+        for state in self.registry.every_version():
+            if id(state) in touched:
+                self.dispatcher.schedule(state)
+        self.placement.settle()
+
+    def _update_cuda_devices(self) -> None:
+        self.shm.cuda_devices = {
+            int(d.split(":", 1)[1]) for w in self.pool.workers.values() for d in w.devices if d.startswith("cuda:")
+        }

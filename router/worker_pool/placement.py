@@ -1,0 +1,111 @@
+"""Where model instances run, and the lifecycle's decisions carried out on the workers:
+``LoadModel`` for unplaced instances, ``UnloadModel`` for retired ones, answers to
+``repository_load``/``repository_unload`` once the model settled."""
+
+from __future__ import annotations
+
+import logging
+
+from conveyor.proto import messages as m
+from conveyor.proto.errors import ConveyorError
+from conveyor.proto.framing import PeerOutbox
+from conveyor.router.dispatch import Running
+from conveyor.router.lifecycle import ModelLifecycle
+from conveyor.router.models import Instance, InstanceState, ModelRegistry
+from conveyor.router.repository.cloud import RepositoryRoots
+from conveyor.router.repository.default_groups import pool_gpus, resolve
+from conveyor.router.scheduling.rate_limiter import RateLimiter
+from conveyor.router.worker_pool.pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class Placement:
+    def __init__(
+        self, front: PeerOutbox, back: PeerOutbox, registry: ModelRegistry, pool: WorkerPool,
+        lifecycle: ModelLifecycle, roots: RepositoryRoots, running: dict[int, Running],
+        limiter: RateLimiter | None,
+    ) -> None:
+        self.front = front
+        self.back = back
+        self.registry = registry
+        self.pool = pool
+        self.lifecycle = lifecycle
+        self.roots = roots
+        self.running = running  # instances with a batch on them are not unloaded yet
+        self.limiter = limiter
+
+    def on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
+        """Load answers once the model settled (``settle``); unload at once."""
+        try:
+            name = str(msg.args.get("model", ""))
+            if msg.op == "repository_load":
+                self.lifecycle.check_control_allowed()
+                self.roots.sync()  # as Triton, a load looks at the repository afresh
+                self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
+                                    msg.args.get("files") or None)
+            else:
+                self.lifecycle.unload(name, bool(msg.args.get("unload_dependents", False)))
+                self.front.send(identity, m.encode(m.ControlReply(msg.id)))
+        except ConveyorError as exc:
+            reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
+            self.front.send(identity, m.encode(reply))
+            return
+        self.place()
+        self.settle()
+
+    def place(self) -> None:
+        """Give per-worker models (no instance_group) one instance per worker, then
+        send every unplaced instance to a worker."""
+        workers = len(self.pool.workers)
+        gpus = pool_gpus([w.devices for w in self.pool.workers.values()])
+        for state in self.registry.live_versions():
+            if workers and state.auto_gpus is None:
+                resolve(state, gpus, self.registry.next_index)  # Triton's default / KIND_AUTO placement
+            if state.per_worker and not state.error:
+                for _ in range(workers - len(state.instances)):
+                    state.instances.append(Instance(state, self.registry.next_index(), "cpu"))
+        self._place_instances()
+
+    def settle(self) -> None:
+        """Let the lifecycle swap, fail or retire entries; answer load calls; unload
+        retired instances that have nothing left to do."""
+        if not self.lifecycle.busy:
+            return
+        running = {id(run.instance) for run in self.running.values()}
+        out = self.lifecycle.settle(running)
+        for (identity, cid), error in out.answers:
+            err = None if error is None else m.ErrorInfo(int(error.status), error.message)
+            self.front.send(identity, m.encode(m.ControlReply(cid, error=err)))
+        for inst in out.unload:
+            worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
+            if worker is not None:
+                if inst in worker.instances:
+                    worker.instances.remove(inst)
+                st = inst.version
+                self.back.send(worker.identity, m.encode(m.UnloadModel(st.model, st.label, inst.index)))
+            inst.worker = None
+            if self.limiter is not None:
+                self.limiter.unregister(inst)
+
+    def _place_instances(self) -> None:
+        pending = [i for s in self.registry.live_versions() if not s.error for i in s.instances]
+        if self.limiter is not None:
+            self._register_limits(pending)
+        for inst in self.pool.place(pending):
+            st = inst.version
+            assert inst.worker is not None
+            load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.load_device)
+            self.back.send(inst.worker, m.encode(load))
+
+    def _register_limits(self, instances: list[Instance]) -> None:
+        """Rate limiting: an instance whose resources can never be met fails to load (Triton's rule)."""
+        assert self.limiter is not None
+        for inst in instances:
+            if inst.state is InstanceState.UNPLACED:
+                try:
+                    self.limiter.register(inst)
+                except ConveyorError as exc:
+                    inst.state, inst.error = InstanceState.FAILED, exc.message
+                    log.error("model '%s' version %s cannot load: %s", inst.version.model, inst.version.label,
+                              exc.message)

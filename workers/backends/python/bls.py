@@ -1,0 +1,288 @@
+"""BLS for Python models: ``pb_utils.InferenceRequest.exec()`` and
+``async_exec()`` go through the worker's ``BlsLink`` to the router, so the
+callee is queued, batched, counted and placed like any client's request.
+
+Each request is first checked as the ingress checks a client's (the same code,
+``ingress/request_checks.py``, against the callee's signature): a wrong input
+or an unknown model fails only that call, with an error response. Its tensors
+are then written once into this worker's arena (the callee reads them in
+place); each response's outputs are read from the callee's output block,
+copied into numpy arrays for the model, and the block released.
+
+A call is made for the requests the calling thread's ``execute`` serves
+(``pb_utils.bls.current_requests``): once they are all cancelled (their
+client went away, or its deadline passed) the call sends ``Cancel`` for its
+BLS request and returns a CANCELLED error response at once, instead of waiting
+for the callee; what the callee still sends is released unread.
+
+A request that sets no ``timeout`` gets ``DEFAULT_QUEUE_TIMEOUT_S`` as its
+queue deadline: a model that calls itself on its only instance (or a cycle of
+models that fills every instance) would otherwise wait forever for an instance
+that waits for it. The deadline bounds the wait in the router's queue only,
+never the callee's run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from conveyor.ingress.request_checks import (
+    InferInput,
+    RequestedOutput,
+    check_inputs,
+    check_outputs,
+    inputs_nbytes,
+    write_inputs,
+)
+from conveyor.ingress.signature import ModelSignature
+from conveyor.proto import messages as m
+from conveyor.proto.datatypes import datatype_of, deserialize_bytes, element_count, numpy_dtype
+from conveyor.proto.errors import ConveyorError, Status
+from conveyor.shm.regions import RegionCache
+from conveyor.workers.backends.python.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
+from conveyor.workers.backends.python.pb_utils import InferenceRequest, InferenceResponse, Tensor, TritonError
+from conveyor.workers.backends.python.pb_utils.inference import bls_parameters
+from conveyor.workers.bls_link import BlsLink
+from conveyor.workers.bls_signatures import BlsSignatures
+from conveyor.workers.inline_switch import InlineSwitch
+
+DEFAULT_QUEUE_TIMEOUT_S = 60.0
+CheckedInputs = list[tuple[InferInput, int]]
+_FOR_CANCELLED = "as the request it was made for was cancelled"
+
+
+class BlsClient:
+    """Implements ``pb_utils.bls.BlsExecutor`` over a ``BlsLink``."""
+
+    def __init__(self, link: BlsLink, regions: RegionCache) -> None:
+        self.link = link
+        self.regions = regions
+        self.signatures = BlsSignatures(link)
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse:
+        answers = Answers(self._release)
+        watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
+        try:
+            if watch is not None and watch.fired:
+                return _cancelled(request, _FOR_CANCELLED)
+            try:
+                rid = self._send(request, answers.put)
+            except ConveyorError as exc:
+                return _error_response(exc)
+            streamed: list[m.InferResponse] = []
+            while True:
+                msg = answers.get()
+                if msg is CANCELLED:
+                    self._abandon(rid, answers, streamed)
+                    return _cancelled(request, _FOR_CANCELLED)
+                if msg.final:
+                    return self._one(request, streamed, msg)
+                streamed.append(msg)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
+        answers = AsyncAnswers(self._release)
+        watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
+        try:
+            if watch is not None and watch.fired:
+                return _cancelled(request, _FOR_CANCELLED)
+            try:
+                rid = self._send(request, answers.put)
+            except ConveyorError as exc:
+                return _error_response(exc)
+            streamed: list[m.InferResponse] = []
+            try:
+                while True:
+                    msg = await answers.get()
+                    if msg is CANCELLED:
+                        self._abandon(rid, answers, streamed)
+                        return _cancelled(request, _FOR_CANCELLED)
+                    if msg.final:
+                        return self._one(request, streamed, msg)
+                    streamed.append(msg)
+            except asyncio.CancelledError:  # the model stopped waiting (e.g. asyncio.wait_for)
+                self._abandon(rid, answers, streamed)
+                raise
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def stream(self, request: InferenceRequest) -> ResponseIterator:
+        """Every response of a decoupled callee as it comes, the final one last
+        (without outputs when the callee sent only the final flag)."""
+        return ResponseIterator(self, request)
+
+    def control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+        InlineSwitch.refuse_on_main_thread("model-management call")
+        return self.link.call(op, args, timeout_s)
+
+    # --- descriptors ---------------------------------------------------------------------
+
+    def _send(self, request: InferenceRequest, on_response: Callable[[m.InferResponse], None]) -> int:
+        """Check ``request`` against the callee's signature, write its inputs, send it.
+
+        Raises ``ConveyorError`` (nothing sent) when the request is wrong."""
+        InlineSwitch.refuse_on_main_thread("BLS call")  # its answer would need the loop it blocks
+        version = request.model_version()
+        label = "" if version < 0 else str(version)
+        model = request.model_name()
+        try:
+            built = self._build(request, self.signatures.get(model, label))
+        except ConveyorError as exc:
+            if exc.status is not Status.INVALID_ARG:
+                raise
+            fresh = self.signatures.refresh(model, label)  # the model may have been reloaded since
+            if fresh is None:
+                raise
+            built = self._build(request, fresh)
+        inputs, outputs = built
+        nbytes = inputs_nbytes(inputs)
+        block = self.link.alloc(nbytes) if nbytes else None
+        refs = write_inputs(self.link.arena, block or 0, inputs)
+        timeout_us = request.timeout()
+        wait_ns = timeout_us * 1000 if timeout_us > 0 else int(DEFAULT_QUEUE_TIMEOUT_S * 1e9)
+        rid = self.link.next_id()
+        self.link.submit(
+            m.InferRequest(
+                rid, model, label, refs, outputs, parameters=bls_parameters(request),
+                deadline_ns=time.monotonic_ns() + wait_ns, request_id=request.request_id(),
+            ),
+            block, on_response,
+        )
+        return rid
+
+    @staticmethod
+    def _build(request: InferenceRequest, sig: ModelSignature) -> tuple[CheckedInputs, list[m.OutputSpec]]:
+        inputs: list[InferInput] = []
+        for tensor in request.inputs():
+            array = tensor.as_numpy()
+            inputs.append(InferInput(tensor.name(), datatype_of(array), list(array.shape), array))
+        names = request.requested_output_names()
+        outputs = check_outputs(sig, [RequestedOutput(name) for name in names] if names else None)
+        return check_inputs(sig, inputs), outputs
+
+    def _abandon(self, rid: int, answers: Answers | AsyncAnswers, streamed: list[m.InferResponse]) -> None:
+        """Stop waiting for ``rid``: tell the router, release what came and what still comes."""
+        self.link.cancel(rid, self._release)
+        answers.abandon()
+        for msg in streamed:
+            self._release(msg)
+
+    def _one(self, request: InferenceRequest, streamed: list[m.InferResponse], final: m.InferResponse) -> Any:
+        if not streamed:
+            return self._response(final)
+        for msg in [*streamed, final]:
+            self._release(msg)
+        return InferenceResponse(error=TritonError(
+            f"model '{request.model_name()}' is decoupled: call exec(decoupled=True) to get its responses",
+            TritonError.UNSUPPORTED,
+        ))
+
+    def _response(self, msg: m.InferResponse) -> InferenceResponse:
+        if msg.error is not None:
+            self._release(msg)
+            return InferenceResponse(error=TritonError(msg.error.message, msg.error.status))
+        try:
+            return InferenceResponse(
+                [Tensor(ref.name, self._array(ref)) for ref in msg.outputs],
+                parameters=msg.parameters or None,
+            )
+        finally:
+            self._release(msg)
+
+    def _array(self, ref: m.TensorRef) -> np.ndarray:
+        """A copy the model owns: the callee's block goes back right after."""
+        raw = self.regions.view(ref.region, ref.offset, ref.nbytes)
+        if ref.datatype == "BYTES":
+            return deserialize_bytes(raw.data, element_count(ref.shape)).reshape(ref.shape)
+        return raw.view(numpy_dtype(ref.datatype)).reshape(ref.shape).copy()
+
+    def _release(self, msg: m.InferResponse) -> None:
+        for rel in msg.release:
+            try:
+                self.regions.view(rel.region, rel.offset, 1)[0] = 1
+            except ConveyorError:
+                pass  # the callee's worker is gone, and its segment with it
+
+
+class ResponseIterator:
+    """``exec(decoupled=True)``: the callee's responses as they come, the final one
+    last. ``cancel()`` (Triton's) asks the callee to stop; the iteration then ends
+    with a CANCELLED error response, as it does when the requests the call was
+    made for are cancelled. The request is sent when the iterator is made."""
+
+    def __init__(self, client: BlsClient, request: InferenceRequest) -> None:
+        self._client = client
+        self._request = request
+        self._answers = Answers(client._release)
+        self._done = False
+        self._rid = 0
+        self._last: InferenceResponse | None = None  # ends the iteration when set
+        self._watch = CancelWatch.for_caller(lambda: self._answers.put(CANCELLED))
+        if self._watch is not None and self._watch.fired:
+            self._last = _cancelled(request, _FOR_CANCELLED)
+            return
+        try:
+            self._rid = client._send(request, self._answers.put)
+        except ConveyorError as exc:
+            self._last = _error_response(exc)
+
+    def __iter__(self) -> Iterator[InferenceResponse]:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        if self._last is None:
+            msg = self._answers.get()
+            if msg is not CANCELLED:
+                if msg.final:
+                    self._finish()
+                return self._client._response(msg)
+            self._stop()
+            self._last = _cancelled(self._request, _FOR_CANCELLED)
+        self._finish()
+        return self._last
+
+    def cancel(self) -> None:
+        """Stop the callee: what it still sends is released unread, and the next
+        response of the iteration is a final CANCELLED error."""
+        if not self._done and self._last is None:
+            self._stop()
+            self._last = _cancelled(self._request, "by the model")
+
+    def _stop(self) -> None:
+        if self._rid:
+            self._client.link.cancel(self._rid, self._client._release)
+            self._rid = 0
+        self._answers.abandon()
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._watch is not None:
+            self._watch.close()
+
+    def __del__(self) -> None:
+        if not self._done:  # dropped before its final response: stop the callee
+            try:
+                self._stop()
+                self._finish()
+            except Exception:
+                pass  # interpreter shutdown
+
+
+def _cancelled(request: InferenceRequest, why: str) -> InferenceResponse:
+    return InferenceResponse(error=TritonError(
+        f"BLS request to model '{request.model_name()}' cancelled {why}", TritonError.CANCELLED,
+    ))
+
+
+def _error_response(exc: ConveyorError) -> InferenceResponse:
+    return InferenceResponse(error=TritonError(exc.message, int(exc.status)))

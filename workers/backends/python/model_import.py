@@ -1,0 +1,67 @@
+"""Importing a Triton ``model.py`` the way Triton's Python backend stub does.
+
+Each instance imports the file under a module name of its own (instances of
+one model, and versions of it, do not share module state), with the file's
+directory on ``sys.path`` so the model's own helper modules import, and with
+Conveyor's utilities importable as ``triton_python_backend_utils``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import re
+import sys
+import threading
+from typing import Any
+
+from conveyor.proto.errors import unavailable
+from conveyor.workers.backends.python import pb_utils
+
+UTILS_MODULE = "triton_python_backend_utils"
+MODEL_CLASS = "TritonPythonModel"
+
+_lock = threading.Lock()  # instances load in their own threads; sys.path/sys.modules are shared
+_serial = itertools.count()
+
+
+def register_utils() -> None:
+    """Make ``import triton_python_backend_utils`` find Conveyor's utilities."""
+    sys.modules.setdefault(UTILS_MODULE, pb_utils)
+
+
+def import_model_class(path: str, label: str) -> type[Any]:
+    """``TritonPythonModel`` from the file at ``path``; ``label`` names the module.
+
+    Raises UNAVAILABLE with the reason (the exception the import raised) when the
+    file cannot be imported or defines no such class.
+    """
+    if not os.path.isfile(path):
+        raise unavailable(f"python model file '{path}' does not exist")
+    module_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
+    with _lock:
+        register_utils()
+        model_dir = os.path.dirname(os.path.abspath(path))
+        if model_dir not in sys.path:
+            sys.path.append(model_dir)
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise unavailable(f"cannot import python model file '{path}'")
+        module = importlib.util.module_from_spec(spec)
+        # Registered before it runs: dataclasses, pickle and typing look their module up by name.
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except (Exception, SystemExit) as exc:
+            sys.modules.pop(module_name, None)
+            raise unavailable(f"failed to import '{path}': {type(exc).__name__}: {exc}") from None
+    model_class = getattr(module, MODEL_CLASS, None)
+    if not isinstance(model_class, type):
+        raise unavailable(f"'{path}' does not define class {MODEL_CLASS}")
+    return model_class
+
+
+def forget_module(model_class: type[Any]) -> None:
+    """Drop an unloaded instance's module from ``sys.modules``."""
+    sys.modules.pop(model_class.__module__, None)

@@ -1,0 +1,57 @@
+"""Where ``InferenceRequest.exec()``/``async_exec()`` send their requests, and
+which requests a BLS call is made for.
+
+The worker registers its BLS client here at start (``set_executor``); the
+client lives in ``workers/backends/python/bls.py``. While an instance runs
+``execute`` its thread records the batch's requests (``enter_execute``): a BLS call
+made from that thread (or from the event loop of an ``async def execute``) is
+made for them, and is cancelled when they all are.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
+
+if TYPE_CHECKING:
+    from conveyor.workers.backends.python.pb_utils.inference import InferenceRequest, InferenceResponse
+
+
+class BlsExecutor(Protocol):
+    def infer(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
+
+    async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+        """A control call to the router (model readiness, load, unload) on the model's behalf."""
+        ...
+
+
+_executor: BlsExecutor | None = None
+_scope = threading.local()
+
+
+def set_executor(executor: BlsExecutor | None) -> None:
+    global _executor
+    _executor = executor
+
+
+def executor() -> BlsExecutor:
+    if _executor is None:
+        raise TritonModelException("Business Logic Scripting needs a Conveyor worker to send requests through")
+    return _executor
+
+
+def enter_execute(requests: Sequence[InferenceRequest] | None) -> None:
+    """The calling thread runs ``execute`` for ``requests`` (None: it is done)."""
+    _scope.requests = requests
+
+
+def current_requests() -> Sequence[InferenceRequest] | None:
+    """The requests the calling thread's ``execute`` serves (None outside ``execute``)."""
+    return getattr(_scope, "requests", None)

@@ -1,0 +1,138 @@
+"""``pb_utils.Tensor`` and Triton's numpy type helpers.
+
+Input tensors wrap numpy views of shared memory (no copy); BYTES tensors are
+object arrays of ``bytes``, as in Triton. Only CPU memory is supported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from conveyor.proto.datatypes import deserialize_bytes, serialize_bytes
+from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
+
+# Config type names -> numpy, as Triton's pb_utils maps them.
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# TRITONSERVER_DataType numbering (1 = BOOL ... 13 = BYTES).
+_CODE_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16,
+    8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+}
+_NUMPY_TO_CODE: dict[Any, int] = {np.dtype(t): code for code, t in _CODE_TO_NUMPY.items()}
+_DLPACK_CPU = 1  # kDLCPU
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _CODE_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    dt = np.dtype(data_type)
+    if dt.kind == "S":
+        return 13
+    return _NUMPY_TO_CODE.get(dt)
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
+    """The length-prefixed wire form of a BYTES array, as a flat uint8 array."""
+    return np.frombuffer(serialize_bytes(input_tensor), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """A flat object array of ``bytes`` from the length-prefixed wire form."""
+    buf = memoryview(encoded_tensor).cast("B")
+    count, pos = 0, 0
+    while pos + 4 <= len(buf):
+        pos += 4 + int.from_bytes(buf[pos : pos + 4], "little")
+        count += 1
+    return deserialize_bytes(buf, count)
+
+
+class _Capsule:
+    """Lets ``np.from_dlpack`` take a bare DLPack capsule (only CPU capsules are accepted)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_DLPACK_CPU, 0)
+
+
+class Tensor:
+    """A named tensor: ``Tensor(name, numpy_array)``."""
+
+    def __init__(self, name: str, numpy_array: Any) -> None:
+        if not isinstance(numpy_array, np.ndarray):
+            raise TritonModelException(f"tensor '{name}' needs a numpy array, got {type(numpy_array).__name__}")
+        if numpy_array.dtype.kind == "U":
+            # Triton refuses str_ arrays; encoding them is the friendlier equivalent.
+            numpy_array = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(numpy_array)
+        elif numpy_array.dtype.kind == "V":
+            raise TritonModelException(f"tensor '{name}': numpy dtype {numpy_array.dtype} is not supported")
+        self._name = name
+        self._array = numpy_array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int | None:
+        return numpy_to_triton_type(self._array.dtype)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        if self._array.dtype == np.object_:
+            raise TritonModelException(f"tensor '{self._name}': BYTES tensors cannot be exported with DLPack")
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_DLPACK_CPU, 0)
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_object: Any) -> Tensor:
+        """From a DLPack capsule or any object with ``__dlpack__`` (a torch CPU tensor, ...)."""
+        source = dlpack_object if hasattr(dlpack_object, "__dlpack__") else _Capsule(dlpack_object)
+        try:
+            array = np.from_dlpack(source)
+        except (BufferError, RuntimeError, TypeError) as exc:
+            raise TritonModelException(
+                f"tensor '{name}': cannot import DLPack data ({exc}); Conveyor's Python backend takes CPU tensors"
+            ) from None
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
