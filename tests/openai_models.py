@@ -65,6 +65,7 @@ class TritonPythonModel:
                 time.sleep(delay)
                 if sender.is_cancelled():
                     open(os.path.join(self.dir, "cancelled"), "w").close()
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     return
             new = [""] * n
             for i in range(n):
