@@ -4,8 +4,8 @@ A model is a generative one when it takes Triton's vLLM model contract: a
 ``text_input`` BYTES input and a ``text_output`` BYTES output (the ``vllm``
 backend, or a Python model written to the same contract). What the ingress needs
 from the model's files, it reads from the serving version's directory, which the
-router names (control op ``model_directory``): ``model.json`` (the tokenizer: its
-``tokenizer``, else its ``model``) and ``multi_lora.json`` (the adapters). Both are
+router names (control op ``model_directory``): ``model.json`` (the tokenizer folder, whose
+chat template chat requests use: its ``tokenizer``, else its ``model``) and ``multi_lora.json`` (the adapters). Both are
 kept per model until the model's signature is refetched, which the data plane does
 whenever the router's repository changes (a reload, a new version).
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane
-from conveyor.ingress.openai.chat_template import ChatTokenizer, load_tokenizer
+from conveyor.ingress.openai.chat_template import ChatTemplate, load_chat_template
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status, internal, not_found
 
@@ -36,7 +36,7 @@ class LlmModel:
     adapters: list[str]
     created: int
     engine_args: dict[str, Any] = field(default_factory=dict)
-    tokenizer: asyncio.Task[ChatTokenizer] | None = None
+    chat: asyncio.Task[ChatTemplate] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class Catalog:
         self._dataplane = dataplane
         self._separator = lora_separator
         self._models: dict[str, LlmModel] = {}
-        self._tokenizers: dict[str, asyncio.Task[ChatTokenizer]] = {}  # by tokenizer path: reloads reuse it
+        self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
 
     async def target(self, name: str) -> Target:
         """The model (and adapter) ``name`` designates; 404 for anything else."""
@@ -109,16 +109,16 @@ class Catalog:
                 out += [(f"{name}{self._separator}{a}", model) for a in model.adapters]
         return out
 
-    def tokenizer(self, model: LlmModel) -> asyncio.Task[ChatTokenizer]:
-        """The model's tokenizer, loaded once in a thread (``transformers`` reads its files)."""
-        if model.tokenizer is None:
+    def chat_template(self, model: LlmModel) -> asyncio.Task[ChatTemplate]:
+        """The model's chat template, read once in a thread."""
+        if model.chat is None or (model.chat.done() and model.chat.exception() is not None):
             source = _tokenizer_source(model)
-            task = self._tokenizers.get(source)
+            task = self._templates.get(source)
             if task is None or (task.done() and task.exception() is not None):
-                task = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, source, model.engine_args))
-                self._tokenizers[source] = task
-            model.tokenizer = task
-        return model.tokenizer
+                task = asyncio.ensure_future(asyncio.to_thread(load_chat_template, source))
+                self._templates[source] = task
+            model.chat = task
+        return model.chat
 
 
 def _read_model(name: str, sig: ModelSignature, directory: str) -> LlmModel:

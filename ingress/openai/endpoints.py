@@ -176,8 +176,8 @@ class ChatCompletions(_Endpoint):
         request = decode(body, ChatRequest)
         messages = chat_messages(request)
         target = await self._catalog.target(request.model)
-        tokenizer = await self._catalog.tokenizer(target.model)
-        return request, target, tokenizer.prompt(messages), False
+        template = await self._catalog.chat_template(target.model)
+        return request, target, template.prompt(messages), False
 
     def _max_tokens(self, request: Sampling) -> int:
         assert isinstance(request, ChatRequest)
