@@ -115,7 +115,7 @@ def test_unknown_model_and_adapter_are_404(client: openai.OpenAI) -> None:
 
 def test_bad_requests_are_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=MODEL, prompt="a", max_tokens="many")  # type: ignore[arg-type]
+        client.completions.create(model=MODEL, prompt="a", max_tokens="many")  # type: ignore[call-overload]
     assert "max_tokens" in err.value.message
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="a", logit_bias={"1": 2.0})
@@ -145,3 +145,18 @@ def test_a_client_that_goes_away_cancels_its_request(group: tuple[Server, int]) 
     while not os.path.exists(marker):
         assert time.monotonic() < deadline, "the model's request was not cancelled"
         time.sleep(0.05)
+
+
+def test_scales_like_the_other_ingress_kinds(group: tuple[Server, int], client: openai.OpenAI) -> None:
+    import subprocess
+    import sys
+
+    def scale(n: int) -> str:
+        out = subprocess.run([sys.executable, "-m", "conveyor.deploy.cli", "scale", "--group", group[0].group,
+                              "openai-ingress", str(n)], capture_output=True, text=True, timeout=30, check=True)
+        return out.stdout
+
+    assert "openai-ingress=2" in scale(2)
+    for _ in range(4):  # whichever process the kernel hands the connection to answers
+        assert client.completions.create(model=MODEL, prompt="a", max_tokens=1).choices[0].text == " a"
+    assert "openai-ingress=1" in scale(1)
