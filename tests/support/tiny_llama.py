@@ -139,6 +139,7 @@ def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **en
         "max_loras": 2,
         "max_lora_rank": 8,
         "max_num_seqs": 32,
+        "kv_cache_memory_bytes": 64 << 20,  # on CPU the default reserves 92% of the memory
         **engine,
     }
     (version / "model.json").write_text(json.dumps(model_json, indent=2))
