@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import tiny_llama  # noqa: E402
+from tests.support import tiny_llama  # type: ignore[import-not-found]  # noqa: E402
 
 SEP = "_lora_"
 KV_BYTES = 64 << 20
