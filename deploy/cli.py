@@ -12,6 +12,7 @@ from conveyor.deploy.cloud_options import add_cloud_endpoints, check_cloud_args,
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
 from conveyor.deploy.instances import INGRESS_PROTOCOLS, ingress_protocol, worker_environment
 from conveyor.deploy.logs import setup_logging
+from conveyor.deploy.openai_options import add_openai
 from conveyor.deploy.options import (
     add_client_shm,
     add_common,
@@ -67,6 +68,7 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     add_client_shm(serve)
     add_model_control(serve)
     add_cloud_endpoints(serve)
+    add_openai(serve)
     add_unused(serve)
 
 
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ingress_security(ingress)
     add_metrics(ingress)
     add_cloud_endpoints(ingress)
+    add_openai(ingress)
     ingress.add_argument("--protocol", choices=list(INGRESS_PROTOCOLS), default="")
     ingress.add_argument("--instance", default="",
                          help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
@@ -314,6 +317,16 @@ def main(argv: list[str] | None = None) -> int:
                        arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                        drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
                        app_factory=cloud_app)
+        elif args.protocol == "openai":
+            from conveyor.ingress.http.server import serve as serve_http
+            from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
+
+            openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
+            serve_http(args.router or ingress_ep, args.group, args.openai_address or args.http_address,
+                       args.openai_port, arena_bytes=args.arena_size, log_level=level,
+                       exit_timeout_s=args.exit_timeout_secs, drain_grace_s=args.drain_grace_secs,
+                       max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
+                       app_factory=lambda ctx: build_openai_app(ctx, openai))
         elif args.protocol == "http":
             from conveyor.ingress.http.server import serve as serve_http
 

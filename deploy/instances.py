@@ -16,7 +16,7 @@ import re
 
 from conveyor.proto.errors import invalid_arg
 
-INGRESS_PROTOCOLS = ("http", "grpc", "metrics", "sagemaker", "vertex")
+INGRESS_PROTOCOLS = ("http", "grpc", "metrics", "sagemaker", "vertex", "openai")
 
 _WORKER = re.compile(r"(?:\d+|gpu(?P<gpu>\d+))")
 _INGRESS = re.compile(r"(?P<protocol>[a-z]+)(?:-\d+)?")

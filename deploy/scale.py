@@ -25,7 +25,7 @@ from typing import Any
 from conveyor.deploy.options import run_dir
 from conveyor.proto.errors import ConveyorError, invalid_arg, unavailable
 
-ROLES = ("workers", "http-ingress", "grpc-ingress")
+ROLES = ("workers", "http-ingress", "grpc-ingress", "openai-ingress")
 REQUEST_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 4096
 

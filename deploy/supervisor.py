@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from conveyor.deploy.cloud_options import cloud_args
 from conveyor.deploy.group_lock import GroupBusy, GroupLock, take_group
+from conveyor.deploy.openai_options import openai_args
 from conveyor.deploy.options import (
     grpc_keepalive_args,
     ingress_args,
@@ -99,7 +100,7 @@ class Supervisor:
             "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port), "--metrics-port", str(a.metrics_port),
             "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
             "--metrics-address", a.metrics_address, "--id", a.server_id, *grpc_keepalive_args(a),
-            *ingress_args(a), *cloud_args(a),
+            *ingress_args(a), *cloud_args(a), *openai_args(a),
         ]
 
     def _new_child(self, role: str) -> Child:
@@ -134,10 +135,11 @@ class Supervisor:
         if not role or count is None or self._stop:
             return self.counts()
         a = self.args
-        if (role == "http-ingress" and not a.allow_http) or (role == "grpc-ingress" and not a.allow_grpc):
+        if ((role == "http-ingress" and not a.allow_http) or (role == "grpc-ingress" and not a.allow_grpc)
+                or (role == "openai-ingress" and not a.openai_port)):
             if count == 0:
                 return self.counts()  # nothing to run: the start-up call for a protocol that is off
-            raise invalid_arg(f"{role} is turned off (--allow-http/--allow-grpc)")
+            raise invalid_arg(f"{role} is turned off (--allow-http/--allow-grpc/--openai-port)")
         pool = self.pools[role]
         before = len(pool)
         while len(pool) < count:
@@ -201,7 +203,8 @@ class Supervisor:
             return 2
         os.makedirs(run_dir(a.group), exist_ok=True)
         sweep_orphans(a.group)
-        arenas = a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)
+        arenas = (a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)
+                  + (a.openai_ingress if a.openai_port else 0))
         warning = shm_preflight(arenas * a.arena_size)
         if warning:
             log.warning("%s", warning)
@@ -220,9 +223,11 @@ class Supervisor:
         self.scale("workers", a.workers)
         self.scale("http-ingress", a.http_ingress if a.allow_http else 0)
         self.scale("grpc-ingress", a.grpc_ingress if a.allow_grpc else 0)
+        self.scale("openai-ingress", a.openai_ingress if a.openai_port else 0)
         control = ScaleServer(socket_path(a.group), self.scale)
-        log.info("serving: HTTP %s, gRPC %s, %d worker(s); scale with 'conveyor scale --group %s'",
-                 a.http_port if a.allow_http else "off", a.grpc_port if a.allow_grpc else "off", a.workers, a.group)
+        log.info("serving: HTTP %s, gRPC %s, OpenAI %s, %d worker(s); scale with 'conveyor scale --group %s'",
+                 a.http_port if a.allow_http else "off", a.grpc_port if a.allow_grpc else "off",
+                 a.openai_port or "off", a.workers, a.group)
         with selectors.DefaultSelector() as selector:
             selector.register(control, selectors.EVENT_READ)
             while not self._stop:
@@ -266,7 +271,8 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Ingress first (they drain their requests, which need workers and the router),
         then workers (they hand their work back through the router), then the router."""
-        ingress = (self.pools["http-ingress"] + self.pools["grpc-ingress"] + ([self.metrics] if self.metrics else [])
+        ingress = (self.pools["http-ingress"] + self.pools["grpc-ingress"] + self.pools["openai-ingress"]
+                   + ([self.metrics] if self.metrics else [])
                    + self.cloud)
         retiring = [child for child, _ in self.retiring]
         waves = [ingress + retiring, self.pools["workers"], [self.router] if self.router else []]

@@ -32,6 +32,7 @@ class ControlHandler:
             "metrics": self.metrics,
             "ping": self.ping,
             "instances": self.instances,
+            "model_directory": self.model_directory,
         }
         self.boot_id = time.time_ns()
         self.custom_metrics = CustomMetricsStore()  # models' pb_utils.MetricFamily series, from the workers
@@ -140,6 +141,13 @@ class ControlHandler:
         sig["response_cache"] = (self.response_cache and config.response_cache.enable and not sig["decoupled"]
                                  and config.platform != "ensemble")
         return {"generation": self.registry.generation, "signature": sig}
+
+    def model_directory(self, model: str, version: str = "") -> dict[str, Any]:
+        """The serving version's directory (``<repository>/<model>/<version>``): the OpenAI
+        ingress reads a vLLM model's ``model.json`` and ``multi_lora.json`` there."""
+        state = self.registry.resolve(model, version)
+        path = os.path.join(self.registry.entry(model).spec.path, str(state.version))
+        return {"generation": self.registry.generation, "path": path, "version": state.version}
 
     def instances(self) -> list[dict[str, Any]]:
         """Where every instance of every serving version is and its state (operators, tests)."""

@@ -66,6 +66,11 @@ class Instance:
         return self.state is InstanceState.READY and self.worker is not None
 
 
+# A vLLM model's execute only hands each request to its engine, which batches every iteration over
+# all it holds: the router forwards requests at once, up to this many batches in flight per instance.
+ENGINE_IN_FLIGHT = 1 << 16
+
+
 @dataclass(eq=False)
 class VersionState:
     model: str
@@ -93,7 +98,7 @@ class VersionState:
     # a batch by waiting, so its next request goes to the worker while the current one runs:
     # the instance starts it as soon as it is free, without waiting for the router (2). Batching,
     # sequence and decoupled models wait until an instance is free (1), as in Triton.
-    pipeline_depth: int = 1
+    pipeline_depth: int = 1  # ENGINE_IN_FLIGHT for a model whose engine batches in flight (vLLM)
     # --model-namespacing: its repository, Triton's ``namespace`` metrics label ("" without it).
     namespace: str = ""
 
@@ -191,6 +196,8 @@ def _version_state(
         state.order = ResponseOrder()
     if not (config.HasField("dynamic_batching") or config.HasField("sequence_batching") or decoupled):
         state.pipeline_depth = 2
+    if config.backend == "vllm":
+        state.pipeline_depth = ENGINE_IN_FLIGHT
     return state
 
 

@@ -22,6 +22,7 @@ from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.namespaces import assign_keys, name_of
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
 from conveyor.router.repository.python_autocomplete import complete_python
+from conveyor.router.repository.vllm_autocomplete import complete_vllm
 from conveyor.router.scheduling.adaptive import adaptive_problem
 from conveyor.router.scheduling.queue_policy import scheduling_problem
 
@@ -36,10 +37,12 @@ _BACKENDS = {
     "pytorch": "pytorch",
     "tensorrt_plan": "tensorrt",
     "tensorrt": "tensorrt",
+    "vllm": "vllm",  # Triton's vllm_backend layout: <version>/model.json (router/repository/vllm_autocomplete.py)
     "ensemble": "ensemble",  # run by the router itself (router/ensembles/scheduler.py)
 }
 _DEFAULT_FILENAME = {
     "onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan", "ensemble": "",
+    "vllm": "model.json",
 }
 # The platform Triton reports for a backend given by name alone.
 _PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
@@ -171,6 +174,8 @@ def load_spec(
         config.backend = spec.backend
     # Python models complete their own config whenever they define the hook, as in Triton.
     completable = spec.backend != "ensemble"
+    if spec.backend == "vllm" and autocomplete:  # whatever the config declares, as Triton's vllm_backend does
+        complete_vllm(config)
     if autocomplete and completable and (spec.backend == "python" or not config.input or not config.output):
         _fill_defaults(config)
         _find_versions(spec)
@@ -235,8 +240,8 @@ def validate(config: mc.ModelConfig) -> str:
                 return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         return "dynamic batching needs max_batch_size > 0"
-    if config.model_transaction_policy.decoupled and config.backend != "python":
-        return "decoupled models (model_transaction_policy { decoupled: true }) need the python backend"
+    if config.model_transaction_policy.decoupled and config.backend not in ("python", "vllm"):
+        return "decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend"
     return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
             or batch_shapes_problem(config))
 

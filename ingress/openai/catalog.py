@@ -1,0 +1,146 @@
+"""Which models this ingress serves as OpenAI models, their adapters and tokenizers.
+
+A model is a generative one when it takes Triton's vLLM model contract: a
+``text_input`` BYTES input and a ``text_output`` BYTES output (the ``vllm``
+backend, or a Python model written to the same contract). What the ingress needs
+from the model's files, it reads from the serving version's directory, which the
+router names (control op ``model_directory``): ``model.json`` (the tokenizer folder, whose
+chat template chat requests use: its ``tokenizer``, else its ``model``) and ``multi_lora.json`` (the adapters). Both are
+kept per model until the model's signature is refetched, which the data plane does
+whenever the router's repository changes (a reload, a new version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.openai.chat_template import ChatTemplate, load_chat_template
+from conveyor.ingress.signature import ModelSignature
+from conveyor.proto.errors import ConveyorError, Status, internal, not_found
+
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+
+
+@dataclass
+class LlmModel:
+    name: str
+    signature: ModelSignature
+    directory: str
+    adapters: list[str]
+    created: int
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    chat: asyncio.Task[ChatTemplate] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a request's ``model`` names: a model, and perhaps one of its adapters."""
+
+    model: LlmModel
+    adapter: str | None
+
+
+def model_not_found(name: str) -> ConveyorError:
+    return not_found(f"The model `{name}` does not exist.")
+
+
+def is_generative(sig: ModelSignature) -> bool:
+    text_in, text_out = sig.inputs.get(TEXT_INPUT), sig.outputs.get(TEXT_OUTPUT)
+    return (sig.decoupled and text_in is not None and text_in.datatype == "BYTES"
+            and text_out is not None and text_out.datatype == "BYTES")
+
+
+class Catalog:
+    def __init__(self, dataplane: DataPlane, lora_separator: str = "") -> None:
+        self._dataplane = dataplane
+        self._separator = lora_separator
+        self._models: dict[str, LlmModel] = {}
+        self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
+
+    async def target(self, name: str) -> Target:
+        """The model (and adapter) ``name`` designates; 404 for anything else."""
+        try:
+            return Target(await self.model(name), None)
+        except ConveyorError as exc:
+            if exc.status is not Status.NOT_FOUND or not self._separator or self._separator not in name:
+                raise
+        base, _, adapter = name.rpartition(self._separator)
+        model = await self.model(base, shown=name)
+        if adapter not in model.adapters:
+            raise not_found(f"The model `{name}` does not exist: '{base}' has no LoRA adapter '{adapter}'"
+                            + (f" (it has {', '.join(model.adapters)})" if model.adapters else ""))
+        return Target(model, adapter)
+
+    async def model(self, name: str, *, shown: str = "") -> LlmModel:
+        try:
+            sig = await self._dataplane.models.get(name, "")
+        except ConveyorError as exc:
+            if exc.status in (Status.NOT_FOUND, Status.UNAVAILABLE, Status.INVALID_ARG):
+                raise model_not_found(shown or name) from None
+            raise
+        known = self._models.get(name)
+        if known is not None and known.signature is sig:
+            return known
+        if not is_generative(sig):
+            raise model_not_found(shown or name)
+        reply = await self._dataplane.link.control("model_directory", model=name)
+        model = _read_model(name, sig, str(reply["path"]))
+        self._models[name] = model
+        return model
+
+    async def listed(self) -> list[tuple[str, LlmModel]]:
+        """Every ready generative model, then each of its adapters (``<model><separator><adapter>``)."""
+        index = await self._dataplane.link.control("repository_index", ready=True)
+        out: list[tuple[str, LlmModel]] = []
+        for name in sorted({str(row["name"]) for row in index}):
+            try:
+                model = await self.model(name)
+            except ConveyorError:
+                continue
+            out.append((name, model))
+            if self._separator:
+                out += [(f"{name}{self._separator}{a}", model) for a in model.adapters]
+        return out
+
+    def chat_template(self, model: LlmModel) -> asyncio.Task[ChatTemplate]:
+        """The model's chat template, read once in a thread."""
+        if model.chat is None or (model.chat.done() and model.chat.exception() is not None):
+            source = _tokenizer_source(model)
+            task = self._templates.get(source)
+            if task is None or (task.done() and task.exception() is not None):
+                task = asyncio.ensure_future(asyncio.to_thread(load_chat_template, source))
+                self._templates[source] = task
+            model.chat = task
+        return model.chat
+
+
+def _read_model(name: str, sig: ModelSignature, directory: str) -> LlmModel:
+    engine_args = _json_file(os.path.join(directory, "model.json")) or {}
+    adapters = list((_json_file(os.path.join(directory, "multi_lora.json")) or {}).keys())
+    return LlmModel(name, sig, directory, adapters, int(time.time()), engine_args)
+
+
+def _json_file(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise internal(f"cannot read '{path}': {exc}") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def _tokenizer_source(model: LlmModel) -> str:
+    source = str(model.engine_args.get("tokenizer") or model.engine_args.get("model") or "")
+    if not source:
+        raise internal(f"model '{model.name}' names no tokenizer: its model.json has no 'tokenizer' or 'model'")
+    local = os.path.join(model.directory, source)
+    return local if not os.path.isabs(source) and os.path.exists(local) else source

@@ -1,0 +1,194 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``, streamed (Server-Sent
+Events ending with ``data: [DONE]``) or not, in OpenAI's response shapes.
+
+Both endpoints are one flow: decode the body, resolve the model (and adapter),
+write the prompt (chat: the model's template), run one engine request for all
+``n`` choices, and render its steps as one response or as chunks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+
+from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.http.body import read_body
+from conveyor.ingress.openai.catalog import Catalog, Target
+from conveyor.ingress.openai.errors import error_doc
+from conveyor.ingress.openai.generation import Step, Usage, engine_call, steps
+from conveyor.ingress.openai.schema import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    chat_messages,
+    completion_prompt,
+    decode,
+    sampling_parameters,
+)
+from conveyor.proto.errors import ConveyorError
+
+Request = falcon.asgi.Request
+Response = falcon.asgi.Response
+DONE = falcon.asgi.SSEvent(data=b"[DONE]")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointOptions:
+    max_body_bytes: int
+    default_max_tokens: int = 16  # Triton's OpenAI frontend's default
+
+
+@dataclass(slots=True)
+class Job:
+    """One request on its way: what the renderers need besides the steps."""
+
+    id: str
+    model: str
+    created: int
+    n: int
+    prompt: str
+    echo: bool
+    include_usage: bool
+
+
+class _Endpoint:
+    chat: bool = False
+    object_name = ""
+    chunk_object = ""
+
+    def __init__(self, dataplane: DataPlane, catalog: Catalog, options: EndpointOptions) -> None:
+        self._dataplane = dataplane
+        self._catalog = catalog
+        self._options = options
+
+    async def on_post(self, req: Request, resp: Response) -> None:
+        body = await read_body(req, resp, self._options.max_body_bytes)
+        self._dataplane.drain.admit()
+        request, target, prompt, echo = await self._parse(body)
+        params = sampling_parameters(request, self._max_tokens(request))
+        call = engine_call(target, prompt, params, request.stream)
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", request.model, int(time.time()),
+                  request.n, prompt, echo, include_usage)
+        found = steps(self._dataplane, call, request.n)
+        if request.stream:
+            # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
+            first = await anext(found)
+            resp.content_type = "text/event-stream; charset=utf-8"
+            resp.sse = self._events(job, first, found)
+            return
+        texts = [""] * job.n
+        finish: list[str | None] = [None] * job.n
+        usage = Usage()
+        async for step in found:
+            usage.add(step)
+            for i, text in enumerate(step.texts[: job.n]):
+                texts[i] += text
+                finish[i] = finish[i] or step.finish[i]
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({
+            "id": job.id, "object": self.object_name, "created": job.created, "model": job.model,
+            "choices": [self._choice(i, (job.prompt if job.echo else "") + texts[i], finish[i])
+                        for i in range(job.n)],
+            "usage": usage.wire(), "system_fingerprint": None,
+        })
+
+    async def _parse(self, body: bytes) -> tuple[Sampling, Target, str, bool]:
+        raise NotImplementedError
+
+    def _max_tokens(self, request: Sampling) -> int:
+        return request.max_tokens if request.max_tokens is not None else self._options.default_max_tokens
+
+    def _choice(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _delta(self, index: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _events(
+        self, job: Job, first: Step, rest: AsyncGenerator[Step, None],
+    ) -> AsyncIterator[falcon.asgi.SSEvent]:
+        usage = Usage()
+        started = [False] * job.n
+        head = {"id": job.id, "object": self.chunk_object, "created": job.created, "model": job.model}
+        if job.include_usage:
+            head["usage"] = None
+
+        def chunk(step: Step) -> falcon.asgi.SSEvent | None:
+            usage.add(step)
+            choices = []
+            for i in range(job.n):
+                text = step.texts[i] if i < len(step.texts) else ""
+                reason = step.finish[i] if i < len(step.finish) else None
+                if not started[i] and job.echo:
+                    text = job.prompt + text
+                if text or reason or not started[i]:
+                    choices.append(self._delta(i, text, reason, not started[i]))
+                    started[i] = True
+            return falcon.asgi.SSEvent(data=orjson.dumps({**head, "choices": choices})) if choices else None
+
+        try:
+            event = chunk(first)
+            if event is not None:
+                yield event
+            async for step in rest:
+                event = chunk(step)
+                if event is not None:
+                    yield event
+            if job.include_usage:
+                yield falcon.asgi.SSEvent(data=orjson.dumps({**head, "choices": [], "usage": usage.wire()}))
+        except ConveyorError as exc:  # the status line is sent already: the error is an event
+            yield falcon.asgi.SSEvent(data=orjson.dumps(error_doc(exc)))
+        finally:
+            await rest.aclose()  # ends the model's request if the client went away
+        yield DONE
+
+
+class Completions(_Endpoint):
+    object_name = "text_completion"
+    chunk_object = "text_completion"
+
+    async def _parse(self, body: bytes) -> tuple[Sampling, Target, str, bool]:
+        request = decode(body, CompletionRequest)
+        target = await self._catalog.target(request.model)
+        return request, target, completion_prompt(request), request.echo
+
+    def _choice(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+    def _delta(self, index: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+class ChatCompletions(_Endpoint):
+    chat = True
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    async def _parse(self, body: bytes) -> tuple[Sampling, Target, str, bool]:
+        request = decode(body, ChatRequest)
+        messages = chat_messages(request)
+        target = await self._catalog.target(request.model)
+        template = await self._catalog.chat_template(target.model)
+        return request, target, template.prompt(messages), False
+
+    def _max_tokens(self, request: Sampling) -> int:
+        assert isinstance(request, ChatRequest)
+        if request.max_completion_tokens is not None:
+            return request.max_completion_tokens
+        return super()._max_tokens(request)
+
+    def _choice(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish}
+
+    def _delta(self, index: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}

@@ -1,0 +1,59 @@
+"""OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with the
+status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and
+adapter), 503 when the group cannot serve now, 500 otherwise. Every failure of the
+app goes through ``render_error``; a failure after a stream started is an event.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import falcon
+import falcon.asgi
+import orjson
+
+from conveyor.proto.errors import ConveyorError, Status, http_status
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable", 413: "invalid_request_error"}
+_STATUS = {Status.INVALID_ARG: 400, Status.NOT_FOUND: 404, Status.UNAVAILABLE: 503, Status.UNSUPPORTED: 400,
+           Status.INTERNAL: 500}
+
+
+def status_of(error: ConveyorError) -> int:
+    return _STATUS.get(error.status) or http_status(error.status)
+
+
+def error_doc(error: ConveyorError) -> dict[str, Any]:
+    return _doc(status_of(error), error.message, "model" if error.status is Status.NOT_FOUND else None)
+
+
+def _doc(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    code: str | int = "model_not_found" if status == 404 and param == "model" else status
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error" if status >= 500 else
+                                                             "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
+                       params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
+    if resp is None:
+        return
+    if isinstance(error, ConveyorError):
+        status, doc = status_of(error), error_doc(error)
+    elif isinstance(error, falcon.HTTPError):
+        status = error.status_code
+        doc = _doc(status, error.description or error.title or str(status))
+        if error.headers:
+            resp.set_headers(error.headers)
+    else:
+        log.exception("unhandled error serving %s %s", req.method, req.path)
+        status = 500
+        doc = _doc(500, f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else ""))
+    resp.sse = None
+    resp.status = status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = orjson.dumps(doc)

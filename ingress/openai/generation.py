@@ -1,0 +1,120 @@
+"""One OpenAI request as one request to a model of Triton's vLLM contract, and its
+responses read back as steps: each choice's new text, finish reason and token counts.
+
+The model gets ``text_input``, ``stream``, ``sampling_parameters`` (JSON; ``n``
+choices come back as ``n`` elements of ``text_output``; ``lora_name`` picks the
+adapter) and ``exclude_input_in_output`` (always true: ``echo`` is written here, so
+it streams too), plus the ``return_*`` inputs the model declares, for ``usage`` and
+``finish_reason``. Streaming or not, the responses are read the same way: a
+non-streamed request is one response holding the whole text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
+from conveyor.ingress.openai.catalog import TEXT_INPUT, TEXT_OUTPUT, Target
+from conveyor.ingress.request_checks import InferInput
+from conveyor.ingress.signature import ModelSignature
+
+_RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason")
+
+
+@dataclass(slots=True)
+class Step:
+    """One response of the model: ``texts[i]`` is choice i's new text."""
+
+    texts: list[str]
+    finish: list[str | None]
+    prompt_tokens: int | None
+    output_tokens: int  # new tokens over every choice
+    final: bool
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    counted: bool = False  # the model reports token counts
+
+    def add(self, step: Step) -> None:
+        if step.prompt_tokens is not None:
+            self.prompt_tokens = step.prompt_tokens
+            self.counted = True
+        self.completion_tokens += step.output_tokens
+
+    def wire(self) -> dict[str, int] | None:
+        if not self.counted:
+            return None
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def engine_call(target: Target, prompt: str, params: dict[str, object], stream: bool) -> InferCall:
+    sig = target.model.signature
+    if target.adapter is not None:
+        params = {**params, "lora_name": target.adapter}
+    values: dict[str, object] = {
+        TEXT_INPUT: prompt.encode(),
+        "stream": stream,
+        "sampling_parameters": orjson.dumps(params),
+        "exclude_input_in_output": True,
+    }
+    for name in _RETURNS:
+        values[name] = True
+    inputs = [_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
+    return InferCall(model=target.model.name, version="", inputs=inputs)
+
+
+def _input(sig: ModelSignature, name: str, value: object) -> InferInput:
+    spec = sig.inputs[name]
+    data = np.array([value], dtype=object if spec.datatype == "BYTES" else bool)
+    shape = [1, 1] if sig.max_batch_size > 0 else [1]
+    return InferInput(name, spec.datatype, shape, data)
+
+
+async def steps(dataplane: DataPlane, call: InferCall, n: int) -> AsyncGenerator[Step, None]:
+    """The model's responses as steps. A model error raises (``ConveyorError``); closing
+    the iterator early cancels the request, which aborts it in the engine."""
+    async with contextlib.aclosing(dataplane.infer_stream(call)) as responses:
+        async for item in responses:
+            if isinstance(item, StreamError):
+                raise item.error
+            yield _step(item, n)
+
+
+def _step(result: InferResult, n: int) -> Step:
+    try:
+        outputs = {out.name: out for out in result.outputs if out.raw is not None}
+        texts = [""] * n
+        finish: list[str | None] = [None] * n
+        prompt_tokens: int | None = None
+        output_tokens = 0
+        text = outputs.get(TEXT_OUTPUT)
+        if text is not None:
+            texts = [b.decode("utf-8", "replace") for b in text.as_array().reshape(-1)]
+        reasons = outputs.get("finish_reason")
+        if reasons is not None:
+            finish = [_reason(b) for b in reasons.as_array().reshape(-1)]
+        count = outputs.get("num_input_tokens")
+        if count is not None:
+            prompt_tokens = int(count.as_array().reshape(-1)[0])
+        count = outputs.get("num_output_tokens")
+        if count is not None:
+            output_tokens = int(count.as_array().sum())
+        if result.final and reasons is None:
+            finish = ["stop"] * n  # a model that does not say why it stopped
+        return Step(texts, finish, prompt_tokens, output_tokens, result.final)
+    finally:
+        result.release()
+
+
+def _reason(raw: bytes) -> str | None:
+    reason = raw.decode()
+    return None if reason in ("None", "") else reason

@@ -1,0 +1,1 @@
+"""Test fixtures that build real artefacts on the fly (no downloads)."""

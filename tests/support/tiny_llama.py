@@ -1,0 +1,147 @@
+"""A tiny Llama, its tokenizer and two LoRA adapters, built on the fly for the vLLM tests (no downloads).
+
+The model is trained for a few seconds on the lines below so its greedy outputs are peaked (a random
+model's logits are nearly flat, and a batched and an unbatched run could then pick different tokens on
+rounding). Head size 64: vLLM's CPU attention needs at least 32. Everything is seeded: two builds give
+the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+LINES = [
+    "the quick brown fox jumps over the lazy dog",
+    "a conveyor carries requests from the router to the workers",
+    "triton serves models over http and grpc",
+    "tokens stream out one by one until the end",
+    "the engine batches every request in flight",
+    "shared memory holds the tensors between processes",
+    "hello world, this is a tiny language model",
+    "every adapter changes what the model says",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+ADAPTERS = ("alpha", "beta")
+# Triton's samples/model_repository/vllm_model/config.pbtxt: inputs, outputs and decoupled come from the backend.
+SAMPLE_CONFIG = 'backend: "vllm"\n\ninstance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n'
+
+
+@dataclass(frozen=True)
+class TinyLlama:
+    model_dir: Path  # a Hugging Face model folder (config, safetensors, tokenizer)
+    adapters: dict[str, Path]  # LoRA adapter name -> its peft folder
+
+
+def build(root: Path) -> TinyLlama:
+    """Write the model into root/model and the adapters into root/lora/<name>; fast when already there."""
+    model_dir = root / "model"
+    adapters = {name: root / "lora" / name for name in ADAPTERS}
+    if not (model_dir / "config.json").exists():
+        _build_model(model_dir)
+    for seed, path in enumerate(adapters.values(), start=1):
+        if not (path / "adapter_config.json").exists():
+            _build_adapter(model_dir, path, seed)
+    return TinyLlama(model_dir, adapters)
+
+
+def _build_tokenizer(model_dir: Path) -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(LINES * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(model_dir))
+    return fast
+
+
+def _build_model(model_dir: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = _build_tokenizer(model_dir)
+    vocab = len(tokenizer)  # type: ignore[arg-type]
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head size 64
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,  # type: ignore[attr-defined]
+        eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    _train(model, tokenizer)
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+
+
+def _train(model: object, tokenizer: object, steps: int = 60) -> None:
+    """A few Adam steps on LINES: peaked logits, and outputs that look like the text."""
+    import torch
+
+    ids = [tokenizer(line)["input_ids"] for line in LINES]  # type: ignore[operator]
+    width = max(len(i) for i in ids)
+    pad = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    batch = torch.tensor([i + [pad] * (width - len(i)) for i in ids])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)  # type: ignore[attr-defined]
+    model.train()  # type: ignore[attr-defined]
+    for _ in range(steps):
+        loss = model(input_ids=batch, labels=batch).loss  # type: ignore[operator]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()  # type: ignore[attr-defined]
+
+
+def _build_adapter(model_dir: Path, path: Path, seed: int) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    base = LlamaForCausalLM.from_pretrained(str(model_dir))
+    # init_lora_weights=False: random A and B, so the adapter changes the output (the default B is zero).
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(str(path))
+
+
+def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **engine: object) -> Path:
+    """A Triton vLLM backend repository: the sample config.pbtxt as is, 1/model.json, 1/multi_lora.json."""
+    version = repo / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(SAMPLE_CONFIG)
+    model_json = {
+        "model": str(tiny.model_dir),
+        "enforce_eager": True,
+        "dtype": "float32",
+        "max_model_len": 256,
+        "enable_lora": True,
+        "max_loras": 2,
+        "max_lora_rank": 8,
+        "max_num_seqs": 32,
+        "kv_cache_memory_bytes": 64 << 20,  # on CPU the default reserves 92% of the memory
+        **engine,
+    }
+    (version / "model.json").write_text(json.dumps(model_json, indent=2))
+    (version / "multi_lora.json").write_text(json.dumps({k: str(v) for k, v in tiny.adapters.items()}, indent=2))
+    return repo / name

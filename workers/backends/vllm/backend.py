@@ -1,0 +1,122 @@
+"""``VllmBackend``: a decoupled ``RequestBackend`` whose execute hands each request to the engine.
+
+Each request becomes a task on the engine's loop that streams the engine's outputs back through the
+request's response channel; a cancel (client gone, gRPC cancel) cancels that task, which aborts the
+request in the engine. Errors of one request (bad parameters, unknown adapter) end only that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from typing import Any
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError, Status, internal, unavailable
+from conveyor.workers.backends.base import RequestItem, RequestOutcome, ResponseChannel
+from conveyor.workers.backends.vllm import outputs
+from conveyor.workers.backends.vllm.engine import EngineLoop
+from conveyor.workers.backends.vllm.lora import LoraRepository
+from conveyor.workers.backends.vllm.metrics import stat_logger_factory
+from conveyor.workers.backends.vllm.request import GenerateArgs, parse, sampling_params
+
+log = logging.getLogger(__name__)
+
+ENGINE_ARGS = "model.json"
+
+
+def _parameter(config: mc.ModelConfig, name: str) -> str | None:
+    p = config.parameters.get(name)
+    return None if p is None else p.string_value
+
+
+class VllmBackend:
+    def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
+        """``path``: ``<model>/<version>/model.json``."""
+        self.name = config.name
+        if not config.model_transaction_policy.decoupled:
+            raise unavailable("vLLM Triton backend must be configured to use decoupled model transaction policy")
+        version_dir = os.path.dirname(os.path.abspath(path))
+        try:
+            with open(path, encoding="utf-8") as f:
+                engine_args = json.load(f)
+        except FileNotFoundError:
+            raise unavailable(f"'{ENGINE_ARGS}' containing vllm engine args must be provided in "
+                              f"'{version_dir}'") from None
+        except ValueError as exc:
+            raise unavailable(f"'{path}' is not valid JSON: {exc}") from None
+        if not isinstance(engine_args, dict):
+            raise unavailable(f"'{path}' must hold a JSON object of vLLM engine arguments")
+        if device.startswith("cuda:"):  # KIND_GPU: the engine uses the instance's GPU only (as Triton)
+            os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        self.loras = LoraRepository.load(version_dir, engine_args)
+        # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
+        report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
+        loggers: list[Any] = []
+        if report and not engine_args.get("disable_log_stats", False):
+            loggers.append(stat_logger_factory({"model": config.name, "version": os.path.basename(version_dir)}))
+        try:
+            self.engine = EngineLoop(config.name, engine_args, loggers)
+        except ConveyorError:
+            raise
+        except Exception as exc:
+            log.exception("the vLLM engine of '%s' failed to start", self.name)
+            why = f"{type(exc).__name__}: {exc}"
+            raise unavailable(f"failed to start the vLLM engine of '{self.name}': {why}") from None
+
+    def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]:
+        for item in items:
+            channel = item.channel
+            assert channel is not None  # decoupled: every request has one
+            try:
+                args = parse(item)
+                if args.lora_name is not None:
+                    self.loras.check(args.lora_name)
+            except ConveyorError as exc:
+                channel.fail(exc)
+                continue
+            self._start(args, channel)
+        return []
+
+    def _start(self, args: GenerateArgs, channel: ResponseChannel) -> None:
+        holder: list[asyncio.Task[None]] = []
+
+        def cancel() -> None:  # on the worker's main thread
+            self.engine.call(lambda: holder[0].cancel() if holder else None)
+
+        def begin() -> None:  # on the engine's loop
+            holder.append(self.engine.loop.create_task(self._generate(args, channel)))
+
+        channel.add_cancel_hook(cancel)
+        self.engine.call(begin)
+
+    async def _generate(self, args: GenerateArgs, channel: ResponseChannel) -> None:
+        request_id = uuid.uuid4().hex
+        state = outputs.ResponseState()
+        last: Any = None
+        try:
+            if channel.cancelled:
+                raise asyncio.CancelledError
+            params = sampling_params(args.sampling)
+            lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
+            async for out in self.engine.engine.generate(args.prompt, params, request_id, lora_request=lora):
+                last = out
+                if args.stream:
+                    channel.send(outputs.build(out, state, False, args.returns), out.finished)
+            if not args.stream and last is not None:
+                channel.send(outputs.build(last, state, args.prepend_input, args.returns), True)
+            elif not channel.closed:
+                channel.send(None, True)
+        except asyncio.CancelledError:
+            channel.fail(ConveyorError(Status.CANCELLED, "Request was cancelled"))
+        except ConveyorError as exc:
+            channel.fail(exc)
+        except Exception as exc:
+            log.warning("vLLM request of '%s' failed", self.name, exc_info=True)
+            channel.fail(internal(f"Error generating stream: {exc}"))
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,72 @@
+"""vLLM's ``AsyncLLM`` on an event loop of its own, on a thread of the worker process.
+
+The engine core runs in a process vLLM starts (spawned, so the worker's threads and sockets are not
+forked with it); this thread feeds it requests and turns its outputs into responses, while the
+worker's main loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+class EngineLoop:
+    def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> None:
+        # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"vllm-{name}", daemon=True)
+        self._thread.start()
+        try:
+            self.engine = self.run(self._start(engine_args, stat_loggers)).result()
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` on the engine's loop (from any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.model_config.max_model_len)
+
+    def close(self) -> None:
+        """Abort what runs, stop the engine process, end the thread."""
+
+        async def shutdown() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+            self.engine.shutdown()
+
+        try:
+            self.run(shutdown()).result(SHUTDOWN_TIMEOUT_S)
+        except Exception:
+            log.exception("the vLLM engine did not shut down cleanly")
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(SHUTDOWN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self.loop.close()

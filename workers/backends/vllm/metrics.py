@@ -1,0 +1,88 @@
+"""The engine's statistics as Triton's vllm_backend reports them (``vllm:`` families, labelled
+``model`` and ``version``), through the worker's custom metrics (``python/pb_utils/metrics.py``), which
+reach the router's ``/metrics`` like a Python model's. Also the scheduler's running and waiting
+requests, as vLLM's own server names them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.workers.backends.python.pb_utils.metrics import Metric, MetricFamily, MetricKind
+
+_C, _G, _H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
+# Triton's buckets (vllm_backend src/utils/metrics.py), from vLLM's examples.
+_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+_TPOT = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+_E2E = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+_N = [1, 2, 5, 10, 20]
+
+
+class EngineMetrics:
+    """One model version's ``vllm:`` series; the families live as long as this object."""
+
+    def __init__(self, labels: dict[str, str], max_model_len: int) -> None:
+        from vllm.v1.metrics.buckets import build_1_2_5_buckets
+
+        tokens = [float(b) for b in build_1_2_5_buckets(max_model_len)]
+        self._families: list[MetricFamily] = []
+
+        def metric(name: str, description: str, kind: MetricKind, buckets: list[float] | None = None) -> Metric:
+            family = MetricFamily(name, description, kind)
+            self._families.append(family)
+            return family.Metric(labels=labels, buckets=buckets)
+
+        self.prompt_tokens = metric("vllm:prompt_tokens_total", "Number of prefill tokens processed.", _C)
+        self.generation_tokens = metric("vllm:generation_tokens_total", "Number of generation tokens processed.", _C)
+        self.ttft = metric("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                           _H, _TTFT)
+        self.tpot = metric("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                           _H, _TPOT)
+        self.e2e = metric("vllm:e2e_request_latency_seconds",
+                          "Histogram of end to end request latency in seconds.", _H, _E2E)
+        self.request_prompt = metric("vllm:request_prompt_tokens", "Number of prefill tokens processed.", _H, tokens)
+        self.request_generation = metric("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                         _H, tokens)
+        self.n = metric("vllm:request_params_n", "Histogram of the n request parameter.", _H, [float(b) for b in _N])
+        self.running = metric("vllm:num_requests_running", "Number of requests in model execution batches.", _G)
+        self.waiting = metric("vllm:num_requests_waiting", "Number of requests waiting to be processed.", _G)
+
+    def record(self, scheduler: Any, iteration: Any) -> None:
+        if scheduler is not None:
+            self.running.set(scheduler.num_running_reqs)
+            self.waiting.set(scheduler.num_waiting_reqs)
+        if iteration is None:
+            return
+        if iteration.num_prompt_tokens:
+            self.prompt_tokens.increment(iteration.num_prompt_tokens)
+        if iteration.num_generation_tokens:
+            self.generation_tokens.increment(iteration.num_generation_tokens)
+        for value in iteration.time_to_first_tokens_iter:
+            self.ttft.observe(value)
+        for value in iteration.inter_token_latencies_iter:
+            self.tpot.observe(value)
+        for value in iteration.n_params_iter:
+            self.n.observe(value)
+        for done in iteration.finished_requests:
+            self.e2e.observe(done.e2e_latency)
+            self.request_prompt.observe(done.num_prompt_tokens)
+            self.request_generation.observe(done.num_generation_tokens)
+
+
+def stat_logger_factory(labels: dict[str, str]) -> Callable[[Any, int], Any]:
+    """A vLLM ``StatLoggerFactory`` whose loggers record into ``EngineMetrics`` (built on the engine's
+    first call, when the model's length is known)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class ConveyorStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.metrics = EngineMetrics(labels, vllm_config.model_config.max_model_len)
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            self.metrics.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return ConveyorStatLogger

@@ -1,0 +1,103 @@
+"""A request's inputs, as Triton's vllm_backend reads them: the prompt, ``stream``,
+``exclude_input_in_output``, the ``return_*`` flags and ``sampling_parameters`` (JSON; without it,
+the request's parameters), with ``lora_name`` picking an adapter."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from conveyor.proto.errors import invalid_arg
+from conveyor.workers.backends.base import RequestItem
+
+RETURNS = (
+    "return_finish_reason", "return_cumulative_logprob", "return_logprobs",
+    "return_num_input_tokens", "return_num_output_tokens",
+)
+# Request parameters that are inputs of this model, not sampling parameters (a generate call may
+# put them among its parameters).
+_NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS))
+
+
+@dataclass(slots=True)
+class GenerateArgs:
+    prompt: str
+    stream: bool
+    prepend_input: bool  # the prompt leads the (non-streamed) text_output
+    sampling: dict[str, Any]  # SamplingParams keyword arguments
+    lora_name: str | None
+    returns: frozenset[str]  # the return_* flags set
+
+
+def _first(inputs: dict[str, np.ndarray], name: str) -> Any:
+    array = inputs.get(name)
+    if array is None or array.size == 0:
+        return None
+    return array.reshape(-1)[0]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parse(item: RequestItem) -> GenerateArgs:
+    inputs = item.inputs
+    prompt = _first(inputs, "text_input")
+    if prompt is None:
+        raise invalid_arg("input 'text_input' is required")
+    if "image" in inputs or "embedding_request" in inputs:
+        raise invalid_arg("the vllm backend serves text generation here: 'image' and 'embedding_request' "
+                          "are not supported")
+    stream = bool(_first(inputs, "stream") or False)
+    exclude = _first(inputs, "exclude_input_in_output")
+    # Triton: the prompt is prepended unless excluded, and a stream excludes it by default.
+    prepend = (not bool(exclude)) if exclude is not None else not stream
+    if prepend and stream:
+        raise invalid_arg("When streaming, `exclude_input_in_output` = False is not allowed.")
+    raw = _first(inputs, "sampling_parameters")
+    if raw is not None:
+        try:
+            sampling = json.loads(_text(raw))
+        except ValueError as exc:
+            raise invalid_arg(f"'sampling_parameters' is not valid JSON: {exc}") from None
+        if not isinstance(sampling, dict):
+            raise invalid_arg("'sampling_parameters' must be a JSON object")
+    else:
+        sampling = {k: v for k, v in item.parameters.items() if k not in _NOT_SAMPLING}
+    lora = sampling.pop("lora_name", None)
+    returns = frozenset(name for name in RETURNS if bool(_first(inputs, name) or False))
+    return GenerateArgs(_text(prompt), stream, prepend, sampling, None if lora is None else str(lora), returns)
+
+
+def sampling_params(values: dict[str, Any]) -> Any:
+    """vLLM's ``SamplingParams``; numbers given as strings (request parameters) are converted, as Triton
+    converts them by the field's type."""
+    from vllm import SamplingParams
+
+    fields = SamplingParams.__annotations__
+    convert: dict[str, Callable[[Any], Any]] = {
+        "int": int, "float": float, "bool": _bool, "str": str, "int | None": int, "float | None": float,
+    }
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise invalid_arg(f"unknown sampling parameter '{key}'")
+        hint = fields[key]
+        kind = hint.__name__ if isinstance(hint, type) else str(hint)
+        to = convert.get(kind)
+        try:
+            kwargs[key] = to(value) if to is not None and value is not None else value
+        except (TypeError, ValueError):
+            raise invalid_arg(f"sampling parameter '{key}': cannot use {value!r} as {kind}") from None
+    try:
+        return SamplingParams(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise invalid_arg(f"invalid sampling parameters: {exc}") from None
+
+
+def _bool(value: Any) -> bool:
+    return value.lower() == "true" if isinstance(value, str) else bool(value)
