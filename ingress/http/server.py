@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
+from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from conveyor.ingress.limits import IngressLimits
@@ -49,6 +50,17 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+
+
+class _CaseKeepingProtocol(_HttpToolsProtocol):
+    """Also keeps each header as the client wrote its name, under ``RAW_HEADERS`` in the
+    ASGI scope: Triton hands forwarded headers (``--http-header-forward-pattern``) to the
+    model with their names' case, which ASGI's lower-cased ``headers`` have lost. Only
+    used when forwarding is on."""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self.scope.setdefault(RAW_HEADERS, []).append((name.decode("latin-1"), value))  # type: ignore[misc]
 
 
 def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
@@ -207,7 +219,7 @@ async def _serve(
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http=_HttpToolsProtocol,
+            http=_CaseKeepingProtocol if limits is not None and limits.header_forward else _HttpToolsProtocol,
             ws="none",
             lifespan="off",
             interface="asgi3",
