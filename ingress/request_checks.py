@@ -38,6 +38,7 @@ class InferInput:
     data: TensorData | None
     parameters: dict[str, Any] = field(default_factory=dict)
     shm: ShmPlacement | None = None
+    from_json: bool = False  # ``data`` came from HTTP JSON: a size mismatch is Triton's JSON parse error
 
 
 @dataclass(slots=True)
@@ -54,59 +55,64 @@ def check_inputs(
     """Each input with its byte size, or INVALID_ARG for the first thing wrong
     (``max_elements`` 0: no limit on elements per input), in Triton's order: a
     repeated input, the input count, then each input (``InferenceRequest::Normalize``).
-    The messages of Triton's core start with its ``[request id: <id>] ``."""
+    The messages of Triton's core start with its ``[request id: <id>] ``. Triton walks
+    the inputs in its ``std::unordered_map``'s order, the reverse of the request's
+    (libstdc++ puts each new node first), which decides which of two wrong inputs it
+    names: so does this walk."""
     n = len(inputs)
     if n > len(sig.inputs) or n < sig.required_inputs:
         # Triton refuses a repeated input as it is added, so before the count.
         _refuse_repeated(inputs, request_id)
-        got = [inp.name for inp in inputs]
+        got = [inp.name for inp in reversed(inputs)]
         raise missing_inputs(sig, got, [k for k, s in sig.inputs.items() if k not in got and not s.optional],
                              request_id)
-    checked: list[tuple[InferInput, int]] = []
+    # Pass 1, as Triton's: names, then the batch dimension of each input and the batch size.
     seen: set[str] = set()
     batch: int | None = None
-    for inp in inputs:
-        spec = sig.inputs.get(inp.name)
+    batching = sig.max_batch_size > 0
+    for inp in reversed(inputs):
         if inp.name in seen:
             raise invalid_arg(f"{request_prefix(request_id)}input '{inp.name}' already exists in request")
-        if spec is None:
+        if inp.name not in sig.inputs:
             raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{sig.name}'")
         seen.add(inp.name)
-        if inp.datatype != spec.datatype:
-            raise invalid_arg(
-                f"{request_prefix(request_id)}inference input '{inp.name}' data-type is '{inp.datatype}', "
-                f"but model '{sig.name}' expects '{spec.datatype}'"
-            )
-        dims = inp.shape
-        if sig.max_batch_size > 0:
-            if not dims:
+        if batching:
+            if not inp.shape:
                 raise invalid_arg(
                     f"{request_prefix(request_id)}input '{inp.name}' has no shape but model requires batch "
                     f"dimension for '{sig.name}'"
                 )
             if batch is None:
-                batch = dims[0]
-            elif dims[0] != batch:
+                batch = inp.shape[0]
+            elif inp.shape[0] != batch:
                 raise invalid_arg(
                     f"{request_prefix(request_id)}input '{inp.name}' batch size does not match other inputs for "
                     f"'{sig.name}'"
                 )
-            if dims[0] > sig.max_batch_size:
-                raise invalid_arg(
-                    f"{request_prefix(request_id)}inference request batch-size must be <= {sig.max_batch_size} "
-                    f"for '{sig.name}'"
-                )
-            dims = dims[1:]
+    if batch is not None and batch > sig.max_batch_size:
+        raise invalid_arg(
+            f"{request_prefix(request_id)}inference request batch-size must be <= {sig.max_batch_size} "
+            f"for '{sig.name}'"
+        )
+    # Pass 2: each input's datatype, shape and bytes.
+    checked: list[tuple[InferInput, int]] = []
+    for inp in reversed(inputs):
+        spec = sig.inputs[inp.name]
+        if inp.datatype != spec.datatype:
+            raise invalid_arg(
+                f"{request_prefix(request_id)}inference input '{inp.name}' data-type is '{inp.datatype}', "
+                f"but model '{sig.name}' expects '{spec.datatype}'"
+            )
         if any(d < 0 for d in inp.shape):
             raise invalid_arg(
                 f"{request_prefix(request_id)}All input dimensions should be specified for input '{inp.name}' "
                 f"for model '{sig.name}', got {_fmt(inp.shape)}"
             )
-        if not spec.accepts(dims):
-            expected = ([-1] if sig.max_batch_size > 0 else []) + list(spec.dims)
+        if not spec.accepts(inp.shape[1:] if batching else inp.shape):
+            expected = ([-1] if batching else []) + list(spec.dims)
             raise invalid_arg(
                 f"{request_prefix(request_id)}unexpected shape for input '{inp.name}' for model '{sig.name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. {_BATCH_NOTE if sig.max_batch_size > 0 else ''}"
+                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. {_BATCH_NOTE if batching else ''}"
             )
         if max_elements and (count := element_count(inp.shape)) > max_elements:
             raise too_many_elements(inp.name, count, max_elements)
@@ -115,10 +121,16 @@ def check_inputs(
             continue
         if inp.data is None:
             raise invalid_arg(f"input '{inp.name}' has no data")
+        if inp.from_json and inp.datatype != "BYTES" and inp.data.size != element_count(inp.shape):  # type: ignore[union-attr]
+            # Triton's HTTP server's words (an INTERNAL 500 there: a client's mistake, 400 here).
+            raise invalid_arg("Unable to parse 'data': Shape does not match true shape of 'data' field")
         checked.append((inp, _byte_size(inp, sig.name, request_id)))
+    # Only with optional inputs can the count be right and a required input missing (Triton
+    # lets such a request reach the backend): refused here, in the words of the count check.
     missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
     if missing:
-        raise missing_inputs(sig, list(seen), missing, request_id)
+        raise missing_inputs(sig, [inp.name for inp in reversed(inputs)], missing, request_id)
+    checked.reverse()  # the request's order again
     return checked
 
 
