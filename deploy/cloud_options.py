@@ -14,6 +14,9 @@ import os
 
 from conveyor.deploy.options import triton_bool
 
+SAGEMAKER_INFERENCE_TYPE_ENV = "SAGEMAKER_TRITON_INFERENCE_TYPE"
+SAGEMAKER_INFERENCE_TYPES = ("infer", "generate", "generate_stream")  # what /invocations maps to
+
 
 def port_range(text: str) -> tuple[int, int]:
     low, sep, high = text.partition("-")
@@ -61,6 +64,8 @@ def check_cloud_args(a: argparse.Namespace) -> str:
             return "API_PREDICT_ROUTE is not defined for Vertex AI endpoint"
         if not os.environ.get("AIP_HEALTH_ROUTE"):
             return "AIP_HEALTH_ROUTE is not defined for Vertex AI endpoint"
+    if a.allow_sagemaker and (problem := check_inference_type(os.environ.get(SAGEMAKER_INFERENCE_TYPE_ENV))):
+        return problem
     sagemaker_range = a.sagemaker_safe_port_range if a.allow_sagemaker else None
     services: list[tuple[str, str, int, tuple[int, int] | None]] = []
     if a.allow_http:
@@ -84,6 +89,14 @@ def check_cloud_args(a: argparse.Namespace) -> str:
             if port == other_port:
                 return (f"The server cannot listen to {name} requests and {other} requests at the same "
                         f"address and port {address}:{port}")
+    return ""
+
+
+def check_inference_type(value: str | None) -> str:
+    """Why ``SAGEMAKER_TRITON_INFERENCE_TYPE`` cannot be served (the words of Triton's
+    SageMaker entry point, ``docker/sagemaker/serve``, which refuses to start), or ''."""
+    if value and value not in SAGEMAKER_INFERENCE_TYPES:
+        return f"Invalid SAGEMAKER_TRITON_INFERENCE_TYPE '{value}'. Must be one of: infer, generate, generate_stream"
     return ""
 
 

@@ -61,13 +61,37 @@ models_http() {  # as qa/L0_http/test.sh makes them (its "python unit test" sect
     sed -i "s/TYPE_STRING/TYPE_INT64/; s/simple_identity/simple_identity_int64/" "$M/simple_identity_int64/config.pbtxt"
 }
 
+standin_onnx() {  # DIR INPUT IN_SHAPE OUTPUT OUT_SHAPE: DIR/1/model.onnx, the input's first elements as the output
+    mkdir -p "$1/1"
+    "$PY" - "$@" <<'EOF'
+import sys
+import onnx
+from onnx import TensorProto, helper
+d, iname, ishape, oname, oshape = sys.argv[1:]
+ishape, oshape = [int(x) for x in ishape.split(",")], [int(x) for x in oshape.split(",")]
+n = 1
+for dim in oshape:
+    n *= dim
+ints = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)
+graph = helper.make_graph(
+    [helper.make_node("Flatten", [iname], ["flat"], axis=0),
+     helper.make_node("Slice", ["flat", "starts", "ends", "axes"], ["first"]),
+     helper.make_node("Reshape", ["first", "shape"], [oname])],
+    "standin", [helper.make_tensor_value_info(iname, TensorProto.FLOAT, ishape)],
+    [helper.make_tensor_value_info(oname, TensorProto.FLOAT, oshape)],
+    [ints("starts", [0]), ints("ends", [n]), ints("axes", [1]), ints("shape", oshape)])
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), f"{d}/1/model.onnx")
+EOF
+}
+
 models_grpc() {  # qa/L0_grpc/test.sh: MODELDIR (the docs' examples), its grpc_test_models, client_plugin_models
     local D=$WORK/grpc
     rm -rf "$D" && mkdir -p "$D/grpc_test_models"
-    # Not densenet_onnx and inception_onnx: their model files are downloaded by fetch_models.sh
-    # (the aio test's index count, 8, counts them).
+    # densenet_onnx and inception_onnx: fetch_models.sh downloads their model files; stand-ins
+    # with the same signature take their place (the aio test's index count, 8, counts them).
     cp -r "$EXAMPLES" "$D/models"
-    rm -rf "$D/models/densenet_onnx" "$D/models/inception_onnx"
+    standin_onnx "$D/models/densenet_onnx" data_0 1,3,224,224 fc6_1 1,1000,1,1
+    standin_onnx "$D/models/inception_onnx" input:0 1,299,299,3 InceptionV3/Predictions/Softmax:0 1,1001
     cp -r "$EXAMPLES/simple" "$D/grpc_test_models/"
     python_model "$D/grpc_test_models" string_identity "$QA/python_models/string_identity"
     sed -i "s/dims: \[ 1 \]/dims: [ -1 ]/g" "$D/grpc_test_models/string_identity/config.pbtxt"

@@ -209,8 +209,8 @@ class DataPlane:
 
     def _send_inputs(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
         """Validate ``call``, write its inputs into this process's arena, describe it."""
-        inputs = check_inputs(sig, call.inputs, self.limits.max_input_elements)
-        outputs = check_outputs(sig, call.outputs)
+        inputs = check_inputs(sig, call.inputs, self.limits.max_input_elements, call.id)
+        outputs = check_outputs(sig, call.outputs, call.id)
         uses_shm = any(inp.shm for inp, _ in inputs) or any(o.region for o in outputs)
         block = self.arena.alloc(inputs_nbytes(inputs))
         try:

@@ -4,9 +4,10 @@ request, so a model reads them with ``request.parameters()``, as in Triton.
 
 Triton's rules, kept here: the pattern is a partial match (RE2 ``PartialMatch``:
 ``re.search``), case-insensitive unless it starts with ``(?-i)``; a matching name that
-is a reserved parameter key or starts with ``triton_`` fails the request. Header names
-arrive lower-case on both protocols (ASGI and gRPC metadata normalise them), so a
-case-sensitive pattern with capitals matches nothing, as Triton's gRPC endpoint.
+is a reserved parameter key or starts with ``triton_`` fails the request. An HTTP
+header's name reaches the model as the client wrote it (``X-Trace-Id``), as libevhtp
+keeps it for Triton (the HTTP server keeps the names under ``RAW_HEADERS`` in the ASGI
+scope when forwarding is on); gRPC metadata names are lower-case by the protocol.
 
 Compiled once at start; with no pattern the ingress holds ``None`` and does no work.
 """
@@ -24,6 +25,7 @@ RESERVED_KEYS = frozenset(
     ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output")
 )
 _CASE_SENSITIVE = "(?-i)"
+RAW_HEADERS = "conveyor.raw_headers"  # ASGI scope key: [(name as sent, value)]
 
 
 class HeaderForward:

@@ -19,7 +19,7 @@ from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import element_count, element_size, numpy_dtype, serialize_bytes
-from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.errors import ConveyorError, invalid_arg, request_prefix
 from conveyor.shm.arena import Arena
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
@@ -38,6 +38,7 @@ class InferInput:
     data: TensorData | None
     parameters: dict[str, Any] = field(default_factory=dict)
     shm: ShmPlacement | None = None
+    from_json: bool = False  # ``data`` came from HTTP JSON: a size mismatch is Triton's JSON parse error
 
 
 @dataclass(slots=True)
@@ -49,72 +50,118 @@ class RequestedOutput:
 
 
 def check_inputs(
-    sig: ModelSignature, inputs: list[InferInput], max_elements: int = 0
+    sig: ModelSignature, inputs: list[InferInput], max_elements: int = 0, request_id: str = ""
 ) -> list[tuple[InferInput, int]]:
     """Each input with its byte size, or INVALID_ARG for the first thing wrong
-    (``max_elements`` 0: no limit on elements per input)."""
-    checked: list[tuple[InferInput, int]] = []
+    (``max_elements`` 0: no limit on elements per input), in Triton's order: a
+    repeated input, the input count, then each input (``InferenceRequest::Normalize``).
+    The messages of Triton's core start with its ``[request id: <id>] ``. Triton walks
+    the inputs in its ``std::unordered_map``'s order, the reverse of the request's
+    (libstdc++ puts each new node first), which decides which of two wrong inputs it
+    names: so does this walk."""
+    n = len(inputs)
+    if n > len(sig.inputs) or n < sig.required_inputs:
+        # Triton refuses a repeated input as it is added, so before the count.
+        _refuse_repeated(inputs, request_id)
+        got = [inp.name for inp in reversed(inputs)]
+        raise missing_inputs(sig, got, [k for k, s in sig.inputs.items() if k not in got and not s.optional],
+                             request_id)
+    # Pass 1, as Triton's: names, then the batch dimension of each input and the batch size.
     seen: set[str] = set()
     batch: int | None = None
-    for inp in inputs:
-        spec = sig.inputs.get(inp.name)
-        if spec is None:
-            raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{sig.name}'")
+    batching = sig.max_batch_size > 0
+    for inp in reversed(inputs):
         if inp.name in seen:
-            raise invalid_arg(f"input '{inp.name}' already exists in request")
+            raise invalid_arg(f"{request_prefix(request_id)}input '{inp.name}' already exists in request")
+        if inp.name not in sig.inputs:
+            raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{sig.name}'")
         seen.add(inp.name)
+        if batching:
+            if not inp.shape:
+                raise invalid_arg(
+                    f"{request_prefix(request_id)}input '{inp.name}' has no shape but model requires batch "
+                    f"dimension for '{sig.name}'"
+                )
+            if batch is None:
+                batch = inp.shape[0]
+            elif inp.shape[0] != batch:
+                raise invalid_arg(
+                    f"{request_prefix(request_id)}input '{inp.name}' batch size does not match other inputs for "
+                    f"'{sig.name}'"
+                )
+    if batch is not None and batch > sig.max_batch_size:
+        raise invalid_arg(
+            f"{request_prefix(request_id)}inference request batch-size must be <= {sig.max_batch_size} "
+            f"for '{sig.name}'"
+        )
+    # Pass 2: each input's datatype, shape and bytes.
+    checked: list[tuple[InferInput, int]] = []
+    for inp in reversed(inputs):
+        spec = sig.inputs[inp.name]
         if inp.datatype != spec.datatype:
             raise invalid_arg(
-                f"inference input '{inp.name}' data-type is '{inp.datatype}', "
+                f"{request_prefix(request_id)}inference input '{inp.name}' data-type is '{inp.datatype}', "
                 f"but model '{sig.name}' expects '{spec.datatype}'"
             )
         if any(d < 0 for d in inp.shape):
-            raise invalid_arg(f"input '{inp.name}' has a negative dimension in shape {inp.shape}")
-        dims = inp.shape
-        if sig.max_batch_size > 0:
-            if not dims:
-                raise invalid_arg(
-                    f"input '{inp.name}' has no shape but model requires batch dimension for '{sig.name}'"
-                )
-            if batch is None:
-                batch = dims[0]
-            elif dims[0] != batch:
-                raise invalid_arg(f"input '{inp.name}' batch size does not match other inputs for '{sig.name}'")
-            if dims[0] > sig.max_batch_size:
-                raise invalid_arg(
-                    f"inference request batch-size must be <= {sig.max_batch_size} for '{sig.name}'"
-                )
-            dims = dims[1:]
-        if not spec.accepts(dims):
-            expected = ([-1] if sig.max_batch_size > 0 else []) + list(spec.dims)
             raise invalid_arg(
-                f"unexpected shape for input '{inp.name}' for model '{sig.name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. "
+                f"{request_prefix(request_id)}All input dimensions should be specified for input '{inp.name}' "
+                f"for model '{sig.name}', got {_fmt(inp.shape)}"
+            )
+        if not spec.accepts(inp.shape[1:] if batching else inp.shape):
+            expected = ([-1] if batching else []) + list(spec.dims)
+            raise invalid_arg(
+                f"{request_prefix(request_id)}unexpected shape for input '{inp.name}' for model '{sig.name}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. {_BATCH_NOTE if batching else ''}"
             )
         if max_elements and (count := element_count(inp.shape)) > max_elements:
             raise too_many_elements(inp.name, count, max_elements)
         if inp.shm is not None:
-            checked.append((inp, _shm_byte_size(sig, inp, inp.shm)))
+            checked.append((inp, _shm_byte_size(sig, inp, inp.shm, request_id)))
             continue
         if inp.data is None:
             raise invalid_arg(f"input '{inp.name}' has no data")
-        checked.append((inp, _byte_size(inp, sig.name)))
+        if inp.from_json and inp.datatype != "BYTES" and inp.data.size != element_count(inp.shape):  # type: ignore[union-attr]
+            # Triton's HTTP server's words (an INTERNAL 500 there: a client's mistake, 400 here).
+            raise invalid_arg("Unable to parse 'data': Shape does not match true shape of 'data' field")
+        checked.append((inp, _byte_size(inp, sig.name, request_id)))
+    # Only with optional inputs can the count be right and a required input missing (Triton
+    # lets such a request reach the backend): refused here, in the words of the count check.
     missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
     if missing:
-        raise missing_inputs(sig, sorted(seen), missing)
+        raise missing_inputs(sig, [inp.name for inp in reversed(inputs)], missing, request_id)
+    checked.reverse()  # the request's order again
     return checked
 
 
-def missing_inputs(sig: ModelSignature, got: list[str], missing: list[str]) -> ConveyorError:
-    """Triton's words (InferenceRequest::Normalize), its lists written as it writes them."""
-    required = sum(not spec.optional for spec in sig.inputs.values())
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to "
+    "each input shape. If you want to specify the full shape including the batch dim in your input dims config, "
+    "try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size."
+)
+
+
+def _refuse_repeated(inputs: list[InferInput], request_id: str) -> None:
+    seen: set[str] = set()
+    for inp in inputs:
+        if inp.name in seen:
+            raise invalid_arg(f"{request_prefix(request_id)}input '{inp.name}' already exists in request")
+        seen.add(inp.name)
+
+
+def missing_inputs(sig: ModelSignature, got: list[str], missing: list[str], request_id: str = "") -> ConveyorError:
+    """Triton's words (InferenceRequest::ValidateRequestInputs), its lists written as
+    it writes them: no space after a comma, and ``]`` alone when nothing is missing
+    (it drops the last character of ``[`` + names + ``,`` either way)."""
+    required = sig.required_inputs
     expected = (
         f"expected {len(sig.inputs)} inputs" if required == len(sig.inputs)
         else f"expected number of inputs between {required} and {len(sig.inputs)}"
     )
     return invalid_arg(
-        f"{expected} but got {len(got)} inputs for model '{sig.name}'. Got input(s) {_names(got)}, but missing "
-        f"required input(s) {_names(missing)}. Please provide all required input(s)."
+        f"{request_prefix(request_id)}{expected} but got {len(got)} inputs for model '{sig.name}'. Got input(s) "
+        f"{_names(got)}, but missing required input(s) {_names(missing) if missing else ']'}. Please provide all "
+        "required input(s)."
     )
 
 
@@ -122,7 +169,9 @@ def _names(names: list[str]) -> str:
     return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
-def check_outputs(sig: ModelSignature, outputs: list[RequestedOutput] | None) -> list[m.OutputSpec]:
+def check_outputs(
+    sig: ModelSignature, outputs: list[RequestedOutput] | None, request_id: str = ""
+) -> list[m.OutputSpec]:
     """The outputs to produce (``None``: every output of the model)."""
     if outputs is None:
         return [m.OutputSpec(name) for name in sig.outputs]
@@ -131,7 +180,7 @@ def check_outputs(sig: ModelSignature, outputs: list[RequestedOutput] | None) ->
         named: set[str] = set()
         for out in outputs:
             if out.name in named:
-                raise invalid_arg(f"output '{out.name}' already exists in request")
+                raise invalid_arg(f"{request_prefix(request_id)}output '{out.name}' already exists in request")
             named.add(out.name)
     specs: list[m.OutputSpec] = []
     for out in outputs:
@@ -180,55 +229,57 @@ def aligned(nbytes: int) -> int:
     return (nbytes + 63) & ~63
 
 
-def _shm_byte_size(sig: ModelSignature, inp: InferInput, shm: ShmPlacement) -> int:
+def _shm_byte_size(sig: ModelSignature, inp: InferInput, shm: ShmPlacement, request_id: str) -> int:
     if inp.data is not None:
         raise invalid_arg(f"input '{inp.name}' has both data and a shared memory region")
     if inp.datatype != "BYTES":
         expected = element_count(inp.shape) * element_size(inp.datatype)
         if shm.byte_size != expected:
             raise invalid_arg(
-                f"input byte size mismatch for input '{inp.name}' for model '{sig.name}'. "
-                f"Expected {expected}, got {shm.byte_size}"
+                f"{request_prefix(request_id)}input byte size mismatch for input '{inp.name}' for model "
+                f"'{sig.name}'. Expected {expected}, got {shm.byte_size}"
             )
     return shm.byte_size
 
 
-def _byte_size(inp: InferInput, model: str) -> int:
+def _byte_size(inp: InferInput, model: str, request_id: str) -> int:
     count = element_count(inp.shape)
     data = inp.data
     if isinstance(data, np.ndarray):
         if data.size != count:
-            raise invalid_arg(
+            raise invalid_arg(request_prefix(request_id) + (
                 f"unexpected number of string elements {data.size} for inference input '{inp.name}' for model "
                 f"'{model}', expecting {count}"
                 if inp.datatype == "BYTES"
                 else f"input byte size mismatch for input '{inp.name}' for model '{model}'. "
                 f"Expected {count * element_size(inp.datatype)}, got {data.size * element_size(inp.datatype)}"
-            )
+            ))
         if inp.datatype == "BYTES":
             inp.data = data = np.frombuffer(serialize_bytes(data), dtype=np.uint8)
             return data.nbytes
         return count * element_size(inp.datatype)
     nbytes = memoryview(data).nbytes  # type: ignore[arg-type]
     if inp.datatype == "BYTES":
-        _check_bytes_count(inp.name, model, data, count)  # type: ignore[arg-type]
+        _check_bytes_count(inp.name, model, data, count, request_id)  # type: ignore[arg-type]
         return nbytes
     expected = count * element_size(inp.datatype)
     if nbytes != expected:
         raise invalid_arg(
-            f"input byte size mismatch for input '{inp.name}' for model '{model}'. Expected {expected}, got {nbytes}"
+            f"{request_prefix(request_id)}input byte size mismatch for input '{inp.name}' for model '{model}'. "
+            f"Expected {expected}, got {nbytes}"
         )
     return nbytes
 
 
-def _check_bytes_count(name: str, model: str, data: bytes | memoryview, count: int) -> None:
+def _check_bytes_count(name: str, model: str, data: bytes | memoryview, count: int, request_id: str) -> None:
     """Walk the length prefixes without building objects (Triton's checks and wording)."""
+    tag = request_prefix(request_id)
     mv = memoryview(data).cast("B")
     pos, end, n = 0, len(mv), 0
     while pos < end:
         if pos + 4 > end:
             raise invalid_arg(
-                f"incomplete string length indicator for inference input '{name}' for model '{model}', "
+                f"{tag}incomplete string length indicator for inference input '{name}' for model '{model}', "
                 f"expecting 4 bytes but only {end - pos} bytes available. Please make sure the string length "
                 "indicator is in one buffer."
             )
@@ -236,17 +287,17 @@ def _check_bytes_count(name: str, model: str, data: bytes | memoryview, count: i
         n += 1
         if n > count:
             raise invalid_arg(
-                f"unexpected number of string elements {n} for inference input '{name}' for model '{model}', "
+                f"{tag}unexpected number of string elements {n} for inference input '{name}' for model '{model}', "
                 f"expecting {count}"
             )
     if pos > end:  # Triton does not check this: its backends would read past the tensor
         raise invalid_arg(
-            f"incomplete string data for inference input '{name}' for model '{model}': the last element "
+            f"{tag}incomplete string data for inference input '{name}' for model '{model}': the last element "
             f"needs {pos - end} more bytes"
         )
     if n != count:
         raise invalid_arg(
-            f"expected {count} string elements for inference input '{name}' for model '{model}', got {n}"
+            f"{tag}expected {count} string elements for inference input '{name}' for model '{model}', got {n}"
         )
 
 

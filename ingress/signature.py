@@ -7,7 +7,7 @@ Used by the ingress (``model_cache.py``) and by workers for BLS requests
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -32,6 +32,10 @@ class ModelSignature:
     outputs: dict[str, TensorSpec]
     decoupled: bool = False  # answers with a stream of responses (gRPC ModelStreamInfer only)
     response_cache: bool = False  # requests carry ``cache_key`` (the router caches responses)
+    required_inputs: int = field(init=False)  # the inputs that are not optional
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "required_inputs", sum(not spec.optional for spec in self.inputs.values()))
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ModelSignature:

@@ -91,3 +91,9 @@ def internal(message: str) -> ConveyorError:
 
 def unsupported(message: str) -> ConveyorError:
     return ConveyorError(Status.UNSUPPORTED, message)
+
+
+def request_prefix(request_id: str) -> str:
+    """Triton's ``InferenceRequest::LogRequest()``: the start of the messages of the
+    checks Triton's core makes on a request (its shape, types, sizes; a full queue)."""
+    return f"[request id: {request_id or '<id_unknown>'}] "

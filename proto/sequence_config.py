@@ -122,7 +122,7 @@ class SequenceConfig:
 
     @property
     def string_ids(self) -> bool:
-        """CORRID is a STRING tensor: integer sequence ids are passed as their digits."""
+        """CORRID is a STRING tensor: sequence ids must be strings (integer ids otherwise)."""
         return self.corrid_datatype == "BYTES"
 
 

@@ -201,7 +201,7 @@ def test_errors_requests_and_responses() -> None:
     assert pb_utils.get_output_tensor_by_name(resp, "missing") is None
     req = pb_utils.InferenceRequest.received("m", 1, [out], ["OUT"], "id-1",
                                              {"sequence_id": 7, "sequence_start": True, "k": "v"})
-    assert req.correlation_id() == 7 and req.parameters() == '{"k": "v"}'
+    assert req.correlation_id() == 7 and req.parameters() == '{"k":"v"}'  # compact, as Triton's
     assert req.flags() == pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
     assert pb_utils.get_input_tensor_by_name(req, "OUT") is out and not req.is_cancelled()
     with pytest.raises(pb_utils.TritonModelException, match="needs a Conveyor worker"):

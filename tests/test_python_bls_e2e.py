@@ -85,7 +85,8 @@ def executions(server: Server, model: str) -> tuple[int, int]:
 INVALID = {
     "input_name": (3, "unexpected inference input 'WRONG' for model 'py_errors'"),
     "datatype": (3, "inference input 'INPUT0' data-type is 'FP32', but model 'py_errors' expects 'INT32'"),
-    "shape": (3, "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,8]"),
+    # Both inputs are [1,8]: Triton names the last one (its hash map walks them in reverse).
+    "shape": (3, "unexpected shape for input 'INPUT1' for model 'simple'. Expected [-1,16], got [1,8]"),
     "model": (2, "Request for unknown model: 'no_such_model'"),
     "version": (2, "'py_errors' version 7 is not found"),
     "output": (3, "unexpected inference output 'NOPE' for model 'py_errors'"),

@@ -127,7 +127,8 @@ def test_full_priority_level_refuses_at_once_with_503_and_unavailable(server: Se
     waiting = calls.send("waiting", "sched_queue_full", ones(1))  # level 2 holds one request
     wait_pending(server, "sched_queue_full", 1)
     http = http_error(server, "sched_queue_full", priority=2)
-    assert http.status() == "503" and "Exceeds maximum queue size" in http.message()
+    # Triton's words, with its request-id prefix (PriorityQueue::PolicyQueue::Enqueue).
+    assert (http.status(), http.message()) == ("503", "[request id: <id_unknown>] Exceeds maximum queue size")
     grpc = grpc_error(server, "sched_queue_full")
     assert grpc.status() == "StatusCode.UNAVAILABLE" and "Exceeds maximum queue size" in grpc.message()
     flush = calls.send("flush", "sched_queue_full", ones(3), priority=1)  # level 1 is not full

@@ -120,8 +120,16 @@ def test_string_correlation_id_reaches_a_string_corrid_input(server: Server) -> 
     assert controls_of(first) == (1.5, 10, True, b"session-a")
     last = http_step(server, "seq_controls_string", "session-a", 1, end=True)
     assert controls_of(last) == (0.5, 20, True, b"session-a")
-    numeric = http_step(server, "seq_controls_string", 55, 1, start=True, end=True)
-    assert controls_of(numeric)[3] == b"55"
+
+
+@pytest.mark.parametrize("step", [http_step, grpc_step], ids=["http", "grpc"])
+def test_integer_id_for_a_string_corrid_is_refused(server: Server, step: Any) -> None:
+    # As Triton (InferenceRequest::ValidateCorrelationId, since 2.54; 2.51 passed on a malformed tensor).
+    with pytest.raises(InferenceServerException) as exc:
+        step(server, "seq_controls_string", 55, 1, start=True, end=True)
+    assert exc.value.message() == (
+        "[request id: <id_unknown>] sequence batching control 'CORRID' data-type is 'UINT64', but model "
+        "'seq_controls_string' expects 'BYTES'")
 
 
 def test_string_id_for_an_integer_corrid_is_refused(server: Server) -> None:

@@ -118,7 +118,8 @@ def test_raw_body_for_a_bytes_input_of_shape_1(qa: Server) -> None:
 ])
 def test_raw_body_refused_in_tritons_words(qa: Server, model: str, message: str) -> None:
     r = _raw(qa, model, np.ones(4, np.float16).tobytes())
-    assert (r.status_code, r.json()) == (400, {"error": message})
+    # A raw body has no JSON header, so no request id: Triton's <id_unknown>.
+    assert (r.status_code, r.json()) == (400, {"error": "[request id: <id_unknown>] " + message})
 
 
 # --- JSON requests ---------------------------------------------------------------------------
@@ -128,7 +129,8 @@ def test_a_repeated_output_is_refused(qa: Server) -> None:
     doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 8], "data": [list(range(8))]}],
            "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]}
     r = requests.post(_infer_url(qa, "zero_1_float32"), json=doc, timeout=30)
-    assert (r.status_code, r.json()) == (400, {"error": "output 'OUTPUT0' already exists in request"})
+    assert (r.status_code, r.json()) == (
+        400, {"error": "[request id: <id_unknown>] output 'OUTPUT0' already exists in request"})
     client = tg.InferenceServerClient(qa.grpc_url)
     x = tg.InferInput("INPUT0", [1, 2], "FP32")
     x.set_data_from_numpy(np.ones((1, 2), np.float32))
@@ -136,7 +138,7 @@ def test_a_repeated_output_is_refused(qa: Server) -> None:
     with pytest.raises(InferenceServerException) as err:
         client.infer("zero_1_float32", [x], outputs=outputs)
     assert (err.value.status(), err.value.message()) == (
-        "StatusCode.INVALID_ARGUMENT", "output 'OUTPUT0' already exists in request")
+        "StatusCode.INVALID_ARGUMENT", "[request id: <id_unknown>] output 'OUTPUT0' already exists in request")
 
 
 def _nested(depth: int, value: Any) -> Any:
@@ -185,7 +187,9 @@ FP32_8 = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 8], "data": list(ra
 _NOT_NUMERIC = ("failed to get model version from specified version string 'one' (details: stol), version "
                 "should be an integral value > 0")
 
-# (id, model, version, the request's inputs and outputs, HTTP status, gRPC code, exact message)
+# (id, model, version, the request's inputs and outputs, HTTP status, gRPC code, exact message). "{P}"
+# is Triton's "[request id: <id>] ", which the messages of its core's request checks start with.
+_INT32_16 = {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
 INFER_ERRORS: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
     ("version not a number", "zero_1_float32", "one", {"inputs": [FP32_8]}, 400, "INVALID_ARGUMENT", _NOT_NUMERIC),
     ("version missing", "zero_1_float32", "7", {"inputs": [FP32_8]}, 404, "NOT_FOUND",
@@ -195,23 +199,45 @@ INFER_ERRORS: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
     ("unknown input", "zero_1_float32", "", {"inputs": [{**FP32_8, "name": "X"}]}, 400, "INVALID_ARGUMENT",
      "unexpected inference input 'X' for model 'zero_1_float32'"),
     ("input twice", "zero_1_float32", "", {"inputs": [FP32_8, FP32_8]}, 400, "INVALID_ARGUMENT",
-     "input 'INPUT0' already exists in request"),
+     "{P}input 'INPUT0' already exists in request"),
     ("unknown output", "zero_1_float32", "", {"inputs": [FP32_8], "outputs": [{"name": "Y"}]}, 400,
      "INVALID_ARGUMENT", "unexpected inference output 'Y' for model 'zero_1_float32'"),
     ("datatype", "zero_1_float32", "", {"inputs": [{**FP32_8, "datatype": "INT32"}]}, 400, "INVALID_ARGUMENT",
-     "inference input 'INPUT0' data-type is 'INT32', but model 'zero_1_float32' expects 'FP32'"),
+     "{P}inference input 'INPUT0' data-type is 'INT32', but model 'zero_1_float32' expects 'FP32'"),
     ("batch too large", "zero_1_float32", "",
      {"inputs": [{**FP32_8, "shape": [9, 1], "data": list(range(9))}]}, 400, "INVALID_ARGUMENT",
-     "inference request batch-size must be <= 8 for 'zero_1_float32'"),
-    ("shape", "zero_1_float16", "",
-     {"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 4], "data": [1, 2, 3, 4]}]}, 400,
-     "INVALID_ARGUMENT", "unexpected shape for input 'INPUT0' for model 'zero_1_float16'. Expected [-1,-1,-1], "
-     "got [1,4]. "),
-    ("missing input", "simple", "",
-     {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}]}, 400,
-     "INVALID_ARGUMENT", "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], but "
+     "{P}inference request batch-size must be <= 8 for 'zero_1_float32'"),
+    ("batch sizes differ", "simple", "",
+     {"inputs": [_INT32_16, {**_INT32_16, "name": "INPUT1", "shape": [2, 16], "data": list(range(32))}]}, 400,
+     "INVALID_ARGUMENT", "{P}input 'INPUT0' batch size does not match other inputs for 'simple'"),
+    ("shape", "simple", "",
+     {"inputs": [_INT32_16, {**_INT32_16, "name": "INPUT1", "shape": [1, 4], "data": [1, 2, 3, 4]}]}, 400,
+     "INVALID_ARGUMENT", "{P}unexpected shape for input 'INPUT1' for model 'simple'. Expected [-1,16], "
+     "got [1,4]. NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+     "prepended to each input shape. If you want to specify the full shape including the batch dim in your input "
+     "dims config, try setting max_batch_size to zero. See the model configuration docs for more info on "
+     "max_batch_size."),
+    ("shape, no batching", "nobatch_float32", "",
+     {"inputs": [{**FP32_8, "shape": [1, 8]}]}, 400, "INVALID_ARGUMENT",
+     "{P}unexpected shape for input 'INPUT0' for model 'nobatch_float32'. Expected [-1], got [1,8]. "),
+    ("missing input", "simple", "", {"inputs": [_INT32_16]}, 400,
+     "INVALID_ARGUMENT", "{P}expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], but "
      "missing required input(s) ['INPUT1']. Please provide all required input(s)."),
+    # Triton writes an empty missing list as "]" (it drops the last character of "[" + names + ","),
+    # and walks the inputs in its hash map's order, the reverse of the request's (as tritonserver 2.51).
+    ("too many inputs", "simple", "",
+     {"inputs": [_INT32_16, {**_INT32_16, "name": "INPUT1"}, {**_INT32_16, "name": "X"}]}, 400,
+     "INVALID_ARGUMENT", "{P}expected 2 inputs but got 3 inputs for model 'simple'. Got input(s) "
+     "['X','INPUT1','INPUT0'], but missing required input(s) ]. Please provide all required input(s)."),
 ]
+
+
+def test_json_data_that_does_not_fill_its_shape(qa: Server) -> None:
+    # Triton's words; its status is 500 (INTERNAL), a client's mistake is a 400 here.
+    for data in (list(range(9)), list(range(7))):
+        r = requests.post(_infer_url(qa, "zero_1_float32"), json={"inputs": [{**FP32_8, "data": data}]}, timeout=30)
+        assert (r.status_code, r.json()) == (
+            400, {"error": "Unable to parse 'data': Shape does not match true shape of 'data' field"})
 
 
 def _grpc_inputs(doc: dict[str, Any]) -> tuple[list[tg.InferInput], list[tg.InferRequestedOutput] | None]:
@@ -225,16 +251,20 @@ def _grpc_inputs(doc: dict[str, Any]) -> tuple[list[tg.InferInput], list[tg.Infe
     return inputs, outputs
 
 
+@pytest.mark.parametrize("request_id", ["", "req-7"], ids=["no id", "with id"])
 @pytest.mark.parametrize(("model", "version", "doc", "status", "code", "message"),
                          [case[1:] for case in INFER_ERRORS], ids=[case[0] for case in INFER_ERRORS])
 def test_infer_errors_in_tritons_words(qa: Server, model: str, version: str, doc: dict[str, Any], status: int,
-                                       code: str, message: str) -> None:
+                                       code: str, message: str, request_id: str) -> None:
+    message = message.replace("{P}", f"[request id: {request_id or '<id_unknown>'}] ")
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-    r = requests.post(f"http://{qa.http_url}{path}", json=doc, timeout=30)
+    r = requests.post(f"http://{qa.http_url}{path}", json={**doc, "id": request_id} if request_id else doc,
+                      timeout=30)
     assert (r.status_code, r.json()) == (status, {"error": message})
     inputs, outputs = _grpc_inputs(doc)
     with pytest.raises(InferenceServerException) as err:
-        tg.InferenceServerClient(qa.grpc_url).infer(model, inputs, model_version=version, outputs=outputs)
+        tg.InferenceServerClient(qa.grpc_url).infer(model, inputs, model_version=version, outputs=outputs,
+                                                    request_id=request_id)
     assert (err.value.status(), err.value.message()) == (f"StatusCode.{code}", message)
 
 

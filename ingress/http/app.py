@@ -17,6 +17,7 @@ import falcon.asgi
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.dataplane import ROUTING_HINT, DataPlane
 from conveyor.ingress.drain import IngressDrain
+from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body
 from conveyor.ingress.http.codec import (
     HEADER_LENGTH,
@@ -147,7 +148,7 @@ class Infer:
             raise
         request.call.traceparent = req.get_header("traceparent") or ""
         if self._forward is not None:
-            self._forward.apply(req.headers.items(), request.call.parameters)
+            self._forward.apply(req.scope.get(RAW_HEADERS) or req.headers.items(), request.call.parameters)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         result = await self._dataplane.infer(request.call)
         host = result.parameters.get(ROUTING_HINT)

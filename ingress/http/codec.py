@@ -234,6 +234,8 @@ def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok:
         elif "data" in tensor:
             _check_json_size(name, datatype, shape)
             data = array_from_json(name, datatype, tensor["data"])
+            inputs.append(InferInput(name, datatype, shape, data, params, from_json=True))
+            continue
         else:
             raise _one_source(name, None)
         inputs.append(InferInput(name, datatype, shape, data, params))

@@ -16,7 +16,8 @@ infer endpoint refuses them, server#2168). Errors after the stream started are
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import falcon
@@ -57,8 +58,18 @@ class Generate:
         sig = await self._dataplane.models.get(model, version)
         call = generate_call(doc, sig, model, version)
         if self._stream:
+            # As Triton, a request refused before any response (bad inputs, a full queue)
+            # answers a plain JSON error with its status, not a stream of one error event.
+            events = self._dataplane.infer_stream(call)
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                first = None
+            if isinstance(first, StreamError) and first.final:
+                await events.aclose()
+                raise first.error
             resp.content_type = "text/event-stream; charset=utf-8"
-            resp.sse = self._events(call)
+            resp.sse = self._events(first, events)
             return
         if sig.decoupled:
             result = await self._one_of_stream(call)
@@ -85,9 +96,10 @@ class Generate:
             raise invalid_arg("the model sent no response")
         return found
 
-    async def _events(self, call: InferCall) -> AsyncIterator[falcon.asgi.SSEvent]:
+    async def _events(self, first: InferResult | StreamError | None,
+                      rest: AsyncGenerator[InferResult | StreamError, None]) -> AsyncIterator[falcon.asgi.SSEvent]:
         try:
-            async for item in self._dataplane.infer_stream(call):
+            async for item in _chained(first, rest):
                 if isinstance(item, StreamError):
                     yield falcon.asgi.SSEvent(data=orjson.dumps({"error": item.error.message}))
                     continue
@@ -151,3 +163,12 @@ def _flatten(values: list[Any]) -> list[Any]:
         else:
             out.append(v)
     return out
+
+
+async def _chained(first: InferResult | StreamError | None,
+                   rest: AsyncGenerator[InferResult | StreamError, None]) -> AsyncIterator[InferResult | StreamError]:
+    async with contextlib.aclosing(rest):
+        if first is not None:
+            yield first
+        async for item in rest:
+            yield item

@@ -15,13 +15,16 @@ from conveyor.ingress.http.codec import HttpInferRequest
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.datatypes import element_size
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import invalid_arg, request_prefix
+
+# A raw body has no JSON header, so no request id.
+_NO_ID = request_prefix("")
 
 
 def raw_infer_request(body: memoryview, model: str, version: str, sig: ModelSignature) -> HttpInferRequest:
     if len(sig.inputs) != 1:
         raise invalid_arg(
-            f"Raw request must only have 1 input (found 1) to be deduced but got {len(sig.inputs)} inputs in "
+            f"{_NO_ID}Raw request must only have 1 input (found 1) to be deduced but got {len(sig.inputs)} inputs in "
             f"'{model}' model configuration"
         )
     spec = next(iter(sig.inputs.values()))
@@ -32,8 +35,8 @@ def raw_infer_request(body: memoryview, model: str, version: str, sig: ModelSign
         if dim < 0:
             if dynamic_axis != -1:
                 raise invalid_arg(
-                    f"The shape of the raw input '{spec.name}' can not be deduced because there are more than one "
-                    "variable-sized dimension"
+                    f"{_NO_ID}The shape of the raw input '{spec.name}' can not be deduced because there are more "
+                    "than one variable-sized dimension"
                 )
             dynamic_axis = len(shape)
         else:
@@ -42,7 +45,7 @@ def raw_infer_request(body: memoryview, model: str, version: str, sig: ModelSign
     data: memoryview | bytes = body
     if spec.datatype == "BYTES":
         if dynamic_axis != -1 or fixed != 1:
-            raise invalid_arg(f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]")
+            raise invalid_arg(f"{_NO_ID}For BYTE datatype raw input '{spec.name}', the model must have input shape [1]")
         data = len(body).to_bytes(4, "little") + body  # the one element, in the wire form
     elif dynamic_axis != -1:
         size = fixed * element_size(spec.datatype)

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
+from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from conveyor.ingress.http.corked_transport import CorkedTransport
@@ -55,6 +56,17 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
+
+
+class _CaseKeepingProtocol(_HttpToolsProtocol):
+    """Also keeps each header as the client wrote its name, under ``RAW_HEADERS`` in the
+    ASGI scope: Triton hands forwarded headers (``--http-header-forward-pattern``) to the
+    model with their names' case, which ASGI's lower-cased ``headers`` have lost. Only
+    used when forwarding is on."""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self.scope.setdefault(RAW_HEADERS, []).append((name.decode("latin-1"), value))  # type: ignore[misc]
 
 
 def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
@@ -213,7 +225,7 @@ async def _serve(
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http=_HttpToolsProtocol,
+            http=_CaseKeepingProtocol if limits is not None and limits.header_forward else _HttpToolsProtocol,
             ws="none",
             lifespan="off",
             interface="asgi3",

@@ -2,14 +2,18 @@
 
 * ``GET /ping``: server readiness (``SAGEMAKER_TRITON_PING_MODE=live``: liveness)
 * ``POST /invocations``: a KServe v2 inference of the endpoint's model,
-  ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME`` or else the repository's only model
+  ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME`` or else the repository's only model; with
+  ``SAGEMAKER_TRITON_INFERENCE_TYPE=generate`` (or ``generate_stream``) Triton's generate
+  extension instead, its JSON object in and out (Server-Sent Events), as Triton 2.56+
 * ``/models...``: the multi-model endpoint API (``multi_model.py``)
 
 Bodies are KServe v2 inference requests and responses; binary tensor data is
 announced in the content type, ``application/vnd.sagemaker-triton.binary+json;
 json-header-size=<N>``, both ways. As in Triton, every failure is a 400 (507 when
 the model ran out of memory) with ``{"error": message}``, bodies are never
-compressed, and any other route is a 400 with no body.
+compressed, and any other route is a 400 with no body. A generate request's failures
+keep the generate endpoint's statuses, as Triton's (its SageMaker server hands those to
+the plain HTTP server's handler).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from conveyor.ingress.sagemaker.multi_model import LoadedModels, build_multi_mod
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DEFAULT_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
 PING_MODE_ENV = "SAGEMAKER_TRITON_PING_MODE"
+INFERENCE_TYPE_ENV = "SAGEMAKER_TRITON_INFERENCE_TYPE"  # checked at start (deploy/cloud_options.py)
 _UNSPECIFIED = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"  # Triton's name when none is set
 _MODELS = re.compile(r"/models(?:/)?([^/]+)?(/invoke)?")
 # Triton's SageMaker server ignores these: no compression, the header length is in the content type.
@@ -46,8 +51,9 @@ _IGNORED = (b"content-encoding", b"accept-encoding", b"inference-header-content-
 
 class SageMakerApp:
     def __init__(self, kserve: App, multi_model: App, loaded: LoadedModels,
-                 default: DefaultModel, ping_mode: str = "ready") -> None:
+                 default: DefaultModel, ping_mode: str = "ready", inference_type: str = "infer") -> None:
         self._kserve = kserve
+        self._generate = "" if inference_type == "infer" else inference_type
         self._multi_model = multi_model
         self._loaded = loaded
         self._default = default
@@ -61,7 +67,12 @@ class SageMakerApp:
             await self._kserve(readdressed(scope, self._ping), receive, send)
             return
         if path == "/invocations":
-            await self._infer(scope, receive, send, await self._default.get())
+            model = await self._default.get()
+            if self._generate:
+                inner = readdressed(scope, f"/v2/models/{model}/{self._generate}", drop=_IGNORED)
+                await self._kserve(inner, receive, send)
+            else:
+                await self._infer(scope, receive, send, model)
             return
         match = _MODELS.fullmatch(path)
         if match is None:
@@ -109,5 +120,6 @@ def build_sagemaker_app(ctx: IngressContext, *, max_body_bytes: int,
     return SageMakerApp(
         build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
         build_multi_model_app(ctx.link, loaded, restricted), loaded, default,
-        os.environ.get(PING_MODE_ENV, "ready"),
+        os.environ.get(PING_MODE_ENV, "ready"), os.environ.get(INFERENCE_TYPE_ENV) or "infer",
     )
+

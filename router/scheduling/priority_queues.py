@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from itertools import chain
 
-from conveyor.proto.errors import ConveyorError, Status, unavailable
+from conveyor.proto.errors import ConveyorError, Status, request_prefix, unavailable
 from conveyor.router.pending import Pending
 from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy
 
@@ -55,7 +55,7 @@ class PriorityQueues:
         level = self.levels[index]
         limit = level.policy.max_queue_size
         if limit and len(level) >= limit:
-            raise unavailable("Exceeds maximum queue size")
+            raise unavailable(request_prefix(item.request.request_id) + "Exceeds maximum queue size")
         if self.cap and self._size >= self.cap:
             raise unavailable(
                 f"Exceeds maximum queue size: {self._size} requests already wait for this model "

@@ -106,11 +106,11 @@ class SequenceBatcher:
         # the batch size, then the id itself (SequenceBatchScheduler::Enqueue).
         params = item.request.parameters
         sid = params.get("sequence_id") if params else None
-        if type(sid) is str and self.config.corrid_name and not self.config.string_ids:
+        if sid is not None and self.config.corrid_name and (type(sid) is str) != self.config.string_ids:
             raise invalid_arg(
                 f"[request id: {item.request.request_id or '<id_unknown>'}] sequence batching control "
-                f"'{self.config.corrid_name}' data-type is 'BYTES', but model '{self.model}' expects "
-                f"'{self.config.corrid_datatype}'"
+                f"'{self.config.corrid_name}' data-type is '{'BYTES' if type(sid) is str else 'UINT64'}', "
+                f"but model '{self.model}' expects '{self.config.corrid_datatype}'"
             )
         if item.rows != 1:
             raise invalid_arg(

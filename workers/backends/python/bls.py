@@ -165,8 +165,9 @@ class BlsClient:
             array = tensor.as_numpy()
             inputs.append(InferInput(tensor.name(), datatype_of(array), list(array.shape), array))
         names = request.requested_output_names()
-        outputs = check_outputs(sig, [RequestedOutput(name) for name in names] if names else None)
-        return check_inputs(sig, inputs), outputs
+        rid = request.request_id()
+        outputs = check_outputs(sig, [RequestedOutput(name) for name in names] if names else None, rid)
+        return check_inputs(sig, inputs, request_id=rid), outputs
 
     def _abandon(self, rid: int, answers: Answers | AsyncAnswers, streamed: list[m.InferResponse]) -> None:
         """Stop waiting for ``rid``: tell the router, release what came and what still comes."""

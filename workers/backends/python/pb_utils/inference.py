@@ -245,8 +245,8 @@ class InferenceRequest:
         return self._model_version
 
     def parameters(self) -> str:
-        """The request's parameters as a JSON string, as in Triton."""
-        return json.dumps(self._parameters)
+        """The request's parameters as a JSON string, written as Triton writes it (compact, UTF-8)."""
+        return json.dumps(self._parameters, separators=(",", ":"), ensure_ascii=False)
 
     def trace(self) -> InferenceTrace:
         """Conveyor does not hand trace contexts to models: ``get_context()`` is None."""
