@@ -16,7 +16,8 @@ serve: $(PY)
 
 # Install what the tests need, then lint, type-check and run the whole suite.
 test: $(PY)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,vllm]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # built for another torch (pyproject: vllm)
 	$(MAKE) check
 
 check: lint typecheck unit

@@ -91,19 +91,20 @@ def _build_model(model_dir: Path) -> None:
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)
-    _train(model, tokenizer)
+    _train(model, tokenizer, LINES, steps=60)
     model.save_pretrained(str(model_dir), safe_serialization=True)
 
 
-def _train(model: object, tokenizer: object, steps: int = 60) -> None:
-    """A few Adam steps on LINES: peaked logits, and outputs that look like the text."""
+def _train(model: object, tokenizer: object, lines: list[str], steps: int, lr: float = 3e-3) -> None:
+    """A few Adam steps on ``lines``: peaked logits, and outputs that look like the text."""
     import torch
 
-    ids = [tokenizer(line)["input_ids"] for line in LINES]  # type: ignore[operator]
+    ids = [tokenizer(line)["input_ids"] for line in lines]  # type: ignore[operator]
     width = max(len(i) for i in ids)
     pad = tokenizer.eos_token_id  # type: ignore[attr-defined]
     batch = torch.tensor([i + [pad] * (width - len(i)) for i in ids])
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)  # type: ignore[attr-defined]
+    trained = [p for p in model.parameters() if p.requires_grad]  # type: ignore[attr-defined]
+    opt = torch.optim.Adam(trained, lr=lr)
     model.train()  # type: ignore[attr-defined]
     for _ in range(steps):
         loss = model(input_ids=batch, labels=batch).loss  # type: ignore[operator]
@@ -116,13 +117,24 @@ def _train(model: object, tokenizer: object, steps: int = 60) -> None:
 def _build_adapter(model_dir: Path, path: Path, seed: int) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     torch.manual_seed(seed)
     base = LlamaForCausalLM.from_pretrained(str(model_dir))
-    # init_lora_weights=False: random A and B, so the adapter changes the output (the default B is zero).
+    # init_lora_weights=False: random A and B, so the adapter changes the output (the default B is zero);
+    # then a few steps on the lines with their tails reordered, so its outputs (after the first two words
+    # of a line: the tests' prompts) are peaked too.
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(str(path))
+    model = get_peft_model(base, config)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    lines = [" ".join(_shuffled(line.split(), seed)) for line in LINES]
+    _train(model, tokenizer, lines, steps=60, lr=1e-2)
+    model.save_pretrained(str(path))
+
+
+def _shuffled(words: list[str], seed: int) -> list[str]:
+    head, tail = words[:2], words[2:]
+    return head + (tail[::-1] if seed == 1 else tail[1:] + tail[:1])
 
 
 def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **engine: object) -> Path:

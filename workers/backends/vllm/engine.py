@@ -58,6 +58,7 @@ class EngineLoop:
                 if task is not asyncio.current_task():
                     task.cancel()
             self.engine.shutdown()
+            self.engine = None  # not again from its __del__ at interpreter exit
 
         try:
             self.run(shutdown()).result(SHUTDOWN_TIMEOUT_S)
