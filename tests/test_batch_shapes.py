@@ -18,7 +18,7 @@ from conveyor.router.repository.scan import validate
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.shape_keys import batch_key
 from conveyor.workers.batch_layout import BatchLayout, batch_input_tensor
-from tests.ragged_models import ragged_sum
+from tests.support.ragged_models import ragged_sum
 
 K = mc.BatchInput.Kind
 

@@ -25,7 +25,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.procs import children
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
 NBYTES = 16 * 4  # the 'simple' model's INT32 [1, 16] tensors
@@ -89,13 +90,6 @@ def worker_maps(srv: Server) -> str:
     return "\n".join(out)
 
 
-def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
 def operands() -> tuple[np.ndarray, np.ndarray]:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     return a, np.full((1, 16), 3, dtype=np.int32)
@@ -134,7 +128,7 @@ def test_http_inputs_and_outputs_in_shared_memory(httpc: th.InferenceServerClien
     httpc.unregister_system_shared_memory("in")
     assert [r["name"] for r in httpc.get_system_shared_memory_status()] == ["out"]
     # Unregister tells the workers to unmap: no mapping outlives its registration.
-    eventually(lambda: key_of(ins).lstrip("/") not in worker_maps(shm_server))
+    eventually(lambda: key_of(ins).lstrip("/") not in worker_maps(shm_server), timeout=15.0, interval=0.1)
 
 
 def test_grpc_mixed_placement(grpc: tg.InferenceServerClient, regions: Any) -> None:
@@ -280,7 +274,7 @@ def test_request_errors(shm_server: Server, httpc: th.InferenceServerClient, grp
     # Once unregistered, no worker keeps a mapping of any test segment.
     httpc.unregister_system_shared_memory()
     try:
-        eventually(lambda: "cv_test_" not in worker_maps(shm_server))
+        eventually(lambda: "cv_test_" not in worker_maps(shm_server), timeout=15.0, interval=0.1)
     except AssertionError:
         raise AssertionError([ln for ln in worker_maps(shm_server).splitlines() if "cv_test_" in ln]) from None
 
@@ -307,8 +301,8 @@ def test_client_that_dies_without_unregistering(shm_server: Server, httpc: th.In
     httpc.infer("simple", [x0, x1])
     posix_ipc.unlink_shared_memory(key_of(seg))  # what a dead client's cleanup (or the OS) leaves
     # The router notices the segment is gone, drops the region and the worker unmaps it.
-    eventually(lambda: httpc.get_system_shared_memory_status() == [])
-    eventually(lambda: key_of(seg).lstrip("/") not in worker_maps(shm_server))
+    eventually(lambda: httpc.get_system_shared_memory_status() == [], timeout=15.0, interval=0.1)
+    eventually(lambda: key_of(seg).lstrip("/") not in worker_maps(shm_server), timeout=15.0, interval=0.1)
     with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'gone'"):
         httpc.infer("simple", [x0, x1])
 

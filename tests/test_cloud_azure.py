@@ -25,8 +25,8 @@ import pytest
 
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.repository.cloud.azure_blob import AzureRepository
-from tests.cloud_scenario import files_under, serve_and_follow
-from tests.conftest import free_port
+from tests.support.cloud_scenario import files_under, serve_and_follow
+from tests.support.group import free_port
 
 blob = pytest.importorskip("azure.storage.blob", reason="as:// tests need azure-storage-blob")
 pytestmark = pytest.mark.timeout(240)

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
-from tests.conftest import Server, free_port, wait_ready
+from tests.support.group import Server, free_port, wait_ready
 
 PREDICT = "/v1/endpoints/e/deployedModels/m:predict"
 HEALTH = "/v1/endpoints/e/deployedModels/m"

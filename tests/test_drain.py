@@ -23,9 +23,9 @@ from conveyor.proto.drain import DrainClock, Phase
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import ModelRegistry
 from conveyor.router.worker_pool.pool import WorkerPool
-from tests.conftest import Server, start_server
-from tests.python_models import write_model
-from tests.test_lifecycle import eventually
+from tests.support.group import Server, start_server
+from tests.support.python_models import write_model
+from tests.support.waiting import eventually
 
 SLEEP_MODEL = """
 import time

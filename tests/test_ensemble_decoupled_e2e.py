@@ -2,7 +2,7 @@
 of ``py_count`` (it streams 1 .. N) runs through the ONNX steps after it and reaches
 the client as one ensemble response, in order, over tritonclient's gRPC stream and
 HTTP generate_stream; errors, cancellation, conditions, statistics, and the router
-letting go of every block it held (tests/ensemble_stream_models.py has the models)."""
+letting go of every block it held (tests/support/ensemble_stream_models.py has the models)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests import ensemble_stream_models
-from tests.conftest import Server, router_control, start_server
+from tests.support import ensemble_stream_models
+from tests.support.group import Server, router_control, start_server
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,8 +14,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests import ensemble_models
-from tests.conftest import Server, start_server
+from tests.support import ensemble_models
+from tests.support.group import Server, start_server
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,10 +18,10 @@ import tritonclient.http as th
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import Server
-from tests.fuzz import bounded, tried
-from tests.test_fuzz_grpc import infer_requests
-from tests.test_fuzz_http import binary_requests, dumps, infer_docs
+from tests.support.fuzz import bounded, tried
+from tests.support.fuzz_grpc_requests import infer_requests
+from tests.support.fuzz_http_requests import binary_requests, dumps, infer_docs
+from tests.support.group import Server
 
 ALLOWED_GRPC = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                 grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conveyor.proto.model_config import parse_text, to_json
 from conveyor.router.repository.scan import load_spec, validate
-from tests.fuzz import bounded, tried
+from tests.support.fuzz import bounded, tried
 
 # --- a grammar of config.pbtxt, with values of any kind ------------------------------
 

@@ -24,7 +24,7 @@ from conveyor.ingress.limits import IngressLimits
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, http_status
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry, control_ops
-from tests.fuzz import bounded, tried
+from tests.support.fuzz import bounded, tried
 
 SEGMENT = f"/conveyor-fuzz-shm.{os.getpid()}"
 SEGMENT_BYTES = 4096

@@ -69,7 +69,7 @@ def test_cuda_shared_memory_in_and_out(tmp_path: object) -> None:
     import tritonclient.http as th
 
     from conveyor.deploy.example_repo import identity
-    from tests.conftest import start_server
+    from tests.support.group import start_server
 
     cudashm: Any = _cudashm()
     repo = str(tmp_path)

@@ -54,7 +54,7 @@ def test_torch_kind_gpu_uses_device_arrays_in_place(tmp_path: Path) -> None:
 
     from conveyor.proto.model_config import parse_text
     from conveyor.workers.backends.pytorch.backend import TorchScriptBackend
-    from tests import torch_models
+    from tests.support import torch_models
 
     text = torch_models.ADD_SUB_CONFIG.format(name="m", extra=GPU_GROUP)
     path = torch_models.save(torch.jit.script(torch_models.AddSub()), str(tmp_path), "m", text)
@@ -85,8 +85,8 @@ def test_torch_cuda_shared_memory_in_and_out(tmp_path: Path) -> None:
     import tritonclient.grpc as tg
     import tritonclient.http as th
 
-    from tests import torch_models
-    from tests.conftest import start_server
+    from tests.support import torch_models
+    from tests.support.group import start_server
 
     cudashm = _cudashm()
     repo = str(tmp_path)
@@ -190,7 +190,7 @@ def test_tensorrt_engine_runs_host_and_device_inputs(tmp_path: Path) -> None:
 def test_tensorrt_model_served(tmp_path: Path) -> None:
     import tritonclient.http as th
 
-    from tests.conftest import start_server
+    from tests.support.group import start_server
 
     repo = str(tmp_path)
     build_trt_add_sub(repo, "trt")
@@ -230,7 +230,7 @@ needs_ort_tensorrt = pytest.mark.skipif("TensorrtExecutionProvider" not in _ort_
 def test_ort_cuda_accelerator_options_reach_the_cuda_provider(tmp_path: Path) -> None:
     from conveyor.proto.model_config import parse_text
     from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
-    from tests import external_data_models as ext
+    from tests.support import external_data_models as ext
 
     text = ext.CONFIG + GPU_GROUP + """
     parameters { key: "arena_extend_strategy" value: { string_value: "1" } }
@@ -257,7 +257,7 @@ def test_ort_tensorrt_accelerator_runs_before_cuda(tmp_path: Path) -> None:
     from conveyor.proto.errors import ConveyorError
     from conveyor.proto.model_config import parse_text
     from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
-    from tests import external_data_models as ext
+    from tests.support import external_data_models as ext
 
     cache = tmp_path / "engines"
     text = ext.CONFIG + GPU_GROUP + f"""

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.group_lock import GroupBusy, GroupLock, check_name, take_group
-from tests.conftest import free_port, start_server, wait_ready
+from tests.support.group import free_port, start_server, wait_ready
 
 
 def test_lock_names(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:

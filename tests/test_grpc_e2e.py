@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 
 @pytest.fixture()

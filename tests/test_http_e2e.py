@@ -13,8 +13,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from tests.conftest import Server
-from tests.models import LABELS
+from tests.support.group import Server
+from tests.support.metrics import metrics_text
+from tests.support.models import LABELS
 
 
 @pytest.fixture()
@@ -250,10 +251,8 @@ def test_oversize_request_is_refused(server: Server) -> None:
 def test_prometheus_metrics(server: Server, client: httpclient.InferenceServerClient) -> None:
     a = np.ones((1, 16), dtype=np.int32)
     client.infer("simple", simple_inputs(a, a))
-    import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(server)
     line = next(x for x in text.splitlines() if x.startswith('nv_inference_request_success{model="simple"'))
     assert int(line.split()[-1]) >= 1
     assert 'nv_inference_pending_request_count{model="simple",version="1"}' in text

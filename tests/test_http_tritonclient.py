@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as th
 import tritonclient.http.aio as tha
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 
 @pytest.fixture

@@ -27,10 +27,9 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
-from conveyor.deploy.procs import actor_role, children
 from conveyor.shm.naming import owner_pid
-from tests.conftest import Server, start_server
-from tests.test_lifecycle import eventually
+from tests.support.group import Server, pids_of, roles, start_server
+from tests.support.waiting import eventually
 
 REQUEST_S = 10.0  # a request unanswered this long would count as hung
 HTTP_CLIENTS, GRPC_CLIENTS = 3, 2
@@ -44,14 +43,6 @@ def two_http_ingress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     yield srv
     assert srv.stop() == 0
     assert srv.shm_segments() == []
-
-
-def roles(server: Server) -> dict[int, str]:
-    return {pid: actor_role(argv) for pid, argv in children(server.proc.pid).items()}
-
-
-def pids_of(server: Server, role: str) -> set[int]:
-    return {pid for pid, r in roles(server).items() if r == role}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.request_checks import InferInput
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
-from tests.fuzz_data_plane import data_plane, send
+from tests.support.fuzz_data_plane import data_plane, send
 
 
 def fp32_call(count: int) -> InferCall:

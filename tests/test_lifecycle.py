@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -16,7 +15,8 @@ import pytest
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.procs import children
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
+from tests.support.waiting import eventually
 
 
 def infer_simple(server: Server, offset: int = 0) -> list[int]:
@@ -32,19 +32,6 @@ def infer_simple(server: Server, offset: int = 0) -> list[int]:
     with urllib.request.urlopen(req, timeout=10) as r:
         out = json.loads(r.read())
     return next(o["data"] for o in out["outputs"] if o["name"] == "OUTPUT0")  # type: ignore[no-any-return]
-
-
-def eventually(check: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except Exception as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"condition not met in {timeout}s (last error: {last})")
 
 
 @pytest.fixture()

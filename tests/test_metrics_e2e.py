@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -11,7 +10,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
+from tests.support.metrics import scrape
 
 N = 5
 
@@ -24,17 +24,6 @@ def metrics_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
                        "--metrics-config", "summary_latencies=true", "--metrics-interval-ms", "100", grpc=False)
     yield srv
     assert srv.stop() == 0
-
-
-def scrape(server: Server) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
 
 
 def test_metrics_match_statistics_and_request_count(metrics_server: Server) -> None:

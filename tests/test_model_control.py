@@ -8,8 +8,7 @@ import json
 import os
 import shutil
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,17 +17,11 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub, identity
-from tests.conftest import Server, start_server
-from tests.ensemble_models import ADD_SUB, _step, ensemble
+from tests.support.ensemble_models import ADD_SUB, _step, ensemble
+from tests.support.group import Server, start_server
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
 
 
 def simple_inputs(mod: type = th) -> list:  # type: ignore[type-arg]

@@ -6,7 +6,6 @@ both; without it the old rule holds (a name found twice is unavailable)."""
 from __future__ import annotations
 
 import os
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import ModelRegistry
 from conveyor.router.repository.namespaces import assign_keys, step_key
 from conveyor.router.repository.scan import scan
-from tests.conftest import Server, start_server
-from tests.ensemble_models import _step, ensemble, identity_int32
+from tests.support.ensemble_models import _step, ensemble, identity_int32
+from tests.support.group import Server, start_server
+from tests.support.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -133,8 +133,7 @@ def test_metrics_label_the_namespace(ns_server: Server, repos: tuple[str, str]) 
     client = httpclient.InferenceServerClient(ns_server.http_url)
     x = np.ones((1, 16), dtype=np.int32)
     _infer(httpclient, client, "ens_b", x)
-    with urllib.request.urlopen(f"http://127.0.0.1:{ns_server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(ns_server)
     for repo in repos:
         assert f'nv_inference_count{{model="m",namespace="{repo}",version="1"}}' in text
     assert f'nv_inference_count{{model="ens_b",namespace="{repos[1]}",version="1"}}' in text  # every model, as Triton

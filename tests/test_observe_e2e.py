@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
 
 
 @pytest.fixture(scope="module")

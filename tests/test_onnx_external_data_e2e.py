@@ -21,8 +21,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests import external_data_models as ext
-from tests.conftest import Server, start_server
+from tests.support import external_data_models as ext
+from tests.support.group import Server, start_server
 
 OPTIONS = """parameters { key: "execution_mode" value: { string_value: "1" } }
 parameters { key: "inter_op_thread_count" value: { string_value: "2" } }

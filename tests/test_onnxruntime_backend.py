@@ -15,7 +15,7 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
 from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 from conveyor.workers.backends.onnxruntime.settings import SHRINKAGE, run_options, session_options
-from tests import external_data_models as ext
+from tests.support import external_data_models as ext
 
 Level = ort.GraphOptimizationLevel
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from openapi_spec_validator import validate
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "openapi.yaml")
 # Path parameters: a model that exists, except where the call would change the shared server.

@@ -17,8 +17,8 @@ from conveyor.router.observability.otlp_export import OtlpExporter
 from conveyor.router.observability.trace_context import parse_traceparent
 from conveyor.router.observability.trace_settings import TraceSettings, TraceSettingsStore, parse_trace_config
 from conveyor.router.observability.tracing import Tracer, TraceRecord
-from tests.conftest import free_port
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.group import free_port
+from tests.support.otlp_receiver import OtlpReceiver
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -6,7 +6,6 @@ down costs no request anything."""
 from __future__ import annotations
 
 import os
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,8 +15,9 @@ import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.procs import actor_role, children
-from tests.conftest import Server, start_server
-from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.group import Server, start_server
+from tests.support.metrics import metrics_text
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 HTTP_TRACE, GRPC_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
 
@@ -138,10 +138,9 @@ def test_trace_setting_shows_the_mode_and_the_exporter(otel_server: Server, rece
 
 
 def failed_spans(server: Server) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("conveyor_trace_spans_failed_total "):
-                return float(line.split()[1])
+    for line in metrics_text(server).splitlines():
+        if line.startswith("conveyor_trace_spans_failed_total "):
+            return float(line.split()[1])
     raise AssertionError("no conveyor_trace_spans_failed_total")
 
 

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 Client = Any  # httpclient or grpcclient InferenceServerClient
 

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 A = np.arange(20, 36, dtype=np.int32)  # no 13: py_errors raises on it
 B = np.full(16, 3, dtype=np.int32)

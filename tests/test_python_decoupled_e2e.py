@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import urllib.request
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server
+from tests.support.group import Server
+from tests.support.metrics import metrics_text
 
 WAIT_S = 30.0
 
@@ -176,8 +176,7 @@ def test_client_going_away_cancels_the_running_request(server: Server) -> None:
 
 def first_response_histogram(server: Server, model: str) -> dict[str, float]:
     """``nv_inference_first_response_histogram_ms`` of ``model`` from /metrics: bucket le -> count, sum, count."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(server)
     family = "nv_inference_first_response_histogram_ms"
     labels = f'model="{model}",version="1"'
     out = {}

@@ -5,19 +5,14 @@ workers that run the model (the test server has two)."""
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.conftest import Server
+from tests.support.group import Server
+from tests.support.metrics import metrics_text
 
 LABELS = 'model="py_metrics",version="1"'
-
-
-def scrape(server: Server) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        return str(r.read().decode())
 
 
 def sample(text: str, series: str) -> float | None:
@@ -30,13 +25,13 @@ def sample(text: str, series: str) -> float | None:
 def test_custom_metrics_on_the_metrics_endpoint(server: Server) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     values = [5, 50, 500, 0]
-    before = sample(scrape(server), f"conveyor_test_requests_total{{{LABELS}}}") or 0
+    before = sample(metrics_text(server), f"conveyor_test_requests_total{{{LABELS}}}") or 0
     for v in values:
         inp = httpclient.InferInput("IN", [1], "INT32")
         inp.set_data_from_numpy(np.array([v], dtype=np.int32))
         client.infer("py_metrics", [inp])
     deadline = time.monotonic() + 10
-    while sample(text := scrape(server), f"conveyor_test_requests_total{{{LABELS}}}") != before + len(values):
+    while sample(text := metrics_text(server), f"conveyor_test_requests_total{{{LABELS}}}") != before + len(values):
         assert time.monotonic() < deadline, text  # workers send their changes within ~0.25 s
         time.sleep(0.1)
     assert "# HELP conveyor_test_requests_total Requests seen by the model\n" \

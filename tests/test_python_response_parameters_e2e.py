@@ -12,8 +12,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import Server
-from tests.test_generate_e2e import events, post
+from tests.support.generate import events, post
+from tests.support.group import Server
 
 IN = np.array([3, 4, 5], dtype=np.int32)
 EXPECTED = {"note": "from py_params", "count": 3, "odd": True}

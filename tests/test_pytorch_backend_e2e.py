@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 pytest.importorskip("torch", reason="torch is not installed (pip install conveyor[torch])")
 

@@ -70,7 +70,7 @@ def torch_models() -> Any:
 
 
 def _load(tmp_path: Path, module: Any, config: str) -> Any:
-    from tests import torch_models
+    from tests.support import torch_models
 
     path = torch_models.save(module, str(tmp_path), "m", config)
     return load_backend("pytorch", path, parse_text(config), "cpu")

@@ -17,14 +17,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install conveyor[torch])")
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests import torch_models
+    from tests.support import torch_models
 
     path = tmp_path_factory.mktemp("compiled")
     torch_models.build_compiled(str(path))

@@ -2,7 +2,7 @@
 process group: requests of different lengths share one execution and each
 client gets its own answer back.
 
-The models (tests/ragged_models.py) run a batch only at their preferred size
+The models (tests/support/ragged_models.py) run a batch only at their preferred size
 (or after 30 s), so the tests decide which requests share a batch.
 """
 
@@ -19,8 +19,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests import ragged_models
-from tests.conftest import Server, start_server
+from tests.support import ragged_models
+from tests.support.group import Server, start_server
 
 WAIT_S = 60.0  # generous: only reached when something is broken
 

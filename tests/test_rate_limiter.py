@@ -18,8 +18,8 @@ from conveyor.proto.errors import ConveyorError
 from conveyor.router.models import Instance, VersionState, build_entry
 from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.rate_limiter import ALL_DEVICES, RateLimiter, ResourceLimit
-from tests import rate_limit_models
-from tests.conftest import Server, start_server
+from tests.support import rate_limit_models
+from tests.support.group import Server, start_server
 
 
 def version(name: str, groups: str) -> VersionState:

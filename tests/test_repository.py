@@ -98,7 +98,7 @@ def test_default_model_filename_is_honoured(tmp_path: Path) -> None:
 
 
 def test_onnx_model_directory_with_external_data_is_completed(tmp_path: Path) -> None:
-    from tests import external_data_models as ext
+    from tests.support import external_data_models as ext
 
     model_dir = ext.model_directory(str(tmp_path), "big")  # no config.pbtxt
     os.remove(os.path.join(model_dir, ext.WEIGHTS))  # completion reads the graph only, never the weights
@@ -111,7 +111,7 @@ def test_onnx_model_directory_with_external_data_is_completed(tmp_path: Path) ->
 
 
 def test_onnx_model_directory_without_model_onnx_says_so(tmp_path: Path) -> None:
-    from tests import external_data_models as ext
+    from tests.support import external_data_models as ext
 
     model_dir = ext.model_directory(str(tmp_path), "big", 'platform: "onnxruntime_onnx"\n' + ext.CONFIG)
     os.rename(os.path.join(model_dir, "model.onnx"), os.path.join(model_dir, "graph.onnx"))

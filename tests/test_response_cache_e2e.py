@@ -4,7 +4,6 @@ metrics, identical outputs, eviction by size, and no cache unless configured."""
 from __future__ import annotations
 
 import os
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub, identity
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
+from tests.support.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -123,8 +123,7 @@ def test_cache_metrics(cache_server: Server) -> None:
     for _ in range(3):
         client.infer("simple_cached", add_sub_inputs(httpclient, 42)[0])
     hits, misses, _, _ = counts(stats(cache_server, "simple_cached"))
-    with urllib.request.urlopen(f"http://127.0.0.1:{cache_server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(cache_server)
     labels = '{model="simple_cached",version="1"}'
     assert f"nv_cache_num_hits_per_model{labels} {hits}" in text
     assert f"nv_cache_num_misses_per_model{labels} {misses}" in text

@@ -20,9 +20,9 @@ from conveyor.ingress.grpc.server import start_server
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.restricted import CATEGORIES, GRPC_HEADER_PREFIX, parse_group, restrictions
 from conveyor.proto import grpc_service_pb2
-from tests.test_grpc_service import FakeDataPlane
-from tests.test_grpc_service import FakeLink as GrpcFakeLink
-from tests.test_http_app import ANSWERS, EchoPlane, FakeLink
+from tests.support.fake_grpc import FakeDataPlane
+from tests.support.fake_grpc import FakeLink as GrpcFakeLink
+from tests.support.fake_http import ANSWERS, EchoPlane, FakeLink
 
 # Every HTTP route the app serves, by Triton category.
 HTTP_ROUTES = [

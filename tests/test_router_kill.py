@@ -24,9 +24,8 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
-from tests.conftest import Server, start_server
-from tests.test_ingress_kill import pids_of
-from tests.test_lifecycle import eventually
+from tests.support.group import Server, pids_of, start_server
+from tests.support.waiting import eventually
 
 REQUEST_S = 10.0  # an answer later than this would count as a hang
 # From the kill to the last unavailable answer: about 1 s on a quiet machine (see

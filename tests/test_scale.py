@@ -18,8 +18,8 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.procs import children
 from conveyor.deploy.scale import parse_request
 from conveyor.proto.errors import ConveyorError
-from tests.conftest import Server, start_server
-from tests.test_lifecycle import eventually
+from tests.support.group import Server, start_server
+from tests.support.waiting import eventually
 
 
 class Load:

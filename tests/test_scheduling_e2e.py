@@ -1,7 +1,7 @@
 """Priorities, queue policies and response ordering, seen by real tritonclient
 callers of the real process group.
 
-The models (tests/models.py) run a batch only once it holds 4 rows (or after
+The models (tests/support/models.py) run a batch only once it holds 4 rows (or after
 30 s), so each test decides when a batch leaves, and what waited before it,
 without relying on timing. The ``sched_*`` models answer each row with its
 place in the batch it ran in.
@@ -13,7 +13,6 @@ import os
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future
 
@@ -23,8 +22,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Server, start_server
-from tests.models import position
+from tests.support.group import Server, start_server
+from tests.support.metrics import metrics_text
+from tests.support.models import position
 
 WAIT_S = 60.0  # generous: only reached when something is broken
 
@@ -72,8 +72,7 @@ def positions(fut: Future[np.ndarray]) -> list[int]:
 
 
 def pending(server: Server, model: str) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(server)
     found = re.search(rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\d+)$', text, re.M)
     assert found, f"no pending gauge for {model}"
     return int(found.group(1))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.conftest import Server, start_server
+from tests.support.group import Server, start_server
 
 schemathesis = pytest.importorskip("schemathesis")
 pytestmark = pytest.mark.timeout(300)

@@ -15,8 +15,8 @@ import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.certs import Certs, make_certs
-from tests.conftest import Server, start_server
+from tests.support.certs import Certs, make_certs
+from tests.support.group import Server, start_server
 
 ADMIN = "model-repository,statistics:admin-key=s3cret"
 HTTP_ADMIN = {"admin-key": "s3cret"}

@@ -1,6 +1,6 @@
 """Sequence batching seen by real tritonclient callers of the real process group:
 implicit state, control inputs, both strategies, Triton's errors, idle timeout,
-a lost instance, and the routing hint. Models: tests/sequence_models.py.
+a lost instance, and the routing hint. Models: tests/support/sequence_models.py.
 
 HTTP and gRPC requests go through different ingress processes, so a sequence
 interleaved over both shows that the router, not an ingress, keeps it on its
@@ -25,8 +25,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.procs import actor_role, children
-from tests.conftest import Server, start_server, wait_all_instances_ready
-from tests.sequence_models import accumulator
+from tests.support.group import Server, start_server, wait_all_instances_ready
+from tests.support.sequence_models import accumulator
 
 WAIT_S = 60.0  # generous: only reached when something is broken
 

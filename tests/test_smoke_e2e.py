@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from tests.conftest import Server
+from tests.support.group import Server
 
 
 def test_live_and_infer_json(server: Server) -> None:

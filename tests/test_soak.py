@@ -37,9 +37,10 @@ from tritonclient.utils import InferenceServerException
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.procs import actor_role, children
 from conveyor.shm.naming import owner_pid
-from tests import soak_report
-from tests.conftest import Server, start_server, wait_all_instances_ready
-from tests.sequence_models import accumulator
+from tests.support import soak_report
+from tests.support.group import Server, start_server, wait_all_instances_ready
+from tests.support.sequence_models import accumulator
+from tests.support.waiting import eventually
 
 SOAK_S = float(os.environ.get("CONVEYOR_SOAK_SECONDS", "25"))
 KILL_EVERY_S = float(os.environ.get("CONVEYOR_SOAK_KILL_EVERY", "4"))
@@ -307,13 +308,6 @@ def chaos(soak: Soak, seed: int) -> None:
         soak.kills += 1
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def live_segments_only(server: Server) -> bool:
     live = set(role_pids(server))
     return all(owner_pid(name) in live for name in server.shm_segments())
@@ -355,7 +349,7 @@ def test_soak_under_worker_kills(soak_server: Server) -> None:
             th_.start()
         # Warm-up: every kind of client has had answers; then the memory baseline.
         eventually(lambda: all(soak.tally(k).ok >= 20 for k in ("http", "grpc", "shm", "sequence", "batched")),
-                   "the clients did not get going")
+                   WAIT_S, what="the clients did not get going")
         watched = {pid: role for pid, role in role_pids(srv).items() if role == "router" or role.startswith("ingress")}
         before = {pid: rss_kib(pid) for pid in watched}
         successes_before = model_successes(srv)
@@ -395,7 +389,7 @@ def test_soak_under_worker_kills(soak_server: Server) -> None:
     assert set(watched) <= set(role_pids(srv)), "the router or an ingress restarted during the soak"
 
     # Shared memory: the group's live segments and our two regions, nothing of a dead worker.
-    eventually(lambda: live_segments_only(srv), f"orphaned segments: {srv.shm_segments()}")
+    eventually(lambda: live_segments_only(srv), WAIT_S, what=f"orphaned segments: {srv.shm_segments()}")
     assert {f"cv_soak_in_{tag}", f"cv_soak_out_{tag}"} <= set(os.listdir("/dev/shm"))
     assert {r["name"] for r in admin.get_system_shared_memory_status()} == {"soak_in", "soak_out"}
 

@@ -14,7 +14,7 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
 from conveyor.router.repository.scan import scan
 from conveyor.workers.backends import load_backend
-from tests.conftest import Server
+from tests.support.group import Server
 
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
 REASON = "TensorRT is not installed|no GPU"

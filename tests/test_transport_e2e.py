@@ -12,7 +12,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import Server, router_control
+from tests.support.group import Server, router_control
 
 
 def _add_sub(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient, seed: int,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.ingress.header_forward import HeaderForward
 from conveyor.proto.errors import ConveyorError
-from tests import models, python_models
-from tests.conftest import Server, start_server
+from tests.support import models, python_models
+from tests.support.group import Server, start_server
+from tests.support.metrics import scrape
 
 LOG: list[str] = []
 
@@ -170,19 +170,8 @@ def test_response_stats_classes() -> None:
     assert wire["2"]["empty_response"] == {"count": 1, "ns": 7} and wire["2"]["compute_infer"]["count"] == 1
 
 
-def _scrape(server: Server) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
-
-
 def test_load_duration_gauge(server: Server) -> None:
-    metrics = _scrape(server)
+    metrics = scrape(server)
     for model in ("py_identity", "py_repeat"):
         took = metrics[f'nv_model_load_duration_secs{{model="{model}",version="1"}}']
         assert 0 < took < 60
@@ -194,7 +183,7 @@ def test_cache_summaries_for_a_response_cache_model(server: Server) -> None:
     inp.set_data_from_numpy(np.full((1, 3), 0.25, dtype=np.float32))
     for _ in range(3):  # one miss, then hits
         client.infer("py_cached", [inp])
-    metrics = _scrape(server)
+    metrics = scrape(server)
     labels = 'model="py_cached",version="1"'
     assert metrics[f"nv_cache_miss_summary_per_model_count{{{labels}}}"] == 1
     assert metrics[f"nv_cache_hit_summary_per_model_count{{{labels}}}"] == 2

@@ -21,8 +21,8 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub, identity
-from tests.conftest import Server, start_server
-from tests.sequence_models import controls
+from tests.support.group import Server, start_server
+from tests.support.sequence_models import controls
 
 
 @pytest.fixture(scope="module")

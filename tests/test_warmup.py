@@ -16,7 +16,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.warmup import sample_inputs, warm_up
-from tests.conftest import Server
+from tests.support.group import Server
 
 
 def config(text: str) -> mc.ModelConfig:

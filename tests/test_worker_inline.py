@@ -16,9 +16,9 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.python.backend import PythonBackend
 from conveyor.workers.inline import INLINE_MAX_INPUT_BYTES, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
-from tests.conftest import start_server
-from tests.python_models import _simple_config, write_model
-from tests.test_python_backend import RECORDING_MODEL, write
+from tests.support.group import start_server
+from tests.support.python_models import _simple_config, write_model
+from tests.support.python_specs import RECORDING_MODEL, write
 
 # Answers 1.0 when execute ran on the worker's main thread. The second copy's text
 # names InferenceRequest (as a BLS model would), so it must always run on its own thread.

@@ -4,7 +4,7 @@ server must refuse. Written as a user would write them for Triton."""
 
 from __future__ import annotations
 
-from tests.python_models import write_model
+from tests.support.python_models import write_model
 
 # BLS: calls other models through the server; the request parameter "mode"
 # picks the call. execute is async, as Triton allows, to await async_exec.

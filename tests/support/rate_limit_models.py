@@ -4,7 +4,7 @@ which executions overlapped without measuring anything itself."""
 
 from __future__ import annotations
 
-from tests.python_models import write_model
+from tests.support.python_models import write_model
 
 INTERVAL_MODEL = '''
 import time

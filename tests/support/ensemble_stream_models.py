@@ -9,8 +9,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from conveyor.deploy.example_repo import IR_VERSION, OPSET
-from tests.ensemble_models import _step, _write_config
-from tests.python_models import write_model
+from tests.support.ensemble_models import _step, _write_config
+from tests.support.python_models import write_model
 
 # Streams OUT = 1, 2, ..., N (INT32 [1] per row; batched requests, each on its own thread):
 #   N > 0: those N responses at once, then the final flag;      N = 0: only the final flag;

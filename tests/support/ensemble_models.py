@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub
-from tests.python_models import REPEAT_CONFIG, REPEAT_MODEL, write_model
+from tests.support.python_models import REPEAT_CONFIG, REPEAT_MODEL, write_model
 
 _FAILING_STEP = '''
 import triton_python_backend_utils as pb_utils

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.python_models import write_model
+from tests.support.python_models import write_model
 
 # Counts the requests it has executed and answers each with the count so far:
 # the first client request reads how many warmup requests ran before it.

@@ -4,7 +4,6 @@ poll mode picks up an added model and drops a removed one."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,14 +12,8 @@ import pytest
 import tritonclient.http as th
 
 from conveyor.deploy.example_repo import add_sub, identity
-from tests.conftest import start_server
-
-
-def eventually(check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.3)
+from tests.support.group import start_server
+from tests.support.waiting import eventually
 
 
 def files_under(local_repo: str) -> list[tuple[str, str]]:
@@ -50,9 +43,9 @@ def serve_and_follow(url: str, upload_tree: Callable[[str], None], delete_model:
         more = str(tmp_path / "more")
         identity(more, "identity_fp32", "FP32", 0, "-1")
         upload_tree(more)
-        eventually(lambda: http.is_model_ready("identity_fp32"))
+        eventually(lambda: http.is_model_ready("identity_fp32"), timeout=60.0, interval=0.3)
         delete_model("identity_fp32")
-        eventually(lambda: not http.is_model_ready("identity_fp32"))
+        eventually(lambda: not http.is_model_ready("identity_fp32"), timeout=60.0, interval=0.3)
         assert http.is_model_ready("simple")
     finally:
         assert srv.stop() == 0

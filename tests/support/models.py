@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub, identity
-from tests import python_bls_models, python_models, sequence_models, warmup_models
+from tests.support import python_bls_models, python_models, sequence_models, warmup_models
 
 LABELS = [f"label_{i}" for i in range(10)]
 
@@ -48,7 +48,7 @@ def build_test_repository(repo: str) -> None:
     sequence_models.build(repo)
     warmup_models.build(repo)
     try:
-        from tests import torch_models
+        from tests.support import torch_models
     except ImportError:  # torch is an optional extra: its tests skip without it
         return
     torch_models.build(repo)
