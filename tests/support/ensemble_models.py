@@ -148,7 +148,7 @@ def build(repo: str) -> None:
              max_batch_size=16)
     write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
     # Two decoupled steps whose responses cannot be paired (a streaming ensemble is fine: see
-    # tests/test_ensemble_decoupled_e2e.py).
+    # tests/router/ensembles/test_ensemble_decoupled_e2e.py).
     ensemble(repo, "ens_two_streams", ["A"], ["OUT", "OUT2"], [
         _step("py_repeat", {"IN": "A"}, {"OUT": "OUT"}), _step("py_repeat", {"IN": "A"}, {"OUT": "OUT2"}),
     ], max_batch_size=0)

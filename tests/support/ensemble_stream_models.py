@@ -1,5 +1,5 @@
 """Ensembles with a decoupled step: a Python model that streams ``1 .. N`` and ONNX
-steps that transform each of its responses (tests/test_ensemble_decoupled_e2e.py)."""
+steps that transform each of its responses (tests/router/ensembles/test_ensemble_decoupled_e2e.py)."""
 
 from __future__ import annotations
 

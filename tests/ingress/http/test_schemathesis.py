@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support.group import Server, start_server
+from tests.support.paths import ROOT
 
 schemathesis = pytest.importorskip("schemathesis")
 pytestmark = pytest.mark.timeout(300)
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
+DOC = ROOT / "docs" / "openapi.yaml"
 SCHEMA = schemathesis.openapi.from_path(str(DOC))
 DESIGNED_5XX = {501, 503}
 

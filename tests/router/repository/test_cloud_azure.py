@@ -27,6 +27,7 @@ from conveyor.proto.errors import ConveyorError
 from conveyor.router.repository.cloud.azure_blob import AzureRepository
 from tests.support.cloud_scenario import files_under, serve_and_follow
 from tests.support.group import free_port
+from tests.support.paths import ROOT
 
 blob = pytest.importorskip("azure.storage.blob", reason="as:// tests need azure-storage-blob")
 pytestmark = pytest.mark.timeout(240)
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.timeout(240)
 # Azurite's well-known development account (public, documented by Microsoft; not a secret).
 ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-_LOCAL = Path(__file__).resolve().parent.parent / ".cache" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+_LOCAL = ROOT / ".cache" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 
 
 def azurite_blob() -> str | None:

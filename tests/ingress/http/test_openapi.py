@@ -4,7 +4,6 @@ routed by a live server (no 404 "Not Found" from routing, no 405)."""
 from __future__ import annotations
 
 import http.client
-import os
 from typing import Any
 
 import orjson
@@ -13,8 +12,9 @@ import yaml
 from openapi_spec_validator import validate
 
 from tests.support.group import Server
+from tests.support.paths import ROOT
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "openapi.yaml")
+DOC = str(ROOT / "docs" / "openapi.yaml")
 # Path parameters: a model that exists, except where the call would change the shared server.
 VALUES = {"model": "simple", "version": "1", "region": "openapi-test"}
 HARMLESS_MODEL = {"/v2/repository/models/{model}/load": "no_such_model", "/v2/repository/models/{model}/unload":

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from conveyor.ingress import prometheus, system_metrics
+from tests.support.paths import ROOT
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "conveyor.json"
+DASHBOARD = ROOT / "deploy" / "grafana" / "conveyor.json"
 
 
 def exported_names() -> set[str]:

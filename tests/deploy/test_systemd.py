@@ -20,8 +20,9 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.logs import JournalFormatter, stderr_is_journal
 from conveyor.deploy.sd_notify import Notifier, notify, watchdog_interval
 from tests.support.group import free_port
+from tests.support.paths import ROOT
 
-UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
+UNITS = ROOT / "deploy" / "systemd"
 INSTALLED_CONVEYOR = "/opt/conveyor/bin/conveyor"
 
 

@@ -202,7 +202,7 @@ async def test_sync_client_infer_and_stream(served: SimpleNamespace) -> None:
 
 
 async def test_trace_and_log_settings_rpcs_convert_values(served: SimpleNamespace) -> None:
-    # The router keeps the settings (tests/test_observe_e2e.py); here only the conversion.
+    # The router keeps the settings (tests/ingress/http/test_observe_e2e.py); here only the conversion.
     c = served.client
     logs = (await c.update_log_settings({"log_verbose_level": 2}, as_json=True))["settings"]
     assert logs["log_verbose_level"] == {"uint32_param": 2} and logs["log_info"] == {"bool_param": True}

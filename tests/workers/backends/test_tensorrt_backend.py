@@ -1,5 +1,5 @@
 """TensorRT models where TensorRT or a GPU is missing: unavailable, with the reason,
-while every other model serves. (The GPU path itself: tests/test_gpu_backends.py.)"""
+while every other model serves. (The GPU path itself: tests/workers/backends/test_gpu_backends.py.)"""
 
 from __future__ import annotations
 

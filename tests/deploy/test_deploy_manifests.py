@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from conveyor.deploy.cli import build_parser
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "deploy" / "docker"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
 CHART = ROOT / "deploy" / "helm" / "conveyor"
