@@ -31,7 +31,7 @@ def infer_simple(server: Server, offset: int = 0) -> list[int]:
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         out = json.loads(r.read())
-    return next(o["data"] for o in out["outputs"] if o["name"] == "OUTPUT0")  # type: ignore[no-any-return]
+    return next(o["data"] for o in out["outputs"] if o["name"] == "OUTPUT0")
 
 
 @pytest.fixture()

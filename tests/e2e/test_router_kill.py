@@ -59,14 +59,14 @@ def one_call(server: Server, protocol: str, x: np.ndarray) -> np.ndarray:
             server.http_url, connection_timeout=REQUEST_S, network_timeout=REQUEST_S)
         mod = th
     else:
-        client, mod = tg.InferenceServerClient(server.grpc_url), tg  # type: ignore[assignment]
+        client, mod = tg.InferenceServerClient(server.grpc_url), tg
     try:
         inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]
         inputs[0].set_data_from_numpy(x)
         inputs[1].set_data_from_numpy(np.ones_like(x))
         kwargs = {"client_timeout": REQUEST_S} if protocol == "grpc" else {}
-        result = client.infer("simple", inputs, **kwargs)  # type: ignore[arg-type]
-        return result.as_numpy("OUTPUT0")  # type: ignore[no-any-return]
+        result = client.infer("simple", inputs, **kwargs)
+        return result.as_numpy("OUTPUT0")
     finally:
         client.close()
 

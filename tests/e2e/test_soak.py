@@ -245,7 +245,7 @@ def sequence_client(soak: Soak, first_id: int, seed: int) -> None:
                     got = int(result.as_numpy("OUTPUT").reshape(-1)[0])
                     return None if got == want else f"sequence: want {want}, got {got}"
 
-                if not soak.call("sequence", "seq", lambda v=value, s=i == 0, e=end: step(v, s, e, rng.random() < .5),
+                if not soak.call("sequence", "seq", lambda v=value, s=i == 0, e=end: step(v, s, e, rng.random() < .5),  # type: ignore[misc]
                                  check):
                     if not end:
                         probe(soak, t, lambda: step(1, False, False, rng.random() < .5))

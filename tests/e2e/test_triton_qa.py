@@ -127,7 +127,7 @@ def test_raw_body_refused_in_tritons_words(qa: Server, model: str, message: str)
 def test_a_repeated_output_is_refused(qa: Server) -> None:
     doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 8], "data": [list(range(8))]}],
            "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]}
-    r = requests.post(_infer_url(qa, "zero_1_float32"), json=doc, timeout=30)
+    r = requests.post(_infer_url(qa, "zero_1_float32"), json=doc, timeout=30)  # type: ignore[arg-type]
     assert (r.status_code, r.json()) == (400, {"error": "output 'OUTPUT0' already exists in request"})
     client = tg.InferenceServerClient(qa.grpc_url)
     x = tg.InferInput("INPUT0", [1, 2], "FP32")

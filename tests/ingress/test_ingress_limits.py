@@ -53,7 +53,7 @@ async def test_requests_past_the_in_flight_limit_are_unavailable() -> None:
             with pytest.raises(ConveyorError, match="byte size mismatch"):
                 await plane.infer(InferCall("m", "", [InferInput("F", "FP32", [1, 2], np.zeros(3, np.float32))]))
         (await plane.infer(fp32_call(1))).release()
-        assert plane.link.refusals == [("m", "")] * 3  # each counted as a REJECTED failure of the model
+        assert plane.link.refusals == [("m", "")] * 3  # type: ignore[attr-defined]  # each counted as a REJECTED failure of the model
 
 
 def test_the_limit_flags_reach_every_process(tmp_path: object) -> None:

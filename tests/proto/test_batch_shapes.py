@@ -141,12 +141,12 @@ def test_onnx_autocompletion_leaves_batch_inputs_out(tmp_path: object) -> None:
 
 def test_batch_inputs_have_tritons_shapes_and_values() -> None:
     shapes = [[1, 3], [1, 4], [2, 5]]  # requests: 3, 4 and 10 elements; the last has 2 rows
-    assert batch_input_tensor(K.BATCH_ELEMENT_COUNT, shapes, "INT32").tolist() == [3, 4, 10]
-    acc = batch_input_tensor(K.BATCH_ACCUMULATED_ELEMENT_COUNT, shapes, "FP32")
+    assert batch_input_tensor(K.BATCH_ELEMENT_COUNT, shapes, "INT32").tolist() == [3, 4, 10]  # type: ignore[arg-type]
+    acc = batch_input_tensor(K.BATCH_ACCUMULATED_ELEMENT_COUNT, shapes, "FP32")  # type: ignore[arg-type]
     assert acc.dtype == np.float32 and acc.tolist() == [3, 7, 17]
-    assert batch_input_tensor(K.BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, shapes, "INT32").tolist() == [0, 3, 7, 17]
-    assert batch_input_tensor(K.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, shapes, "INT32").shape == (10,)
-    item = batch_input_tensor(K.BATCH_ITEM_SHAPE, shapes, "INT32")
+    assert batch_input_tensor(K.BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, shapes, "INT32").tolist() == [0, 3, 7, 17]  # type: ignore[arg-type]
+    assert batch_input_tensor(K.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, shapes, "INT32").shape == (10,)  # type: ignore[arg-type]
+    item = batch_input_tensor(K.BATCH_ITEM_SHAPE, shapes, "INT32")  # type: ignore[arg-type]
     assert item.dtype == np.int32 and item.tolist() == [[3], [4], [5], [5]]  # one per row
     assert batch_input_tensor(K.BATCH_ITEM_SHAPE_FLATTEN, [[2, 3, 1], [1, 2, 2]], "INT32").tolist() == [
         3, 1, 3, 1, 2, 2]  # Triton's documented example

@@ -9,7 +9,7 @@ from conveyor.proto.pending_calls import PendingCalls
 
 
 def test_responses_go_to_their_request_until_the_final_one() -> None:
-    calls, got, freed = PendingCalls(), [], []
+    calls, got, freed = PendingCalls(), [], []  # type: ignore[var-annotated]
     calls.add(1, got.append, on_final=lambda: freed.append(1))
     calls.add(2, got.append)
     assert calls.deliver(m.InferResponse(1, "x", "1", final=False))
@@ -22,7 +22,7 @@ def test_responses_go_to_their_request_until_the_final_one() -> None:
 
 
 def test_a_caller_that_left_has_its_responses_redirected() -> None:
-    calls, waiting, orphans, freed = PendingCalls(), [], [], []
+    calls, waiting, orphans, freed = PendingCalls(), [], [], []  # type: ignore[var-annotated]
     calls.add(7, waiting.append, on_final=lambda: freed.append(7))
     assert calls.redirect(7, orphans.append)
     calls.deliver(m.InferResponse(7, "x", "1", release=[m.Release("seg", 3)]))
@@ -32,7 +32,7 @@ def test_a_caller_that_left_has_its_responses_redirected() -> None:
 
 
 def test_fail_ends_open_requests_and_control_calls_with_the_error() -> None:
-    calls, got, replies = PendingCalls(), [], []
+    calls, got, replies = PendingCalls(), [], []  # type: ignore[var-annotated]
     calls.add(1, got.append)
     calls.add(2, got.append)
     calls.add_control(9, replies.append)
@@ -45,7 +45,7 @@ def test_fail_ends_open_requests_and_control_calls_with_the_error() -> None:
 
 
 def test_a_callback_that_raises_does_not_stop_the_link() -> None:
-    calls, got = PendingCalls(), []
+    calls, got = PendingCalls(), []  # type: ignore[var-annotated]
 
     def broken(_: m.InferResponse) -> None:
         raise RuntimeError("boom")

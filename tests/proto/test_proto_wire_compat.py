@@ -78,7 +78,7 @@ def _field_signature(field: _d.FieldDescriptor) -> dict[str, object]:
         "message_type": field.message_type.full_name if field.message_type else None,
         "enum_type": field.enum_type.full_name if field.enum_type else None,
         "oneof": oneof.name if oneof is not None else None,
-        "json_name": field.json_name,
+        "json_name": field.json_name,  # type: ignore[attr-defined]
     }
 
 

@@ -24,9 +24,9 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.timeout(180)
 
 
-def simple_inputs(mod: type = th) -> list:  # type: ignore[type-arg]
+def simple_inputs(mod: type = th) -> list:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]  # type: ignore[attr-defined]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(np.ones_like(a))
     return inputs

@@ -102,7 +102,7 @@ def router_control(group: str, op: str, **args: Any) -> Any:
     from conveyor.deploy.options import default_endpoints
     from conveyor.proto import messages as m
 
-    ctx = zmq.Context.instance()
+    ctx = zmq.Context.instance()  # type: ignore[var-annotated]
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(default_endpoints(group)[0])

@@ -108,7 +108,7 @@ def test_a_batch_in_a_result_out(running: Running, tmp_path: Path) -> None:
 def test_a_response_goes_straight_to_the_ingress_that_asked(running: Running, tmp_path: Path) -> None:
     path, config = write(tmp_path / "repo", "rec", RECORDING_MODEL)
     assert running.load("rec", path, config.SerializeToString()).error == ""
-    ingress = zmq.Context.instance().socket(zmq.PULL)
+    ingress = zmq.Context.instance().socket(zmq.PULL)  # type: ignore[var-annotated]
     ingress.setsockopt(zmq.LINGER, 0)
     endpoint = f"ipc://{tmp_path}/ingress.sock"
     ingress.bind(endpoint)

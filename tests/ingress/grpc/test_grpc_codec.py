@@ -266,7 +266,7 @@ def test_output_binary_data_parameter_is_ignored() -> None:
     req = typed_request("INT32", "int_contents", [1])
     out = req.outputs.add(name="y")
     out.parameters["binary_data"].bool_param = True
-    (requested,) = codec.to_infer_call(req).outputs
+    (requested,) = codec.to_infer_call(req).outputs  # type: ignore[misc]
     assert (requested.classification, requested.parameters) == (0, {})
 
 
@@ -281,7 +281,7 @@ def test_shared_memory_tensors_carry_their_placement() -> None:
     assert (sx.data, sx.shm) == (None, ShmPlacement("region0", 8, 4))
     assert sx.parameters == {}
     # raw_input_contents holds only the inline input: indexes skip the shm one.
-    assert sy.shm is None and bytes(sy.data) == np.array([7], np.int32).tobytes()  # type: ignore[arg-type]
+    assert sy.shm is None and bytes(sy.data) == np.array([7], np.int32).tobytes()
     assert call.outputs is not None and call.outputs[0].shm == ShmPlacement("region1", 0, 16)
 
 
@@ -326,7 +326,7 @@ OUTPUTS = {
 @pytest.mark.parametrize("stream", [False, True])
 def test_tritonclient_reads_our_response(stream: bool) -> None:
     result = result_of(
-        *(output(name, array, dt) for name, (array, dt) in OUTPUTS.items()),
+        *(output(name, array, dt) for name, (array, dt) in OUTPUTS.items()),  # type: ignore[arg-type]
         parameters={"flag": True, "n": 3, "x": 0.5, "s": "t", "u": 2**64 - 1},
     )
     buf = codec.encode_infer_response(result, stream=stream)
@@ -340,8 +340,8 @@ def test_tritonclient_reads_our_response(stream: bool) -> None:
     parsed = tg.InferResult(response)
     for name, (array, _) in OUTPUTS.items():
         got = parsed.as_numpy(name)
-        assert got.shape == array.shape
-        assert got.tolist() == array.tolist()
+        assert got.shape == array.shape  # type: ignore[attr-defined]
+        assert got.tolist() == array.tolist()  # type: ignore[attr-defined]
     meta = parsed.get_response()
     assert (meta.model_name, meta.model_version, meta.id) == ("m", "3", "req-1")
     assert [(o.name, o.datatype) for o in meta.outputs] == [(n, dt) for n, (_, dt) in OUTPUTS.items()]

@@ -51,7 +51,7 @@ def test_split_matches_a_full_parse(sizes: list[int]) -> None:
     split = wire.parse_infer_request(buf)
     assert split.message == without_raw(req)
     assert [bytes(r) for r in split.raw] == raw
-    assert all(r.obj is buf for r in split.raw)
+    assert all(r.obj is buf for r in split.raw)  # type: ignore[union-attr]
 
 
 @pytest.mark.usefixtures("always_split")

@@ -49,7 +49,7 @@ class RegistryLink:
 
 
 keys = st.sampled_from([SEGMENT, SEGMENT + "x", "", "/", "//", "/a/b", "noslash", "/\0", "/" + "k" * 300])
-counts = st.one_of(
+counts = st.one_of(  # type: ignore[var-annotated]
     st.integers(min_value=-3, max_value=SEGMENT_BYTES + 3),
     st.sampled_from([1 << 63, (1 << 64) - 1, 1 << 70]),
     st.sampled_from([1.5, "8", True, None, [1], {}]),
@@ -71,7 +71,7 @@ def test_http_register_bodies(calls: list[tuple[str, str, Any]]) -> None:
     registry = ClientShmRegistry(allow=True, max_regions=2)
     dataplane = SimpleNamespace(limits=IngressLimits())  # the infer route reads its limits when built
     ctx = type("Ctx", (), {"link": RegistryLink(registry), "dataplane": dataplane, "drain": IngressDrain()})()
-    client = falcon.testing.TestClient(build_app(ctx))  # type: ignore[arg-type]
+    client = falcon.testing.TestClient(build_app(ctx))
     for kind, name, body in calls:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         result = asyncio.run(_post(client, f"/v2/{kind}/region/{name}/register", data))

@@ -157,7 +157,7 @@ def test_infer_compressed_both_ways(client: falcon.testing.TestClient, coding: s
     assert r.headers["content-encoding"] == coding
     header_length = int(r.headers["inference-header-content-length"])
     # The header length counts the uncompressed JSON.
-    plain = {"gzip": gzip.decompress, "deflate": zlib.decompress}[coding](r.content)
+    plain = {"gzip": gzip.decompress, "deflate": zlib.decompress}[coding](r.content)  # type: ignore[operator]
     orjson.loads(plain[:header_length])
     np.testing.assert_array_equal(parse(r).as_numpy("A_OUT"), x)
 
@@ -191,7 +191,7 @@ def test_body_limit(client: falcon.testing.TestClient, plane: EchoPlane) -> None
 
 
 def test_body_limit_answers_before_the_body_is_read(client: falcon.testing.TestClient) -> None:
-    app = BodyLimit(client.app, 4096)
+    app = BodyLimit(client.app, 4096)  # type: ignore[arg-type]
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:

@@ -88,7 +88,7 @@ def test_fp32_identity_one_mebibyte(client: httpclient.InferenceServerClient) ->
 
 @pytest.mark.parametrize("model,dtype", [("identity_fp16", np.float16), ("identity_bool", np.bool_)])
 def test_other_datatypes(client: httpclient.InferenceServerClient, model: str, dtype: type) -> None:
-    x = (np.arange(10) % 3).astype(dtype)
+    x = (np.arange(10) % 3).astype(dtype)  # type: ignore[var-annotated]
     inp = httpclient.InferInput("INPUT0", [10], np_to_triton_dtype(x.dtype))
     inp.set_data_from_numpy(x)
     np.testing.assert_array_equal(client.infer(model, [inp]).as_numpy("OUTPUT0"), x)

@@ -64,7 +64,7 @@ def test_aio_client(server: Server) -> None:
         aio = tha.InferenceServerClient(server.http_url)
         try:
             r = await aio.infer("simple", inputs)
-            return r.as_numpy("OUTPUT0")  # type: ignore[no-any-return]
+            return r.as_numpy("OUTPUT0")
         finally:
             await aio.close()
 

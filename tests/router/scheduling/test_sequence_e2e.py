@@ -100,7 +100,7 @@ def test_string_and_integer_ids_are_different_sequences(server: Server) -> None:
 
 def controls_of(result: Any) -> tuple[float, int, bool, Any]:
     return tuple(result.as_numpy(name).reshape(-1)[0] for name in ("OUT_START", "OUT_END", "OUT_READY",
-                                                                    "OUT_CORRID"))  # type: ignore[return-value]
+                                                                    "OUT_CORRID"))
 
 
 def test_control_inputs_follow_the_config_false_true_values(server: Server) -> None:
@@ -226,10 +226,10 @@ def test_sequences_of_a_dead_worker_fail_until_started_again(two_worker_server: 
             lost.append(sid)
     assert len(ok) == 2 and len(lost) == 2  # the other worker's sequences go on
     for sid in lost:
-        with pytest.raises(InferenceServerException) as exc:
+        with pytest.raises(InferenceServerException) as exc:  # type: ignore[misc]
             http_step(srv, "seq_lost", sid, 1)
-        assert exc.value.status() == "503"
-        assert exc.value.message() == (
+        assert exc.value.status() == "503"  # type: ignore[misc]
+        assert exc.value.message() == (  # type: ignore[misc]
             f"sequence {sid} of model 'seq_lost' was lost when the instance running it went away; "
             "start it again with the START flag"
         )

@@ -48,7 +48,7 @@ def test_a_call_wakes_once_every_request_of_its_batch_is_cancelled() -> None:
     c.cancel()
     bls.enter_execute(requests(c))
     try:
-        assert CancelWatch.for_caller(lambda: None).fired  # type: ignore[union-attr]
+        assert CancelWatch.for_caller(lambda: None).fired
     finally:
         bls.enter_execute(None)
     assert CancelWatch.for_caller(lambda: None) is None  # outside execute: not tied to a request

@@ -154,9 +154,9 @@ def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricR
     (lambda: pb_utils.MetricFamily("h2", "d", pb_utils.HISTOGRAM).Metric({}), "needs buckets"),
     (lambda: pb_utils.MetricFamily("h3", "d", pb_utils.HISTOGRAM).Metric({}, [5, 1]), "increasing"),
     (lambda: pb_utils.MetricFamily("c2", "d", pb_utils.COUNTER).Metric({}, [1]), "only for histograms"),
-    (lambda: pb_utils.MetricFamily("c3", "d", pb_utils.COUNTER).Metric("x"), "must be a dictionary"),
+    (lambda: pb_utils.MetricFamily("c3", "d", pb_utils.COUNTER).Metric("x"), "must be a dictionary"),  # type: ignore[arg-type]
     (lambda: pb_utils.MetricFamily("c4", "d", pb_utils.COUNTER).Metric({"le-x": "1"}), "not a valid label"),
-    (lambda: pb_utils.MetricFamily("c5", "d", pb_utils.COUNTER).Metric({"a": 1}), "must be a string"),
+    (lambda: pb_utils.MetricFamily("c5", "d", pb_utils.COUNTER).Metric({"a": 1}), "must be a string"),  # type: ignore[dict-item]
 ])
 def test_metric_misuse_is_refused(registry: MetricRegistry, make: Any, match: str) -> None:
     with pytest.raises(pb_utils.TritonModelException, match=match):

@@ -229,12 +229,12 @@ def test_weight_sharing_loads_a_model_once_per_device(tmp_path: Path, torch_mode
     path = torch_models.save(torch.jit.script(torch_models.Mlp()), str(tmp_path), "m", text)
     config = parse_text(text)
     first, second = (load_backend("pytorch", path, config, "cpu") for _ in range(2))
-    assert first.module is second.module and len(SHARED) == 1
+    assert first.module is second.module and len(SHARED) == 1  # type: ignore[union-attr]
     alone = load_backend("pytorch", path, parse_text(torch_models.MLP_CONFIG.format(name="m", extra="")), "cpu")
-    assert alone.module is not first.module
+    assert alone.module is not first.module  # type: ignore[union-attr]
     x = np.ones((2, 4), dtype=np.float32)
-    np.testing.assert_array_equal(first.execute({"INPUT__0": x}, ["OUTPUT__0"])["OUTPUT__0"],
-                                  alone.execute({"INPUT__0": x}, ["OUTPUT__0"])["OUTPUT__0"])
+    np.testing.assert_array_equal(first.execute({"INPUT__0": x}, ["OUTPUT__0"])["OUTPUT__0"],  # type: ignore[union-attr]
+                                  alone.execute({"INPUT__0": x}, ["OUTPUT__0"])["OUTPUT__0"])  # type: ignore[union-attr]
     first.close()
     assert len(SHARED) == 1  # the second instance still uses it
     second.close()
