@@ -27,7 +27,7 @@ lint:
 
 # mypy finds conveyor.* through conveyor/, the links to the top-level folders (as setuptools and editors do).
 typecheck:
-	$(VENV)/bin/mypy -p conveyor -p benchmarks
+	$(VENV)/bin/mypy -p conveyor -p benchmarks -p tests
 
 unit:
 	$(PY) -m pytest -q

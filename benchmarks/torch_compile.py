@@ -19,7 +19,7 @@ import torch
 
 from conveyor.proto.model_config import parse_text
 from conveyor.workers.backends import load_backend
-from tests.torch_models import compile_parameters, save
+from tests.support.torch_models import compile_parameters, save
 
 
 class Small(torch.nn.Module):

@@ -4,98 +4,12 @@ ingress) on free loopback ports, with a model repository made on the fly."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import ssl
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from tests import models
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    group: str
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    repo: str
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def shm_segments(self) -> list[str]:
-        return sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"conveyor.{self.group}."))
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple[int, ...] = (),
-               timeout: float = 60.0, https: ssl.SSLContext | None = None) -> None:
-    """Ready over HTTP (HTTPS with ``https``), and every other ingress port accepting connections."""
-    deadline = time.monotonic() + timeout
-    url = f"{'https' if https else 'http'}://127.0.0.1:{http_port}/v2/health/ready"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"conveyor serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2, context=https) as r:
-                if r.status == 200 and all(_listening(p) for p in other_ports):
-                    return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become ready in time")
-
-
-def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: ssl.SSLContext | None = None) -> Server:
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "conveyor.deploy.cli", "serve",
-            "--model-repository", repo, "--group", group,
-            "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-            "--arena-size", str(64 << 20), "--exit-timeout-secs", "10", "--drain-grace-secs", "0", *extra,
-        ],
-    )
-    try:
-        wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), https=https)
-    except Exception:
-        proc.kill()
-        proc.wait()
-        raise
-    return Server(proc, group, http_port, grpc_port, metrics_port, repo)
+from tests.support import models
+from tests.support.group import Server, start_server
 
 
 @pytest.fixture(scope="session")
@@ -114,43 +28,10 @@ def server(model_repo: str) -> Iterator[Server]:
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
 
 
-def router_control(group: str, op: str, **args: Any) -> Any:
-    """Ask the router of ``group`` directly, over its real ingress socket, as an ingress does."""
-    import zmq
-
-    from conveyor.deploy.options import default_endpoints
-    from conveyor.proto import messages as m
-
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(default_endpoints(group)[0])
-    try:
-        sock.send(m.encode(m.ControlRequest(1, op, args)))
-        if not sock.poll(10_000):
-            raise TimeoutError(f"the router did not answer '{op}'")
-        reply = m.router_reply_decoder.decode(sock.recv())
-        assert isinstance(reply, m.ControlReply) and reply.error is None, reply
-        return reply.result
-    finally:
-        sock.close(0)
-
-
-def wait_all_instances_ready(group: str, model: str, count: int, timeout: float = 60.0) -> None:
-    """Server readiness means every model can serve; this waits for every instance of ``model``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = [r for r in router_control(group, "instances") if r["model"] == model]
-        if len(rows) >= count and all(r["state"] == "READY" for r in rows):
-            return
-        assert time.monotonic() < deadline, f"instances of '{model}' not ready: {rows}"
-        time.sleep(0.1)
-
-
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """One line per fuzz target: how many generated cases this run tried; then the soak test's figures."""
-    from tests.fuzz import CASES
-    from tests.soak_report import LINES
+    from tests.support.fuzz import CASES
+    from tests.support.soak_report import LINES
 
     if LINES:
         terminalreporter.write_sep("-", "soak")

@@ -114,7 +114,7 @@ else
 fi
 
 # 5. The GPU tests. Only the files that hold them: the others import what only CI installs.
-mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+mapfile -t files < <(grep -rl --include="test_*.py" "pytest.mark.gpu" tests | sort)
 t0=$(date +%s)
 timeout -k 10 "$(cap 300 200)" "$PY" -m pytest -m gpu -v -rA -p no:cacheprovider --timeout 150 \
   --junitxml "$OUT/pytest-junit.xml" "${files[@]}" > "$OUT/pytest.log" 2>&1

@@ -1,0 +1,309 @@
+"""``tritonserver``: Triton 2.51's command line, every flag of its ``--help``, parsed as
+Triton parses it; and the command lines of Triton's own docs and Helm charts run
+unchanged against a real group (tritonclient checks readiness and metadata)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conveyor.deploy.cli import build_tritonserver_parser, tritonserver_main
+from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.options import grpc_keepalive_options
+from conveyor.deploy.triton_flags import unused_given
+from conveyor.router.repository.backend_config import BackendConfig, parse_setting
+from tests.support.group import free_port, wait_ready
+
+# Every flag of `tritonserver --help` (Triton 2.51, r24.10: /work/shared/tools/real-triton
+# /work/cache/triton --help), in its order, with a value of the type its help names.
+TRITON_251_FLAGS: list[tuple[str, str | None]] = [
+    ("--id", "triton-a"), ("--exit-timeout-secs", "30"),
+    ("--log-verbose", "1"), ("--log-info", "true"), ("--log-warning", "false"), ("--log-error", "1"),
+    ("--log-format", "ISO8601"), ("--log-file", "/tmp/triton.log"),
+    ("--model-store", "/models"), ("--model-repository", "/models"), ("--exit-on-error", "false"),
+    ("--disable-auto-complete-config", None), ("--strict-readiness", "false"), ("--model-control-mode", "explicit"),
+    ("--repository-poll-secs", "15"), ("--load-model", "*"), ("--model-config-name", "h100"),
+    ("--model-load-thread-count", "4"), ("--model-load-retry-count", "2"), ("--model-namespacing", "false"),
+    ("--enable-peer-access", "true"),
+    ("--allow-http", "true"), ("--http-address", "0.0.0.0"), ("--http-port", "8000"), ("--reuse-http-port", "0"),
+    ("--http-header-forward-pattern", "x-.*"), ("--http-thread-count", "8"),
+    ("--http-restricted-api", "model-repository:admin-key=admin-value"),
+    ("--allow-grpc", "true"), ("--grpc-address", "0.0.0.0"), ("--grpc-port", "8001"), ("--reuse-grpc-port", "off"),
+    ("--grpc-header-forward-pattern", "x-.*"), ("--grpc-infer-allocation-pool-size", "8"),
+    ("--grpc-use-ssl", "false"), ("--grpc-use-ssl-mutual", "false"), ("--grpc-server-cert", "server.crt"),
+    ("--grpc-server-key", "server.key"), ("--grpc-root-cert", "ca.crt"),
+    ("--grpc-infer-response-compression-level", "high"),
+    ("--grpc-keepalive-time", "10000"), ("--grpc-keepalive-timeout", "5000"),
+    ("--grpc-keepalive-permit-without-calls", "1"), ("--grpc-http2-max-pings-without-data", "0"),
+    ("--grpc-http2-min-recv-ping-interval-without-data", "5000"), ("--grpc-http2-max-ping-strikes", "0"),
+    ("--grpc-max-connection-age", "60000"), ("--grpc-max-connection-age-grace", "5000"),
+    ("--grpc-restricted-protocol", "model-repository:admin-key=admin-value"),
+    ("--allow-sagemaker", "false"), ("--sagemaker-port", "8080"), ("--sagemaker-safe-port-range", "8000-8002"),
+    ("--sagemaker-thread-count", "8"),
+    ("--allow-vertex-ai", "false"), ("--vertex-ai-port", "8080"), ("--vertex-ai-thread-count", "8"),
+    ("--vertex-ai-default-model", "simple"),
+    ("--allow-metrics", "true"), ("--allow-gpu-metrics", "false"), ("--allow-cpu-metrics", "true"),
+    ("--metrics-address", "127.0.0.1"), ("--metrics-port", "8002"), ("--metrics-interval-ms", "2000"),
+    ("--metrics-config", "summary_latencies=true"),
+    ("--trace-config", "rate=100"),
+    ("--backend-directory", "/opt/tritonserver/backends"), ("--backend-config", "python,shm-default-byte-size=1048576"),
+    ("--repoagent-directory", "/opt/tritonserver/repoagents"),
+    ("--cache-config", "local,size=1048576"), ("--cache-directory", "/opt/tritonserver/caches"),
+    ("--rate-limit", "execution_count"), ("--rate-limit-resource", "R1:10:0"),
+    ("--pinned-memory-pool-byte-size", "268435456"), ("--cuda-memory-pool-byte-size", "0:67108864"),
+    ("--cuda-virtual-address-size", "0:1073741824"), ("--min-supported-compute-capability", "6.0"),
+    ("--buffer-manager-thread-count", "0"), ("--host-policy", "gpu_0,numa-node=0"),
+    ("--model-load-gpu-limit", "0:0.8"),
+    ("--strict-model-config", "false"), ("--response-cache-byte-size", "1048576"),
+    ("--trace-file", "/tmp/trace.json"), ("--trace-level", "TIMESTAMPS"), ("--trace-rate", "1000"),
+    ("--trace-count", "-1"), ("--trace-log-frequency", "0"),
+]
+
+
+def test_the_flag_list_is_the_whole_help_text() -> None:
+    """The list above is every flag of the help (but --help itself), each once."""
+    flags = [f for f, _ in TRITON_251_FLAGS]
+    assert len(flags) == len(set(flags)) == 86
+
+
+@pytest.mark.parametrize(("flag", "value"), TRITON_251_FLAGS, ids=[f for f, _ in TRITON_251_FLAGS])
+def test_every_triton_flag_is_accepted_in_both_forms(flag: str, value: str | None) -> None:
+    parser = build_tritonserver_parser()
+    forms = [[flag]] if value is None else [[f"{flag}={value}"], [flag, value]]
+    for form in forms:
+        parser.parse_args(["--model-repository=/models", *form])
+
+
+def test_booleans_parse_as_triton_parses_them() -> None:
+    parser = build_tritonserver_parser()
+    for text, expected in (("true", True), ("On", True), ("1", True), ("FALSE", False), ("off", False), ("0", False)):
+        assert parser.parse_args([f"--allow-gpu-metrics={text}"]).allow_gpu_metrics is expected
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--allow-gpu-metrics=maybe"])
+    assert parser.parse_args(["--log-verbose=true"]).log_verbose == 1
+
+
+def test_tritonserver_takes_tritons_defaults() -> None:
+    a = build_tritonserver_parser().parse_args(["--model-repository=/models"])
+    assert (a.exit_on_error, a.strict_readiness, a.allow_client_shm, a.server_id) == (True, True, True, "triton")
+    assert (a.http_port, a.grpc_port, a.metrics_port, a.exit_timeout_secs) == (8000, 8001, 8002, 30)
+
+
+def test_repeatable_flags_keep_every_value() -> None:
+    a = build_tritonserver_parser().parse_args([
+        "--model-repository=/a", "--model-store", "/b", "--model-control-mode=explicit", "--load-model=x",
+        "--load-model", "y", "--backend-config=onnxruntime,intra_op_thread_count=2", "--backend-config",
+        "default-max-batch-size=8", "--rate-limit-resource=R1:1", "--rate-limit-resource=R2:2:0",
+        "--host-policy=a,numa-node=0", "--host-policy=b,cpu-cores=0-3", "--model-load-gpu-limit=0:0.5",
+        "--model-load-gpu-limit=1:0.5"])
+    assert a.model_repository == ["/a", "/b"] and a.load_model == ["x", "y"]
+    assert len(a.backend_config) == 2 and len(a.rate_limit_resource) == 2
+    assert len(unused_given(a)) == 2  # host policies and GPU limits: one line each, all values
+
+
+def test_deprecated_flags_become_what_they_stand_for(capsys: pytest.CaptureFixture[str]) -> None:
+    from conveyor.deploy.cli import _fold_triton_aliases
+
+    parser = build_tritonserver_parser()
+    a = parser.parse_args(["--trace-level=TIMESTAMPS", "--trace-level=TENSORS", "--trace-rate=5", "--trace-count=3",
+                           "--trace-file=/tmp/t.json", "--trace-log-frequency=2", "--response-cache-byte-size=4096",
+                           "--disable-auto-complete-config"])
+    _fold_triton_aliases(parser, a)
+    assert a.trace_config == ["level=TIMESTAMPS", "level=TENSORS", "rate=5", "count=3", "triton,file=/tmp/t.json",
+                              "triton,log-frequency=2"]
+    assert a.cache_config == ["local,size=4096"] and a.strict_model_config is True
+    # --trace-config wins over a deprecated flag naming the same setting, as in Triton.
+    a = parser.parse_args(["--trace-rate=5", "--trace-config=rate=7"])
+    _fold_triton_aliases(parser, a)
+    assert a.trace_config == ["rate=7"]
+    a = parser.parse_args(["--response-cache-byte-size=4096", "--cache-config=local,size=1"])
+    with pytest.raises(SystemExit):
+        _fold_triton_aliases(parser, a)
+    assert "Incompatible flags --response-cache-byte-size and --cache-config" in capsys.readouterr().err
+
+
+def test_triton_refusals() -> None:
+    assert tritonserver_main([]) == 1  # Triton: "--model-repository must be specified"
+    with pytest.raises(SystemExit):
+        tritonserver_main(["--model-repository=/models", "--load-model=x"])  # needs explicit mode
+    with pytest.raises(ValueError, match="No backend specified"):
+        parse_setting(",a=b")
+    with pytest.raises(ValueError, match="option format is"):
+        parse_setting("python,shm-default-byte-size")
+
+
+def test_backend_config_settings() -> None:
+    from conveyor.proto import model_config_pb2 as mc
+
+    cfg = BackendConfig.parse(["default-max-batch-size=16", "onnxruntime,default-max-batch-size=0",
+                               "onnxruntime,intra_op_thread_count=3", "python,stub-timeout-seconds=30",
+                               "pytorch,weird=1", "nosuch,x=1"])
+    assert cfg.default_max_batch_size("onnxruntime") == 0  # the backend's own setting wins
+    assert cfg.default_max_batch_size("python") == 16
+    config = mc.ModelConfig()
+    cfg.apply("onnxruntime", config)
+    assert config.parameters["intra_op_thread_count"].string_value == "3"
+    lines = cfg.unused_settings()
+    assert len(lines) == 3 and all("accepted, not used by Conveyor because" in line for line in lines)
+    assert "no stub process" in lines[0] and "no Conveyor backend reads it" in lines[1]
+    assert "no backend by that name" in lines[2]
+
+
+def test_grpc_keepalive_flags_become_server_options() -> None:
+    a = build_tritonserver_parser().parse_args(["--grpc-keepalive-time=10000", "--grpc-max-connection-age=60000",
+                                                "--grpc-keepalive-permit-without-calls=true"])
+    options = dict(grpc_keepalive_options(a))
+    assert options["grpc.keepalive_time_ms"] == 10000 and options["grpc.max_connection_age_ms"] == 60000
+    assert options["grpc.keepalive_permit_without_calls"] == 1
+    assert options["grpc.keepalive_timeout_ms"] == 20000  # Triton's default, passed on as Triton does
+    assert "grpc.max_connection_age_grace_ms" not in options  # unset by default, as Triton
+
+
+def test_unused_flags_are_logged_once_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+    from conveyor.deploy.triton_flags import log_unused
+
+    a = build_tritonserver_parser().parse_args(["--pinned-memory-pool-byte-size=1", "--http-thread-count=16",
+                                                "--cuda-memory-pool-byte-size=0:1"])
+    with caplog.at_level(logging.WARNING, logger="conveyor.flags"):
+        log_unused(a, [])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert all(": accepted, not used by Conveyor because " in line for line in lines)
+
+
+# --- against a running group --------------------------------------------------------------
+
+def _repo(root: str, broken: bool = False) -> str:
+    repo = os.path.join(root, "models")
+    os.makedirs(repo, exist_ok=True)
+    add_sub(repo, "simple", 8)
+    if broken:
+        os.makedirs(os.path.join(repo, "bad_config", "1"))
+        with open(os.path.join(repo, "bad_config", "config.pbtxt"), "w", encoding="utf-8") as f:
+            f.write('platform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
+    return repo
+
+
+class Triton:
+    """``python -m conveyor.deploy.tritonserver`` with a command line from Triton's docs."""
+
+    def __init__(self, line: str, repo: str, run_dir: str) -> None:
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        argv = line.replace("/models", repo).split()[1:]
+        # The line runs as written; the harness only moves it to free loopback ports and makes it
+        # quick to stop (later flags win, in Triton as here).
+        harness = [f"--http-port={self.http}", f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics}",
+                   "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--workers=1",
+                   f"--arena-size={32 << 20}", "--exit-timeout-secs=10", "--drain-grace-secs=0"]
+        self.log = os.path.join(run_dir, f"triton-{self.http}.log")
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.tritonserver", *argv, *harness],
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "CONVEYOR_RUN_DIR": run_dir})
+
+    def output(self) -> str:
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(30)
+
+
+@pytest.fixture
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield str(tmp_path_factory.mktemp("run"))
+
+
+DOC_LINES = [
+    "tritonserver --model-repository=/models",  # the quickstart
+    "tritonserver --model-repository=/models --model-control-mode=explicit --load-model=*",
+    "tritonserver --model-repository=/models --log-verbose=1 --strict-model-config=false",
+    # Helm charts (deploy/gcp, deploy/aws): --model-store and the three ports
+    "tritonserver --model-store=/models --grpc-port=8001 --http-port=8000 --metrics-port=8002 "
+    "--allow-gpu-metrics=false",
+]
+
+
+@pytest.mark.parametrize("line", DOC_LINES)
+def test_doc_command_lines_serve(line: str, run_dir: str) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    server = Triton(line, _repo(run_dir), run_dir)
+    try:
+        wait_ready(server.http, server.proc, (server.grpc, server.metrics))
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
+        assert http.is_server_ready() and http.is_model_ready("simple")
+        assert http.get_server_metadata()["name"] == "triton"
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+        assert grpc.is_server_ready()
+        meta = grpc.get_server_metadata()
+        assert meta.name == "triton" and "model_repository(unload_dependents)" in meta.extensions
+        assert grpc.get_model_metadata("simple").name == "simple"
+    finally:
+        assert server.stop() == 0
+
+
+def test_exit_on_error_is_tritons_default(run_dir: str) -> None:
+    """A model that fails to load stops the server with a non-zero code, as Triton
+    ("error: creating server: Internal - failed to load all models")."""
+    server = Triton("tritonserver --model-repository=/models", _repo(run_dir, broken=True), run_dir)
+    try:
+        code = server.proc.wait(60)
+    finally:
+        server.stop()
+    assert code == 1
+    assert "failed to load all models" in server.output() and "bad_config" in server.output()
+
+
+def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(run_dir: str) -> None:
+    import tritonclient.http as httpclient
+
+    server = Triton("tritonserver --model-repository=/models --exit-on-error=false --id=edge-7",
+                    _repo(run_dir, broken=True), run_dir)
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
+        deadline = time.monotonic() + 60
+        while not _model_ready(client, "simple"):
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.output()
+            time.sleep(0.2)
+        # Strict readiness (Triton's default): a model that failed keeps the server not ready.
+        time.sleep(1.0)
+        assert not client.is_server_ready()
+        assert client.get_server_metadata()["name"] == "edge-7"
+    finally:
+        assert server.stop() == 0
+
+
+def _model_ready(client: object, name: str) -> bool:
+    try:
+        return bool(client.is_model_ready(name))  # type: ignore[attr-defined]
+    except Exception:
+        return False
+
+
+def test_config_fields_read_but_not_acted_on_are_named_once_per_load(caplog: pytest.LogCaptureFixture,
+                                                                     tmp_path: object) -> None:
+    from conveyor.router.lifecycle import ModelLifecycle
+    from conveyor.router.models import ModelRegistry
+
+    repo = os.path.join(str(tmp_path), "models")
+    add_sub(repo, "plain", 8)
+    add_sub(repo, "fancy", 8, 'instance_group [{ count: 2 kind: KIND_CPU passive: true host_policy: "p0" }]\n'
+                              'optimization { cuda { graphs: true } priority: PRIORITY_MAX }\n'
+                              'model_repository_agents { agents [{ name: "checksum" }] }')
+    with caplog.at_level(logging.WARNING, logger="conveyor.router.repository.config_unused"):
+        ModelLifecycle(ModelRegistry(), [repo]).startup()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("model 'fancy': config fields read but not acted on")
+    for field in ("model_repository_agents", "instance_group.passive", "instance_group.host_policy",
+                  "optimization.cuda", "optimization.priority"):
+        assert field in lines[0]

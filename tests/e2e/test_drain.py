@@ -1,0 +1,189 @@
+"""Shutdown drains (Triton unloads at once, server#6230): readiness goes false
+first while requests are still served, then new requests get 503/UNAVAILABLE
+while those in flight finish, then the group exits clean."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conveyor.deploy.example_repo import add_sub
+from conveyor.proto.drain import DrainClock, Phase
+from conveyor.router.control import ControlHandler
+from conveyor.router.models import ModelRegistry
+from conveyor.router.worker_pool.pool import WorkerPool
+from tests.support.group import Server, start_server
+from tests.support.python_models import write_model
+from tests.support.waiting import eventually
+
+SLEEP_MODEL = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            time.sleep(float(seconds[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", seconds)]))
+        return responses
+"""
+
+SLEEP_CONFIG = """
+name: "sleep"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+GRACE_S = 5.0
+IN_FLIGHT_S = 12.0  # outlives the grace by far: the refusing phase is seen while it runs
+
+
+def test_drain_clock_phases() -> None:
+    clock = DrainClock(grace_s=5, exit_timeout_s=10)
+    assert clock.phase(busy=True, now=0) is Phase.SERVING and not clock.draining and not clock.refusing(0)
+    clock.begin(now=100)
+    clock.begin(now=101)  # a second stop request changes nothing
+    assert clock.draining
+    assert clock.phase(busy=False, now=104) is Phase.GRACE and not clock.refusing(104)
+    assert clock.phase(busy=True, now=106) is Phase.REFUSING and clock.refusing(106)
+    assert clock.phase(busy=False, now=106) is Phase.DONE
+    assert clock.phase(busy=True, now=115.5) is Phase.DONE  # the exit timeout cuts it off
+    assert clock.time_left(now=106) == 9
+
+
+def test_a_draining_router_is_not_ready() -> None:
+    # Stopping the router alone (systemctl stop conveyor-router): every ingress reports not ready.
+    clock = DrainClock(grace_s=0)
+    control = ControlHandler(ModelRegistry(), WorkerPool(), clock)
+    assert control.server_ready()
+    clock.begin()
+    assert not control.server_ready()
+
+
+def _ready_status(server: Server) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _infer_http(server: Server) -> np.ndarray[Any, Any]:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    try:
+        a = np.arange(16, dtype=np.int32)
+        inputs = [httpclient.InferInput("INPUT0", [16], "INT32"), httpclient.InferInput("INPUT1", [16], "INT32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(a)
+        out = client.infer("simple", inputs).as_numpy("OUTPUT0")
+        assert out is not None
+        return out
+    finally:
+        client.close()
+
+
+def _infer_grpc(server: Server) -> np.ndarray[Any, Any]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        a = np.arange(16, dtype=np.int32)
+        inputs = [grpcclient.InferInput("INPUT0", [16], "INT32"), grpcclient.InferInput("INPUT1", [16], "INT32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(a)
+        out = client.infer("simple", inputs, client_timeout=30).as_numpy("OUTPUT0")
+        assert out is not None
+        return out
+    finally:
+        client.close()
+
+
+def _refused_http(server: Server) -> bool:
+    try:
+        _infer_http(server)
+    except InferenceServerException as exc:
+        return exc.status() == "503" or "503" in str(exc)
+    return False
+
+
+def _refused_grpc(server: Server) -> bool:
+    try:
+        _infer_grpc(server)
+    except InferenceServerException as exc:
+        return exc.status() == "StatusCode.UNAVAILABLE"
+    return False
+
+
+def _grpc_ready(server: Server) -> bool:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        return bool(client.is_server_ready(client_timeout=5))
+    finally:
+        client.close()
+
+
+@pytest.fixture()
+def draining_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+    repo = str(tmp_path_factory.mktemp("drain"))
+    add_sub(repo, "simple", 0)
+    write_model(repo, "sleep", SLEEP_MODEL, SLEEP_CONFIG)
+    return start_server(repo, f"dr{os.getpid()}", "--workers", "1", "--drain-grace-secs", str(GRACE_S),
+                        "--exit-timeout-secs", "30")
+
+
+def test_sigterm_drains_readiness_first_then_refuses_while_in_flight_requests_finish(
+    draining_server: Server,
+) -> None:
+    srv = draining_server
+    slow: dict[str, Any] = {}
+
+    def slow_request() -> None:
+        client = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+        try:
+            inp = httpclient.InferInput("INPUT0", [1], "FP32")
+            inp.set_data_from_numpy(np.array([IN_FLIGHT_S], dtype=np.float32))
+            slow["out"] = client.infer("sleep", [inp]).as_numpy("OUTPUT0")
+        except Exception as exc:
+            slow["error"] = exc
+        finally:
+            client.close()
+
+    try:
+        assert _ready_status(srv) == 200 and _grpc_ready(srv)
+        in_flight = threading.Thread(target=slow_request)
+        in_flight.start()
+        time.sleep(1.0)  # let it reach the worker
+        signalled = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+
+        # Grace: not ready over HTTP and gRPC, but requests are still served.
+        eventually(lambda: _ready_status(srv) == 400 and not _grpc_ready(srv), timeout=GRACE_S)
+        assert _infer_http(srv).tolist() == [2 * i for i in range(16)]
+        assert _infer_grpc(srv).tolist() == [2 * i for i in range(16)]
+        assert time.monotonic() - signalled < GRACE_S, "the machine was too slow to see the grace period"
+
+        # After the grace: new requests are refused while the slow one still runs.
+        eventually(lambda: _refused_http(srv) and _refused_grpc(srv), timeout=IN_FLIGHT_S)
+        assert in_flight.is_alive()
+        in_flight.join(60)
+        assert slow.get("error") is None and slow["out"].tolist() == [IN_FLIGHT_S]
+        assert srv.proc.wait(60) == 0
+        assert srv.shm_segments() == []
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()

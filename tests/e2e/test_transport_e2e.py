@@ -1,0 +1,81 @@
+"""The request path's transport against a running group: workers answer the ingress
+directly when the router has nothing left to do with a response, and every other
+response still comes through the router; concurrent clients each get their own
+answer while the links carry several descriptors per message."""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.support.group import Server, router_control
+
+
+def _add_sub(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient, seed: int,
+             module: object) -> None:
+    a = np.full((1, 16), seed, dtype=np.int32)
+    b = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]  # type: ignore[attr-defined]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("simple", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_plain_requests_are_answered_by_their_worker(server: Server) -> None:
+    before = router_control(server.group, "transport")
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    for i in range(10):
+        _add_sub(http, i, httpclient)
+        _add_sub(grpc, i, grpcclient)
+    after = router_control(server.group, "transport")
+    assert after["dispatched"] - before["dispatched"] >= 20
+    assert after["direct"] - before["direct"] >= 20
+
+
+def test_concurrent_clients_get_their_own_answers(server: Server) -> None:
+    """16 clients at once over both protocols: the coalesced links keep every answer with its request."""
+
+    def client(n: int) -> None:
+        if n % 2:
+            c: httpclient.InferenceServerClient | grpcclient.InferenceServerClient = (
+                httpclient.InferenceServerClient(server.http_url))
+            module: object = httpclient
+        else:
+            c, module = grpcclient.InferenceServerClient(server.grpc_url), grpcclient
+        for i in range(25):
+            _add_sub(c, n * 1000 + i, module)
+
+    with ThreadPoolExecutor(16) as pool:
+        for f in [pool.submit(client, n) for n in range(16)]:
+            f.result()
+
+
+def test_decoupled_responses_still_come_through_the_router(server: Server) -> None:
+    """A decoupled model's responses are followed by the router (it counts each request's final
+    one): they are never sent straight from the worker, and the stream gets every response."""
+    before = router_control(server.group, "transport")
+    received: queue.SimpleQueue[object] = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: received.put(error or result))
+    try:
+        inp = grpcclient.InferInput("IN", [3], "INT32")
+        inp.set_data_from_numpy(np.array([5, 6, 7], dtype=np.int32))
+        client.async_stream_infer("py_repeat", [inp], request_id="r")
+        values = []
+        for _ in range(3):
+            result = received.get(timeout=30)
+            assert isinstance(result, grpcclient.InferResult), result
+            values.append(int(result.as_numpy("OUT")[0]))
+        assert values == [5, 6, 7]
+    finally:
+        client.stop_stream()
+    after = router_control(server.group, "transport")
+    assert after["dispatched"] - before["dispatched"] == 1
+    assert after["direct"] == before["direct"]

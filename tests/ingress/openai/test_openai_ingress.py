@@ -1,0 +1,162 @@
+"""The OpenAI-compatible ingress with the official ``openai`` client, against a running
+group serving a stand-in model of Triton's vLLM contract (tests/support/openai_models.py): the
+protocol's shapes, streaming, ``n``, ``stop``, usage, adapters through the model name,
+errors, and a client that goes away. The real engine: tests/ingress/openai/test_openai_vllm_e2e.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.support import openai_models
+from tests.support.group import Server, _listening, free_port, start_server
+
+MODEL = "fake_llm"
+SEP = "_lora_"
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
+    repo = str(tmp_path_factory.mktemp("openai_models"))
+    openai_models.build(repo)
+    port = free_port()
+    srv = start_server(repo, f"oa{os.getpid()}", "--workers", "1", "--openai-port", str(port),
+                       "--openai-address", "127.0.0.1", "--lora-separator", SEP, grpc=False)
+    deadline = time.monotonic() + 30
+    while not _listening(port):
+        assert time.monotonic() < deadline, "the OpenAI ingress did not listen"
+        time.sleep(0.1)
+    yield srv, port
+    assert srv.stop() == 0
+    assert srv.shm_segments() == []
+
+
+@pytest.fixture(scope="module")
+def client(group: tuple[Server, int]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{group[1]}/v1", api_key="none", max_retries=0, timeout=30)
+
+
+def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
+    ids = [m.id for m in client.models.list()]
+    assert ids == [MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet"]
+    assert client.models.retrieve(f"{MODEL}{SEP}sql").id == f"{MODEL}{SEP}sql"
+
+
+def test_completion(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt="a b c", max_tokens=4)
+    assert out.object == "text_completion" and out.model == MODEL and out.id.startswith("cmpl-")
+    assert [(c.index, c.text, c.finish_reason) for c in out.choices] == [(0, " a b c a", "length")]
+    assert out.usage is not None
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (3, 4, 7)
+
+
+def test_completion_n_stop_and_echo(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt="a b c", max_tokens=5, n=2, stop=["c"], echo=True)
+    assert [(c.index, c.text, c.finish_reason) for c in out.choices] == [
+        (0, "a b c a b", "stop"), (1, "a b c b", "stop")]
+    assert out.usage is not None and out.usage.completion_tokens == 3
+
+
+def test_completion_streams(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt="x y", max_tokens=3, n=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = ["", ""]
+    finish: list[str | None] = [None, None]
+    for chunk in chunks[:-1]:
+        assert chunk.usage is None
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            finish[c.index] = finish[c.index] or c.finish_reason
+    assert texts == [" x y x", " y x y"] and finish == ["length", "length"]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (2, 6)
+
+
+def test_chat_applies_the_models_template(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    choice = out.choices[0]
+    # The prompt the model saw is the template's: "<|user|> hi <|assistant|>".
+    assert choice.message.role == "assistant" and choice.message.content == " <|user|> hi <|assistant|>"
+    assert choice.finish_reason == "length"
+    assert out.usage is not None and out.usage.prompt_tokens == 3
+
+
+def test_chat_streams_role_first(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=2, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == " <|user|> hi"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+
+def test_adapter_through_the_model_name(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=f"{MODEL}{SEP}sql", prompt="q", max_tokens=2)
+    assert out.choices[0].text == " sql:q sql:q" and out.model == f"{MODEL}{SEP}sql"
+
+
+def test_unknown_model_and_adapter_are_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="nope", prompt="a")
+    assert err.value.code == "model_not_found" and "`nope` does not exist" in err.value.message
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model=f"{MODEL}{SEP}nope", messages=[{"role": "user", "content": "a"}])
+    assert "no LoRA adapter 'nope'" in err.value.message and "sql, poet" in err.value.message
+
+
+def test_bad_requests_are_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="a", max_tokens="many")  # type: ignore[call-overload]
+    assert "max_tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="a", logit_bias={"1": 2})
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="a", stream_options={"include_usage": True})
+
+
+def test_model_error_before_the_stream_is_a_status(group: tuple[Server, int]) -> None:
+    """The model refuses the request at once: the client gets a status, not a broken stream."""
+    conn = http.client.HTTPConnection("127.0.0.1", group[1], timeout=30)
+    # The catalog knows "sql" and "poet"; a model that refuses what the catalog lets through still answers.
+    conn.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "a", "n": 0}))
+    r = conn.getresponse()
+    assert r.status == 400 and json.loads(r.read())["error"]["type"] == "invalid_request_error"
+
+
+def test_a_client_that_goes_away_cancels_its_request(group: tuple[Server, int]) -> None:
+    srv, port = group
+    marker = os.path.join(srv.repo, MODEL, "1", "cancelled")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/completions",
+                 body=json.dumps({"model": MODEL, "prompt": "slow", "max_tokens": 200, "stream": True}))
+    r = conn.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data: ")
+    conn.close()  # 200 tokens would take 10 s
+    deadline = time.monotonic() + 5
+    while not os.path.exists(marker):
+        assert time.monotonic() < deadline, "the model's request was not cancelled"
+        time.sleep(0.05)
+
+
+def test_scales_like_the_other_ingress_kinds(group: tuple[Server, int], client: openai.OpenAI) -> None:
+    import subprocess
+    import sys
+
+    def scale(n: int) -> str:
+        out = subprocess.run([sys.executable, "-m", "conveyor.deploy.cli", "scale", "--group", group[0].group,
+                              "openai-ingress", str(n)], capture_output=True, text=True, timeout=30, check=True)
+        return out.stdout
+
+    assert "openai-ingress=2" in scale(2)
+    for _ in range(4):  # whichever process the kernel hands the connection to answers
+        assert client.completions.create(model=MODEL, prompt="a", max_tokens=1).choices[0].text == " a"
+    assert "openai-ingress=1" in scale(1)

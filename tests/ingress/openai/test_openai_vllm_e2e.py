@@ -1,0 +1,188 @@
+"""The OpenAI ingress in front of the real engine: the ``vllm`` backend serving the tiny
+Llama of tests/support/tiny_llama.py (Triton's vLLM repository layout), driven by the
+official ``openai`` client. Greedy outputs, streamed or not, chat or completions, base
+model or adapter, are token for token those of vLLM's own ``LLM.generate`` on the same
+prompt (chat: the model's template applied); a client that goes away aborts its request
+in the engine."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import openai
+import pytest
+
+from tests.support import tiny_llama
+from tests.support.group import Server, free_port, wait_ready
+
+MODEL = "vllm_model"
+SEP = "_lora_"
+MAX_TOKENS = 12
+PROMPT = "the quick brown"
+CHAT = [{"role": "user", "content": "hello world"}]
+
+
+@dataclass
+class Reference:
+    """vLLM's own greedy outputs: (text, output token count, prompt token count) per case."""
+
+    completion: dict[str | None, tuple[str, int, int]]
+    chat: dict[str | None, tuple[str, int, int]]
+
+
+@dataclass
+class Group:
+    server: Server
+    port: int
+    ref: Reference
+
+
+def _reference(tiny: tiny_llama.TinyLlama) -> Reference:
+    """Computed in a child process (this module run as a script): its engine and memory go with it."""
+    out = subprocess.run([sys.executable, "-m", "tests.test_openai_vllm_e2e", str(tiny.model_dir),
+                          json.dumps({k: str(v) for k, v in tiny.adapters.items()})],
+                         capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    doc = json.loads(out.stdout.splitlines()[-1])
+    return Reference(*({None if k == "" else k: tuple(v) for k, v in doc[part].items()}
+                       for part in ("completion", "chat")))
+
+
+def _vllm_outputs(model_dir: str, adapters: dict[str, str]) -> dict[str, dict[str, list[object]]]:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    chat_prompt = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
+        CHAT, tokenize=False, add_generation_prompt=True)
+    llm = LLM(model=model_dir, enforce_eager=True, dtype="float32", max_model_len=256, enable_lora=True,
+              max_loras=2, max_lora_rank=8, kv_cache_memory_bytes=64 << 20)
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    loras = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(adapters.items())}
+
+    def run(prompt: str, adapter: str) -> list[object]:
+        out = llm.generate([prompt], greedy, lora_request=loras.get(adapter), use_tqdm=False)[0]
+        return [out.outputs[0].text, len(out.outputs[0].token_ids), len(out.prompt_token_ids)]
+
+    cases = ("", *adapters)
+    return {"completion": {a: run(PROMPT, a) for a in cases}, "chat": {a: run(chat_prompt, a) for a in cases}}
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    root = tmp_path_factory.mktemp("openai_vllm")
+    tiny = tiny_llama.build(root / "tiny")
+    repo = root / "models"
+    tiny_llama.write_repository(repo, tiny)
+    port, http_port, metrics_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen([
+        sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo),
+        "--group", f"ov{os.getpid()}", "--workers", "1", "--allow-grpc", "false", "--http-port", str(http_port),
+        "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1", "--openai-port", str(port),
+        "--openai-address", "127.0.0.1", "--lora-separator", SEP, "--exit-timeout-secs", "10",
+    ])
+    try:
+        ref = _reference(tiny)  # meanwhile the group loads its own engine
+        wait_ready(http_port, proc, (port, metrics_port), timeout=240)  # an engine loads in ~20 s, more under load
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    srv = Server(proc, f"ov{os.getpid()}", http_port, 0, metrics_port, str(repo))
+    yield Group(srv, port, ref)
+    assert srv.stop() == 0
+    assert srv.shm_segments() == []
+
+
+@pytest.fixture(scope="module")
+def client(group: Group) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{group.port}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def _name(adapter: str | None) -> str:
+    return MODEL if adapter is None else f"{MODEL}{SEP}{adapter}"
+
+
+def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL, *(_name(a) for a in tiny_llama.ADAPTERS)]
+
+
+@pytest.mark.parametrize("adapter", [None, *tiny_llama.ADAPTERS])
+def test_completions_are_vllms_greedy_outputs(group: Group, client: openai.OpenAI, adapter: str | None) -> None:
+    text, n_out, n_in = group.ref.completion[adapter]
+    out = client.completions.create(model=_name(adapter), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    assert out.choices[0].text == text
+    assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (n_in, n_out)
+    chunks = list(client.completions.create(model=_name(adapter), prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == n_out
+
+
+@pytest.mark.parametrize("adapter", [None, *tiny_llama.ADAPTERS])
+def test_chat_is_vllms_greedy_output_on_the_template(group: Group, client: openai.OpenAI, adapter: str | None) -> None:
+    text, n_out, n_in = group.ref.chat[adapter]
+    out = client.chat.completions.create(model=_name(adapter), messages=CHAT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                                         temperature=0)
+    assert out.choices[0].message.content == text
+    assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (n_in, n_out)
+    chunks = list(client.chat.completions.create(model=_name(adapter), messages=CHAT,  # type: ignore[arg-type]
+                                                 max_tokens=MAX_TOKENS, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"  # type: ignore[attr-defined]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text  # type: ignore[attr-defined]
+
+
+def test_adapters_change_the_output(group: Group) -> None:
+    """Otherwise the tests above would not show the adapter reached the engine."""
+    texts = {a: group.ref.completion[a][0] + group.ref.chat[a][0] for a in (None, *tiny_llama.ADAPTERS)}
+    assert len(set(texts.values())) == len(texts), texts
+
+
+@pytest.mark.xfail(reason="vllm backend: with n > 1 and stream false the one response lacks the last choice "
+                          "(seen: 2 texts and a 3rd empty with no finish reason); under investigation", strict=False)
+def test_n_choices_in_one_request(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.finish_reason in ("stop", "length") for c in out.choices), out.choices
+    assert out.usage is not None and out.usage.completion_tokens <= 24
+    again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7)
+    assert [c.text for c in again.choices] == [c.text for c in out.choices]  # seeded
+
+
+def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="a")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model=_name("gamma"), prompt="a")
+    assert "no LoRA adapter 'gamma'" in err.value.message
+
+
+def _generated_tokens(srv: Server) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+def test_a_client_that_goes_away_aborts_its_request(group: Group) -> None:
+    before = _generated_tokens(group.server)
+    conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"model": MODEL, "prompt": PROMPT, "max_tokens": 230, "ignore_eos": True, "stream": True}))
+    r = conn.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data: ")
+    conn.close()
+    time.sleep(2.0)  # a request that ran on would finish its 230 tokens well within this
+    assert _generated_tokens(group.server) - before < 230
+
+
+if __name__ == "__main__":
+    print(json.dumps(_vllm_outputs(sys.argv[1], json.loads(sys.argv[2]))))

@@ -1,0 +1,206 @@
+"""Ensembles end to end with tritonclient: a chain and a diamond over HTTP and gRPC,
+a failing step, invalid ensembles, and the statistics Triton reports for them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.support import ensemble_models
+from tests.support.group import Server, start_server
+
+pytestmark = pytest.mark.timeout(180)
+
+Client = Any
+
+
+@pytest.fixture(scope="module")
+def ens_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = str(tmp_path_factory.mktemp("ensembles"))
+    ensemble_models.build(repo)
+    srv = start_server(repo, f"e{os.getpid()}", "--workers", "2", "--allow-client-shm", "true")
+    yield srv
+    assert srv.stop() == 0
+    assert srv.shm_segments() == [], "shared memory left behind after shutdown"
+
+
+@pytest.fixture(params=["http", "grpc"])
+def protocol(request: pytest.FixtureRequest) -> Any:
+    return httpclient if request.param == "http" else grpcclient
+
+
+@pytest.fixture()
+def client(ens_server: Server, protocol: Any) -> Client:
+    return protocol.InferenceServerClient(ens_server.http_url if protocol is httpclient else ens_server.grpc_url)
+
+
+def ab_inputs(protocol: Any, a: np.ndarray, b: np.ndarray) -> list[Any]:
+    inputs = [protocol.InferInput("A", list(a.shape), "INT32"), protocol.InferInput("B", list(b.shape), "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def sample(rows: int = 1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-100, 100, (rows, 16), dtype=np.int32), rng.integers(-100, 100, (rows, 16), dtype=np.int32))
+
+
+def test_chain_runs_both_steps(client: Client, protocol: Any) -> None:
+    a, b = sample(2)
+    result = client.infer("ens_chain", ab_inputs(protocol, a, b))
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("DIFF"), a - b)
+    only = client.infer("ens_chain", ab_inputs(protocol, a, b), outputs=[protocol.InferRequestedOutput("DIFF")])
+    assert only.as_numpy("SUM") is None
+    np.testing.assert_array_equal(only.as_numpy("DIFF"), a - b)
+
+
+def test_diamond_with_independent_steps(client: Client, protocol: Any) -> None:
+    for seed in range(3):
+        a, b = sample(1, seed)
+        result = client.infer("ens_diamond", ab_inputs(protocol, a, b))
+        np.testing.assert_array_equal(result.as_numpy("OUT0"), 2 * b)
+        np.testing.assert_array_equal(result.as_numpy("OUT1"), 2 * a)
+
+
+def test_concurrent_requests_keep_their_own_tensors(ens_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ens_server.http_url, concurrency=8)
+    samples = [sample(1, seed) for seed in range(24)]
+    pending = [client.async_infer("ens_diamond", ab_inputs(httpclient, a, b)) for a, b in samples]
+    for (a, b), request in zip(samples, pending, strict=True):
+        result = request.get_result(timeout=60)
+        np.testing.assert_array_equal(result.as_numpy("OUT0"), 2 * b)
+        np.testing.assert_array_equal(result.as_numpy("OUT1"), 2 * a)
+    client.close()
+
+
+def test_a_failing_step_fails_the_request_with_its_message(client: Client, protocol: Any) -> None:
+    a, b = sample()
+    with pytest.raises(InferenceServerException, match="step exploded on purpose"):
+        client.infer("ens_fails", ab_inputs(protocol, a, b))
+    # The ensemble keeps serving after a failure.
+    np.testing.assert_array_equal(client.infer("ens_chain", ab_inputs(protocol, a, b)).as_numpy("SUM"), a + b)
+
+
+@pytest.mark.parametrize(("model", "reason"), [
+    ("ens_missing_model", "composing model 'no_such_model' is not found"),
+    ("ens_cycle", "cycle"),
+    ("ens_too_big", "allows maximum batch size 16, but it contains model 'ident' which only allows maximum "
+                    "batch size to be 8"),
+    ("ens_bad_tensor", "composing model 'ident' has no input 'NOPE'"),
+    ("ens_two_streams", "in ensemble 'ens_two_streams', the ensemble's outputs come from different decoupled "
+                        "models ('py_repeat' (step 0) and 'py_repeat' (step 1))"),
+    ("ens_bad_condition", "parameter 'conveyor.step.0.when': condition 'A is big': expected '<tensor> <op> <value>'"),
+])
+def test_invalid_ensembles_are_unavailable_with_the_reason(ens_server: Server, model: str, reason: str) -> None:
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    assert not http.is_model_ready(model)
+    rows = {r["name"]: r for r in http.get_model_repository_index()}
+    assert rows[model]["state"] == "UNAVAILABLE"
+    assert reason in rows[model]["reason"]
+    with pytest.raises(InferenceServerException, match=r"not ready|no available versions") as err:
+        http.infer(model, ab_inputs(httpclient, *sample())[:1])
+    assert reason in str(err.value)
+    assert http.is_server_ready()
+
+
+def test_metadata_and_readiness(ens_server: Server) -> None:
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    assert http.is_model_ready("ens_chain")
+    meta = http.get_model_metadata("ens_chain")
+    assert meta["platform"] == "ensemble"
+    assert [t["name"] for t in meta["inputs"]] == ["A", "B"]
+    config = http.get_model_config("ens_chain")
+    assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == ["simple", "ident"]
+
+
+def _stats(client: Client, model: str) -> dict[str, Any]:
+    return dict(client.get_inference_statistics(model)["model_stats"][0])
+
+
+def test_statistics_of_the_ensemble_and_its_composing_models(ens_server: Server) -> None:
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    before = {m: _stats(http, m) for m in ("ens_chain", "simple", "ident")}
+    a, b = sample()
+    for _ in range(3):
+        http.infer("ens_chain", ab_inputs(httpclient, a, b))
+    after = {m: _stats(http, m) for m in ("ens_chain", "simple", "ident")}
+
+    def grew(model: str, path: str) -> int:
+        key, field = path.split(".")
+        return int(after[model]["inference_stats"][key][field]) - int(before[model]["inference_stats"][key][field])
+
+    assert grew("ens_chain", "success.count") == 3
+    assert after["ens_chain"]["inference_count"] - before["ens_chain"]["inference_count"] == 3
+    # Each step is an ordinary request to its composing model...
+    assert grew("simple", "success.count") == 3 and grew("ident", "success.count") == 3
+    # ...and, as in Triton, the ensemble's queue and compute times add up its steps' (two per request).
+    assert grew("ens_chain", "queue.count") == 6
+    assert grew("ens_chain", "compute_infer.count") == 6
+    assert grew("ens_chain", "compute_infer.ns") > 0
+    grpc = grpcclient.InferenceServerClient(ens_server.grpc_url)
+    stats = grpc.get_inference_statistics("ens_chain", as_json=True)["model_stats"][0]
+    assert int(stats["inference_stats"]["success"]["count"]) >= 3
+
+
+def test_conditional_steps_run_one_branch(ens_server: Server, client: Client, protocol: Any) -> None:
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    before = _stats(http, "ident")
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inp = protocol.InferInput("A", [1, 16], "INT32")
+    inp.set_data_from_numpy(a)
+    positive = client.infer("ens_if_else", [inp])
+    np.testing.assert_array_equal(positive.as_numpy("POS"), a)
+    assert positive.as_numpy("NEG") is None  # that step was skipped: its output is left out
+    inp.set_data_from_numpy(-a)
+    negative = client.infer("ens_if_else", [inp])
+    np.testing.assert_array_equal(negative.as_numpy("NEG"), a)
+    assert negative.as_numpy("POS") is None
+    after = _stats(http, "ident")
+    grown = int(after["inference_stats"]["success"]["count"]) - int(before["inference_stats"]["success"]["count"])
+    assert grown == 1  # "ident" ran for the positive request only
+
+
+def test_early_exit_returns_what_exists(client: Client, protocol: Any) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inp = protocol.InferInput("A", [1, 16], "INT32")
+    inp.set_data_from_numpy(-a)
+    stopped = client.infer("ens_exit", [inp])
+    np.testing.assert_array_equal(stopped.as_numpy("FLAG"), [[False]])
+    assert stopped.as_numpy("OUT") is None
+    inp.set_data_from_numpy(a)
+    full = client.infer("ens_exit", [inp])
+    np.testing.assert_array_equal(full.as_numpy("FLAG"), [[True]])
+    np.testing.assert_array_equal(full.as_numpy("OUT"), -a)
+
+
+def test_client_shared_memory_in_and_out(client: Client, protocol: Any) -> None:
+    """Inputs read from the client's segment, an ensemble output written into it by its step."""
+    a, b = sample(1, 9)
+    nbytes = a.nbytes
+    key = f"/cv_ens_{protocol.__name__.split('.')[-1]}_{os.getpid()}"
+    handle = shm.create_shared_memory_region("ens_io", key, 3 * nbytes)
+    try:
+        shm.set_shared_memory_region(handle, [a, b])
+        client.register_system_shared_memory("ens_io", key, 3 * nbytes)
+        inputs = ab_inputs(protocol, a, b)
+        inputs[0].set_shared_memory("ens_io", nbytes)
+        inputs[1].set_shared_memory("ens_io", nbytes, offset=nbytes)
+        placed = protocol.InferRequestedOutput("SUM")
+        placed.set_shared_memory("ens_io", nbytes, offset=2 * nbytes)
+        result = client.infer("ens_chain", inputs, outputs=[placed, protocol.InferRequestedOutput("DIFF")])
+        np.testing.assert_array_equal(result.as_numpy("DIFF"), a - b)
+        summed = shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=2 * nbytes)
+        np.testing.assert_array_equal(summed, a + b)
+    finally:
+        client.unregister_system_shared_memory("ens_io")
+        shm.destroy_shared_memory_region(handle)

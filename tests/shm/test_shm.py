@@ -1,0 +1,100 @@
+"""Arenas, the allocator and the orphan sweep, on real POSIX shared memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conveyor.proto.errors import ConveyorError
+from conveyor.shm.allocator import BlockAllocator
+from conveyor.shm.arena import HELD, RELEASED, Arena
+from conveyor.shm.naming import group_segments, segment_name, shm_preflight, sweep_orphans
+from conveyor.shm.regions import RegionCache
+
+
+def test_allocator_reuses_and_coalesces() -> None:
+    a = BlockAllocator(1024)
+    x, y, z = a.alloc(100), a.alloc(100), a.alloc(100)
+    assert (x, y, z) == (0, 128, 256)
+    a.free(y)  # type: ignore[arg-type]
+    a.free(x)  # type: ignore[arg-type]
+    assert a.alloc(200) == 0  # x and y merged
+    a.free(0)
+    a.free(z)  # type: ignore[arg-type]
+    assert a.alloc(1024) == 0  # everything merged back
+
+
+def test_arena_full_is_a_clear_error() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 4096)
+    try:
+        arena.alloc(4000)
+        with pytest.raises(ConveyorError, match="arena"):
+            arena.alloc(4000)
+    finally:
+        arena.close()
+
+
+def test_released_blocks_come_back_once_every_consumer_flags() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 1 << 16)
+    regions = RegionCache()
+    try:
+        payload, flags = arena.alloc_released(1000, 2)
+        regions.view(arena.name, payload, 4)[:] = 9
+        assert arena.array[payload] == 9
+        regions.view(arena.name, flags, 1)[0] = 1
+        assert arena.reclaim() == 0
+        regions.view(arena.name, flags + 1, 1)[0] = 1
+        assert arena.reclaim() == 1 and arena.outstanding == 0
+    finally:
+        arena.close()
+
+
+def test_abandoned_blocks_come_back_unless_the_router_holds_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    arena = Arena(segment_name(f"a{os.getpid()}", "test"), 1 << 16)
+    try:
+        arena.alloc_released(100, 1)  # its consumer died
+        _, held = arena.alloc_released(100, 1)  # the router keeps it (ensemble, cache)
+        _, two = arena.alloc_released(100, 2)  # one of two consumers released, the other died
+        _, mixed = arena.alloc_released(100, 2)  # one released, one held
+        arena.array[held] = HELD
+        arena.array[two] = RELEASED
+        arena.array[mixed] = RELEASED
+        arena.array[mixed + 1] = HELD
+        assert arena.reclaim() == 0  # nobody is late yet
+        monkeypatch.setattr(time, "monotonic", lambda: 10**9)  # long after ABANDONED_AFTER_S
+        assert arena.reclaim() == 2 and arena.outstanding == 2  # one, two
+        arena.array[held] = RELEASED
+        arena.array[mixed + 1] = RELEASED
+        assert arena.reclaim() == 2 and arena.outstanding == 0
+    finally:
+        arena.close()
+
+
+def test_view_outside_region_is_rejected() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 4096)
+    try:
+        with pytest.raises(ConveyorError, match="outside"):
+            RegionCache().view(arena.name, 4000, 200)
+    finally:
+        arena.close()
+
+
+def test_sweep_frees_segments_of_dead_owners() -> None:
+    group = f"sweep{os.getpid()}"
+    code = (
+        "from conveyor.shm.arena import Arena; from conveyor.shm.naming import segment_name; "
+        f"Arena(segment_name('{group}', 'worker'), 4096)"  # never closed: the process 'crashes'
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert len(group_segments(group)) == 1
+    assert len(sweep_orphans(group)) == 1
+    assert group_segments(group) == []
+
+
+def test_preflight_names_the_fix_when_dev_shm_is_small() -> None:
+    assert shm_preflight(1) == ""
+    assert "--shm-size" in shm_preflight(1 << 60)

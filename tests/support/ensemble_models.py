@@ -1,0 +1,155 @@
+"""Ensembles over tiny ONNX and Python models, for the ensemble and response-cache tests."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+from onnx import TensorProto, helper
+
+from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub
+from tests.support.python_models import REPEAT_CONFIG, REPEAT_MODEL, write_model
+
+_FAILING_STEP = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("step exploded on purpose"))
+                for _ in requests]
+'''
+
+_INT32_IO = '''
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+'''
+
+
+def identity_int32(repo: str, name: str, max_batch_size: int = 8, op: str = "Identity") -> None:
+    """OUTPUT0 = INPUT0 (``op`` "Neg": OUTPUT0 = -INPUT0), INT32 [16]."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node(op, ["INPUT0"], ["OUTPUT0"])], name,
+        [vi("INPUT0", TensorProto.INT32, ["B", 16])], [vi("OUTPUT0", TensorProto.INT32, ["B", 16])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
+    _write_config(repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+                  + _INT32_IO.format() + "dynamic_batching { }\n")
+
+
+def gate(repo: str, name: str = "gate") -> None:
+    """OUTPUT0 = INPUT0 (INT32 [16]) and FLAG = sum(INPUT0) > 0 (BOOL [1]), per row."""
+    vi = helper.make_tensor_value_info
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT32, [], [0])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"]),
+         helper.make_node("ReduceSum", ["INPUT0", "axes"], ["total"], keepdims=1),
+         helper.make_node("Greater", ["total", "zero"], ["FLAG"])], name,
+        [vi("INPUT0", TensorProto.INT32, ["B", 16])],
+        [vi("OUTPUT0", TensorProto.INT32, ["B", 16]), vi("FLAG", TensorProto.BOOL, ["B", 1])], [axes, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
+    _write_config(repo, name, f'''name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }}, {{ name: "FLAG" data_type: TYPE_BOOL dims: [ 1 ] }} ]
+''')
+
+
+def _write_config(repo: str, name: str, text: str) -> None:
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)  # an ensemble's version directory is empty
+    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    ins = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    outs = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
+
+
+def _when(conditions: dict[str, str]) -> str:
+    """Conveyor's conditional-step parameters: {"conveyor.step.1.when": "flag == true", ...}."""
+    return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in conditions.items())
+
+
+def ensemble(repo: str, name: str, inputs: list[str], outputs: list[str], steps: list[str],
+             max_batch_size: int = 8, extra: str = "") -> None:
+    """An INT32 [16] ensemble over ``steps`` (see ``_step``); an output named FLAG* is BOOL [1]."""
+    ins = ", ".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in inputs)
+    outs = ", ".join(f'{{ name: "{t}" data_type: TYPE_BOOL dims: [ 1 ] }}' if t.startswith("FLAG") else
+                     f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in outputs)
+    _write_config(repo, name, f'''name: "{name}"
+platform: "ensemble"
+max_batch_size: {max_batch_size}
+input [ {ins} ]
+output [ {outs} ]
+ensemble_scheduling {{ step [ {", ".join(steps)} ] }}
+{extra}
+''')
+
+
+ADD_SUB = {"INPUT0": "A", "INPUT1": "B"}
+
+
+def build(repo: str) -> None:
+    add_sub(repo, "simple", 8, "dynamic_batching { }")
+    identity_int32(repo, "ident")
+    identity_int32(repo, "negate", op="Neg")
+    write_model(repo, "py_fail", _FAILING_STEP, 'backend: "python"\nmax_batch_size: 8\n' + _INT32_IO.format())
+    # simple -> ident: SUM = A + B through two models, DIFF straight from the first.
+    ensemble(repo, "ens_chain", ["A", "B"], ["SUM", "DIFF"], [
+        _step("simple", ADD_SUB, {"OUTPUT0": "sum", "OUTPUT1": "DIFF"}),
+        _step("ident", {"INPUT0": "sum"}, {"OUTPUT0": "SUM"}),
+    ])
+    # A diamond, listed out of order: simple, then ident and negate side by side, then simple again.
+    # OUT0 = (A + B) + -(A - B) = 2B, OUT1 = (A + B) - -(A - B) = 2A.
+    ensemble(repo, "ens_diamond", ["A", "B"], ["OUT0", "OUT1"], [
+        _step("simple", {"INPUT0": "left", "INPUT1": "right"}, {"OUTPUT0": "OUT0", "OUTPUT1": "OUT1"}),
+        _step("ident", {"INPUT0": "sum"}, {"OUTPUT0": "left"}),
+        _step("negate", {"INPUT0": "diff"}, {"OUTPUT0": "right"}),
+        _step("simple", ADD_SUB, {"OUTPUT0": "sum", "OUTPUT1": "diff"}),
+    ])
+    ensemble(repo, "ens_fails", ["A", "B"], ["OUT"], [
+        _step("simple", ADD_SUB, {"OUTPUT0": "sum"}),
+        _step("py_fail", {"INPUT0": "sum"}, {"OUTPUT0": "OUT"}),
+    ])
+    # Conditional steps (a Conveyor extension): if / else on the sign of sum(A) ...
+    gate(repo)
+    ensemble(repo, "ens_if_else", ["A"], ["POS", "NEG"], [
+        _step("gate", {"INPUT0": "A"}, {"OUTPUT0": "a", "FLAG": "positive"}),
+        _step("ident", {"INPUT0": "a"}, {"OUTPUT0": "POS"}),
+        _step("negate", {"INPUT0": "a"}, {"OUTPUT0": "NEG"}),
+    ], extra=_when({"conveyor.step.1.when": "positive == true", "conveyor.step.2.when": "positive == false"}))
+    # ... and an early exit: a non-positive sum answers with FLAG alone.
+    ensemble(repo, "ens_exit", ["A"], ["FLAG", "OUT"], [
+        _step("gate", {"INPUT0": "A"}, {"OUTPUT0": "a", "FLAG": "FLAG"}),
+        _step("negate", {"INPUT0": "a"}, {"OUTPUT0": "OUT"}),
+    ], extra=_when({"conveyor.exit_when": "FLAG == false"}))
+    ensemble(repo, "ens_bad_condition", ["A"], ["OUT"], [_step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})],
+             extra=_when({"conveyor.step.0.when": "A is big"}))
+    # Invalid: each is UNAVAILABLE with its reason, the others serve.
+    ensemble(repo, "ens_missing_model", ["A"], ["OUT"], [_step("no_such_model", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})])
+    ensemble(repo, "ens_cycle", ["A"], ["OUT"], [
+        _step("ident", {"INPUT0": "x"}, {"OUTPUT0": "y"}),
+        _step("ident", {"INPUT0": "y"}, {"OUTPUT0": "x"}),
+        _step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"}),
+    ])
+    ensemble(repo, "ens_too_big", ["A"], ["OUT"], [_step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})],
+             max_batch_size=16)
+    write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
+    # Two decoupled steps whose responses cannot be paired (a streaming ensemble is fine: see
+    # tests/router/ensembles/test_ensemble_decoupled_e2e.py).
+    ensemble(repo, "ens_two_streams", ["A"], ["OUT", "OUT2"], [
+        _step("py_repeat", {"IN": "A"}, {"OUT": "OUT"}), _step("py_repeat", {"IN": "A"}, {"OUT": "OUT2"}),
+    ], max_batch_size=0)
+    ensemble(repo, "ens_bad_tensor", ["A"], ["OUT"], [_step("ident", {"NOPE": "A"}, {"OUTPUT0": "OUT"})])

@@ -1,0 +1,93 @@
+"""Stand-ins behind the gRPC servicer, for its tests over loopback: a router link that
+knows one model ``echo``, and a data plane that echoes every input."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
+from conveyor.ingress.limits import IngressLimits
+from conveyor.proto.datatypes import serialize_bytes
+from conveyor.proto.errors import invalid_arg, not_found, unavailable
+
+METADATA = {
+    "name": "echo",
+    "versions": ["1"],
+    "platform": "python",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+    "outputs": [{"name": "OUT_x", "datatype": "FP32", "shape": [-1]}],
+}
+
+
+class FakeLink:
+    def __init__(self) -> None:
+        self.ready: bool | None = True  # None: the router does not answer
+        self.tracing = False
+
+    async def control(self, op: str, **args: Any) -> Any:
+        if op == "server_ready":
+            if self.ready is None:
+                raise unavailable("the router did not answer in time")
+            return self.ready
+        if op == "model_ready":
+            return args["model"] == "echo"
+        if op == "log_settings":
+            level = int(args["settings"].get("log_verbose_level", 0))
+            return {"log_file": "", "log_info": True, "log_verbose_level": level}
+        if op == "trace_settings":
+            return {"trace_level": args["settings"].get("trace_level") or ["OFF"], "trace_rate": "1000"}
+        if args.get("model") not in ("echo", ""):
+            raise not_found(f"Request for unknown model: '{args['model']}' is not found")
+        if op == "model_metadata":
+            return METADATA
+        if op == "model_config":
+            return {"name": "echo", "max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32"}]}
+        if op == "model_stats":
+            return {"model_stats": [{"name": "echo", "version": "1", "inference_count": 3}]}
+        raise AssertionError(op)
+
+
+class FakeDataPlane:
+    """Echoes every input as ``OUT_<name>``; model "fail" is rejected, "crash"
+    raises, and a ``delay_ms`` request parameter makes it wait first."""
+
+    def __init__(self) -> None:
+        self.limits = IngressLimits()
+        self.calls: list[InferCall] = []
+        self.cancelled = 0
+        self.released = 0
+
+    async def is_decoupled(self, model: str, version: str) -> bool:
+        return False
+
+    async def infer(self, call: InferCall, *, endpoint: str = "") -> InferResult:
+        self.calls.append(call)
+        if call.model == "fail":
+            raise invalid_arg(f"bad request {call.id}")
+        if call.model == "crash":
+            raise RuntimeError("kaboom")
+        delay = call.parameters.get("delay_ms", 0)
+        if delay:
+            try:
+                await asyncio.sleep(delay / 1000)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        outputs = []
+        for inp in call.inputs:
+            data = inp.data
+            if isinstance(data, np.ndarray):
+                raw = serialize_bytes(data) if inp.datatype == "BYTES" else data.tobytes()
+            else:
+                raw = bytes(data)  # type: ignore[arg-type]
+            outputs.append(OutputTensor("OUT_" + inp.name, inp.datatype, inp.shape, np.frombuffer(raw, np.uint8)))
+        plane = self
+
+        class Result(InferResult):
+            def release(self) -> None:
+                plane.released += 1
+
+        return Result(call.model, call.version or "1", call.id, outputs, {}, [], None)  # type: ignore[arg-type]

@@ -1,0 +1,203 @@
+"""The Python backend in-process: model.py loading, per-request execution,
+errors, finalize, and the triton_python_backend_utils surface."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.model_config import parse_text
+from conveyor.router.repository.scan import load_spec
+from conveyor.workers.backends.base import RequestBackend, RequestItem
+from conveyor.workers.backends.python import pb_utils
+from conveyor.workers.backends.python.backend import PythonBackend
+from tests.support import python_models
+from tests.support.python_specs import RECORDING_MODEL, write
+
+
+def item(x: np.ndarray, rid: str = "") -> RequestItem:
+    return RequestItem(rid, {"INPUT0": x}, ["ROWS", "CALLS"], {})
+
+
+def test_each_request_keeps_its_own_inputs_and_outcome(tmp_path: Path) -> None:
+    path, config = write(tmp_path, "rec", RECORDING_MODEL)
+    backend = PythonBackend(path, config, "cpu")
+    assert isinstance(backend, RequestBackend)
+    a = np.arange(2, dtype=np.int32).reshape(1, 2)
+    b = np.arange(4, dtype=np.int32).reshape(2, 2)
+    c = np.zeros((3, 2), dtype=np.int32)
+    out = backend.execute_requests([item(a), item(b), item(c)])
+    assert isinstance(out[0], dict) and isinstance(out[1], dict)
+    np.testing.assert_array_equal(out[0]["ROWS"], a + 300)  # three requests in one call, not concatenated
+    np.testing.assert_array_equal(out[1]["ROWS"], b + 300)
+    assert isinstance(out[2], ConveyorError)
+    assert out[2].status is Status.UNSUPPORTED and out[2].message == "three rows"
+    backend.close()
+    assert (tmp_path / "rec" / "finalized").exists()
+
+
+def test_instances_do_not_share_module_state(tmp_path: Path) -> None:
+    path, config = write(tmp_path, "rec", RECORDING_MODEL)
+    first, second = PythonBackend(path, config, "cpu", 0), PythonBackend(path, config, "cpu", 1)
+    x = np.zeros((1, 2), dtype=np.int32)
+    first.execute_requests([item(x)])
+    out = first.execute_requests([item(x)])[0]
+    other = second.execute_requests([item(x)])[0]
+    assert isinstance(out, dict) and isinstance(other, dict)
+    assert out["CALLS"][0, 0] == 2 and other["CALLS"][0, 0] == 1
+    first.close()
+    second.close()
+
+
+@pytest.mark.parametrize("body,match", [
+    ("import conveyor_missing_dependency\n", "ModuleNotFoundError"),
+    ("def nothing_here(): pass\n", "does not define class TritonPythonModel"),
+    ("class TritonPythonModel:\n    def initialize(self, args):\n        raise KeyError('w')\n"
+     "    def execute(self, r):\n        return r\n", "failed to initialize python model 'broken': KeyError"),
+    ("class TritonPythonModel:\n    pass\n", "does not define execute"),
+])
+def test_load_failures_are_unavailable_with_the_reason(tmp_path: Path, body: str, match: str) -> None:
+    path, config = write(tmp_path, "broken", body)
+    with pytest.raises(ConveyorError, match=match) as info:
+        PythonBackend(path, config, "cpu")
+    assert info.value.status is Status.UNAVAILABLE
+
+
+@pytest.mark.parametrize("returned,match", [
+    ("[]", "got 0 for 1 request"),
+    ("[None]", "returned a NoneType, not an InferenceResponse"),
+    ("42", "got int for 1 request"),
+])
+def test_wrong_execute_results_fail_the_batch(tmp_path: Path, returned: str, match: str) -> None:
+    body = f"class TritonPythonModel:\n    def execute(self, requests):\n        return {returned}\n"
+    path, config = write(tmp_path, "wrong", body)
+    backend = PythonBackend(path, config, "cpu")
+    with pytest.raises(ConveyorError, match=match):
+        backend.execute_requests([item(np.zeros((1, 2), np.int32))])
+
+
+def test_response_sender_in_default_mode(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for r in requests:
+                    x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    r.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", x)]),
+                                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+    ''')
+    path, config = write(tmp_path, "sender", body)
+    x = np.ones((1, 2), np.int32)
+    out = PythonBackend(path, config, "cpu").execute_requests([item(x)])[0]
+    assert isinstance(out, dict)
+    np.testing.assert_array_equal(out["ROWS"], x)
+
+
+def test_auto_complete_config_runs_outside_the_router(tmp_path: Path) -> None:
+    python_models.write_model(str(tmp_path), "auto", python_models.AUTOCOMPLETE_MODEL,
+                              'name: "auto"\nbackend: "python"\n')
+    spec = load_spec("auto", str(tmp_path / "auto"))
+    assert not spec.error, spec.error
+    assert spec.config.max_batch_size == 4 and spec.config.HasField("dynamic_batching")
+    assert [(t.name, list(t.dims)) for t in spec.config.input] == [("INPUT0", [3])]
+    assert not [m for m in sys.modules if m.startswith("_conveyor_model_autocomplete")]  # ran in a child process
+
+
+def test_auto_complete_config_conflict_is_the_reason(tmp_path: Path) -> None:
+    config = 'name: "auto"\nbackend: "python"\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+    python_models.write_model(str(tmp_path), "auto", python_models.AUTOCOMPLETE_MODEL, config)
+    spec = load_spec("auto", str(tmp_path / "auto"))
+    assert "configuration expects datatype TYPE_FP32 for input 'INPUT0', model provides TYPE_INT64" in spec.error
+
+
+# --- triton_python_backend_utils -------------------------------------------------------
+
+
+def test_utils_are_importable_under_triton_name() -> None:
+    from conveyor.workers.backends.python.model_import import register_utils
+
+    register_utils()
+    import triton_python_backend_utils
+
+    assert triton_python_backend_utils.Tensor is pb_utils.Tensor
+
+
+def test_tensor_and_dlpack() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = pb_utils.Tensor("X", x)
+    assert t.name() == "X" and t.is_cpu() and t.as_numpy() is x
+    back = pb_utils.Tensor.from_dlpack("Y", t.to_dlpack())
+    np.testing.assert_array_equal(back.as_numpy(), x)
+    np.testing.assert_array_equal(pb_utils.Tensor.from_dlpack("Z", x).as_numpy(), x)
+    words = pb_utils.Tensor("W", np.array(["a", "é"]))
+    assert list(words.as_numpy()) == [b"a", "é".encode()]
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor("S", [1, 2])
+
+
+def test_errors_requests_and_responses() -> None:
+    err = pb_utils.TritonError("nope")
+    assert err.code() == pb_utils.TritonError.INTERNAL and err.message() == "nope"
+    codes = [getattr(pb_utils.TritonError, n) for n in
+             ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS",
+              "CANCELLED")]
+    assert codes == [int(Status[n]) for n in Status.__members__ if n != "DEADLINE_EXCEEDED"]
+    out = pb_utils.Tensor("OUT", np.zeros(1))
+    resp = pb_utils.InferenceResponse(output_tensors=[out])
+    assert not resp.has_error() and pb_utils.get_output_tensor_by_name(resp, "OUT") is out
+    assert pb_utils.get_output_tensor_by_name(resp, "missing") is None
+    req = pb_utils.InferenceRequest.received("m", 1, [out], ["OUT"], "id-1",
+                                             {"sequence_id": 7, "sequence_start": True, "k": "v"})
+    assert req.correlation_id() == 7 and req.parameters() == '{"k":"v"}'  # compact, as Triton's
+    assert req.flags() == pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    assert pb_utils.get_input_tensor_by_name(req, "OUT") is out and not req.is_cancelled()
+    with pytest.raises(pb_utils.TritonModelException, match="needs a Conveyor worker"):
+        req.exec()  # outside a worker there is no router to send it to
+
+
+def test_config_helpers() -> None:
+    config = {"name": "m", "input": [{"name": "A", "data_type": "TYPE_FP16", "dims": [2]}],
+              "output": [{"name": "B", "data_type": "TYPE_STRING", "dims": [1]}]}
+    assert pb_utils.get_input_config_by_name(config, "A") == config["input"][0]
+    assert pb_utils.get_output_config_by_name(config, "A") is None
+    assert pb_utils.triton_string_to_numpy("TYPE_FP16") is np.float16
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    mc_ = pb_utils.ModelConfig(config)
+    mc_.add_input({"name": "A", "data_type": "TYPE_FP16", "dims": [2]})  # agrees: fine
+    with pytest.raises(ValueError, match="expects dims"):
+        mc_.add_input({"name": "A", "data_type": "TYPE_FP16", "dims": [3]})
+    with pytest.raises(ValueError, match="missing 'dims'"):
+        mc_.add_output({"name": "C", "data_type": "TYPE_FP32"})
+    mc_.set_max_batch_size(8)
+    with pytest.raises(ValueError):
+        mc_.set_max_batch_size(2)
+    encoded = pb_utils.serialize_byte_tensor(np.array([b"ab", b""], dtype=np.object_))
+    assert list(pb_utils.deserialize_bytes_tensor(encoded.tobytes())) == [b"ab", b""]
+
+
+def test_parse_text_of_the_triton_example_config() -> None:
+    config = parse_text(python_models.ADD_SUB_CONFIG)
+    assert config.backend == "python" and [i.name for i in config.input] == ["INPUT0", "INPUT1"]
+
+
+def test_an_output_no_datatype_fits_fails_only_its_request() -> None:
+    from conveyor.proto import messages as m
+    from conveyor.workers.batch_io import IoPlan, plan_request_outputs
+
+    items = [m.BatchItem(i, [], [m.OutputSpec("OUT")]) for i in range(2)]
+    outcomes: list[dict[str, np.ndarray] | ConveyorError] = [
+        {"OUT": np.zeros(2, np.complex64)}, {"OUT": np.arange(2, dtype=np.int16)}
+    ]
+    planned = plan_request_outputs(items, outcomes, IoPlan.from_config(mc.ModelConfig(), {}))
+    assert isinstance(planned[0], ConveyorError) and "output 'OUT'" in planned[0].message
+    assert not isinstance(planned[1], ConveyorError)
+    spec, datatype, shape, _ = planned[1][0]
+    assert (spec.name, datatype, shape) == ("OUT", "INT16", [2])

@@ -1,0 +1,163 @@
+"""The triton_python_backend_utils surface models use, in-process: response and
+request parameters, the request's Triton arguments, custom metrics' semantics,
+the Logger levels and the names the module exports."""
+
+from __future__ import annotations
+
+import gc
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conveyor.workers.backends.base import outcome_parameters
+from conveyor.workers.backends.python import pb_utils
+from conveyor.workers.backends.python.pb_utils.inference import bls_parameters, response_outcome
+from conveyor.workers.backends.python.pb_utils.metrics import MetricRegistry
+
+# What Triton 2.51's module offers that models use; Conveyor's must keep offering it.
+TRITON_NAMES = {
+    "Tensor", "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "TritonError",
+    "TritonModelException", "Logger", "LogLevel", "ModelConfig", "MetricFamily", "Metric", "MetricKind",
+    "COUNTER", "GAUGE", "HISTOGRAM", "PreferredMemory", "MemoryType", "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU", "InferenceTrace", "load_model", "unload_model", "is_model_ready",
+    "get_input_tensor_by_name", "get_output_tensor_by_name", "get_input_config_by_name",
+    "get_output_config_by_name", "triton_string_to_numpy", "triton_to_numpy_type", "numpy_to_triton_type",
+    "serialize_byte_tensor", "deserialize_bytes_tensor", "using_decoupled_model_transaction_policy",
+    "TRITON_STRING_TO_NUMPY", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+}
+
+
+def test_the_module_exports_what_triton_models_use() -> None:
+    assert TRITON_NAMES <= set(pb_utils.__all__)
+    assert all(hasattr(pb_utils, name) for name in pb_utils.__all__)
+
+
+def test_response_parameters_are_checked_as_triton_checks_them() -> None:
+    out = pb_utils.Tensor("OUT", np.arange(3, dtype=np.int32))
+    resp = pb_utils.InferenceResponse([out], parameters={"s": "x", "i": 7, "b": True})
+    assert json.loads(resp.parameters()) == {"s": "x", "i": 7, "b": True}
+    assert json.loads(pb_utils.InferenceResponse([out], parameters='{"j": 1}').parameters()) == {"j": 1}
+    assert pb_utils.InferenceResponse([out]).parameters() == "{}"
+    with pytest.raises(pb_utils.TritonModelException, match="values to have type bool/int/str"):
+        pb_utils.InferenceResponse([out], parameters={"f": 1.5})
+    with pytest.raises(pb_utils.TritonModelException, match="keys to have type str"):
+        pb_utils.InferenceResponse([out], parameters={1: "x"})  # type: ignore[dict-item]
+
+
+def test_only_responses_with_parameters_carry_them_to_the_worker() -> None:
+    out = pb_utils.Tensor("OUT", np.arange(3, dtype=np.int32))
+    plain = response_outcome(pb_utils.InferenceResponse([out]))
+    assert type(plain) is dict and outcome_parameters(plain) is None
+    rich = response_outcome(pb_utils.InferenceResponse([out], parameters={"n": 1}))
+    assert outcome_parameters(rich) == {"n": 1} and list(rich) == ["OUT"]  # type: ignore[arg-type]
+
+
+def test_inference_request_takes_tritons_arguments() -> None:
+    t = pb_utils.Tensor("IN", np.zeros(2, dtype=np.int32))
+    req = pb_utils.InferenceRequest(
+        "rid", 42, [t], ["OUT"], "m", 3, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, 1000,
+        pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0), pb_utils.InferenceTrace(), {"k": "v"},
+    )
+    assert (req.request_id(), req.correlation_id(), req.model_name(), req.model_version()) == ("rid", 42, "m", 3)
+    assert req.timeout() == 1000 and json.loads(req.parameters()) == {"k": "v"}
+    assert req.trace().get_context() is None
+    req.set_flags(pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+    assert bls_parameters(req) == {"k": "v", "sequence_id": 42, "sequence_start": True, "sequence_end": True}
+    assert pb_utils.InferenceRequest(correlation_id="seq-a", inputs=[t], requested_output_names=[],
+                                     model_name="m").correlation_id() == "seq-a"
+    with pytest.raises(pb_utils.TritonModelException, match="Correlation ID must be integer or string"):
+        pb_utils.InferenceRequest(correlation_id=1.5, inputs=[t], model_name="m")  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException, match="values to have type"):
+        pb_utils.InferenceRequest(inputs=[t], model_name="m", parameters={"x": [1]})
+    req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
+    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
+        req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
+def test_logger_levels_as_triton_exports_them(caplog: pytest.LogCaptureFixture) -> None:
+    assert pb_utils.Logger.LogLevel.INFO == pb_utils.Logger.INFO == pb_utils.LogLevel.INFO
+    with caplog.at_level("DEBUG", logger="triton_python_backend_utils"):
+        pb_utils.Logger.log("warned", pb_utils.Logger.WARNING)
+        pb_utils.Logger.log_verbose("verbose")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", "warned"), ("DEBUG", "verbose")]
+
+
+# --- custom metrics ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> MetricRegistry:
+    """A registry of this test's own (the worker's is process-wide)."""
+    fresh = MetricRegistry()
+    monkeypatch.setattr("conveyor.workers.backends.python.pb_utils.metrics.REGISTRY", fresh)
+    return fresh
+
+
+def values(registry: MetricRegistry) -> dict[tuple[str, Any], Any]:
+    changed, removed = registry.take_changes()
+    got: dict[tuple[str, Any], Any] = {
+        (s.family, tuple(sorted(s.labels.items()))): (s.value, s.counts) if s.counts else s.value for s in changed
+    }
+    got.update({key: "removed" for key in removed})
+    return got
+
+
+def test_counter_gauge_histogram(registry: MetricRegistry) -> None:
+    labels = {"model": "m", "version": "1"}
+    key = (("model", "m"), ("version", "1"))
+    counter = pb_utils.MetricFamily("c_total", "a counter", pb_utils.COUNTER).Metric(labels)
+    gauge = pb_utils.MetricFamily("g", "a gauge", pb_utils.GAUGE).Metric(labels)
+    hist = pb_utils.MetricFamily("h", "a histogram", pb_utils.HISTOGRAM).Metric(labels, buckets=[1, 10])
+    counter.increment(2)
+    counter.increment(3)
+    gauge.set(5)
+    gauge.increment(-1)
+    for v in (0.5, 1, 5, 50):
+        hist.observe(v)
+    assert counter.value() == 5 and gauge.value() == 4
+    assert values(registry) == {("c_total", key): 5, ("g", key): 4, ("h", key): (56.5, [2, 1, 1])}
+    assert values(registry) == {}  # nothing changed since
+    with pytest.raises(pb_utils.TritonModelException, match="non-negative"):
+        counter.increment(-1)
+    with pytest.raises(pb_utils.TritonModelException, match="for gauges"):
+        counter.set(1)
+    with pytest.raises(pb_utils.TritonModelException, match="for histograms"):
+        gauge.observe(1)
+    with pytest.raises(pb_utils.TritonModelException, match="not supported for histograms"):
+        hist.value()
+
+
+def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricRegistry) -> None:
+    first = pb_utils.MetricFamily("shared_total", "d", pb_utils.COUNTER)
+    second = pb_utils.MetricFamily("shared_total", "d", pb_utils.MetricFamily.COUNTER)
+    first.Metric({"a": "1"}).increment(1)
+    second.Metric({"a": "1"}).increment(1)  # the same series (as two instances of a model in one worker)
+    assert second.Metric({"a": "1"}).value() == 2
+    with pytest.raises(pb_utils.TritonModelException, match="already exists"):
+        pb_utils.MetricFamily("shared_total", "d", pb_utils.GAUGE)
+    values(registry)
+    del first
+    gc.collect()
+    assert values(registry) == {}  # the second family still holds it
+    del second
+    gc.collect()
+    assert values(registry) == {("shared_total", (("a", "1"),)): "removed"}
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: pb_utils.MetricFamily("bad name", "d", pb_utils.COUNTER), "not a valid metric name"),
+    (lambda: pb_utils.MetricFamily("k", "d", 9), "unknown kind"),
+    (lambda: pb_utils.MetricFamily("h2", "d", pb_utils.HISTOGRAM).Metric({}), "needs buckets"),
+    (lambda: pb_utils.MetricFamily("h3", "d", pb_utils.HISTOGRAM).Metric({}, [5, 1]), "increasing"),
+    (lambda: pb_utils.MetricFamily("c2", "d", pb_utils.COUNTER).Metric({}, [1]), "only for histograms"),
+    (lambda: pb_utils.MetricFamily("c3", "d", pb_utils.COUNTER).Metric("x"), "must be a dictionary"),  # type: ignore[arg-type]
+    (lambda: pb_utils.MetricFamily("c4", "d", pb_utils.COUNTER).Metric({"le-x": "1"}), "not a valid label"),
+    (lambda: pb_utils.MetricFamily("c5", "d", pb_utils.COUNTER).Metric({"a": 1}), "must be a string"),  # type: ignore[dict-item]
+])
+def test_metric_misuse_is_refused(registry: MetricRegistry, make: Any, match: str) -> None:
+    with pytest.raises(pb_utils.TritonModelException, match=match):
+        make()
