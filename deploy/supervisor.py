@@ -128,7 +128,9 @@ class Supervisor:
     # --- scaling -----------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
-        return {role: len(pool) for role, pool in self.pools.items()}
+        # The OpenAI ingress is off unless --openai-port asks for it: then it is not a role of this group.
+        return {role: len(pool) for role, pool in self.pools.items()
+                if role != "openai-ingress" or self.args.openai_port}
 
     def scale(self, role: str, count: int | None) -> dict[str, int]:
         """Run ``count`` processes of ``role``: start new ones, or retire the newest."""

@@ -393,7 +393,14 @@ def test_soak_under_worker_kills(soak_server: Server) -> None:
     assert {f"cv_soak_in_{tag}", f"cv_soak_out_{tag}"} <= set(os.listdir("/dev/shm"))
     assert {r["name"] for r in admin.get_system_shared_memory_status()} == {"soak_in", "soak_out"}
 
+    # A worker answers the ingress directly and the router counts the success when the worker's
+    # copy of the result reaches it: give the last counts a moment to land.
+    deadline = time.monotonic() + 10
     successes_after = model_successes(srv)
+    while time.monotonic() < deadline and any(successes_after.get(model, 0) < seen
+                                              for model, seen in soak.ok_by_model.items()):
+        time.sleep(0.2)
+        successes_after = model_successes(srv)
     admin.unregister_system_shared_memory()
     admin.close()
     for handle in regions.values():
@@ -422,8 +429,11 @@ def test_soak_under_worker_kills(soak_server: Server) -> None:
     assert seq.lost_seen <= seq.retryable
     for pid, role in watched.items():
         assert after[pid] < 1.5 * before[pid] + 50 * 1024, f"{role} grew: {before[pid]} -> {after[pid]} KiB"
-    for model, seen in soak.ok_by_model.items():  # the router counts every success a client saw
-        assert successes_after[model] >= seen, f"{model}: statistics say {successes_after[model]}, clients saw {seen}"
+    for model, seen in soak.ok_by_model.items():  # the router counts every success a client saw...
+        # ...but one: a worker killed between its direct answer to the ingress and its copy to the
+        # router leaves a success the router counted as that batch's failure (ARCHITECTURE.md).
+        lost = seen - successes_after[model]
+        assert lost <= soak.kills, f"{model}: statistics say {successes_after[model]}, clients saw {seen}"
         assert successes_after[model] >= successes_before[model]
     # Every request is answered: a worker's death fails its batches at once and no batch is
     # ever sent to it afterwards (WorkerMembership.drop marks its instances unusable first).

@@ -47,7 +47,7 @@ class Group:
 
 def _reference(tiny: tiny_llama.TinyLlama) -> Reference:
     """Computed in a child process (this module run as a script): its engine and memory go with it."""
-    out = subprocess.run([sys.executable, "-m", "tests.test_openai_vllm_e2e", str(tiny.model_dir),
+    out = subprocess.run([sys.executable, "-m", __name__, str(tiny.model_dir),
                           json.dumps({k: str(v) for k, v in tiny.adapters.items()})],
                          capture_output=True, text=True, timeout=300, check=True,
                          env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
