@@ -32,6 +32,7 @@ from conveyor.proto.polling import Poller, spin_seconds
 from conveyor.router.admission import Admission
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
+from conveyor.router.control_ops import router_ops
 from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.self_link import SelfLink
 from conveyor.router.ledger import Ledger
@@ -47,7 +48,7 @@ from conveyor.router.results import Results
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.settings_hub import SettingsHub
-from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
+from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
@@ -137,29 +138,12 @@ class Router:
         self.membership = WorkerMembership(ctx, self.dispatcher, self.results, self.placement, self.settings,
                                            self.shm, self.control.custom_metrics, group, startup.load_retries)
         self.worker_drain = self.membership.drain
-        self._add_control_ops()
+        self.control_ops = router_ops(self)
         # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
         self._on_infer = self.admission.on_infer
         self._on_cancel = self.admission.cancel
         self._on_result = self.results.on_result
         self._on_item_response = self.results.on_item_response
-
-    def _add_control_ops(self) -> None:
-        self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready)),
-                              "repository_register": self.lifecycle.register,
-                              "repository_unregister": self.lifecycle.unregister})
-        self.control.add_ops(control_ops(self.shm, self._forget_regions))
-        self.control.add_ops({
-            "log_settings": self.settings.log_settings,
-            "trace_settings": lambda model="", settings=None: self.settings.trace_settings(
-                model, settings, lambda name: name in self.registry.models),
-        })
-        # What the router keeps of other processes' memory (tests and operators check it returns to 0).
-        self.control.add_ops({"held_blocks": lambda: {
-            "held": len(self.holds), "loans": len(self.loans), "ensembles": len(self.ensembles)}})
-        # How requests were answered: straight from their worker, or through the router.
-        self.control.add_ops({"transport": lambda: {
-            "dispatched": self.dispatcher.dispatched_items, "direct": self.dispatcher.direct_items}})
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -238,14 +222,10 @@ class Router:
                 self.replies.error(identity, msg.id, msg.model, msg.version, err)
             else:
                 self._on_infer(identity, msg)
-        elif isinstance(msg, m.ControlRequest) and msg.op in ("repository_load", "repository_unload"):
-            self.placement.on_model_control(identity, msg)
         elif isinstance(msg, m.ControlRequest):
-            try:
-                reply = m.ControlReply(msg.id, result=self.control.handle(msg.op, msg.args))
-            except ConveyorError as exc:
-                reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send(identity, m.encode(reply))
+            reply = self.control_ops.handle(identity, msg)
+            if reply is not None:  # None: the op answers later (a load, once the model settled)
+                self.front.send(identity, m.encode(reply))
         elif isinstance(msg, m.Cancel):
             self._on_cancel(identity, msg.id)
         elif isinstance(msg, m.TraceEnd):
@@ -309,7 +289,7 @@ class Router:
         self.loans.collect(expire=True)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
-            self._forget_regions(self.shm.sweep())
+            self.forget_regions(self.shm.sweep())
 
     def _broadcast_settings(self, payload: bytes) -> None:
         """A changed ``SettingsUpdate`` to every ingress (and BLS link) and worker we know."""
@@ -318,7 +298,7 @@ class Router:
         for identity in self.pool.workers:
             self.back.send(identity, payload)
 
-    def _forget_regions(self, ids: list[int]) -> None:
+    def forget_regions(self, ids: list[int]) -> None:
         """Tell every worker to unmap these client registrations."""
         if ids:
             msg = m.encode(m.ForgetRegions(ids))

@@ -9,6 +9,7 @@ import logging
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.context import RouterContext
+from conveyor.router.control_table import Caller
 from conveyor.router.lifecycle import ModelLifecycle
 from conveyor.router.models import Instance, InstanceState
 from conveyor.router.repository.cloud import RepositoryRoots
@@ -28,22 +29,18 @@ class Placement:
         self.lifecycle = lifecycle
         self.roots = roots
 
-    def on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
-        """Load answers once the model settled (``settle``); unload at once."""
-        try:
-            name = str(msg.args.get("model", ""))
-            if msg.op == "repository_load":
-                self.lifecycle.check_control_allowed()
-                self.roots.sync()  # as Triton, a load looks at the repository afresh
-                self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
-                                    msg.args.get("files") or None)
-            else:
-                self.lifecycle.unload(name, bool(msg.args.get("unload_dependents", False)))
-                self.front.send(identity, m.encode(m.ControlReply(msg.id)))
-        except ConveyorError as exc:
-            reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send(identity, m.encode(reply))
-            return
+    def load(self, name: str, config: str, files: dict[str, bytes] | None, caller: Caller) -> None:
+        """``repository_load``: as Triton, a load looks at the repository afresh; ``caller``
+        is answered once the model settled (``settle``)."""
+        self.lifecycle.check_control_allowed()
+        self.roots.sync()
+        self.lifecycle.load(name, caller, config, files or None)
+        self.place()
+        self.settle()
+
+    def unload(self, name: str, dependents: bool) -> None:
+        """``repository_unload``: answered at once."""
+        self.lifecycle.unload(name, dependents)
         self.place()
         self.settle()
 
