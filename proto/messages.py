@@ -143,7 +143,7 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
 
 
 class ControlRequest(msgspec.Struct, tag="ctl", array_like=True):
-    """A metadata/lifecycle call: ``op`` names it (see router.control)."""
+    """A metadata/lifecycle call: ``op`` names it (see router/control_ops.py)."""
 
     id: int
     op: str

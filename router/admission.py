@@ -5,50 +5,57 @@ queued in its version's batcher; and a ``Cancel`` for it."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
+from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.scheduler import EnsembleScheduler
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.models import ModelRegistry, VersionState
+from conveyor.router.models import VersionState
 from conveyor.router.observability.stats import ModelStats
-from conveyor.router.observability.tracing import Tracer
 from conveyor.router.pending import Pending
-from conveyor.router.replies import Replies, count_failure
-from conveyor.router.response_cache import ResponseCache, cache_key
+from conveyor.router.replies import count_failure
+from conveyor.router.response_cache import cache_key
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry
-from conveyor.router.shared_memory.loans import Loans
+from conveyor.shm.regions import RegionCache
 
 
 class Admission:
     def __init__(
-        self, registry: ModelRegistry, shm: ClientShmRegistry, dispatcher: Dispatcher,
-        ensembles: EnsembleScheduler, cache: ResponseCache | None, loans: Loans, tracer: Tracer,
-        replies: Replies, ingress_peers: dict[bytes, int],
+        self, ctx: RouterContext, dispatcher: Dispatcher, shm: ClientShmRegistry,
+        ensemble_link: bytes, regions: RegionCache, ingress_pids: dict[bytes, int],
     ) -> None:
-        self.registry = registry
+        """``ensemble_link``: the identity of the router's own link, under which an ensemble's
+        steps come back here (``ensembles/self_link.py``); ``regions``: other processes' arenas;
+        ``ingress_pids``: each ingress's pid (``IngressHello``), for traces."""
+        self.registry = ctx.registry
+        self._queued = ctx.ledger.queued
+        self.ledger = ctx.ledger
+        self.cache = ctx.cache
+        self.loans = ctx.loans
+        self.tracer = ctx.tracer
+        self.replies = ctx.replies
+        self._reply_error = ctx.replies.error
         self.shm = shm
         self.dispatcher = dispatcher
-        self.queued = dispatcher.queued
         self._schedule = dispatcher.schedule
-        self.ensembles = ensembles
-        self.cache = cache
-        self.loans = loans
-        self.tracer = tracer
-        self.replies = replies
-        self._reply_error = replies.error
-        self.ingress_peers = ingress_peers  # identity -> pid, for traces
+        self.ingress_pids = ingress_pids
+        registry = ctx.registry
+        self.ensembles = EnsembleScheduler(
+            partial(self.on_infer, ensemble_link), partial(self.cancel, ensemble_link), ctx.replies.send,
+            ctx.holds, ctx.loans, lambda: registry.generation, regions,
+        )
         shm.in_use = self.regions_in_use
 
     def regions_in_use(self) -> set[int]:
         """The client registrations that requests queued (in a dynamic batcher) or running use.
         Asked only while an unregistered region waits for its requests: not on the hot path."""
         used: set[int] = set()
-        for run in self.dispatcher.running.values():
-            for p in run.items:
-                used.update(r.id for r in p.request.regions)
-        for state in set(self.queued.values()):
+        for p in self.ledger.running_requests():
+            used.update(r.id for r in p.request.regions)
+        for state in self.ledger.queued_versions():
             queues = getattr(state.batcher, "queues", None)  # a sequence batcher's requests are not seen
             if queues is not None:
                 for p in queues.in_order():
@@ -86,14 +93,14 @@ class Admission:
             pending.ensemble_stats = ensemble_stats
         if req.trace is not None:
             pending.trace = self.tracer.sample(state.model, state.label, req.trace, req.request_id,
-                                               self.ingress_peers.get(identity, 0))
+                                               self.ingress_pids.get(identity, 0))
         try:
             state.batcher.push(pending)
         except ConveyorError as exc:  # queue full
             count_failure(state, "REJECTED", 0)
             self._reply_error(identity, req.id, state.model, state.label, exc)
             return
-        self.queued[(identity, req.id)] = state
+        self._queued(identity, req.id, state)
         self._schedule(state)
 
     def cancel(self, identity: bytes, request_id: int) -> None:

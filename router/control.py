@@ -1,4 +1,5 @@
-"""Answers to the ingress's control calls (metadata, readiness, config, statistics)."""
+"""Answers to the ingress's control calls (metadata, readiness, config, statistics); every
+op the router answers is listed in ``control_ops.py``."""
 
 from __future__ import annotations
 
@@ -22,37 +23,12 @@ class ControlHandler:
         self.registry = registry
         self.pool = pool
         self.shutdown = shutdown or DrainClock()
-        self._ops: dict[str, Callable[..., Any]] = {
-            "server_ready": self.server_ready,
-            "model_ready": self.model_ready,
-            "model_metadata": self.model_metadata,
-            "model_config": self.model_config,
-            "model_stats": self.model_stats,
-            "signature": self.signature,
-            "metrics": self.metrics,
-            "ping": self.ping,
-            "instances": self.instances,
-            "model_directory": self.model_directory,
-        }
         self.boot_id = time.time_ns()
         self.custom_metrics = CustomMetricsStore()  # models' pb_utils.MetricFamily series, from the workers
         self.response_cache = False  # the server has a response cache (--cache-config)
         self.strict_readiness = False  # --strict-readiness
         # OpenTelemetry mode: spans exported, dropped and failed (router/observability/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
-
-    def add_ops(self, ops: dict[str, Callable[..., Any]]) -> None:
-        """Operations answered by another router component (e.g. the shm registry)."""
-        self._ops.update(ops)
-
-    def handle(self, op: str, args: dict[str, Any]) -> Any:
-        fn = self._ops.get(op)
-        if fn is None:
-            raise invalid_arg(f"unknown control operation '{op}'")
-        try:
-            return fn(**args)
-        except TypeError as exc:
-            raise invalid_arg(f"bad arguments for '{op}': {exc}") from None
 
     def ping(self) -> int:
         """This router's boot id: a change tells the ingress the router restarted."""

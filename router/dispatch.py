@@ -1,9 +1,9 @@
 """Running batches: queued requests become ``ExecBatch``es on free instances.
 
-The ``Dispatcher`` owns where every request of the router is: queued in a
-version's batcher (``queued``), or on a worker (``running`` batches, ``started``
-items), and the timers that wake a version up when a batch delay or a queue
-timeout is due.
+The ``Dispatcher`` takes requests out of a version's batcher (into a batch, or
+answered unrun: expired, cancelled, the version not ready), tells the ``Ledger``,
+and keeps the timers that wake a version up when a batch delay or a queue timeout
+is due.
 """
 
 from __future__ import annotations
@@ -11,47 +11,25 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.proto.framing import PeerOutbox
+from conveyor.router.context import RouterContext
+from conveyor.router.ledger import Running
 from conveyor.router.models import Instance, InstanceState, VersionState
 from conveyor.router.pending import Pending
-from conveyor.router.replies import Replies, count_failure
+from conveyor.router.replies import count_failure
 from conveyor.router.scheduling.batcher import DynamicBatcher
-from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.scheduling.sequences import SequenceBatcher
 
 
-@dataclass(slots=True, eq=False)
-class Running:
-    """A batch on a worker.
-
-    A decoupled model's batch stays after its execute returned (``executing``
-    False: the instance is free again, as in Triton) until every item has had
-    its final ``ItemResponse``; ``open`` says which items still wait for theirs.
-    """
-
-    instance: Instance
-    items: list[Pending]
-    dispatched_ns: int
-    executing: bool = True
-    open: list[bool] | None = None  # None: not decoupled, the BatchResult answers every item
-
-
 class Dispatcher:
-    def __init__(self, back: PeerOutbox, replies: Replies, limiter: RateLimiter | None) -> None:
-        self.back = back
-        self.limiter = limiter
-        self._reply_error = replies.error
-        self._generation = lambda: replies.registry.generation
-        # These three are shared by reference (admission, results, membership): never rebound.
-        self.running: dict[int, Running] = {}
-        # (ingress, request id) -> (batch, index) of every request on a worker, so a
-        # Cancel can reach the model (``CancelItem``).
-        self.started: dict[tuple[bytes, int], tuple[int, int]] = {}
-        self.queued: dict[tuple[bytes, int], VersionState] = {}
+    def __init__(self, ctx: RouterContext) -> None:
+        self.back = ctx.back
+        self.limiter = ctx.limiter
+        self.ledger = ctx.ledger
+        self.registry = ctx.registry
+        self._reply_error = ctx.replies.error
         # Ingress identity -> its reply endpoint (``IngressHello.reply_to``): workers answer it directly.
         self.reply_to: dict[bytes, str] = {}
         self.direct_items = 0  # requests dispatched so far whose worker answers the ingress itself
@@ -61,20 +39,11 @@ class Dispatcher:
         self._timer_seq = itertools.count()
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
 
-    @property
-    def busy(self) -> bool:
-        """Requests are queued or on a worker (the shutdown drain waits for them)."""
-        return bool(self.running or self.queued)
-
-    def runs_on(self, identity: bytes) -> bool:
-        """A batch is on that worker (a leaving worker waits for it)."""
-        return any(run.instance.worker == identity for run in self.running.values())
-
     def schedule(self, state: VersionState) -> None:
         now = time.monotonic_ns()
         batcher = state.batcher
         for item, exc in batcher.take_expired(now):
-            self.queued.pop((item.ingress, item.request.id), None)
+            self.ledger.unqueued(item.ingress, item.request.id)
             count_failure(state, "REJECTED", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
         self._run_batches(state, now)
@@ -85,12 +54,12 @@ class Dispatcher:
     def cancel(self, identity: bytes, request_id: int) -> bool:
         """Drop a queued request, or tell the worker running it (the model may stop early;
         its responses still come back and are released). False: not a request of ours."""
-        state = self.queued.pop((identity, request_id), None)
+        state = self.ledger.unqueued(identity, request_id)
         if state is None:
-            where = self.started.get((identity, request_id))
+            where = self.ledger.running_at(identity, request_id)
             if where is None:
                 return False
-            run = self.running.get(where[0])
+            run = self.ledger.batch(where[0])
             if run is not None and run.instance.worker is not None:
                 self.back.send(run.instance.worker, m.encode(m.CancelItem(*where)))
             return True
@@ -166,7 +135,7 @@ class Dispatcher:
     def _run_sequences(self, state: VersionState, batcher: SequenceBatcher, now: int) -> None:
         """Sequence batching: each serving instance runs the next requests of its own sequences."""
         for item, exc in batcher.sync(state.instances, now):  # their instance went away
-            self.queued.pop((item.ingress, item.request.id), None)
+            self.ledger.unqueued(item.ingress, item.request.id)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
         for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
@@ -190,13 +159,10 @@ class Dispatcher:
         items = []
         regions: list[m.ClientRegion] = []
         order = state.order
-        started = self.started
         # A worker answers the ingress itself unless the router must see the response first:
         # to hold it for ordering, to cache it, to trace it, or to follow a decoupled stream.
         reply_to = self.reply_to if order is None and not state.decoupled else {}
-        for i, p in enumerate(batch):
-            self.queued.pop((p.ingress, p.request.id), None)
-            started[(p.ingress, p.request.id)] = (bid, i)
+        for p in batch:
             state.stats.queue.add(now - p.arrival_ns)
             if p.ensemble_stats is not None:
                 p.ensemble_stats.queue.add(now - p.arrival_ns)
@@ -218,8 +184,8 @@ class Dispatcher:
         instance.running += 1
         if self.limiter is not None:
             self.limiter.acquire(instance)
-        self.running[bid] = Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None)
-        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions, self._generation())
+        self.ledger.started(bid, Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None))
+        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions, self.registry.generation)
         assert instance.worker is not None
         self.back.send(instance.worker, m.encode(msg))
 
@@ -227,7 +193,7 @@ class Dispatcher:
         now = time.monotonic_ns()
         while len(state.batcher):
             item = state.batcher.pop()
-            self.queued.pop((item.ingress, item.request.id), None)
+            self.ledger.unqueued(item.ingress, item.request.id)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
 

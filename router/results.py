@@ -9,43 +9,37 @@ from collections.abc import Callable
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
-from conveyor.proto.framing import PeerOutbox
-from conveyor.router.dispatch import Dispatcher, Running
-from conveyor.router.models import ModelRegistry, VersionState
+from conveyor.router.context import RouterContext
+from conveyor.router.dispatch import Dispatcher
+from conveyor.router.ledger import Running
+from conveyor.router.models import VersionState
 from conveyor.router.observability.histograms import failure_reason
-from conveyor.router.observability.tracing import Tracer
 from conveyor.router.replies import count_failure
-from conveyor.router.response_cache import ResponseCache, cache_key
-from conveyor.router.scheduling.rate_limiter import RateLimiter
-from conveyor.router.shared_memory.loans import Loans
-from conveyor.router.worker_pool.pool import WorkerPool
+from conveyor.router.response_cache import cache_key
 
 
 class Results:
-    def __init__(
-        self, front: PeerOutbox, registry: ModelRegistry, dispatcher: Dispatcher, pool: WorkerPool,
-        tracer: Tracer, limiter: RateLimiter | None, cache: ResponseCache | None, loans: Loans,
-        settle: Callable[[], None],
-    ) -> None:
-        self.front = front
-        self.registry = registry
-        self.running = dispatcher.running
-        self.started = dispatcher.started
+    def __init__(self, ctx: RouterContext, dispatcher: Dispatcher, settle: Callable[[], None]) -> None:
+        """``settle``: the lifecycle's look at retired versions, whose instances may have become idle."""
+        self.front = ctx.front
+        self.registry = ctx.registry
+        self.ledger = ctx.ledger
+        self._batch = ctx.ledger.batch
         self._schedule = dispatcher.schedule
-        self.pool = pool
-        self.tracer = tracer
-        self.limiter = limiter
-        self.cache = cache
-        self.loans = loans
-        self._settle = settle  # instances of retired versions may have become idle
+        self.pool = ctx.pool
+        self.tracer = ctx.tracer
+        self.limiter = ctx.limiter
+        self.cache = ctx.cache
+        self.loans = ctx.loans
+        self._settle = settle
 
     def on_result(self, result: m.BatchResult, from_worker: bool = True) -> None:
         """``from_worker`` False: the router fails the batch itself (its worker is gone), so it
         answers every request, also those the worker would have answered directly."""
-        run = self.running.get(result.batch)
+        run = self._batch(result.batch)
         if run is None or not run.executing:
             return
-        run.executing = False
+        self.ledger.returned(result.batch, run)
         inst = run.instance
         inst.running = max(0, inst.running - 1)
         if self.limiter is not None:
@@ -67,18 +61,13 @@ class Results:
                 for p in run.items:  # an ensemble's decoupled step: its compute times count there too
                     if p.ensemble_stats is not None:
                         p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
-            if not any(run.open):
-                self.running.pop(result.batch, None)
             self._after_batch(state)
             return
-        del self.running[result.batch]
         now = time.monotonic_ns()
         gen = self.registry.generation
         send = self.front.send
         order = state.order
-        started = self.started
         for i, p in enumerate(run.items):
-            started.pop((p.ingress, p.request.id), None)
             item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
             error = item.error or result.error
             if error is None:
@@ -110,7 +99,7 @@ class Results:
 
     def on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
         """Forward one response of a decoupled model's request to its ingress."""
-        run = self.running.get(msg.batch)
+        run = self._batch(msg.batch)
         if (
             run is None or run.open is None or run.instance.worker != worker
             or not 0 <= msg.index < len(run.open) or not run.open[msg.index]
@@ -155,10 +144,8 @@ class Results:
 
     def _close_item(self, bid: int, run: Running, index: int, error: m.ErrorInfo | None) -> None:
         """A decoupled request had its final response: count it, forget it."""
-        assert run.open is not None
-        run.open[index] = False
+        self.ledger.closed(bid, run, index)
         p = run.items[index]
-        self.started.pop((p.ingress, p.request.id), None)
         state = run.instance.version
         took = time.monotonic_ns() - p.arrival_ns
         if error is None:
@@ -166,8 +153,6 @@ class Results:
             state.latency.succeeded(took)
         else:
             count_failure(state, failure_reason(error.status), took)
-        if not run.executing and not any(run.open):
-            self.running.pop(bid, None)
 
     def _cache_response(self, state: VersionState, req: m.InferRequest, item: m.ItemResult) -> list[m.Release]:
         """A cache miss's outputs: keep them in the cache, and lend them to this request's ingress too

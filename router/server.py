@@ -30,10 +30,12 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.proto.polling import Poller, spin_seconds
 from conveyor.router.admission import Admission
+from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
+from conveyor.router.control_ops import router_ops
 from conveyor.router.dispatch import Dispatcher
-from conveyor.router.ensembles.scheduler import EnsembleScheduler
 from conveyor.router.ensembles.self_link import SelfLink
+from conveyor.router.ledger import Ledger
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.models import ModelRegistry
 from conveyor.router.observability.otlp_export import otlp_sink
@@ -46,7 +48,7 @@ from conveyor.router.results import Results
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.settings_hub import SettingsHub
-from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry, control_ops
+from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
@@ -79,9 +81,9 @@ class Router:
         self.startup = startup
         self.repositories = repositories
         self.spin_s = spin_seconds() if spin_s is None else spin_s
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.front_sock = self.ctx.socket(zmq.ROUTER)
-        self.back_sock = self.ctx.socket(zmq.ROUTER)
+        self.zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.front_sock = self.zmq.socket(zmq.ROUTER)
+        self.back_sock = self.zmq.socket(zmq.ROUTER)
         for sock, endpoint in ((self.front_sock, ingress_endpoint), (self.back_sock, worker_endpoint)):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
@@ -97,70 +99,46 @@ class Router:
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
         self.shutdown = DrainClock()
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
+        self.control.strict_readiness = startup.strict_readiness
         self.roots = RepositoryRoots(repositories)  # s3://, gs://, as:// roots become local mirrors
         self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config,
                                         startup.config_name, startup.backend_config, startup.namespacing)
-        self.control.strict_readiness = startup.strict_readiness
         self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
-        self.control.add_ops({"repository_index": lambda ready=False: self.lifecycle.index(bool(ready)),
-                              "repository_register": self.lifecycle.register,
-                              "repository_unregister": self.lifecycle.unregister})
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
         self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
-        self.control.add_ops(control_ops(self.shm, self._forget_regions))
         self._next_shm_sweep = 0.0
         # Log and trace settings (observability extensions): kept here, pushed to every process.
         self._ingress_peers: dict[bytes, int] = {}  # identity -> pid
         trace = trace or TraceConfig()
         self.settings = SettingsHub(trace, self._broadcast_settings)
-        self.tracer = Tracer(self.settings.trace, otlp_sink(trace))
-        self.control.trace_export = self.tracer.export_stats
-        self.control.add_ops({
-            "log_settings": self.settings.log_settings,
-            "trace_settings": lambda model="", settings=None: self.settings.trace_settings(
-                model, settings, lambda name: name in self.registry.models),
-        })
         self._stopping = False
         self.exit_code = 0
         self.systemd = Notifier()
         self.group = group
-        self.limiter = rate_limiter  # None: --rate-limit off, nothing to pay
-        self.replies = Replies(self.front, self.registry)
-        self.dispatcher = Dispatcher(self.back, self.replies, self.limiter)
-        # Ensembles: steps are the router's own requests; blocks it keeps are held and lent out.
         regions = RegionCache()  # other processes' arenas: flags to write, condition tensors to read
-        self.holds = HeldBlocks(regions)
-        self.loans = Loans(segment_name(group, "router"), self.holds)
-        self.self_link = SelfLink(self.ctx, self.front_sock)
-        link = self.self_link.identity
-        # A step re-enters admission under the link's identity (Admission needs the scheduler too).
-        self.ensembles = EnsembleScheduler(
-            lambda req, ensemble_stats: self.admission.on_infer(link, req, ensemble_stats),
-            lambda step_id: self.admission.cancel(link, step_id),
-            self.replies.send,
-            self.holds, self.loans, lambda: self.registry.generation, regions,
+        holds = HeldBlocks(regions)  # blocks the router keeps alive (ensembles, cache), lent with loans
+        self.ctx = ctx = RouterContext(
+            front=self.front, back=self.back, registry=self.registry, pool=self.pool, ledger=Ledger(),
+            replies=Replies(self.front, self.registry), tracer=Tracer(self.settings.trace, otlp_sink(trace)),
+            holds=holds, loans=Loans(segment_name(group, "router"), holds), limiter=rate_limiter,
+            cache=ResponseCache(cache_bytes, holds) if cache_bytes > 0 else None,
         )
-        # What the router keeps of other processes' memory (tests and operators check it returns to 0).
-        self.control.add_ops({"held_blocks": lambda: {
-            "held": len(self.holds), "loans": len(self.loans), "ensembles": len(self.ensembles)}})
-        # How requests were answered: straight from their worker, or through the router.
-        self.control.add_ops({"transport": lambda: {
-            "dispatched": self.dispatcher.dispatched_items, "direct": self.dispatcher.direct_items}})
-        self.cache = ResponseCache(cache_bytes, self.holds) if cache_bytes > 0 else None
-        self.control.response_cache = self.cache is not None
-        self.admission = Admission(self.registry, self.shm, self.dispatcher, self.ensembles, self.cache,
-                                   self.loans, self.tracer, self.replies, self._ingress_peers)
-        self.placement = Placement(self.front, self.back, self.registry, self.pool, self.lifecycle, self.roots,
-                                   self.dispatcher.running, self.limiter)
-        self.results = Results(self.front, self.registry, self.dispatcher, self.pool, self.tracer, self.limiter,
-                               self.cache, self.loans, self.placement.settle)
-        self.membership = WorkerMembership(
-            self.back, self.pool, self.registry, self.dispatcher, self.results, self.placement, self.settings,
-            self.shm, self.control.custom_metrics, self.holds, self.cache, group,
-        )
-        self.membership.load_retries = startup.load_retries
+        self.replies, self.tracer, self.holds, self.loans = ctx.replies, ctx.tracer, ctx.holds, ctx.loans
+        self.control.trace_export = self.tracer.export_stats
+        self.control.response_cache = ctx.cache is not None
+        self.dispatcher = Dispatcher(ctx)
+        # Ensembles: steps are the router's own requests, re-entering admission on its own link.
+        self.self_link = SelfLink(self.zmq, self.front_sock)
+        self.admission = Admission(ctx, self.dispatcher, self.shm, self.self_link.identity, regions,
+                                   self._ingress_peers)
+        self.ensembles = self.admission.ensembles
+        self.placement = Placement(ctx, self.lifecycle, self.roots)
+        self.results = Results(ctx, self.dispatcher, self.placement.settle)
+        self.membership = WorkerMembership(ctx, self.dispatcher, self.results, self.placement, self.settings,
+                                           self.shm, self.control.custom_metrics, group, startup.load_retries)
         self.worker_drain = self.membership.drain
+        self.control_ops = router_ops(self)
         # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
         self._on_infer = self.admission.on_infer
         self._on_cancel = self.admission.cancel
@@ -205,7 +183,7 @@ class Router:
             if self._stopping:
                 self.shutdown.begin()
                 self.systemd.stopping("draining")
-                if self.shutdown.phase(busy=self.dispatcher.busy) is Phase.DONE:
+                if self.shutdown.phase(busy=self.ctx.ledger.busy) is Phase.DONE:
                     break
             ready = poller.poll(0 if more else self._poll_timeout_ms(next_tick))
             more = False
@@ -244,14 +222,10 @@ class Router:
                 self.replies.error(identity, msg.id, msg.model, msg.version, err)
             else:
                 self._on_infer(identity, msg)
-        elif isinstance(msg, m.ControlRequest) and msg.op in ("repository_load", "repository_unload"):
-            self.placement.on_model_control(identity, msg)
         elif isinstance(msg, m.ControlRequest):
-            try:
-                reply = m.ControlReply(msg.id, result=self.control.handle(msg.op, msg.args))
-            except ConveyorError as exc:
-                reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send(identity, m.encode(reply))
+            reply = self.control_ops.handle(identity, msg)
+            if reply is not None:  # None: the op answers later (a load, once the model settled)
+                self.front.send(identity, m.encode(reply))
         elif isinstance(msg, m.Cancel):
             self._on_cancel(identity, msg.id)
         elif isinstance(msg, m.TraceEnd):
@@ -315,7 +289,7 @@ class Router:
         self.loans.collect(expire=True)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
-            self._forget_regions(self.shm.sweep())
+            self.forget_regions(self.shm.sweep())
 
     def _broadcast_settings(self, payload: bytes) -> None:
         """A changed ``SettingsUpdate`` to every ingress (and BLS link) and worker we know."""
@@ -324,7 +298,7 @@ class Router:
         for identity in self.pool.workers:
             self.back.send(identity, payload)
 
-    def _forget_regions(self, ids: list[int]) -> None:
+    def forget_regions(self, ids: list[int]) -> None:
         """Tell every worker to unmap these client registrations."""
         if ids:
             msg = m.encode(m.ForgetRegions(ids))

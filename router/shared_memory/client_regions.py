@@ -283,24 +283,3 @@ def _segment_size(key: str) -> tuple[int, int]:
         return st.st_size, st.st_ino
     finally:
         shm.close_fd()
-
-
-def control_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None]) -> dict[str, Callable[..., Any]]:
-    """The registry's control operations; ``forget`` tells workers to unmap ids."""
-
-    def register(kind: str, name: str, byte_size: int, key: str = "", offset: int = 0,
-                 handle: bytes = b"", device_id: int = 0) -> None:
-        forget(shm.settle())
-        if kind == "cuda":
-            shm.register_cuda(name, handle, device_id, byte_size)
-        else:
-            shm.register_system(name, key, offset, byte_size)
-
-    def unregister(kind: str, name: str = "") -> None:
-        forget(shm.settle() + shm.unregister(kind, name))
-
-    def status(kind: str, name: str = "") -> list[dict[str, Any]]:
-        forget(shm.settle())
-        return shm.status(kind, name)
-
-    return {"shm_register": register, "shm_unregister": unregister, "shm_status": status}

@@ -9,18 +9,16 @@ import time
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
-from conveyor.proto.framing import PeerOutbox
+from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
-from conveyor.router.models import InstanceState, ModelRegistry
+from conveyor.router.models import InstanceState
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
-from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
 from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry
-from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.worker_pool.drain import WorkerDrain
 from conveyor.router.worker_pool.placement import Placement
-from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
+from conveyor.router.worker_pool.pool import WorkerInfo
 from conveyor.shm.naming import segment_name
 
 log = logging.getLogger(__name__)
@@ -28,24 +26,26 @@ log = logging.getLogger(__name__)
 
 class WorkerMembership:
     def __init__(
-        self, back: PeerOutbox, pool: WorkerPool, registry: ModelRegistry, dispatcher: Dispatcher,
-        results: Results, placement: Placement, settings: SettingsHub, shm: ClientShmRegistry,
-        custom_metrics: CustomMetricsStore, holds: HeldBlocks, cache: ResponseCache | None, group: str,
+        self, ctx: RouterContext, dispatcher: Dispatcher, results: Results, placement: Placement,
+        settings: SettingsHub, shm: ClientShmRegistry, custom_metrics: CustomMetricsStore, group: str,
+        load_retries: int = 0,
     ) -> None:
-        self.back = back
-        self.pool = pool
-        self.registry = registry
+        """``load_retries``: --model-load-retry-count."""
+        self.back = ctx.back
+        self.pool = ctx.pool
+        self.registry = ctx.registry
+        self.ledger = ctx.ledger
+        self.holds = ctx.holds
+        self.cache = ctx.cache
         self.dispatcher = dispatcher
         self.results = results
         self.placement = placement
         self.settings = settings
         self.shm = shm
         self.custom_metrics = custom_metrics
-        self.holds = holds
-        self.cache = cache
         self.group = group
-        self.drain = WorkerDrain(pool, self._grant_leave)
-        self.load_retries = 0  # --model-load-retry-count
+        self.drain = WorkerDrain(self.pool, self._grant_leave)
+        self.load_retries = load_retries
 
     def on_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
         if hello.version != m.PROTOCOL_VERSION:
@@ -93,7 +93,7 @@ class WorkerMembership:
 
     def progress_drain(self) -> None:
         """Move leaving workers' instances on; let the fully drained ones go."""
-        for state in self.drain.progress(self.dispatcher.runs_on):
+        for state in self.drain.progress(self.ledger.runs_on):
             self.dispatcher.schedule(state)
 
     def _grant_leave(self, worker: WorkerInfo) -> None:
@@ -117,12 +117,11 @@ class WorkerMembership:
         # take that batch, or it would go to the dead worker and never be answered.
         for inst in worker.instances:
             inst.state = InstanceState.UNPLACED
-        for bid, run in list(self.dispatcher.running.items()):
-            if run.instance.worker == identity:
-                if run.executing:
-                    self.results.on_result(m.BatchResult(bid, [], error=err), from_worker=False)
-                else:
-                    self.results.end_open_items(bid, run, err)
+        for bid, run in self.ledger.batches_on(identity):
+            if run.executing:
+                self.results.on_result(m.BatchResult(bid, [], error=err), from_worker=False)
+            else:
+                self.results.end_open_items(bid, run, err)
         touched: set[int] = set()
         for inst in worker.instances:
             state = inst.version

@@ -8,49 +8,39 @@ import logging
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
-from conveyor.proto.framing import PeerOutbox
-from conveyor.router.dispatch import Running
+from conveyor.router.context import RouterContext
+from conveyor.router.control_table import Caller
 from conveyor.router.lifecycle import ModelLifecycle
-from conveyor.router.models import Instance, InstanceState, ModelRegistry
+from conveyor.router.models import Instance, InstanceState
 from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.repository.default_groups import pool_gpus, resolve
-from conveyor.router.scheduling.rate_limiter import RateLimiter
-from conveyor.router.worker_pool.pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
 
 class Placement:
-    def __init__(
-        self, front: PeerOutbox, back: PeerOutbox, registry: ModelRegistry, pool: WorkerPool,
-        lifecycle: ModelLifecycle, roots: RepositoryRoots, running: dict[int, Running],
-        limiter: RateLimiter | None,
-    ) -> None:
-        self.front = front
-        self.back = back
-        self.registry = registry
-        self.pool = pool
+    def __init__(self, ctx: RouterContext, lifecycle: ModelLifecycle, roots: RepositoryRoots) -> None:
+        self.front = ctx.front
+        self.back = ctx.back
+        self.registry = ctx.registry
+        self.pool = ctx.pool
+        self.ledger = ctx.ledger  # instances with a batch on them are not unloaded yet
+        self.limiter = ctx.limiter
         self.lifecycle = lifecycle
         self.roots = roots
-        self.running = running  # instances with a batch on them are not unloaded yet
-        self.limiter = limiter
 
-    def on_model_control(self, identity: bytes, msg: m.ControlRequest) -> None:
-        """Load answers once the model settled (``settle``); unload at once."""
-        try:
-            name = str(msg.args.get("model", ""))
-            if msg.op == "repository_load":
-                self.lifecycle.check_control_allowed()
-                self.roots.sync()  # as Triton, a load looks at the repository afresh
-                self.lifecycle.load(name, (identity, msg.id), str(msg.args.get("config", "")),
-                                    msg.args.get("files") or None)
-            else:
-                self.lifecycle.unload(name, bool(msg.args.get("unload_dependents", False)))
-                self.front.send(identity, m.encode(m.ControlReply(msg.id)))
-        except ConveyorError as exc:
-            reply = m.ControlReply(msg.id, error=m.ErrorInfo(int(exc.status), exc.message))
-            self.front.send(identity, m.encode(reply))
-            return
+    def load(self, name: str, config: str, files: dict[str, bytes] | None, caller: Caller) -> None:
+        """``repository_load``: as Triton, a load looks at the repository afresh; ``caller``
+        is answered once the model settled (``settle``)."""
+        self.lifecycle.check_control_allowed()
+        self.roots.sync()
+        self.lifecycle.load(name, caller, config, files or None)
+        self.place()
+        self.settle()
+
+    def unload(self, name: str, dependents: bool) -> None:
+        """``repository_unload``: answered at once."""
+        self.lifecycle.unload(name, dependents)
         self.place()
         self.settle()
 
@@ -72,8 +62,7 @@ class Placement:
         retired instances that have nothing left to do."""
         if not self.lifecycle.busy:
             return
-        running = {id(run.instance) for run in self.running.values()}
-        out = self.lifecycle.settle(running)
+        out = self.lifecycle.settle(self.ledger.busy_instances())
         for (identity, cid), error in out.answers:
             err = None if error is None else m.ErrorInfo(int(error.status), error.message)
             self.front.send(identity, m.encode(m.ControlReply(cid, error=err)))

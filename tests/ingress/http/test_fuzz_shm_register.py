@@ -23,7 +23,9 @@ from conveyor.ingress.http.app import build_app
 from conveyor.ingress.limits import IngressLimits
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, http_status
-from conveyor.router.shared_memory.client_regions import ClientShmRegistry, control_ops
+from conveyor.router.control_ops import shm_ops
+from conveyor.router.control_table import ControlTable
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry
 from tests.support.fuzz import bounded, tried
 
 SEGMENT = f"/conveyor-fuzz-shm.{os.getpid()}"
@@ -42,10 +44,10 @@ class RegistryLink:
     """A router link whose shared-memory control ops run on a real registry."""
 
     def __init__(self, registry: ClientShmRegistry) -> None:
-        self.ops = control_ops(registry, lambda ids: None)
+        self.ops = ControlTable(shm_ops(registry, lambda ids: None))
 
     async def control(self, op: str, **args: Any) -> Any:
-        return self.ops[op](**args)
+        return self.ops.call(op, args)
 
 
 keys = st.sampled_from([SEGMENT, SEGMENT + "x", "", "/", "//", "/a/b", "noslash", "/\0", "/" + "k" * 300])

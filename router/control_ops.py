@@ -1,0 +1,138 @@
+"""Every control op of the router, in one table: its name, its argument struct, its handler.
+
+Ingresses send these for the KServe/Triton extensions (metadata, readiness, statistics,
+repository, shared memory, trace and log settings), workers' BLS links for
+``pb_utils.load_model`` and friends, tests and operators for the rest.
+
+To add an op: an ``Args`` struct below (fields and defaults are its keyword
+arguments; none: ``NoArgs``), and one line in ``router_ops``: ``Op(TheArgs, handler)``,
+or ``Deferred`` when the handler answers later itself. The args are checked once,
+in ``ControlTable``: a missing, unknown or mistyped one is INVALID_ARG there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from conveyor.router.control_table import Args, ControlTable, Deferred, NoArgs, Op
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry
+
+if TYPE_CHECKING:
+    from conveyor.router.server import Router
+
+
+class ModelVersion(Args, frozen=True):
+    model: str
+    version: str = ""  # "": the latest ready one (or all, for the statistics)
+
+
+class AnyModel(Args, frozen=True):
+    model: str = ""  # "": every model
+    version: str = ""
+
+
+class RepositoryIndex(Args, frozen=True):
+    ready: bool = False  # only the ready models
+
+
+class RepositoryLoad(Args, frozen=True):
+    model: str = ""
+    config: str = ""  # a model config (JSON) overriding the repository's
+    files: dict[str, bytes] | None = None  # "<version>/<name>" -> contents, with ``config``
+
+
+class RepositoryUnload(Args, frozen=True):
+    model: str = ""
+    unload_dependents: bool = False  # the ensembles using it too
+
+
+class RepositoryRegister(Args, frozen=True):
+    root: str
+    mapping: dict[str, str]  # subdirectory -> model name
+
+
+class RepositoryUnregister(Args, frozen=True):
+    root: str
+
+
+class ShmRegister(Args, frozen=True):
+    kind: str  # "system" or "cuda"
+    name: str
+    byte_size: int
+    key: str = ""  # system: the POSIX segment
+    offset: int = 0
+    handle: bytes = b""  # cuda: the IPC handle
+    device_id: int = 0
+
+
+class ShmRegion(Args, frozen=True):
+    kind: str
+    name: str = ""  # "": every region of that kind
+
+
+class LogSettings(Args, frozen=True):
+    settings: dict[str, Any] | None = None  # None: read them
+
+
+class TraceSettings(Args, frozen=True):
+    model: str = ""  # "": the global settings
+    settings: dict[str, Any] | None = None  # None: read them
+
+
+def router_ops(r: Router) -> ControlTable:
+    c = r.control
+    return ControlTable({
+        # health, metadata, statistics (router/control.py)
+        "ping": Op(NoArgs, lambda _: c.ping()),
+        "server_ready": Op(NoArgs, lambda _: c.server_ready()),
+        "model_ready": Op(ModelVersion, lambda a: c.model_ready(a.model, a.version)),
+        "model_metadata": Op(ModelVersion, lambda a: c.model_metadata(a.model, a.version)),
+        "model_config": Op(ModelVersion, lambda a: c.model_config(a.model, a.version)),
+        "model_stats": Op(AnyModel, lambda a: c.model_stats(a.model, a.version)),
+        "signature": Op(ModelVersion, lambda a: c.signature(a.model, a.version)),
+        "metrics": Op(NoArgs, lambda _: c.metrics()),
+        "instances": Op(NoArgs, lambda _: c.instances()),
+        "model_directory": Op(ModelVersion, lambda a: c.model_directory(a.model, a.version)),  # the OpenAI ingress
+        # the model repository (router/lifecycle.py, router/worker_pool/placement.py)
+        "repository_index": Op(RepositoryIndex, lambda a: r.lifecycle.index(a.ready)),
+        "repository_load": Deferred(RepositoryLoad, lambda a, caller: r.placement.load(
+            a.model, a.config, a.files, caller)),
+        "repository_unload": Op(RepositoryUnload, lambda a: r.placement.unload(a.model, a.unload_dependents)),
+        "repository_register": Op(RepositoryRegister, lambda a: r.lifecycle.register(a.root, a.mapping)),
+        "repository_unregister": Op(RepositoryUnregister, lambda a: r.lifecycle.unregister(a.root)),
+        # client shared memory (router/shared_memory/client_regions.py)
+        **shm_ops(r.shm, r.forget_regions),
+        # log and trace settings (router/settings_hub.py)
+        "log_settings": Op(LogSettings, lambda a: r.settings.log_settings(a.settings)),
+        "trace_settings": Op(TraceSettings, lambda a: r.settings.trace_settings(
+            a.model, a.settings, lambda name: name in r.registry.models)),
+        # what the router keeps of other processes' memory (tests and operators check it returns to 0)
+        "held_blocks": Op(NoArgs, lambda _: {
+            "held": len(r.holds), "loans": len(r.loans), "ensembles": len(r.ensembles)}),
+        # how requests were answered: straight from their worker, or through the router
+        "transport": Op(NoArgs, lambda _: {
+            "dispatched": r.dispatcher.dispatched_items, "direct": r.dispatcher.direct_items}),
+    })
+
+
+def shm_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None]) -> dict[str, Op[Any]]:
+    """The client shared-memory extension; ``forget`` tells workers to unmap ids. Each op
+    first forgets the regions whose last request has ended since an unregister."""
+
+    def register(a: ShmRegister) -> None:
+        forget(shm.settle())
+        if a.kind == "cuda":
+            shm.register_cuda(a.name, a.handle, a.device_id, a.byte_size)
+        else:
+            shm.register_system(a.name, a.key, a.offset, a.byte_size)
+
+    def unregister(a: ShmRegion) -> None:
+        forget(shm.settle() + shm.unregister(a.kind, a.name))
+
+    def status(a: ShmRegion) -> list[dict[str, Any]]:
+        forget(shm.settle())
+        return shm.status(a.kind, a.name)
+
+    return {"shm_register": Op(ShmRegister, register), "shm_unregister": Op(ShmRegion, unregister),
+            "shm_status": Op(ShmRegion, status)}

@@ -1,0 +1,131 @@
+"""Where every request of the router is: queued in its version's batcher, or in a
+batch on a worker; one method per transition.
+
+The ``Ledger`` is the one owner of that bookkeeping. Admission, dispatch, results
+and the worker pool tell it what happened to a request and ask it where requests
+are; none of them holds its dicts. The transitions are plain dict operations on
+keys the caller has at hand: the request path pays no allocation here.
+
+    queued ──started──> in a batch ──returned──> gone      (the BatchResult answers every item)
+       │                    └─closed (decoupled: each item's final response), then gone
+       └──unqueued──> gone  (expired, cancelled, its version not ready: the router answers it)
+
+A worker lost: its batches (``batches_on``) are failed through ``Results``, which
+calls ``returned``/``closed`` as for any answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from conveyor.router.models import Instance, VersionState
+from conveyor.router.pending import Pending
+
+RequestKey = tuple[bytes, int]  # (ingress identity, its request id)
+
+
+@dataclass(slots=True, eq=False)
+class Running:
+    """A batch on a worker.
+
+    A decoupled model's batch stays after its execute returned (``executing``
+    False: the instance is free again, as in Triton) until every item has had
+    its final ``ItemResponse``; ``open`` says which items still wait for theirs.
+    """
+
+    instance: Instance
+    items: list[Pending]
+    dispatched_ns: int
+    executing: bool = True
+    open: list[bool] | None = None  # None: not decoupled, the BatchResult answers every item
+
+
+class Ledger:
+    __slots__ = ("_batches", "_queued", "_started")
+
+    def __init__(self) -> None:
+        self._queued: dict[RequestKey, VersionState] = {}
+        self._batches: dict[int, Running] = {}
+        # Every request on a worker -> (batch, index), so a Cancel can reach the model (``CancelItem``).
+        self._started: dict[RequestKey, tuple[int, int]] = {}
+
+    # --- transitions --------------------------------------------------------------------
+
+    def queued(self, identity: bytes, request_id: int, state: VersionState) -> None:
+        """Pushed into ``state``'s batcher."""
+        self._queued[(identity, request_id)] = state
+
+    def unqueued(self, identity: bytes, request_id: int) -> VersionState | None:
+        """Taken out of its queue unrun (expired, cancelled, failed): the version it was
+        queued for, None if it was not queued."""
+        return self._queued.pop((identity, request_id), None)
+
+    def started(self, batch: int, run: Running) -> None:
+        """``run``'s items left their queue for a worker as batch ``batch``."""
+        queued, started = self._queued, self._started
+        for i, p in enumerate(run.items):
+            key = (p.ingress, p.request.id)
+            queued.pop(key, None)
+            started[key] = (batch, i)
+        self._batches[batch] = run
+
+    def returned(self, batch: int, run: Running) -> None:
+        """The batch's execute is over (its ``BatchResult``, or its worker lost). Its items
+        are gone unless the model is decoupled: those stay until their final response."""
+        run.executing = False
+        if run.open is None:
+            del self._batches[batch]
+            started = self._started
+            for p in run.items:
+                started.pop((p.ingress, p.request.id), None)
+        elif not any(run.open):
+            self._batches.pop(batch, None)
+
+    def closed(self, batch: int, run: Running, index: int) -> None:
+        """A decoupled request had its final response; its batch goes with its last one."""
+        assert run.open is not None
+        run.open[index] = False
+        p = run.items[index]
+        self._started.pop((p.ingress, p.request.id), None)
+        if not run.executing and not any(run.open):
+            self._batches.pop(batch, None)
+
+    # --- questions ----------------------------------------------------------------------
+
+    def batch(self, batch: int) -> Running | None:
+        return self._batches.get(batch)
+
+    def running_at(self, identity: bytes, request_id: int) -> tuple[int, int] | None:
+        """(batch, index) of a request on a worker; None if it is not on one."""
+        return self._started.get((identity, request_id))
+
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or on a worker (the shutdown drain waits for them)."""
+        return bool(self._batches or self._queued)
+
+    def batches_on(self, worker: bytes) -> list[tuple[int, Running]]:
+        """The batches on that worker (a copy: failing them changes the ledger)."""
+        return [(bid, run) for bid, run in self._batches.items() if run.instance.worker == worker]
+
+    def runs_on(self, worker: bytes) -> bool:
+        """A batch is on that worker (a leaving worker waits for it)."""
+        return any(run.instance.worker == worker for run in self._batches.values())
+
+    def busy_instances(self) -> set[int]:
+        """``id()`` of every instance with a batch on it (a retired one is not unloaded yet)."""
+        return {id(run.instance) for run in self._batches.values()}
+
+    def queued_versions(self) -> set[VersionState]:
+        """The versions with a request of the router queued."""
+        return set(self._queued.values())
+
+    def running_requests(self) -> Iterator[Pending]:
+        """Every request on a worker."""
+        for run in self._batches.values():
+            yield from run.items
+
+    def __len__(self) -> int:
+        """Requests in the router: queued or on a worker."""
+        return len(self._queued) + len(self._started)
