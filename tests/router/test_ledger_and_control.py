@@ -13,7 +13,7 @@ from conveyor.router.ledger import Ledger, Running
 from conveyor.router.models import build_entry
 from conveyor.router.pending import Pending
 from conveyor.router.repository.scan import load_spec
-from tests.router.core import INGRESS, RouterCore, write_model
+from tests.support.router_core import INGRESS, RouterCore, write_model
 
 
 def _pending(rid: int) -> Pending:

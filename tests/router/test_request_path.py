@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
-from tests.router.core import RouterCore, write_model
+from tests.support.router_core import RouterCore, write_model
 
 W1 = b"worker-1"
 

@@ -11,7 +11,7 @@ import pytest
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
 from conveyor.router.models import InstanceState
-from tests.router.core import RouterCore, write_model
+from tests.support.router_core import RouterCore, write_model
 
 W1, W2 = b"worker-1", b"worker-2"
 
