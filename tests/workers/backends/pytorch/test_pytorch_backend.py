@@ -67,7 +67,7 @@ def test_without_torch_the_model_says_why(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 @pytest.fixture()
 def torch_models() -> Any:
-    return pytest.importorskip("tests.torch_models", reason="torch is not installed (pip install conveyor[torch])")
+    return pytest.importorskip("tests.support.torch_models", reason="torch is not installed (pip install conveyor[torch])")
 
 
 def _load(tmp_path: Path, module: object, config: str) -> Any:

@@ -66,7 +66,7 @@ def test_compile_settings_from_parameters() -> None:
 
 @pytest.fixture()
 def torch_models() -> Any:
-    return pytest.importorskip("tests.torch_models", reason="torch is not installed (pip install conveyor[torch])")
+    return pytest.importorskip("tests.support.torch_models", reason="torch is not installed (pip install conveyor[torch])")
 
 
 def _load(tmp_path: Path, module: Any, config: str) -> Any:
