@@ -21,6 +21,8 @@ import pytest
 pytest.importorskip("vllm")
 
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.support import tiny_llama
 from tests.support.group import Server, free_port, wait_ready
@@ -201,6 +203,43 @@ def test_one_response_when_not_streaming_with_the_prompt_first(served: tuple[Ser
     with_outputs = [r for r in got if r.as_numpy("text_output") is not None]
     assert len(with_outputs) == 1 and with_outputs[0].as_numpy("text_output")[0].decode() == prompt + ref["text"]
     assert with_outputs[0].as_numpy("num_input_tokens")[0] > 0
+
+
+def test_plain_infer_is_the_one_final_response(served: tuple[Server, Any]) -> None:
+    """Triton refuses plain infer on any decoupled model; a vLLM model that does not stream answers once,
+    so HTTP infer and gRPC ModelInfer serve it (``stream`` false or absent) with the whole text."""
+    srv, reference = served
+    prompt, ref = PROMPTS[1], reference["beta"][1]
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}")
+    grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        for stream in (False, None):
+            values: dict[str, Any] = {"text_input": prompt.encode(), "sampling_parameters": sampling("beta").encode(),
+                                      "return_finish_reason": True}
+            if stream is not None:
+                values["stream"] = stream
+            for client in (grpcclient, httpclient):
+                out = (grpc if client is grpcclient else http).infer(MODEL, plain_inputs(client, values))
+                assert out.as_numpy("text_output")[0].decode() == prompt + ref["text"], (client, stream)
+                assert out.as_numpy("finish_reason")[0].decode() in ("stop", "length")
+        # A request that streams after all is still refused, in Triton's words.
+        streamed = {"text_input": prompt.encode(), "stream": True, "exclude_input_in_output": True}
+        with pytest.raises(InferenceServerException, match="doesn't support models with decoupled transaction policy"):
+            grpc.infer(MODEL, plain_inputs(grpcclient, streamed))
+        with pytest.raises(InferenceServerException, match="doesn't support models with decoupled transaction policy"):
+            http.infer(MODEL, plain_inputs(httpclient, streamed))
+    finally:
+        http.close()
+        grpc.close()
+
+
+def plain_inputs(client: Any, values: dict[str, Any]) -> list[Any]:
+    inputs = []
+    for name, value in values.items():
+        t = client.InferInput(name, [1], "BYTES" if isinstance(value, bytes) else "BOOL")
+        t.set_data_from_numpy(np.array([value], dtype=object if isinstance(value, bytes) else bool))
+        inputs.append(t)
+    return inputs
 
 
 def test_adapters_change_the_output(served: tuple[Server, Any]) -> None:
