@@ -39,7 +39,7 @@ from conveyor.ingress.router_link import RouterLink, error_from
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
-from conveyor.proto.errors import ConveyorError, Status, unsupported
+from conveyor.proto.errors import ConveyorError, Status, internal, unsupported
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 
@@ -135,6 +135,8 @@ class DataPlane:
         self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         if sig.decoupled:
+            if sig.plain_infer:
+                return await self._one_response(call, endpoint)
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
@@ -152,6 +154,21 @@ class DataPlane:
             release_blocks(self.regions, response.release)
             raise error_from(response.error)
         return self._result(response, call)
+
+    async def _one_response(self, call: InferCall, endpoint: str) -> InferResult:
+        """Plain infer on a decoupled model that answers a request that does not stream with one
+        final response (vLLM). A request that streams after all is refused at its first partial
+        response, which ends it."""
+        async with contextlib.aclosing(self.infer_stream(call)) as responses:
+            async for item in responses:
+                if isinstance(item, StreamError):
+                    raise item.error
+                if not item.final:
+                    item.release()
+                    raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy "
+                                      "when the request streams: set 'stream' to false")
+                return item
+        raise internal("the model sent no response")  # a worker always sends a final one
 
     async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
         """Every response to ``call`` (a decoupled model may send none but the final

@@ -32,6 +32,8 @@ class ModelSignature:
     outputs: dict[str, TensorSpec]
     decoupled: bool = False  # answers with a stream of responses (gRPC ModelStreamInfer only)
     response_cache: bool = False  # requests carry ``cache_key`` (the router caches responses)
+    # Decoupled, yet one response to a request that does not stream (vLLM): plain infer serves it.
+    plain_infer: bool = False
     required_inputs: int = field(init=False)  # the inputs that are not optional
 
     def __post_init__(self) -> None:
@@ -47,5 +49,5 @@ class ModelSignature:
 
         return cls(
             d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled")),
-            bool(d.get("response_cache")),
+            bool(d.get("response_cache")), bool(d.get("plain_infer")),
         )

@@ -367,6 +367,8 @@ def signature(state: VersionState) -> dict[str, Any]:
         "inputs": tensors(config.input),
         "outputs": tensors(config.output),
         "decoupled": config.model_transaction_policy.decoupled,
+        # Not streamed (``stream`` false or absent), a vLLM model answers once: plain infer serves it.
+        "plain_infer": config.backend == "vllm",
     }
 
 

@@ -95,19 +95,18 @@ class VllmBackend:
 
     async def _generate(self, args: GenerateArgs, channel: ResponseChannel) -> None:
         request_id = uuid.uuid4().hex
-        state = outputs.ResponseState()
-        last: Any = None
         try:
             if channel.cancelled:
                 raise asyncio.CancelledError
-            params = sampling_params(args.sampling)
+            params = sampling_params(args.sampling, final_only=not args.stream)
+            state = outputs.ResponseState(params.n)
             lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
             async for out in self.engine.engine.generate(args.prompt, params, request_id, lora_request=lora):
-                last = out
+                state.merge(out)
                 if args.stream:
-                    channel.send(outputs.build(out, state, False, args.returns), out.finished)
-            if not args.stream and last is not None:
-                channel.send(outputs.build(last, state, args.prepend_input, args.returns), True)
+                    channel.send(outputs.build(state, False, args.returns), out.finished)
+            if not args.stream:
+                channel.send(outputs.build(state, args.prepend_input, args.returns), True)
             elif not channel.closed:
                 channel.send(None, True)
         except asyncio.CancelledError:

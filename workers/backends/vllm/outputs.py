@@ -3,6 +3,12 @@
 A stream sends what is new since its previous response (text, logprobs, token counts); a
 non-streamed request gets the whole text once, after its prompt unless ``exclude_input_in_output``.
 Arrays have one element per sequence (``n``); ``num_input_tokens`` has shape [1], as its config dims.
+
+With ``n > 1`` vLLM (v1) runs each sequence as a child request, and a ``RequestOutput`` holds only
+the sequences that moved, each with its ``index``: ``ResponseState`` keeps the latest of each, so
+every response has all ``n`` elements in index order (empty for a sequence that did not move), and
+a sequence's finish reason appears once, in the response where it finished ("None" otherwise).
+Triton's backend pairs outputs by position instead, which mixes sequences up under vLLM v1.
 """
 
 from __future__ import annotations
@@ -14,61 +20,81 @@ import numpy as np
 
 
 class ResponseState:
-    """What one request's earlier responses held, per sequence."""
+    """One request's sequences as last seen, and what its earlier responses held of each."""
 
-    __slots__ = ("logprobs", "text", "tokens")
+    __slots__ = ("finished", "logprobs", "prompt", "prompt_tokens", "seqs", "text", "tokens")
 
-    def __init__(self) -> None:
-        self.text: list[int] | None = None
-        self.logprobs: list[int] | None = None
-        self.tokens: list[int] | None = None
+    def __init__(self, n: int) -> None:
+        self.seqs: list[Any] = [None] * n  # the latest CompletionOutput of each index
+        self.prompt: str | None = None
+        self.prompt_tokens = 0
+        self.text = [0] * n
+        self.logprobs = [0] * n
+        self.tokens = [0] * n
+        self.finished = [False] * n
+
+    def merge(self, output: Any) -> None:
+        self.prompt = output.prompt
+        self.prompt_tokens = len(output.prompt_token_ids or ())
+        for seq in output.outputs:
+            self.seqs[seq.index] = seq
 
 
-def _objects(values: list[bytes] | list[str]) -> np.ndarray:
+def _objects(values: list[str]) -> np.ndarray:
     array = np.empty(len(values), dtype=object)
-    array[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in values]
+    array[:] = [v.encode("utf-8") for v in values]
     return array
 
 
-def build(output: Any, state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -> dict[str, np.ndarray]:
-    seqs = output.outputs
-    n = len(seqs)
-    first = state.text is None
-    prev = state.text or [0] * n
-    lead = (output.prompt or "") if first and prepend_prompt else ""
-    out: dict[str, np.ndarray] = {
-        "text_output": _objects([lead + s.text[p:] for s, p in zip(seqs, prev, strict=True)]),
-    }
-    state.text = [len(s.text) for s in seqs]
+def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -> dict[str, np.ndarray]:
+    """The next response: what is new in ``state`` since the previous one."""
+    seqs = state.seqs
+    lead = (state.prompt or "") if prepend_prompt else ""
+    texts = []
+    for i, s in enumerate(seqs):
+        text = "" if s is None else s.text
+        texts.append(lead + text[state.text[i]:])
+        state.text[i] = len(text)
+    out: dict[str, np.ndarray] = {"text_output": _objects(texts)}
     if "return_finish_reason" in returns:
-        out["finish_reason"] = _objects([str(s.finish_reason) for s in seqs])
+        out["finish_reason"] = _objects(_finish_reasons(state))
     if "return_cumulative_logprob" in returns:
-        out["cumulative_logprob"] = np.asarray([s.cumulative_logprob for s in seqs], dtype=np.float32)
+        out["cumulative_logprob"] = np.asarray([None if s is None else s.cumulative_logprob for s in seqs],
+                                               dtype=np.float32)
     if "return_logprobs" in returns:
-        out["logprobs"] = _objects(_logprobs(seqs, state))
+        out["logprobs"] = _objects(_logprobs(state))
     if "return_num_input_tokens" in returns:
-        out["num_input_tokens"] = np.asarray([len(output.prompt_token_ids or ())], dtype=np.uint32)
+        out["num_input_tokens"] = np.asarray([state.prompt_tokens], dtype=np.uint32)
     if "return_num_output_tokens" in returns:
-        before = state.tokens or [0] * n
-        out["num_output_tokens"] = np.asarray([len(s.token_ids) - b for s, b in zip(seqs, before, strict=True)],
-                                              dtype=np.uint32)
-        state.tokens = [len(s.token_ids) for s in seqs]
+        counts = []
+        for i, s in enumerate(seqs):
+            total = 0 if s is None else len(s.token_ids)
+            counts.append(total - state.tokens[i])
+            state.tokens[i] = total
+        out["num_output_tokens"] = np.asarray(counts, dtype=np.uint32)
     return out
 
 
-def _logprobs(seqs: Any, state: ResponseState) -> list[str]:
+def _finish_reasons(state: ResponseState) -> list[str]:
+    reasons = []
+    for i, s in enumerate(state.seqs):
+        done = s is not None and s.finish_reason is not None
+        reasons.append(str(s.finish_reason) if done and not state.finished[i] else "None")
+        state.finished[i] = state.finished[i] or done
+    return reasons
+
+
+def _logprobs(state: ResponseState) -> list[str]:
     """Per sequence, the new tokens' logprobs as JSON ("null" when the request asked for none)."""
-    prev = state.logprobs or [0] * len(seqs)
     texts = []
-    for i, s in enumerate(seqs):
-        if s.logprobs is None:
+    for i, s in enumerate(state.seqs):
+        if s is None or s.logprobs is None:
             texts.append("null")
             continue
         texts.append(json.dumps([
             {str(token): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
              for token, lp in step.items()}
-            for step in s.logprobs[prev[i]:]
+            for step in s.logprobs[state.logprobs[i]:]
         ]))
-        prev[i] = len(s.logprobs)
-    state.logprobs = prev
+        state.logprobs[i] = len(s.logprobs)
     return texts

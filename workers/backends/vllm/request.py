@@ -73,10 +73,12 @@ def parse(item: RequestItem) -> GenerateArgs:
     return GenerateArgs(_text(prompt), stream, prepend, sampling, None if lora is None else str(lora), returns)
 
 
-def sampling_params(values: dict[str, Any]) -> Any:
+def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
     """vLLM's ``SamplingParams``; numbers given as strings (request parameters) are converted, as Triton
-    converts them by the field's type."""
+    converts them by the field's type. ``final_only``: the engine yields the finished request only (all
+    ``n`` sequences at once), not every step before it."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     fields = SamplingParams.__annotations__
     convert: dict[str, Callable[[Any], Any]] = {
@@ -84,7 +86,7 @@ def sampling_params(values: dict[str, Any]) -> Any:
     }
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        if key not in fields:
+        if key not in fields or key == "output_kind":  # the backend picks it
             raise invalid_arg(f"unknown sampling parameter '{key}'")
         hint = fields[key]
         kind = hint.__name__ if isinstance(hint, type) else str(hint)
@@ -93,6 +95,8 @@ def sampling_params(values: dict[str, Any]) -> Any:
             kwargs[key] = to(value) if to is not None and value is not None else value
         except (TypeError, ValueError):
             raise invalid_arg(f"sampling parameter '{key}': cannot use {value!r} as {kind}") from None
+    if final_only:
+        kwargs["output_kind"] = RequestOutputKind.FINAL_ONLY
     try:
         return SamplingParams(**kwargs)
     except (TypeError, ValueError) as exc:

@@ -1,7 +1,8 @@
 """The vLLM backend on the real engine (vLLM's CPU build), a tiny Llama built on the fly: a Triton
 vllm_backend repository served as is; greedy outputs token for token those of vLLM's own
-``LLM.generate`` through the gRPC stream and HTTP generate/generate_stream; LoRA adapters; a
-cancelled request aborted in the engine; the engine's ``vllm:`` metrics on /metrics."""
+``LLM.generate`` through the gRPC stream and HTTP generate/generate_stream; plain infer; LoRA
+adapters; a cancelled request (gRPC cancel, an HTTP generate_stream client gone) aborted in the
+engine; the engine's ``vllm:`` metrics on /metrics."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import pytest
 pytest.importorskip("vllm")
 
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.support import tiny_llama
 from tests.support.group import Server, free_port, wait_ready
@@ -203,6 +206,43 @@ def test_one_response_when_not_streaming_with_the_prompt_first(served: tuple[Ser
     assert with_outputs[0].as_numpy("num_input_tokens")[0] > 0
 
 
+def test_plain_infer_is_the_one_final_response(served: tuple[Server, Any]) -> None:
+    """Triton refuses plain infer on any decoupled model; a vLLM model that does not stream answers once,
+    so HTTP infer and gRPC ModelInfer serve it (``stream`` false or absent) with the whole text."""
+    srv, reference = served
+    prompt, ref = PROMPTS[1], reference["beta"][1]
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.http_port}")
+    grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        for stream in (False, None):
+            values: dict[str, Any] = {"text_input": prompt.encode(), "sampling_parameters": sampling("beta").encode(),
+                                      "return_finish_reason": True}
+            if stream is not None:
+                values["stream"] = stream
+            for client in (grpcclient, httpclient):
+                out = (grpc if client is grpcclient else http).infer(MODEL, plain_inputs(client, values))
+                assert out.as_numpy("text_output")[0].decode() == prompt + ref["text"], (client, stream)
+                assert out.as_numpy("finish_reason")[0].decode() in ("stop", "length")
+        # A request that streams after all is still refused, in Triton's words.
+        streamed = {"text_input": prompt.encode(), "stream": True, "exclude_input_in_output": True}
+        with pytest.raises(InferenceServerException, match="doesn't support models with decoupled transaction policy"):
+            grpc.infer(MODEL, plain_inputs(grpcclient, streamed))
+        with pytest.raises(InferenceServerException, match="doesn't support models with decoupled transaction policy"):
+            http.infer(MODEL, plain_inputs(httpclient, streamed))
+    finally:
+        http.close()
+        grpc.close()
+
+
+def plain_inputs(client: Any, values: dict[str, Any]) -> list[Any]:
+    inputs = []
+    for name, value in values.items():
+        t = client.InferInput(name, [1], "BYTES" if isinstance(value, bytes) else "BOOL")
+        t.set_data_from_numpy(np.array([value], dtype=object if isinstance(value, bytes) else bool))
+        inputs.append(t)
+    return inputs
+
+
 def test_adapters_change_the_output(served: tuple[Server, Any]) -> None:
     _, reference = served
     base, alpha, beta = ([r["text"] for r in reference[a]] for a in ADAPTERS)
@@ -221,22 +261,41 @@ def test_an_unknown_adapter_is_a_clear_invalid_argument(served: tuple[Server, An
     assert status == 400 and "temprature" in json.loads(raw)["error"]
 
 
+LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
+
+
 def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
     srv, _ = served
     before = metrics(srv).get("vllm:generation_tokens_total", 0.0)
-    long = json.dumps({"temperature": 0, "max_tokens": 240, "ignore_eos": True})
-    got = grpc_stream(srv, {"long": grpc_inputs("the quick", long, True, exclude_input_in_output=True)},
+    got = grpc_stream(srv, {"long": grpc_inputs("the quick", json.dumps(LONG), True, exclude_input_in_output=True)},
                       cancel_after_first=True)
     assert len(got["long"]) == 1
+    assert_aborted(srv, before)
+
+
+def test_a_generate_stream_client_that_goes_away_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
+    srv, _ = served
+    before = metrics(srv).get("vllm:generation_tokens_total", 0.0)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=60)
+    conn.request("POST", f"/v2/models/{MODEL}/generate_stream",
+                 body=json.dumps({"text_input": "the quick", "stream": True, "sampling_parameters": json.dumps(LONG)}))
+    r = conn.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data:")
+    conn.close()
+    assert_aborted(srv, before)
+
+
+def assert_aborted(srv: Server, before: float) -> None:
+    """The engine lets go of the request: nothing running, and far fewer than its 240 tokens made."""
     deadline = time.monotonic() + 30
-    while True:  # the engine lets go of it: nothing running, and far fewer than 240 tokens made
+    while True:
         now = metrics(srv)
         if now.get("vllm:num_requests_running") == 0 and now.get("vllm:generation_tokens_total", 0) > before:
             break
         assert time.monotonic() < deadline, now
         time.sleep(0.2)
     time.sleep(0.5)
-    assert metrics(srv)["vllm:generation_tokens_total"] - before < 240
+    assert metrics(srv)["vllm:generation_tokens_total"] - before < LONG["max_tokens"]
 
 
 def test_engine_metrics_on_metrics(served: tuple[Server, Any]) -> None:
