@@ -65,15 +65,6 @@ def test_without_torch_the_model_says_why(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 # --- with torch -------------------------------------------------------------------------------
 
-@pytest.fixture()
-def torch_models() -> Any:
-    # Skip on torch alone: an import error in the builders themselves must fail, not skip.
-    pytest.importorskip("torch", reason="torch is not installed (pip install conveyor[torch])")
-    from tests.support import torch_models
-
-    return torch_models
-
-
 def _load(tmp_path: Path, module: object, config: str) -> Any:
     from tests.support import torch_models
 

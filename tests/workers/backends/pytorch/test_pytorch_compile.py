@@ -64,15 +64,6 @@ def test_compile_settings_from_parameters() -> None:
 
 # --- with torch -------------------------------------------------------------------------------
 
-@pytest.fixture()
-def torch_models() -> Any:
-    # Skip on torch alone: an import error in the builders themselves must fail, not skip.
-    pytest.importorskip("torch", reason="torch is not installed (pip install conveyor[torch])")
-    from tests.support import torch_models
-
-    return torch_models
-
-
 def _load(tmp_path: Path, module: Any, config: str) -> Any:
     from tests.support import torch_models
 
