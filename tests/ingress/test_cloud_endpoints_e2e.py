@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
 from tests.support.cloud_http import A, B, call
-from tests.support.group import Server, free_port, wait_ready
+from tests.support.group import Server, abandon, free_port, wait_ready
 
 PREDICT = "/v1/endpoints/e/deployedModels/m:predict"
 HEALTH = "/v1/endpoints/e/deployedModels/m"
@@ -60,8 +60,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     try:
         wait_ready(ports[0], proc, (ports[1], ports[2], ports[3], ports[4]))
     except Exception:
-        proc.kill()
-        proc.wait()
+        abandon(proc)
         raise
     srv = Server(proc, group, ports[0], ports[1], ports[2], repo)
     yield Cloud(srv, ports[3], ports[4], tmp)

@@ -89,10 +89,21 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: s
     try:
         wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), https=https)
     except Exception:
-        proc.kill()
-        proc.wait()
+        abandon(proc)
         raise
     return Server(proc, group, http_port, grpc_port, metrics_port, repo)
+
+
+def abandon(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a group that did not come up. SIGTERM first: a SIGKILLed supervisor cannot stop its
+    children, whose shared-memory segments would then stay in /dev/shm."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
 
 
 def router_control(group: str, op: str, **args: Any) -> Any:

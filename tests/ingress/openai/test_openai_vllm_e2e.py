@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from tests.support import tiny_llama
-from tests.support.group import Server, free_port, wait_ready
+from tests.support.group import Server, abandon, free_port, wait_ready
 
 MODEL = "vllm_model"
 SEP = "_lora_"
@@ -100,8 +100,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         ref = _reference(tiny)  # meanwhile the group loads its own engine
         wait_ready(http_port, proc, (port, metrics_port), timeout=240)  # an engine loads in ~20 s, more under load
     except BaseException:
-        proc.kill()
-        proc.wait()
+        abandon(proc)
         raise
     srv = Server(proc, f"ov{os.getpid()}", http_port, 0, metrics_port, str(repo))
     yield Group(srv, port, ref)
