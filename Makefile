@@ -26,15 +26,17 @@ lint:
 	$(VENV)/bin/ruff check .
 
 # mypy finds conveyor.* through conveyor/, the links to the top-level folders (as setuptools and editors do).
+# mypy resolves conveyor.* through a tree of links made from pyproject's package-dir (setuptools-only otherwise).
 typecheck:
-	$(VENV)/bin/mypy -p conveyor -p benchmarks -p tests
+	$(PY) deploy/link_tree.py build/typecheck
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p conveyor -p tests
 
 unit:
 	$(PY) -m pytest -q
 
 bench: $(PY)
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m benchmarks.perf
+	$(PY) -m conveyor.deploy.benchmarks.perf
 
 proto: $(PY)
 	$(PY) -m pip install -q -e '.[dev]'

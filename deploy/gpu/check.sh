@@ -56,8 +56,8 @@ else
   export PYTHONPATH=$SITE:$LINKS${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-# 2. conveyor.* -> this tree's folders: its conveyor/ links, alone on the path (not the checkout's other folders).
-rm -rf "$LINKS" && mkdir -p "$LINKS" && ln -sfn "$REPO/conveyor" "$LINKS/conveyor"
+# 2. conveyor.* -> this tree's folders: a tree of links made from pyproject.toml, alone on the path.
+rm -rf "$LINKS" && "$PY" "$REPO/deploy/link_tree.py" "$LINKS"
 
 # 3. The machine, and what this check runs on.
 { echo "== nvidia-smi"; timeout 30 nvidia-smi 2>&1; echo "== pip list"; timeout 60 "$PY" -m pip list 2>&1; } >> "$SETUP"

@@ -1,7 +1,7 @@
 """Conveyor's OpenAI ingress in front of the ``vllm`` backend, beside vLLM's own OpenAI server.
 
-    python -m benchmarks.llm_openai                       # both servers, 1/8/32 clients, mixed adapters
-    python -m benchmarks.llm_openai --only conveyor --clients 1 8
+    python -m conveyor.deploy.benchmarks.llm_openai                       # both servers, 1/8/32 clients, mixed adapters
+    python -m conveyor.deploy.benchmarks.llm_openai --only conveyor --clients 1 8
 
 The model is the tiny Llama of tests/support/tiny_llama.py (hidden 128, 2 layers, two
 LoRA adapters), built on the fly, so the run needs no download. Both servers get the
@@ -39,7 +39,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support import tiny_llama  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.vs_triton import markdown, onnx_repo, pick_cases, python_repo, summarize
+from conveyor.deploy.benchmarks.vs_triton import markdown, onnx_repo, pick_cases, python_repo, summarize
 
 
 def run(server: str, infer: float | None, case: str = "simple-http", c: int = 1, cpu: float = 100.0) -> dict:

@@ -1,9 +1,9 @@
 """Conveyor and real Triton 2.51 side by side: the same model repository, the same perf_analyzer runs.
 
-    python -m benchmarks.vs_triton                        # 5 cases x c=1,4,16, 2 passes, 4 s windows
-    python -m benchmarks.vs_triton --seconds 2 --passes 1 --concurrency 1 4 --cases 1 3
-    python -m benchmarks.vs_triton --baseline ../old-checkout  # adds "baseline / Triton"
-    python -m benchmarks.vs_triton --backend onnx          # Conveyor serves ONNX models instead
+    python -m conveyor.deploy.benchmarks.vs_triton                        # 5 cases x c=1,4,16, 2 passes, 4 s windows
+    python -m conveyor.deploy.benchmarks.vs_triton --seconds 2 --passes 1 --concurrency 1 4 --cases 1 3
+    python -m conveyor.deploy.benchmarks.vs_triton --baseline ../old-checkout  # adds "baseline / Triton"
+    python -m conveyor.deploy.benchmarks.vs_triton --backend onnx          # Conveyor serves ONNX models instead
 
 One python-backend repository holds two models, each ``max_batch_size: 8``,
 one CPU instance, no dynamic batching: ``simple`` (Triton's INT32 [16] add/sub)
@@ -50,7 +50,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchmarks.perf import ROOT, PerfAnalyzerFailed, cpu_seconds, perf_analyzer, run_one, wait_ready
+from conveyor.deploy.benchmarks.perf import ROOT, PerfAnalyzerFailed, cpu_seconds, perf_analyzer, run_one, wait_ready
 from conveyor.deploy.example_repo import add_sub, identity
 from conveyor.deploy.procs import actor_role, group_processes
 from conveyor.shm.naming import group_segments

@@ -1,7 +1,7 @@
 """Benchmark: perf_analyzer against a running Conveyor group, HTTP and gRPC.
 
-    python -m benchmarks.perf [--model simple] [--concurrency 1 4 16] [--out bench-results]
-    python -m benchmarks.perf --model identity_fp32 --shape INPUT0:262144 --shared-memory none system
+    python -m conveyor.deploy.benchmarks.perf [--model simple] [--concurrency 1 4 16] [--out bench-results]
+    python -m conveyor.deploy.benchmarks.perf --model identity_fp32 --shape INPUT0:262144 --shared-memory none system
 
 ``--shared-memory system`` has perf_analyzer place inputs and outputs in its own
 POSIX regions (the server is started with --allow-client-shm=true).

@@ -1,7 +1,7 @@
 """Compare HTTP servers for the HTTP ingress: the same falcon ASGI app under each.
 
-    python -m benchmarks.http_server_candidates compare [--rounds 2] [--seconds 5] [--concurrency 1 16]
-    python -m benchmarks.http_server_candidates drain
+    python -m conveyor.deploy.benchmarks.http_server_candidates compare [--rounds 2] [--seconds 5] [--concurrency 1 16]
+    python -m conveyor.deploy.benchmarks.http_server_candidates drain
 
 ``compare`` starts a router and two workers (``conveyor router`` / ``conveyor
 worker``, example repository) and then, one at a time on its own port, each
@@ -52,13 +52,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.perf import CLK_TCK, perf_analyzer, run_one
+from conveyor.deploy.benchmarks.perf import CLK_TCK, perf_analyzer, run_one
 from conveyor.deploy.options import default_endpoints, run_dir
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODULE = "benchmarks.http_server_candidates"
 BASE_PORT = 18100
 

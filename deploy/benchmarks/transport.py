@@ -2,7 +2,7 @@
 DEALER/ROUTER round trip over ``ipc://`` (the transport between ingress, router
 and worker) against a plain UNIX socket pair, both between two processes.
 
-    python -m benchmarks.transport [--round-trips 5000] [--burst 16]
+    python -m conveyor.deploy.benchmarks.transport [--round-trips 5000] [--burst 16]
 
 A request crosses two such round trips (ingress <-> router, router <-> worker),
 so this bounds from below what the pipeline adds to a model's own time. Each
@@ -31,7 +31,7 @@ from typing import Any
 
 import zmq
 
-from benchmarks.perf import ROOT
+from conveyor.deploy.benchmarks.perf import ROOT
 
 PAYLOAD = b"x" * 96  # about an InferRequest descriptor
 

@@ -1,6 +1,6 @@
 """CPU cost of the ingress's router link per round trip, without the rest of the server.
 
-    python -m benchmarks.router_link
+    python -m conveyor.deploy.benchmarks.router_link
 
 A real ``RouterLink`` on a uvloop event loop talks to a ZeroMQ ROUTER in a thread
 that answers every request at once. The figure is the event-loop thread's CPU time

@@ -1,7 +1,7 @@
 """The same Triton ``model.py`` under Conveyor and under real Triton 2.51, measured
 with perf_analyzer, with each server's own statistics beside the client's figures.
 
-    python -m benchmarks.python_backend [--concurrency 1 4] [--protocol http grpc] [--no-triton]
+    python -m conveyor.deploy.benchmarks.python_backend [--concurrency 1 4] [--protocol http grpc] [--no-triton]
 
 End-to-end figures (infer/s, p50, p99) say what a client sees. The statistics
 extension's per-request ``compute_input`` + ``compute_infer`` + ``compute_output``
@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.perf import ROOT, perf_analyzer, run_one, wait_ready
+from conveyor.deploy.benchmarks.perf import ROOT, perf_analyzer, run_one, wait_ready
 
 REAL_TRITON = ROOT.parent / "shared" / "tools" / "real-triton"
 MODEL = "py_identity"

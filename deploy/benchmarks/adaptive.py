@@ -1,6 +1,6 @@
 """Adaptive batching against static dynamic_batching settings, measured with perf_analyzer.
 
-    python -m benchmarks.adaptive [--concurrency 1 16] [--repeat 2] [--target-us 8000]
+    python -m conveyor.deploy.benchmarks.adaptive [--concurrency 1 16] [--repeat 2] [--target-us 8000]
 
 Serves ``matmul_stack`` (benchmarks/models.py: batching pays) under several
 names that differ only in their batching settings, each with two CPU instances
@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 from statistics import median
 
-from benchmarks.models import matmul_stack
-from benchmarks.perf import ROOT, perf_analyzer, run_one, wait_ready
+from conveyor.deploy.benchmarks.models import matmul_stack
+from conveyor.deploy.benchmarks.perf import ROOT, perf_analyzer, run_one, wait_ready
 
 INSTANCES = "instance_group [ { count: 2 kind: KIND_CPU } ]"
 

@@ -1,6 +1,6 @@
 """CPU seconds per request of the ingress processes, HTTP against gRPC.
 
-    python -m benchmarks.grpc_ingress_cpu [--concurrency 1 16] [--rounds 2] \
+    python -m conveyor.deploy.benchmarks.grpc_ingress_cpu [--concurrency 1 16] [--rounds 2] \
         [--variant new 'old:{"PYTHONPATH": "/tmp/old"}' 'two:{"GRPC_INGRESS": 2}']
 
 Starts ``conveyor serve`` on free loopback ports with the example repository,
@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.perf import wait_ready
+from conveyor.deploy.benchmarks.perf import wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.procs import actor_role, children
 

@@ -1,7 +1,7 @@
 """Per-batch latency of a small TorchScript model on the CPU, uncompiled and compiled
 (``conveyor.torch_compile`` with aot_eager, and inductor where a C++ compiler is),
 measured at the backend (``TorchScriptBackend.execute``: numpy in, numpy out), on
-one intra-op thread as a worker runs it. Not a test: ``python -m benchmarks.torch_compile``.
+one intra-op thread as a worker runs it. Not a test: ``python -m conveyor.deploy.benchmarks.torch_compile``.
 """
 
 from __future__ import annotations
