@@ -15,8 +15,9 @@ Flows (see ARCHITECTURE.md)::
     router  --InferResponse/ControlReply----------> ingress
     router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
     worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving/CustomMetrics--> router
+    worker  --ItemResponsesSent--> router (a decoupled request's responses it sent straight to the ingress)
     worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
-    worker  --InferResponse--> ingress (direct replies: ``BatchItem.reply_to``)
+    worker  --InferResponse--> ingress (direct replies: ``BatchItem.reply_to``, decoupled ones too)
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 import msgspec
 
 # 2: several descriptors per ZeroMQ message; workers answer an ingress directly.
-PROTOCOL_VERSION = 2
+# 3: a decoupled model's responses go straight to the ingress too (``ItemResponsesSent``).
+PROTOCOL_VERSION = 3
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -332,6 +334,31 @@ class ItemResponse(msgspec.Struct, tag="iresp", array_like=True):
     parameters: dict[str, Any] = {}
 
 
+class ResponseCount(msgspec.Struct, array_like=True):
+    """What the router counts of one response a worker sent straight to the ingress:
+    ``took_ns`` since the previous response (or since the batch reached the worker),
+    ``output_ns`` of it spent writing the outputs, ``status`` 0 for a success."""
+
+    took_ns: int
+    output_ns: int = 0
+    status: int = 0
+    has_outputs: bool = True
+
+
+class ItemResponsesSent(msgspec.Struct, tag="isent", array_like=True):
+    """Item ``index`` of ``batch`` (a decoupled model's request marked ``reply_to``) was
+    answered by ``counts`` responses straight to its ingress since the last such note.
+    The worker sends one after the first response and one with the final response
+    (``final``, its ``error``), and in between at most every few hundred milliseconds:
+    the statistics follow the stream while the tokens skip the router."""
+
+    batch: int
+    index: int
+    counts: list[ResponseCount]
+    final: bool = False
+    error: ErrorInfo | None = None
+
+
 class CustomMetric(msgspec.Struct, array_like=True):
     """One series of a model's custom metric (``pb_utils.MetricFamily``) in one worker:
     ``kind`` 0 counter, 1 gauge, 2 histogram; a histogram's sum is ``value`` and its
@@ -381,7 +408,10 @@ RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
     | ForgetSequences | SettingsUpdate
 )
-WorkerToRouter = WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | WorkerLeaving | CustomMetrics
+WorkerToRouter = (
+    WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | ItemResponsesSent | WorkerLeaving
+    | CustomMetrics
+)
 
 encoder = msgspec.msgpack.Encoder()
 encode = encoder.encode

@@ -160,8 +160,9 @@ class Dispatcher:
         regions: list[m.ClientRegion] = []
         order = state.order
         # A worker answers the ingress itself unless the router must see the response first:
-        # to hold it for ordering, to cache it, to trace it, or to follow a decoupled stream.
-        reply_to = self.reply_to if order is None and not state.decoupled else {}
+        # to hold it for ordering, to cache it or to trace it. A decoupled model's responses
+        # go straight too; the router counts them from the worker's ItemResponsesSent notes.
+        reply_to = self.reply_to if order is None else {}
         for p in batch:
             state.stats.queue.add(now - p.arrival_ns)
             if p.ensemble_stats is not None:

@@ -125,6 +125,30 @@ class Results:
         if msg.final:
             self._close_item(msg.batch, run, msg.index, msg.error)
 
+    def on_responses_sent(self, worker: bytes, msg: m.ItemResponsesSent) -> None:
+        """Count the responses a worker sent straight to a decoupled request's ingress."""
+        run = self._batch(msg.batch)
+        if (
+            run is None or run.open is None or run.instance.worker != worker
+            or not 0 <= msg.index < len(run.open) or not run.open[msg.index]
+        ):
+            return  # the request already ended (its worker dropped, the router restarted)
+        p = run.items[msg.index]
+        state = run.instance.version
+        record = state.stats.record_response
+        for count in msg.counts:
+            record(p.responses, count.took_ns, count.status or None, count.has_outputs, count.output_ns)
+            p.responses += 1
+        now = time.monotonic_ns()
+        p.last_response_ns = now
+        if not p.responded and msg.counts:
+            p.responded = True
+            first = state.latency.first_response
+            if first is not None and not msg.counts[0].status:
+                first.histogram.observe(now - p.arrival_ns)
+        if msg.final:
+            self._close_item(msg.batch, run, msg.index, msg.error)
+
     def end_open_items(self, bid: int, run: Running, error: m.ErrorInfo) -> None:
         """Answer every decoupled request of ``run`` still open with ``error`` (final)."""
         assert run.open is not None

@@ -256,6 +256,8 @@ class Router:
             return
         if isinstance(msg, m.ItemResponse):
             self._on_item_response(identity, msg)
+        elif isinstance(msg, m.ItemResponsesSent):
+            self.results.on_responses_sent(identity, msg)
         elif isinstance(msg, m.BatchResult):
             self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):

@@ -5,13 +5,21 @@ carries the cancellation flag (set by the router's ``CancelItem``; a model sees
 it as ``request.is_cancelled()``, and the BLS calls made for the request are
 woken through its cancel hooks) and, for a decoupled model, sends each
 response as the model produces it, from whichever thread calls ``send``: the
-outputs are copied once into this worker's arena and an ``ItemResponse`` goes
-to the router through the worker's result queue (the socket's thread sends it).
+outputs are copied once into this worker's arena and the response goes out
+through the worker's result queue (the socket's thread sends it).
+
+Where it goes: a request the router marked ``reply_to`` is answered straight to
+its ingress (an ``InferResponse`` per response), and the router, which counts
+them, gets an ``ItemResponsesSent`` after the first response, with the final
+one, and in between at most every ``NOTE_INTERVAL_NS``: a token costs the
+router nothing. Any other request's responses go to the router as
+``ItemResponse``s, which it forwards.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from conveyor.proto import messages as m
@@ -19,23 +27,32 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.base import RequestOutcome, outcome_parameters
 from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
 
+# How stale the router's count of a long direct stream may get (its statistics, not the client's tokens).
+NOTE_INTERVAL_NS = 250_000_000
+
 
 class ItemStream:
-    """Item ``index`` of ``batch``; ``on_close`` runs once, when it ends."""
+    """Item ``index`` of ``msg``; ``post`` sends (destination, payload) pairs ("" = the router);
+    ``on_close`` runs once, when it ends."""
 
     def __init__(
         self,
-        batch: int,
+        msg: m.ExecBatch,
         index: int,
-        item: m.BatchItem,
         plan: IoPlan,
         writer: OutputWriter,
-        post: Callable[[bytes], None],
+        post: Callable[[list[tuple[str, bytes]]], None],
         on_close: Callable[[ItemStream], None],
     ) -> None:
-        self.batch = batch
+        self.batch = msg.batch
         self.index = index
-        self.item = item
+        self.item = item = msg.items[index]
+        self._exec = msg
+        # Direct: the responses' times since the last note to the router, and when that note went.
+        self._counts: list[m.ResponseCount] = []
+        self._last_ns = self._noted_ns = time.monotonic_ns()
+        self._noted = False
+        self._direct = item.reply_to
         self.cancelled = False
         self._cancel_hooks: list[Callable[[], None]] | None = None  # BLS calls waiting for it
         self._plan = plan
@@ -80,18 +97,51 @@ class ItemStream:
             outputs: list[m.TensorRef] = []
             release: list[m.Release] = []
             error: m.ErrorInfo | None = None
+            output_ns = 0
             if isinstance(outcome, ConveyorError):
                 error = m.ErrorInfo(int(outcome.status), outcome.message)
             elif outcome is not None:
+                start = time.monotonic_ns()
                 planned = plan_request_outputs([self.item], [outcome], self._plan)
                 result = self._writer.write(planned)[0]
                 outputs, error, release = result.outputs, result.error, result.release
-            response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)
-            if error is None and (parameters := outcome_parameters(outcome)) is not None:
-                response.parameters = parameters
-            self._post(m.encode(response))
+                output_ns = time.monotonic_ns() - start
+            parameters = outcome_parameters(outcome) if error is None else None
+            if self._direct:
+                self._post(self._answer(outputs, error, release, final, parameters, output_ns))
+            else:
+                response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)
+                if parameters is not None:
+                    response.parameters = parameters
+                self._post([("", m.encode(response))])
             if final:
                 self._close()
+
+    def _answer(
+        self,
+        outputs: list[m.TensorRef],
+        error: m.ErrorInfo | None,
+        release: list[m.Release],
+        final: bool,
+        parameters: dict[str, object] | None,
+        output_ns: int,
+    ) -> list[tuple[str, bytes]]:
+        """One response straight to the ingress, and the router's note when one is due."""
+        msg = self._exec
+        response = m.InferResponse(self.item.id, msg.model, msg.version, outputs, error, release, final,
+                                   parameters or {}, msg.generation)
+        out = [(self._direct, m.encode(response))]
+        now = time.monotonic_ns()
+        self._counts.append(m.ResponseCount(now - self._last_ns, output_ns, error.status if error else 0,
+                                            bool(outputs)))
+        self._last_ns = now
+        if final or not self._noted or now - self._noted_ns >= NOTE_INTERVAL_NS:
+            note = m.ItemResponsesSent(self.batch, self.index, self._counts, final, error if final else None)
+            out.append(("", m.encode(note)))
+            self._counts = []
+            self._noted = True
+            self._noted_ns = now
+        return out
 
     def fail(self, error: ConveyorError) -> None:
         """End the request with ``error`` unless it has ended already."""

@@ -128,6 +128,7 @@ class Worker:
         # Any thread (instance threads, threads a model starts) wakes the main
         # loop with a byte down this pipe: no per-thread sockets to leak.
         self._wake_rx, self._wake_tx = os.pipe()
+        self._woken = False
         os.set_blocking(self._wake_rx, False)
         os.set_blocking(self._wake_tx, False)
         # What other threads send: (destination, descriptor); "" is the router, else an ingress endpoint.
@@ -204,6 +205,7 @@ class Worker:
                             pass
                     except BlockingIOError:
                         pass
+                    self._woken = False
                 self._take_posted()
                 if self.bls is not None:
                     self.bls.flush()
@@ -328,6 +330,11 @@ class Worker:
                 self.out.send(payload)
 
     def _wake(self) -> None:
+        # One write per burst: a decoupled model posts a response per token from its own thread.
+        # The loop clears ``_woken`` after emptying the pipe and before taking what was posted.
+        if self._woken:
+            return
+        self._woken = True
         try:
             os.write(self._wake_tx, b"\0")
         except BlockingIOError:
@@ -405,13 +412,12 @@ class Worker:
         if inst.runs_inline() and _input_bytes(msg) <= INLINE_MAX_INPUT_BYTES:
             # Its answers leave with the rest of this turn's (one send per peer: each send wakes
             # libzmq's I/O thread, and a send per batch measured 25% less throughput at c=16).
-            self._emit_all(answers(msg, self._run_batch(inst, msg, streams)))
+            self._emit_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled))
         else:
-            inst.submit(lambda: self._post_all(answers(msg, self._run_batch(inst, msg, streams))))
+            inst.submit(lambda: self._post_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled)))
 
     def _stream(self, inst: LoadedInstance, msg: m.ExecBatch, index: int) -> ItemStream:
-        stream = ItemStream(msg.batch, index, msg.items[index], inst.plan, self.writer, self._post,
-                            self._forget_stream)
+        stream = ItemStream(msg, index, inst.plan, self.writer, self._post_all, self._forget_stream)
         self.streams[stream.key] = (inst.key, stream)
         return stream
 
@@ -489,10 +495,15 @@ class Worker:
         self.arena.close()
 
 
-def answers(msg: m.ExecBatch, result: m.BatchResult) -> list[tuple[str, bytes]]:
+def answers(msg: m.ExecBatch, result: m.BatchResult, decoupled: bool = False) -> list[tuple[str, bytes]]:
     """What a batch's outcome sends: the ``InferResponse`` of each request the router marked
     ``reply_to``, straight to its ingress, then the ``BatchResult`` to the router, which only
-    counts those requests (their outputs and release flags went with the response)."""
+    counts those requests (their outputs and release flags went with the response).
+
+    A decoupled model's requests were answered by their streams; if its batch failed as a
+    whole, the router ends them (it knows which are still open)."""
+    if decoupled:
+        return [("", m.encode(result))]
     out: list[tuple[str, bytes]] = []
     items = result.items
     for i, item in enumerate(msg.items):

@@ -80,27 +80,29 @@ class ModelStats:
     responses: dict[int, ResponseStats] = field(default_factory=dict)
     memory: list[MemoryUsage] = field(default_factory=list)
 
-    def record_response(self, index: int, took_ns: int, error_status: int | None, has_outputs: bool) -> None:
+    def record_response(
+        self, index: int, took_ns: int, error_status: int | None, has_outputs: bool, output_ns: int = 0,
+    ) -> None:
         """A decoupled request's response number ``index``, ``took_ns`` after the previous one
         (or after its execution started). Triton's classes: a success has outputs, an empty
         response is a bare final flag, a cancellation is a CANCELLED error, any other error fails.
 
-        Triton's backend splits the time into infer and output (the tensor copy); here the
-        router sees the response whole, so it is all ``compute_infer`` and ``compute_output``
-        counts the response with 0 ns (the output is in shared memory already)."""
+        Triton's backend splits the time into infer and output (the tensor copy): a worker that
+        answered the ingress itself measured ``output_ns`` (the copy into its arena); a response
+        the router forwarded was seen whole, so it is all ``compute_infer``."""
         r = self.responses.get(index)
         if r is None:
             r = self.responses[index] = ResponseStats()
         if error_status == CANCELLED:
             r.cancel.add(took_ns)
             return
-        r.compute_infer.add(took_ns)
+        r.compute_infer.add(took_ns - output_ns)
         if error_status is not None:
             if has_outputs:
-                r.compute_output.add(0)
+                r.compute_output.add(output_ns)
             r.fail.add(took_ns)
         elif has_outputs:
-            r.compute_output.add(0)
+            r.compute_output.add(output_ns)
             r.success.add(took_ns)
         else:
             r.empty_response.add(took_ns)

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.support.group import Server, router_control
+from tests.support.waiting import eventually
 
 
 def _add_sub(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient, seed: int,
@@ -57,12 +58,13 @@ def test_concurrent_clients_get_their_own_answers(server: Server) -> None:
             f.result()
 
 
-def test_decoupled_responses_still_come_through_the_router(server: Server) -> None:
-    """A decoupled model's responses are followed by the router (it counts each request's final
-    one): they are never sent straight from the worker, and the stream gets every response."""
+def test_decoupled_responses_come_straight_from_the_worker_and_are_counted(server: Server) -> None:
+    """A decoupled model's responses go from the worker straight to the ingress; the router,
+    told by the worker's notes, still counts every response and the request's end."""
     before = router_control(server.group, "transport")
-    received: queue.SimpleQueue[object] = queue.SimpleQueue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
+    stats_before = _py_repeat_stats(client)
+    received: queue.SimpleQueue[object] = queue.SimpleQueue()
     client.start_stream(callback=lambda result, error: received.put(error or result))
     try:
         inp = grpcclient.InferInput("IN", [3], "INT32")
@@ -78,4 +80,18 @@ def test_decoupled_responses_still_come_through_the_router(server: Server) -> No
         client.stop_stream()
     after = router_control(server.group, "transport")
     assert after["dispatched"] - before["dispatched"] == 1
-    assert after["direct"] == before["direct"]
+    assert after["direct"] - before["direct"] == 1
+    eventually(lambda: _py_repeat_stats(client)["success"] > stats_before["success"], 10,
+               what="the router counted the stream's end")
+    stats = _py_repeat_stats(client)
+    assert stats["success"] == stats_before["success"] + 1
+    assert stats["responses"] - stats_before["responses"] >= 3  # one success per response index
+
+
+def _py_repeat_stats(client: grpcclient.InferenceServerClient) -> dict[str, int]:
+    stats = client.get_inference_statistics("py_repeat", as_json=True)["model_stats"][0]
+    responses = stats.get("response_stats", {})
+    return {
+        "success": int(stats["inference_stats"]["success"].get("count", 0)),
+        "responses": sum(int(r.get("success", {}).get("count", 0)) for r in responses.values()),
+    }

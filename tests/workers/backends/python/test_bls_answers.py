@@ -17,8 +17,8 @@ from conveyor.workers.item_stream import ItemStream
 
 def stream(index: int) -> ItemStream:
     """A request's real stream; cancelling it needs none of its output machinery."""
-    return ItemStream(1, index, m.BatchItem(index, [], []), None, None, lambda _: None,  # type: ignore[arg-type]
-                      lambda _: None)
+    batch = m.ExecBatch(1, "m", "1", 0, [m.BatchItem(i, [], []) for i in range(index + 1)])
+    return ItemStream(batch, index, None, None, lambda _: None, lambda _: None)  # type: ignore[arg-type]
 
 
 def requests(*streams: ItemStream) -> list[Any]:
