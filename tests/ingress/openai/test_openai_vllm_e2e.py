@@ -23,6 +23,8 @@ import pytest
 from tests.support import tiny_llama
 from tests.support.group import Server, abandon, free_port, wait_ready
 
+tiny_llama.require_vllm()
+
 MODEL = "vllm_model"
 SEP = "_lora_"
 MAX_TOKENS = 12

@@ -18,15 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-pytest.importorskip("vllm")
-
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support import tiny_llama
 from tests.support.group import Server, free_port, wait_ready
+
+tiny_llama.require_vllm()
 
 pytestmark = pytest.mark.timeout(300)
 
