@@ -8,11 +8,13 @@ socket-owning main thread through a queue and a wake pipe. A second DEALER
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +131,7 @@ class Worker:
         # loop with a byte down this pipe: no per-thread sockets to leak.
         self._wake_rx, self._wake_tx = os.pipe()
         self._woken = False
+        self._loop_wake = threading.local()  # per event-loop thread: a wake-up is due at its turn's end
         os.set_blocking(self._wake_rx, False)
         os.set_blocking(self._wake_tx, False)
         # What other threads send: (destination, descriptor); "" is the router, else an ingress endpoint.
@@ -315,10 +318,23 @@ class Worker:
         self._wake()
 
     def _post_all(self, messages: list[tuple[str, bytes]]) -> None:
-        """Send each (destination, payload) from any thread ("" = the router), with one wake-up."""
+        """Send each (destination, payload) from any thread ("" = the router), with one wake-up.
+
+        From a thread running an event loop (vLLM's engine, an async model) the wake-up waits
+        for the end of the loop's turn: the responses of one engine step, one per request,
+        then leave as one message per ingress instead of a wake-up and a send each."""
         put = self.results.put
         for message in messages:
             put(message)
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            self._wake()
+        elif not getattr(self._loop_wake, "armed", False):
+            self._loop_wake.armed = True
+            loop.call_soon(self._wake_after_turn)
+
+    def _wake_after_turn(self) -> None:
+        self._loop_wake.armed = False
         self._wake()
 
     def _emit_all(self, messages: list[tuple[str, bytes]]) -> None:
