@@ -293,6 +293,8 @@ class ModelRegistry:
     def _miss(self, model: str) -> ModelEntry:
         """A name that is no key: with --model-namespacing, a name several repositories hold
         (one of them loaded: that one; more: Triton's ambiguity error)."""
+        if model in self.unloaded:  # Triton keeps an unloaded model's entry, with no version ready
+            raise not_found(f"Request for unknown model: '{model}' has no available versions")
         if not self.namespacing:
             raise not_found(f"Request for unknown model: '{model}' is not found")
         loaded = [key for key in self.namespaced.get(model, ()) if key in self.models]

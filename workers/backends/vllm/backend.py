@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -26,6 +27,8 @@ from conveyor.workers.backends.vllm.request import GenerateArgs, parse, sampling
 log = logging.getLogger(__name__)
 
 ENGINE_ARGS = "model.json"
+# Triton's vllm_backend words, for requests to a model whose engine died (ENABLE_VLLM_HEALTH_CHECK).
+UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
 
 
 def _parameter(config: mc.ModelConfig, name: str) -> str | None:
@@ -53,6 +56,8 @@ class VllmBackend:
         if device.startswith("cuda:"):  # KIND_GPU: the engine uses the instance's GPU only (as Triton)
             os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         self.loras = LoraRepository.load(version_dir, engine_args)
+        self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
+        self.healthy = True
         # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
         report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
         loggers: list[Any] = []
@@ -68,6 +73,11 @@ class VllmBackend:
             raise unavailable(f"failed to start the vLLM engine of '{self.name}': {why}") from None
 
     def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]:
+        if self.health_check and not self._check_health():
+            for item in items:
+                assert item.channel is not None
+                item.channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
+            return []
         for item in items:
             channel = item.channel
             assert channel is not None  # decoupled: every request has one
@@ -80,6 +90,17 @@ class VllmBackend:
                 continue
             self._start(args, channel)
         return []
+
+    def _check_health(self) -> bool:
+        """ENABLE_VLLM_HEALTH_CHECK, as Triton's vllm_backend: before each batch, whether the engine
+        is alive; the first time it is not, the model is unloaded (as Triton, only where the model
+        control mode lets a model unload; elsewhere its requests keep failing as UNAVAILABLE)."""
+        if self.healthy and self.engine.errored:
+            self.healthy = False
+            log.error("[vllm] Engine is not healthy and model will be unloaded: %s", self.engine.dead_reason)
+            # Not on this thread: the router's unload waits for the batches this thread runs.
+            threading.Thread(target=_unload, args=(self.name,), name=f"vllm-unload-{self.name}", daemon=True).start()
+        return self.healthy
 
     def _start(self, args: GenerateArgs, channel: ResponseChannel) -> None:
         holder: list[asyncio.Task[None]] = []
@@ -114,8 +135,21 @@ class VllmBackend:
         except ConveyorError as exc:
             channel.fail(exc)
         except Exception as exc:
+            if self.health_check and not self._check_health():  # the engine died under this request
+                channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
+                return
             log.warning("vLLM request of '%s' failed", self.name, exc_info=True)
             channel.fail(internal(f"Error generating stream: {exc}"))
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _unload(model: str) -> None:
+    """Ask the router to unload ``model`` (through the worker's BLS link, as ``pb_utils.unload_model``)."""
+    from conveyor.workers.backends.python.pb_utils.model_control import unload_model
+
+    try:
+        unload_model(model)
+    except Exception as exc:  # polling or no control mode: the model stays, answering UNAVAILABLE
+        log.warning("[vllm] the unhealthy model '%s' could not be unloaded: %s", model, exc)

@@ -47,6 +47,16 @@ class EngineLoop:
         self.loop.call_soon_threadsafe(fn)
 
     @property
+    def errored(self) -> bool:
+        """Whether the engine died (its core process gone): it will not answer again."""
+        return bool(self.engine is not None and self.engine.errored)
+
+    @property
+    def dead_reason(self) -> str:
+        error = getattr(self.engine, "dead_error", None)
+        return f"{type(error).__name__}: {error}" if error is not None else "the engine is gone"
+
+    @property
     def max_model_len(self) -> int:
         return int(self.engine.model_config.max_model_len)
 

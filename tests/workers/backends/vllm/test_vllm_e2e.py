@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import time
@@ -22,8 +23,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.deploy.procs import children
 from tests.support import tiny_llama
-from tests.support.group import Server, free_port, wait_ready
+from tests.support.group import Server, free_port, pids_of, wait_ready
 
 tiny_llama.require_vllm()
 
@@ -46,6 +48,8 @@ def served(tiny: tiny_llama.TinyLlama, tmp_path_factory: pytest.TempPathFactory)
     """The group and the reference outputs, started side by side (each loads an engine)."""
     repo = tmp_path_factory.mktemp("vllm_repo")
     model_dir = tiny_llama.write_repository(repo, tiny, MODEL)
+    with open(model_dir / "config.pbtxt", "a") as f:  # the last test kills the engine (Triton's parameter)
+        f.write('parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n')
     engine = json.loads((model_dir / "1" / "model.json").read_text())
     answer = repo / "reference.json"
     reference = subprocess.Popen(
@@ -65,6 +69,7 @@ def served(tiny: tiny_llama.TinyLlama, tmp_path_factory: pytest.TempPathFactory)
         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
         "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--workers", "1",
         "--arena-size", str(64 << 20), "--exit-timeout-secs", "20", "--drain-grace-secs", "0",
+        "--model-control-mode", "explicit", "--load-model", "*",  # the unhealthy model can unload
     ])
     srv = Server(proc, group, ports[0], ports[1], ports[2], str(repo))
     try:
@@ -310,3 +315,29 @@ def test_engine_metrics_on_metrics(served: tuple[Server, Any]) -> None:
                  "vllm:request_generation_tokens_count", "vllm:request_params_n_count"):
         assert found.get(name, 0) > 0, name
     assert "vllm:num_requests_running" in found and "vllm:num_requests_waiting" in found
+
+
+def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any]) -> None:
+    """ENABLE_VLLM_HEALTH_CHECK, as Triton's L0_check_health_vllm: the engine core process killed,
+    the next request fails as UNAVAILABLE in Triton's words, the model unloads, and later requests
+    are to an unknown model. (Last in this module: the engine stays dead.)"""
+    srv, _ = served
+    assert grpc_stream(srv, {"ok": grpc_inputs("hello world", sampling(""), True)})["ok"][-1] is not None
+    (worker,) = pids_of(srv, "worker")
+    cores = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
+    assert cores, children(worker)
+    for pid in cores:
+        os.kill(pid, signal.SIGKILL)
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    got = grpc_stream(srv, {"dead": grpc_inputs("hello world", sampling(""), True)})["dead"]
+    error = got[-1]
+    assert error.message() == "Model is unavailable due to unhealthy vLLM engine"  # in-band: no status
+    deadline = time.monotonic() + 60
+    while client.is_model_ready(MODEL):
+        assert time.monotonic() < deadline, "the unhealthy model did not unload"
+        time.sleep(0.2)
+    index = {m.name: m.state for m in client.get_model_repository_index().models}
+    assert index[MODEL] == "UNAVAILABLE"
+    with pytest.raises(InferenceServerException) as unknown:
+        client.infer(MODEL, grpc_inputs("hello world", sampling(""), False))
+    assert "has no available versions" in unknown.value.message()
