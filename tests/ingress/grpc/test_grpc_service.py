@@ -27,11 +27,11 @@ from conveyor.proto import health_pb2, health_pb2_grpc
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[SimpleNamespace]:
+@pytest.fixture(params=["grpcio", "h2"])
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[SimpleNamespace]:
     link, dataplane = FakeLink(), FakeDataPlane()
     ctx = SimpleNamespace(link=link, dataplane=dataplane, drain=IngressDrain())
-    server, port = await start_server(ctx, "127.0.0.1", 0)  # type: ignore[arg-type]
+    server, port = await start_server(ctx, "127.0.0.1", 0, implementation=request.param)  # type: ignore[arg-type]
     client = tga.InferenceServerClient(f"127.0.0.1:{port}")
     try:
         yield SimpleNamespace(url=f"127.0.0.1:{port}", link=link, dataplane=dataplane, client=client)

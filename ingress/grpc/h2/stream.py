@@ -1,0 +1,83 @@
+"""One gRPC call's HTTP/2 stream: its state on both sides, and the request
+messages of a client-streaming call as an async iterator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.ingress.grpc.h2.context import CallContext
+from conveyor.ingress.grpc.h2.header_block import RequestHead
+
+
+class Inbox:
+    """The request messages of a streaming call, deserialized as the handler reads them.
+    ``consumed(size)`` gives the stream's flow-control credit back once a message is
+    taken, so a handler that stops reading stops the client."""
+
+    __slots__ = ("_items", "_waiter", "_ended", "_parse", "_consumed")
+
+    def __init__(self, parse: Callable[[bytes], Any] | None, consumed: Callable[[int], None]) -> None:
+        self._items: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self._parse = parse
+        self._consumed = consumed
+
+    def put(self, message: bytes) -> None:
+        self._items.append(message)
+        self._wake()
+
+    def end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> Inbox:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        message = self._items.popleft()
+        self._consumed(len(message) + 5)
+        return self._parse(message) if self._parse is not None else message
+
+
+class Stream:
+    """A call on the connection, from its HEADERS to its trailers or reset."""
+
+    __slots__ = (
+        "id", "head", "handler", "ctx", "task", "inbox", "request", "rx",
+        "send_window", "backlog", "backlog_bytes", "trailer", "headers_sent",
+        "remote_closed", "local_closed", "unacked", "expired", "timer", "drained",
+    )
+
+    def __init__(self, stream_id: int, head: RequestHead, handler: Any, ctx: CallContext, send_window: int) -> None:
+        self.id = stream_id
+        self.head = head
+        self.handler = handler  # grpc.RpcMethodHandler
+        self.ctx = ctx
+        self.task: asyncio.Task[None] | None = None
+        self.inbox: Inbox | None = None  # streaming requests only
+        self.request: bytes | None = None  # unary: the one message
+        self.rx: bytearray | None = None  # a message split over DATA frames
+        self.send_window = send_window
+        self.backlog: deque[memoryview] = deque()  # DATA waiting for flow-control window
+        self.backlog_bytes = 0
+        self.trailer: bytes | None = None  # trailers waiting behind the backlog
+        self.headers_sent = False
+        self.remote_closed = False
+        self.local_closed = False
+        self.unacked = 0  # bytes received and not yet credited back
+        self.expired = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.drained: asyncio.Future[None] | None = None  # a streaming writer waiting for the backlog
