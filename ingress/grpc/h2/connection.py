@@ -42,6 +42,8 @@ MAX_HEADER_LIST = 1 << 16
 MAX_MESSAGE_BYTES = (1 << 31) - 1
 # A streaming call's replies waiting for the client past this make its writer wait.
 STREAM_BACKLOG_BYTES = 1 << 20
+# A message up to this size is joined to its 5-byte prefix (copied) rather than sent as two pieces.
+_JOIN_BYTES = 1 << 16
 
 _OK, _UNKNOWN, _DEADLINE_EXCEEDED = 0, 2, 4
 _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 8, 12, 13, 14
@@ -255,9 +257,9 @@ class H2Connection(asyncio.Protocol):
             self._send_window += increment
             if self._send_window > f.MAX_WINDOW:
                 raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window overflow")
-            for stream in list(self._blocked):
-                del self._blocked[stream]
-                self._pump(stream)
+            for blocked in list(self._blocked):
+                del self._blocked[blocked]
+                self._pump(blocked)
             return
         stream = self._streams.get(sid)
         if stream is None:
@@ -318,8 +320,8 @@ class H2Connection(asyncio.Protocol):
         if flags & f.END_STREAM:
             stream.remote_closed = True
         refusal = self._refusal(stream)
-        if refusal is not None:
-            self._finish(stream, *refusal)
+        if refusal is not None or handler is None:
+            self._finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
             return
         deadline = stream.ctx.deadline
         if deadline is not None:
@@ -412,8 +414,9 @@ class H2Connection(asyncio.Protocol):
                      f"Received message larger than max ({size} vs. {MAX_MESSAGE_BYTES})")
 
     def _message(self, stream: Stream, flag: int, message: bytes) -> None:
-        if len(message) > MAX_MESSAGE_BYTES:
-            self._too_large(stream, len(message))
+        wire_size = len(message) + 5
+        if wire_size - 5 > MAX_MESSAGE_BYTES:
+            self._too_large(stream, wire_size - 5)
             return
         if flag & 1:
             decompress = _DECOMPRESS.get(stream.head.encoding)
@@ -426,7 +429,7 @@ class H2Connection(asyncio.Protocol):
                 self._finish(stream, _INTERNAL, f"cannot decompress the message: {err}")
                 return
         if stream.inbox is not None:
-            stream.inbox.put(message)
+            stream.inbox.put(message, wire_size)
         elif stream.request is None:
             stream.request = message
         else:
@@ -528,8 +531,11 @@ class H2Connection(asyncio.Protocol):
             stream.headers_sent = True
             self._write(*f.headers(stream.id, RESPONSE_HEAD, self._max_frame, end_stream=False))
         prefix = b"\0" + len(body).to_bytes(4, "big")
-        stream.backlog.append(memoryview(prefix))
-        stream.backlog.append(memoryview(body))
+        if len(body) <= _JOIN_BYTES:  # one piece, so that it leaves in one frame
+            stream.backlog.append(memoryview(prefix + body))
+        else:  # large: not copied
+            stream.backlog.append(memoryview(prefix))
+            stream.backlog.append(memoryview(body))
         stream.backlog_bytes += len(body) + 5
         self._pump(stream)
 
@@ -545,9 +551,6 @@ class H2Connection(asyncio.Protocol):
             chunk = backlog[0]
             if len(chunk) <= allowed:
                 backlog.popleft()
-                # Small pieces (a message's 5-byte prefix) join the next one in a frame.
-                while backlog and len(chunk) + len(backlog[0]) <= allowed and len(chunk) < 4096:
-                    chunk = memoryview(bytes(chunk) + bytes(backlog.popleft()))
             else:
                 backlog[0] = chunk[allowed:]
                 chunk = chunk[:allowed]

@@ -13,7 +13,7 @@ from conveyor.ingress.grpc.h2.header_block import RequestHead
 
 
 class CallContext:
-    __slots__ = ("_head", "_deadline", "_loop", "code", "details")
+    __slots__ = ("_deadline", "_head", "_loop", "code", "details")
 
     def __init__(self, head: RequestHead, loop: asyncio.AbstractEventLoop) -> None:
         self._head = head

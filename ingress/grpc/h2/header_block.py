@@ -31,7 +31,7 @@ _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1
 class RequestHead:
     """What the server needs from a call's request headers."""
 
-    __slots__ = ("path", "method", "content_type", "timeout_s", "encoding", "_fields", "_metadata")
+    __slots__ = ("_fields", "_metadata", "content_type", "encoding", "method", "path", "timeout_s")
 
     def __init__(self, fields: list[tuple[bytes, bytes]]) -> None:
         self._fields = fields
@@ -86,7 +86,7 @@ class RequestDecoder:
         head = self._seen.get(block)
         if head is not None:
             return head
-        head = RequestHead(self._hpack.decode(block, raw=True))
+        head = RequestHead(list(self._hpack.decode(block, raw=True)))
         if block.translate(None, _ONE_BYTE_INDEXED):
             self._seen.clear()  # the block may have changed the dynamic table
         elif len(self._seen) < _CACHE_BLOCKS:

@@ -17,17 +17,17 @@ class Inbox:
     ``consumed(size)`` gives the stream's flow-control credit back once a message is
     taken, so a handler that stops reading stops the client."""
 
-    __slots__ = ("_items", "_waiter", "_ended", "_parse", "_consumed")
+    __slots__ = ("_consumed", "_ended", "_items", "_parse", "_waiter")
 
     def __init__(self, parse: Callable[[bytes], Any] | None, consumed: Callable[[int], None]) -> None:
-        self._items: deque[bytes] = deque()
+        self._items: deque[tuple[bytes, int]] = deque()  # (message, its size on the wire)
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._parse = parse
         self._consumed = consumed
 
-    def put(self, message: bytes) -> None:
-        self._items.append(message)
+    def put(self, message: bytes, wire_size: int) -> None:
+        self._items.append((message, wire_size))
         self._wake()
 
     def end(self) -> None:
@@ -47,8 +47,8 @@ class Inbox:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
-        message = self._items.popleft()
-        self._consumed(len(message) + 5)
+        message, wire_size = self._items.popleft()
+        self._consumed(wire_size)
         return self._parse(message) if self._parse is not None else message
 
 
@@ -56,9 +56,25 @@ class Stream:
     """A call on the connection, from its HEADERS to its trailers or reset."""
 
     __slots__ = (
-        "id", "head", "handler", "ctx", "task", "inbox", "request", "rx",
-        "send_window", "backlog", "backlog_bytes", "trailer", "headers_sent",
-        "remote_closed", "local_closed", "unacked", "expired", "timer", "drained",
+        "backlog",
+        "backlog_bytes",
+        "ctx",
+        "drained",
+        "expired",
+        "handler",
+        "head",
+        "headers_sent",
+        "id",
+        "inbox",
+        "local_closed",
+        "remote_closed",
+        "request",
+        "rx",
+        "send_window",
+        "task",
+        "timer",
+        "trailer",
+        "unacked",
     )
 
     def __init__(self, stream_id: int, head: RequestHead, handler: Any, ctx: CallContext, send_window: int) -> None:

@@ -227,3 +227,13 @@ async def test_grpc_health_check(served: SimpleNamespace) -> None:
         first = await watch.read()
         assert first.status == health_pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
+
+
+async def test_compressed_requests_and_non_ascii_error_messages(served: SimpleNamespace) -> None:
+    c = served.client
+    for algorithm in ("gzip", "deflate"):
+        result = await c.infer("echo", [fp32_input([1.5, 2.0] * 64)], compression_algorithm=algorithm)
+        assert result.as_numpy("OUT_x").tolist() == [1.5, 2.0] * 64
+    # grpc-message is percent-encoded on the wire; the client sees the text.
+    status, message = await status_of(c.get_model_metadata("mödel %20"))
+    assert status == "StatusCode.NOT_FOUND" and "'mödel %20'" in message
