@@ -44,6 +44,10 @@ MAX_MESSAGE_BYTES = (1 << 31) - 1
 STREAM_BACKLOG_BYTES = 1 << 20
 # A message up to this size is joined to its 5-byte prefix (copied) rather than sent as two pieces.
 _JOIN_BYTES = 1 << 16
+# A request message this large is handed on as a view of the bytes read, not copied out.
+_VIEW_BYTES = 1 << 16
+# A request message split over reads gets a buffer of its size up to this; past it, the buffer grows.
+_PREALLOCATE_BYTES = 1 << 26
 
 _OK, _UNKNOWN, _DEADLINE_EXCEEDED = 0, 2, 4
 _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 8, 12, 13, 14
@@ -75,6 +79,9 @@ class H2Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._rx = bytearray()
         self._need = len(f.PREFACE)  # bytes _rx must hold before parsing again
+        self._data_left = 0  # bytes still to come of a DATA frame taken as it arrives
+        self._data_into: Stream | None = None  # its stream (None: discarded)
+        self._data_flags = 0
         self._preface = True
         self._decoder = RequestDecoder(MAX_HEADER_LIST)
         self._streams: dict[int, Stream] = {}
@@ -151,14 +158,21 @@ class H2Connection(asyncio.Protocol):
     # --- reading ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        rx = self._rx
-        if rx:
-            rx += data
-            if len(rx) < self._need:
-                return
-            data = bytes(rx)
-            rx.clear()
         try:
+            if self._data_left:  # the rest of a DATA frame that began in an earlier read
+                used = min(self._data_left, len(data))
+                self._data_continues(data, used)
+                if used == len(data):
+                    self._flush()
+                    return
+                data = data[used:]
+            rx = self._rx
+            if rx:
+                rx += data
+                if len(rx) < self._need:
+                    return
+                data = bytes(rx)
+                rx.clear()
             pos = 0
             if self._preface:
                 if len(data) < len(f.PREFACE):
@@ -175,9 +189,14 @@ class H2Connection(asyncio.Protocol):
                 length = hi << 8 | lo
                 if length > MAX_RECV_FRAME:
                     raise ConnectionError_(f.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
-                if end - pos - 9 < length:
-                    break
                 start = pos + 9
+                if end - start < length:
+                    if kind == f.DATA and not flags & f.PADDED:
+                        # Large messages come in frames larger than a read: take the
+                        # payload as it arrives rather than buffering the frame.
+                        self._data_begins(flags, sid & f.STREAM_MASK, length, data, start, end)
+                        pos = end
+                    break
                 pos = start + length
                 self._frame(kind, flags, sid & f.STREAM_MASK, data, start, pos)
             if pos < end:
@@ -349,7 +368,40 @@ class H2Connection(asyncio.Protocol):
         return None
 
     def _on_data(self, flags: int, sid: int, data: bytes, start: int, end: int) -> None:
-        size = end - start
+        stream = self._data_stream(sid, end - start)
+        if stream is None:
+            return
+        if flags & f.PADDED:
+            pad = data[start]
+            start, end = start + 1, end - pad
+            if stream.inbox is not None:
+                self._credit(stream, pad + 1)
+        self._messages(stream, data, start, end)
+        if flags & f.END_STREAM and not stream.local_closed:
+            self._remote_end(stream)
+
+    def _data_begins(self, flags: int, sid: int, length: int, data: bytes, start: int, end: int) -> None:
+        """A DATA frame (not padded) of which only ``data[start:end]`` has arrived."""
+        self._data_into = self._data_stream(sid, length)
+        self._data_flags = flags
+        self._data_left = length
+        self._data_continues(memoryview(data)[start:end], end - start)
+
+    def _data_continues(self, data: bytes | memoryview, size: int) -> None:
+        """The next ``size`` bytes of the DATA frame under way are ``data[:size]``."""
+        self._data_left -= size
+        stream = self._data_into
+        if stream is None or stream.local_closed:
+            return
+        self._messages(stream, data, 0, size)
+        if not self._data_left:
+            self._data_into = None
+            if self._data_flags & f.END_STREAM and not stream.local_closed:
+                self._remote_end(stream)
+
+    def _data_stream(self, sid: int, size: int) -> Stream | None:
+        """Flow control for a DATA frame of ``size`` bytes; the stream it feeds,
+        None when that stream is already finished."""
         self._unacked += size
         if self._unacked >= CONNECTION_WINDOW // 4:
             self._write(f.window_update(0, self._unacked))
@@ -358,17 +410,10 @@ class H2Connection(asyncio.Protocol):
         if stream is None or stream.remote_closed:
             if sid > self._last_stream or sid == 0:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream this server already finished or reset
-        if flags & f.PADDED:
-            pad = data[start]
-            start, end = start + 1, end - pad
-            if stream.inbox is not None:
-                self._credit(stream, pad + 1)
+            return None  # a stream this server already finished or reset
         if stream.inbox is None:  # unary: credit now, the message is wanted whole
             self._credit(stream, size)
-        self._messages(stream, data, start, end)
-        if flags & f.END_STREAM and not stream.local_closed:
-            self._remote_end(stream)
+        return stream
 
     def _credit(self, stream: Stream, size: int) -> None:
         stream.unacked += size
@@ -376,44 +421,63 @@ class H2Connection(asyncio.Protocol):
             self._write(f.window_update(stream.id, stream.unacked))
             stream.unacked = 0
 
-    def _messages(self, stream: Stream, data: bytes, start: int, end: int) -> None:
-        """Split DATA into gRPC messages (a flag byte, a 4-byte length, the bytes)."""
+    def _messages(self, stream: Stream, data: bytes | memoryview, start: int, end: int) -> None:
+        """Split DATA into gRPC messages (a flag byte, a 4-byte length, the bytes).
+        A message is copied once: out of ``data`` when it is whole there, else into
+        a buffer of its size as its pieces arrive."""
         while start < end:
-            if stream.rx is None and end - start >= 5:
-                size = int.from_bytes(data[start + 1:start + 5], "big")
-                if end - start - 5 >= size:  # the usual case: a whole message in this frame
-                    self._message(stream, data[start], data[start + 5:start + 5 + size])
-                    start += 5 + size
-                    if stream.local_closed:
+            body = stream.body
+            if body is None:  # at a message's prefix
+                prefix = stream.prefix
+                if prefix is None and end - start >= 5:
+                    flag, size = data[start], int.from_bytes(data[start + 1:start + 5], "big")
+                    start += 5
+                else:
+                    prefix = prefix if prefix is not None else bytearray()
+                    take = min(5 - len(prefix), end - start)
+                    prefix += data[start:start + take]
+                    start += take
+                    if len(prefix) < 5:
+                        stream.prefix = prefix
                         return
-                    continue
-            rx = stream.rx
-            if rx is None:
-                rx = stream.rx = bytearray()
-            rx += memoryview(data)[start:end]
-            start = end
-            while len(rx) >= 5:
-                size = int.from_bytes(rx[1:5], "big")
+                    stream.prefix = None
+                    flag, size = prefix[0], int.from_bytes(prefix[1:5], "big")
                 if size > MAX_MESSAGE_BYTES:
                     self._too_large(stream, size)
                     return
-                if len(rx) < 5 + size:
-                    break
-                message = bytes(rx[5:5 + size])
-                flag = rx[0]
-                del rx[:5 + size]
-                self._message(stream, flag, message)
+                if end - start >= size:  # the usual case: the whole message is here
+                    if size < _VIEW_BYTES or not isinstance(data, bytes):
+                        message: Any = data[start:start + size]
+                    else:
+                        message = memoryview(data)[start:start + size]  # bytes do not change: no copy
+                    start += size
+                    self._message(stream, flag, message)
+                    if stream.local_closed:
+                        return
+                    continue
+                stream.body = body = bytearray(size) if size <= _PREALLOCATE_BYTES else bytearray()
+                stream.body_size, stream.body_flag = size, flag
+                stream.filled = 0
+            take = min(stream.body_size - stream.filled, end - start)
+            if len(body) == stream.body_size:
+                body[stream.filled:stream.filled + take] = data[start:start + take]
+            else:  # not preallocated (huge): grows as it arrives
+                body += data[start:start + take]
+            stream.filled += take
+            start += take
+            if stream.filled == stream.body_size:
+                stream.body = None
+                self._message(stream, stream.body_flag, body)
                 if stream.local_closed:
                     return
-            if not rx:
-                stream.rx = None
 
     def _too_large(self, stream: Stream, size: int) -> None:
-        stream.rx = None
+        stream.body = None
         self._finish(stream, _RESOURCE_EXHAUSTED,
                      f"Received message larger than max ({size} vs. {MAX_MESSAGE_BYTES})")
 
-    def _message(self, stream: Stream, flag: int, message: bytes) -> None:
+    def _message(self, stream: Stream, flag: int, message: Any) -> None:
+        """One request message (bytes, or a bytearray or memoryview when large)."""
         wire_size = len(message) + 5
         if wire_size - 5 > MAX_MESSAGE_BYTES:
             self._too_large(stream, wire_size - 5)
@@ -437,8 +501,8 @@ class H2Connection(asyncio.Protocol):
 
     def _remote_end(self, stream: Stream) -> None:
         stream.remote_closed = True
-        if stream.rx:
-            stream.rx = None
+        if stream.body is not None or stream.prefix is not None:
+            stream.body = stream.prefix = None
             self._finish(stream, _INTERNAL, "the request ended inside a message")
         elif stream.inbox is not None:
             stream.inbox.end()

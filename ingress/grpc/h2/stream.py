@@ -20,13 +20,13 @@ class Inbox:
     __slots__ = ("_consumed", "_ended", "_items", "_parse", "_waiter")
 
     def __init__(self, parse: Callable[[bytes], Any] | None, consumed: Callable[[int], None]) -> None:
-        self._items: deque[tuple[bytes, int]] = deque()  # (message, its size on the wire)
+        self._items: deque[tuple[Any, int]] = deque()  # (message, its size on the wire)
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._parse = parse
         self._consumed = consumed
 
-    def put(self, message: bytes, wire_size: int) -> None:
+    def put(self, message: Any, wire_size: int) -> None:
         self._items.append((message, wire_size))
         self._wake()
 
@@ -58,18 +58,22 @@ class Stream:
     __slots__ = (
         "backlog",
         "backlog_bytes",
+        "body",
+        "body_flag",
+        "body_size",
         "ctx",
         "drained",
         "expired",
+        "filled",
         "handler",
         "head",
         "headers_sent",
         "id",
         "inbox",
         "local_closed",
+        "prefix",
         "remote_closed",
         "request",
-        "rx",
         "send_window",
         "task",
         "timer",
@@ -84,8 +88,11 @@ class Stream:
         self.ctx = ctx
         self.task: asyncio.Task[None] | None = None
         self.inbox: Inbox | None = None  # streaming requests only
-        self.request: bytes | None = None  # unary: the one message
-        self.rx: bytearray | None = None  # a message split over DATA frames
+        self.request: Any = None  # unary: the one message (bytes-like)
+        # A message split over DATA frames or reads: its prefix, or its body so far.
+        self.prefix: bytearray | None = None
+        self.body: bytearray | None = None
+        self.body_size = self.body_flag = self.filled = 0
         self.send_window = send_window
         self.backlog: deque[memoryview] = deque()  # DATA waiting for flow-control window
         self.backlog_bytes = 0

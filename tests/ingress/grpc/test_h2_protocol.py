@@ -69,8 +69,10 @@ async def served() -> AsyncIterator[SimpleNamespace]:
     clients: list[RawClient] = []
 
     async def connect(settings: dict[int, int] | None = None) -> RawClient:
+        """A connection whose windows are large unless ``settings`` say otherwise."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(f.PREFACE + f.settings(settings or {}))
+        settings = {f.INITIAL_WINDOW_SIZE: 1 << 24} if settings is None else settings
+        writer.write(f.PREFACE + f.settings(settings) + f.window_update(0, 1 << 24))
         clients.append(RawClient(reader, writer))
         return clients[-1]
 
@@ -147,3 +149,21 @@ async def test_unknown_method_ping_and_reset(served: SimpleNamespace) -> None:
             break
         await asyncio.sleep(0.01)
     assert served.dataplane.cancelled == 1
+
+
+async def test_a_message_split_over_frames_and_reads(served: SimpleNamespace) -> None:
+    client = await served.connect()
+    raw = bytes(range(256)) * 512  # 128 KiB
+    request = pb.ModelInferRequest(model_name="echo", raw_input_contents=[raw])
+    request.inputs.add(name="x", datatype="FP32", shape=[len(raw) // 4])
+    body = message(request.SerializeToString())
+    client.send(f.HEADERS, f.END_HEADERS, 1, client.headers_block("ModelInfer"))
+    client.send(f.DATA, 0, 1, body[:3])  # the length prefix cut in two
+    frame = f.frame(f.DATA, f.END_STREAM, 1, body[3:])
+    for piece in (frame[:5], frame[5:1000], frame[1000:70_000], frame[70_000:]):  # one frame, several reads
+        client.writer.write(piece)
+        await client.writer.drain()
+        await asyncio.sleep(0.02)
+    data, trailers = await client.until_trailers(1)
+    assert trailers["grpc-status"] == "0", trailers
+    assert pb.ModelInferResponse.FromString(data[5:]).raw_output_contents == [raw]
