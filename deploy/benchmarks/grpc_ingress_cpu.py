@@ -1,7 +1,8 @@
 """CPU seconds per request of the ingress processes, HTTP against gRPC.
 
     python -m conveyor.deploy.benchmarks.grpc_ingress_cpu [--concurrency 1 16] [--rounds 2] \
-        [--model identity_fp32 --shape INPUT0:262144] [--variant new 'old:{"PYTHONPATH": "/tmp/old"}' 'two:{"GRPC_INGRESS": 2}']
+        [--model identity_fp32 --shape INPUT0:262144] \
+        [--variant new 'old:{"PYTHONPATH": "/tmp/old"}' 'two:{"GRPC_INGRESS": 2}']
 
 Starts ``conveyor serve`` on free loopback ports with the example repository,
 drives model ``simple`` (INT32[16] add/sub) with perf_analyzer over each
