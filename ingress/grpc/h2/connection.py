@@ -26,7 +26,13 @@ from grpc.aio import AbortError
 
 from conveyor.ingress.grpc.h2 import frames as f
 from conveyor.ingress.grpc.h2.context import CallContext
-from conveyor.ingress.grpc.h2.header_block import OK_TRAILERS, RESPONSE_HEAD, RequestDecoder, trailers
+from conveyor.ingress.grpc.h2.header_block import (
+    OK_TRAILERS,
+    RESPONSE_HEAD,
+    UNSUPPORTED_MEDIA_TYPE,
+    RequestDecoder,
+    trailers,
+)
 from conveyor.ingress.grpc.h2.stream import Inbox, Stream
 
 if TYPE_CHECKING:
@@ -206,6 +212,8 @@ class H2Connection(asyncio.Protocol):
             self._fail(err.code, str(err))
         except hpack.HPACKError as err:
             self._fail(f.COMPRESSION_ERROR, f"bad header block: {err}")
+        except (IndexError, ValueError) as err:  # a frame shorter than its fields (padding, priority)
+            self._fail(f.PROTOCOL_ERROR, f"malformed frame: {err}")
         self._flush()
 
     def _fail(self, code: int, message: str) -> None:
@@ -332,6 +340,12 @@ class H2Connection(asyncio.Protocol):
         self._last_stream = sid
         if self._closing:
             self._write(f.rst_stream(sid, f.REFUSED_STREAM))
+            return
+        if not head.content_type.startswith("application/grpc"):
+            # gRPC over HTTP/2: a request that is not gRPC gets HTTP's 415, not a gRPC status.
+            self._write(*f.headers(sid, UNSUPPORTED_MEDIA_TYPE, self._max_frame, end_stream=True))
+            if not flags & f.END_STREAM:
+                self._write(f.rst_stream(sid, f.NO_ERROR))
             return
         handler = self._server.handlers.get(head.path)
         stream = Stream(sid, head, handler, CallContext(head, self._loop), self._peer_window)

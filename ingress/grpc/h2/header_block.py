@@ -120,6 +120,8 @@ _STATUS_200 = b"\x88"  # static table entry 8
 _CONTENT_TYPE = _integer(31, 4, 0) + _string(b"application/grpc")  # static name 31, without indexing
 
 RESPONSE_HEAD = _STATUS_200 + _CONTENT_TYPE
+# A request that is not gRPC (its content-type): :status 415, static name 8, without indexing.
+UNSUPPORTED_MEDIA_TYPE = _integer(8, 4, 0) + _string(b"415")
 
 
 def percent_encode(message: str) -> bytes:

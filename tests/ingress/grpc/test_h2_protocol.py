@@ -167,3 +167,20 @@ async def test_a_message_split_over_frames_and_reads(served: SimpleNamespace) ->
     data, trailers = await client.until_trailers(1)
     assert trailers["grpc-status"] == "0", trailers
     assert pb.ModelInferResponse.FromString(data[5:]).raw_output_contents == [raw]
+
+
+async def test_a_request_that_is_not_grpc_gets_http_415(served: SimpleNamespace) -> None:
+    client = await served.connect()
+    block = bytes(client.encoder.encode([
+        (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ServerLive"), (":authority", "test"),
+        ("content-type", "application/json"),
+    ]))
+    client.send(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, block)
+    kind, flags, sid, payload = await asyncio.wait_for(client.frame(), TIMEOUT_S)
+    assert (kind, sid) == (f.HEADERS, 1) and flags & f.END_STREAM
+    assert dict(client.decoder.decode(payload)) == {":status": "415"}
+    # The connection still serves gRPC.
+    client.send(f.HEADERS, f.END_HEADERS, 3, client.headers_block("ServerLive"))
+    client.send(f.DATA, f.END_STREAM, 3, message(b""))
+    _, trailers = await client.until_trailers(3)
+    assert trailers["grpc-status"] == "0"
