@@ -68,7 +68,8 @@ def done_requests(http: str, model: str) -> int:
     return sum(int(s["inference_stats"]["success"]["count"]) for s in stats["model_stats"])
 
 
-def drive(url: str, protocol: str, model: str, concurrency: int, seconds: float, shapes: list[str]) -> None:
+def drive(url: str, protocol: str, model: str, concurrency: int, seconds: float, shapes: list[str],
+          streaming: bool = False) -> None:
     """Load the server with perf_analyzer for about ``2 * seconds``. Its own figures
     are not used: on a busy machine it often gives up for want of a stable
     measurement, which does not matter here (the requests are counted by the
@@ -78,6 +79,7 @@ def drive(url: str, protocol: str, model: str, concurrency: int, seconds: float,
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--measurement-interval", str(int(seconds * 1000)), "--max-trials", "2",
         *(x for shape in shapes for x in ("--shape", shape)),
+        *(["--streaming"] if streaming and protocol == "grpc" else []),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 and "stable measurement" not in done.stdout + done.stderr:
@@ -103,7 +105,7 @@ class Group:
         self.roles = {pid: actor_role(argv) for pid, argv in children(self.proc.pid).items()}
 
     def measure(self, protocol: str, model: str, concurrency: int, seconds: float,
-                shapes: list[str]) -> tuple[float, float]:
+                shapes: list[str], streaming: bool = False) -> tuple[float, float]:
         """(ingress CPU µs per request, infer/s) of one perf_analyzer run (infer/s
         counts its start-up too, so it reads a little low)."""
         pids = [p for p, role in self.roles.items() if role == f"ingress-{protocol}"]
@@ -112,7 +114,7 @@ class Group:
         n0 = done_requests(stats, model)
         t0 = time.monotonic()
         url = f"127.0.0.1:{self.http if protocol == 'http' else self.grpc}"
-        drive(url, protocol, model, concurrency, seconds, shapes)
+        drive(url, protocol, model, concurrency, seconds, shapes, streaming)
         wall = time.monotonic() - t0
         n1 = done_requests(stats, model)
         after = sum(cpu_seconds(p) for p in pids)
@@ -130,6 +132,8 @@ def main() -> int:
     ap.add_argument("--model", default="simple")
     ap.add_argument("--shape", nargs="*", default=[],
                     help="perf_analyzer --shape NAME:DIMS for variable inputs (identity_fp32: INPUT0:262144, 1 MiB)")
+    ap.add_argument("--streaming", action="store_true",
+                    help="gRPC through ModelStreamInfer (perf_analyzer --streaming)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--protocols", nargs="+", default=["http", "grpc"])
     ap.add_argument("--rounds", type=int, default=2)
@@ -164,7 +168,8 @@ def main() -> int:
                             continue
                         for c in args.concurrency:
                             figures.setdefault((name, protocol, c), []).append(
-                                group.measure(protocol, args.model, c, args.seconds, args.shape))
+                                group.measure(protocol, args.model, c, args.seconds, args.shape,
+                                                            args.streaming))
             for (name, protocol, c), runs in figures.items():
                 us = [u for u, _ in runs]
                 print(json.dumps({"variant": name, "protocol": protocol, "concurrency": c,
