@@ -156,6 +156,13 @@ class H2Connection(asyncio.Protocol):
             self._flush()
             self._transport.close()
 
+    def abort_calls(self) -> list[asyncio.Task[None]]:
+        """Cancel every running call (the server is stopping); return their tasks."""
+        tasks = [s.task for s in self._streams.values() if s.task is not None and not s.task.done()]
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        return tasks
+
     def _close_if_done(self) -> None:
         if self._closing and not self._streams and self._transport is not None:
             self._flush()

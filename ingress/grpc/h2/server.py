@@ -42,6 +42,9 @@ class H2Server:
             until = loop.time() + grace
             while any(not c.idle for c in self.connections) and loop.time() < until:
                 await asyncio.sleep(0.05)
+        tasks = []
         for conn in list(self.connections):
+            tasks += conn.abort_calls()
             conn.close()
-        await asyncio.sleep(0)  # let connection_lost cancel what still runs
+        if tasks:  # cancelled: they end before the caller closes what they use
+            await asyncio.wait(tasks, timeout=5.0)

@@ -77,7 +77,7 @@ async def served() -> AsyncIterator[SimpleNamespace]:
         return clients[-1]
 
     try:
-        yield SimpleNamespace(connect=connect, dataplane=dataplane)
+        yield SimpleNamespace(connect=connect, dataplane=dataplane, server=server)
     finally:
         for client in clients:
             client.writer.close()
@@ -184,3 +184,21 @@ async def test_a_request_that_is_not_grpc_gets_http_415(served: SimpleNamespace)
     client.send(f.DATA, f.END_STREAM, 3, message(b""))
     _, trailers = await client.until_trailers(3)
     assert trailers["grpc-status"] == "0"
+
+
+async def test_a_graceful_stop_sends_goaway_and_lets_running_calls_finish(served: SimpleNamespace) -> None:
+    client = await served.connect()
+    request = pb.ModelInferRequest(model_name="echo")
+    request.parameters["delay_ms"].int64_param = 300
+    client.send(f.HEADERS, f.END_HEADERS, 1, client.headers_block("ModelInfer"))
+    client.send(f.DATA, f.END_STREAM, 1, message(request.SerializeToString()))
+    for _ in range(200):
+        if served.dataplane.calls:
+            break
+        await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(served.server.stop(10))
+    kind, _, _, payload = await asyncio.wait_for(client.frame(), TIMEOUT_S)
+    assert kind == f.GOAWAY and f.GOAWAY_BODY.unpack(payload[:8]) == (1, f.NO_ERROR)
+    _, trailers = await client.until_trailers(1)
+    assert trailers["grpc-status"] == "0" and served.dataplane.cancelled == 0
+    await asyncio.wait_for(stopping, TIMEOUT_S)
