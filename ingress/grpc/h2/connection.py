@@ -2,14 +2,14 @@
 
 Plaintext HTTP/2 with prior knowledge (h2c), as gRPC clients speak it: the
 client's preface, then frames both ways (RFC 9113; gRPC's mapping onto it is
-PROTOCOL-HTTP2.md in grpc/grpc). What one loop turn writes leaves in one
-``writelines`` (the same reason as ``ingress/http/corked_transport.py``).
+PROTOCOL-HTTP2.md in grpc/grpc). This module reads: frames, header blocks,
+request messages, the client's control frames; it starts each call
+(``calls``) and ends streams. What goes out is ``outbound``'s.
 
-Flow control: the server advertises large windows and credits the connection
-window as data arrives; a unary call's stream window too, a streaming call's
-only as its handler takes each message (so a handler that stops reading
-stops its client). The server's own DATA waits in the stream's backlog for
-the client's windows.
+Flow control of what comes in: the server advertises large windows and
+credits the connection window as data arrives; a unary call's stream window
+too, a streaming call's only as its handler takes each message (so a handler
+that stops reading stops its client).
 """
 
 from __future__ import annotations
@@ -20,19 +20,14 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import grpc
 import hpack
-from grpc.aio import AbortError
 
 from conveyor.ingress.grpc.h2 import frames as f
+from conveyor.ingress.grpc.h2.calls import run_call
 from conveyor.ingress.grpc.h2.context import CallContext
-from conveyor.ingress.grpc.h2.header_block import (
-    OK_TRAILERS,
-    RESPONSE_HEAD,
-    UNSUPPORTED_MEDIA_TYPE,
-    RequestDecoder,
-    trailers,
-)
+from conveyor.ingress.grpc.h2.header_block import UNSUPPORTED_MEDIA_TYPE, RequestDecoder
+from conveyor.ingress.grpc.h2.messages import MAX_MESSAGE_BYTES, MessageTooLarge
+from conveyor.ingress.grpc.h2.outbound import Outbound
 from conveyor.ingress.grpc.h2.stream import Inbox, Stream
 
 if TYPE_CHECKING:
@@ -44,19 +39,8 @@ RECV_WINDOW = 1 << 24  # each stream's window (SETTINGS_INITIAL_WINDOW_SIZE)
 CONNECTION_WINDOW = 1 << 26
 MAX_RECV_FRAME = f.MAX_FRAME_LIMIT
 MAX_HEADER_LIST = 1 << 16
-# Triton accepts tensors up to protobuf's own 2 GiB message limit.
-MAX_MESSAGE_BYTES = (1 << 31) - 1
-# A streaming call's replies waiting for the client past this make its writer wait.
-STREAM_BACKLOG_BYTES = 1 << 20
-# A message up to this size is joined to its 5-byte prefix (copied) rather than sent as two pieces.
-_JOIN_BYTES = 1 << 16
-# A request message this large is handed on as a view of the bytes read, not copied out.
-_VIEW_BYTES = 1 << 16
-# A request message split over reads gets a buffer of its size up to this; past it, the buffer grows.
-_PREALLOCATE_BYTES = 1 << 26
 
-_OK, _UNKNOWN, _DEADLINE_EXCEEDED = 0, 2, 4
-_RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 8, 12, 13, 14
+_DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 4, 8, 12, 13, 14
 _DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
     "gzip": lambda b: zlib.decompress(b, 31),
     "deflate": zlib.decompress,
@@ -93,52 +77,33 @@ class H2Connection(asyncio.Protocol):
         self._streams: dict[int, Stream] = {}
         self._last_stream = 0
         self._continuing: tuple[int, int, list[bytes]] | None = None  # stream, flags, header fragments
-        self._send_window = f.DEFAULT_WINDOW
         self._peer_window = f.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
-        self._max_frame = f.DEFAULT_MAX_FRAME
         self._unacked = 0  # connection-level bytes received, not yet credited
-        self._blocked: dict[Stream, None] = {}  # streams waiting for the connection window
-        self._out: list[Any] = []
-        self._flush_pending = False
-        self._paused: asyncio.Future[None] | None = None
         self._closing = False
+        self._out = Outbound(self._loop, self._forget)
+        self._write = self._out.write
 
     # --- transport -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._out.transport = self._transport
         self._server.connections.add(self)
-        self._out.append(_SERVER_SETTINGS)
-        self._flush()
+        self._write(_SERVER_SETTINGS)
+        self._out.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
-        self._transport = None
+        self._transport = self._out.transport = None
         for stream in list(self._streams.values()):
             self._drop(stream)
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
+        self._out.resume()
 
     def pause_writing(self) -> None:
-        if self._paused is None or self._paused.done():
-            self._paused = self._loop.create_future()
+        self._out.pause()
 
     def resume_writing(self) -> None:
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
-
-    def _write(self, *parts: Any) -> None:
-        self._out.extend(parts)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_pending = False
-        if self._out:
-            out, self._out = self._out, []
-            if self._transport is not None:
-                self._transport.writelines(out)
+        self._out.resume()
 
     @property
     def idle(self) -> bool:
@@ -153,7 +118,7 @@ class H2Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
-            self._flush()
+            self._out.flush()
             self._transport.close()
 
     def abort_calls(self) -> list[asyncio.Task[None]]:
@@ -165,7 +130,7 @@ class H2Connection(asyncio.Protocol):
 
     def _close_if_done(self) -> None:
         if self._closing and not self._streams and self._transport is not None:
-            self._flush()
+            self._out.flush()
             self._transport.close()
 
     # --- reading ---------------------------------------------------------------------
@@ -176,7 +141,7 @@ class H2Connection(asyncio.Protocol):
                 used = min(self._data_left, len(data))
                 self._data_continues(data, used)
                 if used == len(data):
-                    self._flush()
+                    self._out.flush()
                     return
                 data = data[used:]
             rx = self._rx
@@ -221,7 +186,7 @@ class H2Connection(asyncio.Protocol):
             self._fail(f.COMPRESSION_ERROR, f"bad header block: {err}")
         except (IndexError, ValueError) as err:  # a frame shorter than its fields (padding, priority)
             self._fail(f.PROTOCOL_ERROR, f"malformed frame: {err}")
-        self._flush()
+        self._out.flush()
 
     def _fail(self, code: int, message: str) -> None:
         log.debug("HTTP/2 connection error %d: %s", code, message)
@@ -274,12 +239,12 @@ class H2Connection(asyncio.Protocol):
             elif key == f.MAX_FRAME_SIZE:
                 if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
-                self._max_frame = value
+                self._out.max_frame = value
             # HEADER_TABLE_SIZE: the server's blocks never use the dynamic table.
         self._write(f.SETTINGS_ACK)
         for stream in list(self._streams.values()):
             if stream.backlog:
-                self._pump(stream)
+                self._out.pump(stream)
 
     def _on_window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -288,12 +253,9 @@ class H2Connection(asyncio.Protocol):
         if sid == 0:
             if not increment:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self._send_window += increment
-            if self._send_window > f.MAX_WINDOW:
+            if self._out.window + increment > f.MAX_WINDOW:
                 raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window overflow")
-            for blocked in list(self._blocked):
-                del self._blocked[blocked]
-                self._pump(blocked)
+            self._out.window_opened(increment)
             return
         stream = self._streams.get(sid)
         if stream is None:
@@ -303,7 +265,7 @@ class H2Connection(asyncio.Protocol):
             return
         stream.send_window += increment
         if stream.backlog:
-            self._pump(stream)
+            self._out.pump(stream)
 
     def _on_rst_stream(self, sid: int) -> None:
         stream = self._streams.get(sid)
@@ -350,7 +312,7 @@ class H2Connection(asyncio.Protocol):
             return
         if not head.content_type.startswith("application/grpc"):
             # gRPC over HTTP/2: a request that is not gRPC gets HTTP's 415, not a gRPC status.
-            self._write(*f.headers(sid, UNSUPPORTED_MEDIA_TYPE, self._max_frame, end_stream=True))
+            self._write(*f.headers(sid, UNSUPPORTED_MEDIA_TYPE, self._out.max_frame, end_stream=True))
             if not flags & f.END_STREAM:
                 self._write(f.rst_stream(sid, f.NO_ERROR))
             return
@@ -361,14 +323,14 @@ class H2Connection(asyncio.Protocol):
             stream.remote_closed = True
         refusal = self._refusal(stream)
         if refusal is not None or handler is None:
-            self._finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
+            self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
             return
         deadline = stream.ctx.deadline
         if deadline is not None:
             stream.timer = self._loop.call_at(deadline, self._expire, stream)
         if handler.request_streaming:
             stream.inbox = Inbox(handler.request_deserializer, lambda n: self._credit(stream, n))
-            stream.task = self._loop.create_task(self._run(stream, stream.inbox))
+            stream.task = self._loop.create_task(run_call(self._out, stream, stream.inbox))
             if stream.remote_closed:
                 stream.inbox.end()
         elif stream.remote_closed:
@@ -397,7 +359,7 @@ class H2Connection(asyncio.Protocol):
             start, end = start + 1, end - pad
             if stream.inbox is not None:
                 self._credit(stream, pad + 1)
-        self._messages(stream, data, start, end)
+        self._feed(stream, data, start, end)
         if flags & f.END_STREAM and not stream.local_closed:
             self._remote_end(stream)
 
@@ -414,7 +376,7 @@ class H2Connection(asyncio.Protocol):
         stream = self._data_into
         if stream is None or stream.local_closed:
             return
-        self._messages(stream, data, 0, size)
+        self._feed(stream, data, 0, size)
         if not self._data_left:
             self._data_into = None
             if self._data_flags & f.END_STREAM and not stream.local_closed:
@@ -442,89 +404,44 @@ class H2Connection(asyncio.Protocol):
             self._write(f.window_update(stream.id, stream.unacked))
             stream.unacked = 0
 
-    def _messages(self, stream: Stream, data: bytes | memoryview, start: int, end: int) -> None:
-        """Split DATA into gRPC messages (a flag byte, a 4-byte length, the bytes).
-        A message is copied once: out of ``data`` when it is whole there, else into
-        a buffer of its size as its pieces arrive."""
-        while start < end:
-            body = stream.body
-            if body is None:  # at a message's prefix
-                prefix = stream.prefix
-                if prefix is None and end - start >= 5:
-                    flag, size = data[start], int.from_bytes(data[start + 1:start + 5], "big")
-                    start += 5
-                else:
-                    prefix = prefix if prefix is not None else bytearray()
-                    take = min(5 - len(prefix), end - start)
-                    prefix += data[start:start + take]
-                    start += take
-                    if len(prefix) < 5:
-                        stream.prefix = prefix
-                        return
-                    stream.prefix = None
-                    flag, size = prefix[0], int.from_bytes(prefix[1:5], "big")
-                if size > MAX_MESSAGE_BYTES:
-                    self._too_large(stream, size)
-                    return
-                if end - start >= size:  # the usual case: the whole message is here
-                    if size < _VIEW_BYTES or not isinstance(data, bytes):
-                        message: Any = data[start:start + size]
-                    else:
-                        message = memoryview(data)[start:start + size]  # bytes do not change: no copy
-                    start += size
-                    self._message(stream, flag, message)
-                    if stream.local_closed:
-                        return
-                    continue
-                stream.body = body = bytearray(size) if size <= _PREALLOCATE_BYTES else bytearray()
-                stream.body_size, stream.body_flag = size, flag
-                stream.filled = 0
-            take = min(stream.body_size - stream.filled, end - start)
-            if len(body) == stream.body_size:
-                body[stream.filled:stream.filled + take] = data[start:start + take]
-            else:  # not preallocated (huge): grows as it arrives
-                body += data[start:start + take]
-            stream.filled += take
-            start += take
-            if stream.filled == stream.body_size:
-                stream.body = None
-                self._message(stream, stream.body_flag, body)
-                if stream.local_closed:
-                    return
-
-    def _too_large(self, stream: Stream, size: int) -> None:
-        stream.body = None
-        self._finish(stream, _RESOURCE_EXHAUSTED,
-                     f"Received message larger than max ({size} vs. {MAX_MESSAGE_BYTES})")
+    def _feed(self, stream: Stream, data: bytes | memoryview, start: int, end: int) -> None:
+        try:
+            messages = stream.reader.feed(data, start, end)
+        except MessageTooLarge as err:
+            self._out.finish(stream, _RESOURCE_EXHAUSTED, str(err))
+            return
+        for flag, message in messages:
+            if stream.local_closed:
+                return
+            self._message(stream, flag, message)
 
     def _message(self, stream: Stream, flag: int, message: Any) -> None:
         """One request message (bytes, or a bytearray or memoryview when large)."""
         wire_size = len(message) + 5
-        if wire_size - 5 > MAX_MESSAGE_BYTES:
-            self._too_large(stream, wire_size - 5)
-            return
         if flag & 1:
             decompress = _DECOMPRESS.get(stream.head.encoding)
             if decompress is None:
-                self._finish(stream, _INTERNAL, "a compressed message without grpc-encoding")
+                self._out.finish(stream, _INTERNAL, "a compressed message without grpc-encoding")
                 return
             try:
                 message = decompress(message)
             except zlib.error as err:
-                self._finish(stream, _INTERNAL, f"cannot decompress the message: {err}")
+                self._out.finish(stream, _INTERNAL, f"cannot decompress the message: {err}")
+                return
+            if len(message) > MAX_MESSAGE_BYTES:
+                self._out.finish(stream, _RESOURCE_EXHAUSTED, str(MessageTooLarge(len(message))))
                 return
         if stream.inbox is not None:
             stream.inbox.put(message, wire_size)
         elif stream.request is None:
             stream.request = message
         else:
-            self._finish(stream, _UNIMPLEMENTED, "more than one request message in a unary call")
+            self._out.finish(stream, _UNIMPLEMENTED, "more than one request message in a unary call")
 
     def _remote_end(self, stream: Stream) -> None:
         stream.remote_closed = True
-        if stream.body is not None or stream.prefix is not None:
-            stream.body = stream.prefix = None
-            self._finish(stream, _INTERNAL, "the request ended inside a message")
+        if stream.reader.partial:
+            self._out.finish(stream, _INTERNAL, "the request ended inside a message")
         elif stream.inbox is not None:
             stream.inbox.end()
         elif stream.task is None and not stream.local_closed:
@@ -532,10 +449,10 @@ class H2Connection(asyncio.Protocol):
 
     def _start_unary(self, stream: Stream) -> None:
         if stream.request is None:
-            self._finish(stream, _UNIMPLEMENTED, "no request message in a unary call")
+            self._out.finish(stream, _UNIMPLEMENTED, "no request message in a unary call")
             return
         request, stream.request = stream.request, None
-        stream.task = self._loop.create_task(self._run(stream, request))
+        stream.task = self._loop.create_task(run_call(self._out, stream, request))
 
     def _expire(self, stream: Stream) -> None:
         stream.timer = None
@@ -545,133 +462,9 @@ class H2Connection(asyncio.Protocol):
             stream.expired = True
             stream.task.cancel()
         else:
-            self._finish(stream, _DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._out.finish(stream, _DEADLINE_EXCEEDED, "Deadline Exceeded")
 
-    # --- running a call -------------------------------------------------------------------
-
-    async def _run(self, stream: Stream, request: Any) -> None:
-        handler, ctx = stream.handler, stream.ctx
-        serialize = handler.response_serializer
-        try:
-            if not handler.request_streaming and handler.request_deserializer is not None:
-                request = handler.request_deserializer(request)
-            if not handler.response_streaming:
-                call = handler.stream_unary if handler.request_streaming else handler.unary_unary
-                response = await call(request, ctx)
-                if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
-                    self._finish(stream, ctx.code.value[0], ctx.details)
-                    return
-                self._reply(stream, serialize(response) if serialize is not None else response)
-                return
-            call = handler.stream_stream if handler.request_streaming else handler.unary_stream
-            async for item in call(request, ctx):
-                self._send_message(stream, serialize(item) if serialize is not None else item)
-                if stream.backlog_bytes > STREAM_BACKLOG_BYTES or (self._paused and not self._paused.done()):
-                    await self._drained(stream)
-            code = ctx.code.value[0] if ctx.code is not None else _OK
-            self._finish(stream, code, ctx.details)
-        except AbortError:
-            code = ctx.code.value[0] if ctx.code is not None else _UNKNOWN
-            self._finish(stream, code, ctx.details)
-        except asyncio.CancelledError:
-            if stream.expired:
-                self._finish(stream, _DEADLINE_EXCEEDED, "Deadline Exceeded")
-        except Exception as err:
-            log.exception("gRPC call %s failed", stream.head.path)
-            self._finish(stream, _UNKNOWN, f"Unexpected {type(err)}: {err}")
-
-    async def _drained(self, stream: Stream) -> None:
-        if stream.backlog_bytes > STREAM_BACKLOG_BYTES and not stream.local_closed:
-            stream.drained = self._loop.create_future()
-            await stream.drained
-        if self._paused is not None and not self._paused.done():
-            await self._paused
-
-    # --- writing ---------------------------------------------------------------------
-
-    def _reply(self, stream: Stream, body: bytes) -> None:
-        """A unary call's whole answer: headers, the message, trailers."""
-        if stream.local_closed:
-            return
-        size = len(body) + 5
-        if size <= stream.send_window and size <= self._send_window and size <= self._max_frame:
-            stream.send_window -= size
-            self._send_window -= size
-            sid = stream.id
-            self._write(
-                f.head(f.HEADERS, f.END_HEADERS, sid, len(RESPONSE_HEAD)) + RESPONSE_HEAD
-                + f.head(f.DATA, 0, sid, size) + b"\0" + (size - 5).to_bytes(4, "big"),
-                body,
-                f.head(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, len(OK_TRAILERS)) + OK_TRAILERS,
-            )
-            self._closed_locally(stream)
-            return
-        self._send_message(stream, body)
-        self._finish(stream, _OK, "")
-
-    def _send_message(self, stream: Stream, body: bytes) -> None:
-        if stream.local_closed:
-            return
-        if not stream.headers_sent:
-            stream.headers_sent = True
-            self._write(*f.headers(stream.id, RESPONSE_HEAD, self._max_frame, end_stream=False))
-        prefix = b"\0" + len(body).to_bytes(4, "big")
-        if len(body) <= _JOIN_BYTES:  # one piece, so that it leaves in one frame
-            stream.backlog.append(memoryview(prefix + body))
-        else:  # large: not copied
-            stream.backlog.append(memoryview(prefix))
-            stream.backlog.append(memoryview(body))
-        stream.backlog_bytes += len(body) + 5
-        self._pump(stream)
-
-    def _pump(self, stream: Stream) -> None:
-        """Send what the windows allow of the stream's backlog, then its trailers."""
-        backlog = stream.backlog
-        while backlog:
-            allowed = min(stream.send_window, self._send_window, self._max_frame)
-            if allowed <= 0:
-                if self._send_window <= 0:
-                    self._blocked[stream] = None
-                return
-            chunk = backlog[0]
-            if len(chunk) <= allowed:
-                backlog.popleft()
-            else:
-                backlog[0] = chunk[allowed:]
-                chunk = chunk[:allowed]
-            size = len(chunk)
-            stream.send_window -= size
-            self._send_window -= size
-            stream.backlog_bytes -= size
-            self._write(f.head(f.DATA, 0, stream.id, size), chunk)
-        if stream.drained is not None and not stream.drained.done():
-            stream.drained.set_result(None)
-        if stream.trailer is not None:
-            block, stream.trailer = stream.trailer, None
-            self._write(*f.headers(stream.id, block, self._max_frame, end_stream=True))
-            self._closed_locally(stream)
-
-    def _finish(self, stream: Stream, code: int, message: str) -> None:
-        """End the call with its status (trailers-only when nothing was sent yet)."""
-        if stream.local_closed or stream.trailer is not None:
-            return
-        block = OK_TRAILERS if code == _OK and not message else trailers(code, message)
-        if not stream.headers_sent:
-            stream.headers_sent = True
-            self._write(*f.headers(stream.id, RESPONSE_HEAD + block, self._max_frame, end_stream=True))
-            self._closed_locally(stream)
-        elif stream.backlog:
-            stream.trailer = block
-        else:
-            self._write(*f.headers(stream.id, block, self._max_frame, end_stream=True))
-            self._closed_locally(stream)
-
-    def _closed_locally(self, stream: Stream) -> None:
-        stream.local_closed = True
-        if not stream.remote_closed:
-            # The answer is complete: the client need not send the rest (gRPC over HTTP/2).
-            self._write(f.rst_stream(stream.id, f.NO_ERROR))
-        self._forget(stream)
+    # --- ending streams ----------------------------------------------------------------
 
     def _reset(self, stream: Stream, code: int) -> None:
         self._write(f.rst_stream(stream.id, code))
@@ -689,8 +482,9 @@ class H2Connection(asyncio.Protocol):
         self._forget(stream)
 
     def _forget(self, stream: Stream) -> None:
+        """The stream is over for this connection (answered, reset or lost)."""
         self._streams.pop(stream.id, None)
-        self._blocked.pop(stream, None)
+        self._out.forget(stream)
         if stream.timer is not None:
             stream.timer.cancel()
             stream.timer = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from conveyor.ingress.grpc.h2.context import CallContext
 from conveyor.ingress.grpc.h2.header_block import RequestHead
+from conveyor.ingress.grpc.h2.messages import MessageReader
 
 
 class Inbox:
@@ -58,20 +59,16 @@ class Stream:
     __slots__ = (
         "backlog",
         "backlog_bytes",
-        "body",
-        "body_flag",
-        "body_size",
         "ctx",
         "drained",
         "expired",
-        "filled",
         "handler",
         "head",
         "headers_sent",
         "id",
         "inbox",
         "local_closed",
-        "prefix",
+        "reader",
         "remote_closed",
         "request",
         "send_window",
@@ -89,10 +86,7 @@ class Stream:
         self.task: asyncio.Task[None] | None = None
         self.inbox: Inbox | None = None  # streaming requests only
         self.request: Any = None  # unary: the one message (bytes-like)
-        # A message split over DATA frames or reads: its prefix, or its body so far.
-        self.prefix: bytearray | None = None
-        self.body: bytearray | None = None
-        self.body_size = self.body_flag = self.filled = 0
+        self.reader = MessageReader()
         self.send_window = send_window
         self.backlog: deque[memoryview] = deque()  # DATA waiting for flow-control window
         self.backlog_bytes = 0
