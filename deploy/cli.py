@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                        arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                        drain_grace_s=args.drain_grace_secs,
                        limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
-                       restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX))
+                       restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
+                       implementation=args.grpc_server)
         return 0
     return 2
 

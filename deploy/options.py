@@ -308,6 +308,9 @@ def add_ingress_security(p: argparse.ArgumentParser) -> None:
                         "unless the pattern starts with (?-i))")
     p.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
                    help="request metadata whose name matches become string request parameters")
+    p.add_argument("--grpc-server", choices=("grpcio", "h2"), default=os.environ.get("CONVEYOR_GRPC_SERVER", "grpcio"),
+                   help="the gRPC server: grpcio (grpc.aio), or h2 (HTTP/2 on the event loop, cheaper per call; "
+                        "plaintext only: with TLS grpcio serves). Default: $CONVEYOR_GRPC_SERVER, else grpcio")
 
 
 def check_ingress_args(a: argparse.Namespace) -> str:
@@ -345,7 +348,8 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
     out = ["--max-input-elements", str(a.max_input_elements), "--max-inflight-requests", str(a.max_inflight_requests),
            "--max-json-bytes", str(a.max_json_bytes),
            "--http-max-body-bytes", str(a.http_max_body_bytes),
-           "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower()]
+           "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower(),
+           "--grpc-server", a.grpc_server]
     for flag, groups in (("--http-restricted-api", a.http_restricted_api),
                          ("--grpc-restricted-protocol", a.grpc_restricted_protocol)):
         for g in groups:

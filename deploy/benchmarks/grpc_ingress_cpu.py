@@ -1,6 +1,7 @@
 """CPU seconds per request of the ingress processes, HTTP against gRPC.
 
     python -m conveyor.deploy.benchmarks.grpc_ingress_cpu [--concurrency 1 16] [--rounds 2] \
+        [--model identity_fp32 --shape INPUT0:262144] \
         [--variant new 'old:{"PYTHONPATH": "/tmp/old"}' 'two:{"GRPC_INGRESS": 2}']
 
 Starts ``conveyor serve`` on free loopback ports with the example repository,
@@ -16,7 +17,8 @@ environment, and the variants are measured in interleaved rounds so that they
 see the same load. ``PYTHONPATH`` there runs another version of Conveyor (a
 folder that holds a ``conveyor/`` of links to an older tree's top-level folders,
 like the one at the root of this repository); ``GRPC_INGRESS`` is that group's number of gRPC
-ingress processes. A benchmark, not a test: the figures go into
+ingress processes; ``CONVEYOR_GRPC_SERVER`` (``grpcio`` or ``h2``) its gRPC
+server (``--grpc-server``). A benchmark, not a test: the figures go into
 docs/PERFORMANCE.md.
 """
 
@@ -66,7 +68,8 @@ def done_requests(http: str, model: str) -> int:
     return sum(int(s["inference_stats"]["success"]["count"]) for s in stats["model_stats"])
 
 
-def drive(url: str, protocol: str, model: str, concurrency: int, seconds: float) -> None:
+def drive(url: str, protocol: str, model: str, concurrency: int, seconds: float, shapes: list[str],
+          streaming: bool = False) -> None:
     """Load the server with perf_analyzer for about ``2 * seconds``. Its own figures
     are not used: on a busy machine it often gives up for want of a stable
     measurement, which does not matter here (the requests are counted by the
@@ -75,6 +78,8 @@ def drive(url: str, protocol: str, model: str, concurrency: int, seconds: float)
         str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--measurement-interval", str(int(seconds * 1000)), "--max-trials", "2",
+        *(x for shape in shapes for x in ("--shape", shape)),
+        *(["--streaming"] if streaming and protocol == "grpc" else []),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 and "stable measurement" not in done.stdout + done.stderr:
@@ -99,7 +104,8 @@ class Group:
         wait_ready(f"127.0.0.1:{self.http}")
         self.roles = {pid: actor_role(argv) for pid, argv in children(self.proc.pid).items()}
 
-    def measure(self, protocol: str, model: str, concurrency: int, seconds: float) -> tuple[float, float]:
+    def measure(self, protocol: str, model: str, concurrency: int, seconds: float,
+                shapes: list[str], streaming: bool = False) -> tuple[float, float]:
         """(ingress CPU µs per request, infer/s) of one perf_analyzer run (infer/s
         counts its start-up too, so it reads a little low)."""
         pids = [p for p, role in self.roles.items() if role == f"ingress-{protocol}"]
@@ -107,7 +113,8 @@ class Group:
         before = sum(cpu_seconds(p) for p in pids)
         n0 = done_requests(stats, model)
         t0 = time.monotonic()
-        drive(f"127.0.0.1:{self.http if protocol == 'http' else self.grpc}", protocol, model, concurrency, seconds)
+        url = f"127.0.0.1:{self.http if protocol == 'http' else self.grpc}"
+        drive(url, protocol, model, concurrency, seconds, shapes, streaming)
         wall = time.monotonic() - t0
         n1 = done_requests(stats, model)
         after = sum(cpu_seconds(p) for p in pids)
@@ -123,6 +130,10 @@ class Group:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="simple")
+    ap.add_argument("--shape", nargs="*", default=[],
+                    help="perf_analyzer --shape NAME:DIMS for variable inputs (identity_fp32: INPUT0:262144, 1 MiB)")
+    ap.add_argument("--streaming", action="store_true",
+                    help="gRPC through ModelStreamInfer (perf_analyzer --streaming)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--protocols", nargs="+", default=["http", "grpc"])
     ap.add_argument("--rounds", type=int, default=2)
@@ -157,7 +168,8 @@ def main() -> int:
                             continue
                         for c in args.concurrency:
                             figures.setdefault((name, protocol, c), []).append(
-                                group.measure(protocol, args.model, c, args.seconds))
+                                group.measure(protocol, args.model, c, args.seconds, args.shape,
+                                                            args.streaming))
             for (name, protocol, c), runs in figures.items():
                 us = [u for u, _ in runs]
                 print(json.dumps({"variant": name, "protocol": protocol, "concurrency": c,

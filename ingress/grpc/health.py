@@ -77,7 +77,10 @@ class HealthServicer:
 SERVICE = "grpc.health.v1.Health"
 
 
+def handler_table(servicer: HealthServicer) -> dict[str, Any]:
+    return method_handlers(health_pb2_grpc.add_HealthServicer_to_server, servicer)
+
+
 def add_to_server(servicer: HealthServicer, server: Any) -> None:
-    handlers = method_handlers(health_pb2_grpc.add_HealthServicer_to_server, servicer)
     # Generic only, as the inference service (service.add_to_server says why).
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handler_table(servicer)),))

@@ -33,6 +33,15 @@ _STREAMING_REQUESTS = {_INFERENCE + "ModelStreamInfer"}
 _STREAMING_RESPONSES = {_HEALTH + "Watch"}
 
 
+def method_restrictions(rules: dict[str, Restriction]) -> dict[str, tuple[str, str, str]]:
+    """Method path -> (header, value, refusal message), for the restricted methods."""
+    return {
+        method: (rule.header, rule.value, grpc_refusal(rule))
+        for method, category in METHOD_CATEGORIES.items()
+        if (rule := rules.get(category)) is not None
+    }
+
+
 def _refusal_handler(method: str, message: str) -> Any:
     """A handler of ``method``'s kind that only refuses (UNAVAILABLE, Triton's code)."""
 

@@ -21,7 +21,7 @@ import uvloop
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.grpc import health, service
-from conveyor.ingress.grpc.restricted import RestrictedProtocols
+from conveyor.ingress.grpc.restricted import RestrictedProtocols, method_restrictions
 from conveyor.ingress.grpc.tls import GrpcTls
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import Restriction
@@ -47,13 +47,17 @@ def _address(host: str, port: int) -> str:
 
 async def start_server(
     ctx: IngressContext, host: str, port: int, *, tls: GrpcTls | None = None,
-    restricted: dict[str, Restriction] | None = None,
+    restricted: dict[str, Restriction] | None = None, implementation: str = "grpcio",
 ) -> tuple[Any, int]:
-    """Build, bind and start a ``grpc.aio`` server on ``ctx``; return it and the
-    bound port (useful with ``port=0``). The caller stops it.
+    """Build, bind and start a gRPC server on ``ctx``; return it and the
+    bound port (useful with ``port=0``). The caller stops it (``await server.stop(grace)``).
 
     ``tls`` serves TLS instead of plaintext; ``restricted`` maps API categories to
-    the metadata each needs (``--grpc-restricted-protocol``)."""
+    the metadata each needs (``--grpc-restricted-protocol``). ``implementation``
+    is ``grpcio`` (grpc.aio) or ``h2`` (``h2/``: plaintext only, so TLS is
+    served by grpcio whatever it says)."""
+    if implementation == "h2" and tls is None:
+        return await _start_h2(ctx, host, port, restricted)
     interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
@@ -64,6 +68,20 @@ async def start_server(
         raise OSError(f"cannot bind the gRPC endpoint to {_address(host, port)}")
     await server.start()
     return server, bound
+
+
+async def _start_h2(
+    ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None
+) -> tuple[Any, int]:
+    from conveyor.ingress.grpc.h2.server import H2Server
+
+    tables = {
+        service.SERVICE: service.handler_table(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)),
+        health.SERVICE: health.handler_table(health.HealthServicer(ctx.link, ctx.drain)),
+    }
+    handlers = {f"/{name}/{method}": h for name, table in tables.items() for method, h in table.items()}
+    server = H2Server(handlers, method_restrictions(restricted) if restricted else None)
+    return server, await server.start(host, port)
 
 
 async def run(
@@ -78,6 +96,7 @@ async def run(
     limits: IngressLimits | None = None,
     tls: GrpcTls | None = None,
     restricted: dict[str, Restriction] | None = None,
+    implementation: str = "grpcio",
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain (``ingress/drain.py``): not ready for
     ``drain_grace_s``, then refuse new calls while in-flight ones finish (up to
@@ -89,7 +108,8 @@ async def run(
     ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
                                       exit_timeout_s=exit_timeout_s, limits=limits)
     try:
-        server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted)
+        server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted,
+                                           implementation=implementation)
         log.info("gRPC ingress listening on %s%s", _address(host, bound), " (TLS)" if tls else "")
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
@@ -118,6 +138,7 @@ def serve(
     limits: IngressLimits | None = None,
     tls: GrpcTls | None = None,
     restricted: dict[str, Restriction] | None = None,
+    implementation: str = "grpcio",
 ) -> None:
     """Run a gRPC ingress process (blocking).
 
@@ -132,6 +153,7 @@ def serve(
         limits: what one request may hold, and how many may be in flight.
         tls: serve TLS (or mutual TLS) instead of plaintext.
         restricted: API category -> the metadata it needs.
+        implementation: ``grpcio`` or ``h2`` (``start_server``).
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s"
@@ -139,4 +161,5 @@ def serve(
     # uvloop: grpc.aio's completion callbacks, tasks and futures cost less on it
     # (about a tenth of the ingress's CPU per call at concurrency 1).
     uvloop.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s,
-                   drain_grace_s=drain_grace_s, limits=limits, tls=tls, restricted=restricted))
+                   drain_grace_s=drain_grace_s, limits=limits, tls=tls, restricted=restricted,
+                   implementation=implementation))

@@ -300,10 +300,10 @@ class InferenceServicer:
         return response
 
 
-def add_to_server(servicer: InferenceServicer, server: Any) -> None:
-    """Register ``servicer`` on a ``grpc.aio`` server.
+def handler_table(servicer: InferenceServicer) -> dict[str, Any]:
+    """The RPCs of ``servicer`` by method name, as ``grpc.RpcMethodHandler`` values.
 
-    The method table is the generated one, served as a generic handler, except that the two infer RPCs use
+    The table is the generated one, except that the two infer RPCs use
     ``wire``'s zero-copy framing: they take a ``WireInferRequest`` and return
     serialized bytes; and that a message protobuf cannot parse reaches the
     handler as ``Malformed`` (INVALID_ARGUMENT), see ``handlers``.
@@ -313,8 +313,13 @@ def add_to_server(servicer: InferenceServicer, server: Any) -> None:
         handlers[name] = handlers[name]._replace(
             request_deserializer=lenient(wire.parse_infer_request), response_serializer=None
         )
+    return handlers
+
+
+def add_to_server(servicer: InferenceServicer, server: Any) -> None:
+    """Register ``servicer`` on a ``grpc.aio`` server, as a generic handler."""
     # Generic only, not also add_registered_method_handlers: grpc.aio keeps one
     # pending call request per registered method and waits on all of them
     # (asyncio.wait) for every call it accepts, which costs more than the
     # dictionary look-up of the generic table.
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handler_table(servicer)),))

@@ -78,15 +78,17 @@ ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode
            grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS}
 
 
-@pytest.fixture(scope="module")
-def channel() -> Iterator[grpc.Channel]:
-    """A gRPC ingress (real servicer and data plane, fake router) on its own loop thread."""
+@pytest.fixture(scope="module", params=["grpcio", "h2"])
+def channel(request: pytest.FixtureRequest) -> Iterator[grpc.Channel]:
+    """A gRPC ingress (real servicer and data plane, fake router) on its own loop thread, each server."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     with data_plane() as plane:
         ctx = SimpleNamespace(link=plane.link, dataplane=plane, drain=IngressDrain())
-        server, port = asyncio.run_coroutine_threadsafe(start_server(ctx, "127.0.0.1", 0), loop).result(30)  # type: ignore[arg-type]
+        server, port = asyncio.run_coroutine_threadsafe(
+            start_server(ctx, "127.0.0.1", 0, implementation=request.param), loop  # type: ignore[arg-type]
+        ).result(30)
         try:
             with grpc.insecure_channel(f"127.0.0.1:{port}") as chan:
                 yield chan

@@ -1,9 +1,12 @@
-"""tritonclient.grpc (sync, aio and streaming) against the real process group."""
+"""tritonclient.grpc (sync, aio and streaming) against the real process group,
+through each gRPC server (``--grpc-server``): the group's own ingress (grpcio)
+and an extra ingress joined to the same group (h2)."""
 
 from __future__ import annotations
 
 import asyncio
 import queue
+from collections.abc import Iterator
 from functools import partial
 
 import grpc
@@ -13,12 +16,22 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from tests.support.extra_ingress import extra_grpc_ingress
 from tests.support.group import Server
 
 
+@pytest.fixture(scope="module", params=["grpcio", "h2"])
+def grpc_url(request: pytest.FixtureRequest, server: Server) -> Iterator[str]:
+    if request.param == "grpcio":
+        yield server.grpc_url
+        return
+    with extra_grpc_ingress(server, "--grpc-server", request.param) as url:
+        yield url
+
+
 @pytest.fixture()
-def client(server: Server) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(server.grpc_url)
+def client(grpc_url: str) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(grpc_url)
 
 
 def simple_inputs(mod: object, a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
@@ -108,9 +121,9 @@ def test_async_infer_callbacks(client: grpcclient.InferenceServerClient) -> None
         np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.full((1, 16), 2 * k, np.int32))  # type: ignore[attr-defined]
 
 
-def test_aio_client_concurrent(server: Server) -> None:
+def test_aio_client_concurrent(grpc_url: str) -> None:
     async def main() -> None:
-        c = aioclient.InferenceServerClient(server.grpc_url)
+        c = aioclient.InferenceServerClient(grpc_url)
         try:
             assert await c.is_server_ready()
 
@@ -126,9 +139,9 @@ def test_aio_client_concurrent(server: Server) -> None:
     asyncio.run(main())
 
 
-def test_standard_health_service(server: Server) -> None:
+def test_standard_health_service(grpc_url: str) -> None:
     from conveyor.proto import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(server.grpc_url) as channel:
+    with grpc.insecure_channel(grpc_url) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -27,11 +27,11 @@ from conveyor.proto import health_pb2, health_pb2_grpc
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[SimpleNamespace]:
+@pytest.fixture(params=["grpcio", "h2"])
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[SimpleNamespace]:
     link, dataplane = FakeLink(), FakeDataPlane()
     ctx = SimpleNamespace(link=link, dataplane=dataplane, drain=IngressDrain())
-    server, port = await start_server(ctx, "127.0.0.1", 0)  # type: ignore[arg-type]
+    server, port = await start_server(ctx, "127.0.0.1", 0, implementation=request.param)  # type: ignore[arg-type]
     client = tga.InferenceServerClient(f"127.0.0.1:{port}")
     try:
         yield SimpleNamespace(url=f"127.0.0.1:{port}", link=link, dataplane=dataplane, client=client)
@@ -227,3 +227,13 @@ async def test_grpc_health_check(served: SimpleNamespace) -> None:
         first = await watch.read()
         assert first.status == health_pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
+
+
+async def test_compressed_requests_and_non_ascii_error_messages(served: SimpleNamespace) -> None:
+    c = served.client
+    for algorithm in ("gzip", "deflate"):
+        result = await c.infer("echo", [fp32_input([1.5, 2.0] * 64)], compression_algorithm=algorithm)
+        assert result.as_numpy("OUT_x").tolist() == [1.5, 2.0] * 64
+    # grpc-message is percent-encoded on the wire; the client sees the text.
+    status, message = await status_of(c.get_model_metadata("mödel %20"))
+    assert status == "StatusCode.NOT_FOUND" and "'mödel %20'" in message

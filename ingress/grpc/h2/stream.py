@@ -1,0 +1,100 @@
+"""One gRPC call's HTTP/2 stream: its state on both sides, and the request
+messages of a client-streaming call as an async iterator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.ingress.grpc.h2.context import CallContext
+from conveyor.ingress.grpc.h2.header_block import RequestHead
+from conveyor.ingress.grpc.h2.messages import MessageReader
+
+
+class Inbox:
+    """The request messages of a streaming call, deserialized as the handler reads them.
+    ``consumed(size)`` gives the stream's flow-control credit back once a message is
+    taken, so a handler that stops reading stops the client."""
+
+    __slots__ = ("_consumed", "_ended", "_items", "_parse", "_waiter")
+
+    def __init__(self, parse: Callable[[bytes], Any] | None, consumed: Callable[[int], None]) -> None:
+        self._items: deque[tuple[Any, int]] = deque()  # (message, its size on the wire)
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self._parse = parse
+        self._consumed = consumed
+
+    def put(self, message: Any, wire_size: int) -> None:
+        self._items.append((message, wire_size))
+        self._wake()
+
+    def end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> Inbox:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        message, wire_size = self._items.popleft()
+        self._consumed(wire_size)
+        return self._parse(message) if self._parse is not None else message
+
+
+class Stream:
+    """A call on the connection, from its HEADERS to its trailers or reset."""
+
+    __slots__ = (
+        "backlog",
+        "backlog_bytes",
+        "ctx",
+        "drained",
+        "expired",
+        "handler",
+        "head",
+        "headers_sent",
+        "id",
+        "inbox",
+        "local_closed",
+        "reader",
+        "remote_closed",
+        "request",
+        "send_window",
+        "task",
+        "timer",
+        "trailer",
+        "unacked",
+    )
+
+    def __init__(self, stream_id: int, head: RequestHead, handler: Any, ctx: CallContext, send_window: int) -> None:
+        self.id = stream_id
+        self.head = head
+        self.handler = handler  # grpc.RpcMethodHandler
+        self.ctx = ctx
+        self.task: asyncio.Task[None] | None = None
+        self.inbox: Inbox | None = None  # streaming requests only
+        self.request: Any = None  # unary: the one message (bytes-like)
+        self.reader = MessageReader()
+        self.send_window = send_window
+        self.backlog: deque[memoryview] = deque()  # DATA waiting for flow-control window
+        self.backlog_bytes = 0
+        self.trailer: bytes | None = None  # trailers waiting behind the backlog
+        self.headers_sent = False
+        self.remote_closed = False
+        self.local_closed = False
+        self.unacked = 0  # bytes received and not yet credited back
+        self.expired = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.drained: asyncio.Future[None] | None = None  # a streaming writer waiting for the backlog
