@@ -30,6 +30,7 @@ from conveyor.deploy.options import (
     fold_deprecated_trace,
     fold_response_cache_size,
     grpc_keepalive_options,
+    grpc_server_choice,
     log_settings,
     metrics_config,
 )
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                        drain_grace_s=args.drain_grace_secs,
                        limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
                        restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
-                       implementation=args.grpc_server)
+                       implementation=grpc_server_choice(args))
         return 0
     return 2
 

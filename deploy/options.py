@@ -308,9 +308,22 @@ def add_ingress_security(p: argparse.ArgumentParser) -> None:
                         "unless the pattern starts with (?-i))")
     p.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
                    help="request metadata whose name matches become string request parameters")
-    p.add_argument("--grpc-server", choices=("grpcio", "h2"), default=os.environ.get("CONVEYOR_GRPC_SERVER", "grpcio"),
-                   help="the gRPC server: grpcio (grpc.aio), or h2 (HTTP/2 on the event loop, cheaper per call; "
-                        "plaintext only: with TLS grpcio serves). Default: $CONVEYOR_GRPC_SERVER, else grpcio")
+    p.add_argument("--grpc-server", choices=("auto", "grpcio", "h2"),
+                   default=os.environ.get("CONVEYOR_GRPC_SERVER", "auto"),
+                   help="the gRPC server: h2 (HTTP/2 on the event loop, a quarter of grpcio's CPU per call) or "
+                        "grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 flag asks for what "
+                        "only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto")
+
+
+def grpc_server_choice(a: argparse.Namespace) -> str:
+    """Which gRPC server serves: h2 unless TLS or keepalive settings need grpcio (``--grpc-server auto``)."""
+    if a.grpc_server != "auto":
+        return str(a.grpc_server)
+    if a.grpc_use_ssl or a.grpc_use_ssl_mutual:
+        return "grpcio"
+    if any(getattr(a, _dest(flag)) != default for flag, _arg, default in GRPC_KEEPALIVE):
+        return "grpcio"  # server keepalive pings and the ping-abuse policy are grpcio's only
+    return "h2"
 
 
 def check_ingress_args(a: argparse.Namespace) -> str:

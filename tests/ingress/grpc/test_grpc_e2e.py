@@ -1,6 +1,6 @@
 """tritonclient.grpc (sync, aio and streaming) against the real process group,
-through each gRPC server (``--grpc-server``): the group's own ingress (grpcio)
-and an extra ingress joined to the same group (h2)."""
+through each gRPC server (``--grpc-server``): the group's own ingress (h2, the
+default) and an extra ingress joined to the same group (grpcio)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.support.group import Server
 
 @pytest.fixture(scope="module", params=["grpcio", "h2"])
 def grpc_url(request: pytest.FixtureRequest, server: Server) -> Iterator[str]:
-    if request.param == "grpcio":
+    if request.param == "h2":  # the group's own ingress (--grpc-server auto)
         yield server.grpc_url
         return
     with extra_grpc_ingress(server, "--grpc-server", request.param) as url:
