@@ -9,6 +9,8 @@ A model version of "" lets the server pick.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import falcon
@@ -21,6 +23,7 @@ from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body
 from conveyor.ingress.http.codec import (
     HEADER_LENGTH,
+    HttpInferRequest,
     build_infer_response,
     encode_json,
     parse_header_length,
@@ -124,50 +127,80 @@ class Stats:
         _json(resp, await self._link.control("model_stats", model=model, version=version))
 
 
+@dataclass(slots=True)
+class InferAnswer:
+    """A successful infer response, whichever way it is sent (falcon or ``fast_infer``)."""
+
+    content_type: str
+    data: bytes
+    headers: list[tuple[str, str]]  # beside Content-Type and Content-Length
+
+
 class Infer:
     api = "inference"
 
     def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
-        self._dataplane = dataplane
+        self.dataplane = dataplane
         self._limit = max_body_bytes
-        self._forward = dataplane.limits.header_forward  # --http-header-forward-pattern; None: off
+        self.forward = dataplane.limits.header_forward  # --http-header-forward-pattern; None: off
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         try:
             header_length = parse_header_length(req.get_header(HEADER_LENGTH))
             body = await read_body(req, resp, self._limit)
-            check_json_size(len(body) if header_length is None else header_length,
-                            self._dataplane.limits.max_json_bytes)
-            if header_length == 0:
-                sig = await self._dataplane.models.get(model, version)
-                request = raw_infer_request(memoryview(body), model, version, sig)
-            else:
-                request = parse_infer_request(body, model, version, header_length)
         except ConveyorError as exc:  # counted as the model's REJECTED failure
-            self._dataplane.refused(model, version, exc)
+            self.dataplane.refused(model, version, exc)
             raise
-        request.call.traceparent = req.get_header("traceparent") or ""
-        if self._forward is not None:
-            self._forward.apply(req.scope.get(RAW_HEADERS) or req.headers.items(), request.call.parameters)
+        request = await self.parse(body, model, version, header_length)
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
-        result = await self._dataplane.infer(request.call)
+        forwarded: Iterable[tuple[str, Any]] = ()
+        if self.forward is not None:
+            forwarded = req.scope.get(RAW_HEADERS) or req.headers.items()
+        answer = await self.answer(request, req.get_header("traceparent") or "", req.get_header("Accept-Encoding"),
+                                   forwarded)
+        for name, value in answer.headers:
+            resp.set_header(name, value)
+        resp.content_type = answer.content_type
+        resp.data = answer.data
+
+    async def parse(self, body: bytes, model: str, version: str, header_length: int | None) -> HttpInferRequest:
+        """The request in ``body``; a refusal is counted as the model's REJECTED failure."""
+        try:
+            check_json_size(len(body) if header_length is None else header_length,
+                            self.dataplane.limits.max_json_bytes)
+            if header_length == 0:
+                sig = await self.dataplane.models.get(model, version)
+                return raw_infer_request(memoryview(body), model, version, sig)
+            return parse_infer_request(body, model, version, header_length)
+        except ConveyorError as exc:
+            self.dataplane.refused(model, version, exc)
+            raise
+
+    async def answer(self, request: HttpInferRequest, traceparent: str, accept_encoding: str | None,
+                     forwarded: Iterable[tuple[str, Any]] = ()) -> InferAnswer:
+        """Run ``request``; its response. ``forwarded``: the headers to match against
+        ``--http-header-forward-pattern`` (when it is set)."""
+        request.call.traceparent = traceparent
+        if self.forward is not None:
+            self.forward.apply(forwarded, request.call.parameters)
+        result = await self.dataplane.infer(request.call)
+        headers: list[tuple[str, str]] = []
         host = result.parameters.get(ROUTING_HINT)
         if host:  # the same hint as a header: a load balancer need not parse the body
-            resp.set_header(ROUTING_HEADER, host)
+            headers.append((ROUTING_HEADER, host))
         response = build_infer_response(result, request)  # releases the result
         data = response.body
-        coding = response_coding(req.get_header("Accept-Encoding"))
+        coding = response_coding(accept_encoding)
         if coding is not None:
             if len(data) >= OFFLOAD_BYTES:
                 data = await asyncio.to_thread(compress, (data,), coding)
             else:
                 data = compress((data,), coding)
-            resp.set_header("Content-Encoding", coding)
+            headers.append(("Content-Encoding", coding))
         if response.header_length is not None:
             # The uncompressed JSON size, as Triton sends it.
-            resp.set_header(HEADER_LENGTH, str(response.header_length))
-        resp.content_type = response.content_type
-        resp.data = data
+            headers.append((HEADER_LENGTH, str(response.header_length)))
+        return InferAnswer(response.content_type, data, headers)
 
 
 def build_app(

@@ -25,6 +25,14 @@ def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
+def error_status(error: Exception, method: str, path: str) -> tuple[int, str]:
+    """The HTTP status and message of any error but falcon's own (logged when unexpected)."""
+    if isinstance(error, ConveyorError):
+        return http_status(error.status), error.message
+    log.exception("unhandled error serving %s %s", method, path)
+    return 500, f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else "")
+
+
 async def render_error(
     req: falcon.asgi.Request,
     resp: falcon.asgi.Response | None,
@@ -36,18 +44,13 @@ async def render_error(
     """Falcon error handler, registered for ``Exception`` and ``falcon.HTTPError``."""
     if resp is None:  # a WebSocket, which this app does not serve
         return
-    if isinstance(error, ConveyorError):
-        status = http_status(error.status)
-        message = error.message
-    elif isinstance(error, falcon.HTTPError):
+    if isinstance(error, falcon.HTTPError):
         status = error.status_code
         message = error.description or _phrase(status)
         if error.headers:
             resp.set_headers(error.headers)
     else:
-        log.exception("unhandled error serving %s %s", req.method, req.path)
-        status = 500
-        message = f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else "")
+        status, message = error_status(error, req.method, req.path)
     # A failure after headers were staged must not leave binary-response headers behind.
     resp.delete_header("Inference-Header-Content-Length")
     resp.delete_header("Content-Encoding")

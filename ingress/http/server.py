@@ -29,9 +29,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.header_forward import RAW_HEADERS
-from conveyor.ingress.http.app import build_app
+from conveyor.ingress.http.app import Infer, build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from conveyor.ingress.http.corked_transport import CorkedTransport
+from conveyor.ingress.http.fast_infer import build_fast_app
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
@@ -218,9 +219,11 @@ async def _serve(
     try:
         # Bind only once ready, so the kernel does not hand connections to a process still starting.
         sock = bind_socket(host, port)
-        inner = app_factory(ctx) if app_factory else build_app(
-            ctx, max_body_bytes=max_body_bytes, restricted=restricted
-        )
+        if app_factory is not None:
+            inner = app_factory(ctx)
+        else:
+            inner = build_fast_app(build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
+                                   Infer(ctx.dataplane, max_body_bytes), bool(restricted))
         app = BodyLimit(inner, max_body_bytes)
         config = uvicorn.Config(
             app,
