@@ -29,7 +29,7 @@ from pathlib import Path
 
 from conveyor.deploy.procs import actor_role, children
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file is deploy/benchmarks/perf.py)
 INSTALLER = ROOT.parent / "shared" / "tools" / "install-perf-analyzer"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
