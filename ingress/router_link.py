@@ -20,14 +20,14 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
 from conveyor.deploy.log_settings import ProcessLog
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, unavailable
-from conveyor.proto.framing import Outbox, drain
+from conveyor.proto.framing import Outbox, drain, readable
 from conveyor.proto.pending_calls import PendingCalls
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class RouterLink:
         # SNDHWM 0 and a connected DEALER: the message is queued even while the router is away.
         self._out.flush()
         # A send can consume the socket's edge-triggered readiness: look for replies now.
-        if cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if readable(self._sock):
             self._arm_drain()
 
     def _arm_drain(self) -> None:
