@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 import zmq
@@ -68,7 +68,7 @@ def recv_frames(sock: zmq.Socket[bytes]) -> list[bytes]:
 
 def readable(sock: zmq.Socket[bytes]) -> bool:
     """Whether a message waits (``ZMQ_EVENTS``)."""
-    return bool(_getsockopt(sock, _EVENTS) & _POLLIN)
+    return bool(cast(int, _getsockopt(sock, _EVENTS)) & _POLLIN)
 
 
 class Outbox:
