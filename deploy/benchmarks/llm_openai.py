@@ -2,6 +2,7 @@
 
     python -m conveyor.deploy.benchmarks.llm_openai                       # both servers, 1/8/32 clients, mixed adapters
     python -m conveyor.deploy.benchmarks.llm_openai --only conveyor --clients 1 8
+    python -m conveyor.deploy.benchmarks.llm_openai --rounds 3   # both up at once, alternated case by case
 
 The model is the tiny Llama of tests/support/tiny_llama.py (hidden 128, 2 layers, two
 LoRA adapters), built on the fly, so the run needs no download. Both servers get the
@@ -59,6 +60,7 @@ class Run:
     ttft_ms_p50: float
     ttft_ms_p90: float
     errors: int = 0
+    round: int = 0
 
 
 @dataclass
@@ -169,38 +171,68 @@ async def measure(server: Server, clients: int, seconds: float, tokens: int, mod
     return done[0] / elapsed, ttfts, done[1], done[2]
 
 
-def run_server(server: Server, args: argparse.Namespace) -> list[Run]:
-    runs: list[Run] = []
-
-    def record(case: str, clients: int, result: tuple[float, list[float], int, int]) -> None:
-        rate, ttfts, requests, errors = result
-        ttfts = sorted(ttfts) or [0.0]
-        runs.append(Run(server.name, case, clients, requests, round(rate, 1),
-                        round(statistics.median(ttfts) * 1e3, 1), round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, 1),
-                        errors))
-        print(f"{server.name:9} {case:14} {rate:8.0f} tok/s  ttft p50 {runs[-1].ttft_ms_p50:6.1f} ms  "
-              f"({requests} requests, {errors} errors)", flush=True)
-
-    base = server.models[:1]
-    asyncio.run(measure(server, 4, 3, args.tokens, server.models))  # warm-up, adapters loaded
-    record("sequential", 1, asyncio.run(measure(server, 1, 0, args.tokens, base, sequential=args.requests)))
-    for c in args.clients:
-        record(f"c={c}", c, asyncio.run(measure(server, c, args.seconds, args.tokens, base)))
+def _cases(args: argparse.Namespace) -> list[tuple[str, int, bool]]:
+    """(case, clients, every model) in the order they run; "sequential" sends ``--requests`` one by one."""
     top = max(args.clients)
-    record(f"mixed c={top}", top, asyncio.run(measure(server, top, args.seconds, args.tokens, server.models)))
+    return [("sequential", 1, False), *((f"c={c}", c, False) for c in args.clients), (f"mixed c={top}", top, True)]
+
+
+def _run_case(server: Server, case: str, clients: int, mixed: bool, args: argparse.Namespace, rnd: int) -> Run:
+    models = server.models if mixed else server.models[:1]
+    if case == "sequential":
+        result = asyncio.run(measure(server, 1, 0, args.tokens, models, sequential=args.requests))
+    else:
+        result = asyncio.run(measure(server, clients, args.seconds, args.tokens, models))
+    rate, ttfts, requests, errors = result
+    ttfts = sorted(ttfts) or [0.0]
+    run = Run(server.name, case, clients, requests, round(rate, 1), round(statistics.median(ttfts) * 1e3, 1),
+              round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, 1), errors, rnd)
+    print(f"{server.name:9} {case:14} {rate:8.0f} tok/s  ttft p50 {run.ttft_ms_p50:6.1f} ms  "
+          f"({requests} requests, {errors} errors, round {rnd})", flush=True)
+    return run
+
+
+def run_server(server: Server, args: argparse.Namespace) -> list[Run]:
+    asyncio.run(measure(server, 4, 3, args.tokens, server.models))  # warm-up, adapters loaded
+    return [_run_case(server, case, c, mixed, args, 0) for case, c, mixed in _cases(args)]
+
+
+def run_alternating(servers: list[Server], args: argparse.Namespace) -> list[Run]:
+    """Both servers up at once, each case run on one then the other, the order swapped every
+    round: on a small shared machine the two see the same conditions, case by case."""
+    for server in servers:
+        asyncio.run(measure(server, 4, 3, args.tokens, server.models))
+    runs = []
+    for rnd in range(args.rounds):
+        order = servers if rnd % 2 == 0 else servers[::-1]
+        for case, c, mixed in _cases(args):
+            runs += [_run_case(server, case, c, mixed, args, rnd) for server in order]
     return runs
 
 
 def markdown(runs: list[Run]) -> str:
-    by = {(r.server, r.case): r for r in runs}
+    """Per case: each server's median over rounds, and the ratio of each round (Conveyor ÷ vLLM)."""
     cases = list(dict.fromkeys(r.case for r in runs))
-    lines = ["| case | Conveyor tok/s | vLLM tok/s | ratio | Conveyor TTFT p50 | vLLM TTFT p50 |",
-             "|---|---:|---:|---:|---:|---:|"]
+
+    def median(server: str, case: str, field: str) -> float | None:
+        values = [getattr(r, field) for r in runs if r.server == server and r.case == case]
+        return statistics.median(values) if values else None
+
+    lines = ["| case | Conveyor tok/s | vLLM tok/s | ratio | ratio per round | Conveyor TTFT p50 | vLLM TTFT p50 |",
+             "|---|---:|---:|---:|---|---:|---:|"]
     for case in cases:
-        c, v = by.get(("conveyor", case)), by.get(("vllm", case))
-        ratio = f"{c.tokens_per_s / v.tokens_per_s:.2f}" if c and v and v.tokens_per_s else "-"
-        lines.append(f"| {case} | {c.tokens_per_s if c else '-'} | {v.tokens_per_s if v else '-'} | {ratio} | "
-                     f"{f'{c.ttft_ms_p50} ms' if c else '-'} | {f'{v.ttft_ms_p50} ms' if v else '-'} |")
+        c, v = median("conveyor", case, "tokens_per_s"), median("vllm", case, "tokens_per_s")
+        ratio = f"{c / v:.2f}" if c and v else "-"
+        rounds = sorted({r.round for r in runs if r.case == case})
+        per_round = []
+        for rnd in rounds:
+            pair = {r.server: r.tokens_per_s for r in runs if r.case == case and r.round == rnd}
+            if pair.get("conveyor") and pair.get("vllm"):
+                per_round.append(f"{pair['conveyor'] / pair['vllm']:.2f}")
+        ct, vt = median("conveyor", case, "ttft_ms_p50"), median("vllm", case, "ttft_ms_p50")
+        lines.append(f"| {case} | {c if c is not None else '-'} | {v if v is not None else '-'} | {ratio} | "
+                     f"{', '.join(per_round) or '-'} | {f'{ct} ms' if ct is not None else '-'} | "
+                     f"{f'{vt} ms' if vt is not None else '-'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -211,6 +243,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=16, help="sequential requests")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="both servers up at once, alternated case by case for N rounds (0: one after the other)")
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="llm-bench-"))
@@ -219,8 +253,18 @@ def main() -> int:
     tiny_llama.write_repository(repo, tiny)
     runs: list[Run] = []
     starters = {"conveyor": lambda: start_conveyor(repo, f"llmbench{os.getpid()}"), "vllm": lambda: start_vllm(tiny)}
+    if args.rounds and not args.only:  # ``together`` below
+        servers: list[Server] = []
+        try:
+            for start in starters.values():
+                servers.append(start())
+            runs = run_alternating(servers, args)
+        finally:
+            for server in servers:
+                stop(server)
+    together = bool(args.rounds) and not args.only
     for name, start in starters.items():
-        if args.only and name != args.only:
+        if together or (args.only and name != args.only):
             continue
         server = start()
         try:
@@ -228,7 +272,8 @@ def main() -> int:
         finally:
             stop(server)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"tokens": args.tokens, "seconds": args.seconds, "cpus": os.cpu_count(), "when": time.strftime("%F %T")}
+    meta = {"tokens": args.tokens, "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
+            "when": time.strftime("%F %T")}
     with open(os.path.join(args.out, "llm_openai.json"), "w") as f:
         json.dump({"meta": meta, "runs": [asdict(r) for r in runs]}, f, indent=2)
     table = markdown(runs)
