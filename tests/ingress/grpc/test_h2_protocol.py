@@ -5,7 +5,7 @@ a message over the size limit, RST_STREAM, PING) and a user still relies on."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 
 import hpack
@@ -59,6 +59,23 @@ class RawClient:
 
 def message(body: bytes) -> bytes:
     return b"\0" + len(body).to_bytes(4, "big") + body
+
+
+async def until(check: Callable[[], object], tries: int = 200) -> None:
+    """Until ``check()`` is true, for at most ``tries`` hundredths of a second."""
+    for _ in range(tries):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def start_slow_call(served: SimpleNamespace, client: RawClient, stream: int, delay_ms: int) -> None:
+    """A ModelInfer on ``stream`` that the fake data plane holds for ``delay_ms``, once it runs."""
+    request = pb.ModelInferRequest(model_name="echo")
+    request.parameters["delay_ms"].int64_param = delay_ms
+    client.send(f.HEADERS, f.END_HEADERS, stream, client.headers_block("ModelInfer"))
+    client.send(f.DATA, f.END_STREAM, stream, message(request.SerializeToString()))
+    await until(lambda: served.dataplane.calls)
 
 
 @pytest.fixture
@@ -135,19 +152,9 @@ async def test_unknown_method_ping_and_reset(served: SimpleNamespace) -> None:
     assert trailers["grpc-status"] == "12"
 
     # A call the client resets stops running in the server.
-    request = pb.ModelInferRequest(model_name="echo")
-    request.parameters["delay_ms"].int64_param = 5000
-    client.send(f.HEADERS, f.END_HEADERS, 3, client.headers_block("ModelInfer"))
-    client.send(f.DATA, f.END_STREAM, 3, message(request.SerializeToString()))
-    for _ in range(200):
-        if served.dataplane.calls:
-            break
-        await asyncio.sleep(0.01)
+    await start_slow_call(served, client, 3, 5000)
     client.send(f.RST_STREAM, 0, 3, f.U32.pack(f.CANCEL))
-    for _ in range(200):
-        if served.dataplane.cancelled:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: served.dataplane.cancelled)
     assert served.dataplane.cancelled == 1
 
 
@@ -188,14 +195,7 @@ async def test_a_request_that_is_not_grpc_gets_http_415(served: SimpleNamespace)
 
 async def test_a_graceful_stop_sends_goaway_and_lets_running_calls_finish(served: SimpleNamespace) -> None:
     client = await served.connect()
-    request = pb.ModelInferRequest(model_name="echo")
-    request.parameters["delay_ms"].int64_param = 300
-    client.send(f.HEADERS, f.END_HEADERS, 1, client.headers_block("ModelInfer"))
-    client.send(f.DATA, f.END_STREAM, 1, message(request.SerializeToString()))
-    for _ in range(200):
-        if served.dataplane.calls:
-            break
-        await asyncio.sleep(0.01)
+    await start_slow_call(served, client, 1, 300)
     stopping = asyncio.create_task(served.server.stop(10))
     kind, _, _, payload = await asyncio.wait_for(client.frame(), TIMEOUT_S)
     assert kind == f.GOAWAY and f.GOAWAY_BODY.unpack(payload[:8]) == (1, f.NO_ERROR)
