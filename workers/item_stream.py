@@ -13,7 +13,9 @@ its ingress (an ``InferResponse`` per response), and the router, which counts
 them, gets an ``ItemResponsesSent`` after the first response, with the final
 one, and in between at most every ``NOTE_INTERVAL_NS``: a token costs the
 router nothing. Any other request's responses go to the router as
-``ItemResponse``s, which it forwards.
+``ItemResponse``s, which it forwards. A backend whose responses come from an
+event loop of its own may have the direct ones sent from that loop
+(``reply_from``, ``workers/loop_replies.py``) instead of the worker's main loop.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.base import RequestOutcome, outcome_parameters
 from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
+from conveyor.workers.loop_replies import LoopReplies
 
 # How stale the router's count of a long direct stream may get (its statistics, not the client's tokens).
 NOTE_INTERVAL_NS = 250_000_000
@@ -53,6 +56,7 @@ class ItemStream:
         self._last_ns = self._noted_ns = time.monotonic_ns()
         self._noted = False
         self._direct = item.reply_to
+        self._loop_replies: LoopReplies | None = None
         self.cancelled = False
         self._cancel_hooks: list[Callable[[], None]] | None = None  # BLS calls waiting for it
         self._plan = plan
@@ -87,6 +91,10 @@ class ItemStream:
         if self._cancel_hooks is not None and hook in self._cancel_hooks:
             self._cancel_hooks.remove(hook)
 
+    def reply_from(self, replies: LoopReplies) -> None:
+        """Send the direct responses through ``replies``: every later ``send`` comes from its loop."""
+        self._loop_replies = replies
+
     def send(self, outcome: RequestOutcome | None, final: bool) -> None:
         """Send one response (``None``: no response, only the final flag).
 
@@ -108,7 +116,7 @@ class ItemStream:
                 output_ns = time.monotonic_ns() - start
             parameters = outcome_parameters(outcome) if error is None else None
             if self._direct:
-                self._post(self._answer(outputs, error, release, final, parameters, output_ns))
+                self._answer(outputs, error, release, final, parameters, output_ns)
             else:
                 response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)
                 if parameters is not None:
@@ -125,12 +133,16 @@ class ItemStream:
         final: bool,
         parameters: dict[str, object] | None,
         output_ns: int,
-    ) -> list[tuple[str, bytes]]:
+    ) -> None:
         """One response straight to the ingress, and the router's note when one is due."""
         msg = self._exec
-        response = m.InferResponse(self.item.id, msg.model, msg.version, outputs, error, release, final,
-                                   parameters or {}, msg.generation)
-        out = [(self._direct, m.encode(response))]
+        response = m.encode(m.InferResponse(self.item.id, msg.model, msg.version, outputs, error, release, final,
+                                            parameters or {}, msg.generation))
+        out: list[tuple[str, bytes]] = []
+        if self._loop_replies is not None:
+            self._loop_replies.send(self._direct, response)
+        else:
+            out.append((self._direct, response))
         now = time.monotonic_ns()
         self._counts.append(m.ResponseCount(now - self._last_ns, output_ns, error.status if error else 0,
                                             bool(outputs)))
@@ -141,7 +153,8 @@ class ItemStream:
             self._counts = []
             self._noted = True
             self._noted_ns = now
-        return out
+        if out:
+            self._post(out)
 
     def fail(self, error: ConveyorError) -> None:
         """End the request with ``error`` unless it has ended already."""

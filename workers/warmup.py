@@ -28,6 +28,7 @@ from conveyor.proto.datatypes import config_to_datatype, deserialize_bytes, elem
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.workers.backends.base import Backend, RequestBackend, RequestItem
 from conveyor.workers.batch_layout import BatchLayout
+from conveyor.workers.loop_replies import LoopReplies
 
 WARMUP_FOLDER = "warmup"
 
@@ -58,6 +59,9 @@ class _Collect:
 
     def remove_cancel_hook(self, hook: Callable[[], None]) -> None:
         pass
+
+    def reply_from(self, replies: LoopReplies) -> None:
+        pass  # nothing leaves the worker
 
 
 def warm_up(

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from conveyor.proto.errors import ConveyorError
+
+if TYPE_CHECKING:
+    from conveyor.workers.loop_replies import LoopReplies
 
 
 class Backend(Protocol):
@@ -67,6 +70,11 @@ class ResponseChannel(Protocol):
         ...
 
     def remove_cancel_hook(self, hook: Callable[[], None]) -> None: ...
+
+    def reply_from(self, replies: LoopReplies) -> None:
+        """Send the responses that go straight to the ingress from ``replies``'s event loop, which
+        makes every later ``send`` (``workers/loop_replies.py``)."""
+        ...
 
     def send(self, outcome: RequestOutcome | None, final: bool) -> None: ...
 

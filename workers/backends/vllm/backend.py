@@ -22,7 +22,9 @@ from conveyor.workers.backends.vllm import outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
 from conveyor.workers.backends.vllm.metrics import stat_logger_factory
+from conveyor.workers.backends.vllm.priority import engine_nice
 from conveyor.workers.backends.vllm.request import GenerateArgs, parse, sampling_params
+from conveyor.workers.loop_replies import LoopReplies
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +65,17 @@ class VllmBackend:
         loggers: list[Any] = []
         if report and not engine_args.get("disable_log_stats", False):
             loggers.append(stat_logger_factory({"model": config.name, "version": os.path.basename(version_dir)}))
+        nice = engine_nice(_parameter(config, "ENGINE_NICE"))
         try:
-            self.engine = EngineLoop(config.name, engine_args, loggers)
+            self.engine = EngineLoop(config.name, engine_args, loggers, nice)
         except ConveyorError:
             raise
         except Exception as exc:
             log.exception("the vLLM engine of '%s' failed to start", self.name)
             why = f"{type(exc).__name__}: {exc}"
             raise unavailable(f"failed to start the vLLM engine of '{self.name}': {why}") from None
+        # Tokens leave from the engine's thread, an engine step's worth per message (not via the main loop).
+        self.replies = LoopReplies(self.engine.loop)
 
     def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]:
         if self.health_check and not self._check_health():
@@ -109,6 +114,7 @@ class VllmBackend:
             self.engine.call(lambda: holder[0].cancel() if holder else None)
 
         def begin() -> None:  # on the engine's loop
+            channel.reply_from(self.replies)
             holder.append(self.engine.loop.create_task(self._generate(args, channel)))
 
         channel.add_cancel_hook(cancel)
@@ -142,6 +148,7 @@ class VllmBackend:
             channel.fail(internal(f"Error generating stream: {exc}"))
 
     def close(self) -> None:
+        self.engine.call(self.replies.close)  # before the shutdown: the loop runs them in order
         self.engine.close()
 
 

@@ -15,23 +15,30 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from conveyor.workers.backends.vllm.priority import descendants, lower_priority
+
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 10.0
 
 
 class EngineLoop:
-    def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> None:
+    def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0) -> None:
+        """``nice``: how much lower the CPU priority of the engine's processes is (``priority.py``)."""
         # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"vllm-{name}", daemon=True)
         self._thread.start()
+        before = descendants()
         try:
             self.engine = self.run(self._start(engine_args, stat_loggers)).result()
         except BaseException:
             self._stop_loop()
             raise
+        if nice:
+            threads = lower_priority(descendants() - before, nice)
+            log.info("the vLLM engine of '%s' runs at nice +%d (%d threads)", name, nice, threads)
 
     async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs

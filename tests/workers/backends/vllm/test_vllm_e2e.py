@@ -24,6 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.procs import children
+from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
 from tests.support.group import Server, free_port, pids_of, wait_ready
 
@@ -315,6 +316,19 @@ def test_engine_metrics_on_metrics(served: tuple[Server, Any]) -> None:
                  "vllm:request_generation_tokens_count", "vllm:request_params_n_count"):
         assert found.get(name, 0) > 0, name
     assert "vllm:num_requests_running" in found and "vllm:num_requests_waiting" in found
+
+
+def test_the_engine_yields_the_cpu_to_the_server_on_a_small_host(served: tuple[Server, Any]) -> None:
+    """ENGINE_NICE "auto": on a host with few cores the engine's busy-polling processes run at a
+    lower priority than the worker that admits requests and hands out tokens; elsewhere, level."""
+    srv, _ = served
+    (worker,) = pids_of(srv, "worker")
+    engine = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::")]
+    assert engine, children(worker)
+    small = len(os.sched_getaffinity(0)) < priority.AUTO_MIN_CORES
+    for pid in engine:
+        lower = os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, worker)
+        assert lower == (priority.AUTO_NICE if small else 0), (pid, lower)
 
 
 def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any]) -> None:

@@ -1,0 +1,55 @@
+"""The engine processes' CPU priority (``ENGINE_NICE``), on real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conveyor.proto.errors import ConveyorError, Status
+from conveyor.workers.backends.vllm import priority
+
+
+def test_auto_lowers_the_engine_only_on_a_small_host() -> None:
+    small = len(os.sched_getaffinity(0)) < priority.AUTO_MIN_CORES
+    assert priority.engine_nice(None) == priority.engine_nice("auto") == (priority.AUTO_NICE if small else 0)
+    assert priority.engine_nice(" 5 ") == 5
+    assert priority.engine_nice("0") == 0
+
+
+@pytest.mark.parametrize("bad", ["-5", "20", "low"])
+def test_a_bad_setting_fails_the_load_clearly(bad: str) -> None:
+    with pytest.raises(ConveyorError) as err:
+        priority.engine_nice(bad)
+    assert err.value.status is Status.UNAVAILABLE and "ENGINE_NICE" in err.value.message
+
+
+def test_every_thread_of_the_new_processes_is_lowered_and_nothing_else() -> None:
+    before = priority.descendants()
+    # A child with a second thread, and a grandchild: as the engine core and its model worker.
+    code = ("import subprocess, sys, threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    new: set[int] = set()
+    try:
+        deadline = time.monotonic() + 10
+        while len(priority.descendants() - before) < 2 or len(os.listdir(f"/proc/{child.pid}/task")) < 2:
+            assert time.monotonic() < deadline, "the child did not start its thread and grandchild"
+            time.sleep(0.05)
+        new = priority.descendants() - before
+        assert child.pid in new and len(new) == 2
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert priority.lower_priority(new, 7) == 3  # two threads of the child, one of the grandchild
+        for pid in new:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                assert os.getpriority(os.PRIO_PROCESS, int(tid)) == min(19, own + 7)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own  # this process keeps its own
+    finally:
+        for pid in new - {child.pid}:  # the grandchild
+            os.kill(pid, signal.SIGKILL)
+        child.kill()
+        child.wait()
