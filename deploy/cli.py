@@ -40,6 +40,7 @@ from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.io_threads import configure_io_threads
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
 
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)  # the supervisor picks the group name when none was given
     args.group = args.group or DEFAULT_GROUP
     setup_logging(log_settings(args), args.command)
+    if args.command in ("router", "worker", "ingress"):
+        configure_io_threads(args.io_sched)  # before the first socket starts the I/O thread
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command in ("router", "worker"):
         from conveyor.proto.polling import spin_seconds

@@ -70,6 +70,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spin-us", default=None, metavar="US|auto",
                    help="router and workers spin this long on their sockets before sleeping (0 = never); "
                         "default auto: 50 on hosts with 8 or more cores, else 0 (proto/polling.py)")
+    p.add_argument("--io-sched", choices=["batch", "normal"], default=None,
+                   help="scheduling policy of each process's ZeroMQ I/O thread; default batch (SCHED_BATCH: it "
+                        "does not preempt the actor that woke it; proto/io_threads.py), or $CONVEYOR_IO_SCHED")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="how long shutdown waits for in-flight requests")
 

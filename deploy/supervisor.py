@@ -91,7 +91,8 @@ class Supervisor:
     def _common(self) -> list[str]:
         a = self.args
         spin = ["--spin-us", a.spin_us] if a.spin_us is not None else []
-        return ["--group", a.group, *log_args(a), *spin, "--exit-timeout-secs", str(a.exit_timeout_secs)]
+        io_sched = ["--io-sched", a.io_sched] if a.io_sched is not None else []
+        return ["--group", a.group, *log_args(a), *spin, *io_sched, "--exit-timeout-secs", str(a.exit_timeout_secs)]
 
     def _ingress_args(self) -> list[str]:
         a = self.args

@@ -5,14 +5,18 @@ answer while the links carry several descriptors per message."""
 
 from __future__ import annotations
 
+import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.group import Server, router_control
+from conveyor.deploy.procs import actor_role, children
+from conveyor.proto.io_threads import io_sched_policy
+from tests.support.group import Server, router_control, start_server
 from tests.support.waiting import eventually
 
 
@@ -95,3 +99,42 @@ def _py_repeat_stats(client: grpcclient.InferenceServerClient) -> dict[str, int]
         "success": int(stats["inference_stats"]["success"].get("count", 0)),
         "responses": sum(int(r.get("success", {}).get("count", 0)) for r in responses.values()),
     }
+
+
+def _io_thread_policies(pid: int) -> list[int]:
+    """The scheduling policy of each ZeroMQ I/O thread of process ``pid``."""
+    policies = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().startswith("ZMQbg/IO"):
+                    policies.append(os.sched_getscheduler(int(tid)))
+        except OSError:
+            pass  # the thread ended meanwhile
+    return policies
+
+
+def test_every_actor_runs_its_zeromq_io_thread_as_sched_batch(server: Server) -> None:
+    """The I/O thread does not preempt the actor that woke it (proto/io_threads.py): measured
+    at c=1 as 19% more requests per second on 2 vCPUs."""
+    actors = {pid: actor_role(argv) for pid, argv in children(server.proc.pid).items()}
+    roles = {role for role in actors.values() if role in ("router", "worker", "ingress-http", "ingress-grpc")}
+    assert roles == {"router", "worker", "ingress-http", "ingress-grpc"}
+    for pid, role in actors.items():
+        if role == "?":
+            continue
+        policies = _io_thread_policies(pid)
+        assert policies, f"{role} has no ZeroMQ I/O thread"
+        assert set(policies) == {os.SCHED_BATCH}, f"{role}: {policies}"
+
+
+def test_io_sched_normal_keeps_the_default_policy(model_repo: str) -> None:
+    with pytest.raises(ValueError, match="batch, normal"):
+        io_sched_policy("fifo")
+    srv = start_server(model_repo, f"ios{os.getpid()}", "--io-sched", "normal", "--workers", "1", grpc=False)
+    try:
+        for pid, argv in children(srv.proc.pid).items():
+            if actor_role(argv) in ("router", "worker", "ingress-http"):
+                assert set(_io_thread_policies(pid)) == {os.SCHED_OTHER}, actor_role(argv)
+    finally:
+        assert srv.stop() == 0
