@@ -45,6 +45,12 @@ class CorkedTransport:
         else:
             self._transport.writelines(held)
 
+    def send_now(self, head: bytes, body: bytes) -> None:
+        """A whole response, written at once (one ``writev``) after whatever is held."""
+        self.flush()
+        if not self._transport.is_closing():
+            self._transport.writelines((head, body))
+
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + sum(len(data) for data in self._held)
 

@@ -24,15 +24,13 @@ from typing import Any
 
 import uvicorn
 import uvloop
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
-from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.app import Infer, build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from conveyor.ingress.http.corked_transport import CorkedTransport
-from conveyor.ingress.http.fast_infer import build_fast_app
+from conveyor.ingress.http.fast_protocol import fast_protocol_class
+from conveyor.ingress.http.protocol import CaseKeepingProtocol, HttpToolsProtocol
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
@@ -42,32 +40,6 @@ AppFactory = Callable[[IngressContext], Any]
 # Longer than the common 60 s idle timeout of load balancers, so they close first.
 KEEP_ALIVE_S = 75
 BACKLOG = 2048
-
-
-class _HttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol that, as Triton (libevhtp), reads a request carrying
-    both ``Content-Length`` and ``Transfer-Encoding: chunked`` by its chunks (RFC 9112
-    6.3) instead of refusing it; ``BodyLimit`` closes such a connection after the answer.
-    A response's head and body leave in one write (``CorkedTransport``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
-
-
-class _CaseKeepingProtocol(_HttpToolsProtocol):
-    """Also keeps each header as the client wrote its name, under ``RAW_HEADERS`` in the
-    ASGI scope: Triton hands forwarded headers (``--http-header-forward-pattern``) to the
-    model with their names' case, which ASGI's lower-cased ``headers`` have lost. Only
-    used when forwarding is on."""
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        super().on_header(name, value)
-        self.scope.setdefault(RAW_HEADERS, []).append((name.decode("latin-1"), value))  # type: ignore[misc]
 
 
 def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
@@ -219,16 +191,19 @@ async def _serve(
     try:
         # Bind only once ready, so the kernel does not hand connections to a process still starting.
         sock = bind_socket(host, port)
+        forward = limits is not None and limits.header_forward is not None
+        protocol: type[HttpToolsProtocol] = CaseKeepingProtocol if forward else HttpToolsProtocol
         if app_factory is not None:
             inner = app_factory(ctx)
         else:
-            inner = build_fast_app(build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
-                                   Infer(ctx.dataplane, max_body_bytes), bool(restricted))
+            inner = build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted)
+            if not restricted and not forward:  # else falcon checks or forwards every request's headers
+                protocol = fast_protocol_class(Infer(ctx.dataplane, max_body_bytes), max_body_bytes)
         app = BodyLimit(inner, max_body_bytes)
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http=_CaseKeepingProtocol if limits is not None and limits.header_forward else _HttpToolsProtocol,
+            http=protocol,
             ws="none",
             lifespan="off",
             interface="asgi3",

@@ -1,0 +1,200 @@
+"""Plain infer requests served from the HTTP parser's callbacks, without ASGI.
+
+``POST /v2/models/{model}[/versions/{version}]/infer`` is nearly all the HTTP
+ingress does under load. For it, uvicorn's ASGI machinery (a scope dict, a
+request-response cycle with its event, a task around the app, ``receive`` and
+two ``send`` calls checking every header) cost more than the request's own
+parsing (docs/PERFORMANCE.md, "HTTP infer without ASGI"). ``FastInferProtocol``
+is uvicorn's httptools protocol that takes such a request itself once its
+headers are in: it keeps the body's chunks, runs the same ``Infer`` steps
+(``parse``, ``answer``) when the message is complete and writes the response
+in one write, with the same error rendering (``errors.error_status``) as falcon.
+
+Everything else goes the ASGI way to the falcon app (``BodyLimit`` in front):
+other routes and methods, compressed or chunked bodies, bodies over the limit,
+``Expect: 100-continue``, duplicated headers that falcon would join, escaped
+paths, and a request pipelined behind one still running. APIs restricted or
+headers forwarded: the plain protocol, falcon alone (``fast_protocol_class``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from conveyor.ingress.http.app import Infer
+from conveyor.ingress.http.codec import parse_header_length
+from conveyor.ingress.http.corked_transport import CorkedTransport
+from conveyor.ingress.http.errors import error_body, error_status
+from conveyor.ingress.http.protocol import HttpToolsProtocol
+from conveyor.proto.errors import ConveyorError
+
+# What falcon's ``{model}`` and ``{version}`` fields match: one non-empty path segment each
+# (escaped ones, with a ``%``, are left to falcon, which unescapes them).
+INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/([^/%]+))?/infer")
+
+_JSON = b"application/json"
+_CLOSE = b"connection: close\r\n"
+
+
+class _Event:
+    """What uvicorn's ``connection_lost`` sets on the running cycle; nothing waits on it here."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT = _Event()
+
+
+class FastCycle:
+    """One plain infer request: its head as read, its body's chunks; the attributes
+    uvicorn's protocol reads from a cycle (``response_complete``, ``keep_alive``,
+    ``disconnected``, ``message_event``) so that shutdown, pipelining and a lost
+    connection treat it as one of its own."""
+
+    __slots__ = ("accept_encoding", "chunks", "disconnected", "header_length", "keep_alive", "message_event",
+                 "model", "path", "response_complete", "traceparent", "version")
+
+    def __init__(self, model: str, version: str, path: bytes, keep_alive: bool) -> None:
+        self.model = model
+        self.version = version
+        self.path = path
+        self.keep_alive = keep_alive
+        self.header_length: str | None = None
+        self.accept_encoding: str | None = None
+        self.traceparent = ""
+        self.chunks: list[bytes] = []
+        self.response_complete = False
+        self.disconnected = False
+        self.message_event = _NO_EVENT
+
+    def body(self) -> bytes:
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _read_headers(cycle: FastCycle, headers: list[tuple[bytes, bytes]], limit: int) -> bool:
+    """Fill ``cycle`` from the request headers; False when falcon must serve the request: no
+    ``Content-Length`` or one over ``limit``, a chunked or compressed body, ``Expect``, or a
+    header this path reads given twice."""
+    length = None
+    for name, value in headers:  # uvicorn lower-cases the names
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return False
+            length = int(value)
+        elif name == b"inference-header-content-length":
+            if cycle.header_length is not None:
+                return False
+            cycle.header_length = value.decode("latin-1")
+        elif name == b"accept-encoding":
+            if cycle.accept_encoding is not None:
+                return False
+            cycle.accept_encoding = value.decode("latin-1")
+        elif name == b"traceparent":
+            if cycle.traceparent:
+                return False
+            cycle.traceparent = value.decode("latin-1")
+        elif name in (b"transfer-encoding", b"content-encoding", b"expect"):
+            return False
+    return length is not None and length <= limit
+
+
+class FastInferProtocol(HttpToolsProtocol):
+    """The HTTP ingress's protocol with plain infer requests served without ASGI (see the module)."""
+
+    infer: Infer  # set on the class that ``fast_protocol_class`` makes
+    max_body_bytes: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fast: FastCycle | None = None
+
+    def on_headers_complete(self) -> None:
+        cycle = self._take()
+        if cycle is None:
+            super().on_headers_complete()
+            return
+        self._fast = self.cycle = cycle  # type: ignore[assignment]
+
+    def _take(self) -> FastCycle | None:
+        """A ``FastCycle`` for a plain infer request that may run now; None for the rest."""
+        parser = self.parser
+        if parser.get_method() != b"POST" or (self.cycle is not None and not self.cycle.response_complete):
+            return None
+        match = INFER_PATH.fullmatch(self.url.partition(b"?")[0])
+        if match is None or self.limit_concurrency is not None or parser.should_upgrade() or not match[0].isascii():
+            return None
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        cycle = FastCycle(match[1].decode(), (match[2] or b"").decode(), match[0], keep_alive)
+        return cycle if _read_headers(cycle, self.headers, self.max_body_bytes) else None
+
+    def on_body(self, body: bytes) -> None:
+        fast = self._fast
+        if fast is None:
+            super().on_body(body)
+        else:
+            fast.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        fast = self._fast
+        if fast is None:
+            super().on_message_complete()
+            return
+        self._fast = None
+        task = self.loop.create_task(self._serve(fast))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _serve(self, cycle: FastCycle) -> None:
+        infer = self.infer
+        model, version = cycle.model, cycle.version
+        try:
+            try:
+                header_length = parse_header_length(cycle.header_length)
+            except ConveyorError as exc:  # counted as the model's REJECTED failure, as falcon's path does
+                infer.dataplane.refused(model, version, exc)
+                raise
+            request = await infer.parse(cycle.body(), model, version, header_length)
+            cycle.chunks = []  # a JSON-only body is garbage now; binary inputs keep their views of it alive
+            answer = await infer.answer(request, cycle.traceparent, cycle.accept_encoding)
+        except Exception as exc:
+            status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
+            self._respond(cycle, status, [b"content-type: application/json\r\n"], error_body(message))
+            return
+        head = [b"content-type: ", answer.content_type.encode(), b"\r\n"]
+        for name, value in answer.headers:
+            head += [name.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+        self._respond(cycle, 200, head, answer.data)
+
+    def _respond(self, cycle: FastCycle, status: int, head: list[bytes], data: bytes) -> None:
+        """Write the response as one write, then let the connection go on (or close it)."""
+        cycle.response_complete = True
+        if cycle.disconnected:
+            return
+        parts = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            parts += [name, b": ", value, b"\r\n"]
+        parts += head
+        parts.append(b"content-length: %d\r\n" % len(data))
+        if not cycle.keep_alive:
+            parts.append(_CLOSE)
+        parts.append(b"\r\n")
+        transport = self.transport
+        if isinstance(transport, CorkedTransport):
+            transport.send_now(b"".join(parts), data)
+        else:
+            transport.writelines([b"".join(parts), data])
+        if not cycle.keep_alive:
+            transport.close()
+        self.on_response_complete()
+
+
+def fast_protocol_class(infer: Infer, max_body_bytes: int) -> type[FastInferProtocol]:
+    """``FastInferProtocol`` serving through ``infer``, refusing (through falcon) bodies over ``max_body_bytes``."""
+    return type("BoundFastInferProtocol", (FastInferProtocol,), {"infer": infer, "max_body_bytes": max_body_bytes})
