@@ -20,7 +20,7 @@ headers forwarded: the plain protocol, falcon alone (``fast_protocol_class``).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
@@ -185,11 +185,8 @@ class FastInferProtocol(HttpToolsProtocol):
         if not cycle.keep_alive:
             parts.append(_CLOSE)
         parts.append(b"\r\n")
-        transport = self.transport
-        if isinstance(transport, CorkedTransport):
-            transport.send_now(b"".join(parts), data)
-        else:
-            transport.writelines([b"".join(parts), data])
+        transport = cast(CorkedTransport, self.transport)  # as ``HttpToolsProtocol.connection_made`` wraps it
+        transport.send_now(b"".join(parts), data)
         if not cycle.keep_alive:
             transport.close()
         self.on_response_complete()
