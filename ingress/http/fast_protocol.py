@@ -35,7 +35,7 @@ from conveyor.proto.errors import ConveyorError
 # (escaped ones, with a ``%``, are left to falcon, which unescapes them).
 INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/([^/%]+))?/infer")
 
-_JSON = b"application/json"
+_JSON_TYPE = b"content-type: application/json\r\n"
 _CLOSE = b"connection: close\r\n"
 
 
@@ -165,7 +165,7 @@ class FastInferProtocol(HttpToolsProtocol):
             answer = await infer.answer(request, cycle.traceparent, cycle.accept_encoding)
         except Exception as exc:
             status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
-            self._respond(cycle, status, [b"content-type: application/json\r\n"], error_body(message))
+            self._respond(cycle, status, [_JSON_TYPE], error_body(message))
             return
         head = [b"content-type: ", answer.content_type.encode(), b"\r\n"]
         for name, value in answer.headers:

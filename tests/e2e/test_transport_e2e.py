@@ -133,8 +133,11 @@ def test_io_sched_normal_keeps_the_default_policy(model_repo: str) -> None:
         io_sched_policy("fifo")
     srv = start_server(model_repo, f"ios{os.getpid()}", "--io-sched", "normal", "--workers", "1", grpc=False)
     try:
+        seen = set()
         for pid, argv in children(srv.proc.pid).items():
             if actor_role(argv) in ("router", "worker", "ingress-http"):
+                seen.add(actor_role(argv))
                 assert set(_io_thread_policies(pid)) == {os.SCHED_OTHER}, actor_role(argv)
+        assert seen == {"router", "worker", "ingress-http"}
     finally:
         assert srv.stop() == 0
