@@ -9,6 +9,7 @@ with the same message, wherever it comes from. Messages follow Triton's.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +195,23 @@ def check_outputs(
         else:
             specs.append(m.OutputSpec(out.name, out.classification, shm.region, shm.offset, shm.byte_size))
     return specs
+
+
+MAX_VERDICTS = 64
+
+
+def remember_verdict(
+    sig: ModelSignature, key: Hashable, inputs: list[tuple[InferInput, int]], outputs: list[m.OutputSpec],
+    uses_shm: bool,
+) -> None:
+    """Keep the checks' verdict on a call for the later calls with its ``shape_key``. Not for a call
+    with BYTES inputs: their element counts are read from the bytes, which differ call to call."""
+    if any(inp.datatype == "BYTES" for inp, _ in inputs):
+        return
+    verdicts = sig.verdicts
+    if len(verdicts) >= MAX_VERDICTS:
+        verdicts.clear()
+    verdicts[key] = ([n for _, n in inputs], list(outputs), uses_shm)
 
 
 def inputs_nbytes(inputs: list[tuple[InferInput, int]]) -> int:

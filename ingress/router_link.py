@@ -84,6 +84,9 @@ class RouterLink:
         self._ids = itertools.count(1)
         self._calls = PendingCalls()
         self.on_orphan = on_orphan
+        # The router's repository generation changed (``RepositoryChanged``): the data plane drops
+        # the signatures it keeps.
+        self.on_repository_change: Callable[[int], None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._boot: int | None = None
         # Whether any tracing is on (the router's SettingsUpdate): only then are requests stamped.
@@ -260,6 +263,10 @@ class RouterLink:
         if isinstance(msg, m.SettingsUpdate):
             ProcessLog.apply_wire(msg.log)
             self.tracing = msg.tracing
+            return
+        if isinstance(msg, m.RepositoryChanged):
+            if self.on_repository_change is not None:
+                self.on_repository_change(msg.generation)
             return
         if isinstance(msg, m.InferResponse):
             if not self._calls.deliver(msg):

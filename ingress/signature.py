@@ -7,8 +7,15 @@ Used by the ingress (``model_cache.py``) and by workers for BLS requests
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.proto.messages import OutputSpec
+
+# Each input's byte size (the request's order), the output specs, whether a client region is named.
+Verdict = tuple[list[int], list["OutputSpec"], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,9 @@ class ModelSignature:
     # Decoupled, yet one response to a request that does not stream (vLLM): plain infer serves it.
     plain_infer: bool = False
     required_inputs: int = field(init=False)  # the inputs that are not optional
+    # The checks' verdicts on calls by their ``shape_key`` (``request_checks.remember_verdict``): kept on
+    # the signature, so that a model reloaded with another signature starts without any.
+    verdicts: dict[Hashable, Verdict] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "required_inputs", sum(not spec.optional for spec in self.inputs.values()))

@@ -12,7 +12,7 @@ defaults, so a newer peer can read an older message.
 Flows (see ARCHITECTURE.md)::
 
     ingress --InferRequest/ControlRequest/Cancel--> router
-    router  --InferResponse/ControlReply----------> ingress
+    router  --InferResponse/ControlReply/SettingsUpdate/RepositoryChanged--> ingress
     router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
     worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving/CustomMetrics--> router
     worker  --ItemResponsesSent--> router (a decoupled request's responses it sent straight to the ingress)
@@ -28,7 +28,8 @@ import msgspec
 
 # 2: several descriptors per ZeroMQ message; workers answer an ingress directly.
 # 3: a decoupled model's responses go straight to the ingress too (``ItemResponsesSent``).
-PROTOCOL_VERSION = 3
+# 4: ``RepositoryChanged`` to every ingress and BLS link.
+PROTOCOL_VERSION = 4
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -195,6 +196,15 @@ class SettingsUpdate(msgspec.Struct, tag="settings", array_like=True):
 
     log: dict[str, Any] = {}
     tracing: bool = False
+
+
+class RepositoryChanged(msgspec.Struct, tag="repo", array_like=True):
+    """Router to every ingress (and BLS link), in the loop turn in which the repository's
+    generation changed (a model loaded, unloaded or reloaded): the signatures each keeps
+    are void. Sent behind a load's own reply, so that the client's next request is checked
+    against the new model."""
+
+    generation: int
 
 
 class ControlReply(msgspec.Struct, tag="ctlr", array_like=True):
@@ -403,7 +413,7 @@ class LeaveGranted(msgspec.Struct, tag="wbye", array_like=True):
 
 
 IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest | TraceEnd | Refused
-RouterToIngress = InferResponse | ControlReply | SettingsUpdate
+RouterToIngress = InferResponse | ControlReply | SettingsUpdate | RepositoryChanged
 RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
     | ForgetSequences | SettingsUpdate

@@ -110,6 +110,7 @@ class Router:
         self._next_shm_sweep = 0.0
         # Log and trace settings (observability extensions): kept here, pushed to every process.
         self._ingress_peers: dict[bytes, int] = {}  # identity -> pid
+        self._announced_generation = self.registry.generation  # the last RepositoryChanged sent
         trace = trace or TraceConfig()
         self.settings = SettingsHub(trace, self._broadcast_settings)
         self._stopping = False
@@ -198,6 +199,8 @@ class Router:
                 self._tick(now)
                 next_tick = now + HEARTBEAT_INTERVAL_S
             self.dispatcher.fire_timers()
+            if self.registry.generation != self._announced_generation:
+                self._announce_generation()
             self.back.flush()
             self.front.flush()
         self.self_link.close()
@@ -299,6 +302,13 @@ class Router:
             self.front.send(identity, payload)
         for identity in self.pool.workers:
             self.back.send(identity, payload)
+
+    def _announce_generation(self) -> None:
+        """The repository changed this turn: every ingress and BLS link drops its signatures."""
+        self._announced_generation = generation = self.registry.generation
+        payload = m.encode(m.RepositoryChanged(generation))
+        for identity in self._ingress_peers:
+            self.front.send(identity, payload)
 
     def forget_regions(self, ids: list[int]) -> None:
         """Tell every worker to unmap these client registrations."""

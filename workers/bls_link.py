@@ -133,6 +133,8 @@ class BlsLink:
             self._calls.deliver(msg)
         elif isinstance(msg, m.ControlReply):
             self._calls.deliver_control(msg)
+        elif isinstance(msg, m.RepositoryChanged):
+            self.generation = msg.generation  # voids the signatures its models' calls are checked against
 
     def fail_all(self, why: str) -> None:
         """The router restarted: the requests it knew are lost."""

@@ -27,11 +27,11 @@ from conveyor.ingress.http.codec import (
     build_infer_response,
     encode_json,
     parse_header_length,
-    parse_infer_request,
 )
 from conveyor.ingress.http.compression import compress, response_coding
 from conveyor.ingress.http.errors import render_error
 from conveyor.ingress.http.generate import Generate
+from conveyor.ingress.http.header_templates import HeaderTemplates
 from conveyor.ingress.http.observe import add_observability_routes
 from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
@@ -143,6 +143,7 @@ class Infer:
         self.dataplane = dataplane
         self._limit = max_body_bytes
         self.forward = dataplane.limits.header_forward  # --http-header-forward-pattern; None: off
+        self.templates = HeaderTemplates()
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         try:
@@ -171,7 +172,7 @@ class Infer:
             if header_length == 0:
                 sig = await self.dataplane.models.get(model, version)
                 return raw_infer_request(memoryview(body), model, version, sig)
-            return parse_infer_request(body, model, version, header_length)
+            return self.templates.parse(body, model, version, header_length)
         except ConveyorError as exc:
             self.dataplane.refused(model, version, exc)
             raise

@@ -123,6 +123,11 @@ def test_failed_reload_keeps_the_loaded_model(explicit: Server) -> None:
 
 def test_load_with_a_config_override(explicit: Server) -> None:
     http = th.InferenceServerClient(explicit.http_url)
+    three = th.InferInput("INPUT0", [3], "FP32")
+    three.set_data_from_numpy(np.array([1, 2, 3], np.float32))
+    http.load_model("identity_fp32")
+    for _ in range(3):  # the ingress keeps this header's template and its checks' verdict
+        assert http.infer("identity_fp32", [three]).as_numpy("OUTPUT0").tolist() == [1, 2, 3]
     override = {
         "name": "identity_fp32", "platform": "onnxruntime_onnx", "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
@@ -134,6 +139,8 @@ def test_load_with_a_config_override(explicit: Server) -> None:
     x.set_data_from_numpy(np.array([1, 2, 3], np.float32))
     with pytest.raises(InferenceServerException, match="unexpected shape"):
         http.infer("identity_fp32", [x])
+    with pytest.raises(InferenceServerException, match="unexpected shape"):  # the verdict went with the old model
+        http.infer("identity_fp32", [three])
 
 
 def test_load_is_refused_in_none_mode(server: Server) -> None:
