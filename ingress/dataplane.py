@@ -62,8 +62,8 @@ class InferCall:
     timeout_s: float | None = None
     traceparent: str = ""  # the client's W3C trace context (HTTP header / gRPC metadata)
     # Calls with the same key have the same inputs (names, datatypes, shapes, byte sizes, placements),
-    # outputs and id: the signature checks' verdict on one holds for all (an HTTP header's template,
-    # ``http/header_templates.py``). None: checked each time.
+    # outputs and id: the signature checks' verdict on one holds for all (a ``call_templates.CallTemplate``).
+    # None: checked each time.
     shape_key: Hashable | None = None
 
 

@@ -201,8 +201,8 @@ class SettingsUpdate(msgspec.Struct, tag="settings", array_like=True):
 class RepositoryChanged(msgspec.Struct, tag="repo", array_like=True):
     """Router to every ingress (and BLS link), in the loop turn in which the repository's
     generation changed (a model loaded, unloaded or reloaded): the signatures each keeps
-    are void. Sent behind a load's own reply, so that the client's next request is checked
-    against the new model."""
+    are void. Sent no later than a load's own reply, so that the client's next request is
+    checked against the new model."""
 
     generation: int
 

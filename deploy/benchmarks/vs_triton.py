@@ -168,7 +168,7 @@ class Server:
     roles: dict[int, str] = field(default_factory=dict)
 
     def start(self) -> None:
-        with open(self.log, "wb") as log:
+        with open(self.log, "ab") as log:  # appended to across restarts (--restart)
             # Its own session: the whole tree can be found (and killed) by process group.
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -403,6 +403,15 @@ def pick_cases(chosen: list[str] | None) -> list[Case]:
     return list(dict.fromkeys(by_key[k] for k in chosen))
 
 
+def start_all(servers: list[Server]) -> None:
+    for s in servers:
+        s.start()
+    for s in servers:
+        # Triton's first start builds its venv (pip): give it time.
+        s.ready(["simple", "identity_fp32"], timeout=600 if s.name == "triton" else 180)
+        print(f"{s.name} ready on HTTP {s.http}, gRPC {s.grpc} ({' '.join(s.argv[:2])})", flush=True)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     # KeyboardInterrupt, not SystemExit: PerfAnalyzerFailed is a SystemExit and is caught per run.
     raise KeyboardInterrupt(f"signal {signum}")
@@ -413,6 +422,9 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", help="numbers (1-5) or keys: " + ", ".join(c.key for c in CASES))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--restart", action="store_true",
+                    help="start every server afresh before each pass: on a small VM a group's throughput at low "
+                         "concurrency can differ by 15%% from one start to the next (docs/PERFORMANCE.md)")
     ap.add_argument("--seconds", type=int, default=4, help="perf_analyzer's measurement window")
     ap.add_argument("--backend", choices=["python", "onnx"], default="python", help="what Conveyor serves")
     ap.add_argument("--workers", type=int, default=2, help="Conveyor's workers")
@@ -449,13 +461,12 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     problems: list[str] = []
     try:
-        for s in servers:
-            s.start()
-        for s in servers:
-            # Triton's first start builds its venv (pip): give it time.
-            s.ready(["simple", "identity_fp32"], timeout=600 if s.name == "triton" else 180)
-            print(f"{s.name} ready on HTTP {s.http}, gRPC {s.grpc} ({' '.join(s.argv[:2])})", flush=True)
+        start_all(servers)
         for p in range(args.passes):
+            if p and args.restart:
+                for s in servers:
+                    problems += s.stop()
+                start_all(servers)
             order = servers if p % 2 == 0 else servers[::-1]
             for case in cases:
                 for c in args.concurrency:
@@ -488,7 +499,7 @@ def main() -> int:
         + ("; Triton serves the python models" if "triton" in names else "")
         + " (1 CPU instance each, max_batch_size 8, no dynamic batching)",
         f"- perf_analyzer: {args.seconds} s windows, stability 100%, p99; {args.passes} pass(es), "
-        "server order flipped every pass",
+        "server order flipped every pass" + (", every server restarted before each" if args.restart else ""),
         *(f"- warning: {p}" for p in problems),
     ]
     md = markdown(rows, names, header)

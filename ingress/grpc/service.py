@@ -23,6 +23,7 @@ from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc import codec, wire
 from conveyor.ingress.grpc.handlers import Malformed, lenient, method_handlers
 from conveyor.ingress.grpc.health import server_ready
+from conveyor.ingress.grpc.request_templates import RequestTemplates
 from conveyor.ingress.grpc.stream import Replies, stream_replies
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.ingress.server_metadata import server_metadata
@@ -100,6 +101,7 @@ class InferenceServicer:
         self._drain = drain
         self._server_metadata = codec.server_metadata_response(server_metadata())
         self._forward = dataplane.limits.header_forward  # --grpc-header-forward-pattern, None: off
+        self._templates = RequestTemplates()
 
     # --- health and metadata ---------------------------------------------------------
 
@@ -142,7 +144,7 @@ class InferenceServicer:
     @_unary
     async def ModelInfer(self, request: wire.WireInferRequest, context: Any) -> bytes:
         try:
-            call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+            call = self._templates.call(request.message, request.raw, timeout_s=_time_left(context))
         except ConveyorError as exc:  # counted as the model's REJECTED failure
             self._dataplane.refused(request.message.model_name, request.message.model_version, exc)
             raise
@@ -170,7 +172,7 @@ class InferenceServicer:
             await replies.send_in_order(codec.encode_stream_error(request.error("ModelStreamInfer").message, ""))
             return
         try:
-            call = codec.to_infer_call(request.message, request.raw, timeout_s=_time_left(context))
+            call = self._templates.call(request.message, request.raw, timeout_s=_time_left(context))
             if self._forward is not None:
                 self._forward.apply(context.invocation_metadata() or (), call.parameters)
             if await self._dataplane.is_decoupled(call.model, call.version):

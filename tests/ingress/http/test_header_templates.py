@@ -84,11 +84,24 @@ def test_json_data_and_json_only_requests_are_parsed_every_time() -> None:
 
 
 def test_a_full_cache_starts_over() -> None:
-    templates = HeaderTemplates(capacity=2)
+    templates = HeaderTemplates()
+    templates._cache.capacity = 2
     a = np.ones((1, 16), np.int32)
     bodies = [tritonclient_body(a, a, request_id=str(i)) for i in range(3)]
     for body, length in bodies:
         templates.parse(body, "simple", "", length)
-    assert len(templates._by_header) == 1  # cleared at the third
+    assert len(templates._cache) == 1  # cleared at the third
     body, length = bodies[2]
     assert templates.parse(body, "simple", "", length).call.shape_key is not None
+
+
+def test_requests_naming_client_shared_memory_are_parsed_every_time() -> None:
+    templates = HeaderTemplates()
+    x = th.InferInput("INPUT0", [1, 16], "INT32")
+    x.set_shared_memory("in_region", 64)
+    y = th.InferInput("INPUT1", [1, 16], "INT32")
+    y.set_data_from_numpy(np.ones((1, 16), np.int32))
+    body, length = th.InferenceServerClient.generate_request_body([x, y], None)
+    for _ in range(2):
+        request = templates.parse(bytes(body), "simple", "", length)
+        assert request.call.shape_key is None and request.call.inputs[0].shm is not None

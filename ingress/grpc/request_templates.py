@@ -1,0 +1,42 @@
+"""gRPC infer requests whose description was seen before (``call_templates.py``).
+
+The key is the ``ModelInferRequest`` without its raw contents, serialized
+(deterministically: map order), with the length of each raw tensor. The raw
+contents are taken off the parsed message first (``wire.parse_infer_request``
+already split them off a large one); requests without raw tensors (typed
+``contents``, client shared memory) are converted every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.ingress.call_templates import CallTemplate, TemplateCache, template_of
+from conveyor.ingress.dataplane import InferCall
+from conveyor.ingress.grpc.codec import to_infer_call
+from conveyor.ingress.request_checks import TensorData
+
+
+class RequestTemplates:
+    """The gRPC ingress's templates, by request description."""
+
+    def __init__(self) -> None:
+        self._cache: TemplateCache[tuple[bytes, tuple[int, ...]], CallTemplate] = TemplateCache()
+
+    def call(self, message: Any, raw: Sequence[TensorData], timeout_s: float | None = None) -> InferCall:
+        """``codec.to_infer_call``'s result, made from a template when the description was seen before."""
+        if not raw:  # no raw tensors (client shared memory, typed contents): nothing a template would save
+            return to_infer_call(message, raw, timeout_s=timeout_s)
+        if message.raw_input_contents:
+            message.ClearField("raw_input_contents")  # ``raw`` holds them
+        key = (message.SerializeToString(deterministic=True), tuple(len(r) for r in raw))
+        template = self._cache.get(key)
+        if template is not None:
+            return template.call(message.model_name, message.model_version, raw, timeout_s)
+        call = to_infer_call(message, raw, timeout_s=timeout_s)
+        template = template_of(call, raw)
+        if template is not None:
+            self._cache.put(key, template)
+            call.shape_key = template
+        return call
