@@ -14,10 +14,11 @@ those are skipped too.
 Only calls whose inputs all come from the request's binary tensors become
 templates: typed or JSON data would be arrays to copy per request. Requests that
 name client shared memory are left out too: with templates, the shared-memory
-cases of ``vs_triton.py`` lost 8-20% of their throughput at c=4 on the 2-vCPU
-machine (measured, not understood: the requests sent were the same, and the
-ingress spent less per request; docs/PERFORMANCE.md). The caches are small and cleared when full, so a client that
-puts a fresh id in every request only pays for a dictionary miss.
+cases of ``vs_triton.py`` lost 8-20% at c=4 on the 2-vCPU machine, though the
+requests sent were the same and the ingress spent less on them; a later run lost
+as much with that path untouched, so the cause is not settled
+(docs/PERFORMANCE.md). The caches are small and cleared when full, so a client
+that puts a fresh id in every request only pays for a dictionary miss.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def template_of(call: InferCall, sources: Sequence[TensorData]) -> CallTemplate 
     inputs: list[TemplateInput] = []
     used = 0
     for inp in call.inputs:
-        if used < len(sources) and inp.data is sources[used] and not inp.from_json:
+        if used < len(sources) and inp.data is sources[used]:  # JSON or typed data is never a source
             source, used = used, used + 1
         else:
             return None

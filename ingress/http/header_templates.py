@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from conveyor.ingress.call_templates import CallTemplate, TemplateCache, template_of
 from conveyor.ingress.http.codec import HttpInferRequest, parse_infer_request
-from conveyor.ingress.request_checks import TensorData
 
 MAX_HEADER_BYTES = 4096
 
@@ -50,14 +49,13 @@ class HeaderTemplates:
         if template is not None and template.body_bytes == view.nbytes:
             return template.request(view, model, version)
         request = parse_infer_request(view, model, version, header_length)
-        sources: list[TensorData] = [inp.data for inp in request.call.inputs
-                                     if inp.shm is None and isinstance(inp.data, memoryview)]
+        sources = [inp.data for inp in request.call.inputs if isinstance(inp.data, memoryview)]
         call = template_of(request.call, sources)
         if call is not None:
             spans, offset = [], header_length
             for data in sources:
-                spans.append((offset, offset + memoryview(data).nbytes))  # type: ignore[arg-type]
-                offset = spans[-1][1]
+                spans.append((offset, offset + data.nbytes))
+                offset += data.nbytes
             # A copy of ``binary``: the first request goes on with the codec's own.
             self._cache.put(key, HeaderTemplate(call, tuple(spans), request.binary_default, dict(request.binary),
                                                 view.nbytes))

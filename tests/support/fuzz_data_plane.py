@@ -36,6 +36,7 @@ SIGNATURE: dict[str, Any] = {
     "outputs": [{"name": "Y", "datatype": "FP32", "dims": [-1]}],
 }
 INPUTS = [t["name"] for t in SIGNATURE["inputs"]]
+GENERATION = 1  # the repository generation, as the router stamps its answers: the signature stays cached
 INPUT_TYPES = {t["name"]: t["datatype"] for t in SIGNATURE["inputs"]}
 
 
@@ -57,14 +58,14 @@ class FakeRouterLink:
 
     async def control(self, op: str, **args: Any) -> Any:
         if op == "signature":
-            return {"generation": 1, "signature": SIGNATURE}
+            return {"generation": GENERATION, "signature": SIGNATURE}
         if op == "server_ready":
             return True
         raise unsupported(f"the fake router does not do '{op}'")
 
     async def infer(self, request: m.InferRequest) -> m.InferResponse:
         self.requests.append(request)
-        return m.InferResponse(request.id, request.model, "1")
+        return m.InferResponse(request.id, request.model, "1", generation=GENERATION)
 
 
 @contextmanager
