@@ -39,6 +39,7 @@ from conveyor.deploy.triton_flags import add_unused, log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
+from conveyor.proto.dispatch_cpu import dispatch_cpu, pin_dispatch
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.io_threads import configure_io_threads
 from conveyor.router.observability.histograms import parse_quantiles
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(log_settings(args), args.command)
     if args.command in ("router", "worker", "ingress"):
         configure_io_threads(args.io_sched)  # before the first socket starts the I/O thread
+    if args.command in ("router", "worker"):
+        pin_dispatch(dispatch_cpu(args.dispatch_cpu))  # so is this: the I/O thread inherits the pin
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command in ("router", "worker"):
         from conveyor.proto.polling import spin_seconds

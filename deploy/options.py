@@ -10,6 +10,7 @@ from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS, DEFAULT_MAX_JSON_BYTES
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
+from conveyor.proto.dispatch_cpu import dispatch_cpu
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.response_cache import parse_cache_config
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
@@ -57,6 +58,14 @@ def default_endpoints(group: str) -> tuple[str, str]:
     return f"ipc://{d}/router-ingress.sock", f"ipc://{d}/router-workers.sock"
 
 
+def _dispatch_setting(value: str) -> str:
+    try:
+        dispatch_cpu(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", default=None,
                    help="name of this process group: shared-memory names and IPC paths carry it (default: "
@@ -73,6 +82,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-sched", choices=["batch", "normal"], default=None,
                    help="scheduling policy of each process's ZeroMQ I/O thread; default batch (SCHED_BATCH: it "
                         "does not preempt the actor that woke it; proto/io_threads.py), or $CONVEYOR_IO_SCHED")
+    p.add_argument("--dispatch-cpu", default=None, metavar="auto|off|CPU", type=_dispatch_setting,
+                   help="the core the router and each worker's main thread share; default auto: the last CPU on "
+                        "hosts with 2 CPUs, none on larger ones (proto/dispatch_cpu.py), or $CONVEYOR_DISPATCH_CPU")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="how long shutdown waits for in-flight requests")
 

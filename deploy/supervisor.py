@@ -92,7 +92,9 @@ class Supervisor:
         a = self.args
         spin = ["--spin-us", a.spin_us] if a.spin_us is not None else []
         io_sched = ["--io-sched", a.io_sched] if a.io_sched is not None else []
-        return ["--group", a.group, *log_args(a), *spin, *io_sched, "--exit-timeout-secs", str(a.exit_timeout_secs)]
+        dispatch = ["--dispatch-cpu", a.dispatch_cpu] if a.dispatch_cpu is not None else []
+        return ["--group", a.group, *log_args(a), *spin, *io_sched, *dispatch,
+                "--exit-timeout-secs", str(a.exit_timeout_secs)]
 
     def _ingress_args(self) -> list[str]:
         a = self.args

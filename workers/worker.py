@@ -26,6 +26,7 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import BatchShapes
+from conveyor.proto.dispatch_cpu import release_thread
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import Outbox, drain
 from conveyor.proto.polling import Poller, spin_seconds
@@ -81,7 +82,9 @@ class LoadedInstance:
     decoupled: bool = False
     sequences: SequenceSlots | None = None  # control inputs and implicit state (sequence_batching)
     layout: BatchLayout | None = None  # ragged inputs, padding, batch inputs/outputs (array backends)
-    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
+    # Its thread loads and runs the model: on every CPU, not the dispatch core (proto/dispatch_cpu.py).
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, initializer=release_thread))
     # Short batches of a backend that allows it run on the main thread (see ``Worker._exec``).
     inline_ok: bool = False
     exec_ns: float = 0.0  # recent batch time, an EWMA

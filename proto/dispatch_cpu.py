@@ -1,0 +1,65 @@
+"""The dispatch core: on a small host, the router and every worker's main thread share one core.
+
+A request crosses between the router and a worker twice (its ``ExecBatch`` and its
+``BatchResult``), and within each actor between the main thread and its ZeroMQ I/O
+thread at every message. In a virtual machine, waking a thread on another core
+costs several times a wake-up on the same core (an interprocessor interrupt, and
+the idle core's exit from halt): two processes passing a byte back and forth
+through pipes took 43-47 µs a round trip across the two vCPUs of the reference
+host and 5.3 µs on one (docs/PERFORMANCE.md, "The dispatch core"). Pinning the
+router, its I/O thread, and each worker's main and I/O threads to one core makes
+those hand-offs same-core ones; the ingress processes, the clients and the models
+keep every core: a worker's instance threads (where models load and run, and
+where their libraries start their thread pools) go back to every CPU the process
+had (``release_thread``).
+
+``--dispatch-cpu`` (or ``$CONVEYOR_DISPATCH_CPU``): "auto" (the default) pins to
+the last allowed CPU on hosts with at most ``AUTO_MAX_CPUS`` CPUs, where it was
+measured to pay, and leaves larger hosts alone until measured there; "off"; or a
+CPU number.
+"""
+
+from __future__ import annotations
+
+import os
+
+DISPATCH_CPU_ENV = "CONVEYOR_DISPATCH_CPU"
+AUTO_MAX_CPUS = 2
+
+_process_cpus: set[int] | None = None  # every CPU the process had before the pin
+
+
+def dispatch_cpu(setting: str | None = None) -> int | None:
+    """The core to pin to (None: none), from ``setting`` or ``$CONVEYOR_DISPATCH_CPU``;
+    a ValueError for a value that is not "auto", "off" or an allowed CPU."""
+    value = (setting if setting is not None else os.environ.get(DISPATCH_CPU_ENV, "auto")).strip().lower()
+    allowed = sorted(os.sched_getaffinity(0))
+    if value in ("", "auto"):
+        return allowed[-1] if 1 < len(allowed) <= AUTO_MAX_CPUS else None
+    if value == "off":
+        return None
+    try:
+        cpu = int(value)
+    except ValueError:
+        raise ValueError(f"the dispatch CPU must be 'auto', 'off' or a CPU number, not {setting!r}") from None
+    if cpu not in allowed:
+        raise ValueError(f"CPU {cpu} is not one this process may run on ({', '.join(map(str, allowed))})")
+    return cpu
+
+
+def pin_dispatch(cpu: int | None) -> None:
+    """Pin the calling thread, the actor's main thread, to ``cpu``. Call it before the first
+    socket: the context's I/O thread starts then, and inherits the pin."""
+    global _process_cpus
+    if cpu is None:
+        return
+    import numpy  # noqa: F401  # its BLAS threads start at import: before the pin, with every CPU
+
+    _process_cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+
+
+def release_thread() -> None:
+    """A thread that runs models (a worker's instance thread) may use every CPU of the process."""
+    if _process_cpus is not None:
+        os.sched_setaffinity(0, _process_cpus)
