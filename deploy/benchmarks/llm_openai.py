@@ -41,6 +41,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from conveyor.deploy.benchmarks.perf import cpu_seconds
+from conveyor.deploy.procs import actor_role, group_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -62,6 +65,9 @@ class Run:
     ttft_ms_p90: float
     errors: int = 0
     round: int = 0
+    # CPU per output token (µs) by process role over the window: the engine's own processes, and
+    # the frontend (Conveyor's worker, ingress and router; vLLM's API server), the part a server owns.
+    cpu_us_per_token: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +76,29 @@ class Server:
     port: int
     proc: subprocess.Popen[bytes]
     models: list[str] = field(default_factory=list)  # base first, then the adapters
+
+
+def _role(argv: list[str]) -> str:
+    """'VLLM::Worker', 'VLLM::EngineCore' (the engine's processes name themselves), 'vllm-api',
+    or Conveyor's actor role ('worker', 'ingress-openai', 'router', ...)."""
+    if "conveyor.deploy.cli" in argv:
+        return actor_role(argv)
+    if any("api_server" in a for a in argv):
+        return "vllm-api"
+    return argv[0] if argv and argv[0].startswith("VLLM::") else "other"
+
+
+def _cpu_by_role(server: Server) -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds so far) for every process of the server's session."""
+    return {pid: (_role(argv), cpu_seconds(pid)) for pid, argv in group_processes(server.proc.pid).items()}
+
+
+def _cpu_per_token(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                   tokens: float) -> dict[str, float]:
+    per_role: dict[str, float] = {}
+    for pid, (role, cpu) in after.items():
+        per_role[role] = per_role.get(role, 0.0) + cpu - before.get(pid, (role, 0.0))[1]
+    return {role: round(1e6 * cpu / tokens, 1) for role, cpu in sorted(per_role.items()) if tokens and cpu > 0}
 
 
 def _free_port() -> int:
@@ -180,16 +209,19 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, int, bool]]:
 
 def _run_case(server: Server, case: str, clients: int, mixed: bool, args: argparse.Namespace, rnd: int) -> Run:
     models = server.models if mixed else server.models[:1]
+    cpu_before, started = _cpu_by_role(server), time.perf_counter()
     if case == "sequential":
         result = asyncio.run(measure(server, 1, 0, args.tokens, models, sequential=args.requests))
     else:
         result = asyncio.run(measure(server, clients, args.seconds, args.tokens, models))
     rate, ttfts, requests, errors = result
+    per_token = _cpu_per_token(cpu_before, _cpu_by_role(server), rate * (time.perf_counter() - started))
     ttfts = sorted(ttfts) or [0.0]
     run = Run(server.name, case, clients, requests, round(rate, 1), round(statistics.median(ttfts) * 1e3, 1),
-              round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, 1), errors, rnd)
+              round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, 1), errors, rnd, per_token)
     print(f"{server.name:9} {case:14} {rate:8.0f} tok/s  ttft p50 {run.ttft_ms_p50:6.1f} ms  "
-          f"({requests} requests, {errors} errors, round {rnd})", flush=True)
+          f"({requests} requests, {errors} errors, round {rnd})  CPU µs/token: "
+          + ", ".join(f"{role} {us:.0f}" for role, us in per_token.items()), flush=True)
     return run
 
 
@@ -234,7 +266,23 @@ def markdown(runs: list[Run]) -> str:
         lines.append(f"| {case} | {c if c is not None else '-'} | {v if v is not None else '-'} | {ratio} | "
                      f"{', '.join(per_round) or '-'} | {f'{ct} ms' if ct is not None else '-'} | "
                      f"{f'{vt} ms' if vt is not None else '-'} |")
+    lines += ["", "CPU per output token (µs, median over rounds): the frontend is what each server adds to the "
+              "engine (Conveyor: worker, OpenAI ingress and router; vLLM: its API server); the engine is "
+              "vLLM's own processes in both.", "",
+              "| case | Conveyor frontend | vLLM frontend | Conveyor engine | vLLM engine |",
+              "|---|---:|---:|---:|---:|"]
+    for case in cases:
+        cells = [_cpu_median(runs, server, case, part) for part in ("frontend", "engine")
+                 for server in ("conveyor", "vllm")]
+        lines.append(f"| {case} | " + " | ".join(f"{c:.0f}" if c is not None else "-" for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cpu_median(runs: list[Run], server: str, case: str, part: str) -> float | None:
+    values = [sum(us for role, us in r.cpu_us_per_token.items() if role.startswith("VLLM::") == (part == "engine")
+                  and role != "other")
+              for r in runs if r.server == server and r.case == case and r.cpu_us_per_token]
+    return statistics.median(values) if values else None
 
 
 def main() -> int:

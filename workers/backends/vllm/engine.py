@@ -22,6 +22,18 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0
 
 
+def _drop_prometheus_logger(engine: Any) -> None:
+    """vLLM gives every engine with statistics on a Prometheus logger of its own. Its registry lives
+    in this worker, where nothing serves it (the router's ``/metrics`` has the ``vllm:`` series from
+    ``metrics.py``), and recording into it was the costliest part of each engine step's statistics
+    (docs/PERFORMANCE.md): keep the other loggers (ours, and vLLM's periodic log line)."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    manager = getattr(engine, "logger_manager", None)
+    if manager is not None:
+        manager.stat_loggers = [lg for lg in manager.stat_loggers if not isinstance(lg, PrometheusStatLogger)]
+
+
 class EngineLoop:
     def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0) -> None:
         """``nice``: how much lower the CPU priority of the engine's processes is (``priority.py``)."""
@@ -44,7 +56,9 @@ class EngineLoop:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
+        _drop_prometheus_logger(engine)
+        return engine
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         """Run ``coro`` on the engine's loop (from any thread)."""
