@@ -22,6 +22,10 @@ INLINE_MAX_NS = 500_000
 # otherwise stall the main loop, its heartbeats with it (a 50 MB BYTES request to a Python
 # model took long enough on the main thread for the router to drop the worker as silent).
 INLINE_MAX_INPUT_BYTES = 4 << 20
+# ... or this, when the main thread is pinned to the dispatch core (proto/dispatch_cpu.py): a batch
+# that copies megabytes is the model's work, for the instance's thread on any core; on the dispatch
+# core it moved the bytes to the other core and back (1 MiB identity over HTTP, c=1: -20%).
+INLINE_MAX_INPUT_BYTES_PINNED = 64 << 10
 INLINE_AFTER = 8  # batches measured on the instance's thread first
 # Words of model.py that mean it may make BLS calls.
 _BLS_WORDS = ("InferenceRequest", ".exec(", "async_exec")
