@@ -24,7 +24,7 @@ INLINE_MAX_NS = 500_000
 INLINE_MAX_INPUT_BYTES = 4 << 20
 # ... or this, when the main thread is pinned to the dispatch core (proto/dispatch_cpu.py): a batch
 # that copies megabytes is the model's work, for the instance's thread on any core; on the dispatch
-# core it moved the bytes to the other core and back (1 MiB identity over HTTP, c=1: -20%).
+# core it would hold up every other request's dispatch meanwhile.
 INLINE_MAX_INPUT_BYTES_PINNED = 64 << 10
 INLINE_AFTER = 8  # batches measured on the instance's thread first
 # Words of model.py that mean it may make BLS calls.
