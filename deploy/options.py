@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Callable
 
 from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
@@ -58,12 +59,24 @@ def default_endpoints(group: str) -> tuple[str, str]:
     return f"ipc://{d}/router-ingress.sock", f"ipc://{d}/router-workers.sock"
 
 
-def _dispatch_setting(value: str) -> str:
-    try:
-        dispatch_cpu(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
+def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse ``type``: the text as given once ``check`` accepts it; its ValueError becomes
+    argparse's own error ("argument --flag: <message>")."""
+
+    def parse(text: str) -> str:
+        try:
+            check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return parse
+
+
+def _backend_setting(text: str) -> object:
+    from conveyor.router.repository.backend_config import parse_setting
+
+    return parse_setting(text)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -82,7 +95,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-sched", choices=["batch", "normal"], default=None,
                    help="scheduling policy of each process's ZeroMQ I/O thread; default batch (SCHED_BATCH: it "
                         "does not preempt the actor that woke it; proto/io_threads.py), or $CONVEYOR_IO_SCHED")
-    p.add_argument("--dispatch-cpu", default=None, metavar="auto|off|CPU", type=_dispatch_setting,
+    p.add_argument("--dispatch-cpu", default=None, metavar="auto|off|CPU", type=_checked(dispatch_cpu),
                    help="the core the router and each worker's main thread share; default auto: the last CPU on "
                         "hosts with 2 CPUs, none on larger ones (proto/dispatch_cpu.py), or $CONVEYOR_DISPATCH_CPU")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0,
@@ -247,20 +260,10 @@ def add_model_control(p: argparse.ArgumentParser) -> None:
                         "an ensemble uses its own repository's, a request to a name held twice is refused")
     p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
                    help="load a model instance that failed up to N more times before it counts as failed")
-    p.add_argument("--backend-config", action="append", default=[], type=_backend_setting,
+    p.add_argument("--backend-config", action="append", default=[], type=_checked(_backend_setting),
                    metavar="[BACKEND,]KEY=VALUE",
                    help="Triton's backend settings (repeatable): default-max-batch-size, onnxruntime's "
                         "intra_op_thread_count / inter_op_thread_count; others are accepted and logged")
-
-
-def _backend_setting(text: str) -> str:
-    from conveyor.router.repository.backend_config import parse_setting
-
-    try:
-        parse_setting(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def model_control_args(a: argparse.Namespace) -> list[str]:
