@@ -147,13 +147,20 @@ def start_vllm(tiny: tiny_llama.TinyLlama) -> Server:
 
 
 def stop(server: Server) -> None:
+    """SIGTERM to the server's own process, which stops its engine in order (a SIGTERM to the whole
+    group killed the engine's processes first, and the worker logged an ``EngineDeadError``); what
+    is left of the group after a minute is killed."""
     if server.proc.poll() is None:
-        os.killpg(server.proc.pid, signal.SIGTERM)
+        server.proc.terminate()
         try:
             server.proc.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait()
+            pass
+    try:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.proc.wait()
 
 
 async def _one(client: object, model: str, prompt: str, tokens: int) -> tuple[float, int]:
