@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.ingress.call_templates import CallTemplate, TemplateCache, template_of
+from conveyor.ingress.call_templates import MAX_TEMPLATES, CallTemplate, TemplateCache, template_of
 from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.grpc.codec import to_infer_call
 from conveyor.ingress.request_checks import TensorData
@@ -21,8 +21,8 @@ from conveyor.ingress.request_checks import TensorData
 class RequestTemplates:
     """The gRPC ingress's templates, by request description."""
 
-    def __init__(self) -> None:
-        self._cache: TemplateCache[tuple[bytes, tuple[int, ...]], CallTemplate] = TemplateCache()
+    def __init__(self, capacity: int = MAX_TEMPLATES) -> None:
+        self._cache: TemplateCache[tuple[bytes, tuple[int, ...]], CallTemplate] = TemplateCache(capacity)
 
     def call(self, message: Any, raw: Sequence[TensorData], timeout_s: float | None = None) -> InferCall:
         """``codec.to_infer_call``'s result, made from a template when the description was seen before."""

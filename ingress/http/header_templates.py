@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conveyor.ingress.call_templates import CallTemplate, TemplateCache, template_of
+from conveyor.ingress.call_templates import MAX_TEMPLATES, CallTemplate, TemplateCache, template_of
 from conveyor.ingress.http.codec import HttpInferRequest, parse_infer_request
 
 MAX_HEADER_BYTES = 4096
@@ -34,8 +34,8 @@ class HeaderTemplate:
 class HeaderTemplates:
     """The HTTP ingress's templates, by header bytes."""
 
-    def __init__(self) -> None:
-        self._cache: TemplateCache[bytes, HeaderTemplate] = TemplateCache()
+    def __init__(self, capacity: int = MAX_TEMPLATES) -> None:
+        self._cache: TemplateCache[bytes, HeaderTemplate] = TemplateCache(capacity)
 
     def parse(self, body: bytes | bytearray | memoryview, model: str, version: str,
               header_length: int | None) -> HttpInferRequest:

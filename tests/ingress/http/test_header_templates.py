@@ -84,8 +84,7 @@ def test_json_data_and_json_only_requests_are_parsed_every_time() -> None:
 
 
 def test_a_full_cache_starts_over() -> None:
-    templates = HeaderTemplates()
-    templates._cache.capacity = 2
+    templates = HeaderTemplates(capacity=2)
     a = np.ones((1, 16), np.int32)
     bodies = [tritonclient_body(a, a, request_id=str(i)) for i in range(3)]
     for body, length in bodies:
