@@ -3,8 +3,12 @@
 
 Each HTTP request is made on a connection of its own, so the kernel hands it to
 either HTTP process; after the kill only the survivor (and then the replacement)
-listens. So an HTTP client can lose at most the one request it had on the dead
-process, and only as a connection error; every other request of every client,
+listens. So an HTTP client can lose at most two requests, and only as connection
+errors: the one it had on the dead process, and one more when its next connection
+landed on the dead process's listening socket in the moment between the kernel
+closing the accepted connection and closing the listener (both close in the
+dying process's file teardown, in descriptor order; the kernel resets what sat
+in that listener's accept queue). Every other request of every client,
 HTTP or gRPC, is answered right. The supervisor starts a replacement that
 serves new connections; the router and the worker never notice; the dead
 process's arena is swept.
@@ -172,10 +176,11 @@ def test_killing_an_http_ingress_under_load_costs_only_its_own_connections(two_h
     assert not any(t.is_alive() for t in threads), "a client hung"
 
     # gRPC clients (another process) and HTTP requests on the survivor: no error at all. Each HTTP
-    # client lost at most the request it had on the killed process, as a connection error, quickly.
+    # client lost at most the request it had on the killed process and one connection queued on its
+    # dying listener (see the module's docstring), as connection errors, quickly.
     assert all(not o.answered_errors and not o.connection_errors for o in load.grpc), load.grpc
     assert all(not o.answered_errors for o in load.http), [o.answered_errors for o in load.http]
-    assert all(len(o.connection_errors) <= 1 for o in load.http), [o.connection_errors for o in load.http]
+    assert all(len(o.connection_errors) <= 2 for o in load.http), [o.connection_errors for o in load.http]
     assert all(o.slowest_failure_s < REQUEST_S / 2 for o in load.http)
 
     # New connections reach the replacement, and it answers them.
