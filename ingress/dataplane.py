@@ -39,7 +39,7 @@ from conveyor.ingress.request_hash import request_hash
 from conveyor.ingress.router_link import RouterLink, error_from
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
-from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
+from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype, split_bytes
 from conveyor.proto.errors import ConveyorError, Status, internal, unsupported
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
@@ -85,6 +85,15 @@ class OutputTensor:
         if self.datatype == "BYTES":
             return deserialize_bytes(self.raw.data, element_count(self.shape)).reshape(self.shape)
         return self.raw.view(numpy_dtype(self.datatype)).reshape(self.shape)
+
+    def values(self) -> list[Any]:
+        """The elements in C order as Python objects (``bytes`` for BYTES): for readers of a
+        few elements per response, without the array."""
+        if self.raw is None:
+            raise ValueError(f"output '{self.name}' lies in the client's shared memory")
+        if self.datatype == "BYTES":
+            return split_bytes(self.raw.data, element_count(self.shape))
+        return self.raw.view(numpy_dtype(self.datatype)).tolist()
 
 
 @dataclass(slots=True)

@@ -78,12 +78,21 @@ def element_count(shape: Iterable[int]) -> int:
     return n
 
 
+_LENGTH = struct.Struct("<I")
+
+
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Flatten an object/bytes/str array into the length-prefixed wire form."""
+    return pack_bytes([item.encode("utf-8") if isinstance(item, str) else bytes(item) for item in array.reshape(-1)])
+
+
+def pack_bytes(elements: list[bytes]) -> bytes:
+    """``elements`` in the length-prefixed wire form."""
+    pack = _LENGTH.pack
+    if len(elements) == 1:  # a token's text: the common case
+        return pack(len(elements[0])) + elements[0]
     parts: list[bytes] = []
-    pack = struct.Struct("<I").pack
-    for item in array.reshape(-1):
-        b = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+    for b in elements:
         parts.append(pack(len(b)))
         parts.append(b)
     return b"".join(parts)
@@ -92,16 +101,25 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 def deserialize_bytes(buf: memoryview | bytes, count: int) -> np.ndarray:
     """Parse ``count`` length-prefixed elements; error if the buffer does not hold exactly that."""
     out = np.empty(count, dtype=np.object_)
+    for i, element in enumerate(split_bytes(buf, count)):
+        out[i] = element
+    return out
+
+
+def split_bytes(buf: memoryview | bytes, count: int) -> list[bytes]:
+    """``deserialize_bytes`` as a list, for readers that want no array."""
     mv = memoryview(buf)
+    out: list[bytes] = []
+    unpack = _LENGTH.unpack_from
     pos, end = 0, len(mv)
-    for i in range(count):
+    for _ in range(count):
         if pos + 4 > end:
             raise invalid_arg(f"BYTES tensor data holds fewer than the {count} elements its shape implies")
-        (n,) = struct.unpack_from("<I", mv, pos)
+        (n,) = unpack(mv, pos)
         pos += 4
         if pos + n > end:
             raise invalid_arg("BYTES tensor element length runs past the end of its data")
-        out[i] = bytes(mv[pos : pos + n])
+        out.append(bytes(mv[pos : pos + n]))
         pos += n
     if pos != end:
         raise invalid_arg(f"BYTES tensor data holds more than the {count} elements its shape implies")

@@ -31,7 +31,7 @@ from conveyor.proto.datatypes import (
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
-from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome
+from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome, WireTensor
 from conveyor.workers.batch_layout import BatchLayout, concatenate
 from conveyor.workers.classification import classify, label_file
 from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
@@ -228,7 +228,7 @@ def plan_batch_outputs(
 
 
 def plan_request_outputs(
-    items: list[m.BatchItem], outcomes: list[RequestOutcome], plan: IoPlan
+    items: list[m.BatchItem], outcomes: Sequence[RequestOutcome], plan: IoPlan
 ) -> list[list[PlannedOutput] | ConveyorError]:
     """Each request's outcome from a ``RequestBackend``: the requested outputs it
     produced, in the datatype it produced them in (as Triton's Python backend
@@ -244,10 +244,16 @@ def plan_request_outputs(
         mine: list[PlannedOutput] = []
         try:
             for spec in item.outputs:
-                array = outcome.get(spec.name)
-                if array is not None:  # an output the model did not produce is left out, as in Triton
-                    array = np.asarray(array)
-                    mine.append(_plan_output(spec, array, datatype_of(array), labels, batched))
+                value = outcome.get(spec.name)
+                if value is None:  # an output the model did not produce is left out, as in Triton
+                    continue
+                if type(value) is WireTensor:
+                    if not spec.classification:
+                        mine.append((spec, value.datatype, value.shape, value.data))
+                        continue
+                    value = value.to_numpy()
+                array = np.asarray(value)
+                mine.append(_plan_output(spec, array, datatype_of(array), labels, batched))
         except ConveyorError as exc:  # e.g. a dtype no datatype matches: only this request fails
             planned.append(ConveyorError(Status.INTERNAL, f"output '{spec.name}' of the model: {exc.message}"))
             continue
@@ -308,12 +314,12 @@ class OutputWriter:
                 if spec.region:
                     out.append(placed[i][spec.name])
                     continue
-                nbytes = _nbytes(data)
-                dst = arena.array[offset : offset + nbytes]
-                if isinstance(data, bytes):
-                    dst[:] = np.frombuffer(data, dtype=np.uint8)
+                if type(data) is bytes:
+                    nbytes = len(data)
+                    arena.put(offset, data)
                 else:
-                    copy_into(dst, data)
+                    nbytes = int(data.nbytes)
+                    copy_into(arena.array[offset : offset + nbytes], data)
                 out.append(m.TensorRef(spec.name, dt, shape, arena.name, offset, nbytes))
                 offset += nbytes
             results.append(m.ItemResult(i, out, release=[m.Release(arena.name, flags + i)]))

@@ -91,24 +91,25 @@ async def steps(dataplane: DataPlane, call: InferCall, n: int) -> AsyncGenerator
 
 def _step(result: InferResult, n: int) -> Step:
     try:
-        outputs = {out.name: out for out in result.outputs if out.raw is not None}
         texts = [""] * n
         finish: list[str | None] = [None] * n
         prompt_tokens: int | None = None
         output_tokens = 0
-        text = outputs.get(TEXT_OUTPUT)
-        if text is not None:
-            texts = [b.decode("utf-8", "replace") for b in text.as_array().reshape(-1)]
-        reasons = outputs.get("finish_reason")
-        if reasons is not None:
-            finish = [_reason(b) for b in reasons.as_array().reshape(-1)]
-        count = outputs.get("num_input_tokens")
-        if count is not None:
-            prompt_tokens = int(count.as_array().reshape(-1)[0])
-        count = outputs.get("num_output_tokens")
-        if count is not None:
-            output_tokens = int(count.as_array().sum())
-        if result.final and reasons is None:
+        reasons = False
+        for out in result.outputs:  # a few small outputs per token: read without arrays
+            if out.raw is None:
+                continue
+            name = out.name
+            if name == TEXT_OUTPUT:
+                texts = [b.decode("utf-8", "replace") for b in out.values()]
+            elif name == "finish_reason":
+                finish = [_reason(b) for b in out.values()]
+                reasons = True
+            elif name == "num_input_tokens":
+                prompt_tokens = int(out.values()[0])
+            elif name == "num_output_tokens":
+                output_tokens = int(sum(out.values()))
+        if result.final and not reasons:
             finish = ["stop"] * n  # a model that does not say why it stopped
         return Step(texts, finish, prompt_tokens, output_tokens, result.final)
     finally:

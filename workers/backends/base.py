@@ -12,12 +12,13 @@ Two kinds:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError
 
 if TYPE_CHECKING:
@@ -46,8 +47,26 @@ class ParameterizedOutputs(dict[str, np.ndarray]):
         self.parameters = parameters
 
 
+@dataclass(slots=True)
+class WireTensor:
+    """An output already in its wire form (BYTES length-prefixed, numbers little-endian, C order).
+
+    A backend that answers every token (vLLM) builds its few small outputs this way: the
+    worker copies ``data`` as it is, with no numpy array to make, inspect and serialize."""
+
+    datatype: str
+    shape: list[int]
+    data: bytes
+
+    def to_numpy(self) -> np.ndarray:
+        count = element_count(self.shape)
+        if self.datatype == "BYTES":
+            return deserialize_bytes(self.data, count).reshape(self.shape)
+        return np.frombuffer(self.data, dtype=numpy_dtype(self.datatype), count=count).reshape(self.shape)
+
+
 # Per request: its outputs by name, or the error that fails only this request.
-RequestOutcome = dict[str, np.ndarray] | ConveyorError
+RequestOutcome = Mapping[str, np.ndarray | WireTensor] | ConveyorError
 
 
 def outcome_parameters(outcome: RequestOutcome | None) -> dict[str, Any] | None:

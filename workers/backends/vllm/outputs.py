@@ -14,9 +14,13 @@ Triton's backend pairs outputs by position instead, which mixes sequences up und
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 import numpy as np
+
+from conveyor.proto.datatypes import pack_bytes
+from conveyor.workers.backends.base import WireTensor
 
 
 class ResponseState:
@@ -40,14 +44,17 @@ class ResponseState:
             self.seqs[seq.index] = seq
 
 
-def _objects(values: list[str]) -> np.ndarray:
-    array = np.empty(len(values), dtype=object)
-    array[:] = [v.encode("utf-8") for v in values]
-    return array
+def _strings(values: list[str]) -> WireTensor:
+    return WireTensor("BYTES", [len(values)], pack_bytes([v.encode("utf-8") for v in values]))
 
 
-def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -> dict[str, np.ndarray]:
-    """The next response: what is new in ``state`` since the previous one."""
+def _counts(values: list[int]) -> WireTensor:
+    return WireTensor("UINT32", [len(values)], struct.pack(f"<{len(values)}I", *values))
+
+
+def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -> dict[str, WireTensor | np.ndarray]:
+    """The next response: what is new in ``state`` since the previous one (in wire form: a stream
+    builds one per token)."""
     seqs = state.seqs
     lead = (state.prompt or "") if prepend_prompt else ""
     texts = []
@@ -55,23 +62,23 @@ def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -
         text = "" if s is None else s.text
         texts.append(lead + text[state.text[i]:])
         state.text[i] = len(text)
-    out: dict[str, np.ndarray] = {"text_output": _objects(texts)}
+    out: dict[str, WireTensor | np.ndarray] = {"text_output": _strings(texts)}
     if "return_finish_reason" in returns:
-        out["finish_reason"] = _objects(_finish_reasons(state))
+        out["finish_reason"] = _strings(_finish_reasons(state))
     if "return_cumulative_logprob" in returns:
         out["cumulative_logprob"] = np.asarray([None if s is None else s.cumulative_logprob for s in seqs],
                                                dtype=np.float32)
     if "return_logprobs" in returns:
-        out["logprobs"] = _objects(_logprobs(state))
+        out["logprobs"] = _strings(_logprobs(state))
     if "return_num_input_tokens" in returns:
-        out["num_input_tokens"] = np.asarray([state.prompt_tokens], dtype=np.uint32)
+        out["num_input_tokens"] = _counts([state.prompt_tokens])
     if "return_num_output_tokens" in returns:
         counts = []
         for i, s in enumerate(seqs):
             total = 0 if s is None else len(s.token_ids)
             counts.append(total - state.tokens[i])
             state.tokens[i] = total
-        out["num_output_tokens"] = np.asarray(counts, dtype=np.uint32)
+        out["num_output_tokens"] = _counts(counts)
     return out
 
 
