@@ -13,6 +13,10 @@ keep every core: a worker's instance threads (where models load and run, and
 where their libraries start their thread pools) go back to every CPU the process
 had (``release_thread``).
 
+A CPU engine that binds its compute threads to some cores (vLLM's CPU build binds them and leaves
+the rest to the server) gets them to itself: ``avoid_cpus`` moves every thread of the worker, and
+those it starts later, off them.
+
 ``--dispatch-cpu`` (or ``$CONVEYOR_DISPATCH_CPU``): "auto" (the default) pins to
 the last allowed CPU on hosts with at most ``AUTO_MAX_CPUS`` CPUs, where it was
 measured to pay, and leaves larger hosts alone until measured there; "off"; or a
@@ -68,3 +72,67 @@ def release_thread() -> None:
     """A thread that runs models (a worker's instance thread) may use every CPU of the process."""
     if _process_cpus is not None:
         os.sched_setaffinity(0, _process_cpus)
+
+
+# Per thread, its CPUs before ``avoid_cpus`` (what ``share_cpus`` gives back), and the process's.
+Saved = tuple[dict[int, set[int]], set[int] | None]
+
+
+def avoid_cpus(cpus: set[int]) -> Saved | None:
+    """Keep every thread of this process off ``cpus``, the threads it starts later too (they inherit
+    their creator's CPUs, or take ``release_thread``'s). None, and nothing changed, when that would
+    leave no CPU or ``cpus`` are none of this process's."""
+    global _process_cpus
+    full = _process_cpus if _process_cpus is not None else os.sched_getaffinity(0)
+    left = full - cpus
+    if not left or left == full:
+        return None
+    saved: dict[int, set[int]] = {}
+    for tid in _threads():
+        try:
+            current = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, (current - cpus) or left)
+        except OSError:  # the thread ended meanwhile
+            continue
+        saved[tid] = current
+    before = _process_cpus
+    if _process_cpus is not None:
+        _process_cpus = left
+    return saved, before
+
+
+def share_cpus(saved: Saved) -> None:
+    """Undo ``avoid_cpus`` (the engine that had the CPUs stopped) for the threads it moved; threads
+    started since keep what they inherited, and instance threads started later get every CPU again."""
+    global _process_cpus
+    threads, before = saved
+    for tid, cpus in threads.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            continue
+    if _process_cpus is not None:
+        _process_cpus = before
+
+
+def bound_cpus(pids: set[int]) -> set[int]:
+    """The CPUs the threads of ``pids`` were bound to where narrower than this process's own: the
+    cores a CPU engine's processes compute on (empty for processes left free, as a GPU engine's)."""
+    full = _process_cpus if _process_cpus is not None else os.sched_getaffinity(0)
+    bound: set[int] = set()
+    for pid in pids:
+        for tid in _threads(pid):
+            try:
+                cpus = os.sched_getaffinity(tid)
+            except OSError:
+                continue
+            if cpus < full:
+                bound |= cpus
+    return bound
+
+
+def _threads(pid: int | None = None) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid or os.getpid()}/task")]
+    except OSError:
+        return []

@@ -71,3 +71,57 @@ def test_a_pinned_thread_and_the_model_threads_it_starts() -> None:
         dc._process_cpus = saved
     assert seen == {"pinned": {cpu}, "inherited": {cpu}, "released": every}
     assert os.sched_getaffinity(0) == every  # pytest's own thread was never pinned
+
+
+_ENGINE_NEIGHBOUR = r"""
+import json, os, subprocess, sys, threading, time
+from conveyor.proto import dispatch_cpu as dc
+
+every = os.sched_getaffinity(0)
+core = min(every)
+# A CPU engine's process: it binds itself to one core, as vLLM's CPU build binds its compute threads.
+bind = f"import os, time; os.sched_setaffinity(0, {{{core}}}); time.sleep(60)"
+engine = subprocess.Popen([sys.executable, "-c", bind])
+free = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # one left on every CPU
+try:
+    deadline = time.monotonic() + 10
+    while os.sched_getaffinity(engine.pid) != {core} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = {"bound": sorted(dc.bound_cpus({engine.pid, free.pid}))}
+    stop = threading.Event()
+    before = threading.Thread(target=stop.wait)
+    before.start()
+    saved = dc.avoid_cpus({core})
+    out["threads"] = sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")})
+    seen = {}
+    later = threading.Thread(target=lambda: seen.update(later=sorted(os.sched_getaffinity(0))))
+    later.start(); later.join()
+    out["later"] = seen["later"]
+    dc.share_cpus(saved)
+    out["shared"] = sorted({tuple(sorted(os.sched_getaffinity(t))) for t in (0, before.native_id)})
+    out["nothing_to_avoid"] = dc.avoid_cpus({max(every) + 1}) is None and dc.avoid_cpus(every) is None
+    stop.set(); before.join()
+    print(json.dumps(out))
+finally:
+    engine.kill(); free.kill()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_worker_keeps_off_the_cores_a_cpu_engine_computes_on() -> None:
+    """``bound_cpus`` finds the core an engine's process bound itself to (not the CPUs of a process
+    left free); ``avoid_cpus`` moves every thread off it, threads started later too, and
+    ``share_cpus`` gives the threads it moved back. In a process of its own: it moves every thread
+    of its process."""
+    import json
+    import subprocess
+    import sys
+
+    every = sorted(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, "-c", _ENGINE_NEIGHBOUR], capture_output=True, text=True, timeout=60,
+                          check=True)
+    out = json.loads(done.stdout)
+    assert out["bound"] == [every[0]]
+    assert out["threads"] == [every[1:]] and out["later"] == every[1:]
+    assert out["shared"] == [every]
+    assert out["nothing_to_avoid"]

@@ -24,6 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.procs import children
+from conveyor.proto.dispatch_cpu import bound_cpus
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
 from tests.support.group import Server, free_port, pids_of, wait_ready
@@ -329,6 +330,19 @@ def test_the_engine_yields_the_cpu_to_the_server_on_a_small_host(served: tuple[S
     for pid in engine:
         lower = os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, worker)
         assert lower == (priority.AUTO_NICE if small else 0), (pid, lower)
+
+
+def test_the_worker_keeps_off_the_cores_the_cpu_engine_computes_on(served: tuple[Server, Any]) -> None:
+    """vLLM's CPU build binds its model workers' compute threads to some cores and leaves the rest to
+    the server: every thread of Conveyor's worker (its main, I/O, engine-loop and instance threads)
+    keeps to the rest, so the frontend's work per token never preempts the model's."""
+    srv, _ = served
+    (worker,) = pids_of(srv, "worker")
+    cores = bound_cpus(priority.descendants(worker))
+    if not cores or cores == os.sched_getaffinity(0):
+        pytest.skip(f"the engine bound no cores of its own here ({sorted(cores)})")
+    threads = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{worker}/task")}
+    assert all(cpus and not cpus & cores for cpus in threads.values()), (sorted(cores), threads)
 
 
 def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any]) -> None:
