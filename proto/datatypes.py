@@ -101,8 +101,7 @@ def pack_bytes(elements: list[bytes]) -> bytes:
 def deserialize_bytes(buf: memoryview | bytes, count: int) -> np.ndarray:
     """Parse ``count`` length-prefixed elements; error if the buffer does not hold exactly that."""
     out = np.empty(count, dtype=np.object_)
-    for i, element in enumerate(split_bytes(buf, count)):
-        out[i] = element
+    out[:] = split_bytes(buf, count)  # each element stays the bytes object it is
     return out
 
 

@@ -314,7 +314,7 @@ class OutputWriter:
                 if spec.region:
                     out.append(placed[i][spec.name])
                     continue
-                if type(data) is bytes:
+                if isinstance(data, bytes):
                     nbytes = len(data)
                     arena.put(offset, data)
                 else:

@@ -58,11 +58,11 @@ class EngineLoop:
         if nice:
             threads = lower_priority(engine_pids, nice)
             log.info("the vLLM engine of '%s' runs at nice +%d (%d threads)", name, nice, threads)
-        self._cores = bound_cpus(engine_pids)
-        self._avoided: Saved | None = avoid_cpus(self._cores) if self._cores else None
+        cores = bound_cpus(engine_pids)
+        self._avoided: Saved | None = avoid_cpus(cores) if cores else None
         if self._avoided is not None:
             log.info("the vLLM engine of '%s' computes on CPU(s) %s: this worker's threads keep off them",
-                     name, ",".join(map(str, sorted(self._cores))))
+                     name, ",".join(map(str, sorted(cores))))
 
     async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
