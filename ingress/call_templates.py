@@ -11,14 +11,12 @@ template is also the call's ``InferCall.shape_key``: the data plane keeps the
 verdict of its signature checks per template (``ModelSignature.verdicts``), so
 those are skipped too.
 
-Only calls whose inputs all come from the request's binary tensors become
-templates: typed or JSON data would be arrays to copy per request. Requests that
-name client shared memory are left out too: with templates, the shared-memory
-cases of ``vs_triton.py`` lost 8-20% at c=4 on the 2-vCPU machine, though the
-requests sent were the same and the ingress spent less on them; a later run lost
-as much with that path untouched, so the cause is not settled
-(docs/PERFORMANCE.md). The caches are small and cleared when full, so a client
-that puts a fresh id in every request only pays for a dictionary miss.
+Only calls whose inputs all come from the request's binary tensors or from client
+shared memory become templates: typed or JSON data would be arrays to copy per
+request. A shared-memory placement is part of the description (region, offset,
+size): the template keeps it, and the router checks it against the registration
+for every request as before. The caches are small and cleared when full, so a
+client that puts a fresh id in every request only pays for a dictionary miss.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
+from conveyor.ingress.shm_params import ShmPlacement
 
 MAX_TEMPLATES = 256
 
@@ -39,7 +38,8 @@ class TemplateInput:
     datatype: str
     shape: tuple[int, ...]
     parameters: dict[str, Any]
-    source: int  # which of the request's binary tensors holds its bytes
+    source: int  # which of the request's binary tensors holds its bytes (-1: ``shm`` does)
+    shm: ShmPlacement | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -56,7 +56,8 @@ class CallTemplate:
         """The call this description makes over ``sources``, the new request's binary tensors. Each
         call owns its lists and dictionaries: header forwarding adds to its parameters."""
         inputs = [
-            InferInput(t.name, t.datatype, list(t.shape), sources[t.source], dict(t.parameters) if t.parameters else {})
+            InferInput(t.name, t.datatype, list(t.shape), None if t.shm else sources[t.source],
+                       dict(t.parameters) if t.parameters else {}, t.shm)
             for t in self.inputs
         ]
         return InferCall(model, version, inputs, None if self.outputs is None else list(self.outputs),
@@ -65,18 +66,18 @@ class CallTemplate:
 
 
 def template_of(call: InferCall, sources: Sequence[TensorData]) -> CallTemplate | None:
-    """``call``'s template, when each input's data is the next of ``sources``; None otherwise.
-    Copies what the first call keeps using."""
-    if any(inp.shm is not None for inp in call.inputs) or any(o.shm is not None for o in call.outputs or ()):
-        return None  # client shared memory: see the module
+    """``call``'s template, when each input lies in client shared memory or its data is the next
+    of ``sources``; None otherwise. Copies what the first call keeps using."""
     inputs: list[TemplateInput] = []
     used = 0
     for inp in call.inputs:
-        if used < len(sources) and inp.data is sources[used]:  # JSON or typed data is never a source
+        if inp.shm is not None:
+            source = -1
+        elif used < len(sources) and inp.data is sources[used]:  # JSON or typed data is never a source
             source, used = used, used + 1
         else:
             return None
-        inputs.append(TemplateInput(inp.name, inp.datatype, tuple(inp.shape), dict(inp.parameters), source))
+        inputs.append(TemplateInput(inp.name, inp.datatype, tuple(inp.shape), dict(inp.parameters), source, inp.shm))
     if used != len(sources):
         return None
     outputs = None if call.outputs is None else tuple(call.outputs)

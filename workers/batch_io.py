@@ -296,9 +296,15 @@ class OutputWriter:
                     mine = ConveyorError(exc.status, exc.message)
             outcomes.append(mine)
             placed.append(refs)
-        total = sum(
-            _nbytes(t[3]) for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine if not t[0].region
-        )
+        arena_outputs = [t for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine if not t[0].region]
+        if not arena_outputs:
+            # Every output went into a client's region, or failed: no block, so no flag to release.
+            return [
+                m.ItemResult(i, error=m.ErrorInfo(int(mine.status), mine.message)) if isinstance(mine, ConveyorError)
+                else m.ItemResult(i, [placed[i][t[0].name] for t in mine])
+                for i, mine in enumerate(outcomes)
+            ]
+        total = sum(_nbytes(t[3]) for t in arena_outputs)
         with self.lock:
             payload, flags = self.arena.alloc_released(total, len(outcomes))
         results: list[m.ItemResult] = []

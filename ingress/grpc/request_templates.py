@@ -3,8 +3,8 @@
 The key is the ``ModelInferRequest`` without its raw contents, serialized
 (deterministically: map order), with the length of each raw tensor. The raw
 contents are taken off the parsed message first (``wire.parse_infer_request``
-already split them off a large one); requests without raw tensors (typed
-``contents``, client shared memory) are converted every time.
+already split them off a large one); requests with typed ``contents`` are
+converted every time (a template would keep nothing of them).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class RequestTemplates:
 
     def call(self, message: Any, raw: Sequence[TensorData], timeout_s: float | None = None) -> InferCall:
         """``codec.to_infer_call``'s result, made from a template when the description was seen before."""
-        if not raw:  # no raw tensors (client shared memory, typed contents): nothing a template would save
-            return to_infer_call(message, raw, timeout_s=timeout_s)
+        if not raw and any(inp.HasField("contents") for inp in message.inputs):
+            return to_infer_call(message, raw, timeout_s=timeout_s)  # typed contents: nothing to keep
         if message.raw_input_contents:
             message.ClearField("raw_input_contents")  # ``raw`` holds them
         key = (message.SerializeToString(deterministic=True), tuple(len(r) for r in raw))

@@ -1,11 +1,12 @@
-"""Binary HTTP infer requests whose JSON header was seen before (``call_templates.py``).
+"""HTTP infer requests whose JSON header was seen before (``call_templates.py``).
 
-The key is the header's bytes. Binary inputs lie one after the other behind the
+The key is the header's bytes: the whole body when no binary data follows (inputs
+in client shared memory). Binary inputs lie one after the other behind the
 header, in the order of the inputs, each as long as its ``binary_data_size``
 says (the codec's layout): a template keeps where each one lies, and a body
 whose length does not match it is parsed afresh, so that it gets the codec's
-error. Headers with no binary input behind them, or longer than
-``MAX_HEADER_BYTES``, are parsed every time.
+error. Headers longer than ``MAX_HEADER_BYTES``, and those whose inputs carry
+JSON data (``call_templates.template_of``), are parsed every time.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ class HeaderTemplates:
     def parse(self, body: bytes | bytearray | memoryview, model: str, version: str,
               header_length: int | None) -> HttpInferRequest:
         """``parse_infer_request``'s result, made from a template when the header was seen before."""
-        if header_length is None or not 0 < header_length <= MAX_HEADER_BYTES or header_length >= len(body):
-            # No binary input behind the header (JSON data, client shared memory): nothing to save.
-            return parse_infer_request(body, model, version, header_length)
+        end = len(body) if header_length is None else header_length
+        if not 0 < end <= min(MAX_HEADER_BYTES, len(body)):
+            return parse_infer_request(body, model, version, header_length)  # with the codec's error, if any
         view = memoryview(body)
-        key = bytes(view[:header_length])
+        key = body if end == len(body) and isinstance(body, bytes) else bytes(view[:end])
         template = self._cache.get(key)
         if template is not None and template.body_bytes == view.nbytes:
             return template.request(view, model, version)
@@ -52,7 +53,7 @@ class HeaderTemplates:
         sources = [inp.data for inp in request.call.inputs if isinstance(inp.data, memoryview)]
         call = template_of(request.call, sources)
         if call is not None:
-            spans, offset = [], header_length
+            spans, offset = [], end
             for data in sources:
                 spans.append((offset, offset + data.nbytes))
                 offset += data.nbytes

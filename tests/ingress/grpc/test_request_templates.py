@@ -15,7 +15,7 @@ from conveyor.ingress.grpc import codec
 from conveyor.ingress.grpc.request_templates import RequestTemplates
 from conveyor.ingress.grpc.wire import SPLIT_MIN_BYTES, parse_infer_request
 from conveyor.proto.errors import ConveyorError
-from tests.ingress.grpc.test_grpc_codec import client_request
+from tests.ingress.grpc.test_grpc_codec import client_request, typed_request
 
 
 def wire(a: np.ndarray, b: np.ndarray, **kw: Any) -> bytes:
@@ -38,8 +38,8 @@ def by_codec(buf: bytes) -> InferCall:
 def same(a: InferCall, b: InferCall) -> None:
     assert (a.model, a.version, a.id, a.parameters, a.timeout_s, a.outputs) == (
         b.model, b.version, b.id, b.parameters, b.timeout_s, b.outputs)
-    assert [(i.name, i.datatype, i.shape, i.parameters, i.shm, bytes(i.data)) for i in a.inputs] == [  # type: ignore[arg-type]
-        (i.name, i.datatype, i.shape, i.parameters, i.shm, bytes(i.data)) for i in b.inputs]  # type: ignore[arg-type]
+    assert [(i.name, i.datatype, i.shape, i.parameters, i.shm, i.data and bytes(i.data)) for i in a.inputs] == [
+        (i.name, i.datatype, i.shape, i.parameters, i.shm, i.data and bytes(i.data)) for i in b.inputs]
 
 
 @pytest.mark.parametrize("elements", [16, SPLIT_MIN_BYTES // 4])  # a message protobuf parses whole, one split
@@ -91,7 +91,9 @@ def test_a_malformed_request_is_refused_every_time() -> None:
             templates.call(req.message, req.raw[:1])
 
 
-def test_requests_naming_client_shared_memory_are_converted_every_time() -> None:
+def test_requests_naming_client_shared_memory_are_made_from_templates() -> None:
+    """The placement is part of the description: the same region, offset and size give the
+    template's call, another offset is another description."""
     templates = RequestTemplates()
     x = tg.InferInput("INPUT0", [1, 16], "INT32")
     x.set_shared_memory("in_region", 64)
@@ -99,7 +101,24 @@ def test_requests_naming_client_shared_memory_are_converted_every_time() -> None
     y.set_data_from_numpy(np.ones((1, 16), np.int32))
     out = tg.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory("out_region", 64)
-    for inputs, outputs in (([x, y], None), ([y], [out])):
+    for inputs, outputs in (([x, y], None), ([y], [out]), ([x], [out])):
+        keys = set()
         for _ in range(2):
-            call = by_templates(templates, client_request(inputs, outputs))
-            assert call.shape_key is None
+            buf = client_request(inputs, outputs)
+            call = by_templates(templates, buf)
+            same(call, by_codec(buf))
+            keys.add(call.shape_key)
+        assert len(keys) == 1 and None not in keys
+    x.set_shared_memory("in_region", 64, offset=64)
+    moved = by_templates(templates, client_request([x], [out]))
+    assert moved.inputs[0].shm is not None and moved.inputs[0].shm.offset == 64
+
+
+def test_typed_contents_are_converted_every_time() -> None:
+    templates = RequestTemplates()
+    buf = typed_request("INT32", "int_contents", [1, 2]).SerializeToString()
+    for _ in range(2):
+        call = by_templates(templates, buf)
+        assert call.shape_key is None
+        assert np.array_equal(call.inputs[0].data, [1, 2])  # type: ignore[arg-type]
+    assert len(templates._cache) == 0

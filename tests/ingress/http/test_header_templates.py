@@ -29,8 +29,8 @@ def same(a: HttpInferRequest, b: HttpInferRequest) -> None:
     """Equal requests: the same call, tensors compared by their bytes."""
     ca, cb = a.call, b.call
     assert (ca.model, ca.version, ca.id, ca.parameters) == (cb.model, cb.version, cb.id, cb.parameters)
-    assert [(i.name, i.datatype, i.shape, i.parameters, i.shm, bytes(i.data)) for i in ca.inputs] == [  # type: ignore[arg-type]
-        (i.name, i.datatype, i.shape, i.parameters, i.shm, bytes(i.data)) for i in cb.inputs  # type: ignore[arg-type]
+    assert [(i.name, i.datatype, i.shape, i.parameters, i.shm, i.data and bytes(i.data)) for i in ca.inputs] == [
+        (i.name, i.datatype, i.shape, i.parameters, i.shm, i.data and bytes(i.data)) for i in cb.inputs
     ]
     assert ca.outputs == cb.outputs
     assert (a.binary_default, a.binary) == (b.binary_default, b.binary)
@@ -74,7 +74,7 @@ def test_a_body_that_does_not_fit_the_template_gets_the_codecs_error() -> None:
     assert templates.parse(body, "simple", "", length).call.shape_key is not None  # the template is still there
 
 
-def test_json_data_and_json_only_requests_are_parsed_every_time() -> None:
+def test_json_data_is_parsed_every_time() -> None:
     templates = HeaderTemplates()
     doc = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}
     header = orjson.dumps(doc)
@@ -94,13 +94,24 @@ def test_a_full_cache_starts_over() -> None:
     assert templates.parse(body, "simple", "", length).call.shape_key is not None
 
 
-def test_requests_naming_client_shared_memory_are_parsed_every_time() -> None:
+def test_requests_naming_client_shared_memory_are_made_from_templates() -> None:
+    """A JSON-only body (every input in client shared memory) is its own key; a body with a
+    binary input behind its header keeps the placement in the header's template."""
     templates = HeaderTemplates()
     x = th.InferInput("INPUT0", [1, 16], "INT32")
     x.set_shared_memory("in_region", 64)
     y = th.InferInput("INPUT1", [1, 16], "INT32")
     y.set_data_from_numpy(np.ones((1, 16), np.int32))
-    body, length = th.InferenceServerClient.generate_request_body([x, y], None)
-    for _ in range(2):
-        request = templates.parse(bytes(body), "simple", "", length)
-        assert request.call.shape_key is None and request.call.inputs[0].shm is not None
+    out = th.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("out_region", 64)
+    for inputs, outputs in (([x, y], None), ([x], [out])):
+        body, length = th.InferenceServerClient.generate_request_body(inputs, outputs)
+        json_only = length is None or length == len(body)
+        for header_length in {length, None} if json_only else {length}:
+            keys = set()
+            for _ in range(2):
+                request = templates.parse(bytes(body), "simple", "", header_length)
+                same(request, parse_infer_request(bytes(body), "simple", "", header_length))
+                assert request.call.inputs[0].shm is not None
+                keys.add(request.call.shape_key)
+            assert len(keys) == 1 and None not in keys

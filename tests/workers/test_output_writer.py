@@ -1,0 +1,71 @@
+"""The worker's output writer: outputs that all go into clients' shared-memory regions take no
+block of the worker's arena (nothing for the ingress to release, nothing for the worker to reclaim);
+outputs returned as bytes take one block per batch, with a release flag per request."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conveyor.proto import messages as m
+from conveyor.shm.arena import Arena
+from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
+
+PLAN = IoPlan(batched=False, reshape={}, out_datatype={}, out_reshape={}, outputs_sorted=(), labels={})
+
+
+class ClientRegion:
+    """The one client region these tests write into (``TensorViews.raw`` for it)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.data = np.zeros(nbytes, np.uint8)
+
+    def raw(self, region: str, offset: int, nbytes: int, *, writable: bool = False) -> Any:
+        return self.data[offset : offset + nbytes]
+
+
+@pytest.fixture
+def arena() -> Iterator[Arena]:
+    a = Arena(f"/conveyor.test.writer.{os.getpid()}", 1 << 20)
+    yield a
+    a.close()
+
+
+def test_outputs_all_in_client_regions_take_no_block(arena: Arena) -> None:
+    region = ClientRegion(64)
+    items = [m.BatchItem(i, [], [m.OutputSpec("OUT", 0, "client:r", 16 * i, 16)]) for i in range(2)]
+    outcomes = [{"OUT": np.full(4, i + 1, np.int32)} for i in range(2)]
+    results = OutputWriter(arena, region).write(plan_request_outputs(items, outcomes, PLAN))  # type: ignore[arg-type]
+    assert [r.release for r in results] == [[], []]
+    assert [(o.region, o.offset, o.nbytes) for r in results for o in r.outputs] == [("client:r", 0, 16),
+                                                                                    ("client:r", 16, 16)]
+    assert region.data[:32].view(np.int32).tolist() == [1] * 4 + [2] * 4
+    assert arena.outstanding == 0
+
+
+def test_a_region_too_small_fails_its_request_alone(arena: Arena) -> None:
+    region = ClientRegion(64)
+    items = [m.BatchItem(0, [], [m.OutputSpec("OUT", 0, "client:r", 0, 8)]),
+             m.BatchItem(1, [], [m.OutputSpec("OUT", 0, "client:r", 16, 16)])]
+    outcomes = [{"OUT": np.ones(4, np.int32)}, {"OUT": np.ones(4, np.int32)}]
+    first, second = OutputWriter(arena, region).write(plan_request_outputs(items, outcomes, PLAN))  # type: ignore[arg-type]
+    assert first.error is not None and "should be at least 16 bytes" in first.error.message
+    assert second.error is None and second.release == []
+    assert arena.outstanding == 0
+
+
+def test_outputs_returned_as_bytes_take_one_block_with_a_flag_per_request(arena: Arena) -> None:
+    region = ClientRegion(64)
+    items = [m.BatchItem(0, [], [m.OutputSpec("OUT", 0, "client:r", 0, 16)]),
+             m.BatchItem(1, [], [m.OutputSpec("OUT")])]
+    outcomes = [{"OUT": np.ones(4, np.int32)}, {"OUT": np.arange(4, dtype=np.int32)}]
+    first, second = OutputWriter(arena, region).write(plan_request_outputs(items, outcomes, PLAN))  # type: ignore[arg-type]
+    assert len(first.release) == 1 and len(second.release) == 1
+    (out,) = second.outputs
+    assert out.region == arena.name
+    assert arena.view(out.offset, out.nbytes).view(np.int32).tolist() == [0, 1, 2, 3]
+    assert arena.outstanding == 1
