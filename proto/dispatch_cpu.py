@@ -63,11 +63,6 @@ def pin_dispatch(cpu: int | None) -> None:
     os.sched_setaffinity(0, {cpu})
 
 
-def pinned() -> bool:
-    """Whether this process pinned its main thread to a dispatch core."""
-    return _process_cpus is not None
-
-
 def release_thread() -> None:
     """A thread that runs models (a worker's instance thread) may use every CPU of the process."""
     if _process_cpus is not None:

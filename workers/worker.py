@@ -26,7 +26,7 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import BatchShapes
-from conveyor.proto.dispatch_cpu import pinned, release_thread
+from conveyor.proto.dispatch_cpu import release_thread
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import Outbox, drain
 from conveyor.proto.polling import Poller, spin_seconds
@@ -58,7 +58,6 @@ from conveyor.workers.devices import DeviceMap, local_gpu_count
 from conveyor.workers.inline import (
     INLINE_AFTER,
     INLINE_MAX_INPUT_BYTES,
-    INLINE_MAX_INPUT_BYTES_PINNED,
     INLINE_MAX_NS,
     inline_allowed,
 )
@@ -129,7 +128,6 @@ class Worker:
         """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS);
         ``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
         self.spin_s = spin_seconds() if spin_s is None else spin_s
-        self._inline_max_bytes = INLINE_MAX_INPUT_BYTES_PINNED if pinned() else INLINE_MAX_INPUT_BYTES
         self.devices = DeviceMap(local_gpu_count(), os.environ)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -423,7 +421,7 @@ class Worker:
         if msg.regions:
             self.client_regions.announce(msg.regions)
         streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
-        if inst.runs_inline() and _input_bytes(msg) <= self._inline_max_bytes:
+        if inst.runs_inline() and _input_bytes(msg) <= INLINE_MAX_INPUT_BYTES:
             # Its answers leave with the rest of this turn's (one send per peer: each send wakes
             # libzmq's I/O thread, and a send per batch measured 25% less throughput at c=16).
             self._emit_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled))
