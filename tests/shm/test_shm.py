@@ -11,7 +11,7 @@ import pytest
 
 from conveyor.proto.errors import ConveyorError
 from conveyor.shm.allocator import BlockAllocator
-from conveyor.shm.arena import HELD, RELEASED, Arena
+from conveyor.shm.arena import HELD, RECLAIM_BLOCKS, RELEASED, Arena
 from conveyor.shm.naming import group_segments, segment_name, shm_preflight, sweep_orphans
 from conveyor.shm.regions import RegionCache
 
@@ -49,6 +49,30 @@ def test_released_blocks_come_back_once_every_consumer_flags() -> None:
         assert arena.reclaim() == 0
         regions.view(arena.name, flags + 1, 1)[0] = 1
         assert arena.reclaim() == 1 and arena.outstanding == 0
+    finally:
+        arena.close()
+
+
+def test_released_blocks_are_reclaimed_in_rounds_and_always_before_the_arena_is_full() -> None:
+    """The flags are read once the pending blocks doubled (or enough bytes went out), not before
+    every allocation: what waits unreclaimed stays bounded, and a full arena still looks first."""
+    arena = Arena(segment_name(f"r{os.getpid()}", "test"), 1 << 20)
+    try:
+        live = [arena.alloc_released(64, 1)[1] for _ in range(40)]  # their consumers still read
+        for _ in range(1000):  # released at once, as an ingress does after each response
+            _, flags = arena.alloc_released(64, 1)
+            arena.array[flags] = RELEASED
+            assert arena.outstanding <= 2 * len(live) + 1
+        for flags in live:
+            arena.array[flags] = RELEASED
+        for _ in range(200):
+            _, flags = arena.alloc_released(64, 1)
+            arena.array[flags] = RELEASED
+        assert arena.outstanding <= RECLAIM_BLOCKS
+        big = (1 << 20) // 3
+        for _ in range(20):  # three such blocks never fit: each allocation needs released ones back
+            _, flags = arena.alloc_released(big, 1)
+            arena.array[flags] = RELEASED
     finally:
         arena.close()
 
