@@ -16,7 +16,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.context import RouterContext
 from conveyor.router.ledger import Running
-from conveyor.router.models import Instance, InstanceState, VersionState
+from conveyor.router.models import DEEP_IN_FLIGHT, Instance, InstanceState, VersionState
 from conveyor.router.pending import Pending
 from conveyor.router.replies import count_failure
 from conveyor.router.scheduling.batcher import DynamicBatcher
@@ -120,11 +120,17 @@ class Dispatcher:
 
     def _free_instance(self, state: VersionState) -> Instance | None:
         """A ready instance that can take a batch now: an idle one first, else one whose
-        running batch the next may queue behind (``VersionState.pipeline_depth``)."""
+        running batch the next may queue behind (``VersionState.pipeline_depth``; deeper while
+        many of the version's requests are queued or running)."""
         limiter = self.limiter
-        depth = state.pipeline_depth if limiter is None else 1
+        instances = state.instances
+        depth = 1 if limiter is not None else state.pipeline_depth
+        if limiter is None and depth < state.deep_pipeline_depth:
+            in_flight = len(state.batcher) + sum(inst.running for inst in instances)
+            if in_flight >= DEEP_IN_FLIGHT * len(instances):
+                depth = state.deep_pipeline_depth
         behind: Instance | None = None
-        for inst in state.instances:
+        for inst in instances:
             if inst.state is InstanceState.READY and inst.running < depth and (limiter is None or limiter.free(inst)):
                 if not inst.running:
                     return inst

@@ -69,6 +69,11 @@ class Instance:
 # A vLLM model's execute only hands each request to its engine, which batches every iteration over
 # all it holds: the router forwards requests at once, up to this many batches in flight per instance.
 ENGINE_IN_FLIGHT = 1 << 16
+# A model without dynamic batching: batches an instance may hold, and how many once DEEP_IN_FLIGHT
+# requests per instance are queued or running (VersionState.deep_pipeline_depth).
+PIPELINE_DEPTH = 2
+DEEP_PIPELINE_DEPTH = 4
+DEEP_IN_FLIGHT = 6
 
 
 @dataclass(eq=False)
@@ -99,6 +104,11 @@ class VersionState:
     # the instance starts it as soon as it is free, without waiting for the router (2). Batching,
     # sequence and decoupled models wait until an instance is free (1), as in Triton.
     pipeline_depth: int = 1  # ENGINE_IN_FLIGHT for a model whose engine batches in flight (vLLM)
+    # The same while at least DEEP_IN_FLIGHT requests per instance are queued or running: the worker
+    # then gets more at once and answers them in one message (docs/PERFORMANCE.md, "A deeper pipeline
+    # under load"). Not with fewer: a few requests sent to the worker together come back together,
+    # and then move in lock step through the actors, which take turns instead of overlapping.
+    deep_pipeline_depth: int = 1
     # --model-namespacing: its repository, Triton's ``namespace`` metrics label ("" without it).
     namespace: str = ""
 
@@ -195,9 +205,9 @@ def _version_state(
     if db.preserve_ordering:
         state.order = ResponseOrder()
     if not (config.HasField("dynamic_batching") or config.HasField("sequence_batching") or decoupled):
-        state.pipeline_depth = 2
+        state.pipeline_depth, state.deep_pipeline_depth = PIPELINE_DEPTH, DEEP_PIPELINE_DEPTH
     if config.backend == "vllm":
-        state.pipeline_depth = ENGINE_IN_FLIGHT
+        state.pipeline_depth = state.deep_pipeline_depth = ENGINE_IN_FLIGHT
     return state
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
+from conveyor.router.models import DEEP_IN_FLIGHT, DEEP_PIPELINE_DEPTH, PIPELINE_DEPTH
 from tests.support.router_core import RouterCore, write_model
 
 W1 = b"worker-1"
@@ -105,3 +106,16 @@ def test_an_unknown_model_is_refused_without_being_queued(core: RouterCore) -> N
     [resp] = core.responses()
     assert resp.id == rid and resp.error is not None and resp.error.status == int(Status.NOT_FOUND)
     assert not core.ledger.busy
+
+
+def test_an_instance_takes_more_batches_ahead_only_while_many_requests_are_in_flight(core: RouterCore) -> None:
+    """A model without dynamic batching: its worker holds the running batch and the next one; once
+    DEEP_IN_FLIGHT requests per instance are queued or running, it may hold DEEP_PIPELINE_DEPTH."""
+    ids = [core.infer("plain") for _ in range(DEEP_IN_FLIGHT - 1)]
+    assert [b.items[0].id for b in core.batches(W1)] == ids[:PIPELINE_DEPTH]  # the rest wait here
+    ids.append(core.infer("plain"))
+    sent = core.batches(W1)
+    assert [b.items[0].id for b in sent] == ids[PIPELINE_DEPTH:DEEP_PIPELINE_DEPTH]  # the oldest first
+    state = core.router.registry.resolve("plain", "")
+    assert len(state.batcher) == DEEP_IN_FLIGHT - DEEP_PIPELINE_DEPTH
+    assert state.instances[0].running == DEEP_PIPELINE_DEPTH
