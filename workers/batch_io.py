@@ -296,23 +296,19 @@ class OutputWriter:
                     mine = ConveyorError(exc.status, exc.message)
             outcomes.append(mine)
             placed.append(refs)
-        arena_outputs = [t for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine if not t[0].region]
-        if not arena_outputs:
-            # Every output went into a client's region, or failed: no block, so no flag to release.
-            return [
-                m.ItemResult(i, error=m.ErrorInfo(int(mine.status), mine.message)) if isinstance(mine, ConveyorError)
-                else m.ItemResult(i, [placed[i][t[0].name] for t in mine])
-                for i, mine in enumerate(outcomes)
-            ]
-        total = sum(_nbytes(t[3]) for t in arena_outputs)
-        with self.lock:
-            payload, flags = self.arena.alloc_released(total, len(outcomes))
-        results: list[m.ItemResult] = []
-        offset = payload
+        sizes = [_nbytes(t[3]) for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine
+                 if not t[0].region]
         arena = self.arena
+        # No block when every output went into a client's region (or failed): no flag to release.
+        offset, flags = 0, None
+        if sizes:
+            with self.lock:
+                offset, flags = arena.alloc_released(sum(sizes), len(outcomes))
+        results: list[m.ItemResult] = []
         for i, mine in enumerate(outcomes):
             if isinstance(mine, ConveyorError):
-                arena.array[flags + i] = RELEASED  # nothing of this block goes to that request
+                if flags is not None:
+                    arena.array[flags + i] = RELEASED  # nothing of this block goes to that request
                 results.append(m.ItemResult(i, error=m.ErrorInfo(int(mine.status), mine.message)))
                 continue
             out: list[m.TensorRef] = []
@@ -328,7 +324,8 @@ class OutputWriter:
                     copy_into(arena.array[offset : offset + nbytes], data)
                 out.append(m.TensorRef(spec.name, dt, shape, arena.name, offset, nbytes))
                 offset += nbytes
-            results.append(m.ItemResult(i, out, release=[m.Release(arena.name, flags + i)]))
+            release = [] if flags is None else [m.Release(arena.name, flags + i)]
+            results.append(m.ItemResult(i, out, release=release))
         return results
 
     def _write_in_place(self, spec: m.OutputSpec, dt: str, shape: list[int], data: Any) -> m.TensorRef:
