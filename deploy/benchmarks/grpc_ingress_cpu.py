@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,16 +39,11 @@ from typing import Any
 
 from conveyor.deploy.benchmarks.perf import wait_ready
 from conveyor.deploy.example_repo import build
+from conveyor.deploy.ports import free_port
 from conveyor.deploy.procs import actor_role, children
 
 PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", "/work/cache/pa/perf_analyzer"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

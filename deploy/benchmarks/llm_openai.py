@@ -36,7 +36,6 @@ import gc
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from conveyor.deploy.benchmarks.perf import cpu_seconds
+from conveyor.deploy.ports import free_port
 from conveyor.deploy.procs import actor_role, group_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,12 +106,6 @@ def _cpu_per_token(before: dict[int, tuple[str, float]], after: dict[int, tuple[
     return {role: round(1e6 * cpu / tokens, 1) for role, cpu in sorted(per_role.items()) if tokens and cpu > 0}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -128,10 +122,10 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None
 
 
 def start_conveyor(repo: Path, group: str) -> Server:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo), "--group", group,
-           "--workers", "1", "--http-port", str(_free_port()), "--grpc-port", str(_free_port()),
-           "--metrics-port", str(_free_port()), "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+           "--workers", "1", "--http-port", str(free_port()), "--grpc-port", str(free_port()),
+           "--metrics-port", str(free_port()), "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
            "--openai-port", str(port), "--openai-address", "127.0.0.1", "--lora-separator", SEP]
     proc = subprocess.Popen(cmd, start_new_session=True)
     _wait(f"http://127.0.0.1:{port}/v1/models", proc)
@@ -139,7 +133,7 @@ def start_conveyor(repo: Path, group: str) -> Server:
 
 
 def start_vllm(tiny: tiny_llama.TinyLlama, log_stats: bool = True) -> Server:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny.model_dir),
            "--served-model-name", "vllm_model", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
            "--dtype", "float32", "--max-model-len", "256", "--enable-lora", "--max-loras", "2",

@@ -37,7 +37,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from typing import Any
 
 from conveyor.deploy.benchmarks.perf import ROOT, PerfAnalyzerFailed, cpu_seconds, perf_analyzer, run_one, wait_ready
 from conveyor.deploy.example_repo import add_sub, identity
+from conveyor.deploy.ports import free_ports
 from conveyor.deploy.procs import actor_role, group_processes
 from conveyor.shm.naming import group_segments
 
@@ -144,17 +144,6 @@ def onnx_repo(repo: Path) -> Path:
 
 
 # ---------------------------------------------------------------- the servers
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 @dataclass
 class Server:

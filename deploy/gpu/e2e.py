@@ -78,12 +78,6 @@ class Report:
         return "".join(f"| {cell(i)} | {s} | {cell(d)} |\n" for i, s, d in self.rows)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def http_get(url: str, timeout: float = 5.0, post: bytes | None = None) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=post), timeout=timeout) as r:
@@ -159,7 +153,9 @@ class Check:
     def __init__(self, report: Report, gpu: bool, log_path: str) -> None:
         self.report, self.gpu, self.log_path = report, gpu, log_path
         self.group = f"gpuchk{os.getpid()}"
-        self.ports = {k: free_port() for k in ("http", "grpc", "metrics")}
+        from conveyor.deploy.ports import free_ports
+
+        self.ports = dict(zip(("http", "grpc", "metrics"), free_ports(3), strict=True))
         self.repo = tempfile.mkdtemp(prefix="conveyor-gpu-check-")
         self.proc: subprocess.Popen[bytes] | None = None
         self.a = np.arange(N, dtype=np.float32)

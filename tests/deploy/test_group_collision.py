@@ -15,7 +15,8 @@ import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.group_lock import GroupBusy, GroupLock, check_name, take_group
-from tests.support.group import free_port, start_server, wait_ready
+from conveyor.deploy.ports import free_port
+from tests.support.group import start_server, wait_ready
 
 
 def test_lock_names(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:

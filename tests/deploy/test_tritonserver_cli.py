@@ -16,9 +16,10 @@ import pytest
 from conveyor.deploy.cli import build_tritonserver_parser, tritonserver_main
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.options import grpc_keepalive_options
+from conveyor.deploy.ports import free_port
 from conveyor.deploy.triton_flags import unused_given
 from conveyor.router.repository.backend_config import BackendConfig, parse_setting
-from tests.support.group import free_port, wait_ready
+from tests.support.group import wait_ready
 
 # Every flag of `tritonserver --help` (Triton 2.51, r24.10: /work/shared/tools/real-triton
 # /work/cache/triton --help), in its order, with a value of the type its help names.

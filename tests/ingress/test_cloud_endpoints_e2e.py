@@ -22,8 +22,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.ports import free_port
 from tests.support.cloud_http import A, B, call
-from tests.support.group import Server, abandon, free_port, wait_ready
+from tests.support.group import Server, abandon, wait_ready
 
 PREDICT = "/v1/endpoints/e/deployedModels/m:predict"
 HEALTH = "/v1/endpoints/e/deployedModels/m"

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.ports import free_port
 from tests.support.cloud_http import A, B, call
-from tests.support.group import free_port, wait_ready
+from tests.support.group import wait_ready
 
 SUMS = [a + b for a, b in zip(A, B, strict=True)]
 DIFFS = [a - b for a, b in zip(A, B, strict=True)]

@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.support.group import Server, _listening, free_port
+from conveyor.deploy.ports import free_port
+from tests.support.group import Server, _listening
 
 
 @contextmanager

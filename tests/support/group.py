@@ -14,13 +14,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.deploy.ports import free_ports
 from conveyor.deploy.procs import actor_role, children
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -76,7 +71,7 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple
 
 
 def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: ssl.SSLContext | None = None) -> Server:
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "conveyor.deploy.cli", "serve",

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
+from conveyor.deploy.ports import free_port
 from conveyor.proto import messages as m
-from tests.support.group import free_port
 
 
 class FakeRouter:

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from conveyor.deploy.ports import free_port
 from tests.support import openai_models
-from tests.support.group import Server, _listening, free_port, start_server
+from tests.support.group import Server, _listening, start_server
 
 MODEL = "fake_llm"
 SEP = "_lora_"

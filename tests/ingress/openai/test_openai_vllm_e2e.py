@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from conveyor.deploy.ports import free_port
 from tests.support import tiny_llama
-from tests.support.group import Server, abandon, free_port, wait_ready
+from tests.support.group import Server, abandon, wait_ready
 
 tiny_llama.require_vllm()
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conveyor.deploy.ports import free_port
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.observability.otel_options import OtelOptions
@@ -17,7 +18,6 @@ from conveyor.router.observability.otlp_export import OtlpExporter
 from conveyor.router.observability.trace_context import parse_traceparent
 from conveyor.router.observability.trace_settings import TraceSettings, TraceSettingsStore, parse_trace_config
 from conveyor.router.observability.tracing import Tracer, TraceRecord
-from tests.support.group import free_port
 from tests.support.otlp_receiver import OtlpReceiver
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

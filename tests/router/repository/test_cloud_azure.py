@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.deploy.ports import free_port
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.repository.cloud.azure_blob import AzureRepository
 from tests.support.cloud_scenario import files_under, serve_and_follow
-from tests.support.group import free_port
 from tests.support.paths import ROOT
 
 blob = pytest.importorskip("azure.storage.blob", reason="as:// tests need azure-storage-blob")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.deploy.ports import free_port
 from tests.support.cloud_scenario import files_under, serve_and_follow
-from tests.support.group import free_port
 
 storage = pytest.importorskip("google.cloud.storage", reason="gs:// tests need google-cloud-storage")
 emulator = pytest.importorskip("gcp_storage_emulator.server", reason="gs:// tests need gcp-storage-emulator")

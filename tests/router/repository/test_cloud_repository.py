@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.deploy.ports import free_port
 from tests.support.cloud_scenario import files_under, serve_and_follow
-from tests.support.group import free_port
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
