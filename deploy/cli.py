@@ -41,6 +41,7 @@ from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.dispatch_cpu import dispatch_cpu, pin_dispatch
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.heap import keep_freed_heap
 from conveyor.proto.io_threads import configure_io_threads
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
@@ -235,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         configure_io_threads(args.io_sched)  # before the first socket starts the I/O thread
     if args.command in ("router", "worker"):
         pin_dispatch(dispatch_cpu(args.dispatch_cpu))  # so is this: the I/O thread inherits the pin
+    if args.command in ("worker", "ingress"):
+        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (proto/heap.py)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command in ("router", "worker"):
         from conveyor.proto.polling import spin_seconds
