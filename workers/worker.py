@@ -110,11 +110,13 @@ class LoadedInstance:
 
         self.executor.submit(run)
 
-    def runs_inline(self) -> bool:
-        """Whether the next batch may run on the main thread: the backend allows it,
-        nothing is queued on the instance's thread (order), and its batches are short."""
+    def runs_inline(self, msg: m.ExecBatch) -> bool:
+        """Whether this batch may run on the main thread: the backend allows it, nothing is
+        queued on the instance's thread (order), its batches are short, and its inputs are
+        no larger than ``INLINE_MAX_INPUT_BYTES``."""
         return (self.inline_ok and self.submitted == self.finished and self.batches >= INLINE_AFTER
-                and self.exec_ns < INLINE_MAX_NS and InlineSwitch.on)
+                and self.exec_ns < INLINE_MAX_NS and InlineSwitch.on
+                and _input_bytes(msg) <= INLINE_MAX_INPUT_BYTES)
 
 
 EXEC_ALPHA = 0.2  # weight of a batch's time in its instance's recent average
@@ -421,7 +423,7 @@ class Worker:
         if msg.regions:
             self.client_regions.announce(msg.regions)
         streams = [self._stream(inst, msg, i) for i in range(len(msg.items))] if inst.per_request else []
-        if inst.runs_inline() and _input_bytes(msg) <= INLINE_MAX_INPUT_BYTES:
+        if inst.runs_inline(msg):
             # Its answers leave with the rest of this turn's (one send per peer: each send wakes
             # libzmq's I/O thread, and a send per batch measured 25% less throughput at c=16).
             self._emit_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled))

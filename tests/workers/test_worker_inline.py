@@ -12,10 +12,14 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
+from conveyor.proto import messages as m
+from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.python.backend import PythonBackend
-from conveyor.workers.inline import INLINE_MAX_INPUT_BYTES, inline_allowed
+from conveyor.workers.batch_io import IoPlan
+from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_INPUT_BYTES, INLINE_MAX_NS, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
+from conveyor.workers.worker import LoadedInstance
 from tests.support.group import start_server
 from tests.support.python_models import _simple_config, write_model
 from tests.support.python_specs import RECORDING_MODEL, write
@@ -128,3 +132,29 @@ def test_short_batches_move_to_the_main_thread_unless_the_model_may_call_bls(
         assert seen["caller"] == [0.0] * 64
     finally:
         assert server.stop() == 0
+
+
+def _batch(*input_bytes: int) -> m.ExecBatch:
+    items = [m.BatchItem(i, [m.TensorRef("INPUT0", "FP32", [n // 4], "arena", 0, n)], [])
+             for i, n in enumerate(input_bytes)]
+    return m.ExecBatch(1, "model", "1", 0, items)
+
+
+def test_a_megabyte_batch_runs_on_the_main_thread_and_one_over_the_cap_on_the_instances() -> None:
+    """A short model's 1 MiB batch runs inline, also on a dispatch core (a hand-off across cores
+    cost the shared-memory cases a third of their throughput); a batch over the cap does not,
+    nor one behind a batch still queued on the instance's thread."""
+    inst = LoadedInstance(("model", "1", 0), None, mc.ModelConfig(), IoPlan.from_config(mc.ModelConfig(), {}),
+                          inline_ok=True, exec_ns=50_000.0, batches=INLINE_AFTER)
+    try:
+        assert inst.runs_inline(_batch(64))
+        assert inst.runs_inline(_batch(1 << 20))
+        assert inst.runs_inline(_batch(INLINE_MAX_INPUT_BYTES // 2, INLINE_MAX_INPUT_BYTES // 2))
+        assert not inst.runs_inline(_batch(INLINE_MAX_INPUT_BYTES // 2, INLINE_MAX_INPUT_BYTES // 2 + 4))
+        inst.submitted = 1  # one batch on the instance's thread: the next waits behind it
+        assert not inst.runs_inline(_batch(64))
+        inst.finished = 1
+        inst.exec_ns = INLINE_MAX_NS  # its batches got long
+        assert not inst.runs_inline(_batch(64))
+    finally:
+        inst.executor.shutdown()
