@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.deploy.benchmarks.vs_triton import markdown, onnx_repo, pick_cases, python_repo, summarize
+from conveyor.deploy.benchmarks.vs_triton import CASES, markdown, onnx_repo, pick_cases, python_repo, summarize
 
 
 def run(server: str, infer: float | None, case: str = "simple-http", c: int = 1, cpu: float = 100.0) -> dict:
@@ -38,8 +38,10 @@ def test_without_triton_the_baseline_is_the_reference() -> None:
 
 def test_cases_by_number_or_key() -> None:
     assert [c.key for c in pick_cases(["1", "identity-grpc-shm", "1"])] == ["simple-http", "identity-grpc-shm"]
+    assert [c.key for c in pick_cases(None)] == [c.key for c in CASES[:5]]  # issue 14's table
+    assert [c.key for c in pick_cases(["6"])] == ["identity-grpc"]  # asked for only
     with pytest.raises(SystemExit):
-        pick_cases(["6"])
+        pick_cases(["7"])
 
 
 def test_both_repositories_hold_the_two_models(tmp_path: Path) -> None:
