@@ -4,15 +4,24 @@ and worker) against a plain UNIX socket pair, both between two processes.
 
     python -m conveyor.deploy.benchmarks.transport [--round-trips 5000] [--burst 16]
 
-A request crosses two such round trips (ingress <-> router, router <-> worker),
-so this bounds from below what the pipeline adds to a model's own time. Each
+A request crosses three such hops (ingress -> router -> worker -> ingress, the
+chain rows below), so this bounds from below what the pipeline adds to a
+model's own time. Each
 ZeroMQ message wakes three threads (the sender's I/O thread, the receiver's
 I/O thread, the receiving application thread); a socket pair wakes one. Where
 waking a thread is dear (a virtual machine whose idle vCPUs sleep), that is the
 difference. The burst rows put ``--burst`` descriptors in flight at once, sent
 one ZeroMQ message each or all in one message (how the links coalesce them,
-``proto/framing.py``), and give the cost per descriptor. Writes
-bench-results/transport.{json,md}; the figures go into docs/PERFORMANCE.md.
+``proto/framing.py``), and give the cost per descriptor.
+
+The chain rows are a request's own path with no work in it, one request in flight (concurrency
+1): this process as the ingress (a DEALER to the router, a PULL for replies), a forked router
+(ROUTER in, DEALER on to the worker) and a forked worker (it answers the ingress on a PUSH and
+sends the router its result), the two pinned to the dispatch core as a group pins them
+(``proto/dispatch_cpu.py``); and the same with the router off the way (the ingress's DEALER
+straight to the worker; the router still takes the results). Their CPU columns are per request,
+every process summed. Writes bench-results/transport.{json,md}; the figures go into
+docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 import zmq
 
 from conveyor.deploy.benchmarks.perf import ROOT
+from conveyor.proto.dispatch_cpu import dispatch_cpu, pin_dispatch
 
 PAYLOAD = b"x" * 96  # about an InferRequest descriptor
 
@@ -139,6 +149,70 @@ def socket_pair(round_trips: int) -> dict[str, float]:
         far.close()
 
 
+def zmq_chain(round_trips: int, via_router: bool) -> dict[str, float]:
+    """One request at a time along ingress -> router -> worker -> ingress (``via_router``) or
+    ingress -> worker -> ingress, the worker also sending the router its result; no work anywhere."""
+    folder = tempfile.mkdtemp(prefix="conveyor-chain-")
+    router_in, router_back, worker_in, ingress_in = (f"ipc://{folder}/{n}.sock" for n in ("r", "rb", "w", "i"))
+    core = dispatch_cpu()
+
+    def worker() -> None:
+        pin_dispatch(core)
+        ctx = zmq.Context()
+        inbox, reply, result = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUSH), ctx.socket(zmq.DEALER)
+        inbox.bind(worker_in)
+        reply.connect(ingress_in)
+        result.connect(router_back)
+        for _ in range(round_trips + 1):
+            reply.send(inbox.recv_multipart()[-1])
+            result.send(PAYLOAD)
+
+    def router() -> None:
+        pin_dispatch(core)
+        ctx = zmq.Context()
+        front, back, results = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.ROUTER)
+        front.bind(router_in)
+        results.bind(router_back)
+        back.connect(worker_in)
+        poller = zmq.Poller()
+        poller.register(front, zmq.POLLIN)
+        poller.register(results, zmq.POLLIN)
+        seen = 0
+        while seen < round_trips + 1:
+            for sock, _ in poller.poll():
+                frames = sock.recv_multipart()
+                if sock is front:
+                    back.send(frames[-1])
+                else:
+                    seen += 1
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    replies: zmq.Socket[bytes] = ctx.socket(zmq.PULL)
+    replies.bind(ingress_in)
+    out: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    out.connect(router_in if via_router else worker_in)
+
+    def serve() -> None:
+        if os.fork() == 0:  # also without it on the way: the router still takes the results
+            try:
+                router()
+            finally:
+                os._exit(0)
+        worker()
+        os.wait()
+
+    def ping() -> None:
+        out.send(PAYLOAD)
+        replies.recv()
+
+    try:
+        result = measure(serve, ping, round_trips)
+    finally:
+        out.close(0)
+        replies.close(0)
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--round-trips", type=int, default=5000)
@@ -154,6 +228,8 @@ def main() -> int:
          lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=False)),
         (f"zeromq, {args.burst} in flight, one message (per descriptor)",
          lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=True)),
+        ("chain: ingress -> router -> worker -> ingress (per request)", lambda n: zmq_chain(n, via_router=True)),
+        ("chain: ingress -> worker -> ingress (per request)", lambda n: zmq_chain(n, via_router=False)),
     ]
     for run in range(args.repeat):
         for name, bench in benches:
