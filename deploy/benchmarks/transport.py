@@ -19,8 +19,9 @@ The chain rows are a request's own path with no work in it, one request in fligh
 (ROUTER in, DEALER on to the worker) and a forked worker (it answers the ingress on a PUSH and
 sends the router its result), the two pinned to the dispatch core as a group pins them
 (``proto/dispatch_cpu.py``); and the same with the router off the way (the ingress's DEALER
-straight to the worker; the router still takes the results). Their CPU columns are per request,
-every process summed. Writes bench-results/transport.{json,md}; the figures go into
+straight to the worker; the router still takes the results); and the first over UNIX socket pairs,
+what the hops would cost without libzmq's I/O threads. Their CPU columns are per request, every
+process summed. Writes bench-results/transport.{json,md}; the figures go into
 docs/PERFORMANCE.md.
 """
 
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import resource
+import selectors
 import socket
 import sys
 import tempfile
@@ -213,6 +215,52 @@ def zmq_chain(round_trips: int, via_router: bool) -> dict[str, float]:
     return result
 
 
+def socket_chain(round_trips: int) -> dict[str, float]:
+    """``zmq_chain`` through the router over UNIX socket pairs: what the hops would cost without
+    libzmq's I/O threads (one thread woken per message instead of three)."""
+    to_router, router_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    to_worker, worker_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    to_ingress, ingress_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    to_results, results_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    core = dispatch_cpu()
+
+    def router() -> None:
+        pin_dispatch(core)
+        selector = selectors.DefaultSelector()
+        selector.register(router_in, selectors.EVENT_READ)
+        selector.register(results_in, selectors.EVENT_READ)
+        seen = 0
+        while seen < round_trips + 1:
+            for key, _ in selector.select():
+                data = key.fileobj.recv(4096)  # type: ignore[union-attr]
+                if key.fileobj is router_in:
+                    to_worker.send(data)
+                else:
+                    seen += 1
+
+    def serve() -> None:
+        if os.fork() == 0:
+            try:
+                router()
+            finally:
+                os._exit(0)
+        pin_dispatch(core)
+        for _ in range(round_trips + 1):
+            to_ingress.send(worker_in.recv(4096))
+            to_results.send(PAYLOAD)
+        os.wait()
+
+    def ping() -> None:
+        to_router.send(PAYLOAD)
+        ingress_in.recv(4096)
+
+    try:
+        return measure(serve, ping, round_trips)
+    finally:
+        for sock in (to_router, router_in, to_worker, worker_in, to_ingress, ingress_in, to_results, results_in):
+            sock.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--round-trips", type=int, default=5000)
@@ -230,6 +278,7 @@ def main() -> int:
          lambda n: zmq_ipc_burst(n // args.burst or 1, args.burst, coalesced=True)),
         ("chain: ingress -> router -> worker -> ingress (per request)", lambda n: zmq_chain(n, via_router=True)),
         ("chain: ingress -> worker -> ingress (per request)", lambda n: zmq_chain(n, via_router=False)),
+        ("chain through the router over UNIX socket pairs (per request)", socket_chain),
     ]
     for run in range(args.repeat):
         for name, bench in benches:
