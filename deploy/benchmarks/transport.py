@@ -43,7 +43,7 @@ from typing import Any
 import zmq
 
 from conveyor.deploy.benchmarks.perf import ROOT
-from conveyor.proto.dispatch_cpu import dispatch_cpu, pin_dispatch
+from conveyor.proto.dispatch_cpu import dispatch_cpu
 
 PAYLOAD = b"x" * 96  # about an InferRequest descriptor
 
@@ -151,6 +151,28 @@ def socket_pair(round_trips: int) -> dict[str, float]:
         far.close()
 
 
+def pin(core: int | None) -> None:
+    """What ``pin_dispatch`` does to an actor, without its numpy import (which would count)."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def router_beside(router: Callable[[], None], worker: Callable[[], None]) -> Callable[[], None]:
+    """A ``serve`` for ``measure`` that runs ``router`` in a process of its own and ``worker`` in
+    its own process, and waits for the router."""
+
+    def serve() -> None:
+        if os.fork() == 0:
+            try:
+                router()
+            finally:
+                os._exit(0)
+        worker()
+        os.wait()
+
+    return serve
+
+
 def zmq_chain(round_trips: int, via_router: bool) -> dict[str, float]:
     """One request at a time along ingress -> router -> worker -> ingress (``via_router``) or
     ingress -> worker -> ingress, the worker also sending the router its result; no work anywhere."""
@@ -159,7 +181,7 @@ def zmq_chain(round_trips: int, via_router: bool) -> dict[str, float]:
     core = dispatch_cpu()
 
     def worker() -> None:
-        pin_dispatch(core)
+        pin(core)
         ctx = zmq.Context()
         inbox, reply, result = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUSH), ctx.socket(zmq.DEALER)
         inbox.bind(worker_in)
@@ -170,7 +192,7 @@ def zmq_chain(round_trips: int, via_router: bool) -> dict[str, float]:
             result.send(PAYLOAD)
 
     def router() -> None:
-        pin_dispatch(core)
+        pin(core)
         ctx = zmq.Context()
         front, back, results = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.ROUTER)
         front.bind(router_in)
@@ -194,21 +216,12 @@ def zmq_chain(round_trips: int, via_router: bool) -> dict[str, float]:
     out: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
     out.connect(router_in if via_router else worker_in)
 
-    def serve() -> None:
-        if os.fork() == 0:  # also without it on the way: the router still takes the results
-            try:
-                router()
-            finally:
-                os._exit(0)
-        worker()
-        os.wait()
-
     def ping() -> None:
         out.send(PAYLOAD)
         replies.recv()
 
-    try:
-        result = measure(serve, ping, round_trips)
+    try:  # the router also when it is off the way: it still takes the results
+        result = measure(router_beside(router, worker), ping, round_trips)
     finally:
         out.close(0)
         replies.close(0)
@@ -225,7 +238,7 @@ def socket_chain(round_trips: int) -> dict[str, float]:
     core = dispatch_cpu()
 
     def router() -> None:
-        pin_dispatch(core)
+        pin(core)
         selector = selectors.DefaultSelector()
         selector.register(router_in, selectors.EVENT_READ)
         selector.register(results_in, selectors.EVENT_READ)
@@ -238,24 +251,18 @@ def socket_chain(round_trips: int) -> dict[str, float]:
                 else:
                     seen += 1
 
-    def serve() -> None:
-        if os.fork() == 0:
-            try:
-                router()
-            finally:
-                os._exit(0)
-        pin_dispatch(core)
+    def worker() -> None:
+        pin(core)
         for _ in range(round_trips + 1):
             to_ingress.send(worker_in.recv(4096))
             to_results.send(PAYLOAD)
-        os.wait()
 
     def ping() -> None:
         to_router.send(PAYLOAD)
         ingress_in.recv(4096)
 
     try:
-        return measure(serve, ping, round_trips)
+        return measure(router_beside(router, worker), ping, round_trips)
     finally:
         for sock in (to_router, router_in, to_worker, worker_in, to_ingress, ingress_in, to_results, results_in):
             sock.close()
