@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Gather, HERE, the x86-64 cp312 wheels the GPU machine lacks for Conveyor and its GPU
 # tests into .whl/ (ignored by git; the device tool carries it: `carry: [".whl"]`).
-# Then, on the device machine: `bash deploy/gpu/check.sh` (docs/GPU.md, "The GPU check in one call").
+# Then, on the device machine: `bash deploy/gpu/check.sh` (docs/GPU.md, "The GPU check in one call"),
+# and `bash deploy/gpu/measure.sh` (the request path measured there), which also needs the perf_analyzer
+# this packs into .whl/perf_analyzer.tar.xz.
 #
 # What the machine already has (/work/.library/device/KINDS.md) is not fetched: numpy, torch (CUDA),
 # cupy-cuda13x, cuda-bindings (what tritonclient's cuda_shared_memory imports), nvidia-ml-py, onnx,
@@ -20,7 +22,7 @@ PY=${PYTHON:-python3}
 # NAME==VERSION, the versions the project's own environment runs (and CI tests) today.
 WHEELS=(
   pyzmq==27.3.0 msgspec==0.22.0 orjson==3.13.0 posix-ipc==1.3.2
-  falcon==4.4.0 uvicorn==0.54.0 httptools==0.9.0
+  falcon==4.4.0 uvicorn==0.54.0 httptools==0.9.0 hpack==4.2.0
   grpcio==1.85.3 protobuf==6.33.6
   tritonclient==2.73.0 python-rapidjson==1.25
   geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1
@@ -59,12 +61,28 @@ for spec in "${WHEELS[@]}"; do
     || { echo "bundle.sh: no cp312 x86-64 wheel of $spec" >&2; exit 1; }
 done
 
-total=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
+# perf_analyzer for deploy/gpu/measure.sh: the 2.51 binary (as ../shared/tools/install-perf-analyzer
+# makes it) with the two libraries it needs beyond the machine's own, xz-compressed (20 MiB -> 5).
+PA=${PA_DIR:-.cache/perf_analyzer}
+if [ ! -x "$PA/perf_analyzer.bin" ]; then
+  bash ../shared/tools/install-perf-analyzer "$PA" >&2 || echo "bundle.sh: no perf_analyzer: measure.sh will not run" >&2
+fi
+if [ -x "$PA/perf_analyzer.bin" ]; then
+  stage=$(mktemp -d)
+  mkdir -p "$stage/lib"
+  cp "$PA/perf_analyzer.bin" "$stage/"
+  cp "$(find "$PA/venv" -name 'libcudart.so.12' | head -1)" "$stage/lib/"
+  cp "$(ldconfig -p | awk '/libb64.so.0d/ {print $NF; exit}')" "$stage/lib/"
+  tar -C "$stage" -cJf "$DEST/perf_analyzer.tar.xz" perf_analyzer.bin lib
+  rm -rf "$stage"
+fi
+
+total=$(du -cb "$DEST"/*.whl "$DEST"/perf_analyzer.tar.xz 2>/dev/null | tail -1 | cut -f1)
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 untracked=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 untracked=${untracked:-0}
 mib() { echo "$(( ($1 + 1048575) / 1048576 ))"; }
-ls -1 "$DEST"/*.whl | sed 's|.*/||'
+ls -1 "$DEST"/*.whl "$DEST"/perf_analyzer.tar.xz 2>/dev/null | sed 's|.*/||'
 echo "bundle: $(ls "$DEST"/*.whl | wc -l) wheels, $(mib "$total") MiB (limit ${MAX_MIB} MiB);" \
      "tracked tree $(mib "$tree") MiB, untracked-not-ignored $(mib "$untracked") MiB;" \
      "travels: $(mib $((total + tree + untracked))) MiB of 64"

@@ -21,8 +21,6 @@ LOCAL=${CHECK_LOCAL:-0}
 DRY=${CHECK_DRY:-$LOCAL}  # 1: no GPU expected, the end-to-end check runs dry
 BUDGET=${CHECK_BUDGET_S:-540}
 OUT=${OUT:-$(mktemp -d /tmp/conveyor-gpu-check.XXXXXX)}
-SITE=/tmp/conveyor-site
-LINKS=/tmp/conveyor-links
 START=$(date +%s)
 WORK=$(mktemp -d)
 ROWS=$WORK/rows.md
@@ -38,26 +36,10 @@ elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET - $(elapsed) )); }
 cap() { local l; l=$(( $(left) - $2 )); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"; }
 
-# 1. The bundle, into a folder of its own: it shadows the machine's copies for this check only.
-if [ "$LOCAL" = 1 ]; then
-  export PYTHONPATH=$LINKS${PYTHONPATH:+:$PYTHONPATH}
-  row "install the bundle" SKIP "CHECK_LOCAL=1: this environment's packages ($($PY -V 2>&1))"
-elif ! ls .whl/*.whl > /dev/null 2>&1; then
-  row "install the bundle" FAIL "no .whl/*.whl: run 'bash deploy/gpu/bundle.sh' here and carry .whl"
-else
-  rm -rf "$SITE"
-  t0=$(date +%s)
-  if timeout -k 5 "$(cap 120 300)" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-       --disable-pip-version-check --target "$SITE" .whl/*.whl >> "$SETUP" 2>&1; then
-    row "install the bundle" PASS "$(ls .whl/*.whl | wc -l) wheels ($(du -sm .whl | cut -f1) MiB) in $(( $(date +%s) - t0 )) s"
-  else
-    row "install the bundle" FAIL "pip install --target failed (setup.log)"
-  fi
-  export PYTHONPATH=$SITE:$LINKS${PYTHONPATH:+:$PYTHONPATH}
-fi
-
-# 2. conveyor.* -> this tree's folders: a tree of links made from pyproject.toml, alone on the path.
-rm -rf "$LINKS" && "$PY" "$REPO/deploy/link_tree.py" "$LINKS"
+# 1-2. The bundle installed, conveyor.* mapped onto this tree (deploy/gpu/site.sh).
+# shellcheck source=deploy/gpu/site.sh
+source deploy/gpu/site.sh
+install_site
 
 # 3. The machine, and what this check runs on.
 { echo "== nvidia-smi"; timeout 30 nvidia-smi 2>&1; echo "== pip list"; timeout 60 "$PY" -m pip list 2>&1; } >> "$SETUP"

@@ -1,0 +1,29 @@
+# Sourced by check.sh and measure.sh (not run): the bundle in .whl/ installed into $SITE, and conveyor.*
+# mapped onto this tree through a tree of links in $LINKS, both put in front of PYTHONPATH. The caller
+# sets PY, LOCAL (1: this environment's packages, no bundle), REPO and SETUP (a log file), and defines
+# row NAME STATUS DETAIL and cap SECONDS RESERVE.
+SITE=/tmp/conveyor-site
+LINKS=/tmp/conveyor-links
+
+install_site() {
+  # 1. The bundle, into a folder of its own: it shadows the machine's copies for this process tree only.
+  if [ "$LOCAL" = 1 ]; then
+    export PYTHONPATH=$LINKS${PYTHONPATH:+:$PYTHONPATH}
+    row "install the bundle" SKIP "CHECK_LOCAL=1: this environment's packages ($($PY -V 2>&1))"
+  elif ! ls .whl/*.whl > /dev/null 2>&1; then
+    row "install the bundle" FAIL "no .whl/*.whl: run 'bash deploy/gpu/bundle.sh' here and carry .whl"
+  else
+    rm -rf "$SITE"
+    local t0
+    t0=$(date +%s)
+    if timeout -k 5 "$(cap 120 300)" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+         --disable-pip-version-check --target "$SITE" .whl/*.whl >> "$SETUP" 2>&1; then
+      row "install the bundle" PASS "$(ls .whl/*.whl | wc -l) wheels ($(du -sm .whl | cut -f1) MiB) in $(( $(date +%s) - t0 )) s"
+    else
+      row "install the bundle" FAIL "pip install --target failed (setup.log)"
+    fi
+    export PYTHONPATH=$SITE:$LINKS${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  # 2. conveyor.* -> this tree's folders: a tree of links made from pyproject.toml, alone on the path.
+  rm -rf "$LINKS" && "$PY" "$REPO/deploy/link_tree.py" "$LINKS"
+}
