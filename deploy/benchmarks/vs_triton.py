@@ -343,26 +343,20 @@ def markdown(rows: list[dict[str, Any]], servers: list[str], header: list[str]) 
                      and r["concurrency"] == c]
             out.append(f"| {titles.get(case, case)} | " + " | ".join(cells) + " |")
         out.append("")
-    out += ["### infer/s and p99 latency (ms), median of passes", "",
-            "| case | c | " + "".join(f"{s} infer/s | {s} p99 | " for s in servers)
+    out += ["### infer/s, p99 latency (ms) and CPU per request (µs, every process of the server), median of passes",
+            "", "| case | c | " + "".join(f"{s} infer/s | {s} p99 | {s} CPU | " for s in servers)
             + "".join(f"{k.replace('/', ' ÷ ')} | " for k in ratios),
-            "|---|---|" + "---|---|" * len(servers) + "---|" * len(ratios)]
+            "|---|---|" + "---|---|---|" * len(servers) + "---|" * len(ratios)]
     for r in rows:
         cells = []
         for s in servers:
             f = r[s]
             failed = f" ({f['failures']}/{f['passes']} failed)" if f["failures"] and f["infer_per_sec"] else ""
             p99 = None if f["p99_us"] is None else f["p99_us"] / 1000
-            cells.append(f"{fmt(f['infer_per_sec'])}{failed} | {fmt(p99, '.2f')}")
+            cpu = "-" if f["cpu_us_per_request"] is None else fmt(f["cpu_us_per_request"])  # no statistics read
+            cells.append(f"{fmt(f['infer_per_sec'])}{failed} | {fmt(p99, '.2f')} | {cpu}")
         out.append(f"| {titles.get(r['case'], r['case'])} | {r['concurrency']} | " + "".join(f"{c} | " for c in cells)
                    + "".join(f"{fmt(r[k], '.2f', 'x')} | " for k in ratios))
-    top = max(concurrency) if concurrency else 0
-    out += ["", f"### CPU per request at c={top} (µs, every process of the server summed)", "",
-            "| case | " + " | ".join(servers) + " |", "|---|" + "---|" * len(servers)]
-    for r in rows:
-        if r["concurrency"] == top:
-            out.append(f"| {titles.get(r['case'], r['case'])} | "
-                       + " | ".join(fmt(r[s]["cpu_us_per_request"]) for s in servers) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -483,7 +477,8 @@ def main() -> int:
     rows = summarize(runs, names, [c.key for c in cases], args.concurrency)
     heads = {s.name: git_head(c) for s, c in zip(servers, checkouts, strict=False)}
     header = [
-        "# Conveyor vs real Triton 2.51 (benchmarks/vs_triton.py)", "",
+        ("# Conveyor vs real Triton 2.51" if "triton" in names else "# Conveyor without Triton")
+        + " (benchmarks/vs_triton.py)", "",
         f"- date: {started.isoformat(timespec='seconds')}",
         f"- machine: {os.cpu_count()} CPUs, {cpu_model()}; load average {load0[0]:.2f} at start, "
         f"{os.getloadavg()[0]:.2f} at end",

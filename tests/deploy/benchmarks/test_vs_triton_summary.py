@@ -27,7 +27,8 @@ def test_medians_ratios_and_failures() -> None:
     assert four["triton"]["infer_per_sec"] is None and four["conveyor/triton"] is None  # every pass failed
     md = markdown(rows, ["conveyor", "baseline", "triton"], ["# title"])
     assert "| simple, HTTP binary | 0.50x | fail |" in md
-    assert "| simple, HTTP binary | 1 | 200 (1/4 failed) | 2.00 |" in md
+    assert "| simple, HTTP binary | 1 | 200 (1/4 failed) | 2.00 | 100 |" in md  # infer/s, p99 ms, CPU µs
+    assert "| simple, HTTP binary | 4 | 50 | 2.00 | 100 | fail | fail | - |" in md  # no pass of the baseline there
 
 
 def test_without_triton_the_baseline_is_the_reference() -> None:
