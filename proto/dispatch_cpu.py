@@ -15,7 +15,8 @@ had (``release_thread``).
 
 A CPU engine that binds its compute threads to some cores (vLLM's CPU build binds them and leaves
 the rest to the server) gets them to itself: ``avoid_cpus`` moves every thread of the worker, and
-those it starts later, off them.
+those it starts later, off them. On a small host the engine's own control process joins its compute
+threads there (``confine``; the policy is ``workers/backends/vllm/placement.py``).
 
 ``--dispatch-cpu`` (or ``$CONVEYOR_DISPATCH_CPU``): "auto" (the default) pins to
 the last allowed CPU on hosts with at most ``AUTO_MAX_CPUS`` CPUs, where it was
@@ -124,6 +125,21 @@ def bound_cpus(pids: set[int]) -> set[int]:
             if cpus < full:
                 bound |= cpus
     return bound
+
+
+def confine(pids: set[int], cpus: set[int]) -> int:
+    """Keep every thread of ``pids`` that may run outside ``cpus`` on ``cpus`` (the threads they
+    start later inherit it). Returns how many threads moved."""
+    moved = 0
+    for pid in pids:
+        for tid in _threads(pid):
+            try:
+                if not os.sched_getaffinity(tid) <= cpus:
+                    os.sched_setaffinity(tid, cpus)
+                    moved += 1
+            except OSError:  # gone, or not ours to move
+                continue
+    return moved
 
 
 def _threads(pid: int | None = None) -> list[int]:

@@ -1,5 +1,6 @@
 import os
 import threading
+import time
 
 import pytest
 
@@ -125,3 +126,36 @@ def test_a_worker_keeps_off_the_cores_a_cpu_engine_computes_on() -> None:
     assert out["threads"] == [every[1:]] and out["later"] == every[1:]
     assert out["shared"] == [every]
     assert out["nothing_to_avoid"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_confine_keeps_a_free_process_on_the_cores_its_neighbour_computes_on() -> None:
+    """``confine`` moves every thread of a process left free (as vLLM's engine core) onto the given
+    cores, leaves one already there alone, and the threads it starts afterwards inherit the cores."""
+    import subprocess
+    import sys
+
+    every = sorted(os.sched_getaffinity(0))
+    core = {every[0]}
+    # A child with a second thread now, and a third once told (a line on stdin): its affinity then.
+    code = ("import os, sys, threading, time; threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+            "sys.stdin.readline(); out = []; t = threading.Thread(target=lambda: out.append(os.sched_getaffinity(0)));"
+            " t.start(); t.join(); print(sorted(out[0]), flush=True)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{child.pid}/task")) < 2:
+            assert time.monotonic() < deadline, "the child did not start its thread"
+            time.sleep(0.05)
+        assert dc.confine({child.pid}, core) == 2
+        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert all(os.sched_getaffinity(t) == core for t in tids)
+        assert dc.confine({child.pid}, core) == 0  # already there: nothing moves
+        assert os.sched_getaffinity(0) == set(every)  # this process keeps its own
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == str(sorted(core))
+    finally:
+        child.kill()
+        child.wait()

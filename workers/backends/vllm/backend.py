@@ -22,6 +22,7 @@ from conveyor.workers.backends.vllm import outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
 from conveyor.workers.backends.vllm.metrics import stat_logger_factory
+from conveyor.workers.backends.vllm.placement import engine_on_compute_cores
 from conveyor.workers.backends.vllm.priority import engine_nice
 from conveyor.workers.backends.vllm.request import GenerateArgs, parse, sampling_params
 from conveyor.workers.loop_replies import LoopReplies
@@ -66,8 +67,9 @@ class VllmBackend:
         if report and not engine_args.get("disable_log_stats", False):
             loggers.append(stat_logger_factory({"model": config.name, "version": os.path.basename(version_dir)}))
         nice = engine_nice(_parameter(config, "ENGINE_NICE"))
+        on_compute_cores = engine_on_compute_cores(_parameter(config, "ENGINE_CPUS"))
         try:
-            self.engine = EngineLoop(config.name, engine_args, loggers, nice)
+            self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores)
         except ConveyorError:
             raise
         except Exception as exc:

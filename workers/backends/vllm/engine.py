@@ -8,6 +8,7 @@ vLLM's CPU build binds its model workers' compute threads to some cores and leav
 the server around it. The worker then keeps all its threads, this one included, off those cores
 (``avoid_cpus``): on the 2-vCPU reference host, with this thread free to land on the engine's core,
 32 streaming clients got 1,400-2,500 tokens/s; kept off it, 2,900-4,200 (docs/PERFORMANCE.md).
+On a small host the engine core process goes the other way, onto those cores (``placement.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from conveyor.proto.dispatch_cpu import Saved, avoid_cpus, bound_cpus, share_cpus
+from conveyor.proto.dispatch_cpu import Saved, avoid_cpus, bound_cpus, confine, share_cpus
 from conveyor.workers.backends.vllm.priority import descendants, lower_priority
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,11 @@ def _drop_prometheus_logger(engine: Any) -> None:
 
 
 class EngineLoop:
-    def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0) -> None:
-        """``nice``: how much lower the CPU priority of the engine's processes is (``priority.py``)."""
+    def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0,
+                 on_compute_cores: bool = False) -> None:
+        """``nice``: how much lower the CPU priority of the engine's processes is (``priority.py``);
+        ``on_compute_cores``: keep the engine core process on the cores its model computes on
+        (``placement.py``)."""
         # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.loop = asyncio.new_event_loop()
@@ -59,6 +63,10 @@ class EngineLoop:
             threads = lower_priority(engine_pids, nice)
             log.info("the vLLM engine of '%s' runs at nice +%d (%d threads)", name, nice, threads)
         cores = bound_cpus(engine_pids)
+        if cores and on_compute_cores:
+            moved = confine(engine_pids, cores)
+            log.info("the vLLM engine core of '%s' runs beside its model on CPU(s) %s (%d threads)",
+                     name, ",".join(map(str, sorted(cores))), moved)
         self._avoided: Saved | None = avoid_cpus(cores) if cores else None
         if self._avoided is not None:
             log.info("the vLLM engine of '%s' computes on CPU(s) %s: this worker's threads keep off them",

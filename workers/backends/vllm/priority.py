@@ -24,12 +24,17 @@ AUTO_NICE = 10
 AUTO_MIN_CORES = 8
 
 
+def small_host() -> bool:
+    """Fewer than ``AUTO_MIN_CORES`` cores: the engine's spinning and the server share them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores < AUTO_MIN_CORES
+
+
 def engine_nice(setting: str | None) -> int:
     """The nice increment for the engine's processes, from the model's ``ENGINE_NICE``."""
     value = (setting or "auto").strip().lower()
     if value == "auto":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return AUTO_NICE if cores < AUTO_MIN_CORES else 0
+        return AUTO_NICE if small_host() else 0
     try:
         nice = int(value)
     except ValueError:

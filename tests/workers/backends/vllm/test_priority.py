@@ -1,4 +1,4 @@
-"""The engine processes' CPU priority (``ENGINE_NICE``), on real child processes."""
+"""The engine processes' CPU priority (``ENGINE_NICE``) and placement (``ENGINE_CPUS``), on real child processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.workers.backends.vllm import priority
+from conveyor.workers.backends.vllm import placement, priority
 
 
 def test_auto_lowers_the_engine_only_on_a_small_host() -> None:
@@ -53,3 +53,15 @@ def test_every_thread_of_the_new_processes_is_lowered_and_nothing_else() -> None
             os.kill(pid, signal.SIGKILL)
         child.kill()
         child.wait()
+
+
+def test_the_engine_core_joins_its_model_on_a_small_host_unless_told() -> None:
+    """``ENGINE_CPUS``: "auto" keeps the engine core on the compute cores only where the host is
+    small; "compute" and "free" say so everywhere; anything else fails the load clearly."""
+    small = len(os.sched_getaffinity(0)) < priority.AUTO_MIN_CORES
+    assert placement.engine_on_compute_cores(None) is placement.engine_on_compute_cores(" Auto ") is small
+    assert placement.engine_on_compute_cores("compute") is True
+    assert placement.engine_on_compute_cores("free") is False
+    with pytest.raises(ConveyorError) as err:
+        placement.engine_on_compute_cores("gpu")
+    assert err.value.status is Status.UNAVAILABLE and "ENGINE_CPUS" in err.value.message

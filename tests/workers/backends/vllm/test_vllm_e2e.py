@@ -346,6 +346,21 @@ def test_the_worker_keeps_off_the_cores_the_cpu_engine_computes_on(served: tuple
     assert all(cpus and not cpus & cores for cpus in threads.values()), (sorted(cores), threads)
 
 
+def test_the_engine_core_runs_beside_its_model_on_a_small_host(served: tuple[Server, Any]) -> None:
+    """ENGINE_CPUS "auto": on a small host the engine core process (left free by vLLM) keeps to the
+    cores its model computes on, leaving the others to the server and its clients; elsewhere free."""
+    srv, _ = served
+    (worker,) = pids_of(srv, "worker")
+    engine = priority.descendants(worker)
+    cores = bound_cpus(engine)
+    if not cores or cores == os.sched_getaffinity(0):
+        pytest.skip(f"the engine bound no cores of its own here ({sorted(cores)})")
+    (core,) = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
+    threads = [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{core}/task")]
+    small = len(os.sched_getaffinity(0)) < priority.AUTO_MIN_CORES
+    assert all((cpus <= cores) is small for cpus in threads), (sorted(cores), threads)
+
+
 def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any]) -> None:
     """ENABLE_VLLM_HEALTH_CHECK, as Triton's L0_check_health_vllm: the engine core process killed,
     the next request fails as UNAVAILABLE in Triton's words, the model unloads, and later requests
