@@ -73,11 +73,18 @@ class EngineLoop:
                      name, ",".join(map(str, sorted(cores))))
 
     async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
+        from vllm import envs
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # Another engine of this worker may have frozen vLLM's view of the environment: this one
+        # starts with the environment as it is now (its device, set by the backend).
+        envs.disable_envs_cache()
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
         _drop_prometheus_logger(engine)
+        # vLLM reads some settings from the environment per token (``envs.VLLM_COMPUTE_NANS_IN_LOGITS``
+        # in each output's statistics): frozen once the engine is up, as vLLM does in its engine core.
+        envs.enable_envs_cache()
         return engine
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:

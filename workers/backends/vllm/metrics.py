@@ -57,12 +57,10 @@ class EngineMetrics:
             self.prompt_tokens.increment(iteration.num_prompt_tokens)
         if iteration.num_generation_tokens:
             self.generation_tokens.increment(iteration.num_generation_tokens)
-        for value in iteration.time_to_first_tokens_iter:
-            self.ttft.observe(value)
-        for value in iteration.inter_token_latencies_iter:
-            self.tpot.observe(value)
-        for value in iteration.n_params_iter:
-            self.n.observe(value)
+        # A value per token of the step: one lock each, not one per value.
+        self.ttft.observe_all(iteration.time_to_first_tokens_iter)
+        self.tpot.observe_all(iteration.inter_token_latencies_iter)
+        self.n.observe_all(iteration.n_params_iter)
         for done in iteration.finished_requests:
             self.e2e.observe(done.e2e_latency)
             self.request_prompt.observe(done.num_prompt_tokens)

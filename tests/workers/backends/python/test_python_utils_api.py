@@ -131,6 +131,26 @@ def test_counter_gauge_histogram(registry: MetricRegistry) -> None:
         hist.value()
 
 
+def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
+    """``observe_all`` (what the vLLM backend records an engine step's per-token values with) leaves a
+    histogram as ``observe`` of each value would, and refuses what ``observe`` refuses."""
+    key = (("m", "1"),)
+    one = pb_utils.MetricFamily("one", "d", pb_utils.HISTOGRAM).Metric({"m": "1"}, buckets=[1, 10])
+    many = pb_utils.MetricFamily("many", "d", pb_utils.HISTOGRAM).Metric({"m": "1"}, buckets=[1, 10])
+    for v in (0.5, 1, 5, 50, 3):
+        one.observe(v)
+    many.observe_all([0.5, 1, 5.0])
+    many.observe_all([])
+    many.observe_all([50, 3.0])
+    assert values(registry) == {("one", key): (59.5, [2, 2, 1]), ("many", key): (59.5, [2, 2, 1])}
+    for bad in ([1.0, float("nan")], [True], ["1"]):
+        with pytest.raises(pb_utils.TritonModelException, match="must be a number"):
+            many.observe_all(bad)  # type: ignore[arg-type]
+    assert values(registry) == {}  # a refused batch records nothing
+    with pytest.raises(pb_utils.TritonModelException, match="for histograms"):
+        pb_utils.MetricFamily("c_total", "d", pb_utils.COUNTER).Metric({"m": "1"}).observe_all([1.0])
+
+
 def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricRegistry) -> None:
     first = pb_utils.MetricFamily("shared_total", "d", pb_utils.COUNTER)
     second = pb_utils.MetricFamily("shared_total", "d", pb_utils.MetricFamily.COUNTER)

@@ -123,6 +123,17 @@ class MetricRegistry:
                 self._changed.add(key)
                 self.dirty = True
 
+    def observe_all(self, key: SeriesKey, series: Series, values: Sequence[float]) -> None:
+        """``update`` of a histogram with several values at once: one lock, one change."""
+        with self._lock:
+            counts, buckets = series.counts, series.buckets
+            for value in values:
+                counts[bisect_left(buckets, value)] += 1
+            series.value += sum(values)
+            if key in self._series:
+                self._changed.add(key)
+                self.dirty = True
+
     def take_changes(self) -> tuple[list[Series], list[SeriesKey]]:
         """Copies of the series that changed, and the keys of those that went away."""
         with self._lock:
@@ -180,6 +191,18 @@ class Metric:
                 f"{self._series.kind.name.lower()}"
             )
         self._registry.update(self._key, self._series, _number(value), add=True)
+
+    def observe_all(self, values: Sequence[float]) -> None:
+        """``observe`` each of ``values`` (Conveyor's, for the engine's statistics: a value per
+        token of an engine step under one lock)."""
+        if self._series.kind != MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                f"Failed to observe metric value: observe() is for histograms, not a "
+                f"{self._series.kind.name.lower()}"
+            )
+        checked = [v if type(v) is float and v == v else _number(v) for v in values]  # plain floats: no ABC check
+        if checked:
+            self._registry.observe_all(self._key, self._series, checked)
 
     def value(self) -> float:
         """This worker process's value (Conveyor's /metrics adds the workers' counters up)."""
