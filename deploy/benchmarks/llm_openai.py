@@ -18,6 +18,11 @@ at a time, on free loopback ports:
 * mixed adapters: the largest client count with every client cycling base, alpha,
   beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``).
 
+``--vllm-engine-core compute`` moves vLLM's engine core process onto the cores its model worker
+computes on once the server is up, as Conveyor's worker does on a small host (``ENGINE_CPUS``):
+the comparison then leaves out that placement and measures the rest (by default vLLM's server
+runs as shipped, its engine core free).
+
 Both servers keep the engine's statistics as they do by default (Conveyor's ``vllm:`` series,
 vLLM's Prometheus metrics and periodic log line); ``--statistics off`` turns them off in both
 (``disable_log_stats`` in Conveyor's ``model.json``, ``--disable-log-stats`` for vLLM's server).
@@ -130,6 +135,17 @@ def start_conveyor(repo: Path, group: str) -> Server:
     proc = subprocess.Popen(cmd, start_new_session=True)
     _wait(f"http://127.0.0.1:{port}/v1/models", proc)
     return Server("conveyor", port, proc, ["vllm_model", *(f"vllm_model{SEP}{a}" for a in tiny_llama.ADAPTERS)])
+
+
+def place_engine_core(server: Server) -> int:
+    """Keep the server's ``VLLM::EngineCore`` threads on the cores its ``VLLM::Worker`` computes on
+    (``dispatch_cpu.confine``); how many threads moved (0 where the engine bound no cores)."""
+    from conveyor.proto.dispatch_cpu import bound_cpus, confine
+
+    procs = group_processes(server.proc.pid)
+    cores = bound_cpus({pid for pid, argv in procs.items() if _role(argv) == "VLLM::Worker"})
+    core = {pid for pid, argv in procs.items() if _role(argv) == "VLLM::EngineCore"}
+    return confine(core, cores) if cores else 0
 
 
 def start_vllm(tiny: tiny_llama.TinyLlama, log_stats: bool = True) -> Server:
@@ -291,6 +307,12 @@ def _cpu_median(runs: list[Run], server: str, case: str, part: str) -> float | N
     return statistics.median(values) if values else None
 
 
+def _placed(server: Server, engine_core: str) -> Server:
+    if engine_core == "compute":
+        print(f"vLLM's engine core moved beside its model ({place_engine_core(server)} threads)", flush=True)
+    return server
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=["conveyor", "vllm"], default=None)
@@ -303,6 +325,9 @@ def main() -> int:
     ap.add_argument("--statistics", choices=["on", "off"], default="on",
                     help="the engine's statistics in both servers: on (both servers' defaults: Conveyor's vllm: "
                          "series, vLLM's Prometheus metrics and log line) or off (disable_log_stats in both)")
+    ap.add_argument("--vllm-engine-core", choices=["free", "compute"], default="free",
+                    help="vLLM's engine core process: free, as its server leaves it, or moved onto its model's "
+                         "compute cores, as Conveyor's worker places it on a small host")
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="llm-bench-"))
@@ -318,7 +343,7 @@ def main() -> int:
     # ~30 ms pause that held back the chunks of every stream (seen as tokens arriving in a burst).
     gc.freeze()
     starters = {"conveyor": lambda: start_conveyor(repo, f"llmbench{os.getpid()}"),
-                "vllm": lambda: start_vllm(tiny, statistics_on)}
+                "vllm": lambda: _placed(start_vllm(tiny, statistics_on), args.vllm_engine_core)}
     if args.rounds and not args.only:  # ``together`` below
         servers: list[Server] = []
         try:
@@ -339,7 +364,7 @@ def main() -> int:
             stop(server)
     os.makedirs(args.out, exist_ok=True)
     meta = {"tokens": args.tokens, "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
-            "statistics": args.statistics, "when": time.strftime("%F %T")}
+            "statistics": args.statistics, "vllm_engine_core": args.vllm_engine_core, "when": time.strftime("%F %T")}
     with open(os.path.join(args.out, "llm_openai.json"), "w") as f:
         json.dump({"meta": meta, "runs": [asdict(r) for r in runs]}, f, indent=2)
     table = markdown(runs)
