@@ -32,9 +32,6 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
 row() { printf '| %s | %s | %s |\n' "$1" "$2" "${3//|/\\|}" >> "$ROWS"; echo "[$2] $1: $3"; }
-elapsed() { echo $(( $(date +%s) - START )); }
-left() { echo $(( BUDGET - $(elapsed) )); }
-cap() { local l; l=$(( $(left) - $2 )); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"; }
 
 # 1-2. The bundle installed, conveyor.* mapped onto this tree (deploy/gpu/site.sh).
 # shellcheck source=deploy/gpu/site.sh

@@ -26,9 +26,6 @@ export PYTHONUNBUFFERED=1
 FAILED=0
 
 row() { echo "[$2] $1: $3" | tee -a "$SETUP"; [ "$2" = FAIL ] && FAILED=1; return 0; }
-elapsed() { echo $(( $(date +%s) - START )); }
-left() { echo $(( BUDGET - $(elapsed) )); }
-cap() { local l; l=$(( $(left) - $2 )); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"; }
 
 # 1. The bundle and conveyor.* (the check's own steps), unless this warm machine has them already.
 # shellcheck source=deploy/gpu/site.sh

@@ -1,9 +1,15 @@
 # Sourced by check.sh and measure.sh (not run): the bundle in .whl/ installed into $SITE, and conveyor.*
 # mapped onto this tree through a tree of links in $LINKS, both put in front of PYTHONPATH. The caller
-# sets PY, LOCAL (1: this environment's packages, no bundle), REPO and SETUP (a log file), and defines
-# row NAME STATUS DETAIL and cap SECONDS RESERVE.
+# sets PY, LOCAL (1: this environment's packages, no bundle), REPO, SETUP (a log file), START (the
+# script's start, epoch seconds) and BUDGET (its seconds in all), and defines row NAME STATUS DETAIL.
 SITE=/tmp/conveyor-site
 LINKS=/tmp/conveyor-links
+
+# The time budget: seconds since START, seconds left, and ``cap SECONDS RESERVE``: SECONDS, or less
+# so that RESERVE seconds stay for what follows (never under 10).
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+cap() { local l; l=$(( $(left) - $2 )); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"; }
 
 install_site() {
   # 1. The bundle, into a folder of its own: it shadows the machine's copies for this process tree only.
