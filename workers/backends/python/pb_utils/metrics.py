@@ -111,28 +111,24 @@ class MetricRegistry:
             return series
 
     def update(self, key: SeriesKey, series: Series, value: float, *, add: bool) -> None:
+        """A counter's or gauge's new value (``add``: an increment)."""
         with self._lock:
-            if series.kind == MetricKind.HISTOGRAM:
-                series.counts[bisect_left(series.buckets, value)] += 1
-                series.value += value
-            elif add:
-                series.value += value
-            else:
-                series.value = value
-            if key in self._series:  # a series of a released family is no more
-                self._changed.add(key)
-                self.dirty = True
+            series.value = series.value + value if add else value
+            self._changed_now(key)
 
     def observe_all(self, key: SeriesKey, series: Series, values: Sequence[float]) -> None:
-        """``update`` of a histogram with several values at once: one lock, one change."""
+        """A histogram's new observations: one lock, one change, however many."""
         with self._lock:
             counts, buckets = series.counts, series.buckets
             for value in values:
                 counts[bisect_left(buckets, value)] += 1
             series.value += sum(values)
-            if key in self._series:
-                self._changed.add(key)
-                self.dirty = True
+            self._changed_now(key)
+
+    def _changed_now(self, key: SeriesKey) -> None:  # under the lock
+        if key in self._series:  # a series of a released family is no more
+            self._changed.add(key)
+            self.dirty = True
 
     def take_changes(self) -> tuple[list[Series], list[SeriesKey]]:
         """Copies of the series that changed, and the keys of those that went away."""
@@ -185,12 +181,7 @@ class Metric:
         self._registry.update(self._key, self._series, _number(value), add=False)
 
     def observe(self, value: float) -> None:
-        if self._series.kind != MetricKind.HISTOGRAM:
-            raise TritonModelException(
-                f"Failed to observe metric value: observe() is for histograms, not a "
-                f"{self._series.kind.name.lower()}"
-            )
-        self._registry.update(self._key, self._series, _number(value), add=True)
+        self.observe_all((value,))
 
     def observe_all(self, values: Sequence[float]) -> None:
         """``observe`` each of ``values`` (Conveyor's, for the engine's statistics: a value per
