@@ -95,7 +95,7 @@ fi
 # 5. The GPU tests. Only the files that hold them: the others import what only CI installs.
 mapfile -t files < <(grep -rl --include="test_*.py" "pytest.mark.gpu" tests | sort)
 t0=$(date +%s)
-timeout -k 10 "$(cap 300 200)" "$PY" -m pytest -m gpu -v -rA -p no:cacheprovider --timeout 150 \
+timeout -k 10 "$(cap 240 110)" "$PY" -m pytest -m gpu -v -rA -p no:cacheprovider --timeout 150 \
   --junitxml "$OUT/pytest-junit.xml" "${files[@]}" > "$OUT/pytest.log" 2>&1
 rc=$?
 summary=$(grep -E "^=+ .*(passed|failed|skipped|error|no tests).* in " "$OUT/pytest.log" | tail -1 | tr -d '=' | xargs)

@@ -8,8 +8,12 @@
 # c=1, 4, 16 and 64, one pass, into $OUT/measure-report.md. Every step is bounded; the whole stays
 # under MEASURE_BUDGET_S (540). It may follow check.sh on the same warm machine or run alone.
 #
+# MEASURE_STEPS picks the steps (default "transport vs_triton batching"; batching needs the GPU: a
+# TorchScript MLP on cuda:0 under dynamic batching, deploy/gpu/batching.py).
+#
 # Without a GPU machine, to prove the script: PYTHON=.venv/bin/python CHECK_LOCAL=1 MEASURE_QUICK=1
-# bash deploy/gpu/measure.sh (this environment's packages and perf_analyzer, two cases, c=1 and 4).
+# MEASURE_STEPS="transport vs_triton" bash deploy/gpu/measure.sh (this environment's packages and
+# perf_analyzer, two cases, c=1 and 4).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -17,9 +21,10 @@ PY=${PYTHON:-python3}
 LOCAL=${CHECK_LOCAL:-0}
 QUICK=${MEASURE_QUICK:-0}
 BUDGET=${MEASURE_BUDGET_S:-540}
+STEPS=" ${MEASURE_STEPS:-transport vs_triton batching} "
 OUT=${OUT:-$(mktemp -d /tmp/conveyor-gpu-measure.XXXXXX)}
 START=$(date +%s)
-SETUP=$OUT/setup.log
+SETUP=$OUT/measure-setup.log  # beside check.sh's setup.log when both write to one $OUT
 mkdir -p "$OUT"
 : > "$SETUP"
 export PYTHONUNBUFFERED=1
@@ -70,7 +75,9 @@ fi
 # 4. The chain's floor: a request's three hops with no work in them (and the router off the way).
 rounds=3000
 [ "$QUICK" = 1 ] && rounds=1000
-if timeout -k 5 "$(cap 90 300)" "$PY" -m conveyor.deploy.benchmarks.transport --round-trips "$rounds" --repeat 2 \
+if [[ $STEPS != *" transport "* ]]; then
+  :
+elif timeout -k 5 "$(cap 90 300)" "$PY" -m conveyor.deploy.benchmarks.transport --round-trips "$rounds" --repeat 2 \
      --out "$OUT" > "$OUT/transport.log" 2>&1; then
   row "transport (the chain's floor)" PASS "$OUT/transport.md"
 else
@@ -83,7 +90,9 @@ conc=(1 4 16 64)
 seconds=3
 if [ "$QUICK" = 1 ]; then cases=(1 2); conc=(1 4); seconds=2; fi
 t0=$(date +%s)
-if timeout -k 10 "$(cap 420 20)" "$PY" -m conveyor.deploy.benchmarks.vs_triton --no-triton --cases "${cases[@]}" \
+if [[ $STEPS != *" vs_triton "* ]]; then
+  :
+elif timeout -k 10 "$(cap 420 100)" "$PY" -m conveyor.deploy.benchmarks.vs_triton --no-triton --cases "${cases[@]}" \
      --concurrency "${conc[@]}" --passes 1 --seconds "$seconds" --perf-analyzer "$PA" --out "$OUT" \
      > "$OUT/vs_triton.log" 2>&1; then
   row "vs_triton.py --no-triton (cases ${cases[*]}, c=${conc[*]})" PASS "$(( $(date +%s) - t0 )) s"
@@ -91,7 +100,18 @@ else
   row "vs_triton.py --no-triton (cases ${cases[*]}, c=${conc[*]})" FAIL "rc $? after $(( $(date +%s) - t0 )) s (vs_triton.log)"
 fi
 
-# 6. The report.
+# 6. Dynamic batching on the GPU: a TorchScript model heavy enough to keep it busy.
+t0=$(date +%s)
+if [[ $STEPS != *" batching "* ]]; then
+  :
+elif timeout -k 10 "$(cap 150 10)" "$PY" deploy/gpu/batching.py --perf-analyzer "$PA" --out "$OUT" \
+     > "$OUT/batching.log" 2>&1; then
+  row "batching.py (TorchScript on cuda:0, dynamic batching)" PASS "$(( $(date +%s) - t0 )) s"
+else
+  row "batching.py (TorchScript on cuda:0, dynamic batching)" FAIL "rc $? after $(( $(date +%s) - t0 )) s (batching.log)"
+fi
+
+# 7. The report.
 {
   echo "# Conveyor on the GPU machine: the request path measured"
   echo
@@ -109,7 +129,11 @@ fi
   echo
   echo "## Conveyor alone (deploy/benchmarks/vs_triton.py --no-triton)"
   echo
-  cat "$OUT/vs_triton.md" 2>/dev/null || { echo "(none; the end of vs_triton.log:)"; tail -20 "$OUT/vs_triton.log"; }
+  cat "$OUT/vs_triton.md" 2>/dev/null || { echo "(none; the end of vs_triton.log:)"; tail -20 "$OUT/vs_triton.log" 2>/dev/null; }
+  echo
+  echo "## Dynamic batching on the GPU (deploy/gpu/batching.py)"
+  echo
+  cat "$OUT/batching.md" 2>/dev/null || { echo "(none; the end of batching.log:)"; tail -20 "$OUT/batching.log" 2>/dev/null; }
 } > "$OUT/measure-report.md"
 echo
 echo "report: $OUT/measure-report.md ($(elapsed) s)"

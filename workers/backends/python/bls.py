@@ -162,7 +162,7 @@ class BlsClient:
     def _build(request: InferenceRequest, sig: ModelSignature) -> tuple[CheckedInputs, list[m.OutputSpec]]:
         inputs: list[InferInput] = []
         for tensor in request.inputs():
-            array = tensor.as_numpy()
+            array = tensor.host_array()  # BLS inputs travel in host shared memory
             inputs.append(InferInput(tensor.name(), datatype_of(array), list(array.shape), array))
         names = request.requested_output_names()
         rid = request.request_id()

@@ -141,6 +141,19 @@ def test_tensor_and_dlpack() -> None:
     assert list(words.as_numpy()) == [b"a", "é".encode()]
     with pytest.raises(pb_utils.TritonModelException):
         pb_utils.Tensor("S", [1, 2])
+    with pytest.raises(pb_utils.TritonModelException, match="empty string"):
+        pb_utils.Tensor.from_dlpack("", x)
+    assert pb_utils.Tensor.from_dlpack("H", x).__dlpack_device__() == (1, 0)
+
+
+def test_torch_cpu_tensor_through_dlpack() -> None:
+    """A torch CPU tensor in and out, without a copy, as a model moving data between torch and pb_utils does."""
+    torch = pytest.importorskip("torch")
+    t = torch.arange(8, dtype=torch.float32)
+    tensor = pb_utils.Tensor.from_dlpack("T", torch.utils.dlpack.to_dlpack(t))
+    assert tensor.is_cpu() and tensor.as_numpy().ctypes.data == t.data_ptr()
+    back = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert back.data_ptr() == t.data_ptr()
 
 
 def test_errors_requests_and_responses() -> None:

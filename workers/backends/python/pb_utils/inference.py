@@ -325,5 +325,5 @@ def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
     for tensor in response.output_tensors():
         if not isinstance(tensor, Tensor):
             return internal(f"the model's response holds a {type(tensor).__name__}, not a pb_utils.Tensor")
-        outputs[tensor.name()] = tensor.as_numpy()
+        outputs[tensor.name()] = tensor.data()  # a device tensor stays a cupy array: the worker copies it
     return outputs

@@ -1,11 +1,16 @@
 """``pb_utils.Tensor`` and Triton's numpy type helpers.
 
 Input tensors wrap numpy views of shared memory (no copy); BYTES tensors are
-object arrays of ``bytes``, as in Triton. Only CPU memory is supported.
+object arrays of ``bytes``, as in Triton. A tensor made with ``from_dlpack`` from
+CUDA memory (a torch ``cuda`` tensor, a cupy array) stays on the device as a cupy
+array: ``is_cpu()`` is false and ``as_numpy()`` raises, as Triton's does. Returned
+in a response it is copied by the worker straight to where the output goes (a CUDA
+shared-memory region device-to-device, otherwise the host).
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -37,6 +42,8 @@ _CODE_TO_NUMPY: dict[int, Any] = {
 }
 _NUMPY_TO_CODE: dict[Any, int] = {np.dtype(t): code for code, t in _CODE_TO_NUMPY.items()}
 _DLPACK_CPU = 1  # kDLCPU
+_DLPACK_CUDA = 2  # kDLCUDA
+_DLPACK_CUDA_HOST = 3  # kDLCUDAHost: pinned host memory, readable as CPU memory
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
@@ -83,7 +90,7 @@ class _Capsule:
 
 
 class Tensor:
-    """A named tensor: ``Tensor(name, numpy_array)``."""
+    """A named tensor: ``Tensor(name, numpy_array)``, or ``Tensor.from_dlpack`` (host or CUDA memory)."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(numpy_array, np.ndarray):
@@ -94,13 +101,30 @@ class Tensor:
         elif numpy_array.dtype.kind == "V":
             raise TritonModelException(f"tensor '{name}': numpy dtype {numpy_array.dtype} is not supported")
         self._name = name
-        self._array = numpy_array
+        self._array: Any = numpy_array
+        self._device_id = -1  # the CUDA device of a device tensor; -1 on the host
+
+    @classmethod
+    def _on_device(cls, name: str, device_array: Any, device_id: int) -> Tensor:
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._array, tensor._device_id = name, device_array, device_id
+        return tensor
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._device_id >= 0:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        return self._array  # type: ignore[no-any-return]
+
+    def data(self) -> Any:
+        """The tensor's array where it lies: numpy on the host, cupy on a device (Conveyor's; for outputs)."""
         return self._array
+
+    def host_array(self) -> np.ndarray:
+        """A numpy array of the tensor, copied from the device if it is there (Conveyor's; for BLS inputs)."""
+        return self._array.get() if self._device_id >= 0 else self._array  # type: ignore[no-any-return]
 
     def shape(self) -> list[int]:
         return list(self._array.shape)
@@ -109,30 +133,73 @@ class Tensor:
         return numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
-        return True
+        return self._device_id < 0
 
     def to_dlpack(self) -> Any:
         if self._array.dtype == np.object_:
-            raise TritonModelException(f"tensor '{self._name}': BYTES tensors cannot be exported with DLPack")
+            raise TritonModelException("DLPack does not have support for string tensors.")
         return self._array.__dlpack__()
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         return self._array.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (_DLPACK_CPU, 0)
+        return (_DLPACK_CUDA, self._device_id) if self._device_id >= 0 else (_DLPACK_CPU, 0)
 
     @staticmethod
     def from_dlpack(name: str, dlpack_object: Any) -> Tensor:
-        """From a DLPack capsule or any object with ``__dlpack__`` (a torch CPU tensor, ...)."""
+        """From a DLPack capsule or any object with ``__dlpack__``: a torch tensor, a cupy or numpy array."""
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        device = getattr(dlpack_object, "__dlpack_device__", None)
+        if device is not None and device()[0] == _DLPACK_CUDA:
+            return _from_cuda(name, dlpack_object)
         source = dlpack_object if hasattr(dlpack_object, "__dlpack__") else _Capsule(dlpack_object)
         try:
             array = np.from_dlpack(source)
         except (BufferError, RuntimeError, TypeError) as exc:
-            raise TritonModelException(
-                f"tensor '{name}': cannot import DLPack data ({exc}); Conveyor's Python backend takes CPU tensors"
-            ) from None
-        return Tensor(name, array)
+            if device is None:  # a bare capsule says where it lies only when opened: try the device
+                try:
+                    return _from_cuda(name, dlpack_object)
+                except TritonModelException:
+                    pass
+            raise TritonModelException(f"tensor '{name}': cannot import DLPack data ({exc})") from None
+        return Tensor(name, array if array.flags.writeable else _writeable_view(array))
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def _from_cuda(name: str, dlpack_object: Any) -> Tensor:
+    """A device tensor over ``dlpack_object``'s CUDA memory (no copy), held as a cupy array."""
+    try:
+        import cupy
+    except ImportError:
+        raise TritonModelException(
+            "DLPack capsule passed pointer to memory allocated on GPU device, when GPU is not available"
+        ) from None
+    try:
+        if hasattr(dlpack_object, "__dlpack__"):
+            array = cupy.from_dlpack(dlpack_object)
+        else:  # a bare capsule (torch.utils.dlpack.to_dlpack): cupy's legacy entry takes it
+            array = cupy.fromDlpack(dlpack_object)
+    except Exception as exc:
+        raise TritonModelException(f"tensor '{name}': cannot import DLPack data ({exc})") from None
+    if not array.flags.c_contiguous:
+        raise TritonModelException(
+            "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in C-Order are supported."
+        )
+    return Tensor._on_device(name, array, int(array.device.id))
+
+
+def _writeable_view(array: np.ndarray) -> np.ndarray:
+    """The same memory, writeable. numpy marks what a legacy DLPack capsule (``torch.utils.dlpack.to_dlpack``)
+    carries read-only, since that format cannot say; it then refuses to export it again, while Triton's
+    tensors pass between torch and pb_utils both ways."""
+    if array.nbytes == 0 or array.dtype == np.object_:
+        return array
+    if not array.flags.c_contiguous:
+        return np.ascontiguousarray(array)  # a copy, as Triton's own import of strided data is refused
+    buffer = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
+    buffer._owner = array  # type: ignore[attr-defined]  # the capsule's memory lives while the view does
+    return np.frombuffer(buffer, dtype=array.dtype).reshape(array.shape)
