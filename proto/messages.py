@@ -222,6 +222,7 @@ class WorkerHello(msgspec.Struct, tag="whello", array_like=True):
     host: str
     devices: list[str] = []
     slots: int = 1
+    gpu_backends: list[str] = []  # backends that can run on ``devices`` (workers/devices.py gpu_backends)
 
 
 class Heartbeat(msgspec.Struct, tag="hb", array_like=True):

@@ -10,6 +10,7 @@ the numbering is left as CUDA gives it.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 
 
@@ -21,6 +22,25 @@ def local_gpu_count() -> int:
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
         return 0
+
+
+def gpu_backends(local_count: int) -> list[str]:
+    """The backends that can run on this worker's GPUs, for the router's default (KIND_AUTO) placement:
+    a GPU host with a CPU build of onnxruntime keeps its ONNX models on the CPU instead of leaving them
+    unavailable. torch and TensorRT are taken as GPU builds where there is a GPU (importing torch to ask
+    would cost every worker's start seconds); a CPU torch there fails the model with its reason."""
+    if local_count == 0:
+        return []
+    found = [name for name, module in (("pytorch", "torch"), ("tensorrt", "tensorrt"))
+             if importlib.util.find_spec(module) is not None]
+    try:
+        import onnxruntime
+
+        if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            found.append("onnxruntime")
+    except Exception:  # no onnxruntime, or a broken one: the model says why when it loads
+        pass
+    return sorted(found)
 
 
 class DeviceMap:

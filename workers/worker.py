@@ -54,7 +54,7 @@ from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.classification import load_labels
 from conveyor.workers.client_regions import ClientRegionMaps
-from conveyor.workers.devices import DeviceMap, local_gpu_count
+from conveyor.workers.devices import DeviceMap, gpu_backends, local_gpu_count
 from conveyor.workers.inline import (
     INLINE_AFTER,
     INLINE_MAX_INPUT_BYTES,
@@ -130,7 +130,9 @@ class Worker:
         """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS);
         ``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
         self.spin_s = spin_seconds() if spin_s is None else spin_s
-        self.devices = DeviceMap(local_gpu_count(), os.environ)
+        gpus = local_gpu_count()
+        self.devices = DeviceMap(gpus, os.environ)
+        self.gpu_backends = gpu_backends(gpus)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -191,7 +193,7 @@ class Worker:
 
     def _hello(self) -> None:
         self.out.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
-                                              self.devices.reported())))
+                                              self.devices.reported(), gpu_backends=self.gpu_backends)))
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)

@@ -142,7 +142,7 @@ class Regions:
         self.mod.set_shared_memory_region(handle, arrays)
 
     def get(self, handle: Any, shape: list[int]) -> np.ndarray:
-        dtype: Any = "FP32" if self.cuda else np.float32
+        dtype: Any = np.float32  # tritonclient 2.73 takes a numpy dtype for CUDA regions too
         return np.asarray(self.mod.get_contents_as_numpy(handle, dtype, shape))
 
     def destroy(self, handle: Any) -> None:

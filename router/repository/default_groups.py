@@ -17,10 +17,14 @@ Python models stay on CPU (Triton would give them a GPU "kind" they rarely use).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.models import Instance, InstanceState, VersionState
+
+if TYPE_CHECKING:
+    from conveyor.router.worker_pool.pool import WorkerInfo
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,11 @@ def pool_gpus(devices: list[list[str]]) -> list[int]:
             if d.startswith("cuda:") and d[5:].isdigit():
                 ids.add(int(d[5:]))
     return sorted(ids)
+
+
+def backend_gpus(workers: Iterable[WorkerInfo], backend: str) -> list[int]:
+    """The GPUs of the workers that can run ``backend`` on them (``WorkerHello.gpu_backends``)."""
+    return pool_gpus([w.devices for w in workers if backend in w.gpu_backends])
 
 
 def resolve(state: VersionState, gpus: list[int], next_index: Callable[[], int]) -> None:
@@ -90,8 +99,9 @@ def _no_gpu(state: VersionState) -> None:
     global _said_cpu
     if not _said_cpu:
         _said_cpu = True
-        log.warning("no GPU on this host: models without instance_group or with KIND_AUTO run on CPU "
-                    "(Triton places them on the GPU where there is one); first: model '%s'", state.model)
+        log.warning("no GPU that the backend can use (none on this host, or e.g. a CPU build of onnxruntime): "
+                    "models without instance_group or with KIND_AUTO run on CPU (Triton places them on the GPU "
+                    "where there is one); first: model '%s' (%s)", state.model, state.config.backend)
 
 
 def filled_config(config: mc.ModelConfig, state: VersionState | None) -> mc.ModelConfig:

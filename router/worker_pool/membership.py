@@ -53,7 +53,7 @@ class WorkerMembership:
             return
         if identity in self.pool.workers:
             self.drop(identity, "it restarted")
-        worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices)
+        worker = WorkerInfo(identity, hello.pid, hello.host, hello.devices, hello.gpu_backends)
         self.pool.join(worker)
         # Answer at once: the worker counts itself registered (and tells systemd) on our first word.
         self.back.send(identity, m.encode(m.Heartbeat()))

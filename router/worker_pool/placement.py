@@ -13,7 +13,7 @@ from conveyor.router.control_table import Caller
 from conveyor.router.lifecycle import ModelLifecycle
 from conveyor.router.models import Instance, InstanceState
 from conveyor.router.repository.cloud import RepositoryRoots
-from conveyor.router.repository.default_groups import pool_gpus, resolve
+from conveyor.router.repository.default_groups import backend_gpus, resolve
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,11 @@ class Placement:
         """Give per-worker models (no instance_group) one instance per worker, then
         send every unplaced instance to a worker."""
         workers = len(self.pool.workers)
-        gpus = pool_gpus([w.devices for w in self.pool.workers.values()])
         for state in self.registry.live_versions():
             if workers and state.auto_gpus is None:
-                resolve(state, gpus, self.registry.next_index)  # Triton's default / KIND_AUTO placement
+                # Triton's default / KIND_AUTO placement, on the GPUs of workers that can run the backend there
+                gpus = backend_gpus(self.pool.workers.values(), state.config.backend)
+                resolve(state, gpus, self.registry.next_index)
             if state.per_worker and not state.error:
                 for _ in range(workers - len(state.instances)):
                     state.instances.append(Instance(state, self.registry.next_index(), "cpu"))

@@ -36,6 +36,7 @@ class WorkerInfo:
     pid: int
     host: str
     devices: list[str]
+    gpu_backends: list[str] = field(default_factory=list)  # what can run on ``devices`` (WorkerHello)
     last_seen: float = field(default_factory=time.monotonic)
     instances: list[Instance] = field(default_factory=list)
     leaving: bool = False  # said WorkerLeaving: gets no new instance

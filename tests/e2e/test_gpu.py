@@ -98,7 +98,7 @@ def test_cuda_shared_memory_in_and_out(tmp_path: object) -> None:
                 out = mod.InferRequestedOutput("OUTPUT0")
                 out.set_shared_memory("cout", x.nbytes)
                 client.infer(model, [inp], outputs=[out])
-                got = cudashm.get_contents_as_numpy(outs, "FP32", [x.size])
+                got = cudashm.get_contents_as_numpy(outs, np.float32, [x.size])
                 np.testing.assert_array_equal(got, x)
                 cudashm.set_shared_memory_region(outs, [np.zeros_like(x)])
         http.unregister_cuda_shared_memory()

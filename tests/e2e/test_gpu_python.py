@@ -133,7 +133,7 @@ def _device_output_into_cuda_shm(srv: Any, x: np.ndarray) -> None:
         req = th.InferRequestedOutput("OUTPUT0")
         req.set_shared_memory("pyout", x.nbytes)
         client.infer("py_double", [inp], outputs=[req])
-        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(out, "FP32", [x.size]), x * 2)
+        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(out, np.float32, [x.size]), x * 2)
         client.unregister_cuda_shared_memory()
     finally:
         cudashm.destroy_shared_memory_region(out)

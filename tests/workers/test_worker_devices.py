@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.deploy.instances import worker_environment
-from conveyor.workers.devices import DeviceMap
+from conveyor.workers.devices import DeviceMap, gpu_backends
 
 
 def test_a_worker_for_gpu3_reports_cuda3_and_runs_it_as_its_cuda0() -> None:
@@ -40,3 +40,15 @@ def test_cuda_stops_at_the_first_invalid_entry() -> None:
 
 def test_no_gpu_reports_none() -> None:
     assert DeviceMap(0, {"CUDA_VISIBLE_DEVICES": "1"}).reported() == []
+
+
+def test_gpu_backends_are_those_that_can_run_on_the_gpu() -> None:
+    """Without a GPU none; with one, torch (a GPU host's build) and onnxruntime only with its CUDA provider."""
+    import importlib.util
+
+    import onnxruntime
+
+    assert gpu_backends(0) == []
+    found = gpu_backends(1)
+    assert ("onnxruntime" in found) == ("CUDAExecutionProvider" in onnxruntime.get_available_providers())
+    assert ("pytorch" in found) == (importlib.util.find_spec("torch") is not None)

@@ -14,7 +14,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import to_json
 from conveyor.router.models import VersionState, build_entry
 from conveyor.router.repository import default_groups
-from conveyor.router.repository.default_groups import filled_config, pool_gpus, resolve
+from conveyor.router.repository.default_groups import backend_gpus, filled_config, resolve
 from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
 
@@ -26,15 +26,18 @@ def version(text: str, backend: str = "onnxruntime") -> VersionState:
     return build_entry(ModelSpec("m", "/x", config, versions={1: "/x/1/m"})).versions[1]
 
 
-def pool(*devices: list[str]) -> WorkerPool:
+ALL_GPU_BACKENDS = ["onnxruntime", "pytorch", "tensorrt"]
+
+
+def pool(*devices: list[str], gpu_backends: list[str] = ALL_GPU_BACKENDS) -> WorkerPool:
     workers = WorkerPool()
     for i, d in enumerate(devices):
-        workers.join(WorkerInfo(f"w{i}".encode(), 1000 + i, "host", d))
+        workers.join(WorkerInfo(f"w{i}".encode(), 1000 + i, "host", d, gpu_backends if d else []))
     return workers
 
 
 def place(state: VersionState, workers: WorkerPool) -> None:
-    resolve(state, pool_gpus([w.devices for w in workers.workers.values()]), _index)
+    resolve(state, backend_gpus(workers.workers.values(), state.config.backend), _index)
     workers.place(state.instances)
 
 
@@ -60,9 +63,24 @@ def test_no_instance_group_without_a_gpu_stays_per_worker_on_cpu(caplog: pytest.
             state = version("")
             resolve(state, [], _index)
             assert state.per_worker and state.auto_gpus == []
-    said = [r for r in caplog.records if "no GPU on this host" in r.getMessage()]
+    said = [r for r in caplog.records if "no GPU that the backend can use" in r.getMessage()]
     assert len(said) == 1  # once, not once per model
     assert groups(state) == [{"name": "m", "kind": "KIND_CPU", "count": 1}]
+
+
+def test_a_backend_that_cannot_use_the_gpu_stays_on_cpu() -> None:
+    """A GPU host whose onnxruntime is a CPU build (no CUDAExecutionProvider): its ONNX models without an
+    instance_group, or KIND_AUTO, run on the CPU instead of being unavailable; TorchScript goes on the GPU."""
+    workers = pool(["cuda:0"], gpu_backends=["pytorch"])
+    onnx = version("")
+    place(onnx, workers)
+    assert onnx.per_worker and onnx.auto_gpus == []
+    auto = version("instance_group [ { count: 1 } ]")
+    place(auto, workers)
+    assert [i.load_device for i in auto.instances] == ["cpu"]
+    torch = version("", backend="pytorch")
+    place(torch, workers)
+    assert [i.load_device for i in torch.instances] == ["cuda:0"]
 
 
 def test_python_models_stay_on_cpu_even_with_a_gpu() -> None:

@@ -107,7 +107,7 @@ def test_torch_cuda_shared_memory_in_and_out(tmp_path: Path) -> None:
             out = mod.InferRequestedOutput("OUTPUT__1")
             out.set_shared_memory("tout", a.nbytes)
             client.infer("torch_gpu", inputs, outputs=[out])
-            np.testing.assert_array_equal(cudashm.get_contents_as_numpy(outs, "FP32", [16]), a - b)
+            np.testing.assert_array_equal(cudashm.get_contents_as_numpy(outs, np.float32, [16]), a - b)
             cudashm.set_shared_memory_region(outs, [np.zeros_like(a)])
         http.unregister_cuda_shared_memory()
     finally:
