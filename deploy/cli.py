@@ -287,8 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ingress":
         from conveyor.ingress.server_metadata import set_server_name
+        from conveyor.proto.errors import client_mistakes_as_400
 
         set_server_name(args.server_id)
+        client_mistakes_as_400(args.client_mistakes_as_400)
         level = "debug" if args.log_verbose > 0 else "warning"
         if args.protocol == "metrics":
             from conveyor.ingress.http.server import serve as serve_http

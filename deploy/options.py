@@ -301,6 +301,10 @@ def add_ingress_limits(p: argparse.ArgumentParser) -> None:
                         f"'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})")
     p.add_argument("--http-max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
                    help=f"largest HTTP request body, after decompression (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--client-mistakes-as-400", type=triton_bool, default=False, metavar="BOOL",
+                   help="answer the client mistakes Triton reports as 500 / INTERNAL (a model the repository does "
+                        "not hold, a malformed shape, an unopenable shared-memory key) with 400 / INVALID_ARGUMENT "
+                        "instead (default false: Triton's status, which its clients and QA assert)")
 
 
 def add_ingress_security(p: argparse.ArgumentParser) -> None:
@@ -379,6 +383,7 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
     out = ["--max-input-elements", str(a.max_input_elements), "--max-inflight-requests", str(a.max_inflight_requests),
            "--max-json-bytes", str(a.max_json_bytes),
            "--http-max-body-bytes", str(a.http_max_body_bytes),
+           "--client-mistakes-as-400", str(a.client_mistakes_as_400).lower(),
            "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower(),
            "--grpc-server", a.grpc_server]
     for flag, groups in (("--http-restricted-api", a.http_restricted_api),

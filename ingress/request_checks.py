@@ -20,7 +20,7 @@ from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import element_count, element_size, numpy_dtype, serialize_bytes
-from conveyor.proto.errors import ConveyorError, invalid_arg, request_prefix
+from conveyor.proto.errors import ConveyorError, client_mistake, invalid_arg, request_prefix
 from conveyor.shm.arena import Arena
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
@@ -123,8 +123,8 @@ def check_inputs(
         if inp.data is None:
             raise invalid_arg(f"input '{inp.name}' has no data")
         if inp.from_json and inp.datatype != "BYTES" and inp.data.size != element_count(inp.shape):  # type: ignore[union-attr]
-            # Triton's HTTP server's words (an INTERNAL 500 there: a client's mistake, 400 here).
-            raise invalid_arg("Unable to parse 'data': Shape does not match true shape of 'data' field")
+            # Triton's HTTP server's words and status (INTERNAL, 500)
+            raise client_mistake("Unable to parse 'data': Shape does not match true shape of 'data' field")
         checked.append((inp, _byte_size(inp, sig.name, request_id)))
     # Only with optional inputs can the count be right and a required input missing (Triton
     # lets such a request reach the backend): refused here, in the words of the count check.

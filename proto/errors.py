@@ -29,11 +29,16 @@ class Status(enum.IntEnum):
     ALREADY_EXISTS = 6
     CANCELLED = 7
     DEADLINE_EXCEEDED = 8
+    # Conveyor's own: a client's mistake that Triton reports as INTERNAL (a model its repository does not
+    # hold, a malformed shape, an unopenable shared-memory key). Rendered as Triton does (500 / INTERNAL)
+    # since Triton's clients and QA assert it; 400 / INVALID_ARGUMENT with --client-mistakes-as-400.
+    CLIENT_MISTAKE = 9
 
 
 # Triton's HTTP mapping (server docs/protocol/README.md): everything else is 400.
 _HTTP_STATUS = {
     Status.INTERNAL: 500,
+    Status.CLIENT_MISTAKE: 500,
     Status.NOT_FOUND: 404,
     Status.UNAVAILABLE: 503,
     Status.UNSUPPORTED: 501,
@@ -50,7 +55,15 @@ _GRPC_CODE = {
     Status.ALREADY_EXISTS: "ALREADY_EXISTS",
     Status.CANCELLED: "CANCELLED",
     Status.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+    Status.CLIENT_MISTAKE: "INTERNAL",
 }
+
+
+def client_mistakes_as_400(on: bool) -> None:
+    """Render ``Status.CLIENT_MISTAKE`` as 400 / INVALID_ARGUMENT (``--client-mistakes-as-400``) instead
+    of Triton's 500 / INTERNAL. Called once by an ingress at its start, before it answers anything."""
+    _HTTP_STATUS[Status.CLIENT_MISTAKE] = 400 if on else 500
+    _GRPC_CODE[Status.CLIENT_MISTAKE] = "INVALID_ARGUMENT" if on else "INTERNAL"
 
 
 def http_status(status: Status) -> int:
@@ -71,6 +84,16 @@ class ConveyorError(Exception):
 
     def __repr__(self) -> str:
         return f"ConveyorError({self.status.name}, {self.message!r})"
+
+
+def triton_code(status: int) -> int:
+    """The TRITONSERVER_Error_Code a Python model's ``TritonError.code()`` shows for ``status``."""
+    return int(Status.INTERNAL) if status == Status.CLIENT_MISTAKE else status
+
+
+def client_mistake(message: str) -> ConveyorError:
+    """A client's mistake that Triton reports as INTERNAL (``Status.CLIENT_MISTAKE``)."""
+    return ConveyorError(Status.CLIENT_MISTAKE, message)
 
 
 def invalid_arg(message: str) -> ConveyorError:

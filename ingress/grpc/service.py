@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 
-_GRPC_CODE = {status: grpc.StatusCode[grpc_code_name(status)] for status in Status}
+
+def _grpc_code(status: Status) -> grpc.StatusCode:
+    return grpc.StatusCode[grpc_code_name(status)]  # read when rendered: --client-mistakes-as-400 changes it
+
 
 # How ModelInfer names itself when it refuses a decoupled model (Triton's words).
 _UNARY = "ModelInfer RPC"
@@ -68,7 +71,7 @@ def _unary(
                 raise request.error(method.__name__)
             return await method(self, request, context)
         except ConveyorError as err:
-            await _abort(context, _GRPC_CODE[err.status], err.message)
+            await _abort(context, _grpc_code(err.status), err.message)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as err:

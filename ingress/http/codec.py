@@ -30,7 +30,7 @@ from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
 from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
 from conveyor.ingress.shm_params import REGION, take_placement
 from conveyor.proto.datatypes import DATATYPES, element_size
-from conveyor.proto.errors import ConveyorError, Status, invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -195,8 +195,8 @@ def _inputs(raw: Any, view: memoryview, json_end: int, model: str, *, binary_ok:
         if not isinstance(shape, list):
             raise invalid_arg("Unable to parse 'shape': attempt to access JSON non-array as array")
         if not all(_is_count(d) for d in shape):
-            # Triton answers 500 (its JSON reader's INTERNAL); a client's mistake is a 400 here.
-            raise invalid_arg(
+            # Triton answers 500 (its JSON reader's INTERNAL)
+            raise client_mistake(
                 "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"
             )
         params = _parameters(tensor, "input", name)

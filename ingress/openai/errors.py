@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
           503: "service_unavailable", 413: "invalid_request_error"}
 _STATUS = {Status.INVALID_ARG: 400, Status.NOT_FOUND: 404, Status.UNAVAILABLE: 503, Status.UNSUPPORTED: 400,
-           Status.INTERNAL: 500}
+           Status.INTERNAL: 500, Status.CLIENT_MISTAKE: 400}  # not Triton's API: a client's mistake is a 400
 
 
 def status_of(error: ConveyorError) -> int:

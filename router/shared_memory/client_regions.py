@@ -22,7 +22,7 @@ from typing import Any
 import posix_ipc
 
 from conveyor.proto import messages as m
-from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg, not_found
 from conveyor.shm.naming import PREFIX as SEGMENT_PREFIX
 
 log = logging.getLogger(__name__)
@@ -260,24 +260,24 @@ class ClientShmRegistry:
 def _segment_size(key: str) -> tuple[int, int]:
     """The size and inode of POSIX segment ``key``, opened read-only and closed again.
 
-    Any failure is Triton's "Unable to open shared memory region" (there INTERNAL, 500: here
-    INVALID_ARG, 400, since the client named a segment this server cannot open); the reason is logged.
+    Any failure is Triton's "Unable to open shared memory region", with Triton's status (INTERNAL,
+    500; 400 with --client-mistakes-as-400); the reason is logged.
     """
     if "\0" in key:
         # posix_ipc (1.3) dereferences a bad pointer on such a name: the router would die (SIGSEGV).
         log.info("shared memory key %r: a key cannot contain a NUL character", key)
-        raise invalid_arg(f"Unable to open shared memory region: '{key}'")
+        raise client_mistake(f"Unable to open shared memory region: '{key}'")
     try:
         shm = posix_ipc.SharedMemory(key, read_only=True)
     except posix_ipc.ExistentialError:
         log.info("shared memory key '%s': no such segment", key)
-        raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
+        raise client_mistake(f"Unable to open shared memory region: '{key}'") from None
     except posix_ipc.PermissionsError:
         log.info("shared memory key '%s': permission denied for the server's user", key)
-        raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
+        raise client_mistake(f"Unable to open shared memory region: '{key}'") from None
     except (ValueError, posix_ipc.Error) as exc:
         log.info("shared memory key '%s': %s", key, exc)
-        raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
+        raise client_mistake(f"Unable to open shared memory region: '{key}'") from None
     try:
         st = os.fstat(shm.fd)
         return st.st_size, st.st_ino

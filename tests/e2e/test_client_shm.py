@@ -199,7 +199,7 @@ def test_registration_errors(shm_server: Server, httpc: th.InferenceServerClient
     httpc.register_system_shared_memory("r", key_of(seg), 64)
     cases = [
         ("r", {"key": key_of(seg), "offset": 0, "byte_size": 64}, 400, "already in manager"),
-        ("x", {"key": "/cv_no_such_segment", "offset": 0, "byte_size": 64}, 400,
+        ("x", {"key": "/cv_no_such_segment", "offset": 0, "byte_size": 64}, 500,  # Triton's INTERNAL
          "Unable to open shared memory region: '/cv_no_such_segment'"),
         ("y", {"key": key_of(seg), "offset": 0, "byte_size": 1 << 20}, 400,
          "failed to register shared memory region 'y': invalid args"),
@@ -285,7 +285,7 @@ def test_segment_the_server_may_not_open(shm_server: Server, regions: Any) -> No
     os.fchmod(seg._shm_fd, 0) if hasattr(seg, "_shm_fd") else os.chmod(f"/dev/shm/{key_of(seg).lstrip('/')}", 0)
     status, message = http_error(shm_server, "POST", "/v2/systemsharedmemory/region/private/register",
                                  {"key": key_of(seg), "offset": 0, "byte_size": 64})
-    assert (status, message) == (400, f"Unable to open shared memory region: '{key_of(seg)}'")
+    assert (status, message) == (500, f"Unable to open shared memory region: '{key_of(seg)}'")
 
 
 def test_client_that_dies_without_unregistering(shm_server: Server, httpc: th.InferenceServerClient,

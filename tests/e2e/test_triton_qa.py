@@ -233,12 +233,12 @@ INFER_ERRORS: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
 
 
 def test_json_data_that_does_not_fill_its_shape(qa: Server) -> None:
-    # Triton's words; its status is 500 (INTERNAL), a client's mistake is a 400 here.
+    # Triton's words and status (500, INTERNAL; 400 with --client-mistakes-as-400).
     for data in (list(range(9)), list(range(7))):
         r = requests.post(_infer_url(qa, "zero_1_float32"), json={"inputs": [{**FP32_8, "data": data}]},  # type: ignore[dict-item]
                           timeout=30)
         assert (r.status_code, r.json()) == (
-            400, {"error": "Unable to parse 'data': Shape does not match true shape of 'data' field"})
+            500, {"error": "Unable to parse 'data': Shape does not match true shape of 'data' field"})
 
 
 def _grpc_inputs(doc: dict[str, Any]) -> tuple[list[tg.InferInput], list[tg.InferRequestedOutput] | None]:
@@ -360,7 +360,7 @@ def _registration_errors(key: str) -> list[tuple[str, tuple[Any, ...], int, str,
     return [
         ("register_system_shared_memory", ("r", key, SHM_BYTES), 400, "ALREADY_EXISTS",
          "shared memory region 'r' already in manager"),
-        ("register_system_shared_memory", ("x", "/cv_qa_no_such_segment", SHM_BYTES), 400, "INVALID_ARGUMENT",
+        ("register_system_shared_memory", ("x", "/cv_qa_no_such_segment", SHM_BYTES), 500, "INTERNAL",
          "Unable to open shared memory region: '/cv_qa_no_such_segment'"),
         ("register_system_shared_memory", ("y", key, SHM_BYTES + 1), 400, "INVALID_ARGUMENT",
          "failed to register shared memory region 'y': invalid args"),

@@ -60,7 +60,7 @@ def test_the_limit_flags_reach_every_process(tmp_path: object) -> None:
     args = build_parser().parse_args([
         "serve", "--max-input-elements", "64", "--max-inflight-requests", "8", "--http-max-body-bytes", "4096",
         "--max-client-shm-regions", "3", "--http-restricted-api", "model-repository,statistics:admin=s3cret",
-        "--grpc-restricted-protocol", "inference:key=v",
+        "--grpc-restricted-protocol", "inference:key=v", "--client-mistakes-as-400", "true",
     ])
     assert check_ingress_args(args) == ""
     supervisor = Supervisor(args)
@@ -76,6 +76,7 @@ def test_the_limit_flags_reach_every_process(tmp_path: object) -> None:
         again = build_parser().parse_args(["ingress", *argv[1:]])
         assert again.http_restricted_api == args.http_restricted_api
         assert again.grpc_restricted_protocol == args.grpc_restricted_protocol
+        assert again.client_mistakes_as_400 is True
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
@@ -104,3 +105,20 @@ def test_json_past_its_limit_is_refused_with_advice() -> None:
     with pytest.raises(ConveyorError, match="binary tensor extension") as err:
         check_json_size(1001, 1000)
     assert err.value.status == Status.INVALID_ARG
+
+
+def test_client_mistakes_render_as_triton_unless_asked_for_400() -> None:
+    """Triton reports some client mistakes as INTERNAL: its clients assert 500 / INTERNAL, so that is the
+    default; --client-mistakes-as-400 makes them 400 / INVALID_ARGUMENT. The OpenAI API is not Triton's."""
+    from conveyor.ingress.openai.errors import status_of
+    from conveyor.proto.errors import client_mistake, client_mistakes_as_400, grpc_code_name, http_status, triton_code
+
+    mistake = client_mistake("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    assert (http_status(mistake.status), grpc_code_name(mistake.status)) == (500, "INTERNAL")
+    assert triton_code(mistake.status) == Status.INTERNAL  # what a Python model's BLS call sees
+    try:
+        client_mistakes_as_400(True)
+        assert (http_status(mistake.status), grpc_code_name(mistake.status)) == (400, "INVALID_ARGUMENT")
+    finally:
+        client_mistakes_as_400(False)
+    assert status_of(mistake) == 400

@@ -139,4 +139,4 @@ def test_a_key_with_a_nul_character_is_refused_not_a_crash() -> None:
     registry = ClientShmRegistry(allow=True)
     with pytest.raises(ConveyorError, match="Unable to open shared memory region") as err:
         registry.register_system("r", "/a\0b", 0, 16)
-    assert err.value.status == Status.INVALID_ARG
+    assert err.value.status == Status.CLIENT_MISTAKE

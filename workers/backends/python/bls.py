@@ -42,7 +42,7 @@ from conveyor.ingress.request_checks import (
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import datatype_of, deserialize_bytes, element_count, numpy_dtype
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import ConveyorError, Status, triton_code
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends.python.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
 from conveyor.workers.backends.python.pb_utils import InferenceRequest, InferenceResponse, Tensor, TritonError
@@ -189,7 +189,7 @@ class BlsClient:
     def _response(self, msg: m.InferResponse) -> InferenceResponse:
         if msg.error is not None:
             self._release(msg)
-            return InferenceResponse(error=TritonError(msg.error.message, msg.error.status))
+            return InferenceResponse(error=TritonError(msg.error.message, triton_code(msg.error.status)))
         try:
             return InferenceResponse(
                 [Tensor(ref.name, self._array(ref)) for ref in msg.outputs],
@@ -286,4 +286,4 @@ def _cancelled(request: InferenceRequest, why: str) -> InferenceResponse:
 
 
 def _error_response(exc: ConveyorError) -> InferenceResponse:
-    return InferenceResponse(error=TritonError(exc.message, int(exc.status)))
+    return InferenceResponse(error=TritonError(exc.message, triton_code(exc.status)))
