@@ -49,6 +49,8 @@ from conveyor.shm.regions import RegionCache
 ROUTING_HINT = "conveyor_host"
 HOST = socket.gethostname()
 _CLIENT = m.CLIENT_REGION_PREFIX
+# What the ingress refuses as the client's fault: counted as REJECTED, and checked again against a fresh signature.
+_REFUSALS = frozenset((Status.INVALID_ARG, Status.CLIENT_MISTAKE))
 
 
 @dataclass(slots=True)
@@ -214,10 +216,11 @@ class DataPlane:
         self._in_flight += 1
 
     def refused(self, model: str, version: str, exc: ConveyorError) -> None:
-        """A request to a model refused here as invalid (INVALID_ARG): the router counts it
-        as a REJECTED failure of that model. Adapters call this for what they refuse while
-        parsing; the data plane for what its checks refuse. Nothing on the success path."""
-        if exc.status is Status.INVALID_ARG and model:
+        """A request to a model refused here as invalid (INVALID_ARG, or a client's mistake Triton
+        calls INTERNAL): the router counts it as a REJECTED failure of that model. Adapters call this
+        for what they refuse while parsing; the data plane for what its checks refuse. Nothing on the
+        success path."""
+        if exc.status in _REFUSALS and model:
             self.link.refused(model, version)
 
     async def _validated(self, sig: ModelSignature, call: InferCall) -> m.InferRequest:
@@ -227,7 +230,7 @@ class DataPlane:
         try:
             return self._send_inputs(sig, call)
         except ConveyorError as exc:
-            if exc.status is not Status.INVALID_ARG:
+            if exc.status not in _REFUSALS:
                 raise
             stale = exc
         try:
