@@ -12,6 +12,7 @@ its whole length: ``simple``'s requests failed with 503 and both workers were dr
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import identity
 from conveyor.deploy.ports import free_port
@@ -32,6 +34,7 @@ pytest.importorskip("moto.server")
 pytestmark = pytest.mark.timeout(300)
 
 SLOW_S = 6.0  # the Python model's auto_complete_config
+BRIEF_S = 3.0  # the same, for the load API's own tests
 STORE_DELAY_S = 2.0  # each request to the slow S3 store
 BIG_MIB = int(os.environ.get("CONVEYOR_BIG_ONNX_MIB", "1024"))  # weights in an external-data file
 INLINE_MIB = 256  # weights inside the graph, which the router reads to complete the config
@@ -49,7 +52,7 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" da
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
-SLOW_MODEL = f'''
+SLOW_MODEL = '''
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -58,7 +61,7 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(config):
-        time.sleep({SLOW_S})
+        time.sleep({seconds})
         config.add_input({{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}})
         config.add_output({{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}})
         return config
@@ -87,7 +90,8 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     base = tmp_path_factory.mktemp("load_while_serving")
     repo = base / "repo"
     write_model(str(repo), "simple", ADD_SUB_MODEL, SIMPLE_CONFIG)
-    write_model(str(repo), "slow", SLOW_MODEL, 'name: "slow"\nbackend: "python"\n')
+    for name, seconds in (("slow", SLOW_S), ("brief_a", BRIEF_S), ("brief_b", BRIEF_S)):
+        write_model(str(repo), name, SLOW_MODEL.format(seconds=seconds), f'name: "{name}"\nbackend: "python"\n')
     big_files = [big_embedding(str(repo), "big", BIG_MIB), big_embedding(str(repo), "big_inline", INLINE_MIB, False)]
     flag = base / "slow-store"
     log = base / "server.log"
@@ -180,3 +184,90 @@ def test_a_slow_object_store_stops_no_other_model(group: Group, tmp_path: Path) 
     finally:
         group.slow_flag.unlink()
 
+
+
+# --- the load API while loads run in parallel ------------------------------------------
+
+
+@dataclass
+class Call:
+    """A load or unload made on a thread of its own: when it returned, and how."""
+
+    started: float = 0.0
+    ended: float = 0.0
+    error: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+def in_background(group: Group, op: str, model: str) -> tuple[threading.Thread, Call]:
+    call = Call(time.monotonic())
+
+    def run() -> None:
+        client = th.InferenceServerClient(group.server.http_url, network_timeout=120)
+        try:
+            getattr(client, op)(model)
+        except InferenceServerException as exc:
+            call.error = str(exc)
+        finally:
+            call.ended = time.monotonic()
+            client.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, call
+
+
+def test_loads_of_different_models_run_in_parallel(group: Group) -> None:
+    http = th.InferenceServerClient(group.server.http_url)
+    (ta, a), (tb, b) = in_background(group, "load_model", "brief_a"), in_background(group, "load_model", "brief_b")
+    time.sleep(1.0)
+    started = time.monotonic()
+    index = {r["name"]: r for r in http.get_model_repository_index()}  # the repository is read meanwhile
+    assert time.monotonic() - started < 1.0 and "brief_a" in index
+    assert http.is_server_live() and http.is_model_ready("simple")
+    ta.join(60)
+    tb.join(60)
+    assert (a.error, b.error) == ("", "")
+    assert http.is_model_ready("brief_a") and http.is_model_ready("brief_b")
+    # One after the other would take two auto_complete_config runs: the sum of both.
+    assert max(a.ended, b.ended) - min(a.started, b.started) < 2 * BRIEF_S - 0.5, (a, b)
+    http.unload_model("brief_a")
+    http.unload_model("brief_b")
+
+
+def test_a_second_load_of_a_model_waits_for_the_first(group: Group) -> None:
+    first_thread, first = in_background(group, "load_model", "brief_a")
+    time.sleep(0.5)
+    second_thread, second = in_background(group, "load_model", "brief_a")
+    first_thread.join(60)
+    second_thread.join(60)
+    assert (first.error, second.error) == ("", "")
+    # The second read the model after the first was applied: both answered once it settled.
+    assert second.ended >= first.ended and second.seconds >= BRIEF_S, (first, second)
+    http = th.InferenceServerClient(group.server.http_url)
+    index = [(r["name"], r.get("version"), r.get("state")) for r in http.get_model_repository_index()
+             if r["name"] == "brief_a"]
+    assert index == [("brief_a", "1", "READY")]
+    http.unload_model("brief_a")
+
+
+def test_an_unload_during_a_load_cancels_it(group: Group) -> None:
+    http = th.InferenceServerClient(group.server.http_url)
+    load_thread, load = in_background(group, "load_model", "brief_b")
+    time.sleep(1.0)
+    started = time.monotonic()
+    http.unload_model("brief_b")  # answered at once, not after the load
+    assert time.monotonic() - started < 1.0
+    load_thread.join(60)
+    assert "failed to load 'brief_b': 'brief_b' was unloaded while it was loading" in load.error
+    assert load.ended - started < 1.0, "the load call was answered only when its preparation ended"
+    time.sleep(BRIEF_S)  # its preparation has ended by now: its result was dropped
+    rows = {r["name"]: r for r in http.get_model_repository_index()}
+    assert (rows["brief_b"]["state"], rows["brief_b"]["reason"]) == ("UNAVAILABLE", "unloaded")
+    assert not http.is_model_ready("brief_b")
+    http.load_model("brief_b")  # and a new load of it works
+    assert http.is_model_ready("brief_b")
+    http.unload_model("brief_b")
