@@ -30,9 +30,9 @@ import logging
 import os
 import queue
 import select
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from conveyor.proto.dispatch_cpu import release_thread
@@ -51,14 +51,49 @@ class Lane(enum.Enum):
     SCAN = "scan"
 
 
+class _Threads:
+    """Up to ``size`` daemon threads taking work from one queue, started as work comes. Daemon
+    threads: the router exits without waiting for a load still being prepared (the child process
+    a Python model's completion runs in dies with it)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self._name = name
+        self._size = max(1, size)
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for work no submission has counted on yet
+        self._started = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1  # a waiting thread takes it
+            elif self._started < self._size:
+                self._started += 1
+                threading.Thread(target=self._serve, name=f"{self._name}-{self._started}", daemon=True).start()
+        self._work.put(job)
+
+    def _serve(self) -> None:
+        # Off the dispatch core (proto/dispatch_cpu.py): this is a worker's instance threads' kind of
+        # work, and a child process started here inherits the thread's CPUs.
+        release_thread()
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            job()
+            with self._lock:
+                self._idle += 1
+
+    def stop(self) -> None:
+        for _ in range(self._started):
+            self._work.put(None)
+
+
 class RepositoryAgent:
     def __init__(self, load_threads: int = DEFAULT_LOAD_THREADS) -> None:
-        # Off the dispatch core (proto/dispatch_cpu.py): this is a worker's instance threads' kind of work,
-        # and a child process started here inherits the thread's CPUs.
-        self._lanes = {
-            lane: ThreadPoolExecutor(max(1, n), f"repository-{lane.value}", initializer=release_thread)
-            for lane, n in ((Lane.LOAD, load_threads), (Lane.SYNC, 1), (Lane.SCAN, SCAN_THREADS))
-        }
+        self._lanes = {lane: _Threads(f"repository-{lane.value}", n)
+                       for lane, n in ((Lane.LOAD, load_threads), (Lane.SYNC, 1), (Lane.SCAN, SCAN_THREADS))}
         self._done: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._rx, self._tx = os.pipe()
         os.set_blocking(self._rx, False)
@@ -74,7 +109,7 @@ class RepositoryAgent:
         """Run ``work`` on ``lane``; ``then`` gets its result, or the exception it raised, on the
         loop (``drain``). ``work`` must not touch the loop's state."""
         self.pending += 1
-        self._lanes[lane].submit(self._run, work, then)
+        self._lanes[lane].submit(lambda: self._run(work, then))
 
     def _run(self, work: Callable[[], T], then: Callable[[T | Exception], None]) -> None:
         try:
@@ -116,10 +151,12 @@ class RepositoryAgent:
             self.drain()
 
     def close(self) -> None:
-        for pool in self._lanes.values():
-            pool.shutdown(wait=False, cancel_futures=True)
-        os.close(self._rx)
-        os.close(self._tx)
+        """Stop the threads once their work is done; outcomes still to come are dropped."""
+        for lane in self._lanes.values():
+            lane.stop()
+        if not self.pending:  # else a thread still writes to the pipe: it goes with the process
+            os.close(self._rx)
+            os.close(self._tx)
 
 
 def logged(what: str) -> Callable[[object], None]:
