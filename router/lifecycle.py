@@ -329,8 +329,9 @@ class ModelLifecycle:
             return
         waiter.name, waiter.on_disk, waiter.resolved = key, outcome, True
         self._prepare(Prep(key, "" if files else outcome[key], Why.LOAD, override, files or None, waiter))
-        for other in keys[1:]:
-            self._prepare(Prep(other, outcome[other], Why.LOAD, override, None, waiter))
+        for other in keys[1:]:  # each preparation reads its own copy, on its own thread
+            copy = None if override is None else mc.ModelConfig.FromString(override.SerializeToString())
+            self._prepare(Prep(other, outcome[other], Why.LOAD, copy, None, waiter))
 
     def _load_composing(self, key: str, waiter: LoadWaiter) -> None:
         """An ensemble's composing models load with it (as in Triton), unless already loaded."""

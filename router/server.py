@@ -11,13 +11,17 @@ the periodic tick. The handlers live in their own modules:
 - ``dispatch.py``: queued requests become batches on free instances; timers;
 - ``results.py``: ``BatchResult``/``ItemResponse`` become ``InferResponse``s;
 - ``worker_pool/membership.py``: workers joining, loading, leaving, dropped;
-- ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls.
+- ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls;
+- ``repository/agent.py``: the repository's slow work (disks, networks, child processes, model
+  files) on threads of its own; the loop polls its descriptor and applies what comes back
+  (``lifecycle.py``), so nothing here ever waits for it.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from typing import Any
 
@@ -63,6 +67,10 @@ log = logging.getLogger(__name__)
 
 # How often registered client segments are checked for having gone away.
 SHM_SWEEP_INTERVAL_S = 5.0
+# How soon the loop thread gets the GIL back from a repository agent thread running Python
+# (a config parsed, a cloud store's client at work) when it wants it: Python's default is 5 ms,
+# a wait the loop would pay on every wake-up while such a job runs (1 ms: a few times less).
+SWITCH_INTERVAL_S = 0.001
 # A tick this late means the loop itself was held up (nothing should do that, but a pause of the
 # whole process can): the workers' silence is measured without that time.
 LATE_TICK_S = 3 * HEARTBEAT_INTERVAL_S
@@ -182,6 +190,7 @@ class Router:
         self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         # Bound (in __init__): workers and ingress can come while the agent reads the repository.
         self.lifecycle.begin_startup()
         front, back, own, agent = self.front_sock, self.back_sock, self.self_link.sock, self.agent.fd
