@@ -353,10 +353,10 @@ class ModelLifecycle:
             for dependent in self._ensembles_using(name):
                 self._unload(dependent)
         for key in [name, *self.registry.namespaced.get(name, ())]:
-            if key in self.registry.models or key in self.registry.staging:
-                self._unload(key)
+            if key in self.registry.models or key in self.registry.staging or key in self._preparing:
+                self._unload(key)  # listed as unloaded, as after Triton's load then unload
             else:
-                self._cancel(key)  # a first load of it still on its way
+                self._cancel(key)  # a load whose look at the repository has not come back
         # as Triton: unloading what is not loaded succeeds
 
     def _ensembles_using(self, name: str) -> list[str]:
@@ -511,6 +511,7 @@ class ModelLifecycle:
 
     def _prepared(self, prep: Prep, outcome: Prepared | Exception) -> None:
         if prep.epoch != self._epochs.get(prep.key, 0):  # unloaded meanwhile: this load is cancelled
+            log.info("model '%s': a load cancelled by an unload was prepared; dropped", prep.key)
             if isinstance(outcome, Prepared) and outcome.written:
                 self._remove(outcome.written)
         elif isinstance(outcome, ConveyorError):  # the load's file overrides could not be written
