@@ -182,7 +182,8 @@ class ModelLifecycle:
 
     @property
     def starting(self) -> bool:
-        """Start-up has not loaded (or failed) every model it loads yet: the server is not ready."""
+        """Start-up's models are not all read and entered yet: the server is not ready (then their
+        versions' states say, as their instances load on the workers)."""
         return self._listing_at_start or self._startup_left > 0
 
     def startup(self) -> None:
