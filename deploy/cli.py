@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
                startup=StartupOptions(args.exit_on_error, args.strict_readiness, args.model_config_name,
                                       args.model_load_retry_count, BackendConfig.parse(args.backend_config),
-                                      args.model_namespacing))
+                                      args.model_namespacing, args.model_load_thread_count))
         router.run(args.exit_timeout_secs, args.drain_grace_secs)
         lock.release()
         return router.exit_code

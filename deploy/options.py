@@ -73,6 +73,16 @@ def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
     return parse
 
 
+def _load_threads(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a number of threads, 1 or more: {text!r}")
+    return n
+
+
 def _backend_setting(text: str) -> object:
     from conveyor.router.repository.backend_config import parse_setting
 
@@ -260,6 +270,9 @@ def add_model_control(p: argparse.ArgumentParser) -> None:
                         "an ensemble uses its own repository's, a request to a name held twice is refused")
     p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
                    help="load a model instance that failed up to N more times before it counts as failed")
+    p.add_argument("--model-load-thread-count", type=_load_threads, default=4, metavar="N",
+                   help="threads the router prepares loads on (reading, completing and mirroring models): loads of "
+                        "different models run in parallel, and every other model keeps serving (default 4)")
     p.add_argument("--backend-config", action="append", default=[], type=_checked(_backend_setting),
                    metavar="[BACKEND,]KEY=VALUE",
                    help="Triton's backend settings (repeatable): default-max-batch-size, onnxruntime's "
@@ -272,6 +285,7 @@ def model_control_args(a: argparse.Namespace) -> list[str]:
            "--strict-model-config", str(a.strict_model_config or a.disable_auto_complete_config).lower(),
            "--exit-on-error", str(a.exit_on_error).lower(), "--strict-readiness", str(a.strict_readiness).lower(),
            "--model-load-retry-count", str(a.model_load_retry_count),
+           "--model-load-thread-count", str(a.model_load_thread_count),
            "--model-namespacing", str(a.model_namespacing).lower()]
     if a.model_config_name:
         out += ["--model-config-name", a.model_config_name]

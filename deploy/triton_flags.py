@@ -31,9 +31,6 @@ _GPU_POOL = ("each backend allocates GPU memory through its own framework (ONNX 
              "and tensors cross processes in shared memory: the server keeps no pool of its own")
 
 UNUSED: tuple[Unused, ...] = (
-    Unused("--model-load-thread-count", int,
-           "models load in the worker processes, every instance on a thread of its own, all at once: "
-           "there is no load thread pool to size"),
     Unused("--enable-peer-access", triton_bool,
            "tensors travel between processes through shared memory and CUDA IPC, never GPU peer copies"),
     Unused("--reuse-http-port", triton_bool,

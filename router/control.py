@@ -27,6 +27,7 @@ class ControlHandler:
         self.custom_metrics = CustomMetricsStore()  # models' pb_utils.MetricFamily series, from the workers
         self.response_cache = False  # the server has a response cache (--cache-config)
         self.strict_readiness = False  # --strict-readiness
+        self.starting: Callable[[], bool] = lambda: False  # start-up's loads not all settled yet
         # OpenTelemetry mode: spans exported, dropped and failed (router/observability/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
 
@@ -40,9 +41,10 @@ class ControlHandler:
         By default a model that failed to load does not hold the server back: it
         reports its own reason on its own endpoints. With --strict-readiness (Triton's
         default, and ``tritonserver``'s) every model must be ready, as in Triton.
-        A draining router is not ready, so every ingress says so at once.
+        A draining router is not ready, so every ingress says so at once; nor is one whose
+        start-up loads are still being prepared.
         """
-        if self.shutdown.draining:
+        if self.shutdown.draining or self.starting():
             return False
         versions = self.registry.versions()
         if versions and not self.pool.workers:

@@ -95,11 +95,13 @@ def router_ops(r: Router) -> ControlTable:
         "instances": Op(NoArgs, lambda _: c.instances()),
         "model_directory": Op(ModelVersion, lambda a: c.model_directory(a.model, a.version)),  # the OpenAI ingress
         # the model repository (router/lifecycle.py, router/worker_pool/placement.py)
-        "repository_index": Op(RepositoryIndex, lambda a: r.lifecycle.index(a.ready)),
+        # (the repository agent reads the disk: the index and a registration answer once it did)
+        "repository_index": Deferred(RepositoryIndex, lambda a, caller: r.lifecycle.request_index(a.ready, caller)),
         "repository_load": Deferred(RepositoryLoad, lambda a, caller: r.placement.load(
             a.model, a.config, a.files, caller)),
         "repository_unload": Op(RepositoryUnload, lambda a: r.placement.unload(a.model, a.unload_dependents)),
-        "repository_register": Op(RepositoryRegister, lambda a: r.lifecycle.register(a.root, a.mapping)),
+        "repository_register": Deferred(RepositoryRegister, lambda a, caller: r.lifecycle.register(
+            a.root, a.mapping, caller)),
         "repository_unregister": Op(RepositoryUnregister, lambda a: r.lifecycle.unregister(a.root)),
         # client shared memory (router/shared_memory/client_regions.py)
         **shm_ops(r.shm, r.forget_regions),

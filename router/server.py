@@ -11,13 +11,17 @@ the periodic tick. The handlers live in their own modules:
 - ``dispatch.py``: queued requests become batches on free instances; timers;
 - ``results.py``: ``BatchResult``/``ItemResponse`` become ``InferResponse``s;
 - ``worker_pool/membership.py``: workers joining, loading, leaving, dropped;
-- ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls.
+- ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls;
+- ``repository/agent.py``: the repository's slow work (disks, networks, child processes, model
+  files) on threads of its own; the loop polls its descriptor and applies what comes back
+  (``lifecycle.py``), so nothing here ever waits for it.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from typing import Any
 
@@ -42,6 +46,7 @@ from conveyor.router.observability.otlp_export import otlp_sink
 from conveyor.router.observability.trace_settings import TraceConfig
 from conveyor.router.observability.tracing import Tracer
 from conveyor.router.replies import Replies, count_refused
+from conveyor.router.repository.agent import RepositoryAgent
 from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
@@ -62,6 +67,13 @@ log = logging.getLogger(__name__)
 
 # How often registered client segments are checked for having gone away.
 SHM_SWEEP_INTERVAL_S = 5.0
+# How soon the loop thread gets the GIL back from a repository agent thread running Python
+# (a config parsed, a cloud store's client at work) when it wants it: Python's default is 5 ms,
+# a wait the loop would pay on every wake-up while such a job runs (1 ms: a few times less).
+SWITCH_INTERVAL_S = 0.001
+# A tick this late means the loop itself was held up (nothing should do that, but a pause of the
+# whole process can): the workers' silence is measured without that time.
+LATE_TICK_S = 3 * HEARTBEAT_INTERVAL_S
 
 
 class Router:
@@ -101,11 +113,17 @@ class Router:
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
         self.control.strict_readiness = startup.strict_readiness
         self.roots = RepositoryRoots(repositories)  # s3://, gs://, as:// roots become local mirrors
+        # Disks, networks, child processes and model files: on the agent's threads, never in this loop.
+        self.agent = RepositoryAgent(startup.load_threads)
         self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config,
-                                        startup.config_name, startup.backend_config, startup.namespacing)
+                                        startup.config_name, startup.backend_config, startup.namespacing,
+                                        self.agent, self.roots.sync if self.roots.remote else None)
+        self.control.starting = lambda: self.lifecycle.starting
+        self._announced_ready = False  # systemd's READY, once start-up's loads settled
         self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
         self._poll_secs = poll_secs
         self._next_poll = time.monotonic() + poll_secs
+        self._last_tick = time.monotonic()
         self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
         self._next_shm_sweep = 0.0
         # Log and trace settings (observability extensions): kept here, pushed to every process.
@@ -134,7 +152,7 @@ class Router:
         self.admission = Admission(ctx, self.dispatcher, self.shm, self.self_link.identity, regions,
                                    self._ingress_peers)
         self.ensembles = self.admission.ensembles
-        self.placement = Placement(ctx, self.lifecycle, self.roots)
+        self.placement = Placement(ctx, self.lifecycle)
         self.results = Results(ctx, self.dispatcher, self.placement.settle)
         self.membership = WorkerMembership(ctx, self.dispatcher, self.results, self.placement, self.settings,
                                            self.shm, self.control.custom_metrics, group, startup.load_retries)
@@ -149,7 +167,7 @@ class Router:
     # --- lifecycle ---------------------------------------------------------------------
 
     def load_repository(self) -> None:
-        self.roots.sync()
+        """Start-up's loads, waited for: before the loop runs (tests; ``run`` does not wait)."""
         self.lifecycle.startup()
 
     def stop(self, *_: Any) -> None:
@@ -172,12 +190,12 @@ class Router:
         self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
-        self.load_repository()
-        # Bound (in __init__) and the repository scanned: workers and ingress can come.
-        self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
-        front, back, own = self.front_sock, self.back_sock, self.self_link.sock
-        poller = Poller([front, back, own], self.spin_s)
-        next_tick = time.monotonic()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        # Bound (in __init__): workers and ingress can come while the agent reads the repository.
+        self.lifecycle.begin_startup()
+        front, back, own, agent = self.front_sock, self.back_sock, self.self_link.sock, self.agent.fd
+        poller = Poller([front, back, own, agent], self.spin_s)
+        next_tick = self._last_tick = time.monotonic()
         more = False  # a drain stopped at its cap: poll without waiting
         while True:
             self.systemd.beat()
@@ -194,6 +212,12 @@ class Router:
                 more |= drain_peers(front, m.ingress_decoder.decode, self._on_ingress, "an ingress")
             if own in ready:
                 more |= self.self_link.drain(self.ensembles.on_response)
+            if agent in ready and self.agent.drain():  # the repository agent's results: apply them
+                self.placement.place()
+                self.placement.settle()
+                if not self._announced_ready and not self.lifecycle.starting:
+                    self._announced_ready = True
+                    self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
             now = time.monotonic()
             if now >= next_tick:
                 self._tick(now)
@@ -203,6 +227,7 @@ class Router:
                 self._announce_generation()
             self.back.flush()
             self.front.flush()
+        self.agent.close()
         self.self_link.close()
         self.tracer.close()
         self.front_sock.close(0)
@@ -273,6 +298,11 @@ class Router:
             self.membership.progress_drain()
 
     def _tick(self, now: float) -> None:
+        late = now - self._last_tick - HEARTBEAT_INTERVAL_S
+        self._last_tick = now
+        if late > LATE_TICK_S:
+            log.warning("the router's loop was held up for %.1fs", late)
+            self.pool.excuse(late)
         for worker in self.pool.silent(now):
             self.membership.drop(worker.identity, "it stopped answering")
         if self.worker_drain.active:
@@ -283,11 +313,9 @@ class Router:
         for state in self.registry.every_version():
             if len(state.batcher):
                 self.dispatcher.schedule(state)
-        if self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll:
+        if self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll and not self.lifecycle.starting:
             self._next_poll = now + self._poll_secs
-            self.roots.sync()
-            self.lifecycle.poll()
-            self.placement.place()
+            self.lifecycle.begin_poll()  # applied when the agent has looked
         self.placement.settle()
         if self._startup_pending:
             self._check_startup()

@@ -1,11 +1,12 @@
 """Triton's start-up flags as the router applies them (``--exit-on-error``,
 ``--strict-readiness``, ``--model-config-name``, ``--model-load-retry-count``,
-``--backend-config``, ``--model-namespacing``)."""
+``--backend-config``, ``--model-namespacing``, ``--model-load-thread-count``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conveyor.router.repository.agent import DEFAULT_LOAD_THREADS
 from conveyor.router.repository.backend_config import BackendConfig
 
 # The router's exit code when --exit-on-error stops it: the supervisor then stops the
@@ -21,3 +22,4 @@ class StartupOptions:
     load_retries: int = 0
     backend_config: BackendConfig = field(default_factory=BackendConfig)
     namespacing: bool = False  # --model-namespacing (router/repository/namespaces.py)
+    load_threads: int = DEFAULT_LOAD_THREADS  # --model-load-thread-count (router/repository/agent.py)

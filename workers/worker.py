@@ -70,8 +70,11 @@ from conveyor.workers.warmup import warm_up
 log = logging.getLogger(__name__)
 
 DEFAULT_ARENA_BYTES = 256 << 20
-# No word from the router for this long: say hello again (it may have restarted).
-ROUTER_SILENCE_S = 5.0
+# No word from the router for this long is logged, once per silence, and nothing more: its
+# silence says nothing about its process (it may be busy, or gone while the supervisor starts
+# another). A router that does not know this worker (it restarted) says so, ``Rehello``, to the
+# next heartbeat; only then are the instances dropped.
+ROUTER_QUIET_S = 30.0
 # Custom metrics (pb_utils.MetricFamily) go to the router at most this often.
 METRICS_FLUSH_S = 0.1
 
@@ -163,6 +166,7 @@ class Worker:
         self.streams: dict[tuple[int, int], tuple[tuple[str, str, int], ItemStream]] = {}
         self._stopping = False
         self._last_heard = time.monotonic()
+        self._quiet_logged = False
         self._registered = False
         self.systemd = Notifier()
         self.exit_timeout_s = exit_timeout_s
@@ -233,9 +237,10 @@ class Worker:
                 if now >= next_beat:
                     self.out.send(m.encode(m.Heartbeat()))
                     next_beat = now + 1.0
-                    if now - self._last_heard > ROUTER_SILENCE_S:
-                        log.warning("no word from the router for %.0fs: saying hello again", ROUTER_SILENCE_S)
-                        self._reset()
+                    if now - self._last_heard > ROUTER_QUIET_S and not self._quiet_logged:
+                        self._quiet_logged = True
+                        log.warning("no word from the router for %.0fs: keeping this worker's instances (a "
+                                    "router that restarted answers a heartbeat with Rehello)", ROUTER_QUIET_S)
                 # The responses first: they are on the clients' latency path, the router's copy is not.
                 self.replies.flush()
                 self.out.flush()
@@ -260,6 +265,7 @@ class Worker:
 
     def _on_message(self, msg: m.RouterToWorker) -> None:
         self._last_heard = time.monotonic()
+        self._quiet_logged = False
         if not self._registered and not isinstance(msg, m.Rehello):
             # The router answers a hello at once: anything but Rehello means it knows us.
             self._registered = True

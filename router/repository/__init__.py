@@ -1,3 +1,4 @@
 """Model repositories and what a model's config means before it loads: scanning (``scan``), config
-completion (``onnx_autocomplete``, ``python_autocomplete``, ``default_groups``), ``--backend-config``,
-namespacing, fields read but not acted on, and cloud repositories (``cloud/``)."""
+completion (``onnx_autocomplete`` with ``onnx_graph``, ``python_autocomplete``, ``default_groups``),
+``--backend-config``, namespacing, fields read but not acted on, cloud repositories (``cloud/``), and
+the repository agent that does the reading off the router's loop (``agent``, running ``prepare``)."""

@@ -6,7 +6,9 @@ model is taken to be batched (``max_batch_size`` 4, dynamic batching on) unless
 the config already set ``max_batch_size``.
 
 A model directory (``<version>/model.onnx/`` with ``model.onnx`` and its external
-data inside) is read from its ``model.onnx``, without loading the external data.
+data inside) is read from its ``model.onnx``. Only the graph's signature is read, never
+the weights, whether inside the graph or in external data (``onnx_graph.py``): this runs
+on the router's repository agent, beside its loop thread.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import onnx
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.router.repository.onnx_graph import read_signature
 
 DEFAULT_MAX_BATCH_SIZE = 4
 
@@ -48,8 +51,7 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
     if os.path.isdir(model_path):  # <version>/model.onnx/ holds model.onnx and its external data
         model_path = os.path.join(model_path, "model.onnx")
     try:
-        # The graph is all completion needs: the weights (external data) are never read.
-        graph = onnx.load(model_path, load_external_data=False).graph
+        graph = read_signature(model_path)
     except Exception as exc:
         return f"cannot read '{model_path}' to complete its config: {exc}"
     sb = config.sequence_batching

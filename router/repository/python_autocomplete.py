@@ -3,14 +3,16 @@
 Only a model.py that defines the hook pays for it (found by reading the file's
 syntax tree, without running it); the hook then runs in a child process
 (``conveyor.workers.backends.python.autocomplete``) so model code never runs in
-the router. As in Triton it runs whenever the model defines it, and what the
-config file already says must agree with what the hook adds.
+the router; it runs on the router's repository agent (router/repository/agent.py), so
+the router's loop never waits for it. As in Triton it runs whenever the model defines
+it, and what the config file already says must agree with what the hook adds.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 
@@ -42,7 +44,7 @@ def complete_python(config: mc.ModelConfig, model_path: str) -> str:
         return ""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "conveyor.workers.backends.python.autocomplete", model_path],
+            [sys.executable, "-m", "conveyor.workers.backends.python.autocomplete", model_path, str(os.getpid())],
             input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:

@@ -12,14 +12,13 @@ from conveyor.router.context import RouterContext
 from conveyor.router.control_table import Caller
 from conveyor.router.lifecycle import ModelLifecycle
 from conveyor.router.models import Instance, InstanceState
-from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.repository.default_groups import backend_gpus, resolve
 
 log = logging.getLogger(__name__)
 
 
 class Placement:
-    def __init__(self, ctx: RouterContext, lifecycle: ModelLifecycle, roots: RepositoryRoots) -> None:
+    def __init__(self, ctx: RouterContext, lifecycle: ModelLifecycle) -> None:
         self.front = ctx.front
         self.back = ctx.back
         self.registry = ctx.registry
@@ -27,16 +26,11 @@ class Placement:
         self.ledger = ctx.ledger  # instances with a batch on them are not unloaded yet
         self.limiter = ctx.limiter
         self.lifecycle = lifecycle
-        self.roots = roots
 
     def load(self, name: str, config: str, files: dict[str, bytes] | None, caller: Caller) -> None:
-        """``repository_load``: as Triton, a load looks at the repository afresh; ``caller``
-        is answered once the model settled (``settle``)."""
-        self.lifecycle.check_control_allowed()
-        self.roots.sync()
+        """``repository_load``: the repository agent looks at the repository afresh and prepares
+        the model; ``caller`` is answered once the model settled (``settle``)."""
         self.lifecycle.load(name, caller, config, files or None)
-        self.place()
-        self.settle()
 
     def unload(self, name: str, dependents: bool) -> None:
         """``repository_unload``: answered at once."""
@@ -59,14 +53,16 @@ class Placement:
         self._place_instances()
 
     def settle(self) -> None:
-        """Let the lifecycle swap, fail or retire entries; answer load calls; unload
-        retired instances that have nothing left to do."""
+        """Let the lifecycle swap, fail or retire entries; answer load calls (and the calls the
+        repository agent answers); unload retired instances that have nothing left to do."""
         if not self.lifecycle.busy:
             return
         out = self.lifecycle.settle(self.ledger.busy_instances())
-        for (identity, cid), error in out.answers:
+        for answer in out.answers:
+            identity, cid = answer.reply_to
+            error = answer.error
             err = None if error is None else m.ErrorInfo(int(error.status), error.message)
-            self.front.send(identity, m.encode(m.ControlReply(cid, error=err)))
+            self.front.send(identity, m.encode(m.ControlReply(cid, result=answer.result, error=err)))
         for inst in out.unload:
             worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
             if worker is not None:

@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from conveyor.router.models import Instance, InstanceState
 
 HEARTBEAT_INTERVAL_S = 1.0
-# A worker silent this long is taken for dead: its work fails, its instances move.
+# A worker silent this long is taken for dead: its work fails, its instances move. On this
+# host its process says whether it lives (checked every tick): silence then only counts
+# against one that is alive but stuck (its loop held by a model, say), after much longer.
 WORKER_TIMEOUT_S = 10.0
+LOCAL_WORKER_TIMEOUT_S = 60.0
 
 
 _HOST = socket.gethostname()
@@ -69,7 +72,15 @@ class WorkerPool:
 
     def silent(self, now: float) -> list[WorkerInfo]:
         """Workers to drop: silent too long, or (on this host) whose process is gone."""
-        return [w for w in self.workers.values() if now - w.last_seen > WORKER_TIMEOUT_S or not _alive(w)]
+        return [w for w in self.workers.values()
+                if now - w.last_seen > (LOCAL_WORKER_TIMEOUT_S if w.host == _HOST else WORKER_TIMEOUT_S)
+                or not _alive(w)]
+
+    def excuse(self, deaf_s: float) -> None:
+        """The router heard nothing for ``deaf_s`` (its own loop was held up): that time is not
+        the workers' silence."""
+        for w in self.workers.values():
+            w.last_seen += deaf_s
 
     def place(self, instances: list[Instance]) -> list[Instance]:
         """Assign unplaced instances to workers; returns those assigned.

@@ -178,6 +178,22 @@ def test_unused_flags_are_logged_once_with_a_reason(caplog: pytest.LogCaptureFix
     assert all(": accepted, not used by Conveyor because " in line for line in lines)
 
 
+def test_the_load_thread_count_reaches_the_router() -> None:
+    """--model-load-thread-count sizes the router's load threads (router/repository/agent.py)."""
+    from conveyor.deploy.cli import build_parser
+    from conveyor.deploy.options import model_control_args
+
+    a = build_tritonserver_parser().parse_args(["--model-repository=/m", "--model-load-thread-count=2"])
+    assert a.model_load_thread_count == 2 and unused_given(a) == []
+    args = model_control_args(a)
+    assert args[args.index("--model-load-thread-count") + 1] == "2"
+    router = build_parser().parse_args(["router", "--model-repository=/m", *args])
+    assert router.model_load_thread_count == 2
+    assert build_tritonserver_parser().parse_args(["--model-repository=/m"]).model_load_thread_count == 4
+    with pytest.raises(SystemExit):
+        build_tritonserver_parser().parse_args(["--model-repository=/m", "--model-load-thread-count=0"])
+
+
 # --- against a running group --------------------------------------------------------------
 
 def _repo(root: str, broken: bool = False) -> str:

@@ -67,3 +67,40 @@ CONFIG = """max_batch_size: 8
 input [{ name: "X" data_type: TYPE_FP32 dims: [4] }]
 output [{ name: "Y" data_type: TYPE_FP32 dims: [4] }]
 """
+
+
+EMBEDDING_DATA = "embedding.bin"
+
+
+def big_embedding(repo: str, name: str, mib: int, external: bool = True) -> str:
+    """``Y = W[I]``: an embedding table of ``mib`` MiB of FP32 rows of 4 (each row [1, 1, 1, 1]),
+    in an external-data file beside ``<name>/1/model.onnx`` (or, not ``external``, inside the
+    graph: under 2 GiB only), and no config.pbtxt: the router completes the config from the
+    graph. Returns the path of the biggest file written."""
+    rows = mib * (1 << 20) // 16
+    folder = os.path.join(repo, name, "1")
+    os.makedirs(folder, exist_ok=True)
+    if external:
+        table = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[rows, 4])
+        table.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", EMBEDDING_DATA), ("offset", "0"), ("length", str(rows * 16))):
+            entry = table.external_data.add()
+            entry.key, entry.value = key, value
+    else:
+        table = numpy_helper.from_array(np.ones((rows, 4), dtype=np.float32), "W")
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Gather", ["W", "I"], ["Y"])], name,
+                              [vi("I", TensorProto.INT64, ["batch", 1])], [vi("Y", TensorProto.FLOAT, ["batch", 1, 4])],
+                              initializer=[table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    path = os.path.join(folder, "model.onnx")
+    onnx.save_model(model, path)
+    if not external:
+        return path
+    data = os.path.join(folder, EMBEDDING_DATA)
+    chunk = np.ones((1 << 20) // 4, dtype=np.float32)  # 1 MiB
+    with open(data, "wb") as f:
+        for _ in range(mib):
+            chunk.tofile(f)
+    return data

@@ -71,6 +71,7 @@ class RouterCore:
         r.front_sock.close(0)
         r.back_sock.close(0)
         r.loans.close()
+        r.agent.close()
 
     # --- what peers send: one loop turn each ------------------------------------------------
 

@@ -1,8 +1,8 @@
 """The worker loop (workers/worker.py) against the router's end of its real ZeroMQ link,
 in this process, without a group: it says hello and beats, loads an instance, runs a
 batch read from shared memory into a result (and a response straight to an ingress that
-asked for one), turns a failing model into an error result, says hello again to a silent
-router, and leaves only when the router lets it go."""
+asked for one), turns a failing model into an error result, keeps its instances while the
+router is silent (hello again on Rehello only), and leaves only when the router lets it go."""
 
 from __future__ import annotations
 
@@ -148,10 +148,24 @@ def test_a_load_that_fails_says_why(running: Running, tmp_path: Path) -> None:
     assert loaded.error, "a model file that is gone loaded"
 
 
-def test_a_silent_router_gets_a_new_hello(running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "ROUTER_SILENCE_S", 0.5)
+def test_a_silent_router_costs_no_instance(running: Running, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A router busy (or gone) for a while is not one that forgot this worker: the worker keeps
+    beating and keeps its instances, and says hello again only when told to (``Rehello``)."""
+    monkeypatch.setattr(worker_module, "ROUTER_QUIET_S", 0.3)
+    path, config = write(tmp_path / "repo", "rec", RECORDING_MODEL)
+    assert running.load("rec", path, config.SerializeToString()).error == ""
+    for _ in range(3):  # three seconds of silence, ten times the bound
+        running.router.expect(m.Heartbeat, timeout=5)
+    assert sum(isinstance(msg, m.WorkerHello) for msg in running.router.seen) == 1  # the first one only
+    running.router.send(running.batch("rec", [1, 2]))
+    assert running.router.expect(m.BatchResult).error is None  # still loaded
+    running.router.send(m.Rehello())
     again = running.router.expect(m.WorkerHello, timeout=10)
     assert again.pid == running.hello.pid
+    running.router.send(running.batch("rec", [1, 2]))
+    result = running.router.expect(m.BatchResult)
+    assert result.error is not None and "not loaded on this worker" in result.error.message  # dropped on Rehello
 
 
 def test_stop_leaves_only_when_the_router_lets_it_go(running: Running, tmp_path: Path) -> None:

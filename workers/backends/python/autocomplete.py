@@ -1,17 +1,21 @@
 """Runs a Python model's ``auto_complete_config`` in a process of its own.
 
-    python -m conveyor.workers.backends.python.autocomplete MODEL_PY < config.json > completed.json
+    python -m conveyor.workers.backends.python.autocomplete MODEL_PY [PARENT_PID] < config.json > completed.json
 
 The router owns model configs but never imports model code (a model.py may pull
 in torch, or hang): it runs this for each model.py that defines
 ``auto_complete_config``, as Triton runs it in a short-lived stub process.
 Exit status 0 with the completed config as JSON on stdout, or 1 with the reason
-on stderr.
+on stderr. With ``PARENT_PID`` (the router's) it dies with that process: the router waits
+for it on a thread of its own, and may stop meanwhile.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import sys
 
 from conveyor.proto.errors import ConveyorError
@@ -30,7 +34,23 @@ def complete(model_path: str, config_json: str) -> str:
     return json.dumps(completed.as_dict())
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL when the thread that started this process ends, as it does when the router exits."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the router's timeout still bounds this process
+        return
+    if os.getppid() != parent:  # the router went before that took effect
+        os._exit(1)
+
+
 def main() -> int:
+    if len(sys.argv) > 2:
+        _die_with(int(sys.argv[2]))
     result = sys.stdout
     sys.stdout = sys.stderr  # what the model prints must not mix with the JSON answer
     try:

@@ -1,0 +1,112 @@
+"""An ONNX model's signature, read without its weights.
+
+Completing a config needs the graph's inputs, outputs and initializer names only.
+``onnx.load`` parses the whole protobuf in one call that holds the GIL: for a model
+with weights inside the graph (up to 2 GiB) that is seconds during which the router's
+loop thread cannot run. This reads the protobuf's wire format instead, field by field,
+seeking over everything it does not need (the nodes, the tensors' data): a few reads
+whatever the model's size, each of which releases the GIL.
+
+Wire format: https://protobuf.dev/programming-guides/encoding/; the field numbers are
+onnx.proto's (ModelProto.graph 7; GraphProto.initializer 5, input 11, output 12;
+TensorProto.name 8).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import BinaryIO
+
+import onnx
+
+_MODEL_GRAPH = 7
+_GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 5, 11, 12
+_TENSOR_NAME = 8
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_MAX_SMALL = 64 << 20  # a value info or a name larger than this is no ONNX model
+
+
+class _Fields:
+    """The fields of one message between ``start`` and ``end`` of the file."""
+
+    def __init__(self, f: BinaryIO, end: int) -> None:
+        self.f = f
+        self.end = end
+
+    def _varint(self) -> int:
+        shift = value = 0
+        while True:
+            b = self.f.read(1)
+            if not b:
+                raise ValueError("the file ends inside a field")
+            value |= (b[0] & 0x7F) << shift
+            if b[0] < 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise ValueError("a varint longer than 10 bytes")
+
+    def __iter__(self) -> _Fields:
+        return self
+
+    def __next__(self) -> tuple[int, int, int]:
+        """(field number, wire type, length of a length-delimited value); the file is then at the value."""
+        if self.f.tell() >= self.end:
+            raise StopIteration
+        tag = self._varint()
+        field, wire = tag >> 3, tag & 7
+        if wire == _LEN:
+            length = self._varint()
+            if self.f.tell() + length > self.end:
+                raise ValueError(f"field {field} runs past the end of its message")
+            return field, wire, length
+        if wire not in (_VARINT, _I64, _I32) or field == 0:
+            raise ValueError(f"wire type {wire} of field {field}: not a protobuf message ONNX writes")
+        return field, wire, 0
+
+    def skip(self, wire: int, length: int) -> None:
+        if wire == _VARINT:
+            self._varint()
+        else:
+            self.f.seek({_I64: 8, _I32: 4}.get(wire, length), os.SEEK_CUR)
+
+    def read(self, length: int) -> bytes:
+        if length > _MAX_SMALL:
+            raise ValueError(f"a {length}-byte field where a small one belongs")
+        data = self.f.read(length)
+        if len(data) != length:
+            raise ValueError("the file ends inside a field")
+        return data
+
+
+def read_signature(path: str) -> onnx.GraphProto:
+    """The graph of the ONNX model in ``path`` with only its ``input``, ``output`` and each
+    ``initializer``'s name filled in; ``ValueError`` (or ``OSError``) when it is no ONNX model."""
+    graph = onnx.GraphProto()
+    with open(path, "rb") as f:
+        model = _Fields(f, os.fstat(f.fileno()).st_size)
+        for field, wire, length in model:
+            if field == _MODEL_GRAPH and wire == _LEN:
+                _read_graph(_Fields(f, f.tell() + length), graph)  # several are merged, as protobuf does
+            else:
+                model.skip(wire, length)
+    return graph
+
+
+def _read_graph(fields: _Fields, graph: onnx.GraphProto) -> None:
+    for field, wire, length in fields:
+        if wire == _LEN and field in (_GRAPH_INPUT, _GRAPH_OUTPUT):
+            target = graph.input if field == _GRAPH_INPUT else graph.output
+            target.add().ParseFromString(fields.read(length))
+        elif wire == _LEN and field == _GRAPH_INITIALIZER:
+            end = fields.f.tell() + length
+            tensor = graph.initializer.add()
+            inner = _Fields(fields.f, end)
+            for tfield, twire, tlength in inner:
+                if tfield == _TENSOR_NAME and twire == _LEN:
+                    tensor.name = inner.read(tlength).decode("utf-8")
+                else:
+                    inner.skip(twire, tlength)  # the weights: never read
+            fields.f.seek(end)
+        else:
+            fields.skip(wire, length)

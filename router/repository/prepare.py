@@ -1,0 +1,191 @@
+"""What the repository agent does for the lifecycle (``router/repository/agent.py``): plain
+functions of the values handed over, which read and write the disk and touch none of the
+router's state. The lifecycle (``router/lifecycle.py``) asks for them and applies their
+results on the loop."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import client_mistake
+from conveyor.proto.model_config import parse_text
+from conveyor.router.repository.backend_config import BackendConfig
+from conveyor.router.repository.namespaces import assign_keys, name_of
+from conveyor.router.repository.scan import ModelSpec, config_file, load_spec, model_dirs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Repositories:
+    """Where models are found: the roots (local paths; remote ones are mirrors), and the
+    repositories registered at run time (root -> subdirectory -> model name), a snapshot."""
+
+    roots: tuple[str, ...]
+    registered: dict[str, dict[str, str]] = field(default_factory=dict)
+    namespacing: bool = False
+    sync: Callable[[], None] | None = None  # refresh the remote mirrors (None: every root is local)
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """How a config is read: the start-up flags, and the registered roots (their directories
+    serve under mapped names)."""
+
+    autocomplete: bool = True
+    config_name: str = ""
+    backend_config: BackendConfig = field(default_factory=BackendConfig)
+    registered: frozenset[str] = frozenset()
+
+
+@dataclass
+class Listing:
+    """The repositories as one look found them."""
+
+    dirs: list[tuple[str, str]]  # (name, directory), repository by repository
+    on_disk: dict[str, str]  # registry key -> model directory
+    prints: dict[str, str] = field(default_factory=dict)  # key -> fingerprint (polls only)
+
+
+@dataclass
+class Prepared:
+    """One model read and its config completed, ready for the loop to build its entry."""
+
+    spec: ModelSpec
+    print: str  # the directory's fingerprint when it was read
+    written: str = ""  # the directory this load wrote its file overrides into ("" none)
+
+
+def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, quiet: bool = True) -> Listing:
+    """Mirror the remote roots first with ``sync``; fingerprint every model with ``prints``."""
+    if sync and repos.sync is not None:
+        repos.sync()
+    dirs = model_dirs(list(repos.roots), quiet=quiet)
+    found = on_disk(repos, dirs)
+    return Listing(dirs, found, {key: fingerprint(path) for key, path in found.items()} if prints else {})
+
+
+def on_disk(repos: Repositories, dirs: list[tuple[str, str]] | None = None) -> dict[str, str]:
+    """Registry key -> model directory (the key is the name, but see router/repository/namespaces.py)."""
+    found: dict[str, str] = {}
+    for root, mapping in repos.registered.items():
+        for subdir, name in mapping.items():
+            if os.path.isdir(os.path.join(root, subdir)):
+                found.setdefault(name, os.path.join(root, subdir))
+    if dirs is None:
+        dirs = model_dirs(list(repos.roots), quiet=True)
+    if repos.namespacing:  # registered repositories keep Triton's global names
+        for key, path in assign_keys(dirs).items():
+            found.setdefault(key, path)
+        return found
+    for entry, path in dirs:
+        found.setdefault(entry, path)
+    return found
+
+
+def fingerprint(path: str) -> str:
+    """Changes when any file under a model directory is added, removed or modified."""
+    h = hashlib.sha1()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for f in sorted(files):
+            full = os.path.join(root, f)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(full, path)}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+    return h.hexdigest()
+
+
+def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[str, bytes] | None,
+            settings: SpecSettings, error: str = "") -> Prepared:
+    """Read model ``key`` from ``path`` (or from ``files``, written into a directory of their
+    own: ``ConveyorError`` when they cannot be) and complete its config. With ``error`` the
+    model is known to be unavailable already: it is only fingerprinted (polls compare)."""
+    written = ""
+    if files:
+        path = written = write_override(name_of(key), files)
+    print_ = fingerprint(path)
+    if error:
+        return Prepared(failed_spec(key, path, error, whole=True), print_)
+    try:
+        spec = model_spec(key, path, override, settings)
+    except Exception as exc:  # a model file that breaks a reader: that model is unavailable, no other
+        log.exception("reading model '%s' failed", key)
+        spec = failed_spec(key, path, f"cannot be read: {exc}")
+    return Prepared(spec, print_, written)
+
+
+def failed_spec(key: str, path: str, error: str, whole: bool = False) -> ModelSpec:
+    """An unavailable model's spec: ``error`` is the reason (``whole``), or what follows its name."""
+    name = name_of(key)
+    spec = ModelSpec(name=name, path=path, error=error if whole else f"model '{name}' {error}")
+    spec.key = key if key != name else ""
+    return spec
+
+
+def model_spec(key: str, path: str, override: mc.ModelConfig | None, settings: SpecSettings) -> ModelSpec:
+    name = name_of(key)
+    if override is None and os.path.basename(path) != name and os.path.dirname(path) in settings.registered:
+        override = renamed_config(name, path, settings.config_name)
+    spec = load_spec(name, path, override=override, autocomplete=settings.autocomplete,
+                     config_name=settings.config_name, backend_config=settings.backend_config)
+    spec.key = key if key != name else ""
+    return spec
+
+
+def renamed_config(name: str, path: str, config_name: str) -> mc.ModelConfig | None:
+    """A mapped directory serves under its mapped name: its config is read with that name."""
+    try:
+        with open(config_file(path, config_name), encoding="utf-8") as f:
+            config = parse_text(f.read())
+    except (OSError, text_format.ParseError, UnicodeDecodeError):
+        return None  # load_spec reports the problem
+    config.name = name
+    return config
+
+
+def write_override(name: str, files: dict[str, bytes]) -> str:
+    """A model directory of its own for a load with file overrides (``<version>/<file>``
+    keys), as Triton does: the repository's directory for the model is not used."""
+    root = tempfile.mkdtemp(prefix=f"{name}-", dir=override_root())
+    for rel, data in files.items():
+        path = os.path.normpath(os.path.join(root, rel))
+        if not path.startswith(root + os.sep) or not rel.split("/", 1)[0].isdigit():
+            shutil.rmtree(root, ignore_errors=True)
+            log.error("failed to poll model '%s': file override 'file:%s' must be <version>/<file name>", name, rel)
+            raise client_mistake(f"failed to load '{name}', failed to poll from model repository")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as exc:  # a name too long, say: Triton's filesystem error, its poll failure
+            shutil.rmtree(root, ignore_errors=True)
+            log.error("failed to poll model '%s': file override 'file:%s': %s", name, rel, exc)
+            raise client_mistake(f"failed to load '{name}', failed to poll from model repository") from None
+    return root
+
+
+def override_root() -> str:
+    root = os.path.join(tempfile.gettempdir(), "conveyor-load-overrides")
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def remove_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def registration_check(root: str, repos: Repositories) -> tuple[bool, dict[str, str]]:
+    """Whether ``root`` is a directory, and the models on disk it must not conflict with."""
+    return os.path.isdir(root), on_disk(repos)
