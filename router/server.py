@@ -29,6 +29,7 @@ from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.proto.polling import Poller, spin_seconds
+from conveyor.proto.signal_wake import SignalWake
 from conveyor.router.admission import Admission
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
@@ -176,7 +177,8 @@ class Router:
         # Bound (in __init__) and the repository scanned: workers and ingress can come.
         self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
         front, back, own = self.front_sock, self.back_sock, self.self_link.sock
-        poller = Poller([front, back, own], self.spin_s)
+        wake = SignalWake()  # SIGTERM wakes the poll at once, not at the next tick
+        poller = Poller([front, back, own, wake.fd], self.spin_s)
         next_tick = time.monotonic()
         more = False  # a drain stopped at its cap: poll without waiting
         while True:
@@ -194,6 +196,8 @@ class Router:
                 more |= drain_peers(front, m.ingress_decoder.decode, self._on_ingress, "an ingress")
             if own in ready:
                 more |= self.self_link.drain(self.ensembles.on_response)
+            if wake.fd in ready:
+                wake.clear()
             now = time.monotonic()
             if now >= next_tick:
                 self._tick(now)
@@ -203,6 +207,7 @@ class Router:
                 self._announce_generation()
             self.back.flush()
             self.front.flush()
+        wake.close()
         self.self_link.close()
         self.tracer.close()
         self.front_sock.close(0)

@@ -196,6 +196,8 @@ class Worker:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        # A signal wakes the loop through the wake pipe (proto/signal_wake.py says why), not at the poll's timeout.
+        signal.set_wakeup_fd(self._wake_tx, warn_on_full_buffer=False)
         self._hello()
         self.out.flush()
         sources: list[Any] = [self.sock, self._wake_rx]
@@ -238,6 +240,7 @@ class Worker:
                 self.replies.flush()
                 self.out.flush()
         finally:
+            signal.set_wakeup_fd(-1)
             self.systemd.stopping()
             self.close()
 
@@ -281,7 +284,8 @@ class Worker:
         elif isinstance(msg, m.SettingsUpdate):
             ProcessLog.apply_wire(msg.log)
         elif isinstance(msg, m.Rehello):
-            log.warning("the router does not know this worker (it restarted?): saying hello again")
+            if not self._stopping:  # after LeaveGranted the router rightly forgot us
+                log.warning("the router does not know this worker (it restarted?): saying hello again")
             self._reset()
 
     def _send_metrics(self, now: float, everything: bool = False) -> None:

@@ -84,7 +84,8 @@ class _DrainingServer(uvicorn.Server):
             self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        await self._ctx.drain.run(lambda: self._ctx.link.in_flight)
+        # An open connection keeps the grace: a load balancer may still send on it.
+        await self._ctx.drain.run(lambda: self._ctx.link.in_flight, lambda: len(self.server_state.connections))
         self.should_exit = True
 
 
