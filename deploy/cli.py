@@ -33,6 +33,7 @@ from conveyor.deploy.options import (
     fold_response_cache_size,
     grpc_keepalive_options,
     grpc_server_choice,
+    http_edge,
     log_settings,
     metrics_config,
 )
@@ -238,7 +239,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    args.metrics_port,
                    arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                    drain_grace_s=args.drain_grace_secs,
-                   app_factory=lambda ctx: build_metrics_app(ctx, options))
+                   app_factory=lambda ctx: build_metrics_app(ctx, options), edge=http_edge(args))
     elif args.protocol in ("sagemaker", "vertex"):
         from conveyor.ingress.context import IngressContext
         from conveyor.ingress.http.server import serve as serve_http
@@ -263,7 +264,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
         serve_http(args.router or ingress_ep, args.group, args.http_address, port,
                    arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                    drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
-                   app_factory=cloud_app)
+                   app_factory=cloud_app, edge=http_edge(args))
     elif args.protocol == "openai":
         from conveyor.ingress.http.server import serve as serve_http
         from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
@@ -273,7 +274,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    args.openai_port, arena_bytes=args.arena_size, log_level=level,
                    exit_timeout_s=args.exit_timeout_secs, drain_grace_s=args.drain_grace_secs,
                    max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
-                   app_factory=lambda ctx: build_openai_app(ctx, openai))
+                   app_factory=lambda ctx: build_openai_app(ctx, openai), edge=http_edge(args))
     elif args.protocol == "http":
         from conveyor.ingress.http.server import serve as serve_http
 
@@ -283,7 +284,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    max_body_bytes=args.http_max_body_bytes,
                    limits=_limits(args, args.http_header_forward_pattern),
                    restricted=restrictions(args.http_restricted_api),
-                   ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key)
+                   ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
     else:
         from conveyor.ingress.grpc.server import SERVER_OPTIONS
         from conveyor.ingress.grpc.server import serve as serve_grpc
