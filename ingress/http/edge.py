@@ -18,7 +18,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # Open client connections per ingress process (--http-max-connections). An idle one costs
-# about 5 KiB, one mid-head up to MAX_HEAD_BYTES more: 4096 bound the worst to a few hundred
+# about 7 KiB, one mid-head up to MAX_HEAD_BYTES more: 4096 bound the worst to a few hundred
 # MiB, and match the in-flight limit (one HTTP/1.1 request per connection at a time). Past
 # it the connection waiting longest for a request is closed for the new one; with none
 # waiting, the new one gets 503.
