@@ -30,6 +30,7 @@ from conveyor.proto.dispatch_cpu import release_thread
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import Outbox, drain
 from conveyor.proto.polling import Poller, spin_seconds
+from conveyor.proto.signal_wake import wake_on_signals
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
@@ -197,7 +198,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         # A signal wakes the loop through the wake pipe (proto/signal_wake.py says why), not at the poll's timeout.
-        signal.set_wakeup_fd(self._wake_tx, warn_on_full_buffer=False)
+        unwake = wake_on_signals(self._wake_tx)
         self._hello()
         self.out.flush()
         sources: list[Any] = [self.sock, self._wake_rx]
@@ -240,7 +241,7 @@ class Worker:
                 self.replies.flush()
                 self.out.flush()
         finally:
-            signal.set_wakeup_fd(-1)
+            unwake()
             self.systemd.stopping()
             self.close()
 
