@@ -129,7 +129,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
                 return
             if in_head and self._in_head and messages == self._messages:
                 # All of it was this head's. (A head that began inside ``piece`` is not charged for
-                # it: that is at most one read's worth more than the limit.)
+                # it, so a head may reach twice the limit before its 431, never more.)
                 self._head_room -= len(piece)
                 if self._head_room <= 0:
                     limit = self.edge.limits.max_head_bytes
