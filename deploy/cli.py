@@ -11,6 +11,8 @@ from typing import Any
 from conveyor.deploy.cloud_options import add_cloud_endpoints, check_cloud_args, fold_storage_uri
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
 from conveyor.deploy.instances import INGRESS_PROTOCOLS, ingress_protocol, worker_environment
+from conveyor.deploy.lifeline import die_with_supervisor, exit_now
+from conveyor.deploy.listen import LISTEN_FAILED_CODE, endpoint, is_bind_failure
 from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.openai_options import add_openai
 from conveyor.deploy.options import (
@@ -31,6 +33,7 @@ from conveyor.deploy.options import (
     fold_response_cache_size,
     grpc_keepalive_options,
     grpc_server_choice,
+    http_edge,
     log_settings,
     metrics_config,
 )
@@ -176,21 +179,27 @@ def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespa
             args.strict_model_config = True
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, command_line: bool) -> int:
     from conveyor.deploy.supervisor import Supervisor
     from conveyor.router.repository.backend_config import BackendConfig
 
     setup_logging(log_settings(args), "serve")
     log_unused(args, BackendConfig.parse(args.backend_config).unused_settings())
-    return Supervisor(args).run()
+    code = Supervisor(args).run()
+    if command_line:  # every child is gone: nothing for the interpreter's teardown to wait for
+        exit_now(code)
+    return code
 
 
 def build_tritonserver_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritonserver", description=tritonserver_main.__doc__)
     add_serve_options(parser)
-    # Triton's defaults: a failed model stops the start, readiness needs every model,
-    # and clients may register shared memory (Triton 2.5x has no switch for it).
-    parser.set_defaults(exit_on_error=True, strict_readiness=True, allow_client_shm=True, command="serve")
+    # Triton's defaults: a failed model stops the start, readiness needs every model, clients
+    # may register shared memory (Triton 2.5x has no switch for it), and SIGTERM stops at once
+    # (no readiness grace; in-flight requests still get --exit-timeout-secs). Model Analyzer
+    # SIGKILLs a tritonserver that has not stopped 5 s after its SIGTERM.
+    parser.set_defaults(exit_on_error=True, strict_readiness=True, allow_client_shm=True, drain_grace_secs=0.0,
+                        command="serve")
     return parser
 
 
@@ -210,7 +219,91 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     problem = check_ingress_args(args) or check_cloud_args(args)
     if problem:
         parser.error(problem)
-    return _serve(args)
+    return _serve(args, argv is None)
+
+
+def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
+    """Run one ingress process (blocking): the server its ``--protocol`` names."""
+    from conveyor.ingress.server_metadata import set_server_name
+    from conveyor.proto.errors import client_mistakes_as_400
+
+    set_server_name(args.server_id)
+    client_mistakes_as_400(args.client_mistakes_as_400)
+    level = "debug" if args.log_verbose > 0 else "warning"
+    if args.protocol == "metrics":
+        from conveyor.ingress.http.server import serve as serve_http
+        from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
+
+        counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
+        options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
+                                 counters)
+        serve_http(args.router or ingress_ep, args.group, args.metrics_address or args.http_address,
+                   args.metrics_port,
+                   arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                   drain_grace_s=args.drain_grace_secs,
+                   app_factory=lambda ctx: build_metrics_app(ctx, options), edge=http_edge(args))
+    elif args.protocol in ("sagemaker", "vertex"):
+        from conveyor.ingress.context import IngressContext
+        from conveyor.ingress.http.server import serve as serve_http
+        from conveyor.ingress.sagemaker.app import build_sagemaker_app
+        from conveyor.ingress.vertex.app import HEALTH_ROUTE_ENV, PREDICT_ROUTE_ENV, build_vertex_app
+
+        restricted = restrictions(args.http_restricted_api)
+        body = args.http_max_body_bytes
+        if args.protocol == "sagemaker":
+            port = args.sagemaker_port
+
+            def cloud_app(ctx: IngressContext) -> Any:
+                return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted)
+        else:
+            port = args.vertex_ai_port
+
+            def cloud_app(ctx: IngressContext) -> Any:
+                return build_vertex_app(ctx, predict_route=os.environ.get(PREDICT_ROUTE_ENV, ""),
+                                        health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
+                                        default_model=args.vertex_ai_default_model, max_body_bytes=body,
+                                        restricted=restricted)
+        serve_http(args.router or ingress_ep, args.group, args.http_address, port,
+                   arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                   drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
+                   app_factory=cloud_app, edge=http_edge(args))
+    elif args.protocol == "openai":
+        from conveyor.ingress.http.server import serve as serve_http
+        from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
+
+        openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
+        serve_http(args.router or ingress_ep, args.group, args.openai_address or args.http_address,
+                   args.openai_port, arena_bytes=args.arena_size, log_level=level,
+                   exit_timeout_s=args.exit_timeout_secs, drain_grace_s=args.drain_grace_secs,
+                   max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
+                   app_factory=lambda ctx: build_openai_app(ctx, openai), edge=http_edge(args))
+    elif args.protocol == "http":
+        from conveyor.ingress.http.server import serve as serve_http
+
+        serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
+                   arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                   drain_grace_s=args.drain_grace_secs,
+                   max_body_bytes=args.http_max_body_bytes,
+                   limits=_limits(args, args.http_header_forward_pattern),
+                   restricted=restrictions(args.http_restricted_api),
+                   ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
+    else:
+        from conveyor.ingress.grpc.server import SERVER_OPTIONS
+        from conveyor.ingress.grpc.server import serve as serve_grpc
+        from conveyor.ingress.grpc.tls import GrpcTls
+
+        # This process serves one gRPC server: the keepalive flags join its options.
+        SERVER_OPTIONS.extend(grpc_keepalive_options(args))
+        tls = None
+        if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+            tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
+                          args.grpc_use_ssl_mutual)
+        serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
+                   arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
+                   drain_grace_s=args.drain_grace_secs,
+                   limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
+                   restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
+                   implementation=grpc_server_choice(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.group is not None and check_name(args.group):
         parser.error(check_name(args.group))
     if args.command == "serve":
-        return _serve(args)  # the supervisor picks the group name when none was given
+        return _serve(args, argv is None)  # the supervisor picks the group name when none was given
     args.group = args.group or DEFAULT_GROUP
+    die_with_supervisor()  # before anything that a killed supervisor would leave behind
     setup_logging(log_settings(args), args.command)
     if args.command in ("router", "worker", "ingress"):
         configure_io_threads(args.io_sched)  # before the first socket starts the I/O thread
@@ -242,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("router", "worker"):
         from conveyor.proto.polling import spin_seconds
     if args.command == "router":
-        from conveyor.deploy.group_lock import GroupBusy, GroupLock
+        from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
         from conveyor.deploy.options import run_dir
         from conveyor.router.lifecycle import ControlMode
         from conveyor.router.observability.histograms import configure_summaries
@@ -258,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             lock = GroupLock(args.group, "router")  # held until this process exits
         except GroupBusy as exc:
             log.error("%s", exc)
-            return 2
+            return GROUP_BUSY_CODE
         sweep_orphans(args.group)
         configure_summaries(metrics_config(args))
         trace = parse_trace_config(args.trace_config)
@@ -278,95 +372,23 @@ def main(argv: list[str] | None = None) -> int:
                                       args.model_namespacing, args.model_load_thread_count))
         router.run(args.exit_timeout_secs, args.drain_grace_secs)
         lock.release()
-        return router.exit_code
+        exit_now(router.exit_code)  # each actor leaves once its own cleanup is done (lifeline.py)
     if args.command == "worker":
         from conveyor.workers.worker import Worker
 
         Worker(args.router or worker_ep, args.group, args.arena_size, args.ingress_endpoint or ingress_ep,
                args.exit_timeout_secs, spin_seconds(args.spin_us)).run()
-        return 0
+        exit_now(0)
     if args.command == "ingress":
-        from conveyor.ingress.server_metadata import set_server_name
-        from conveyor.proto.errors import client_mistakes_as_400
-
-        set_server_name(args.server_id)
-        client_mistakes_as_400(args.client_mistakes_as_400)
-        level = "debug" if args.log_verbose > 0 else "warning"
-        if args.protocol == "metrics":
-            from conveyor.ingress.http.server import serve as serve_http
-            from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
-
-            counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
-            options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
-                                     counters)
-            serve_http(args.router or ingress_ep, args.group, args.metrics_address or args.http_address,
-                       args.metrics_port,
-                       arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs,
-                       app_factory=lambda ctx: build_metrics_app(ctx, options))
-        elif args.protocol in ("sagemaker", "vertex"):
-            from conveyor.ingress.context import IngressContext
-            from conveyor.ingress.http.server import serve as serve_http
-            from conveyor.ingress.sagemaker.app import build_sagemaker_app
-            from conveyor.ingress.vertex.app import HEALTH_ROUTE_ENV, PREDICT_ROUTE_ENV, build_vertex_app
-
-            restricted = restrictions(args.http_restricted_api)
-            body = args.http_max_body_bytes
-            if args.protocol == "sagemaker":
-                port = args.sagemaker_port
-
-                def cloud_app(ctx: IngressContext) -> Any:
-                    return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted)
-            else:
-                port = args.vertex_ai_port
-
-                def cloud_app(ctx: IngressContext) -> Any:
-                    return build_vertex_app(ctx, predict_route=os.environ.get(PREDICT_ROUTE_ENV, ""),
-                                            health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
-                                            default_model=args.vertex_ai_default_model, max_body_bytes=body,
-                                            restricted=restricted)
-            serve_http(args.router or ingress_ep, args.group, args.http_address, port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
-                       app_factory=cloud_app)
-        elif args.protocol == "openai":
-            from conveyor.ingress.http.server import serve as serve_http
-            from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
-
-            openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
-            serve_http(args.router or ingress_ep, args.group, args.openai_address or args.http_address,
-                       args.openai_port, arena_bytes=args.arena_size, log_level=level,
-                       exit_timeout_s=args.exit_timeout_secs, drain_grace_s=args.drain_grace_secs,
-                       max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
-                       app_factory=lambda ctx: build_openai_app(ctx, openai))
-        elif args.protocol == "http":
-            from conveyor.ingress.http.server import serve as serve_http
-
-            serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs,
-                       max_body_bytes=args.http_max_body_bytes,
-                       limits=_limits(args, args.http_header_forward_pattern),
-                       restricted=restrictions(args.http_restricted_api),
-                       ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key)
-        else:
-            from conveyor.ingress.grpc.server import SERVER_OPTIONS
-            from conveyor.ingress.grpc.server import serve as serve_grpc
-            from conveyor.ingress.grpc.tls import GrpcTls
-
-            # This process serves one gRPC server: the keepalive flags join its options.
-            SERVER_OPTIONS.extend(grpc_keepalive_options(args))
-            tls = None
-            if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
-                tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
-                              args.grpc_use_ssl_mutual)
-            serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
-                       arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                       drain_grace_s=args.drain_grace_secs,
-                       limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
-                       restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
-                       implementation=grpc_server_choice(args))
-        return 0
+        try:
+            _ingress(args, ingress_ep)
+        except Exception as exc:
+            if not is_bind_failure(exc):
+                raise
+            # One line, not a traceback: the supervisor stops a group that cannot listen at start-up.
+            log.error("error: %s", endpoint(args, args.protocol).failure(exc))
+            exit_now(LISTEN_FAILED_CODE)
+        exit_now(0)
     return 2
 
 

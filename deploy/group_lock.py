@@ -22,6 +22,8 @@ DEFAULT_GROUP = "default"
 # one group's segments look like another's (group "a" would sweep "a.b"'s).
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_FREE_NAME_TRIES = 100
+# The exit code of a supervisor or router whose group's lock is held by another live process.
+GROUP_BUSY_CODE = 2
 
 
 class GroupBusy(Exception):
@@ -50,6 +52,12 @@ class GroupLock:
             except BlockingIOError:
                 holder = _read(self._fd)
                 os.close(self._fd)
+                if role == "router":
+                    # The supervisor checks this lock too: a router that outlived its supervisor
+                    # would otherwise take this group's workers and ingress processes.
+                    raise GroupBusy(f"group '{group}' already has a router on this host{holder} that this "
+                                    f"command did not start: stop it, or give this group another name with "
+                                    f"--group") from None
                 raise GroupBusy(f"group '{group}' is already running on this host{holder}: stop it, or give "
                                 f"this one another name with --group") from None
             # A stopping owner removes its run folder: the file we locked may be gone, and a

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
+from conveyor.ingress.http.edge import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, WRITE_TIMEOUT_S, EdgeLimits
 from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS, DEFAULT_MAX_JSON_BYTES
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
 from conveyor.proto.dispatch_cpu import dispatch_cpu
@@ -319,6 +320,27 @@ def add_ingress_limits(p: argparse.ArgumentParser) -> None:
                    help="answer the client mistakes Triton reports as 500 / INTERNAL (a model the repository does "
                         "not hold, a malformed shape, an unopenable shared-memory key) with 400 / INVALID_ARGUMENT "
                         "instead (default false: Triton's status, which its clients and QA assert)")
+    # What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each).
+    p.add_argument("--http-max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                   help="client connections one HTTP ingress process holds; past it the one waiting longest for a "
+                        f"request is closed, or with none waiting the new one gets 503; 0: no limit "
+                        f"(default {MAX_CONNECTIONS})")
+    p.add_argument("--http-header-timeout-secs", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                   help="a request head must arrive within this, from the connection or from its first byte; "
+                        f"else 408 and the connection closes; 0: no limit (default {HEADER_TIMEOUT_S:g})")
+    p.add_argument("--http-body-timeout-secs", type=float, default=BODY_TIMEOUT_S, metavar="S",
+                   help="the longest silence while a request body is still due; then 408 and the connection "
+                        f"closes; 0: no limit (default {BODY_TIMEOUT_S:g})")
+    p.add_argument("--http-write-timeout-secs", type=float, default=WRITE_TIMEOUT_S, metavar="S",
+                   help="how long a client may leave its answer unread once its send buffer is full (its "
+                        f"connection is not read meanwhile); then it is dropped; 0: no limit "
+                        f"(default {WRITE_TIMEOUT_S:g})")
+
+
+def http_edge(a: argparse.Namespace) -> EdgeLimits:
+    """The HTTP edge limits the flags set."""
+    return EdgeLimits(a.http_max_connections, a.http_header_timeout_secs, a.http_body_timeout_secs,
+                      a.http_write_timeout_secs)
 
 
 def add_ingress_security(p: argparse.ArgumentParser) -> None:
@@ -396,7 +418,10 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
     """The limit, access and TLS flags, as the supervisor passes them on to ingress processes."""
     out = ["--max-input-elements", str(a.max_input_elements), "--max-inflight-requests", str(a.max_inflight_requests),
            "--max-json-bytes", str(a.max_json_bytes),
-           "--http-max-body-bytes", str(a.http_max_body_bytes),
+           "--http-max-body-bytes", str(a.http_max_body_bytes), "--http-max-connections", str(a.http_max_connections),
+           "--http-header-timeout-secs", str(a.http_header_timeout_secs),
+           "--http-body-timeout-secs", str(a.http_body_timeout_secs),
+           "--http-write-timeout-secs", str(a.http_write_timeout_secs),
            "--client-mistakes-as-400", str(a.client_mistakes_as_400).lower(),
            "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower(),
            "--grpc-server", a.grpc_server]

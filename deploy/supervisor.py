@@ -3,10 +3,17 @@
 Starts the router, the workers and the ingress processes as children, restarts
 any that dies, changes how many workers/ingress run when ``conveyor scale``
 asks (``deploy/scale.py``), and on SIGTERM/SIGINT stops them in order: ingress
-first (readiness false for the drain grace, then they refuse new requests and
-finish what is in flight), then workers (each hands its work back and leaves),
-then the router. Shared-memory segments of the group are swept at start and at
+first (readiness false for the drain grace unless idle, then they refuse new
+requests and finish what is in flight), then workers (each hands its work back
+and leaves), then the router. Each wave goes as soon as the last one is gone;
+whatever is still running when the drain grace and ``--exit-timeout-secs`` are
+over is killed. Shared-memory segments of the group are swept at start and at
 exit.
+
+What cannot work stops the start, with one line and a non-zero exit code, before
+anything runs: a port something else holds (``deploy/listen.py``), a router of
+this group left running (``deploy/group_lock.py``). Children die with the
+supervisor however it dies (``deploy/lifeline.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from conveyor.deploy import listen
 from conveyor.deploy.cloud_options import cloud_args
-from conveyor.deploy.group_lock import GroupBusy, GroupLock, take_group
+from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock, take_group
+from conveyor.deploy.lifeline import child_environment
 from conveyor.deploy.openai_options import openai_args
 from conveyor.deploy.options import (
     grpc_keepalive_args,
@@ -38,12 +47,15 @@ from conveyor.deploy.options import (
 )
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.signal_wake import SignalWake
 from conveyor.router.startup import EXIT_ON_ERROR_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 
 log = logging.getLogger("conveyor.supervisor")
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# The group's exit code when it could not start (Triton's for "failed to start ... service").
+START_FAILED_CODE = 1
 # systemd's notification variables belong to the supervisor (a unit's main process): a child
 # that inherited them would announce readiness for the whole group.
 _SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -56,9 +68,12 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started: float = field(default=0.0)
+    # Started with the group: a failure to listen on its first run stops the start.
+    initial: bool = False
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
+        env.update(child_environment())
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
@@ -69,6 +84,12 @@ class Child:
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            log.error("%s did not stop in time: killing it", self.role)
+            self.proc.kill()
 
 
 class Supervisor:
@@ -85,6 +106,8 @@ class Supervisor:
         self._serials = {role: itertools.count() for role in ROLES}
         self._exit_code = 0
         self._lock: GroupLock | None = None
+        self._starting = True  # children made now are the group's first: see Child.initial
+        self._stop_requested = 0.0  # CLOCK_MONOTONIC of the SIGTERM/SIGINT
 
     # --- children ----------------------------------------------------------------------
 
@@ -109,9 +132,11 @@ class Supervisor:
     def _new_child(self, role: str) -> Child:
         n = next(self._serials[role])
         if role == "workers":
-            return Child(f"worker-{n}", ["worker", *self._common(), "--arena-size", str(self.args.arena_size)])
+            return Child(f"worker-{n}", ["worker", *self._common(), "--arena-size", str(self.args.arena_size)],
+                         initial=self._starting)
         protocol = role.split("-", 1)[0]
-        return Child(f"{protocol}-{n}", ["ingress", "--protocol", protocol, *self._ingress_args()])
+        return Child(f"{protocol}-{n}", ["ingress", "--protocol", protocol, *self._ingress_args()],
+                     initial=self._starting)
 
     def _router_child(self, repos: list[str]) -> Child:
         repo_args = [x for r in repos for x in ("--model-repository", r)]
@@ -122,7 +147,7 @@ class Supervisor:
         return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
                                 *scheduling_args(self.args), *model_control_args(self.args),
                                 *[x for value in self.args.cache_config for x in ("--cache-config", value)],
-                                *metrics_args(self.args), *trace_args])
+                                *metrics_args(self.args), *trace_args], initial=True)
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None] + self.cloud
@@ -173,9 +198,7 @@ class Supervisor:
             if not child.alive():
                 self.retiring.remove(entry)
             elif now > kill_at:
-                log.error("%s did not drain in time: killing it", child.role)
-                assert child.proc is not None
-                child.proc.kill()
+                child.kill()
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -186,11 +209,14 @@ class Supervisor:
             self._lock = take_group(a.group)
         except GroupBusy as exc:
             log.error("%s", exc)
-            return 2
+            return GROUP_BUSY_CODE
         if a.group is None and self._lock.group != "default":
             log.warning("group 'default' is already running on this host: this one is '%s' "
                         "(conveyor scale --group %s)", self._lock.group, self._lock.group)
         a.group = self._lock.group
+        refused = self._cannot_start()
+        if refused:
+            return refused
         repos = list(a.model_repository)
         built: str | None = None
         if not repos:
@@ -207,43 +233,51 @@ class Supervisor:
             log.error("%s", exc.message)
             return 2
         os.makedirs(run_dir(a.group), exist_ok=True)
-        sweep_orphans(a.group)
+        sweep_orphans(a.group)  # what a killed group of this name left (its children died with it)
         arenas = (a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)
                   + (a.openai_ingress if a.openai_port else 0))
         warning = shm_preflight(arenas * a.arena_size)
         if warning:
             log.warning("%s", warning)
+        wake = SignalWake()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.router = self._router_child(repos)
         self.router.start()
         if a.allow_metrics:
             self.metrics = Child("metrics", ["ingress", "--protocol", "metrics", *self._ingress_args(),
-                                             *metrics_args(a)])
+                                             *metrics_args(a)], initial=True)
             self.metrics.start()
         for protocol, allowed in (("sagemaker", a.allow_sagemaker), ("vertex", a.allow_vertex_ai)):
             if allowed:
-                self.cloud.append(Child(protocol, ["ingress", "--protocol", protocol, *self._ingress_args()]))
+                self.cloud.append(Child(protocol, ["ingress", "--protocol", protocol, *self._ingress_args()],
+                                        initial=True))
                 self.cloud[-1].start()
         self.scale("workers", a.workers)
         self.scale("http-ingress", a.http_ingress if a.allow_http else 0)
         self.scale("grpc-ingress", a.grpc_ingress if a.allow_grpc else 0)
         self.scale("openai-ingress", a.openai_ingress if a.openai_port else 0)
+        self._starting = False
         control = ScaleServer(socket_path(a.group), self.scale)
         log.info("serving: HTTP %s, gRPC %s, OpenAI %s, %d worker(s); scale with 'conveyor scale --group %s'",
                  a.http_port if a.allow_http else "off", a.grpc_port if a.allow_grpc else "off",
                  a.openai_port or "off", a.workers, a.group)
         with selectors.DefaultSelector() as selector:
             selector.register(control, selectors.EVENT_READ)
+            selector.register(wake.fd, selectors.EVENT_READ)
             while not self._stop:
-                if selector.select(0.2):
-                    control.serve_pending()
+                for key, _ in selector.select(0.2):
+                    if key.fileobj is control:
+                        control.serve_pending()
+                    else:
+                        wake.clear()
                 self._reap_retired()
                 for child in self._supervised():
                     if not child.alive() and not self._stop:
                         self._restart(child)
         control.close()
         self._shutdown()
+        wake.close()
         # What this run made in /tmp goes with it: the IPC folder, the example models.
         for path in (run_dir(a.group), built):
             if path:
@@ -251,8 +285,30 @@ class Supervisor:
         self._lock.release()
         return self._exit_code
 
+    def _cannot_start(self) -> int:
+        """Why this group cannot start, logged, as the exit code; 0 when it can."""
+        try:
+            # A router of this name that outlived its supervisor (one from before deploy/lifeline.py,
+            # or started by hand) would refuse ours, and take our workers and ingress processes.
+            GroupLock(self.args.group, "router").release()
+        except GroupBusy as exc:
+            log.error("%s", exc)
+            return GROUP_BUSY_CODE
+        problems = listen.check_all(self.args)
+        for problem in problems:
+            log.error("error: %s", problem)
+        return START_FAILED_CODE if problems else 0
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
+        if not self._stop:
+            self._stop_requested = time.monotonic()
+        self._stop = True
+
+    def _fail(self, code: int, why: str) -> None:
+        log.error("%s: stopping", why)
+        self._exit_code = code
+        self._stop_requested = time.monotonic()
         self._stop = True
 
     def _restart(self, child: Child) -> None:
@@ -260,13 +316,19 @@ class Supervisor:
         code = child.proc.returncode
         if child is self.router and code == EXIT_ON_ERROR_CODE:
             # --exit-on-error: a model failed at start-up; a new router would fail the same way.
-            log.error("the router stopped: a model failed to load at start-up (--exit-on-error): stopping")
-            self._exit_code = 1
-            self._stop = True
+            self._fail(1, "the router stopped: a model failed to load at start-up (--exit-on-error)")
             return
-        delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
+        if child is self.router and code == GROUP_BUSY_CODE:
+            self._fail(GROUP_BUSY_CODE, "the router could not take the group's lock (above)")
+            return
+        if code == listen.LISTEN_FAILED_CODE and child.initial and child.restarts == 0:
+            # Something took the port between the check in run() and this child's bind: as the
+            # check would have, fail the start. A restart (it had served) backs off instead.
+            self._fail(START_FAILED_CODE, f"{child.role} could not listen (above)")
+            return
         if time.monotonic() - child.started > 60:
-            child.restarts = 0
+            child.restarts = 0  # it had run a good while: back off from the start again
+        delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
         log.error("%s exited with code %s: restarting in %.1fs", child.role, code, delay)
         time.sleep(delay)
         sweep_orphans(self.args.group)
@@ -275,25 +337,33 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         """Ingress first (they drain their requests, which need workers and the router),
-        then workers (they hand their work back through the router), then the router."""
+        then workers (they hand their work back through the router), then the router.
+
+        Each wave gets SIGTERM once the one before it is gone. The group's deadline is the
+        drain grace plus the exit timeout after the stop request: whatever runs past it
+        (an actor whose loop is too busy to see its SIGTERM) is killed, and a wave not
+        yet signalled by then is killed outright, so the group stops in that time."""
+        a = self.args
+        deadline = (self._stop_requested or time.monotonic()) + a.drain_grace_secs + a.exit_timeout_secs
         ingress = (self.pools["http-ingress"] + self.pools["grpc-ingress"] + self.pools["openai-ingress"]
                    + ([self.metrics] if self.metrics else [])
                    + self.cloud)
         retiring = [child for child, _ in self.retiring]
         waves = [ingress + retiring, self.pools["workers"], [self.router] if self.router else []]
         for wave in waves:
-            for child in wave:
-                child.terminate()
-            deadline = self._stop_deadline()
+            if time.monotonic() < deadline:
+                for child in wave:
+                    child.terminate()
             for child in wave:
                 if child.proc is None:
                     continue
                 try:
-                    child.proc.wait(max(0.1, deadline - time.monotonic()))
+                    child.proc.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    log.error("%s did not stop in time: killing it", child.role)
-                    child.proc.kill()
+                    child.kill()
                     child.proc.wait()
+                log.debug("%s stopped %.2fs after the stop request", child.role,
+                          time.monotonic() - (self._stop_requested or deadline))
         sweep_orphans(self.args.group)
         left = group_segments(self.args.group)
         if left:

@@ -28,8 +28,13 @@ class IngressDrain:
         if self.clock.refusing():
             raise unavailable("the server is shutting down: send the request to another instance")
 
-    async def run(self, in_flight: Callable[[], int]) -> None:
-        """From the stop request until nothing is in flight (or the exit timeout passed)."""
+    async def run(self, in_flight: Callable[[], int], connections: Callable[[], int] = lambda: 0) -> None:
+        """From the stop request until nothing is in flight (or the exit timeout passed).
+        The grace ends early once nothing is in flight and ``connections`` (the open client
+        connections, where the server knows them) is 0."""
         self.clock.begin()
-        while self.clock.phase(busy=in_flight() > 0) is not Phase.DONE:
+        while True:
+            busy = in_flight() > 0
+            if self.clock.phase(busy, quiet=not busy and connections() == 0) is Phase.DONE:
+                return
             await asyncio.sleep(POLL_S)

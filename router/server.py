@@ -33,6 +33,7 @@ from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.proto.polling import Poller, spin_seconds
+from conveyor.proto.signal_wake import SignalWake
 from conveyor.router.admission import Admission
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
@@ -194,7 +195,8 @@ class Router:
         # Bound (in __init__): workers and ingress can come while the agent reads the repository.
         self.lifecycle.begin_startup()
         front, back, own, agent = self.front_sock, self.back_sock, self.self_link.sock, self.agent.fd
-        poller = Poller([front, back, own, agent], self.spin_s)
+        wake = SignalWake()  # SIGTERM wakes the poll at once, not at the next tick
+        poller = Poller([front, back, own, agent, wake.fd], self.spin_s)
         next_tick = self._last_tick = time.monotonic()
         more = False  # a drain stopped at its cap: poll without waiting
         while True:
@@ -218,6 +220,8 @@ class Router:
                 if not self._announced_ready and not self.lifecycle.starting:
                     self._announced_ready = True
                     self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
+            if wake.fd in ready:
+                wake.clear()
             now = time.monotonic()
             if now >= next_tick:
                 self._tick(now)
@@ -228,6 +232,7 @@ class Router:
             self.back.flush()
             self.front.flush()
         self.agent.close()
+        wake.close()
         self.self_link.close()
         self.tracer.close()
         self.front_sock.close(0)

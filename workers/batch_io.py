@@ -252,7 +252,7 @@ def plan_request_outputs(
                         mine.append((spec, value.datatype, value.shape, value.data))
                         continue
                     value = value.to_numpy()
-                array = value if is_device_array(value) else np.asarray(value)  # a Python model's GPU tensor
+                array: Any = value if is_device_array(value) else np.asarray(value)  # a Python model's GPU tensor
                 mine.append(_plan_output(spec, array, datatype_of(array), labels, batched))
         except ConveyorError as exc:  # e.g. a dtype no datatype matches: only this request fails
             planned.append(ConveyorError(Status.INTERNAL, f"output '{spec.name}' of the model: {exc.message}"))

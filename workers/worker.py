@@ -30,6 +30,7 @@ from conveyor.proto.dispatch_cpu import release_thread
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import Outbox, drain
 from conveyor.proto.polling import Poller, spin_seconds
+from conveyor.proto.signal_wake import wake_on_signals
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
@@ -202,6 +203,8 @@ class Worker:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        # A signal wakes the loop through the wake pipe (proto/signal_wake.py says why), not at the poll's timeout.
+        unwake = wake_on_signals(self._wake_tx)
         self._hello()
         self.out.flush()
         sources: list[Any] = [self.sock, self._wake_rx]
@@ -245,6 +248,7 @@ class Worker:
                 self.replies.flush()
                 self.out.flush()
         finally:
+            unwake()
             self.systemd.stopping()
             self.close()
 
@@ -289,7 +293,8 @@ class Worker:
         elif isinstance(msg, m.SettingsUpdate):
             ProcessLog.apply_wire(msg.log)
         elif isinstance(msg, m.Rehello):
-            log.warning("the router does not know this worker (it restarted?): saying hello again")
+            if not self._stopping:  # after LeaveGranted the router rightly forgot us
+                log.warning("the router does not know this worker (it restarted?): saying hello again")
             self._reset()
 
     def _send_metrics(self, now: float, everything: bool = False) -> None:

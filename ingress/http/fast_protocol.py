@@ -54,11 +54,11 @@ _NO_EVENT = _Event()
 class FastCycle:
     """One plain infer request: its head as read, its body's chunks; the attributes
     uvicorn's protocol reads from a cycle (``response_complete``, ``keep_alive``,
-    ``disconnected``, ``message_event``) so that shutdown, pipelining and a lost
-    connection treat it as one of its own."""
+    ``disconnected``, ``message_event``; ``response_started`` for ``protocol.py``) so
+    that shutdown, pipelining and a lost connection treat it as one of its own."""
 
     __slots__ = ("accept_encoding", "chunks", "disconnected", "header_length", "keep_alive", "message_event",
-                 "model", "path", "response_complete", "traceparent", "version")
+                 "model", "path", "response_complete", "response_started", "traceparent", "version")
 
     def __init__(self, model: str, version: str, path: bytes, keep_alive: bool) -> None:
         self.model = model
@@ -70,6 +70,7 @@ class FastCycle:
         self.traceparent = ""
         self.chunks: list[bytes] = []
         self.response_complete = False
+        self.response_started = False  # the answer leaves in one write: started is complete
         self.disconnected = False
         self.message_event = _NO_EVENT
 
@@ -120,6 +121,7 @@ class FastInferProtocol(HttpToolsProtocol):
         if cycle is None:
             super().on_headers_complete()
             return
+        self.head_complete()
         self._fast = self.cycle = cycle  # type: ignore[assignment]
 
     def _take(self) -> FastCycle | None:
@@ -147,6 +149,7 @@ class FastInferProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         self._fast = None
+        self.expect_head()
         task = self.loop.create_task(self._serve(fast))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
@@ -174,7 +177,7 @@ class FastInferProtocol(HttpToolsProtocol):
 
     def _respond(self, cycle: FastCycle, status: int, head: list[bytes], data: bytes) -> None:
         """Write the response as one write, then let the connection go on (or close it)."""
-        cycle.response_complete = True
+        cycle.response_complete = cycle.response_started = True
         if cycle.disconnected:
             return
         parts = [STATUS_LINE[status]]

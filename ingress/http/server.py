@@ -29,6 +29,7 @@ from conveyor.deploy.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import Infer, build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.http.edge import KEEP_ALIVE_S, EdgeLimits, EdgeState, fit_open_files
 from conveyor.ingress.http.fast_protocol import fast_protocol_class
 from conveyor.ingress.http.protocol import CaseKeepingProtocol, HttpToolsProtocol
 from conveyor.ingress.limits import IngressLimits
@@ -37,8 +38,6 @@ from conveyor.ingress.sd_ready import notify_when_serving
 
 AppFactory = Callable[[IngressContext], Any]
 
-# Longer than the common 60 s idle timeout of load balancers, so they close first.
-KEEP_ALIVE_S = 75
 BACKLOG = 2048
 
 
@@ -84,7 +83,8 @@ class _DrainingServer(uvicorn.Server):
             self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        await self._ctx.drain.run(lambda: self._ctx.link.in_flight)
+        # An open connection keeps the grace: a load balancer may still send on it.
+        await self._ctx.drain.run(lambda: self._ctx.link.in_flight, lambda: len(self.server_state.connections))
         self.should_exit = True
 
 
@@ -133,12 +133,14 @@ def serve(
     restricted: dict[str, Restriction] | None = None,
     ssl_cert: str = "",
     ssl_key: str = "",
+    edge: EdgeLimits | None = None,
 ) -> None:
     """Serve HTTP on ``host:port`` for the router at ``router`` until SIGTERM/SIGINT.
 
     ``app_factory`` builds the ASGI app from the context (default: the KServe v2
     app; the metrics endpoint passes its own). ``restricted`` maps API categories
     to the header each needs; ``ssl_cert``/``ssl_key`` (PEM files) serve HTTPS.
+    ``edge``: what one client may hold of this process (``edge.py``; default its defaults).
     Blocking; returns once in-flight requests are done and the context is closed.
     """
     signals = _Signals()
@@ -161,6 +163,7 @@ def serve(
                 restricted=restricted,
                 ssl_cert=ssl_cert,
                 ssl_key=ssl_key,
+                edge=edge or EdgeLimits(),
             )
         )
     finally:
@@ -184,6 +187,7 @@ async def _serve(
     restricted: dict[str, Restriction] | None,
     ssl_cert: str,
     ssl_key: str,
+    edge: EdgeLimits,
 ) -> None:
     # The context's ZeroMQ socket and futures belong to this loop: create it here.
     ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
@@ -199,6 +203,9 @@ async def _serve(
             inner = build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted)
             if not restricted and not forward:  # else falcon checks or forwards every request's headers
                 protocol = fast_protocol_class(Infer(ctx.dataplane, max_body_bytes), max_body_bytes)
+        # This process's limits and connections: every connection's protocol enforces them.
+        fit_open_files(edge)
+        protocol = type(f"Edge{protocol.__name__}", (protocol,), {"edge": EdgeState(edge)})
         app = BodyLimit(inner, max_body_bytes)
         config = uvicorn.Config(
             app,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conveyor.deploy.cli import build_tritonserver_parser, tritonserver_main
+from conveyor.deploy.cli import build_parser, build_tritonserver_parser, tritonserver_main
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.options import grpc_keepalive_options
 from conveyor.deploy.ports import free_port
@@ -94,6 +94,8 @@ def test_tritonserver_takes_tritons_defaults() -> None:
     a = build_tritonserver_parser().parse_args(["--model-repository=/models"])
     assert (a.exit_on_error, a.strict_readiness, a.allow_client_shm, a.server_id) == (True, True, True, "triton")
     assert (a.http_port, a.grpc_port, a.metrics_port, a.exit_timeout_secs) == (8000, 8001, 8002, 30)
+    assert a.drain_grace_secs == 0  # SIGTERM refuses at once, as Triton (conveyor serve: 5 s)
+    assert build_parser().parse_args(["serve"]).drain_grace_secs == 5
 
 
 def test_repeatable_flags_keep_every_value() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -19,11 +21,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.ports import free_ports
 from conveyor.proto.drain import DrainClock, Phase
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import ModelRegistry
 from conveyor.router.worker_pool.pool import WorkerPool
-from tests.support.group import Server, start_server
+from tests.support.group import Server, abandon, start_server, wait_ready
 from tests.support.python_models import write_model
 from tests.support.waiting import eventually
 
@@ -48,6 +51,7 @@ name: "sleep"
 backend: "python"
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
 """
 
 GRACE_S = 5.0
@@ -60,7 +64,9 @@ def test_drain_clock_phases() -> None:
     clock.begin(now=100)
     clock.begin(now=101)  # a second stop request changes nothing
     assert clock.draining
-    assert clock.phase(busy=False, now=104) is Phase.GRACE and not clock.refusing(104)
+    assert clock.phase(busy=True, now=104) is Phase.GRACE and not clock.refusing(104)
+    assert clock.phase(busy=False, now=104, quiet=False) is Phase.GRACE  # idle, but a client connection is open
+    assert clock.phase(busy=False, now=104) is Phase.DONE  # nothing in flight: the grace ends early
     assert clock.phase(busy=True, now=106) is Phase.REFUSING and clock.refusing(106)
     assert clock.phase(busy=False, now=106) is Phase.DONE
     assert clock.phase(busy=True, now=115.5) is Phase.DONE  # the exit timeout cuts it off
@@ -162,11 +168,25 @@ def test_sigterm_drains_readiness_first_then_refuses_while_in_flight_requests_fi
         finally:
             client.close()
 
+    def slow_grpc_request() -> None:
+        # Each ingress process drains on its own: one with nothing in flight skips the grace.
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        try:
+            inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+            inp.set_data_from_numpy(np.array([IN_FLIGHT_S], dtype=np.float32))
+            slow["grpc"] = client.infer("sleep", [inp], client_timeout=60).as_numpy("OUTPUT0")
+        except Exception as exc:
+            slow["grpc_error"] = exc
+        finally:
+            client.close()
+
     try:
         assert _ready_status(srv) == 200 and _grpc_ready(srv)
         in_flight = threading.Thread(target=slow_request)
         in_flight.start()
-        time.sleep(1.0)  # let it reach the worker
+        grpc_in_flight = threading.Thread(target=slow_grpc_request)
+        grpc_in_flight.start()
+        time.sleep(1.0)  # let them reach the worker
         signalled = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
 
@@ -180,10 +200,56 @@ def test_sigterm_drains_readiness_first_then_refuses_while_in_flight_requests_fi
         eventually(lambda: _refused_http(srv) and _refused_grpc(srv), timeout=IN_FLIGHT_S)
         assert in_flight.is_alive()
         in_flight.join(60)
+        grpc_in_flight.join(60)
         assert slow.get("error") is None and slow["out"].tolist() == [IN_FLIGHT_S]
+        assert slow.get("grpc_error") is None and slow["grpc"].tolist() == [IN_FLIGHT_S]
         assert srv.proc.wait(60) == 0
         assert srv.shm_segments() == []
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
             srv.proc.wait()
+
+
+def test_tritonserver_refuses_at_once_on_sigterm_but_finishes_what_is_in_flight(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Triton's way (no readiness grace unless --drain-grace-secs asks for one): new requests are
+    # refused from the SIGTERM on; the running one still gets --exit-timeout-secs to finish.
+    repo = str(tmp_path_factory.mktemp("drain-triton"))
+    add_sub(repo, "simple", 0)
+    write_model(repo, "sleep", SLEEP_MODEL, SLEEP_CONFIG)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    proc = subprocess.Popen([
+        sys.executable, "-m", "conveyor.deploy.tritonserver", f"--model-repository={repo}",
+        f"--group=dt{os.getpid()}", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--workers=1",
+        f"--arena-size={32 << 20}", "--exit-timeout-secs=30",
+    ])
+    srv = Server(proc, f"dt{os.getpid()}", http_port, grpc_port, metrics_port, repo)
+    slow: dict[str, Any] = {}
+
+    def slow_request() -> None:
+        client = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+        try:
+            inp = httpclient.InferInput("INPUT0", [1], "FP32")
+            inp.set_data_from_numpy(np.array([3.0], dtype=np.float32))
+            slow["out"] = client.infer("sleep", [inp]).as_numpy("OUTPUT0")
+        except Exception as exc:
+            slow["error"] = exc
+        finally:
+            client.close()
+
+    try:
+        wait_ready(http_port, proc, (grpc_port, metrics_port))
+        in_flight = threading.Thread(target=slow_request)
+        in_flight.start()
+        time.sleep(1.0)  # let it reach the worker
+        proc.send_signal(signal.SIGTERM)
+        eventually(lambda: _refused_grpc(srv), timeout=5)  # the idle gRPC ingress is gone or refusing
+        in_flight.join(30)
+        assert slow.get("error") is None and slow["out"].tolist() == [3.0]
+        assert proc.wait(30) == 0
+        assert srv.shm_segments() == []
+    finally:
+        abandon(proc)

@@ -89,7 +89,7 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: s
     return Server(proc, group, http_port, grpc_port, metrics_port, repo)
 
 
-def abandon(proc: subprocess.Popen[bytes]) -> None:
+def abandon(proc: subprocess.Popen[Any]) -> None:
     """Stop a group that did not come up. SIGTERM first: a SIGKILLed supervisor cannot stop its
     children, whose shared-memory segments would then stay in /dev/shm."""
     if proc.poll() is None:

@@ -162,7 +162,7 @@ def test_errors_requests_and_responses() -> None:
     codes = [getattr(pb_utils.TritonError, n) for n in
              ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS",
               "CANCELLED")]
-    assert codes == [int(Status[n]) for n in Status.__members__ if n != "DEADLINE_EXCEEDED"]
+    assert codes == [int(Status[n]) for n in Status.__members__ if n not in ("DEADLINE_EXCEEDED", "CLIENT_MISTAKE")]
     out = pb_utils.Tensor("OUT", np.zeros(1))
     resp = pb_utils.InferenceResponse(output_tensors=[out])
     assert not resp.has_error() and pb_utils.get_output_tensor_by_name(resp, "OUT") is out

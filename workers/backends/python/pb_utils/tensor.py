@@ -116,7 +116,7 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         if self._device_id >= 0:
             raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
-        return self._array  # type: ignore[no-any-return]
+        return self._array
 
     def data(self) -> Any:
         """The tensor's array where it lies: numpy on the host, cupy on a device (Conveyor's; for outputs)."""
@@ -124,7 +124,7 @@ class Tensor:
 
     def host_array(self) -> np.ndarray:
         """A numpy array of the tensor, copied from the device if it is there (Conveyor's; for BLS inputs)."""
-        return self._array.get() if self._device_id >= 0 else self._array  # type: ignore[no-any-return]
+        return self._array.get() if self._device_id >= 0 else self._array
 
     def shape(self) -> list[int]:
         return list(self._array.shape)
@@ -202,4 +202,4 @@ def _writeable_view(array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(array)  # a copy, as Triton's own import of strided data is refused
     buffer = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
     buffer._owner = array  # type: ignore[attr-defined]  # the capsule's memory lives while the view does
-    return np.frombuffer(buffer, dtype=array.dtype).reshape(array.shape)
+    return np.frombuffer(memoryview(buffer).cast("B"), dtype=array.dtype).reshape(array.shape)

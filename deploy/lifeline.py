@@ -1,0 +1,69 @@
+"""How a group's processes end: every actor dies with the supervisor that started it,
+however the supervisor dies; and a process whose work is done leaves at once.
+
+A supervisor killed with SIGKILL (Model Analyzer stops ``tritonserver`` so after 5 s, the
+OOM killer, ``kill -9``) cannot stop its children. Left alone they would live on: the
+router would keep the group's router lock and refuse the next start's router, whose
+workers and ingress processes would then join the orphan. So the supervisor names itself
+in each child's environment, and the child asks the kernel for SIGKILL when its parent
+dies (``prctl(PR_SET_PDEATHSIG)``), then checks that parent is still the supervisor: one
+that died before the request leaves the child to init, and the child exits at once.
+
+SIGKILL rather than SIGTERM: a draining actor waits on the others (workers on the
+router's LeaveGranted, the router on in-flight work) that are dying too; the next start
+sweeps what the killed actors left in /dev/shm (``shm/naming.py``). Linux only; elsewhere
+an actor outlives a killed supervisor as before.
+
+``exit_now``: an actor that has closed its sockets and unlinked its arena has nothing left
+for the interpreter's own teardown to do but free every module's objects and join thread
+pools: 0.1-0.2 s of CPU per process, and seconds of wall time when a whole group (every
+actor at once) stops on a busy 2-core host. Measured on ``tritonserver`` stopping idle:
+3.5-4.1 s with the teardown, 0.7-1.0 s without, on the same loaded host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from typing import NoReturn
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_PID_ENV = "CONVEYOR_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def child_environment() -> dict[str, str]:
+    """What the supervisor adds to a child's environment."""
+    return {SUPERVISOR_PID_ENV: str(os.getpid())}
+
+
+def die_with_supervisor() -> None:
+    """In an actor the supervisor started: SIGKILL when it dies; exit now if it is already gone.
+    Does nothing in an actor started otherwise (systemd, by hand)."""
+    # Popped: the actor's own children (a model's helper processes) are not the supervisor's.
+    supervisor = os.environ.pop(SUPERVISOR_PID_ENV, "")
+    if not supervisor.isdigit() or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot ask to die with the supervisor (prctl: %s): this process may outlive it", exc)
+        return
+    # The supervisor may have died before the request above: then our parent is already someone else.
+    if os.getppid() != int(supervisor):
+        print(f"the supervisor (pid {supervisor}) that started this process is gone: exiting", file=sys.stderr)
+        os._exit(1)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave without the interpreter's teardown, once the process's own cleanup is done."""
+    logging.shutdown()  # the log handlers' buffers (a --log-file) first
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
