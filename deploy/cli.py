@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                        drain_grace_s=args.drain_grace_secs,
                        limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
                        restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
-                       implementation=grpc_server_choice(args))
+                       implementation=grpc_server_choice(args), buffer_bytes=args.grpc_max_buffer_bytes,
+                       connection_buffer_bytes=args.grpc_max_connection_buffer_bytes)
         return 0
     return 2
 

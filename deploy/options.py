@@ -9,7 +9,13 @@ from collections.abc import Callable
 
 from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
-from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS, DEFAULT_MAX_JSON_BYTES
+from conveyor.ingress.limits import (
+    DEFAULT_GRPC_BUFFER_BYTES,
+    DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    DEFAULT_MAX_INFLIGHT,
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    DEFAULT_MAX_JSON_BYTES,
+)
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
 from conveyor.proto.dispatch_cpu import dispatch_cpu
 from conveyor.proto.errors import ConveyorError
@@ -301,6 +307,15 @@ def add_ingress_limits(p: argparse.ArgumentParser) -> None:
                         f"'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})")
     p.add_argument("--http-max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
                    help=f"largest HTTP request body, after decompression (default {DEFAULT_MAX_BODY_BYTES})")
+    # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
+    p.add_argument("--grpc-max-buffer-bytes", type=int, default=DEFAULT_GRPC_BUFFER_BYTES, metavar="BYTES",
+                   help="request message bytes one gRPC ingress process holds before their calls take them; the "
+                        "stream past it ends with RESOURCE_EXHAUSTED; 0: no limit "
+                        f"(default {DEFAULT_GRPC_BUFFER_BYTES}; --grpc-server h2)")
+    p.add_argument("--grpc-max-connection-buffer-bytes", type=int, default=DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+                   metavar="BYTES",
+                   help="the same per gRPC connection; a larger message is refused at its length prefix; 0: no "
+                        f"limit but gRPC's 2 GiB (default {DEFAULT_GRPC_CONNECTION_BUFFER_BYTES}; --grpc-server h2)")
 
 
 def add_ingress_security(p: argparse.ArgumentParser) -> None:
@@ -379,6 +394,8 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
     out = ["--max-input-elements", str(a.max_input_elements), "--max-inflight-requests", str(a.max_inflight_requests),
            "--max-json-bytes", str(a.max_json_bytes),
            "--http-max-body-bytes", str(a.http_max_body_bytes),
+           "--grpc-max-buffer-bytes", str(a.grpc_max_buffer_bytes),
+           "--grpc-max-connection-buffer-bytes", str(a.grpc_max_connection_buffer_bytes),
            "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower(),
            "--grpc-server", a.grpc_server]
     for flag, groups in (("--http-restricted-api", a.http_restricted_api),
