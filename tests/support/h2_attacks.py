@@ -218,6 +218,7 @@ class Outcome:
     sent: int = 0  # the attack's unit: frames, streams or calls
     seconds: float = 0.0
     closed: bool = False  # the server closed the connection (or reset it)
+    stalled: bool = False  # a send waited for the socket's timeout: the server stopped reading
     goaway: int | None = None  # the error code of the server's GOAWAY, when one was read
     refused: int = 0  # RST_STREAM REFUSED_STREAM received
     resets: dict[int, int] = field(default_factory=dict)  # RST_STREAM codes received, counted
@@ -253,12 +254,15 @@ class Attacker:
 
     def send(self, data: bytes) -> bool:
         """False once the server has closed the connection (or stopped reading for 5 s)."""
-        if self.outcome.closed:
+        if self.outcome.closed or self.outcome.stalled:
             return False
         try:
             self.sock.sendall(data)
             return True
-        except OSError:  # reset, broken pipe, or a peer that stopped reading (timeout)
+        except TimeoutError:  # the server stopped reading
+            self.outcome.stalled = True
+            return False
+        except OSError:  # reset, broken pipe
             self.outcome.closed = True
             return False
 
@@ -410,10 +414,11 @@ def declared_length(port: int, seconds: float, declared: int = 60 << 20, per_wri
         a.close()
 
 
-def control_flood(port: int, seconds: float, kind: str, per_write: int = 1000, limit: int = 300_000) -> Outcome:
+def control_flood(port: int, seconds: float, kind: str, per_write: int = 1000, limit: int = 300_000,
+                  read: bool = False) -> Outcome:
     """PING (``kind="ping"``) or SETTINGS (``"settings"``) frames, each of which the server must
-    acknowledge, from a peer that never reads (and keeps its receive buffer small)."""
-    a = Attacker(port, f"{kind}_noread", read=False, rcvbuf=4096)
+    acknowledge; unless ``read``, from a peer that never reads (and keeps its receive buffer small)."""
+    a = Attacker(port, f"{kind}_noread" if not read else kind, read=read, rcvbuf=None if read else 4096)
     one = frame(PingFrame(0, opaque_data=b"12345678")) if kind == "ping" else frame(SettingsFrame(0, settings={
         0x4: 65535}))
     data = one * per_write
@@ -428,13 +433,16 @@ def control_flood(port: int, seconds: float, kind: str, per_write: int = 1000, l
         a.close()
 
 
-def window_overrun(port: int, seconds: float, per_write: int = 200, limit: int = 100_000) -> Outcome:
+def window_overrun(port: int, seconds: float, per_write: int = 200, limit: int = 100_000,
+                   body: bytes = b"\xff" * 64) -> Outcome:
     """ModelStreamInfer requests that ignore flow control: the client gives the server no window
     to answer in (SETTINGS_INITIAL_WINDOW_SIZE 0), so the call's replies wait, its handler stops
-    taking requests, and the server stops crediting the stream; the requests keep coming anyway."""
+    taking requests, and the server stops crediting the stream; the requests keep coming anyway.
+    ``body``: each request message (by default one protobuf cannot parse: answered in-band at once,
+    without a model)."""
     a = Attacker(port, "window_overrun", settings={0x4: 0})
     a.send(headers_frame(1, a.block(request_headers("ModelStreamInfer"))))
-    one = data_frame(1, message(simple_request()))
+    one = data_frame(1, message(body))
 
     def batch(n: int) -> bytes:
         a.outcome.sent += per_write
@@ -442,6 +450,39 @@ def window_overrun(port: int, seconds: float, per_write: int = 200, limit: int =
 
     try:
         return flood(a, seconds, batch, limit // per_write)
+    finally:
+        a.close()
+
+
+def identity_request(size: int) -> bytes:
+    """A serialized ModelInferRequest for ``identity_fp32`` with ``size`` bytes of FP32."""
+    from conveyor.proto import grpc_service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[size // 4])
+    request.raw_input_contents.append(b"\0" * size)
+    return bytes(request.SerializeToString())
+
+
+def unread_responses(port: int, seconds: float, size: int = 256 << 10, limit: int = 200) -> Outcome:
+    """ModelInfer calls of ``size`` bytes each (identity_fp32: as large an answer) from a peer that
+    gives the server large windows and never reads: only the server's own pause stops it."""
+    a = Attacker(port, "unread_responses", read=False, rcvbuf=4096, settings={0x4: (1 << 31) - 1})
+    a.send(frame(WindowUpdateFrame(0, window_increment=(1 << 31) - 1 - 65535)))
+    wire = message(identity_request(size))
+    ids = streams()
+
+    def batch(n: int) -> bytes:
+        sid = next(ids)
+        out = [headers_frame(sid, a.block(request_headers("ModelInfer")))]
+        for pos in range(0, len(wire), 16384):  # the server's SETTINGS_MAX_FRAME_SIZE
+            out.append(data_frame(sid, wire[pos:pos + 16384], end_stream=pos + 16384 >= len(wire)))
+        a.outcome.sent += 1
+        return b"".join(out)
+
+    a.sock.settimeout(2.0)  # a send that waits this long: the server stopped reading
+    try:
+        return flood(a, seconds, batch, limit)
     finally:
         a.close()
 

@@ -56,10 +56,15 @@ log = logging.getLogger(__name__)
 # (200 per write): each would hold a call, its task and its deadline timer for as long as the
 # client likes.
 MAX_CONCURRENT_STREAMS = 256
+# Bytes of one read handed to h2 at a time, the rest after other connections had their turn: a
+# read of 256 KiB of tiny frames is 20,000 frames, a few hundred milliseconds of h2's time.
+FEED_BYTES = 1 << 14
 # h2 treats a stream over its own limit as a connection error (TooManyStreamsError, GOAWAY
-# PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error; its limit is set above ours, so
-# that the refusal above comes first and only a client that ignores refusals too is cut off.
-H2_STREAM_CEILING = 2 * MAX_CONCURRENT_STREAMS
+# PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error, and it opens every stream of
+# what it is fed before the server sees one. Its limit is set above ours by as many streams as
+# FEED_BYTES can open (a HEADERS frame with an indexed request is 12 bytes), so that the refusal
+# above comes first.
+H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_BYTES // 12
 
 # Streams a client may reset while they run, or have refused, at once and then per second (a
 # token bucket; nghttp2's defaults). Rapid reset (CVE-2023-44487): HEADERS + RST_STREAM, 200 per
@@ -96,9 +101,6 @@ WRITE_BUFFER_HIGH = 1 << 20
 # A connection the server closes gets this long to take what is still to be written (its GOAWAY),
 # then it is aborted: a peer that does not read would otherwise keep it, and its buffer, forever.
 CLOSE_TIMEOUT_S = 5.0
-# Bytes of one read handed to h2 at a time, the rest after other connections had their turn: a
-# read of 256 KiB of tiny frames is 30,000 frames, a few hundred milliseconds of h2's time.
-FEED_BYTES = 1 << 16
 
 # Receive windows. The server credits data back only as it is consumed (module docstring); h2
 # answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR.

@@ -80,7 +80,8 @@ def frames(draw: st.DrawFn) -> bytes:
     flags = draw(st.sampled_from([0, END_STREAM, END_HEADERS, END_STREAM | END_HEADERS, PADDED,
                                   PRIORITY | END_HEADERS, 0xFF]))
     if kind == HEADERS and draw(st.booleans()):
-        fields = [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", draw(st.sampled_from(PATHS))),
+        fields = [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                  (":path", draw(st.sampled_from(PATHS))),
                   ("content-type", draw(st.sampled_from(["application/grpc", "text/plain"]))),
                   ("grpc-timeout", draw(st.sampled_from(["1S", "10m", "bad"])))]
         payload = bytes(hpack.Encoder().encode(fields))
