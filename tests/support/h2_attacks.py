@@ -300,7 +300,7 @@ class Attacker:
             self.window_updates += 1
         elif isinstance(f, HeadersFrame):
             try:
-                fields = dict(self._decoder.decode(f.data))
+                fields = {str(k): str(v) for k, v in self._decoder.decode(f.data)}  # str: hpack's default
             except Exception:
                 return
             if "grpc-status" in fields and len(o.statuses) < 10_000:

@@ -384,8 +384,8 @@ class GrpcConnection(asyncio.Protocol):
         # StreamEnded event that follows does the rest).
         stream.remote_closed = event.stream_ended is not None
         refusal = self._refusal(stream)
-        if refusal is not None:
-            self._out.finish(stream, *refusal)
+        if refusal is not None or handler is None:
+            self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
             return
         deadline = stream.ctx.deadline
         if deadline is not None:

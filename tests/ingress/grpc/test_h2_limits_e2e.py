@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 
@@ -96,9 +97,13 @@ def test_continuation_frames_past_the_cap_end_the_connection(target: Target) -> 
 
 def test_ping_and_settings_floods_end_in_enhance_your_calm(target: Target) -> None:
     for kind in ("ping", "settings"):
-        r = attacked(target, lambda port, k=kind: h2a.control_flood(port, ATTACK_S, k, limit=20_000, read=True))
+        r = attacked(target, partial(flood, kind))
         assert r.outcome.goaway == h2a.ENHANCE_YOUR_CALM, kind
         r.check_contained()
+
+
+def flood(kind: str, port: int) -> h2a.Outcome:
+    return h2a.control_flood(port, ATTACK_S, kind, limit=20_000, read=True)
 
 
 def test_pings_from_a_peer_that_does_not_read_are_cut_off(target: Target) -> None:

@@ -305,7 +305,7 @@ async def test_streams_past_the_concurrency_limit_are_refused(served: SimpleName
     n = conn.MAX_CONCURRENT_STREAMS
     for i in range(n + 3):  # ModelStreamInfer calls that never send a message
         client.send(HeadersFrame(2 * i + 1, data=client.headers_block("ModelStreamInfer"), flags=["END_HEADERS"]))
-    refused = []
+    refused: list[tuple[int, int]] = []
     while len(refused) < 3:
         f = await client.next()
         assert isinstance(f, RstStreamFrame), f
