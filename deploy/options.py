@@ -343,9 +343,9 @@ def add_ingress_security(p: argparse.ArgumentParser) -> None:
                    help="request metadata whose name matches become string request parameters")
     p.add_argument("--grpc-server", choices=("auto", "grpcio", "h2"),
                    default=os.environ.get("CONVEYOR_GRPC_SERVER", "auto"),
-                   help="the gRPC server: h2 (HTTP/2 on the event loop, a quarter of grpcio's CPU per call) or "
-                        "grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 flag asks for what "
-                        "only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto")
+                   help="the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 limits of "
+                        "docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
+                        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto")
 
 
 def grpc_server_choice(a: argparse.Namespace) -> str:

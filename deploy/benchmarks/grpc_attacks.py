@@ -6,9 +6,10 @@
 For each attack and variant a fresh ``conveyor serve`` (example repository, its
 defaults, free loopback ports; a variant's JSON is extra environment, as in
 ``grpc_ingress_cpu.py``) is started. A tritonclient gRPC client calls ``simple``
-every 20 ms on its own connection while one other connection misbehaves for
-``--seconds`` (the attacks are ``tests/support/h2_attacks.py``'s, bounded in time
-and count, loopback only). Reported per run: the other client's calls per second
+every 20 ms on its own connection while another connection misbehaves for
+``--seconds``; when the server cuts that one off, the attacker opens a new one at
+once, for the whole time (the attacks are ``tests/support/h2_attacks.py``'s, bounded
+in time and count, loopback only). Reported per run: the other client's calls per second
 during the attack (50 at most) and its failures, the gRPC ingress process's peak
 RSS and CPU seconds, how long it took to be idle again afterwards (CPU under a
 tenth of a core), and what the attacker saw (GOAWAY code, streams refused).
@@ -86,21 +87,35 @@ def run(repo: str, env: dict[str, str], attack: str, seconds: float, rss_cap: in
             killed.append(True)
             os.kill(pid, signal.SIGKILL)
 
+        # The other client runs in a process of its own (the attacks' Python would take its GIL), for
+        # ``seconds`` from when its connection is up.
+        victim = subprocess.Popen([sys.executable, "-m", "tests.support.h2_attacks", "victim",
+                                   f"127.0.0.1:{group.grpc}", str(seconds)], stdout=subprocess.PIPE, text=True)
+        assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
         # The watch goes on after the attack: an unbounded one keeps growing, and the cap must catch it.
         with h2a.IngressWatch(pid, cap=rss_cap, over_cap=kill) as watch:
-            with h2a.Victim(f"127.0.0.1:{group.grpc}") as victim:
-                outcome = ATTACKS[attack](group.grpc, seconds)
+            # One connection at a time; one the server cuts off is opened again at once, for all
+            # of ``seconds``.
+            outcomes: list[h2a.Outcome] = []
+            until = time.monotonic() + seconds
+            while (left := until - time.monotonic()) > 0.05 and not killed:
+                outcomes.append(ATTACKS[attack](group.grpc, left))
             cpu_during = watch.cpu_used()
+            served = json.loads(victim.communicate(timeout=seconds + 30)[0].strip().splitlines()[-1])
             idle = None if killed else watch.wait_idle(timeout=30.0)
             rss_during = watch.rss_peak
         return {
-            "attack": attack, "sent": outcome.sent, "attack_s": round(outcome.seconds, 2),
-            "victim_calls_per_s": round(victim.calls_per_s, 1), "victim_ok": victim.ok,
-            "victim_failed": victim.failed, "victim_errors": victim.errors[:2],
+            "attack": attack, "connections": len(outcomes), "sent": sum(o.sent for o in outcomes),
+            "attack_s": round(sum(o.seconds for o in outcomes), 2),
+            "victim_calls_per_s": served["calls_per_s"], "victim_ok": served["ok"],
+            "victim_failed": served["failed"], "victim_errors": served["errors"][:2],
             "ingress_rss_start_mib": round(watch.rss_start / 2**20), "ingress_rss_peak_mib": round(rss_during / 2**20),
             "ingress_cpu_s": round(cpu_during, 2), "idle_after_s": None if idle is None else round(idle, 1),
-            "killed_at_rss_cap": bool(killed), "server_closed": outcome.closed, "goaway": outcome.goaway,
-            "refused_streams": outcome.refused, "statuses": sorted(set(outcome.statuses))[:5],
+            "killed_at_rss_cap": bool(killed), "server_closed": sum(o.closed for o in outcomes),
+            "server_stalled": sum(o.stalled for o in outcomes),
+            "goaway": sorted({o.goaway for o in outcomes if o.goaway is not None}),
+            "refused_streams": sum(o.refused for o in outcomes),
+            "statuses": sorted({s for o in outcomes for s in o.statuses})[:5],
         }
     finally:
         group.stop()

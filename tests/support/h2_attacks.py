@@ -597,3 +597,24 @@ def unfinished_messages(port: int, seconds: float, streams_n: int = 200, declare
         outcome.seconds = time.monotonic() - start
         sock.close()
     return outcome
+
+
+# --------------------------------------------------------------------------- the client, in a process of its own
+
+def victim_main(url: str, seconds: float) -> None:
+    """``Victim`` for ``seconds`` in this process; prints "ready" once its connection is up, then its
+    figures as JSON. The attacks are Python too: in one process they would share the GIL with it."""
+    import json
+    import sys
+
+    with Victim(url) as v:
+        print("ready", flush=True)
+        time.sleep(seconds)
+    print(json.dumps({"ok": v.ok, "failed": v.failed, "errors": v.errors, "calls_per_s": round(v.calls_per_s, 1)}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    import sys
+
+    victim_main(sys.argv[2], float(sys.argv[3])) if sys.argv[1] == "victim" else sys.exit("usage: victim URL SECONDS")

@@ -56,21 +56,27 @@ log = logging.getLogger(__name__)
 # (200 per write): each would hold a call, its task and its deadline timer for as long as the
 # client likes.
 MAX_CONCURRENT_STREAMS = 256
-# Bytes of one read handed to h2 at a time, the rest after other connections had their turn: a
-# read of 256 KiB of tiny frames is 20,000 frames, a few hundred milliseconds of h2's time.
-FEED_BYTES = 1 << 14
+# What of one read is handed to h2 at a time, the rest after other connections had their turn:
+# about FEED_FRAMES frames (h2's events tell how many the last piece held), in pieces of
+# FEED_MIN_BYTES to FEED_MAX_BYTES. A read of 256 KiB of tiny frames is 20,000 frames, a second of
+# h2's time; fed whole, every other client on the process would wait that long. Large DATA frames
+# still go through in pieces of FEED_MAX_BYTES.
+FEED_FRAMES = 64
+FEED_MIN_BYTES = 1 << 10
+FEED_MAX_BYTES = 1 << 16
 # h2 treats a stream over its own limit as a connection error (TooManyStreamsError, GOAWAY
 # PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error, and it opens every stream of
 # what it is fed before the server sees one. Its limit is set above ours by as many streams as
-# FEED_BYTES can open (a HEADERS frame with an indexed request is 12 bytes), so that the refusal
+# one piece can open (a HEADERS frame with an indexed request is 12 bytes), so that the refusal
 # above comes first.
-H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_BYTES // 12
+H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_MAX_BYTES // 12
 
 # Streams a client may reset while they run, or have refused, at once and then per second (a
-# token bucket; nghttp2's defaults). Rapid reset (CVE-2023-44487): HEADERS + RST_STREAM, 200 per
-# write, make the server start and stop a call for each at no cost to the client. Past the budget
-# the connection ends with GOAWAY ENHANCE_YOUR_CALM.
-RESET_BURST = 1000
+# token bucket; nghttp2 allows 1000 and 33). Rapid reset (CVE-2023-44487): HEADERS + RST_STREAM,
+# 200 per write, make the server take a call for each at no cost to the client. Past the budget
+# the connection ends with GOAWAY ENHANCE_YOUR_CALM. A client may cancel every call it can have
+# open, twice over, at once.
+RESET_BURST = 2 * MAX_CONCURRENT_STREAMS
 RESET_RATE_PER_S = 33.0
 
 # CONTINUATION frames one header block may have: h2's own cap (a ProtocolError, GOAWAY
@@ -188,7 +194,8 @@ class GrpcConnection(asyncio.Protocol):
         self._resets = TokenBucket(RESET_BURST, RESET_RATE_PER_S, now)
         self._induced = TokenBucket(INDUCED_BURST, INDUCED_RATE_PER_S, now)
         self._paused = 0  # _WRITING | _FEEDING
-        self._unfed: memoryview | None = None  # what is left of a read larger than FEED_BYTES
+        self._unfed: memoryview | None = None  # what is left of a read, fed on later loop turns
+        self._feed_size = 4 * FEED_MIN_BYTES  # grows while pieces hold few frames (FEED_FRAMES)
         self._closing = False  # a graceful GOAWAY was sent: new streams are refused
         self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
         self._out = Outbound(h2c, self._loop, self._forget)
@@ -290,7 +297,7 @@ class GrpcConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._dead:
             return
-        if len(data) > FEED_BYTES:
+        if len(data) > self._feed_size:
             self._unfed = memoryview(data)
             self._pause(_FEEDING)
             self._feed_more()
@@ -298,13 +305,14 @@ class GrpcConnection(asyncio.Protocol):
         self._feed(data)
 
     def _feed_more(self) -> None:
-        """The next FEED_BYTES of a large read; the rest on a later loop turn (not while the
-        client is not reading what this connection writes)."""
+        """The next piece of a large read; the rest on a later loop turn (not while the client
+        is not reading what this connection writes)."""
         unfed = self._unfed
         if unfed is None or self._dead or self._paused & _WRITING:
             return
-        self._unfed = unfed[FEED_BYTES:] if len(unfed) > FEED_BYTES else None
-        self._feed(unfed[:FEED_BYTES])
+        size = self._feed_size
+        self._unfed = unfed[size:] if len(unfed) > size else None
+        self._feed(unfed[:size])
         if self._dead:
             return
         if self._unfed is not None:
@@ -326,6 +334,10 @@ class GrpcConnection(asyncio.Protocol):
                 if self._dead:
                     return
         self._out.flush()
+        if len(events) > FEED_FRAMES:
+            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * FEED_FRAMES // len(events))
+        elif len(events) < FEED_FRAMES // 2 and len(data) >= self._feed_size:
+            self._feed_size = min(FEED_MAX_BYTES, 2 * self._feed_size)
 
     def _end(self, why: str) -> None:
         """The connection is over: what h2 queued (its GOAWAY) leaves, every call stops."""
@@ -392,8 +404,9 @@ class GrpcConnection(asyncio.Protocol):
             stream.timer = self._loop.call_at(deadline, self._expire, stream)
         if handler.request_streaming:
             stream.inbox = Inbox(handler.request_deserializer, partial(self._taken, stream))
-            stream.task = self._loop.create_task(run_call(self._out, stream, stream.inbox))
-        # A unary call starts at its END_STREAM (_on_end), with its one message.
+        # A call starts with its first request message (a streaming one) or at its END_STREAM (a
+        # unary one, with its one message): a stream opened and reset, or never sent a message,
+        # costs no task (rapid reset, streams that never send DATA).
 
     def _refusal(self, stream: Stream) -> tuple[int, str] | None:
         """Why the call cannot run, as (gRPC status, message); None when it can."""
@@ -492,6 +505,8 @@ class GrpcConnection(asyncio.Protocol):
             message = inflated
         if stream.inbox is not None:
             stream.inbox.put(message, held)
+            if stream.task is None:
+                stream.task = self._loop.create_task(run_call(self._out, stream, stream.inbox))
         elif stream.request is None:
             stream.request = message
         else:
@@ -506,6 +521,8 @@ class GrpcConnection(asyncio.Protocol):
             self._out.finish(stream, _INTERNAL, "the request ended inside a message")
         elif stream.inbox is not None:
             stream.inbox.end()
+            if stream.task is None:  # a stream of no messages
+                stream.task = self._loop.create_task(run_call(self._out, stream, stream.inbox))
         elif stream.task is None:
             self._start_unary(stream)
 
