@@ -46,7 +46,7 @@ class Outbound:
         data = self._h2.data_to_send()
         if self.extra:
             data, self.extra = data + self.extra, b""
-        if data and self.transport is not None:
+        if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
     def pause(self) -> None:
