@@ -34,7 +34,8 @@ from tests.support.fake_grpc import FakeDataPlane, FakeLink
 SERVICE = "/inference.GRPCInferenceService/"
 TIMEOUT_S = 10
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = 0, 1, 3, 7, 8, 11
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = (
+    0, 1, 3, 6, 7, 8, 11)
 INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS = 0x4, 0x3
 
 
@@ -338,6 +339,15 @@ async def test_continuation_frames_past_the_cap_end_the_connection(served: Simpl
         client.send(ContinuationFrame(1, data=b""))
     goaway = await client.until_goaway()
     assert goaway.error_code == PROTOCOL_ERROR
+    assert await client.closed()
+
+
+async def test_a_frame_over_the_advertised_size_ends_the_connection(served: SimpleNamespace) -> None:
+    client = await served.connect()
+    client.send(HeadersFrame(1, data=client.headers_block("ModelInfer"), flags=["END_HEADERS"]))
+    client.send(DataFrame(1, data=b"\0" * (conn.MAX_FRAME_SIZE + 1)))
+    goaway = await client.until_goaway()
+    assert goaway.error_code == FRAME_SIZE_ERROR
     assert await client.closed()
 
 
