@@ -195,7 +195,7 @@ class GrpcConnection(asyncio.Protocol):
         self._induced = TokenBucket(INDUCED_BURST, INDUCED_RATE_PER_S, now)
         self._paused = 0  # _WRITING | _FEEDING
         self._unfed: memoryview | None = None  # what is left of a read, fed on later loop turns
-        self._feed_size = 16 * FEED_MIN_BYTES  # shrinks while pieces hold many frames, grows while few
+        self._feed_size = 4 * FEED_MIN_BYTES  # shrinks while pieces hold many frames, grows while few
         self._closing = False  # a graceful GOAWAY was sent: new streams are refused
         self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
         self._out = Outbound(h2c, self._loop, self._forget)
