@@ -303,7 +303,8 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    drain_grace_s=args.drain_grace_secs,
                    limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
                    restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
-                   implementation=grpc_server_choice(args))
+                   implementation=grpc_server_choice(args), buffer_bytes=args.grpc_max_buffer_bytes,
+                   connection_buffer_bytes=args.grpc_max_connection_buffer_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

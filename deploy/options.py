@@ -10,7 +10,13 @@ from collections.abc import Callable
 from conveyor.deploy.log_settings import LogSettings
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.http.edge import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, WRITE_TIMEOUT_S, EdgeLimits
-from conveyor.ingress.limits import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_INPUT_ELEMENTS, DEFAULT_MAX_JSON_BYTES
+from conveyor.ingress.limits import (
+    DEFAULT_GRPC_BUFFER_BYTES,
+    DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    DEFAULT_MAX_INFLIGHT,
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    DEFAULT_MAX_JSON_BYTES,
+)
 from conveyor.ingress.restricted import RestrictedGroup, parse_group
 from conveyor.proto.dispatch_cpu import dispatch_cpu
 from conveyor.proto.errors import ConveyorError
@@ -336,6 +342,16 @@ def add_ingress_limits(p: argparse.ArgumentParser) -> None:
                         f"connection is not read meanwhile); then it is dropped; 0: no limit "
                         f"(default {WRITE_TIMEOUT_S:g})")
 
+    # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
+    p.add_argument("--grpc-max-buffer-bytes", type=int, default=DEFAULT_GRPC_BUFFER_BYTES, metavar="BYTES",
+                   help="request message bytes one gRPC ingress process holds before their calls take them; the "
+                        "stream past it ends with RESOURCE_EXHAUSTED; 0: no limit "
+                        f"(default {DEFAULT_GRPC_BUFFER_BYTES}; --grpc-server h2)")
+    p.add_argument("--grpc-max-connection-buffer-bytes", type=int, default=DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+                   metavar="BYTES",
+                   help="the same per gRPC connection; a larger message is refused at its length prefix; 0: no "
+                        f"limit but gRPC's 2 GiB (default {DEFAULT_GRPC_CONNECTION_BUFFER_BYTES}; --grpc-server h2)")
+
 
 def http_edge(a: argparse.Namespace) -> EdgeLimits:
     """The HTTP edge limits the flags set."""
@@ -368,9 +384,9 @@ def add_ingress_security(p: argparse.ArgumentParser) -> None:
                    help="request metadata whose name matches become string request parameters")
     p.add_argument("--grpc-server", choices=("auto", "grpcio", "h2"),
                    default=os.environ.get("CONVEYOR_GRPC_SERVER", "auto"),
-                   help="the gRPC server: h2 (HTTP/2 on the event loop, a quarter of grpcio's CPU per call) or "
-                        "grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 flag asks for what "
-                        "only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto")
+                   help="the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 limits of "
+                        "docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
+                        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto")
 
 
 def grpc_server_choice(a: argparse.Namespace) -> str:
@@ -423,6 +439,8 @@ def ingress_args(a: argparse.Namespace) -> list[str]:
            "--http-body-timeout-secs", str(a.http_body_timeout_secs),
            "--http-write-timeout-secs", str(a.http_write_timeout_secs),
            "--client-mistakes-as-400", str(a.client_mistakes_as_400).lower(),
+           "--grpc-max-buffer-bytes", str(a.grpc_max_buffer_bytes),
+           "--grpc-max-connection-buffer-bytes", str(a.grpc_max_connection_buffer_bytes),
            "--grpc-use-ssl", str(a.grpc_use_ssl).lower(), "--grpc-use-ssl-mutual", str(a.grpc_use_ssl_mutual).lower(),
            "--grpc-server", a.grpc_server]
     for flag, groups in (("--http-restricted-api", a.http_restricted_api),

@@ -19,6 +19,16 @@ DEFAULT_MAX_INFLIGHT = 4096
 # JSON tensors cost a Python object per number (up to ~8x the text in memory):
 # past this, a client is told to send tensors with the binary extension.
 DEFAULT_MAX_JSON_BYTES = 64 << 20
+# The gRPC server on h2 (ingress/grpc/h2_server): bytes of request messages held before their call
+# takes them (messages still arriving, a unary call's message before its END_STREAM, a streaming
+# call's messages its handler has not taken), per ingress process and per connection. Stops
+# messages that declare gigabytes and send them slowly, on many streams and connections: a message
+# grows only with the bytes that arrived, and the stream whose bytes go past a budget ends with
+# RESOURCE_EXHAUSTED; a message larger than the connection's budget is refused at its prefix.
+# 1 GiB per connection is the HTTP ingress's body limit. Flags: --grpc-max-buffer-bytes,
+# --grpc-max-connection-buffer-bytes.
+DEFAULT_GRPC_BUFFER_BYTES = 2 << 30
+DEFAULT_GRPC_CONNECTION_BUFFER_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)

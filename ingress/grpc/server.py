@@ -23,7 +23,7 @@ from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.grpc import health, service
 from conveyor.ingress.grpc.restricted import RestrictedProtocols, method_restrictions
 from conveyor.ingress.grpc.tls import GrpcTls
-from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
 
@@ -48,16 +48,20 @@ def _address(host: str, port: int) -> str:
 async def start_server(
     ctx: IngressContext, host: str, port: int, *, tls: GrpcTls | None = None,
     restricted: dict[str, Restriction] | None = None, implementation: str = "grpcio",
+    buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES, connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
 ) -> tuple[Any, int]:
     """Build, bind and start a gRPC server on ``ctx``; return it and the
     bound port (useful with ``port=0``). The caller stops it (``await server.stop(grace)``).
 
     ``tls`` serves TLS instead of plaintext; ``restricted`` maps API categories to
     the metadata each needs (``--grpc-restricted-protocol``). ``implementation``
-    is ``grpcio`` (grpc.aio) or ``h2`` (``h2/``: plaintext only, so TLS is
-    served by grpcio whatever it says)."""
+    is ``grpcio`` (grpc.aio) or ``h2`` (``h2_server/``, on python-hyper's h2:
+    plaintext only, so TLS is served by grpcio whatever it says); ``buffer_bytes``
+    and ``connection_buffer_bytes`` are h2's budgets for request bytes held
+    before their calls take them (``--grpc-max-buffer-bytes``,
+    ``--grpc-max-connection-buffer-bytes``)."""
     if implementation == "h2" and tls is None:
-        return await _start_h2(ctx, host, port, restricted)
+        return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes)
     interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
@@ -71,16 +75,18 @@ async def start_server(
 
 
 async def _start_h2(
-    ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None
+    ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None,
+    buffer_bytes: int, connection_buffer_bytes: int,
 ) -> tuple[Any, int]:
-    from conveyor.ingress.grpc.h2.server import H2Server
+    from conveyor.ingress.grpc.h2_server.server import H2Server
 
     tables = {
         service.SERVICE: service.handler_table(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)),
         health.SERVICE: health.handler_table(health.HealthServicer(ctx.link, ctx.drain)),
     }
     handlers = {f"/{name}/{method}": h for name, table in tables.items() for method, h in table.items()}
-    server = H2Server(handlers, method_restrictions(restricted) if restricted else None)
+    server = H2Server(handlers, method_restrictions(restricted) if restricted else None,
+                      buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes)
     return server, await server.start(host, port)
 
 
@@ -97,6 +103,8 @@ async def run(
     tls: GrpcTls | None = None,
     restricted: dict[str, Restriction] | None = None,
     implementation: str = "grpcio",
+    buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
+    connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain (``ingress/drain.py``): not ready for
     ``drain_grace_s``, then refuse new calls while in-flight ones finish (up to
@@ -109,7 +117,8 @@ async def run(
                                       exit_timeout_s=exit_timeout_s, limits=limits)
     try:
         server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted,
-                                           implementation=implementation)
+                                           implementation=implementation, buffer_bytes=buffer_bytes,
+                                           connection_buffer_bytes=connection_buffer_bytes)
         log.info("gRPC ingress listening on %s%s", _address(host, bound), " (TLS)" if tls else "")
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
@@ -139,6 +148,8 @@ def serve(
     tls: GrpcTls | None = None,
     restricted: dict[str, Restriction] | None = None,
     implementation: str = "grpcio",
+    buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
+    connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
 ) -> None:
     """Run a gRPC ingress process (blocking).
 
@@ -154,6 +165,7 @@ def serve(
         tls: serve TLS (or mutual TLS) instead of plaintext.
         restricted: API category -> the metadata it needs.
         implementation: ``grpcio`` or ``h2`` (``start_server``).
+        buffer_bytes, connection_buffer_bytes: h2's request buffer budgets (``start_server``).
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s"
@@ -162,4 +174,5 @@ def serve(
     # (about a tenth of the ingress's CPU per call at concurrency 1).
     uvloop.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s,
                    drain_grace_s=drain_grace_s, limits=limits, tls=tls, restricted=restricted,
-                   implementation=implementation))
+                   implementation=implementation, buffer_bytes=buffer_bytes,
+                   connection_buffer_bytes=connection_buffer_bytes))

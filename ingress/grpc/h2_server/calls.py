@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 from grpc.aio import AbortError
 
-from conveyor.ingress.grpc.h2.outbound import Outbound
-from conveyor.ingress.grpc.h2.stream import Stream
+from conveyor.ingress.grpc.h2_server.outbound import Outbound
+from conveyor.ingress.grpc.h2_server.stream import Stream
 
 log = logging.getLogger(__name__)
 

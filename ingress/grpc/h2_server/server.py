@@ -1,4 +1,5 @@
-"""The listening side: a method table, the connections, start and graceful stop."""
+"""The listening side: a method table, the connections, the process-wide buffer
+budget, start and graceful stop."""
 
 from __future__ import annotations
 
@@ -6,26 +7,35 @@ import asyncio
 import socket
 from typing import Any
 
-from conveyor.ingress.grpc.h2.connection import H2Connection
+from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
+from conveyor.ingress.grpc.h2_server.messages import ByteBudget
+from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES
 
 
 class H2Server:
     """Serves ``handlers`` (``"/package.Service/Method"`` -> ``grpc.RpcMethodHandler``).
 
     ``restrictions`` maps a method path to (header, value, message): the call
-    runs only with that metadata, else it is refused UNAVAILABLE with the message."""
+    runs only with that metadata, else it is refused UNAVAILABLE with the message.
+    ``buffer_bytes`` and ``connection_buffer_bytes`` bound the request bytes held
+    before calls take them, in the process and per connection (0: no bound;
+    ``ingress/limits.py``)."""
 
-    def __init__(self, handlers: dict[str, Any], restrictions: dict[str, tuple[str, str, str]] | None = None) -> None:
+    def __init__(self, handlers: dict[str, Any], restrictions: dict[str, tuple[str, str, str]] | None = None, *,
+                 buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
+                 connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES) -> None:
         self.handlers = handlers
         self.restrictions = restrictions or {}
-        self.connections: set[H2Connection] = set()
+        self.connections: set[GrpcConnection] = set()
+        self.budget = ByteBudget(buffer_bytes)
+        self.connection_buffer_bytes = connection_buffer_bytes
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen (SO_REUSEPORT: other ingress processes may share the port); return the bound port."""
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
-            lambda: H2Connection(self), host or None, port, reuse_port=True, backlog=1024,
+            lambda: GrpcConnection(self), host or None, port, reuse_port=True, backlog=1024,
         )
         sock: socket.socket = self._listener.sockets[0]
         return int(sock.getsockname()[1])

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc.aio import AbortError
 
-from conveyor.ingress.grpc.h2.header_block import RequestHead
+from conveyor.ingress.grpc.h2_server.metadata import RequestHead
 
 
 class CallContext:

@@ -1,17 +1,19 @@
-"""What the server sends on one connection: a write buffer that leaves once per
-loop turn (one ``writelines``, as ``ingress/http/corked_transport.py``), the
-client's flow-control windows, and each call's answer: headers, messages,
-trailers (trailers-only when a call fails before its first message)."""
+"""What the server sends on one connection, through h2: each call's answer (headers,
+messages, trailers; trailers-only when a call fails before its first message), kept
+within the client's flow-control windows, and h2's output written once per loop turn
+(one ``transport.write``, as ``ingress/http/corked_transport.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
-from conveyor.ingress.grpc.h2 import frames as f
-from conveyor.ingress.grpc.h2.header_block import OK_TRAILERS, RESPONSE_HEAD, trailers
-from conveyor.ingress.grpc.h2.stream import Stream
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.exceptions import StreamClosedError
+
+from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, Headers, trailers
+from conveyor.ingress.grpc.h2_server.stream import Stream
 
 OK = 0
 # A message up to this size is joined to its 5-byte prefix (copied) rather than sent as two pieces.
@@ -21,31 +23,31 @@ STREAM_BACKLOG_BYTES = 1 << 20
 
 
 class Outbound:
-    def __init__(self, loop: asyncio.AbstractEventLoop, closed: Callable[[Stream], None]) -> None:
+    def __init__(self, h2: H2Connection, loop: asyncio.AbstractEventLoop, closed: Callable[[Stream], None]) -> None:
+        self._h2 = h2
         self._loop = loop
         self._closed = closed  # told when a stream's answer is complete
         self.transport: asyncio.Transport | None = None
-        self.window = f.DEFAULT_WINDOW  # the connection's send window
-        self.max_frame = f.DEFAULT_MAX_FRAME  # the client's SETTINGS_MAX_FRAME_SIZE
-        self._blocked: dict[Stream, None] = {}  # streams waiting for the connection window
-        self._out: list[Any] = []
+        self._blocked: dict[int, Stream] = {}  # streams waiting for the client's window, by id
         self._flush_pending = False
         self.paused: asyncio.Future[None] | None = None  # the transport's buffer is full
+        self.extra = b""  # bytes h2 does not know of, written after its own (a graceful GOAWAY)
 
     # --- the write buffer ---------------------------------------------------------------
 
-    def write(self, *parts: Any) -> None:
-        self._out.extend(parts)
+    def soon(self) -> None:
+        """Flush at the end of this loop turn: what calls answer in one turn leaves in one write."""
         if not self._flush_pending:
             self._flush_pending = True
             self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self._flush_pending = False
-        if self._out:
-            out, self._out = self._out, []
-            if self.transport is not None:
-                self.transport.writelines(out)
+        data = self._h2.data_to_send()
+        if self.extra:
+            data, self.extra = data + self.extra, b""
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
     def pause(self) -> None:
         if self.paused is None or self.paused.done():
@@ -57,15 +59,20 @@ class Outbound:
 
     # --- flow control ------------------------------------------------------------------
 
-    def window_opened(self, increment: int) -> None:
-        """The client's WINDOW_UPDATE on the connection."""
-        self.window += increment
-        for stream in list(self._blocked):
-            del self._blocked[stream]
+    def window_opened(self, stream_id: int) -> None:
+        """The client's WINDOW_UPDATE (``stream_id`` 0: the connection's) or a larger
+        SETTINGS_INITIAL_WINDOW_SIZE (-1: every stream's)."""
+        if stream_id > 0:
+            stream = self._blocked.pop(stream_id, None)
+            if stream is not None:
+                self.pump(stream)
+            return
+        blocked, self._blocked = self._blocked, {}
+        for stream in blocked.values():
             self.pump(stream)
 
     def forget(self, stream: Stream) -> None:
-        self._blocked.pop(stream, None)
+        self._blocked.pop(stream.id, None)
 
     async def drained(self, stream: Stream) -> None:
         """Wait while a streaming call has too much queued for the client."""
@@ -85,16 +92,13 @@ class Outbound:
         if stream.local_closed:
             return
         size = len(body) + 5
-        if size <= stream.send_window and size <= self.window and size <= self.max_frame:
-            stream.send_window -= size
-            self.window -= size
-            sid = stream.id
-            self.write(
-                f.head(f.HEADERS, f.END_HEADERS, sid, len(RESPONSE_HEAD)) + RESPONSE_HEAD
-                + f.head(f.DATA, 0, sid, size) + b"\0" + (size - 5).to_bytes(4, "big"),
-                body,
-                f.head(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, len(OK_TRAILERS)) + OK_TRAILERS,
-            )
+        h2 = self._h2
+        sid = stream.id
+        if size <= JOIN_BYTES and size <= h2.local_flow_control_window(sid) and size <= h2.max_outbound_frame_size:
+            h2.send_headers(sid, RESPONSE_HEAD)
+            h2.send_data(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
+            h2.send_headers(sid, OK_TRAILERS, end_stream=True)
+            self.soon()
             self.closed_locally(stream)
             return
         self.send_message(stream, body)
@@ -105,11 +109,11 @@ class Outbound:
             return
         if not stream.headers_sent:
             stream.headers_sent = True
-            self.write(*f.headers(stream.id, RESPONSE_HEAD, self.max_frame, end_stream=False))
+            self._h2.send_headers(stream.id, RESPONSE_HEAD)
         prefix = b"\0" + len(body).to_bytes(4, "big")
         if len(body) <= JOIN_BYTES:  # one piece, so that it leaves in one frame
             stream.backlog.append(memoryview(prefix + body))
-        else:  # large: not copied
+        else:  # large: not copied here
             stream.backlog.append(memoryview(prefix))
             stream.backlog.append(memoryview(body))
         stream.backlog_bytes += len(body) + 5
@@ -117,49 +121,64 @@ class Outbound:
 
     def pump(self, stream: Stream) -> None:
         """Send what the windows allow of the stream's backlog, then its trailers."""
+        if stream.local_closed:
+            return
+        h2 = self._h2
+        sid = stream.id
         backlog = stream.backlog
         while backlog:
-            allowed = min(stream.send_window, self.window, self.max_frame)
+            allowed = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size)
             if allowed <= 0:
-                if self.window <= 0:
-                    self._blocked[stream] = None
-                return
+                self._blocked[sid] = stream
+                break
             chunk = backlog[0]
             if len(chunk) <= allowed:
                 backlog.popleft()
             else:
                 backlog[0] = chunk[allowed:]
                 chunk = chunk[:allowed]
-            size = len(chunk)
-            stream.send_window -= size
-            self.window -= size
-            stream.backlog_bytes -= size
-            self.write(f.head(f.DATA, 0, stream.id, size), chunk)
+            stream.backlog_bytes -= len(chunk)
+            h2.send_data(sid, chunk)
+        self.soon()
+        if backlog:
+            return
         if stream.drained is not None and not stream.drained.done():
             stream.drained.set_result(None)
         if stream.trailer is not None:
             block, stream.trailer = stream.trailer, None
-            self.write(*f.headers(stream.id, block, self.max_frame, end_stream=True))
+            h2.send_headers(sid, block, end_stream=True)
             self.closed_locally(stream)
 
     def finish(self, stream: Stream, code: int, message: str) -> None:
         """End the call with its status (trailers-only when nothing was sent yet)."""
         if stream.local_closed or stream.trailer is not None:
             return
-        block = OK_TRAILERS if code == OK and not message else trailers(code, message)
+        block = trailers(code, message)
         if not stream.headers_sent:
             stream.headers_sent = True
-            self.write(*f.headers(stream.id, RESPONSE_HEAD + block, self.max_frame, end_stream=True))
+            self._h2.send_headers(stream.id, RESPONSE_HEAD + block, end_stream=True)
+            self.soon()
             self.closed_locally(stream)
         elif stream.backlog:
             stream.trailer = block
         else:
-            self.write(*f.headers(stream.id, block, self.max_frame, end_stream=True))
+            self._h2.send_headers(stream.id, block, end_stream=True)
+            self.soon()
             self.closed_locally(stream)
+
+    def reject(self, stream_id: int, head: Headers, end_stream: bool) -> None:
+        """Answer a stream that never became a call (HTTP 415)."""
+        self._h2.send_headers(stream_id, head, end_stream=True)
+        if not end_stream:
+            self._h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+        self.soon()
 
     def closed_locally(self, stream: Stream) -> None:
         stream.local_closed = True
         if not stream.remote_closed:
             # The answer is complete: the client need not send the rest (gRPC over HTTP/2).
-            self.write(f.rst_stream(stream.id, f.NO_ERROR))
+            try:
+                self._h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
+            except StreamClosedError:  # the client's END_STREAM is in h2 already, its event not yet handled
+                pass
         self._closed(stream)

@@ -8,24 +8,28 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.ingress.grpc.h2.context import CallContext
-from conveyor.ingress.grpc.h2.header_block import RequestHead
-from conveyor.ingress.grpc.h2.messages import MessageReader
+from conveyor.ingress.grpc.h2_server.context import CallContext
+from conveyor.ingress.grpc.h2_server.messages import MessageReader
+from conveyor.ingress.grpc.h2_server.metadata import Headers, RequestHead
 
 
 class Inbox:
     """The request messages of a streaming call, deserialized as the handler reads them.
-    ``consumed(size)`` gives the stream's flow-control credit back once a message is
-    taken, so a handler that stops reading stops the client."""
+    ``taken(size)`` tells the connection a message left (its bytes are the handler's now:
+    the stream's budget and flow-control credit are given back), so a handler that stops
+    reading stops its client."""
 
-    __slots__ = ("_consumed", "_ended", "_items", "_parse", "_waiter")
+    __slots__ = ("_ended", "_items", "_parse", "_taken", "_waiter")
 
-    def __init__(self, parse: Callable[[bytes], Any] | None, consumed: Callable[[int], None]) -> None:
+    def __init__(self, parse: Callable[[bytes], Any] | None, taken: Callable[[int], None]) -> None:
         self._items: deque[tuple[Any, int]] = deque()  # (message, its size on the wire)
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._parse = parse
-        self._consumed = consumed
+        self._taken = taken
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def put(self, message: Any, wire_size: int) -> None:
         self._items.append((message, wire_size))
@@ -49,7 +53,7 @@ class Inbox:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         message, wire_size = self._items.popleft()
-        self._consumed(wire_size)
+        self._taken(wire_size)
         return self._parse(message) if self._parse is not None else message
 
 
@@ -60,25 +64,25 @@ class Stream:
         "backlog",
         "backlog_bytes",
         "ctx",
+        "deferred",
         "drained",
         "expired",
         "handler",
         "head",
         "headers_sent",
+        "held",
         "id",
         "inbox",
         "local_closed",
         "reader",
         "remote_closed",
         "request",
-        "send_window",
         "task",
         "timer",
         "trailer",
-        "unacked",
     )
 
-    def __init__(self, stream_id: int, head: RequestHead, handler: Any, ctx: CallContext, send_window: int) -> None:
+    def __init__(self, stream_id: int, head: RequestHead, handler: Any, ctx: CallContext, limit: int) -> None:
         self.id = stream_id
         self.head = head
         self.handler = handler  # grpc.RpcMethodHandler
@@ -86,15 +90,15 @@ class Stream:
         self.task: asyncio.Task[None] | None = None
         self.inbox: Inbox | None = None  # streaming requests only
         self.request: Any = None  # unary: the one message (bytes-like)
-        self.reader = MessageReader()
-        self.send_window = send_window
-        self.backlog: deque[memoryview] = deque()  # DATA waiting for flow-control window
+        self.reader = MessageReader(limit)
+        self.held = 0  # bytes of request messages held for this call, charged to the budgets
+        self.deferred = 0  # bytes received and not yet credited back (a streaming call's handler is behind)
+        self.backlog: deque[memoryview] = deque()  # DATA waiting for the client's flow-control window
         self.backlog_bytes = 0
-        self.trailer: bytes | None = None  # trailers waiting behind the backlog
+        self.trailer: Headers | None = None  # trailers waiting behind the backlog
         self.headers_sent = False
         self.remote_closed = False
         self.local_closed = False
-        self.unacked = 0  # bytes received and not yet credited back
         self.expired = False
         self.timer: asyncio.TimerHandle | None = None
         self.drained: asyncio.Future[None] | None = None  # a streaming writer waiting for the backlog

@@ -1,0 +1,586 @@
+"""One HTTP/2 connection serving gRPC calls: an asyncio protocol that drives h2's
+sans-IO ``H2Connection`` (python-hyper h2: frames, CONTINUATION, HPACK, flow-control
+windows, stream states, SETTINGS and PING are all h2's). This module maps h2's events
+onto gRPC calls (``calls``); what goes out is ``outbound``'s.
+
+Plaintext HTTP/2 with prior knowledge (h2c), as gRPC clients speak it (RFC 9113;
+gRPC's mapping onto it is PROTOCOL-HTTP2.md in grpc/grpc).
+
+Flow control of what comes in: data is credited back as it is consumed. A unary
+call's message is consumed as it arrives (it is wanted whole, and held against the
+buffer budgets below); a streaming call's bytes are credited at once while its
+handler keeps up, and once it is behind only as the handler takes each message, so
+a handler that stops reading stops its client, and a client that sends past its
+window gets FLOW_CONTROL_ERROR (h2's check).
+
+The limits below each stop one attack; docs/SECURITY.md lists them with what an
+offending client sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.frame_buffer
+import h2.settings
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
+from hyperframe.frame import GoAwayFrame
+
+from conveyor.ingress.grpc.h2_server.calls import run_call
+from conveyor.ingress.grpc.h2_server.context import CallContext
+from conveyor.ingress.grpc.h2_server.messages import MAX_MESSAGE_BYTES, ByteBudget, MessageTooLarge
+from conveyor.ingress.grpc.h2_server.metadata import UNSUPPORTED_MEDIA_TYPE, RequestHead
+from conveyor.ingress.grpc.h2_server.outbound import Outbound
+from conveyor.ingress.grpc.h2_server.stream import Inbox, Stream
+
+if TYPE_CHECKING:
+    from conveyor.ingress.grpc.h2_server.server import H2Server
+
+log = logging.getLogger(__name__)
+
+# --- Limits, each beside the attack it stops ---------------------------------------------------
+
+# Streams one connection may have open. Advertised in SETTINGS_MAX_CONCURRENT_STREAMS; a HEADERS
+# past it is refused with RST_STREAM REFUSED_STREAM, which gRPC clients retry (they keep to the
+# setting, so only a client that ignores it meets this). Stops HEADERS that never send DATA
+# (200 per write): each would hold a call, its task and its deadline timer for as long as the
+# client likes.
+MAX_CONCURRENT_STREAMS = 256
+# What of one read is handed to h2 at a time, the rest after other connections had their turn:
+# about FEED_FRAMES frames (h2's events tell how many the last piece held), in pieces of
+# FEED_MIN_BYTES to FEED_MAX_BYTES. A read of 256 KiB of tiny frames is 20,000 frames, a second of
+# h2's time; fed whole, every other client on the process would wait that long. Large DATA frames
+# still go through in pieces of FEED_MAX_BYTES.
+FEED_FRAMES = 64
+FEED_MIN_BYTES = 1 << 10
+FEED_MAX_BYTES = 1 << 16
+# h2 treats a stream over its own limit as a connection error (TooManyStreamsError, GOAWAY
+# PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error, and it opens every stream of
+# what it is fed before the server sees one. Its limit is set above ours by as many streams as
+# one piece can open (a HEADERS frame with an indexed request is 12 bytes), so that the refusal
+# above comes first.
+H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_MAX_BYTES // 12
+
+# Streams a client may reset while they run, or have refused, at once and then per second (a
+# token bucket; nghttp2 allows 1000 and 33). Rapid reset (CVE-2023-44487): HEADERS + RST_STREAM,
+# 200 per write, make the server take a call for each at no cost to the client. Past the budget
+# the connection ends with GOAWAY ENHANCE_YOUR_CALM. A client may cancel every call it can have
+# open, twice over, at once.
+RESET_BURST = 2 * MAX_CONCURRENT_STREAMS
+RESET_RATE_PER_S = 33.0
+
+# CONTINUATION frames one header block may have: h2's own cap (a ProtocolError, GOAWAY
+# PROTOCOL_ERROR, past it). With frames of at most MAX_FRAME_SIZE it bounds the header block
+# buffered before HPACK sees it (the flood of empty CONTINUATION frames that never end a block).
+MAX_CONTINUATION_FRAMES = h2.frame_buffer.CONTINUATION_BACKLOG
+# Largest frame the client may send (SETTINGS_MAX_FRAME_SIZE): HTTP/2's default. Kept at it so
+# that a header block stays under MAX_HEADER_BLOCK_BYTES; DATA frames are the client's to size.
+MAX_FRAME_SIZE = 16_384
+MAX_HEADER_BLOCK_BYTES = (MAX_CONTINUATION_FRAMES + 1) * MAX_FRAME_SIZE
+# Largest decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE, enforced by h2's HPACK decoder as it
+# decodes): metadata that large is refused with GOAWAY ENHANCE_YOUR_CALM. grpc clients send a few
+# hundred bytes; 64 KiB is h2's own default and what grpcio's peers accept.
+MAX_HEADER_LIST_SIZE = 1 << 16
+
+# PING and SETTINGS frames (each of which the server must acknowledge) a client may send at once
+# and then per second (a token bucket). gRPC clients send a few: their SETTINGS, a ping to measure
+# the bandwidth-delay product now and then (10 in 4,800 calls of tritonclient at concurrency 16),
+# keepalive pings if asked for (grpcio's own server allows one per 5 minutes without data). A
+# flood of them ends with GOAWAY ENHANCE_YOUR_CALM.
+INDUCED_BURST = 1000
+INDUCED_RATE_PER_S = 100.0
+# The transport's write buffer past which the connection stops reading (and streaming replies
+# wait): a peer that does not read cannot make the server buffer what its frames induce (PING
+# and SETTINGS acknowledgements, RST_STREAM for frames on closed streams) nor anything else
+# without end; reading resumes as the buffer drains below a quarter of it.
+WRITE_BUFFER_HIGH = 1 << 20
+# A connection the server closes gets this long to take what is still to be written (its GOAWAY),
+# then it is aborted: a peer that does not read would otherwise keep it, and its buffer, forever.
+CLOSE_TIMEOUT_S = 5.0
+
+# Receive windows. The server credits data back only as it is consumed (module docstring); h2
+# answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR.
+STREAM_WINDOW = 1 << 20
+CONNECTION_WINDOW = 1 << 24
+
+# Closed streams h2 remembers, to tell a late frame on a reset stream from one on an ended one
+# (h2's default, 65,536, holds about 14 MiB on a long-lived connection). Late frames come within
+# a round trip; a stream forgotten is answered as h2 answers any closed stream (RST_STREAM).
+CLOSED_STREAMS_REMEMBERED = 1024
+
+# -------------------------------------------------------------------------------------------------
+
+_INTERNAL, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _UNAVAILABLE = 13, 4, 8, 12, 14
+_DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
+
+_CONFIG = h2.config.H2Configuration(
+    client_side=False,
+    header_encoding=None,  # header names and values stay bytes
+    validate_inbound_headers=True,
+    normalize_inbound_headers=True,
+    # What the server sends is its own constant headers and percent-encoded messages.
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+    split_outbound_cookies=False,
+)
+
+_LOCAL_SETTINGS = {
+    SettingCodes.ENABLE_PUSH: 0,
+    SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+    SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+    SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
+    SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
+}
+
+
+class _H2(h2.connection.H2Connection):
+    MAX_CLOSED_STREAMS = CLOSED_STREAMS_REMEMBERED
+
+
+def _inflate(data: Any, wbits: int, limit: int) -> bytes | None:
+    """``data`` decompressed, or None when it inflates past ``limit`` (stopped there)."""
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit or inflater.unconsumed_tail:
+        return None
+    return out
+
+
+class TokenBucket:
+    """``burst`` events at once, then ``rate`` per second (RESET_*, INDUCED_*)."""
+
+    __slots__ = ("_at", "_burst", "_rate", "_tokens")
+
+    def __init__(self, burst: int, rate: float, now: float) -> None:
+        self._burst = self._tokens = float(burst)
+        self._rate = rate
+        self._at = now
+
+    def spend(self, now: float) -> bool:
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+_WRITING, _FEEDING = 1, 2  # why reading is paused
+
+
+class GrpcConnection(asyncio.Protocol):
+    def __init__(self, server: H2Server) -> None:
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        h2c = self._h2 = _H2(_CONFIG)
+        h2c.local_settings = h2.settings.Settings(client=False, initial_values=_LOCAL_SETTINGS)
+        h2c.max_inbound_frame_size = MAX_FRAME_SIZE
+        h2c.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
+        self._streams: dict[int, Stream] = {}
+        self._budget = ByteBudget(server.connection_buffer_bytes)
+        self._message_limit = min(MAX_MESSAGE_BYTES, server.connection_buffer_bytes or MAX_MESSAGE_BYTES)
+        now = self._loop.time()
+        self._resets = TokenBucket(RESET_BURST, RESET_RATE_PER_S, now)
+        self._induced = TokenBucket(INDUCED_BURST, INDUCED_RATE_PER_S, now)
+        self._paused = 0  # _WRITING | _FEEDING
+        self._unfed: memoryview | None = None  # what is left of a read, fed on later loop turns
+        self._feed_size = 4 * FEED_MIN_BYTES  # shrinks while pieces hold many frames, grows while few
+        self._closing = False  # a graceful GOAWAY was sent: new streams are refused
+        self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
+        self._out = Outbound(h2c, self._loop, self._forget)
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            h2.events.RequestReceived: self._on_request,
+            h2.events.DataReceived: self._on_data,
+            h2.events.StreamEnded: self._on_end,
+            h2.events.StreamReset: self._on_reset,
+            h2.events.WindowUpdated: self._on_window_update,
+            h2.events.RemoteSettingsChanged: self._on_settings,
+            h2.events.PingReceived: self._on_ping,
+            h2.events.ConnectionTerminated: self._on_goaway,
+        }
+
+    # --- transport -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        assert self._transport is not None
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        self._out.transport = self._transport
+        self._server.connections.add(self)
+        h2c = self._h2
+        h2c.initiate_connection()
+        h2c.increment_flow_control_window(CONNECTION_WINDOW - h2c.inbound_flow_control_window)
+        # The SETTINGS frame above advertised MAX_CONCURRENT_STREAMS; h2's own check now uses the
+        # ceiling (see H2_STREAM_CEILING). Nothing else is pending in the local settings, so the
+        # client's acknowledgement later changes nothing.
+        h2c.local_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = H2_STREAM_CEILING
+        h2c.local_settings.acknowledge()
+        self._out.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._dead = True
+        self._transport = self._out.transport = None
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        self._out.resume()
+
+    def pause_writing(self) -> None:
+        self._out.pause()
+        self._pause(_WRITING)
+
+    def resume_writing(self) -> None:
+        self._out.resume()
+        self._resume(_WRITING)
+        if self._unfed is not None:
+            self._loop.call_soon(self._feed_more)
+
+    def _pause(self, why: int) -> None:
+        if not self._paused and self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+        self._paused |= why
+
+    def _resume(self, why: int) -> None:
+        self._paused &= ~why
+        if not self._paused and self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    @property
+    def idle(self) -> bool:
+        return not self._streams
+
+    def goaway(self) -> None:
+        """Refuse new calls; close once the running ones are done.
+
+        h2 sends nothing once it has sent a GOAWAY of its own (its connection state machine is
+        then closed), so this graceful one is built with hyperframe, h2's frame layer, and
+        written after h2's output; h2 goes on serving the streams it has."""
+        if self._closing or self._dead or self._transport is None:
+            return
+        self._closing = True
+        last = self._h2.highest_inbound_stream_id
+        self._out.extra = bytes(GoAwayFrame(0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR).serialize())
+        self._out.flush()
+        self._close_if_done()
+
+    def close(self) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            self._out.flush()
+            transport.close()
+            self._loop.call_later(CLOSE_TIMEOUT_S, transport.abort)  # a no-op once it has closed
+
+    def abort_calls(self) -> list[asyncio.Task[None]]:
+        """Cancel every running call (the server is stopping); return their tasks."""
+        tasks = [s.task for s in self._streams.values() if s.task is not None and not s.task.done()]
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        return tasks
+
+    def _close_if_done(self) -> None:
+        if self._closing and not self._streams and self._transport is not None:
+            self.close()
+
+    # --- reading ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._dead:
+            return
+        if len(data) > self._feed_size:
+            self._unfed = memoryview(data)
+            self._pause(_FEEDING)
+            self._feed_more()
+            return
+        self._feed(data)
+
+    def _feed_more(self) -> None:
+        """The next piece of a large read; the rest on a later loop turn (not while the client
+        is not reading what this connection writes)."""
+        unfed = self._unfed
+        if unfed is None or self._dead or self._paused & _WRITING:
+            return
+        size = self._feed_size
+        self._unfed = unfed[size:] if len(unfed) > size else None
+        self._feed(unfed[:size])
+        if self._dead:
+            return
+        if self._unfed is not None:
+            self._loop.call_soon(self._feed_more)
+        else:
+            self._resume(_FEEDING)
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as err:  # flow control, too many streams or CONTINUATION, a bad frame
+            self._end(f"HTTP/2 connection error: {err}")  # h2 has queued its GOAWAY
+            return
+        dispatch = self._dispatch
+        for event in events:
+            handler = dispatch.get(type(event))
+            if handler is not None:
+                handler(event)
+                if self._dead:
+                    return
+        self._out.flush()
+        if len(events) > FEED_FRAMES:
+            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * FEED_FRAMES // len(events))
+        elif len(events) < FEED_FRAMES // 2 and len(data) >= self._feed_size:
+            self._feed_size = min(FEED_MAX_BYTES, 2 * self._feed_size)
+
+    def _end(self, why: str) -> None:
+        """The connection is over: what h2 queued (its GOAWAY) leaves, every call stops."""
+        log.debug("gRPC connection closed: %s", why)
+        self._dead = True
+        self._unfed = None
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        self.close()
+
+    def _calm(self, why: str) -> None:
+        """GOAWAY ENHANCE_YOUR_CALM: the client spent a budget."""
+        self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM, additional_data=why.encode())
+        self._end(why)
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+        # The client leaves; h2 sends nothing more once a GOAWAY was received.
+        self._end("the client sent GOAWAY")
+
+    def _on_window_update(self, event: h2.events.WindowUpdated) -> None:
+        self._out.window_opened(event.stream_id)
+
+    def _on_settings(self, event: h2.events.RemoteSettingsChanged) -> None:
+        if not self._induced.spend(self._loop.time()):
+            self._calm("too many PING or SETTINGS frames")
+            return
+        if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+            self._out.window_opened(-1)
+
+    def _on_ping(self, event: h2.events.PingReceived) -> None:
+        if not self._induced.spend(self._loop.time()):
+            self._calm("too many PING or SETTINGS frames")
+
+    def _spend_reset(self) -> None:
+        if not self._resets.spend(self._loop.time()):
+            self._calm("too many streams reset or refused")
+
+    def _on_request(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        if self._closing:
+            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            return
+        if len(self._streams) >= MAX_CONCURRENT_STREAMS:
+            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self._spend_reset()
+            return
+        head = RequestHead(event.headers)
+        if not head.content_type.startswith("application/grpc"):
+            # gRPC over HTTP/2: a request that is not gRPC gets HTTP's 415, not a gRPC status.
+            self._out.reject(sid, UNSUPPORTED_MEDIA_TYPE, end_stream=event.stream_ended is not None)
+            return
+        handler = self._server.handlers.get(head.path)
+        stream = Stream(sid, head, handler, CallContext(head, self._loop), self._message_limit)
+        self._streams[sid] = stream
+        # h2 has taken the frame whole: with END_STREAM its stream is half-closed already (the
+        # StreamEnded event that follows does the rest).
+        stream.remote_closed = event.stream_ended is not None
+        refusal = self._refusal(stream)
+        if refusal is not None or handler is None:
+            self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
+            return
+        deadline = stream.ctx.deadline
+        if deadline is not None:
+            stream.timer = self._loop.call_at(deadline, self._expire, stream)
+        if handler.request_streaming:
+            stream.inbox = Inbox(handler.request_deserializer, partial(self._taken, stream))
+        # A call starts with its first request message (a streaming one) or at its END_STREAM (a
+        # unary one, with its one message): a stream opened and reset, or never sent a message,
+        # costs no task (rapid reset, streams that never send DATA).
+
+    def _refusal(self, stream: Stream) -> tuple[int, str] | None:
+        """Why the call cannot run, as (gRPC status, message); None when it can."""
+        head = stream.head
+        if stream.handler is None:
+            return _UNIMPLEMENTED, f"Method not found: {head.path}"
+        if head.encoding and head.encoding != "identity" and head.encoding not in _DECOMPRESS_WBITS:
+            return _UNIMPLEMENTED, f"Compression algorithm '{head.encoding}' not supported"
+        rule = self._server.restrictions.get(head.path)
+        if rule is not None:
+            header, value, message = rule
+            if not any(k == header and v == value for k, v in head.metadata()):
+                return _UNAVAILABLE, message
+        return None
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        sid = event.stream_id
+        credit = event.flow_controlled_length
+        stream = self._streams.get(sid)
+        if stream is None or stream.local_closed:  # a stream already answered or refused: discarded
+            self._h2.acknowledge_received_data(credit, sid)
+            return
+        if event.stream_ended is not None:
+            stream.remote_closed = True  # as in _on_request
+        data = event.data
+        if not self._charge(stream, len(data)):
+            self._h2.acknowledge_received_data(credit, sid)
+            return
+        inbox = stream.inbox
+        if inbox is None or not (inbox or stream.deferred):
+            self._h2.acknowledge_received_data(credit, sid)  # consumed: a unary message, or a handler keeping up
+        else:
+            stream.deferred += credit  # credited as the handler takes its messages (_taken)
+        try:
+            messages = stream.reader.feed(data)
+        except MessageTooLarge as err:
+            self._out.finish(stream, _RESOURCE_EXHAUSTED, str(err))
+            return
+        for flag, message in messages:
+            if stream.local_closed:
+                return
+            self._message(stream, flag, message)
+
+    def _charge(self, stream: Stream, size: int) -> bool:
+        """Hold ``size`` more bytes for ``stream``; past a budget, end it RESOURCE_EXHAUSTED."""
+        if not self._budget.take(size):
+            self._out.finish(stream, _RESOURCE_EXHAUSTED, (
+                f"request messages not yet taken on this connection would exceed {self._budget.limit} bytes "
+                "(--grpc-max-connection-buffer-bytes)"))
+            return False
+        if not self._server.budget.take(size):
+            self._budget.give(size)
+            self._out.finish(stream, _RESOURCE_EXHAUSTED, (
+                f"request messages not yet taken in this server process would exceed {self._server.budget.limit} "
+                "bytes (--grpc-max-buffer-bytes); retry later"))
+            return False
+        stream.held += size
+        return True
+
+    def _release(self, stream: Stream, size: int) -> None:
+        stream.held -= size
+        self._budget.give(size)
+        self._server.budget.give(size)
+
+    def _taken(self, stream: Stream, held: int) -> None:
+        """A streaming call's handler took a message that held ``held`` bytes."""
+        if self._streams.get(stream.id) is not stream:
+            return  # the stream is over: what it held was given back then
+        self._release(stream, held)
+        inbox = stream.inbox
+        if stream.deferred and not inbox and not self._dead:
+            self._h2.acknowledge_received_data(stream.deferred, stream.id)
+            stream.deferred = 0
+            self._out.soon()
+
+    def _message(self, stream: Stream, flag: int, message: Any) -> None:
+        """One request message (bytes, or a bytearray or memoryview when large)."""
+        held = len(message) + 5
+        if flag & 1:
+            wbits = _DECOMPRESS_WBITS.get(stream.head.encoding)
+            if wbits is None:
+                self._out.finish(stream, _INTERNAL, "a compressed message without grpc-encoding")
+                return
+            try:
+                inflated = _inflate(message, wbits, self._message_limit)
+            except zlib.error as err:
+                self._out.finish(stream, _INTERNAL, f"cannot decompress the message: {err}")
+                return
+            if inflated is None:
+                self._out.finish(stream, _RESOURCE_EXHAUSTED, str(MessageTooLarge(self._message_limit + 1,
+                                                                                  self._message_limit)))
+                return
+            if not self._charge(stream, len(inflated) - len(message)):
+                return
+            held += len(inflated) - len(message)
+            message = inflated
+        if stream.inbox is not None:
+            stream.inbox.put(message, held)
+            if stream.task is None:
+                stream.task = self._loop.create_task(run_call(self._out, stream, stream.inbox))
+        elif stream.request is None:
+            stream.request = message
+        else:
+            self._out.finish(stream, _UNIMPLEMENTED, "more than one request message in a unary call")
+
+    def _on_end(self, event: h2.events.StreamEnded) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None or stream.local_closed:
+            return
+        stream.remote_closed = True
+        if stream.reader.partial:
+            self._out.finish(stream, _INTERNAL, "the request ended inside a message")
+        elif stream.inbox is not None:
+            stream.inbox.end()
+            if stream.task is None:  # a stream of no messages
+                stream.task = self._loop.create_task(run_call(self._out, stream, stream.inbox))
+        elif stream.task is None:
+            self._start_unary(stream)
+
+    def _start_unary(self, stream: Stream) -> None:
+        if stream.request is None:
+            self._out.finish(stream, _UNIMPLEMENTED, "no request message in a unary call")
+            return
+        request, stream.request = stream.request, None
+        self._release(stream, stream.held)  # the message is the call's now
+        stream.task = self._loop.create_task(run_call(self._out, stream, request))
+
+    def _expire(self, stream: Stream) -> None:
+        stream.timer = None
+        if stream.local_closed:
+            return
+        if stream.task is not None:
+            stream.expired = True
+            stream.task.cancel()
+        else:
+            self._out.finish(stream, _DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    # --- ending streams ----------------------------------------------------------------
+
+    def _on_reset(self, event: h2.events.StreamReset) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        self._drop(stream)
+        if event.remote_reset:
+            self._spend_reset()
+
+    def _drop(self, stream: Stream) -> None:
+        """The stream is gone (reset, or the connection lost): stop its call."""
+        stream.local_closed = stream.remote_closed = True
+        self._forget(stream)
+
+    def _forget(self, stream: Stream) -> None:
+        """The stream is over for this connection (answered, reset or lost): its call stops
+        (unless it is what ended it), what it held is given back."""
+        if self._streams.pop(stream.id, None) is None:
+            return
+        task = stream.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        if stream.inbox is not None:
+            stream.inbox.end()
+        if stream.drained is not None and not stream.drained.done():
+            stream.drained.set_result(None)
+        self._out.forget(stream)
+        if stream.held:
+            self._release(stream, stream.held)
+        if stream.deferred and not self._dead:
+            # The connection's share of the credit (h2 gives none to a closed stream).
+            self._h2.acknowledge_received_data(stream.deferred, stream.id)
+            stream.deferred = 0
+            self._out.soon()
+        if stream.timer is not None:
+            stream.timer.cancel()
+            stream.timer = None
+        if self._closing and not self._streams:
+            self._loop.call_soon(self._close_if_done)

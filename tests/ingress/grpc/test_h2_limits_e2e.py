@@ -1,0 +1,172 @@
+"""Each HTTP/2 limit of the gRPC ingress meets its attack on a real group.
+
+One loopback connection misbehaves for a short, bounded time (``tests/support/h2_attacks.py``)
+while a tritonclient gRPC client calls ``simple`` every 20 ms on another. Each test checks
+what the attacker was answered, that the other client was served all along, that the
+ingress process's RSS stayed bounded, and that it is idle again soon after (its CPU time
+stops growing). The group's own gRPC ingress (``conveyor serve`` defaults) takes every
+attack but the buffer budgets', which go to an extra ingress of the same group started
+with small budgets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import pytest
+
+from conveyor.ingress.grpc.h2_server import connection as conn
+from tests.support import h2_attacks as h2a
+from tests.support.extra_ingress import extra_grpc_ingress_process
+from tests.support.group import Server, pids_of
+
+ATTACK_S = 2.5  # each attack's longest run; most end sooner, with the server's GOAWAY
+VICTIM_S = 2.0  # the other client is measured at least this long
+RSS_GROWTH = 64 << 20  # what an attack may add to the ingress's resident memory
+IDLE_WITHIN_S = 10.0
+MIN_VICTIM_CALLS = 5  # of ~100 at 50 per second: the machine may be busy, the server must not be stuck
+
+
+@dataclass
+class Target:
+    url: str
+    port: int
+    pid: int
+
+
+@dataclass
+class Result:
+    outcome: h2a.Outcome
+    victim: h2a.Victim
+    watch: h2a.IngressWatch
+    idle_after_s: float | None
+
+    def check_contained(self) -> None:
+        """The other client served, memory bounded, the ingress idle again."""
+        v = self.victim
+        assert v.failed == 0 and v.ok >= MIN_VICTIM_CALLS, (v.ok, v.failed, v.errors)
+        assert self.watch.rss_growth < RSS_GROWTH, self.watch.rss_growth
+        assert self.idle_after_s is not None, "the ingress was still busy after the attack"
+
+
+def attacked(target: Target, attack: Callable[[int], h2a.Outcome]) -> Result:
+    with h2a.IngressWatch(target.pid) as watch:
+        with h2a.Victim(target.url) as victim:
+            started = time.monotonic()
+            outcome = attack(target.port)
+            time.sleep(max(0.0, VICTIM_S - (time.monotonic() - started)))
+        idle = watch.wait_idle(IDLE_WITHIN_S)
+    return Result(outcome, victim, watch, idle)
+
+
+@pytest.fixture(scope="module")
+def target(server: Server) -> Target:
+    """The group's own gRPC ingress (h2, the default)."""
+    (pid,) = pids_of(server, "ingress-grpc")
+    return Target(server.grpc_url, server.grpc_port, pid)
+
+
+def test_streams_past_the_concurrency_limit_are_refused(target: Target) -> None:
+    # HEADERS on ModelStreamInfer that never send a message, 200 per write.
+    r = attacked(target, lambda port: h2a.open_streams(port, ATTACK_S, limit=10_000))
+    # Refusals spend the reset budget: a client that keeps opening streams is cut off.
+    assert 0 < r.outcome.refused <= conn.RESET_BURST + 100
+    assert r.outcome.goaway == h2a.ENHANCE_YOUR_CALM
+    r.check_contained()
+
+
+def test_rapid_reset_ends_in_enhance_your_calm(target: Target) -> None:
+    # HEADERS + RST_STREAM on ModelStreamInfer, 200 per write (CVE-2023-44487).
+    r = attacked(target, lambda port: h2a.rapid_reset(port, ATTACK_S, limit=20_000))
+    assert r.outcome.goaway == h2a.ENHANCE_YOUR_CALM
+    assert r.outcome.closed
+    r.check_contained()
+
+
+def test_continuation_frames_past_the_cap_end_the_connection(target: Target) -> None:
+    # HEADERS without END_HEADERS, then empty CONTINUATION frames, 1000 per write.
+    r = attacked(target, lambda port: h2a.continuation_flood(port, ATTACK_S, limit=100_000))
+    assert r.outcome.goaway == h2a.PROTOCOL_ERROR
+    assert r.outcome.closed
+    r.check_contained()
+
+
+def test_ping_and_settings_floods_end_in_enhance_your_calm(target: Target) -> None:
+    for kind in ("ping", "settings"):
+        r = attacked(target, partial(flood, kind))
+        assert r.outcome.goaway == h2a.ENHANCE_YOUR_CALM, kind
+        r.check_contained()
+
+
+def flood(kind: str, port: int) -> h2a.Outcome:
+    return h2a.control_flood(port, ATTACK_S, kind, limit=20_000, read=True)
+
+
+def test_pings_from_a_peer_that_does_not_read_are_cut_off(target: Target) -> None:
+    # The answers the server owes it stay bounded, and the flood is cut off (the connection,
+    # which cannot take its GOAWAY, is aborted CLOSE_TIMEOUT_S later).
+    r = attacked(target, lambda port: h2a.control_flood(port, ATTACK_S, "ping", limit=20_000))
+    r.check_contained()
+
+
+def test_a_peer_that_does_not_read_is_paused(target: Target) -> None:
+    # Large answers to a peer that gave large windows and reads none: the server stops reading.
+    r = attacked(target, lambda port: h2a.unread_responses(port, ATTACK_S + 2, limit=400))
+    assert r.outcome.stalled and r.outcome.sent < 400
+    r.check_contained()
+
+
+def test_data_past_the_window_is_a_flow_control_error(target: Target) -> None:
+    # ModelStreamInfer requests sent on although the server stopped crediting the stream.
+    r = attacked(target, lambda port: h2a.window_overrun(port, ATTACK_S + 4, limit=60_000))
+    assert r.outcome.goaway == h2a.FLOW_CONTROL_ERROR
+    r.check_contained()
+
+
+def test_a_header_list_over_the_limit_ends_the_connection(target: Target) -> None:
+    r = attacked(target, lambda port: h2a.oversized_headers(port, ATTACK_S, limit=20))
+    assert r.outcome.goaway == h2a.ENHANCE_YOUR_CALM
+    r.check_contained()
+
+
+def test_a_declared_length_allocates_nothing(target: Target) -> None:
+    # ModelInfer calls declaring 60 MiB messages and sending their 5-byte prefix, 200 per write.
+    r = attacked(target, lambda port: h2a.declared_length(port, ATTACK_S, limit=2_000))
+    assert r.outcome.refused > 0  # past the streams a connection may have
+    r.check_contained()
+
+
+@pytest.fixture(scope="module")
+def small_budgets(server: Server) -> Iterator[Target]:
+    """An extra gRPC ingress of the group whose buffer budgets are 16 MiB per connection and
+    32 MiB for the process."""
+    with extra_grpc_ingress_process(server, "--grpc-max-connection-buffer-bytes", str(16 << 20),
+                                    "--grpc-max-buffer-bytes", str(32 << 20)) as (url, pid):
+        yield Target(url, int(url.rsplit(":", 1)[1]), pid)
+
+
+def test_unfinished_messages_stop_at_the_buffer_budgets(small_budgets: Target) -> None:
+    # Three connections, each with 12 calls that send 6 of the 8 MiB their messages declare and
+    # never finish them, keeping to flow control.
+    outcomes: list[h2a.Outcome] = []
+
+    def three(port: int) -> h2a.Outcome:
+        threads = [threading.Thread(target=lambda: outcomes.append(h2a.unfinished_messages(
+            port, ATTACK_S, streams_n=12, declared=8 << 20, limit_bytes=72 << 20))) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return outcomes[0]
+
+    r = attacked(small_budgets, three)
+    messages = [m for o in outcomes for m in o.messages]
+    statuses = {s for o in outcomes for s in o.statuses}
+    assert statuses == {"8"}, statuses  # RESOURCE_EXHAUSTED
+    assert any("--grpc-max-connection-buffer-bytes" in m for m in messages)
+    assert any("--grpc-max-buffer-bytes" in m for m in messages)
+    r.check_contained()
