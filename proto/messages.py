@@ -244,6 +244,7 @@ class LoadModel(msgspec.Struct, tag="load", array_like=True):
     config: bytes
     instance: int
     device: str = "cpu"
+    name: str = ""  # Triton's instance name (<group>_<index>), which models see; "" = <model>_0_<instance>
 
 
 class UnloadModel(msgspec.Struct, tag="unload", array_like=True):
@@ -317,6 +318,9 @@ class ItemResult(msgspec.Struct, array_like=True):
     error: ErrorInfo | None = None
     release: list[Release] = []
     parameters: dict[str, Any] = {}  # the response's parameters (a Python model's InferenceResponse)
+    # Not answered yet: a Python model's response sender answers it after execute returned, with an
+    # ItemResponse (or straight to the ingress), as a decoupled model's request is answered.
+    pending: bool = False
 
 
 class BatchResult(msgspec.Struct, tag="result", array_like=True):

@@ -113,10 +113,20 @@ class WorkerMembership:
             self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
+        # An instance the worker was loading failed to load (a model whose initialize kills its
+        # process, e.g. out of memory): counted as a load failure, retried as one, as Triton fails
+        # the load when the stub dies, rather than loaded again and again on restarted workers.
+        for inst in [i for i in worker.instances if i.state is InstanceState.LOADING]:
+            st = inst.version
+            self.on_loaded(worker, m.ModelLoaded(
+                st.model, st.label, inst.index,
+                f"the worker process loading model instance '{inst.name}' exited ({why})",
+            ))
         # Failing a batch schedules its model again: none of this worker's instances may
         # take that batch, or it would go to the dead worker and never be answered.
         for inst in worker.instances:
-            inst.state = InstanceState.UNPLACED
+            if inst.state is not InstanceState.FAILED:
+                inst.state = InstanceState.UNPLACED
         for bid, run in self.ledger.batches_on(identity):
             if run.executing:
                 self.results.on_result(m.BatchResult(bid, [], error=err), from_worker=False)
@@ -128,7 +138,9 @@ class WorkerMembership:
             if state.per_worker:
                 state.instances.remove(inst)
             else:
-                inst.state, inst.worker, inst.running = InstanceState.UNPLACED, None, 0
+                inst.worker, inst.running = None, 0
+                if inst.state is not InstanceState.FAILED:
+                    inst.state = InstanceState.UNPLACED
             touched.add(id(state))
         self.placement.place()
         for state in self.registry.every_version():

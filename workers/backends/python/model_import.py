@@ -4,6 +4,11 @@ Each instance imports the file under a module name of its own (instances of
 one model, and versions of it, do not share module state), with the file's
 directory on ``sys.path`` so the model's own helper modules import, and with
 Conveyor's utilities importable as ``triton_python_backend_utils``.
+
+As Triton's stub imports ``<version>.model``, the file is a module of a package:
+the version directory, here under a package name of the instance's own (every
+model's version directory is "1"), so ``from . import helper`` imports
+``<version dir>/helper.py`` too.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import types
 from typing import Any
 
 from conveyor.proto.errors import unavailable
@@ -39,7 +45,9 @@ def import_model_class(path: str, label: str) -> type[Any]:
     """
     if not os.path.isfile(path):
         raise unavailable(f"python model file '{path}' does not exist")
-    module_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
+    package_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    module_name = f"{package_name}.{stem}"
     with _lock:
         register_utils()
         model_dir = os.path.dirname(os.path.abspath(path))
@@ -48,13 +56,17 @@ def import_model_class(path: str, label: str) -> type[Any]:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise unavailable(f"cannot import python model file '{path}'")
+        package = types.ModuleType(package_name)
+        package.__path__ = [model_dir]  # relative imports find the model's sibling files
+        package.__package__ = package_name
         module = importlib.util.module_from_spec(spec)
         # Registered before it runs: dataclasses, pickle and typing look their module up by name.
+        sys.modules[package_name] = package
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except (Exception, SystemExit) as exc:
-            sys.modules.pop(module_name, None)
+            _forget_package(package_name)
             raise unavailable(f"failed to import '{path}': {type(exc).__name__}: {exc}") from None
     model_class = getattr(module, MODEL_CLASS, None)
     if not isinstance(model_class, type):
@@ -63,5 +75,13 @@ def import_model_class(path: str, label: str) -> type[Any]:
 
 
 def forget_module(model_class: type[Any]) -> None:
-    """Drop an unloaded instance's module from ``sys.modules``."""
-    sys.modules.pop(model_class.__module__, None)
+    """Drop an unloaded instance's module, its package and what it imported relatively from ``sys.modules``."""
+    with _lock:
+        _forget_package(model_class.__module__.rpartition(".")[0] or model_class.__module__)
+
+
+def _forget_package(package_name: str) -> None:
+    """Under ``_lock``."""
+    prefix = package_name + "."
+    for name in [n for n in sys.modules if n == package_name or n.startswith(prefix)]:
+        sys.modules.pop(name, None)

@@ -69,10 +69,10 @@ def test_load_failures_are_unavailable_with_the_reason(tmp_path: Path, body: str
     assert info.value.status is Status.UNAVAILABLE
 
 
-@pytest.mark.parametrize("returned,match", [
-    ("[]", "got 0 for 1 request"),
-    ("[None]", "returned a NoneType, not an InferenceResponse"),
-    ("42", "got int for 1 request"),
+@pytest.mark.parametrize("returned,match", [  # Triton's stub's words
+    ("[]", "InferenceRequest\\(s\\) size is:1, and InferenceResponse\\(s\\) size is:0"),
+    ("['x']", "Expected an 'InferenceResponse' object in the execute function return list, found type"),
+    ("42", "Expected a list in the execute return, found type '<class 'int'>'"),
 ])
 def test_wrong_execute_results_fail_the_batch(tmp_path: Path, returned: str, match: str) -> None:
     body = f"class TritonPythonModel:\n    def execute(self, requests):\n        return {returned}\n"

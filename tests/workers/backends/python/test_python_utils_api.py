@@ -74,8 +74,9 @@ def test_inference_request_takes_tritons_arguments() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="values to have type"):
         pb_utils.InferenceRequest(inputs=[t], model_name="m", parameters={"x": [1]})
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
-    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
-        req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    assert not req.rescheduled()
+    req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    assert req.rescheduled() and not req.rescheduled()  # the flag is spent by the backend's look
 
 
 def test_logger_levels_as_triton_exports_them(caplog: pytest.LogCaptureFixture) -> None:

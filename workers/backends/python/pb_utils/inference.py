@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,40 +88,99 @@ class InferenceResponseSender:
 
     A decoupled model sends any number of responses (none included), from
     ``execute`` or any thread; each goes to the client at once, and
-    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` ends the request. In the default
-    mode a request takes exactly one response, which ``execute`` then does not
-    return (it returns None)."""
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` ends the request.
+
+    In the default mode a request takes exactly one response, as in Triton: sent
+    during ``execute`` (which then returns None for it), returned by ``execute``, or
+    sent after ``execute`` returned (from a thread or an asyncio task the model
+    started); the final flag may come with it or after it. Triton's checks and
+    words: a second response, a final flag before any response, anything after
+    the final flag raise ``TritonModelException``."""
 
     def __init__(self, channel: ResponseChannel | None = None, decoupled: bool = False) -> None:
-        self.response: InferenceResponse | None = None
         self.closed = False
         self._channel = channel
         self._decoupled = decoupled and channel is not None
+        # The default mode's state (Triton's ResponseSender counters): the one response sent,
+        # how many sends were counted, whether execute returned leaving the request to the
+        # sender, and whether the response left with execute's outcome already.
+        self._response: InferenceResponse | None = None
+        self._sent = 0
+        self._later = False
+        self._delivered = False
+        self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self.closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if response is None and not final:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
             )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes an InferenceResponse, not a {type(response).__name__}")
         if self._decoupled:
             self._stream(response, final)
             return
-        if response is not None:
-            if self.response is not None:
-                raise TritonModelException(
-                    "a model that is not decoupled sends exactly one response per request"
-                )
-            self.response = response
+        with self._lock:
+            self._count(response, final)
+            deliver = self._later and final and not self._delivered
+            self._delivered |= deliver
+        if deliver:  # after execute returned: the request is answered now
+            assert self._channel is not None
+            try:
+                self._channel.send(response_outcome(self._response), True)
+            except ConveyorError:
+                raise TritonModelException("Unable to send response. Response sender has been closed.") from None
+
+    def _count(self, response: InferenceResponse | None, final: bool) -> None:
+        """One send in the default mode, checked as Triton's ``UpdateStateAndCounters``."""
+        if response is not None and self._sent > 0:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if response is None and final and self._sent == 0:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
+            )
+        if self.closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         if final:
             self.closed = True
+        if response is not None:
+            self._response = response
+        self._sent += 1
+
+    def returned(self, response: InferenceResponse) -> None:
+        """``execute`` returned ``response`` for this request: it counts as sent with the final
+        flag (raises as ``send`` would, e.g. when the sender already sent one)."""
+        with self._lock:
+            self._count(response, True)
+            self._delivered = True
+
+    def settle(self) -> InferenceResponse | None:
+        """``execute`` returned nothing for this request: the response sent during it, or None,
+        and then the request waits for the sender (``answers_later``), when it has a channel."""
+        with self._lock:
+            if self._response is not None:
+                self._delivered = True
+                return self._response
+            self._later = self._channel is not None
+            return None
+
+    def take_sent(self) -> InferenceResponse | None:
+        """``execute`` failed: the response already sent, which the request keeps."""
+        with self._lock:
+            self._delivered = self._response is not None
+            return self._response
+
+    @property
+    def answers_later(self) -> bool:
+        return self._later
 
     def _stream(self, response: InferenceResponse | None, final: bool) -> None:
         assert self._channel is not None
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException(f"send() takes an InferenceResponse, not a {type(response).__name__}")
+        if self.closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         try:
             self._channel.send(None if response is None else response_outcome(response), final)
         except ConveyorError:
@@ -265,12 +325,20 @@ class InferenceRequest:
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        """Only ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default): Conveyor does not
-        reschedule requests back to the model."""
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by Conveyor"
-            )
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: when ``execute`` returns, this request
+        (returned as None) is executed again, on the same instance, in an ``execute`` of its
+        own; ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default) releases it."""
+        self._release_flags = flags
+
+    def release_flags(self) -> int:
+        return getattr(self, "_release_flags", TRITONSERVER_REQUEST_RELEASE_ALL)
+
+    def rescheduled(self) -> bool:
+        """Set to be executed again (the Python backend's loop); the flag is spent by asking."""
+        if self.release_flags() & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+            return True
+        return False
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS) and wait: its response, or with

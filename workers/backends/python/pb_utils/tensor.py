@@ -11,6 +11,7 @@ shared-memory region device-to-device, otherwise the host).
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ _NUMPY_TO_CODE: dict[Any, int] = {np.dtype(t): code for code, t in _CODE_TO_NUMP
 _DLPACK_CPU = 1  # kDLCPU
 _DLPACK_CUDA = 2  # kDLCUDA
 _DLPACK_CUDA_HOST = 3  # kDLCUDAHost: pinned host memory, readable as CPU memory
+_TRITON_BF16 = 14  # TRITONSERVER_TYPE_BF16
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
@@ -103,6 +105,14 @@ class Tensor:
         self._name = name
         self._array: Any = numpy_array
         self._device_id = -1  # the CUDA device of a device tensor; -1 on the host
+        self._bf16 = False  # BF16: numpy has no such dtype; the array holds its raw 16-bit words
+
+    @classmethod
+    def _of_bf16(cls, name: str, words: np.ndarray) -> Tensor:
+        """A BF16 tensor over its raw words (a BF16 input, or one imported through DLPack)."""
+        tensor = cls(name, words.view(np.uint16))
+        tensor._bf16 = True
+        return tensor
 
     @classmethod
     def _on_device(cls, name: str, device_array: Any, device_id: int) -> Tensor:
@@ -116,6 +126,10 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         if self._device_id >= 0:
             raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        if self._bf16:
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead."
+            )
         return self._array  # type: ignore[no-any-return]
 
     def data(self) -> Any:
@@ -130,7 +144,7 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
+        return _TRITON_BF16 if self._bf16 else numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return self._device_id < 0
@@ -138,9 +152,13 @@ class Tensor:
     def to_dlpack(self) -> Any:
         if self._array.dtype == np.object_:
             raise TritonModelException("DLPack does not have support for string tensors.")
+        if self._bf16:
+            return _bf16_capsule(self._array)
         return self._array.__dlpack__()
 
     def __dlpack__(self, **kwargs: Any) -> Any:
+        if self._bf16:
+            return _bf16_capsule(self._array)
         return self._array.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -158,6 +176,9 @@ class Tensor:
         try:
             array = np.from_dlpack(source)
         except (BufferError, RuntimeError, TypeError) as exc:
+            words = _bf16_words(dlpack_object)
+            if words is not None:
+                return Tensor._of_bf16(name, words)
             if device is None:  # a bare capsule says where it lies only when opened: try the device
                 try:
                     return _from_cuda(name, dlpack_object)
@@ -168,6 +189,33 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def _bf16_capsule(words: np.ndarray) -> Any:
+    """A BF16 DLPack capsule over ``words`` (no copy). numpy cannot describe BF16, torch can;
+    a model that reads BF16 through DLPack uses torch (or another framework torch hands it to)."""
+    try:
+        import torch
+    except ImportError:
+        raise TritonModelException("a BF16 tensor's DLPack form needs torch, which is not installed") from None
+    if not words.flags.writeable:  # torch warns on read-only memory; the tensor is the model's to read
+        words = words.copy()
+    return torch.utils.dlpack.to_dlpack(torch.from_numpy(words.view(np.int16)).view(torch.bfloat16))
+
+
+def _bf16_words(dlpack_object: Any) -> np.ndarray | None:
+    """The raw words of a BF16 host tensor given as DLPack (numpy refuses that dtype), through
+    torch, which reads it; None when it is something else or torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        tensor = torch.utils.dlpack.from_dlpack(dlpack_object)
+    except Exception:
+        return None
+    if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
+        return None
+    return tensor.contiguous().view(torch.int16).numpy().view(np.uint16)  # type: ignore[no-any-return]
 
 
 def _from_cuda(name: str, dlpack_object: Any) -> Tensor:
