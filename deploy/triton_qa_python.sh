@@ -49,6 +49,13 @@ mkdir -p "$QA" "$WORK/logs"
 rm -rf "$QA/L0_backend_python" "$QA/python_models" "$QA/common"
 cp -r "$TRITON/qa/L0_backend_python" "$TRITON/qa/python_models" "$TRITON/qa/common" "$QA/"
 PM=$QA/python_models
+# shm_util's leak probe watches the Python backend stub's shared-memory regions
+# (/dev/shm/triton_python_backend_shm_region_*) through triton_shm_monitor, a C extension of
+# Triton's QA image. Conveyor has no such regions, so the probe has nothing to watch: an empty
+# stand-in lets the tests import it.
+mkdir -p "$WORK/qa_stubs"
+echo '"""Stand-in: Conveyor has no triton_python_backend_shm_region_* segments to watch."""' \
+    > "$WORK/qa_stubs/triton_shm_monitor.py"
 
 # --- models, as each test.sh makes them (outside the namespace) ------------------------------
 
@@ -282,6 +289,7 @@ cat > "$WORK/lib.sh" <<INNER
 set -u
 ip link set lo up
 export PY="$PY" SERVER="$SERVER" TRITON_DIR="$WORK" TEST_WINDOWS=0 TEST_JETSON=0
+export PYTHONPATH="$WORK/qa_stubs\${PYTHONPATH:+:\$PYTHONPATH}"
 LOGS="$WORK/logs"
 server=0
 serve() {

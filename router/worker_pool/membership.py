@@ -113,15 +113,18 @@ class WorkerMembership:
             self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
-        # An instance the worker was loading failed to load (a model whose initialize kills its
-        # process, e.g. out of memory): counted as a load failure, retried as one, as Triton fails
-        # the load when the stub dies, rather than loaded again and again on restarted workers.
+        # A worker lost while loading an instance a second time: that instance fails to load (a
+        # model whose initialize kills its process, e.g. out of memory), as Triton fails the load
+        # when the stub dies, rather than being loaded again on every restarted worker. The first
+        # time it is only placed again: the worker may have died of another model loading beside it.
         for inst in [i for i in worker.instances if i.state is InstanceState.LOADING]:
-            st = inst.version
-            self.on_loaded(worker, m.ModelLoaded(
-                st.model, st.label, inst.index,
-                f"the worker process loading model instance '{inst.name}' exited ({why})",
-            ))
+            inst.lost_loading += 1
+            if inst.lost_loading >= 2:
+                st = inst.version
+                self.on_loaded(worker, m.ModelLoaded(
+                    st.model, st.label, inst.index,
+                    f"the worker process loading model instance '{inst.name}' exited ({why})",
+                ))
         # Failing a batch schedules its model again: none of this worker's instances may
         # take that batch, or it would go to the dead worker and never be answered.
         for inst in worker.instances:

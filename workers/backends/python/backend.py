@@ -77,7 +77,8 @@ class PythonBackend:
                 raise unavailable(f"'{path}': TritonPythonModel does not define execute(requests)")
             initialize = getattr(self.model, "initialize", None)
             if callable(initialize):
-                initialize(args)
+                with bls.refused():
+                    initialize(args)
         except ConveyorError:
             forget_module(self._class)
             raise
@@ -253,7 +254,8 @@ class PythonBackend:
         finalize = getattr(self.model, "finalize", None)
         try:
             if callable(finalize):
-                finalize()
+                with bls.refused():
+                    finalize()
         except Exception:
             log.exception("finalize of python model '%s' failed", self.name)
         finally:

@@ -11,6 +11,7 @@ is made for them, and is cancelled when they all are.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,3 +62,22 @@ def enter_execute(requests: Sequence[InferenceRequest] | None) -> None:
 def current_requests() -> Sequence[InferenceRequest] | None:
     """The requests the calling thread's ``execute`` serves (None outside ``execute``)."""
     return _scope.get()
+
+
+# Set while the instance's thread runs ``initialize`` or ``finalize``, where Triton refuses BLS.
+_refused: contextvars.ContextVar[bool] = contextvars.ContextVar("conveyor_bls_refused", default=False)
+
+
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """BLS calls made from this context (not from threads it starts) raise, as in Triton."""
+    token = _refused.set(True)
+    try:
+        yield
+    finally:
+        _refused.reset(token)
+
+
+def check_allowed() -> None:
+    if _refused.get():
+        raise TritonModelException("BLS is only supported during the 'execute' function.")

@@ -344,12 +344,14 @@ class InferenceRequest:
         """Run this request on ``model_name`` (BLS) and wait: its response, or with
         ``decoupled`` an iterator of every response (the last one final, maybe
         empty). A callee's error comes back in the response, not raised."""
+        bls.check_allowed()
         if decoupled:
             return bls.executor().stream(self)
         return bls.executor().infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` as an awaitable: several may run at once (``asyncio.gather``)."""
+        bls.check_allowed()
         if decoupled:
             return bls.executor().stream(self)
         return await bls.executor().infer_async(self)
