@@ -282,7 +282,8 @@ models_custom_metrics() {
 # --- the runs, inside the namespace --------------------------------------------------------
 
 # serve LOG ARGS...: start the server (its log in LOG, as test.sh names it) and wait until it is
-# ready, or has exited; stop: SIGINT, as test.sh's kill_server, and wait. t LABEL CMD...: one test
+# ready (0), or has exited (1), or 120 s passed (2: it is stopped); stop: SIGINT, as test.sh's
+# kill_server, and wait. t LABEL CMD...: one test
 # command, its output kept. check LABEL CMD...: one of test.sh's own checks (a grep, a start-up
 # that must fail), PASS or FAIL.
 cat > "$WORK/lib.sh" <<INNER
@@ -301,7 +302,8 @@ serve() {
         kill -0 \$server 2> /dev/null || { wait \$server; server=0; return 1; }
         sleep 0.5
     done
-    return 1
+    stop
+    return 2
 }
 stop() {
     [ \$server = 0 ] && return 0
@@ -320,7 +322,11 @@ check() {
 }
 fails_with() {  # LOG PATTERN REPOSITORY [ARGS]: the server must refuse to start, saying PATTERN
     local log=\$1 pattern=\$2; shift 2
-    if serve "\$log" --model-repository="\$@"; then stop; return 1; fi
+    serve "\$log" --model-repository="\$@"
+    case \$? in
+        0) stop; return 1 ;;  # it started
+        2) return 1 ;;        # it neither started nor gave up
+    esac
     grep -q -- "\$pattern" "\$log"
 }
 starts() {  # LOG REPOSITORY: the server starts (every model loads)

@@ -252,8 +252,9 @@ def instance_names(config: mc.ModelConfig) -> list[str]:
     for g, group in enumerate(config.instance_group):
         count = group.count if group.count > 0 else 1
         prefix = group.name or f"{config.name}_{g}"
-        gpus = group.gpus if group.kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO) else []
-        names += [f"{prefix}_{i}" for _ in (gpus or [None]) for i in range(count)]
+        on_gpus = group.kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
+        copies = len(group.gpus) if on_gpus and group.gpus else 1  # instance_devices: count per listed GPU
+        names += [f"{prefix}_{i}" for _ in range(copies) for i in range(count)]
     return names
 
 

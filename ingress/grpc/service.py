@@ -195,7 +195,8 @@ class InferenceServicer:
         if isinstance(request, Malformed):
             # In-band like every stream error: the stream and its other requests go on.
             error = request.error("ModelStreamInfer")
-            await replies.send_in_order(_EndStream(error) if grpc_error else codec.encode_stream_error(error.message, ""))
+            reply = _EndStream(error) if grpc_error else codec.encode_stream_error(error.message, "")
+            await replies.send_in_order(reply)
             return
         try:
             call = self._templates.call(request.message, request.raw, timeout_s=_time_left(context))

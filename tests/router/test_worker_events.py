@@ -131,13 +131,15 @@ def test_a_request_answered_after_execute_stays_open_until_its_response(core: Ro
 
 
 def test_instances_carry_tritons_names(tmp_path: Path) -> None:
-    write_model(tmp_path, "named", instances=0, extra='instance_group [ { count: 2 kind: KIND_CPU }, { name: "g" count: 1 } ]')
+    groups = 'instance_group [ { count: 2 kind: KIND_CPU }, { name: "g" count: 1 } ]'
+    write_model(tmp_path, "named", instances=0, extra=groups)
     write_model(tmp_path, "plain", instances=0)
     c = RouterCore(tmp_path)
     try:
         loads = c.join(W1) + c.join(W2)
         assert sorted((load.model, load.name) for load in loads) == [
-            ("named", "g_0"), ("named", "named_0_0"), ("named", "named_0_1"), ("plain", "plain_0"), ("plain", "plain_1"),
+            ("named", "g_0"), ("named", "named_0_0"), ("named", "named_0_1"),
+            ("plain", "plain_0"), ("plain", "plain_1"),
         ]
     finally:
         c.close()

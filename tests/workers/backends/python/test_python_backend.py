@@ -4,8 +4,8 @@ errors, finalize, and the triton_python_backend_utils surface."""
 from __future__ import annotations
 
 import sys
-import threading
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -321,8 +321,9 @@ def test_a_final_flag_before_any_response_fails_with_tritons_words(tmp_path: Pat
                 requests[0].get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     ''')
     path, config = write(tmp_path, "early", body)
+    backend = PythonBackend(path, config, "cpu", 3, "early_0_0")
     with pytest.raises(ConveyorError, match="Non-decoupled model cannot send complete final before sending a response"):
-        PythonBackend(path, config, "cpu", 3, "early_0_0").execute_requests([with_channel(np.zeros((1, 2), np.int32))[0]])
+        backend.execute_requests([with_channel(np.zeros((1, 2), np.int32))[0]])
 
 
 def test_model_py_imports_its_siblings_relatively(tmp_path: Path) -> None:
@@ -335,7 +336,8 @@ def test_model_py_imports_its_siblings_relatively(tmp_path: Path) -> None:
                 return [pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", sibling.rows())]) for _ in requests]
     ''')
     path, config = write(tmp_path, "pkg", body)
-    (tmp_path / "pkg" / "1" / "sibling.py").write_text("import numpy as np\n\ndef rows():\n    return np.ones((1, 2), np.int32)\n")
+    sibling = "import numpy as np\n\ndef rows():\n    return np.ones((1, 2), np.int32)\n"
+    (tmp_path / "pkg" / "1" / "sibling.py").write_text(sibling)
     backend = PythonBackend(path, config, "cpu")
     out = backend.execute_requests([item(np.zeros((1, 2), np.int32))])[0]
     assert isinstance(out, dict) and out["ROWS"].tolist() == [[1, 1]]
@@ -393,7 +395,7 @@ def test_bls_from_initialize_is_refused(tmp_path: Path) -> None:
                 return None
     ''')
     path, config = write(tmp_path, "blsinit", body)
-    with pytest.raises(ConveyorError, match="BLS is only supported during the 'execute' function."):
+    with pytest.raises(ConveyorError, match=r"BLS is only supported during the 'execute' function\."):
         PythonBackend(path, config, "cpu")
 
 

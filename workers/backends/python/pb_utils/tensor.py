@@ -215,7 +215,8 @@ def _bf16_words(dlpack_object: Any) -> np.ndarray | None:
         return None
     if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
         return None
-    return tensor.contiguous().view(torch.int16).numpy().view(np.uint16)  # type: ignore[no-any-return]
+    words: np.ndarray = tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return words
 
 
 def _from_cuda(name: str, dlpack_object: Any) -> Tensor:
