@@ -106,7 +106,7 @@ class PythonBackend:
             error = internal(self._failed(f"{type(exc).__name__}: {exc}"))
             # As in Triton, a request whose response sender already sent its response keeps it:
             # the error reaches only the requests still unanswered.
-            sent = [r.get_response_sender().take_sent() for r in requests]
+            sent = [s.take_sent() if (s := r.sender_if_any()) is not None else None for r in requests]
             if all(r is None for r in sent):
                 raise error from None
             return [error if r is None else response_outcome(r) for r in sent]
@@ -228,10 +228,9 @@ class PythonBackend:
             )
         responses: list[InferenceResponse | None] = []
         for request, response in zip(requests, returned, strict=True):
-            sender = request.get_response_sender()
             rescheduled = bool(request.release_flags() & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
             if response is None:
-                responses.append(None if rescheduled else sender.settle())
+                responses.append(None if rescheduled else request.get_response_sender().settle())
                 continue
             if rescheduled:
                 raise TritonModelException(
@@ -243,7 +242,9 @@ class PythonBackend:
                     "Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(response)}'."
                 )
-            sender.returned(response)
+            sender = request.sender_if_any()
+            if sender is not None:  # the model used it: a returned response counts as its one response
+                sender.returned(response)
             responses.append(response)
         return responses
 

@@ -44,7 +44,7 @@ def import_model_class(path: str, label: str) -> type[Any]:
     file cannot be imported or defines no such class.
     """
     if not os.path.isfile(path):
-        raise unavailable(f"python model file '{path}' does not exist")
+        raise unavailable(f"Python model file not found in '{path}'")  # Triton's words
     package_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     module_name = f"{package_name}.{stem}"

@@ -250,6 +250,7 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._channel: ResponseChannel | None = None
         self._decoupled = False
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def received(
@@ -319,6 +320,10 @@ class InferenceRequest:
         """True once the client went away (the router forwards its Cancel to the worker)."""
         return self._channel is not None and self._channel.cancelled
 
+    def sender_if_any(self) -> InferenceResponseSender | None:
+        """The response sender, if the model asked for it (Conveyor's; most requests have none)."""
+        return self._sender
+
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             self._sender = InferenceResponseSender(self._channel, self._decoupled)
@@ -331,7 +336,7 @@ class InferenceRequest:
         self._release_flags = flags
 
     def release_flags(self) -> int:
-        return getattr(self, "_release_flags", TRITONSERVER_REQUEST_RELEASE_ALL)
+        return self._release_flags
 
     def rescheduled(self) -> bool:
         """Set to be executed again (the Python backend's loop); the flag is spent by asking."""
