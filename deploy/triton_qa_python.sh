@@ -334,8 +334,13 @@ starts() {  # LOG REPOSITORY: the server starts (every model loads)
     serve "\$log" --model-repository="\$@" || return 1
     stop
 }
+# Some tests wait on a queue with no timeout for a response that may never come: a test that
+# hangs fails after 300 s (pytest-timeout), a unittest run is stopped after 30 minutes.
 pt() {  # pytest, without its cache
-    "\$PY" -m pytest -v -p no:cacheprovider "\$@"
+    "\$PY" -m pytest -v -p no:cacheprovider --timeout=300 "\$@"
+}
+ut() {  # python -m unittest
+    timeout -k 10 1800 "\$PY" -m unittest -v "\$@"
 }
 INNER
 
@@ -460,7 +465,7 @@ check bls_init_error fails_with bls_init_error.log \"BLS is only supported durin
 starts bls_finalize_error.log '$B/bls/checks/finalize_error'
 check bls_finalize_error grep -q \"BLS is only supported during the 'execute' function.\" bls_finalize_error.log
 serve bls_parameters.server.log --model-repository='$B/bls/params_models'
-t bls_parameters_test \"\$PY\" bls_parameters_test.py
+t bls_parameters_test timeout -k 10 600 \"\$PY\" bls_parameters_test.py
 stop"
         ;;
     model_control)
@@ -481,8 +486,8 @@ stop"
         run_suite model_readiness "
 cd '$B/model_readiness'
 serve readiness_server.log --model-repository='$B/model_readiness/models' --strict-readiness=false
-t TestUserDefinedModelReadinessFunction \"\$PY\" -m unittest -v test_model_readiness.TestUserDefinedModelReadinessFunction
-t test_model_ready \"\$PY\" -m unittest -v test_model_readiness.TestModelReadiness.test_model_ready
+t TestUserDefinedModelReadinessFunction ut test_model_readiness.TestUserDefinedModelReadinessFunction
+t test_model_ready ut test_model_readiness.TestModelReadiness.test_model_ready
 stop"
         ;;
     request_rescheduling)

@@ -24,7 +24,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, internal, unavailable
 from conveyor.proto.model_config import to_json
 from conveyor.workers.backends.base import AnsweredLater, RequestItem, RequestOutcome
-from conveyor.workers.backends.python.model_import import forget_module, import_model_class
+from conveyor.workers.backends.python.model_import import forget_module, import_model_class, running
 from conveyor.workers.backends.python.pb_utils import (
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     InferenceRequest,
@@ -77,7 +77,7 @@ class PythonBackend:
                 raise unavailable(f"'{path}': TritonPythonModel does not define execute(requests)")
             initialize = getattr(self.model, "initialize", None)
             if callable(initialize):
-                with bls.refused():
+                with bls.refused(), running(self._class):
                     initialize(args)
         except ConveyorError:
             forget_module(self._class)
@@ -149,9 +149,11 @@ class PythonBackend:
         made meanwhile from this thread, the coroutine or its tasks are made for ``requests``."""
         bls.enter_execute(requests)
         try:
-            returned = self.model.execute(requests)
+            with running(self._class):
+                returned = self.model.execute(requests)
             if inspect.iscoroutine(returned):
-                future = asyncio.run_coroutine_threadsafe(returned, self._event_loop())
+                with running(self._class):  # the coroutine's context is a copy of this one
+                    future = asyncio.run_coroutine_threadsafe(returned, self._event_loop())
                 if self.decoupled:
                     future.add_done_callback(lambda f: self._background_done(f, requests))
                     return None

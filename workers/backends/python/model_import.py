@@ -13,6 +13,8 @@ model's version directory is "1"), so ``from . import helper`` imports
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import itertools
 import os
@@ -20,6 +22,7 @@ import re
 import sys
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from conveyor.proto.errors import unavailable
@@ -33,8 +36,45 @@ _serial = itertools.count()
 
 
 def register_utils() -> None:
-    """Make ``import triton_python_backend_utils`` find Conveyor's utilities."""
+    """Make ``import triton_python_backend_utils`` find Conveyor's utilities, and give models
+    the empty command line Triton's stub gives them: a model that runs ``unittest.main()``
+    (Triton's QA models do) or argparse must not read the worker's own options."""
     sys.modules.setdefault(UTILS_MODULE, pb_utils)
+    if len(sys.argv) > 1:
+        sys.argv[:] = [""]
+
+
+# The module of the model whose initialize/execute runs in this context (``running``).
+_running: contextvars.ContextVar[types.ModuleType | None] = contextvars.ContextVar(
+    "conveyor_running_model", default=None
+)
+
+
+class _RunningModel(types.ModuleType):
+    """``sys.modules["model"]`` (the file's stem): the module of the model running in the
+    caller's context. In Triton each model has a process of its own, where ``import model``
+    (as ``unittest.main("model")`` does) finds that model's file; in a worker several models
+    share ``sys.modules`` and ``sys.path``, so the name follows the model that asks."""
+
+    def __getattr__(self, name: str) -> Any:
+        module = _running.get()
+        if module is None:
+            raise AttributeError(f"no Python model runs here: module '{self.__name__}' has no attribute '{name}'")
+        return getattr(module, name)
+
+    def __dir__(self) -> list[str]:
+        module = _running.get()
+        return dir(module) if module is not None else []
+
+
+@contextlib.contextmanager
+def running(model_class: type[Any]) -> Iterator[None]:
+    """``import <stem>`` in this context (and the tasks it starts) is ``model_class``'s module."""
+    token = _running.set(sys.modules.get(model_class.__module__))
+    try:
+        yield
+    finally:
+        _running.reset(token)
 
 
 def import_model_class(path: str, label: str) -> type[Any]:
@@ -56,6 +96,8 @@ def import_model_class(path: str, label: str) -> type[Any]:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise unavailable(f"cannot import python model file '{path}'")
+        if stem not in sys.modules:  # never over a module of that name the process has already
+            sys.modules[stem] = _RunningModel(stem)
         package = types.ModuleType(package_name)
         package.__path__ = [model_dir]  # relative imports find the model's sibling files
         package.__package__ = package_name

@@ -140,8 +140,9 @@ def test_tensor_and_dlpack() -> None:
     np.testing.assert_array_equal(pb_utils.Tensor.from_dlpack("Z", x).as_numpy(), x)
     words = pb_utils.Tensor("W", np.array(["a", "é"]))
     assert list(words.as_numpy()) == [b"a", "é".encode()]
-    with pytest.raises(pb_utils.TritonModelException):
-        pb_utils.Tensor("S", [1, 2])
+    assert pb_utils.Tensor("S", [1, 2]).as_numpy().tolist() == [1, 2]  # what numpy takes as an array, as Triton
+    with pytest.raises(TypeError):
+        pb_utils.Tensor("S", None)
     with pytest.raises(pb_utils.TritonModelException, match="empty string"):
         pb_utils.Tensor.from_dlpack("", x)
     assert pb_utils.Tensor.from_dlpack("H", x).__dlpack_device__() == (1, 0)

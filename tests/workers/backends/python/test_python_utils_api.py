@@ -182,3 +182,28 @@ def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricR
 def test_metric_misuse_is_refused(registry: MetricRegistry, make: Any, match: str) -> None:
     with pytest.raises(pb_utils.TritonModelException, match=match):
         make()
+
+
+def test_arguments_tritons_binding_cannot_convert_are_type_errors() -> None:
+    """As Triton's QA argument_validation model checks: None where a value is due is a TypeError."""
+    t = pb_utils.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))
+    for kwargs in ({"inputs": None}, {"model_name": None}, {"requested_output_names": [None]},
+                   {"requested_output_names": None}, {"correlation_id": None}, {"request_id": None},
+                   {"model_version": None}, {"flags": None}):
+        args: dict[str, Any] = {"inputs": [t], "model_name": "m", "requested_output_names": ["o"], **kwargs}
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**args)
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(inputs=[None], model_name="m")  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        pb_utils.Tensor(None, np.zeros(1))  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor.from_dlpack("OUTPUT0", None)
+    for call in (lambda: pb_utils.Logger.log("x", None), lambda: pb_utils.Logger.log("x", 1),
+                 lambda: pb_utils.Logger.log_info(None), lambda: pb_utils.Logger.log_verbose(None)):
+        with pytest.raises(TypeError):
+            call()  # type: ignore[no-untyped-call]

@@ -57,14 +57,17 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: Sequence[Tensor] | None = None,
+        output_tensors: Sequence[Tensor] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if output_tensors is None:
-            output_tensors = []
+        # Triton's binding: a list it cannot convert (None) is a TypeError, a member that is not
+        # a Tensor (None) a TritonModelException.
         if not isinstance(output_tensors, list | tuple):
-            raise TritonModelException('"output_tensors" must be a list.')
+            raise TypeError(f'"output_tensors" must be a list of pb_utils.Tensor, not {type(output_tensors).__name__}')
+        for tensor in output_tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}")
         self._outputs = list(output_tensors)
         self._error = error
         self._parameters = parameters_dict(parameters)
@@ -222,8 +225,23 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
+        # Triton's binding refuses what it cannot convert with TypeError (None included), and a
+        # correlation id of another type with its own exception.
+        if correlation_id is None:
+            raise TypeError("correlation_id must be an int or a str, not None")
         if not isinstance(correlation_id, int | str) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
+        _typed("request_id", request_id, str)
+        _typed("model_name", model_name, str)
+        _typed("model_version", model_version, int)
+        _typed("flags", flags, int)
+        _typed("timeout", timeout, int)
+        if not isinstance(inputs, list | tuple):
+            raise TypeError(f"inputs must be a list of pb_utils.Tensor, not {type(inputs).__name__}")
+        if not isinstance(requested_output_names, list | tuple) or not all(
+            isinstance(n, str) for n in requested_output_names
+        ):
+            raise TypeError("requested_output_names must be a list of str")
         for tensor in inputs:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
@@ -360,6 +378,11 @@ class InferenceRequest:
         if decoupled:
             return bls.executor().stream(self)
         return await bls.executor().infer_async(self)
+
+
+def _typed(name: str, value: object, kind: type) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{name} must be a {kind.__name__}, not {type(value).__name__}")
 
 
 def bls_parameters(request: InferenceRequest) -> dict[str, Any]:

@@ -95,8 +95,17 @@ class Tensor:
     """A named tensor: ``Tensor(name, numpy_array)``, or ``Tensor.from_dlpack`` (host or CUDA memory)."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
+        # Triton's binding converts what numpy takes as an array and refuses the rest (None, a
+        # name that is not a str) with TypeError.
+        if not isinstance(name, str):
+            raise TypeError(f"a tensor's name must be a str, not {type(name).__name__}")
+        if numpy_array is None:
+            raise TypeError(f"tensor '{name}' needs a numpy array, not None")
         if not isinstance(numpy_array, np.ndarray):
-            raise TritonModelException(f"tensor '{name}' needs a numpy array, got {type(numpy_array).__name__}")
+            try:
+                numpy_array = np.asarray(numpy_array)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"tensor '{name}' needs a numpy array: {exc}") from None
         if numpy_array.dtype.kind == "U":
             # Triton refuses str_ arrays; encoding them is the friendlier equivalent.
             numpy_array = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(numpy_array)
@@ -169,13 +178,15 @@ class Tensor:
         """From a DLPack capsule or any object with ``__dlpack__``: a torch tensor, a cupy or numpy array."""
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
+        if dlpack_object is None:
+            raise TritonModelException(f"tensor '{name}': from_dlpack needs a DLPack capsule or tensor, not None")
         device = getattr(dlpack_object, "__dlpack_device__", None)
         if device is not None and device()[0] == _DLPACK_CUDA:
             return _from_cuda(name, dlpack_object)
         source = dlpack_object if hasattr(dlpack_object, "__dlpack__") else _Capsule(dlpack_object)
         try:
             array = np.from_dlpack(source)
-        except (BufferError, RuntimeError, TypeError) as exc:
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             words = _bf16_words(dlpack_object)
             if words is not None:
                 return Tensor._of_bf16(name, words)
