@@ -67,7 +67,9 @@ class InferenceResponse:
             raise TypeError(f'"output_tensors" must be a list of pb_utils.Tensor, not {type(output_tensors).__name__}')
         for tensor in output_tensors:
             if not isinstance(tensor, Tensor):
-                raise TritonModelException(f"output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}")
+                raise TritonModelException(
+                    f"output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
         self._outputs = list(output_tensors)
         self._error = error
         self._parameters = parameters_dict(parameters)
