@@ -8,6 +8,7 @@ socket-owning main thread through a queue and a wake pipe. A second DEALER
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import queue
@@ -277,6 +278,8 @@ class Worker:
             self.client_regions.forget(msg.ids)
         elif isinstance(msg, m.ForgetSequences):
             self._forget_sequences(msg)
+        elif isinstance(msg, m.ReadyCheck):
+            self._ready_check(msg)
         elif isinstance(msg, m.UnloadModel):
             self._unload((msg.model, msg.version, msg.instance))
         elif isinstance(msg, m.LeaveGranted):
@@ -391,7 +394,8 @@ class Worker:
                 log.exception("loading %s failed", key)
                 error = f"{type(exc).__name__}: {exc}"
             log.debug("instance %s loaded%s", key, f": {error}" if error else "")
-            self._post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error)))
+            user_ready = not error and bool(getattr(inst.backend, "has_readiness", False))  # Python models only
+            self._post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error, user_ready)))
 
         inst.submit(load)
 
@@ -410,6 +414,21 @@ class Worker:
 
         inst.submit(close)
         inst.executor.shutdown(wait=False)
+
+    def _ready_check(self, msg: m.ReadyCheck) -> None:
+        """The model's own readiness check (a Python model's ``is_ready()``), off this thread:
+        ``ReadyChecked`` when it is done (joined to a check of the instance still running)."""
+        inst = self.instances.get((msg.model, msg.version, msg.instance))
+        backend = inst.backend if inst is not None else None
+        readiness = getattr(backend, "readiness", None) if getattr(backend, "has_readiness", False) else None
+        if readiness is None:
+            self._post(m.encode(m.ReadyChecked(msg.check, False)))
+            return
+
+        def answer(done: concurrent.futures.Future[bool]) -> None:
+            self._post(m.encode(m.ReadyChecked(msg.check, done.result())))
+
+        readiness().add_done_callback(answer)
 
     def _forget_sequences(self, msg: m.ForgetSequences) -> None:
         inst = self.instances.get((msg.model, msg.version, msg.instance))

@@ -81,6 +81,7 @@ class WorkerMembership:
             log.error("model '%s' version %s failed to load: %s", msg.model, msg.version, msg.error)
         else:
             inst.state = InstanceState.READY
+            inst.user_ready = msg.user_ready
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
             if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):
                 state.load_duration_ns = max(1, time.monotonic_ns() - state.load_started_ns)

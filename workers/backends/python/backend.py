@@ -67,6 +67,8 @@ class PythonBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         # BF16 inputs arrive as raw 16-bit words; their Tensors say so (as_numpy raises, as in Triton).
         self._bf16_inputs = frozenset(i.name for i in config.input if i.data_type == mc.TYPE_BF16)
+        self._ready_lock = threading.Lock()
+        self._ready_check: concurrent.futures.Future[bool] | None = None
         self.instance_name = instance_name or f"{config.name}_0_{instance}"
         args = initialize_args(path, config, device, self.instance_name)
         self.version = int(args["model_version"]) if args["model_version"].isdigit() else -1
@@ -249,6 +251,37 @@ class PythonBackend:
                 sender.returned(response)
             responses.append(response)
         return responses
+
+    @property
+    def has_readiness(self) -> bool:
+        """The model defines ``is_ready()``: the router asks it (router/user_readiness.py)."""
+        return callable(getattr(self.model, "is_ready", None))
+
+    def readiness(self) -> concurrent.futures.Future[bool]:
+        """The model's ``is_ready()`` (Triton 2.6x), on a thread of its own beside the batches; a
+        coroutine runs on the instance's event loop. A check still running is joined rather than
+        started again, as Triton's stub does. Anything but ``True`` (False, another value, an
+        exception) is not ready."""
+        with self._ready_lock:
+            if self._ready_check is None or self._ready_check.done():
+                self._ready_check = concurrent.futures.Future()
+                threading.Thread(target=self._run_is_ready, args=(self._ready_check,),
+                                 name=f"{self.instance_name}-is_ready", daemon=True).start()
+            return self._ready_check
+
+    def _run_is_ready(self, done: concurrent.futures.Future[bool]) -> None:
+        try:
+            with running(self._class):
+                result = self.model.is_ready()
+                if inspect.iscoroutine(result):
+                    result = asyncio.run_coroutine_threadsafe(result, self._event_loop()).result()
+            if not isinstance(result, bool):
+                log.error("python model instance '%s': is_ready() returned a %s, not a bool: not ready",
+                          self.instance_name, type(result).__name__)
+            done.set_result(result is True)
+        except Exception:
+            log.exception("python model instance '%s': is_ready() raised: not ready", self.instance_name)
+            done.set_result(False)
 
     def _failed(self, message: str) -> str:
         return f"Failed to process the request(s) for model instance '{self.instance_name}', message: {message}"

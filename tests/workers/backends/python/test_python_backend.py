@@ -437,3 +437,30 @@ def test_a_bf16_tensor_is_not_numpy() -> None:
     with pytest.raises(pb_utils.TritonModelException):
         back.as_numpy()
     assert back.data().tolist() == [0x4040, 0xC080]  # 3.0, -4.0
+
+
+@pytest.mark.parametrize(("returns", "ready"), [("True", True), ("False", False), ("'yes'", False),
+                                                ("1 / 0", False)])
+def test_a_models_is_ready_decides_its_readiness(tmp_path: Path, returns: str, ready: bool) -> None:
+    body = textwrap.dedent(f'''
+        import time
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return None
+
+            def is_ready(self):
+                time.sleep(0.2)
+                return {returns}
+    ''')
+    path, config = write(tmp_path, "own", body)
+    backend = PythonBackend(path, config, "cpu")
+    assert backend.has_readiness
+    first, second = backend.readiness(), backend.readiness()
+    assert first is second  # a check still running is joined
+    assert first.result(10) is ready
+    assert backend.readiness() is not first  # a finished one is not
+    backend.close()
+    plain_model = "class TritonPythonModel:\n    def execute(self, r):\n        return None\n"
+    plain, plain_config = write(tmp_path, "plain", plain_model)
+    assert not PythonBackend(plain, plain_config, "cpu").has_readiness
