@@ -281,9 +281,10 @@ models_custom_metrics() {
 
 # --- the runs, inside the namespace --------------------------------------------------------
 
-# serve LOG ARGS...: start the server (its log in LOG, as test.sh names it) and wait until it is
-# ready (0), or has exited (1), or 120 s passed (2: it is stopped); stop: SIGINT, as test.sh's
-# kill_server, and wait. t LABEL CMD...: one test
+# serve LOG ARGS...: start the server (its log in LOG, as test.sh names it) in a process group of
+# its own and wait until it is ready (0), or has exited (1), or 120 s passed (2: it is stopped);
+# stop: SIGINT, as test.sh's kill_server, and wait; after 60 s (a request a test left open keeps
+# a worker draining) the whole group is killed and its shared memory removed. t LABEL CMD...: one test
 # command, its output kept. check LABEL CMD...: one of test.sh's own checks (a grep, a start-up
 # that must fail), PASS or FAIL.
 cat > "$WORK/lib.sh" <<INNER
@@ -293,13 +294,16 @@ export PY="$PY" SERVER="$SERVER" TRITON_DIR="$WORK" TEST_WINDOWS=0 TEST_JETSON=0
 export PYTHONPATH="$WORK/qa_stubs\${PYTHONPATH:+:\$PYTHONPATH}"
 LOGS="$WORK/logs"
 server=0
+alive() {  # the server process runs (an exited child stays, a zombie, until waited for)
+    case \$(ps -o stat= -p \$server 2> /dev/null) in ""|Z*) return 1 ;; esac
+}
 serve() {
     local log=\$1; shift
-    "\$SERVER" --group pyqa\$\$ --log-verbose=1 "\$@" > "\$log" 2>&1 &
+    setsid "\$SERVER" --group pyqa\$\$ --log-verbose=1 "\$@" > "\$log" 2>&1 &
     server=\$!
     for _ in \$(seq 1 240); do
         curl -sf localhost:8000/v2/health/ready > /dev/null && return 0
-        kill -0 \$server 2> /dev/null || { wait \$server; server=0; return 1; }
+        alive || { wait \$server; server=0; return 1; }
         sleep 0.5
     done
     stop
@@ -307,7 +311,15 @@ serve() {
 }
 stop() {
     [ \$server = 0 ] && return 0
-    kill -INT \$server; wait \$server; server=0
+    kill -INT \$server
+    for _ in \$(seq 1 120); do alive || break; sleep 0.5; done
+    if alive; then
+        echo "the server did not stop in 60 s: killing its processes" >> "\$LOGS/\$SUITE.log"
+        kill -KILL -- -\$server
+        rm -f /dev/shm/conveyor.pyqa\$\$.*
+    fi
+    wait \$server
+    server=0
 }
 t() {
     local label=\$1; shift
@@ -334,10 +346,16 @@ starts() {  # LOG REPOSITORY: the server starts (every model loads)
     serve "\$log" --model-repository="\$@" || return 1
     stop
 }
-# Some tests wait on a queue with no timeout for a response that may never come: a test that
-# hangs fails after 300 s (pytest-timeout), a unittest run is stopped after 30 minutes.
+# Some tests wait on a queue with no timeout for a response that may never come (pytest-timeout
+# cannot interrupt them: gRPC's threads take the signal). So each test runs in a pytest of its
+# own, stopped after 300 s and then counted as failed; a unittest run is stopped after 30 minutes.
 pt() {  # pytest, without its cache
-    "\$PY" -m pytest -v -p no:cacheprovider --timeout=300 "\$@"
+    local id ids
+    ids=\$("\$PY" -m pytest --collect-only -q -p no:cacheprovider "\$@" 2> /dev/null | grep '::')
+    for id in \$ids; do
+        timeout -k 10 300 "\$PY" -m pytest -v -p no:cacheprovider "\$id"
+        case \$? in 124|137) echo "FAILED \$id (no answer in 300 s)"; echo "=== 1 failed in 300.00s ===" ;; esac
+    done
 }
 ut() {  # python -m unittest
     timeout -k 10 1800 "\$PY" -m unittest -v "\$@"
