@@ -37,6 +37,8 @@ from conveyor.workers.backends.python.pb_utils.inference import response_outcome
 
 log = logging.getLogger(__name__)
 
+_INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")  # python_backend's INVALID_CHARS
+
 
 def initialize_args(path: str, config: mc.ModelConfig, device: str, instance_name: str) -> dict[str, str]:
     """The ``args`` Triton passes to ``initialize``: every value a string."""
@@ -70,6 +72,10 @@ class PythonBackend:
         self._ready_lock = threading.Lock()
         self._ready_check: concurrent.futures.Future[bool] | None = None
         self.instance_name = instance_name or f"{config.name}_0_{instance}"
+        if not self.instance_name or any(c in _INVALID_NAME_CHARS for c in self.instance_name):
+            # Triton's check and words (it names the stub process after the instance): a name with
+            # shell characters is refused, so Conveyor refuses the same models.
+            raise unavailable("Invalid stub name: contains invalid characters")
         args = initialize_args(path, config, device, self.instance_name)
         self.version = int(args["model_version"]) if args["model_version"].isdigit() else -1
         self._class = import_model_class(path, f"{config.name}_{args['model_version']}_{instance}")

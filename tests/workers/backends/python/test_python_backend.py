@@ -464,3 +464,11 @@ def test_a_models_is_ready_decides_its_readiness(tmp_path: Path, returns: str, r
     plain_model = "class TritonPythonModel:\n    def execute(self, r):\n        return None\n"
     plain, plain_config = write(tmp_path, "plain", plain_model)
     assert not PythonBackend(plain, plain_config, "cpu").has_readiness
+
+
+def test_an_instance_name_with_shell_characters_is_refused(tmp_path: Path) -> None:
+    """Triton's python backend refuses them (its stub is named after the instance); so does Conveyor."""
+    path, config = write(tmp_path, "fine", "class TritonPythonModel:\n    def execute(self, r):\n        return None\n")
+    with pytest.raises(ConveyorError, match="Invalid stub name: contains invalid characters"):
+        PythonBackend(path, config, "cpu", 0, "model;test_0")
+    PythonBackend(path, config, "cpu", 0, "model-with-hyphens_0").close()
