@@ -348,13 +348,13 @@ starts() {  # LOG REPOSITORY: the server starts (every model loads)
 }
 # Some tests wait on a queue with no timeout for a response that may never come (pytest-timeout
 # cannot interrupt them: gRPC's threads take the signal). So each test runs in a pytest of its
-# own, stopped after 300 s and then counted as failed; a unittest run is stopped after 30 minutes.
+# own, stopped after 150 s and then counted as failed; a unittest run is stopped after 30 minutes.
 pt() {  # pytest, without its cache
     local id ids
     ids=\$("\$PY" -m pytest --collect-only -q -p no:cacheprovider "\$@" 2> /dev/null | grep '::')
     for id in \$ids; do
-        timeout -k 10 300 "\$PY" -m pytest -v -p no:cacheprovider "\$id"
-        case \$? in 124|137) echo "FAILED \$id (no answer in 300 s)"; echo "=== 1 failed in 300.00s ===" ;; esac
+        timeout -k 10 150 "\$PY" -m pytest -v -p no:cacheprovider "\$id"
+        case \$? in 124|137) echo "FAILED \$id (no answer in 150 s)"; echo "=== 1 failed in 150.00s ===" ;; esac
     done
 }
 ut() {  # python -m unittest
