@@ -323,6 +323,75 @@ class TritonPythonModel:
 '''
 
 
+# A decoupled callee: 20 responses of 1, 50 ms apart, unless cancelled (and IGNORE is false).
+UNTIL_CANCELLED_MODEL = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        request = requests[0]
+        ignore = bool(pb_utils.get_input_tensor_by_name(request, "IGNORE").as_numpy()[0])
+        sender = request.get_response_sender()
+        for sent in range(20):
+            if request.is_cancelled() and not ignore:
+                error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+                return None
+            out = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))])
+            sender.send(out, flags=FINAL if sent == 19 else 0)
+            time.sleep(0.05)
+        return None
+'''
+
+# Sums the callee's responses through exec(decoupled=True), cancelling the iterator at 5.
+BLS_CANCEL_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        ignore = pb_utils.get_input_tensor_by_name(requests[0], "IGNORE")
+        responses = pb_utils.InferenceRequest(
+            model_name="qa_until_cancelled", inputs=[ignore], requested_output_names=["OUT"],
+        ).exec(decoupled=True)
+        total, cancelled = 0, False
+        for response in responses:
+            if response.has_error():
+                cancelled = response.error().code() == pb_utils.TritonError.CANCELLED
+                break
+            out = pb_utils.get_output_tensor_by_name(response, "OUT")
+            total += int(out.as_numpy()[0]) if out is not None else 0
+            if total == 5:
+                responses.cancel()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("SUM", np.array([total], np.int32)),
+                                            pb_utils.Tensor("CANCELLED", np.array([cancelled], bool))])]
+'''
+
+IGNORE_INPUT = 'input [ { name: "IGNORE" data_type: TYPE_BOOL dims: [ 1 ] } ]'
+UNTIL_CANCELLED_CONFIG = f'''
+name: "qa_until_cancelled"
+backend: "python"
+{IGNORE_INPUT}
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 2 kind: KIND_CPU }} ]
+model_transaction_policy {{ decoupled: true }}
+'''
+BLS_CANCEL_CONFIG = f'''
+name: "qa_bls_cancel"
+backend: "python"
+{IGNORE_INPUT}
+output [ {{ name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "CANCELLED" data_type: TYPE_BOOL dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
+'''
+
+
 def build(repo: str, names_dir: str) -> None:
     """The models that load at start (the test writes the failing ones itself, then loads them)."""
     write_model(repo, "qa_names", NAMES_MODEL, names_config(names_dir))
@@ -337,6 +406,8 @@ def build(repo: str, names_dir: str) -> None:
     write_model(repo, "qa_reschedule_wrong", RESCHEDULE_WRONG_MODEL, int_config("qa_reschedule_wrong"))
     write_model(repo, "qa_iterative", ITERATIVE_MODEL, int_config("qa_iterative", ITERATIVE_EXTRA))
     write_model(repo, "qa_bf16", BF16_MODEL, BF16_CONFIG)
+    write_model(repo, "qa_until_cancelled", UNTIL_CANCELLED_MODEL, UNTIL_CANCELLED_CONFIG)
+    write_model(repo, "qa_bls_cancel", BLS_CANCEL_MODEL, BLS_CANCEL_CONFIG)
 
 
 def write_failing(repo: str, name: str, model_py: str) -> None:

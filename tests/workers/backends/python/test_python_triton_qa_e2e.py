@@ -194,6 +194,20 @@ def test_triton_grpc_error_ends_the_stream_with_the_errors_status(qa_server: tup
     assert "cannot send complete final before sending a response" in str(status.message())
 
 
+@pytest.mark.parametrize(("ignore", "total", "cancelled"), [(True, 20, False), (False, None, True)],
+                         ids=["callee-ignores-it", "callee-honours-it"])
+def test_a_decoupled_bls_iterators_cancel_asks_the_callee(qa_server: tuple[Server, str], ignore: bool,
+                                                           total: int | None, cancelled: bool) -> None:
+    """As Triton: cancel() asks the callee to stop and the iteration goes on with what it sends."""
+    server, _ = qa_server
+    inp = grpcclient.InferInput("IGNORE", [1], "BOOL")
+    inp.set_data_from_numpy(np.array([ignore], bool))
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("qa_bls_cancel", [inp])
+    assert result.as_numpy("CANCELLED").tolist() == [cancelled]
+    got = int(result.as_numpy("SUM")[0])
+    assert got == total if total is not None else 5 <= got < 20
+
+
 def load(server: Server, name: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
     request = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/{name}/load",
                                      data=json.dumps(body or {}).encode(), method="POST")
