@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status, internal
-from conveyor.workers.backends.base import ParameterizedOutputs, RequestOutcome, ResponseChannel
+from conveyor.workers.backends.base import ParameterizedOutputs, RequestOutcome, ResponseChannel, WireTensor
 from conveyor.workers.backends.python.pb_utils import bls
 from conveyor.workers.backends.python.pb_utils.errors import TritonError, TritonModelException
 from conveyor.workers.backends.python.pb_utils.options import InferenceTrace, PreferredMemory
@@ -425,5 +425,9 @@ def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
     for tensor in response.output_tensors():
         if not isinstance(tensor, Tensor):
             return internal(f"the model's response holds a {type(tensor).__name__}, not a pb_utils.Tensor")
+        if tensor.is_bf16():  # numpy has no BF16: its words go as they are, named BF16 (one copy)
+            words = tensor.data()
+            outputs[tensor.name()] = WireTensor("BF16", list(words.shape), words.tobytes())
+            continue
         outputs[tensor.name()] = tensor.data()  # a device tensor stays a cupy array: the worker copies it
     return outputs

@@ -155,6 +155,10 @@ class Tensor:
     def triton_dtype(self) -> int | None:
         return _TRITON_BF16 if self._bf16 else numpy_to_triton_type(self._array.dtype)
 
+    def is_bf16(self) -> bool:
+        """Conveyor's: the array holds BF16 words (``as_numpy`` refuses it)."""
+        return self._bf16
+
     def is_cpu(self) -> bool:
         return self._device_id < 0
 
