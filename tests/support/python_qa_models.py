@@ -392,6 +392,33 @@ instance_group [ {{ kind: KIND_CPU }} ]
 '''
 
 
+# Decides its own readiness (Triton 2.6x's is_ready()): its config's READY parameter.
+READINESS_MODEL = '''
+import json
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.ready = json.loads(args["model_config"])["parameters"]["READY"]["string_value"] == "true"
+
+    def execute(self, requests):
+        return None
+
+    async def is_ready(self):
+        return self.ready
+'''
+
+
+def readiness_config(name: str, ready: bool) -> str:
+    return f'''
+name: "{name}"
+backend: "python"
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
+parameters {{ key: "READY" value {{ string_value: "{"true" if ready else "false"}" }} }}
+'''
+
+
 def build(repo: str, names_dir: str) -> None:
     """The models that load at start (the test writes the failing ones itself, then loads them)."""
     write_model(repo, "qa_names", NAMES_MODEL, names_config(names_dir))
@@ -408,6 +435,8 @@ def build(repo: str, names_dir: str) -> None:
     write_model(repo, "qa_bf16", BF16_MODEL, BF16_CONFIG)
     write_model(repo, "qa_until_cancelled", UNTIL_CANCELLED_MODEL, UNTIL_CANCELLED_CONFIG)
     write_model(repo, "qa_bls_cancel", BLS_CANCEL_MODEL, BLS_CANCEL_CONFIG)
+    write_model(repo, "qa_says_ready", READINESS_MODEL, readiness_config("qa_says_ready", True))
+    write_model(repo, "qa_says_not_ready", READINESS_MODEL, readiness_config("qa_says_not_ready", False))
 
 
 def write_failing(repo: str, name: str, model_py: str) -> None:

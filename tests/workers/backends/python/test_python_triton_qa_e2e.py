@@ -210,6 +210,16 @@ def test_a_decoupled_bls_iterators_cancel_asks_the_callee(qa_server: tuple[Serve
     assert got == total if total is not None else 5 <= got < 20
 
 
+def test_a_model_decides_its_readiness(qa_server: tuple[Server, str]) -> None:
+    """A model.py with is_ready() (here a coroutine) answers /v2/models/<m>/ready, HTTP and gRPC."""
+    server, _ = qa_server
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert http.is_model_ready("qa_says_ready") and grpc.is_model_ready("qa_says_ready")
+    assert not http.is_model_ready("qa_says_not_ready") and not grpc.is_model_ready("qa_says_not_ready")
+    assert http.is_model_ready("qa_package")  # no is_ready(): its state, as before
+
+
 def load(server: Server, name: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
     request = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/{name}/load",
                                      data=json.dumps(body or {}).encode(), method="POST")
