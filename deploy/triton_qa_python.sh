@@ -51,11 +51,20 @@ cp -r "$TRITON/qa/L0_backend_python" "$TRITON/qa/python_models" "$TRITON/qa/comm
 PM=$QA/python_models
 # shm_util's leak probe watches the Python backend stub's shared-memory regions
 # (/dev/shm/triton_python_backend_shm_region_*) through triton_shm_monitor, a C extension of
-# Triton's QA image. Conveyor has no such regions, so the probe has nothing to watch: an empty
-# stand-in lets the tests import it.
+# Triton's QA image. Conveyor has no such regions (any on the host belong to other servers), so
+# the probe has nothing to watch: a stand-in whose regions never change lets the tests run.
 mkdir -p "$WORK/qa_stubs"
-echo '"""Stand-in: Conveyor has no triton_python_backend_shm_region_* segments to watch."""' \
-    > "$WORK/qa_stubs/triton_shm_monitor.py"
+cat > "$WORK/qa_stubs/triton_shm_monitor.py" <<'EOF'
+"""Stand-in: Conveyor has no triton_python_backend_shm_region_* segments to watch."""
+
+
+class SharedMemoryManager:
+    def __init__(self, name):
+        self.name = name
+
+    def free_memory(self):
+        return 0
+EOF
 
 # --- models, as each test.sh makes them (outside the namespace) ------------------------------
 
