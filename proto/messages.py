@@ -244,6 +244,7 @@ class LoadModel(msgspec.Struct, tag="load", array_like=True):
     config: bytes
     instance: int
     device: str = "cpu"
+    name: str = ""  # Triton's instance name (<group>_<index>), which models see; "" = <model>_0_<instance>
 
 
 class UnloadModel(msgspec.Struct, tag="unload", array_like=True):
@@ -257,6 +258,22 @@ class ModelLoaded(msgspec.Struct, tag="loaded", array_like=True):
     version: str
     instance: int
     error: str = ""
+    user_ready: bool = False  # its model says whether it is ready (a Python model's is_ready()): ReadyCheck
+
+
+class ReadyCheck(msgspec.Struct, tag="rcheck", array_like=True):
+    """Router to worker: run the instance's own readiness check (a Python model's
+    ``is_ready()``) and answer ``ReadyChecked`` with ``check``."""
+
+    model: str
+    version: str
+    instance: int
+    check: int
+
+
+class ReadyChecked(msgspec.Struct, tag="rchecked", array_like=True):
+    check: int
+    ready: bool
 
 
 class SequenceStep(msgspec.Struct, array_like=True):
@@ -317,6 +334,9 @@ class ItemResult(msgspec.Struct, array_like=True):
     error: ErrorInfo | None = None
     release: list[Release] = []
     parameters: dict[str, Any] = {}  # the response's parameters (a Python model's InferenceResponse)
+    # Not answered yet: a Python model's response sender answers it after execute returned, with an
+    # ItemResponse (or straight to the ingress), as a decoupled model's request is answered.
+    pending: bool = False
 
 
 class BatchResult(msgspec.Struct, tag="result", array_like=True):
@@ -417,11 +437,11 @@ IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest | TraceE
 RouterToIngress = InferResponse | ControlReply | SettingsUpdate | RepositoryChanged
 RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
-    | ForgetSequences | SettingsUpdate
+    | ForgetSequences | SettingsUpdate | ReadyCheck
 )
 WorkerToRouter = (
     WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | ItemResponsesSent | WorkerLeaving
-    | CustomMetrics
+    | CustomMetrics | ReadyChecked
 )
 
 encoder = msgspec.msgpack.Encoder()

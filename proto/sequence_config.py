@@ -69,8 +69,6 @@ class SequenceConfig:
     def from_config(cls, config: mc.ModelConfig) -> SequenceConfig:
         """Raises ValueError with Triton's kind of message when the block is wrong."""
         sb = config.sequence_batching
-        if sb.iterative_sequence:
-            raise ValueError("sequence_batching.iterative_sequence is not supported by Conveyor")
         batch = max(config.max_batch_size, 1)
         flags: dict[int, FlagControl] = {}
         corrid: tuple[str, str] = ("", "")
@@ -126,9 +124,17 @@ class SequenceConfig:
         return self.corrid_datatype == "BYTES"
 
 
+def sequence_batched(config: mc.ModelConfig) -> bool:
+    """Its requests are scheduled as sequences (``SequenceConfig``). Not so with
+    ``iterative_sequence``: each request is a sequence of its own, which its (Python) model
+    reschedules until it is done (``set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``,
+    run again on the same instance by the backend): no correlation id, no slot, no state."""
+    return config.HasField("sequence_batching") and not config.sequence_batching.iterative_sequence
+
+
 def sequence_problem(config: mc.ModelConfig) -> str:
     """The first ``sequence_batching`` setting Triton would refuse to load, or ''."""
-    if not config.HasField("sequence_batching"):
+    if not sequence_batched(config):
         return ""
     try:
         SequenceConfig.from_config(config)

@@ -86,7 +86,9 @@ def router_ops(r: Router) -> ControlTable:
         # health, metadata, statistics (router/control.py)
         "ping": Op(NoArgs, lambda _: c.ping()),
         "server_ready": Op(NoArgs, lambda _: c.server_ready()),
-        "model_ready": Op(ModelVersion, lambda a: c.model_ready(a.model, a.version)),
+        # deferred: a model's own is_ready() answers (router/user_readiness.py)
+        "model_ready": Deferred(ModelVersion, lambda a, caller: r.user_readiness.model_ready(
+            a.model, a.version, caller)),
         "model_metadata": Op(ModelVersion, lambda a: c.model_metadata(a.model, a.version)),
         "model_config": Op(ModelVersion, lambda a: c.model_config(a.model, a.version)),
         "model_stats": Op(AnyModel, lambda a: c.model_stats(a.model, a.version)),

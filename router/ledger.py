@@ -72,14 +72,19 @@ class Ledger:
 
     def returned(self, batch: int, run: Running) -> None:
         """The batch's execute is over (its ``BatchResult``, or its worker lost). Its items
-        are gone unless the model is decoupled: those stay until their final response."""
+        are gone unless the model is decoupled (or answers some of them after execute):
+        those stay until their final response."""
         run.executing = False
+        started = self._started
         if run.open is None:
             del self._batches[batch]
-            started = self._started
             for p in run.items:
                 started.pop((p.ingress, p.request.id), None)
-        elif not any(run.open):
+            return
+        for p, is_open in zip(run.items, run.open, strict=True):
+            if not is_open:  # answered already (or by the BatchResult itself, beside ones answered later)
+                started.pop((p.ingress, p.request.id), None)
+        if not any(run.open):
             self._batches.pop(batch, None)
 
     def closed(self, batch: int, run: Running, index: int) -> None:

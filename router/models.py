@@ -14,7 +14,7 @@ from typing import Any
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg, not_found, unavailable
-from conveyor.proto.sequence_config import SequenceConfig
+from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
 from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.repository.namespaces import ambiguous, name_of
@@ -49,6 +49,11 @@ class Instance:
     error: str = ""
     placed_device: str = ""  # for "cuda": the GPU placement chose
     load_attempts: int = 0  # failed loads so far (--model-load-retry-count)
+    lost_loading: int = 0  # workers lost while loading it (worker_pool/membership.py)
+    user_ready: bool = False  # its model decides its readiness (router/user_readiness.py)
+    # Triton's instance name, <group name>_<index in the group> (instance_names); models see it
+    # (a Python model's args["model_instance_name"]) and error messages name it.
+    name: str = ""
 
     @property
     def busy(self) -> bool:
@@ -182,7 +187,7 @@ def _version_state(
     policy = SchedulingPolicy.from_config(config)
     target_ns = latency_target_ns(config) if config.max_batch_size > 0 and config.HasField("dynamic_batching") else 0
     batcher: DynamicBatcher | SequenceBatcher
-    if config.HasField("sequence_batching"):
+    if sequence_batched(config):
         batcher = SequenceBatcher(name, SequenceConfig.from_config(config), queue_cap)
     elif target_ns:
         batcher = AdaptiveBatcher(config.max_batch_size, target_ns, policy, queue_cap)
@@ -200,7 +205,10 @@ def _version_state(
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     if decoupled or cached:
         state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
-    state.instances = [Instance(state, next_index(), dev) for dev in instance_devices(config)]
+    state.instances = [
+        Instance(state, next_index(), dev, name=name)
+        for dev, name in zip(instance_devices(config), instance_names(config), strict=True)
+    ]
     state.per_worker = not config.instance_group
     if db.preserve_ordering:
         state.order = ResponseOrder()
@@ -234,6 +242,32 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
         else:
             devices += ["cpu"] * count
     return devices
+
+
+def instance_names(config: mc.ModelConfig) -> list[str]:
+    """Triton's name of each instance ``instance_devices`` lists, in its order:
+    ``<group>_<i>``, the group being named by its ``name`` or ``<model>_<group index>``
+    (core's model_config_utils and backend_model.cc); the instances of one ``i`` on
+    several GPUs share it, as in Triton."""
+    names: list[str] = []
+    for g, group in enumerate(config.instance_group):
+        count = group.count if group.count > 0 else 1
+        prefix = group.name or f"{config.name}_{g}"
+        on_gpus = group.kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
+        copies = len(group.gpus) if on_gpus and group.gpus else 1  # instance_devices: count per listed GPU
+        names += [f"{prefix}_{i}" for _ in range(copies) for i in range(count)]
+    return names
+
+
+def default_instance_name(state: VersionState) -> str:
+    """The name of a new instance of a model without ``instance_group``. Triton gives such a
+    config one group named after the model (``<model>_0`` is its first instance); Conveyor
+    puts one instance of it on each worker: the first index no instance of the version has."""
+    taken = {inst.name for inst in state.instances}
+    i = 0
+    while f"{state.config.name}_{i}" in taken:
+        i += 1
+    return f"{state.config.name}_{i}"
 
 
 class ModelRegistry:

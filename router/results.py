@@ -39,6 +39,11 @@ class Results:
         run = self._batch(result.batch)
         if run is None or not run.executing:
             return
+        later = run.open is None and result.error is None and any(item.pending for item in result.items)
+        if later:
+            # A Python model answers these requests after execute returned (its response
+            # sender): they stay open, as a decoupled model's do, until that response.
+            run.open = [item.pending for item in result.items]
         self.ledger.returned(result.batch, run)
         inst = run.instance
         inst.running = max(0, inst.running - 1)
@@ -53,7 +58,7 @@ class Results:
             adaptive = state.batcher.adaptive
             if adaptive is not None:
                 adaptive.executed(time.monotonic_ns(), rows)
-        if run.open is not None:
+        if run.open is not None and not later:
             # Decoupled: the items were (or will be) answered by ItemResponses.
             if result.error is not None:
                 self.end_open_items(result.batch, run, result.error)
@@ -69,6 +74,8 @@ class Results:
         order = state.order
         for i, p in enumerate(run.items):
             item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
+            if item.pending:
+                continue  # counted and answered with its response (on_item_response, on_responses_sent)
             error = item.error or result.error
             if error is None:
                 stats.success.add(now - p.arrival_ns)
@@ -98,7 +105,8 @@ class Results:
         self._settle()
 
     def on_item_response(self, worker: bytes, msg: m.ItemResponse) -> None:
-        """Forward one response of a decoupled model's request to its ingress."""
+        """Forward one response of a decoupled model's request (or of a request a Python
+        model answered after execute) to its ingress."""
         run = self._batch(msg.batch)
         if (
             run is None or run.open is None or run.instance.worker != worker

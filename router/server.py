@@ -58,6 +58,7 @@ from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, Cl
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
+from conveyor.router.user_readiness import UserReadiness
 from conveyor.router.worker_pool.membership import WorkerMembership
 from conveyor.router.worker_pool.placement import Placement
 from conveyor.router.worker_pool.pool import HEARTBEAT_INTERVAL_S, WorkerPool
@@ -158,6 +159,7 @@ class Router:
         self.membership = WorkerMembership(ctx, self.dispatcher, self.results, self.placement, self.settings,
                                            self.shm, self.control.custom_metrics, group, startup.load_retries)
         self.worker_drain = self.membership.drain
+        self.user_readiness = UserReadiness(self.registry, self.control, self.front, self.back)
         self.control_ops = router_ops(self)
         # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
         self._on_infer = self.admission.on_infer
@@ -299,6 +301,8 @@ class Router:
             self.membership.on_leaving(worker)
         elif isinstance(msg, m.CustomMetrics):
             self.control.custom_metrics.update(identity, msg.metrics)
+        elif isinstance(msg, m.ReadyChecked):
+            self.user_readiness.on_checked(msg)
         if self.worker_drain.active:
             self.membership.progress_drain()
 
@@ -325,6 +329,7 @@ class Router:
         if self._startup_pending:
             self._check_startup()
         self.loans.collect(expire=True)
+        self.user_readiness.expire(now)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
             self.forget_regions(self.shm.sweep())

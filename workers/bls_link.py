@@ -83,6 +83,12 @@ class BlsLink:
             self._outbox.put(m.encode(m.Cancel(request_id)))
             self._wake()
 
+    def request_cancel(self, request_id: int) -> None:
+        """Ask the router to cancel a request whose responses the caller still reads (a
+        decoupled BLS iterator's ``cancel()``)."""
+        self._outbox.put(m.encode(m.Cancel(request_id)))
+        self._wake()
+
     def control(self, op: str, args: dict[str, Any], on_reply: OnReply) -> int:
         """Send control call ``op``; ``on_reply`` gets the router's ``ControlReply``. Its id."""
         cid = self.next_id()

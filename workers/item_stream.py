@@ -66,6 +66,9 @@ class ItemStream:
         # Orders one request's responses when several threads send them.
         self._lock = threading.Lock()
         self._closed = False
+        # hold(): what is sent before the batch's result left waits for it (release()).
+        self._holding = False
+        self._held: list[tuple[str, bytes]] = []
 
     @property
     def key(self) -> tuple[int, int]:
@@ -95,6 +98,29 @@ class ItemStream:
         """Send the direct responses through ``replies``: every later ``send`` comes from its loop."""
         self._loop_replies = replies
 
+    def hold(self) -> None:
+        """Keep what is sent until ``release``: a request of a model that is not decoupled
+        may be answered after execute (``AnsweredLater``) by another thread, before the
+        batch's ``BatchResult`` (which tells the router to wait for that answer) has left."""
+        self._holding = True
+
+    @property
+    def holding(self) -> bool:
+        return self._holding
+
+    def release(self) -> None:
+        """The batch's result has been posted: send what was held, and from now on at once."""
+        with self._lock:
+            held, self._held, self._holding = self._held, [], False
+        if held:
+            self._post(held)
+
+    def _post_or_hold(self, out: list[tuple[str, bytes]]) -> None:
+        if self._holding:
+            self._held.extend(out)
+        else:
+            self._post(out)
+
     def send(self, outcome: RequestOutcome | None, final: bool) -> None:
         """Send one response (``None``: no response, only the final flag).
 
@@ -121,7 +147,7 @@ class ItemStream:
                 response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)
                 if parameters is not None:
                     response.parameters = parameters
-                self._post([("", m.encode(response))])
+                self._post_or_hold([("", m.encode(response))])
             if final:
                 self._close()
 
@@ -154,7 +180,7 @@ class ItemStream:
             self._noted = True
             self._noted_ns = now
         if out:
-            self._post(out)
+            self._post_or_hold(out)
 
     def fail(self, error: ConveyorError) -> None:
         """End the request with ``error`` unless it has ended already."""

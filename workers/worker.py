@@ -8,6 +8,7 @@ socket-owning main thread through a queue and a wake pipe. A second DEALER
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import queue
@@ -30,12 +31,13 @@ from conveyor.proto.dispatch_cpu import release_thread
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import Outbox, drain
 from conveyor.proto.polling import Poller, spin_seconds
+from conveyor.proto.sequence_config import sequence_batched
 from conveyor.proto.signal_wake import wake_on_signals
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends import load_backend
-from conveyor.workers.backends.base import Backend, RequestBackend
+from conveyor.workers.backends.base import AnsweredLater, Backend, RequestBackend, RequestOutcome
 from conveyor.workers.backends.python.bls import BlsClient
 from conveyor.workers.backends.python.pb_utils import bls as pb_bls
 from conveyor.workers.backends.python.pb_utils import metrics as pb_metrics
@@ -286,6 +288,8 @@ class Worker:
             self.client_regions.forget(msg.ids)
         elif isinstance(msg, m.ForgetSequences):
             self._forget_sequences(msg)
+        elif isinstance(msg, m.ReadyCheck):
+            self._ready_check(msg)
         elif isinstance(msg, m.UnloadModel):
             self._unload((msg.model, msg.version, msg.instance))
         elif isinstance(msg, m.LeaveGranted):
@@ -379,9 +383,9 @@ class Worker:
             try:
                 model_dir = os.path.dirname(os.path.dirname(msg.path))
                 inst.plan = IoPlan.from_config(config, load_labels(model_dir, config))
-                if config.HasField("sequence_batching"):
+                if sequence_batched(config):
                     inst.sequences = SequenceSlots(config, model_dir)
-                backend = load_backend(config.backend, msg.path, config, device, msg.instance)
+                backend = load_backend(config.backend, msg.path, config, device, msg.instance, msg.name)
                 inst.per_request = isinstance(backend, RequestBackend)
                 inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
                 shapes = BatchShapes.from_config(config)
@@ -401,7 +405,8 @@ class Worker:
                 log.exception("loading %s failed", key)
                 error = f"{type(exc).__name__}: {exc}"
             log.debug("instance %s loaded%s", key, f": {error}" if error else "")
-            self._post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error)))
+            user_ready = not error and bool(getattr(inst.backend, "has_readiness", False))  # Python models only
+            self._post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error, user_ready)))
 
         inst.submit(load)
 
@@ -420,6 +425,21 @@ class Worker:
 
         inst.submit(close)
         inst.executor.shutdown(wait=False)
+
+    def _ready_check(self, msg: m.ReadyCheck) -> None:
+        """The model's own readiness check (a Python model's ``is_ready()``), off this thread:
+        ``ReadyChecked`` when it is done (joined to a check of the instance still running)."""
+        inst = self.instances.get((msg.model, msg.version, msg.instance))
+        backend = inst.backend if inst is not None else None
+        readiness = getattr(backend, "readiness", None) if getattr(backend, "has_readiness", False) else None
+        if readiness is None:
+            self._post(m.encode(m.ReadyChecked(msg.check, False)))
+            return
+
+        def answer(done: concurrent.futures.Future[bool]) -> None:
+            self._post(m.encode(m.ReadyChecked(msg.check, done.result())))
+
+        readiness().add_done_callback(answer)
 
     def _forget_sequences(self, msg: m.ForgetSequences) -> None:
         inst = self.instances.get((msg.model, msg.version, msg.instance))
@@ -440,11 +460,18 @@ class Worker:
             # Its answers leave with the rest of this turn's (one send per peer: each send wakes
             # libzmq's I/O thread, and a send per batch measured 25% less throughput at c=16).
             self._emit_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled))
+            _release(streams)
         else:
-            inst.submit(lambda: self._post_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled)))
+            def run() -> None:
+                self._post_all(answers(msg, self._run_batch(inst, msg, streams), inst.decoupled))
+                _release(streams)
+
+            inst.submit(run)
 
     def _stream(self, inst: LoadedInstance, msg: m.ExecBatch, index: int) -> ItemStream:
         stream = ItemStream(msg, index, inst.plan, self.writer, self._post_all, self._forget_stream)
+        if not inst.decoupled:
+            stream.hold()  # an answer sent after execute must follow the batch's result (AnsweredLater)
         self.streams[stream.key] = (inst.key, stream)
         return stream
 
@@ -489,6 +516,7 @@ class Worker:
             results = self.writer.write(planned) if planned else []
             if inst.per_request and results:
                 attach_parameters(results, outcomes)
+                mark_answered_later(results, outcomes)
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
             if any(item.traced for item in msg.items):  # wall-clock stamps, comparable across processes
@@ -499,10 +527,11 @@ class Worker:
         except Exception as exc:
             log.exception("batch %d of '%s' failed", msg.batch, msg.model)
             reply = m.BatchResult(msg.batch, [], error=m.ErrorInfo(int(Status.INTERNAL), f"{exc}"))
-        for stream in streams:
+        for i, stream in enumerate(streams):
             # A decoupled request stays open past execute, unless the batch failed
-            # (the router ends its open requests with the batch's error).
-            if not inst.decoupled or reply.error is not None:
+            # (the router ends its open requests with the batch's error); so does a
+            # request its model answers later (AnsweredLater).
+            if reply.error is not None or not (inst.decoupled or reply.items[i].pending):
                 stream.close()
         took = time.monotonic_ns() - t0
         inst.exec_ns = took if not inst.batches else inst.exec_ns + EXEC_ALPHA * (took - inst.exec_ns)
@@ -538,6 +567,8 @@ def answers(msg: m.ExecBatch, result: m.BatchResult, decoupled: bool = False) ->
             continue
         if i < len(items):
             r = items[i]
+            if r.pending:
+                continue  # its stream answers it when the model does
             resp = m.InferResponse(item.id, msg.model, msg.version, r.outputs, r.error, r.release, True,
                                    r.parameters, msg.generation)
             items[i] = m.ItemResult(r.id, error=r.error)
@@ -547,6 +578,20 @@ def answers(msg: m.ExecBatch, result: m.BatchResult, decoupled: bool = False) ->
         out.append((item.reply_to, m.encode(resp)))
     out.append(("", m.encode(result)))
     return out
+
+
+def _release(streams: list[ItemStream]) -> None:
+    for stream in streams:
+        if stream.holding:
+            stream.release()
+
+
+def mark_answered_later(results: list[m.ItemResult], outcomes: list[RequestOutcome]) -> None:
+    """The requests whose model answers them after execute (``AnsweredLater``): nothing was
+    written for them, and the router keeps them open until their stream's response."""
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, AnsweredLater):
+            results[i] = m.ItemResult(results[i].id, pending=True)
 
 
 def _input_bytes(msg: m.ExecBatch) -> int:

@@ -95,6 +95,27 @@ def _traceparent(context: Any) -> str:
     return ""
 
 
+class _EndStream(bytes):
+    """Not a reply: ``triton_grpc_error`` asked that the stream end with this error's status.
+    It travels the replies' queue as one (empty bytes), so the stream's pipelining is unchanged."""
+
+    error: ConveyorError
+
+    def __new__(cls, error: ConveyorError) -> _EndStream:
+        marker = super().__new__(cls)
+        marker.error = error
+        return marker
+
+
+def _wants_grpc_error(context: Any) -> bool:
+    """The ``triton_grpc_error: true`` header: errors end the stream with their gRPC status
+    (Triton's stream option) instead of travelling in-band."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "triton_grpc_error":
+            return str(value).lower() == "true"
+    return False
+
+
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` (names are Triton's)."""
 
@@ -160,44 +181,55 @@ class InferenceServicer:
     async def ModelStreamInfer(
         self, requests: AsyncIterable[wire.WireInferRequest | Malformed], context: Any
     ) -> AsyncIterator[bytes]:
-        handle = functools.partial(self._stream_request, context)
+        handle = functools.partial(self._stream_request, context, _wants_grpc_error(context))
         # aclosing: when grpc stops iterating (client gone), the running requests
         # are cancelled now rather than when the generator is collected.
         async with contextlib.aclosing(stream_replies(requests, handle)) as replies:
             async for message in replies:
+                if isinstance(message, _EndStream):  # triton_grpc_error: the first error ends the stream
+                    await _abort(context, _grpc_code(Status(message.error.status)), message.error.message)
                 yield message
 
     async def _stream_request(
-        self, context: Any, request: wire.WireInferRequest | Malformed, replies: Replies
+        self, context: Any, grpc_error: bool, request: wire.WireInferRequest | Malformed, replies: Replies
     ) -> None:
+        """One request of a stream; its errors in-band, or with ``grpc_error`` (the client's
+        ``triton_grpc_error: true`` header) as the stream's own gRPC status, which ends it."""
         if isinstance(request, Malformed):
             # In-band like every stream error: the stream and its other requests go on.
-            await replies.send_in_order(codec.encode_stream_error(request.error("ModelStreamInfer").message, ""))
+            error = request.error("ModelStreamInfer")
+            reply = _EndStream(error) if grpc_error else codec.encode_stream_error(error.message, "")
+            await replies.send_in_order(reply)
             return
         try:
             call = self._templates.call(request.message, request.raw, timeout_s=_time_left(context))
             if self._forward is not None:
                 self._forward.apply(context.invocation_metadata() or (), call.parameters)
             if await self._dataplane.is_decoupled(call.model, call.version):
-                await self._stream_decoupled(call, replies)
+                await self._stream_decoupled(call, replies, grpc_error)
                 return
             final = True if call.parameters.get(_EMPTY_FINAL) else None
             reply = codec.encode_infer_response(
                 await self._dataplane.infer(call, endpoint=_UNARY), stream=True, final=final
             )
         except ConveyorError as err:
-            reply = codec.encode_stream_error(err.message, request.message.id)
+            reply = _EndStream(err) if grpc_error else codec.encode_stream_error(err.message, request.message.id)
         except Exception as err:  # not CancelledError: that ends the stream
             log.exception("ModelStreamInfer request failed")
-            reply = codec.encode_stream_error(_internal_message(err), request.message.id)
+            message = _internal_message(err)
+            reply = (_EndStream(ConveyorError(Status.INTERNAL, message)) if grpc_error
+                     else codec.encode_stream_error(message, request.message.id))
         await replies.send_in_order(reply)
 
-    async def _stream_decoupled(self, call: InferCall, replies: Replies) -> None:
+    async def _stream_decoupled(self, call: InferCall, replies: Replies, grpc_error: bool = False) -> None:
         """Each response as the model sends it. A bare final flag (no outputs) is
         sent only to a client that asked for it, as in Triton."""
         flag = bool(call.parameters.get(_EMPTY_FINAL))
         async with contextlib.aclosing(self._dataplane.infer_stream(call)) as responses:
             async for part in responses:
+                if isinstance(part, StreamError) and grpc_error:
+                    await replies.send(_EndStream(part.error))
+                    return
                 if isinstance(part, StreamError):
                     reply = codec.encode_stream_error(part.error.message, call.id, part.final if flag else None)
                 elif part.final and not part.outputs and not flag:

@@ -62,7 +62,8 @@ def resolve(state: VersionState, gpus: list[int], next_index: Callable[[], int])
         state.auto_gpus = gpus if capable else []
         if state.auto_gpus:
             state.per_worker = False
-            state.instances = [Instance(state, next_index(), f"cuda:{g}") for g in gpus]
+            name = f"{state.config.name}_0"  # Triton's default group (named <model>): one instance per GPU
+            state.instances = [Instance(state, next_index(), f"cuda:{g}", name=name) for g in gpus]
             log.info("model '%s' version %s has no instance_group: one instance on each GPU %s, as Triton",
                      state.model, state.label, gpus)
         elif capable:
@@ -89,7 +90,7 @@ def resolve(state: VersionState, gpus: list[int], next_index: Callable[[], int])
         else:  # no gpus listed: its count on every GPU
             inst.device = f"cuda:{gpus[0]}"
             resolved.append(inst)
-            resolved += [Instance(state, next_index(), f"cuda:{g}") for g in gpus[1:]]
+            resolved += [Instance(state, next_index(), f"cuda:{g}", name=inst.name) for g in gpus[1:]]
     if capable and not state.auto_gpus:
         _no_gpu(state)
     state.instances = resolved

@@ -159,7 +159,8 @@ def write_override(name: str, files: dict[str, bytes]) -> str:
     """A model directory of its own for a load with file overrides (``<version>/<file>``
     keys), as Triton does: the repository's directory for the model is not used."""
     root = tempfile.mkdtemp(prefix=f"{name}-", dir=override_root())
-    for rel, data in files.items():
+    for key, data in files.items():
+        rel = key.lstrip("/")  # "file:/1/model.py" is "file:1/model.py" to Triton too (model_control QA)
         path = os.path.normpath(os.path.join(root, rel))
         if not path.startswith(root + os.sep) or not rel.split("/", 1)[0].isdigit():
             shutil.rmtree(root, ignore_errors=True)

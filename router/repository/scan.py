@@ -222,8 +222,6 @@ def validate(config: mc.ModelConfig) -> str:
     """The first problem Triton would reject this config for, or ''."""
     if config.max_batch_size < 0:
         return "max_batch_size must be >= 0"
-    if not config.input:
-        return "the config declares no inputs"
     if not config.output:
         return "the config declares no outputs"
     for kind, tensors in (("input", config.input), ("output", config.output)):

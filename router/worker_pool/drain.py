@@ -67,7 +67,7 @@ class WorkerDrain:
             if state.per_worker:
                 continue
             index = max(i.index for i in state.instances) + 1
-            state.instances.append(Instance(state, index, inst.device))
+            state.instances.append(Instance(state, index, inst.device, name=inst.name))  # it takes over that name
 
     def progress(self, running_on: Callable[[bytes], bool]) -> list[VersionState]:
         """Turn instances DRAINING where a successor serves; release idle, fully drained

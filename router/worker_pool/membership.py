@@ -81,6 +81,7 @@ class WorkerMembership:
             log.error("model '%s' version %s failed to load: %s", msg.model, msg.version, msg.error)
         else:
             inst.state = InstanceState.READY
+            inst.user_ready = msg.user_ready
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
             if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):
                 state.load_duration_ns = max(1, time.monotonic_ns() - state.load_started_ns)
@@ -113,10 +114,23 @@ class WorkerMembership:
             self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
         err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
+        # A worker lost while loading an instance a second time: that instance fails to load (a
+        # model whose initialize kills its process, e.g. out of memory), as Triton fails the load
+        # when the stub dies, rather than being loaded again on every restarted worker. The first
+        # time it is only placed again: the worker may have died of another model loading beside it.
+        for inst in [i for i in worker.instances if i.state is InstanceState.LOADING]:
+            inst.lost_loading += 1
+            if inst.lost_loading >= 2:
+                st = inst.version
+                self.on_loaded(worker, m.ModelLoaded(
+                    st.model, st.label, inst.index,
+                    f"the worker process loading model instance '{inst.name}' exited ({why})",
+                ))
         # Failing a batch schedules its model again: none of this worker's instances may
         # take that batch, or it would go to the dead worker and never be answered.
         for inst in worker.instances:
-            inst.state = InstanceState.UNPLACED
+            if inst.state is not InstanceState.FAILED:
+                inst.state = InstanceState.UNPLACED
         for bid, run in self.ledger.batches_on(identity):
             if run.executing:
                 self.results.on_result(m.BatchResult(bid, [], error=err), from_worker=False)
@@ -128,7 +142,9 @@ class WorkerMembership:
             if state.per_worker:
                 state.instances.remove(inst)
             else:
-                inst.state, inst.worker, inst.running = InstanceState.UNPLACED, None, 0
+                inst.worker, inst.running = None, 0
+                if inst.state is not InstanceState.FAILED:
+                    inst.state = InstanceState.UNPLACED
             touched.add(id(state))
         self.placement.place()
         for state in self.registry.every_version():

@@ -11,7 +11,7 @@ from conveyor.proto.errors import ConveyorError
 from conveyor.router.context import RouterContext
 from conveyor.router.control_table import Caller
 from conveyor.router.lifecycle import ModelLifecycle
-from conveyor.router.models import Instance, InstanceState
+from conveyor.router.models import Instance, InstanceState, default_instance_name
 from conveyor.router.repository.default_groups import backend_gpus, resolve
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,9 @@ class Placement:
                 resolve(state, gpus, self.registry.next_index)
             if state.per_worker and not state.error:
                 for _ in range(workers - len(state.instances)):
-                    state.instances.append(Instance(state, self.registry.next_index(), "cpu"))
+                    state.instances.append(
+                        Instance(state, self.registry.next_index(), "cpu", name=default_instance_name(state))
+                    )
         self._place_instances()
 
     def settle(self) -> None:
@@ -81,7 +83,8 @@ class Placement:
         for inst in self.pool.place(pending):
             st = inst.version
             assert inst.worker is not None
-            load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.load_device)
+            load = m.LoadModel(st.model, st.label, st.path, st.config.SerializeToString(), inst.index, inst.load_device,
+                               inst.name)
             self.back.send(inst.worker, m.encode(load))
 
     def _register_limits(self, instances: list[Instance]) -> None:

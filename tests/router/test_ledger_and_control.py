@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router import user_readiness
 from conveyor.router.control_table import Args, ControlTable, Deferred, NoArgs, Op
 from conveyor.router.ledger import Ledger, Running
 from conveyor.router.models import build_entry
@@ -100,5 +102,31 @@ def test_the_router_answers_its_control_ops_through_the_table(tmp_path: Path) ->
         assert isinstance(bad, m.ControlReply) and bad.error is not None
         assert bad.error.status == int(Status.INVALID_ARG)
         assert transport == m.ControlReply(3, {"dispatched": 0, "direct": 0})
+    finally:
+        core.close()
+
+
+def test_a_model_that_decides_its_readiness_is_asked(tmp_path: Path) -> None:
+    """A Python model with is_ready() (ModelLoaded.user_ready): model_ready asks its instance
+    (ReadyCheck) and answers with what it says, or not ready after TIMEOUT_S."""
+    write_model(tmp_path, "own")
+    core = RouterCore(tmp_path)
+    try:
+        for load in core.join(b"worker-1"):
+            core.from_worker(b"worker-1", m.ModelLoaded(load.model, load.version, load.instance, user_ready=True))
+        core.from_ingress(m.ControlRequest(1, "model_ready", {"model": "own"}))
+        assert core.to_ingress() == []  # asked, not answered yet
+        [check] = [msg for msg in core.to_worker(b"worker-1") if isinstance(msg, m.ReadyCheck)]
+        assert check.model == "own"
+        core.from_worker(b"worker-1", m.ReadyChecked(check.check, True))
+        assert core.to_ingress() == [m.ControlReply(1, True)]
+
+        core.from_ingress(m.ControlRequest(2, "model_ready", {"model": "own"}))
+        [check] = [msg for msg in core.to_worker(b"worker-1") if isinstance(msg, m.ReadyCheck)]
+        core.router.user_readiness.expire(time.monotonic() + user_readiness.TIMEOUT_S + 1)
+        core.turn()
+        assert core.to_ingress() == [m.ControlReply(2, False)]
+        core.from_worker(b"worker-1", m.ReadyChecked(check.check, True))  # too late: dropped
+        assert core.to_ingress() == []
     finally:
         core.close()

@@ -110,3 +110,51 @@ def test_a_leaving_worker_goes_once_its_replacement_serves_and_its_batch_is_answ
     assert [r.id for r in core.responses()] == [rid]
     assert any(isinstance(msg, m.LeaveGranted) for msg in core.to_worker(W1))
     assert W1 not in core.router.pool.workers and not core.ledger.busy
+
+
+def test_a_request_answered_after_execute_stays_open_until_its_response(core: RouterCore) -> None:
+    """A Python model in the default mode may answer after execute returned (its response
+    sender): the worker marks that item pending, and the router waits for its ItemResponse."""
+    core.serve(W1)
+    core.serve(W2)
+    first, second = core.infer("everywhere"), core.infer("everywhere")
+    [on_w1], [on_w2] = core.batches(W1), core.batches(W2)
+    late_id = on_w1.items[0].id
+    core.from_worker(W1, m.BatchResult(on_w1.batch, [m.ItemResult(late_id, pending=True)], 1, 1, 1))
+    assert core.responses() == [] and core.ledger.batch(on_w1.batch) is not None
+    core.from_worker(W1, m.ItemResponse(on_w1.batch, 0, final=True))
+    assert [(r.id, r.final, r.error) for r in core.responses()] == [(late_id, True, None)]
+    assert core.ledger.batch(on_w1.batch) is None
+    core.answer(W2, on_w2)
+    assert [r.id for r in core.responses()] == [({first, second} - {late_id}).pop()]
+    assert not core.ledger.busy
+
+
+def test_instances_carry_tritons_names(tmp_path: Path) -> None:
+    groups = 'instance_group [ { count: 2 kind: KIND_CPU }, { name: "g" count: 1 } ]'
+    write_model(tmp_path, "named", instances=0, extra=groups)
+    write_model(tmp_path, "plain", instances=0)
+    c = RouterCore(tmp_path)
+    try:
+        loads = c.join(W1) + c.join(W2)
+        assert sorted((load.model, load.name) for load in loads) == [
+            ("named", "g_0"), ("named", "named_0_0"), ("named", "named_0_1"),
+            ("plain", "plain_0"), ("plain", "plain_1"),
+        ]
+    finally:
+        c.close()
+
+
+def test_a_worker_lost_twice_while_loading_an_instance_fails_its_load(core: RouterCore) -> None:
+    """Once, its instances are placed again (the worker may have died of another model loading
+    beside them); the second time, an instance still loading there fails to load."""
+    assert [load for load in core.join(W1) if load.model == "pair"]
+    core.router.membership.drop(W1, "it was killed")
+    core.turn()
+    version = core.router.registry.models["pair"].versions[1]
+    assert [i.state for i in version.instances] == [InstanceState.UNPLACED] * 2
+    assert [load for load in core.join(W2) if load.model == "pair"]
+    core.router.membership.drop(W2, "it was killed")
+    core.turn()
+    assert [i.state for i in version.instances] == [InstanceState.FAILED] * 2
+    assert "the worker process loading model instance 'pair_0_0' exited (it was killed)" in version.instances[0].error

@@ -11,8 +11,9 @@ from conveyor.workers.backends.base import Backend, RequestBackend
 
 
 def load_backend(
-    backend: str, path: str, config: mc.ModelConfig, device: str, instance: int = 0
+    backend: str, path: str, config: mc.ModelConfig, device: str, instance: int = 0, instance_name: str = ""
 ) -> Backend | RequestBackend:
+    """``instance``: the router's number of the instance; ``instance_name``: Triton's name of it."""
     if backend == "onnxruntime":
         from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 
@@ -20,7 +21,7 @@ def load_backend(
     if backend == "python":
         from conveyor.workers.backends.python.backend import PythonBackend
 
-        return PythonBackend(path, config, device, instance)
+        return PythonBackend(path, config, device, instance, instance_name)
     if backend == "pytorch":
         from conveyor.workers.backends.pytorch.backend import TorchScriptBackend
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, Status
 
 if TYPE_CHECKING:
     from conveyor.workers.loop_replies import LoopReplies
@@ -67,6 +67,16 @@ class WireTensor:
 
 # Per request: its outputs by name, or the error that fails only this request.
 RequestOutcome = Mapping[str, np.ndarray | WireTensor] | ConveyorError
+
+
+class AnsweredLater(ConveyorError):
+    """The outcome of a request its model answers after ``execute`` returned, through the
+    request's ``channel`` (a Python model's response sender, as Triton allows in the default
+    mode too). An error type so that nothing is written for it; the worker keeps the channel
+    open and the router keeps the request until that answer."""
+
+    def __init__(self) -> None:
+        super().__init__(Status.INTERNAL, "the model answers this request after execute returned")
 
 
 def outcome_parameters(outcome: RequestOutcome | None) -> dict[str, Any] | None:

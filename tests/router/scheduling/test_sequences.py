@@ -10,7 +10,7 @@ import pytest
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.proto.sequence_config import SequenceConfig, sequence_problem
+from conveyor.proto.sequence_config import SequenceConfig, sequence_batched, sequence_problem
 from conveyor.router.models import Instance, InstanceState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.scheduling.sequences import SequenceBatcher
@@ -241,10 +241,17 @@ def test_defaults_are_direct_with_one_second_idle_and_max_batch_size_slots() -> 
     ('state [ { input_name: "I" output_name: "O" data_type: TYPE_INT32 dims: [ 1 ] '
      'initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "z" } } ]', "does not match"),
     ("oldest { preferred_batch_size: [ 9 ] }", "preferred batch size"),
-    ("iterative_sequence: true", "not supported"),
 ])
 def test_configs_triton_refuses_are_refused(block: str, problem: str) -> None:
     assert problem in sequence_problem(config(block))
+
+
+def test_an_iterative_sequence_is_each_request_on_its_own() -> None:
+    """``iterative_sequence``: loaded (Triton's request-rescheduling QA models use it), and its
+    requests are not scheduled as sequences: the Python backend reschedules them itself."""
+    iterative = config("iterative_sequence: true")
+    assert sequence_problem(iterative) == ""
+    assert not sequence_batched(iterative) and sequence_batched(config(""))
 
 
 # --- worker state -----------------------------------------------------------------------

@@ -215,9 +215,12 @@ class BlsClient:
 
 class ResponseIterator:
     """``exec(decoupled=True)``: the callee's responses as they come, the final one
-    last. ``cancel()`` (Triton's) asks the callee to stop; the iteration then ends
-    with a CANCELLED error response, as it does when the requests the call was
-    made for are cancelled. The request is sent when the iterator is made."""
+    last. ``cancel()`` (Triton's) asks the callee to stop, and the iteration goes on
+    with what the callee still sends, as in Triton: a callee that honours it ends with
+    its CANCELLED error (one still queued is answered CANCELLED by the router), one
+    that ignores it answers on. When the requests the call was made for are
+    cancelled, the iteration ends at once with a CANCELLED error response. The request
+    is sent when the iterator is made."""
 
     def __init__(self, client: BlsClient, request: InferenceRequest) -> None:
         self._client = client
@@ -253,11 +256,10 @@ class ResponseIterator:
         return self._last
 
     def cancel(self) -> None:
-        """Stop the callee: what it still sends is released unread, and the next
-        response of the iteration is a final CANCELLED error."""
-        if not self._done and self._last is None:
-            self._stop()
-            self._last = _cancelled(self._request, "by the model")
+        """Ask the callee to stop (its ``is_cancelled()`` turns true); keep iterating for
+        the rest of what it sends."""
+        if not self._done and self._last is None and self._rid:
+            self._client.link.request_cancel(self._rid)
 
     def _stop(self) -> None:
         if self._rid:

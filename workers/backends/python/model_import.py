@@ -4,16 +4,25 @@ Each instance imports the file under a module name of its own (instances of
 one model, and versions of it, do not share module state), with the file's
 directory on ``sys.path`` so the model's own helper modules import, and with
 Conveyor's utilities importable as ``triton_python_backend_utils``.
+
+As Triton's stub imports ``<version>.model``, the file is a module of a package:
+the version directory, here under a package name of the instance's own (every
+model's version directory is "1"), so ``from . import helper`` imports
+``<version dir>/helper.py`` too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import itertools
 import os
 import re
 import sys
 import threading
+import types
+from collections.abc import Iterator
 from typing import Any
 
 from conveyor.proto.errors import unavailable
@@ -27,8 +36,45 @@ _serial = itertools.count()
 
 
 def register_utils() -> None:
-    """Make ``import triton_python_backend_utils`` find Conveyor's utilities."""
+    """Make ``import triton_python_backend_utils`` find Conveyor's utilities, and give models
+    the empty command line Triton's stub gives them: a model that runs ``unittest.main()``
+    (Triton's QA models do) or argparse must not read the worker's own options."""
     sys.modules.setdefault(UTILS_MODULE, pb_utils)
+    if len(sys.argv) > 1:
+        sys.argv[:] = [""]
+
+
+# The module of the model whose initialize/execute runs in this context (``running``).
+_running: contextvars.ContextVar[types.ModuleType | None] = contextvars.ContextVar(
+    "conveyor_running_model", default=None
+)
+
+
+class _RunningModel(types.ModuleType):
+    """``sys.modules["model"]`` (the file's stem): the module of the model running in the
+    caller's context. In Triton each model has a process of its own, where ``import model``
+    (as ``unittest.main("model")`` does) finds that model's file; in a worker several models
+    share ``sys.modules`` and ``sys.path``, so the name follows the model that asks."""
+
+    def __getattr__(self, name: str) -> Any:
+        module = _running.get()
+        if module is None:
+            raise AttributeError(f"no Python model runs here: module '{self.__name__}' has no attribute '{name}'")
+        return getattr(module, name)
+
+    def __dir__(self) -> list[str]:
+        module = _running.get()
+        return dir(module) if module is not None else []
+
+
+@contextlib.contextmanager
+def running(model_class: type[Any]) -> Iterator[None]:
+    """``import <stem>`` in this context (and the tasks it starts) is ``model_class``'s module."""
+    token = _running.set(sys.modules.get(model_class.__module__))
+    try:
+        yield
+    finally:
+        _running.reset(token)
 
 
 def import_model_class(path: str, label: str) -> type[Any]:
@@ -38,8 +84,10 @@ def import_model_class(path: str, label: str) -> type[Any]:
     file cannot be imported or defines no such class.
     """
     if not os.path.isfile(path):
-        raise unavailable(f"python model file '{path}' does not exist")
-    module_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
+        raise unavailable(f"Python model file not found in '{path}'")  # Triton's words
+    package_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    module_name = f"{package_name}.{stem}"
     with _lock:
         register_utils()
         model_dir = os.path.dirname(os.path.abspath(path))
@@ -48,13 +96,19 @@ def import_model_class(path: str, label: str) -> type[Any]:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise unavailable(f"cannot import python model file '{path}'")
+        if stem not in sys.modules:  # never over a module of that name the process has already
+            sys.modules[stem] = _RunningModel(stem)
+        package = types.ModuleType(package_name)
+        package.__path__ = [model_dir]  # relative imports find the model's sibling files
+        package.__package__ = package_name
         module = importlib.util.module_from_spec(spec)
         # Registered before it runs: dataclasses, pickle and typing look their module up by name.
+        sys.modules[package_name] = package
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except (Exception, SystemExit) as exc:
-            sys.modules.pop(module_name, None)
+            _forget_package(package_name)
             raise unavailable(f"failed to import '{path}': {type(exc).__name__}: {exc}") from None
     model_class = getattr(module, MODEL_CLASS, None)
     if not isinstance(model_class, type):
@@ -63,5 +117,13 @@ def import_model_class(path: str, label: str) -> type[Any]:
 
 
 def forget_module(model_class: type[Any]) -> None:
-    """Drop an unloaded instance's module from ``sys.modules``."""
-    sys.modules.pop(model_class.__module__, None)
+    """Drop an unloaded instance's module, its package and what it imported relatively from ``sys.modules``."""
+    with _lock:
+        _forget_package(model_class.__module__.rpartition(".")[0] or model_class.__module__)
+
+
+def _forget_package(package_name: str) -> None:
+    """Under ``_lock``."""
+    prefix = package_name + "."
+    for name in [n for n in sys.modules if n == package_name or n.startswith(prefix)]:
+        sys.modules.pop(name, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from conveyor.workers.backends.base import RequestBackend, RequestItem
 from conveyor.workers.backends.python import pb_utils
 from conveyor.workers.backends.python.backend import PythonBackend
 from tests.support import python_models
-from tests.support.python_specs import RECORDING_MODEL, write
+from tests.support.python_specs import CONFIG, RECORDING_MODEL, write
 
 
 def item(x: np.ndarray, rid: str = "") -> RequestItem:
@@ -69,10 +70,10 @@ def test_load_failures_are_unavailable_with_the_reason(tmp_path: Path, body: str
     assert info.value.status is Status.UNAVAILABLE
 
 
-@pytest.mark.parametrize("returned,match", [
-    ("[]", "got 0 for 1 request"),
-    ("[None]", "returned a NoneType, not an InferenceResponse"),
-    ("42", "got int for 1 request"),
+@pytest.mark.parametrize("returned,match", [  # Triton's stub's words
+    ("[]", "InferenceRequest\\(s\\) size is:1, and InferenceResponse\\(s\\) size is:0"),
+    ("['x']", "Expected an 'InferenceResponse' object in the execute function return list, found type"),
+    ("42", "Expected a list in the execute return, found type '<class 'int'>'"),
 ])
 def test_wrong_execute_results_fail_the_batch(tmp_path: Path, returned: str, match: str) -> None:
     body = f"class TritonPythonModel:\n    def execute(self, requests):\n        return {returned}\n"
@@ -139,8 +140,9 @@ def test_tensor_and_dlpack() -> None:
     np.testing.assert_array_equal(pb_utils.Tensor.from_dlpack("Z", x).as_numpy(), x)
     words = pb_utils.Tensor("W", np.array(["a", "é"]))
     assert list(words.as_numpy()) == [b"a", "é".encode()]
-    with pytest.raises(pb_utils.TritonModelException):
-        pb_utils.Tensor("S", [1, 2])
+    assert pb_utils.Tensor("S", [1, 2]).as_numpy().tolist() == [1, 2]  # what numpy takes as an array, as Triton
+    with pytest.raises(TypeError):
+        pb_utils.Tensor("S", None)
     with pytest.raises(pb_utils.TritonModelException, match="empty string"):
         pb_utils.Tensor.from_dlpack("", x)
     assert pb_utils.Tensor.from_dlpack("H", x).__dlpack_device__() == (1, 0)
@@ -214,3 +216,259 @@ def test_an_output_no_datatype_fits_fails_only_its_request() -> None:
     assert not isinstance(planned[1], ConveyorError)
     spec, datatype, shape, _ = planned[1][0]
     assert (spec.name, datatype, shape) == ("OUT", "INT16", [2])
+
+
+# --- what Triton's python-backend QA checks, in-process ---------------------------------
+
+
+class FakeChannel:
+    """A request's channel (workers/item_stream.py) that records what the model sends."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.sent: list[tuple[object, bool]] = []
+        self.arrived = threading.Event()
+
+    @property
+    def closed(self) -> bool:
+        return any(final for _, final in self.sent)
+
+    def add_cancel_hook(self, hook: object) -> None: ...
+
+    def remove_cancel_hook(self, hook: object) -> None: ...
+
+    def reply_from(self, replies: object) -> None: ...
+
+    def send(self, outcome: object, final: bool) -> None:
+        self.sent.append((outcome, final))
+        self.arrived.set()
+
+    def fail(self, error: ConveyorError) -> None:
+        self.send(error, True)
+
+
+def with_channel(x: np.ndarray) -> tuple[RequestItem, FakeChannel]:
+    channel = FakeChannel()
+    return RequestItem("", {"INPUT0": x}, ["ROWS"], {}, channel), channel
+
+
+LATE_MODEL = textwrap.dedent('''
+    import threading, time
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            def later(request):
+                time.sleep(0.1)
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                sender = request.get_response_sender()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", x)]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            for r in requests:
+                threading.Thread(target=later, args=(r,)).start()
+            return None
+''')
+
+
+def test_a_response_sent_after_execute_returned_answers_later(tmp_path: Path) -> None:
+    from conveyor.workers.backends.base import AnsweredLater
+
+    path, config = write(tmp_path, "late", LATE_MODEL)
+    backend = PythonBackend(path, config, "cpu")
+    x = np.ones((1, 2), np.int32)
+    request, channel = with_channel(x)
+    out = backend.execute_requests([request])
+    assert isinstance(out[0], AnsweredLater)
+    assert channel.arrived.wait(10)
+    (outcome, final), = channel.sent
+    assert final and isinstance(outcome, dict)
+    np.testing.assert_array_equal(outcome["ROWS"], x)
+    backend.close()
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    # a second response raises: the request keeps the first, sent one
+    ("s.send(respond(1)); s.send(respond(2))", 1),
+    # a response returned after one was sent with the final flag raises: the sent one stays
+    ("s.send(respond(1), flags=FINAL); return [respond(2)]", 1),
+])
+def test_a_sent_response_is_kept_when_execute_then_fails(tmp_path: Path, body: str, expected: int) -> None:
+    model = textwrap.dedent(f'''
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+        FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        def respond(v):
+            return pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", np.full((1, 2), v, np.int32))])
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                s = requests[0].get_response_sender()
+                {body}
+    ''')
+    path, config = write(tmp_path, "sent", model)
+    backend = PythonBackend(path, config, "cpu")
+    request, _ = with_channel(np.zeros((1, 2), np.int32))
+    out = backend.execute_requests([request])[0]
+    assert isinstance(out, dict) and out["ROWS"].tolist() == [[expected, expected]]
+
+
+def test_a_final_flag_before_any_response_fails_with_tritons_words(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                requests[0].get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    ''')
+    path, config = write(tmp_path, "early", body)
+    backend = PythonBackend(path, config, "cpu", 3, "early_0_0")
+    with pytest.raises(ConveyorError, match="Non-decoupled model cannot send complete final before sending a response"):
+        backend.execute_requests([with_channel(np.zeros((1, 2), np.int32))[0]])
+
+
+def test_model_py_imports_its_siblings_relatively(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        import triton_python_backend_utils as pb_utils
+        from . import sibling
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", sibling.rows())]) for _ in requests]
+    ''')
+    path, config = write(tmp_path, "pkg", body)
+    sibling = "import numpy as np\n\ndef rows():\n    return np.ones((1, 2), np.int32)\n"
+    (tmp_path / "pkg" / "1" / "sibling.py").write_text(sibling)
+    backend = PythonBackend(path, config, "cpu")
+    out = backend.execute_requests([item(np.zeros((1, 2), np.int32))])[0]
+    assert isinstance(out, dict) and out["ROWS"].tolist() == [[1, 1]]
+    backend.close()
+    assert not [m for m in sys.modules if m.startswith("_conveyor_model_pkg")]  # the package went with it
+
+
+def test_the_instance_name_comes_from_the_router(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        class TritonPythonModel:
+            def initialize(self, args):
+                assert args["model_instance_name"] == "mygroup_1", args["model_instance_name"]
+
+            def execute(self, requests):
+                return None
+    ''')
+    path, config = write(tmp_path, "named", body)
+    PythonBackend(path, config, "cpu", 17, "mygroup_1").close()
+
+
+def test_rescheduled_requests_are_executed_again(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                self.calls = 0
+
+            def execute(self, requests):
+                self.calls += 1
+                out = []
+                for r in requests:
+                    if self.calls == 1:
+                        r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                        out.append(None)
+                    else:
+                        x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                        out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", x + self.calls)]))
+                return out
+    ''')
+    path, config = write(tmp_path, "again", body)
+    out = PythonBackend(path, config, "cpu").execute_requests([item(np.zeros((1, 2), np.int32))])[0]
+    assert isinstance(out, dict) and out["ROWS"].tolist() == [[2, 2]]  # answered by the second execute
+
+
+def test_bls_from_initialize_is_refused(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                pb_utils.InferenceRequest(model_name="x", inputs=[], requested_output_names=[]).exec()
+
+            def execute(self, requests):
+                return None
+    ''')
+    path, config = write(tmp_path, "blsinit", body)
+    with pytest.raises(ConveyorError, match=r"BLS is only supported during the 'execute' function\."):
+        PythonBackend(path, config, "cpu")
+
+
+def test_a_decoupled_async_execute_runs_in_the_background(tmp_path: Path) -> None:
+    body = textwrap.dedent('''
+        import asyncio
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            async def execute(self, requests):
+                await asyncio.sleep(0.2)
+                for r in requests:
+                    x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    r.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("ROWS", x)]),
+                                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    ''')
+    config_text = CONFIG + "model_transaction_policy {{ decoupled: true }}\n"
+    path, config = write(tmp_path, "bg", body, config_text)
+    backend = PythonBackend(path, config, "cpu")
+    first, first_channel = with_channel(np.ones((1, 2), np.int32))
+    second, second_channel = with_channel(np.zeros((1, 2), np.int32))
+    assert backend.execute_requests([first]) == [] and backend.execute_requests([second]) == []
+    assert not first_channel.sent  # returned before the coroutine answered
+    assert first_channel.arrived.wait(10) and second_channel.arrived.wait(10)
+    backend.close()
+
+
+def test_a_bf16_tensor_is_not_numpy() -> None:
+    torch = pytest.importorskip("torch")
+    words = np.array([0x3FC0, 0xC000], np.uint16)  # 1.5, -2.0 in BF16
+    tensor = pb_utils.Tensor._of_bf16("B", words)
+    with pytest.raises(pb_utils.TritonModelException, match="Tensor dtype is BF16 and cannot be converted to NumPy"):
+        tensor.as_numpy()
+    assert tensor.triton_dtype() == 14
+    as_torch = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert as_torch.dtype == torch.bfloat16 and as_torch.tolist() == [1.5, -2.0]
+    back = pb_utils.Tensor.from_dlpack("C", torch.utils.dlpack.to_dlpack(as_torch * 2))
+    with pytest.raises(pb_utils.TritonModelException):
+        back.as_numpy()
+    assert back.data().tolist() == [0x4040, 0xC080]  # 3.0, -4.0
+
+
+@pytest.mark.parametrize(("returns", "ready"), [("True", True), ("False", False), ("'yes'", False),
+                                                ("1 / 0", False)])
+def test_a_models_is_ready_decides_its_readiness(tmp_path: Path, returns: str, ready: bool) -> None:
+    body = textwrap.dedent(f'''
+        import time
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return None
+
+            def is_ready(self):
+                time.sleep(0.2)
+                return {returns}
+    ''')
+    path, config = write(tmp_path, "own", body)
+    backend = PythonBackend(path, config, "cpu")
+    assert backend.has_readiness
+    first, second = backend.readiness(), backend.readiness()
+    assert first is second  # a check still running is joined
+    assert first.result(10) is ready
+    assert backend.readiness() is not first  # a finished one is not
+    backend.close()
+    plain_model = "class TritonPythonModel:\n    def execute(self, r):\n        return None\n"
+    plain, plain_config = write(tmp_path, "plain", plain_model)
+    assert not PythonBackend(plain, plain_config, "cpu").has_readiness
+
+
+def test_an_instance_name_with_shell_characters_is_refused(tmp_path: Path) -> None:
+    """Triton's python backend refuses them (its stub is named after the instance); so does Conveyor."""
+    path, config = write(tmp_path, "fine", "class TritonPythonModel:\n    def execute(self, r):\n        return None\n")
+    with pytest.raises(ConveyorError, match="Invalid stub name: contains invalid characters"):
+        PythonBackend(path, config, "cpu", 0, "model;test_0")
+    PythonBackend(path, config, "cpu", 0, "model-with-hyphens_0").close()

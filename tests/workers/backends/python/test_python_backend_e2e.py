@@ -85,7 +85,7 @@ def test_error_response_fails_only_that_request(client: Client, protocol: Any) -
 def test_exception_in_execute_fails_the_batch_with_its_message(client: Client, protocol: Any) -> None:
     x = np.array([13], dtype=np.int32)
     with pytest.raises(InferenceServerException,
-                       match=r"Failed to process the request\(s\) for model instance 'py_errors_0_\d+', "
+                       match=r"Failed to process the request\(s\) for model instance 'py_errors_\d+', "
                              r"message: ValueError: thirteen is unlucky"):
         client.infer("py_errors", [infer_input(protocol, "INPUT0", x, "INT32")])
     ok = np.array([4], dtype=np.int32)

@@ -74,8 +74,9 @@ def test_inference_request_takes_tritons_arguments() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="values to have type"):
         pb_utils.InferenceRequest(inputs=[t], model_name="m", parameters={"x": [1]})
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
-    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
-        req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    assert not req.rescheduled()
+    req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    assert req.rescheduled() and not req.rescheduled()  # the flag is spent by the backend's look
 
 
 def test_logger_levels_as_triton_exports_them(caplog: pytest.LogCaptureFixture) -> None:
@@ -181,3 +182,31 @@ def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricR
 def test_metric_misuse_is_refused(registry: MetricRegistry, make: Any, match: str) -> None:
     with pytest.raises(pb_utils.TritonModelException, match=match):
         make()
+
+
+def test_arguments_tritons_binding_cannot_convert_are_type_errors() -> None:
+    """As Triton's QA argument_validation model checks: None where a value is due is a TypeError."""
+    t = pb_utils.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))
+    for kwargs in ({"inputs": None}, {"model_name": None}, {"requested_output_names": [None]},
+                   {"requested_output_names": None}, {"correlation_id": None}, {"request_id": None},
+                   {"model_version": None}, {"flags": None}):
+        args: dict[str, Any] = {"inputs": [t], "model_name": "m", "requested_output_names": ["o"], **kwargs}
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**args)
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(inputs=[None], model_name="m")  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        pb_utils.Tensor(None, np.zeros(1))  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor.from_dlpack("OUTPUT0", None)
+    calls: list[Any] = [lambda: pb_utils.Logger.log("x", None),  # type: ignore[arg-type]
+                        lambda: pb_utils.Logger.log("x", 1),  # type: ignore[arg-type]
+                        lambda: pb_utils.Logger.log_info(None),  # type: ignore[arg-type]
+                        lambda: pb_utils.Logger.log_verbose(None)]  # type: ignore[arg-type]
+    for call in calls:
+        with pytest.raises(TypeError):
+            call()

@@ -3,14 +3,16 @@ which requests a BLS call is made for.
 
 The worker registers its BLS client here at start (``set_executor``); the
 client lives in ``workers/backends/python/bls.py``. While an instance runs
-``execute`` its thread records the batch's requests (``enter_execute``): a BLS call
-made from that thread (or from the event loop of an ``async def execute``) is
-made for them, and is cancelled when they all are.
+``execute`` it records the batch's requests (``enter_execute``) in a context
+variable: a BLS call made from that thread, or from the coroutine of an ``async
+def execute`` and the tasks it creates (asyncio copies the context into them),
+is made for them, and is cancelled when they all are.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
+import contextvars
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,7 +35,12 @@ class BlsExecutor(Protocol):
 
 
 _executor: BlsExecutor | None = None
-_scope = threading.local()
+# A context variable rather than a thread-local: an ``async def execute`` runs on the
+# instance's event-loop thread, and its coroutine gets the context of the thread that
+# scheduled it.
+_scope: contextvars.ContextVar[Sequence[InferenceRequest] | None] = contextvars.ContextVar(
+    "conveyor_bls_requests", default=None
+)
 
 
 def set_executor(executor: BlsExecutor | None) -> None:
@@ -49,9 +56,28 @@ def executor() -> BlsExecutor:
 
 def enter_execute(requests: Sequence[InferenceRequest] | None) -> None:
     """The calling thread runs ``execute`` for ``requests`` (None: it is done)."""
-    _scope.requests = requests
+    _scope.set(requests)
 
 
 def current_requests() -> Sequence[InferenceRequest] | None:
     """The requests the calling thread's ``execute`` serves (None outside ``execute``)."""
-    return getattr(_scope, "requests", None)
+    return _scope.get()
+
+
+# Set while the instance's thread runs ``initialize`` or ``finalize``, where Triton refuses BLS.
+_refused: contextvars.ContextVar[bool] = contextvars.ContextVar("conveyor_bls_refused", default=False)
+
+
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """BLS calls made from this context (not from threads it starts) raise, as in Triton."""
+    token = _refused.set(True)
+    try:
+        yield
+    finally:
+        _refused.reset(token)
+
+
+def check_allowed() -> None:
+    if _refused.get():
+        raise TritonModelException("BLS is only supported during the 'execute' function.")

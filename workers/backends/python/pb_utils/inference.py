@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from conveyor.proto.errors import ConveyorError, Status, internal
-from conveyor.workers.backends.base import ParameterizedOutputs, RequestOutcome, ResponseChannel
+from conveyor.workers.backends.base import ParameterizedOutputs, RequestOutcome, ResponseChannel, WireTensor
 from conveyor.workers.backends.python.pb_utils import bls
 from conveyor.workers.backends.python.pb_utils.errors import TritonError, TritonModelException
 from conveyor.workers.backends.python.pb_utils.options import InferenceTrace, PreferredMemory
@@ -56,14 +57,19 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: Sequence[Tensor] | None = None,
+        output_tensors: Sequence[Tensor] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if output_tensors is None:
-            output_tensors = []
+        # Triton's binding: a list it cannot convert (None) is a TypeError, a member that is not
+        # a Tensor (None) a TritonModelException.
         if not isinstance(output_tensors, list | tuple):
-            raise TritonModelException('"output_tensors" must be a list.')
+            raise TypeError(f'"output_tensors" must be a list of pb_utils.Tensor, not {type(output_tensors).__name__}')
+        for tensor in output_tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
         self._outputs = list(output_tensors)
         self._error = error
         self._parameters = parameters_dict(parameters)
@@ -87,40 +93,99 @@ class InferenceResponseSender:
 
     A decoupled model sends any number of responses (none included), from
     ``execute`` or any thread; each goes to the client at once, and
-    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` ends the request. In the default
-    mode a request takes exactly one response, which ``execute`` then does not
-    return (it returns None)."""
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` ends the request.
+
+    In the default mode a request takes exactly one response, as in Triton: sent
+    during ``execute`` (which then returns None for it), returned by ``execute``, or
+    sent after ``execute`` returned (from a thread or an asyncio task the model
+    started); the final flag may come with it or after it. Triton's checks and
+    words: a second response, a final flag before any response, anything after
+    the final flag raise ``TritonModelException``."""
 
     def __init__(self, channel: ResponseChannel | None = None, decoupled: bool = False) -> None:
-        self.response: InferenceResponse | None = None
         self.closed = False
         self._channel = channel
         self._decoupled = decoupled and channel is not None
+        # The default mode's state (Triton's ResponseSender counters): the one response sent,
+        # how many sends were counted, whether execute returned leaving the request to the
+        # sender, and whether the response left with execute's outcome already.
+        self._response: InferenceResponse | None = None
+        self._sent = 0
+        self._later = False
+        self._delivered = False
+        self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self.closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if response is None and not final:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
             )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes an InferenceResponse, not a {type(response).__name__}")
         if self._decoupled:
             self._stream(response, final)
             return
-        if response is not None:
-            if self.response is not None:
-                raise TritonModelException(
-                    "a model that is not decoupled sends exactly one response per request"
-                )
-            self.response = response
+        with self._lock:
+            self._count(response, final)
+            deliver = self._later and final and not self._delivered
+            self._delivered |= deliver
+        if deliver:  # after execute returned: the request is answered now
+            assert self._channel is not None
+            try:
+                self._channel.send(response_outcome(self._response), True)
+            except ConveyorError:
+                raise TritonModelException("Unable to send response. Response sender has been closed.") from None
+
+    def _count(self, response: InferenceResponse | None, final: bool) -> None:
+        """One send in the default mode, checked as Triton's ``UpdateStateAndCounters``."""
+        if response is not None and self._sent > 0:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if response is None and final and self._sent == 0:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
+            )
+        if self.closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         if final:
             self.closed = True
+        if response is not None:
+            self._response = response
+        self._sent += 1
+
+    def returned(self, response: InferenceResponse) -> None:
+        """``execute`` returned ``response`` for this request: it counts as sent with the final
+        flag (raises as ``send`` would, e.g. when the sender already sent one)."""
+        with self._lock:
+            self._count(response, True)
+            self._delivered = True
+
+    def settle(self) -> InferenceResponse | None:
+        """``execute`` returned nothing for this request: the response sent during it, or None,
+        and then the request waits for the sender (``answers_later``), when it has a channel."""
+        with self._lock:
+            if self._response is not None:
+                self._delivered = True
+                return self._response
+            self._later = self._channel is not None
+            return None
+
+    def take_sent(self) -> InferenceResponse | None:
+        """``execute`` failed: the response already sent, which the request keeps."""
+        with self._lock:
+            self._delivered = self._response is not None
+            return self._response
+
+    @property
+    def answers_later(self) -> bool:
+        return self._later
 
     def _stream(self, response: InferenceResponse | None, final: bool) -> None:
         assert self._channel is not None
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException(f"send() takes an InferenceResponse, not a {type(response).__name__}")
+        if self.closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         try:
             self._channel.send(None if response is None else response_outcome(response), final)
         except ConveyorError:
@@ -162,8 +227,23 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
+        # Triton's binding refuses what it cannot convert with TypeError (None included), and a
+        # correlation id of another type with its own exception.
+        if correlation_id is None:
+            raise TypeError("correlation_id must be an int or a str, not None")
         if not isinstance(correlation_id, int | str) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
+        _typed("request_id", request_id, str)
+        _typed("model_name", model_name, str)
+        _typed("model_version", model_version, int)
+        _typed("flags", flags, int)
+        _typed("timeout", timeout, int)
+        if not isinstance(inputs, list | tuple):
+            raise TypeError(f"inputs must be a list of pb_utils.Tensor, not {type(inputs).__name__}")
+        if not isinstance(requested_output_names, list | tuple) or not all(
+            isinstance(n, str) for n in requested_output_names
+        ):
+            raise TypeError("requested_output_names must be a list of str")
         for tensor in inputs:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
@@ -190,6 +270,7 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._channel: ResponseChannel | None = None
         self._decoupled = False
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def received(
@@ -259,32 +340,51 @@ class InferenceRequest:
         """True once the client went away (the router forwards its Cancel to the worker)."""
         return self._channel is not None and self._channel.cancelled
 
+    def sender_if_any(self) -> InferenceResponseSender | None:
+        """The response sender, if the model asked for it (Conveyor's; most requests have none)."""
+        return self._sender
+
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             self._sender = InferenceResponseSender(self._channel, self._decoupled)
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        """Only ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default): Conveyor does not
-        reschedule requests back to the model."""
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by Conveyor"
-            )
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: when ``execute`` returns, this request
+        (returned as None) is executed again, on the same instance, in an ``execute`` of its
+        own; ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default) releases it."""
+        self._release_flags = flags
+
+    def release_flags(self) -> int:
+        return self._release_flags
+
+    def rescheduled(self) -> bool:
+        """Set to be executed again (the Python backend's loop); the flag is spent by asking."""
+        if self.release_flags() & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+            return True
+        return False
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS) and wait: its response, or with
         ``decoupled`` an iterator of every response (the last one final, maybe
         empty). A callee's error comes back in the response, not raised."""
+        bls.check_allowed()
         if decoupled:
             return bls.executor().stream(self)
         return bls.executor().infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` as an awaitable: several may run at once (``asyncio.gather``)."""
+        bls.check_allowed()
         if decoupled:
             return bls.executor().stream(self)
         return await bls.executor().infer_async(self)
+
+
+def _typed(name: str, value: object, kind: type) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{name} must be a {kind.__name__}, not {type(value).__name__}")
 
 
 def bls_parameters(request: InferenceRequest) -> dict[str, Any]:
@@ -325,5 +425,9 @@ def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
     for tensor in response.output_tensors():
         if not isinstance(tensor, Tensor):
             return internal(f"the model's response holds a {type(tensor).__name__}, not a pb_utils.Tensor")
+        if tensor.is_bf16():  # numpy has no BF16: its words go as they are, named BF16 (one copy)
+            words = tensor.data()
+            outputs[tensor.name()] = WireTensor("BF16", list(words.shape), words.tobytes())
+            continue
         outputs[tensor.name()] = tensor.data()  # a device tensor stays a cupy array: the worker copies it
     return outputs

@@ -15,6 +15,7 @@ class LogLevel(enum.IntEnum):
     VERBOSE = 3
 
 
+_Level = LogLevel  # the enum, for annotations inside Logger (whose LogLevel attribute shadows it)
 _TO_LOGGING = {
     LogLevel.INFO: logging.INFO,
     LogLevel.WARNING: logging.WARNING,
@@ -34,21 +35,30 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: int = LogLevel.INFO) -> None:
-        _log.log(_TO_LOGGING.get(LogLevel(level), logging.INFO), "%s", message)
+    def log(message: str, level: _Level = LogLevel.INFO) -> None:
+        if not isinstance(level, LogLevel):  # Triton's binding takes its enum only, not an int
+            raise TypeError(f"log(): level must be a pb_utils.LogLevel, not {type(level).__name__}")
+        _log.log(_TO_LOGGING[level], "%s", _text(message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        _log.info("%s", message)
+        _log.info("%s", _text(message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _log.warning("%s", message)
+        _log.warning("%s", _text(message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        _log.error("%s", message)
+        _log.error("%s", _text(message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _log.debug("%s", message)
+        _log.debug("%s", _text(message))
+
+
+def _text(message: object) -> str:
+    """A log message must be a str, as Triton's binding has it (TypeError otherwise)."""
+    if not isinstance(message, str):
+        raise TypeError(f"a log message must be a str, not {type(message).__name__}")
+    return message

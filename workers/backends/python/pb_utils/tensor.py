@@ -11,6 +11,7 @@ shared-memory region device-to-device, otherwise the host).
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ _NUMPY_TO_CODE: dict[Any, int] = {np.dtype(t): code for code, t in _CODE_TO_NUMP
 _DLPACK_CPU = 1  # kDLCPU
 _DLPACK_CUDA = 2  # kDLCUDA
 _DLPACK_CUDA_HOST = 3  # kDLCUDAHost: pinned host memory, readable as CPU memory
+_TRITON_BF16 = 14  # TRITONSERVER_TYPE_BF16
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
@@ -93,8 +95,17 @@ class Tensor:
     """A named tensor: ``Tensor(name, numpy_array)``, or ``Tensor.from_dlpack`` (host or CUDA memory)."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
+        # Triton's binding converts what numpy takes as an array and refuses the rest (None, a
+        # name that is not a str) with TypeError.
+        if not isinstance(name, str):
+            raise TypeError(f"a tensor's name must be a str, not {type(name).__name__}")
+        if numpy_array is None:
+            raise TypeError(f"tensor '{name}' needs a numpy array, not None")
         if not isinstance(numpy_array, np.ndarray):
-            raise TritonModelException(f"tensor '{name}' needs a numpy array, got {type(numpy_array).__name__}")
+            try:
+                numpy_array = np.asarray(numpy_array)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"tensor '{name}' needs a numpy array: {exc}") from None
         if numpy_array.dtype.kind == "U":
             # Triton refuses str_ arrays; encoding them is the friendlier equivalent.
             numpy_array = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(numpy_array)
@@ -103,11 +114,19 @@ class Tensor:
         self._name = name
         self._array: Any = numpy_array
         self._device_id = -1  # the CUDA device of a device tensor; -1 on the host
+        self._bf16 = False  # BF16: numpy has no such dtype; the array holds its raw 16-bit words
+
+    @classmethod
+    def _of_bf16(cls, name: str, words: np.ndarray) -> Tensor:
+        """A BF16 tensor over its raw words (a BF16 input, or one imported through DLPack)."""
+        tensor = cls(name, words.view(np.uint16))
+        tensor._bf16 = True
+        return tensor
 
     @classmethod
     def _on_device(cls, name: str, device_array: Any, device_id: int) -> Tensor:
         tensor = cls.__new__(cls)
-        tensor._name, tensor._array, tensor._device_id = name, device_array, device_id
+        tensor._name, tensor._array, tensor._device_id, tensor._bf16 = name, device_array, device_id, False
         return tensor
 
     def name(self) -> str:
@@ -116,6 +135,10 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         if self._device_id >= 0:
             raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        if self._bf16:
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead."
+            )
         return self._array
 
     def data(self) -> Any:
@@ -130,7 +153,11 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
+        return _TRITON_BF16 if self._bf16 else numpy_to_triton_type(self._array.dtype)
+
+    def is_bf16(self) -> bool:
+        """Conveyor's: the array holds BF16 words (``as_numpy`` refuses it)."""
+        return self._bf16
 
     def is_cpu(self) -> bool:
         return self._device_id < 0
@@ -138,9 +165,13 @@ class Tensor:
     def to_dlpack(self) -> Any:
         if self._array.dtype == np.object_:
             raise TritonModelException("DLPack does not have support for string tensors.")
+        if self._bf16:
+            return _bf16_capsule(self._array)
         return self._array.__dlpack__()
 
     def __dlpack__(self, **kwargs: Any) -> Any:
+        if self._bf16:
+            return _bf16_capsule(self._array)
         return self._array.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -151,13 +182,18 @@ class Tensor:
         """From a DLPack capsule or any object with ``__dlpack__``: a torch tensor, a cupy or numpy array."""
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
+        if dlpack_object is None:
+            raise TritonModelException(f"tensor '{name}': from_dlpack needs a DLPack capsule or tensor, not None")
         device = getattr(dlpack_object, "__dlpack_device__", None)
         if device is not None and device()[0] == _DLPACK_CUDA:
             return _from_cuda(name, dlpack_object)
         source = dlpack_object if hasattr(dlpack_object, "__dlpack__") else _Capsule(dlpack_object)
         try:
             array = np.from_dlpack(source)
-        except (BufferError, RuntimeError, TypeError) as exc:
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            words = _bf16_words(dlpack_object)
+            if words is not None:
+                return Tensor._of_bf16(name, words)
             if device is None:  # a bare capsule says where it lies only when opened: try the device
                 try:
                     return _from_cuda(name, dlpack_object)
@@ -168,6 +204,34 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def _bf16_capsule(words: np.ndarray) -> Any:
+    """A BF16 DLPack capsule over ``words`` (no copy). numpy cannot describe BF16, torch can;
+    a model that reads BF16 through DLPack uses torch (or another framework torch hands it to)."""
+    try:
+        import torch
+    except ImportError:
+        raise TritonModelException("a BF16 tensor's DLPack form needs torch, which is not installed") from None
+    if not words.flags.writeable:  # torch warns on read-only memory; the tensor is the model's to read
+        words = words.copy()
+    return torch.utils.dlpack.to_dlpack(torch.from_numpy(words.view(np.int16)).view(torch.bfloat16))
+
+
+def _bf16_words(dlpack_object: Any) -> np.ndarray | None:
+    """The raw words of a BF16 host tensor given as DLPack (numpy refuses that dtype), through
+    torch, which reads it; None when it is something else or torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        tensor = torch.utils.dlpack.from_dlpack(dlpack_object)
+    except Exception:
+        return None
+    if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
+        return None
+    words: np.ndarray = tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return words
 
 
 def _from_cuda(name: str, dlpack_object: Any) -> Tensor:
