@@ -12,6 +12,8 @@ import os
 import pickle
 import shutil
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import lightgbm as lgb
 import numpy as np
@@ -216,8 +218,40 @@ def _save_ubj(booster: xgb.Booster, path: str) -> None:
         f.write(booster.save_raw(raw_format="ubj"))
 
 
-def _both(p: np.ndarray) -> np.ndarray:
-    return np.stack((1 - p, p), axis=1)
+Predict = Callable[[np.ndarray], Any]
+
+
+def _plain(predict: Predict) -> Reference:
+    return lambda x: np.asarray(predict(x))
+
+
+def _column(predict: Predict) -> Reference:
+    return lambda x: np.asarray(predict(x))[:, None]
+
+
+def _two_columns(predict: Predict) -> Reference:
+    """A binary model's positive probability p as FIL's [1-p, p]."""
+    def both(x: np.ndarray) -> np.ndarray:
+        p = np.asarray(predict(x))
+        return np.stack((1 - p, p), axis=1)
+
+    return both
+
+
+def _above(predict: Predict, threshold: float) -> Reference:
+    return lambda x: (np.asarray(predict(x)) > threshold).astype(np.float32)[:, None]
+
+
+def _argmax(predict: Predict) -> Reference:
+    return lambda x: np.argmax(predict(x), axis=1).astype(np.float32)[:, None]
+
+
+def _gtil_positive(model: Any, x: np.ndarray) -> np.ndarray:
+    return np.asarray(treelite.gtil.predict(model, x))[:, 0, 0]
+
+
+def _shap(booster: xgb.Booster, x: np.ndarray) -> np.ndarray:
+    return np.asarray(booster.predict(xgb.DMatrix(x), pred_contribs=True))
 
 
 def build(repo: str) -> dict[str, Reference]:
@@ -228,31 +262,31 @@ def build(repo: str) -> dict[str, Reference]:
     booster = _xgb("binary:logistic")
     booster.save_model(_write(repo, "xgb_ubj_proba", "xgboost.ubj", classic_config(
         "xgboost_ubj", 2, predict_proba="true", is_classifier="true")))
-    refs["xgb_ubj_proba"] = lambda x, b=booster: _both(b.inplace_predict(x))
+    refs["xgb_ubj_proba"] = _two_columns(booster.inplace_predict)
 
     # The README's quick start: XGBoost JSON classifier, its class (threshold 0.5).
     booster = _xgb("binary:logistic", rounds=5)
     booster.save_model(_write(repo, "xgb_json_readme", "xgboost.json", config(README_CONFIG, "xgboost_json", True)))
-    refs["xgb_json_readme"] = lambda x, b=booster: (b.inplace_predict(x) > 0.5).astype(np.float32)[:, None]
+    refs["xgb_json_readme"] = _above(booster.inplace_predict, 0.5)
 
     # A 3-class softprob model in JSON: class index, and a threshold that does not apply to it.
     booster = _xgb("multi:softprob", classes=3)
     booster.save_model(_write(repo, "xgb_multi_class", "xgboost.json", classic_config(
         "xgboost_json", 1, is_classifier="true", threshold="0.9")))
-    refs["xgb_multi_class"] = lambda x, b=booster: np.argmax(b.inplace_predict(x), axis=1).astype(np.float32)[:, None]
+    refs["xgb_multi_class"] = _argmax(booster.inplace_predict)
 
     # A regressor saved by today's XGBoost under the legacy default name (UBJSON inside), with
     # is_classifier unset: the model says it is a regressor. max_batch_size in the thousands.
     booster = _xgb("reg:squarederror")
     _save_ubj(booster, _write(repo, "xgb_regressor", "xgboost.model", classic_config("xgboost", 1)))
-    refs["xgb_regressor"] = lambda x, b=booster: b.inplace_predict(x)[:, None]
+    refs["xgb_regressor"] = _column(booster.inplace_predict)
 
     # The legacy binary format (written by XGBoost 2.1; XGBoost >= 3.1 cannot read it): Treelite.
     shutil.copy(LEGACY_BINARY, _write(repo, "xgb_legacy_binary", "xgboost.model", config(
         README_CONFIG, "xgboost", True, features=LEGACY_FEATURES,
         predict_proba="true").replace("dims: [ 1 ]", "dims: [ 2 ]")))
     legacy = treelite.frontend.load_xgboost_model_legacy_binary(LEGACY_BINARY)
-    refs["xgb_legacy_binary"] = lambda x, m=legacy: _both(treelite.gtil.predict(m, x)[:, 0, 0])
+    refs["xgb_legacy_binary"] = _two_columns(partial(_gtil_positive, legacy))
 
     # The FIL README's older example, output_class and the removed GPU knobs included, on a
     # 500-feature model: both classes' probabilities.
@@ -260,27 +294,27 @@ def build(repo: str) -> dict[str, Reference]:
     old = xgb.train({"objective": "binary:logistic", "max_depth": 2, "nthread": 1},
                     xgb.DMatrix(x500, label=(x500[:, 7] > 0.5)), 3)
     _save_ubj(old, _write(repo, "fil", "xgboost.model", OLD_README_CONFIG))
-    refs["fil"] = lambda x, b=old: _both(b.inplace_predict(x))
+    refs["fil"] = _two_columns(old.inplace_predict)
 
     # SHAP values beside the prediction (docs/explainability.md's config).
     booster = _xgb("reg:squarederror", rounds=4)
     booster.save_model(_write(repo, "xgb_shap", "xgboost.json", config(SHAP_CONFIG, "xgboost_json", False)))
-    refs["xgb_shap"] = lambda x, b=booster: b.inplace_predict(x)[:, None]
-    refs["xgb_shap:treeshap_output"] = lambda x, b=booster: b.predict(xgb.DMatrix(x), pred_contribs=True)
+    refs["xgb_shap"] = _column(booster.inplace_predict)
+    refs["xgb_shap:treeshap_output"] = _plain(partial(_shap, booster))
 
     # LightGBM: a binary classifier's positive probability alone (one column), a 3-class model's
     # probabilities, a regressor (the README config with is_classifier false).
     model = _lgb("binary")
     model.save_model(_write(repo, "lgb_binary_proba", "model.txt", classic_config(
         "lightgbm", 1, predict_proba="true", is_classifier="true")))
-    refs["lgb_binary_proba"] = lambda x, m=model: m.predict(x)[:, None]
+    refs["lgb_binary_proba"] = _column(model.predict)
     model = _lgb("multiclass", classes=3)
     model.save_model(_write(repo, "lgb_multi_proba", "model.txt", classic_config(
         "lightgbm", 3, predict_proba="true", is_classifier="true")))
-    refs["lgb_multi_proba"] = lambda x, m=model: m.predict(x)
+    refs["lgb_multi_proba"] = _plain(model.predict)
     model = _lgb("regression")
     model.save_model(_write(repo, "lgb_regressor", "model.txt", config(README_CONFIG, "lightgbm", False)))
-    refs["lgb_regressor"] = lambda x, m=model: m.predict(x)[:, None]
+    refs["lgb_regressor"] = _column(model.predict)
 
     # scikit-learn: a pickled random forest (Conveyor's model_type "sklearn"), and the same kind
     # of forest converted to a Treelite checkpoint, as Triton's docs have it done.
@@ -289,11 +323,11 @@ def build(repo: str) -> dict[str, Reference]:
     with open(_write(repo, "sklearn_pickle", "model.pkl", classic_config(
             "sklearn", 3, predict_proba="true", is_classifier="true")), "wb") as f:
         pickle.dump(forest, f)
-    refs["sklearn_pickle"] = lambda x, m=forest: m.predict_proba(x)
+    refs["sklearn_pickle"] = _plain(forest.predict_proba)
     regressor = RandomForestRegressor(n_estimators=4, max_depth=4, random_state=0).fit(x, x.sum(axis=1))
     treelite.sklearn.import_model(regressor).serialize(_write(
         repo, "treelite_regressor", "checkpoint.tl", classic_config("treelite_checkpoint", 1, is_classifier="false")))
-    refs["treelite_regressor"] = lambda x, m=regressor: m.predict(x)[:, None]
+    refs["treelite_regressor"] = _column(regressor.predict)
 
     # Models that must not load, each for its own reason.
     _xgb("binary:logistic").save_model(_write(repo, "bad_features", "xgboost.json", classic_config(

@@ -21,12 +21,12 @@ such setting, and none of them changes a prediction.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_flag, parameter_text
 from conveyor.proto.errors import invalid_arg
+from conveyor.workers.backends import cpu_threads
 
 log = logging.getLogger(__name__)
 
@@ -66,19 +66,6 @@ def default_model_file(config: mc.ModelConfig) -> str:
     return MODEL_FILES.get(parameter_text(config, "model_type") or DEFAULT_MODEL_TYPE, "xgboost.model")
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def cpu_instances(config: mc.ModelConfig) -> int:
-    """How many CPU instances the config asks for in all (0: no ``instance_group``, one per worker)."""
-    return sum(max(g.count, 1) for g in config.instance_group
-               if g.kind in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_AUTO))
-
-
 def _int(config: mc.ModelConfig, key: str) -> int | None:
     text = parameter_text(config, key)
     if not text:
@@ -90,22 +77,17 @@ def _int(config: mc.ModelConfig, key: str) -> int | None:
 
 
 def _threads(config: mc.ModelConfig) -> int:
-    """Threads per prediction call.
-
-    ``cpu_nthread`` (or ``threads``) as given, -1 (or 0) meaning every usable core, as in
-    Triton. Unset, Triton takes every core for every instance; Conveyor shares the usable
-    cores among the config's CPU instances instead, so N instances do not each start a
-    thread per core. Without an ``instance_group`` each worker process runs one instance
-    and is itself the unit of parallelism: one thread, as the onnxruntime backend."""
+    """Threads per prediction call: ``cpu_nthread`` (or ``threads``) as given, -1 (or 0) meaning
+    every usable core, as in Triton; unset (Triton: every core, for every instance), Conveyor's
+    CPU default (``cpu_threads``)."""
     given, alias = _int(config, "cpu_nthread"), _int(config, "threads")
     if given is not None and alias is not None and given != alias:
         raise invalid_arg(f"parameters 'cpu_nthread' ({given}) and 'threads' ({alias}) name the same "
                           f"thread count and disagree")
     value = given if given is not None else alias
     if value is not None:
-        return usable_cpus() if value <= 0 else value
-    instances = cpu_instances(config)
-    return max(1, usable_cpus() // instances) if instances else 1
+        return cpu_threads.usable_cpus() if value <= 0 else value
+    return cpu_threads.default_threads(config)
 
 
 def _classifier(config: mc.ModelConfig) -> bool | None:

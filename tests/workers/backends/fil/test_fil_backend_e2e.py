@@ -21,7 +21,7 @@ pytest.importorskip("xgboost", reason="the fil extra is not installed (pip insta
 pytest.importorskip("lightgbm", reason="the fil extra is not installed (pip install 'conveyor[fil]')")
 pytest.importorskip("treelite", reason="the fil extra is not installed (pip install 'conveyor[fil]')")
 
-from tests.support import fil_models  # noqa: E402  (needs the frameworks)
+from tests.support import fil_models  # after the skips: it imports the frameworks
 
 # Class indices must match exactly; scores within 1e-5 relative (the frameworks' own float32).
 EXACT = {"xgb_json_readme", "xgb_multi_class"}
