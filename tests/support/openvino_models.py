@@ -88,7 +88,8 @@ def mlp(batch: int | str = "N") -> onnx.ModelProto:
         "mlp",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [batch, 4])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [batch, 3])],
-        [helper.make_tensor("W", TensorProto.FLOAT, [4, 3], W.ravel()), helper.make_tensor("B", TensorProto.FLOAT, [3], B)],
+        [helper.make_tensor("W", TensorProto.FLOAT, [4, 3], W.ravel()),
+         helper.make_tensor("B", TensorProto.FLOAT, [3], B)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -99,8 +100,8 @@ def image_scores() -> onnx.ModelProto:
     """input [1, 3, 8, 8] -> each channel's mean -> output [1, 1001]: static shapes, so serving
     other sizes needs RESHAPE_IO_LAYERS."""
     graph = helper.make_graph(
-        [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["flat"]),
-         helper.make_node("MatMul", ["flat", "P"], ["output"])],
+        [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+         helper.make_node("Flatten", ["pooled"], ["flat"]), helper.make_node("MatMul", ["flat", "P"], ["output"])],
         "image_scores",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, CLASSES])],
@@ -122,6 +123,7 @@ def _version_dir(repo: str, name: str, config: str) -> str:
 def save_ir(onnx_model: onnx.ModelProto, vdir: str, layout: str = "") -> str:
     """Convert with OpenVINO's own API and save IR (model.xml + model.bin) in full precision
     (``save_model`` would store the weights as FP16 by default)."""
+    os.makedirs(vdir, exist_ok=True)
     source = os.path.join(vdir, "source.onnx")
     onnx.save(onnx_model, source)
     model = ov.convert_model(source)
