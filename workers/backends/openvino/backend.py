@@ -135,21 +135,22 @@ class OpenVinoBackend:
                 raise invalid_arg(f"model '{config.name}': OpenVINO cannot reshape its inputs to "
                                   f"{ {n: str(s) for n, s in shapes.items()} }{hint}: {_one_line(exc)}") from None
         outputs = {name: port for port in model.outputs for name in port.get_names()}
-        for tensor in config.output:
-            port = outputs.get(tensor.name)
+        for out in config.output:
+            port = outputs.get(out.name)
             if port is None:
-                raise invalid_arg(f"unexpected inference output '{tensor.name}', allowed outputs are: "
+                raise invalid_arg(f"unexpected inference output '{out.name}', allowed outputs are: "
                                   f"{', '.join(sorted(outputs))}")
-            self._compare(tensor.name, port.get_partial_shape(), _dims(tensor), batched, inputs=False)
+            self._compare(out.name, port.get_partial_shape(), _dims(out), batched, inputs=False)
         ppp = PrePostProcessor(model)
-        for kind, tensors in (("input", config.input), ("output", config.output)):
-            for tensor in tensors:
-                element = ELEMENT_TYPES.get(tensor.data_type)
-                if element is None:
-                    raise invalid_arg(f"unsupported datatype {mc.DataType.Name(tensor.data_type)} for {kind} "
-                                      f"'{tensor.name}' for model '{config.name}'")
-                side = ppp.input(tensor.name) if kind == "input" else ppp.output(tensor.name)
-                side.tensor().set_element_type(element)
+        declared: list[tuple[str, mc.ModelInput | mc.ModelOutput]] = [
+            *(("input", t) for t in config.input), *(("output", t) for t in config.output)]
+        for kind, io in declared:
+            element = ELEMENT_TYPES.get(io.data_type)
+            if element is None:
+                raise invalid_arg(f"unsupported datatype {mc.DataType.Name(io.data_type)} for {kind} "
+                                  f"'{io.name}' for model '{config.name}'")
+            side = ppp.input(io.name) if kind == "input" else ppp.output(io.name)
+            side.tensor().set_element_type(element)
         return ppp.build()
 
     def _compare(self, name: str, model_shape: Any, dims: list[int], batched: bool, inputs: bool) -> None:
