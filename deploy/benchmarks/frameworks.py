@@ -6,7 +6,8 @@ dynamic batching gives under load.
 
 For each backend whose framework is installed, one small model (FIL: an XGBoost classifier, 32
 features, 100 trees of depth 6; OpenVINO and TensorFlow: an MLP 64-256-256-10), one instance with
-one thread:
+one thread; and the same MLP on the onnxruntime backend, as the reference taken under the same
+load (a shared host moves every figure; the differences between rows move less):
 
 * **direct**: the framework's own call in this process on a 1-row batch (and a 16-row one), as an
   application embedding the framework would make it: the floor for one request;
@@ -142,8 +143,22 @@ def tensorflow_model(repo: str) -> tuple[Call, int]:
     return (lambda x: signature(x=tf.convert_to_tensor(x))["y"].numpy()), 64
 
 
-BUILDERS = {"fil": ("xgboost", fil_model), "openvino": ("openvino", openvino_model),
-            "tensorflow": ("tensorflow", tensorflow_model)}
+def onnxruntime_model(repo: str) -> tuple[Call, int]:
+    """The reference: the same MLP on the onnxruntime backend, whose request path docs/PERFORMANCE.md
+    measures, so each framework's figures can be read against one taken under the same load."""
+    import onnx
+    import onnxruntime as ort
+
+    path = os.path.join(_write(repo, 'platform: "onnxruntime_onnx"\n' + MLP_IO + BATCHING), "model.onnx")
+    onnx.save(_mlp_onnx()[0], path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+    return (lambda x: session.run(["y"], {"x": x})[0]), 64
+
+
+BUILDERS = {"onnxruntime": ("onnxruntime", onnxruntime_model), "fil": ("xgboost", fil_model),
+            "openvino": ("openvino", openvino_model), "tensorflow": ("tensorflow", tensorflow_model)}
 
 
 def direct_us(call: Call, x: np.ndarray, seconds: float) -> tuple[float, float]:

@@ -64,11 +64,11 @@ class XGBoostForest:
         xgb = _import("xgboost", "XGBoost")
         self._xgb = xgb
         try:
-            self.booster = xgb.Booster(params={"nthread": threads})
+            self.booster = xgb.Booster()
             self.booster.load_model(path)
         except Exception as exc:
             raise _cannot_read("XGBoost", path, exc) from None
-        self.booster.set_param({"nthread": threads})
+        self.booster.set_param({"nthread": threads})  # after the load, which may bring the trainer's
         learner = json.loads(self.booster.save_config())["learner"]
         objective = learner["objective"]["name"]
         self.num_features = self.booster.num_features()

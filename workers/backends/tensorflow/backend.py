@@ -60,7 +60,8 @@ class TensorFlowBackend:
         if device.startswith("cuda") and not tf.config.list_physical_devices("GPU"):
             raise unavailable(f"the config asks for a GPU instance ({device}) but TensorFlow {tf.__version__} "
                               f"sees no GPU (tensorflow-cpu, or no GPU)")
-        self.device = f"/GPU:{device.split(':', 1)[1]}" if device.startswith("cuda:") else "/CPU:0"
+        # Only a GPU instance pins its ops (TensorFlow places on the CPU where it has no GPU anyway).
+        self.device = f"/GPU:{device.split(':', 1)[1]}" if device.startswith("cuda:") else ""
         _set_threads(settings, config.name)
         for library in config.model_operations.op_library_filename:
             try:
@@ -82,17 +83,22 @@ class TensorFlowBackend:
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         try:
-            with tf.device(self.device):
-                feeds = {name: tf.constant(array, dtype=tf.string) if name in self.strings
-                         else tf.convert_to_tensor(array) for name, array in inputs.items()}
-                if self.positional:
-                    values = self.signature.function(*(feeds[name] for name in self.positional))
-                    result: dict[str, Any] = dict(zip(self.output_order, values, strict=True))
-                else:
-                    result = self.signature.function(**feeds)
-                return {name: result[name].numpy() for name in outputs}
+            if self.device:
+                with tf.device(self.device):
+                    return self._run(inputs, outputs)
+            return self._run(inputs, outputs)
         except Exception as exc:
             raise internal(f"TensorFlow execution failed: {' '.join(str(exc).split())[:600]}") from None
+
+    def _run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        feeds = {name: tf.constant(array, dtype=tf.string) if name in self.strings else tf.convert_to_tensor(array)
+                 for name, array in inputs.items()}
+        if self.positional:
+            values = self.signature.function(*(feeds[name] for name in self.positional))
+            result: dict[str, Any] = dict(zip(self.output_order, values, strict=True))
+        else:
+            result = self.signature.function(**feeds)
+        return {name: result[name].numpy() for name in outputs}
 
     def close(self) -> None:
         del self.signature
