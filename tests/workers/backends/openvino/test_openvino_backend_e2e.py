@@ -27,7 +27,7 @@ from tests.support import openvino_models as ovm  # after the skip: it imports O
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
     repo = str(tmp_path_factory.mktemp("openvino"))
     files = ovm.build(repo)
-    srv = start_server(repo, f"ov{os.getpid()}", "--workers", "1")
+    srv = start_server(repo, f"ov{os.getpid()}", "--workers", "1", ready_timeout=180)  # 12 instances to compile
     yield srv, files
     assert srv.stop() == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"

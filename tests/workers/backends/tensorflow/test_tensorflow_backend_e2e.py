@@ -28,7 +28,9 @@ SERVED = ["tf_auto", "tf_declared", "tf_graphdef", "tf_other_signature"]
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("tensorflow"))
     tfm.build(repo)
-    srv = start_server(repo, f"tf{os.getpid()}", "--workers", "1")
+    # TensorFlow's import takes seconds, more on a busy host: in the worker, and in the router's
+    # completion child for each SavedModel without a config.
+    srv = start_server(repo, f"tf{os.getpid()}", "--workers", "1", ready_timeout=300)
     yield srv
     assert srv.stop() == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
