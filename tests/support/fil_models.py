@@ -156,6 +156,12 @@ dynamic_batching {}
 """
 
 
+# Triton's model_warmup, run by the worker before the instance is READY (as for every backend).
+WARMUP = f"""model_warmup [{{ name: "random rows" batch_size: 64 inputs {{ key: "input__0" value: {{
+  data_type: TYPE_FP32 dims: [ {FEATURES} ] random_data: true }} }} }}]
+"""
+
+
 def config(template: str, model_type: str, classifier: bool, features: int = FEATURES, **extra: str) -> str:
     text = (template.replace("$NUM_FEATURES_PLUS_ONE", str(features + 1))
             .replace("$NUM_FEATURES", str(features)).replace("$MODEL_TYPE", model_type)
@@ -272,7 +278,7 @@ def build(repo: str) -> dict[str, Reference]:
     # A 3-class softprob model in JSON: class index, and a threshold that does not apply to it.
     booster = _xgb("multi:softprob", classes=3)
     booster.save_model(_write(repo, "xgb_multi_class", "xgboost.json", classic_config(
-        "xgboost_json", 1, is_classifier="true", threshold="0.9")))
+        "xgboost_json", 1, is_classifier="true", threshold="0.9") + WARMUP))
     refs["xgb_multi_class"] = _argmax(booster.inplace_predict)
 
     # A regressor saved by today's XGBoost under the legacy default name (UBJSON inside), with

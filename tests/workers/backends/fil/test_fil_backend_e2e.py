@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.group import Server, start_server
+from tests.support.metrics import scrape
 
 pytest.importorskip("xgboost", reason="the fil extra is not installed (pip install 'conveyor[fil]')")
 pytest.importorskip("lightgbm", reason="the fil extra is not installed (pip install 'conveyor[fil]')")
@@ -105,6 +106,19 @@ def test_shap_values_beside_the_prediction(served: Any, protocol: Any) -> None:
     result = infer(connect(server, protocol), protocol, "xgb_shap", x, ("output__0", "treeshap_output"))
     check("xgb_shap", result.as_numpy("output__0"), refs["xgb_shap"](x))
     check("xgb_shap", result.as_numpy("treeshap_output"), refs["xgb_shap:treeshap_output"](x))
+
+
+def test_statistics_and_metrics_count_the_model(served: Any) -> None:
+    server, refs = served
+    client = httpclient.InferenceServerClient(server.http_url)
+    x = fil_models.data(3, seed=7)
+    check("xgb_multi_class", infer(client, httpclient, "xgb_multi_class", x).as_numpy("output__0"),
+          refs["xgb_multi_class"](x))
+    stats = client.get_inference_statistics("xgb_multi_class")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] >= 1 and stats["inference_stats"]["compute_infer"]["ns"] > 0
+    samples = scrape(server)
+    key = 'nv_inference_request_success{model="xgb_multi_class",version="1"}'
+    assert samples[key] >= 1, sorted(k for k in samples if "xgb_multi_class" in k)
 
 
 def test_configs_report_triton_names(served: Any) -> None:
