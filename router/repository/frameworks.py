@@ -34,7 +34,8 @@ _TF_FILES = {"tensorflow_savedmodel": "model.savedmodel", "tensorflow_graphdef":
 # Why a config without inputs/outputs cannot be completed.
 NOT_COMPLETED = {
     "fil": "a FIL model's config must declare input__0 and output__0, as in Triton",
-    "tensorflow": "a GraphDef has no signature to complete the config from: declare the inputs and outputs",
+    "tensorflow": "a GraphDef has no signature to complete the config from, and a SavedModel's is read only "
+                  "without --strict-model-config: declare the inputs and outputs",
 }
 COMPLETED = ("openvino", "tensorflow")  # backends whose configs are completed from the model
 TIMEOUT_S = 120.0  # TensorFlow's import alone takes seconds on a busy host
