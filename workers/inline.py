@@ -37,8 +37,8 @@ def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, de
     wait for itself."""
     if device.startswith("cuda") or config.model_transaction_policy.decoupled:
         return False
-    if isinstance(backend, OnnxRuntimeBackend):
-        return True
+    if isinstance(backend, OnnxRuntimeBackend) or getattr(backend, "runs_on_any_thread", False):
+        return True  # the framework backends that say nothing ties them to their loading thread (fil)
     if isinstance(backend, PythonBackend):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:

@@ -21,7 +21,7 @@ TRITON_DEFAULT_MAX_BATCH_SIZE = 4
 _ORT_PARAMETERS = ("intra_op_thread_count", "inter_op_thread_count")
 # Backends as Triton names them on the command line, and the backend Conveyor runs for each.
 _BACKEND = {"onnxruntime": "onnxruntime", "python": "python", "pytorch": "pytorch", "libtorch": "pytorch",
-            "tensorrt": "tensorrt"}
+            "tensorrt": "tensorrt", "fil": "fil", "openvino": "openvino", "tensorflow": "tensorflow"}
 _PYTHON_STUB = ("Python models run on threads of a worker process and share tensors through its "
                 "shared-memory arena (--arena-size): there is no stub process or per-model shm region")
 # Why a known setting changes nothing here.

@@ -18,6 +18,7 @@ from conveyor.proto.batch_shapes import batch_shapes_problem
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.ensembles.plan import ensemble_problem
+from conveyor.router.repository import frameworks
 from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.namespaces import assign_keys, name_of
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
@@ -39,6 +40,7 @@ _BACKENDS = {
     "tensorrt": "tensorrt",
     "vllm": "vllm",  # Triton's vllm_backend layout: <version>/model.json (router/repository/vllm_autocomplete.py)
     "ensemble": "ensemble",  # run by the router itself (router/ensembles/scheduler.py)
+    **frameworks.BACKENDS,  # fil, openvino, tensorflow (router/repository/frameworks.py)
 }
 _DEFAULT_FILENAME = {
     "onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan", "ensemble": "",
@@ -47,12 +49,13 @@ _DEFAULT_FILENAME = {
 # The platform Triton reports for a backend given by name alone.
 _PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
 # Model files Triton recognises a backend by when the config names none.
-_MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".plan": "tensorrt"}
+_MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".plan": "tensorrt", **frameworks.MODEL_FILE_BACKEND}
 # Why a config without inputs/outputs cannot be completed, for backends that cannot do it.
 _NOT_COMPLETED = {
     "pytorch": "a TorchScript model's config must declare its inputs and outputs: Triton cannot read them "
                "from the model file either",
     "tensorrt": "Conveyor does not complete TensorRT configs from the engine yet: declare the inputs and outputs",
+    **frameworks.NOT_COMPLETED,
 }
 
 
@@ -170,6 +173,8 @@ def load_spec(
             return spec
     if not config.platform and spec.backend in _PLATFORM:
         config.platform = _PLATFORM[spec.backend]
+    if not config.platform and spec.backend == "tensorflow":  # savedmodel or graphdef, by its files
+        config.platform = frameworks.tensorflow_platform(path)
     if not config.backend and spec.backend != "ensemble":  # Triton reports an ensemble by its platform only
         config.backend = spec.backend
     # Python models complete their own config whenever they define the hook, as in Triton.
@@ -187,6 +192,9 @@ def load_spec(
                                         backend_config.default_max_batch_size("onnxruntime"))
             elif spec.backend == "python":
                 problem = complete_python(config, newest)
+            elif spec.backend in frameworks.COMPLETED:
+                problem = frameworks.complete(spec.backend, config, newest, "max_batch_size" in text,
+                                              backend_config.default_max_batch_size(spec.backend))
             if problem:
                 spec.error = f"model '{name}': {problem}"
                 return spec
@@ -248,7 +256,8 @@ def _fill_defaults(config: mc.ModelConfig) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if not config.default_model_filename:
-        config.default_model_filename = _DEFAULT_FILENAME.get(config.backend, "model")
+        config.default_model_filename = (frameworks.default_filename(config)
+                                         or _DEFAULT_FILENAME.get(config.backend, "model"))
     if config.HasField("sequence_batching"):  # Triton's defaults, shown by /config
         sb = config.sequence_batching
         if not sb.max_sequence_idle_microseconds:

@@ -70,7 +70,8 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple
     raise RuntimeError("the server did not become ready in time")
 
 
-def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: ssl.SSLContext | None = None) -> Server:
+def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: ssl.SSLContext | None = None,
+                 ready_timeout: float = 60.0) -> Server:
     http_port, grpc_port, metrics_port = free_ports(3)
     proc = subprocess.Popen(
         [
@@ -82,7 +83,8 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: s
         ],
     )
     try:
-        wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), https=https)
+        wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), timeout=ready_timeout,
+                   https=https)
     except Exception:
         abandon(proc)
         raise

@@ -1,6 +1,6 @@
 """Backends by name, imported on first use so a worker only loads what it runs.
 
-The pytorch and tensorrt modules raise an UNAVAILABLE ``ConveyorError`` on import
+The pytorch, tensorrt, fil, openvino and tensorflow modules raise an UNAVAILABLE ``ConveyorError`` on import
 when their framework is not installed, so the model says why it cannot load."""
 
 from __future__ import annotations
@@ -34,4 +34,16 @@ def load_backend(
         from conveyor.workers.backends.vllm.backend import VllmBackend
 
         return VllmBackend(path, config, device)
+    if backend == "fil":
+        from conveyor.workers.backends.fil.backend import FilBackend
+
+        return FilBackend(path, config, device)
+    if backend == "openvino":
+        from conveyor.workers.backends.openvino.backend import OpenVinoBackend
+
+        return OpenVinoBackend(path, config, device)
+    if backend == "tensorflow":
+        from conveyor.workers.backends.tensorflow.backend import TensorFlowBackend
+
+        return TensorFlowBackend(path, config, device)
     raise unsupported(f"backend '{backend}' is not supported by this worker")

@@ -35,15 +35,15 @@ def test_bad_models_say_why(tmp_path: Path) -> None:
     write(tmp_path / "noconfig" / "1" / "model.onnx", "")
     write(tmp_path / "wrongname" / "config.pbtxt", 'name: "other"')
     write(tmp_path / "noinputs" / "config.pbtxt", 'platform: "onnxruntime_onnx"')
-    write(tmp_path / "tf" / "config.pbtxt",
-          'platform: "tensorflow_savedmodel" input [{name: "a" data_type: TYPE_FP32 dims: [1]}] '
+    write(tmp_path / "caffe2" / "config.pbtxt",  # a platform Triton dropped: no Conveyor backend serves it
+          'platform: "caffe2_netdef" input [{name: "a" data_type: TYPE_FP32 dims: [1]}] '
           'output [{name: "b" data_type: TYPE_FP32 dims: [1]}]')
     specs = scan([str(tmp_path)])
     assert "failed to parse" in specs["broken"].error
     assert "no inputs" in specs["noconfig"].error  # an empty model.onnx completes to nothing
     assert "does not match" in specs["wrongname"].error
     assert "no inputs" in specs["noinputs"].error
-    assert "not supported" in specs["tf"].error
+    assert "not supported" in specs["caffe2"].error
 
 
 def test_config_json_matches_triton_form() -> None:

@@ -1,0 +1,178 @@
+"""A TensorFlow model's signature as Triton's TensorFlow backend sees it: the SavedModel signature it
+serves (chosen as Triton chooses it), or a frozen GraphDef's placeholders and fetched nodes; each
+tensor's Triton data type and dims (-1 where TensorFlow does not know a size, ``None`` for a shape
+the model does not give at all). Shared by the backend and config completion."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import invalid_arg, unavailable
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install 'conveyor[tensorflow]'"
+# Signatures a SavedModel keeps for itself, never served (Triton's fallback skips them).
+_INTERNAL_SIGNATURES = ("__saved_model_init_op", "__saved_model_train_op")
+
+
+def import_tensorflow() -> Any:
+    # TensorFlow's C++ start-up chatter (oneDNN notes, CPU feature hints) goes to stderr before any
+    # Python logging applies, burying the lines that matter; its errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise unavailable(f"TensorFlow is not installed in the worker's environment ({INSTALL})") from None
+    return tf
+
+
+def config_types(tf: Any) -> dict[Any, int]:
+    return {
+        tf.bool: mc.TYPE_BOOL, tf.uint8: mc.TYPE_UINT8, tf.uint16: mc.TYPE_UINT16, tf.uint32: mc.TYPE_UINT32,
+        tf.uint64: mc.TYPE_UINT64, tf.int8: mc.TYPE_INT8, tf.int16: mc.TYPE_INT16, tf.int32: mc.TYPE_INT32,
+        tf.int64: mc.TYPE_INT64, tf.float16: mc.TYPE_FP16, tf.float32: mc.TYPE_FP32, tf.float64: mc.TYPE_FP64,
+        tf.bfloat16: mc.TYPE_BF16, tf.string: mc.TYPE_STRING,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    data_type: int
+    shape: list[int] | None  # None: the model does not say (unknown rank)
+
+
+def _info(tf: Any, name: str, dtype: Any, shape: Any, kind: str, model: str) -> TensorInfo:
+    data_type = config_types(tf).get(dtype)
+    if data_type is None:
+        raise unavailable(f"unable to process {kind} '{name}' for '{model}', unsupported datatype '{dtype.name}'")
+    dims = None if shape.rank is None else [-1 if d is None else int(d) for d in shape.as_list()]
+    return TensorInfo(data_type, dims)
+
+
+@dataclass
+class Signature:
+    function: Any  # what runs: a SavedModel signature (keyword tensors) or a pruned GraphDef (positional)
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    keep: Any = None  # what must outlive ``function`` (the loaded SavedModel, the wrapped graph)
+
+
+def load_savedmodel(tf: Any, path: str, tag: str, signature_def: str, model: str) -> Signature:
+    """The SavedModel at ``path`` under ``tag``, and the signature Triton serves: ``signature_def``,
+    else ``serving_default``, else (with a warning) the first that is not an init or train op."""
+    try:
+        loaded = tf.saved_model.load(path, tags=[tag])
+    except Exception as exc:
+        raise unavailable(f"unable to load model '{model}' from '{path}' (tag '{tag}'): "
+                          f"{' '.join(str(exc).split())[:500]}") from None
+    wanted = signature_def or "serving_default"
+    signatures = loaded.signatures
+    if wanted not in signatures:
+        others = [k for k in signatures if k not in _INTERNAL_SIGNATURES]
+        if signature_def or not others:
+            raise unavailable(f"unable to load model '{model}', expected '{wanted}' signature")
+        log.warning("unable to find serving signature '%s'; using signature '%s'", wanted, others[0])
+        wanted = others[0]
+    function = signatures[wanted]
+    _, keywords = function.structured_input_signature
+    inputs = {name: _info(tf, name, spec.dtype, spec.shape, "input", model) for name, spec in keywords.items()}
+    outputs = {name: _info(tf, name, spec.dtype, spec.shape, "output", model)
+               for name, spec in function.structured_outputs.items()}
+    return Signature(function, inputs, outputs, keep=loaded)
+
+
+def _tensor_name(name: str) -> str:
+    """A GraphDef config name: a node (``x``, its first output) or a tensor (``x:1``)."""
+    return name if ":" in name else f"{name}:0"
+
+
+def load_graphdef(tf: Any, path: str, config: mc.ModelConfig) -> Signature:
+    """A frozen GraphDef, fed at the config's inputs (placeholders) and fetched at its outputs: a
+    GraphDef has no signature, so the config names the tensors (as in Triton, which cannot complete
+    a GraphDef's config either)."""
+    graph_def = tf.compat.v1.GraphDef()
+    try:
+        with open(path, "rb") as f:
+            graph_def.ParseFromString(f.read())
+        wrapped = tf.compat.v1.wrap_function(lambda: tf.import_graph_def(graph_def, name=""), [])
+    except Exception as exc:
+        raise unavailable(f"unable to load model '{config.name}' from '{path}': "
+                          f"{' '.join(str(exc).split())[:500]}") from None
+    graph = wrapped.graph
+    placeholders = {op.name for op in graph.get_operations() if op.type == "Placeholder"}
+
+    def find(name: str, kind: str, allowed: set[str] | None) -> Any:
+        try:
+            tensor = graph.get_tensor_by_name(_tensor_name(name))
+        except (KeyError, ValueError):
+            tensor = None
+        if tensor is None or (allowed is not None and tensor.op.name not in allowed):
+            what = f"allowed inputs are: {', '.join(sorted(placeholders))}" if allowed is not None else \
+                "the graph has no such node"
+            raise invalid_arg(f"unexpected inference {kind} '{name}', {what}")
+        return tensor
+
+    feeds = [find(i.name, "input", placeholders) for i in config.input]
+    fetches = [find(o.name, "output", None) for o in config.output]
+    try:
+        function = wrapped.prune(feeds=feeds, fetches=fetches)
+    except Exception as exc:
+        raise invalid_arg(f"unable to load model '{config.name}': the outputs need more than the inputs the "
+                          f"config declares: {' '.join(str(exc).split())[:400]}") from None
+    inputs = {i.name: _info(tf, i.name, t.dtype, t.shape, "input", config.name) for i, t in zip(
+        config.input, feeds, strict=True)}
+    outputs = {o.name: _info(tf, o.name, t.dtype, t.shape, "output", config.name) for o, t in zip(
+        config.output, fetches, strict=True)}
+    return Signature(function, inputs, outputs, keep=wrapped)
+
+
+def check_config(config: mc.ModelConfig, signature: Signature) -> None:
+    """Triton's ValidateTRITONTFModel checks, with its messages: names, count, dims, data types."""
+    model, batched = config.name, config.max_batch_size > 0
+    for tensor in config.input:
+        if tensor.name not in signature.inputs:
+            raise invalid_arg(f"unexpected inference input '{tensor.name}', allowed inputs are: "
+                              f"{', '.join(sorted(signature.inputs))}")
+    if len(config.input) != len(signature.inputs):
+        raise invalid_arg(f"unable to load model '{model}', configuration expects {len(config.input)} inputs, "
+                          f"model provides {len(signature.inputs)}")
+    declared: list[tuple[str, mc.ModelInput | mc.ModelOutput, dict[str, TensorInfo]]] = [
+        *(("input", t, signature.inputs) for t in config.input),
+        *(("output", t, signature.outputs) for t in config.output)]
+    for kind, io, found in declared:
+        info = found.get(io.name)
+        if info is None:
+            raise invalid_arg(f"unexpected inference {kind} '{io.name}', allowed {kind}s are: "
+                              f"{', '.join(sorted(found))}")
+        dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+        if info.shape:  # a model that gives no shape takes the config's
+            _compare_dims(model, io.name, info.shape, dims, batched)
+        if info.data_type != io.data_type:
+            raise invalid_arg(f"unable to load model '{model}', configuration expects datatype "
+                              f"{mc.DataType.Name(io.data_type)} for {kind} '{io.name}', model provides "
+                              f"{mc.DataType.Name(info.data_type)}")
+
+
+def _shape_text(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _compare_dims(model: str, name: str, shape: list[int], dims: list[int], batched: bool) -> None:
+    """Triton's CompareDims (not exact): a model dimension of -1 takes any size."""
+    full = [-1, *dims] if batched else dims
+    if batched and shape[0] != -1:
+        raise invalid_arg(f"model '{model}', tensor '{name}': for the model to support batching the shape should "
+                          f"have at least 1 dimension and the first dimension must be -1; but shape expected by the "
+                          f"model is {_shape_text(shape)}")
+    if len(shape) != len(full) or any(m != -1 and m != d for m, d in zip(shape, full, strict=True)):
+        what = (f"{len(full)} dimensions (an initial batch dimension because max_batch_size > 0 followed by the "
+                f"explicit tensor shape, making complete shape {_shape_text(full)})" if batched
+                else f"{len(full)} dimensions (shape {_shape_text(full)})")
+        raise invalid_arg(f"model '{model}', tensor '{name}': the model expects {len(shape)} dimensions (shape "
+                          f"{_shape_text(shape)}) but the model configuration specifies {what}")
+
