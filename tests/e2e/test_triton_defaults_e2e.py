@@ -83,9 +83,12 @@ def test_http_reserved_header_is_refused_with_tritons_words(server: Server) -> N
 
 def test_grpc_metadata_matching_the_pattern_become_string_parameters(server: Server) -> None:
     # gRPC metadata names are lower-case (grpc refuses others); "(?-i)" makes the pattern case-sensitive.
-    seen = _identity(grpcclient, server.grpc_url, {k.lower(): v for k, v in HEADERS.items()})
+    # Without the trailing space of HTTP's my_header_4: HTTP/2 forbids a field value that ends in
+    # whitespace (RFC 9113 8.2.1), and the h2 server refuses it (grpcio lets it through; COMPATIBILITY.md).
+    metadata = {k.lower(): v.rstrip() for k, v in HEADERS.items()}
+    seen = _identity(grpcclient, server.grpc_url, metadata)
     assert seen == {"body": "kept", "my_header_1": "my_value_1", "my_header_2": "my_value_2",
-                    "my_header_4": 'a "quoted" string with a backslash\\ '}
+                    "my_header_4": 'a "quoted" string with a backslash\\'}
 
 
 def test_grpc_stream_requests_carry_the_forwarded_metadata(server: Server) -> None:
@@ -212,5 +215,5 @@ def test_default_and_auto_groups_stay_on_cpu_without_a_gpu_and_config_shows_them
     for model in ("onnx_default", "onnx_auto"):
         np.testing.assert_array_equal(client.infer(model, [inp]).as_numpy("OUTPUT0"), [[1], [2]])
     with open(LOG[0], encoding="utf-8") as f:
-        said = [line for line in f if "no GPU on this host" in line]
+        said = [line for line in f if "no GPU that the backend can use" in line]
     assert len(said) == 1, said  # once for the group, not once per model

