@@ -162,6 +162,7 @@ models_lifecycle() {
              wrong_model; do
         model "$M" $m $m
     done
+    for m in execute_error execute_grpc_error wrong_model; do rename "$M/$m/config.pbtxt" $m; done
     sed -i "s/^max_batch_size:.*/max_batch_size: 8/" "$M/execute_error/config.pbtxt" "$M/execute_grpc_error/config.pbtxt"
     echo "dynamic_batching { preferred_batch_size: [8], max_queue_delay_microseconds: 12000000 }" \
         >> "$M/execute_error/config.pbtxt"
