@@ -363,6 +363,8 @@ pt() {  # pytest, without its cache
     local id ids
     ids=\$("\$PY" -m pytest --collect-only -q -p no:cacheprovider "\$@" 2> /dev/null | grep '::')
     for id in \$ids; do
+        # an id is relative to pytest's rootdir: ../test_infer_shm_leak.py is collected as test_infer_shm_leak.py
+        [ -e "\${id%%::*}" ] || id="\$(dirname "\$1")/\$id"
         timeout -k 10 150 "\$PY" -m pytest -v -p no:cacheprovider "\$id"
         case \$? in 124|137) echo "FAILED \$id (no answer in 150 s)"; echo "=== 1 failed in 150.00s ===" ;; esac
     done
