@@ -483,6 +483,7 @@ def test_a_model_py_without_config_pbtxt_is_completed(tmp_path: Path) -> None:
     assert not spec.error, spec.error
     assert spec.config.backend == "python" and [t.name for t in spec.config.input] == ["INPUT0"]
     (tmp_path / "broken" / "1").mkdir(parents=True)
-    broken = "class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(c):\n        return nothing_here\n"
+    broken = ("class TritonPythonModel:\n    @staticmethod\n"
+              "    def auto_complete_config(c):\n        return nothing_here\n")
     (tmp_path / "broken" / "1" / "model.py").write_text(broken)
     assert "name 'nothing_here' is not defined" in load_spec("broken", str(tmp_path / "broken")).error
