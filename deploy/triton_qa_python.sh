@@ -162,6 +162,7 @@ models_lifecycle() {
              wrong_model; do
         model "$M" $m $m
     done
+    for m in execute_error execute_grpc_error wrong_model; do rename "$M/$m/config.pbtxt" $m; done
     sed -i "s/^max_batch_size:.*/max_batch_size: 8/" "$M/execute_error/config.pbtxt" "$M/execute_grpc_error/config.pbtxt"
     echo "dynamic_batching { preferred_batch_size: [8], max_queue_delay_microseconds: 12000000 }" \
         >> "$M/execute_error/config.pbtxt"
@@ -362,6 +363,8 @@ pt() {  # pytest, without its cache
     local id ids
     ids=\$("\$PY" -m pytest --collect-only -q -p no:cacheprovider "\$@" 2> /dev/null | grep '::')
     for id in \$ids; do
+        # an id is relative to pytest's rootdir: ../test_infer_shm_leak.py is collected as test_infer_shm_leak.py
+        [ -e "\${id%%::*}" ] || id="\$(dirname "\$1")/\$id"
         timeout -k 10 150 "\$PY" -m pytest -v -p no:cacheprovider "\$id"
         case \$? in 124|137) echo "FAILED \$id (no answer in 150 s)"; echo "=== 1 failed in 150.00s ===" ;; esac
     done

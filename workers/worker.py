@@ -79,7 +79,7 @@ DEFAULT_ARENA_BYTES = 256 << 20
 # next heartbeat; only then are the instances dropped.
 ROUTER_QUIET_S = 30.0
 # Custom metrics (pb_utils.MetricFamily) go to the router at most this often.
-METRICS_FLUSH_S = 0.1
+METRICS_FLUSH_S = 0.01
 
 
 @dataclass(eq=False)
@@ -163,6 +163,7 @@ class Worker:
         if bls_endpoint:
             self.bls = BlsLink(self.ctx, bls_endpoint, self.arena, self.writer.lock, self._wake)
             pb_bls.set_executor(BlsClient(self.bls, self.regions))
+        pb_metrics.REGISTRY.on_dirty = self._wake  # a model's metric change leaves within METRICS_FLUSH_S
         self.instances: dict[tuple[str, str, int], LoadedInstance] = {}
         # (batch, index) -> the stream of each request a request backend is running
         # or, decoupled, has not ended yet. Instance threads remove their own entries.
@@ -218,7 +219,7 @@ class Worker:
         try:
             while not self._stopping:
                 self.systemd.beat()
-                ready = poller.poll(0 if more else 250)
+                ready = poller.poll(0 if more else self._poll_ms())
                 more = False
                 if self._wake_rx in ready:
                     try:
@@ -300,6 +301,12 @@ class Worker:
             if not self._stopping:  # after LeaveGranted the router rightly forgot us
                 log.warning("the router does not know this worker (it restarted?): saying hello again")
             self._reset()
+
+    def _poll_ms(self) -> int:
+        """How long the loop may sleep: until the custom metrics are due when some changed."""
+        if not pb_metrics.REGISTRY.dirty:
+            return 250
+        return max(0, min(250, int((self._next_metrics - time.monotonic()) * 1000) + 1))
 
     def _send_metrics(self, now: float, everything: bool = False) -> None:
         """The models' custom metrics that changed (all of them for a new router), at

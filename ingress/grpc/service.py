@@ -208,9 +208,9 @@ class InferenceServicer:
             if await self._dataplane.is_decoupled(call.model, call.version):
                 await self._stream_decoupled(call, replies, grpc_error)
                 return
-            final = True if call.parameters.get(_EMPTY_FINAL) else None
+            # Every stream response carries triton_final_response, as Triton's stream handler sets it.
             reply = codec.encode_infer_response(
-                await self._dataplane.infer(call, endpoint=_UNARY), stream=True, final=final
+                await self._dataplane.infer(call, endpoint=_UNARY), stream=True, final=True
             )
         except ConveyorError as err:
             reply = _EndStream(err) if grpc_error else codec.encode_stream_error(err.message, request.message.id)
@@ -222,8 +222,9 @@ class InferenceServicer:
         await replies.send_in_order(reply)
 
     async def _stream_decoupled(self, call: InferCall, replies: Replies, grpc_error: bool = False) -> None:
-        """Each response as the model sends it. A bare final flag (no outputs) is
-        sent only to a client that asked for it, as in Triton."""
+        """Each response as the model sends it, with ``triton_final_response`` (as Triton sets
+        it on every stream response). A bare final flag (no outputs) is sent only to a client
+        that asked for it, as in Triton."""
         flag = bool(call.parameters.get(_EMPTY_FINAL))
         async with contextlib.aclosing(self._dataplane.infer_stream(call)) as responses:
             async for part in responses:
@@ -231,12 +232,12 @@ class InferenceServicer:
                     await replies.send(_EndStream(part.error))
                     return
                 if isinstance(part, StreamError):
-                    reply = codec.encode_stream_error(part.error.message, call.id, part.final if flag else None)
+                    reply = codec.encode_stream_error(part.error.message, call.id, part.final)
                 elif part.final and not part.outputs and not flag:
                     part.release()
                     continue
                 else:
-                    reply = codec.encode_infer_response(part, stream=True, final=part.final if flag else None)
+                    reply = codec.encode_infer_response(part, stream=True, final=part.final)
                 await replies.send(reply)
 
     # --- shared memory: the router keeps the registry ------------------------------------

@@ -218,7 +218,8 @@ def _guess_backend(path: str) -> str:
     for root, dirs, files in os.walk(path):
         # A model directory (ONNX with external data: <version>/model.onnx/) counts as its file.
         for f in [*files, *dirs]:
-            backend = _MODEL_FILE_BACKEND.get(os.path.splitext(f)[1])
+            # A model.py is a Python model, as Triton completes a config without one (L0_backend_python).
+            backend = _MODEL_FILE_BACKEND.get(os.path.splitext(f)[1]) or ("python" if f == "model.py" else "")
             if backend:
                 return backend
         if root.count(os.sep) - path.count(os.sep) > 1:

@@ -179,6 +179,31 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 model_transaction_policy { decoupled: true }
 '''
 
+# A decoupled `async def execute` calling qa_sleeper through async_exec(decoupled=True): the await
+# must not hold the instance's event loop while the callee sleeps.
+ASYNC_BLS_MODEL = '''
+import asyncio
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        await asyncio.gather(*(self.forward(r) for r in requests))
+        return None
+
+    async def forward(self, request):
+        wait = pb_utils.get_input_tensor_by_name(request, "WAIT")
+        responses = await pb_utils.InferenceRequest(
+            model_name="qa_sleeper", inputs=[wait], requested_output_names=["OUT"]).async_exec(decoupled=True)
+        sender = request.get_response_sender()
+        for response in responses:
+            out = pb_utils.get_output_tensor_by_name(response, "OUT")
+            if out is not None:
+                sender.send(pb_utils.InferenceResponse([out]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
 # Request rescheduling: each request is released with RESCHEDULE once, answered the second time.
 RESCHEDULE_MODEL = '''
 import numpy as np
@@ -429,6 +454,7 @@ def build(repo: str, names_dir: str) -> None:
     write_model(repo, "qa_sender", SENDER_MODEL, sender_config("qa_sender"))
     write_model(repo, "qa_async_sender", ASYNC_SENDER_MODEL, sender_config("qa_async_sender"))
     write_model(repo, "qa_sleeper", SLEEPER_MODEL, SLEEPER_CONFIG)
+    write_model(repo, "qa_async_bls", ASYNC_BLS_MODEL, SLEEPER_CONFIG.replace("qa_sleeper", "qa_async_bls"))
     write_model(repo, "qa_reschedule", RESCHEDULE_MODEL, int_config("qa_reschedule"))
     write_model(repo, "qa_reschedule_wrong", RESCHEDULE_WRONG_MODEL, int_config("qa_reschedule_wrong"))
     write_model(repo, "qa_iterative", ITERATIVE_MODEL, int_config("qa_iterative", ITERATIVE_EXTRA))

@@ -119,6 +119,14 @@ class BlsClient:
         (without outputs when the callee sent only the final flag)."""
         return ResponseIterator(self, request)
 
+    async def stream_async(self, request: InferenceRequest) -> ResponseIterator:
+        """``async_exec(decoupled=True)``: the iterator once the first response is in, waited for
+        off the event loop (on its default executor), so other coroutines of the model run
+        meanwhile, as in Triton."""
+        iterator = ResponseIterator(self, request)
+        await asyncio.get_running_loop().run_in_executor(None, iterator.prefetch)
+        return iterator
+
     def control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
         InlineSwitch.refuse_on_main_thread("model-management call")
         return self.link.call(op, args, timeout_s)
@@ -229,6 +237,7 @@ class ResponseIterator:
         self._done = False
         self._rid = 0
         self._last: InferenceResponse | None = None  # ends the iteration when set
+        self._first: m.InferResponse | None = None  # prefetch()ed, not yet iterated
         self._watch = CancelWatch.for_caller(lambda: self._answers.put(CANCELLED))
         if self._watch is not None and self._watch.fired:
             self._last = _cancelled(request, _FOR_CANCELLED)
@@ -245,7 +254,8 @@ class ResponseIterator:
         if self._done:
             raise StopIteration
         if self._last is None:
-            msg = self._answers.get()
+            msg = self._first if self._first is not None else self._answers.get()
+            self._first = None
             if msg is not CANCELLED:
                 if msg.final:
                     self._finish()
@@ -254,6 +264,11 @@ class ResponseIterator:
             self._last = _cancelled(self._request, _FOR_CANCELLED)
         self._finish()
         return self._last
+
+    def prefetch(self) -> None:
+        """Wait for the first answer, which the iteration then starts with."""
+        if not self._done and self._last is None and self._first is None:
+            self._first = self._answers.get()
 
     def cancel(self) -> None:
         """Ask the callee to stop (its ``is_cancelled()`` turns true); keep iterating for

@@ -103,13 +103,14 @@ def wait_input(seconds: float) -> Any:
     return inp
 
 
-def test_decoupled_async_executes_run_concurrently_on_one_instance(qa_server: tuple[Server, str]) -> None:
+@pytest.mark.parametrize("model", ["qa_sleeper", "qa_async_bls"], ids=["sleeps", "awaits-a-decoupled-bls-call"])
+def test_decoupled_async_executes_run_concurrently_on_one_instance(qa_server: tuple[Server, str], model: str) -> None:
     server, _ = qa_server
     stream = Stream(server)
     try:
         start = time.monotonic()
         for _ in range(4):
-            stream.client.async_stream_infer("qa_sleeper", [wait_input(2.0)])
+            stream.client.async_stream_infer(model, [wait_input(2.0)])
         replies = stream.take(4)
         took = time.monotonic() - start
     finally:

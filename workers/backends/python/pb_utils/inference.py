@@ -375,10 +375,11 @@ class InferenceRequest:
         return bls.executor().infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        """``exec`` as an awaitable: several may run at once (``asyncio.gather``)."""
+        """``exec`` as an awaitable: several may run at once (``asyncio.gather``); with
+        ``decoupled``, the iterator once the callee's first response is in."""
         bls.check_allowed()
         if decoupled:
-            return bls.executor().stream(self)
+            return await bls.executor().stream_async(self)
         return await bls.executor().infer_async(self)
 
 

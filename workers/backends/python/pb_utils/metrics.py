@@ -18,7 +18,7 @@ import numbers
 import re
 import threading
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
@@ -65,6 +65,15 @@ class MetricRegistry:
         self._changed: set[SeriesKey] = set()
         self._removed: set[SeriesKey] = set()
         self.dirty = False  # read without the lock by the publisher: a hint, re-checked under it
+        # Called (under the lock, from the model's thread) when a change follows a publication: the
+        # worker wakes its loop, so /metrics shows a model's change at once (models read it back).
+        self.on_dirty: Callable[[], None] | None = None
+
+    def _dirty(self) -> None:  # under the lock
+        if not self.dirty:
+            self.dirty = True
+            if self.on_dirty is not None:
+                self.on_dirty()
 
     def hold_family(self, name: str, kind: MetricKind) -> None:
         with self._lock:
@@ -92,7 +101,7 @@ class MetricRegistry:
                     del self._series[key]
                     self._changed.discard(key)
                     self._removed.add(key)
-                    self.dirty = True
+                    self._dirty()
 
     def hold_series(self, key: SeriesKey, template: Series) -> Series:
         with self._lock:
@@ -101,7 +110,7 @@ class MetricRegistry:
                 series = self._series[key] = template
                 self._removed.discard(key)
                 self._changed.add(key)
-                self.dirty = True
+                self._dirty()
             elif template.kind == MetricKind.HISTOGRAM and series.buckets != template.buckets:
                 raise TritonModelException(
                     f"Failed to create Metric: the histogram {key[1]} of '{key[0]}' exists with buckets "
@@ -128,7 +137,7 @@ class MetricRegistry:
     def _changed_now(self, key: SeriesKey) -> None:  # under the lock
         if key in self._series:  # a series of a released family is no more
             self._changed.add(key)
-            self.dirty = True
+            self._dirty()
 
     def take_changes(self) -> tuple[list[Series], list[SeriesKey]]:
         """Copies of the series that changed, and the keys of those that went away."""
@@ -249,7 +258,7 @@ class MetricFamily:
             if buckets is not None:
                 raise TritonModelException("Failed to create metric: buckets are only for histograms")
             return []
-        if not buckets:
+        if buckets is None:  # [] is a histogram of the +Inf bucket alone, as in Triton
             raise TritonModelException("Failed to create metric: a histogram needs buckets")
         bounds = [_number(b) for b in buckets]
         if bounds != sorted(set(bounds)):
