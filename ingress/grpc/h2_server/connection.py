@@ -107,6 +107,11 @@ WRITE_BUFFER_HIGH = 1 << 20
 # A connection the server closes gets this long to take what is still to be written (its GOAWAY),
 # then it is aborted: a peer that does not read would otherwise keep it, and its buffer, forever.
 CLOSE_TIMEOUT_S = 5.0
+# A closing connection sends its GOAWAY and FIN, then reads (and drops) what the peer still sends for
+# this long before closing: a socket closed with unread bytes sends RST, and a peer's kernel drops what
+# it had not yet read on RST, the GOAWAY (why the connection ended) with it. The peer's FIN ends the
+# wait sooner; the bytes read meanwhile cost one discarded read each.
+LINGER_S = 1.0
 
 # Receive windows. The server credits data back only as it is consumed (module docstring); h2
 # answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR.
@@ -197,6 +202,7 @@ class GrpcConnection(asyncio.Protocol):
         self._unfed: memoryview | None = None  # what is left of a read, fed on later loop turns
         self._feed_size = 4 * FEED_MIN_BYTES  # shrinks while pieces hold many frames, grows while few
         self._closing = False  # a graceful GOAWAY was sent: new streams are refused
+        self._lingering = False  # the FIN is sent: reading only to drop what the peer still sends
         self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
         self._out = Outbound(h2c, self._loop, self._forget)
         self._dispatch: dict[type, Callable[[Any], None]] = {
@@ -275,11 +281,28 @@ class GrpcConnection(asyncio.Protocol):
         self._close_if_done()
 
     def close(self) -> None:
+        """Send what is pending (a GOAWAY) and FIN, linger (LINGER_S), then close."""
         transport = self._transport
-        if transport is not None and not transport.is_closing():
-            self._out.flush()
+        if transport is None or transport.is_closing() or self._lingering:
+            return
+        self._out.flush()
+        self._dead = True  # what arrives now is dropped unread by h2
+        self._unfed = None
+        self._out.transport = None  # and nothing more is written after the FIN
+        self._loop.call_later(CLOSE_TIMEOUT_S, transport.abort)  # a no-op once it has closed
+        if not transport.can_write_eof():
             transport.close()
-            self._loop.call_later(CLOSE_TIMEOUT_S, transport.abort)  # a no-op once it has closed
+            return
+        self._lingering = True
+        try:
+            transport.write_eof()  # after the buffer drains
+        except OSError:  # the peer is gone already
+            transport.abort()
+            return
+        if self._paused:
+            self._paused = 0
+            transport.resume_reading()
+        self._loop.call_later(LINGER_S, transport.close)  # the peer's FIN closes it sooner (eof_received)
 
     def abort_calls(self) -> list[asyncio.Task[None]]:
         """Cancel every running call (the server is stopping); return their tasks."""

@@ -46,6 +46,9 @@ class Transport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def can_write_eof(self) -> bool:
+        return False
+
     def close(self) -> None:
         self.closed = True
 

@@ -191,10 +191,16 @@ class Tensor:
         try:
             array = np.from_dlpack(source)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
-            words = _bf16_words(dlpack_object)
-            if words is not None:
-                return Tensor._of_bf16(name, words)
-            if device is None:  # a bare capsule says where it lies only when opened: try the device
+            # torch reads what numpy cannot (BF16, a bare capsule of CUDA memory), and opening a bare
+            # capsule uses it up: what torch opened is passed on, never the spent capsule.
+            opened = _torch_view(dlpack_object)
+            if opened is not None:
+                if opened.device.type == "cuda":
+                    return _from_cuda(name, opened)
+                words = _bf16_words(opened)
+                if words is not None:
+                    return Tensor._of_bf16(name, words)
+            elif device is None:  # a bare capsule says where it lies only when opened: try the device
                 try:
                     return _from_cuda(name, dlpack_object)
                 except TritonModelException:
@@ -218,16 +224,20 @@ def _bf16_capsule(words: np.ndarray) -> Any:
     return torch.utils.dlpack.to_dlpack(torch.from_numpy(words.view(np.int16)).view(torch.bfloat16))
 
 
-def _bf16_words(dlpack_object: Any) -> np.ndarray | None:
-    """The raw words of a BF16 host tensor given as DLPack (numpy refuses that dtype), through
-    torch, which reads it; None when it is something else or torch is not loaded."""
+def _torch_view(dlpack_object: Any) -> Any | None:
+    """``dlpack_object`` opened by torch (no copy); None when torch is not loaded or refuses it."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
-        tensor = torch.utils.dlpack.from_dlpack(dlpack_object)
+        return torch.utils.dlpack.from_dlpack(dlpack_object)
     except Exception:
         return None
+
+
+def _bf16_words(tensor: Any) -> np.ndarray | None:
+    """The raw words of a BF16 host torch tensor (numpy refuses that dtype); None for anything else."""
+    torch = sys.modules["torch"]
     if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
         return None
     words: np.ndarray = tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
