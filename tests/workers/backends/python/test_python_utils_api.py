@@ -70,9 +70,10 @@ def test_inference_request_takes_tritons_arguments() -> None:
     assert pb_utils.InferenceRequest(correlation_id="seq-a", inputs=[t], requested_output_names=[],
                                      model_name="m").correlation_id() == "seq-a"
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID must be integer or string"):
-        pb_utils.InferenceRequest(correlation_id=1.5, inputs=[t], model_name="m")  # type: ignore[arg-type]
+        pb_utils.InferenceRequest(correlation_id=1.5, inputs=[t], model_name="m",  # type: ignore[arg-type]
+                                  requested_output_names=[])
     with pytest.raises(pb_utils.TritonModelException, match="values to have type"):
-        pb_utils.InferenceRequest(inputs=[t], model_name="m", parameters={"x": [1]})
+        pb_utils.InferenceRequest(inputs=[t], model_name="m", requested_output_names=[], parameters={"x": [1]})
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
     assert not req.rescheduled()
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
@@ -194,7 +195,12 @@ def test_arguments_tritons_binding_cannot_convert_are_type_errors() -> None:
         with pytest.raises(TypeError):
             pb_utils.InferenceRequest(**args)
     with pytest.raises(pb_utils.TritonModelException):
-        pb_utils.InferenceRequest(inputs=[None], model_name="m")  # type: ignore[list-item]
+        pb_utils.InferenceRequest(inputs=[None], model_name="m", requested_output_names=[])  # type: ignore[list-item]
+    for missing in ("inputs", "requested_output_names", "model_name"):  # no default in Triton's binding
+        given: dict[str, Any] = {"inputs": [t], "model_name": "m", "requested_output_names": ["o"]}
+        del given[missing]
+        with pytest.raises(TypeError, match=missing):
+            pb_utils.InferenceRequest(**given)
     with pytest.raises(TypeError):
         pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
     with pytest.raises(pb_utils.TritonModelException):
