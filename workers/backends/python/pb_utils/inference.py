@@ -218,9 +218,9 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: int | str = 0,
-        inputs: Sequence[Tensor] = _REQUIRED,  # type: ignore[assignment]
-        requested_output_names: Sequence[str] = _REQUIRED,  # type: ignore[assignment]
-        model_name: str = _REQUIRED,  # type: ignore[assignment]
+        inputs: Sequence[Tensor] = _REQUIRED,
+        requested_output_names: Sequence[str] = _REQUIRED,
+        model_name: str = _REQUIRED,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,

@@ -34,7 +34,7 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+    def log(message: str, level: int = LogLevel.INFO) -> None:
         if not isinstance(level, LogLevel):  # Triton's binding takes its enum only, not an int
             raise TypeError(f"log(): level must be a pb_utils.LogLevel, not {type(level).__name__}")
         _log.log(_TO_LOGGING[level], "%s", _text(message))
