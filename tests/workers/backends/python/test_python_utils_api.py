@@ -111,9 +111,11 @@ def values(registry: MetricRegistry) -> dict[tuple[str, Any], Any]:
 def test_counter_gauge_histogram(registry: MetricRegistry) -> None:
     labels = {"model": "m", "version": "1"}
     key = (("model", "m"), ("version", "1"))
-    counter = pb_utils.MetricFamily("c_total", "a counter", pb_utils.COUNTER).Metric(labels)
-    gauge = pb_utils.MetricFamily("g", "a gauge", pb_utils.GAUGE).Metric(labels)
-    hist = pb_utils.MetricFamily("h", "a histogram", pb_utils.HISTOGRAM).Metric(labels, buckets=[1, 10])
+    families = [pb_utils.MetricFamily("c_total", "a counter", pb_utils.COUNTER),
+                pb_utils.MetricFamily("g", "a gauge", pb_utils.GAUGE),
+                pb_utils.MetricFamily("h", "a histogram", pb_utils.HISTOGRAM)]  # a metric needs its family
+    counter, gauge = families[0].Metric(labels), families[1].Metric(labels)
+    hist = families[2].Metric(labels, buckets=[1, 10])
     counter.increment(2)
     counter.increment(3)
     gauge.set(5)
@@ -137,8 +139,10 @@ def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
     """``observe_all`` (what the vLLM backend records an engine step's per-token values with) leaves a
     histogram as ``observe`` of each value would, and refuses what ``observe`` refuses."""
     key = (("m", "1"),)
-    one = pb_utils.MetricFamily("one", "d", pb_utils.HISTOGRAM).Metric({"m": "1"}, buckets=[1, 10])
-    many = pb_utils.MetricFamily("many", "d", pb_utils.HISTOGRAM).Metric({"m": "1"}, buckets=[1, 10])
+    one_family = pb_utils.MetricFamily("one", "d", pb_utils.HISTOGRAM)
+    many_family = pb_utils.MetricFamily("many", "d", pb_utils.HISTOGRAM)
+    one = one_family.Metric({"m": "1"}, buckets=[1, 10])
+    many = many_family.Metric({"m": "1"}, buckets=[1, 10])
     for v in (0.5, 1, 5, 50, 3):
         one.observe(v)
     many.observe_all([0.5, 1, 5.0])
@@ -150,7 +154,19 @@ def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
             many.observe_all(bad)  # type: ignore[arg-type]
     assert values(registry) == {}  # a refused batch records nothing
     with pytest.raises(pb_utils.TritonModelException, match="for histograms"):
-        pb_utils.MetricFamily("c_total", "d", pb_utils.COUNTER).Metric({"m": "1"}).observe_all([1.0])
+        counters = pb_utils.MetricFamily("c_total", "d", pb_utils.COUNTER)
+        counters.Metric({"m": "1"}).observe_all([1.0])
+
+
+def test_a_metric_whose_family_was_deleted_raises(registry: MetricRegistry) -> None:
+    """As Triton (its QA custom_metrics model checks it): a metric does not keep its family."""
+    family = pb_utils.MetricFamily("gone", "d", pb_utils.GAUGE)
+    metric = family.Metric({"a": "1"})
+    del family
+    gc.collect()
+    for use in (lambda: metric.increment(1), lambda: metric.set(1), metric.value):
+        with pytest.raises(pb_utils.TritonModelException, match="'MetricFamily' has been deleted"):
+            use()
 
 
 def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricRegistry) -> None:

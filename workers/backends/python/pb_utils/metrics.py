@@ -17,6 +17,7 @@ import math
 import numbers
 import re
 import threading
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -170,9 +171,18 @@ class Metric:
         self._key = key
         self._series = series
         self._registry = family._registry
-        self._family = family  # a metric keeps its family (and so its series) alive
+        # As in Triton, a metric does not keep its family: once the family is deleted (its series
+        # with it), using the metric raises.
+        self._family = weakref.ref(family)
+
+    def _check(self) -> None:
+        if self._family() is None:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+            )
 
     def increment(self, value: float) -> None:
+        self._check()
         kind = self._series.kind
         if kind == MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to increment metric value: a histogram only supports observe()")
@@ -183,6 +193,7 @@ class Metric:
         self._registry.update(self._key, self._series, _number(value), add=True)
 
     def set(self, value: float) -> None:
+        self._check()
         if self._series.kind != MetricKind.GAUGE:
             raise TritonModelException(
                 f"Failed to set metric value: set() is for gauges, not a {self._series.kind.name.lower()}"
@@ -195,6 +206,7 @@ class Metric:
     def observe_all(self, values: Sequence[float]) -> None:
         """``observe`` each of ``values`` (Conveyor's, for the engine's statistics: a value per
         token of an engine step under one lock)."""
+        self._check()
         if self._series.kind != MetricKind.HISTOGRAM:
             raise TritonModelException(
                 f"Failed to observe metric value: observe() is for histograms, not a "
@@ -206,6 +218,7 @@ class Metric:
 
     def value(self) -> float:
         """This worker process's value (Conveyor's /metrics adds the workers' counters up)."""
+        self._check()
         if self._series.kind == MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to get metric value: value() is not supported for histograms")
         return self._series.value
