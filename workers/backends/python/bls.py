@@ -152,10 +152,7 @@ class BlsClient:
             built = self._build(request, fresh)
         inputs, outputs = built
         nbytes = inputs_nbytes(inputs)
-        try:
-            block = self.link.alloc(nbytes) if nbytes else None
-        except ConveyorError as exc:  # Triton's words when its stub's pool cannot hold them, then why
-            raise ConveyorError(exc.status, f"Failed to increase the shared memory pool size: {exc.message}") from None
+        block = self.link.alloc(nbytes) if nbytes else None
         refs = write_inputs(self.link.arena, block or 0, inputs)
         timeout_us = request.timeout()
         wait_ns = timeout_us * 1000 if timeout_us > 0 else int(DEFAULT_QUEUE_TIMEOUT_S * 1e9)
