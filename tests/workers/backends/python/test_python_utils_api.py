@@ -230,3 +230,11 @@ def test_arguments_tritons_binding_cannot_convert_are_type_errors() -> None:
                  lambda: logger.log_info(None), lambda: logger.log_verbose(None)):
         with pytest.raises(TypeError):
             call()
+
+
+def test_a_family_of_an_existing_name_keeps_the_first_description(registry: MetricRegistry) -> None:
+    first = pb_utils.MetricFamily("described", "first description", pb_utils.COUNTER)
+    second = pb_utils.MetricFamily("described", "second description", pb_utils.COUNTER)
+    second.Metric({}).increment(1)
+    assert [s.description for s in registry.everything()] == ["first description"]
+    del first, second

@@ -61,7 +61,8 @@ class MetricRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kinds: dict[str, tuple[MetricKind, int]] = {}  # family -> kind, family objects holding it
+        # family -> kind, family objects holding it, the description of the first (Triton keeps it)
+        self._kinds: dict[str, tuple[MetricKind, int, str]] = {}
         self._series: dict[SeriesKey, Series] = {}
         self._changed: set[SeriesKey] = set()
         self._removed: set[SeriesKey] = set()
@@ -76,7 +77,9 @@ class MetricRegistry:
             if self.on_dirty is not None:
                 self.on_dirty()
 
-    def hold_family(self, name: str, kind: MetricKind) -> None:
+    def hold_family(self, name: str, kind: MetricKind, description: str = "") -> str:
+        """One more family object of ``name``; the family's description: the first one's, as
+        Triton keeps it for a family of a name that exists."""
         with self._lock:
             current = self._kinds.get(name)
             if current is not None and current[0] != kind:
@@ -84,15 +87,17 @@ class MetricRegistry:
                     f"Failed to create MetricFamily '{name}': a metric family of that name and kind "
                     f"{current[0].name} already exists"
                 )
-            self._kinds[name] = (kind, (current[1] if current else 0) + 1)
+            kept = current[2] if current else description
+            self._kinds[name] = (kind, (current[1] if current else 0) + 1, kept)
+            return kept
 
     def release_family(self, name: str, keys: Sequence[SeriesKey]) -> None:
         with self._lock:
-            kind, holders = self._kinds.get(name, (MetricKind.COUNTER, 1))
+            kind, holders, description = self._kinds.get(name, (MetricKind.COUNTER, 1, ""))
             if holders <= 1:
                 self._kinds.pop(name, None)
             else:
-                self._kinds[name] = (kind, holders - 1)
+                self._kinds[name] = (kind, holders - 1, description)
             for key in keys:
                 series = self._series.get(key)
                 if series is None:
@@ -240,10 +245,9 @@ class MetricFamily:
         except ValueError:
             raise TritonModelException(f"Failed to create MetricFamily '{name}': unknown kind {kind!r}") from None
         self._name = name
-        self._description = str(description)
         self._kind = kind
         self._keys: dict[SeriesKey, Series] = {}
-        REGISTRY.hold_family(name, kind)
+        self._description = REGISTRY.hold_family(name, kind, str(description))
         self._registry = REGISTRY  # set once held: __del__ lets go of what it holds
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
