@@ -378,15 +378,13 @@ run_suite() {  # SUITE INNER_SCRIPT_BODY
     rm -f "$WORK/logs/$1.log"
     printf 'SUITE=%s\nsource %q\n%s\n' "$1" "$WORK/lib.sh" "$2" > "$WORK/$1.sh"
     unshare -rn bash "$WORK/$1.sh" || true
-    # The totals: pytest's "N passed, M failed", unittest's "Ran N tests" and "FAILED (...)",
-    # and the checks.
+    # The totals: each pytest run is one test (pt), failed when its summary counts any failure
+    # (subtests included); unittest's "Ran N tests" and "FAILED (...)"; and the checks.
     awk -v suite="$1" -v logf="$WORK/logs/$1.log" '
         /^Ran [0-9]+ test/ { ran += $2 }
         /^FAILED \(/ { while (match($0, /(failures|errors)=[0-9]+/)) {
             split(substr($0, RSTART, RLENGTH), kv, "="); bad += kv[2]; $0 = substr($0, RSTART + RLENGTH) } }
-        /^=+ .* in [0-9.]+s/ { if (match($0, /[0-9]+ passed/)) ok += substr($0, RSTART, RLENGTH) + 0
-                               if (match($0, /[0-9]+ failed/)) pbad += substr($0, RSTART, RLENGTH) + 0
-                               if (match($0, /[0-9]+ error/)) pbad += substr($0, RSTART, RLENGTH) + 0 }
+        /^=+ .* in [0-9.]+s/ { if ($0 ~ /[0-9]+ (failed|error)/) pbad++; else if ($0 ~ /[0-9]+ passed/) ok++ }
         /^CHECK PASS/ { cok++ } /^CHECK FAIL/ { cbad++ }
         END { printf "%s: %d passed, %d failed; checks: %d passed, %d failed (log: %s)\n",
               suite, ran - bad + ok, bad + pbad, cok, cbad, logf }

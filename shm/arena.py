@@ -79,9 +79,11 @@ class Arena:
             self.reclaim()
             start = self._alloc.alloc(nbytes)
         if start is None:
+            # Triton's words first (its Python backend's, when its shared-memory pool cannot grow;
+            # its QA matches them), then which arena and what to do.
             raise unavailable(
-                f"shared-memory arena '{self.name}' is full ({nbytes} bytes requested, "
-                f"{self.capacity} in all): retry later or raise --arena-size"
+                f"Failed to increase the shared memory pool size: shared-memory arena '{self.name}' is full "
+                f"({nbytes} bytes requested, {self.capacity} in all): retry later or raise --arena-size"
             )
         return start
 

@@ -196,7 +196,7 @@ class InferenceServicer:
         """One request of a stream; its errors in-band, or with ``grpc_error`` (the client's
         ``triton_grpc_error: true`` header) as the stream's own gRPC status, which ends it."""
         if isinstance(request, Malformed):
-            # In-band like every stream error: the stream and its other requests go on.
+            # In-band like every stream error (unless triton_grpc_error): the stream and its other requests go on.
             error = request.error("ModelStreamInfer")
             reply = _EndStream(error) if grpc_error else codec.encode_stream_error(error.message, "")
             await replies.send_in_order(reply)

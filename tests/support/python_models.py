@@ -381,15 +381,16 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        self.requests = pb_utils.MetricFamily(
-            name="conveyor_test_requests_total", description="Requests seen by the model", kind=pb_utils.COUNTER,
-        ).Metric(labels=labels)
-        self.last = pb_utils.MetricFamily(
-            "conveyor_test_last_value", "The last value seen", pb_utils.MetricFamily.GAUGE,
-        ).Metric(labels=labels)
-        self.values = pb_utils.MetricFamily(
-            "conveyor_test_value", "Values seen", pb_utils.HISTOGRAM,
-        ).Metric(labels=labels, buckets=[1, 10, 100])
+        self.families = [  # kept: a metric does not keep its family, as in Triton
+            pb_utils.MetricFamily(
+                name="conveyor_test_requests_total", description="Requests seen by the model", kind=pb_utils.COUNTER,
+            ),
+            pb_utils.MetricFamily("conveyor_test_last_value", "The last value seen", pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily("conveyor_test_value", "Values seen", pb_utils.HISTOGRAM),
+        ]
+        self.requests = self.families[0].Metric(labels=labels)
+        self.last = self.families[1].Metric(labels=labels)
+        self.values = self.families[2].Metric(labels=labels, buckets=[1, 10, 100])
 
     def execute(self, requests):
         responses = []

@@ -70,9 +70,10 @@ def test_inference_request_takes_tritons_arguments() -> None:
     assert pb_utils.InferenceRequest(correlation_id="seq-a", inputs=[t], requested_output_names=[],
                                      model_name="m").correlation_id() == "seq-a"
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID must be integer or string"):
-        pb_utils.InferenceRequest(correlation_id=1.5, inputs=[t], model_name="m")  # type: ignore[arg-type]
+        pb_utils.InferenceRequest(correlation_id=1.5, inputs=[t], model_name="m",  # type: ignore[arg-type]
+                                  requested_output_names=[])
     with pytest.raises(pb_utils.TritonModelException, match="values to have type"):
-        pb_utils.InferenceRequest(inputs=[t], model_name="m", parameters={"x": [1]})
+        pb_utils.InferenceRequest(inputs=[t], model_name="m", requested_output_names=[], parameters={"x": [1]})
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
     assert not req.rescheduled()
     req.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
@@ -110,9 +111,11 @@ def values(registry: MetricRegistry) -> dict[tuple[str, Any], Any]:
 def test_counter_gauge_histogram(registry: MetricRegistry) -> None:
     labels = {"model": "m", "version": "1"}
     key = (("model", "m"), ("version", "1"))
-    counter = pb_utils.MetricFamily("c_total", "a counter", pb_utils.COUNTER).Metric(labels)
-    gauge = pb_utils.MetricFamily("g", "a gauge", pb_utils.GAUGE).Metric(labels)
-    hist = pb_utils.MetricFamily("h", "a histogram", pb_utils.HISTOGRAM).Metric(labels, buckets=[1, 10])
+    families = [pb_utils.MetricFamily("c_total", "a counter", pb_utils.COUNTER),
+                pb_utils.MetricFamily("g", "a gauge", pb_utils.GAUGE),
+                pb_utils.MetricFamily("h", "a histogram", pb_utils.HISTOGRAM)]  # a metric needs its family
+    counter, gauge = families[0].Metric(labels), families[1].Metric(labels)
+    hist = families[2].Metric(labels, buckets=[1, 10])
     counter.increment(2)
     counter.increment(3)
     gauge.set(5)
@@ -136,8 +139,10 @@ def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
     """``observe_all`` (what the vLLM backend records an engine step's per-token values with) leaves a
     histogram as ``observe`` of each value would, and refuses what ``observe`` refuses."""
     key = (("m", "1"),)
-    one = pb_utils.MetricFamily("one", "d", pb_utils.HISTOGRAM).Metric({"m": "1"}, buckets=[1, 10])
-    many = pb_utils.MetricFamily("many", "d", pb_utils.HISTOGRAM).Metric({"m": "1"}, buckets=[1, 10])
+    one_family = pb_utils.MetricFamily("one", "d", pb_utils.HISTOGRAM)
+    many_family = pb_utils.MetricFamily("many", "d", pb_utils.HISTOGRAM)
+    one = one_family.Metric({"m": "1"}, buckets=[1, 10])
+    many = many_family.Metric({"m": "1"}, buckets=[1, 10])
     for v in (0.5, 1, 5, 50, 3):
         one.observe(v)
     many.observe_all([0.5, 1, 5.0])
@@ -149,7 +154,19 @@ def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
             many.observe_all(bad)  # type: ignore[arg-type]
     assert values(registry) == {}  # a refused batch records nothing
     with pytest.raises(pb_utils.TritonModelException, match="for histograms"):
-        pb_utils.MetricFamily("c_total", "d", pb_utils.COUNTER).Metric({"m": "1"}).observe_all([1.0])
+        counters = pb_utils.MetricFamily("c_total", "d", pb_utils.COUNTER)
+        counters.Metric({"m": "1"}).observe_all([1.0])
+
+
+def test_a_metric_whose_family_was_deleted_raises(registry: MetricRegistry) -> None:
+    """As Triton (its QA custom_metrics model checks it): a metric does not keep its family."""
+    family = pb_utils.MetricFamily("gone", "d", pb_utils.GAUGE)
+    metric = family.Metric({"a": "1"})
+    del family
+    gc.collect()
+    for use in (lambda: metric.increment(1), lambda: metric.set(1), metric.value):
+        with pytest.raises(pb_utils.TritonModelException, match="'MetricFamily' has been deleted"):
+            use()
 
 
 def test_families_of_one_name_share_series_until_the_last_goes(registry: MetricRegistry) -> None:
@@ -194,7 +211,12 @@ def test_arguments_tritons_binding_cannot_convert_are_type_errors() -> None:
         with pytest.raises(TypeError):
             pb_utils.InferenceRequest(**args)
     with pytest.raises(pb_utils.TritonModelException):
-        pb_utils.InferenceRequest(inputs=[None], model_name="m")  # type: ignore[list-item]
+        pb_utils.InferenceRequest(inputs=[None], model_name="m", requested_output_names=[])  # type: ignore[list-item]
+    for missing in ("inputs", "requested_output_names", "model_name"):  # no default in Triton's binding
+        given: dict[str, Any] = {"inputs": [t], "model_name": "m", "requested_output_names": ["o"]}
+        del given[missing]
+        with pytest.raises(TypeError, match=missing):
+            pb_utils.InferenceRequest(**given)
     with pytest.raises(TypeError):
         pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
     with pytest.raises(pb_utils.TritonModelException):
@@ -203,10 +225,16 @@ def test_arguments_tritons_binding_cannot_convert_are_type_errors() -> None:
         pb_utils.Tensor(None, np.zeros(1))  # type: ignore[arg-type]
     with pytest.raises(pb_utils.TritonModelException):
         pb_utils.Tensor.from_dlpack("OUTPUT0", None)
-    calls: list[Any] = [lambda: pb_utils.Logger.log("x", None),  # type: ignore[arg-type]
-                        lambda: pb_utils.Logger.log("x", 1),  # type: ignore[arg-type]
-                        lambda: pb_utils.Logger.log_info(None),  # type: ignore[arg-type]
-                        lambda: pb_utils.Logger.log_verbose(None)]  # type: ignore[arg-type]
-    for call in calls:
+    logger: Any = pb_utils.Logger  # the wrong types are the point
+    for call in (lambda: logger.log("x", None), lambda: logger.log("x", 1),
+                 lambda: logger.log_info(None), lambda: logger.log_verbose(None)):
         with pytest.raises(TypeError):
             call()
+
+
+def test_a_family_of_an_existing_name_keeps_the_first_description(registry: MetricRegistry) -> None:
+    first = pb_utils.MetricFamily("described", "first description", pb_utils.COUNTER)
+    second = pb_utils.MetricFamily("described", "second description", pb_utils.COUNTER)
+    second.Metric({}).increment(1)
+    assert [s.description for s in registry.everything()] == ["first description"]
+    del first, second

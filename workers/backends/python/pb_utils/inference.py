@@ -24,6 +24,7 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 _RESERVED_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
 )
+_REQUIRED: Any = object()  # an argument Triton's binding has no default for
 _NO_PARAMETERS: dict[str, Any] = {}  # shared, never mutated: most requests and responses have none
 
 
@@ -217,9 +218,9 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: int | str = 0,
-        inputs: Sequence[Tensor] = (),
-        requested_output_names: Sequence[str] = (),
-        model_name: str = "",
+        inputs: Sequence[Tensor] = _REQUIRED,
+        requested_output_names: Sequence[str] = _REQUIRED,
+        model_name: str = _REQUIRED,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -227,8 +228,13 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        # Triton's binding refuses what it cannot convert with TypeError (None included), and a
-        # correlation id of another type with its own exception.
+        # Triton's binding refuses what it cannot convert with TypeError (None included, and a
+        # missing inputs, requested_output_names or model_name: they have no default there),
+        # and a correlation id of another type with its own exception.
+        missing = [n for n, v in (("inputs", inputs), ("requested_output_names", requested_output_names),
+                                  ("model_name", model_name)) if v is _REQUIRED]
+        if missing:
+            raise TypeError(f"InferenceRequest() is missing the argument(s) {', '.join(missing)}")
         if correlation_id is None:
             raise TypeError("correlation_id must be an int or a str, not None")
         if not isinstance(correlation_id, int | str) or isinstance(correlation_id, bool):

@@ -17,6 +17,7 @@ import math
 import numbers
 import re
 import threading
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +61,8 @@ class MetricRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kinds: dict[str, tuple[MetricKind, int]] = {}  # family -> kind, family objects holding it
+        # family -> kind, family objects holding it, the description of the first (Triton keeps it)
+        self._kinds: dict[str, tuple[MetricKind, int, str]] = {}
         self._series: dict[SeriesKey, Series] = {}
         self._changed: set[SeriesKey] = set()
         self._removed: set[SeriesKey] = set()
@@ -75,7 +77,9 @@ class MetricRegistry:
             if self.on_dirty is not None:
                 self.on_dirty()
 
-    def hold_family(self, name: str, kind: MetricKind) -> None:
+    def hold_family(self, name: str, kind: MetricKind, description: str = "") -> str:
+        """One more family object of ``name``; the family's description: the first one's, as
+        Triton keeps it for a family of a name that exists."""
         with self._lock:
             current = self._kinds.get(name)
             if current is not None and current[0] != kind:
@@ -83,15 +87,17 @@ class MetricRegistry:
                     f"Failed to create MetricFamily '{name}': a metric family of that name and kind "
                     f"{current[0].name} already exists"
                 )
-            self._kinds[name] = (kind, (current[1] if current else 0) + 1)
+            kept = current[2] if current else description
+            self._kinds[name] = (kind, (current[1] if current else 0) + 1, kept)
+            return kept
 
     def release_family(self, name: str, keys: Sequence[SeriesKey]) -> None:
         with self._lock:
-            kind, holders = self._kinds.get(name, (MetricKind.COUNTER, 1))
+            kind, holders, description = self._kinds.get(name, (MetricKind.COUNTER, 1, ""))
             if holders <= 1:
                 self._kinds.pop(name, None)
             else:
-                self._kinds[name] = (kind, holders - 1)
+                self._kinds[name] = (kind, holders - 1, description)
             for key in keys:
                 series = self._series.get(key)
                 if series is None:
@@ -170,9 +176,18 @@ class Metric:
         self._key = key
         self._series = series
         self._registry = family._registry
-        self._family = family  # a metric keeps its family (and so its series) alive
+        # As in Triton, a metric does not keep its family: once the family is deleted (its series
+        # with it), using the metric raises.
+        self._family = weakref.ref(family)
+
+    def _check(self) -> None:
+        if self._family() is None:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+            )
 
     def increment(self, value: float) -> None:
+        self._check()
         kind = self._series.kind
         if kind == MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to increment metric value: a histogram only supports observe()")
@@ -183,6 +198,7 @@ class Metric:
         self._registry.update(self._key, self._series, _number(value), add=True)
 
     def set(self, value: float) -> None:
+        self._check()
         if self._series.kind != MetricKind.GAUGE:
             raise TritonModelException(
                 f"Failed to set metric value: set() is for gauges, not a {self._series.kind.name.lower()}"
@@ -195,6 +211,7 @@ class Metric:
     def observe_all(self, values: Sequence[float]) -> None:
         """``observe`` each of ``values`` (Conveyor's, for the engine's statistics: a value per
         token of an engine step under one lock)."""
+        self._check()
         if self._series.kind != MetricKind.HISTOGRAM:
             raise TritonModelException(
                 f"Failed to observe metric value: observe() is for histograms, not a "
@@ -206,6 +223,7 @@ class Metric:
 
     def value(self) -> float:
         """This worker process's value (Conveyor's /metrics adds the workers' counters up)."""
+        self._check()
         if self._series.kind == MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to get metric value: value() is not supported for histograms")
         return self._series.value
@@ -227,10 +245,9 @@ class MetricFamily:
         except ValueError:
             raise TritonModelException(f"Failed to create MetricFamily '{name}': unknown kind {kind!r}") from None
         self._name = name
-        self._description = str(description)
         self._kind = kind
         self._keys: dict[SeriesKey, Series] = {}
-        REGISTRY.hold_family(name, kind)
+        self._description = REGISTRY.hold_family(name, kind, str(description))
         self._registry = REGISTRY  # set once held: __del__ lets go of what it holds
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
