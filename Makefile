@@ -34,6 +34,10 @@ typecheck:
 unit:
 	$(PY) -m pytest -q
 
+# The tests that start no process (tests/conftest.py marks the levels): a quick check while editing.
+quick:
+	$(PY) -m pytest -q -m unit
+
 bench: $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m conveyor.deploy.benchmarks.perf

@@ -4,6 +4,7 @@ ingress) on free loopback ports, with a model repository made on the fly."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +27,23 @@ def server(model_repo: str) -> Iterator[Server]:
     code = srv.stop()
     assert code == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
+
+
+# A test module that names one of these starts processes: its tests are e2e, the others unit.
+# Set here, from the module's text, so that a new test gets its level without anyone remembering.
+_STARTS_PROCESSES = re.compile(r"tests\.support\.group|start_server|subprocess|Popen|multiprocessing"
+                               r"|extra_grpc_ingress_process|real_triton")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test ``unit`` or ``e2e`` (``pytest -m unit`` runs the quick level alone)."""
+    levels: dict[str, pytest.MarkDecorator] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in levels:
+            text = item.path.read_text(encoding="utf-8")
+            levels[path] = pytest.mark.e2e if _STARTS_PROCESSES.search(text) else pytest.mark.unit
+        item.add_marker(levels[path])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
