@@ -14,6 +14,7 @@ model as Triton does. The request's input block lives until its final response.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
@@ -51,6 +52,40 @@ HOST = socket.gethostname()
 _CLIENT = m.CLIENT_REGION_PREFIX
 # What the ingress refuses as the client's fault: counted as REJECTED, and checked again against a fresh signature.
 _REFUSALS = frozenset((Status.INVALID_ARG, Status.CLIENT_MISTAKE))
+
+
+class SendTurn:
+    """Requests of one ordered channel (a gRPC stream) reach the router in the order they came:
+    each one is sent only after the one before it was sent, or failed without being sent.
+    Triton enqueues a stream's requests in arrival order, and a sequence's START must reach the
+    sequence batcher before the requests that follow it; without this, a request that waited for
+    a signature could be overtaken by the next one."""
+
+    __slots__ = ("_before", "_sent")
+
+    def __init__(self, before: asyncio.Future[None] | None) -> None:
+        self._before = before
+        self._sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def sent(self) -> asyncio.Future[None]:
+        return self._sent
+
+    async def wait(self) -> None:
+        """Until every earlier request of the channel was sent (no suspension when it was)."""
+        if self._before is not None and not self._before.done():
+            await asyncio.shield(self._before)
+
+    def done(self) -> None:
+        """This request was sent or will never be (idempotent): the next one may go once every
+        earlier one has too. Called right before the send's own await: the next request's task
+        runs only once this one has suspended, after sending."""
+        if self._sent.done():
+            return
+        if self._before is None or self._before.done():
+            self._sent.set_result(None)
+        else:
+            self._before.add_done_callback(lambda _: self.done())
 
 
 @dataclass(slots=True)
@@ -146,20 +181,25 @@ class DataPlane:
     async def is_decoupled(self, model: str, version: str) -> bool:
         return (await self.models.get(model, version)).decoupled
 
-    async def infer(self, call: InferCall, *, endpoint: str = "HTTP end point") -> InferResult:
-        """One request, one response; ``endpoint`` names the caller in the refusal of a decoupled model."""
+    async def infer(self, call: InferCall, *, endpoint: str = "HTTP end point",
+                    turn: SendTurn | None = None) -> InferResult:
+        """One request, one response; ``endpoint`` names the caller in the refusal of a decoupled model;
+        ``turn``: sent after the earlier requests of its stream."""
         received = time.time_ns() if self.link.tracing else 0  # the router decides whether it is sampled
         self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         if sig.decoupled:
             if sig.plain_infer:
-                return await self._one_response(call, endpoint)
+                return await self._one_response(call, endpoint, turn)
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
             request = await self._validated(sig, call)
             if received:
                 request.trace = m.TraceContext(received, call.traceparent)
+            if turn is not None:
+                await turn.wait()
+                turn.done()  # link.infer sends before its first suspension
             response = await self.link.infer(request)
         finally:
             self._in_flight -= 1
@@ -172,11 +212,11 @@ class DataPlane:
             raise error_from(response.error)
         return self._result(response, call)
 
-    async def _one_response(self, call: InferCall, endpoint: str) -> InferResult:
+    async def _one_response(self, call: InferCall, endpoint: str, turn: SendTurn | None = None) -> InferResult:
         """Plain infer on a decoupled model that answers a request that does not stream with one
         final response (vLLM). A request that streams after all is refused at its first partial
         response, which ends it."""
-        async with contextlib.aclosing(self.infer_stream(call)) as responses:
+        async with contextlib.aclosing(self.infer_stream(call, turn)) as responses:
             async for item in responses:
                 if isinstance(item, StreamError):
                     raise item.error
@@ -187,14 +227,18 @@ class DataPlane:
                 return item
         raise internal("the model sent no response")  # a worker always sends a final one
 
-    async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
+    async def infer_stream(self, call: InferCall,
+                           turn: SendTurn | None = None) -> AsyncGenerator[InferResult | StreamError, None]:
         """Every response to ``call`` (a decoupled model may send none but the final
-        flag: an ``InferResult`` without outputs), the last one ``final``."""
+        flag: an ``InferResult`` without outputs), the last one ``final``; ``turn`` as for ``infer``."""
         self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         self._admit()
         try:
             request = await self._validated(sig, call)
+            if turn is not None:
+                await turn.wait()
+                turn.done()  # the first step of link.infer_stream sends
             async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
                 async for response in responses:
                     if response.final:

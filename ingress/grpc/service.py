@@ -210,7 +210,7 @@ class InferenceServicer:
                 return
             # Every stream response carries triton_final_response, as Triton's stream handler sets it.
             reply = codec.encode_infer_response(
-                await self._dataplane.infer(call, endpoint=_UNARY), stream=True, final=True
+                await self._dataplane.infer(call, endpoint=_UNARY, turn=replies.send_turn), stream=True, final=True
             )
         except ConveyorError as err:
             reply = _EndStream(err) if grpc_error else codec.encode_stream_error(err.message, request.message.id)
@@ -226,7 +226,7 @@ class InferenceServicer:
         it on every stream response). A bare final flag (no outputs) is sent only to a client
         that asked for it, as in Triton."""
         flag = bool(call.parameters.get(_EMPTY_FINAL))
-        async with contextlib.aclosing(self._dataplane.infer_stream(call)) as responses:
+        async with contextlib.aclosing(self._dataplane.infer_stream(call, replies.send_turn)) as responses:
             async for part in responses:
                 if isinstance(part, StreamError) and grpc_error:
                     await replies.send(_EndStream(part.error))

@@ -1,7 +1,8 @@
 """The request pipelining behind ModelStreamInfer.
 
 A stream carries many requests. Each one starts as soon as it is read, so they
-run concurrently. A request to a model that is not decoupled has one reply, and
+run concurrently. Each is sent to the router only after the one before it was (``SendTurn``), so a
+sequence's START is never overtaken. A request to a model that is not decoupled has one reply, and
 those replies leave in request order: Triton does the same (its stream handler
 writes only the state at the front of its queue), and clients may rely on it.
 A decoupled model's replies leave as they are produced, interleaved with the
@@ -14,6 +15,8 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 from typing import TypeVar
 
+from conveyor.ingress.dataplane import SendTurn
+
 T = TypeVar("T")
 
 # Requests running at once. Past it the reader stops, so HTTP/2 flow control
@@ -22,12 +25,15 @@ DEFAULT_WINDOW = 256
 
 
 class Replies:
-    """Where one request's replies go on the stream."""
+    """Where one request's replies go on the stream, and its turn to be sent to the router
+    (``send_turn``: after every earlier request of the stream)."""
 
-    def __init__(self, out: asyncio.Queue[bytes | None], before: asyncio.Future[None]) -> None:
+    def __init__(self, out: asyncio.Queue[bytes | None], before: asyncio.Future[None],
+                 sent_before: asyncio.Future[None] | None = None) -> None:
         self._out = out
         self._before = before  # done once every earlier request's in-order reply has left
         self.turn_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.send_turn = SendTurn(sent_before)
 
     async def send(self, reply: bytes) -> None:
         """Send now, whatever earlier requests are doing (decoupled models)."""
@@ -81,6 +87,7 @@ async def _read(
     slots = asyncio.Semaphore(window)
     before: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     before.set_result(None)
+    sent: asyncio.Future[None] | None = None
 
     def finished(task: asyncio.Task[None]) -> None:
         running.discard(task)
@@ -89,8 +96,9 @@ async def _read(
     try:
         async for request in requests:
             await slots.acquire()
-            replies = Replies(out, before)
+            replies = Replies(out, before, sent)
             before = replies.turn_done
+            sent = replies.send_turn.sent
             task = asyncio.ensure_future(_run(handle, request, replies))
             running.add(task)
             task.add_done_callback(finished)
@@ -108,4 +116,5 @@ async def _run(handle: Callable[[T, Replies], Awaitable[None]], request: T, repl
     try:
         await handle(request, replies)
     finally:
+        replies.send_turn.done()  # a request never sent must not hold the later ones back
         replies.pass_turn()  # a request that sent no in-order reply must not hold the later ones

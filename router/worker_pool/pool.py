@@ -82,6 +82,15 @@ class WorkerPool:
         for w in self.workers.values():
             w.last_seen += deaf_s
 
+    def _unplaceable(self, inst: Instance) -> str:
+        """Why no worker takes ``inst``: for a KIND_GPU group when no worker has a GPU, Triton's words
+        (core's ValidateInstanceGroup on a host without GPUs; Model Analyzer's GPU variants meet it)."""
+        if inst.device == "cuda" and not any(w.hosts("cuda") for w in self.workers.values()):
+            group = inst.name.rsplit("_", 1)[0] if inst.name else f"{inst.version.model}_0"
+            return f"instance group {group} of model {inst.version.model} has kind KIND_GPU but no GPUs are available"
+        wanted = "a GPU" if inst.device == "cuda" else f"device '{inst.device}'"
+        return f"no worker has {wanted}"
+
     def place(self, instances: list[Instance]) -> list[Instance]:
         """Assign unplaced instances to workers; returns those assigned.
 
@@ -96,8 +105,7 @@ class WorkerPool:
             candidates = [w for w in self.workers.values() if w.hosts(inst.device) and not w.leaving]
             if not candidates:
                 # Stays unplaced (a worker with that device may join later), but says why.
-                wanted = "a GPU" if inst.device == "cuda" else f"device '{inst.device}'"
-                inst.error = f"no worker has {wanted}" if self.workers else ""
+                inst.error = self._unplaceable(inst) if self.workers else ""
                 continue
             inst.error = ""
             best = min(

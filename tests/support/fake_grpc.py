@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
+from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor, SendTurn
 from conveyor.ingress.limits import IngressLimits
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import invalid_arg, not_found, unavailable
@@ -63,7 +63,10 @@ class FakeDataPlane:
     async def is_decoupled(self, model: str, version: str) -> bool:
         return False
 
-    async def infer(self, call: InferCall, *, endpoint: str = "") -> InferResult:
+    async def infer(self, call: InferCall, *, endpoint: str = "", turn: SendTurn | None = None) -> InferResult:
+        if turn is not None:  # "sent" in the stream's order, as the real data plane sends to the router
+            await turn.wait()
+            turn.done()
         self.calls.append(call)
         if call.model == "fail":
             raise invalid_arg(f"bad request {call.id}")

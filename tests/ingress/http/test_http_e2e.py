@@ -193,7 +193,8 @@ def test_broken_models_say_why_and_others_serve(client: httpclient.InferenceServ
 def test_gpu_model_without_gpu_worker_says_why(client: httpclient.InferenceServerClient) -> None:
     if client.is_model_ready("gpu_only"):
         pytest.skip("a worker on this host has a GPU")
-    expect_error(client, lambda: client.get_model_metadata("gpu_only"), "no worker has a GPU")
+    expect_error(client, lambda: client.get_model_metadata("gpu_only"),
+                 "instance group gpu_only_0 of model gpu_only has kind KIND_GPU but no GPUs are available")
 
 
 def test_instance_group_count(client: httpclient.InferenceServerClient) -> None:

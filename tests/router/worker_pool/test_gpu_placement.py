@@ -60,4 +60,5 @@ def test_without_any_gpu_the_reason_says_so() -> None:
     workers = pool([])
     state = version("instance_group [ { count: 1 kind: KIND_GPU } ]")
     assert workers.place(state.instances) == []
-    assert state.instances[0].error == "no worker has a GPU"
+    # Triton's words (core's ValidateInstanceGroup on a host without GPUs)
+    assert state.instances[0].error == "instance group g_0 of model g has kind KIND_GPU but no GPUs are available"
