@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check lint typecheck unit bench proto clean
+.PHONY: serve test check lint typecheck unit quick bench proto clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
