@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from conveyor.deploy.log_settings import ProcessLog
+from conveyor.deploy.procs import actor_role
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, unavailable
 from conveyor.proto.framing import Outbox, drain, readable
@@ -35,11 +36,14 @@ log = logging.getLogger(__name__)
 CONTROL_TIMEOUT_S = 30.0
 # A model load answers once the model is ready: big models take a while.
 LOAD_TIMEOUT_S = 600.0
-# While requests are in flight the link pings the router this often; a router
-# that does not answer within PING_TIMEOUT_S, or answers with another boot id
-# (it restarted), has lost those requests: they fail instead of hanging.
+# While requests are in flight the link pings the router this often. A router that answers
+# with another boot id (it restarted), or does not answer within PING_TIMEOUT_S and whose
+# process is gone, has lost those requests: they fail instead of hanging. A router whose
+# process lives is busy, not gone (a loaded host, a paused process): its requests wait, up to
+# ROUTER_BUSY_LIMIT_S of silence, past which it is taken as wedged and they fail too.
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 5.0
+ROUTER_BUSY_LIMIT_S = 60.0
 DRAIN_BATCH = 64  # messages taken per socket per turn of the event loop
 
 
@@ -54,6 +58,21 @@ def reply_endpoint(router_endpoint: str) -> str:
         return ""
     folder = os.path.dirname(router_endpoint[len("ipc://"):])
     return f"ipc://{folder}/ingress-{os.getpid()}.sock"
+
+
+def router_process_lives(pid: int | None) -> bool:
+    """Whether ``pid`` is still a router of this host (a pid the link saw answer; another
+    process may have been given the number since, hence the command line)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in (b"Z", b"X") and actor_role(argv) == "router"
 
 
 def error_from(info: m.ErrorInfo) -> ConveyorError:
@@ -89,6 +108,8 @@ class RouterLink:
         self.on_repository_change: Callable[[int], None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._boot: int | None = None
+        self._router_pid: int | None = None  # the router's process, from its last answer to a ping
+        self._silent_since: float | None = None  # when the router's current silence began
         # Whether any tracing is on (the router's SettingsUpdate): only then are requests stamped.
         self.tracing = False
 
@@ -157,12 +178,22 @@ class RouterLink:
                 continue
             pending = self._calls.open_requests()
             try:
-                boot = await asyncio.wait_for(self.control("ping"), PING_TIMEOUT_S)
+                boot, pid = await asyncio.wait_for(self.control("ping"), PING_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if self._silent_since is None:
+                    self._silent_since = time.monotonic() - PING_TIMEOUT_S
+                silent_s = time.monotonic() - self._silent_since
+                if silent_s < ROUTER_BUSY_LIMIT_S and router_process_lives(self._router_pid):
+                    if silent_s < PING_TIMEOUT_S + PING_INTERVAL_S * 2:  # once per silence
+                        log.warning("the router has not answered for %.0f s; its process lives: its "
+                                    "requests wait (up to %.0f s)", silent_s, ROUTER_BUSY_LIMIT_S)
+                    continue
                 self.fail_in_flight(pending, "the router stopped answering")
                 continue
+            self._silent_since = None
+            self._router_pid = pid
             if self._boot is not None and boot != self._boot:
                 self.fail_in_flight(pending, "the router restarted")
                 self._hello()  # the new router learns where workers may answer us

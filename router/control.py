@@ -31,9 +31,10 @@ class ControlHandler:
         # OpenTelemetry mode: spans exported, dropped and failed (router/observability/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
 
-    def ping(self) -> int:
-        """This router's boot id: a change tells the ingress the router restarted."""
-        return self.boot_id
+    def ping(self) -> list[int]:
+        """This router's boot id (a change tells the ingress the router restarted) and its pid
+        (while the process lives, a late answer is a busy router, not a lost one)."""
+        return [self.boot_id, os.getpid()]
 
     def server_ready(self) -> bool:
         """Ready once every loadable model version has settled (ready or failed).

@@ -126,3 +126,38 @@ def test_killing_the_router_under_load_fails_only_retryably_and_the_group_recove
     # The workers and ingress processes were not restarted: they rejoined the new router.
     assert pids_of(group, "worker") == workers
     assert pids_of(group, "ingress-http") | pids_of(group, "ingress-grpc") == ingress
+
+
+def test_a_paused_router_loses_no_request(group: Server) -> None:
+    # A router that stops answering while its process lives (here SIGSTOP; in life a loaded host)
+    # is busy, not gone: the request in flight waits and gets its answer, not a 503.
+    from conveyor.ingress.router_link import PING_TIMEOUT_S
+
+    x = np.full((1, 16), 7, dtype=np.int32)
+    assert one_call(group, "http", x).tolist() == (x + 1).tolist()
+    (router,) = pids_of(group, "router")
+    answers: list[object] = []
+    os.kill(router, signal.SIGSTOP)
+    try:
+        caller = threading.Thread(target=lambda: answers.append(_answer(group, x)), daemon=True)
+        caller.start()
+        time.sleep(PING_TIMEOUT_S + 3)  # past the ping timeout that used to fail the request
+        assert answers == []
+    finally:
+        os.kill(router, signal.SIGCONT)
+    caller.join(30)
+    assert answers == [(x + 1).tolist()]
+    assert pids_of(group, "router") == {router}
+
+
+def _answer(server: Server, x: np.ndarray) -> object:
+    client = th.InferenceServerClient(server.http_url, network_timeout=60, connection_timeout=60)
+    try:
+        inputs = [th.InferInput("INPUT0", [1, 16], "INT32"), th.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs[0].set_data_from_numpy(x)
+        inputs[1].set_data_from_numpy(np.ones_like(x))
+        return client.infer("simple", inputs).as_numpy("OUTPUT0").tolist()
+    except InferenceServerException as err:
+        return str(err)
+    finally:
+        client.close()
