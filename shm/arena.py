@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import posix_ipc
 
-from conveyor.proto.errors import unavailable
+from conveyor.proto.errors import ConveyorError, unavailable
 from conveyor.shm.allocator import ALIGN, BlockAllocator
 
 # A consumer copies its bytes out within milliseconds of the response; a block
@@ -54,6 +54,15 @@ class _Pending:
     created: float = field(default_factory=time.monotonic)
 
 
+def arena_full(name: str, nbytes: int, capacity: int) -> ConveyorError:
+    """No room for ``nbytes`` in arena ``name``. Triton's words first (its Python backend's, when its
+    shared-memory pool cannot grow; its QA matches them), then which arena and what to do."""
+    return unavailable(
+        f"Failed to increase the shared memory pool size: shared-memory arena '{name}' is full "
+        f"({nbytes} bytes requested, {capacity} in all): retry later or raise --arena-size"
+    )
+
+
 class Arena:
     """Owns segment ``name`` (created here, unlinked by ``close``)."""
 
@@ -79,12 +88,7 @@ class Arena:
             self.reclaim()
             start = self._alloc.alloc(nbytes)
         if start is None:
-            # Triton's words first (its Python backend's, when its shared-memory pool cannot grow;
-            # its QA matches them), then which arena and what to do.
-            raise unavailable(
-                f"Failed to increase the shared memory pool size: shared-memory arena '{self.name}' is full "
-                f"({nbytes} bytes requested, {self.capacity} in all): retry later or raise --arena-size"
-            )
+            raise arena_full(self.name, nbytes, self.capacity)
         return start
 
     def free(self, start: int) -> None:

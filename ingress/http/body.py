@@ -17,7 +17,8 @@ import falcon.asgi
 from conveyor.ingress.http.compression import decompress, request_coding
 from conveyor.ingress.http.errors import error_body
 from conveyor.ingress.limits import json_too_large
-from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.errors import ConveyorError, http_status, invalid_arg
+from conveyor.shm.arena import arena_full
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
@@ -73,13 +74,16 @@ class BodyLimit:
     it is going to refuse: the connection closes after the 400.
     """
 
-    def __init__(self, app: falcon.asgi.App, limit: int) -> None:
+    def __init__(self, app: falcon.asgi.App, limit: int, arena: tuple[str, int] | None = None) -> None:
         self.app = app
         self.limit = limit
+        # The ingress arena's name and size: binary inputs larger than it could never be taken in,
+        # and are refused in its words (those Triton's QA expects of a body past the pool's size).
+        self.arena = arena
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            length = chunked = None
+            length = chunked = header_length = None
             json_only = True  # no Inference-Header-Content-Length: the whole body is JSON
             for name, value in scope["headers"]:  # ASGI header names are lower-case
                 if name == b"content-length":
@@ -88,9 +92,11 @@ class BodyLimit:
                     chunked = value
                 elif name == b"inference-header-content-length":
                     json_only = False
+                    header_length = value
             if length is not None:
                 if length.isdigit() and int(length) > self.limit:
-                    await self._refuse(send, int(length), json_only)
+                    error = self._too_large(int(length), None if json_only else header_length)
+                    await self._refuse(send, error)
                     return
                 if chunked is not None:
                     # Both framings (accepted as Triton accepts them, chunked wins: RFC 9112 6.3):
@@ -98,15 +104,25 @@ class BodyLimit:
                     send = _closing(send)
         await self.app(scope, receive, send)
 
-    async def _refuse(self, send: Send, size: int, json_only: bool) -> None:
-        error = json_too_large(size, self.limit, "--http-max-body-bytes") if json_only else _too_large(size, self.limit)
+    def _too_large(self, size: int, header_length: bytes | None) -> ConveyorError:
+        """The refusal of a body of ``size`` bytes; ``header_length``: its JSON part's, None when
+        the whole body is JSON."""
+        if header_length is None:
+            return json_too_large(size, self.limit, "--http-max-body-bytes")
+        if self.arena is not None and header_length.isdigit():
+            name, capacity = self.arena
+            if size - int(header_length) > capacity:
+                return arena_full(name, size - int(header_length), capacity)
+        return _too_large(size, self.limit)
+
+    async def _refuse(self, send: Send, error: ConveyorError) -> None:
         body = error_body(error.message)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
-        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.start", "status": http_status(error.status), "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -18,17 +18,13 @@ import tritonclient.http as th
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.fuzz import bounded, tried
+from tests.support.fuzz import CLIENT_MISTAKES_500, bounded, tried
 from tests.support.fuzz_grpc_requests import infer_requests
 from tests.support.fuzz_http_requests import binary_requests, dumps, infer_docs
 from tests.support.group import Server
 
 ALLOWED_GRPC = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                 grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE}
-
-# The client mistakes Triton answers with 500 (Status.CLIENT_MISTAKE): any other 500 is a server fault.
-CLIENT_MISTAKES_500 = ("Unable to parse 'shape': attempt to access JSON non-unsigned-integer",
-                       "Unable to parse 'data': Shape does not match true shape of 'data' field")
 
 
 class WellBehavedClient:

@@ -211,3 +211,29 @@ def test_body_limit_answers_before_the_body_is_read(client: falcon.testing.TestC
     # Within the limit, the request goes through to the app.
     ok = falcon.testing.TestClient(app).simulate_get("/v2/health/live", headers={"Content-Length": "0"})
     assert ok.status_code == 200
+
+
+def test_binary_inputs_past_the_arena_are_refused_in_tritons_pool_words(client: falcon.testing.TestClient) -> None:
+    # Triton's python-backend QA (test_growth_error) sends 1 GiB and expects its pool-growth error.
+    app = BodyLimit(client.app, 4096, ("ingress-arena", 2048))  # type: ignore[arg-type]
+
+    def refusal(length: int, header_length: int) -> tuple[int, str]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            raise AssertionError("the body must not be read")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        headers = [(b"content-length", str(length).encode()),
+                   (b"inference-header-content-length", str(header_length).encode())]
+        asyncio.run(app({"type": "http", "method": "POST", "path": "/v2/models/m/infer", "headers": headers},
+                         receive, send))
+        start, body = sent
+        return start["status"], orjson.loads(body["body"])["error"]
+
+    status, error = refusal(5000, 100)  # 4,900 bytes of tensors: more than the arena holds
+    assert status == 503 and error.startswith("Failed to increase the shared memory pool size")
+    status, error = refusal(5000, 3500)  # 1,500 bytes of tensors would fit: the body limit speaks
+    assert status == 400 and error.startswith("request size of 5000 bytes exceeds the maximum allowed input size")
