@@ -214,11 +214,12 @@ SETTINGS: tuple[Setting, ...] = (
             kind=checked(dispatch_cpu_text), metavar="auto|off|CPU", commands=_ALL, actors=_EVERY_CHILD),
     Setting(("--exit-timeout-secs",), "how long shutdown waits for in-flight requests", kind=float, default=30.0,
             commands=_ALL, actors=_EVERY_CHILD, triton=True),
-    # The router gets 0 (Supervisor._router_child): it stops after the ingress, which carry the grace.
+    # Not handed to the router: Supervisor._router_child gives it 0, for it stops after the ingress,
+    # which carry the grace.
     Setting(("--drain-grace-secs",), "on SIGTERM, how long readiness reads false while requests are still served, "
             "so load balancers stop sending first; then new requests get UNAVAILABLE and in-flight ones get "
             "--exit-timeout-secs to finish", kind=float, default=5.0, triton_default=0.0,
-            commands=_S_R_I, actors=_cmds(SUPERVISOR, ROUTER, INGRESS)),
+            commands=_S_R_I, actors=_cmds(SUPERVISOR, INGRESS)),
     # --- the network ---------------------------------------------------------------------
     Setting(("--http-port",), "the HTTP/REST port (KServe v2)", kind=int, default=8000,
             commands=_S_I, actors=_cmds(SUPERVISOR, INGRESS), triton=True),

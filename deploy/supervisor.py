@@ -117,9 +117,8 @@ class Supervisor:
 
     def _router_child(self, repos: list[str]) -> Child:
         # No grace for the router: it stops after the ingress processes, which carry the grace.
-        return Child("router", ["router", *handoff(self.args, ROUTER, {"drain_grace_secs": 0.0,
-                                                                        "model_repository": repos})],
-                     initial=True)
+        return Child("router", ["router", *handoff(self.args, ROUTER, {"model_repository": repos}),
+                                "--drain-grace-secs", "0"], initial=True)
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None] + self.cloud
