@@ -221,12 +221,9 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    restricted=restrictions(args.http_restricted_api),
                    ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
     else:
-        from conveyor.ingress.grpc.server import SERVER_OPTIONS
         from conveyor.ingress.grpc.server import serve as serve_grpc
         from conveyor.ingress.grpc.tls import GrpcTls
 
-        # This process serves one gRPC server: the keepalive flags join its options.
-        SERVER_OPTIONS.extend(grpc_keepalive_options(args))
         tls = None
         if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
             tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
@@ -237,7 +234,8 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
                    restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
                    implementation=grpc_server_choice(args), buffer_bytes=args.grpc_max_buffer_bytes,
-                   connection_buffer_bytes=args.grpc_max_connection_buffer_bytes)
+                   connection_buffer_bytes=args.grpc_max_connection_buffer_bytes,
+                   options=grpc_keepalive_options(args))
 
 
 def main(argv: list[str] | None = None) -> int:
