@@ -353,6 +353,8 @@ SETTINGS: tuple[Setting, ...] = (
             kind=resource_limit, default=[], repeatable=True, metavar="NAME:COUNT[:DEVICE]",
             commands=_S_R, actors=_TO_ROUTER, triton=True),
     # --- metrics: the router keeps them, the metrics ingress serves them ----------------------
+    # Every ingress process is handed them (it parses them as the metrics one does); only the
+    # metrics process (--protocol metrics) reads them.
     Setting(("--allow-cpu-metrics",), "report CPU utilization and memory in /metrics", kind=triton_bool,
             default=True, metavar="BOOL", commands=_S_R_I, actors=_cmds(ROUTER, INGRESS), triton=True),
     Setting(("--allow-gpu-metrics",), "report GPU utilization, memory and power in /metrics", kind=triton_bool,
