@@ -104,8 +104,8 @@ def test_every_setting_of_serve_is_used_by_someone() -> None:
 
 
 def test_a_child_that_takes_a_setting_of_serve_is_handed_it() -> None:
-    """A flag on a child's parser and on serve's is handed to that child, unless listed above:
-    a setting declared for the router but never given to it fails here."""
+    """A flag on a child's parser and on serve's is handed to that child, unless it is one of the
+    few declared ``also`` (taken, not used): a new one of those is a choice made here, in review."""
     not_handed = {(s.flags[0], actor) for s in _serve_settings()
                   for actor in (s.commands & set(CHILDREN)) - s.actors}
     assert not_handed == ACCEPTED_NOT_HANDED
