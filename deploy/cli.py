@@ -8,25 +8,13 @@ import os
 import sys
 from typing import Any
 
-from conveyor.deploy.cloud_options import add_cloud_endpoints, check_cloud_args, fold_storage_uri
+from conveyor.deploy.cloud_options import check_cloud_args, fold_storage_uri
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
-from conveyor.deploy.instances import INGRESS_PROTOCOLS, ingress_protocol, worker_environment
+from conveyor.deploy.instances import ingress_protocol, worker_environment
 from conveyor.deploy.lifeline import die_with_supervisor, exit_now
 from conveyor.deploy.listen import LISTEN_FAILED_CODE, endpoint, is_bind_failure
 from conveyor.deploy.logs import setup_logging
-from conveyor.deploy.openai_options import add_openai
 from conveyor.deploy.options import (
-    add_client_shm,
-    add_common,
-    add_drain,
-    add_ingress_limits,
-    add_ingress_security,
-    add_metrics,
-    add_model_control,
-    add_network,
-    add_repository,
-    add_scheduling,
-    add_trace,
     check_ingress_args,
     default_endpoints,
     fold_deprecated_trace,
@@ -38,7 +26,8 @@ from conveyor.deploy.options import (
     metrics_config,
 )
 from conveyor.deploy.scale import ROLES
-from conveyor.deploy.triton_flags import add_unused, log_unused
+from conveyor.deploy.settings import INGRESS, ROUTER, SERVE, WORKER, build_options
+from conveyor.deploy.triton_flags import log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
@@ -57,69 +46,14 @@ def _limits(args: argparse.Namespace, forward_pattern: str = "") -> IngressLimit
                          header_forward(forward_pattern))
 
 
-def add_serve_options(serve: argparse.ArgumentParser) -> None:
-    """The one option table of ``conveyor serve`` and ``tritonserver``: Triton's flags and
-    Conveyor's own."""
-    add_common(serve)
-    add_drain(serve)
-    add_network(serve)
-    add_ingress_limits(serve)
-    add_ingress_security(serve)
-    add_repository(serve, required=False)
-    add_scheduling(serve)
-    add_metrics(serve)
-    add_trace(serve)
-    serve.add_argument("--workers", type=int, default=2, help="worker processes")
-    serve.add_argument("--http-ingress", type=int, default=1, help="HTTP ingress processes")
-    serve.add_argument("--grpc-ingress", type=int, default=1, help="gRPC ingress processes")
-    add_client_shm(serve)
-    add_model_control(serve)
-    add_cloud_endpoints(serve)
-    add_openai(serve)
-    add_unused(serve)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="run router, ingress and workers in the foreground")
-    add_serve_options(serve)
-
-    router = sub.add_parser("router", help="run the router")
-    add_common(router)
-    add_drain(router)
-    add_repository(router, required=True)
-    add_scheduling(router)
-    add_metrics(router)
-    add_trace(router)
-    router.add_argument("--ingress-endpoint", default="", help="ZeroMQ endpoint ingress processes connect to")
-    router.add_argument("--worker-endpoint", default="", help="ZeroMQ endpoint workers connect to")
-    add_client_shm(router)
-    add_model_control(router)
-
-    ingress = sub.add_parser("ingress", help="run one ingress process")
-    add_common(ingress)
-    add_drain(ingress)
-    add_network(ingress)
-    add_ingress_limits(ingress)
-    add_ingress_security(ingress)
-    add_metrics(ingress)
-    add_cloud_endpoints(ingress)
-    add_openai(ingress)
-    ingress.add_argument("--protocol", choices=list(INGRESS_PROTOCOLS), default="")
-    ingress.add_argument("--instance", default="",
-                         help="a systemd instance name, <protocol>-<index> (http-0, grpc-1): sets --protocol")
-    ingress.add_argument("--router", default="", help="the router's ingress endpoint")
-
-    worker = sub.add_parser("worker", help="run one worker process")
-    add_common(worker)
-    worker.add_argument("--router", default="", help="the router's worker endpoint")
-    worker.add_argument("--ingress-endpoint", default="",
-                        help="the router's ingress endpoint, for BLS requests from models")
-    worker.add_argument("--arena-size", type=int, default=256 << 20)
-    worker.add_argument("--instance", default="",
-                        help="a systemd instance name: an index (0, 1, ...) or gpu<N> (sees only GPU N)")
+    # Each command's flags are the settings declared for it (deploy/settings.py).
+    for command, about in ((SERVE, "run router, ingress and workers in the foreground"),
+                           (ROUTER, "run the router"), (INGRESS, "run one ingress process"),
+                           (WORKER, "run one worker process")):
+        build_options(sub.add_parser(command, help=about), command)
 
     scale = sub.add_parser("scale", help="change how many workers or ingress processes a running 'serve' runs")
     scale.add_argument("role", nargs="?", choices=ROLES, default=None, help="what to scale (omit: show the counts)")
@@ -193,13 +127,12 @@ def _serve(args: argparse.Namespace, command_line: bool) -> int:
 
 def build_tritonserver_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritonserver", description=tritonserver_main.__doc__)
-    add_serve_options(parser)
-    # Triton's defaults: a failed model stops the start, readiness needs every model, clients
-    # may register shared memory (Triton 2.5x has no switch for it), and SIGTERM stops at once
-    # (no readiness grace; in-flight requests still get --exit-timeout-secs). Model Analyzer
-    # SIGKILLs a tritonserver that has not stopped 5 s after its SIGTERM.
-    parser.set_defaults(exit_on_error=True, strict_readiness=True, allow_client_shm=True, drain_grace_secs=0.0,
-                        command="serve")
+    # Triton's defaults where they differ (Setting.triton_default): a failed model stops the start,
+    # readiness needs every model, clients may register shared memory (Triton 2.5x has no switch
+    # for it), and SIGTERM stops at once (no readiness grace; in-flight requests still get
+    # --exit-timeout-secs). Model Analyzer SIGKILLs a tritonserver that has not stopped 5 s after its SIGTERM.
+    build_options(parser, SERVE, triton=True)
+    parser.set_defaults(command="serve")
     return parser
 
 
@@ -288,12 +221,9 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    restricted=restrictions(args.http_restricted_api),
                    ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
     else:
-        from conveyor.ingress.grpc.server import SERVER_OPTIONS
         from conveyor.ingress.grpc.server import serve as serve_grpc
         from conveyor.ingress.grpc.tls import GrpcTls
 
-        # This process serves one gRPC server: the keepalive flags join its options.
-        SERVER_OPTIONS.extend(grpc_keepalive_options(args))
         tls = None
         if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
             tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
@@ -304,7 +234,8 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                    limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
                    restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
                    implementation=grpc_server_choice(args), buffer_bytes=args.grpc_max_buffer_bytes,
-                   connection_buffer_bytes=args.grpc_max_connection_buffer_bytes)
+                   connection_buffer_bytes=args.grpc_max_connection_buffer_bytes,
+                   options=grpc_keepalive_options(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Triton's SageMaker and Vertex AI flags, and the ``AIP_*`` environment Vertex AI sets.
+"""Triton's SageMaker and Vertex AI endpoints: the checks on their flags (declared in
+``deploy/settings.py``), and the ``AIP_*`` environment Vertex AI sets.
 
 ``AIP_MODE=PREDICTION`` turns the Vertex AI endpoint on and the HTTP and gRPC ones
 off by default; ``AIP_HTTP_PORT`` is ``--vertex-ai-port``'s default; ``AIP_STORAGE_URI``
@@ -12,42 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from conveyor.deploy.options import triton_bool
-
 SAGEMAKER_INFERENCE_TYPE_ENV = "SAGEMAKER_TRITON_INFERENCE_TYPE"
 SAGEMAKER_INFERENCE_TYPES = ("infer", "generate", "generate_stream")  # what /invocations maps to
-
-
-def port_range(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition("-")
-    try:
-        if not sep:
-            raise ValueError
-        return int(low), int(high)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            "Cannot parse pair option due to incorrect number of inputs.--<pair option> argument requires "
-            f"format <first>-<second>. Found: {text}"
-        ) from None
-
-
-def add_cloud_endpoints(p: argparse.ArgumentParser) -> None:
-    vertex_env = os.environ.get("AIP_MODE", "") == "PREDICTION"
-    g = p.add_argument_group("SageMaker and Vertex AI endpoints")
-    g.add_argument("--allow-sagemaker", type=triton_bool, default=False, metavar="BOOL",
-                   help="serve SageMaker's /ping, /invocations and /models on --sagemaker-port (default false)")
-    g.add_argument("--sagemaker-port", type=int, default=8080, help="the SageMaker endpoint's port (default 8080)")
-    g.add_argument("--sagemaker-safe-port-range", type=port_range, default=None, metavar="<integer>-<integer>",
-                   help="the ports the other endpoints must use when SageMaker is on")
-    g.add_argument("--allow-vertex-ai", type=triton_bool, default=vertex_env, metavar="BOOL",
-                   help="serve Vertex AI's AIP_HEALTH_ROUTE and AIP_PREDICT_ROUTE on --vertex-ai-port "
-                        "(default true when AIP_MODE=PREDICTION, which also turns HTTP and gRPC off by default)")
-    g.add_argument("--vertex-ai-port", type=int, default=int(os.environ.get("AIP_HTTP_PORT") or 8080),
-                   help="the Vertex AI endpoint's port (default AIP_HTTP_PORT, else 8080)")
-    g.add_argument("--vertex-ai-default-model", default="", metavar="NAME",
-                   help="the model AIP_PREDICT_ROUTE infers (default: the repository's only model)")
-    if vertex_env:
-        p.set_defaults(allow_http=False, allow_grpc=False)
 
 
 def fold_storage_uri(a: argparse.Namespace) -> None:
@@ -99,8 +66,3 @@ def check_inference_type(value: str | None) -> str:
         return f"Invalid SAGEMAKER_TRITON_INFERENCE_TYPE '{value}'. Must be one of: infer, generate, generate_stream"
     return ""
 
-
-def cloud_args(a: argparse.Namespace) -> list[str]:
-    """The endpoint flags, as the supervisor passes them on to the ingress processes."""
-    return ["--sagemaker-port", str(a.sagemaker_port), "--vertex-ai-port", str(a.vertex_ai_port),
-            "--vertex-ai-default-model", a.vertex_ai_default_model]

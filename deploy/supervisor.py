@@ -32,20 +32,11 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.deploy import listen
-from conveyor.deploy.cloud_options import cloud_args
 from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock, take_group
 from conveyor.deploy.lifeline import child_environment
-from conveyor.deploy.openai_options import openai_args
-from conveyor.deploy.options import (
-    grpc_keepalive_args,
-    ingress_args,
-    log_args,
-    metrics_args,
-    model_control_args,
-    run_dir,
-    scheduling_args,
-)
+from conveyor.deploy.options import run_dir
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
+from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, handoff
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.proto.signal_wake import SignalWake
 from conveyor.router.startup import EXIT_ON_ERROR_CODE
@@ -111,43 +102,23 @@ class Supervisor:
 
     # --- children ----------------------------------------------------------------------
 
-    def _common(self) -> list[str]:
-        a = self.args
-        spin = ["--spin-us", a.spin_us] if a.spin_us is not None else []
-        io_sched = ["--io-sched", a.io_sched] if a.io_sched is not None else []
-        dispatch = ["--dispatch-cpu", a.dispatch_cpu] if a.dispatch_cpu is not None else []
-        return ["--group", a.group, *log_args(a), *spin, *io_sched, *dispatch,
-                "--exit-timeout-secs", str(a.exit_timeout_secs)]
+    # Each child is started with the settings its actor uses (deploy/settings.py), as the flags
+    # of its own command: what it runs is what 'conveyor router|worker|ingress ...' by hand runs.
 
-    def _ingress_args(self) -> list[str]:
-        a = self.args
-        return [
-            *self._common(), "--drain-grace-secs", str(a.drain_grace_secs),
-            "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port), "--metrics-port", str(a.metrics_port),
-            "--http-address", a.http_address, "--grpc-address", a.grpc_address, "--arena-size", str(a.arena_size),
-            "--metrics-address", a.metrics_address, "--id", a.server_id, *grpc_keepalive_args(a),
-            *ingress_args(a), *cloud_args(a), *openai_args(a),
-        ]
+    def _ingress_child(self, role: str, protocol: str) -> Child:
+        return Child(role, ["ingress", "--protocol", protocol, *handoff(self.args, INGRESS)], initial=self._starting)
 
     def _new_child(self, role: str) -> Child:
         n = next(self._serials[role])
         if role == "workers":
-            return Child(f"worker-{n}", ["worker", *self._common(), "--arena-size", str(self.args.arena_size)],
-                         initial=self._starting)
+            return Child(f"worker-{n}", ["worker", *handoff(self.args, WORKER)], initial=self._starting)
         protocol = role.split("-", 1)[0]
-        return Child(f"{protocol}-{n}", ["ingress", "--protocol", protocol, *self._ingress_args()],
-                     initial=self._starting)
+        return self._ingress_child(f"{protocol}-{n}", protocol)
 
     def _router_child(self, repos: list[str]) -> Child:
-        repo_args = [x for r in repos for x in ("--model-repository", r)]
-        shm = ["--allow-client-shm", "true"] if self.args.allow_client_shm else []
-        shm += ["--max-client-shm-regions", str(self.args.max_client_shm_regions)]
-        trace_args = [x for item in self.args.trace_config for x in ("--trace-config", item)]
         # No grace for the router: it stops after the ingress processes, which carry the grace.
-        return Child("router", ["router", *self._common(), "--drain-grace-secs", "0", *repo_args, *shm,
-                                *scheduling_args(self.args), *model_control_args(self.args),
-                                *[x for value in self.args.cache_config for x in ("--cache-config", value)],
-                                *metrics_args(self.args), *trace_args], initial=True)
+        return Child("router", ["router", *handoff(self.args, ROUTER, {"model_repository": repos}),
+                                "--drain-grace-secs", "0"], initial=True)
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None] + self.cloud
@@ -245,13 +216,11 @@ class Supervisor:
         self.router = self._router_child(repos)
         self.router.start()
         if a.allow_metrics:
-            self.metrics = Child("metrics", ["ingress", "--protocol", "metrics", *self._ingress_args(),
-                                             *metrics_args(a)], initial=True)
+            self.metrics = self._ingress_child("metrics", "metrics")
             self.metrics.start()
         for protocol, allowed in (("sagemaker", a.allow_sagemaker), ("vertex", a.allow_vertex_ai)):
             if allowed:
-                self.cloud.append(Child(protocol, ["ingress", "--protocol", protocol, *self._ingress_args()],
-                                        initial=True))
+                self.cloud.append(self._ingress_child(protocol, protocol))
                 self.cloud[-1].start()
         self.scale("workers", a.workers)
         self.scale("http-ingress", a.http_ingress if a.allow_http else 0)

@@ -1,6 +1,6 @@
 """What one ingress process accepts: the limits a client meets before any model runs.
 
-Each has a safe default and a flag (``deploy/options.py``); docs/SECURITY.md lists
+Each has a safe default and a flag (``deploy/settings.py``); docs/SECURITY.md lists
 them with what a client sees when it is over one.
 """
 

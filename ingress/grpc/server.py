@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -32,11 +33,12 @@ log = logging.getLogger(__name__)
 # Triton accepts tensors up to protobuf's own 2 GiB message limit.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
 
-SERVER_OPTIONS: list[tuple[str, Any]] = [
+# Every grpcio server's options; a process's own (the keepalive flags) come with start_server's ``options``.
+SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.so_reuseport", 1),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+)
 
 
 def _address(host: str, port: int) -> str:
@@ -49,6 +51,7 @@ async def start_server(
     ctx: IngressContext, host: str, port: int, *, tls: GrpcTls | None = None,
     restricted: dict[str, Restriction] | None = None, implementation: str = "grpcio",
     buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES, connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> tuple[Any, int]:
     """Build, bind and start a gRPC server on ``ctx``; return it and the
     bound port (useful with ``port=0``). The caller stops it (``await server.stop(grace)``).
@@ -59,11 +62,12 @@ async def start_server(
     plaintext only, so TLS is served by grpcio whatever it says); ``buffer_bytes``
     and ``connection_buffer_bytes`` are h2's budgets for request bytes held
     before their calls take them (``--grpc-max-buffer-bytes``,
-    ``--grpc-max-connection-buffer-bytes``)."""
+    ``--grpc-max-connection-buffer-bytes``); ``options``: grpcio's channel arguments
+    beyond ``SERVER_OPTIONS`` (the ``--grpc-keepalive-*`` flags)."""
     if implementation == "h2" and tls is None:
         return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes)
     interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+    server = grpc.aio.server(options=[*SERVER_OPTIONS, *options], interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
     health.add_to_server(health.HealthServicer(ctx.link, ctx.drain), server)
     address = _address(host, port)
@@ -105,6 +109,7 @@ async def run(
     implementation: str = "grpcio",
     buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
     connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain (``ingress/drain.py``): not ready for
     ``drain_grace_s``, then refuse new calls while in-flight ones finish (up to
@@ -118,7 +123,7 @@ async def run(
     try:
         server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted,
                                            implementation=implementation, buffer_bytes=buffer_bytes,
-                                           connection_buffer_bytes=connection_buffer_bytes)
+                                           connection_buffer_bytes=connection_buffer_bytes, options=options)
         log.info("gRPC ingress listening on %s%s", _address(host, bound), " (TLS)" if tls else "")
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
@@ -150,6 +155,7 @@ def serve(
     implementation: str = "grpcio",
     buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
     connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> None:
     """Run a gRPC ingress process (blocking).
 
@@ -166,6 +172,7 @@ def serve(
         restricted: API category -> the metadata it needs.
         implementation: ``grpcio`` or ``h2`` (``start_server``).
         buffer_bytes, connection_buffer_bytes: h2's request buffer budgets (``start_server``).
+        options: grpcio's channel arguments beyond ``SERVER_OPTIONS`` (``start_server``).
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s"
@@ -175,4 +182,4 @@ def serve(
     uvloop.run(run(router, group, host, port, arena_bytes=arena_bytes, exit_timeout_s=exit_timeout_s,
                    drain_grace_s=drain_grace_s, limits=limits, tls=tls, restricted=restricted,
                    implementation=implementation, buffer_bytes=buffer_bytes,
-                   connection_buffer_bytes=connection_buffer_bytes))
+                   connection_buffer_bytes=connection_buffer_bytes, options=options))
