@@ -1,6 +1,6 @@
 """Triton's model repository extension over HTTP: index, load, unload.
 
-The router owns the lifecycle (``router/lifecycle.py``); a load call returns once
+The router owns the lifecycle (``router/lifecycle/``); a load call returns once
 the model has loaded or failed, as in Triton.
 """
 

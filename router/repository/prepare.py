@@ -1,6 +1,6 @@
 """What the repository agent does for the lifecycle (``router/repository/agent.py``): plain
 functions of the values handed over, which read and write the disk and touch none of the
-router's state. The lifecycle (``router/lifecycle.py``) asks for them and applies their
+router's state. The lifecycle (``router/lifecycle/``) asks for them and applies their
 results on the loop."""
 
 from __future__ import annotations

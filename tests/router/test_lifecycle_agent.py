@@ -1,4 +1,4 @@
-"""The lifecycle with its repository agent (router/lifecycle.py, router/repository/agent.py),
+"""The lifecycle with its repository agent (router/lifecycle/, router/repository/agent.py),
 without a group: what the loop does at once, what it applies when the agent's results come
 back (start-up, a load, an unload that cancels a load, the index, a registration)."""
 

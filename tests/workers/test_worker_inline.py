@@ -19,7 +19,7 @@ from conveyor.workers.backends.python.backend import PythonBackend
 from conveyor.workers.batch_io import IoPlan
 from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_INPUT_BYTES, INLINE_MAX_NS, inline_allowed
 from conveyor.workers.inline_switch import InlineSwitch
-from conveyor.workers.worker import LoadedInstance
+from conveyor.workers.instances import LoadedInstance
 from tests.support.group import start_server
 from tests.support.python_models import _simple_config, write_model
 from tests.support.python_specs import RECORDING_MODEL, write

@@ -20,6 +20,7 @@ from conveyor.proto.errors import Status
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
+from conveyor.workers import router_session
 from conveyor.workers import worker as worker_module
 from conveyor.workers.worker import Worker
 from tests.support.python_specs import RECORDING_MODEL, write
@@ -152,7 +153,7 @@ def test_a_silent_router_costs_no_instance(running: Running, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A router busy (or gone) for a while is not one that forgot this worker: the worker keeps
     beating and keeps its instances, and says hello again only when told to (``Rehello``)."""
-    monkeypatch.setattr(worker_module, "ROUTER_QUIET_S", 0.3)
+    monkeypatch.setattr(router_session, "ROUTER_QUIET_S", 0.3)
     path, config = write(tmp_path / "repo", "rec", RECORDING_MODEL)
     assert running.load("rec", path, config.SerializeToString()).error == ""
     for _ in range(3):  # three seconds of silence, ten times the bound

@@ -66,53 +66,29 @@ class BlsClient:
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:
         answers = Answers(self._release)
-        watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
+        call = _Call(self, request, answers, stream=False)
         try:
-            if watch is not None and watch.fired:
-                return _cancelled(request, _FOR_CANCELLED)
-            try:
-                rid = self._send(request, answers.put)
-            except ConveyorError as exc:
-                return _error_response(exc)
-            streamed: list[m.InferResponse] = []
-            while True:
-                msg = answers.get()
-                if msg is CANCELLED:
-                    self._abandon(rid, answers, streamed)
-                    return _cancelled(request, _FOR_CANCELLED)
-                if msg.final:
-                    return self._one(request, streamed, msg)
-                streamed.append(msg)
+            response = call.settled
+            while response is None:
+                response = call.take(answers.get())
+            return response
         finally:
-            if watch is not None:
-                watch.close()
+            call.close()
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
         answers = AsyncAnswers(self._release)
-        watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
+        call = _Call(self, request, answers, stream=False)
         try:
-            if watch is not None and watch.fired:
-                return _cancelled(request, _FOR_CANCELLED)
+            response = call.settled
             try:
-                rid = self._send(request, answers.put)
-            except ConveyorError as exc:
-                return _error_response(exc)
-            streamed: list[m.InferResponse] = []
-            try:
-                while True:
-                    msg = await answers.get()
-                    if msg is CANCELLED:
-                        self._abandon(rid, answers, streamed)
-                        return _cancelled(request, _FOR_CANCELLED)
-                    if msg.final:
-                        return self._one(request, streamed, msg)
-                    streamed.append(msg)
+                while response is None:
+                    response = call.take(await answers.get())
             except asyncio.CancelledError:  # the model stopped waiting (e.g. asyncio.wait_for)
-                self._abandon(rid, answers, streamed)
+                call.abandon()
                 raise
+            return response
         finally:
-            if watch is not None:
-                watch.close()
+            call.close()
 
     def stream(self, request: InferenceRequest) -> ResponseIterator:
         """Every response of a decoupled callee as it comes, the final one last
@@ -177,13 +153,6 @@ class BlsClient:
         outputs = check_outputs(sig, [RequestedOutput(name) for name in names] if names else None, rid)
         return check_inputs(sig, inputs, request_id=rid), outputs
 
-    def _abandon(self, rid: int, answers: Answers | AsyncAnswers, streamed: list[m.InferResponse]) -> None:
-        """Stop waiting for ``rid``: tell the router, release what came and what still comes."""
-        self.link.cancel(rid, self._release)
-        answers.abandon()
-        for msg in streamed:
-            self._release(msg)
-
     def _one(self, request: InferenceRequest, streamed: list[m.InferResponse], final: m.InferResponse) -> Any:
         if not streamed:
             return self._response(final)
@@ -221,6 +190,70 @@ class BlsClient:
                 pass  # the callee's worker is gone, and its segment with it
 
 
+class _Call:
+    """One BLS call's course, from its send to its last response, that the blocking
+    (``infer``), awaited (``infer_async``) and iterated (``ResponseIterator``) front ends
+    share: each waits for the next answer its own way and hands it to ``take``.
+
+    The call is sent when made, unless the requests it is made for are cancelled already
+    or the request is wrong: then ``settled`` is its only response and nothing is sent.
+    ``stream``: every response is handed out as it comes (``exec(decoupled=True)``);
+    otherwise the final one is the call's one response, and a callee that streams more
+    than one is refused as decoupled."""
+
+    def __init__(self, client: BlsClient, request: InferenceRequest, answers: Answers | AsyncAnswers,
+                 *, stream: bool) -> None:
+        self.client = client
+        self.request = request
+        self.answers = answers
+        self.stream = stream
+        self.rid = 0  # 0: nothing of ours the router still runs
+        self.finished = False  # the last response was handed out (or is being)
+        self.settled: InferenceResponse | None = None
+        self._streamed: list[m.InferResponse] = []  # non-final responses held back (not ``stream``)
+        self._watch = CancelWatch.for_caller(lambda: answers.put(CANCELLED))
+        if self._watch is not None and self._watch.fired:
+            self.settled = _cancelled(request, _FOR_CANCELLED)
+            return
+        try:
+            self.rid = client._send(request, answers.put)
+        except ConveyorError as exc:
+            self.settled = _error_response(exc)
+        except BaseException:
+            self.close()  # no front end holds the call yet to close its watch
+            raise
+
+    def take(self, msg: m.InferResponse) -> InferenceResponse | None:
+        """The response ``msg`` gives the model; None when it gives none yet (a held
+        non-final response). ``finished`` is set before the response is read, so a read
+        that fails still ends the call."""
+        if msg is CANCELLED:
+            self.finished = True
+            self.abandon()
+            return _cancelled(self.request, _FOR_CANCELLED)
+        if msg.final:
+            self.finished = True
+            if not self.stream:
+                return self.client._one(self.request, self._streamed, msg)
+        elif not self.stream:
+            self._streamed.append(msg)
+            return None
+        return self.client._response(msg)
+
+    def abandon(self) -> None:
+        """Stop waiting: tell the router, release what came and what still comes."""
+        if self.rid:
+            self.client.link.cancel(self.rid, self.client._release)
+            self.rid = 0
+        self.answers.abandon()
+        for msg in self._streamed:
+            self.client._release(msg)
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+
+
 class ResponseIterator:
     """``exec(decoupled=True)``: the callee's responses as they come, the final one
     last. ``cancel()`` (Triton's) asks the callee to stop, and the iteration goes on
@@ -231,21 +264,10 @@ class ResponseIterator:
     is sent when the iterator is made."""
 
     def __init__(self, client: BlsClient, request: InferenceRequest) -> None:
-        self._client = client
-        self._request = request
-        self._answers = Answers(client._release)
         self._done = False
-        self._rid = 0
-        self._last: InferenceResponse | None = None  # ends the iteration when set
         self._first: m.InferResponse | None = None  # prefetch()ed, not yet iterated
-        self._watch = CancelWatch.for_caller(lambda: self._answers.put(CANCELLED))
-        if self._watch is not None and self._watch.fired:
-            self._last = _cancelled(request, _FOR_CANCELLED)
-            return
-        try:
-            self._rid = client._send(request, self._answers.put)
-        except ConveyorError as exc:
-            self._last = _error_response(exc)
+        self._answers = Answers(client._release)
+        self._call = _Call(client, request, self._answers, stream=True)
 
     def __iter__(self) -> Iterator[InferenceResponse]:
         return self
@@ -253,47 +275,42 @@ class ResponseIterator:
     def __next__(self) -> InferenceResponse:
         if self._done:
             raise StopIteration
-        if self._last is None:
-            msg = self._first if self._first is not None else self._answers.get()
-            self._first = None
-            if msg is not CANCELLED:
-                if msg.final:
-                    self._finish()
-                return self._client._response(msg)
-            self._stop()
-            self._last = _cancelled(self._request, _FOR_CANCELLED)
-        self._finish()
-        return self._last
+        response = self._call.settled
+        if response is not None:
+            self._finish()
+            return response
+        msg = self._first if self._first is not None else self._answers.get()
+        self._first = None
+        try:
+            taken = self._call.take(msg)
+        finally:
+            if self._call.finished:
+                self._finish()
+        assert taken is not None  # a streaming call hands out every response
+        return taken
 
     def prefetch(self) -> None:
         """Wait for the first answer, which the iteration then starts with."""
-        if not self._done and self._last is None and self._first is None:
+        if not self._done and self._call.settled is None and self._first is None:
             self._first = self._answers.get()
 
     def cancel(self) -> None:
         """Ask the callee to stop (its ``is_cancelled()`` turns true); keep iterating for
         the rest of what it sends."""
-        if not self._done and self._last is None and self._rid:
-            self._client.link.request_cancel(self._rid)
-
-    def _stop(self) -> None:
-        if self._rid:
-            self._client.link.cancel(self._rid, self._client._release)
-            self._rid = 0
-        self._answers.abandon()
+        if not self._done and self._call.rid:
+            self._call.client.link.request_cancel(self._call.rid)
 
     def _finish(self) -> None:
         self._done = True
-        if self._watch is not None:
-            self._watch.close()
+        self._call.close()
 
     def __del__(self) -> None:
         if not self._done:  # dropped before its final response: stop the callee
             try:
-                self._stop()
+                self._call.abandon()
                 self._finish()
             except Exception:
-                pass  # interpreter shutdown
+                pass  # interpreter shutdown, or a call that failed to be made
 
 
 def _cancelled(request: InferenceRequest, why: str) -> InferenceResponse:

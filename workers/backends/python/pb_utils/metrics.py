@@ -3,7 +3,7 @@
 A model creates a family (name, description, kind) and metrics in it, one per
 label set; values live in this worker process (``REGISTRY``), and the worker
 sends the series that changed to the router at most every
-``workers/worker.py:METRICS_FLUSH_S``, which serves them on ``/metrics`` with
+``workers/router_session.py:METRICS_FLUSH_S``, which serves them on ``/metrics`` with
 the labels the model gave. As in Triton, families of one name share their
 series and a family keeps its metrics alive; a series goes away with the last
 family object that made it and that family's metrics (e.g. when its model is

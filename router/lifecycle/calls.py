@@ -1,0 +1,192 @@
+"""The model repository extension's calls: load (with a config or file overrides),
+unload, the index, and repository registration (SageMaker's multi-model load). Only
+EXPLICIT mode allows loads and unloads. A call that is wrong is refused at once; the
+others are answered later, from ``settle``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from google.protobuf import json_format
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
+from conveyor.router.lifecycle.loads import ModelLoads
+from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
+from conveyor.router.repository.agent import Lane
+from conveyor.router.repository.namespaces import name_of
+from conveyor.router.repository.prepare import listing, on_disk, registration_check
+
+log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
+
+
+def check_model_name(name: str) -> None:
+    """Triton's ValidateModelName, checked on load only (an unload of such a name finds nothing)."""
+    trimmed = name.strip(" \t\n\r\f\v")
+    if not trimmed:
+        raise invalid_arg("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        raise invalid_arg(f"invalid model name '{name}', model name must not contain path traversal characters")
+
+
+class RepositoryCalls(ModelLoads):
+    def check_control_allowed(self) -> None:
+        if self.mode is not ControlMode.EXPLICIT:
+            # Triton's words, whatever the mode (NONE too); --model-control-mode=explicit allows it.
+            raise ConveyorError(Status.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+
+    def load(self, name: str, reply_to: Any, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
+        """Start loading ``name``; ``reply_to`` is answered from ``settle`` once it settled. What is
+        wrong with the call itself is raised at once."""
+        self.check_control_allowed()
+        check_model_name(name)
+        if files and not config_json:
+            raise invalid_arg(f"failed to load '{name}': file overrides ('file:' parameters) need a 'config' too")
+        override = None
+        if config_json:
+            override = mc.ModelConfig()
+            try:
+                json_format.Parse(config_json, override)
+            except json_format.ParseError as exc:
+                # Triton logs the parse error and answers its poll failure (500 / INTERNAL, its status by default).
+                log.error("failed to poll model '%s': the 'config' parameter: %s", name, exc)
+                raise client_mistake(f"failed to load '{name}', failed to poll from model repository") from None
+        waiter = LoadWaiter(name, reply_to)
+        self._waiters.append(waiter)
+        repos = self._repos()
+        # As Triton, a load looks at the repository afresh: remote ones are mirrored again first.
+        self.agent.submit(self._listing_lane(), lambda: listing(repos, sync=True).on_disk,
+                          lambda outcome: self._resolved(waiter, override, files, outcome))
+
+    def _resolved(self, waiter: LoadWaiter, override: mc.ModelConfig | None, files: dict[str, bytes] | None,
+                  outcome: dict[str, str] | Exception) -> None:
+        if waiter not in self._waiters:
+            return  # answered meanwhile: an unload of that name
+        name = waiter.name
+        if isinstance(outcome, Exception):
+            log.error("failed to poll model '%s': %s", name, outcome)
+            self._fail(waiter, client_mistake(f"failed to load '{name}', failed to poll from model repository"))
+            return
+        # With --model-namespacing a name several repositories hold loads from each (as Triton).
+        keys = self._keys(name, outcome) or [name]
+        key = keys[0]
+        if not files and key not in outcome:
+            # Triton's INTERNAL (500) for a model its repository does not hold (400 with --client-mistakes-as-400).
+            self._fail(waiter, client_mistake(f"failed to load '{name}', failed to poll from model repository"))
+            return
+        waiter.name, waiter.on_disk, waiter.resolved = key, outcome, True
+        self._prepare(Prep(key, "" if files else outcome[key], Why.LOAD, override, files or None, waiter))
+        for other in keys[1:]:  # each preparation reads its own copy, on its own thread
+            copy = None if override is None else mc.ModelConfig.FromString(override.SerializeToString())
+            self._prepare(Prep(other, outcome[other], Why.LOAD, copy, None, waiter))
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        self.check_control_allowed()
+        if unload_dependents:
+            for dependent in self._ensembles_using(name):
+                self._unload(dependent)
+        for key in [name, *self.registry.namespaced.get(name, ())]:
+            if key in self.registry.models or key in self.registry.staging or key in self._preparing:
+                self._unload(key)  # listed as unloaded, as after Triton's load then unload
+            else:
+                self._cancel(key)  # a load whose look at the repository has not come back
+        # as Triton: unloading what is not loaded succeeds
+
+    def _ensembles_using(self, name: str) -> list[str]:
+        return [
+            ensemble for ensemble, entry in self.registry.models.items()
+            if any(step.model_name == name for step in entry.spec.config.ensemble_scheduling.step)
+        ]
+
+    # --- the index ----------------------------------------------------------------------------
+
+    def request_index(self, ready_only: bool, reply_to: Any) -> None:
+        """The repository index, answered once the agent has looked at the repositories."""
+        repos = self._repos()
+
+        def indexed(outcome: dict[str, str] | Exception) -> None:
+            if isinstance(outcome, Exception):
+                error = ConveyorError(Status.INTERNAL, f"failed to read the model repositories: {outcome}")
+                self._answers.append(Answer(reply_to, error))
+            else:
+                self._answers.append(Answer(reply_to, result=self.index_rows(ready_only, outcome)))
+
+        self.agent.submit(Lane.SCAN, lambda: on_disk(repos), indexed)
+
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        """The index, reading the repositories in the caller's thread (tests and tools)."""
+        return self.index_rows(ready_only, on_disk(self._repos()))
+
+    def index_rows(self, ready_only: bool, found: dict[str, str]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        keys = set(found) | set(self.registry.models) | set(self.registry.unloaded)
+
+        def order(key: str) -> tuple[str, str]:
+            """By name, as Triton; with --model-namespacing by repository, then name (Triton's
+            (namespace, name) order), a name several repositories hold once for each."""
+            if not self.namespacing:
+                return "", key
+            entry = self.registry.models.get(key)
+            path = found.get(key) or (entry.spec.path if entry is not None else key)
+            return os.path.dirname(path), name_of(key)
+
+        for key in sorted(keys, key=order):
+            name = name_of(key)
+            entry = self.registry.models.get(key)
+            if entry is None:
+                if not ready_only:
+                    reason = self.registry.unloaded.get(key, "")
+                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE" if reason else "",
+                                 "reason": reason})
+                continue
+            if entry.spec.error:
+                if not ready_only:
+                    rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": entry.spec.error})
+                continue
+            for v, state in sorted(entry.versions.items()):
+                if ready_only and not state.ready:
+                    continue
+                rows.append({"name": name, "version": str(v), "state": state.state, "reason": state.reason})
+        return rows
+
+    # --- repositories registered at run time ------------------------------------------------
+
+    def register(self, root: str, mapping: dict[str, str], reply_to: Any) -> None:
+        """Serve the models under ``root`` too, directory ``d`` as model ``mapping[d]``
+        (or as ``d``): Triton's repository registration, which SageMaker's load uses.
+        Answered once the agent has looked at ``root``."""
+        root = os.path.normpath(root)
+        error = self._registration_problem(root, mapping)
+        if error is not None:
+            raise error
+        repos = self._repos()
+
+        def checked(outcome: tuple[bool, dict[str, str]] | Exception) -> None:
+            error = self._registration_problem(root, mapping, outcome)
+            if error is None:
+                self._registered[root] = dict(mapping)
+            self._answers.append(Answer(reply_to, error))
+
+        self.agent.submit(Lane.SCAN, lambda: registration_check(root, repos), checked)
+
+    def _registration_problem(self, root: str, mapping: dict[str, str],
+                              looked: tuple[bool, dict[str, str]] | Exception | None = None) -> ConveyorError | None:
+        """Why ``root`` cannot be registered: before looking at it, then with what the agent found."""
+        if root in self._registered or root in (os.path.normpath(r) for r in self.repositories):
+            return ConveyorError(Status.ALREADY_EXISTS, f"model repository '{root}' has already been registered")
+        if looked is None:
+            return None
+        if isinstance(looked, Exception) or not looked[0]:
+            return invalid_arg(f"failed to register '{root}', repository not found")
+        taken = looked[1]
+        for subdir, name in mapping.items():
+            if name in taken and taken[name] != os.path.join(root, subdir):
+                return ConveyorError(Status.ALREADY_EXISTS,
+                                     f"failed to register '{root}', there is a conflicting mapping for '{name}'")
+        return None
+
+    def unregister(self, root: str) -> None:
+        if self._registered.pop(os.path.normpath(root), None) is None:
+            raise invalid_arg(f"failed to unregister '{root}', repository not found")

@@ -1,0 +1,222 @@
+"""How a load applies: the lifecycle's state, each load handed to the repository agent
+to prepare (``router/repository/prepare.py``, off the loop) and entered in the registry
+when prepared, in place or staged beside the serving entry, and unloads, which cancel
+the loads of their model still being prepared.
+
+Loads of different models are prepared in parallel; those of one model one after the
+other, in the order asked (``_preparing`` queues them), so calls are answered once the
+model settles with the newest files. An unload bumps its model's epoch: a preparation
+asked before it is dropped when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router.lifecycle.entry_state import serving
+from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
+from conveyor.router.models import ModelRegistry
+from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
+from conveyor.router.repository.backend_config import BackendConfig
+from conveyor.router.repository.config_unused import log_unused_fields
+from conveyor.router.repository.namespaces import name_of, step_key
+from conveyor.router.repository.prepare import (
+    Prepared,
+    Repositories,
+    SpecSettings,
+    failed_spec,
+    prepare,
+    remove_dir,
+)
+
+log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
+
+
+class ModelLoads:
+    """The state every part of ``ModelLifecycle`` shares, and the loads' course."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        repositories: list[str],
+        mode: ControlMode = ControlMode.NONE,
+        load_at_start: list[str] | None = None,
+        strict_config: bool = False,
+        config_name: str = "",
+        backend_config: BackendConfig | None = None,
+        namespacing: bool = False,
+        agent: RepositoryAgent | None = None,
+        sync: Callable[[], None] | None = None,
+    ) -> None:
+        """``sync``: refreshes the remote repositories' mirrors (None: every repository is local)."""
+        self.registry = registry
+        # --model-namespacing: models are keyed as router/repository/namespaces.py says.
+        self.namespacing = registry.namespacing = namespacing
+        self.repositories = repositories
+        self.mode = mode
+        self.load_at_start = load_at_start or []
+        self.strict_config = strict_config
+        self.config_name = config_name  # --model-config-name
+        self.backend_config = backend_config or BackendConfig()
+        self.agent = agent or RepositoryAgent()
+        self._sync = sync
+        self._waiters: list[LoadWaiter] = []
+        self._answers: list[Answer] = []  # replies ready for ``settle`` to hand out
+        self._overrides: dict[str, str] = {}  # model -> directory written for a load with file overrides
+        self._prints: dict[str, str] = {}  # model -> fingerprint of what is loaded
+        # Repositories registered at run time (SageMaker's multi-model load), each with
+        # its subdirectory -> model name mapping, as Triton's RegisterModelRepository.
+        self._registered: dict[str, dict[str, str]] = {}
+        # model -> the preparations waiting behind the one the agent runs for it (present while one runs)
+        self._preparing: dict[str, deque[Prep]] = {}
+        self._epochs: dict[str, int] = {}  # model -> unloads so far (see Prep.epoch)
+        self._polling = False
+        self._listing_at_start = False
+        self._startup_left = 0  # start-up preparations not applied yet
+
+    # --- what the agent is given ----------------------------------------------------------
+
+    def _repos(self) -> Repositories:
+        registered = {root: dict(mapping) for root, mapping in self._registered.items()}
+        return Repositories(tuple(self.repositories), registered, self.namespacing, self._sync)
+
+    def _settings(self) -> SpecSettings:
+        return SpecSettings(not self.strict_config, self.config_name, self.backend_config, frozenset(self._registered))
+
+    def _listing_lane(self) -> Lane:
+        """A look that syncs remote mirrors first queues behind other syncs (one at a time)."""
+        return Lane.SYNC if self._sync is not None else Lane.SCAN
+
+    def _remove(self, path: str) -> None:
+        self.agent.submit(Lane.SCAN, lambda: remove_dir(path), logged(f"removing {path}"))
+
+    # --- loads prepared and applied --------------------------------------------------------
+
+    def _prepare(self, prep: Prep) -> None:
+        """Have the agent prepare ``prep``: at once, or once the preparation of the same model
+        that it runs is applied (so two loads of one model apply in the order asked)."""
+        prep.epoch = self._epochs.get(prep.key, 0)
+        if prep.waiter is not None:
+            prep.waiter.keys.add(prep.key)
+        if prep.why is Why.STARTUP:
+            self._startup_left += 1
+        queued = self._preparing.get(prep.key)
+        if queued is not None:
+            queued.append(prep)
+            return
+        self._preparing[prep.key] = deque()
+        self._submit(prep)
+
+    def _submit(self, prep: Prep) -> None:
+        key, path, override, files, error, settings = (prep.key, prep.path, prep.override, prep.files, prep.error,
+                                                       self._settings())
+        self.agent.submit(Lane.LOAD, lambda: prepare(key, path, override, files, settings, error),
+                          lambda outcome: self._prepared(prep, outcome))
+
+    def _prepared(self, prep: Prep, outcome: Prepared | Exception) -> None:
+        if prep.epoch != self._epochs.get(prep.key, 0):  # unloaded meanwhile: this load is cancelled
+            log.info("model '%s': a load cancelled by an unload was prepared; dropped", prep.key)
+            if isinstance(outcome, Prepared) and outcome.written:
+                self._remove(outcome.written)
+        elif isinstance(outcome, ConveyorError):  # the load's file overrides could not be written
+            if prep.waiter is not None:
+                self._fail(prep.waiter, outcome)
+        elif isinstance(outcome, Exception):  # the directory went away while it was read, say
+            self._apply(prep, Prepared(failed_spec(prep.key, prep.path, f"cannot be read: {outcome}"), ""))
+        else:
+            self._apply(prep, outcome)
+        if prep.why is Why.STARTUP:
+            self._startup_left -= 1
+        queued = self._preparing[prep.key]
+        if queued:
+            self._submit(queued.popleft())
+        else:
+            del self._preparing[prep.key]
+
+    def _apply(self, prep: Prep, done: Prepared) -> None:
+        """A prepared model enters the registry: in place, or staged beside the serving one."""
+        registry, key, spec = self.registry, prep.key, done.spec
+        if prep.why is Why.LOAD:
+            old = self._overrides.pop(key, None)
+            if old and old != done.written:
+                self._remove(old)  # back to the repository's files, or newer ones: instances hold what they need
+            if done.written:
+                self._overrides[key] = done.written
+        self._prints[key] = done.print
+        entry = registry.build(spec)
+        registry.unloaded.pop(key, None)
+        previous = registry.staging.pop(key, None)
+        if previous is not None:
+            registry.retiring.append(previous)  # a newer load supersedes a reload still loading
+        if key in registry.models and not registry.models[key].spec.error and serving(registry.models[key]):
+            registry.staging[key] = entry
+        else:
+            old_entry = registry.models.get(key)
+            if old_entry is not None:
+                registry.retiring.append(old_entry)
+            registry.models[key] = entry
+            registry.generation += 1
+        if spec.error:
+            log.error("model '%s' is not available: %s", key, spec.error)
+        else:
+            if prep.why is Why.STARTUP:
+                log.info("model '%s' versions %s", key, sorted(spec.versions))
+            log_unused_fields(key, spec.config)
+        if prep.waiter is not None and prep.waiter in self._waiters:
+            self._load_composing(key, prep.waiter)
+
+    def _load_composing(self, key: str, waiter: LoadWaiter) -> None:
+        """An ensemble's composing models load with it (as in Triton), unless already loaded."""
+        entry = self.registry.models.get(key) or self.registry.staging.get(key)
+        if entry is None:
+            return
+        for step in entry.spec.config.ensemble_scheduling.step:
+            model = step_key(entry.spec.path, step.model_name, self.registry.namespaced)
+            if model in waiter.keys or model in self.registry.models:
+                continue
+            if model in self._preparing:  # on its way already (another load): the answer waits for it too
+                waiter.keys.add(model)
+            elif model in waiter.on_disk:
+                self._prepare(Prep(model, waiter.on_disk[model], Why.COMPOSING, waiter=waiter))
+
+    def _unload(self, name: str) -> None:
+        self._cancel(name)
+        registry = self.registry
+        override = self._overrides.pop(name, None)
+        if override:
+            self._remove(override)
+        for source in (registry.staging, registry.models):
+            entry = source.pop(name, None)
+            if entry is not None:
+                registry.retiring.append(entry)
+        registry.unloaded[name] = "unloaded"
+        self._prints.pop(name, None)
+        registry.generation += 1
+
+    def _cancel(self, key: str) -> None:
+        """No load of ``key`` asked for so far will apply: what is being prepared is dropped
+        when it comes, what waits behind it is dropped now, and their calls are answered."""
+        self._epochs[key] = self._epochs.get(key, 0) + 1
+        queued = self._preparing.get(key)
+        if queued:
+            self._startup_left -= sum(1 for p in queued if p.why is Why.STARTUP)
+            queued.clear()
+        for waiter in [w for w in self._waiters if w.name == key or key in w.keys]:
+            self._fail(waiter, ConveyorError(
+                Status.CANCELLED,
+                f"failed to load '{name_of(waiter.name)}': '{name_of(key)}' was unloaded while it was loading"))
+
+    def _fail(self, waiter: LoadWaiter, error: ConveyorError) -> None:
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+            self._answers.append(Answer(waiter.reply_to, error))
+
+    def _keys(self, name: str, on_disk: dict[str, str]) -> list[str]:
+        """The keys of the models named ``name`` on disk."""
+        if name in on_disk:
+            return [name]
+        return [k for k in self.registry.namespaced.get(name, ()) if k in on_disk] or [
+            k for k in on_disk if name_of(k) == name]

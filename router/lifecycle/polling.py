@@ -1,0 +1,119 @@
+"""Start-up's loads and POLL mode: the repositories listed (by the agent), and what they
+hold loaded; in POLL mode, on each tick, new and changed models loaded again and removed
+ones unloaded."""
+
+from __future__ import annotations
+
+import logging
+
+from conveyor.router.lifecycle.entry_state import loading, problem_of
+from conveyor.router.lifecycle.loads import ModelLoads
+from conveyor.router.lifecycle.records import ControlMode, Prep, Why
+from conveyor.router.repository.namespaces import assign_keys, duplicated
+from conveyor.router.repository.prepare import Listing, listing
+
+log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
+
+
+class StartupAndPolling(ModelLoads):
+    @property
+    def starting(self) -> bool:
+        """Start-up's models are not all read and entered yet: the server is not ready (then their
+        versions' states say, as their instances load on the workers)."""
+        return self._listing_at_start or self._startup_left > 0
+
+    def startup(self) -> None:
+        """Start-up's loads, waited for (tests and tools; the router's loop calls ``begin_startup``)."""
+        self.begin_startup()
+        self.agent.wait()
+
+    def begin_startup(self) -> None:
+        self._listing_at_start = True
+        repos = self._repos()
+        self.agent.submit(self._listing_lane(), lambda: listing(repos, sync=True, quiet=False),
+                          self._listed_at_start)
+
+    def _listed_at_start(self, outcome: Listing | Exception) -> None:
+        self._listing_at_start = False
+        if isinstance(outcome, Exception):
+            log.error("cannot read the model repositories: %s", outcome)
+            return
+        names = outcome.on_disk
+        if self.namespacing:
+            self.registry.namespaced = duplicated(names)
+        if self.mode is ControlMode.EXPLICIT and "*" not in self.load_at_start:
+            for name in self.load_at_start:
+                keys = self._keys(name, names)
+                if not keys:
+                    log.error("--load-model %s: no such model in the repositories", name)
+                for key in keys:
+                    self._prepare(Prep(key, names[key], Why.STARTUP))
+            return
+        if self.namespacing:
+            for key, path in assign_keys(outcome.dirs).items():
+                self._prepare(Prep(key, path, Why.STARTUP))
+            return
+        first: dict[str, str] = {}
+        twice: set[str] = set()
+        for entry, path in outcome.dirs:
+            if entry in first:
+                twice.add(entry)
+            else:
+                first[entry] = path
+        for entry, path in first.items():
+            error = f"model '{entry}' appears in more than one model repository" if entry in twice else ""
+            self._prepare(Prep(entry, path, Why.STARTUP, error=error))
+
+    def startup_outcome(self) -> str | None:
+        """After start-up: None while a model still loads, else why not every model is ready
+        ('' when all are): what --exit-on-error decides on."""
+        if self.starting:
+            return None
+        problems = []
+        for name, entry in sorted(self.registry.models.items()):
+            if loading(entry):
+                return None
+            problem = problem_of(entry)
+            if problem:
+                problems.append(f"failed to load '{name}': {problem}")
+        for name in self.load_at_start:
+            if name != "*" and name not in self.registry.models and name not in self.registry.namespaced:
+                problems.append(f"failed to load '{name}': no such model in the repositories")
+        return "; ".join(problems)
+
+    def poll(self) -> None:
+        """One poll, waited for (tests and tools; the router's loop calls ``begin_poll``)."""
+        self.begin_poll()
+        self.agent.wait()
+
+    def begin_poll(self) -> None:
+        """POLL mode: look at the repositories; then load new and changed models, unload removed ones."""
+        if self._polling or self.starting:
+            return  # the next tick asks again
+        self._polling = True
+        repos = self._repos()
+        self.agent.submit(self._listing_lane(), lambda: listing(repos, sync=True, prints=True), self._polled)
+
+    def _polled(self, outcome: Listing | Exception) -> None:
+        self._polling = False
+        if isinstance(outcome, Exception):
+            log.error("polling the model repositories failed: %s", outcome)
+            return
+        names = outcome.on_disk
+        if self.namespacing:
+            namespaced = duplicated(names)
+            if namespaced != self.registry.namespaced:
+                # Keys changed: ensembles resolve their steps again (they do on being built).
+                self.registry.namespaced = namespaced
+                for key, entry in self.registry.models.items():
+                    if entry.spec.backend == "ensemble":
+                        self._prints.pop(key, None)
+        for name, path in sorted(names.items()):
+            if (self._prints.get(name) != outcome.prints.get(name) and name not in self.registry.staging
+                    and name not in self._preparing):
+                log.info("model '%s' changed on disk: reloading", name)
+                self._prepare(Prep(name, path, Why.POLL))
+        for name in list(self.registry.models):
+            if name not in names:
+                log.info("model '%s' left the repository: unloading", name)
+                self._unload(name)
