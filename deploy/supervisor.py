@@ -319,6 +319,7 @@ class Supervisor:
                    + self.cloud)
         retiring = [child for child, _ in self.retiring]
         waves = [ingress + retiring, self.pools["workers"], [self.router] if self.router else []]
+        killed: list[str] = []
         for wave in waves:
             if time.monotonic() < deadline:
                 for child in wave:
@@ -331,8 +332,14 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     child.kill()
                     child.proc.wait()
+                    killed.append(child.role)
                 log.debug("%s stopped %.2fs after the stop request", child.role,
                           time.monotonic() - (self._stop_requested or deadline))
+        if killed:
+            # Triton's words and exit status when its exit timeout expires with work left.
+            log.error("failed to stop server: Internal - Exit timeout expired. Exiting immediately. "
+                      "(killed at the deadline: %s)", ", ".join(killed))
+            self._exit_code = self._exit_code or 1
         sweep_orphans(self.args.group)
         left = group_segments(self.args.group)
         if left:
