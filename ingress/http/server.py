@@ -87,6 +87,17 @@ class _DrainingServer(uvicorn.Server):
         await self._ctx.drain.run(lambda: self._ctx.link.in_flight, lambda: len(self.server_state.connections))
         self.should_exit = True
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.config.is_ssl:
+            # Closing a TLS connection waits for the peer's close_notify (asyncio gives it 30 s), which
+            # an idle client never sends: uvicorn would hold the stop for its whole graceful timeout,
+            # past the group's deadline. The drain is over: idle connections are cut at once.
+            for connection in list(self.server_state.connections):
+                cycle = getattr(connection, "cycle", None)
+                if cycle is None or cycle.response_complete:
+                    connection.transport.abort()
+        await super().shutdown(sockets)
+
 
 class _Signals:
     """Stands in for the default SIGTERM/SIGINT handlers while ``serve`` runs.
