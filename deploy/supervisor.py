@@ -204,7 +204,9 @@ class Supervisor:
             log.error("%s", exc.message)
             return 2
         os.makedirs(run_dir(a.group), exist_ok=True)
-        sweep_orphans(a.group)  # what a killed group of this name left (its children died with it)
+        # What killed groups left, this one's and any other's whose processes are all gone (a group
+        # name is often unique per run: no later start of that name would sweep it).
+        sweep_orphans("")
         arenas = (a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)
                   + (a.openai_ingress if a.openai_port else 0))
         warning = shm_preflight(arenas * a.arena_size)

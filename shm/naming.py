@@ -44,13 +44,14 @@ def owner_pid(entry: str) -> int | None:
 
 
 def sweep_orphans(group: str) -> list[str]:
-    """Unlink this group's segments whose owning process no longer exists."""
+    """Unlink this group's segments whose owning process no longer exists; ``group`` "": any
+    group's (a group killed whole, its supervisor with it, is never started again by that name)."""
     removed: list[str] = []
     try:
         entries = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return removed
-    mine = f"{PREFIX}{group}."
+    mine = f"{PREFIX}{group}." if group else PREFIX
     for entry in entries:
         if not entry.startswith(mine):
             continue
@@ -60,7 +61,7 @@ def sweep_orphans(group: str) -> list[str]:
         try:
             os.unlink(os.path.join(SHM_DIR, entry))
             removed.append(entry)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):  # gone already; another user's
             pass
     if removed:
         log.warning("freed %d orphaned shared-memory segment(s): %s", len(removed), ", ".join(removed))

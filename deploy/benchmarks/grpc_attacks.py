@@ -36,6 +36,7 @@ from conveyor.deploy.benchmarks.perf import wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.procs import actor_role, children
+from conveyor.shm.naming import sweep_orphans
 from tests.support import h2_attacks as h2a
 
 ATTACKS: dict[str, Callable[[int, float], h2a.Outcome]] = {
@@ -54,8 +55,9 @@ ATTACKS: dict[str, Callable[[int, float], h2a.Outcome]] = {
 class Group:
     def __init__(self, repo: str, env: dict[str, str]) -> None:
         self.http, self.grpc, metrics = free_port(), free_port(), free_port()
+        self.name = f"atk{os.getpid()}x{self.http}"
         self.proc = subprocess.Popen([
-            sys.executable, "-m", "conveyor.deploy.cli", "serve", "--group", f"atk{os.getpid()}x{self.http}",
+            sys.executable, "-m", "conveyor.deploy.cli", "serve", "--group", self.name,
             "--model-repository", repo, "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
             "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(metrics),
             "--allow-metrics", "false", "--exit-timeout-secs", "5",
@@ -75,6 +77,7 @@ class Group:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(15)
+            sweep_orphans(self.name)  # the supervisor, killed too, swept nothing
 
 
 def run(repo: str, env: dict[str, str], attack: str, seconds: float, rss_cap: int) -> dict[str, Any]:

@@ -119,6 +119,22 @@ def test_sweep_frees_segments_of_dead_owners() -> None:
     assert group_segments(group) == []
 
 
+def test_a_start_sweeps_what_any_killed_group_left_and_nothing_alive() -> None:
+    dead, alive = f"gone{os.getpid()}", f"live{os.getpid()}"
+    code = (
+        "from conveyor.shm.arena import Arena; from conveyor.shm.naming import segment_name; "
+        f"Arena(segment_name('{dead}', 'worker'), 4096)"  # its whole group killed: nobody sweeps its name
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    live = Arena(segment_name(alive, "worker"), 4096)
+    try:
+        swept = sweep_orphans("")
+        assert group_segments(dead) == [] and any(name.startswith(f"conveyor.{dead}.") for name in swept)
+        assert len(group_segments(alive)) == 1  # its owner (this process) lives
+    finally:
+        live.close()
+
+
 def test_preflight_names_the_fix_when_dev_shm_is_small() -> None:
     assert shm_preflight(1) == ""
     assert "--shm-size" in shm_preflight(1 << 60)
