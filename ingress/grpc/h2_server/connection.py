@@ -13,7 +13,7 @@ handler keeps up, and once it is behind only as the handler takes each message, 
 a handler that stops reading stops its client, and a client that sends past its
 window gets FLOW_CONTROL_ERROR (h2's check).
 
-The limits below each stop one attack; docs/SECURITY.md lists them with what an
+The limits (``limits``) each stop one attack; docs/SECURITY.md lists them with what an
 offending client sees.
 """
 
@@ -38,6 +38,26 @@ from hyperframe.frame import GoAwayFrame
 
 from conveyor.ingress.grpc.h2_server.calls import run_call
 from conveyor.ingress.grpc.h2_server.context import CallContext
+from conveyor.ingress.grpc.h2_server.limits import (
+    CLOSE_TIMEOUT_S,
+    CLOSED_STREAMS_REMEMBERED,
+    CONNECTION_WINDOW,
+    FEED_FRAMES,
+    FEED_MAX_BYTES,
+    FEED_MIN_BYTES,
+    H2_STREAM_CEILING,
+    INDUCED_BURST,
+    INDUCED_RATE_PER_S,
+    LINGER_S,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE,
+    RESET_BURST,
+    RESET_RATE_PER_S,
+    STREAM_WINDOW,
+    WRITE_BUFFER_HIGH,
+    TokenBucket,
+)
 from conveyor.ingress.grpc.h2_server.messages import MAX_MESSAGE_BYTES, ByteBudget, MessageTooLarge
 from conveyor.ingress.grpc.h2_server.metadata import UNSUPPORTED_MEDIA_TYPE, RequestHead
 from conveyor.ingress.grpc.h2_server.outbound import Outbound
@@ -47,83 +67,6 @@ if TYPE_CHECKING:
     from conveyor.ingress.grpc.h2_server.server import H2Server
 
 log = logging.getLogger(__name__)
-
-# --- Limits, each beside the attack it stops ---------------------------------------------------
-
-# Streams one connection may have open. Advertised in SETTINGS_MAX_CONCURRENT_STREAMS; a HEADERS
-# past it is refused with RST_STREAM REFUSED_STREAM, which gRPC clients retry (they keep to the
-# setting, so only a client that ignores it meets this). Stops HEADERS that never send DATA
-# (200 per write): each would hold a call, its task and its deadline timer for as long as the
-# client likes.
-MAX_CONCURRENT_STREAMS = 256
-# What of one read is handed to h2 at a time, the rest after other connections had their turn:
-# about FEED_FRAMES frames (h2's events tell how many the last piece held), in pieces of
-# FEED_MIN_BYTES to FEED_MAX_BYTES. A read of 256 KiB of tiny frames is 20,000 frames, a second of
-# h2's time; fed whole, every other client on the process would wait that long. Large DATA frames
-# still go through in pieces of FEED_MAX_BYTES.
-FEED_FRAMES = 64
-FEED_MIN_BYTES = 1 << 10
-FEED_MAX_BYTES = 1 << 16
-# h2 treats a stream over its own limit as a connection error (TooManyStreamsError, GOAWAY
-# PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error, and it opens every stream of
-# what it is fed before the server sees one. Its limit is set above ours by as many streams as
-# one piece can open (a HEADERS frame with an indexed request is 12 bytes), so that the refusal
-# above comes first.
-H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_MAX_BYTES // 12
-
-# Streams a client may reset while they run, or have refused, at once and then per second (a
-# token bucket; nghttp2 allows 1000 and 33). Rapid reset (CVE-2023-44487): HEADERS + RST_STREAM,
-# 200 per write, make the server take a call for each at no cost to the client. Past the budget
-# the connection ends with GOAWAY ENHANCE_YOUR_CALM. A client may cancel every call it can have
-# open, twice over, at once.
-RESET_BURST = 2 * MAX_CONCURRENT_STREAMS
-RESET_RATE_PER_S = 33.0
-
-# CONTINUATION frames one header block may have: h2's own cap (a ProtocolError, GOAWAY
-# PROTOCOL_ERROR, past it). With frames of at most MAX_FRAME_SIZE it bounds the header block
-# buffered before HPACK sees it (the flood of empty CONTINUATION frames that never end a block).
-MAX_CONTINUATION_FRAMES = h2.frame_buffer.CONTINUATION_BACKLOG
-# Largest frame the client may send (SETTINGS_MAX_FRAME_SIZE): HTTP/2's default. Kept at it so
-# that a header block stays under MAX_HEADER_BLOCK_BYTES; DATA frames are the client's to size.
-MAX_FRAME_SIZE = 16_384
-MAX_HEADER_BLOCK_BYTES = (MAX_CONTINUATION_FRAMES + 1) * MAX_FRAME_SIZE
-# Largest decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE, enforced by h2's HPACK decoder as it
-# decodes): metadata that large is refused with GOAWAY ENHANCE_YOUR_CALM. grpc clients send a few
-# hundred bytes; 64 KiB is h2's own default and what grpcio's peers accept.
-MAX_HEADER_LIST_SIZE = 1 << 16
-
-# PING and SETTINGS frames (each of which the server must acknowledge) a client may send at once
-# and then per second (a token bucket). gRPC clients send a few: their SETTINGS, a ping to measure
-# the bandwidth-delay product now and then (10 in 4,800 calls of tritonclient at concurrency 16),
-# keepalive pings if asked for (grpcio's own server allows one per 5 minutes without data). A
-# flood of them ends with GOAWAY ENHANCE_YOUR_CALM.
-INDUCED_BURST = 1000
-INDUCED_RATE_PER_S = 100.0
-# The transport's write buffer past which the connection stops reading (and streaming replies
-# wait): a peer that does not read cannot make the server buffer what its frames induce (PING
-# and SETTINGS acknowledgements, RST_STREAM for frames on closed streams) nor anything else
-# without end; reading resumes as the buffer drains below a quarter of it.
-WRITE_BUFFER_HIGH = 1 << 20
-# A connection the server closes gets this long to take what is still to be written (its GOAWAY),
-# then it is aborted: a peer that does not read would otherwise keep it, and its buffer, forever.
-CLOSE_TIMEOUT_S = 5.0
-# A closing connection sends its GOAWAY and FIN, then reads (and drops) what the peer still sends for
-# this long before closing: a socket closed with unread bytes sends RST, and a peer's kernel drops what
-# it had not yet read on RST, the GOAWAY (why the connection ended) with it. The peer's FIN ends the
-# wait sooner; the bytes read meanwhile cost one discarded read each.
-LINGER_S = 1.0
-
-# Receive windows. The server credits data back only as it is consumed (module docstring); h2
-# answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR.
-STREAM_WINDOW = 1 << 20
-CONNECTION_WINDOW = 1 << 24
-
-# Closed streams h2 remembers, to tell a late frame on a reset stream from one on an ended one
-# (h2's default, 65,536, holds about 14 MiB on a long-lived connection). Late frames come within
-# a round trip; a stream forgotten is answered as h2 answers any closed stream (RST_STREAM).
-CLOSED_STREAMS_REMEMBERED = 1024
-
-# -------------------------------------------------------------------------------------------------
 
 _INTERNAL, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _UNAVAILABLE = 13, 4, 8, 12, 14
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
@@ -159,25 +102,6 @@ def _inflate(data: Any, wbits: int, limit: int) -> bytes | None:
     if len(out) > limit or inflater.unconsumed_tail:
         return None
     return out
-
-
-class TokenBucket:
-    """``burst`` events at once, then ``rate`` per second (RESET_*, INDUCED_*)."""
-
-    __slots__ = ("_at", "_burst", "_rate", "_tokens")
-
-    def __init__(self, burst: int, rate: float, now: float) -> None:
-        self._burst = self._tokens = float(burst)
-        self._rate = rate
-        self._at = now
-
-    def spend(self, now: float) -> bool:
-        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True
 
 
 _WRITING, _FEEDING = 1, 2  # why reading is paused

@@ -19,7 +19,7 @@ from functools import partial
 
 import pytest
 
-from conveyor.ingress.grpc.h2_server import connection as conn
+from conveyor.ingress.grpc.h2_server import limits
 from tests.support import h2_attacks as h2a
 from tests.support.extra_ingress import extra_grpc_ingress_process
 from tests.support.group import Server, pids_of
@@ -74,7 +74,7 @@ def test_streams_past_the_concurrency_limit_are_refused(target: Target) -> None:
     # HEADERS on ModelStreamInfer that never send a message, 200 per write.
     r = attacked(target, lambda port: h2a.open_streams(port, ATTACK_S, limit=10_000))
     # Refusals spend the reset budget: a client that keeps opening streams is cut off.
-    assert 0 < r.outcome.refused <= conn.RESET_BURST + 100
+    assert 0 < r.outcome.refused <= limits.RESET_BURST + 100
     assert r.outcome.goaway == h2a.ENHANCE_YOUR_CALM
     r.check_contained()
 

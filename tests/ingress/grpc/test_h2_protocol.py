@@ -26,7 +26,7 @@ from hyperframe.frame import (
 )
 
 from conveyor.ingress.drain import IngressDrain
-from conveyor.ingress.grpc.h2_server import connection as conn
+from conveyor.ingress.grpc.h2_server import limits
 from conveyor.ingress.grpc.server import start_server
 from conveyor.proto import grpc_service_pb2 as pb
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
@@ -59,7 +59,7 @@ class RawClient:
         self.send(HeadersFrame(stream, data=self.headers_block(method, *extra), flags=["END_HEADERS"]))
         if body is not None:
             wire = message(body)
-            size = conn.MAX_FRAME_SIZE  # the server's SETTINGS_MAX_FRAME_SIZE
+            size = limits.MAX_FRAME_SIZE  # the server's SETTINGS_MAX_FRAME_SIZE
             for pos in range(0, len(wire), size):
                 end = pos + size >= len(wire)
                 self.send(DataFrame(stream, data=wire[pos:pos + size], flags=["END_STREAM"] if end else []))
@@ -175,10 +175,10 @@ async def test_the_server_advertises_its_limits(served: SimpleNamespace) -> None
     client.send(PingFrame(0, opaque_data=b"12345678"))
     f = await client.next()  # the PING's answer comes after the server's SETTINGS
     assert isinstance(f, PingFrame) and "ACK" in f.flags and f.opaque_data == b"12345678"
-    assert client.settings[MAX_CONCURRENT_STREAMS] == conn.MAX_CONCURRENT_STREAMS
-    assert client.settings[0x6] == conn.MAX_HEADER_LIST_SIZE  # SETTINGS_MAX_HEADER_LIST_SIZE
-    assert client.settings[0x5] == conn.MAX_FRAME_SIZE
-    assert client.settings[INITIAL_WINDOW_SIZE] == conn.STREAM_WINDOW
+    assert client.settings[MAX_CONCURRENT_STREAMS] == limits.MAX_CONCURRENT_STREAMS
+    assert client.settings[0x6] == limits.MAX_HEADER_LIST_SIZE  # SETTINGS_MAX_HEADER_LIST_SIZE
+    assert client.settings[0x5] == limits.MAX_FRAME_SIZE
+    assert client.settings[INITIAL_WINDOW_SIZE] == limits.STREAM_WINDOW
 
 
 async def test_replies_wait_for_the_clients_flow_control_window(served: SimpleNamespace) -> None:
@@ -303,7 +303,7 @@ async def test_a_graceful_stop_sends_goaway_and_lets_running_calls_finish(served
 
 async def test_streams_past_the_concurrency_limit_are_refused(served: SimpleNamespace) -> None:
     client = await served.connect()
-    n = conn.MAX_CONCURRENT_STREAMS
+    n = limits.MAX_CONCURRENT_STREAMS
     for i in range(n + 3):  # ModelStreamInfer calls that never send a message
         client.send(HeadersFrame(2 * i + 1, data=client.headers_block("ModelStreamInfer"), flags=["END_HEADERS"]))
     refused: list[tuple[int, int]] = []
@@ -321,13 +321,13 @@ async def test_streams_past_the_concurrency_limit_are_refused(served: SimpleName
 
 async def test_rapid_reset_ends_in_enhance_your_calm(served: SimpleNamespace) -> None:
     client = await served.connect()
-    for i in range(conn.RESET_BURST + 50):
+    for i in range(limits.RESET_BURST + 50):
         sid = 2 * i + 1
         client.send(HeadersFrame(sid, data=client.headers_block("ModelStreamInfer"), flags=["END_HEADERS"]))
         client.send(RstStreamFrame(sid, error_code=CANCEL))
     goaway = await client.until_goaway()
     assert goaway.error_code == ENHANCE_YOUR_CALM
-    assert goaway.last_stream_id < 2 * (conn.RESET_BURST + 50)
+    assert goaway.last_stream_id < 2 * (limits.RESET_BURST + 50)
     assert await client.closed()
 
 
@@ -335,7 +335,7 @@ async def test_continuation_frames_past_the_cap_end_the_connection(served: Simpl
     client = await served.connect()
     block = client.headers_block("ModelInfer")
     client.send(HeadersFrame(1, data=block[:4]))
-    for _ in range(conn.MAX_CONTINUATION_FRAMES + 1):
+    for _ in range(limits.MAX_CONTINUATION_FRAMES + 1):
         client.send(ContinuationFrame(1, data=b""))
     goaway = await client.until_goaway()
     assert goaway.error_code == PROTOCOL_ERROR
@@ -345,7 +345,7 @@ async def test_continuation_frames_past_the_cap_end_the_connection(served: Simpl
 async def test_a_frame_over_the_advertised_size_ends_the_connection(served: SimpleNamespace) -> None:
     client = await served.connect()
     client.send(HeadersFrame(1, data=client.headers_block("ModelInfer"), flags=["END_HEADERS"]))
-    client.send(DataFrame(1, data=b"\0" * (conn.MAX_FRAME_SIZE + 1)))
+    client.send(DataFrame(1, data=b"\0" * (limits.MAX_FRAME_SIZE + 1)))
     goaway = await client.until_goaway()
     assert goaway.error_code == FRAME_SIZE_ERROR
     assert await client.closed()
@@ -353,9 +353,9 @@ async def test_a_frame_over_the_advertised_size_ends_the_connection(served: Simp
 
 async def test_a_header_list_over_the_limit_ends_the_connection(served: SimpleNamespace) -> None:
     client = await served.connect()
-    pad = [(f"x-pad-{i}", "v" * 1000) for i in range(conn.MAX_HEADER_LIST_SIZE // 1000 + 2)]
+    pad = [(f"x-pad-{i}", "v" * 1000) for i in range(limits.MAX_HEADER_LIST_SIZE // 1000 + 2)]
     block = client.headers_block("ServerLive", *pad)
-    pieces = [block[i:i + conn.MAX_FRAME_SIZE] for i in range(0, len(block), conn.MAX_FRAME_SIZE)]
+    pieces = [block[i:i + limits.MAX_FRAME_SIZE] for i in range(0, len(block), limits.MAX_FRAME_SIZE)]
     client.send(HeadersFrame(1, data=pieces[0]))
     for i, piece in enumerate(pieces[1:], 1):
         client.send(ContinuationFrame(1, data=piece, flags=["END_HEADERS"] if i == len(pieces) - 1 else []))
@@ -371,7 +371,7 @@ async def test_data_past_the_window_is_a_flow_control_error(served: SimpleNamesp
     one = bytes(DataFrame(1, data=message(b"\xff" * 64)).serialize())  # each one an in-band error reply
     goaway = asyncio.create_task(client.until_goaway())  # read as the frames come: the server closes at once
     sent = 0
-    while sent < conn.STREAM_WINDOW * 64:
+    while sent < limits.STREAM_WINDOW * 64:
         try:
             client.writer.write(one * 256)
             await asyncio.wait_for(client.writer.drain(), 1)
@@ -435,7 +435,7 @@ async def test_ping_and_settings_floods_end_in_enhance_your_calm(served: SimpleN
     for flood in (PingFrame(0, opaque_data=b"12345678"), SettingsFrame(0, settings={INITIAL_WINDOW_SIZE: 1 << 20})):
         client = await served.connect()
         goaway = asyncio.create_task(client.until_goaway())
-        client.writer.write(bytes(flood.serialize()) * (conn.INDUCED_BURST + 100))
+        client.writer.write(bytes(flood.serialize()) * (limits.INDUCED_BURST + 100))
         assert (await goaway).error_code == ENHANCE_YOUR_CALM
         assert await client.closed()
 
@@ -459,4 +459,4 @@ async def test_a_peer_that_does_not_read_is_paused(served: SimpleNamespace) -> N
     transport = connection._transport
     assert transport is not None and not transport.is_reading()
     # What was read before the pause is answered; nothing more is taken in.
-    assert transport.get_write_buffer_size() < conn.WRITE_BUFFER_HIGH + (4 << 20)
+    assert transport.get_write_buffer_size() < limits.WRITE_BUFFER_HIGH + (4 << 20)
