@@ -38,6 +38,7 @@ from conveyor.deploy.ports import free_port
 from conveyor.deploy.procs import actor_role, children
 from conveyor.shm.naming import sweep_orphans
 from tests.support import h2_attacks as h2a
+from tests.support import h2_watch as h2w
 
 ATTACKS: dict[str, Callable[[int, float], h2a.Outcome]] = {
     "continuation": h2a.continuation_flood,
@@ -92,11 +93,11 @@ def run(repo: str, env: dict[str, str], attack: str, seconds: float, rss_cap: in
 
         # The other client runs in a process of its own (the attacks' Python would take its GIL), for
         # ``seconds`` from when its connection is up.
-        victim = subprocess.Popen([sys.executable, "-m", "tests.support.h2_attacks", "victim",
+        victim = subprocess.Popen([sys.executable, "-m", "tests.support.h2_watch", "victim",
                                    f"127.0.0.1:{group.grpc}", str(seconds)], stdout=subprocess.PIPE, text=True)
         assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
         # The watch goes on after the attack: an unbounded one keeps growing, and the cap must catch it.
-        with h2a.IngressWatch(pid, cap=rss_cap, over_cap=kill) as watch:
+        with h2w.IngressWatch(pid, cap=rss_cap, over_cap=kill) as watch:
             # One connection at a time; one the server cuts off is opened again at once, for all
             # of ``seconds``.
             outcomes: list[h2a.Outcome] = []

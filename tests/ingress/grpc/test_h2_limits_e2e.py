@@ -21,6 +21,7 @@ import pytest
 
 from conveyor.ingress.grpc.h2_server import limits
 from tests.support import h2_attacks as h2a
+from tests.support import h2_watch as h2w
 from tests.support.extra_ingress import extra_grpc_ingress_process
 from tests.support.group import Server, pids_of
 
@@ -41,8 +42,8 @@ class Target:
 @dataclass
 class Result:
     outcome: h2a.Outcome
-    victim: h2a.Victim
-    watch: h2a.IngressWatch
+    victim: h2w.Victim
+    watch: h2w.IngressWatch
     idle_after_s: float | None
 
     def check_contained(self) -> None:
@@ -54,8 +55,8 @@ class Result:
 
 
 def attacked(target: Target, attack: Callable[[int], h2a.Outcome]) -> Result:
-    with h2a.IngressWatch(target.pid) as watch:
-        with h2a.Victim(target.url) as victim:
+    with h2w.IngressWatch(target.pid) as watch:
+        with h2w.Victim(target.url) as victim:
             started = time.monotonic()
             outcome = attack(target.port)
             time.sleep(max(0.0, VICTIM_S - (time.monotonic() - started)))
