@@ -165,4 +165,6 @@ def victim_main(url: str, seconds: float) -> None:
 if __name__ == "__main__":
     import sys
 
-    victim_main(sys.argv[2], float(sys.argv[3])) if sys.argv[1] == "victim" else sys.exit("usage: victim URL SECONDS")
+    if len(sys.argv) != 4 or sys.argv[1] != "victim":
+        sys.exit("usage: python -m tests.support.h2_watch victim URL SECONDS")
+    victim_main(sys.argv[2], float(sys.argv[3]))
