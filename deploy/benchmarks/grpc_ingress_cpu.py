@@ -37,19 +37,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from conveyor.deploy.benchmarks.perf import wait_ready
+from conveyor.deploy.benchmarks.perf import cpu_seconds, wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.procs import actor_role, children
 
 PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", "/work/cache/pa/perf_analyzer"))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def get_json(url: str) -> Any:

@@ -33,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from conveyor.deploy.benchmarks.perf import cpu_seconds
 from conveyor.deploy.ports import free_port
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A ModelInferResponse-sized answer and request (the bytes need not parse: nothing decodes them).
 RESPONSE = b"\x0a\x06simple\x12\x011*<" + b"x" * 60 + b"2@" + b"y" * 64
 REQUEST = b"\x0a\x06simple\x3a\x80\x01" + b"q" * 128
@@ -87,11 +87,6 @@ else:
     uvloop.run(serve_async())
 """
 
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 async def _drive(port: int, calls: int, concurrency: int) -> float:
