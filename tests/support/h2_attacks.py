@@ -377,9 +377,13 @@ def oversized_headers(port: int, seconds: float, size: int = 200 << 10, limit: i
 
 
 def unfinished_messages(port: int, seconds: float, streams_n: int = 200, declared: int = 60 << 20,
-                        limit_bytes: int = 4 << 30) -> Outcome:
+                        limit_bytes: int = 4 << 30, stop: threading.Event | None = None) -> Outcome:
     """ModelInfer calls that each send real bytes of a ``declared``-byte message and never finish
-    it, keeping to flow control (an ``h2`` client), on ``streams_n`` streams in turn."""
+    it, keeping to flow control (an ``h2`` client), on ``streams_n`` streams in turn.
+
+    Once ``limit_bytes`` are sent the connection stays open, holding what it sent, until
+    ``seconds`` pass or ``stop`` is set; the first grpc-status read sets ``stop``, so that attackers
+    sharing it hold their bytes at the same time and end together."""
     import h2.config
     import h2.connection
     import h2.events
@@ -404,7 +408,7 @@ def unfinished_messages(port: int, seconds: float, streams_n: int = 200, declare
         sock.sendall(conn.data_to_send())
         i = 0
         live = set(ids)
-        while live and time.monotonic() - start < seconds and sent_bytes < limit_bytes:
+        while live and time.monotonic() - start < seconds and not (stop is not None and stop.is_set()):
             try:
                 got = sock.recv(1 << 16)
                 if not got:
@@ -419,6 +423,8 @@ def unfinished_messages(port: int, seconds: float, streams_n: int = 200, declare
                         if b"grpc-status" in fields:
                             outcome.statuses.append(fields[b"grpc-status"].decode())
                             outcome.messages.append(fields.get(b"grpc-message", b"").decode())
+                            if stop is not None:
+                                stop.set()
                         if event.stream_ended is not None:
                             live.discard(event.stream_id)
                     elif isinstance(event, h2.events.StreamEnded):
@@ -435,7 +441,7 @@ def unfinished_messages(port: int, seconds: float, streams_n: int = 200, declare
                 break
             # Fill each live stream's window in turn, a frame at a time.
             for _ in range(64):
-                if not live:
+                if not live or sent_bytes >= limit_bytes:
                     break
                 sid = ids[i % len(ids)]
                 i += 1

@@ -54,9 +54,9 @@ class Result:
         assert self.idle_after_s is not None, "the ingress was still busy after the attack"
 
 
-def attacked(target: Target, attack: Callable[[int], h2a.Outcome]) -> Result:
+def attacked(target: Target, attack: Callable[[int], h2a.Outcome], victim_url: str | None = None) -> Result:
     with h2w.IngressWatch(target.pid) as watch:
-        with h2w.Victim(target.url) as victim:
+        with h2w.Victim(victim_url or target.url) as victim:
             started = time.monotonic()
             outcome = attack(target.port)
             time.sleep(max(0.0, VICTIM_S - (time.monotonic() - started)))
@@ -150,24 +150,39 @@ def small_budgets(server: Server) -> Iterator[Target]:
         yield Target(url, int(url.rsplit(":", 1)[1]), pid)
 
 
-def test_unfinished_messages_stop_at_the_buffer_budgets(small_budgets: Target) -> None:
-    # Three connections, each with 12 calls that send 6 of the 8 MiB their messages declare and
-    # never finish them, keeping to flow control.
+BUDGET_ATTACK_S = 15.0  # a bound only: the attack ends at the server's first refusal
+
+
+def test_unfinished_messages_stop_at_the_connection_budget(small_budgets: Target) -> None:
+    # One connection, 12 calls that send 2 of the 8 MiB their messages declare and never finish
+    # them, keeping to flow control: 24 MiB against the connection's 16 (and the process's 32).
+    stop = threading.Event()
+    r = attacked(small_budgets, lambda port: h2a.unfinished_messages(
+        port, BUDGET_ATTACK_S, streams_n=12, declared=8 << 20, limit_bytes=24 << 20, stop=stop))
+    assert r.outcome.statuses and set(r.outcome.statuses) == {"8"}, r.outcome  # RESOURCE_EXHAUSTED
+    assert all("--grpc-max-connection-buffer-bytes" in m for m in r.outcome.messages), r.outcome.messages
+    r.check_contained()
+
+
+def test_unfinished_messages_stop_at_the_process_budget(small_budgets: Target, target: Target) -> None:
+    # Three such connections, each holding 14 MiB (under its 16) at the same time: 42 MiB against
+    # the process's 32. The budget is the process's, so its refusals reach any client of this
+    # ingress: the other client calls the group's own gRPC ingress.
+    stop = threading.Event()
     outcomes: list[h2a.Outcome] = []
 
     def three(port: int) -> h2a.Outcome:
         threads = [threading.Thread(target=lambda: outcomes.append(h2a.unfinished_messages(
-            port, ATTACK_S, streams_n=12, declared=8 << 20, limit_bytes=72 << 20))) for _ in range(3)]
+            port, BUDGET_ATTACK_S, streams_n=12, declared=8 << 20, limit_bytes=14 << 20, stop=stop)))
+            for _ in range(3)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         return outcomes[0]
 
-    r = attacked(small_budgets, three)
+    r = attacked(small_budgets, three, victim_url=target.url)
     messages = [m for o in outcomes for m in o.messages]
-    statuses = {s for o in outcomes for s in o.statuses}
-    assert statuses == {"8"}, statuses  # RESOURCE_EXHAUSTED
-    assert any("--grpc-max-connection-buffer-bytes" in m for m in messages)
-    assert any("--grpc-max-buffer-bytes" in m for m in messages)
+    assert {s for o in outcomes for s in o.statuses} == {"8"}, outcomes
+    assert all("--grpc-max-buffer-bytes" in m for m in messages), messages
     r.check_contained()
