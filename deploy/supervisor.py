@@ -41,6 +41,7 @@ from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.proto.signal_wake import SignalWake
 from conveyor.router.startup import EXIT_ON_ERROR_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
+from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 
 log = logging.getLogger("conveyor.supervisor")
 
@@ -76,11 +77,27 @@ class Child:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
 
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signum)
+
+    def wait_until(self, deadline: float) -> bool:
+        """Whether it has exited by ``deadline`` (monotonic)."""
+        assert self.proc is not None
+        try:
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def kill(self) -> None:
         if self.alive():
             assert self.proc is not None
             log.error("%s did not stop in time: killing it", self.role)
             self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
 
 
 class Supervisor:
@@ -311,9 +328,10 @@ class Supervisor:
         then workers (they hand their work back through the router), then the router.
 
         Each wave gets SIGTERM once the one before it is gone. The group's deadline is the
-        drain grace plus the exit timeout after the stop request: whatever runs past it
-        (an actor whose loop is too busy to see its SIGTERM) is killed, and a wave not
-        yet signalled by then is killed outright, so the group stops in that time."""
+        drain grace plus the exit timeout after the stop request: workers still there then
+        are told to unload their models now and get ``UNLOAD_GRACE_S`` for it (Triton unloads
+        after its exit timeout); any other actor past it, and a worker past its grace, is
+        killed, and a wave not yet signalled by then is killed outright."""
         a = self.args
         deadline = (self._stop_requested or time.monotonic()) + a.drain_grace_secs + a.exit_timeout_secs
         ingress = (self.pools["http-ingress"] + self.pools["grpc-ingress"] + self.pools["openai-ingress"]
@@ -322,25 +340,33 @@ class Supervisor:
         retiring = [child for child, _ in self.retiring]
         waves = [ingress + retiring, self.pools["workers"], [self.router] if self.router else []]
         killed: list[str] = []
+        unloaded: list[str] = []  # workers told at the deadline to unload with requests open
         for wave in waves:
+            live = [child for child in wave if child.proc is not None]
             if time.monotonic() < deadline:
-                for child in wave:
+                for child in live:
                     child.terminate()
-            for child in wave:
-                if child.proc is None:
-                    continue
-                try:
-                    child.proc.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.proc.wait()
-                    killed.append(child.role)
+            late = [child for child in live if not child.wait_until(deadline)]
+            if late and wave is self.pools["workers"]:
+                # As Triton unloads its models once the exit timeout has run out, the workers
+                # unload theirs (a Python model's finalize) before anything is killed.
+                for child in late:
+                    child.signal(UNLOAD_NOW_SIGNAL)
+                grace = time.monotonic() + UNLOAD_GRACE_S
+                unloaded += [child.role for child in late]
+                late = [child for child in late if not child.wait_until(grace)]
+            for child in late:
+                child.kill()
+                killed.append(child.role)
+            for child in live:
                 log.debug("%s stopped %.2fs after the stop request", child.role,
                           time.monotonic() - (self._stop_requested or deadline))
-        if killed:
+        if killed or unloaded:
             # Triton's words and exit status when its exit timeout expires with work left.
+            past = [f"killed: {', '.join(killed)}"] if killed else []
+            past += [f"unloaded with requests open: {', '.join(unloaded)}"] if unloaded else []
             log.error("failed to stop server: Internal - Exit timeout expired. Exiting immediately. "
-                      "(killed at the deadline: %s)", ", ".join(killed))
+                      "(at the deadline, %s)", "; ".join(past))
             self._exit_code = self._exit_code or 1
         sweep_orphans(self.args.group)
         left = group_segments(self.args.group)

@@ -58,7 +58,7 @@ class LoadedInstance:
     submitted: int = 0
     finished: int = 0
 
-    def submit(self, task: Callable[[], None]) -> None:
+    def submit(self, task: Callable[[], None]) -> concurrent.futures.Future[None]:
         """Run ``task`` on this instance's thread, after the tasks already given to it."""
         self.submitted += 1
 
@@ -68,7 +68,7 @@ class LoadedInstance:
             finally:
                 self.finished += 1
 
-        self.executor.submit(run)
+        return self.executor.submit(run)
 
     def runs_inline(self, msg: m.ExecBatch) -> bool:
         """Whether this batch may run on the main thread: the backend allows it, nothing is
@@ -121,15 +121,17 @@ def begin_load(msg: m.LoadModel, devices: DeviceMap, post: Post) -> LoadedInstan
     return inst
 
 
-def close_instance(inst: LoadedInstance) -> None:
-    """Close its model after the batches already given to its thread, then let the thread go."""
+def close_instance(inst: LoadedInstance) -> concurrent.futures.Future[None]:
+    """Close its model (a Python model's ``finalize``) after the batches already given to its
+    thread, then let the thread go. Done when the model is closed."""
 
     def close() -> None:
         if inst.backend is not None:
             inst.backend.close()
 
-    inst.submit(close)
+    closed = inst.submit(close)
     inst.executor.shutdown(wait=False)
+    return closed
 
 
 def check_readiness(inst: LoadedInstance | None, msg: m.ReadyCheck, post: Post) -> None:

@@ -10,6 +10,7 @@ This module wires them and runs the loop.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ from conveyor.workers.instances import (
 from conveyor.workers.mailbox import Mailbox
 from conveyor.workers.reply_links import ReplyLinks
 from conveyor.workers.router_session import RouterSession
+from conveyor.workers.stopping import FINALIZE_WAIT_S, UNLOAD_NOW_SIGNAL
 
 __all__ = ["DEFAULT_ARENA_BYTES", "LoadedInstance", "Worker"]
 
@@ -86,6 +88,7 @@ class Worker:
                                    self._emit_all)
         self._stopping = False
         self._leave_requested = False
+        self._closing: list[concurrent.futures.Future[None]] = []  # models unloaded, maybe still closing
 
     def stop(self, *_: Any) -> None:
         """SIGTERM/SIGINT: leave gracefully (drain); a second signal stops at once."""
@@ -93,9 +96,16 @@ class Worker:
             self._stopping = True
         self._leave_requested = True
 
+    def unload_now(self, *_: Any) -> None:
+        """``UNLOAD_NOW_SIGNAL``: the group's exit timeout ran out; unload the models with
+        their requests still open (workers/stopping.py says why)."""
+        log.warning("exit timeout expired: unloading the models with requests still in flight")
+        self._leave_requested = self._stopping = True
+
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        signal.signal(UNLOAD_NOW_SIGNAL, self.unload_now)
         # A signal wakes the loop through the wake pipe (proto/signal_wake.py says why), not at the poll's timeout.
         unwake = wake_on_signals(self.mailbox.wake_tx)
         router = self.router
@@ -188,11 +198,17 @@ class Worker:
             return
         self.batches.fail_streams(
             key, ConveyorError(Status.UNAVAILABLE, f"model instance '{key[0]}' version {key[1]} was unloaded"))
-        close_instance(inst)
+        self._closing = [f for f in self._closing if not f.done()]
+        self._closing.append(close_instance(inst))
 
     def close(self) -> None:
         for key in list(self.instances):
             self._unload(key)
+        # The models' finalize before the process leaves (it does not wait for their threads).
+        _, late = concurrent.futures.wait(self._closing, timeout=FINALIZE_WAIT_S)
+        if late:
+            log.warning("%d model instance(s) still closing after %.0fs: leaving without them",
+                        len(late), FINALIZE_WAIT_S)
         self.replies.close()
         self.router.sock.close(0)
         if self.bls is not None:

@@ -38,7 +38,7 @@ def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
         data = _flatten(data)  # Triton reads any depth under its limit; numpy stops at 32 or 64 dims
     if datatype == "BF16":
         raise invalid_arg(
-            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{name}'"
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input {name}"
         )
     dtype = numpy_dtype(datatype)  # raises for unknown datatypes
     try:
@@ -58,7 +58,8 @@ def array_from_json(name: str, datatype: str, data: Any) -> np.ndarray:
         if lo < info.min or hi > info.max:
             bad = lo if lo < info.min else hi
             raise invalid_arg(f"Unable to parse 'data' of input '{name}': {bad} is out of range for {datatype}")
-    return arr.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):  # a number past a float type's range is inf, as in Triton's cast
+        return arr.astype(dtype, copy=False)
 
 
 _NUMPY_MAX_DIMS = 32

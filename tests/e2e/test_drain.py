@@ -26,6 +26,7 @@ from conveyor.proto.drain import DrainClock, Phase
 from conveyor.router.control import ControlHandler
 from conveyor.router.models import ModelRegistry
 from conveyor.router.worker_pool.pool import WorkerPool
+from conveyor.workers.stopping import UNLOAD_GRACE_S
 from tests.support.group import Server, abandon, start_server, wait_ready
 from tests.support.python_models import write_model
 from tests.support.waiting import eventually
@@ -253,3 +254,87 @@ def test_tritonserver_refuses_at_once_on_sigterm_but_finishes_what_is_in_flight(
         assert srv.shm_segments() == []
     finally:
         abandon(proc)
+
+
+HOLD_MODEL = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.done = threading.Event()
+        self.holding = []
+
+    def execute(self, requests):
+        for request in requests:
+            # Holds the request open (a response now and then, never the final flag) until finalize.
+            thread = threading.Thread(target=self.hold, args=(request.get_response_sender(),), daemon=True)
+            thread.start()
+            self.holding.append(thread)
+        return None
+
+    def hold(self, sender):
+        out = pb_utils.Tensor("OUTPUT0", np.array([1.0], dtype=np.float32))
+        sender.send(pb_utils.InferenceResponse([out]))
+        self.done.wait()
+
+    def finalize(self):
+        print("Finalize invoked", flush=True)
+        self.done.set()
+        for thread in self.holding:
+            thread.join()
+        print("Finalize complete...", flush=True)
+"""
+
+HOLD_CONFIG = """
+name: "hold"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+EXIT_TIMEOUT_S = 2
+
+
+def test_at_the_exit_timeout_the_models_are_unloaded_with_a_request_still_open(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # As Triton: --exit-timeout-secs runs out with a stream still open, the server says so and exits
+    # 1, and the models are unloaded first (Triton's decoupled QA counts finalize's log lines).
+    repo = str(tmp_path_factory.mktemp("drain-hold"))
+    write_model(repo, "hold", HOLD_MODEL, HOLD_CONFIG)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    group = f"dh{os.getpid()}"
+    proc = subprocess.Popen([
+        sys.executable, "-m", "conveyor.deploy.tritonserver", f"--model-repository={repo}", f"--group={group}",
+        f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
+        "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--workers=1", f"--arena-size={32 << 20}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+    ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    srv = Server(proc, group, http_port, grpc_port, metrics_port, repo)
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    first = threading.Event()
+    try:
+        wait_ready(http_port, proc, (grpc_port, metrics_port))
+        client.start_stream(callback=lambda result, error: first.set())
+        inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+        inp.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        client.async_stream_infer("hold", [inp])
+        assert first.wait(30)  # the request is in the model, held open
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        client.close()
+        abandon(proc)
+    assert proc.returncode == 1, out
+    assert "failed to stop server: Internal - Exit timeout expired. Exiting immediately." in out
+    assert "unloaded with requests open: worker-0" in out and "worker-0 did not stop in time" not in out, out
+    assert out.count("Finalize invoked") == 1 and out.count("Finalize complete...") == 1, out
+    assert took < EXIT_TIMEOUT_S + UNLOAD_GRACE_S, took  # the model's finalize returned: nothing waited for a kill
+    assert srv.shm_segments() == []
