@@ -25,11 +25,9 @@ check: lint typecheck unit
 lint:
 	$(VENV)/bin/ruff check .
 
-# mypy finds conveyor.* through conveyor/, the links to the top-level folders (as setuptools and editors do).
-# mypy resolves conveyor.* through a tree of links made from pyproject's package-dir (setuptools-only otherwise).
+# mypy finds conveyor.* in build/src, the links an install makes (pyproject.toml), as editors and other tools do.
 typecheck:
-	$(PY) deploy/link_tree.py build/typecheck
-	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p conveyor -p tests
+	$(VENV)/bin/mypy -p conveyor -p tests
 
 unit:
 	$(PY) -m pytest -q

@@ -31,12 +31,12 @@ from conveyor.deploy.triton_flags import log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
-from conveyor.proto.dispatch_cpu import dispatch_cpu, pin_dispatch
 from conveyor.proto.errors import ConveyorError
-from conveyor.proto.heap import keep_freed_heap
-from conveyor.proto.io_threads import configure_io_threads
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
+from conveyor.runtime.dispatch_cpu import dispatch_cpu, pin_dispatch
+from conveyor.runtime.heap import keep_freed_heap
+from conveyor.runtime.io_threads import configure_io_threads
 
 log = logging.getLogger("conveyor.cli")
 
@@ -263,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("router", "worker"):
         pin_dispatch(dispatch_cpu(args.dispatch_cpu))  # so is this: the I/O thread inherits the pin
     if args.command in ("worker", "ingress"):
-        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (proto/heap.py)
+        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (runtime/heap.py)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command in ("router", "worker"):
-        from conveyor.proto.polling import spin_seconds
+        from conveyor.runtime.polling import spin_seconds
     if args.command == "router":
         from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
         from conveyor.deploy.options import run_dir

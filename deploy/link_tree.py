@@ -1,10 +1,14 @@
-"""Build a folder in which ``conveyor.*`` and ``tests`` resolve as pyproject.toml maps them.
+"""The ``conveyor.*`` namespace as a folder of links to the top-level folders.
 
-    python deploy/link_tree.py build/typecheck
+    python deploy/link_tree.py [DIR]     # DIR/conveyor/proto -> <checkout>/proto, ... (DIR: build/src)
 
-setuptools alone knows the ``package-dir`` mapping of the top-level folders onto ``conveyor.*``;
-mypy (``make typecheck``) and other static tools read this tree of links instead, made from that
-mapping so that there is nothing to keep in step by hand.
+Each top-level folder with an ``__init__.py`` is ``conveyor.<folder>``, except ``tests/`` (never installed):
+nothing to list by hand. setup.py makes this tree in ``build/src``, the root setuptools builds from
+(pyproject.toml: ``package-dir``), so an editable install is a plain ``.pth`` to that folder, which mypy,
+pyright and import-graph tools read like any other path; a new module or subpackage shows at once, being
+under a linked folder. Elsewhere, this script makes the same tree for a checkout that is not installed:
+the GPU check (deploy/gpu/site.sh), or a checkout that shares another's environment: ``python
+deploy/link_tree.py``, then ``PYTHONPATH=$PWD/build/src`` (mypy reads this checkout's build/src first anyway).
 """
 
 from __future__ import annotations
@@ -13,24 +17,35 @@ import os
 import sys
 from pathlib import Path
 
-import tomllib
-
 ROOT = Path(__file__).resolve().parents[1]
+NOT_INSTALLED = {"tests"}
 
 
-def main(out: str) -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    mapping: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
-    target = Path(out).resolve()
-    (target / "conveyor").mkdir(parents=True, exist_ok=True)
-    links = {f"conveyor/{name.removeprefix('conveyor.')}": folder for name, folder in mapping.items()}
-    links["tests"] = "tests"
-    for link, folder in links.items():
-        path = target / link
-        if path.is_symlink() or path.exists():
-            path.unlink()
-        path.symlink_to(os.path.relpath(ROOT / folder, path.parent))
+def folders(root: Path = ROOT) -> list[str]:
+    """The top-level folders that are ``conveyor.<folder>``."""
+    return sorted(p.parent.name for p in root.glob("*/__init__.py") if p.parent.name not in NOT_INSTALLED)
+
+
+def make(target: Path, root: Path = ROOT) -> None:
+    """Make (or bring up to date) ``target/conveyor/<folder>`` -> ``root/<folder>`` for each of :func:`folders`.
+
+    Idempotent, and safe while another process imports through the tree: a link already right is left as it is,
+    a wrong one is replaced in one rename, and one to a folder that is no longer a package is removed."""
+    conveyor = Path(target).resolve() / "conveyor"
+    conveyor.mkdir(parents=True, exist_ok=True)
+    wanted = {name: os.path.relpath(root / name, conveyor) for name in folders(root)}
+    for entry in conveyor.iterdir():
+        if entry.is_symlink() and entry.name not in wanted:
+            entry.unlink()
+    for name, dest in wanted.items():
+        link = conveyor / name
+        if link.is_symlink() and os.readlink(link) == dest:
+            continue
+        tmp = conveyor / f".{name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(dest)
+        os.replace(tmp, link)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    make(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "build" / "src")

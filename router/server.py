@@ -27,13 +27,9 @@ from typing import Any
 
 import zmq
 
-from conveyor.deploy.sd_notify import Notifier
 from conveyor.proto import messages as m
-from conveyor.proto.drain import DrainClock, Phase
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox, drain_peers
-from conveyor.proto.polling import Poller, spin_seconds
-from conveyor.proto.signal_wake import SignalWake
 from conveyor.router.admission import Admission
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
@@ -62,6 +58,10 @@ from conveyor.router.user_readiness import UserReadiness
 from conveyor.router.worker_pool.membership import WorkerMembership
 from conveyor.router.worker_pool.placement import Placement
 from conveyor.router.worker_pool.pool import HEARTBEAT_INTERVAL_S, WorkerPool
+from conveyor.runtime.drain import DrainClock, Phase
+from conveyor.runtime.polling import Poller, spin_seconds
+from conveyor.runtime.sd_notify import Notifier
+from conveyor.runtime.signal_wake import SignalWake
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 

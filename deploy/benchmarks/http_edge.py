@@ -67,7 +67,7 @@ def run(attacks: list[str], seconds: float, wait: float, extra: list[str]) -> No
           f"within {wait:.0f} s | what the attacker read | ingress CPU after (s/s) |")
     print("|---|---|---|---|---|---|---|")
     for name in attacks:
-        # A group per attack: the ingress keeps its freed heap (proto/heap.py), so one attack's
+        # A group per attack: the ingress keeps its freed heap (runtime/heap.py), so one attack's
         # peak would hide the next one's.
         server = start_server(repo, f"edge{os.getpid()}", "--workers", "1", "--allow-grpc", "false",
                               "--arena-size", str(256 << 20), *extra, grpc=False)

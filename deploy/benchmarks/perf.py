@@ -27,7 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conveyor.deploy.procs import actor_role, children
+from conveyor.runtime.procs import actor_role, children
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file is deploy/benchmarks/perf.py)
 INSTALLER = ROOT.parent / "shared" / "tools" / "install-perf-analyzer"

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 import tomllib
 import yaml
+from setuptools import find_namespace_packages
 
+from conveyor.deploy import link_tree
 from conveyor.deploy.cli import build_parser
 from tests.support.paths import ROOT
 
@@ -297,29 +299,33 @@ def _setuptools() -> dict[str, Any]:
     return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"])
 
 
-def test_every_package_folder_is_in_the_wheel() -> None:
-    # setuptools installs only the packages pyproject lists: a new folder left out would be missing
-    # from every installed copy while a checkout still imports it.
+def test_every_package_folder_is_in_the_wheel(tmp_path: Path) -> None:
+    # What setuptools installs: pyproject's packages.find over the links setup.py makes (here in tmp_path).
+    # Every folder with an __init__.py is a package, but for deploy/benchmarks/ (run from a checkout); the
+    # systemd files ship as a data package; deploy/gpu/ (scripts, no __init__.py) stays out.
     tool = _setuptools()
-    found = set()
-    for name, folder in tool["package-dir"].items():
+    assert tool["package-dir"] == {"": "build/src"}
+    find = tool["packages"]["find"]
+    link_tree.make(tmp_path)
+    found = set(find_namespace_packages(str(tmp_path), include=find["include"], exclude=find["exclude"]))
+    expected = {"conveyor", "conveyor.deploy.systemd"}
+    for folder in link_tree.folders():
         for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder)
-            if rel.parts[:1] in (("benchmarks",), ("gpu",)):  # run from a checkout, never installed
-                continue
-            found.add(".".join((name, *rel.parts)))
-    assert found == set(tool["packages"]) - {"conveyor.deploy.systemd"}  # data only, no __init__.py
+            parts = (folder, *init.parent.relative_to(ROOT / folder).parts)
+            if parts[:2] != ("deploy", "benchmarks"):
+                expected.add(".".join(("conveyor", *parts)))
+    assert expected <= found
+    assert not {name for name in found if name.startswith(("conveyor.deploy.benchmarks", "conveyor.deploy.gpu"))}
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_copies_the_whole_package(dockerfile: Path) -> None:
-    # The top-level folders pyproject.toml maps onto conveyor.*.
-    top_level = set(_setuptools()["package-dir"].values())
+    # The top-level folders that are conveyor.*, and setup.py, which links them for setuptools.
     sources: set[str] = set()
     for word, rest in instructions(dockerfile):
         if word == "COPY" and not rest.startswith("--from"):
             sources |= set(rest.split()[:-1])
-    assert sources == top_level | {"pyproject.toml", "README.md"}
+    assert sources == set(link_tree.folders()) | {"pyproject.toml", "README.md", "setup.py"}
     assert all((ROOT / s).exists() for s in sources)
     # BuildKit's <Dockerfile>.dockerignore: an allow-list that must let every COPY source through.
     ignore = Path(f"{dockerfile}.dockerignore").read_text().splitlines()

@@ -1,4 +1,4 @@
-"""The dispatch core (proto/dispatch_cpu.py) in a real group: the router and each worker's main
+"""The dispatch core (runtime/dispatch_cpu.py) in a real group: the router and each worker's main
 and ZeroMQ I/O threads on one core, the ingress and the models on every core."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conveyor.deploy.procs import actor_role, children
+from conveyor.runtime.procs import actor_role, children
 from tests.support.group import start_server
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")

@@ -1,4 +1,4 @@
-"""The supervisor's children as /proc shows them (for the benchmark and the tests)."""
+"""The group's processes as /proc shows them (the ingress's check on its router, the benchmarks, the tests)."""
 
 from __future__ import annotations
 
