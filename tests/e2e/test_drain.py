@@ -314,7 +314,7 @@ def test_at_the_exit_timeout_the_models_are_unloaded_with_a_request_still_open(
         f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
         "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--workers=1", f"--arena-size={32 << 20}",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-    ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     srv = Server(proc, group, http_port, grpc_port, metrics_port, repo)
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     first = threading.Event()
@@ -327,7 +327,7 @@ def test_at_the_exit_timeout_the_models_are_unloaded_with_a_request_still_open(
         assert first.wait(30)  # the request is in the model, held open
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out = proc.communicate(timeout=60)[0].decode()
         took = time.monotonic() - signalled
     finally:
         client.close()
