@@ -15,7 +15,7 @@ from typing import Any
 import falcon.asgi
 
 from conveyor.ingress.http.compression import decompress, request_coding
-from conveyor.ingress.http.errors import error_body
+from conveyor.ingress.http.errors import RETRY_AFTER, error_body
 from conveyor.ingress.limits import json_too_large
 from conveyor.proto.errors import ConveyorError, http_status, invalid_arg
 from conveyor.shm.arena import arena_full
@@ -122,7 +122,10 @@ class BodyLimit:
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
-        await send({"type": "http.response.start", "status": http_status(error.status), "headers": headers})
+        status = http_status(error.status)
+        if status == 503:
+            headers.append((b"retry-after", RETRY_AFTER.encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -4,6 +4,8 @@
 * ``falcon.HTTPError``       -> its own status (404 unknown route, 405, bad headers ...),
                                 with its headers (``Allow``) kept
 * anything else              -> 500, logged with its traceback
+
+A 503 (a full queue, a group shutting down, a router too busy) also says ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ import orjson
 from conveyor.proto.errors import ConveyorError, http_status
 
 log = logging.getLogger(__name__)
+
+# Seconds a client told 503 should wait before it tries again (``Retry-After``): the refusals
+# are momentary (a queue full now, an instance leaving), and clients that honour the header
+# (the openai client's retries, gateways) then back off instead of retrying at once and
+# adding to the overload. Triton sends none; its clients ignore it.
+RETRY_AFTER_S = 1
+RETRY_AFTER = str(RETRY_AFTER_S)
+RETRY_AFTER_LINE = b"retry-after: %d\r\n" % RETRY_AFTER_S  # for the paths that write their own head
 
 
 def error_body(message: str) -> bytes:
@@ -55,6 +65,8 @@ async def render_error(
     resp.delete_header("Inference-Header-Content-Length")
     resp.delete_header("Content-Encoding")
     resp.status = status
+    if status == 503:
+        resp.set_header("Retry-After", RETRY_AFTER)
     resp.content_type = falcon.MEDIA_JSON
     resp.data = error_body(message)
 

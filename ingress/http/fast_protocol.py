@@ -27,7 +27,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from conveyor.ingress.http.app import Infer
 from conveyor.ingress.http.codec import parse_header_length
 from conveyor.ingress.http.corked_transport import CorkedTransport
-from conveyor.ingress.http.errors import error_body, error_status
+from conveyor.ingress.http.errors import RETRY_AFTER_LINE, error_body, error_status
 from conveyor.ingress.http.protocol import HttpToolsProtocol
 from conveyor.proto.errors import ConveyorError
 
@@ -168,7 +168,8 @@ class FastInferProtocol(HttpToolsProtocol):
             answer = await infer.answer(request, cycle.traceparent, cycle.accept_encoding)
         except Exception as exc:
             status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
-            self._respond(cycle, status, [_JSON_TYPE], error_body(message))
+            head = [_JSON_TYPE, RETRY_AFTER_LINE] if status == 503 else [_JSON_TYPE]
+            self._respond(cycle, status, head, error_body(message))
             return
         head = [b"content-type: ", answer.content_type.encode(), b"\r\n"]
         for name, value in answer.headers:

@@ -23,6 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHt
 from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.corked_transport import CorkedTransport
 from conveyor.ingress.http.edge import EdgeState
+from conveyor.ingress.http.errors import RETRY_AFTER_LINE
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,8 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             head = [STATUS_LINE[status]]
             for name, value in self.server_state.default_headers:
                 head += [name, b": ", value, b"\r\n"]
+            if status == 503:
+                head.append(RETRY_AFTER_LINE)
             head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
                         % len(body))
             self.transport.write(b"".join(head) + body)

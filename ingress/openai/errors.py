@@ -13,6 +13,7 @@ import falcon
 import falcon.asgi
 import orjson
 
+from conveyor.ingress.http.errors import RETRY_AFTER
 from conveyor.proto.errors import ConveyorError, Status, http_status
 
 log = logging.getLogger(__name__)
@@ -55,5 +56,7 @@ async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | No
         doc = _doc(500, f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else ""))
     resp.sse = None
     resp.status = status
+    if status == 503:
+        resp.set_header("Retry-After", RETRY_AFTER)  # the openai client's retries wait as told
     resp.content_type = falcon.MEDIA_JSON
     resp.data = orjson.dumps(doc)

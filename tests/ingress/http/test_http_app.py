@@ -49,6 +49,7 @@ def test_health(client: falcon.testing.TestClient, link: FakeLink) -> None:
     link.answers["server_ready"] = unavailable("router gone")
     r = client.simulate_get("/v2/health/ready")
     assert (r.status_code, r.json) == (503, {"error": "router gone"})
+    assert r.headers["Retry-After"] == "1"  # a momentary refusal: clients that honour it back off
 
 
 def test_server_metadata(client: falcon.testing.TestClient) -> None:

@@ -9,10 +9,13 @@ place in the batch it ran in.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future
 
@@ -130,6 +133,13 @@ def test_full_priority_level_refuses_at_once_with_503_and_unavailable(server: Se
     assert (http.status(), http.message()) == ("503", "[request id: <id_unknown>] Exceeds maximum queue size")
     grpc = grpc_error(server, "sched_queue_full")
     assert grpc.status() == "StatusCode.UNAVAILABLE" and "Exceeds maximum queue size" in grpc.message()
+    # A client that honours Retry-After backs off instead of retrying at once.
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
+                       "parameters": {"priority": 2}}).encode()
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/sched_queue_full/infer", body)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
     flush = calls.send("flush", "sched_queue_full", ones(3), priority=1)  # level 1 is not full
     assert positions(flush) == [1, 2, 3] and positions(waiting) == [4]
 
