@@ -15,8 +15,16 @@ def group_processes(pgid: int) -> dict[int, list[str]]:
     return _processes(_PGRP, pgid)
 
 
-# Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ...
-_PPID, _PGRP = 1, 2
+# Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ... utime, stime.
+_PPID, _PGRP, _UTIME, _STIME = 1, 2, 11, 12
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time ``pid`` has used so far (OSError once it is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[_UTIME]) + int(fields[_STIME])) / _CLK_TCK
 
 
 def _processes(field: int, value: int) -> dict[int, list[str]]:

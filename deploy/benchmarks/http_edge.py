@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from conveyor.deploy.example_repo import add_sub, identity
+from conveyor.runtime.procs import cpu_seconds
 from tests.support.group import pids_of, start_server
 from tests.support.http_attacks import (
     Attack,
@@ -32,7 +33,6 @@ from tests.support.http_attacks import (
     ShortBody,
     Slowloris,
     binary_identity_request,
-    cpu_seconds,
     rss_bytes,
     tcp_connections,
 )

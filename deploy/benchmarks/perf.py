@@ -27,6 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from conveyor.runtime import procs
 from conveyor.runtime.procs import actor_role, children
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file is deploy/benchmarks/perf.py)
@@ -59,10 +60,9 @@ def actor_pids(root_pid: int) -> dict[int, str]:
 
 
 def cpu_seconds(pid: int) -> float:
+    """``runtime.procs.cpu_seconds``, 0 for a process that is gone (a benchmark reads on)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return procs.cpu_seconds(pid)
     except OSError:
         return 0.0
 

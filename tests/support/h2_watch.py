@@ -12,17 +12,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from conveyor.runtime.procs import cpu_seconds
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 # --------------------------------------------------------------------------- watching the ingress
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
 
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:

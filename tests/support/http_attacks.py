@@ -357,12 +357,6 @@ class RssPeak:
                 return
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def tcp_connections(pid: int) -> int:
     """Sockets ``pid`` holds open (TCP and ZeroMQ alike: compare counts, not absolutes)."""
     count = 0

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.deploy.example_repo import add_sub, identity
+from conveyor.runtime.procs import cpu_seconds
 from tests.support.group import Server, pids_of, start_server
 from tests.support.http_attacks import (
     Attack,
@@ -23,7 +24,6 @@ from tests.support.http_attacks import (
     ShortBody,
     Slowloris,
     binary_identity_request,
-    cpu_seconds,
     rss_bytes,
     tcp_connections,
 )
