@@ -27,7 +27,7 @@ import sys
 
 from onnx import TensorProto, helper
 
-from conveyor.deploy.example_repo import OPSET, _graph, _save, add_sub
+from conveyor.deploy.example_repo import OPSET, _graph, add_sub, save_onnx, write_model
 
 _SEQUENCE_CONTROLS = """  control_input [
     {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},{end}
@@ -47,7 +47,7 @@ def _arith(repo: str, name: str, elem: int, config_type: str) -> None:
                    [vi("OUTPUT0", elem, ["B", 16]), vi("OUTPUT1", elem, ["B", 16])], name)
     tensors = ",\n".join(f'  {{ name: "{n}" data_type: {config_type} dims: [ 16 ] }}' for n in ("INPUT0", "INPUT1"))
     outs = ",\n".join(f'  {{ name: "{n}" data_type: {config_type} dims: [ 16 ] }}' for n in ("OUTPUT0", "OUTPUT1"))
-    _save(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    save_onnx(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
                              f"input [\n{tensors}\n]\noutput [\n{outs}\n]\n")
 
 
@@ -72,7 +72,7 @@ def _sequence(repo: str, name: str, dyna: bool) -> None:
     strategy = ("  max_sequence_idle_microseconds: 10000000\n"
                 "  oldest { max_candidate_sequences: 1024 max_queue_delay_microseconds: 10000 }\n" if dyna else "")
     instances = 2 if dyna else 1
-    _save(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    save_onnx(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
                              f"sequence_batching {{\n{strategy}{controls}\n}}\n"
                              'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
                              'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
@@ -80,11 +80,7 @@ def _sequence(repo: str, name: str, dyna: bool) -> None:
 
 
 def _python(repo: str, name: str, config: str, source: str) -> None:
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(f'name: "{name}"\nbackend: "python"\n{config}')
-    with open(os.path.join(repo, name, "1", "model.py"), "w", encoding="utf-8") as f:
-        f.write(source)
+    write_model(repo, name, f'name: "{name}"\nbackend: "python"\n{config}', {"model.py": source})
 
 
 _IDENTITY_PY = '''import triton_python_backend_utils as pb_utils
@@ -186,7 +182,7 @@ def _standin(repo: str, name: str, iname: str, dims: list[int], oname: str, odim
         [ints("starts", [0]), ints("ends", [n]), ints("axes", [1]), ints("shape", odims)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     fmt = f" format: {input_format}" if input_format else ""
-    _save(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+    save_onnx(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
                              f'input [ {{ name: "{iname}" data_type: TYPE_FP32{fmt} dims: {dims} }} ]\n'
                              f'output [ {{ name: "{oname}" data_type: TYPE_FP32 dims: {odims} }} ]\n')
 
@@ -196,7 +192,7 @@ def _identity_int32(repo: str, name: str) -> None:
     model = _graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
                    [vi("INPUT0", TensorProto.INT32, ["B", "N"])], [vi("OUTPUT0", TensorProto.INT32, ["B", "N"])],
                    name)
-    _save(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1024\n'
+    save_onnx(model, repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1024\n'
                              'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
                              'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
 

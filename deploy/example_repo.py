@@ -7,6 +7,7 @@ their models with the same helpers. Nothing is downloaded.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 
 import onnx
 from onnx import TensorProto, helper
@@ -15,14 +16,45 @@ OPSET = 13
 IR_VERSION = 8  # readable by every onnxruntime this project supports
 
 
-def _save(model: onnx.ModelProto, repo: str, name: str, config: str, version: int = 1) -> None:
+def _write_file(path: str, content: str | bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if isinstance(content, bytes):
+        with open(path, "wb") as f:
+            f.write(content)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(content)
+
+
+def write_model(repo: str | os.PathLike[str], name: str, config: str | None,
+                files: Mapping[str, str | bytes] | None = None, *, versions: Iterable[int] = (1,),
+                model_files: Mapping[str, str | bytes] | None = None) -> str:
+    """One model of a Triton model repository: ``<repo>/<name>/config.pbtxt`` holding ``config``
+    (none where it is None), a folder ``<repo>/<name>/<version>/`` for each of ``versions`` (made
+    even when ``files`` is empty) holding ``files`` (relative path -> text or bytes), and
+    ``model_files`` (such as labels) beside the config. Returns the model's directory."""
+    model_dir = os.path.join(os.fspath(repo), name)
+    os.makedirs(model_dir, exist_ok=True)
+    for version in versions:
+        vdir = os.path.join(model_dir, str(version))
+        os.makedirs(vdir, exist_ok=True)
+        for rel, content in (files or {}).items():
+            _write_file(os.path.join(vdir, rel), content)
+    for rel, content in (model_files or {}).items():
+        _write_file(os.path.join(model_dir, rel), content)
+    if config is not None:
+        _write_file(os.path.join(model_dir, "config.pbtxt"), config)
+    return model_dir
+
+
+def save_onnx(model: onnx.ModelProto, repo: str | os.PathLike[str], name: str, config: str | None,
+              version: int = 1) -> str:
+    """``model`` (checked, at this project's IR version) as ``<repo>/<name>/<version>/model.onnx``,
+    with ``config`` as its config.pbtxt. Returns the path of model.onnx."""
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
-    vdir = os.path.join(repo, name, str(version))
-    os.makedirs(vdir, exist_ok=True)
-    onnx.save(model, os.path.join(vdir, "model.onnx"))
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config)
+    model_dir = write_model(repo, name, config, {"model.onnx": model.SerializeToString()}, versions=(version,))
+    return os.path.join(model_dir, str(version), "model.onnx")
 
 
 def _graph(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
@@ -55,7 +87,7 @@ output [
 ]
 {dynamic_batching}
 """
-    _save(model, repo, name, config)
+    save_onnx(model, repo, name, config)
 
 
 def identity(repo: str, name: str, datatype: str = "FP32", max_batch_size: int = 0,
@@ -79,7 +111,7 @@ input [ {{ name: "INPUT0" data_type: {config_type} dims: [ {dims} ] }} ]
 output [ {{ name: "OUTPUT0" data_type: {config_type} dims: [ {dims} ] {extra} }} ]
 {dynamic_batching}
 """
-    _save(model, repo, name, config)
+    save_onnx(model, repo, name, config)
 
 
 def build(repo: str) -> str:

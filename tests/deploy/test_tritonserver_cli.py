@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.deploy.cli import build_parser, build_tritonserver_parser, tritonserver_main
-from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.example_repo import add_sub, write_model
 from conveyor.deploy.options import grpc_keepalive_options
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.triton_flags import unused_given
@@ -203,9 +203,7 @@ def _repo(root: str, broken: bool = False) -> str:
     os.makedirs(repo, exist_ok=True)
     add_sub(repo, "simple", 8)
     if broken:
-        os.makedirs(os.path.join(repo, "bad_config", "1"))
-        with open(os.path.join(repo, "bad_config", "config.pbtxt"), "w", encoding="utf-8") as f:
-            f.write('platform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
+        write_model(repo, "bad_config", 'platform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
     return repo
 
 

@@ -4,7 +4,6 @@ and ZeroMQ I/O threads on one core, the ingress and the models on every core."""
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from conveyor.runtime.procs import actor_role, children
+from tests.support import python_models
 from tests.support.group import start_server
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
@@ -56,9 +56,7 @@ def _threads(pid: int) -> dict[int, tuple[str, set[int]]]:
 def test_router_and_worker_dispatch_threads_share_a_core_and_models_keep_every_cpu(tmp_path: Path) -> None:
     every = os.sched_getaffinity(0)
     core = min(every)
-    (tmp_path / "cpus" / "1").mkdir(parents=True)
-    (tmp_path / "cpus" / "1" / "model.py").write_text(textwrap.dedent(MODEL).lstrip())
-    (tmp_path / "cpus" / "config.pbtxt").write_text(textwrap.dedent(CONFIG).lstrip())
+    python_models.write_model(str(tmp_path), "cpus", MODEL, CONFIG)
     srv = start_server(str(tmp_path), f"dcpu{os.getpid()}", "--dispatch-cpu", str(core), "--workers", "1",
                        grpc=False)
     try:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conveyor.deploy.example_repo import write_model
+
 pytestmark = pytest.mark.gpu
 
 
@@ -87,9 +89,7 @@ instance_group [{{ kind: KIND_GPU count: 1 gpus: [0] }}]
 
 
 def _model(repo: Path, name: str, source: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
-    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    write_model(repo, name, CONFIG.format(name=name), {"model.py": textwrap.dedent(source)})
 
 
 @pytest.mark.skipif(not _torch_cuda_and_cupy(), reason="needs a CUDA GPU, cupy and CUDA torch")

@@ -20,7 +20,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from conveyor.deploy.example_repo import add_sub, identity
+from conveyor.deploy.example_repo import add_sub, identity, write_model
 from tests.support.group import Server, start_server
 from tests.support.sequence_models import controls
 
@@ -49,18 +49,14 @@ LABELS = ["CAT", "DOG", "SPORTS CAR", "TRUCK"]
 
 def _labelled_ensemble(repo: str) -> None:
     """An ensemble whose output has labels that the model making it does not have."""
-    os.makedirs(os.path.join(repo, "classify_ens", "1"))
-    with open(os.path.join(repo, "classify_ens", "labels.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(LABELS) + "\n")
-    with open(os.path.join(repo, "classify_ens", "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write("""name: "classify_ens"
+    write_model(repo, "classify_ens", """name: "classify_ens"
 platform: "ensemble"
 max_batch_size: 8
 input [{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }]
 output [{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt" }]
 ensemble_scheduling { step [{ model_name: "zero_1_float32" model_version: -1
   input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } }] }
-""")
+""", model_files={"labels.txt": "\n".join(LABELS) + "\n"})
 
 
 def _infer_url(srv: Server, model: str) -> str:

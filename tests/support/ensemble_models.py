@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
-import onnx
 from onnx import TensorProto, helper
 
-from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub
-from tests.support.python_models import REPEAT_CONFIG, REPEAT_MODEL, write_model
+from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub, write_model
+from tests.support import python_models
+from tests.support.python_models import REPEAT_CONFIG, REPEAT_MODEL
 
 _FAILING_STEP = '''
 import triton_python_backend_utils as pb_utils
@@ -35,10 +33,8 @@ def identity_int32(repo: str, name: str, max_batch_size: int = 8, op: str = "Ide
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
-    _write_config(repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
-                  + _INT32_IO.format() + "dynamic_batching { }\n")
+    write_model(repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+                + _INT32_IO.format() + "dynamic_batching { }\n", {"model.onnx": model.SerializeToString()})
 
 
 def gate(repo: str, name: str = "gate") -> None:
@@ -55,20 +51,12 @@ def gate(repo: str, name: str = "gate") -> None:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
-    _write_config(repo, name, f'''name: "{name}"
+    write_model(repo, name, f'''name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
 input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }}, {{ name: "FLAG" data_type: TYPE_BOOL dims: [ 1 ] }} ]
-''')
-
-
-def _write_config(repo: str, name: str, text: str) -> None:
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)  # an ensemble's version directory is empty
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(text)
+''', {"model.onnx": model.SerializeToString()})
 
 
 def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -88,7 +76,7 @@ def ensemble(repo: str, name: str, inputs: list[str], outputs: list[str], steps:
     ins = ", ".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in inputs)
     outs = ", ".join(f'{{ name: "{t}" data_type: TYPE_BOOL dims: [ 1 ] }}' if t.startswith("FLAG") else
                      f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }}' for t in outputs)
-    _write_config(repo, name, f'''name: "{name}"
+    write_model(repo, name, f'''name: "{name}"
 platform: "ensemble"
 max_batch_size: {max_batch_size}
 input [ {ins} ]
@@ -105,7 +93,8 @@ def build(repo: str) -> None:
     add_sub(repo, "simple", 8, "dynamic_batching { }")
     identity_int32(repo, "ident")
     identity_int32(repo, "negate", op="Neg")
-    write_model(repo, "py_fail", _FAILING_STEP, 'backend: "python"\nmax_batch_size: 8\n' + _INT32_IO.format())
+    python_models.write_model(repo, "py_fail", _FAILING_STEP,
+                              'backend: "python"\nmax_batch_size: 8\n' + _INT32_IO.format())
     # simple -> ident: SUM = A + B through two models, DIFF straight from the first.
     ensemble(repo, "ens_chain", ["A", "B"], ["SUM", "DIFF"], [
         _step("simple", ADD_SUB, {"OUTPUT0": "sum", "OUTPUT1": "DIFF"}),
@@ -146,7 +135,7 @@ def build(repo: str) -> None:
     ])
     ensemble(repo, "ens_too_big", ["A"], ["OUT"], [_step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})],
              max_batch_size=16)
-    write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
+    python_models.write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
     # Two decoupled steps whose responses cannot be paired (a streaming ensemble is fine: see
     # tests/router/ensembles/test_ensemble_decoupled_e2e.py).
     ensemble(repo, "ens_two_streams", ["A"], ["OUT", "OUT2"], [

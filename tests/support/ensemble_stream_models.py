@@ -3,14 +3,11 @@ steps that transform each of its responses (tests/router/ensembles/test_ensemble
 
 from __future__ import annotations
 
-import os
-
-import onnx
 from onnx import TensorProto, helper
 
-from conveyor.deploy.example_repo import IR_VERSION, OPSET
-from tests.support.ensemble_models import _step, _write_config
-from tests.support.python_models import write_model
+from conveyor.deploy.example_repo import IR_VERSION, OPSET, write_model
+from tests.support import python_models
+from tests.support.ensemble_models import _step
 
 # Streams OUT = 1, 2, ..., N (INT32 [1] per row; batched requests, each on its own thread):
 #   N > 0: those N responses at once, then the final flag;      N = 0: only the final flag;
@@ -102,22 +99,20 @@ def binary_int32(repo: str, name: str, op: str, constant: int | None = None, del
                               [vi("Y", TensorProto.INT32, ["B", 1])], init)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
     names = [i.name for i in inputs]
     ins = ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ 1 ] }}' for n in names)
-    _write_config(repo, name, f'''name: "{name}"
+    write_model(repo, name, f'''name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
 input [ {ins} ]
 output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
-''')
+''', {"model.onnx": model.SerializeToString()})
 
 
 def _ensemble(repo: str, name: str, outputs: list[str], steps: list[str], extra: str = "") -> None:
     outs = ", ".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 1 ] }}' for t in outputs)
-    _write_config(repo, name, f'''name: "{name}"
+    write_model(repo, name, f'''name: "{name}"
 platform: "ensemble"
 max_batch_size: 8
 input [ {{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }} ]
@@ -128,8 +123,8 @@ ensemble_scheduling {{ step [ {", ".join(steps)} ] }}
 
 
 def build(repo: str) -> None:
-    write_model(repo, "py_count", COUNT_MODEL, COUNT_CONFIG)
-    write_model(repo, "py_tail_fails", _FAIL_MODEL, '''
+    python_models.write_model(repo, "py_count", COUNT_MODEL, COUNT_CONFIG)
+    python_models.write_model(repo, "py_tail_fails", _FAIL_MODEL, '''
 name: "py_tail_fails"
 backend: "python"
 max_batch_size: 8

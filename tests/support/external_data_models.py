@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from conveyor.deploy.example_repo import IR_VERSION, OPSET
+from conveyor.deploy.example_repo import IR_VERSION, OPSET, write_model
 
 W = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
 B = np.array([0.5, -0.5, 10.0, -10.0], dtype=np.float32)
@@ -47,19 +47,15 @@ def save_external(path: str) -> None:
 def model_directory(repo: str, name: str, config: str | None = None) -> str:
     """Triton's layout for big models: ``<name>/1/model.onnx/`` is a directory holding
     ``model.onnx`` and its external data. No config.pbtxt unless ``config`` is given."""
-    save_external(os.path.join(repo, name, "1", "model.onnx", "model.onnx"))
-    if config is not None:
-        with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-            f.write(config)
-    return os.path.join(repo, name, "1", "model.onnx")
+    folder = os.path.join(write_model(repo, name, config), "1", "model.onnx")
+    save_external(os.path.join(folder, "model.onnx"))
+    return folder
 
 
 def model_file_beside_data(repo: str, name: str, config: str) -> str:
     """``<name>/1/model.onnx`` a file, its external data ``<name>/1/weights.bin`` beside it."""
-    path = os.path.join(repo, name, "1", "model.onnx")
+    path = os.path.join(write_model(repo, name, config), "1", "model.onnx")
     save_external(path)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config)
     return path
 
 

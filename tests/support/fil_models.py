@@ -22,6 +22,8 @@ import treelite.sklearn
 import xgboost as xgb
 from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 
+from conveyor.deploy.example_repo import write_model
+
 FEATURES = 8
 Reference = Callable[[np.ndarray], np.ndarray]
 LEGACY_BINARY = os.path.join(os.path.dirname(__file__), "data", "xgboost_legacy_binary.model")
@@ -191,11 +193,7 @@ def _labels(x: np.ndarray, classes: int) -> np.ndarray:
 
 
 def _write(repo: str, name: str, filename: str, config_text: str) -> str:
-    vdir = os.path.join(repo, name, "1")
-    os.makedirs(vdir, exist_ok=True)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config_text)
-    return os.path.join(vdir, filename)
+    return os.path.join(write_model(repo, name, config_text), "1", filename)
 
 
 def _xgb(objective: str, classes: int = 2, rounds: int = 6) -> xgb.Booster:

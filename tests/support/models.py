@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 
-import onnx
 from onnx import TensorProto, helper
 
-from conveyor.deploy.example_repo import IR_VERSION, OPSET, add_sub, identity
+from conveyor.deploy.example_repo import OPSET, add_sub, identity, save_onnx, write_model
 from tests.support import python_bls_models, python_models, sequence_models, warmup_models
 
 LABELS = [f"label_{i}" for i in range(10)]
@@ -22,28 +21,21 @@ def build_test_repository(repo: str) -> None:
     identity(repo, "identity_int64_batched", "INT64", 16, "-1", "dynamic_batching { }")
     identity(repo, "simple_string", "BYTES", 8, "16", "dynamic_batching { }")
     identity(repo, "classifier", "FP32", 4, "10", "", 'label_filename: "labels.txt"')
-    with open(os.path.join(repo, "classifier", "labels.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(LABELS) + "\n")
+    write_model(repo, "classifier", None, model_files={"labels.txt": "\n".join(LABELS) + "\n"})
     add_sub(repo, "no_config", 8)
     os.remove(os.path.join(repo, "no_config", "config.pbtxt"))  # completed from the ONNX graph
     add_sub(repo, "simple_two_instances", 8, "instance_group [{ count: 2 kind: KIND_CPU }]")
     # Broken models: the server must keep serving the others and say why.
     add_sub(repo, "gpu_only", 8, "instance_group [{ count: 1 kind: KIND_GPU }]")
-    os.makedirs(os.path.join(repo, "bad_config", "1"))
-    with open(os.path.join(repo, "bad_config", "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write('name: "bad_config"\nplatform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
+    write_model(repo, "bad_config", 'name: "bad_config"\nplatform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
     add_sub(repo, "missing_file", 0)
     os.remove(os.path.join(repo, "missing_file", "1", "model.onnx"))
     python_models.build(repo)
     python_bls_models.build(repo)
     # A TensorRT engine needs TensorRT and a GPU: where either is missing it must say so and not hold others back.
-    os.makedirs(os.path.join(repo, "trt_plan", "1"))
-    with open(os.path.join(repo, "trt_plan", "1", "model.plan"), "wb") as f:
-        f.write(b"not an engine")
-    with open(os.path.join(repo, "trt_plan", "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write('platform: "tensorrt_plan"\nmax_batch_size: 0\n'
+    write_model(repo, "trt_plan", 'platform: "tensorrt_plan"\nmax_batch_size: 0\n'
                 'input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]\n'
-                'output [{ name: "y" data_type: TYPE_FP32 dims: [4] }]\n')
+                'output [{ name: "y" data_type: TYPE_FP32 dims: [4] }]\n', {"model.plan": b"not an engine"})
     build_scheduling_models(repo)
     sequence_models.build(repo)
     warmup_models.build(repo)
@@ -70,15 +62,6 @@ def build_scheduling_models(repo: str) -> None:
     squares(repo, "sched_ordered", f"{_GATED} preserve_ordering: true", instances=2)
 
 
-def _save(model: onnx.ModelProto, repo: str, name: str, config: str) -> None:
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config)
-
-
 def _config(name: str, input_type: str, in_dims: str, out_dims: str, dynamic_batching: str, instances: int) -> str:
     return f"""name: "{name}"
 platform: "onnxruntime_onnx"
@@ -100,7 +83,7 @@ def position(repo: str, name: str, dynamic_batching: str) -> None:
         [vi("INPUT0", TensorProto.INT32, ["B", 1])], [vi("OUTPUT0", TensorProto.INT32, ["B", 1])], [axis],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    _save(model, repo, name, _config(name, "TYPE_INT32", "1", "1", dynamic_batching, 1))
+    save_onnx(model, repo, name, _config(name, "TYPE_INT32", "1", "1", dynamic_batching, 1))
 
 
 def squares(repo: str, name: str, dynamic_batching: str, instances: int) -> None:
@@ -114,4 +97,4 @@ def squares(repo: str, name: str, dynamic_batching: str, instances: int) -> None
         [vi("INPUT0", TensorProto.FLOAT, ["B", "n", "n"])], [vi("OUTPUT0", TensorProto.FLOAT, ["B", 1, 1])], [axes],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    _save(model, repo, name, _config(name, "TYPE_FP32", "-1, -1", "1, 1", dynamic_batching, instances))
+    save_onnx(model, repo, name, _config(name, "TYPE_FP32", "-1, -1", "1, 1", dynamic_batching, instances))

@@ -16,6 +16,8 @@ import json
 import os
 import textwrap
 
+from conveyor.deploy.example_repo import write_model
+
 ADAPTERS = ("sql", "poet")
 
 MODEL = '''
@@ -139,14 +141,10 @@ def write_tokenizer(path: str) -> None:
 
 
 def build(repo: str, name: str = "fake_llm") -> None:
-    version = os.path.join(repo, name, "1")
-    os.makedirs(version, exist_ok=True)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
-        f.write(CONFIG.format(name=name))
-    with open(os.path.join(version, "model.py"), "w") as f:
-        f.write(textwrap.dedent(MODEL))
-    write_tokenizer(os.path.join(version, "tokenizer"))
-    with open(os.path.join(version, "model.json"), "w") as f:
-        json.dump({"model": "tokenizer", "enable_lora": True}, f)  # relative: found in the version directory
-    with open(os.path.join(version, "multi_lora.json"), "w") as f:
-        json.dump({a: f"/adapters/{a}" for a in ADAPTERS}, f)
+    model_dir = write_model(repo, name, CONFIG.format(name=name), {
+        "model.py": textwrap.dedent(MODEL),
+        # relative: found in the version directory
+        "model.json": json.dumps({"model": "tokenizer", "enable_lora": True}),
+        "multi_lora.json": json.dumps({a: f"/adapters/{a}" for a in ADAPTERS}),
+    })
+    write_tokenizer(os.path.join(model_dir, "1", "tokenizer"))

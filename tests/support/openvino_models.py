@@ -16,6 +16,8 @@ import onnx
 import openvino as ov
 from onnx import TensorProto, helper
 
+from conveyor.deploy.example_repo import write_model
+
 W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 7
 B = np.array([0.1, -0.2, 0.3], dtype=np.float32)
 CLASSES = 1001  # the README's reshaping example: any image size in, 1001 scores out
@@ -113,11 +115,7 @@ def image_scores() -> onnx.ModelProto:
 
 
 def _version_dir(repo: str, name: str, config: str) -> str:
-    vdir = os.path.join(repo, name, "1")
-    os.makedirs(vdir, exist_ok=True)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config)
-    return vdir
+    return os.path.join(write_model(repo, name, config), "1")
 
 
 def save_ir(onnx_model: onnx.ModelProto, vdir: str, layout: str = "") -> str:

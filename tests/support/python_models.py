@@ -3,8 +3,10 @@ into the test repository as a user would write them for Triton."""
 
 from __future__ import annotations
 
-import os
 import textwrap
+from collections.abc import Mapping
+
+from conveyor.deploy import example_repo
 
 # Written the way Triton's python_backend examples/add_sub is: the proof that
 # such a model.py runs unchanged.
@@ -422,12 +424,11 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 '''
 
 
-def write_model(repo: str, name: str, model_py: str, config: str) -> None:
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    with open(os.path.join(repo, name, "1", "model.py"), "w", encoding="utf-8") as f:
-        f.write(textwrap.dedent(model_py).lstrip())
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(textwrap.dedent(config).lstrip())
+def write_model(repo: str, name: str, model_py: str, config: str, files: Mapping[str, str] | None = None) -> str:
+    """A Python model: ``1/model.py`` and ``config.pbtxt`` dedented as a user writes them, and
+    ``files`` (such as helper modules) beside model.py. Returns the model's directory."""
+    return example_repo.write_model(repo, name, textwrap.dedent(config).lstrip(),
+                                    {"model.py": textwrap.dedent(model_py).lstrip(), **(files or {})})
 
 
 def build(repo: str) -> None:

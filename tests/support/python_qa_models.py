@@ -7,7 +7,6 @@ test_python_triton_qa_e2e.py`` serves them; ``deploy/triton_qa_python.sh`` runs 
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 from tests.support.python_models import write_model
@@ -447,10 +446,8 @@ parameters {{ key: "READY" value {{ string_value: "{"true" if ready else "false"
 def build(repo: str, names_dir: str) -> None:
     """The models that load at start (the test writes the failing ones itself, then loads them)."""
     write_model(repo, "qa_names", NAMES_MODEL, names_config(names_dir))
-    write_model(repo, "qa_package", PACKAGE_MODEL, NO_INPUTS_CONFIG)
-    for name, text in (("relative_helper.py", "VALUE = 40\n"), ("plain_helper.py", "VALUE = 2\n")):
-        with open(os.path.join(repo, "qa_package", "1", name), "w", encoding="utf-8") as f:
-            f.write(text)
+    write_model(repo, "qa_package", PACKAGE_MODEL, NO_INPUTS_CONFIG,
+                {"relative_helper.py": "VALUE = 40\n", "plain_helper.py": "VALUE = 2\n"})
     write_model(repo, "qa_sender", SENDER_MODEL, sender_config("qa_sender"))
     write_model(repo, "qa_async_sender", ASYNC_SENDER_MODEL, sender_config("qa_async_sender"))
     write_model(repo, "qa_sleeper", SLEEPER_MODEL, SLEEPER_CONFIG)

@@ -3,28 +3,15 @@ model, written as a user would write them for Triton."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import onnx
 from onnx import TensorProto, helper
 
-from conveyor.deploy.example_repo import IR_VERSION, OPSET
+from conveyor.deploy.example_repo import OPSET, save_onnx, write_model
 
 # Batches of these leave only at the preferred size (or after 30 s): the tests decide what shares a batch.
 GATED = "max_queue_delay_microseconds: 30000000"
-
-
-def _save(model: onnx.ModelProto, repo: str, name: str, config: str) -> str:
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    path = os.path.join(repo, name, "1", "model.onnx")
-    onnx.save(model, path)
-    if config:
-        with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-            f.write(config)
-    return path
 
 
 def _const(name: str, kind: int, dims: list[int], values: list[float] | list[int]) -> onnx.NodeProto:
@@ -75,7 +62,7 @@ def ragged_sum(repo: str, name: str, config: str) -> str:
          vi("BATCH_MAX", TensorProto.FLOAT, ["B", 1]), vi("DOUBLED", TensorProto.FLOAT, ["N"])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    return _save(model, repo, name, config)
+    return save_onnx(model, repo, name, config or None)
 
 
 RAGGED_SUM_CONFIG = f"""
@@ -136,7 +123,7 @@ def padded_sum(repo: str, name: str, config: str) -> None:
          vi("WIDTH", TensorProto.FLOAT, ["B", 1]), vi("SCALED", TensorProto.FLOAT, ["B", "W"])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    _save(model, repo, name, config)
+    save_onnx(model, repo, name, config or None)
 
 
 PADDED_SUM_CONFIG = f"""
@@ -203,11 +190,7 @@ def build(repo: str) -> None:
     ragged_sum(repo, "ragged_sum", RAGGED_SUM_CONFIG)
     padded_sum(repo, "padded_sum", PADDED_SUM_CONFIG)
     for name, ragged in (("python_shapes", False), ("python_ragged", True)):
-        os.makedirs(os.path.join(repo, name, "1"))
-        with open(os.path.join(repo, name, "1", "model.py"), "w", encoding="utf-8") as f:
-            f.write(textwrap.dedent(PYTHON_SHAPES_MODEL))
-        with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-            f.write(python_config(name, ragged))
+        write_model(repo, name, python_config(name, ragged), {"model.py": textwrap.dedent(PYTHON_SHAPES_MODEL)})
     for name, config in BAD_CONFIGS.items():
         source = "ragged_sum" if "ragged_sum" in config else "padded_sum"
         config = config.replace(f'name: "{source}"', f'name: "{name}"')

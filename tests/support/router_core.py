@@ -11,6 +11,7 @@ from typing import Any
 
 import zmq
 
+from conveyor.deploy import example_repo
 from conveyor.proto import messages as m
 from conveyor.router.ledger import Ledger
 from conveyor.router.server import Router
@@ -33,9 +34,8 @@ output [{{ name: "OUT" data_type: TYPE_INT32 dims: [ 4 ] }}]
 def write_model(repo: Path, name: str, instances: int = 1, extra: str = "") -> None:
     """``instances`` 0: no ``instance_group``, one instance on every worker."""
     groups = f"instance_group [{{ count: {instances} kind: KIND_CPU }}]" if instances else ""
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, groups=groups, extra=extra))
-    (repo / name / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    example_repo.write_model(repo, name, CONFIG.format(name=name, groups=groups, extra=extra),
+                             {"model.py": "class TritonPythonModel:\n    pass\n"})
 
 
 class RouterCore:

@@ -4,12 +4,9 @@ state, and one that echoes every control input it is given."""
 
 from __future__ import annotations
 
-import os
-
-import onnx
 from onnx import TensorProto, helper
 
-from conveyor.deploy.example_repo import IR_VERSION, OPSET
+from conveyor.deploy.example_repo import OPSET, save_onnx, write_model
 
 # Long enough that no test sequence idles out by accident on a slow machine.
 LONG_IDLE_US = 60_000_000
@@ -24,15 +21,6 @@ def build(repo: str) -> None:
     controls(repo, "seq_controls", "TYPE_UINT64")
     controls(repo, "seq_controls_string", "TYPE_STRING")
     python_accumulator(repo, "seq_python")
-
-
-def _save(model: onnx.ModelProto, repo: str, name: str, config: str) -> None:
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    onnx.save(model, os.path.join(repo, name, "1", "model.onnx"))
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config)
 
 
 def accumulator(repo: str, name: str, strategy: str, *, instances: int, max_batch_size: int = 4,
@@ -60,7 +48,7 @@ def accumulator(repo: str, name: str, strategy: str, *, instances: int, max_batc
     nodes.append(helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"]))
     outputs = [vi("OUTPUT", TensorProto.INT32, ["B", 1]), vi("OUTPUT_STATE", TensorProto.INT32, ["B", 1])]
     graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
-    _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), repo, name, f"""
+    save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), repo, name, f"""
 name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: {max_batch_size}
@@ -99,7 +87,7 @@ def controls(repo: str, name: str, corrid_type: str) -> None:
         [helper.make_node("Identity", [i], [o]) for i, o, _ in pairs], name,
         [vi(i, t, ["B", 1]) for i, _, t in pairs], [vi(o, t, ["B", 1]) for _, o, t in pairs],
     )
-    _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), repo, name, f"""
+    save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), repo, name, f"""
 name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: 4
@@ -153,11 +141,7 @@ class TritonPythonModel:
 
 
 def python_accumulator(repo: str, name: str) -> None:
-    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-    with open(os.path.join(repo, name, "1", "model.py"), "w", encoding="utf-8") as f:
-        f.write(PYTHON_ACCUMULATOR)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(f"""
+    write_model(repo, name, f"""
 name: "{name}"
 backend: "python"
 max_batch_size: 4
@@ -168,4 +152,4 @@ sequence_batching {{
   max_sequence_idle_microseconds: {LONG_IDLE_US}
   {_START_INT32}
 }}
-""")
+""", {"model.py": PYTHON_ACCUMULATOR})

@@ -14,6 +14,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from conveyor.deploy.example_repo import write_model
+
 WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 7
 
 SIGNATURE = [tf.TensorSpec([None, 4], tf.float32, name="x"), tf.TensorSpec([None], tf.string, name="words")]
@@ -52,12 +54,7 @@ GRAPHDEF = DECLARED.replace("tensorflow_savedmodel", "tensorflow_graphdef")
 
 
 def _model_dir(repo: str, name: str, config: str | None) -> str:
-    vdir = os.path.join(repo, name, "1")
-    os.makedirs(vdir, exist_ok=True)
-    if config is not None:
-        with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-            f.write(config)
-    return vdir
+    return os.path.join(write_model(repo, name, config), "1")
 
 
 def save_savedmodel(vdir: str, signature: str = "serving_default") -> str:

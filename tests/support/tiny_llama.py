@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from conveyor.deploy.example_repo import write_model
+
 # Set by ``make test``, which installs the vllm extra: there a missing engine is a failure, not a skip.
 REQUIRE_VLLM_ENV = "CONVEYOR_REQUIRE_VLLM"
 
@@ -154,9 +156,6 @@ def _shuffled(words: list[str], seed: int) -> list[str]:
 
 def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **engine: object) -> Path:
     """A Triton vLLM backend repository: the sample config.pbtxt as is, 1/model.json, 1/multi_lora.json."""
-    version = repo / name / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    (repo / name / "config.pbtxt").write_text(SAMPLE_CONFIG)
     model_json = {
         "model": str(tiny.model_dir),
         "enforce_eager": True,
@@ -169,6 +168,7 @@ def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **en
         "kv_cache_memory_bytes": 64 << 20,  # on CPU the default reserves 92% of the memory
         **engine,
     }
-    (version / "model.json").write_text(json.dumps(model_json, indent=2))
-    (version / "multi_lora.json").write_text(json.dumps({k: str(v) for k, v in tiny.adapters.items()}, indent=2))
-    return repo / name
+    return Path(write_model(repo, name, SAMPLE_CONFIG, {
+        "model.json": json.dumps(model_json, indent=2),
+        "multi_lora.json": json.dumps({k: str(v) for k, v in tiny.adapters.items()}, indent=2),
+    }))

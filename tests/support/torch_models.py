@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from conveyor.deploy.example_repo import write_model
+
 
 class AddSub(torch.nn.Module):
     """Triton's classic 'simple' model, in TorchScript."""
@@ -67,12 +69,8 @@ class DoubleUntil(torch.nn.Module):
 
 
 def save(module: torch.jit.ScriptModule, repo: str, name: str, config: str) -> str:
-    vdir = os.path.join(repo, name, "1")
-    os.makedirs(vdir, exist_ok=True)
-    path = os.path.join(vdir, "model.pt")
+    path = os.path.join(write_model(repo, name, config), "1", "model.pt")
     module.save(path)
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(config)
     return path
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conveyor.deploy.example_repo import write_model
+
 pytestmark = pytest.mark.gpu
 
 
@@ -157,13 +159,8 @@ def build_trt_add_sub(repo: str, name: str) -> str:
     config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     assert plan is not None
-    os.makedirs(os.path.join(repo, name, "1"))
-    path = os.path.join(repo, name, "1", "model.plan")
-    with open(path, "wb") as f:
-        f.write(bytes(plan))
-    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-        f.write(TRT_CONFIG.format(name=name))
-    return path
+    return os.path.join(write_model(repo, name, TRT_CONFIG.format(name=name), {"model.plan": bytes(plan)}),
+                        "1", "model.plan")
 
 
 @needs_tensorrt

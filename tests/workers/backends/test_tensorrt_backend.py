@@ -10,6 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.deploy.example_repo import write_model
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
 from conveyor.router.repository.scan import scan
@@ -25,9 +26,7 @@ CONFIG = ('platform: "tensorrt_plan" max_batch_size: 0 input [{ name: "x" data_t
 
 def test_repository_resolves_platform_backend_and_file(tmp_path: Path) -> None:
     for name, head in (("by_platform", 'platform: "tensorrt_plan"'), ("by_backend", 'backend: "tensorrt"')):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "1" / "model.plan").write_bytes(b"")
-        (tmp_path / name / "config.pbtxt").write_text(CONFIG.replace('platform: "tensorrt_plan"', head))
+        write_model(tmp_path, name, CONFIG.replace('platform: "tensorrt_plan"', head), {"model.plan": b""})
     specs = scan([str(tmp_path)])
     for name in ("by_platform", "by_backend"):
         spec = specs[name]

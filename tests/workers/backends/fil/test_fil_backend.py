@@ -12,6 +12,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from conveyor.deploy.example_repo import write_model
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
@@ -67,12 +68,12 @@ def test_threads_share_the_cores_among_instances(monkeypatch: pytest.MonkeyPatch
 def test_default_model_file_follows_model_type(tmp_path: Path) -> None:
     for model_type, filename in fil_settings.MODEL_FILES.items():
         model = tmp_path / model_type
-        (model / "1").mkdir(parents=True)
-        (model / "1" / filename).write_bytes(b"{}")
-        (model / "config.pbtxt").write_text(
+        write_model(
+            tmp_path, model_type,
             f'backend: "fil"\nmax_batch_size: 8\ninput [{{ name: "input__0" data_type: TYPE_FP32 dims: [ 4 ] }}]\n'
             f'output [{{ name: "output__0" data_type: TYPE_FP32 dims: [ 1 ] }}]\n'
-            f'parameters {{ key: "model_type" value {{ string_value: "{model_type}" }} }}\n')
+            f'parameters {{ key: "model_type" value {{ string_value: "{model_type}" }} }}\n',
+            {filename: b"{}"})
         spec = load_spec(model_type, str(model))
         assert spec.error == "" and spec.backend == "fil", spec.error
         assert spec.versions == {1: str(model / "1" / filename)}

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conveyor.deploy.example_repo import write_model
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
@@ -477,13 +478,11 @@ def test_an_instance_name_with_shell_characters_is_refused(tmp_path: Path) -> No
 def test_a_model_py_without_config_pbtxt_is_completed(tmp_path: Path) -> None:
     """As Triton (L0_backend_python's auto_complete_error model has no config.pbtxt): a model
     directory holding <version>/model.py is a Python model whose config auto_complete_config makes."""
-    (tmp_path / "bare" / "1").mkdir(parents=True)
-    (tmp_path / "bare" / "1" / "model.py").write_text(textwrap.dedent(python_models.AUTOCOMPLETE_MODEL))
+    write_model(tmp_path, "bare", None, {"model.py": textwrap.dedent(python_models.AUTOCOMPLETE_MODEL)})
     spec = load_spec("bare", str(tmp_path / "bare"))
     assert not spec.error, spec.error
     assert spec.config.backend == "python" and [t.name for t in spec.config.input] == ["INPUT0"]
-    (tmp_path / "broken" / "1").mkdir(parents=True)
     broken = ("class TritonPythonModel:\n    @staticmethod\n"
               "    def auto_complete_config(c):\n        return nothing_here\n")
-    (tmp_path / "broken" / "1" / "model.py").write_text(broken)
+    write_model(tmp_path, "broken", None, {"model.py": broken})
     assert "name 'nothing_here' is not defined" in load_spec("broken", str(tmp_path / "broken")).error

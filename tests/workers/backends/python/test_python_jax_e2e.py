@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from conveyor.deploy.example_repo import write_model
 from tests.support.group import Server, start_server
 
 jax = pytest.importorskip("jax", reason="JAX is not installed (pip install jax): the docs' JAX example is not served")
@@ -32,9 +33,7 @@ def example(name: str) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = tmp_path_factory.mktemp("jax")
-    (repo / "jax_tanh" / "1").mkdir(parents=True)
-    (repo / "jax_tanh" / "config.pbtxt").write_text(example("config.pbtxt"))
-    (repo / "jax_tanh" / "1" / "model.py").write_text(example("1/model.py"))
+    write_model(repo, "jax_tanh", example("config.pbtxt"), {"model.py": example("1/model.py")})
     srv = start_server(str(repo), f"jax{os.getpid()}", "--workers", "1")
     yield srv
     assert srv.stop() == 0

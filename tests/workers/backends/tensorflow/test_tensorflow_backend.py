@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.deploy.example_repo import write_model
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
@@ -37,10 +38,11 @@ def test_parameters_as_triton_reads_them(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_platform_and_file_from_the_version_directory(tmp_path: Path) -> None:
     for name, entry in (("saved", "model.savedmodel"), ("frozen", "model.graphdef")):
-        (tmp_path / name / "1" / entry).mkdir(parents=True)
-        (tmp_path / name / "config.pbtxt").write_text(
+        write_model(
+            tmp_path, name,
             'backend: "tensorflow"\nmax_batch_size: 2\ninput [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }]\n'
             'output [{ name: "y" data_type: TYPE_FP32 dims: [ 3 ] }]\n')
+        (tmp_path / name / "1" / entry).mkdir()
         spec = load_spec(name, str(tmp_path / name))
         assert spec.error == "" and spec.backend == "tensorflow"
         assert spec.config.platform == ("tensorflow_savedmodel" if name == "saved" else "tensorflow_graphdef")
