@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,14 +36,26 @@ _STARTS_PROCESSES = re.compile(r"tests\.support\.group|start_server|subprocess|P
                                r"|extra_grpc_ingress_process|real_triton")
 
 
+def _starts_processes(path: Path) -> bool:
+    return bool(_STARTS_PROCESSES.search(path.read_text(encoding="utf-8")))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m unit`` does not even import the e2e modules: their imports (torch, vLLM, TensorFlow)
+    were most of the quick level's time."""
+    if (config.option.markexpr == "unit" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and _starts_processes(collection_path)):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test ``unit`` or ``e2e`` (``pytest -m unit`` runs the quick level alone)."""
     levels: dict[str, pytest.MarkDecorator] = {}
     for item in items:
         path = str(item.path)
         if path not in levels:
-            text = item.path.read_text(encoding="utf-8")
-            levels[path] = pytest.mark.e2e if _STARTS_PROCESSES.search(text) else pytest.mark.unit
+            levels[path] = pytest.mark.e2e if _starts_processes(item.path) else pytest.mark.unit
         item.add_marker(levels[path])
 
 
