@@ -4,8 +4,11 @@ type-checked in one pass (msgspec), and the sampling parameters they carry.
 Fields the OpenAI API defines but this ingress cannot honour (``logprobs``,
 ``logit_bias``, ``suffix``, tools) are refused with a 400 rather than ignored;
 unknown fields are ignored, as OpenAI's own server does. vLLM's extensions to the
-API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``)
-pass through, as vLLM's server takes them.
+API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
+``structured_outputs``) pass through, as vLLM's server takes them. Structured outputs:
+``response_format`` (``json_object``, ``json_schema``) or vLLM's ``structured_outputs``
+(``json``, ``regex``, ``choice``, ``grammar``) become the engine's guided decoding; a schema
+or pattern the engine cannot compile is a 400 with its reason (from the worker).
 """
 
 from __future__ import annotations
@@ -19,6 +22,18 @@ from conveyor.proto.errors import invalid_arg
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
+
+
+class JsonSchema(msgspec.Struct):
+    name: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    type: str
+    json_schema: JsonSchema | None = None
 
 
 class Sampling(msgspec.Struct, kw_only=True):
@@ -41,6 +56,8 @@ class Sampling(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
     min_tokens: int | None = None
+    structured_outputs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     # refused when set
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None
@@ -108,7 +125,26 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
             params[name] = value
     if req.stop:
         params["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    constraint = structured_outputs(req)
+    if constraint is not None:
+        params["structured_outputs"] = constraint
     return params
+
+
+def structured_outputs(req: Sampling) -> dict[str, Any] | None:
+    """The guided-decoding constraint (vLLM's ``StructuredOutputsParams`` fields) the request asks for."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return req.structured_outputs
+    if req.structured_outputs is not None:
+        raise invalid_arg("`response_format` and `structured_outputs` cannot both be set")
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema is None:
+            raise invalid_arg("`response_format` of type 'json_schema' needs `json_schema.schema`")
+        return {"json": fmt.json_schema.schema}
+    raise invalid_arg(f"unknown `response_format` type '{fmt.type}': expected 'text', 'json_object' or 'json_schema'")
 
 
 def completion_prompt(req: CompletionRequest) -> str:

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import openai
 import pytest
@@ -175,6 +176,32 @@ def test_n_choices_are_vllms_seeded_samples(group: Group, client: openai.OpenAI)
                 reasons[c.index].append(c.finish_reason)
     assert texts == group.ref.sampled
     assert all(len(r) == 1 for r in reasons), reasons  # each choice finishes once
+
+
+def test_structured_outputs_constrain_the_answer(client: openai.OpenAI) -> None:
+    # vLLM's own field, and OpenAI's response_format: the engine's guided decoding either way.
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
+                                    extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert out.choices[0].text in ("yes", "no")
+    messages: Any = CHAT
+    enum: Any = {"type": "json_schema", "json_schema": {"name": "pick", "schema": {"enum": ["x", "y"]}, "strict": True}}
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                          response_format=enum)
+    assert json.loads(chat.choices[0].message.content or "") in ("x", "y")
+    chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                            stream=True, response_format={"type": "json_object"})
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text.startswith("{"), text  # an object begins (the tiny model rarely ends one in 8 tokens)
+
+
+def test_a_schema_the_engine_cannot_compile_is_a_400_with_the_reason(client: openai.OpenAI) -> None:
+    messages: Any = CHAT
+    bad: Any = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}}
+    with pytest.raises(openai.BadRequestError, match="nonsense"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, response_format=bad)
+    with pytest.raises(openai.BadRequestError, match="cannot both be set"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body={
+            "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}})
 
 
 def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:

@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status, internal, unavailable
+from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, unavailable
 from conveyor.workers.backends.base import RequestItem, RequestOutcome, ResponseChannel
 from conveyor.workers.backends.vllm import outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
@@ -143,6 +143,9 @@ class VllmBackend:
         except ConveyorError as exc:
             channel.fail(exc)
         except Exception as exc:
+            if _refused_by_engine(exc):  # the request's fault (a schema the engine cannot compile): 400
+                channel.fail(invalid_arg(str(exc)))
+                return
             if self.health_check and not self._check_health():  # the engine died under this request
                 channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
                 return
@@ -152,6 +155,14 @@ class VllmBackend:
     def close(self) -> None:
         self.engine.call(self.replies.close)  # before the shutdown: the loop runs them in order
         self.engine.close()
+
+
+def _refused_by_engine(exc: Exception) -> bool:
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # a vLLM before its client errors: every failure stays INTERNAL
+        return False
+    return isinstance(exc, VLLMClientError)
 
 
 def _unload(model: str) -> None:

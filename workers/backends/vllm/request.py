@@ -86,6 +86,9 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
     }
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
+        if key in STRUCTURED_OUTPUTS_KEYS:
+            kwargs["structured_outputs"] = structured_outputs(key, value)
+            continue
         if key not in fields or key == "output_kind":  # the backend picks it
             raise invalid_arg(f"unknown sampling parameter '{key}'")
         hint = fields[key]
@@ -101,6 +104,29 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
         return SamplingParams(**kwargs)
     except (TypeError, ValueError) as exc:
         raise invalid_arg(f"invalid sampling parameters: {exc}") from None
+
+
+# The constraint of structured outputs (guided decoding): vLLM's ``structured_outputs``, and
+# ``guided_decoding``, the name Triton's vllm_backend reads (vLLM's before 0.11). Either is a JSON
+# object (or its text) of ``StructuredOutputsParams``: ``json``, ``regex``, ``choice``, ``grammar``,
+# ``json_object``, ...
+STRUCTURED_OUTPUTS_KEYS = ("structured_outputs", "guided_decoding")
+
+
+def structured_outputs(key: str, value: Any) -> Any:
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise invalid_arg(f"sampling parameter '{key}' is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise invalid_arg(f"sampling parameter '{key}' must be a JSON object")
+    try:
+        return StructuredOutputsParams(**value)
+    except (TypeError, ValueError) as exc:  # an unknown field; no constraint, or more than one
+        raise invalid_arg(f"sampling parameter '{key}': {exc}") from None
 
 
 def _bool(value: Any) -> bool:

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -266,6 +267,28 @@ def test_an_unknown_adapter_is_a_clear_invalid_argument(served: tuple[Server, An
     assert "LoRA gamma is not supported" in str(error)
     status, raw = post(srv, "generate", {"text_input": "hello", "sampling_parameters": '{"temprature": 0}'})
     assert status == 400 and "temprature" in json.loads(raw)["error"]
+
+
+def test_guided_decoding_as_triton_vllm_backend_users_send_it(served: tuple[Server, Any]) -> None:
+    # Triton's vllm_backend reads ``guided_decoding`` (a JSON object, or its text) among the sampling
+    # parameters; vLLM 0.11+ calls it ``structured_outputs``. Both constrain the engine's output.
+    srv, _ = served
+    cases: list[tuple[str, Any]] = [("guided_decoding", json.dumps({"choice": ["yes", "no"]})),
+                                    ("structured_outputs", {"regex": "[a-c]{3}"})]
+    for key, constraint in cases:
+        params = {"temperature": 0, "max_tokens": 8, key: constraint}
+        status, raw = post(srv, "generate", {"text_input": "hello", "exclude_input_in_output": True,
+                                             "sampling_parameters": json.dumps(params)})
+        assert status == 200, raw
+        text = json.loads(raw)["text_output"]
+        assert text in ("yes", "no") if key == "guided_decoding" else re.fullmatch("[a-c]{3}", text), (key, text)
+    # A pattern the engine cannot compile, or two constraints at once: the request's fault, with the reason.
+    bad: list[dict[str, Any]] = [{"regex": "[a-"}, {"choice": ["a"], "regex": "b"}]
+    for constraint in bad:
+        params = {"max_tokens": 8, "structured_outputs": constraint}
+        status, raw = post(srv, "generate", {"text_input": "hello", "sampling_parameters": json.dumps(params)})
+        assert status == 400, raw
+        assert "regex" in json.loads(raw)["error"] or "one kind" in json.loads(raw)["error"], raw
 
 
 LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
