@@ -22,7 +22,7 @@ from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
-from conveyor.ingress.openai.generation import Step, Usage, engine_call, steps
+from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, engine_call, steps
 from conveyor.ingress.openai.schema import (
     ChatRequest,
     CompletionRequest,
@@ -56,6 +56,7 @@ class Job:
     prompt: str
     echo: bool
     include_usage: bool
+    logprobs: bool  # the answer carries each token's logprob
 
 
 class _Endpoint:
@@ -75,9 +76,10 @@ class _Endpoint:
         params = sampling_parameters(request, self._max_tokens(request))
         call = engine_call(target, prompt, params, request.stream)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        top = params.get("logprobs")
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", request.model, int(time.time()),
-                  request.n, prompt, echo, include_usage)
-        found = steps(self._dataplane, call, request.n)
+                  request.n, prompt, echo, include_usage, top is not None)
+        found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0)
         if request.stream:
             # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
             first = await anext(found)
@@ -86,16 +88,20 @@ class _Endpoint:
             return
         texts = [""] * job.n
         finish: list[str | None] = [None] * job.n
+        tokens: list[list[TokenLogprob]] = [[] for _ in range(job.n)]
         usage = Usage()
         async for step in found:
             usage.add(step)
             for i, text in enumerate(step.texts[: job.n]):
                 texts[i] += text
                 finish[i] = finish[i] or step.finish[i]
+            for i, new in enumerate((step.logprobs or [])[: job.n]):
+                tokens[i] += new
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({
             "id": job.id, "object": self.object_name, "created": job.created, "model": job.model,
-            "choices": [self._choice(i, (job.prompt if job.echo else "") + texts[i], finish[i])
+            "choices": [self._choice(i, (job.prompt if job.echo else "") + texts[i], finish[i],
+                                     self._logprobs(tokens[i], 0) if job.logprobs else None)
                         for i in range(job.n)],
             "usage": usage.wire(), "system_fingerprint": None,
         })
@@ -106,10 +112,15 @@ class _Endpoint:
     def _max_tokens(self, request: Sampling) -> int:
         return request.max_tokens if request.max_tokens is not None else self._options.default_max_tokens
 
-    def _choice(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
+    def _choice(self, index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _delta(self, index: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+    def _delta(self, index: int, text: str, finish: str | None, first: bool,
+               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        """The ``logprobs`` of a choice's ``tokens``; ``offset``: where the first lies in its text."""
         raise NotImplementedError
 
     async def _events(
@@ -117,6 +128,7 @@ class _Endpoint:
     ) -> AsyncIterator[falcon.asgi.SSEvent]:
         usage = Usage()
         started = [False] * job.n
+        offsets = [0] * job.n  # how much text of each choice the earlier chunks carried
         head = {"id": job.id, "object": self.chunk_object, "created": job.created, "model": job.model}
         if job.include_usage:
             head["usage"] = None
@@ -130,8 +142,13 @@ class _Endpoint:
                 if not started[i] and job.echo:
                     text = job.prompt + text
                 if text or reason or not started[i]:
-                    choices.append(self._delta(i, text, reason, not started[i]))
+                    logprobs = None
+                    if job.logprobs:
+                        new = step.logprobs[i] if step.logprobs and i < len(step.logprobs) else []
+                        logprobs = self._logprobs(new, offsets[i])
+                    choices.append(self._delta(i, text, reason, not started[i], logprobs))
                     started[i] = True
+                    offsets[i] += len(text)
             return falcon.asgi.SSEvent(data=orjson.dumps({**head, "choices": choices})) if choices else None
 
         try:
@@ -160,11 +177,20 @@ class Completions(_Endpoint):
         target = await self._catalog.target(request.model)
         return request, target, completion_prompt(request), request.echo
 
-    def _choice(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+    def _choice(self, index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def _delta(self, index: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+    def _delta(self, index: int, text: str, finish: str | None, first: bool,
+               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t.token)
+        return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
 
 
 class ChatCompletions(_Endpoint):
@@ -185,10 +211,17 @@ class ChatCompletions(_Endpoint):
             return request.max_completion_tokens
         return super()._max_tokens(request)
 
-    def _choice(self, index: int, text: str, finish: str | None) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+    def _choice(self, index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish}
 
-    def _delta(self, index: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+    def _delta(self, index: int, text: str, finish: str | None, first: bool,
+               logprobs: dict[str, Any] | None) -> dict[str, Any]:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                             "top_logprobs": [{"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+                                              for tok, lp in t.top]}
+                            for t in tokens], "refusal": None}

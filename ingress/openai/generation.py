@@ -5,8 +5,9 @@ The model gets ``text_input``, ``stream``, ``sampling_parameters`` (JSON; ``n``
 choices come back as ``n`` elements of ``text_output``; ``lora_name`` picks the
 adapter) and ``exclude_input_in_output`` (always true: ``echo`` is written here, so
 it streams too), plus the ``return_*`` inputs the model declares, for ``usage`` and
-``finish_reason``. Streaming or not, the responses are read the same way: a
-non-streamed request is one response holding the whole text.
+``finish_reason`` (and ``return_logprobs`` when the request asks for logprobs).
+Streaming or not, the responses are read the same way: a non-streamed request is one
+response holding the whole text.
 """
 
 from __future__ import annotations
@@ -22,19 +23,32 @@ from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, Stream
 from conveyor.ingress.openai.catalog import TEXT_INPUT, TEXT_OUTPUT, Target
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
+from conveyor.proto.errors import invalid_arg
 
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason")
+LOGPROBS_INPUT = "return_logprobs"
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token: its text, its logprob, and the most likely tokens at its place
+    (text, logprob), most likely first, as many as the request asked for."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
 
 
 @dataclass(slots=True)
 class Step:
-    """One response of the model: ``texts[i]`` is choice i's new text."""
+    """One response of the model: ``texts[i]`` is choice i's new text, ``logprobs[i]`` its new tokens'."""
 
     texts: list[str]
     finish: list[str | None]
     prompt_tokens: int | None
     output_tokens: int  # new tokens over every choice
     final: bool
+    logprobs: list[list[TokenLogprob]] | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +82,10 @@ def engine_call(target: Target, prompt: str, params: dict[str, object], stream: 
     }
     for name in _RETURNS:
         values[name] = True
+    if "logprobs" in params:
+        if LOGPROBS_INPUT not in sig.inputs:
+            raise invalid_arg(f"model '{target.model.name}' does not return logprobs (no '{LOGPROBS_INPUT}' input)")
+        values[LOGPROBS_INPUT] = True
     inputs = [_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
     return InferCall(model=target.model.name, version="", inputs=inputs)
 
@@ -79,23 +97,24 @@ def _input(sig: ModelSignature, name: str, value: object) -> InferInput:
     return InferInput(name, spec.datatype, shape, data)
 
 
-async def steps(dataplane: DataPlane, call: InferCall, n: int) -> AsyncGenerator[Step, None]:
+async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0) -> AsyncGenerator[Step, None]:
     """The model's responses as steps. A model error raises (``ConveyorError``); closing
     the iterator early cancels the request, which aborts it in the engine."""
     async with contextlib.aclosing(dataplane.infer_stream(call)) as responses:
         async for item in responses:
             if isinstance(item, StreamError):
                 raise item.error
-            yield _step(item, n)
+            yield _step(item, n, top)
 
 
-def _step(result: InferResult, n: int) -> Step:
+def _step(result: InferResult, n: int, top: int) -> Step:
     try:
         texts = [""] * n
         finish: list[str | None] = [None] * n
         prompt_tokens: int | None = None
         output_tokens = 0
         reasons = False
+        logprobs: list[list[TokenLogprob]] | None = None
         for out in result.outputs:  # a few small outputs per token: read without arrays
             if out.raw is None:
                 continue
@@ -109,11 +128,29 @@ def _step(result: InferResult, n: int) -> Step:
                 prompt_tokens = int(out.values()[0])
             elif name == "num_output_tokens":
                 output_tokens = int(sum(out.values()))
+            elif name == "logprobs":
+                logprobs = [_token_logprobs(raw, top) for raw in out.values()]
         if result.final and not reasons:
             finish = ["stop"] * n  # a model that does not say why it stopped
-        return Step(texts, finish, prompt_tokens, output_tokens, result.final)
+        return Step(texts, finish, prompt_tokens, output_tokens, result.final, logprobs)
     finally:
         result.release()
+
+
+def _token_logprobs(raw: bytes, top: int) -> list[TokenLogprob]:
+    """The backend's JSON for one sequence's new tokens: per token, token id -> {logprob, rank,
+    decoded_token}, the chosen token first (vLLM puts it there), then the ``top`` most likely."""
+    steps = orjson.loads(raw)
+    if not steps:
+        return []
+    out = []
+    for step in steps:
+        entries = list(step.values())
+        chosen = entries[0]
+        ranked = sorted((e for e in entries if e["rank"] is not None and e["rank"] <= top), key=lambda e: e["rank"])
+        out.append(TokenLogprob(chosen["decoded_token"] or "", chosen["logprob"],
+                                [(e["decoded_token"] or "", e["logprob"]) for e in ranked]))
+    return out
 
 
 def _reason(raw: bytes) -> str | None:

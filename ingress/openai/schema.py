@@ -1,8 +1,8 @@
 """The request bodies of ``/v1/completions`` and ``/v1/chat/completions``, decoded and
 type-checked in one pass (msgspec), and the sampling parameters they carry.
 
-Fields the OpenAI API defines but this ingress cannot honour (``logprobs``,
-``logit_bias``, ``suffix``, tools) are refused with a 400 rather than ignored;
+Fields the OpenAI API defines but this ingress cannot honour (``logit_bias``,
+``suffix``, tools, ``logprobs`` with ``echo``) are refused with a 400 rather than ignored;
 unknown fields are ignored, as OpenAI's own server does. vLLM's extensions to the
 API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
 ``structured_outputs``) pass through, as vLLM's server takes them. Structured outputs:
@@ -58,8 +58,8 @@ class Sampling(msgspec.Struct, kw_only=True):
     min_tokens: int | None = None
     structured_outputs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    logprobs: Any = None  # completions: a number of alternatives; chat: true or false
     # refused when set
-    logprobs: Any = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
@@ -112,8 +112,6 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
         raise invalid_arg("n must be at least 1")
     if req.logit_bias:
         raise invalid_arg("logit_bias is not supported")
-    if req.logprobs not in (None, False, 0):
-        raise invalid_arg("logprobs are not supported")
     if req.stream_options is not None and not req.stream:
         raise invalid_arg("`stream_options` can only be used when `stream` is True")
     if max_tokens < 1:
@@ -128,7 +126,39 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
     constraint = structured_outputs(req)
     if constraint is not None:
         params["structured_outputs"] = constraint
+    top = logprobs_asked(req)
+    if top is not None:
+        params["logprobs"] = top
     return params
+
+
+# vLLM's default ``max_logprobs``: more alternatives per token than this the engine refuses.
+MAX_TOP_LOGPROBS = 20
+
+
+def logprobs_asked(req: Sampling) -> int | None:
+    """How many alternatives per token the answer carries besides the chosen token (vLLM's
+    ``logprobs``); None: no logprobs. Chat asks with ``logprobs: true`` and ``top_logprobs``,
+    completions with ``logprobs: N``."""
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise invalid_arg("`top_logprobs` needs `logprobs` set to true")
+        if req.logprobs in (None, False):
+            return None
+        if not isinstance(req.logprobs, bool):
+            raise invalid_arg("`logprobs` of a chat request is true or false")
+        top = req.top_logprobs or 0
+    else:
+        if req.logprobs is None:
+            return None
+        if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int):
+            raise invalid_arg("`logprobs` of a completion request is a number of alternatives (0 to 20)")
+        if isinstance(req, CompletionRequest) and req.echo:
+            raise invalid_arg("`logprobs` with `echo` is not supported")
+        top = req.logprobs
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise invalid_arg(f"`logprobs`/`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
+    return top
 
 
 def structured_outputs(req: Sampling) -> dict[str, Any] | None:
@@ -166,8 +196,6 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
     """The conversation as a chat template reads it: text parts joined by newlines, as vLLM does."""
     if req.tools or req.tool_choice not in (None, "none"):
         raise invalid_arg("tools are not supported")
-    if req.top_logprobs:
-        raise invalid_arg("logprobs are not supported")
     if not req.messages:
         raise invalid_arg("messages must be non-empty")
     out = []

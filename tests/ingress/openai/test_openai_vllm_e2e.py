@@ -32,6 +32,7 @@ SEP = "_lora_"
 MAX_TOKENS = 12
 PROMPT = "the quick brown"
 CHAT = [{"role": "user", "content": "hello world"}]
+EOS = "</s>"  # the tiny Llama's end-of-sequence token
 N, SEED, TEMPERATURE, SAMPLED_TOKENS = 3, 7, 2.0, 8  # a sampled request: the tiny model is peaked
 
 
@@ -202,6 +203,35 @@ def test_a_schema_the_engine_cannot_compile_is_a_400_with_the_reason(client: ope
     with pytest.raises(openai.BadRequestError, match="cannot both be set"):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body={
             "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}})
+
+
+def test_logprobs_describe_each_generated_token(group: Group, client: openai.OpenAI) -> None:
+    # Greedy: each token is its place's most likely one, so it leads its own alternatives.
+    text, n_out, _ = group.ref.chat[None]
+    messages: Any = CHAT
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    lp = chat.choices[0].logprobs
+    assert lp is not None and lp.content is not None and len(lp.content) == n_out
+    # The end-of-sequence token is among them (its logprob counts), though not in the text (as vLLM's server).
+    assert "".join(t.token for t in lp.content).removesuffix(EOS) == text == chat.choices[0].message.content
+    for t in lp.content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob and t.bytes == list(t.token.encode())
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_TOKENS,
+                                                 temperature=0, logprobs=True, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
+                for t in c.choices[0].logprobs.content]
+    assert "".join(t.token for t in streamed).removesuffix(EOS) == text
+    assert all(t.top_logprobs == [] for t in streamed)
+    completion_text = group.ref.completion[None][0]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=1)
+    done = out.choices[0].logprobs
+    assert done is not None and done.tokens is not None and "".join(done.tokens).removesuffix(EOS) == completion_text
+    assert done.text_offset == [sum(len(t) for t in done.tokens[:i]) for i in range(len(done.tokens))]
+    assert done.top_logprobs is not None and all(len(top) == 1 for top in done.top_logprobs)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
 
 
 def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
