@@ -56,6 +56,7 @@ class Job:
     prompt: str
     echo: bool
     include_usage: bool
+    continuous_usage: bool  # usage so far on every chunk (vLLM's ``continuous_usage_stats``)
 
 
 class _Endpoint:
@@ -74,9 +75,11 @@ class _Endpoint:
         request, target, prompt, echo = await self._parse(body)
         params = sampling_parameters(request, self._max_tokens(request))
         call = engine_call(target, prompt, params, request.stream)
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(include_usage and options and options.continuous_usage_stats)
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", request.model, int(time.time()),
-                  request.n, prompt, echo, include_usage)
+                  request.n, prompt, echo, include_usage, continuous)
         found = steps(self._dataplane, call, request.n)
         if request.stream:
             # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
@@ -132,7 +135,12 @@ class _Endpoint:
                 if text or reason or not started[i]:
                     choices.append(self._delta(i, text, reason, not started[i]))
                     started[i] = True
-            return falcon.asgi.SSEvent(data=orjson.dumps({**head, "choices": choices})) if choices else None
+            if not choices:
+                return None  # the step's tokens count in the next chunk's usage
+            doc = {**head, "choices": choices}
+            if job.continuous_usage:  # as vLLM: the tokens so far, over every choice here
+                doc["usage"] = usage.wire()
+            return falcon.asgi.SSEvent(data=orjson.dumps(doc))
 
         try:
             event = chunk(first)

@@ -5,7 +5,8 @@ Fields the OpenAI API defines but this ingress cannot honour (``logprobs``,
 ``logit_bias``, ``suffix``, tools) are refused with a 400 rather than ignored;
 unknown fields are ignored, as OpenAI's own server does. vLLM's extensions to the
 API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``)
-pass through, as vLLM's server takes them.
+pass through, as vLLM's server takes them, and so does ``stream_options.continuous_usage_stats``
+(the usage so far on every chunk).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from conveyor.proto.errors import invalid_arg
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk carries the usage so far (aiperf's
+    # --per-chunk-usage reads it to count the tokens of a stream's first chunk).
+    continuous_usage_stats: bool = False
 
 
 class Sampling(msgspec.Struct, kw_only=True):
