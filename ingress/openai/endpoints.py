@@ -57,6 +57,7 @@ class Job:
     echo: bool
     include_usage: bool
     logprobs: bool  # the answer carries each token's logprob
+    continuous_usage: bool  # usage so far on every chunk (vLLM's ``continuous_usage_stats``)
 
 
 class _Endpoint:
@@ -75,10 +76,12 @@ class _Endpoint:
         request, target, prompt, echo = await self._parse(body)
         params = sampling_parameters(request, self._max_tokens(request))
         call = engine_call(target, prompt, params, request.stream)
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(include_usage and options and options.continuous_usage_stats)
         top = params.get("logprobs")
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", request.model, int(time.time()),
-                  request.n, prompt, echo, include_usage, top is not None)
+                  request.n, prompt, echo, include_usage, top is not None, continuous)
         found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0)
         if request.stream:
             # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
@@ -149,7 +152,12 @@ class _Endpoint:
                     choices.append(self._delta(i, text, reason, not started[i], logprobs))
                     started[i] = True
                     offsets[i] += len(text)
-            return falcon.asgi.SSEvent(data=orjson.dumps({**head, "choices": choices})) if choices else None
+            if not choices:
+                return None  # the step's tokens count in the next chunk's usage
+            doc = {**head, "choices": choices}
+            if job.continuous_usage:  # as vLLM: the tokens so far, over every choice here
+                doc["usage"] = usage.wire()
+            return falcon.asgi.SSEvent(data=orjson.dumps(doc))
 
         try:
             event = chunk(first)

@@ -5,10 +5,11 @@ Fields the OpenAI API defines but this ingress cannot honour (``logit_bias``,
 ``suffix``, tools, ``logprobs`` with ``echo``) are refused with a 400 rather than ignored;
 unknown fields are ignored, as OpenAI's own server does. vLLM's extensions to the
 API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
-``structured_outputs``) pass through, as vLLM's server takes them. Structured outputs:
-``response_format`` (``json_object``, ``json_schema``) or vLLM's ``structured_outputs``
-(``json``, ``regex``, ``choice``, ``grammar``) become the engine's guided decoding; a schema
-or pattern the engine cannot compile is a 400 with its reason (from the worker).
+``structured_outputs``, ``stream_options.continuous_usage_stats``: the usage so far on every
+chunk) pass through, as vLLM's server takes them. Structured outputs: ``response_format``
+(``json_object``, ``json_schema``) or vLLM's ``structured_outputs`` (``json``, ``regex``,
+``choice``, ``grammar``) become the engine's guided decoding; a schema or pattern the engine
+cannot compile is a 400 with its reason (from the worker).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from conveyor.proto.errors import invalid_arg
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk carries the usage so far (aiperf's
+    # --per-chunk-usage reads it to count the tokens of a stream's first chunk).
+    continuous_usage_stats: bool = False
 
 
 class JsonSchema(msgspec.Struct):

@@ -80,6 +80,23 @@ def test_completion_streams(client: openai.OpenAI) -> None:
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (2, 6)
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client: openai.OpenAI) -> None:
+    # vLLM's extension, which aiperf's --per-chunk-usage asks for: without it aiperf cannot tell
+    # how many tokens a stream's first chunk held. Only with include_usage, as in vLLM.
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.completions.create(model=MODEL, prompt="x y", max_tokens=3, stream=True,
+                                            extra_body={"stream_options": options}))
+    assert [(c.choices[0].text, c.usage and (c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens))
+            for c in chunks[:-1]] == [(" x", (2, 1, 3)), (" y", (2, 2, 4)), (" x", (2, 3, 5))]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    chat = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=2, stream=True, extra_body={"stream_options": options}))
+    assert [c.usage.completion_tokens if c.usage else None for c in chat] == [1, 2, 2]
+    plain = list(client.completions.create(model=MODEL, prompt="x y", max_tokens=2, stream=True,
+                                           extra_body={"stream_options": {"continuous_usage_stats": True}}))
+    assert all(c.usage is None for c in plain)
+
+
 def test_chat_applies_the_models_template(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
