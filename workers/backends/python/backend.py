@@ -124,10 +124,11 @@ class PythonBackend:
         ]
 
     def _tensors(self, inputs: dict[str, Any]) -> list[Tensor]:
+        wrap = Tensor._of_input
         if not self._bf16_inputs:
-            return [Tensor(name, array) for name, array in inputs.items()]
+            return [wrap(name, array) for name, array in inputs.items()]
         return [
-            Tensor._of_bf16(name, array) if name in self._bf16_inputs else Tensor(name, array)
+            Tensor._of_bf16(name, array) if name in self._bf16_inputs else wrap(name, array)
             for name, array in inputs.items()
         ]
 
@@ -135,8 +136,13 @@ class PythonBackend:
         """``execute``, then again for the requests it rescheduled (``set_release_flags(
         TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``), each time in an ``execute`` of their own on
         this instance, until none is: Triton puts them back in the model's queue instead."""
-        responses: list[InferenceResponse | None] = [None] * len(requests)
-        batch = list(range(len(requests)))
+        responses = self._responses(requests, self._execute(requests))
+        rescheduled = [i for i, request in enumerate(requests) if request.rescheduled()]
+        if not rescheduled:  # the common case: one execute
+            return responses
+        for i in rescheduled:
+            responses[i] = None
+        batch = rescheduled
         while batch:
             run = [requests[i] for i in batch]
             got = self._responses(run, self._execute(run))

@@ -117,6 +117,17 @@ class Tensor:
         self._bf16 = False  # BF16: numpy has no such dtype; the array holds its raw 16-bit words
 
     @classmethod
+    def _of_input(cls, name: str, array: np.ndarray) -> Tensor:
+        """A request's input as the worker hands it over: a numpy array of a wire datatype, so
+        none of the constructor's checks (they run for every input of every request)."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._device_id = -1
+        tensor._bf16 = False
+        return tensor
+
+    @classmethod
     def _of_bf16(cls, name: str, words: np.ndarray) -> Tensor:
         """A BF16 tensor over its raw words (a BF16 input, or one imported through DLPack)."""
         tensor = cls(name, words.view(np.uint16))
