@@ -196,11 +196,20 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             self.edge.waiting[self] = None  # at the end: it now waits the shortest
 
     def _arm_read_timer(self, when: float) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
-        if (self.edge.limits.header_timeout_s if self._in_head else self.edge.limits.body_timeout_s) > 0:
-            self._read_timer = self.loop.call_at(when, self._check_read)
+        """Check the read deadline at ``when``, or earlier: a timer already due first stays (it
+        re-arms from the state when it fires), so a keep-alive connection does not pay a new
+        timer for every request."""
+        timer = self._read_timer
+        if (self.edge.limits.header_timeout_s if self._in_head else self.edge.limits.body_timeout_s) <= 0:
+            if timer is not None:
+                timer.cancel()
+                self._read_timer = None
+            return
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._read_timer = self.loop.call_at(when, self._check_read)
 
     def _check_read(self) -> None:
         """The read deadline, checked when due (not moved on every read: that would cost a timer
