@@ -25,6 +25,9 @@ from conveyor.deploy.options import (
     log_settings,
     metrics_config,
 )
+from conveyor.deploy.runtime.dispatch_cpu import dispatch_cpu, pin_dispatch
+from conveyor.deploy.runtime.heap import keep_freed_heap
+from conveyor.deploy.runtime.io_threads import configure_io_threads
 from conveyor.deploy.scale import ROLES
 from conveyor.deploy.settings import INGRESS, ROUTER, SERVE, WORKER, build_options
 from conveyor.deploy.triton_flags import log_unused
@@ -34,9 +37,6 @@ from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
-from conveyor.runtime.dispatch_cpu import dispatch_cpu, pin_dispatch
-from conveyor.runtime.heap import keep_freed_heap
-from conveyor.runtime.io_threads import configure_io_threads
 
 log = logging.getLogger("conveyor.cli")
 
@@ -263,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("router", "worker"):
         pin_dispatch(dispatch_cpu(args.dispatch_cpu))  # so is this: the I/O thread inherits the pin
     if args.command in ("worker", "ingress"):
-        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (runtime/heap.py)
+        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (deploy/runtime/heap.py)
     ingress_ep, worker_ep = default_endpoints(args.group)
     if args.command in ("router", "worker"):
-        from conveyor.runtime.polling import spin_seconds
+        from conveyor.deploy.runtime.polling import spin_seconds
     if args.command == "router":
         from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
         from conveyor.deploy.options import run_dir

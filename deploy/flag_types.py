@@ -69,7 +69,7 @@ def backend_setting(text: str) -> object:
 
 
 def dispatch_cpu_text(text: str) -> object:
-    from conveyor.runtime.dispatch_cpu import dispatch_cpu
+    from conveyor.deploy.runtime.dispatch_cpu import dispatch_cpu
 
     return dispatch_cpu(text)
 

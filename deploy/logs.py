@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from conveyor.runtime.log_settings import JournalFormatter, LogSettings, ProcessLog
+from conveyor.deploy.runtime.log_settings import JournalFormatter, LogSettings, ProcessLog
 
 __all__ = ["JournalFormatter", "setup_logging", "stderr_is_journal"]
 

@@ -10,9 +10,9 @@ import os
 import tempfile
 
 from conveyor.deploy.flag_types import triton_bool, triton_int_bool
+from conveyor.deploy.runtime.log_settings import LogSettings
 from conveyor.deploy.settings import ROUTER, grpc_keepalive, handoff
 from conveyor.ingress.http.edge import EdgeLimits
-from conveyor.runtime.log_settings import LogSettings
 
 __all__ = ["triton_bool", "triton_int_bool"]  # their home is flag_types.py; imported from here before it
 

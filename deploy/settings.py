@@ -211,14 +211,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(("--log-format",), "the log line's layout: default (Triton's glog-like lines) or ISO8601 timestamps",
             default="default", choices=("default", "ISO8601"), actors=_EVERY_CHILD, triton=True),
     Setting(("--spin-us",), "router and workers spin this long on their sockets before sleeping (0 = never); "
-            "default auto: 50 on hosts with 8 or more cores, else 0 (runtime/polling.py)",
+            "default auto: 50 on hosts with 8 or more cores, else 0 (deploy/runtime/polling.py)",
             metavar="US|auto", actors=_EVERY_CHILD),
     # $CONVEYOR_IO_SCHED and $CONVEYOR_DISPATCH_CPU are read by the actor when the flag is not given.
     Setting(("--io-sched",), "scheduling policy of each process's ZeroMQ I/O thread; default batch (SCHED_BATCH: it "
-            "does not preempt the actor that woke it; runtime/io_threads.py), or $CONVEYOR_IO_SCHED",
+            "does not preempt the actor that woke it; deploy/runtime/io_threads.py), or $CONVEYOR_IO_SCHED",
             choices=("batch", "normal"), actors=_EVERY_CHILD),
     Setting(("--dispatch-cpu",), "the core the router and each worker's main thread share; default auto: the last "
-            "CPU on hosts with 2 CPUs, none on larger ones (runtime/dispatch_cpu.py), or $CONVEYOR_DISPATCH_CPU",
+            "CPU on hosts with 2 CPUs, none on larger ones (deploy/runtime/dispatch_cpu.py), or $CONVEYOR_DISPATCH_CPU",
             kind=checked(dispatch_cpu_text), metavar="auto|off|CPU", actors=_EVERY_CHILD),
     Setting(("--exit-timeout-secs",), "how long shutdown waits for in-flight requests", kind=float, default=30.0,
             actors=_EVERY_CHILD, triton=True),

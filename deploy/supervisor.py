@@ -35,11 +35,11 @@ from conveyor.deploy import listen
 from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock, take_group
 from conveyor.deploy.lifeline import child_environment
 from conveyor.deploy.options import run_dir
+from conveyor.deploy.runtime.signal_wake import SignalWake
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, handoff
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.router.startup import EXIT_ON_ERROR_CODE
-from conveyor.runtime.signal_wake import SignalWake
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 

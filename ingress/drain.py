@@ -1,4 +1,4 @@
-"""One ingress process's shutdown drain (``runtime/drain.py`` has the phases).
+"""One ingress process's shutdown drain (``deploy/runtime/drain.py`` has the phases).
 
 The data plane asks ``admit`` before each request; readiness handlers read
 ``draining``; the server's stop path awaits ``run`` before closing its listener.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from conveyor.deploy.runtime.drain import DrainClock, Phase
 from conveyor.proto.errors import unavailable
-from conveyor.runtime.drain import DrainClock, Phase
 
 POLL_S = 0.05
 

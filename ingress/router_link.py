@@ -24,12 +24,12 @@ from typing import Any
 
 import zmq
 
+from conveyor.deploy.runtime.log_settings import ProcessLog
+from conveyor.deploy.runtime.procs import actor_role
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, unavailable
 from conveyor.proto.framing import Outbox, drain, readable
 from conveyor.proto.pending_calls import PendingCalls
-from conveyor.runtime.log_settings import ProcessLog
-from conveyor.runtime.procs import actor_role
 
 log = logging.getLogger(__name__)
 

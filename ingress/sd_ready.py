@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.ingress.router_link import RouterLink
-from conveyor.runtime.sd_notify import Notifier
 
 # How long one readiness ping may take before it is tried again.
 PING_TIMEOUT_S = 2.0

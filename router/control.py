@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.deploy.runtime.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.ensembles.state import EnsembleVersion
@@ -15,7 +16,6 @@ from conveyor.router.models import ModelRegistry, VersionState, metadata, parse_
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
 from conveyor.router.repository.default_groups import filled_config
 from conveyor.router.worker_pool.pool import WorkerPool
-from conveyor.runtime.drain import DrainClock
 
 
 class ControlHandler:

@@ -27,6 +27,10 @@ from typing import Any
 
 import zmq
 
+from conveyor.deploy.runtime.drain import DrainClock, Phase
+from conveyor.deploy.runtime.polling import Poller, spin_seconds
+from conveyor.deploy.runtime.sd_notify import Notifier
+from conveyor.deploy.runtime.signal_wake import SignalWake
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import PeerOutbox, drain_peers
@@ -58,10 +62,6 @@ from conveyor.router.user_readiness import UserReadiness
 from conveyor.router.worker_pool.membership import WorkerMembership
 from conveyor.router.worker_pool.placement import Placement
 from conveyor.router.worker_pool.pool import HEARTBEAT_INTERVAL_S, WorkerPool
-from conveyor.runtime.drain import DrainClock, Phase
-from conveyor.runtime.polling import Poller, spin_seconds
-from conveyor.runtime.sd_notify import Notifier
-from conveyor.runtime.signal_wake import SignalWake
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 

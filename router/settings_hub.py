@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.deploy.runtime.log_settings import ProcessLog
 from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg
 from conveyor.router.observability.trace_settings import TraceConfig, TraceSettingsStore
-from conveyor.runtime.log_settings import ProcessLog
 
 
 class SettingsHub:

@@ -21,7 +21,7 @@ INLINE_MAX_NS = 500_000
 # ... and its inputs are no larger than this: one big request after many small ones would
 # otherwise stall the main loop, its heartbeats with it (a 50 MB BYTES request to a Python
 # model took long enough on the main thread for the router to drop the worker as silent).
-# The same with the main thread pinned to the dispatch core (runtime/dispatch_cpu.py): a lower cap
+# The same with the main thread pinned to the dispatch core (deploy/runtime/dispatch_cpu.py): a lower cap
 # there (64 KiB) sent megabyte batches to the instance's thread on the other core, and each one's
 # hand-offs across cores cost more than its copy (docs/PERFORMANCE.md, "Megabyte batches inline").
 INLINE_MAX_INPUT_BYTES = 4 << 20

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from conveyor.deploy.runtime.dispatch_cpu import release_thread
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import BatchShapes
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.sequence_config import sequence_batched
-from conveyor.runtime.dispatch_cpu import release_thread
 from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.base import Backend, RequestBackend
 from conveyor.workers.batch_io import IoPlan
@@ -47,7 +47,7 @@ class LoadedInstance:
     decoupled: bool = False
     sequences: SequenceSlots | None = None  # control inputs and implicit state (sequence_batching)
     layout: BatchLayout | None = None  # ragged inputs, padding, batch inputs/outputs (array backends)
-    # Its thread loads and runs the model: on every CPU, not the dispatch core (runtime/dispatch_cpu.py).
+    # Its thread loads and runs the model: on every CPU, not the dispatch core (deploy/runtime/dispatch_cpu.py).
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, initializer=release_thread))
     # Short batches of a backend that allows it run on the main thread (see ``BatchRunner.run``).

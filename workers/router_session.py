@@ -12,9 +12,9 @@ import time
 
 import zmq
 
+from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.framing import Outbox
-from conveyor.runtime.sd_notify import Notifier
 from conveyor.workers.backends.python.pb_utils import metrics as pb_metrics
 from conveyor.workers.devices import DeviceMap
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import zmq
 
+from conveyor.deploy.runtime.log_settings import ProcessLog
+from conveyor.deploy.runtime.polling import Poller, spin_seconds
+from conveyor.deploy.runtime.sd_notify import Notifier
+from conveyor.deploy.runtime.signal_wake import wake_on_signals
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import drain
-from conveyor.runtime.log_settings import ProcessLog
-from conveyor.runtime.polling import Poller, spin_seconds
-from conveyor.runtime.sd_notify import Notifier
-from conveyor.runtime.signal_wake import wake_on_signals
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
@@ -106,7 +106,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(UNLOAD_NOW_SIGNAL, self.unload_now)
-        # A signal wakes the loop through the wake pipe (runtime/signal_wake.py says why), not at the poll's timeout.
+        # A signal wakes the loop through the wake pipe (deploy/runtime/signal_wake.py says why).
         unwake = wake_on_signals(self.mailbox.wake_tx)
         router = self.router
         router.hello()

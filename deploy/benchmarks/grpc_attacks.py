@@ -35,7 +35,7 @@ from typing import Any
 from conveyor.deploy.benchmarks.perf import wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.ports import free_port
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 from conveyor.shm.naming import sweep_orphans
 from tests.support import h2_attacks as h2a
 from tests.support import h2_watch as h2w

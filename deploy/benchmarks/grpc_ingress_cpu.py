@@ -40,7 +40,7 @@ from typing import Any
 from conveyor.deploy.benchmarks.perf import cpu_seconds, wait_ready
 from conveyor.deploy.example_repo import build
 from conveyor.deploy.ports import free_port
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 
 PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", "/work/cache/pa/perf_analyzer"))
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from conveyor.deploy.example_repo import add_sub, identity
-from conveyor.runtime.procs import cpu_seconds
+from conveyor.deploy.runtime.procs import cpu_seconds
 from tests.support.group import pids_of, start_server
 from tests.support.http_attacks import (
     Attack,
@@ -67,7 +67,7 @@ def run(attacks: list[str], seconds: float, wait: float, extra: list[str]) -> No
           f"within {wait:.0f} s | what the attacker read | ingress CPU after (s/s) |")
     print("|---|---|---|---|---|---|---|")
     for name in attacks:
-        # A group per attack: the ingress keeps its freed heap (runtime/heap.py), so one attack's
+        # A group per attack: the ingress keeps its freed heap (deploy/runtime/heap.py), so one attack's
         # peak would hide the next one's.
         server = start_server(repo, f"edge{os.getpid()}", "--workers", "1", "--allow-grpc", "false",
                               "--arena-size", str(256 << 20), *extra, grpc=False)

@@ -85,7 +85,7 @@ from pathlib import Path
 from conveyor.deploy.benchmarks import aiperf_cli
 from conveyor.deploy.benchmarks.perf import cpu_seconds
 from conveyor.deploy.ports import free_port
-from conveyor.runtime.procs import actor_role, group_processes
+from conveyor.deploy.runtime.procs import actor_role, group_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -222,7 +222,7 @@ def start_conveyor(repo: Path, group: str) -> Server:
 def place_engine_core(server: Server) -> int:
     """Keep the server's ``VLLM::EngineCore`` threads on the cores its ``VLLM::Worker`` computes on
     (``dispatch_cpu.confine``); how many threads moved (0 where the engine bound no cores)."""
-    from conveyor.runtime.dispatch_cpu import bound_cpus, confine
+    from conveyor.deploy.runtime.dispatch_cpu import bound_cpus, confine
 
     procs = group_processes(server.proc.pid)
     cores = bound_cpus({pid for pid, argv in procs.items() if _role(argv) == "VLLM::Worker"})

@@ -27,8 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conveyor.runtime import procs
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime import procs
+from conveyor.deploy.runtime.procs import actor_role, children
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file is deploy/benchmarks/perf.py)
 INSTALLER = ROOT.parent / "shared" / "tools" / "install-perf-analyzer"

@@ -18,7 +18,7 @@ The chain rows are a request's own path with no work in it, one request in fligh
 1): this process as the ingress (a DEALER to the router, a PULL for replies), a forked router
 (ROUTER in, DEALER on to the worker) and a forked worker (it answers the ingress on a PUSH and
 sends the router its result), the two pinned to the dispatch core as a group pins them
-(``runtime/dispatch_cpu.py``); and the same with the router off the way (the ingress's DEALER
+(``deploy/runtime/dispatch_cpu.py``); and the same with the router off the way (the ingress's DEALER
 straight to the worker; the router still takes the results); and the first over UNIX socket pairs,
 what the hops would cost without libzmq's I/O threads. Their CPU columns are per request, every
 process summed. Writes bench-results/transport.{json,md}; the figures go into
@@ -43,7 +43,7 @@ from typing import Any
 import zmq
 
 from conveyor.deploy.benchmarks.perf import ROOT
-from conveyor.runtime.dispatch_cpu import dispatch_cpu
+from conveyor.deploy.runtime.dispatch_cpu import dispatch_cpu
 
 PAYLOAD = b"x" * 96  # about an InferRequest descriptor
 

@@ -52,7 +52,7 @@ from typing import Any
 from conveyor.deploy.benchmarks.perf import ROOT, PerfAnalyzerFailed, cpu_seconds, perf_analyzer, run_one, wait_ready
 from conveyor.deploy.example_repo import add_sub, identity
 from conveyor.deploy.ports import free_ports
-from conveyor.runtime.procs import actor_role, group_processes
+from conveyor.deploy.runtime.procs import actor_role, group_processes
 from conveyor.shm.naming import group_segments
 
 REAL_TRITON = ROOT.parent / "shared" / "tools" / "real-triton"

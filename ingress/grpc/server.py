@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import uvloop
 
+from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.grpc import health, service
 from conveyor.ingress.grpc.restricted import RestrictedProtocols, method_restrictions
@@ -26,7 +27,6 @@ from conveyor.ingress.grpc.tls import GrpcTls
 from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
-from conveyor.runtime.sd_notify import Notifier
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from typing import Any
 import uvicorn
 import uvloop
 
+from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import Infer, build_app
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
@@ -34,7 +35,6 @@ from conveyor.ingress.http.protocol import CaseKeepingProtocol, HttpToolsProtoco
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
-from conveyor.runtime.sd_notify import Notifier
 
 AppFactory = Callable[[IngressContext], Any]
 

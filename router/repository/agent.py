@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from conveyor.runtime.dispatch_cpu import release_thread
+from conveyor.deploy.runtime.dispatch_cpu import release_thread
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class _Threads:
         self._work.put(job)
 
     def _serve(self) -> None:
-        # Off the dispatch core (runtime/dispatch_cpu.py): this is a worker's instance threads' kind of
+        # Off the dispatch core (deploy/runtime/dispatch_cpu.py): this is a worker's instance threads' kind of
         # work, and a child process started here inherits the thread's CPUs.
         release_thread()
         while True:

@@ -15,9 +15,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.runtime.procs import children
 from conveyor.deploy.scale import parse_request
 from conveyor.proto.errors import ConveyorError
-from conveyor.runtime.procs import children
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 

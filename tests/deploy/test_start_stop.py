@@ -21,7 +21,7 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.lifeline import SUPERVISOR_PID_ENV
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.ports import free_ports
-from conveyor.runtime.procs import children
+from conveyor.deploy.runtime.procs import children
 from tests.support.group import abandon, pids_of, start_server, wait_ready
 from tests.support.waiting import eventually
 

@@ -19,7 +19,7 @@ import pytest
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.logs import JournalFormatter, stderr_is_journal
 from conveyor.deploy.ports import free_port
-from conveyor.runtime.sd_notify import Notifier, notify, watchdog_interval
+from conveyor.deploy.runtime.sd_notify import Notifier, notify, watchdog_interval
 from tests.support.paths import ROOT
 
 UNITS = ROOT / "deploy" / "systemd"

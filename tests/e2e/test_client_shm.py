@@ -24,7 +24,7 @@ import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conveyor.runtime.procs import children
+from conveyor.deploy.runtime.procs import children
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 

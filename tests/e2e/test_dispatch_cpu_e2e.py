@@ -1,4 +1,4 @@
-"""The dispatch core (runtime/dispatch_cpu.py) in a real group: the router and each worker's main
+"""The dispatch core (deploy/runtime/dispatch_cpu.py) in a real group: the router and each worker's main
 and ZeroMQ I/O threads on one core, the ingress and the models on every core."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support import python_models
 from tests.support.group import start_server
 

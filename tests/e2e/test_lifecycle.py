@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.deploy.example_repo import add_sub
-from conveyor.runtime.procs import children
+from conveyor.deploy.runtime.procs import children
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 

@@ -35,7 +35,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 from conveyor.shm.naming import owner_pid
 from tests.support import soak_report
 from tests.support.group import Server, start_server, wait_all_instances_ready

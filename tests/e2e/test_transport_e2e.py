@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conveyor.runtime.io_threads import io_sched_policy
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.io_threads import io_sched_policy
+from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, router_control, start_server
 from tests.support.waiting import eventually
 
@@ -115,7 +115,7 @@ def _io_thread_policies(pid: int) -> list[int]:
 
 
 def test_every_actor_runs_its_zeromq_io_thread_as_sched_batch(server: Server) -> None:
-    """The I/O thread does not preempt the actor that woke it (runtime/io_threads.py): measured
+    """The I/O thread does not preempt the actor that woke it (deploy/runtime/io_threads.py): measured
     at c=1 as 19% more requests per second on 2 vCPUs."""
     actors = {pid: actor_role(argv) for pid, argv in children(server.proc.pid).items()}
     roles = {role for role in actors.values() if role in ("router", "worker", "ingress-http", "ingress-grpc")}

@@ -1,4 +1,4 @@
-"""A running group keeps its megabyte buffers warm (runtime/heap.py): after warm-up, a 1 MiB request
+"""A running group keeps its megabyte buffers warm (deploy/runtime/heap.py): after warm-up, a 1 MiB request
 over HTTP faults no fresh pages into the HTTP ingress, whose body, chunks and response buffers
 otherwise come from the kernel anew on every request (about 256 page faults per MiB each)."""
 

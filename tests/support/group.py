@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.deploy.ports import free_ports
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conveyor.runtime.procs import cpu_seconds
+from conveyor.deploy.runtime.procs import cpu_seconds
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -107,7 +107,7 @@ def test_short_batches_move_to_the_main_thread_unless_the_model_may_call_bls(
                 _simple_config("caller"))
     write_model(repo, "sized", WHICH_THREAD_MODEL, _simple_config("sized").replace("dims: [ 1 ]", "dims: [ -1 ]", 1))
     cpus = os.sched_getaffinity(0)
-    pinned = len(cpus) > 1  # the main thread on a dispatch core (runtime/dispatch_cpu.py) takes the same batches
+    pinned = len(cpus) > 1  # the main thread on a dispatch core (deploy/runtime/dispatch_cpu.py) takes the same batches
     server = start_server(repo, f"in{os.getpid()}", "--workers", "1", "--grpc-ingress", "0",
                           "--dispatch-cpu", str(min(cpus)) if pinned else "off", grpc=False)
     try:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.deploy.example_repo import add_sub, identity
-from conveyor.runtime.procs import cpu_seconds
+from conveyor.deploy.runtime.procs import cpu_seconds
 from tests.support.group import Server, pids_of, start_server
 from tests.support.http_attacks import (
     Attack,

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conveyor.runtime.procs import actor_role, children
+from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, start_server, wait_all_instances_ready
 from tests.support.sequence_models import accumulator
 

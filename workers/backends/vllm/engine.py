@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from conveyor.runtime.dispatch_cpu import Saved, avoid_cpus, bound_cpus, confine, share_cpus
+from conveyor.deploy.runtime.dispatch_cpu import Saved, avoid_cpus, bound_cpus, confine, share_cpus
 from conveyor.workers.backends.vllm.priority import descendants, lower_priority
 
 log = logging.getLogger(__name__)

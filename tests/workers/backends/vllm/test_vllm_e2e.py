@@ -25,8 +25,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.ports import free_port
-from conveyor.runtime.dispatch_cpu import bound_cpus
-from conveyor.runtime.procs import children
+from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
+from conveyor.deploy.runtime.procs import children
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
 from tests.support.group import Server, pids_of, wait_ready

@@ -1,4 +1,4 @@
-"""Megabyte buffers freed by a request stay in the heap for the next one (runtime/heap.py): no page
+"""Megabyte buffers freed by a request stay in the heap for the next one (deploy/runtime/heap.py): no page
 faults per request, the cost that doubled the HTTP ingress's CPU per 1 MiB request."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # A request's life on the main thread: its body and its response, a MiB each, made and freed.
 FAULTS_PER_ROUND = """
 import resource, sys
-from conveyor.runtime.heap import keep_freed_heap
+from conveyor.deploy.runtime.heap import keep_freed_heap
 print(keep_freed_heap())
 def one_request():
     body = bytes(1 << 20)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from conveyor.runtime import dispatch_cpu as dc
+from conveyor.deploy.runtime import dispatch_cpu as dc
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_pinned_thread_and_the_model_threads_it_starts() -> None:
 
 _ENGINE_NEIGHBOUR = r"""
 import json, os, subprocess, sys, threading, time
-from conveyor.runtime import dispatch_cpu as dc
+from conveyor.deploy.runtime import dispatch_cpu as dc
 
 every = os.sched_getaffinity(0)
 core = min(every)

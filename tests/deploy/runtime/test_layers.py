@@ -1,6 +1,6 @@
-"""The tree's layers, read from the imports: proto/ (what crosses the wire) imports only itself, runtime/
-(what each process runs on) only proto/, and the actors (router/, workers/, ingress/, shm/) never deploy/,
-which starts them."""
+"""The tree's layers, read from the imports: proto/ (what crosses the wire) imports only itself, deploy/runtime/
+(what each process runs on) only proto/, and the actors (router/, workers/, ingress/, shm/) nothing else of
+deploy/, which starts them."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 
 from tests.support.paths import ROOT
 
+RUNTIME = "deploy.runtime"
 ALLOWED = {
     "proto": {"proto"},
-    "runtime": {"proto", "runtime"},
+    "deploy/runtime": {"proto", RUNTIME},
     "shm": {"proto", "shm"},
 }
 ACTORS = ("router", "workers", "ingress", "shm")
@@ -32,7 +33,8 @@ def conveyor_imports(folder: str) -> set[tuple[str, str]]:
             for name in names:
                 parts = name.split(".")
                 if parts[0] == "conveyor" and len(parts) > 1:
-                    found.add((str(path.relative_to(ROOT)), parts[1]))
+                    layer = RUNTIME if parts[1:3] == ["deploy", "runtime"] else parts[1]
+                    found.add((str(path.relative_to(ROOT)), layer))
     return found
 
 
