@@ -3,7 +3,7 @@
     python deploy/link_tree.py [DIR]     # DIR/conveyor/proto -> <checkout>/proto, ... (DIR: build/src)
 
 Each top-level folder with an ``__init__.py`` is ``conveyor.<folder>``, except ``tests/`` (never installed):
-nothing to list by hand. setup.py makes this tree in ``build/src``, the root setuptools builds from
+nothing to list by hand. The build backend (``build_backend.py``) makes this tree in ``build/src``, the root setuptools builds from
 (pyproject.toml: ``package-dir``), so an editable install is a plain ``.pth`` to that folder, which mypy,
 pyright and import-graph tools read like any other path; a new module or subpackage shows at once, being
 under a linked folder. Elsewhere, this script makes the same tree for a checkout that is not installed:

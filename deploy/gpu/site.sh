@@ -30,6 +30,6 @@ install_site() {
     fi
     export PYTHONPATH=$SITE:$LINKS${PYTHONPATH:+:$PYTHONPATH}
   fi
-  # 2. conveyor.* -> this tree's folders: the links deploy/link_tree.py makes (as setup.py does in build/src), alone on the path.
+  # 2. conveyor.* -> this tree's folders: the links deploy/link_tree.py makes (as the build backend does in build/src), alone on the path.
   rm -rf "$LINKS" && "$PY" "$REPO/deploy/link_tree.py" "$LINKS"
 }

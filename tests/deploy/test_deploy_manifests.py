@@ -300,7 +300,7 @@ def _setuptools() -> dict[str, Any]:
 
 
 def test_every_package_folder_is_in_the_wheel(tmp_path: Path) -> None:
-    # What setuptools installs: pyproject's packages.find over the links setup.py makes (here in tmp_path).
+    # What setuptools installs: pyproject's packages.find over the links the build backend makes (here in tmp_path).
     # Every folder with an __init__.py is a package, but for deploy/benchmarks/ (run from a checkout); the
     # systemd files ship as a data package; deploy/gpu/ (scripts, no __init__.py) stays out.
     tool = _setuptools()
@@ -320,12 +320,12 @@ def test_every_package_folder_is_in_the_wheel(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_copies_the_whole_package(dockerfile: Path) -> None:
-    # The top-level folders that are conveyor.*, and setup.py, which links them for setuptools.
+    # The top-level folders that are conveyor.* (deploy/ holds the build backend, which links them for setuptools).
     sources: set[str] = set()
     for word, rest in instructions(dockerfile):
         if word == "COPY" and not rest.startswith("--from"):
             sources |= set(rest.split()[:-1])
-    assert sources == set(link_tree.folders()) | {"pyproject.toml", "README.md", "setup.py"}
+    assert sources == set(link_tree.folders()) | {"pyproject.toml", "README.md"}
     assert all((ROOT / s).exists() for s in sources)
     # BuildKit's <Dockerfile>.dockerignore: an allow-list that must let every COPY source through.
     ignore = Path(f"{dockerfile}.dockerignore").read_text().splitlines()
