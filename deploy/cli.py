@@ -29,7 +29,20 @@ from conveyor.deploy.runtime.dispatch_cpu import dispatch_cpu, pin_dispatch
 from conveyor.deploy.runtime.heap import keep_freed_heap
 from conveyor.deploy.runtime.io_threads import configure_io_threads
 from conveyor.deploy.scale import ROLES
-from conveyor.deploy.settings import INGRESS, ROUTER, SERVE, WORKER, build_options
+from conveyor.deploy.settings import (
+    INGRESS,
+    ROUTER,
+    SERVE,
+    WORKER,
+    EveryProcess,
+    IngressSettings,
+    Metrics,
+    RouterSettings,
+    ServeSettings,
+    Tracing,
+    WorkerSettings,
+    build_options,
+)
 from conveyor.deploy.triton_flags import log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
@@ -41,7 +54,7 @@ from conveyor.router.observability.trace_settings import parse_trace_config
 log = logging.getLogger("conveyor.cli")
 
 
-def _limits(args: argparse.Namespace, forward_pattern: str = "") -> IngressLimits:
+def _limits(args: IngressSettings, forward_pattern: str = "") -> IngressLimits:
     return IngressLimits(args.max_input_elements, args.max_inflight_requests, args.max_json_bytes,
                          header_forward(forward_pattern))
 
@@ -85,21 +98,33 @@ def _apply_instance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(exc.message)
     if args.command == "ingress" and not args.protocol:
         parser.error("ingress needs --protocol or --instance")
-    if args.command in ("serve", "router", "ingress"):
-        try:
-            parse_quantiles(metrics_config(args).get("summary_quantiles", "0.5:0.05"))
-        except ValueError as exc:
-            parser.error(f"--metrics-config: {exc}")
-    if args.command in ("serve", "router"):
-        try:
-            trace = parse_trace_config(args.trace_config)
-        except (ValueError, ConveyorError) as exc:
-            parser.error(f"--trace-config: {exc}")
-        if trace.opentelemetry:
-            from conveyor.router.observability.otlp_export import otel_missing
 
-            if otel_missing():
-                parser.error(otel_missing())
+
+def _check_metrics(parser: argparse.ArgumentParser, settings: Metrics) -> None:
+    try:
+        parse_quantiles(metrics_config(settings).get("summary_quantiles", "0.5:0.05"))
+    except ValueError as exc:
+        parser.error(f"--metrics-config: {exc}")
+
+
+def _check_trace(parser: argparse.ArgumentParser, settings: Tracing) -> None:
+    try:
+        trace = parse_trace_config(settings.trace_config)
+    except (ValueError, ConveyorError) as exc:
+        parser.error(f"--trace-config: {exc}")
+    if trace.opentelemetry:
+        from conveyor.router.observability.otlp_export import otel_missing
+
+        if otel_missing():
+            parser.error(otel_missing())
+
+
+def _check_serve(parser: argparse.ArgumentParser, settings: ServeSettings) -> None:
+    _check_metrics(parser, settings)
+    _check_trace(parser, settings)
+    problem = check_ingress_args(settings) or check_cloud_args(settings)
+    if problem:
+        parser.error(problem)
 
 
 def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -113,7 +138,7 @@ def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespa
             args.strict_model_config = True
 
 
-def _serve(args: argparse.Namespace, command_line: bool) -> int:
+def _serve(args: ServeSettings, command_line: bool) -> int:
     from conveyor.deploy.supervisor import Supervisor
     from conveyor.router.repository.backend_config import BackendConfig
 
@@ -148,18 +173,17 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
     _fold_triton_aliases(parser, args)
-    _apply_instance(parser, args)
-    problem = check_ingress_args(args) or check_cloud_args(args)
-    if problem:
-        parser.error(problem)
-    return _serve(args, argv is None)
+    settings = ServeSettings.of(args)
+    _check_serve(parser, settings)
+    return _serve(settings, argv is None)
 
 
-def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
+def _ingress(args: IngressSettings, ingress_ep: str) -> None:
     """Run one ingress process (blocking): the server its ``--protocol`` names."""
     from conveyor.ingress.server_metadata import set_server_name
     from conveyor.proto.errors import client_mistakes_as_400
 
+    group = args.group or DEFAULT_GROUP
     set_server_name(args.server_id)
     client_mistakes_as_400(args.client_mistakes_as_400)
     level = "debug" if args.log_verbose > 0 else "warning"
@@ -170,7 +194,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
         counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
         options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
                                  counters)
-        serve_http(args.router or ingress_ep, args.group, args.metrics_address or args.http_address,
+        serve_http(args.router or ingress_ep, group, args.metrics_address or args.http_address,
                    args.metrics_port,
                    arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                    drain_grace_s=args.drain_grace_secs,
@@ -196,7 +220,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
                                         health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
                                         default_model=args.vertex_ai_default_model, max_body_bytes=body,
                                         restricted=restricted)
-        serve_http(args.router or ingress_ep, args.group, args.http_address, port,
+        serve_http(args.router or ingress_ep, group, args.http_address, port,
                    arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                    drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
                    app_factory=cloud_app, edge=http_edge(args))
@@ -205,7 +229,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
         from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
 
         openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
-        serve_http(args.router or ingress_ep, args.group, args.openai_address or args.http_address,
+        serve_http(args.router or ingress_ep, group, args.openai_address or args.http_address,
                    args.openai_port, arena_bytes=args.arena_size, log_level=level,
                    exit_timeout_s=args.exit_timeout_secs, drain_grace_s=args.drain_grace_secs,
                    max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
@@ -213,7 +237,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
     elif args.protocol == "http":
         from conveyor.ingress.http.server import serve as serve_http
 
-        serve_http(args.router or ingress_ep, args.group, args.http_address, args.http_port,
+        serve_http(args.router or ingress_ep, group, args.http_address, args.http_port,
                    arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                    drain_grace_s=args.drain_grace_secs,
                    max_body_bytes=args.http_max_body_bytes,
@@ -228,7 +252,7 @@ def _ingress(args: argparse.Namespace, ingress_ep: str) -> None:
         if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
             tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
                           args.grpc_use_ssl_mutual)
-        serve_grpc(args.router or ingress_ep, args.group, args.grpc_address, args.grpc_port,
+        serve_grpc(args.router or ingress_ep, group, args.grpc_address, args.grpc_port,
                    arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
                    drain_grace_s=args.drain_grace_secs,
                    limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
@@ -245,83 +269,106 @@ def main(argv: list[str] | None = None) -> int:
         return _scale(args)
     _fold_triton_aliases(parser, args)
     _apply_instance(parser, args)
-    if args.command == "serve":
-        fold_storage_uri(args)
-    if args.command in ("serve", "ingress"):
-        problem = check_ingress_args(args) or (check_cloud_args(args) if args.command == "serve" else "")
-        if problem:
-            parser.error(problem)
     if args.group is not None and check_name(args.group):
         parser.error(check_name(args.group))
     if args.command == "serve":
-        return _serve(args, argv is None)  # the supervisor picks the group name when none was given
+        fold_storage_uri(args)
+        serve = ServeSettings.of(args)
+        _check_serve(parser, serve)
+        return _serve(serve, argv is None)  # the supervisor picks the group name when none was given
     args.group = args.group or DEFAULT_GROUP
-    die_with_supervisor()  # before anything that a killed supervisor would leave behind
-    setup_logging(log_settings(args), args.command)
-    if args.command in ("router", "worker", "ingress"):
-        configure_io_threads(args.io_sched)  # before the first socket starts the I/O thread
-    if args.command in ("router", "worker"):
-        pin_dispatch(dispatch_cpu(args.dispatch_cpu))  # so is this: the I/O thread inherits the pin
-    if args.command in ("worker", "ingress"):
-        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (deploy/runtime/heap.py)
-    ingress_ep, worker_ep = default_endpoints(args.group)
-    if args.command in ("router", "worker"):
-        from conveyor.deploy.runtime.polling import spin_seconds
     if args.command == "router":
-        from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
-        from conveyor.deploy.options import run_dir
-        from conveyor.router.lifecycle import ControlMode
-        from conveyor.router.observability.histograms import configure_summaries
-        from conveyor.router.repository.backend_config import BackendConfig
-        from conveyor.router.response_cache import parse_cache_config
-        from conveyor.router.scheduling.rate_limiter import RateLimiter, ResourceLimit
-        from conveyor.router.server import Router
-        from conveyor.router.startup import StartupOptions
-        from conveyor.shm.naming import sweep_orphans
-
-        os.makedirs(run_dir(args.group), exist_ok=True)
-        try:
-            lock = GroupLock(args.group, "router")  # held until this process exits
-        except GroupBusy as exc:
-            log.error("%s", exc)
-            return GROUP_BUSY_CODE
-        sweep_orphans(args.group)
-        configure_summaries(metrics_config(args))
-        trace = parse_trace_config(args.trace_config)
-        limiter = None
-        if args.rate_limit == "execution_count":
-            limiter = RateLimiter([ResourceLimit.parse(r) for r in args.rate_limit_resource])
-        router = Router(args.model_repository, args.ingress_endpoint or ingress_ep,
-               args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
-               allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
-               load_models=args.load_model, strict_config=args.strict_model_config,
-               poll_secs=args.repository_poll_secs, group=args.group,
-               cache_bytes=parse_cache_config(args.cache_config),
-               max_client_shm_regions=args.max_client_shm_regions,
-               trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
-               startup=StartupOptions(args.exit_on_error, args.strict_readiness, args.model_config_name,
-                                      args.model_load_retry_count, BackendConfig.parse(args.backend_config),
-                                      args.model_namespacing, args.model_load_thread_count))
-        router.run(args.exit_timeout_secs, args.drain_grace_secs)
-        lock.release()
-        exit_now(router.exit_code)  # each actor leaves once its own cleanup is done (lifeline.py)
+        router = RouterSettings.of(args)
+        _check_metrics(parser, router)
+        _check_trace(parser, router)
+        _start_actor(router, ROUTER)
+        pin_dispatch(dispatch_cpu(router.dispatch_cpu))  # before the first socket: the I/O thread inherits the pin
+        return _router(router)
     if args.command == "worker":
-        from conveyor.workers.worker import Worker
+        worker = WorkerSettings.of(args)
+        _start_actor(worker, WORKER)
+        pin_dispatch(dispatch_cpu(worker.dispatch_cpu))
+        keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (deploy/runtime/heap.py)
+        return _worker(worker)
+    ingress = IngressSettings.of(args)
+    _check_metrics(parser, ingress)
+    problem = check_ingress_args(ingress)
+    if problem:
+        parser.error(problem)
+    _start_actor(ingress, INGRESS)
+    keep_freed_heap()
+    try:
+        _ingress(ingress, default_endpoints(ingress.group or DEFAULT_GROUP)[0])
+    except Exception as exc:
+        if not is_bind_failure(exc):
+            raise
+        # One line, not a traceback: the supervisor stops a group that cannot listen at start-up.
+        log.error("error: %s", endpoint(ingress, ingress.protocol).failure(exc))
+        exit_now(LISTEN_FAILED_CODE)
+    exit_now(0)
 
-        Worker(args.router or worker_ep, args.group, args.arena_size, args.ingress_endpoint or ingress_ep,
-               args.exit_timeout_secs, spin_seconds(args.spin_us)).run()
-        exit_now(0)
-    if args.command == "ingress":
-        try:
-            _ingress(args, ingress_ep)
-        except Exception as exc:
-            if not is_bind_failure(exc):
-                raise
-            # One line, not a traceback: the supervisor stops a group that cannot listen at start-up.
-            log.error("error: %s", endpoint(args, args.protocol).failure(exc))
-            exit_now(LISTEN_FAILED_CODE)
-        exit_now(0)
-    return 2
+
+def _start_actor(settings: EveryProcess, command: str) -> None:
+    """What every actor does first: die with its supervisor, log as asked, its ZeroMQ I/O thread's policy."""
+    die_with_supervisor()  # before anything that a killed supervisor would leave behind
+    setup_logging(log_settings(settings), command)
+    configure_io_threads(settings.io_sched)  # before the first socket starts the I/O thread
+
+
+def _router(args: RouterSettings) -> int:
+    from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
+    from conveyor.deploy.options import run_dir
+    from conveyor.deploy.runtime.polling import spin_seconds
+    from conveyor.router.lifecycle import ControlMode
+    from conveyor.router.observability.histograms import configure_summaries
+    from conveyor.router.repository.backend_config import BackendConfig
+    from conveyor.router.response_cache import parse_cache_config
+    from conveyor.router.scheduling.rate_limiter import RateLimiter, ResourceLimit
+    from conveyor.router.server import Router
+    from conveyor.router.startup import StartupOptions
+    from conveyor.shm.naming import sweep_orphans
+
+    group = args.group or DEFAULT_GROUP
+    ingress_ep, worker_ep = default_endpoints(group)
+    os.makedirs(run_dir(group), exist_ok=True)
+    try:
+        lock = GroupLock(group, "router")  # held until this process exits
+    except GroupBusy as exc:
+        log.error("%s", exc)
+        return GROUP_BUSY_CODE
+    sweep_orphans(group)
+    configure_summaries(metrics_config(args))
+    trace = parse_trace_config(args.trace_config)
+    limiter = None
+    if args.rate_limit == "execution_count":
+        limiter = RateLimiter([ResourceLimit.parse(r) for r in args.rate_limit_resource])
+    router = Router(args.model_repository, args.ingress_endpoint or ingress_ep,
+                    args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
+                    allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
+                    load_models=args.load_model, strict_config=args.strict_model_config,
+                    poll_secs=args.repository_poll_secs, group=group,
+                    cache_bytes=parse_cache_config(args.cache_config),
+                    max_client_shm_regions=args.max_client_shm_regions,
+                    trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
+                    startup=StartupOptions(args.exit_on_error, args.strict_readiness, args.model_config_name,
+                                           args.model_load_retry_count, BackendConfig.parse(args.backend_config),
+                                           args.model_namespacing, args.model_load_thread_count))
+    router.run(args.exit_timeout_secs, args.drain_grace_secs)
+    lock.release()
+    exit_now(router.exit_code)  # each actor leaves once its own cleanup is done (lifeline.py)
+    return router.exit_code
+
+
+def _worker(args: WorkerSettings) -> int:
+    from conveyor.deploy.runtime.polling import spin_seconds
+    from conveyor.workers.worker import Worker
+
+    group = args.group or DEFAULT_GROUP
+    ingress_ep, worker_ep = default_endpoints(group)
+    Worker(args.router or worker_ep, group, args.arena_size, args.ingress_endpoint or ingress_ep,
+           args.exit_timeout_secs, spin_seconds(args.spin_us)).run()
+    exit_now(0)
+    return 0
 
 
 if __name__ == "__main__":

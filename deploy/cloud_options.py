@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from conveyor.deploy.settings import ServeSettings
+
 SAGEMAKER_INFERENCE_TYPE_ENV = "SAGEMAKER_TRITON_INFERENCE_TYPE"
 SAGEMAKER_INFERENCE_TYPES = ("infer", "generate", "generate_stream")  # what /invocations maps to
 
@@ -24,7 +26,7 @@ def fold_storage_uri(a: argparse.Namespace) -> None:
         a.model_repository = [uri]
 
 
-def check_cloud_args(a: argparse.Namespace) -> str:
+def check_cloud_args(a: ServeSettings) -> str:
     """Why the endpoints cannot start as asked (Triton's words), or ''."""
     if a.allow_vertex_ai:
         if not os.environ.get("AIP_PREDICT_ROUTE"):

@@ -3,10 +3,10 @@
     python deploy/link_tree.py [DIR]     # DIR/conveyor/proto -> <checkout>/proto, ... (DIR: build/src)
 
 Each top-level folder with an ``__init__.py`` is ``conveyor.<folder>``, except ``tests/`` (never installed):
-nothing to list by hand. The build backend (``build_backend.py``) makes this tree in ``build/src``, the root setuptools builds from
-(pyproject.toml: ``package-dir``), so an editable install is a plain ``.pth`` to that folder, which mypy,
-pyright and import-graph tools read like any other path; a new module or subpackage shows at once, being
-under a linked folder. Elsewhere, this script makes the same tree for a checkout that is not installed:
+nothing to list by hand. The build backend (``build_backend.py``) makes this tree in ``build/src``, the root
+setuptools builds from (pyproject.toml: ``package-dir``), so an editable install is a plain ``.pth`` to that
+folder, which mypy, pyright and import-graph tools read like any other path; a new module or subpackage shows
+at once, being under a linked folder. Elsewhere, this script makes the same tree for a checkout that is not installed:
 the GPU check (deploy/gpu/site.sh), or a checkout that shares another's environment: ``python
 deploy/link_tree.py``, then ``PYTHONPATH=$PWD/build/src`` (mypy reads this checkout's build/src first anyway).
 """

@@ -12,10 +12,11 @@ during start-up the supervisor then stops the whole group (``deploy/supervisor.p
 
 from __future__ import annotations
 
-import argparse
 import errno
 import socket
 from typing import NamedTuple
+
+from conveyor.deploy.settings import Listening, ServeSettings
 
 # An ingress that could not bind its address exits with this code (1-3 are taken: errors,
 # argparse's and GroupBusy's 2, the router's --exit-on-error 3).
@@ -43,7 +44,7 @@ class Endpoint(NamedTuple):
                 f"{reason} (change {self.flag} or stop what holds it)")
 
 
-def endpoint(a: argparse.Namespace, protocol: str) -> Endpoint:
+def endpoint(a: Listening, protocol: str) -> Endpoint:
     """Where an ingress of ``protocol`` (``deploy/instances.py``'s names) listens."""
     if protocol == "http":
         return Endpoint("HTTP", a.http_address, a.http_port, "--http-port")
@@ -58,7 +59,7 @@ def endpoint(a: argparse.Namespace, protocol: str) -> Endpoint:
     return Endpoint("OpenAI", a.openai_address or a.http_address, a.openai_port, "--openai-port")
 
 
-def endpoints(a: argparse.Namespace) -> list[Endpoint]:
+def endpoints(a: ServeSettings) -> list[Endpoint]:
     """Every address ``conveyor serve`` with these flags listens on."""
     serving = {
         "http": a.allow_http and a.http_ingress > 0,
@@ -90,7 +91,7 @@ def check(where: Endpoint) -> str:
     return ""
 
 
-def check_all(a: argparse.Namespace) -> list[str]:
+def check_all(a: ServeSettings) -> list[str]:
     """One line per address of the group that something else holds."""
     return [problem for problem in map(check, endpoints(a)) if problem]
 

@@ -11,7 +11,17 @@ import tempfile
 
 from conveyor.deploy.flag_types import triton_bool, triton_int_bool
 from conveyor.deploy.runtime.log_settings import LogSettings
-from conveyor.deploy.settings import ROUTER, grpc_keepalive, handoff
+from conveyor.deploy.settings import (
+    ROUTER,
+    ClientLimits,
+    EveryProcess,
+    GrpcServer,
+    IngressSettings,
+    Metrics,
+    ServeSettings,
+    grpc_keepalive,
+    handoff,
+)
 from conveyor.ingress.http.edge import EdgeLimits
 
 __all__ = ["triton_bool", "triton_int_bool"]  # their home is flag_types.py; imported from here before it
@@ -36,7 +46,7 @@ def default_endpoints(group: str) -> tuple[str, str]:
     return f"ipc://{d}/router-ingress.sock", f"ipc://{d}/router-workers.sock"
 
 
-def grpc_keepalive_options(a: argparse.Namespace) -> list[tuple[str, int]]:
+def grpc_keepalive_options(a: GrpcServer) -> list[tuple[str, int]]:
     """The grpc server options the keepalive flags stand for (those left unset are left out)."""
     return [(s.grpc_option, int(getattr(a, s.name))) for s in grpc_keepalive() if getattr(a, s.name) is not None]
 
@@ -53,18 +63,18 @@ def fold_response_cache_size(a: argparse.Namespace) -> str:
     return ""
 
 
-def model_control_args(a: argparse.Namespace) -> list[str]:
+def model_control_args(a: ServeSettings) -> list[str]:
     """The flags the router is started with, the model-control ones among them (``settings.handoff``)."""
     return handoff(a, ROUTER)
 
 
-def http_edge(a: argparse.Namespace) -> EdgeLimits:
+def http_edge(a: ClientLimits) -> EdgeLimits:
     """The HTTP edge limits the flags set."""
     return EdgeLimits(a.http_max_connections, a.http_header_timeout_secs, a.http_body_timeout_secs,
                       a.http_write_timeout_secs)
 
 
-def grpc_server_choice(a: argparse.Namespace) -> str:
+def grpc_server_choice(a: IngressSettings) -> str:
     """Which gRPC server serves: h2 unless TLS or keepalive settings need grpcio (``--grpc-server auto``)."""
     if a.grpc_server != "auto":
         return str(a.grpc_server)
@@ -75,7 +85,7 @@ def grpc_server_choice(a: argparse.Namespace) -> str:
     return "h2"
 
 
-def check_ingress_args(a: argparse.Namespace) -> str:
+def check_ingress_args(a: IngressSettings | ServeSettings) -> str:
     """Why these ingress flags cannot work together, or ''."""
     from conveyor.ingress.header_forward import check_pattern
     from conveyor.ingress.restricted import restrictions
@@ -108,7 +118,7 @@ def check_ingress_args(a: argparse.Namespace) -> str:
 _METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies", "histogram_latencies")
 
 
-def metrics_config(a: argparse.Namespace) -> dict[str, str]:
+def metrics_config(a: Metrics) -> dict[str, str]:
     """``--metrics-config`` as a dict; unknown keys are refused as Triton does."""
     out: dict[str, str] = {}
     for item in a.metrics_config:
@@ -119,7 +129,7 @@ def metrics_config(a: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def log_settings(a: argparse.Namespace) -> LogSettings:
+def log_settings(a: EveryProcess) -> LogSettings:
     return LogSettings(a.log_file, a.log_info, a.log_warning, a.log_error, a.log_verbose, a.log_format)
 
 

@@ -18,7 +18,6 @@ supervisor however it dies (``deploy/lifeline.py``).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import os
@@ -37,7 +36,7 @@ from conveyor.deploy.lifeline import child_environment
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.runtime.signal_wake import SignalWake
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
-from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, handoff
+from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.router.startup import EXIT_ON_ERROR_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
@@ -101,7 +100,7 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: ServeSettings) -> None:
         self.args = args
         self._stop = False
         self.router: Child | None = None
@@ -116,6 +115,7 @@ class Supervisor:
         self._lock: GroupLock | None = None
         self._starting = True  # children made now are the group's first: see Child.initial
         self._stop_requested = 0.0  # CLOCK_MONOTONIC of the SIGTERM/SIGINT
+        self.group = args.group or ""  # the group's name, once its lock is taken (run)
 
     # --- children ----------------------------------------------------------------------
 
@@ -134,8 +134,8 @@ class Supervisor:
 
     def _router_child(self, repos: list[str]) -> Child:
         # No grace for the router: it stops after the ingress processes, which carry the grace.
-        return Child("router", ["router", *handoff(self.args, ROUTER, {"model_repository": repos}),
-                                "--drain-grace-secs", "0"], initial=True)
+        return Child("router", ["router", *handoff(self.args, ROUTER, {"model_repository": repos,
+                                                                       "drain_grace_secs": 0.0})], initial=True)
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None] + self.cloud
@@ -201,7 +201,7 @@ class Supervisor:
         if a.group is None and self._lock.group != "default":
             log.warning("group 'default' is already running on this host: this one is '%s' "
                         "(conveyor scale --group %s)", self._lock.group, self._lock.group)
-        a.group = self._lock.group
+        a.group = self.group = self._lock.group  # handed to every child
         refused = self._cannot_start()
         if refused:
             return refused
@@ -278,7 +278,7 @@ class Supervisor:
         try:
             # A router of this name that outlived its supervisor (one from before deploy/lifeline.py,
             # or started by hand) would refuse ours, and take our workers and ingress processes.
-            GroupLock(self.args.group, "router").release()
+            GroupLock(self.group, "router").release()
         except GroupBusy as exc:
             log.error("%s", exc)
             return GROUP_BUSY_CODE
@@ -319,7 +319,7 @@ class Supervisor:
         delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
         log.error("%s exited with code %s: restarting in %.1fs", child.role, code, delay)
         time.sleep(delay)
-        sweep_orphans(self.args.group)
+        sweep_orphans(self.group)
         child.restarts += 1
         child.start()
 
@@ -368,8 +368,8 @@ class Supervisor:
             log.error("failed to stop server: Internal - Exit timeout expired. Exiting immediately. "
                       "(at the deadline, %s)", "; ".join(past))
             self._exit_code = self._exit_code or 1
-        sweep_orphans(self.args.group)
-        left = group_segments(self.args.group)
+        sweep_orphans(self.group)
+        left = group_segments(self.group)
         if left:
             log.error("shared-memory segments still present after shutdown: %s", left)
         log.info("stopped")

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from conveyor.deploy.settings import Setting, unused
+from conveyor.deploy.settings import Setting, TritonUnused, unused
 
 log = logging.getLogger("conveyor.flags")
 
 UNUSED: tuple[Setting, ...] = unused()
 
 
-def unused_given(a: argparse.Namespace) -> list[str]:
+def unused_given(a: TritonUnused | argparse.Namespace) -> list[str]:
     """One line for each unused flag on this command line."""
     out = []
     for u in UNUSED:
@@ -30,6 +30,6 @@ def unused_given(a: argparse.Namespace) -> list[str]:
     return out
 
 
-def log_unused(a: argparse.Namespace, extra: list[str]) -> None:
+def log_unused(a: TritonUnused, extra: list[str]) -> None:
     for line in [*unused_given(a), *extra]:
         log.warning("%s", line)

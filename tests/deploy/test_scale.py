@@ -152,9 +152,10 @@ def test_scale_without_a_supervisor_says_so() -> None:
 def test_a_protocol_that_is_off_scales_to_zero_quietly() -> None:
     """`serve --allow-grpc false` starts with zero gRPC ingress processes instead of failing."""
     from conveyor.deploy.cli import build_parser
+    from conveyor.deploy.settings import ServeSettings
     from conveyor.deploy.supervisor import Supervisor
 
-    supervisor = Supervisor(build_parser().parse_args(["serve", "--allow-grpc", "false"]))
+    supervisor = Supervisor(ServeSettings.of(build_parser().parse_args(["serve", "--allow-grpc", "false"])))
     assert supervisor.scale("grpc-ingress", 0)["grpc-ingress"] == 0
     with pytest.raises(ConveyorError, match="turned off"):
         supervisor.scale("grpc-ingress", 1)

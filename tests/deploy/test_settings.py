@@ -1,4 +1,4 @@
-"""deploy/settings.py: each setting declared once reaches the actor that uses it.
+"""deploy/settings.py: each setting declared once reaches the actor that uses it, typed.
 
 For every setting of ``conveyor serve``, a value other than its default is parsed, handed to
 the children the supervisor starts (their real command lines), parsed back by each child's own
@@ -7,12 +7,31 @@ parser, and found there; a setting no one uses, or one a child uses but is never
 from __future__ import annotations
 
 import argparse
+import types
+import typing
 from typing import Any
 
 import pytest
 
+from conveyor.deploy import settings as settings_module
 from conveyor.deploy.cli import _fold_triton_aliases, build_parser, build_tritonserver_parser
-from conveyor.deploy.settings import CHILDREN, INGRESS, ROUTER, SERVE, SETTINGS, SUPERVISOR, WORKER, Setting
+from conveyor.deploy.settings import (
+    CHILDREN,
+    DECLARED,
+    INGRESS,
+    ROUTER,
+    SERVE,
+    SETTINGS,
+    SUPERVISOR,
+    WORKER,
+    IngressSettings,
+    RouterSettings,
+    ServeSettings,
+    Setting,
+    Settings,
+    WorkerSettings,
+    settings_of,
+)
 from conveyor.deploy.supervisor import Supervisor
 from conveyor.deploy.triton_flags import UNUSED, unused_given
 from tests.deploy.test_tritonserver_cli import TRITON_251_FLAGS
@@ -67,7 +86,7 @@ def _repos(a: argparse.Namespace) -> list[str]:
 def _child_namespaces(a: argparse.Namespace) -> dict[str, argparse.Namespace]:
     """Each child's settings, as it parses the command line the supervisor starts it with."""
     a.group = a.group or "default"  # the supervisor names the group before it starts any child
-    supervisor = Supervisor(a)
+    supervisor = Supervisor(ServeSettings.of(a))
     argvs = {ROUTER: supervisor._router_child(_repos(a)).argv,
              WORKER: supervisor._new_child("workers").argv, INGRESS: supervisor._new_child("http-ingress").argv}
     out = {}
@@ -85,13 +104,18 @@ def _serve_settings() -> list[Setting]:
 
 
 # Flags of serve that a child's parser also takes but the supervisor does not hand it: the child
-# does not use them (or, for the router's grace, is given its own value).
+# does not use them.
 ACCEPTED_NOT_HANDED = {
-    ("--drain-grace-secs", ROUTER),  # 0: the router stops after the ingress, which carry the grace
     # What the supervisor decides: which ingress processes run at all.
     ("--allow-http", INGRESS), ("--allow-grpc", INGRESS), ("--allow-metrics", INGRESS),
     ("--allow-sagemaker", INGRESS), ("--allow-vertex-ai", INGRESS), ("--openai-ingress", INGRESS),
     ("--sagemaker-safe-port-range", INGRESS),  # checked once, by the supervisor, before anything starts
+}
+
+
+# What the supervisor hands a child in place of the parsed value.
+HANDED_ITS_OWN: dict[tuple[str, str], Any] = {
+    (ROUTER, "drain_grace_secs"): 0.0,  # the router stops after the ingress, which carry the grace
 }
 
 
@@ -127,11 +151,10 @@ def test_a_setting_reaches_the_children_that_use_it(setting: Setting) -> None:
             expected: Any = getattr(given, s.name)
             if actor == ROUTER and s.name == "model_repository":
                 expected = _repos(given)
+            expected = HANDED_ITS_OWN.get((actor, s.name), expected)
             assert getattr(child, s.name) == expected, (
                 f"{_sample(setting)}: the {actor} has {s.name}={getattr(child, s.name)!r}, not {expected!r}")
-        if actor == ROUTER:
-            assert child.drain_grace_secs == 0  # it stops after the ingress, which carry the grace
-        if actor in setting.actors:
+        if actor in setting.actors and (actor, setting.name) not in HANDED_ITS_OWN:
             # What the setting changed (itself, or what Triton's alias folded into) reached this child.
             assert vars(child) != vars(plain[actor]), f"{_sample(setting)} did not reach the {actor}"
 
@@ -162,3 +185,77 @@ def test_the_unused_flags_come_from_the_table() -> None:
 
 def test_every_flag_has_help() -> None:
     assert [s.flags[0] for s in SETTINGS if not s.help.strip()] == []
+
+
+# --- the typed settings each actor reads ----------------------------------------------------------
+
+ACTOR_SETTINGS: dict[str, type[Settings]] = {ROUTER: RouterSettings, WORKER: WorkerSettings, INGRESS: IngressSettings}
+
+
+def _subclasses(cls: type[Settings]) -> set[type[Settings]]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub} | _subclasses(sub)
+    return out
+
+
+def test_every_declaring_class_is_in_the_table() -> None:
+    declaring = {cls for cls in _subclasses(Settings) if cls.declared()}
+    assert declaring == set(DECLARED)
+    assert all(not cls.declared() for cls in (RouterSettings, WorkerSettings, IngressSettings, ServeSettings))
+
+
+@pytest.mark.parametrize("actor", CHILDREN)
+def test_an_actors_typed_settings_are_what_it_uses_and_its_own_flags(actor: str) -> None:
+    """A class left out of an actor's settings, or one too many, fails here, not at run time."""
+    typed = {s.name for s in ACTOR_SETTINGS[actor].settings()}
+    used = {s.name for s in SETTINGS if actor in s.actors or actor in s.only}
+    assert typed == used
+
+
+def test_serves_typed_settings_are_every_flag_it_takes() -> None:
+    assert [s.flags for s in ServeSettings.settings()] == [s.flags for s in settings_of(SERVE)]
+
+
+def _is(value: Any, annotation: Any) -> bool:
+    """Whether a parsed value fits its declared type (the types the declarations use)."""
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return any(_is(value, arm) for arm in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_is(v, item) for v in value)
+    if origin is tuple:
+        arms = typing.get_args(annotation)
+        return isinstance(value, tuple) and all(_is(v, t) for v, t in zip(value, arms, strict=True))
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+@pytest.mark.parametrize("cls", DECLARED, ids=lambda c: c.__name__)
+def test_each_declared_type_is_what_its_flag_parses_to(cls: type[Settings]) -> None:
+    """Defaults and sample values, parsed by the command that takes them, have the declared types."""
+    for s in cls.declared():
+        declared = eval(cls.__annotations__[s.name], vars(settings_module))  # the annotation's text
+        command = next(iter(sorted(s.only))) if s.only else SERVE
+        for argv in ([], _sample(s)):
+            parsed = build_parser().parse_args([command, *_required(command), *argv])
+            value = getattr(parsed, s.name)
+            assert _is(value, declared), f"{s.flags[0]} {argv}: {value!r} is not {declared}"
+
+
+def _required(command: str) -> list[str]:
+    return {ROUTER: ["--model-repository=/m"], INGRESS: ["--protocol=http"]}.get(command, [])
+
+
+def test_typed_settings_read_the_parsed_values() -> None:
+    a = _serve(["--http-port=9100", "--workers=3", "--log-verbose=1", "--max-queue-size=7"])
+    serve = ServeSettings.of(a)
+    assert (serve.http_port, serve.workers, serve.log_verbose, serve.max_queue_size) == (9100, 3, 1, 7)
+    router = RouterSettings.of(_child_namespaces(a)[ROUTER])
+    assert (router.max_queue_size, router.log_verbose, router.drain_grace_secs) == (7, 1, 0.0)

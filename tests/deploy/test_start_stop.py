@@ -22,6 +22,7 @@ from conveyor.deploy.lifeline import SUPERVISOR_PID_ENV
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.ports import free_ports
 from conveyor.deploy.runtime.procs import children
+from conveyor.deploy.settings import ServeSettings
 from tests.support.group import abandon, pids_of, start_server, wait_ready
 from tests.support.waiting import eventually
 
@@ -95,7 +96,7 @@ def _holder(port: int, patience: float = 0.0) -> socket.socket:
 def test_the_addresses_checked_are_those_the_group_listens_on() -> None:
     args = build_parser().parse_args(["serve", "--grpc-ingress", "0", "--allow-metrics", "false",
                                       "--openai-port", "9000", "--http-address", "127.0.0.1"])
-    assert [(e.service, e.address, e.port) for e in listen.endpoints(args)] == [
+    assert [(e.service, e.address, e.port) for e in listen.endpoints(ServeSettings.of(args))] == [
         ("HTTP", "127.0.0.1", 8000), ("OpenAI", "127.0.0.1", 9000)]
     port = free_ports(1)[0]
     where = listen.Endpoint("HTTP", "127.0.0.1", port, "--http-port")

@@ -17,6 +17,7 @@ from conveyor.deploy.cli import build_parser, build_tritonserver_parser, tritons
 from conveyor.deploy.example_repo import add_sub, write_model
 from conveyor.deploy.options import grpc_keepalive_options
 from conveyor.deploy.ports import free_port
+from conveyor.deploy.settings import ServeSettings
 from conveyor.deploy.triton_flags import unused_given
 from conveyor.router.repository.backend_config import BackendConfig, parse_setting
 from tests.support.group import wait_ready
@@ -161,7 +162,7 @@ def test_backend_config_settings() -> None:
 def test_grpc_keepalive_flags_become_server_options() -> None:
     a = build_tritonserver_parser().parse_args(["--grpc-keepalive-time=10000", "--grpc-max-connection-age=60000",
                                                 "--grpc-keepalive-permit-without-calls=true"])
-    options = dict(grpc_keepalive_options(a))
+    options = dict(grpc_keepalive_options(ServeSettings.of(a)))
     assert options["grpc.keepalive_time_ms"] == 10000 and options["grpc.max_connection_age_ms"] == 60000
     assert options["grpc.keepalive_permit_without_calls"] == 1
     assert options["grpc.keepalive_timeout_ms"] == 20000  # Triton's default, passed on as Triton does
@@ -174,7 +175,7 @@ def test_unused_flags_are_logged_once_with_a_reason(caplog: pytest.LogCaptureFix
     a = build_tritonserver_parser().parse_args(["--pinned-memory-pool-byte-size=1", "--http-thread-count=16",
                                                 "--cuda-memory-pool-byte-size=0:1"])
     with caplog.at_level(logging.WARNING, logger="conveyor.flags"):
-        log_unused(a, [])
+        log_unused(ServeSettings.of(a), [])
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
     assert all(": accepted, not used by Conveyor because " in line for line in lines)
@@ -187,7 +188,7 @@ def test_the_load_thread_count_reaches_the_router() -> None:
 
     a = build_tritonserver_parser().parse_args(["--model-repository=/m", "--model-load-thread-count=2"])
     assert a.model_load_thread_count == 2 and unused_given(a) == []
-    args = model_control_args(a)
+    args = model_control_args(ServeSettings.of(a))
     assert args[args.index("--model-load-thread-count") + 1] == "2"
     router = build_parser().parse_args(["router", "--model-repository=/m", *args])
     assert router.model_load_thread_count == 2

@@ -9,6 +9,7 @@ import pytest
 
 from conveyor.deploy.cli import build_parser
 from conveyor.deploy.options import check_ingress_args
+from conveyor.deploy.settings import ServeSettings
 from conveyor.deploy.supervisor import Supervisor
 from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.request_checks import InferInput
@@ -62,8 +63,9 @@ def test_the_limit_flags_reach_every_process(tmp_path: object) -> None:
         "--max-client-shm-regions", "3", "--http-restricted-api", "model-repository,statistics:admin=s3cret",
         "--grpc-restricted-protocol", "inference:key=v", "--client-mistakes-as-400", "true",
     ])
-    assert check_ingress_args(args) == ""
-    supervisor = Supervisor(args)
+    settings = ServeSettings.of(args)
+    assert check_ingress_args(settings) == ""
+    supervisor = Supervisor(settings)
     router = supervisor._router_child(["/models"])
     assert router.argv[router.argv.index("--max-client-shm-regions") + 1] == "3"
     for role in ("http-ingress", "grpc-ingress"):
@@ -87,7 +89,7 @@ def test_the_limit_flags_reach_every_process(tmp_path: object) -> None:
     (["--grpc-use-ssl", "true", "--grpc-server-cert", "/nope.pem", "--grpc-server-key", "/nope.key"], "no such file"),
 ])
 def test_ingress_flags_that_cannot_work_are_refused_at_start(flags: list[str], problem: str) -> None:
-    assert problem in check_ingress_args(build_parser().parse_args(["serve", *flags]))
+    assert problem in check_ingress_args(ServeSettings.of(build_parser().parse_args(["serve", *flags])))
 
 
 @pytest.mark.parametrize("value", ["health", "health:k", ":k=v", "health,nope:k=v", "health:=v"])
