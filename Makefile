@@ -32,7 +32,8 @@ typecheck:
 unit:
 	$(PY) -m pytest -q
 
-# The tests that start no process (tests/conftest.py marks the levels): a quick check while editing.
+# The quick level, under a minute: tests that start no process and take no seconds each, fuzz targets at a
+# tenth of their cases (tests/conftest.py sets the levels: unit, slow, e2e). A check while editing; CI runs all.
 quick:
 	$(PY) -m pytest -q -m unit
 

@@ -3,6 +3,7 @@ ingress) on free loopback ports, with a model repository made on the fly."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import models
+from tests.support import fuzz, models
 from tests.support.group import Server, start_server
 
 
@@ -30,32 +31,53 @@ def server(model_repo: str) -> Iterator[Server]:
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
 
 
-# A test module that names one of these starts processes: its tests are e2e, the others unit.
-# Set here, from the module's text, so that a new test gets its level without anyone remembering.
+# The levels: e2e (starts processes: a group, an actor, a server), slow (one process, but seconds per
+# test: a compiler, a framework's conversion; the module says so with ``pytestmark = pytest.mark.slow``) and
+# unit (the rest: ``pytest -m unit``, the quick level). Set here, from the module's text and that of the
+# tests/support modules it imports (theirs too), so that a new test gets its level without anyone remembering.
 _STARTS_PROCESSES = re.compile(r"tests\.support\.group|start_server|subprocess|Popen|multiprocessing"
                                r"|extra_grpc_ingress_process|real_triton")
+_SLOW = re.compile(r"pytest\.mark\.slow\b")
+_SUPPORT_IMPORT = re.compile(r"^\s*(?:from|import) tests\.support\.(\w+)", re.MULTILINE)
+_SUPPORT = Path(__file__).parent / "support"
 
 
+@functools.cache
 def _starts_processes(path: Path) -> bool:
-    return bool(_STARTS_PROCESSES.search(path.read_text(encoding="utf-8")))
+    text = path.read_text(encoding="utf-8")
+    if _STARTS_PROCESSES.search(text):
+        return True
+    return any(_starts_processes(support) for name in _SUPPORT_IMPORT.findall(text)
+               if (support := _SUPPORT / f"{name}.py").is_file() and support != path)
+
+
+def _level(path: Path) -> str:
+    if _starts_processes(path):
+        return "e2e"
+    return "slow" if _SLOW.search(path.read_text(encoding="utf-8")) else "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.markexpr == "unit":
+        fuzz.QUICK = True  # before any test module is imported: their fuzz targets try fewer cases
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """``-m unit`` does not even import the e2e modules: their imports (torch, vLLM, TensorFlow)
+    """``-m unit`` does not even import the other modules: their imports (torch, vLLM, TensorFlow)
     were most of the quick level's time."""
     if (config.option.markexpr == "unit" and collection_path.suffix == ".py"
-            and collection_path.name.startswith("test_") and _starts_processes(collection_path)):
+            and collection_path.name.startswith("test_") and _level(collection_path) != "unit"):
         return True
     return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test ``unit`` or ``e2e`` (``pytest -m unit`` runs the quick level alone)."""
+    """Mark every test with its level (``pytest -m unit`` runs the quick level alone)."""
     levels: dict[str, pytest.MarkDecorator] = {}
     for item in items:
         path = str(item.path)
         if path not in levels:
-            levels[path] = pytest.mark.e2e if _starts_processes(item.path) else pytest.mark.unit
+            levels[path] = getattr(pytest.mark, _level(item.path))
         item.add_marker(levels[path])
 
 

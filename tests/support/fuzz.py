@@ -24,10 +24,16 @@ def tried(name: str) -> None:
     CASES[name] += 1
 
 
+# The quick level (``pytest -m unit``, set by tests/conftest.py) tries this share of each target's cases:
+# enough to catch a target that broke, while the whole suite keeps the full count.
+QUICK = False
+QUICK_SHARE = 0.1
+
+
 def bounded(max_examples: int) -> settings:
-    """Settings for one fuzz test: ``max_examples`` cases, no deadline."""
+    """Settings for one fuzz test: ``max_examples`` cases (a tenth at the quick level), no deadline."""
     return settings(
-        max_examples=max_examples,
+        max_examples=max(10, int(max_examples * QUICK_SHARE)) if QUICK else max_examples,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                HealthCheck.data_too_large, HealthCheck.filter_too_much],
