@@ -11,7 +11,7 @@ from typing import Any
 from conveyor.deploy.cloud_options import check_cloud_args, fold_storage_uri
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
 from conveyor.deploy.instances import ingress_protocol, worker_environment
-from conveyor.deploy.lifeline import die_with_supervisor, exit_now
+from conveyor.deploy.lifeline import die_with_supervisor, exit_now, mark_group_member
 from conveyor.deploy.listen import LISTEN_FAILED_CODE, endpoint, is_bind_failure
 from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.options import (
@@ -309,8 +309,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start_actor(settings: EveryProcess, command: str) -> None:
-    """What every actor does first: die with its supervisor, log as asked, its ZeroMQ I/O thread's policy."""
+    """What every actor does first: die with its supervisor, mark what it starts as the group's, log as
+    asked, its ZeroMQ I/O thread's policy."""
     die_with_supervisor()  # before anything that a killed supervisor would leave behind
+    mark_group_member(settings.group or DEFAULT_GROUP)
     setup_logging(log_settings(settings), command)
     configure_io_threads(settings.io_sched)  # before the first socket starts the I/O thread
 

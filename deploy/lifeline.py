@@ -14,6 +14,13 @@ router's LeaveGranted, the router on in-flight work) that are dying too; the nex
 sweeps what the killed actors left in /dev/shm (``shm/naming.py``). Linux only; elsewhere
 an actor outlives a killed supervisor as before.
 
+What the actors start is marked too: a framework's own processes (vLLM's engine core, started by
+multiprocessing's spawn, which clears the parent-death request) would outlive a killed worker, holding
+its memory (on a GPU host, the GPU memory the next start needs). Every actor's environment names its
+group (``GROUP_MEMBER_ENV``), and what it starts inherits that; the supervisor kills the group's processes
+whose parent is gone (``kill_orphans``) when it starts, when it restarts a child that died, and when
+it has stopped.
+
 ``exit_now``: an actor that has closed its sockets and unlinked its arena has nothing left
 for the interpreter's own teardown to do but free every module's objects and join thread
 pools: 0.1-0.2 s of CPU per process, and seconds of wall time when a whole group (every
@@ -33,12 +40,59 @@ from typing import NoReturn
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PID_ENV = "CONVEYOR_SUPERVISOR_PID"
+GROUP_MEMBER_ENV = "CONVEYOR_GROUP_MEMBER"  # the group a process, or the actor that started it, belongs to
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def child_environment() -> dict[str, str]:
+def child_environment(group: str) -> dict[str, str]:
     """What the supervisor adds to a child's environment."""
-    return {SUPERVISOR_PID_ENV: str(os.getpid())}
+    return {SUPERVISOR_PID_ENV: str(os.getpid()), GROUP_MEMBER_ENV: group}
+
+
+def mark_group_member(group: str) -> None:
+    """What this actor starts from now on carries its group (an actor systemd started has no supervisor
+    to set it)."""
+    os.environ[GROUP_MEMBER_ENV] = group
+
+
+def _members(group: str) -> dict[int, int]:
+    """Pid -> parent pid of every process whose environment, as it was started, names ``group``."""
+    marker = f"{GROUP_MEMBER_ENV}={group}".encode()
+    found: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone, or another user's
+            continue
+        if fields[0] != "Z":  # a zombie holds nothing
+            found[int(entry)] = int(fields[1])
+    return found
+
+
+def kill_orphans(group: str) -> list[int]:
+    """SIGKILL each process of ``group`` whose parent is neither of the group nor this process: what
+    a dead actor started and left running. Returns their pids."""
+    if not sys.platform.startswith("linux"):
+        return []
+    members = _members(group)
+    me = os.getpid()
+    orphans = [pid for pid, parent in members.items() if pid != me and parent != me and parent not in members]
+    for pid in orphans:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        log.warning("killed pid %d of group '%s', left running by an actor that died: %s", pid, group,
+                    command[:200])
+    return orphans
 
 
 def die_with_supervisor() -> None:

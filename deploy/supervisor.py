@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from conveyor.deploy import listen
 from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock, take_group
-from conveyor.deploy.lifeline import child_environment
+from conveyor.deploy.lifeline import child_environment, kill_orphans
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.runtime.signal_wake import SignalWake
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
@@ -61,10 +61,11 @@ class Child:
     started: float = field(default=0.0)
     # Started with the group: a failure to listen on its first run stops the start.
     initial: bool = False
+    group: str = ""  # what it starts carries it (lifeline.kill_orphans)
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
-        env.update(child_environment())
+        env.update(child_environment(self.group))
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
@@ -123,19 +124,21 @@ class Supervisor:
     # of its own command: what it runs is what 'conveyor router|worker|ingress ...' by hand runs.
 
     def _ingress_child(self, role: str, protocol: str) -> Child:
-        return Child(role, ["ingress", "--protocol", protocol, *handoff(self.args, INGRESS)], initial=self._starting)
+        return Child(role, ["ingress", "--protocol", protocol, *handoff(self.args, INGRESS)], initial=self._starting,
+                     group=self.group)
 
     def _new_child(self, role: str) -> Child:
         n = next(self._serials[role])
         if role == "workers":
-            return Child(f"worker-{n}", ["worker", *handoff(self.args, WORKER)], initial=self._starting)
+            return Child(f"worker-{n}", ["worker", *handoff(self.args, WORKER)], initial=self._starting,
+                         group=self.group)
         protocol = role.split("-", 1)[0]
         return self._ingress_child(f"{protocol}-{n}", protocol)
 
     def _router_child(self, repos: list[str]) -> Child:
         # No grace for the router: it stops after the ingress processes, which carry the grace.
-        return Child("router", ["router", *handoff(self.args, ROUTER, {"model_repository": repos,
-                                                                       "drain_grace_secs": 0.0})], initial=True)
+        handed = handoff(self.args, ROUTER, {"model_repository": repos, "drain_grace_secs": 0.0})
+        return Child("router", ["router", *handed], initial=True, group=self.group)
 
     def _supervised(self) -> list[Child]:
         singles = [c for c in (self.router, self.metrics) if c is not None] + self.cloud
@@ -224,6 +227,7 @@ class Supervisor:
         # What killed groups left, this one's and any other's whose processes are all gone (a group
         # name is often unique per run: no later start of that name would sweep it).
         sweep_orphans("")
+        kill_orphans(a.group)  # what the actors of a killed group of this name started (its lock is ours now)
         arenas = (a.workers + (a.http_ingress if a.allow_http else 0) + (a.grpc_ingress if a.allow_grpc else 0)
                   + (a.openai_ingress if a.openai_port else 0))
         warning = shm_preflight(arenas * a.arena_size)
@@ -320,6 +324,7 @@ class Supervisor:
         log.error("%s exited with code %s: restarting in %.1fs", child.role, code, delay)
         time.sleep(delay)
         sweep_orphans(self.group)
+        kill_orphans(self.group)  # what the dead child had started
         child.restarts += 1
         child.start()
 
@@ -369,6 +374,7 @@ class Supervisor:
                       "(at the deadline, %s)", "; ".join(past))
             self._exit_code = self._exit_code or 1
         sweep_orphans(self.group)
+        kill_orphans(self.group)
         left = group_segments(self.group)
         if left:
             log.error("shared-memory segments still present after shutdown: %s", left)

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from conveyor.deploy import listen
 from conveyor.deploy.cli import build_parser
-from conveyor.deploy.example_repo import add_sub
+from conveyor.deploy.example_repo import add_sub, write_model
 from conveyor.deploy.lifeline import SUPERVISOR_PID_ENV
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.ports import free_ports
@@ -302,6 +303,64 @@ def test_kill_9_of_the_supervisor_takes_its_actors_and_the_next_start_sweeps_the
     finally:
         assert server.stop() == 0
     assert _running(group) == [] and _segments(group) == []
+
+
+# A model that starts a process of its own, as vLLM starts its engine core: the helper outlives its
+# worker unless the supervisor kills it. Each instance writes its helper's pid to a file of the folder.
+_HELPER_MODEL = """
+import os, subprocess, sys, tempfile
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        folder = os.environ["HELPER_PIDS"]
+        with open(os.path.join(folder, str(self.helper.pid)), "w"):
+            pass
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "IN")]) for r in requests]
+"""
+
+
+def _helpers(folder: str) -> list[int]:
+    return sorted(int(name) for name in os.listdir(folder))
+
+
+def test_what_a_dead_actor_started_is_killed_by_the_supervisor(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """When its worker dies (the restart kills what it had started), when the group stops, and when a killed
+    supervisor's group is started again: no helper process of a model is left running."""
+    repo, pids = str(tmp_path / "repo"), str(tmp_path / "pids")
+    os.makedirs(pids)
+    write_model(repo, "helper", 'backend: "python"\nmax_batch_size: 0\n'
+                'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+                'output [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n', {"model.py": _HELPER_MODEL})
+    monkeypatch.setenv("HELPER_PIDS", pids)
+    group = f"hp{os.getpid()}"
+    server = start_server(repo, group, "--workers", "1")
+    try:
+        (first,) = _helpers(pids)
+        (worker,) = pids_of(server, "worker")
+        os.kill(worker, signal.SIGKILL)  # its helper is orphaned...
+        eventually(lambda: len(_helpers(pids)) == 2, 60, what="the restarted worker loaded the model again")
+        eventually(lambda: not _alive(first), 10, what="the dead worker's helper was killed")
+        (second,) = set(_helpers(pids)) - {first}
+        assert _alive(second)  # ...and the new worker's is left alone
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
+        eventually(lambda: not pids_of(server, "worker"), 10, what="the actors died with the supervisor")
+        assert _alive(second)  # nothing was there to kill it...
+    finally:
+        abandon(server.proc)
+    server = start_server(repo, group, "--workers", "1")  # ...until the next start of the group
+    try:
+        eventually(lambda: not _alive(second), 10, what="the next start killed the helper left running")
+        (third,) = set(_helpers(pids)) - {first, second}
+    finally:
+        assert server.stop() == 0
+    eventually(lambda: not _alive(third), 10, what="the stop killed what the stopped worker had left")
 
 
 _ORPHAN = """
