@@ -37,6 +37,8 @@ import signal
 import sys
 from typing import NoReturn
 
+from conveyor.deploy.runtime.procs import mapped_shm, unlink_shm
+
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PID_ENV = "CONVEYOR_SUPERVISOR_PID"
@@ -83,6 +85,8 @@ def kill_orphans(group: str) -> list[int]:
     members = _members(group)
     me = os.getpid()
     orphans = [pid for pid, parent in members.items() if pid != me and parent != me and parent not in members]
+    # Their Python shared memory (vLLM's queues) that no process of the group left alive maps.
+    segments = mapped_shm(orphans, "psm_") - mapped_shm(set(members) - set(orphans), "psm_")
     for pid in orphans:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -92,6 +96,7 @@ def kill_orphans(group: str) -> list[int]:
             continue
         log.warning("killed pid %d of group '%s', left running by an actor that died: %s", pid, group,
                     command[:200])
+    unlink_shm(segments)  # the names: the memory goes with the last process that maps it
     return orphans
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 
 def children(pid: int) -> dict[int, list[str]]:
@@ -41,6 +42,33 @@ def _processes(field: int, value: int) -> dict[int, list[str]]:
         except OSError:
             continue
     return found
+
+
+def mapped_shm(pids: Iterable[int], prefix: str = "") -> set[str]:
+    """The /dev/shm segments (their names, starting with ``prefix``) the processes ``pids`` map now."""
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.rstrip("\n").partition("/dev/shm/")[2]
+                    if path and path.startswith(prefix):
+                        found.add(path.removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return found
+
+
+def unlink_shm(names: Iterable[str]) -> list[str]:
+    """Unlink these /dev/shm segments where they still exist; the names unlinked."""
+    gone = []
+    for name in names:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            continue
+        gone.append(name)
+    return gone
 
 
 def actor_role(argv: list[str]) -> str:

@@ -22,11 +22,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from conveyor.deploy.runtime.dispatch_cpu import Saved, avoid_cpus, bound_cpus, confine, share_cpus
+from conveyor.deploy.runtime.procs import mapped_shm, unlink_shm
 from conveyor.workers.backends.vllm.priority import descendants, lower_priority
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 10.0
+VLLM_SHM_PREFIX = "psm_"  # Python's multiprocessing.shared_memory names, which vLLM's queues use
 
 
 def _drop_prometheus_logger(engine: Any) -> None:
@@ -59,6 +61,8 @@ class EngineLoop:
             self._stop_loop()
             raise
         engine_pids = descendants() - before
+        self._engine_pids = engine_pids
+        self._segments = mapped_shm(engine_pids, VLLM_SHM_PREFIX)  # while they live: the core may be killed
         if nice:
             threads = lower_priority(engine_pids, nice)
             log.info("the vLLM engine of '%s' runs at nice +%d (%d threads)", name, nice, threads)
@@ -109,7 +113,9 @@ class EngineLoop:
         return int(self.engine.model_config.max_model_len)
 
     def close(self) -> None:
-        """Abort what runs, stop the engine process, end the thread."""
+        """Abort what runs, stop the engine process, end the thread, unlink what the engine left in /dev/shm."""
+        # vLLM's shared-memory queues (psm_*): its engine core leaves them behind, even on a clean shutdown.
+        segments = self._segments | mapped_shm(self._engine_pids, VLLM_SHM_PREFIX)
 
         async def shutdown() -> None:
             for task in asyncio.all_tasks():
@@ -126,6 +132,9 @@ class EngineLoop:
         if self._avoided is not None:
             share_cpus(self._avoided)
             self._avoided = None
+        left = unlink_shm(segments)
+        if left:
+            log.info("unlinked %d shared-memory segment(s) the vLLM engine left: %s", len(left), ", ".join(left))
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
