@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema  # in the test extra (openapi-spec-validator's), as is the openai client
 import openai
 import pytest
 
@@ -250,8 +251,6 @@ TOOL_TOKENS = 48  # room for the forced JSON: a dozen tokens or so
 
 
 def _valid_arguments(text: str) -> dict[str, Any]:
-    import jsonschema
-
     arguments = json.loads(text)
     jsonschema.validate(arguments, WEATHER["function"]["parameters"])
     return dict(arguments)
@@ -288,8 +287,9 @@ def test_required_tool_choice_calls_a_tool(client: openai.OpenAI) -> None:
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
-    assert choice.message.tool_calls[0].function.name == "get_weather"
-    _valid_arguments(choice.message.tool_calls[0].function.arguments)
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    _valid_arguments(call.function.arguments)
 
 
 def test_tool_choice_none_and_the_history_of_a_call(group: Group, client: openai.OpenAI) -> None:
@@ -307,7 +307,7 @@ def test_tool_choice_none_and_the_history_of_a_call(group: Group, client: openai
     after = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice=FORCED,
                                            max_tokens=TOOL_TOKENS, temperature=0)
     calls = after.choices[0].message.tool_calls
-    assert calls is not None and calls[0].function.name == "get_weather"
+    assert calls is not None and calls[0].type == "function" and calls[0].function.name == "get_weather"
     _valid_arguments(calls[0].function.arguments)
 
 
