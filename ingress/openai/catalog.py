@@ -5,7 +5,10 @@ A model is a generative one when it takes Triton's vLLM model contract: a
 backend, or a Python model written to the same contract). What the ingress needs
 from the model's files, it reads from the serving version's directory, which the
 router names (control op ``model_directory``): ``model.json`` (the tokenizer folder, whose
-chat template chat requests use: its ``tokenizer``, else its ``model``) and ``multi_lora.json`` (the adapters). Both are
+chat template chat requests use: its ``tokenizer``, else its ``model``) and ``multi_lora.json`` (the adapters).
+From its config (control op ``model_config``) it reads the ``TOOL_CALL_PARSER`` parameter: a frontend
+setting, as vLLM's ``--tool-call-parser`` is, so not in ``model.json``, whose keys are all engine arguments
+(Triton's backend, and ours, pass them to the engine, which refuses any other). All of it is
 kept per model until the model's signature is refetched, which the data plane does
 whenever the router's repository changes (a reload, a new version).
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.openai.chat_template import ChatTemplate, load_chat_template
+from conveyor.ingress.openai.tools import PARSER_PARAMETER
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status, internal, not_found
 
@@ -36,6 +40,7 @@ class LlmModel:
     adapters: list[str]
     created: int
     engine_args: dict[str, Any] = field(default_factory=dict)
+    tool_parser: str = ""  # the config's TOOL_CALL_PARSER: how ``auto`` tool choice reads the text
     chat: asyncio.Task[ChatTemplate] | None = None
 
 
@@ -91,7 +96,9 @@ class Catalog:
         if not is_generative(sig):
             raise model_not_found(shown or name)
         reply = await self._dataplane.link.control("model_directory", model=name)
+        config = await self._dataplane.link.control("model_config", model=name)
         model = _read_model(name, sig, str(reply["path"]))
+        model.tool_parser = _parameter(config, PARSER_PARAMETER)
         self._models[name] = model
         return model
 
@@ -125,6 +132,12 @@ def _read_model(name: str, sig: ModelSignature, directory: str) -> LlmModel:
     engine_args = _json_file(os.path.join(directory, "model.json")) or {}
     adapters = list((_json_file(os.path.join(directory, "multi_lora.json")) or {}).keys())
     return LlmModel(name, sig, directory, adapters, int(time.time()), engine_args)
+
+
+def _parameter(config: dict[str, Any], key: str) -> str:
+    """A ``parameters { key value { string_value } }`` of the model's config (JSON form)."""
+    value = (config.get("parameters") or {}).get(key) or {}
+    return str(value.get("string_value") or "").strip() if isinstance(value, dict) else ""
 
 
 def _json_file(path: str) -> dict[str, Any] | None:

@@ -33,11 +33,13 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self._special = special_tokens
 
-    def prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The conversation as the model's template writes it, ready for the assistant's turn."""
+    def prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the model's template writes it, ready for the assistant's turn. ``tools``:
+        the functions the model may call, in OpenAI's shape, as transformers passes them (None: none)."""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **self._special)
+                                         tools=tools, **self._special)
         except Exception as exc:  # raise_exception in the template, or a template error
             raise invalid_arg(f"cannot apply the model's chat template: {exc}") from None
 

@@ -3,7 +3,8 @@ Events ending with ``data: [DONE]``) or not, in OpenAI's response shapes.
 
 Both endpoints are one flow: decode the body, resolve the model (and adapter),
 write the prompt (chat: the model's template), run one engine request for all
-``n`` choices, and render its steps as one response or as chunks.
+``n`` choices, and render its steps as one response or as chunks. A chat request with
+tools reads each choice's text as content and tool calls (``tools.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from conveyor.ingress.openai.schema import (
     decode,
     sampling_parameters,
 )
+from conveyor.ingress.openai.tools import CallDelta, CallReader, ToolPlan, finish_reason, plan, read_whole
 from conveyor.proto.errors import ConveyorError
 
 Request = falcon.asgi.Request
@@ -58,6 +60,18 @@ class Job:
     include_usage: bool
     logprobs: bool  # the answer carries each token's logprob
     continuous_usage: bool  # usage so far on every chunk (vLLM's ``continuous_usage_stats``)
+    tools: ToolPlan | None = None  # chat: the answer may call tools
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A request body read: what the engine request and the answer are made of."""
+
+    request: Sampling
+    target: Target
+    prompt: str
+    echo: bool = False
+    tools: ToolPlan | None = None
 
 
 class _Endpoint:
@@ -73,15 +87,18 @@ class _Endpoint:
     async def on_post(self, req: Request, resp: Response) -> None:
         body = await read_body(req, resp, self._options.max_body_bytes)
         self._dataplane.drain.admit()
-        request, target, prompt, echo = await self._parse(body)
+        parsed = await self._parse(body)
+        request, prompt = parsed.request, parsed.prompt
         params = sampling_parameters(request, self._max_tokens(request))
-        call = engine_call(target, prompt, params, request.stream)
+        if parsed.tools is not None:
+            parsed.tools.apply(params)
+        call = engine_call(parsed.target, prompt, params, request.stream)
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous = bool(include_usage and options and options.continuous_usage_stats)
         top = params.get("logprobs")
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", request.model, int(time.time()),
-                  request.n, prompt, echo, include_usage, top is not None, continuous)
+                  request.n, prompt, parsed.echo, include_usage, top is not None, continuous, parsed.tools)
         found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0)
         if request.stream:
             # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
@@ -103,23 +120,24 @@ class _Endpoint:
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({
             "id": job.id, "object": self.object_name, "created": job.created, "model": job.model,
-            "choices": [self._choice(i, (job.prompt if job.echo else "") + texts[i], finish[i],
+            "choices": [self._choice(job, i, (job.prompt if job.echo else "") + texts[i], finish[i],
                                      self._logprobs(tokens[i], 0) if job.logprobs else None)
                         for i in range(job.n)],
             "usage": usage.wire(), "system_fingerprint": None,
         })
 
-    async def _parse(self, body: bytes) -> tuple[Sampling, Target, str, bool]:
+    async def _parse(self, body: bytes) -> Parsed:
         raise NotImplementedError
 
     def _max_tokens(self, request: Sampling) -> int:
         return request.max_tokens if request.max_tokens is not None else self._options.default_max_tokens
 
-    def _choice(self, index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    def _choice(self, job: Job, index: int, text: str, finish: str | None,
+                logprobs: dict[str, Any] | None) -> dict[str, Any]:
         raise NotImplementedError
 
     def _delta(self, index: int, text: str, finish: str | None, first: bool,
-               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+               logprobs: dict[str, Any] | None, calls: list[CallDelta]) -> dict[str, Any]:
         raise NotImplementedError
 
     def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
@@ -132,6 +150,8 @@ class _Endpoint:
         usage = Usage()
         started = [False] * job.n
         offsets = [0] * job.n  # how much text of each choice the earlier chunks carried
+        # Chat with tools: each choice's text read as content and call deltas as it comes.
+        readers: list[CallReader | None] = [job.tools.reader() if job.tools else None for _ in range(job.n)]
         head = {"id": job.id, "object": self.chunk_object, "created": job.created, "model": job.model}
         if job.include_usage:
             head["usage"] = None
@@ -144,12 +164,21 @@ class _Endpoint:
                 reason = step.finish[i] if i < len(step.finish) else None
                 if not started[i] and job.echo:
                     text = job.prompt + text
-                if text or reason or not started[i]:
+                calls: list[CallDelta] = []
+                reader = readers[i]
+                if reader is not None:
+                    piece = reader.feed(text)
+                    text, calls = piece.content, piece.calls
+                    if reason is not None:  # the choice's text is over: what the reader held back
+                        tail = reader.end()
+                        text, calls = text + tail.content, _merged(calls + tail.calls)
+                        reason = finish_reason(reader.called, reason)
+                if text or calls or reason or not started[i]:
                     logprobs = None
                     if job.logprobs:
                         new = step.logprobs[i] if step.logprobs and i < len(step.logprobs) else []
                         logprobs = self._logprobs(new, offsets[i])
-                    choices.append(self._delta(i, text, reason, not started[i], logprobs))
+                    choices.append(self._delta(i, text, reason, not started[i], logprobs, calls))
                     started[i] = True
                     offsets[i] += len(text)
             if not choices:
@@ -176,20 +205,32 @@ class _Endpoint:
         yield DONE
 
 
+def _merged(calls: list[CallDelta]) -> list[CallDelta]:
+    """One delta per call in a chunk: a call's pieces from the step and from the reader's end joined."""
+    out: list[CallDelta] = []
+    for delta in calls:
+        if out and out[-1].index == delta.index:
+            out[-1].arguments += delta.arguments
+        else:
+            out.append(delta)
+    return out
+
+
 class Completions(_Endpoint):
     object_name = "text_completion"
     chunk_object = "text_completion"
 
-    async def _parse(self, body: bytes) -> tuple[Sampling, Target, str, bool]:
+    async def _parse(self, body: bytes) -> Parsed:
         request = decode(body, CompletionRequest)
         target = await self._catalog.target(request.model)
-        return request, target, completion_prompt(request), request.echo
+        return Parsed(request, target, completion_prompt(request), request.echo)
 
-    def _choice(self, index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    def _choice(self, job: Job, index: int, text: str, finish: str | None,
+                logprobs: dict[str, Any] | None) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def _delta(self, index: int, text: str, finish: str | None, first: bool,
-               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+               logprobs: dict[str, Any] | None, calls: list[CallDelta]) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
@@ -206,12 +247,14 @@ class ChatCompletions(_Endpoint):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    async def _parse(self, body: bytes) -> tuple[Sampling, Target, str, bool]:
+    async def _parse(self, body: bytes) -> Parsed:
         request = decode(body, ChatRequest)
         messages = chat_messages(request)
         target = await self._catalog.target(request.model)
+        tools = plan(request, target.model.tool_parser)
         template = await self._catalog.chat_template(target.model)
-        return request, target, template.prompt(messages), False
+        prompt = template.prompt(messages, tools=tools.template_tools if tools else None)
+        return Parsed(request, target, prompt, tools=tools)
 
     def _max_tokens(self, request: Sampling) -> int:
         assert isinstance(request, ChatRequest)
@@ -219,13 +262,24 @@ class ChatCompletions(_Endpoint):
             return request.max_completion_tokens
         return super()._max_tokens(request)
 
-    def _choice(self, index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                "finish_reason": finish}
+    def _choice(self, job: Job, index: int, text: str, finish: str | None,
+                logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        reader = job.tools.reader() if job.tools else None
+        if reader is not None and job.tools is not None:
+            answer = read_whole(reader, text, job.tools.mode)
+            message["content"] = answer.content
+            if answer.calls:
+                message["tool_calls"] = [call.wire() for call in answer.calls]
+            finish = finish_reason(bool(answer.calls), finish)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
     def _delta(self, index: int, text: str, finish: str | None, first: bool,
-               logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
+               logprobs: dict[str, Any] | None, calls: list[CallDelta]) -> dict[str, Any]:
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
+        if calls:
+            delta["content"] = text or None  # as OpenAI's: a chunk of calls alone has no content
+            delta["tool_calls"] = [call.wire() for call in calls]
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:

@@ -2,14 +2,15 @@
 type-checked in one pass (msgspec), and the sampling parameters they carry.
 
 Fields the OpenAI API defines but this ingress cannot honour (``logit_bias``,
-``suffix``, tools, ``logprobs`` with ``echo``) are refused with a 400 rather than ignored;
+``suffix``, ``logprobs`` with ``echo``) are refused with a 400 rather than ignored;
 unknown fields are ignored, as OpenAI's own server does. vLLM's extensions to the
 API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
 ``structured_outputs``, ``stream_options.continuous_usage_stats``: the usage so far on every
 chunk) pass through, as vLLM's server takes them. Structured outputs: ``response_format``
 (``json_object``, ``json_schema``) or vLLM's ``structured_outputs`` (``json``, ``regex``,
 ``choice``, ``grammar``) become the engine's guided decoding; a schema or pattern the engine
-cannot compile is a 400 with its reason (from the worker).
+cannot compile is a 400 with its reason (from the worker). Tool definitions, ``tool_choice`` and the
+tool-call parts of the history are decoded here and checked in ``tools.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import msgspec
+import orjson
 
 from conveyor.proto.errors import invalid_arg
 
@@ -80,18 +82,58 @@ class ContentPart(msgspec.Struct):
     text: str | None = None
 
 
+class CalledFunction(msgspec.Struct):
+    name: str
+    # OpenAI's is a JSON text; some clients send the object itself (vLLM takes both)
+    arguments: str | dict[str, Any] | None = None
+
+
+class MessageToolCall(msgspec.Struct):
+    """A call an earlier assistant turn made, as the client sends it back in the history."""
+
+    function: CalledFunction
+    id: str | None = None
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's turn that called tools
+    tool_call_id: str | None = None  # a ``tool`` message: the call it answers
+
+
+class FunctionDefinition(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class ToolDefinition(msgspec.Struct):
+    function: FunctionDefinition
+    type: str = "function"
+
+
+class ToolChoiceFunction(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    """``{"type": "function", "function": {"name": ...}}``: the answer is a call of that function."""
+
+    function: ToolChoiceFunction
+    type: str = "function"
 
 
 class ChatRequest(Sampling, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | NamedToolChoice | None = None  # "none", "auto", "required" or a named function
+    parallel_tool_calls: bool | None = None
 
 
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
@@ -196,21 +238,48 @@ def completion_prompt(req: CompletionRequest) -> str:
     return prompt
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """The conversation as a chat template reads it: text parts joined by newlines, as vLLM does."""
-    if req.tools or req.tool_choice not in (None, "none"):
-        raise invalid_arg("tools are not supported")
+def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    """The conversation as a chat template reads it: text parts joined by newlines, as vLLM does; an
+    assistant turn's ``tool_calls`` with their arguments as objects, as transformers' tool-use templates
+    expect them (vLLM parses them so too), and a tool message's ``tool_call_id``."""
     if not req.messages:
         raise invalid_arg("messages must be non-empty")
     out = []
-    for msg in req.messages:
+    for i, msg in enumerate(req.messages):
         content = msg.content
         if isinstance(content, list):
             if any(part.type != "text" for part in content):
                 raise invalid_arg("only text content parts are supported")
             content = "\n".join(part.text or "" for part in content)
-        entry = {"role": msg.role, "content": content or ""}
+        entry: dict[str, Any] = {"role": msg.role, "content": content or ""}
         if msg.name:
             entry["name"] = msg.name
+        if msg.tool_calls:
+            if msg.role != "assistant":
+                raise invalid_arg(f"messages[{i}]: only an assistant message carries `tool_calls`")
+            entry["tool_calls"] = [_history_call(i, call) for call in msg.tool_calls]
+        if msg.role == "tool":
+            if not msg.tool_call_id:
+                raise invalid_arg(f"messages[{i}]: a message of role 'tool' needs `tool_call_id`")
+            entry["tool_call_id"] = msg.tool_call_id
         out.append(entry)
     return out
+
+
+def _history_call(i: int, call: MessageToolCall) -> dict[str, Any]:
+    if call.type != "function":
+        raise invalid_arg(f"messages[{i}]: only tool calls of type 'function' are supported, got '{call.type}'")
+    arguments: Any = call.function.arguments or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            # As vLLM: a malformed call lives on in the history, and refusing it would refuse every later
+            # turn of the conversation; the template sees an empty object instead.
+            arguments = {}
+        if not isinstance(arguments, dict):
+            arguments = {}
+    doc: dict[str, Any] = {"type": "function", "function": {"name": call.function.name, "arguments": arguments}}
+    if call.id is not None:
+        doc["id"] = call.id
+    return doc

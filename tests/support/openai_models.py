@@ -5,7 +5,8 @@ template, so chat requests are written as a real model's would be.
 
 Generation: choice i repeats the prompt's words, starting at word i, one per token,
 each preceded by a space (``<adapter>:`` before each word with a LoRA adapter), until
-``max_tokens`` ("length") or a word in ``stop`` ("stop", the word left out). A prompt
+``max_tokens`` ("length") or a word in ``stop`` ("stop", the word left out). Its tool-call parser is
+``hermes``: a prompt holding ``<tool_call>{...}</tool_call>`` is answered with that call. A prompt
 holding ``slow`` waits 50 ms per token and, cancelled, writes ``cancelled`` into its
 version directory (the disconnect test reads it).
 """
@@ -122,6 +123,7 @@ output [
   {{ name: "num_output_tokens" data_type: TYPE_UINT32 dims: [ -1 ] }}
 ]
 instance_group [ {{ count: 2 kind: KIND_CPU }} ]
+parameters {{ key: "TOOL_CALL_PARSER" value: {{ string_value: "hermes" }} }}
 '''
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"

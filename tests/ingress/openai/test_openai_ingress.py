@@ -10,6 +10,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -115,6 +116,47 @@ def test_chat_streams_role_first(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == " <|user|> hi"
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# The stand-in answers with the prompt's words: this one's are the user's turn, then a hermes tool call
+# spread over several "tokens" (one per word), then the assistant's tag, where the answer stops.
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": [1, 2]}}</tool_call>'
+
+
+def test_auto_tool_choice_reads_calls_with_the_models_parser(client: openai.OpenAI) -> None:
+    """The model's TOOL_CALL_PARSER (hermes) finds the call in its text, whole or streamed."""
+    messages: Any = [{"role": "user", "content": CALL}]
+    tools: Any = [TOOL]
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=20,
+                                         stop=["<|assistant|>"])
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == " <|user|> "
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo", "days": [1, 2]}
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=20,
+                                                 stop=["<|assistant|>"], stream=True))
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert len(deltas) > 2  # the call's arguments came in pieces
+    assert deltas[0].id is not None and deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None and d.function is not None and d.function.name is None
+               for d in deltas[1:])
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function is not None)
+    assert json.loads(arguments) == {"city": "Oslo", "days": [1, 2]}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == " <|user|> "
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_answers_in_text(client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": CALL}]
+    tools: Any = [TOOL]
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice="none",
+                                         max_tokens=2)
+    assert out.choices[0].message.tool_calls is None and out.choices[0].finish_reason == "length"
+    assert out.choices[0].message.content == ' <|user|> <tool_call>{"name":'
 
 
 def test_adapter_through_the_model_name(client: openai.OpenAI) -> None:

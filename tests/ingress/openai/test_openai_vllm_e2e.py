@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema  # in the test extra (openapi-spec-validator's), as is the openai client
 import openai
 import pytest
 
@@ -93,7 +94,10 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     root = tmp_path_factory.mktemp("openai_vllm")
     tiny = tiny_llama.build(root / "tiny")
     repo = root / "models"
-    tiny_llama.write_repository(repo, tiny)
+    # Guided JSON without free whitespace: xgrammar lets a JSON value pad with any whitespace, and the tiny
+    # model, random but for a few lines, pads forever; the forced tool calls then never end.
+    tiny_llama.write_repository(repo, tiny, structured_outputs_config={"backend": "xgrammar",
+                                                                       "disable_any_whitespace": True})
     port, http_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen([
         sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo),
@@ -232,6 +236,88 @@ def test_logprobs_describe_each_generated_token(group: Group, client: openai.Ope
     assert done.top_logprobs is not None and all(len(top) == 1 for top in done.top_logprobs)
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
+
+
+WEATHER: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["oslo", "rome"]},
+                                                    "metric": {"type": "boolean"}},
+                   "required": ["city", "metric"], "additionalProperties": False}}}
+CLOCK: Any = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+FORCED: Any = {"type": "function", "function": {"name": "get_weather"}}
+TOOL_TOKENS = 48  # room for the forced JSON: a dozen tokens or so
+
+
+def _valid_arguments(text: str) -> dict[str, Any]:
+    arguments = json.loads(text)
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+    return dict(arguments)
+
+
+def test_a_named_tool_choice_is_a_call_with_valid_arguments(client: openai.OpenAI) -> None:
+    """Guided decoding on the function's parameter schema: a random-weights model calls it properly."""
+    messages: Any = CHAT
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, CLOCK], tool_choice=FORCED,
+                                         max_tokens=TOOL_TOKENS, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    whole = _valid_arguments(call.function.arguments)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, CLOCK],
+                                                 tool_choice=FORCED, max_tokens=TOOL_TOKENS, temperature=0,
+                                                 stream=True))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    first = deltas[0]
+    assert first.index == 0 and first.id is not None and first.id.startswith("call_") and first.type == "function"
+    assert first.function is not None and first.function.name == "get_weather"
+    assert all(d.index == 0 and d.function is not None and d.function.name is None for d in deltas[1:])
+    streamed = "".join(d.function.arguments or "" for d in deltas if d.function is not None)
+    assert _valid_arguments(streamed) == whole  # greedy: the same call
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_required_tool_choice_calls_a_tool(client: openai.OpenAI) -> None:
+    messages: Any = CHAT
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="required",
+                                         parallel_tool_calls=False, max_tokens=TOOL_TOKENS + 16, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    _valid_arguments(call.function.arguments)
+
+
+def test_tool_choice_none_and_the_history_of_a_call(group: Group, client: openai.OpenAI) -> None:
+    """With ``none`` the answer is text (the tiny model's template writes no tools: its greedy answer); a
+    history holding an assistant's call and the tool's result is accepted."""
+    text = group.ref.chat[None][0]
+    messages: Any = CHAT
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none",
+                                         max_tokens=MAX_TOKENS, temperature=0)
+    assert out.choices[0].message.content == text and out.choices[0].message.tool_calls is None
+    history: Any = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": '{"city": "oslo", "metric": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]
+    after = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice=FORCED,
+                                           max_tokens=TOOL_TOKENS, temperature=0)
+    calls = after.choices[0].message.tool_calls
+    assert calls is not None and calls[0].type == "function" and calls[0].function.name == "get_weather"
+    _valid_arguments(calls[0].function.arguments)
+
+
+def test_bad_tool_requests_are_400s(client: openai.OpenAI) -> None:
+    messages: Any = CHAT
+    with pytest.raises(openai.BadRequestError, match="'launch', which is not in `tools`"):
+        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
+                                       tool_choice={"type": "function", "function": {"name": "launch"}})
+    with pytest.raises(openai.BadRequestError, match="TOOL_CALL_PARSER"):  # auto, and the model has no parser
+        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
 
 
 def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:

@@ -1,0 +1,244 @@
+"""Tool calling's pure parts (ingress/openai/tools.py), without a group: the request's tools checked and
+turned into guided decoding, and the model's text read as tool calls. Streamed, the text is split at
+every boundary: whatever the token boundaries, the deltas joined are the non-streamed answer's calls,
+the name arrives whole in each call's first delta, and the arguments parse as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from conveyor.ingress.openai.chat_template import ChatTemplate
+from conveyor.ingress.openai.schema import ChatRequest, chat_messages, decode
+from conveyor.ingress.openai.tools import (
+    PARSER_PARAMETER,
+    CallArray,
+    CallReader,
+    HermesCalls,
+    Llama3JsonCalls,
+    Mode,
+    NamedCall,
+    ToolPlan,
+    plan,
+    read_whole,
+)
+from conveyor.proto.errors import ConveyorError, Status
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}  # no parameters
+
+
+def _request(**fields: Any) -> ChatRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return decode(msgspec.json.encode(body), ChatRequest)
+
+
+def _refused(match: str, **fields: Any) -> None:
+    with pytest.raises(ConveyorError, match=match) as err:
+        plan(_request(**fields), "")
+    assert err.value.status is Status.INVALID_ARG
+
+
+# ---------------------------------------------------------------------------------------------- the request
+
+
+def test_a_named_function_is_forced_by_its_parameter_schema() -> None:
+    p = plan(_request(tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+             "")
+    assert p is not None and p.mode == "named" and p.named == "get_weather"
+    assert p.constraint == WEATHER["function"]["parameters"]  # type: ignore[index]
+    assert p.template_tools == [WEATHER, CLOCK]
+    clock = plan(_request(tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_time"}}),
+                 "")
+    assert clock is not None and clock.constraint == {"type": "object", "properties": {}}  # as vLLM
+    params: dict[str, Any] = {"n": 1}
+    p.apply(params)
+    assert params["structured_outputs"] == {"json": p.constraint}
+
+
+def test_required_is_an_array_of_calls_one_branch_per_tool() -> None:
+    p = plan(_request(tools=[WEATHER, CLOCK], tool_choice="required"), "")
+    assert p is not None and p.mode == "required" and p.constraint is not None
+    assert p.constraint["type"] == "array" and p.constraint["minItems"] == 1 and "maxItems" not in p.constraint
+    branches = p.constraint["items"]["anyOf"]
+    assert [b["properties"]["name"]["enum"] for b in branches] == [["get_weather"], ["get_time"]]
+    assert branches[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]  # type: ignore[index]
+    single = plan(_request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False), "")
+    assert single is not None and single.constraint is not None and single.constraint["maxItems"] == 1
+
+
+def test_defs_are_lifted_to_the_array_schema() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "string"}}}}}
+    p = plan(_request(tools=[tool], tool_choice="required"), "")
+    assert p is not None and p.constraint is not None and p.constraint["$defs"] == {"P": {"type": "string"}}
+    assert "$defs" not in p.constraint["items"]["anyOf"][0]["properties"]["parameters"]
+    assert "$defs" in p.template_tools[0]["function"]["parameters"]  # the template sees the tool as sent
+
+
+def test_none_keeps_the_tools_for_the_template_only() -> None:
+    p = plan(_request(tools=[WEATHER], tool_choice="none"), "")
+    assert p is not None and p.constraint is None and p.reader() is None and p.template_tools == [WEATHER]
+    assert plan(_request(), "") is None and plan(_request(tool_choice="none"), "") is None
+
+
+def test_auto_needs_the_models_parser() -> None:
+    for fields in ({"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "auto"}):
+        _refused(PARSER_PARAMETER, **fields)
+    p = plan(_request(tools=[WEATHER]), "hermes")
+    assert p is not None and p.mode == "auto" and isinstance(p.reader(), HermesCalls)
+    params: dict[str, Any] = {}
+    p.apply(params)
+    assert params == {"skip_special_tokens": False}  # <tool_call> is a special token in Hermes models
+    with pytest.raises(ConveyorError, match="'nope' is not a tool-call parser") as err:
+        plan(_request(tools=[WEATHER]), "nope")
+    assert err.value.status is Status.INTERNAL  # the model's configuration, not the client's request
+
+
+def test_bad_tools_and_choices_are_400s() -> None:
+    named = {"type": "function", "function": {"name": "launch"}}
+    _refused("'launch', which is not in `tools`", tools=[WEATHER], tool_choice=named)
+    _refused("needs `tools`", tool_choice="required")
+    _refused("'sometimes' is not one of", tools=[WEATHER], tool_choice="sometimes")
+    _refused("only tools of type 'function'", tools=[{"type": "retrieval", "function": {"name": "f"}}])
+    _refused("1 to 64 letters", tools=[{"type": "function", "function": {"name": "get weather"}}],
+             tool_choice="required")
+    _refused("a JSON schema of an object",
+             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])
+    _refused("twice", tools=[WEATHER, WEATHER], tool_choice="required")
+    with pytest.raises(ConveyorError, match="tools"):  # no function at all: the body's decoding refuses it
+        _request(tools=[{"type": "function"}])
+    forced = plan(_request(tools=[WEATHER], tool_choice="required"), "")
+    assert forced is not None
+    with pytest.raises(ConveyorError, match="cannot be combined with `response_format`"):
+        forced.apply({"structured_outputs": {"json_object": True}})
+
+
+def test_the_history_carries_calls_and_their_results() -> None:
+    req = _request(messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+    ])
+    messages = chat_messages(req)
+    assert messages[1]["tool_calls"] == [  # arguments as objects, as tool-use templates read them
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": {}}}]
+    assert messages[2] == {"role": "tool", "content": "rain", "tool_call_id": "call_1"}
+    with pytest.raises(ConveyorError, match="needs `tool_call_id`"):
+        chat_messages(_request(messages=[{"role": "tool", "content": "rain"}]))
+    template = ChatTemplate(
+        "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}"
+        "{% for c in m.tool_calls or [] %}<{{ c.function.name }} {{ c.function.arguments | tojson }}>{% endfor %}"
+        "{% if m.role == 'tool' %}({{ m.tool_call_id }}: {{ m.content }}){% endif %}{% endfor %}", {})
+    assert template.prompt(messages, tools=[WEATHER]) == (
+        '[get_weather]<get_weather {"city": "Oslo"}><get_time {}>(call_1: rain)')
+    assert template.prompt(messages) == '<get_weather {"city": "Oslo"}><get_time {}>(call_1: rain)'
+
+
+# ---------------------------------------------------------------------------------------------- the answer
+
+
+def _splits(text: str) -> Iterator[list[str]]:
+    """The text in two pieces at every boundary, in two pieces around every span of up to 6 characters,
+    and one character at a time."""
+    for i in range(len(text) + 1):
+        yield [text[:i], text[i:]]
+    for i in range(len(text)):
+        for j in range(i + 1, min(i + 7, len(text) + 1)):
+            yield [text[:i], text[i:j], text[j:]]
+    yield list(text)
+
+
+def _streamed(reader: CallReader, pieces: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    """The content and calls a client assembles from the deltas (OpenAI's streaming rules)."""
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for piece in [reader.feed(p) for p in pieces] + [reader.end()]:
+        content.append(piece.content)
+        assert len({d.index for d in piece.calls}) == len(piece.calls)  # one delta per call per chunk
+        for delta in piece.calls:
+            wire = delta.wire()
+            if delta.index == len(calls):  # a call's first delta: index, id, type and the whole name
+                assert wire["id"].startswith("call_") and wire["type"] == "function" and wire["function"]["name"]
+                calls.append({"id": wire["id"], "name": wire["function"]["name"],
+                              "arguments": wire["function"]["arguments"]})
+            else:
+                assert delta.index < len(calls) and "name" not in wire["function"] and "id" not in wire
+                calls[delta.index]["arguments"] += wire["function"]["arguments"]
+    return "".join(content), calls
+
+
+CASES: list[tuple[Callable[[], CallReader], Mode, str, str | None, list[tuple[str, Any]]]] = [
+    # reader, mode, text, content, calls (name, arguments)
+    (lambda: NamedCall("get_weather"), "named", '{"city": "Oslo", "days": 3}', None,
+     [("get_weather", {"city": "Oslo", "days": 3})]),
+    (CallArray, "required",
+     '[{"name": "get_weather", "parameters": {"city": "a\\"}]b", "days": 12}}, '
+     '{"parameters": {}, "name": "get_time"}]', None,
+     [("get_weather", {"city": 'a"}]b', "days": 12}), ("get_time", {})]),
+    (HermesCalls, "auto",
+     'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "<tool_call>", "days": [1, {"x": null}]}}'
+     '\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "Let me look. ",
+     [("get_weather", {"city": "<tool_call>", "days": [1, {"x": None}]}), ("get_time", {})]),
+    (Llama3JsonCalls, "auto",
+     '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo;{"}}; {"name": "get_time", "parameters": 7}',
+     None, [("get_weather", {"city": "Oslo;{"}), ("get_time", 7)]),
+    (Llama3JsonCalls, "auto", '{"name": "get_time", "arguments": {"tz": "UTC"}}', None, [("get_time", {"tz": "UTC"})]),
+    (Llama3JsonCalls, "auto", "<|python no, just text {}", "<|python no, just text {}", []),
+    (HermesCalls, "auto", "plain text that ends in <tool", "plain text that ends in <tool", []),
+]
+
+
+@pytest.mark.parametrize(("make", "mode", "text", "content", "calls"), CASES)
+def test_deltas_joined_are_the_whole_answer_at_every_split(
+    make: Callable[[], CallReader], mode: Mode, text: str, content: str | None, calls: list[tuple[str, Any]],
+) -> None:
+    whole = read_whole(make(), text, mode)
+    assert whole.content == content
+    assert [(c.name, json.loads(c.arguments)) for c in whole.calls] == calls
+    for pieces in _splits(text):
+        streamed_content, streamed = _streamed(make(), pieces)
+        assert streamed_content == (content or "") if calls else streamed_content == text, pieces
+        assert [(c["name"], c["arguments"]) for c in streamed] == [(c.name, c.arguments) for c in whole.calls], pieces
+
+
+def test_a_named_call_shows_at_once_even_without_text() -> None:
+    reader = NamedCall("get_time")
+    first = reader.feed("")
+    assert [d.wire()["function"] for d in first.calls] == [{"name": "get_time", "arguments": ""}]
+    assert reader.feed("").calls == [] and reader.end().calls == []
+    assert [c.name for c in read_whole(NamedCall("get_time"), "", "named").calls] == ["get_time"]
+
+
+def test_auto_keeps_text_that_is_no_valid_call_as_content() -> None:
+    # As vLLM's parsers: JSON that does not parse, or a call without its arguments, leaves the text as it is.
+    for reader, text in [(HermesCalls(), 'a <tool_call>{"name": "f", "arguments": {"x": }}</tool_call>'),
+                         (HermesCalls(), 'a <tool_call>{"name": "f"}</tool_call>'),
+                         (HermesCalls(), 'a <tool_call>{"name": "f", "arguments": {"x": 1'),
+                         (Llama3JsonCalls(), '{"name": "f", "parameters": {"x": 1}'),
+                         (Llama3JsonCalls(), '{"nam": "f", "parameters": {}}')]:
+        answer = read_whole(reader, text, "auto")
+        assert (answer.content, answer.calls) == (text, []), text
+
+
+def test_the_finish_reason_says_tool_calls_unless_cut_short() -> None:
+    from conveyor.ingress.openai.tools import finish_reason
+
+    assert finish_reason(True, "stop") == "tool_calls"
+    assert finish_reason(True, "length") == "length"  # the arguments may be cut short
+    assert finish_reason(False, "stop") == "stop" and finish_reason(True, None) is None
+
+
+def test_plan_readers_are_fresh_per_choice() -> None:
+    p = ToolPlan("required", [], {"type": "array"})
+    assert p.reader() is not p.reader()
