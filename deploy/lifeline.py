@@ -77,9 +77,11 @@ def _members(group: str) -> dict[int, int]:
     return found
 
 
-def kill_orphans(group: str) -> list[int]:
+def kill_orphans(group: str, stopping: bool = False) -> list[int]:
     """SIGKILL each process of ``group`` whose parent is neither of the group nor this process: what
-    a dead actor started and left running. Returns their pids."""
+    a dead actor started and left running. ``stopping``: the group has stopped, and what its actors
+    started may simply not have finished exiting (vLLM's engine core takes seconds): logged, not warned.
+    Returns their pids."""
     if not sys.platform.startswith("linux"):
         return []
     members = _members(group)
@@ -94,8 +96,12 @@ def kill_orphans(group: str) -> list[int]:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-        log.warning("killed pid %d of group '%s', left running by an actor that died: %s", pid, group,
-                    command[:200])
+        if stopping:
+            log.info("killed pid %d of group '%s', still running after its actor stopped: %s", pid, group,
+                     command[:200])
+        else:
+            log.warning("killed pid %d of group '%s', left running by an actor that died: %s", pid, group,
+                        command[:200])
     unlink_shm(segments)  # the names: the memory goes with the last process that maps it
     return orphans
 

@@ -374,7 +374,7 @@ class Supervisor:
                       "(at the deadline, %s)", "; ".join(past))
             self._exit_code = self._exit_code or 1
         sweep_orphans(self.group)
-        kill_orphans(self.group)
+        kill_orphans(self.group, stopping=True)
         left = group_segments(self.group)
         if left:
             log.error("shared-memory segments still present after shutdown: %s", left)
