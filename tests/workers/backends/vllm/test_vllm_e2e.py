@@ -2,7 +2,7 @@
 vllm_backend repository served as is; greedy outputs token for token those of vLLM's own
 ``LLM.generate`` through the gRPC stream and HTTP generate/generate_stream; plain infer; LoRA
 adapters; a cancelled request (gRPC cancel, an HTTP generate_stream client gone) aborted in the
-engine; the engine's ``vllm:`` metrics on /metrics."""
+engine; the engine's ``vllm:`` metrics on /metrics; a dead engine unloaded, its shared memory unlinked."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
-from conveyor.deploy.runtime.procs import children
+from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
 from tests.support.group import Server, pids_of, wait_ready
+from tests.support.waiting import eventually
 
 tiny_llama.require_vllm()
 
@@ -393,6 +394,8 @@ def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server
     (worker,) = pids_of(srv, "worker")
     cores = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
     assert cores, children(worker)
+    segments = mapped_shm(cores, "psm_")  # vLLM's shared-memory queues, which it leaves behind
+    assert segments
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
     client = grpcclient.InferenceServerClient(srv.grpc_url)
@@ -405,6 +408,9 @@ def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server
         time.sleep(0.2)
     index = {m.name: m.state for m in client.get_model_repository_index().models}
     assert index[MODEL] == "UNAVAILABLE"
+    # Unlinked as the engine closes, which the worker does after it has told the router the model is gone.
+    eventually(lambda: not [name for name in segments if os.path.exists(f"/dev/shm/{name}")], 30,
+               what="the dead engine's shared memory unlinked")
     with pytest.raises(InferenceServerException) as unknown:
         client.infer(MODEL, grpc_inputs("hello world", sampling(""), False))
     assert "has no available versions" in unknown.value.message()
