@@ -95,6 +95,23 @@ def overload_problem(config: mc.ModelConfig) -> str:
     return ""
 
 
+def limits_only_change(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
+    """``new`` is ``old`` but for these limits (and differs in them): a reload may then apply them in
+    place (``router/lifecycle/loads.py``) instead of loading new instances, which for a vLLM engine
+    means minutes and a second engine's memory beside the first's."""
+    if old == new:
+        return False
+    stripped = []
+    for config in (old, new):
+        copy = mc.ModelConfig()
+        copy.CopyFrom(config)
+        for key in (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER):
+            if key in copy.parameters:
+                del copy.parameters[key]
+        stripped.append(copy)
+    return stripped[0] == stripped[1]
+
+
 class Waiting:
     """The requests waiting for one model version, its engines' KV-cache use, and its refusals."""
 

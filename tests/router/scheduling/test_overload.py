@@ -22,6 +22,7 @@ from conveyor.router.scheduling.overload import (
     MAX_WAITING_PARAMETER,
     OverloadLimits,
     Reason,
+    limits_only_change,
     overload_problem,
 )
 from tests.support.router_core import RouterCore, write_model
@@ -73,6 +74,24 @@ def test_the_limits_are_read_from_the_config_and_bad_values_refuse_the_load() ->
     for bad in ("0", "1.01", "-0.5", "nan", "most"):
         config.parameters[MAX_KV_PARAMETER].string_value = bad
         assert MAX_KV_PARAMETER in overload_problem(config)
+
+
+def test_a_config_that_changes_only_the_limits_is_told_apart() -> None:
+    old = mc.ModelConfig(name="m", backend="python")
+    old.parameters[MAX_WAITING_PARAMETER].string_value = "16"
+    new = mc.ModelConfig()
+    new.CopyFrom(old)
+    assert not limits_only_change(old, new)  # the same: nothing to apply
+    new.parameters[MAX_WAITING_PARAMETER].string_value = "4"
+    new.parameters[MAX_KV_PARAMETER].string_value = "0.9"
+    assert limits_only_change(old, new)
+    del new.parameters[MAX_WAITING_PARAMETER]
+    assert limits_only_change(old, new)  # unset: no limit
+    new.parameters["other"].string_value = "x"
+    assert not limits_only_change(old, new)
+    new.max_batch_size = 8
+    del new.parameters["other"]
+    assert not limits_only_change(old, new)
 
 
 def test_past_the_limit_a_request_is_refused_at_once_and_counted(core: RouterCore) -> None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.group import Server, start_server
+from tests.support.group import Server, router_control, start_server
 from tests.support.metrics import metrics_text
 from tests.support.python_models import write_model
 from tests.support.waiting import eventually
@@ -62,7 +63,7 @@ class TritonPythonModel:
 '''
 
 
-def sleepy_config(limit: int) -> dict[str, object]:
+def sleepy_config(limit: int) -> dict[str, Any]:
     return {
         "name": "sleepy", "backend": "python", "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
@@ -222,26 +223,41 @@ def test_grpc_is_refused_unavailable(server: Server) -> None:
         client.close()
 
 
-def test_a_reload_with_a_new_limit_applies_it_and_fails_nothing_in_flight(server: Server) -> None:
+def _instances(server: Server) -> list[int]:
+    return [i["index"] for i in router_control(server.group, "instances") if i["model"] == "sleepy"]
+
+
+def test_new_limits_through_load_with_config_apply_and_fail_nothing_in_flight(server: Server) -> None:
+    """A config that changes only the limits applies in place (the same instance serves on); one
+    that changes more is a reload (a new instance, the old one finishing its queue). Either way
+    the new limit counts the requests already waiting, and none of them fails."""
     idle(server)
     http = httpclient.InferenceServerClient(server.http_url)
+    serving = _instances(server)
     try:
         with ThreadPoolExecutor(14) as pool:
-            # No deadline: these all run, 7 s of work, most of it still waiting when the reload is done.
+            # No deadline: these all run, 7 s of work, most of it still waiting after both loads.
             in_flight = [pool.submit(post, server) for _ in range(14)]
             eventually(lambda: waiting(server) >= 14, 10, what="14 requests never waited", interval=0.02)
-            http.load_model("sleepy", config=json.dumps(sleepy_config(4)))  # answered once the new entry serves
-            refused = post(server)
+            http.load_model("sleepy", config=json.dumps(sleepy_config(4)))
+            in_place = post(server)
+            assert _instances(server) == serving  # nothing reloaded
+            reload = sleepy_config(6)
+            reload["parameters"]["note"] = {"string_value": "reloaded"}
+            http.load_model("sleepy", config=json.dumps(reload))  # answered once the new instance serves
+            reloaded = post(server)
+            assert _instances(server) != serving
             finished = [f.result(30) for f in in_flight]
-        assert [o.status for o in finished] == [200] * 14  # the old entry finished its queue
-        # The requests the old entry still held counted against the new limit.
-        assert refused.status == 503 and "MAX_WAITING_REQUESTS 4" in refused.body, refused.body
+        assert [o.status for o in finished] == [200] * 14
+        # The requests already waiting counted against each new limit.
+        assert in_place.status == 503 and "MAX_WAITING_REQUESTS 4" in in_place.body, in_place.body
+        assert reloaded.status == 503 and "MAX_WAITING_REQUESTS 6" in reloaded.body, reloaded.body
         idle(server)
-        start = threading.Barrier(6)
-        with ThreadPoolExecutor(6) as pool:
-            burst = [f.result(30) for f in [pool.submit(post, server, None, start) for _ in range(6)]]
+        start = threading.Barrier(8)
+        with ThreadPoolExecutor(8) as pool:
+            burst = [f.result(30) for f in [pool.submit(post, server, None, start) for _ in range(8)]]
         statuses = sorted(o.status for o in burst)
-        assert 503 in statuses and statuses.count(200) >= 4, statuses
+        assert 503 in statuses and statuses.count(200) >= 6, statuses
     finally:
         http.load_model("sleepy", config=json.dumps(sleepy_config(LIMIT)))
         http.close()
