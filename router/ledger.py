@@ -72,6 +72,7 @@ class Ledger:
             key = (p.ingress, p.request.id)
             queued.pop(key, None)
             started[key] = (batch, i)
+        run.instance.version.waiting.running += len(run.items)
         self._batches[batch] = run
 
     def returned(self, batch: int, run: Running) -> None:
@@ -80,15 +81,18 @@ class Ledger:
         those stay until their final response."""
         run.executing = False
         started = self._started
+        waiting = run.instance.version.waiting
         if run.open is None:
             del self._batches[batch]
             for p in run.items:
                 started.pop((p.ingress, p.request.id), None)
                 release(p)
+            waiting.running -= len(run.items)
             return
         for p, is_open in zip(run.items, run.open, strict=True):
             if not is_open:  # answered already (or by the BatchResult itself, beside ones answered later)
-                started.pop((p.ingress, p.request.id), None)
+                if started.pop((p.ingress, p.request.id), None) is not None:  # not closed before
+                    waiting.running -= 1
                 release(p)
         if not any(run.open):
             self._batches.pop(batch, None)
@@ -103,7 +107,8 @@ class Ledger:
         assert run.open is not None
         run.open[index] = False
         p = run.items[index]
-        self._started.pop((p.ingress, p.request.id), None)
+        if self._started.pop((p.ingress, p.request.id), None) is not None:
+            run.instance.version.waiting.running -= 1
         release(p)  # most were released at their first response (``responded``)
         if not run.executing and not any(run.open):
             self._batches.pop(batch, None)

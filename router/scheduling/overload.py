@@ -115,10 +115,15 @@ def limits_only_change(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
 class Waiting:
     """The requests waiting for one model version, its engines' KV-cache use, and its refusals."""
 
-    __slots__ = ("_kv_by_worker", "count", "kv_usage", "refusals")
+    __slots__ = ("_kv_by_worker", "count", "kv_usage", "refusals", "running")
 
     def __init__(self) -> None:
         self.count = 0
+        # Requests on its workers and not finally answered (the Ledger's ``started`` to ``returned`` or
+        # ``closed``). The KV-cache report counts only while there is one: an engine reports with its
+        # steps, and one that went idle (the last request aborted, its blocks freed) reports no more,
+        # so its last figure would otherwise refuse every request for ever.
+        self.running = 0
         # The lowest use its engines last reported (a request may still go to the least full one);
         # 0 while none reports (no vLLM engine, or its statistics off): the KV limit then never refuses.
         self.kv_usage = 0.0
@@ -134,7 +139,7 @@ class Waiting:
                 f"{request_prefix(req.request_id)}Exceeds maximum waiting requests: {self.count} requests already "
                 f"wait for model '{name_of(model)}' (parameter {MAX_WAITING_PARAMETER} {limits.max_waiting})"
             )
-        if limits.max_kv_usage and self.kv_usage >= limits.max_kv_usage:
+        if limits.max_kv_usage and self.running and self.kv_usage >= limits.max_kv_usage:
             self.refusals[Reason.KV_CACHE.value] += 1
             return unavailable(
                 f"{request_prefix(req.request_id)}Exceeds maximum KV-cache usage: {self.kv_usage:.0%} of the "

@@ -138,7 +138,7 @@ def test_an_error_a_cancel_and_a_lost_worker_each_free_their_place(core: RouterC
     assert state.waiting.count == 1  # ``behind`` is still on the worker
     core.router.membership.drop(W1, "it exited")
     core.turn()
-    assert state.waiting.count == 0 and not core.ledger.busy
+    assert state.waiting.count == state.waiting.running == 0 and not core.ledger.busy
     assert {r.id for r in core.responses()} == set(ids)
     del behind
 
@@ -179,7 +179,7 @@ def test_a_decoupled_request_stops_waiting_at_its_first_response(core: RouterCor
     core.answer(W1, after)
     core.from_worker(W1, m.ItemResponse(batch.batch, 0, final=True))
     core.from_worker(W1, m.ItemResponsesSent(after.batch, 0, [], final=True))
-    assert waiting.count == 0 and not core.ledger.busy
+    assert waiting.count == waiting.running == 0 and not core.ledger.busy
     assert [r.error for r in core.responses()] == [None, None]
 
 
@@ -188,9 +188,19 @@ def test_a_request_ended_before_its_first_response_stops_waiting_once(core: Rout
     core.infer("stream")
     [batch] = core.batches(W1)
     core.from_worker(W1, m.BatchResult(batch.batch, [], 1, 1, 1, error=m.ErrorInfo(int(Status.INTERNAL), "died")))
-    assert waiting.count == 0 and not core.ledger.busy
+    assert waiting.count == waiting.running == 0 and not core.ledger.busy
     [resp] = core.responses()
     assert resp.final and resp.error is not None
+
+
+def test_a_final_response_before_execute_returns_counts_once(core: RouterCore) -> None:
+    waiting = _state(core, "stream").waiting
+    core.infer("stream")
+    [batch] = core.batches(W1)
+    assert waiting.running == 1
+    core.from_worker(W1, m.ItemResponse(batch.batch, 0, final=True))
+    core.answer(W1, batch)
+    assert waiting.count == waiting.running == 0 and not core.ledger.busy
 
 
 def _kv(value: float, removed: bool = False) -> m.CustomMetrics:
@@ -201,6 +211,7 @@ def _kv(value: float, removed: bool = False) -> m.CustomMetrics:
 def test_past_the_reported_kv_cache_use_a_request_is_refused(core: RouterCore) -> None:
     state = _state(core, "engine")
     core.infer("engine")
+    [running] = core.batches(W1)
     assert [r.error for r in core.responses()] == []  # nothing reported: no refusal
     core.from_worker(W1, _kv(0.5))
     rid = core.infer("engine")
@@ -212,10 +223,17 @@ def test_past_the_reported_kv_cache_use_a_request_is_refused(core: RouterCore) -
     core.from_worker(W1, _kv(0.2))
     core.infer("engine")
     assert [r.error for r in core.responses()] == []
+    for batch in [running, *core.batches(W1)]:
+        core.answer(W1, batch)
+    core.responses()
+    # Nothing runs: an engine's last report (an idle engine reports no more) refuses nothing.
     core.from_worker(W1, _kv(0.9))
+    assert state.waiting.running == 0
+    core.infer("engine")
+    assert [r.error for r in core.responses()] == []
     core.router.membership.drop(W1, "it exited")  # its engine's report goes with it
     core.turn()
-    assert state.waiting.kv_usage == 0.0
+    assert state.waiting.kv_usage == 0.0 and state.waiting.running == 0
 
 
 def test_a_reload_keeps_the_count_and_applies_its_new_limit(core: RouterCore) -> None:
@@ -240,7 +258,7 @@ def test_a_reload_keeps_the_count_and_applies_its_new_limit(core: RouterCore) ->
     while batches := core.batches(W1):  # the old entry finishes its queue; every answer frees a place
         for batch in batches:
             core.answer(W1, batch)
-    assert old.waiting.count == 0 and not core.ledger.busy
+    assert old.waiting.count == old.waiting.running == 0 and not core.ledger.busy
 
 
 def test_metrics_show_the_waiting_count_and_the_refusals_by_reason(core: RouterCore) -> None:
