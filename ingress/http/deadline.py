@@ -21,6 +21,7 @@ TIMEOUT_HEADER = "conveyor-timeout-ms"
 TIMEOUT_HEADER_BYTES = TIMEOUT_HEADER.encode()  # as uvicorn hands the fast path its (lower-cased) names
 # The longest deadline taken (a day): a bigger number is more likely a unit mistake than a wish.
 MAX_TIMEOUT_MS = 86_400_000
+_DIGITS = len(str(MAX_TIMEOUT_MS))  # longer is refused before int() (which refuses 4300 digits itself, as a 500)
 # The ingress's own cut comes this much after the deadline, so that a request still queued is answered
 # by the router (which counts it as Triton counts an expired request) rather than cancelled here.
 ROUTER_FIRST_S = 0.05
@@ -34,7 +35,7 @@ def parse_timeout(value: str | None) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit() or not 0 < int(text) <= MAX_TIMEOUT_MS:
+    if not (text.isascii() and text.isdigit() and len(text) <= _DIGITS) or not 0 < int(text) <= MAX_TIMEOUT_MS:
         raise invalid_arg(f"header '{TIMEOUT_HEADER}' must be a whole number of milliseconds from 1 to "
                           f"{MAX_TIMEOUT_MS}, not '{value}'")
     return int(text) / 1000

@@ -80,7 +80,7 @@ class OverloadLimits:
 def overload_problem(config: mc.ModelConfig) -> str:
     """Why the config's limits cannot be used (the model does not load), or ''."""
     waiting = parameter_text(config, MAX_WAITING_PARAMETER)
-    if waiting and (not waiting.isdigit() or int(waiting) <= 0):
+    if waiting and (not (waiting.isascii() and waiting.isdigit()) or int(waiting) <= 0):
         return (f"parameter '{MAX_WAITING_PARAMETER}' must be a positive number of requests, got '{waiting}' "
                 "(leave it unset for no limit)")
     kv = parameter_text(config, MAX_KV_PARAMETER)
