@@ -22,6 +22,7 @@ from conveyor.router.models import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.config_unused import log_unused_fields
+from conveyor.router.repository.default_groups import filled_config
 from conveyor.router.repository.namespaces import name_of, step_key
 from conveyor.router.repository.prepare import (
     Prepared,
@@ -180,8 +181,12 @@ class ModelLoads:
         if (
             current is None or key in self.registry.staging or spec.error or problem_of(current)
             or current.spec.path != spec.path or current.spec.versions != spec.versions
-            or not limits_only_change(current.spec.config, spec.config)
         ):
+            return False
+        # Compared as the config endpoint shows them (instance groups named, the default group written
+        # out): a client changes a limit by loading what it read there with the limit changed.
+        latest = current.versions[max(current.versions)]
+        if not limits_only_change(filled_config(current.spec.config, latest), filled_config(spec.config, latest)):
             return False
         current.spec = spec
         limits = OverloadLimits.from_config(spec.config)

@@ -11,12 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
 
 from conveyor.ingress.prometheus import render
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import Status
-from conveyor.router.models import VersionState
+from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
+from conveyor.router.models import InstanceState, ModelRegistry, VersionState
+from conveyor.router.repository.default_groups import filled_config
 from conveyor.router.scheduling.overload import (
     MAX_KV_PARAMETER,
     MAX_WAITING_PARAMETER,
@@ -269,3 +272,41 @@ def test_metrics_show_the_waiting_count_and_the_refusals_by_reason(core: RouterC
     assert 'conveyor_overload_refusals_total{model="limited",reason="max_waiting_requests",version="1"} 2' in text
     assert 'conveyor_overload_refusals_total{model="limited",reason="max_kv_cache_usage",version="1"} 0' in text
     assert 'conveyor_overload_refusals_total{model="free",reason="max_waiting_requests",version="1"} 0' in text
+
+
+def _serving_lifecycle(repo: Path) -> ModelLifecycle:
+    lifecycle = ModelLifecycle(ModelRegistry(), [str(repo)], ControlMode.EXPLICIT, ["limited"], strict_config=True)
+    lifecycle.startup()
+    for inst in lifecycle.registry.models["limited"].versions[1].instances:  # what its worker's ModelLoaded does
+        inst.state, inst.worker = InstanceState.READY, W1
+    return lifecycle
+
+
+def _load(lifecycle: ModelLifecycle, config: mc.ModelConfig) -> list[Answer]:
+    """The repository's load with ``config``, applied; the calls answered (a reload: once it serves)."""
+    lifecycle.load("limited", "caller", json_format.MessageToJson(config))
+    lifecycle.agent.wait(30)
+    return lifecycle.settle(set()).answers
+
+
+def test_the_config_a_client_read_with_a_new_limit_applies_in_place(tmp_path: Path) -> None:
+    write_model(tmp_path, "limited", extra=_parameters(MAX_WAITING_REQUESTS=str(LIMIT)))
+    lifecycle = _serving_lifecycle(tmp_path)
+    try:
+        registry = lifecycle.registry
+        entry = registry.models["limited"]
+        state = entry.versions[1]
+        # As GET /v2/models/limited/config shows it: its instance group named (the file names none).
+        shown = filled_config(entry.spec.config, state)
+        assert shown != entry.spec.config
+        shown.parameters[MAX_WAITING_PARAMETER].string_value = "5"
+        assert [a.error for a in _load(lifecycle, shown)] == [None]  # answered at once
+        assert registry.models["limited"] is entry and not registry.staging and not registry.retiring
+        assert state.limits == OverloadLimits(5) and state.instances[0].state is InstanceState.READY
+        # Anything else changed too: a reload, staged beside the serving entry.
+        shown.parameters["note"].string_value = "more than a limit"
+        assert _load(lifecycle, shown) == []  # answered once its instances serve
+        assert registry.staging["limited"] is not entry
+        assert registry.staging["limited"].versions[1].waiting is state.waiting
+    finally:
+        lifecycle.agent.close()
