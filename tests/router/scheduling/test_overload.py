@@ -117,6 +117,36 @@ def test_past_the_limit_a_request_is_refused_at_once_and_counted(core: RouterCor
     assert [r.error for r in core.responses()] == []
 
 
+def test_a_refusal_costs_the_same_behind_2000_waiting_requests_as_behind_3(tmp_path: Path) -> None:
+    """O(1): the check reads counters; nothing walks the queue (best of 5 rounds, against a
+    model whose queue is short, in the same process: the machine's noise cancels out)."""
+    batching = "dynamic_batching { max_queue_delay_microseconds: 10000000 }\n"
+    write_model(tmp_path, "deep", extra=batching + _parameters(MAX_WAITING_REQUESTS="2000"))
+    write_model(tmp_path, "shallow", extra=batching + _parameters(MAX_WAITING_REQUESTS="3"))
+    c = RouterCore(tmp_path)
+    try:
+        c.serve(W1)
+        for model, count in (("deep", 2000), ("shallow", 3)):
+            for _ in range(count):
+                c.infer(model)
+        assert c.responses() == [] and len(c.ledger) == 2003
+
+        def refusals(model: str) -> float:
+            best = float("inf")
+            for _ in range(5):
+                began = time.perf_counter()
+                for _ in range(100):
+                    c.infer(model)
+                best = min(best, time.perf_counter() - began)
+                assert len(c.responses()) == 100
+            return best
+
+        shallow, deep = refusals("shallow"), refusals("deep")
+        assert deep < 3 * shallow, (deep, shallow)
+    finally:
+        c.close()
+
+
 def test_an_answer_frees_a_place(core: RouterCore) -> None:
     state = _state(core, "limited")
     for _ in range(LIMIT):
