@@ -104,7 +104,8 @@ class Outcome:
     body: str
 
 
-def post(server: Server, deadline_ms: int | None = None, start: threading.Barrier | None = None) -> Outcome:
+def post(server: Server, deadline_ms: int | None = None, start: threading.Barrier | None = None,
+         route: str = "infer", body: bytes = BODY) -> Outcome:
     """One KServe infer over its own connection (loopback), timed from just before it is sent."""
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
     try:
@@ -115,10 +116,10 @@ def post(server: Server, deadline_ms: int | None = None, start: threading.Barrie
         if start is not None:
             start.wait()
         began = time.monotonic()
-        conn.request("POST", "/v2/models/sleepy/infer", BODY, headers)
+        conn.request("POST", f"/v2/models/sleepy/{route}", body, headers)
         resp = conn.getresponse()
-        body = resp.read().decode()
-        return Outcome(resp.status, time.monotonic() - began, resp.getheader("Retry-After"), body)
+        answer = resp.read().decode()
+        return Outcome(resp.status, time.monotonic() - began, resp.getheader("Retry-After"), answer)
     finally:
         conn.close()
 
@@ -127,6 +128,14 @@ def refusals(server: Server) -> int:
     found = re.search(r'^conveyor_overload_refusals_total\{model="sleepy",reason="max_waiting_requests",'
                       r'version="1"\} (\d+)$', metrics_text(server), re.M)
     assert found, "no refusal counter for sleepy"
+    return int(found.group(1))
+
+
+def rejected(server: Server) -> int:
+    """Triton's count of the model's REJECTED failures."""
+    found = re.search(r'^nv_inference_request_failure\{model="sleepy",reason="REJECTED",version="1"\} (\d+)$',
+                      metrics_text(server), re.M)
+    assert found, "no REJECTED failures for sleepy"
     return int(found.group(1))
 
 
@@ -142,7 +151,7 @@ def idle(server: Server) -> None:
 
 def test_200_clients_are_each_served_or_refused_at_once(server: Server) -> None:
     idle(server)
-    before = refusals(server)
+    before, failed_before = refusals(server), rejected(server)
     start = threading.Barrier(CLIENTS)
     with ThreadPoolExecutor(CLIENTS) as pool:
         futures = [pool.submit(post, server, BURST_DEADLINE_MS, start) for _ in range(CLIENTS)]
@@ -158,6 +167,7 @@ def test_200_clients_are_each_served_or_refused_at_once(server: Server) -> None:
     assert times[-1] < SLEEP_S and times[len(times) // 2] < AT_ONCE_S, f"refusals took {times[0]:.3f}-{times[-1]:.3f} s"
     assert max(o.took_s for o in served) < BURST_DEADLINE_MS / 1000
     assert refusals(server) - before == len(refused)
+    assert rejected(server) - failed_before == len(refused)  # as Triton counts a full queue
     idle(server)
 
 
@@ -188,6 +198,14 @@ def test_a_request_running_past_its_deadline_is_answered_at_its_deadline(server:
     outcome = post(server, deadline_ms=100)  # the model takes 0.5 s
     assert outcome.status == 400 and "Deadline Exceeded" in outcome.body
     assert outcome.took_s < SLEEP_S
+    idle(server)
+
+
+def test_generate_takes_the_deadline_header_too(server: Server) -> None:
+    idle(server)
+    outcome = post(server, deadline_ms=100, route="generate", body=b'{"INPUT0": [7]}')
+    assert outcome.status == 400 and "Deadline Exceeded" in outcome.body and outcome.took_s < SLEEP_S
+    assert json.loads(post(server, route="generate", body=b'{"INPUT0": [7]}').body)["OUTPUT0"] == 7
     idle(server)
 
 
