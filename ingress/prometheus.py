@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.router.observability.histograms import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY
+from conveyor.router.scheduling.overload import REASONS as OVERLOAD_REASONS
 
 # (metric, help, where to read it in one model_stats entry); "x.us" is a duration's ns / 1000.
 _COUNTERS: list[tuple[str, str, str]] = [
@@ -116,6 +117,7 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
     for s in model_stats:
         took = loads.get(_id(s), 0)
         lines.append(f"nv_model_load_duration_secs{{{_labels(s)}}} {_number(took / 1e9)}")
+    _render_overload(lines, model_stats, snapshot.get("overload", {}))
     adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
     if adaptive:
         _header(lines, "conveyor_adaptive_queue_delay_us",
@@ -134,6 +136,26 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
             lines.append(f"{name} {exported[key]}")
     _render_custom(lines, snapshot.get("custom", []))
     return "\n".join(lines) + "\n"
+
+
+def _render_overload(lines: list[str], model_stats: list[dict[str, Any]], overload: dict[str, Any]) -> None:
+    """The requests each version's MAX_WAITING_REQUESTS counts, and the requests refused past its limits
+    (router/scheduling/overload.py), every reason shown as Triton shows every failure reason."""
+    if not overload:
+        return
+    _header(lines, "conveyor_waiting_requests",
+            "Requests queued in the router or sent to the model and not answered yet (MAX_WAITING_REQUESTS)",
+            "gauge")
+    for s in model_stats:
+        lines.append(f"conveyor_waiting_requests{{{_labels(s)}}} {overload.get(_id(s), {}).get('waiting', 0)}")
+    _header(lines, "conveyor_overload_refusals_total",
+            "Requests refused at once because the model was past a limit (MAX_WAITING_REQUESTS, MAX_KV_CACHE_USAGE)",
+            "counter")
+    for s in model_stats:
+        refusals = overload.get(_id(s), {}).get("refusals", {})
+        for reason in OVERLOAD_REASONS:
+            labels = f'model="{s["name"]}",{_namespace(s)}reason="{reason}",version="{s["version"]}"'
+            lines.append(f"conveyor_overload_refusals_total{{{labels}}} {refusals.get(reason, 0)}")
 
 
 def _le(bound: float) -> str:

@@ -406,6 +406,12 @@ class CustomMetric(msgspec.Struct, array_like=True):
     removed: bool = False
 
 
+# The series (a gauge, 0 to 1, labelled ``model`` and ``version``) on which a vLLM engine reports its
+# KV-cache use, vLLM's own server's name for it; the router also reads it for a model's
+# MAX_KV_CACHE_USAGE (router/scheduling/overload.py).
+KV_USAGE_FAMILY = "vllm:kv_cache_usage_perc"
+
+
 class CustomMetrics(msgspec.Struct, tag="cmetrics", array_like=True):
     """Worker to router: the custom-metric series that changed since the last one
     (everything, after a hello); the router serves them on ``/metrics``."""

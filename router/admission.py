@@ -1,6 +1,6 @@
 """Where an ``InferRequest`` goes on arrival: refused (unknown model, bad client region,
-no batch shape), answered from the response cache, run by the ensemble scheduler, or
-queued in its version's batcher; and a ``Cancel`` for it."""
+no batch shape, its model overloaded: ``scheduling/overload.py``), answered from the response
+cache, run by the ensemble scheduler, or queued in its version's batcher; and a ``Cancel`` for it."""
 
 from __future__ import annotations
 
@@ -88,6 +88,13 @@ class Admission:
         except ConveyorError as exc:  # longer than the largest pad bucket
             self._reply_error(identity, req.id, state.model, state.label, exc)
             return
+        waiting, limits = state.waiting, state.limits
+        if limits.any:  # one test when the model sets no limit
+            refused = waiting.refusal(limits, req, state.model)
+            if refused is not None:  # overloaded: refused at once, counted as Triton counts a full queue
+                count_failure(state, "REJECTED", 0)
+                self._reply_error(identity, req.id, state.model, state.label, refused)
+                return
         pending = Pending(identity, req, time.monotonic_ns(), rows, key)
         if ensemble_stats is not None:
             pending.ensemble_stats = ensemble_stats
@@ -100,6 +107,7 @@ class Admission:
             count_failure(state, "REJECTED", 0)
             self._reply_error(identity, req.id, state.model, state.label, exc)
             return
+        waiting.add(pending)
         self._queued(identity, req.id, state)
         self._schedule(state)
 

@@ -106,6 +106,8 @@ class ControlHandler:
                                   for s in states if s.batcher.adaptive is not None},
             "custom": self.custom_metrics.wire(),
             "load_duration_ns": {f"{s.model}:{s.label}": s.load_duration_ns for s in states},
+            "overload": {f"{s.model}:{s.label}": {"waiting": s.waiting.count, "refusals": dict(s.waiting.refusals)}
+                         for s in states},
         }
         exported = self.trace_export()
         if exported is not None:

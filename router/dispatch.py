@@ -20,6 +20,7 @@ from conveyor.router.models import DEEP_IN_FLIGHT, Instance, InstanceState, Vers
 from conveyor.router.pending import Pending
 from conveyor.router.replies import count_failure
 from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.overload import release
 from conveyor.router.scheduling.sequences import SequenceBatcher
 
 
@@ -44,6 +45,7 @@ class Dispatcher:
         batcher = state.batcher
         for item, exc in batcher.take_expired(now):
             self.ledger.unqueued(item.ingress, item.request.id)
+            release(item)  # its place is free for the next request
             count_failure(state, "REJECTED", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
         self._run_batches(state, now)
@@ -65,6 +67,7 @@ class Dispatcher:
             return True
         item = state.batcher.remove(identity, request_id)
         if item is not None:
+            release(item)
             count_failure(state, "CANCELED", time.monotonic_ns() - item.arrival_ns)
             self._reply_error(
                 identity, request_id, state.model, state.label,
@@ -142,6 +145,7 @@ class Dispatcher:
         """Sequence batching: each serving instance runs the next requests of its own sequences."""
         for item, exc in batcher.sync(state.instances, now):  # their instance went away
             self.ledger.unqueued(item.ingress, item.request.id)
+            release(item)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
         for inst, slots in batcher.take_released():  # idled out: sent before any batch reuses the slots
@@ -201,6 +205,7 @@ class Dispatcher:
         while len(state.batcher):
             item = state.batcher.pop()
             self.ledger.unqueued(item.ingress, item.request.id)
+            release(item)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
 

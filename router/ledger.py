@@ -1,12 +1,15 @@
 """Where every request of the router is: queued in its version's batcher, or in a
 batch on a worker; one method per transition.
 
-The ``Ledger`` is the one owner of that bookkeeping. Admission, dispatch, results
+The ``Ledger`` is the one owner of that bookkeeping, and of when a request stops *waiting*
+(``scheduling/overload.py``): ``returned``, ``responded`` and ``closed`` release it; the
+dispatcher does for what it takes out of a queue unrun. Admission, dispatch, results
 and the worker pool tell it what happened to a request and ask it where requests
 are; none of them holds its dicts. The transitions are plain dict operations on
 keys the caller has at hand: the request path pays no allocation here.
 
     queued ──started──> in a batch ──returned──> gone      (the BatchResult answers every item)
+       │                    ├─responded (decoupled: its first response; it stops waiting)
        │                    └─closed (decoupled: each item's final response), then gone
        └──unqueued──> gone  (expired, cancelled, its version not ready: the router answers it)
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from conveyor.router.models import Instance, VersionState
 from conveyor.router.pending import Pending
+from conveyor.router.scheduling.overload import release
 
 RequestKey = tuple[bytes, int]  # (ingress identity, its request id)
 
@@ -68,6 +72,7 @@ class Ledger:
             key = (p.ingress, p.request.id)
             queued.pop(key, None)
             started[key] = (batch, i)
+        run.instance.version.waiting.running += len(run.items)
         self._batches[batch] = run
 
     def returned(self, batch: int, run: Running) -> None:
@@ -76,23 +81,35 @@ class Ledger:
         those stay until their final response."""
         run.executing = False
         started = self._started
+        waiting = run.instance.version.waiting
         if run.open is None:
             del self._batches[batch]
             for p in run.items:
                 started.pop((p.ingress, p.request.id), None)
+                release(p)
+            waiting.running -= len(run.items)
             return
         for p, is_open in zip(run.items, run.open, strict=True):
             if not is_open:  # answered already (or by the BatchResult itself, beside ones answered later)
-                started.pop((p.ingress, p.request.id), None)
+                if started.pop((p.ingress, p.request.id), None) is not None:  # not closed before
+                    waiting.running -= 1
+                release(p)
         if not any(run.open):
             self._batches.pop(batch, None)
+
+    def responded(self, item: Pending) -> None:
+        """A decoupled request (or one a model answers after execute) had its first response: it is
+        running, and no longer waits (``scheduling/overload.py``)."""
+        release(item)
 
     def closed(self, batch: int, run: Running, index: int) -> None:
         """A decoupled request had its final response; its batch goes with its last one."""
         assert run.open is not None
         run.open[index] = False
         p = run.items[index]
-        self._started.pop((p.ingress, p.request.id), None)
+        if self._started.pop((p.ingress, p.request.id), None) is not None:
+            run.instance.version.waiting.running -= 1
+        release(p)  # most were released at their first response (``responded``)
         if not run.executing and not any(run.open):
             self._batches.pop(batch, None)
 

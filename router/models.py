@@ -22,6 +22,7 @@ from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.ordering import ResponseOrder
+from conveyor.router.scheduling.overload import OverloadLimits, Waiting, WaitingBook
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.scheduling.shape_keys import BatchKey, batch_key, unbatched
@@ -116,6 +117,10 @@ class VersionState:
     deep_pipeline_depth: int = 1
     # --model-namespacing: its repository, Triton's ``namespace`` metrics label ("" without it).
     namespace: str = ""
+    # MAX_WAITING_REQUESTS, MAX_KV_CACHE_USAGE (router/scheduling/overload.py), and what they are checked
+    # against: the registry's one count for this model version, shared with its reloads.
+    limits: OverloadLimits = field(default_factory=OverloadLimits)
+    waiting: Waiting = field(default_factory=Waiting)
 
     @property
     def decoupled(self) -> bool:
@@ -202,6 +207,7 @@ def _version_state(
         )
     state = VersionState(name, v, path, config, ModelStats(shown, str(v)), batcher)
     state.batch_key = batch_key(config, name)
+    state.limits = OverloadLimits.from_config(config)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     if decoupled or cached:
         state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
@@ -286,6 +292,7 @@ class ModelRegistry:
         self.namespacing = False
         self.namespaced: dict[str, list[str]] = {}
         self.queue_cap = queue_cap  # per model version; 0 = none
+        self.waiting = WaitingBook()  # each version's waiting requests, across its reloads
         self.next_index = itertools.count().__next__
         # Starts from the clock so a restarted router never repeats a generation
         # that ingress caches already hold.
@@ -299,8 +306,9 @@ class ModelRegistry:
             entry = build_ensemble_entry(spec, self)
         else:
             entry = build_entry(spec, self.queue_cap, self.next_index)
-        if self.namespacing:
-            for state in entry.versions.values():
+        for state in entry.versions.values():
+            state.waiting = self.waiting.of(state.model, state.version)
+            if self.namespacing:
                 state.namespace = os.path.dirname(spec.path)
         return entry
 

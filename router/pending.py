@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from conveyor.proto import messages as m
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.observability.tracing import TraceRecord
+from conveyor.router.scheduling.overload import Waiting
 
 
 @dataclass(slots=True)
@@ -28,6 +29,8 @@ class Pending:
     responses: int = 0  # a decoupled request's responses so far: the next one's response_stats index
     last_response_ns: int = 0  # when its latest response reached the router (0: none yet)
     direct: bool = False  # its worker answers the ingress itself (``BatchItem.reply_to``)
+    # What it counts in while it waits for its (first) answer (router/scheduling/overload.py); None after.
+    waits: Waiting | None = None
 
     def expires_ns(self) -> int:
         """The earlier of the client's deadline and the queue timeout; 0 = never."""

@@ -301,6 +301,7 @@ class Router:
             self.membership.on_leaving(worker)
         elif isinstance(msg, m.CustomMetrics):
             self.control.custom_metrics.update(identity, msg.metrics)
+            self.registry.waiting.kv_reported(identity, msg.metrics)  # MAX_KV_CACHE_USAGE reads it
         elif isinstance(msg, m.ReadyChecked):
             self.user_readiness.on_checked(msg)
         if self.worker_drain.active:

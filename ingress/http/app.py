@@ -29,6 +29,7 @@ from conveyor.ingress.http.codec import (
     parse_header_length,
 )
 from conveyor.ingress.http.compression import compress, response_coding
+from conveyor.ingress.http.deadline import TIMEOUT_HEADER, parse_timeout, within
 from conveyor.ingress.http.errors import render_error
 from conveyor.ingress.http.generate import Generate
 from conveyor.ingress.http.header_templates import HeaderTemplates
@@ -158,7 +159,7 @@ class Infer:
         if self.forward is not None:
             forwarded = req.scope.get(RAW_HEADERS) or req.headers.items()
         answer = await self.answer(request, req.get_header("traceparent") or "", req.get_header("Accept-Encoding"),
-                                   forwarded)
+                                   forwarded, req.get_header(TIMEOUT_HEADER))
         for name, value in answer.headers:
             resp.set_header(name, value)
         resp.content_type = answer.content_type
@@ -178,13 +179,23 @@ class Infer:
             raise
 
     async def answer(self, request: HttpInferRequest, traceparent: str, accept_encoding: str | None,
-                     forwarded: Iterable[tuple[str, Any]] = ()) -> InferAnswer:
+                     forwarded: Iterable[tuple[str, Any]] = (), timeout: str | None = None) -> InferAnswer:
         """Run ``request``; its response. ``forwarded``: the headers to match against
-        ``--http-header-forward-pattern`` (when it is set)."""
-        request.call.traceparent = traceparent
+        ``--http-header-forward-pattern`` (when it is set); ``timeout``: the client's deadline
+        header (``deadline.py``), if it sent one."""
+        call = request.call
+        call.traceparent = traceparent
         if self.forward is not None:
-            self.forward.apply(forwarded, request.call.parameters)
-        result = await self.dataplane.infer(request.call)
+            self.forward.apply(forwarded, call.parameters)
+        if timeout is None:
+            result = await self.dataplane.infer(call)
+        else:
+            try:
+                call.timeout_s = parse_timeout(timeout)
+            except ConveyorError as exc:
+                self.dataplane.refused(call.model, call.version, exc)
+                raise
+            result = await within(call.timeout_s, self.dataplane.infer(call))
         headers: list[tuple[str, str]] = []
         host = result.parameters.get(ROUTING_HINT)
         if host:  # the same hint as a header: a load balancer need not parse the body

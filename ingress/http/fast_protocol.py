@@ -27,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from conveyor.ingress.http.app import Infer
 from conveyor.ingress.http.codec import parse_header_length
 from conveyor.ingress.http.corked_transport import CorkedTransport
+from conveyor.ingress.http.deadline import TIMEOUT_HEADER_BYTES
 from conveyor.ingress.http.errors import RETRY_AFTER_LINE, error_body, error_status
 from conveyor.ingress.http.protocol import HttpToolsProtocol
 from conveyor.proto.errors import ConveyorError
@@ -58,7 +59,7 @@ class FastCycle:
     that shutdown, pipelining and a lost connection treat it as one of its own."""
 
     __slots__ = ("accept_encoding", "chunks", "disconnected", "header_length", "keep_alive", "message_event",
-                 "model", "path", "response_complete", "response_started", "traceparent", "version")
+                 "model", "path", "response_complete", "response_started", "timeout", "traceparent", "version")
 
     def __init__(self, model: str, version: str, path: bytes, keep_alive: bool) -> None:
         self.model = model
@@ -68,6 +69,7 @@ class FastCycle:
         self.header_length: str | None = None
         self.accept_encoding: str | None = None
         self.traceparent = ""
+        self.timeout: str | None = None  # the client's deadline header (deadline.py)
         self.chunks: list[bytes] = []
         self.response_complete = False
         self.response_started = False  # the answer leaves in one write: started is complete
@@ -101,6 +103,10 @@ def _read_headers(cycle: FastCycle, headers: list[tuple[bytes, bytes]], limit: i
             if cycle.traceparent:
                 return False
             cycle.traceparent = value.decode("latin-1")
+        elif name == TIMEOUT_HEADER_BYTES:
+            if cycle.timeout is not None:
+                return False
+            cycle.timeout = value.decode("latin-1")
         elif name in (b"transfer-encoding", b"content-encoding", b"expect"):
             return False
     return length is not None and length <= limit
@@ -165,7 +171,7 @@ class FastInferProtocol(HttpToolsProtocol):
                 raise
             request = await infer.parse(cycle.body(), model, version, header_length)
             cycle.chunks = []  # a JSON-only body is garbage now; binary inputs keep their views of it alive
-            answer = await infer.answer(request, cycle.traceparent, cycle.accept_encoding)
+            answer = await infer.answer(request, cycle.traceparent, cycle.accept_encoding, timeout=cycle.timeout)
         except Exception as exc:
             status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
             head = [_JSON_TYPE, RETRY_AFTER_LINE] if status == 503 else [_JSON_TYPE]

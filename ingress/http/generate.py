@@ -12,6 +12,10 @@ same name wins).
 response, which is what lets decoupled models stream over HTTP (Triton's HTTP
 infer endpoint refuses them, server#2168). Errors after the stream started are
 ``data: {"error": ...}`` events, as in Triton.
+
+The ``conveyor-timeout-ms`` header (``deadline.py``) is the client's deadline on both: a request
+still queued when it passes ends there; ``generate`` is answered DEADLINE_EXCEEDED at it, while a
+stream that has started runs on until the client goes away.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import orjson
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.http.body import read_body
+from conveyor.ingress.http.deadline import TIMEOUT_HEADER, parse_timeout, within
 from conveyor.ingress.http.json_tensors import array_from_json
 from conveyor.ingress.limits import check_json_size
 from conveyor.ingress.request_checks import InferInput
@@ -57,6 +62,7 @@ class Generate:
             raise invalid_arg("the generate request must be a JSON object")
         sig = await self._dataplane.models.get(model, version)
         call = generate_call(doc, sig, model, version)
+        call.timeout_s = parse_timeout(req.get_header(TIMEOUT_HEADER))  # the router ends it queued past it
         if self._stream:
             # As Triton, a request refused before any response (bad inputs, a full queue)
             # answers a plain JSON error with its status, not a stream of one error event.
@@ -72,9 +78,9 @@ class Generate:
             resp.sse = self._events(first, events)
             return
         if sig.decoupled:
-            result = await self._one_of_stream(call)
+            result = await within(call.timeout_s, self._one_of_stream(call))
         else:
-            result = await self._dataplane.infer(call)
+            result = await within(call.timeout_s, self._dataplane.infer(call))
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps(render(result))
 

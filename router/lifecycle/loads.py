@@ -16,12 +16,13 @@ from collections import deque
 from collections.abc import Callable
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.lifecycle.entry_state import serving
+from conveyor.router.lifecycle.entry_state import problem_of, serving
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
 from conveyor.router.models import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.config_unused import log_unused_fields
+from conveyor.router.repository.default_groups import filled_config
 from conveyor.router.repository.namespaces import name_of, step_key
 from conveyor.router.repository.prepare import (
     Prepared,
@@ -31,6 +32,8 @@ from conveyor.router.repository.prepare import (
     prepare,
     remove_dir,
 )
+from conveyor.router.repository.scan import ModelSpec
+from conveyor.router.scheduling.overload import OverloadLimits, limits_only_change
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
 
@@ -146,6 +149,8 @@ class ModelLoads:
             if done.written:
                 self._overrides[key] = done.written
         self._prints[key] = done.print
+        if self._retuned(key, spec):
+            return
         entry = registry.build(spec)
         registry.unloaded.pop(key, None)
         previous = registry.staging.pop(key, None)
@@ -167,6 +172,29 @@ class ModelLoads:
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
             self._load_composing(key, prep.waiter)
+
+    def _retuned(self, key: str, spec: ModelSpec) -> bool:
+        """Apply ``spec`` in place when it changes only the serving entry's overload limits
+        (``router/scheduling/overload.py``), every version of which serves: its instances, queues and
+        requests stay as they are, and the next request is checked against the new limits."""
+        current = self.registry.models.get(key)
+        if (
+            current is None or key in self.registry.staging or spec.error or problem_of(current)
+            or current.spec.path != spec.path or current.spec.versions != spec.versions
+        ):
+            return False
+        # Compared as the config endpoint shows them (instance groups named, the default group written
+        # out): a client changes a limit by loading what it read there with the limit changed.
+        latest = current.versions[max(current.versions)]
+        if not limits_only_change(filled_config(current.spec.config, latest), filled_config(spec.config, latest)):
+            return False
+        current.spec = spec
+        limits = OverloadLimits.from_config(spec.config)
+        for state in current.versions.values():
+            state.config, state.limits = spec.config, limits
+        log.info("model '%s': new limits apply in place (MAX_WAITING_REQUESTS %s, MAX_KV_CACHE_USAGE %s)",
+                 key, limits.max_waiting or "unset", limits.max_kv_usage or "unset")
+        return True
 
     def _load_composing(self, key: str, waiter: LoadWaiter) -> None:
         """An ensemble's composing models load with it (as in Triton), unless already loaded."""

@@ -107,6 +107,7 @@ class WorkerMembership:
             return
         self.drain.forget(worker)  # a leaving worker's replacements exist already
         self.custom_metrics.forget(identity)
+        self.registry.waiting.forget(identity)  # its engines' KV-cache use
         self._update_cuda_devices()
         arena = segment_name(self.group, "worker", worker.pid)
         self.holds.forget_region(arena)

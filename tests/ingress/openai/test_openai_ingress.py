@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +19,10 @@ import pytest
 from conveyor.deploy.ports import free_port
 from tests.support import openai_models
 from tests.support.group import Server, _listening, start_server
+from tests.support.metrics import metrics_text
 
 MODEL = "fake_llm"
+LIMITED = "fake_llm_limited"  # MAX_WAITING_REQUESTS 1
 SEP = "_lora_"
 
 
@@ -27,6 +30,9 @@ SEP = "_lora_"
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
     repo = str(tmp_path_factory.mktemp("openai_models"))
     openai_models.build(repo)
+    openai_models.build(repo, LIMITED)
+    with open(os.path.join(repo, LIMITED, "config.pbtxt"), "a") as f:
+        f.write('parameters { key: "MAX_WAITING_REQUESTS" value: { string_value: "1" } }\n')
     port = free_port()
     srv = start_server(repo, f"oa{os.getpid()}", "--workers", "1", "--openai-port", str(port),
                        "--openai-address", "127.0.0.1", "--lora-separator", SEP, grpc=False)
@@ -46,7 +52,8 @@ def client(group: tuple[Server, int]) -> openai.OpenAI:
 
 def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
-    assert ids == [MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet"]
+    assert ids == [MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet",
+                   LIMITED, f"{LIMITED}{SEP}sql", f"{LIMITED}{SEP}poet"]
     assert client.models.retrieve(f"{MODEL}{SEP}sql").id == f"{MODEL}{SEP}sql"
 
 
@@ -205,6 +212,34 @@ def test_a_client_that_goes_away_cancels_its_request(group: tuple[Server, int]) 
     while not os.path.exists(marker):
         assert time.monotonic() < deadline, "the model's request was not cancelled"
         time.sleep(0.05)
+
+
+def test_overload_is_a_503_in_openais_form_with_retry_after(group: tuple[Server, int]) -> None:
+    """One request streams (it runs: its place is free), one waits for the instance (the limit),
+    the next is refused at once."""
+    srv, port = group
+
+    def send(body: dict[str, object]) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps({"model": LIMITED, **body}))
+        return conn
+
+    running = send({"prompt": "slow", "max_tokens": 200, "stream": True})
+    r = running.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data: ")
+    waiting = send({"prompt": "slow", "max_tokens": 2})
+    pattern = re.compile(rf'^conveyor_waiting_requests{{model="{LIMITED}",version="1"}} 1$', re.M)
+    deadline = time.monotonic() + 10
+    while not pattern.search(metrics_text(srv)):
+        assert time.monotonic() < deadline, "the second request never waited"
+        time.sleep(0.05)
+    refused = send({"prompt": "a"}).getresponse()
+    error = json.loads(refused.read())["error"]
+    assert refused.status == 503 and refused.getheader("Retry-After") == "1"
+    assert error["type"] == "service_unavailable"
+    assert "Exceeds maximum waiting requests" in error["message"] and "MAX_WAITING_REQUESTS 1" in error["message"]
+    running.close()  # cancelled: the instance takes the waiting request
+    assert waiting.getresponse().status == 200
 
 
 def test_scales_like_the_other_ingress_kinds(group: tuple[Server, int], client: openai.OpenAI) -> None:

@@ -1,13 +1,14 @@
 """The engine's statistics as Triton's vllm_backend reports them (``vllm:`` families, labelled
 ``model`` and ``version``), through the worker's custom metrics (``python/pb_utils/metrics.py``), which
 reach the router's ``/metrics`` like a Python model's. Also the scheduler's running and waiting
-requests, as vLLM's own server names them."""
+requests and the KV cache's use, as vLLM's own server names them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.proto.messages import KV_USAGE_FAMILY
 from conveyor.workers.backends.python.pb_utils.metrics import Metric, MetricFamily, MetricKind
 
 _C, _G, _H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
@@ -46,11 +47,14 @@ class EngineMetrics:
         self.n = metric("vllm:request_params_n", "Histogram of the n request parameter.", _H, [float(b) for b in _N])
         self.running = metric("vllm:num_requests_running", "Number of requests in model execution batches.", _G)
         self.waiting = metric("vllm:num_requests_waiting", "Number of requests waiting to be processed.", _G)
+        # The router refuses new requests past the model's MAX_KV_CACHE_USAGE on it (router/scheduling/overload.py).
+        self.kv_usage = metric(KV_USAGE_FAMILY, "KV-cache usage. 1 means 100 percent usage.", _G)
 
     def record(self, scheduler: Any, iteration: Any) -> None:
         if scheduler is not None:
             self.running.set(scheduler.num_running_reqs)
             self.waiting.set(scheduler.num_waiting_reqs)
+            self.kv_usage.set(scheduler.kv_cache_usage)
         if iteration is None:
             return
         if iteration.num_prompt_tokens:

@@ -29,7 +29,7 @@ from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
 from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
-from tests.support.group import Server, pids_of, wait_ready
+from tests.support.group import Server, pids_of, router_control, wait_ready
 from tests.support.waiting import eventually
 
 tiny_llama.require_vllm()
@@ -342,6 +342,46 @@ def test_engine_metrics_on_metrics(served: tuple[Server, Any]) -> None:
                  "vllm:request_generation_tokens_count", "vllm:request_params_n_count"):
         assert found.get(name, 0) > 0, name
     assert "vllm:num_requests_running" in found and "vllm:num_requests_waiting" in found
+    assert "vllm:kv_cache_usage_perc" in found  # what MAX_KV_CACHE_USAGE compares
+
+
+def test_past_max_kv_cache_usage_a_request_is_refused_at_once(served: tuple[Server, Any]) -> None:
+    """The limit set at run time (in place: the engine serves on), then a long request filling
+    some KV cache: the next request is refused 503 with Retry-After until it is gone."""
+    srv, _ = served
+    client = httpclient.InferenceServerClient(srv.http_url)
+    serving = [i["index"] for i in router_control(srv.group, "instances")]
+    config = client.get_model_config(MODEL)
+    limited = json.loads(json.dumps(config))
+    limited.setdefault("parameters", {})["MAX_KV_CACHE_USAGE"] = {"string_value": "0.000001"}
+    try:
+        client.load_model(MODEL, config=json.dumps(limited))
+        assert [i["index"] for i in router_control(srv.group, "instances")] == serving  # no second engine
+        before = metrics(srv).get("vllm:generation_tokens_total", 0.0)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=60)
+        conn.request("POST", f"/v2/models/{MODEL}/generate_stream",
+                     body=json.dumps({"text_input": "the quick", "stream": True,
+                                      "sampling_parameters": json.dumps(LONG)}))
+        r = conn.getresponse()
+        assert r.status == 200 and r.readline().startswith(b"data:")
+        deadline = time.monotonic() + 30
+        while not metrics(srv).get("vllm:kv_cache_usage_perc"):
+            assert time.monotonic() < deadline, "the engine never reported KV-cache use"
+            time.sleep(0.05)
+        refused = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=60)
+        refused.request("POST", f"/v2/models/{MODEL}/generate",
+                        body=json.dumps({"text_input": "hello world", "sampling_parameters": sampling("")}))
+        answer = refused.getresponse()
+        body = answer.read().decode()
+        refused.close()
+        assert answer.status == 503 and answer.getheader("Retry-After") == "1", body
+        assert "Exceeds maximum KV-cache usage" in body and "MAX_KV_CACHE_USAGE 1e-06" in body, body
+        conn.close()  # the long request is aborted; with nothing running the model takes requests again
+        assert_aborted(srv, before)
+        assert post(srv, "generate", {"text_input": "hello world", "sampling_parameters": sampling("")})[0] == 200
+    finally:
+        client.load_model(MODEL, config=json.dumps(config))
+        client.close()
 
 
 def test_the_engine_yields_the_cpu_to_the_server_on_a_small_host(served: tuple[Server, Any]) -> None:
