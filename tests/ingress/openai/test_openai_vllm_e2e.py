@@ -28,6 +28,10 @@ from tests.support.group import Server, abandon, wait_ready
 
 tiny_llama.require_vllm()
 
+# The group's fixture runs vLLM's reference and loads the group's engine (~100 s here alone, more on a
+# loaded host): it counts against the first test's time.
+pytestmark = pytest.mark.timeout(600)
+
 MODEL = "vllm_model"
 SEP = "_lora_"
 MAX_TOKENS = 12
