@@ -92,7 +92,7 @@ class _Endpoint:
         params = sampling_parameters(request, self._max_tokens(request))
         if parsed.tools is not None:
             parsed.tools.apply(params)
-        rid = request_id(req)
+        rid = request_id(req, request.request_id)
         call = engine_call(parsed.target, prompt, params, request.stream, rid)
         options = request.stream_options
         include_usage = bool(options and options.include_usage)

@@ -1,5 +1,6 @@
 """Request ids in and out, as vLLM's server has them (``--enable-request-id-headers``): the client's
-``X-Request-Id`` header, or a fresh id, is the request's id (a completion's ``id`` is
+``X-Request-Id`` header, else the body's ``request_id`` (vLLM's extension of the completion and chat
+bodies), else a fresh id, is the request's id (a completion's ``id`` is
 ``cmpl-<it>``, a chat completion's ``chatcmpl-<it>``, and the model's request carries it, so the
 group's logs and traces name it) and comes back as the response's ``X-Request-Id``, on every route,
 errors too. vLLM echoes the header only when started with that flag; here it always does: a header
@@ -16,7 +17,10 @@ import falcon.asgi
 HEADER = "X-Request-Id"
 
 
-def request_id(req: falcon.asgi.Request) -> str:
+def request_id(req: falcon.asgi.Request, body_id: str | None = None) -> str:
+    """The request's id; ``body_id``: the body's ``request_id``, which a header overrides (as in vLLM)."""
+    if body_id and req.get_header(HEADER) is None:
+        req.context.request_id = body_id  # the response's header says it too (vLLM's would be another id)
     rid: str = req.context.request_id
     return rid
 

@@ -70,6 +70,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     logprobs: Any = None  # completions: a number of alternatives; chat: true or false
+    request_id: str | None = None  # vLLM's: the request's id when no X-Request-Id header gives one
     # refused when set
     logit_bias: dict[str, float] | None = None
     user: str | None = None

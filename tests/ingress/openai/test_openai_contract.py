@@ -5,16 +5,19 @@ tests/ingress/openai/test_openai_ingress.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from collections.abc import AsyncGenerator
 
 import numpy as np
 import pytest
 
 from conveyor.ingress.openai.chat_template import PLAIN
 from conveyor.ingress.openai.contract import Contract, contract_of, tensor_inputs
+from conveyor.ingress.openai.generation import Step, Usage, counted
 from conveyor.ingress.openai.schema import CompletionRequest, decode
-from conveyor.ingress.openai.tokenizer import tokenizer_folder
+from conveyor.ingress.openai.tokenizer import Tokenizer, tokenizer_folder
 from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.errors import ConveyorError, Status
 
@@ -92,3 +95,27 @@ def test_unknown_fields_are_ignored_and_logged_once(caplog: pytest.LogCaptureFix
     assert sum("'max_token'" in m for m in logged) == 1 and sum("'x_unknown_thing'" in m for m in logged) == 1
     with pytest.raises(ConveyorError, match="max_tokens"):  # a known field's bad value is still a 400
         decode(b'{"model": "m", "prompt": "a", "zzz": 1, "max_tokens": "many"}', CompletionRequest)
+
+
+def test_usage_counted_with_the_tokenizer_totals_the_whole_text_however_it_was_split() -> None:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    backend = Backend(models.WordLevel({"<unk>": 0, "hello": 1, "world": 2}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pieces = ["hel", "lo wor", "ld", ""]  # words split across responses: 1 + 2 + 1 pieces, 2 words
+
+    async def model_steps() -> AsyncGenerator[Step, None]:
+        for i, text in enumerate(pieces):
+            yield Step([text], [None], None, 0, i == len(pieces) - 1)
+
+    async def usage() -> tuple[list[int], Usage]:
+        total, per_step = Usage(), []
+        async for step in counted(model_steps(), Tokenizer(backend, None), "hello world x", False):
+            total.add(step)
+            per_step.append(total.completion_tokens)
+        return per_step, total
+
+    per_step, total = asyncio.run(usage())
+    assert per_step == [1, 3, 4, 2]  # the pieces' counts as they come, the whole text's at the end
+    assert total.wire() == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}

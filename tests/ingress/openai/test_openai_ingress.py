@@ -290,8 +290,9 @@ def test_a_python_model_chats_through_its_tokenizers_template(client: openai.Ope
 
 
 def test_a_python_model_completes_with_its_per_field_inputs(client: openai.OpenAI) -> None:
-    out = client.completions.create(model=STREAMING, prompt="hello big world", max_tokens=2, temperature=0.3)
-    assert out.choices[0].text == "world big"
+    out = client.completions.create(model=STREAMING, prompt="hello big world", max_tokens=2, temperature=0.3,
+                                    extra_body={"request_id": "body-7"})  # vLLM's field: the id without a header
+    assert out.choices[0].text == "world big" and out.id == "cmpl-body-7"
     assert out.usage is not None and out.usage.prompt_tokens == 4  # "<s> hello big world": BOS added
     stop = client.completions.create(model=STREAMING, prompt="hello big world", stop=["big"])
     assert stop.choices[0].text == "world"  # stop reached the model as stop_words
