@@ -1,5 +1,7 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, and ``GET /health`` (ready, as vLLM's server has it).
+``POST /v1/chat/completions``, and vLLM's own routes: ``GET /health`` (ready),
+``GET /version``, ``POST /tokenize`` and ``POST /detokenize``; every answer carries
+``X-Request-Id`` (``request_id.py``).
 
 It is one more ingress of the group: the same router link and data plane as the
 KServe ingress, so its requests share the router, the workers, the statistics and
@@ -19,7 +21,10 @@ from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import render_error
+from conveyor.ingress.openai.request_id import RequestIds
+from conveyor.ingress.openai.tokenization import Detokenize, Tokenize
 from conveyor.ingress.router_link import RouterLink
+from conveyor.ingress.server_metadata import server_version
 
 OWNER = "conveyor"
 
@@ -62,9 +67,17 @@ class Health:
         resp.status = 200 if ready else 503
 
 
+class Version:
+    """vLLM's ``{"version": ...}``, with Conveyor's version: the server answering is Conveyor."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({"version": server_version()})
+
+
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
-    app = falcon.asgi.App(cors_enable=False)
+    app = falcon.asgi.App(cors_enable=False, middleware=[RequestIds()])
     app.req_options.strip_url_path_trailing_slash = True
     catalog = Catalog(ctx.dataplane, options.lora_separator)
     endpoint = EndpointOptions(options.max_body_bytes, options.default_max_tokens)
@@ -73,6 +86,9 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     app.add_route("/v1/completions", Completions(ctx.dataplane, catalog, endpoint))
     app.add_route("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint))
     app.add_route("/health", Health(ctx.link, ctx))
+    app.add_route("/version", Version())
+    app.add_route("/tokenize", Tokenize(catalog, options.max_body_bytes))
+    app.add_route("/detokenize", Detokenize(catalog, options.max_body_bytes))
     app.add_error_handler(Exception, render_error)
     app.add_error_handler(falcon.HTTPError, render_error)
     return app

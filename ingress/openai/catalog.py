@@ -1,16 +1,16 @@
 """Which models this ingress serves as OpenAI models, their adapters and tokenizers.
 
-A model is a generative one when it takes Triton's vLLM model contract: a
-``text_input`` BYTES input and a ``text_output`` BYTES output (the ``vllm``
-backend, or a Python model written to the same contract). What the ingress needs
-from the model's files, it reads from the serving version's directory, which the
-router names (control op ``model_directory``): ``model.json`` (the tokenizer folder, whose
-chat template chat requests use: its ``tokenizer``, else its ``model``) and ``multi_lora.json`` (the adapters).
+A model is a generative one when it takes the ``text_input`` / ``text_output`` contract
+(``contract.py``): the ``vllm`` backend, or any model written to the same shape, a Python one
+decoupled or not. What the ingress needs from the model's files, it reads from the serving
+version's directory, which the router names (control op ``model_directory``): ``model.json``
+(the vLLM engine's arguments, which may name the tokenizer folder) and ``multi_lora.json`` (the
+adapters); where the tokenizer folder is: ``tokenizer.py``.
 From its config (control op ``model_config``) it reads the ``TOOL_CALL_PARSER`` parameter: a frontend
 setting, as vLLM's ``--tool-call-parser`` is, so not in ``model.json``, whose keys are all engine arguments
-(Triton's backend, and ours, pass them to the engine, which refuses any other). All of it is
-kept per model until the model's signature is refetched, which the data plane does
-whenever the router's repository changes (a reload, a new version).
+(Triton's backend, and ours, pass them to the engine, which refuses any other), and the ``tokenizer``
+parameter. All of it is kept per model until the model's signature is refetched, which the data plane
+does whenever the router's repository changes (a reload, a new version).
 """
 
 from __future__ import annotations
@@ -23,25 +23,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane
-from conveyor.ingress.openai.chat_template import ChatTemplate, load_chat_template
+from conveyor.ingress.openai.chat_template import PLAIN, ChatTemplate, Renderer, load_chat_template
+from conveyor.ingress.openai.contract import Contract, contract_of
+from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokenizer, tokenizer_folder
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status, internal, not_found
-
-TEXT_INPUT = "text_input"
-TEXT_OUTPUT = "text_output"
 
 
 @dataclass
 class LlmModel:
     name: str
     signature: ModelSignature
+    contract: Contract
     directory: str
     adapters: list[str]
     created: int
     engine_args: dict[str, Any] = field(default_factory=dict)
     tool_parser: str = ""  # the config's TOOL_CALL_PARSER: how ``auto`` tool choice reads the text
+    tokenizer_dir: str | None = None  # None: the model has no tokenizer
     chat: asyncio.Task[ChatTemplate] | None = None
+    tokenizer: asyncio.Task[Tokenizer | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +58,13 @@ def model_not_found(name: str) -> ConveyorError:
     return not_found(f"The model `{name}` does not exist.")
 
 
-def is_generative(sig: ModelSignature) -> bool:
-    text_in, text_out = sig.inputs.get(TEXT_INPUT), sig.outputs.get(TEXT_OUTPUT)
-    return (sig.decoupled and text_in is not None and text_in.datatype == "BYTES"
-            and text_out is not None and text_out.datatype == "BYTES")
-
-
 class Catalog:
     def __init__(self, dataplane: DataPlane, lora_separator: str = "") -> None:
         self._dataplane = dataplane
         self._separator = lora_separator
         self._models: dict[str, LlmModel] = {}
         self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
+        self._tokenizers: dict[str, asyncio.Task[Tokenizer | None]] = {}  # the same
 
     async def target(self, name: str) -> Target:
         """The model (and adapter) ``name`` designates; 404 for anything else."""
@@ -93,12 +90,15 @@ class Catalog:
         known = self._models.get(name)
         if known is not None and known.signature is sig:
             return known
-        if not is_generative(sig):
+        contract = contract_of(sig)
+        if contract is None:
             raise model_not_found(shown or name)
         reply = await self._dataplane.link.control("model_directory", model=name)
         config = await self._dataplane.link.control("model_config", model=name)
-        model = _read_model(name, sig, str(reply["path"]))
+        model = _read_model(name, sig, contract, str(reply["path"]))
         model.tool_parser = _parameter(config, PARSER_PARAMETER)
+        model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
+                                               {k: _parameter(config, k) for k in PARAMETERS})
         self._models[name] = model
         return model
 
@@ -116,22 +116,37 @@ class Catalog:
                 out += [(f"{name}{self._separator}{a}", model) for a in model.adapters]
         return out
 
-    def chat_template(self, model: LlmModel) -> asyncio.Task[ChatTemplate]:
-        """The model's chat template, read once in a thread."""
+    async def chat_template(self, model: LlmModel) -> Renderer:
+        """The model's chat template, read once in a thread; a plain transcript without a tokenizer."""
+        source = model.tokenizer_dir
+        if source is None:
+            return PLAIN
         if model.chat is None or (model.chat.done() and model.chat.exception() is not None):
-            source = _tokenizer_source(model)
             task = self._templates.get(source)
             if task is None or (task.done() and task.exception() is not None):
                 task = asyncio.ensure_future(asyncio.to_thread(load_chat_template, source))
                 self._templates[source] = task
             model.chat = task
-        return model.chat
+        return await model.chat
+
+    async def tokenizer(self, model: LlmModel) -> Tokenizer | None:
+        """The model's tokenizer, read once in a thread; None when it has none (no ``tokenizer.json``)."""
+        source = model.tokenizer_dir
+        if source is None:
+            return None
+        if model.tokenizer is None or (model.tokenizer.done() and model.tokenizer.exception() is not None):
+            task = self._tokenizers.get(source)
+            if task is None or (task.done() and task.exception() is not None):
+                task = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, source, model.engine_args))
+                self._tokenizers[source] = task
+            model.tokenizer = task
+        return await model.tokenizer
 
 
-def _read_model(name: str, sig: ModelSignature, directory: str) -> LlmModel:
+def _read_model(name: str, sig: ModelSignature, contract: Contract, directory: str) -> LlmModel:
     engine_args = _json_file(os.path.join(directory, "model.json")) or {}
     adapters = list((_json_file(os.path.join(directory, "multi_lora.json")) or {}).keys())
-    return LlmModel(name, sig, directory, adapters, int(time.time()), engine_args)
+    return LlmModel(name, sig, contract, directory, adapters, int(time.time()), engine_args)
 
 
 def _parameter(config: dict[str, Any], key: str) -> str:
@@ -149,11 +164,3 @@ def _json_file(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         raise internal(f"cannot read '{path}': {exc}") from None
     return doc if isinstance(doc, dict) else None
-
-
-def _tokenizer_source(model: LlmModel) -> str:
-    source = str(model.engine_args.get("tokenizer") or model.engine_args.get("model") or "")
-    if not source:
-        raise internal(f"model '{model.name}' names no tokenizer: its model.json has no 'tokenizer' or 'model'")
-    local = os.path.join(model.directory, source)
-    return local if not os.path.isabs(source) and os.path.exists(local) else source

@@ -7,6 +7,13 @@ settings (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_exceptio
 and the tokenizer's special tokens as variables. No tokenizer is loaded: the engine
 tokenizes the prompt and counts the tokens; importing ``transformers`` in every
 ingress process would cost seconds and hundreds of MiB.
+
+A model with no tokenizer folder at all (a Python model that formats its own prompts, or is not a
+transformer) gets ``PlainTranscript``: one ``role: content`` line per message, then ``assistant:``.
+Refusing chat there would leave such a model on ``/v1/completions`` only, while every chat client
+would send it the same conversation; a transcript is what it can read without knowing any template.
+A model that names a tokenizer without a template is still refused, as vLLM refuses it: there the
+template is missing by mistake, and a transcript would be silently wrong for that model.
 """
 
 from __future__ import annotations
@@ -14,11 +21,33 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from conveyor.proto.errors import internal, invalid_arg
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class Renderer(Protocol):
+    def prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str: ...
+
+
+class PlainTranscript:
+    """The conversation of a model without a chat template: ``role: content`` lines."""
+
+    def prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        if tools:
+            raise invalid_arg("the model has no chat template to write `tools` into: name a tokenizer folder "
+                              "with one (the config's `tokenizer` parameter, docs/LLM.md)")
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        if add_generation_prompt:
+            lines.append("assistant:")
+        return "\n".join(lines)
+
+
+PLAIN = PlainTranscript()
 
 
 class ChatTemplate:

@@ -10,7 +10,6 @@ tools reads each choice's text as content and tool calls (``tools.py``).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,8 @@ from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
-from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, engine_call, steps
+from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
+from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import (
     ChatRequest,
     CompletionRequest,
@@ -92,15 +92,23 @@ class _Endpoint:
         params = sampling_parameters(request, self._max_tokens(request))
         if parsed.tools is not None:
             parsed.tools.apply(params)
-        call = engine_call(parsed.target, prompt, params, request.stream)
+        rid = request_id(req, request.request_id)
+        call = engine_call(parsed.target, prompt, params, request.stream, rid)
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous = bool(include_usage and options and options.continuous_usage_stats)
         top = params.get("logprobs")
-        job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", request.model, int(time.time()),
+        job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}", request.model, int(time.time()),
                   request.n, prompt, parsed.echo, include_usage, top is not None, continuous, parsed.tools)
-        found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0)
+        model = parsed.target.model
+        found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0, model.contract.decoupled)
+        if not model.contract.counts_tokens:
+            tokenizer = await self._catalog.tokenizer(model)
+            if tokenizer is not None:  # usage from the tokenizer; without one, there is none
+                # A chat template writes the special tokens itself (vLLM adds none to a chat prompt).
+                found = counted(found, tokenizer, prompt, add_special_tokens=not self.chat)
         if request.stream:
+            # A model that is not decoupled streams too: its one answer is the stream's one chunk.
             # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
             first = await anext(found)
             resp.content_type = "text/event-stream; charset=utf-8"

@@ -1,13 +1,15 @@
-"""One OpenAI request as one request to a model of Triton's vLLM contract, and its
+"""One OpenAI request as one request to a generative model (``contract.py``), and its
 responses read back as steps: each choice's new text, finish reason and token counts.
 
 The model gets ``text_input``, ``stream``, ``sampling_parameters`` (JSON; ``n``
 choices come back as ``n`` elements of ``text_output``; ``lora_name`` picks the
-adapter) and ``exclude_input_in_output`` (always true: ``echo`` is written here, so
+adapter) or, without that input, one input per sampling field, and
+``exclude_input_in_output`` (always true: ``echo`` is written here, so
 it streams too), plus the ``return_*`` inputs the model declares, for ``usage`` and
-``finish_reason`` (and ``return_logprobs`` when the request asks for logprobs).
-Streaming or not, the responses are read the same way: a non-streamed request is one
-response holding the whole text.
+``finish_reason`` (and ``return_logprobs`` when the request asks for logprobs); each
+only when the model declares it. Streaming or not, the responses are read the same way:
+a non-streamed request is one response holding the whole text, and so is the one answer
+of a model that is not decoupled (plain infer), streamed request or not.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import numpy as np
 import orjson
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
-from conveyor.ingress.openai.catalog import TEXT_INPUT, TEXT_OUTPUT, Target
+from conveyor.ingress.openai.catalog import Target
+from conveyor.ingress.openai.contract import TEXT_INPUT, TEXT_OUTPUT, tensor_inputs
+from conveyor.ingress.openai.tokenizer import Tokenizer
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import invalid_arg
@@ -70,24 +74,33 @@ class Usage:
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
 
-def engine_call(target: Target, prompt: str, params: dict[str, object], stream: bool) -> InferCall:
-    sig = target.model.signature
+def engine_call(target: Target, prompt: str, params: dict[str, object], stream: bool,
+                request_id: str = "") -> InferCall:
+    """The model's request; ``request_id``: the client's (``X-Request-Id``), the request's id in the
+    group's logs and traces, as in every Triton request that carries one."""
+    model = target.model
+    sig = model.signature
     if target.adapter is not None:
         params = {**params, "lora_name": target.adapter}
+    json_params = model.contract.sampling_json
     values: dict[str, object] = {
         TEXT_INPUT: prompt.encode(),
-        "stream": stream,
-        "sampling_parameters": orjson.dumps(params),
+        "stream": stream and model.contract.decoupled,
         "exclude_input_in_output": True,
     }
+    if json_params:
+        values["sampling_parameters"] = orjson.dumps(params)
     for name in _RETURNS:
         values[name] = True
     if "logprobs" in params:
         if LOGPROBS_INPUT not in sig.inputs:
-            raise invalid_arg(f"model '{target.model.name}' does not return logprobs (no '{LOGPROBS_INPUT}' input)")
+            raise invalid_arg(f"model '{model.name}' does not return logprobs (no '{LOGPROBS_INPUT}' input)")
         values[LOGPROBS_INPUT] = True
     inputs = [_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
-    return InferCall(model=target.model.name, version="", inputs=inputs)
+    if not json_params:
+        inputs += tensor_inputs(sig, {k: v for k, v in params.items() if k != "logprobs"} if "logprobs" in params
+                                else params, model.name)
+    return InferCall(model=model.name, version="", inputs=inputs, id=request_id)
 
 
 def _input(sig: ModelSignature, name: str, value: object) -> InferInput:
@@ -97,14 +110,45 @@ def _input(sig: ModelSignature, name: str, value: object) -> InferInput:
     return InferInput(name, spec.datatype, shape, data)
 
 
-async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0) -> AsyncGenerator[Step, None]:
+async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
+                decoupled: bool = True) -> AsyncGenerator[Step, None]:
     """The model's responses as steps. A model error raises (``ConveyorError``); closing
-    the iterator early cancels the request, which aborts it in the engine."""
+    the iterator early cancels the request, which aborts it in the engine. A model that is
+    not decoupled answers once (plain infer): one final step."""
+    if not decoupled:
+        yield _step(await dataplane.infer(call, endpoint="The OpenAI endpoint"), n, top)
+        return
     async with contextlib.aclosing(dataplane.infer_stream(call)) as responses:
         async for item in responses:
             if isinstance(item, StreamError):
                 raise item.error
             yield _step(item, n, top)
+
+
+async def counted(found: AsyncGenerator[Step, None], tokenizer: Tokenizer, prompt: str,
+                  add_special_tokens: bool) -> AsyncGenerator[Step, None]:
+    """The steps of a model that does not count its tokens, counted with its tokenizer: the prompt as
+    the tokenizer splits it; each step's new text on its own, and the last step whatever makes the
+    total the whole text's count (pieces split tokens apart, so their counts may not add up to it)."""
+    parts: list[list[str]] = []
+    so_far = 0
+    first = True
+    try:
+        async for step in found:
+            if first:
+                step.prompt_tokens = tokenizer.count(prompt, add_special_tokens)
+                first = False
+            parts += [[] for _ in range(len(step.texts) - len(parts))]
+            for i, text in enumerate(step.texts):
+                parts[i].append(text)
+            if step.final:
+                step.output_tokens = sum(tokenizer.count("".join(p)) for p in parts) - so_far
+            else:
+                step.output_tokens = sum(tokenizer.count(t) for t in step.texts)
+            so_far += step.output_tokens
+            yield step
+    finally:
+        await found.aclose()
 
 
 def _step(result: InferResult, n: int, top: int) -> Step:

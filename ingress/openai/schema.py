@@ -3,7 +3,9 @@ type-checked in one pass (msgspec), and the sampling parameters they carry.
 
 Fields the OpenAI API defines but this ingress cannot honour (``logit_bias``,
 ``suffix``, ``logprobs`` with ``echo``) are refused with a 400 rather than ignored;
-unknown fields are ignored, as OpenAI's own server does. vLLM's extensions to the
+unknown fields are accepted and ignored, as OpenAI's own server and vLLM's do, and each
+unknown top-level name is logged once per process (vLLM warns on every request), so a
+client's misspelt ``max_token`` shows in the log without flooding it. vLLM's extensions to the
 API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
 ``structured_outputs``, ``stream_options.continuous_usage_stats``: the usage so far on every
 chunk) pass through, as vLLM's server takes them. Structured outputs: ``response_format``
@@ -15,12 +17,15 @@ tool-call parts of the history are decoded here and checked in ``tools.py``.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import logging
+from typing import Any, TypeVar, cast
 
 import msgspec
 import orjson
 
 from conveyor.proto.errors import invalid_arg
+
+log = logging.getLogger(__name__)
 
 
 class StreamOptions(msgspec.Struct):
@@ -65,6 +70,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     logprobs: Any = None  # completions: a number of alternatives; chat: true or false
+    request_id: str | None = None  # vLLM's: the request's id when no X-Request-Id header gives one
     # refused when set
     logit_bias: dict[str, float] | None = None
     user: str | None = None
@@ -136,6 +142,24 @@ class ChatRequest(Sampling, kw_only=True):
     parallel_tool_calls: bool | None = None
 
 
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``/tokenize``: a ``prompt``, or chat ``messages`` written with the model's template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+    tools: list[ToolDefinition] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[int]
+
+
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
            "repetition_penalty", "ignore_eos", "min_tokens")
 
@@ -143,13 +167,40 @@ _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalt
 T = TypeVar("T")
 
 
+_UNKNOWN = "Object contains unknown field"
+_STRICT: dict[type, type] = {}  # a request type -> the same refusing unknown top-level fields
+_LOGGED: set[tuple[str, str]] = set()  # (request type, field) already logged
+_LOGGED_MAX = 256  # a client sending random names cannot grow it without bound
+
+
 def decode(body: bytes, kind: type[T]) -> T:
+    """The body as ``kind``. Decoded first as a type that refuses unknown top-level fields, which costs
+    the same: only a body that has some is decoded again without them, and its names are logged."""
+    strict = _STRICT.get(kind)
+    if strict is None:
+        strict = _STRICT[kind] = type(kind.__name__, (kind,), {}, forbid_unknown_fields=True)
     try:
-        return msgspec.json.decode(body, type=kind)
+        return cast(T, msgspec.json.decode(body, type=strict))
     except msgspec.ValidationError as exc:
-        raise invalid_arg(f"invalid request: {exc}") from None
+        if not str(exc).startswith(_UNKNOWN):
+            raise invalid_arg(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid_arg(f"the request body is not valid JSON: {exc}") from None
+    try:
+        out = msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise invalid_arg(f"invalid request: {exc}") from None
+    _log_unknown(body, kind)
+    return out
+
+
+def _log_unknown(body: bytes, kind: type) -> None:
+    known = set(getattr(kind, "__struct_fields__", ()))
+    for name in sorted(set(msgspec.json.decode(body, type=dict[str, msgspec.Raw])) - known):
+        key = (kind.__name__, name)
+        if key not in _LOGGED and len(_LOGGED) < _LOGGED_MAX:
+            _LOGGED.add(key)
+            log.warning("%s: ignoring the unknown field '%s' (logged once)", kind.__name__, name)
 
 
 def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
@@ -238,7 +289,7 @@ def completion_prompt(req: CompletionRequest) -> str:
     return prompt
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
     """The conversation as a chat template reads it: text parts joined by newlines, as vLLM does; an
     assistant turn's ``tool_calls`` with their arguments as objects, as transformers' tool-use templates
     expect them (vLLM parses them so too), and a tool message's ``tool_call_id``."""

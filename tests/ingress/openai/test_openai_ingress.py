@@ -1,7 +1,10 @@
 """The OpenAI-compatible ingress with the official ``openai`` client, against a running
 group serving a stand-in model of Triton's vLLM contract (tests/support/openai_models.py): the
 protocol's shapes, streaming, ``n``, ``stop``, usage, adapters through the model name,
-errors, and a client that goes away. The real engine: tests/ingress/openai/test_openai_vllm_e2e.py."""
+errors, and a client that goes away; and, in the same group, Python models of the plain
+``text_input`` / ``text_output`` contract, decoupled or not (tests/support/text_models.py), with
+vLLM's ``/tokenize``, ``/detokenize``, ``/version`` and ``X-Request-Id``. The real engine:
+tests/ingress/openai/test_openai_vllm_e2e.py."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import openai
 import pytest
 
 from conveyor.deploy.ports import free_port
-from tests.support import openai_models
+from tests.support import openai_models, text_models
 from tests.support.group import Server, _listening, start_server
 from tests.support.metrics import metrics_text
 
@@ -31,6 +34,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, in
     repo = str(tmp_path_factory.mktemp("openai_models"))
     openai_models.build(repo)
     openai_models.build(repo, LIMITED)
+    text_models.build(repo)
     with open(os.path.join(repo, LIMITED, "config.pbtxt"), "a") as f:
         f.write('parameters { key: "MAX_WAITING_REQUESTS" value: { string_value: "1" } }\n')
     port = free_port()
@@ -52,7 +56,7 @@ def client(group: tuple[Server, int]) -> openai.OpenAI:
 
 def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
-    assert ids == [MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet",
+    assert ids == [text_models.PLAIN, text_models.STREAMING, MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet",
                    LIMITED, f"{LIMITED}{SEP}sql", f"{LIMITED}{SEP}poet"]
     assert client.models.retrieve(f"{MODEL}{SEP}sql").id == f"{MODEL}{SEP}sql"
 
@@ -255,3 +259,95 @@ def test_scales_like_the_other_ingress_kinds(group: tuple[Server, int], client: 
     for _ in range(4):  # whichever process the kernel hands the connection to answers
         assert client.completions.create(model=MODEL, prompt="a", max_tokens=1).choices[0].text == " a"
     assert "openai-ingress=1" in scale(1)
+
+
+# Python models of the plain text contract (tests/support/text_models.py): they answer the prompt's words
+# reversed, so the answer shows the prompt they received.
+STREAMING, PLAIN = text_models.STREAMING, text_models.PLAIN
+HELLO: Any = [{"role": "user", "content": "hello world"}]  # its template: "<|user|> hello world <|assistant|>"
+
+
+def test_a_python_model_chats_through_its_tokenizers_template(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(model=STREAMING, messages=HELLO, max_tokens=3,
+                                                           extra_headers={"X-Request-Id": "trace-42"})
+    out = raw.parse()
+    assert raw.headers["x-request-id"] == "trace-42" and out.id == "chatcmpl-trace-42"  # vLLM's ids
+    assert out.choices[0].message.content == "<|assistant|> world hello"  # max_tokens reached the model
+    assert out.choices[0].finish_reason == "stop"  # the model gives none
+    # No counts from the model: its tokenizer's (the template writes special tokens itself: none added).
+    assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (4, 3)
+    streamed = client.chat.completions.with_raw_response.create(
+        model=STREAMING, messages=HELLO, max_tokens=3, stream=True, stream_options={"include_usage": True},
+        extra_headers={"X-Request-Id": "trace-43"})
+    assert streamed.headers["x-request-id"] == "trace-43"
+    chunks = list(streamed.parse())
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].id == "chatcmpl-trace-43"
+    assert [c.choices[0].delta.content for c in chunks[:-1]] == ["<|assistant|>", " world", " hello", ""]
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    last = chunks[-1].usage
+    assert last is not None and (last.prompt_tokens, last.completion_tokens, last.total_tokens) == (4, 3, 7)
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_a_python_model_completes_with_its_per_field_inputs(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=STREAMING, prompt="hello big world", max_tokens=2, temperature=0.3,
+                                    extra_body={"request_id": "body-7"})  # vLLM's field: the id without a header
+    assert out.choices[0].text == "world big" and out.id == "cmpl-body-7"
+    assert out.usage is not None and out.usage.prompt_tokens == 4  # "<s> hello big world": BOS added
+    stop = client.completions.create(model=STREAMING, prompt="hello big world", stop=["big"])
+    assert stop.choices[0].text == "world"  # stop reached the model as stop_words
+    chunks = list(client.completions.create(model=STREAMING, prompt="a b c", max_tokens=5, stream=True, echo=True))
+    assert "".join(c.choices[0].text for c in chunks) == "a b cc b a"
+
+
+def test_a_model_that_is_not_decoupled_answers_and_streams_its_answer_as_one_chunk(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=PLAIN, prompt="a b c")
+    assert out.choices[0].text == "c b a" and out.usage is None  # no tokenizer: no usage
+    # No template: a plain transcript, one "role: content" line per message.
+    chat = client.chat.completions.create(model=PLAIN, messages=[{"role": "user", "content": "hi there"}])
+    assert chat.choices[0].message.content == "assistant: there hi user:"
+    chunks = list(client.chat.completions.create(model=PLAIN, messages=[{"role": "user", "content": "hi there"}],
+                                                 stream=True))
+    assert len(chunks) == 1 and chunks[0].choices[0].finish_reason == "stop"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == "assistant: there hi user:"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=PLAIN, prompt="a", n=2)
+    assert "n must be 1" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=PLAIN, messages=HELLO, response_format={"type": "json_object"})
+    assert "guided decoding" in err.value.message
+
+
+def _call(port: int, method: str, path: str, body: object = None,
+          headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPResponse, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers or {})
+    r = conn.getresponse()
+    data = r.read()
+    return r.status, r, json.loads(data) if data else None
+
+
+def test_tokenize_detokenize_version_and_health_answer_as_vllms(group: tuple[Server, int]) -> None:
+    port = group[1]
+    status, r, doc = _call(port, "POST", "/tokenize", {"model": STREAMING, "prompt": "hello world"})
+    assert status == 200 and doc == {"count": 3, "max_model_len": None, "tokens": [1, 5, 6], "token_strs": None}
+    assert len(r.getheader("X-Request-Id") or "") == 32  # none sent: a fresh one
+    _, _, doc = _call(port, "POST", "/tokenize", {"model": STREAMING, "prompt": "hello world",
+                                                  "add_special_tokens": False, "return_token_strs": True})
+    assert doc["tokens"] == [5, 6] and doc["token_strs"] == ["hello", "world"]
+    _, _, doc = _call(port, "POST", "/tokenize", {"model": STREAMING, "messages": [{"role": "user", "content": "hi"}]})
+    assert doc["tokens"] == [2, 7, 3]  # "<|user|> hi <|assistant|>", as chat writes it
+    status, r, doc = _call(port, "POST", "/detokenize", {"model": STREAMING, "tokens": [1, 5, 6]},
+                           {"X-Request-Id": "d-1"})
+    assert (status, doc, r.getheader("X-Request-Id")) == (200, {"prompt": "<s> hello world"}, "d-1")
+    status, _, doc = _call(port, "POST", "/tokenize", {"model": PLAIN, "prompt": "a"})
+    assert status == 400 and "has no tokenizer" in doc["error"]["message"]
+    status, _, doc = _call(port, "POST", "/tokenize", {"prompt": "a"})  # several models: which one?
+    assert status == 400 and "`model` is required" in doc["error"]["message"]
+    status, _, doc = _call(port, "POST", "/detokenize", {"model": STREAMING, "tokens": [99]})
+    assert status == 400 and "out of the vocabulary" in doc["error"]["message"]
+    status, _, doc = _call(port, "GET", "/version")
+    assert status == 200 and re.fullmatch(r"\d+\.\d+\.\d+.*", doc["version"])
+    status, r, _ = _call(port, "GET", "/health", headers={"X-Request-Id": "h"})
+    assert status == 200 and r.getheader("X-Request-Id") == "h"
