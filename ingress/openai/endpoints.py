@@ -33,7 +33,8 @@ from conveyor.ingress.openai.schema import (
     decode,
     sampling_parameters,
 )
-from conveyor.ingress.openai.tools import CallDelta, CallReader, ToolPlan, finish_reason, plan, read_whole
+from conveyor.ingress.openai.tool_calls import CallDelta, CallReader, finish_reason, read_whole
+from conveyor.ingress.openai.tools import ToolPlan, plan
 from conveyor.proto.errors import ConveyorError
 
 Request = falcon.asgi.Request

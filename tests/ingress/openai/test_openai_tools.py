@@ -1,4 +1,4 @@
-"""Tool calling's pure parts (ingress/openai/tools.py), without a group: the request's tools checked and
+"""Tool calling's pure parts (ingress/openai/tools.py, tool_calls.py), without a group: the request's tools checked and
 turned into guided decoding, and the model's text read as tool calls. Streamed, the text is split at
 every boundary: whatever the token boundaries, the deltas joined are the non-streamed answer's calls,
 the name arrives whole in each call's first delta, and the arguments parse as JSON."""
@@ -14,18 +14,16 @@ import pytest
 
 from conveyor.ingress.openai.chat_template import ChatTemplate
 from conveyor.ingress.openai.schema import ChatRequest, chat_messages, decode
-from conveyor.ingress.openai.tools import (
-    PARSER_PARAMETER,
+from conveyor.ingress.openai.tool_calls import (
     CallArray,
     CallReader,
     HermesCalls,
     Llama3JsonCalls,
     Mode,
     NamedCall,
-    ToolPlan,
-    plan,
     read_whole,
 )
+from conveyor.ingress.openai.tools import PARSER_PARAMETER, ToolPlan, plan
 from conveyor.proto.errors import ConveyorError, Status
 
 WEATHER = {"type": "function", "function": {
@@ -232,7 +230,7 @@ def test_auto_keeps_text_that_is_no_valid_call_as_content() -> None:
 
 
 def test_the_finish_reason_says_tool_calls_unless_cut_short() -> None:
-    from conveyor.ingress.openai.tools import finish_reason
+    from conveyor.ingress.openai.tool_calls import finish_reason
 
     assert finish_reason(True, "stop") == "tool_calls"
     assert finish_reason(True, "length") == "length"  # the arguments may be cut short

@@ -1,0 +1,435 @@
+"""A model's text read back as tool calls, whole or one step at a time (``tools.py`` decides which
+reader a request's ``tool_choice`` needs).
+
+The parsers are written here, after vLLM's of the same names (``hermes``, ``llama3_json``), on the text
+alone: the ingress loads no tokenizer and sees no token ids, and vLLM's parser classes need both (and
+importing vLLM would cost every ingress process seconds and hundreds of MiB).
+
+Streaming: every reader here takes the text a piece at a time and hands out deltas: a call's first
+delta carries its index, id, type and name (once the name is whole); the later ones carry pieces of its
+arguments. The arguments are the model's own text of the value, so the pieces joined are exactly the
+arguments a non-streamed answer carries, wherever the token boundaries fell. A non-streamed answer is
+read by the same code, in one piece.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+Mode = Literal["none", "auto", "required", "named"]  # what a request's tool_choice asks of the answer
+
+
+@dataclass(slots=True)
+class CallDelta:
+    """One call's part of a chunk: the first carries ``id`` and ``name``, the others argument pieces."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        if self.name is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class Piece:
+    """What one piece of the model's text gives the answer: content, and call deltas (one per call)."""
+
+    content: str = ""
+    calls: list[CallDelta] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def wire(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+_ARGUMENT_KEYS = ("arguments", "parameters")
+_SPACE = " \t\r\n"
+
+
+class CallObject:
+    """One JSON object ``{"name": ..., "arguments": ...}`` (or ``"parameters"``) read a piece at a time:
+    its name once whole, and the raw text of its arguments value as it arrives. A small JSON scanner
+    (strings, escapes, nesting) rather than a parser: the arguments leave before the object is whole."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.failed = False  # not an object: the text is no call
+        self.index: int | None = None  # its place among the answer's calls, once its first delta left
+        self.name: str | None = None
+        self.has_arguments = False
+        self._state = "start"  # start, key, colon, value, in_key, in_value, after
+        self._key: list[str] = []
+        self._kind = ""  # what the value being read is: "name", "args" or "" (skipped)
+        self._value: list[str] = []  # the name's raw text (with its quotes)
+        self._args: list[str] = []  # argument text not taken yet
+        self._raw: list[str] = []  # the whole object, to check it (``valid``)
+        self._depth = 0  # nesting inside the value being read
+        self._string = False  # inside a string (of the value, or the key)
+        self._escape = False
+        self._scalar = False  # the value is a number, true, false or null: it ends at a delimiter
+
+    def feed(self, text: str) -> int:
+        """Read ``text``; how much of it the object took (all of it, unless the object ended in it)."""
+        for i, ch in enumerate(text):
+            if self.done or self.failed:
+                return i
+            self._char(ch)
+        return len(text)
+
+    def take_arguments(self) -> str:
+        """The argument text read since the last take."""
+        out = "".join(self._args)
+        self._args.clear()
+        return out
+
+    @property
+    def valid(self) -> bool:
+        """Whole, valid JSON, with a name and arguments: what vLLM's parsers accept as a call."""
+        if not self.done or self.name is None or not self.has_arguments:
+            return False
+        try:
+            doc = orjson.loads("".join(self._raw))
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(doc, dict)
+
+    def _char(self, ch: str) -> None:
+        state = self._state
+        if state == "in_value":
+            if self._value_char(ch):
+                return
+            state = self._state  # a number, true, false or null ended at this delimiter: the object's
+        elif state == "in_key":
+            self._raw.append(ch)
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._state = "colon"
+                return
+            self._key.append(ch)
+            return
+        if ch in _SPACE:
+            if state != "start":
+                self._raw.append(ch)
+            return
+        if state == "value":
+            self._begin_value(ch)
+            return
+        if state == "start" and ch == "{":
+            self._state = "key"
+        elif state in ("key", "after") and ch == "}":
+            self.done = True
+        elif state == "key" and ch == '"':
+            self._key.clear()
+            self._state = "in_key"
+        elif state == "after" and ch == ",":
+            self._state = "key"
+        elif state == "colon" and ch == ":":
+            self._state = "value"
+        else:
+            self.failed = True
+            return
+        self._raw.append(ch)
+
+    def _begin_value(self, ch: str) -> None:
+        key = _unquote("".join(self._key))
+        self._kind = "name" if key == "name" else "args" if key in _ARGUMENT_KEYS else ""
+        if self._kind == "args":
+            self.has_arguments = True
+        self._value.clear()
+        self._depth = 0
+        self._string = self._escape = False
+        self._scalar = ch not in '"{['
+        self._state = "in_value"
+        if not self._value_char(ch):  # no value at all (``"a": ,``): the delimiter is the object's
+            self._char(ch)
+
+    def _value_char(self, ch: str) -> bool:
+        """A character of the value being read (False: it ends a scalar and is not the value's); at the
+        value's end the state moves on (``after``)."""
+        if self._scalar and (ch in _SPACE or ch in ",}"):
+            self._end_value()
+            return False
+        self._raw.append(ch)
+        if self._kind == "args":
+            self._args.append(ch)
+        elif self._kind == "name":
+            self._value.append(ch)
+        if self._scalar:
+            return True
+        if self._string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._string = False
+                if self._depth == 0:
+                    self._end_value()
+        elif ch == '"':
+            self._string = True
+        elif ch in "{[":
+            self._depth += 1
+        elif ch in "}]":
+            self._depth -= 1
+            if self._depth == 0:
+                self._end_value()
+        return True
+
+    def _end_value(self) -> None:
+        if self._kind == "name":
+            raw = "".join(self._value)
+            self.name = (_unquote(raw) or None) if raw.startswith('"') else None
+        self._state = "after"
+
+
+def _unquote(raw: str) -> str:
+    """A JSON string's value (``raw`` with its quotes, or without: a key's inside)."""
+    try:
+        value = orjson.loads(raw if raw.startswith('"') else f'"{raw}"')
+    except orjson.JSONDecodeError:
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+class CallReader:
+    """One choice's text read as content and tool calls (``feed`` each new piece, ``end`` once)."""
+
+    def __init__(self) -> None:
+        self._calls: list[CallObject] = []
+        self._ids: list[str] = []  # the calls whose first delta left (their name was whole)
+        self.valid = True  # every call read is one vLLM's parser would accept
+
+    def feed(self, text: str) -> Piece:
+        raise NotImplementedError
+
+    def end(self) -> Piece:
+        """The text is over: whatever was held back."""
+        for call in self._calls:
+            if not call.valid:
+                self.valid = False
+        return Piece()
+
+    @property
+    def called(self) -> bool:
+        return bool(self._ids)
+
+    def _deltas(self) -> list[CallDelta]:
+        """What the calls read since the last time give: a first delta once a name is whole, then
+        argument pieces (held while the name is not whole: it comes first)."""
+        out = []
+        for call in self._calls:
+            if call.name is None:
+                continue  # a call without a name never shows
+            args = call.take_arguments()
+            if call.index is None:
+                call.index = len(self._ids)
+                self._ids.append(call_id())
+                out.append(CallDelta(call.index, args, self._ids[call.index], call.name))
+            elif args:
+                out.append(CallDelta(call.index, args))
+        return out
+
+
+class NamedCall(CallReader):
+    """A named ``tool_choice``: guided decoding made the whole text the function's arguments."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    def feed(self, text: str) -> Piece:
+        if not self._ids:
+            self._ids.append(call_id())
+            return Piece(calls=[CallDelta(0, text, self._ids[0], self._name)])
+        return Piece(calls=[CallDelta(0, text)] if text else [])
+
+    def end(self) -> Piece:
+        return self.feed("") if not self._ids else Piece()
+
+
+class _Objects(CallReader):
+    """Calls written as JSON objects with something around and between them (each framing says what)."""
+
+    def _read_object(self, text: str) -> int:
+        """Feed the open call; how much of ``text`` it took."""
+        call = self._calls[-1]
+        used = call.feed(text)
+        if call.failed:
+            self.valid = False
+        return used
+
+
+class CallArray(_Objects):
+    """``required``: guided decoding made the text ``[{"name": ..., "parameters": {...}}, ...]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._over = False  # the array closed
+
+    def feed(self, text: str) -> Piece:
+        at = 0
+        while at < len(text) and not self._over:
+            if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
+                at += self._read_object(text[at:])
+                continue
+            ch = text[at]
+            if ch == "{":
+                self._calls.append(CallObject())
+                continue
+            if ch == "]" or (ch not in _SPACE and ch not in "[,"):
+                self._over = True
+            at += 1
+        return Piece(calls=self._deltas())
+
+
+class HermesCalls(_Objects):
+    """vLLM's ``hermes`` format: content, then calls as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
+    As vLLM's parser, the content is the text before the first call; text between calls is dropped."""
+
+    START, END = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending = ""  # text that may be the start of a tag
+
+    def feed(self, text: str) -> Piece:
+        text = self._pending + text
+        self._pending = ""
+        content: list[str] = []
+        at = 0
+        while at < len(text):
+            if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
+                at += self._read_object(text[at:])
+                continue
+            start = text.find(self.START, at)
+            if start < 0:
+                keep = _partial_tag(text, self.START, at)
+                if not self._calls:
+                    content.append(text[at:len(text) - keep])
+                self._pending = text[len(text) - keep:]
+                break
+            if not self._calls:
+                content.append(text[at:start])
+            self._calls.append(CallObject())
+            at = start + len(self.START)
+        return Piece("".join(content), self._deltas())
+
+    def end(self) -> Piece:
+        tail = "" if self._calls else self._pending  # a partial tag at the very end is content
+        self._pending = ""
+        super().end()
+        return Piece(tail, self._deltas())
+
+
+class Llama3JsonCalls(_Objects):
+    """vLLM's ``llama3_json`` format: a text that starts with ``<|python_tag|>`` or ``{`` is calls,
+    ``{"name": ..., "parameters": ...}`` separated by ``;``; any other text is content. (vLLM's
+    non-streamed parser also finds objects later in the text; its streaming one does not, nor this one.)"""
+
+    TAG = "<|python_tag|>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kind: Literal["", "content", "calls"] = ""
+        self._head = ""  # the text while it may still be the tag
+
+    def feed(self, text: str) -> Piece:
+        if self._kind == "":
+            self._head += text
+            head = self._head
+            if head.startswith(self.TAG):
+                self._kind, text = "calls", head[len(self.TAG):]
+            elif head.startswith("{"):
+                self._kind, text = "calls", head
+            elif self.TAG.startswith(head):
+                return Piece()
+            else:
+                self._kind = "content"
+                return Piece(head)
+        if self._kind == "content":
+            return Piece(text)
+        at = 0
+        while at < len(text):
+            if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
+                at += self._read_object(text[at:])
+            elif text[at] == "{":
+                self._calls.append(CallObject())
+            else:
+                at += 1  # separators (";", spaces) and stray text
+        return Piece(calls=self._deltas())
+
+    def end(self) -> Piece:
+        head = self._head if self._kind == "" else ""
+        super().end()
+        return Piece(head, self._deltas())
+
+
+def _partial_tag(text: str, tag: str, start: int) -> int:
+    """How many characters at the end of ``text[start:]`` may begin ``tag``."""
+    for n in range(min(len(tag) - 1, len(text) - start), 0, -1):
+        if tag.startswith(text[len(text) - n:]):
+            return n
+    return 0
+
+
+PARSERS: dict[str, Callable[[], CallReader]] = {
+    "hermes": HermesCalls,
+    "llama3_json": Llama3JsonCalls,
+    "llama4_json": Llama3JsonCalls,  # vLLM's name for the same parser on Llama 4
+}
+
+
+# ---------------------------------------------------------------------------------------------- answers
+
+
+@dataclass(slots=True)
+class Answer:
+    """A whole choice read: its content and calls."""
+
+    content: str | None
+    calls: list[ToolCall]
+
+
+def read_whole(reader: CallReader, text: str, mode: Mode) -> Answer:
+    """A non-streamed choice: the streamed deltas, joined. ``auto``: as vLLM's parsers, a call that is
+    not valid JSON with a name and arguments makes the whole text the content, with no calls."""
+    pieces = [reader.feed(text), reader.end()]
+    content = "".join(p.content for p in pieces)
+    calls: list[ToolCall] = []
+    for delta in (d for p in pieces for d in p.calls):
+        if delta.name is not None:
+            calls.append(ToolCall(delta.id or call_id(), delta.name, delta.arguments))
+        else:
+            calls[delta.index].arguments += delta.arguments
+    if mode == "auto" and (not reader.valid or not calls):
+        return Answer(text, [])
+    return Answer(content or None, calls)
+
+
+def finish_reason(called: bool, reason: str | None) -> str | None:
+    """``tool_calls`` for an answer that called tools and stopped by itself; ``length`` stays (the
+    arguments may be cut short)."""
+    return "tool_calls" if reason == "stop" and called else reason
