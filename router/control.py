@@ -64,6 +64,13 @@ class ControlHandler:
             return False
         return True
 
+    def model_load(self, model: str, version: str = "") -> dict[str, float]:
+        """What a version holds now, as the load report a gateway reads (the OpenAI ingress's
+        ``endpoint-load-metrics`` header): the counts the overload limits read (router/scheduling/overload.py)."""
+        waiting = self.registry.resolve(model, version).waiting
+        return {"kv_cache_usage_perc": waiting.kv_usage if waiting.running else 0.0,
+                "num_requests_waiting": float(waiting.count), "num_requests_running": float(waiting.running)}
+
     def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
         state = self.registry.resolve(model, version)
         return metadata(self.registry.entry(model), state if version else None)

@@ -96,6 +96,7 @@ def router_ops(r: Router) -> ControlTable:
         "metrics": Op(NoArgs, lambda _: c.metrics()),
         "instances": Op(NoArgs, lambda _: c.instances()),
         "model_directory": Op(ModelVersion, lambda a: c.model_directory(a.model, a.version)),  # the OpenAI ingress
+        "model_load": Op(ModelVersion, lambda a: c.model_load(a.model, a.version)),  # its ORCA load report
         # the model repository (router/lifecycle/, router/worker_pool/placement.py)
         # (the repository agent reads the disk: the index and a registration answer once it did)
         "repository_index": Deferred(RepositoryIndex, lambda a, caller: r.lifecycle.request_index(a.ready, caller)),

@@ -20,9 +20,11 @@ import orjson
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import read_body
+from conveyor.ingress.openai import load_report
 from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
 from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
+from conveyor.ingress.openai.load_report import asked_format
 from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import (
     ChatRequest,
@@ -108,10 +110,13 @@ class _Endpoint:
             if tokenizer is not None:  # usage from the tokenizer; without one, there is none
                 # A chat template writes the special tokens itself (vLLM adds none to a chat prompt).
                 found = counted(found, tokenizer, prompt, add_special_tokens=not self.chat)
+        report = asked_format(req.get_header(load_report.FORMAT_HEADER))
         if request.stream:
             # A model that is not decoupled streams too: its one answer is the stream's one chunk.
             # The status line must wait for the model's first answer: an error before it is a plain 4xx/5xx.
             first = await anext(found)
+            if report:  # the load as the stream starts (vLLM's server reports on whole answers only)
+                await self._load_report(resp, report, model.name)
             resp.content_type = "text/event-stream; charset=utf-8"
             resp.sse = self._events(job, first, found)
             return
@@ -126,6 +131,8 @@ class _Endpoint:
                 finish[i] = finish[i] or step.finish[i]
             for i, new in enumerate((step.logprobs or [])[: job.n]):
                 tokens[i] += new
+        if report:
+            await self._load_report(resp, report, model.name)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({
             "id": job.id, "object": self.object_name, "created": job.created, "model": job.model,
@@ -137,6 +144,10 @@ class _Endpoint:
 
     async def _parse(self, body: bytes) -> Parsed:
         raise NotImplementedError
+
+    async def _load_report(self, resp: Response, fmt: str, model: str) -> None:
+        load = await self._dataplane.link.control("model_load", model=model)
+        resp.set_header(load_report.HEADER, load_report.render(fmt, load))
 
     def _max_tokens(self, request: Sampling) -> int:
         return request.max_tokens if request.max_tokens is not None else self._options.default_max_tokens

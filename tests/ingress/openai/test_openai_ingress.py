@@ -328,6 +328,38 @@ def _call(port: int, method: str, path: str, body: object = None,
     return r.status, r, json.loads(data) if data else None
 
 
+def _named(header: str) -> dict[str, float]:
+    kind, _, report = header.partition(" ")
+    if kind == "JSON":
+        return dict(json.loads(report)["named_metrics"])
+    assert kind == "TEXT", header
+    return {k.removeprefix("named_metrics."): float(v) for k, v in (p.split("=") for p in report.split(", "))}
+
+
+def test_a_gateway_that_asks_gets_the_models_load_in_orcas_header(group: tuple[Server, int]) -> None:
+    """endpoint-load-metrics-format: TEXT or JSON, as vLLM's server answers it: the model's load as the
+    answer starts (a stream sees itself running); nothing when not asked."""
+    _, port = group
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 3}
+    status, r, _ = _call(port, "POST", "/v1/completions", body, {"endpoint-load-metrics-format": "TEXT"})
+    assert status == 200
+    load = _named(r.getheader("endpoint-load-metrics") or "")
+    assert set(load) == {"kv_cache_usage_perc", "num_requests_waiting", "num_requests_running"}
+    assert load["kv_cache_usage_perc"] == 0.0  # no engine reports one
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/completions", headers={"endpoint-load-metrics-format": "json"},
+                 body=json.dumps({"model": LIMITED, "prompt": "slow", "max_tokens": 200, "stream": True}))
+    streamed = conn.getresponse()
+    report = streamed.getheader("endpoint-load-metrics") or ""
+    assert streamed.status == 200 and report.startswith("JSON ")
+    assert _named(report)["num_requests_running"] == 1.0
+    conn.close()  # cancelled
+    status, r, _ = _call(port, "POST", "/v1/completions", body)
+    assert status == 200 and r.getheader("endpoint-load-metrics") is None
+    status, r, _ = _call(port, "POST", "/v1/completions", body, {"endpoint-load-metrics-format": "BINARY"})
+    assert status == 200 and r.getheader("endpoint-load-metrics") is None  # a format not served: none, as vLLM
+
+
 def test_tokenize_detokenize_version_and_health_answer_as_vllms(group: tuple[Server, int]) -> None:
     port = group[1]
     status, r, doc = _call(port, "POST", "/tokenize", {"model": STREAMING, "prompt": "hello world"})
