@@ -61,9 +61,9 @@ def test_a_load_reaches_every_instance_and_an_instance_ready_later_gets_it_first
     core.infer("llm")
     core.infer("llm")
     got = core.to_worker(W2)
-    first = next(i for i, msg in enumerate(got) if isinstance(msg, (m.LoraUpdate, m.ExecBatch)))
-    assert isinstance(got[first], m.LoraUpdate)
-    assert (got[first].name, got[first].path, got[first].check) == ("delta", "/a/delta", 0)
+    first = next(msg for msg in got if isinstance(msg, (m.LoraUpdate, m.ExecBatch)))
+    assert isinstance(first, m.LoraUpdate) and any(isinstance(msg, m.ExecBatch) for msg in got)
+    assert (first.name, first.path, first.check) == ("delta", "/a/delta", 0)
 
 
 def test_a_failed_load_is_undone_and_answered_with_the_first_failure(core: RouterCore) -> None:
