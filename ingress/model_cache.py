@@ -36,6 +36,11 @@ class ModelSignatureCache:
         self._cache[(model, version)] = sig
         return sig
 
+    @property
+    def generation(self) -> int:
+        """The router's repository generation the cache holds (-1: none seen yet)."""
+        return self._generation
+
     def observe_generation(self, generation: int) -> None:
         """Drop everything when the router's repository has changed."""
         if generation != self._generation:

@@ -15,6 +15,7 @@ Flows (see ARCHITECTURE.md)::
     router  --InferResponse/ControlReply/SettingsUpdate/RepositoryChanged--> ingress
     router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
     worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving/CustomMetrics--> router
+    router  --LoraUpdate--> worker, worker --LoraUpdated--> router (runtime LoRA adapters)
     worker  --ItemResponsesSent--> router (a decoupled request's responses it sent straight to the ingress)
     worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
     worker  --InferResponse--> ingress (direct replies: ``BatchItem.reply_to``, decoupled ones too)
@@ -29,7 +30,8 @@ import msgspec
 # 2: several descriptors per ZeroMQ message; workers answer an ingress directly.
 # 3: a decoupled model's responses go straight to the ingress too (``ItemResponsesSent``).
 # 4: ``RepositoryChanged`` to every ingress and BLS link.
-PROTOCOL_VERSION = 4
+# 5: runtime LoRA adapters (``LoraUpdate`` / ``LoraUpdated``).
+PROTOCOL_VERSION = 5
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -276,6 +278,24 @@ class ReadyChecked(msgspec.Struct, tag="rchecked", array_like=True):
     ready: bool
 
 
+class LoraUpdate(msgspec.Struct, tag="lora", array_like=True):
+    """Router to worker: add the LoRA adapter ``name`` at ``path`` to the instance's engine
+    (``path`` "": remove it), and answer ``LoraUpdated`` with ``check`` (0: nobody waits, an
+    adapter given again to an instance that loaded after it was added)."""
+
+    model: str
+    version: str
+    instance: int
+    check: int
+    name: str
+    path: str = ""
+
+
+class LoraUpdated(msgspec.Struct, tag="loraed", array_like=True):
+    check: int
+    error: ErrorInfo | None = None
+
+
 class SequenceStep(msgspec.Struct, array_like=True):
     """A request's place in its sequence (sequence batching): the instance's
     ``slot`` that holds the sequence's implicit state, the START/END flags and
@@ -443,11 +463,11 @@ IngressToRouter = IngressHello | InferRequest | Cancel | ControlRequest | TraceE
 RouterToIngress = InferResponse | ControlReply | SettingsUpdate | RepositoryChanged
 RouterToWorker = (
     LoadModel | UnloadModel | ExecBatch | Heartbeat | Rehello | ForgetRegions | CancelItem | LeaveGranted
-    | ForgetSequences | SettingsUpdate | ReadyCheck
+    | ForgetSequences | SettingsUpdate | ReadyCheck | LoraUpdate
 )
 WorkerToRouter = (
     WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | ItemResponsesSent | WorkerLeaving
-    | CustomMetrics | ReadyChecked
+    | CustomMetrics | ReadyChecked | LoraUpdated
 )
 
 encoder = msgspec.msgpack.Encoder()

@@ -32,6 +32,17 @@ class AnyModel(Args, frozen=True):
     version: str = ""
 
 
+class LoraLoad(Args, frozen=True):
+    model: str
+    name: str
+    path: str
+    inplace: bool = False  # replace a runtime adapter of that name (vLLM's ``load_inplace``)
+
+
+class LoraUnload(Args, frozen=True):
+    name: str
+
+
 class RepositoryIndex(Args, frozen=True):
     ready: bool = False  # only the ready models
 
@@ -106,6 +117,11 @@ def router_ops(r: Router) -> ControlTable:
         "repository_register": Deferred(RepositoryRegister, lambda a, caller: r.lifecycle.register(
             a.root, a.mapping, caller)),
         "repository_unregister": Op(RepositoryUnregister, lambda a: r.lifecycle.unregister(a.root)),
+        # runtime LoRA adapters (router/runtime_lora.py; the OpenAI ingress's load/unload_lora_adapter)
+        "lora_load": Deferred(LoraLoad, lambda a, caller: r.runtime_lora.load(
+            a.model, a.name, a.path, a.inplace, caller)),
+        "lora_unload": Op(LoraUnload, lambda a: r.runtime_lora.unload(a.name)),
+        "lora_adapters": Op(NoArgs, lambda _: r.runtime_lora.listing()),
         # client shared memory (router/shared_memory/client_regions.py)
         **shm_ops(r.shm, r.forget_regions),
         # log and trace settings (router/settings_hub.py)

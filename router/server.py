@@ -51,6 +51,7 @@ from conveyor.router.repository.agent import RepositoryAgent
 from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
+from conveyor.router.runtime_lora import RuntimeLora
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.settings_hub import SettingsHub
@@ -160,6 +161,8 @@ class Router:
                                            self.shm, self.control.custom_metrics, group, startup.load_retries)
         self.worker_drain = self.membership.drain
         self.user_readiness = UserReadiness(self.registry, self.control, self.front, self.back)
+        self.runtime_lora = RuntimeLora(self.registry, self.front, self.back)
+        self.membership.on_ready = self.runtime_lora.on_ready
         self.control_ops = router_ops(self)
         # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
         self._on_infer = self.admission.on_infer
@@ -304,6 +307,8 @@ class Router:
             self.registry.waiting.kv_reported(identity, msg.metrics)  # MAX_KV_CACHE_USAGE reads it
         elif isinstance(msg, m.ReadyChecked):
             self.user_readiness.on_checked(msg)
+        elif isinstance(msg, m.LoraUpdated):
+            self.runtime_lora.on_updated(msg)
         if self.worker_drain.active:
             self.membership.progress_drain()
 
@@ -331,6 +336,7 @@ class Router:
             self._check_startup()
         self.loans.collect(expire=True)
         self.user_readiness.expire(now)
+        self.runtime_lora.expire(now)
         if self.shm and now >= self._next_shm_sweep:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
             self.forget_regions(self.shm.sweep())

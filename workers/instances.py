@@ -17,7 +17,7 @@ from conveyor.deploy.runtime.dispatch_cpu import release_thread
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import BatchShapes
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.sequence_config import sequence_batched
 from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.base import Backend, RequestBackend
@@ -147,6 +147,37 @@ def check_readiness(inst: LoadedInstance | None, msg: m.ReadyCheck, post: Post) 
         post(m.encode(m.ReadyChecked(msg.check, done.result())))
 
     readiness().add_done_callback(answer)
+
+
+def update_adapter(inst: LoadedInstance | None, msg: m.LoraUpdate, post: Post) -> None:
+    """A runtime LoRA adapter added to (or removed from) the instance's engine; ``LoraUpdated`` when
+    the engine has it. The backend learns the name at once, so the batches the router sends after
+    this message find it."""
+    backend = inst.backend if inst is not None else None
+    update = getattr(backend, "update_adapter", None)
+
+    def answer(error: ConveyorError | None) -> None:
+        if msg.check or error is not None:  # check 0: nobody waits; a failure is still worth a log line
+            info = None if error is None else m.ErrorInfo(int(error.status), error.message)
+            post(m.encode(m.LoraUpdated(msg.check, info)))
+
+    if backend is None:
+        answer(ConveyorError(Status.UNAVAILABLE, f"model '{msg.model}' version {msg.version} is not loaded here"))
+        return
+    if update is None:
+        answer(ConveyorError(Status.INVALID_ARG, f"model '{msg.model}' takes no LoRA adapters: it is not a vLLM model"))
+        return
+
+    def done(future: concurrent.futures.Future[None]) -> None:
+        exc = future.exception()
+        if exc is None:
+            answer(None)
+        elif isinstance(exc, ConveyorError):
+            answer(exc)
+        else:
+            answer(ConveyorError(Status.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    update(msg.name, msg.path).add_done_callback(done)
 
 
 def forget_sequences(inst: LoadedInstance | None, msg: m.ForgetSequences) -> None:

@@ -44,6 +44,7 @@ from conveyor.workers.instances import (
     check_readiness,
     close_instance,
     forget_sequences,
+    update_adapter,
 )
 from conveyor.workers.mailbox import Mailbox
 from conveyor.workers.reply_links import ReplyLinks
@@ -158,6 +159,8 @@ class Worker:
             forget_sequences(self.instances.get((msg.model, msg.version, msg.instance)), msg)
         elif isinstance(msg, m.ReadyCheck):
             check_readiness(self.instances.get((msg.model, msg.version, msg.instance)), msg, self.mailbox.post)
+        elif isinstance(msg, m.LoraUpdate):
+            update_adapter(self.instances.get((msg.model, msg.version, msg.instance)), msg, self.mailbox.post)
         elif isinstance(msg, m.UnloadModel):
             self._unload((msg.model, msg.version, msg.instance))
         elif isinstance(msg, m.LeaveGranted):

@@ -1,7 +1,7 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions``, and vLLM's own routes: ``GET /health`` (ready),
-``GET /version``, ``POST /tokenize`` and ``POST /detokenize``; every answer carries
-``X-Request-Id`` (``request_id.py``).
+``GET /version``, ``POST /tokenize`` and ``POST /detokenize``, ``POST /v1/load_lora_adapter`` and
+``POST /v1/unload_lora_adapter`` (``adapters.py``); every answer carries ``X-Request-Id`` (``request_id.py``).
 
 It is one more ingress of the group: the same router link and data plane as the
 KServe ingress, so its requests share the router, the workers, the statistics and
@@ -18,7 +18,8 @@ import orjson
 
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
-from conveyor.ingress.openai.catalog import Catalog
+from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
+from conveyor.ingress.openai.catalog import Catalog, Listed, LlmModel
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import render_error
 from conveyor.ingress.openai.request_id import RequestIds
@@ -36,13 +37,23 @@ class OpenAiOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
+def _card(row: Listed) -> dict[str, object]:
+    """vLLM's model card: an adapter names its base model in ``parent`` and its folder in ``root``;
+    a model's ``root`` is its weights (``model.json``'s ``model``)."""
+    return {"id": row.id, "object": "model", "created": row.model.created, "owned_by": OWNER,
+            "root": row.root or _weights(row.model), "parent": row.parent}
+
+
+def _weights(model: LlmModel) -> str:
+    return str(model.engine_args.get("model") or model.name)
+
+
 class Models:
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        rows = [{"id": name, "object": "model", "created": model.created, "owned_by": OWNER}
-                for name, model in await self._catalog.listed()]
+        rows = [_card(row) for row in await self._catalog.listed()]
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({"object": "list", "data": rows})
 
@@ -53,8 +64,14 @@ class Model:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         target = await self._catalog.target(name)
+        model, adapter = target.model, target.adapter
+        if adapter is None:
+            row = Listed(name, model)
+        else:
+            runtime = (await self._catalog.runtime_adapters()).get(adapter)
+            row = Listed(name, model, model.name, runtime.path if runtime is not None else model.adapters[adapter])
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = orjson.dumps({"id": name, "object": "model", "created": target.model.created, "owned_by": OWNER})
+        resp.data = orjson.dumps(_card(row))
 
 
 class Health:
@@ -89,6 +106,8 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     app.add_route("/version", Version())
     app.add_route("/tokenize", Tokenize(catalog, options.max_body_bytes))
     app.add_route("/detokenize", Detokenize(catalog, options.max_body_bytes))
+    app.add_route("/v1/load_lora_adapter", LoadLoraAdapter(ctx.dataplane, catalog))
+    app.add_route("/v1/unload_lora_adapter", UnloadLoraAdapter(ctx.dataplane, catalog))
     app.add_error_handler(Exception, render_error)
     app.add_error_handler(falcon.HTTPError, render_error)
     return app

@@ -4,8 +4,10 @@ A model is a generative one when it takes the ``text_input`` / ``text_output`` c
 (``contract.py``): the ``vllm`` backend, or any model written to the same shape, a Python one
 decoupled or not. What the ingress needs from the model's files, it reads from the serving
 version's directory, which the router names (control op ``model_directory``): ``model.json``
-(the vLLM engine's arguments, which may name the tokenizer folder) and ``multi_lora.json`` (the
-adapters); where the tokenizer folder is: ``tokenizer.py``.
+(the vLLM engine's arguments, which may name the tokenizer folder) and the adapters of its repository
+(``multi_lora.json`` and ``loras/``, ``proto/lora.py``); where the tokenizer folder is: ``tokenizer.py``.
+Adapters loaded at run time (``/v1/load_lora_adapter``) are the router's to list (control op
+``lora_adapters``), read again each time the repository generation changes, as each load and unload makes it.
 From its config (control op ``model_config``) it reads the ``TOOL_CALL_PARSER`` parameter: a frontend
 setting, as vLLM's ``--tool-call-parser`` is, so not in ``model.json``, whose keys are all engine arguments
 (Triton's backend, and ours, pass them to the engine, which refuses any other), and the ``tokenizer``
@@ -29,6 +31,7 @@ from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokeni
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status, internal, not_found
+from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
 
 
 @dataclass
@@ -37,11 +40,12 @@ class LlmModel:
     signature: ModelSignature
     contract: Contract
     directory: str
-    adapters: list[str]
+    adapters: dict[str, str]  # the repository's: name -> path
     created: int
     engine_args: dict[str, Any] = field(default_factory=dict)
     tool_parser: str = ""  # the config's TOOL_CALL_PARSER: how ``auto`` tool choice reads the text
     tokenizer_dir: str | None = None  # None: the model has no tokenizer
+    runtime_lora: bool = False  # the config's ALLOW_RUNTIME_LORA_UPDATING: adapters may be loaded at run time
     chat: asyncio.Task[ChatTemplate] | None = None
     tokenizer: asyncio.Task[Tokenizer | None] | None = None
 
@@ -52,6 +56,22 @@ class Target:
 
     model: LlmModel
     adapter: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One row of ``/v1/models``: a model (no parent) or an adapter of one."""
+
+    id: str
+    model: LlmModel
+    parent: str | None = None
+    root: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeAdapter:
+    model: str
+    path: str
 
 
 def model_not_found(name: str) -> ConveyorError:
@@ -65,20 +85,42 @@ class Catalog:
         self._models: dict[str, LlmModel] = {}
         self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
         self._tokenizers: dict[str, asyncio.Task[Tokenizer | None]] = {}  # the same
+        self._runtime: dict[str, RuntimeAdapter] = {}  # adapters loaded at run time, by name
+        self._runtime_generation = -2  # the router's generation they belong to (-2: not read)
 
     async def target(self, name: str) -> Target:
-        """The model (and adapter) ``name`` designates; 404 for anything else."""
+        """The model (and adapter) ``name`` designates: a model, an adapter loaded at run time (by its
+        name, as vLLM's server), or ``<model><separator><adapter>``; 404 for anything else."""
         try:
             return Target(await self.model(name), None)
         except ConveyorError as exc:
-            if exc.status is not Status.NOT_FOUND or not self._separator or self._separator not in name:
+            if exc.status is not Status.NOT_FOUND:
                 raise
+        runtime = (await self.runtime_adapters()).get(name)
+        if runtime is not None:
+            return Target(await self.model(runtime.model, shown=name), name)
+        if not self._separator or self._separator not in name:
+            raise model_not_found(name)
         base, _, adapter = name.rpartition(self._separator)
         model = await self.model(base, shown=name)
-        if adapter not in model.adapters:
+        known = [*model.adapters, *(n for n, a in self._runtime.items() if a.model == base)]
+        if adapter not in known:
             raise not_found(f"The model `{name}` does not exist: '{base}' has no LoRA adapter '{adapter}'"
-                            + (f" (it has {', '.join(model.adapters)})" if model.adapters else ""))
+                            + (f" (it has {', '.join(known)})" if known else ""))
         return Target(model, adapter)
+
+    async def runtime_adapters(self) -> dict[str, RuntimeAdapter]:
+        """The adapters loaded at run time, read from the router once per repository generation."""
+        if self._runtime_generation != self._dataplane.models.generation:
+            reply = await self._dataplane.link.control("lora_adapters")
+            self._runtime = {name: RuntimeAdapter(str(a["model"]), str(a["path"]))
+                             for name, a in dict(reply["adapters"]).items()}
+            self._runtime_generation = int(reply["generation"])
+        return self._runtime
+
+    def forget_adapters(self) -> None:
+        """This ingress loaded or unloaded one: read them again (the router's announcement may come later)."""
+        self._runtime_generation = -2
 
     async def model(self, name: str, *, shown: str = "") -> LlmModel:
         try:
@@ -99,21 +141,32 @@ class Catalog:
         model.tool_parser = _parameter(config, PARSER_PARAMETER)
         model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
                                                {k: _parameter(config, k) for k in PARAMETERS})
+        model.runtime_lora = _parameter(config, RUNTIME_PARAMETER).lower() in ("true", "1", "on")
         self._models[name] = model
         return model
 
-    async def listed(self) -> list[tuple[str, LlmModel]]:
-        """Every ready generative model, then each of its adapters (``<model><separator><adapter>``)."""
+    async def models(self) -> list[LlmModel]:
+        """Every ready generative model, by name."""
         index = await self._dataplane.link.control("repository_index", ready=True)
-        out: list[tuple[str, LlmModel]] = []
+        out: list[LlmModel] = []
         for name in sorted({str(row["name"]) for row in index}):
             try:
-                model = await self.model(name)
+                out.append(await self.model(name))
             except ConveyorError:
                 continue
-            out.append((name, model))
+        return out
+
+    async def listed(self) -> list[Listed]:
+        """Every ready generative model, then each of its repository's adapters
+        (``<model><separator><adapter>``, with a separator) and those loaded at run time (by name)."""
+        out: list[Listed] = []
+        runtime = await self.runtime_adapters()
+        for model in await self.models():
+            out.append(Listed(model.name, model))
             if self._separator:
-                out += [(f"{name}{self._separator}{a}", model) for a in model.adapters]
+                out += [Listed(f"{model.name}{self._separator}{a}", model, model.name, path)
+                        for a, path in model.adapters.items()]
+            out += [Listed(n, model, model.name, a.path) for n, a in runtime.items() if a.model == model.name]
         return out
 
     async def chat_template(self, model: LlmModel) -> Renderer:
@@ -145,8 +198,8 @@ class Catalog:
 
 def _read_model(name: str, sig: ModelSignature, contract: Contract, directory: str) -> LlmModel:
     engine_args = _json_file(os.path.join(directory, "model.json")) or {}
-    adapters = list((_json_file(os.path.join(directory, "multi_lora.json")) or {}).keys())
-    return LlmModel(name, sig, contract, directory, adapters, int(time.time()), engine_args)
+    adapters = repository_adapters(directory) if str(engine_args.get("enable_lora", "")).lower() == "true" else None
+    return LlmModel(name, sig, contract, directory, adapters or {}, int(time.time()), engine_args)
 
 
 def _parameter(config: dict[str, Any], key: str) -> str:

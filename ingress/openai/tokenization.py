@@ -31,7 +31,7 @@ class _Tokenization:
 
     async def _tokenizer(self, name: str | None) -> tuple[LlmModel, Tokenizer]:
         if name is None:
-            listed = {model.name for _, model in await self._catalog.listed()}
+            listed = {row.model.name for row in await self._catalog.listed()}
             if len(listed) != 1:
                 raise invalid_arg(f"`model` is required: this server serves {len(listed)} models")
             name = listed.pop()

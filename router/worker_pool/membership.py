@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import Status
 from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
-from conveyor.router.models import InstanceState
+from conveyor.router.models import Instance, InstanceState
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
 from conveyor.router.results import Results
 from conveyor.router.settings_hub import SettingsHub
@@ -46,6 +47,9 @@ class WorkerMembership:
         self.group = group
         self.drain = WorkerDrain(self.pool, self._grant_leave)
         self.load_retries = load_retries
+        # An instance turned ready, before any batch is sent to it (router/runtime_lora.py gives it the
+        # model's runtime adapters).
+        self.on_ready: Callable[[Instance], None] = lambda inst: None
 
     def on_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
         if hello.version != m.PROTOCOL_VERSION:
@@ -82,6 +86,7 @@ class WorkerMembership:
         else:
             inst.state = InstanceState.READY
             inst.user_ready = msg.user_ready
+            self.on_ready(inst)
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
             if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):
                 state.load_duration_ns = max(1, time.monotonic_ns() - state.load_started_ns)

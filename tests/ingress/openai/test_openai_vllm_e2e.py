@@ -3,7 +3,8 @@ Llama of tests/support/tiny_llama.py (Triton's vLLM repository layout), driven b
 official ``openai`` client. Greedy outputs, streamed or not, chat or completions, base
 model or adapter, are token for token those of vLLM's own ``LLM.generate`` on the same
 prompt (chat: the model's template applied); a client that goes away aborts its request
-in the engine."""
+in the engine. Adapters come from ``multi_lora.json``, from the version's ``loras/`` folder, and
+at run time (``/v1/load_lora_adapter``, plain HTTP), until unloaded."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # in the test extra (openapi-spec-validator's), as is the openai client
@@ -34,6 +36,8 @@ pytestmark = pytest.mark.timeout(600)
 
 MODEL = "vllm_model"
 SEP = "_lora_"
+FOLDER_ADAPTER = "gamma"  # in the version's loras/ folder: alpha's weights under another name
+RUNTIME_ADAPTER = "delta"  # loaded at run time: beta's weights under another name
 MAX_TOKENS = 12
 PROMPT = "the quick brown"
 CHAT = [{"role": "user", "content": "hello world"}]
@@ -56,6 +60,7 @@ class Group:
     server: Server
     port: int
     ref: Reference
+    adapters: dict[str, Path]  # the tiny Llama's, by name
 
 
 def _reference(tiny: tiny_llama.TinyLlama) -> Reference:
@@ -100,8 +105,12 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     repo = root / "models"
     # Guided JSON without free whitespace: xgrammar lets a JSON value pad with any whitespace, and the tiny
     # model, random but for a few lines, pads forever; the forced tool calls then never end.
-    tiny_llama.write_repository(repo, tiny, structured_outputs_config={"backend": "xgrammar",
-                                                                       "disable_any_whitespace": True})
+    model_dir = tiny_llama.write_repository(repo, tiny, structured_outputs_config={
+        "backend": "xgrammar", "disable_any_whitespace": True})
+    with open(model_dir / "config.pbtxt", "a", encoding="utf-8") as f:  # /v1/load_lora_adapter may add adapters
+        f.write('parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }\n')
+    (model_dir / "1" / "loras").mkdir()
+    (model_dir / "1" / "loras" / FOLDER_ADAPTER).symlink_to(tiny.adapters["alpha"])  # found without a list
     port, http_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen([
         sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo),
@@ -116,7 +125,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         abandon(proc)
         raise
     srv = Server(proc, f"ov{os.getpid()}", http_port, 0, metrics_port, str(repo))
-    yield Group(srv, port, ref)
+    yield Group(srv, port, ref, tiny.adapters)
     assert srv.stop() == 0
     assert srv.shm_segments() == []
 
@@ -131,7 +140,14 @@ def _name(adapter: str | None) -> str:
 
 
 def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == [MODEL, *(_name(a) for a in tiny_llama.ADAPTERS)]
+    cards = [m.to_dict() for m in client.models.list()]
+    assert [c["id"] for c in cards] == [MODEL, *(_name(a) for a in (*tiny_llama.ADAPTERS, FOLDER_ADAPTER))]
+    assert [c["parent"] for c in cards] == [None, MODEL, MODEL, MODEL]
+
+
+def test_an_adapter_in_the_loras_folder_is_served(group: Group, client: openai.OpenAI) -> None:
+    out = client.completions.create(model=_name(FOLDER_ADAPTER), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    assert out.choices[0].text == group.ref.completion["alpha"][0]
 
 
 @pytest.mark.parametrize("adapter", [None, *tiny_llama.ADAPTERS])
@@ -328,8 +344,73 @@ def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="a")
     with pytest.raises(openai.NotFoundError) as err:
-        client.completions.create(model=_name("gamma"), prompt="a")
-    assert "no LoRA adapter 'gamma'" in err.value.message
+        client.completions.create(model=_name("zeta"), prompt="a")
+    assert "no LoRA adapter 'zeta'" in err.value.message
+
+
+def _post(group: Group, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=120)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+def _error(text: str) -> str:
+    return str(json.loads(text)["error"]["message"])
+
+
+def _metric_lines(srv: Server, name: str) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=10) as r:
+        return [line for line in r.read().decode().splitlines() if line.startswith(name + "{")]
+
+
+def test_an_adapter_loaded_at_run_time_serves_until_unloaded(group: Group, client: openai.OpenAI) -> None:
+    beta = str(group.adapters["beta"])
+    load = {"lora_name": RUNTIME_ADAPTER, "lora_path": beta}
+    assert _post(group, "/v1/load_lora_adapter", load) == (
+        200, f"Success: LoRA adapter '{RUNTIME_ADAPTER}' added successfully.")
+    cards = {m.id: m.to_dict() for m in client.models.list()}
+    assert (cards[RUNTIME_ADAPTER]["parent"], cards[RUNTIME_ADAPTER]["root"]) == (MODEL, beta)
+    assert client.models.retrieve(RUNTIME_ADAPTER).to_dict()["parent"] == MODEL
+    # used by its name (vLLM's way) or as <model><separator><adapter>: beta's greedy output, as vLLM's own
+    text = group.ref.completion["beta"][0]
+    for name in (RUNTIME_ADAPTER, _name(RUNTIME_ADAPTER)):
+        out = client.completions.create(model=name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+        assert (out.choices[0].text, out.model) == (text, name)
+    chunks = list(client.chat.completions.create(model=RUNTIME_ADAPTER, messages=CHAT,  # type: ignore[arg-type]
+                                                 max_tokens=MAX_TOKENS, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == group.ref.chat["beta"][0]  # type: ignore[attr-defined]
+
+    # vLLM's refusals: a duplicate, a name that is a model's, a path with no adapter
+    status, body = _post(group, "/v1/load_lora_adapter", load)
+    assert status == 400 and _error(body) == (
+        f"The lora adapter '{RUNTIME_ADAPTER}' has already been loaded. If you want to load the adapter in place, "
+        "set 'load_inplace' to True.")
+    status, body = _post(group, "/v1/load_lora_adapter", {"lora_name": MODEL, "lora_path": beta})
+    assert status == 400 and _error(body) == f"The lora adapter '{MODEL}' conflicts with a served base model."
+    status, body = _post(group, "/v1/load_lora_adapter", {"lora_name": "lost", "lora_path": "/no/such/adapter"})
+    assert status == 404 and _error(body) == "Loading lora lost failed: No adapter found for /no/such/adapter"
+    assert "lost" not in {m.id for m in client.models.list()}
+
+    # the engine's adapter use, as vLLM's server exports it for LoRA-aware gateways
+    deadline = time.monotonic() + 10
+    while not (lines := _metric_lines(group.server, "vllm:lora_requests_info")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert lines and all('max_lora="2"' in line and "running_lora_adapters=" in line
+                         and "waiting_lora_adapters=" in line for line in lines), lines
+    assert float(lines[-1].rsplit(" ", 1)[1]) > time.time() - 3600  # a timestamp
+
+    assert _post(group, "/v1/unload_lora_adapter", {"lora_name": RUNTIME_ADAPTER}) == (
+        200, f"Success: LoRA adapter '{RUNTIME_ADAPTER}' removed successfully.")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model=RUNTIME_ADAPTER, prompt=PROMPT, max_tokens=MAX_TOKENS)
+    assert err.value.code == "model_not_found"
+    assert RUNTIME_ADAPTER not in {m.id for m in client.models.list()}
+    status, body = _post(group, "/v1/unload_lora_adapter", {"lora_name": RUNTIME_ADAPTER})
+    assert status == 404 and _error(body) == f"The lora adapter '{RUNTIME_ADAPTER}' cannot be found."
 
 
 def _generated_tokens(srv: Server) -> float:

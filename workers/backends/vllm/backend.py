@@ -8,6 +8,7 @@ request in the engine. Errors of one request (bad parameters, unknown adapter) e
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -16,7 +17,8 @@ import uuid
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, unavailable
+from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, not_found, unavailable
+from conveyor.proto.lora import runtime_updates_allowed
 from conveyor.workers.backends.base import RequestItem, RequestOutcome, ResponseChannel
 from conveyor.workers.backends.vllm import outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
@@ -58,7 +60,7 @@ class VllmBackend:
             raise unavailable(f"'{path}' must hold a JSON object of vLLM engine arguments")
         if device.startswith("cuda:"):  # KIND_GPU: the engine uses the instance's GPU only (as Triton)
             os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
-        self.loras = LoraRepository.load(version_dir, engine_args)
+        self.loras = LoraRepository.load(version_dir, engine_args, runtime_updates_allowed(config))
         self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
         self.healthy = True
         # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
@@ -152,6 +154,33 @@ class VllmBackend:
             log.warning("vLLM request of '%s' failed", self.name, exc_info=True)
             channel.fail(internal(f"Error generating stream: {exc}"))
 
+    def update_adapter(self, name: str, path: str) -> concurrent.futures.Future[None]:
+        """A runtime adapter added (given to the engine, which loads it now: a bad path fails here,
+        not in a request) or, ``path`` "", removed. Called on the worker's main thread, before any
+        batch the router sent after it; done (or failed with a ``ConveyorError``) on the engine's."""
+        if not path:
+            lora_id = self.loras.remove(name)
+            return self.engine.run(self._remove(lora_id))
+        try:
+            lora = self.loras.add(name, path)
+        except ConveyorError as exc:
+            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return failed
+        return self.engine.run(self._add(lora))
+
+    async def _add(self, lora: Any) -> None:
+        try:
+            await self.engine.engine.add_lora(lora)
+        except Exception as exc:
+            if self.loras.paths.get(lora.lora_name) == lora.lora_path:  # not replaced meanwhile
+                self.loras.remove(lora.lora_name)
+            raise _adapter_error(lora.lora_name, lora.lora_path, exc) from None
+
+    async def _remove(self, lora_id: int | None) -> None:
+        if lora_id is not None:
+            await self.engine.engine.remove_lora(lora_id)
+
     def close(self) -> None:
         self.engine.call(self.replies.close)  # before the shutdown: the loop runs them in order
         self.engine.close()
@@ -163,6 +192,14 @@ def _refused_by_engine(exc: Exception) -> bool:
     except ImportError:  # a vLLM before its client errors: every failure stays INTERNAL
         return False
     return isinstance(exc, VLLMClientError)
+
+
+def _adapter_error(name: str, path: str, exc: Exception) -> ConveyorError:
+    """vLLM's server's answers to a failed load: 404 with its wording when nothing is at the path
+    (the engine core's error arrives as text), 500 with the engine's reason otherwise."""
+    if "No adapter found for" in str(exc):
+        return not_found(f"Loading lora {name} failed: No adapter found for {path}")
+    return internal(str(exc) or type(exc).__name__)
 
 
 def _unload(model: str) -> None:

@@ -1,10 +1,12 @@
 """The engine's statistics as Triton's vllm_backend reports them (``vllm:`` families, labelled
 ``model`` and ``version``), through the worker's custom metrics (``python/pb_utils/metrics.py``), which
 reach the router's ``/metrics`` like a Python model's. Also the scheduler's running and waiting
-requests and the KV cache's use, as vLLM's own server names them."""
+requests and the KV cache's use, as vLLM's own server names them, and, for an engine with LoRA,
+``vllm:lora_requests_info``, which LoRA-aware gateways read to route by adapter."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +24,8 @@ _N = [1, 2, 5, 10, 20]
 class EngineMetrics:
     """One model version's ``vllm:`` series; the families live as long as this object."""
 
-    def __init__(self, labels: dict[str, str], max_model_len: int) -> None:
+    def __init__(self, labels: dict[str, str], max_model_len: int, max_lora: int | None = None) -> None:
+        """``max_lora``: the engine's ``max_loras`` when it serves LoRA adapters."""
         from vllm.v1.metrics.buckets import build_1_2_5_buckets
 
         tokens = [float(b) for b in build_1_2_5_buckets(max_model_len)]
@@ -49,12 +52,15 @@ class EngineMetrics:
         self.waiting = metric("vllm:num_requests_waiting", "Number of requests waiting to be processed.", _G)
         # The router refuses new requests past the model's MAX_KV_CACHE_USAGE on it (router/scheduling/overload.py).
         self.kv_usage = metric(KV_USAGE_FAMILY, "KV-cache usage. 1 means 100 percent usage.", _G)
+        self.lora_info = LoraInfo(labels, max_lora) if max_lora is not None else None
 
     def record(self, scheduler: Any, iteration: Any) -> None:
         if scheduler is not None:
             self.running.set(scheduler.num_running_reqs)
             self.waiting.set(scheduler.num_waiting_reqs)
             self.kv_usage.set(scheduler.kv_cache_usage)
+            if self.lora_info is not None:
+                self.lora_info.record(scheduler.running_lora_adapters, scheduler.waiting_lora_adapters)
         if iteration is None:
             return
         if iteration.num_prompt_tokens:
@@ -71,6 +77,39 @@ class EngineMetrics:
             self.request_generation.observe(done.num_generation_tokens)
 
 
+LORA_INFO = "vllm:lora_requests_info"
+LORA_INFO_REFRESH_S = 1.0
+
+
+class LoraInfo:
+    """``vllm:lora_requests_info`` as vLLM exports it: a gauge whose labels say which adapters the
+    engine's running and waiting requests use (names joined by commas) and its ``max_lora``, and
+    whose value is the time they were seen (a gateway reads the newest). vLLM keeps a series for each
+    label set it ever saw; here only the current one is kept (the older ones would only age), so a
+    family is made per label set and the previous one let go, which removes its series."""
+
+    def __init__(self, labels: dict[str, str], max_lora: int) -> None:
+        self._labels = {**labels, "max_lora": str(max_lora)}
+        self._shown: tuple[str, str] | None = None
+        self._family: MetricFamily | None = None
+        self._metric: Metric | None = None
+        self._set_at = 0.0
+
+    def record(self, running: dict[str, int], waiting: dict[str, int]) -> None:
+        seen = (",".join(running), ",".join(waiting))
+        now = time.time()
+        # Once a second while nothing changes: each engine step records, and the time is all that moves.
+        if seen == self._shown and now - self._set_at < LORA_INFO_REFRESH_S:
+            return
+        if seen != self._shown or self._metric is None:
+            family = MetricFamily(LORA_INFO, "Running stats on lora requests.", _G)
+            self._metric = family.Metric(labels={**self._labels, "running_lora_adapters": seen[0],
+                                                 "waiting_lora_adapters": seen[1]})
+            self._family, self._shown = family, seen  # the previous family goes, and its series with it
+        self._metric.set(now)
+        self._set_at = now
+
+
 def stat_logger_factory(labels: dict[str, str]) -> Callable[[Any, int], Any]:
     """A vLLM ``StatLoggerFactory`` whose loggers record into ``EngineMetrics`` (built on the engine's
     first call, when the model's length is known)."""
@@ -78,7 +117,9 @@ def stat_logger_factory(labels: dict[str, str]) -> Callable[[Any, int], Any]:
 
     class ConveyorStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            self.metrics = EngineMetrics(labels, vllm_config.model_config.max_model_len)
+            lora = vllm_config.lora_config
+            self.metrics = EngineMetrics(labels, vllm_config.model_config.max_model_len,
+                                         lora.max_loras if lora is not None else None)
 
         def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                    engine_idx: int = 0) -> None:
