@@ -28,7 +28,7 @@ from conveyor.router.models import Instance, InstanceState, ModelRegistry
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 120.0  # an engine loads an adapter in well under a second; a worker lost meanwhile never answers
+TIMEOUT_S = 120.0  # an engine loads an adapter in well under a second; this bounds a worker that hangs
 
 
 @dataclass
@@ -36,7 +36,7 @@ class _Pending:
     caller: Caller
     name: str
     previous: Adapter | None  # the adapter a load in place replaces
-    waiting: int
+    owed: dict[bytes, int]  # answers still owed, by worker: a worker lost owes none (``worker_lost``)
     deadline: float
     error: ConveyorError | None = None
 
@@ -62,7 +62,11 @@ class RuntimeLora:
             raise ConveyorError(Status.UNAVAILABLE, f"model '{model}' has no instance loaded to take the adapter")
         previous = self.book.begin(name, model, path)
         check = next(self._checks)
-        self._pending[check] = _Pending(caller, name, previous, len(targets), time.monotonic() + TIMEOUT_S)
+        owed: dict[bytes, int] = {}
+        for inst in targets:
+            assert inst.worker is not None
+            owed[inst.worker] = owed.get(inst.worker, 0) + 1
+        self._pending[check] = _Pending(caller, name, previous, owed, time.monotonic() + TIMEOUT_S)
         for inst in targets:
             self._send(inst, name, path, check)
 
@@ -84,7 +88,7 @@ class RuntimeLora:
         for adapter in self.book.of_model(inst.version.model):
             self._send(inst, adapter.name, adapter.path, 0)
 
-    def on_updated(self, msg: m.LoraUpdated) -> None:
+    def on_updated(self, worker: bytes, msg: m.LoraUpdated) -> None:
         pending = self._pending.get(msg.check)
         if pending is None:
             if msg.error is not None:  # an adapter given again to a new instance, or an answer too late
@@ -92,10 +96,22 @@ class RuntimeLora:
             return
         if msg.error is not None and pending.error is None:
             pending.error = ConveyorError(Status(msg.error.status), msg.error.message)
-        pending.waiting -= 1
-        if pending.waiting <= 0:
-            del self._pending[msg.check]
-            self._settle(pending)
+        left = pending.owed.get(worker, 0) - 1
+        if left > 0:
+            pending.owed[worker] = left
+        else:
+            pending.owed.pop(worker, None)
+        self._settle_if_answered(msg.check)
+
+    def worker_lost(self, worker: bytes) -> None:
+        """A worker is gone: the loads waiting on it are answered by the others (its instances, placed
+        again, get the adapter when they are ready: ``on_ready``)."""
+        for check in [c for c, p in self._pending.items() if p.owed.pop(worker, None) is not None]:
+            self._settle_if_answered(check)
+
+    def _settle_if_answered(self, check: int) -> None:
+        if not self._pending[check].owed:
+            self._settle(self._pending.pop(check))
 
     def expire(self, now: float) -> None:
         """On the router's tick: loads not answered within ``TIMEOUT_S`` fail (and are undone)."""

@@ -163,6 +163,7 @@ class Router:
         self.user_readiness = UserReadiness(self.registry, self.control, self.front, self.back)
         self.runtime_lora = RuntimeLora(self.registry, self.front, self.back)
         self.membership.on_ready = self.runtime_lora.on_ready
+        self.membership.on_lost = self.runtime_lora.worker_lost
         self.control_ops = router_ops(self)
         # Per-message handlers, bound once: the hot path pays no lookups through the collaborators.
         self._on_infer = self.admission.on_infer
@@ -308,7 +309,7 @@ class Router:
         elif isinstance(msg, m.ReadyChecked):
             self.user_readiness.on_checked(msg)
         elif isinstance(msg, m.LoraUpdated):
-            self.runtime_lora.on_updated(msg)
+            self.runtime_lora.on_updated(identity, msg)
         if self.worker_drain.active:
             self.membership.progress_drain()
 

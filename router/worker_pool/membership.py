@@ -50,6 +50,8 @@ class WorkerMembership:
         # An instance turned ready, before any batch is sent to it (router/runtime_lora.py gives it the
         # model's runtime adapters).
         self.on_ready: Callable[[Instance], None] = lambda inst: None
+        # A worker is gone (router/runtime_lora.py stops waiting for its answers).
+        self.on_lost: Callable[[bytes], None] = lambda identity: None
 
     def on_hello(self, identity: bytes, hello: m.WorkerHello) -> None:
         if hello.version != m.PROTOCOL_VERSION:
@@ -113,6 +115,7 @@ class WorkerMembership:
         self.drain.forget(worker)  # a leaving worker's replacements exist already
         self.custom_metrics.forget(identity)
         self.registry.waiting.forget(identity)  # its engines' KV-cache use
+        self.on_lost(identity)
         self._update_cuda_devices()
         arena = segment_name(self.group, "worker", worker.pid)
         self.holds.forget_region(arena)

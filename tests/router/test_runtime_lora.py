@@ -1,6 +1,7 @@
 """Runtime LoRA adapters in a real router (tests/support/router_core.py): a load reaches every
 serving instance and is answered once all have it; an instance that becomes ready later (a worker
-restarted) gets it before its first batch; a failed load is undone; vLLM's refusals, as values."""
+restarted) gets it before its first batch; a worker lost meanwhile is not waited for; a failed load is
+undone; vLLM's refusals, as values."""
 
 from __future__ import annotations
 
@@ -64,6 +65,19 @@ def test_a_load_reaches_every_instance_and_an_instance_ready_later_gets_it_first
     first = next(msg for msg in got if isinstance(msg, (m.LoraUpdate, m.ExecBatch)))
     assert isinstance(first, m.LoraUpdate) and any(isinstance(msg, m.ExecBatch) for msg in got)
     assert (first.name, first.path, first.check) == ("delta", "/a/delta", 0)
+
+
+def test_a_load_waiting_on_a_worker_that_dies_is_answered_by_the_others(core: RouterCore) -> None:
+    """Not at the control timeout: the lost worker's instances get the adapter when placed again."""
+    core.serve(W1)
+    core.serve(W2)
+    _control(core, "lora_load", model="llm", name="delta", path="/a/delta")
+    core.from_worker(W1, m.LoraUpdated(_updates(core, W1)[0].check))
+    assert [r for r in core.to_ingress() if isinstance(r, m.ControlReply)] == []
+    core.router.membership.drop(W2, "it exited")  # as the router's pid check finds it gone
+    core.turn()
+    (reply,) = [r for r in core.to_ingress() if isinstance(r, m.ControlReply)]
+    assert reply.error is None and "added successfully" in reply.result["message"]
 
 
 def test_a_failed_load_is_undone_and_answered_with_the_first_failure(core: RouterCore) -> None:
