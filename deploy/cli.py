@@ -34,9 +34,16 @@ from conveyor.deploy.settings import (
     ROUTER,
     SERVE,
     WORKER,
+    Answers,
+    CloudIngressSettings,
     EveryProcess,
+    GrpcIngressSettings,
+    HttpIngressSettings,
     IngressSettings,
     Metrics,
+    MetricsIngressSettings,
+    OpenAiIngressSettings,
+    RequestLimits,
     RouterSettings,
     ServeSettings,
     Tracing,
@@ -54,7 +61,7 @@ from conveyor.router.observability.trace_settings import parse_trace_config
 log = logging.getLogger("conveyor.cli")
 
 
-def _limits(args: IngressSettings, forward_pattern: str = "") -> IngressLimits:
+def _limits(args: RequestLimits, forward_pattern: str = "") -> IngressLimits:
     return IngressLimits(args.max_input_elements, args.max_inflight_requests, args.max_json_bytes,
                          header_forward(forward_pattern))
 
@@ -178,88 +185,107 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     return _serve(settings, argv is None)
 
 
-def _ingress(args: IngressSettings, ingress_ep: str) -> None:
-    """Run one ingress process (blocking): the server its ``--protocol`` names."""
+def _ingress(args: argparse.Namespace) -> None:
+    """Run one ingress process (blocking): the server its ``--protocol`` names, with that kind's settings."""
     from conveyor.ingress.server_metadata import set_server_name
     from conveyor.proto.errors import client_mistakes_as_400
 
-    group = args.group or DEFAULT_GROUP
-    set_server_name(args.server_id)
-    client_mistakes_as_400(args.client_mistakes_as_400)
-    level = "debug" if args.log_verbose > 0 else "warning"
+    answers = Answers.of(args)
+    set_server_name(answers.server_id)
+    client_mistakes_as_400(answers.client_mistakes_as_400)
+    router = args.router or default_endpoints(args.group or DEFAULT_GROUP)[0]
     if args.protocol == "metrics":
-        from conveyor.ingress.http.server import serve as serve_http
-        from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
-
-        counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
-        options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms,
-                                 counters)
-        serve_http(args.router or ingress_ep, group, args.metrics_address or args.http_address,
-                   args.metrics_port,
-                   arena_bytes=1 << 20, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                   drain_grace_s=args.drain_grace_secs,
-                   app_factory=lambda ctx: build_metrics_app(ctx, options), edge=http_edge(args))
+        _metrics_ingress(MetricsIngressSettings.of(args), router)
     elif args.protocol in ("sagemaker", "vertex"):
-        from conveyor.ingress.context import IngressContext
-        from conveyor.ingress.http.server import serve as serve_http
-        from conveyor.ingress.sagemaker.app import build_sagemaker_app
-        from conveyor.ingress.vertex.app import HEALTH_ROUTE_ENV, PREDICT_ROUTE_ENV, build_vertex_app
-
-        restricted = restrictions(args.http_restricted_api)
-        body = args.http_max_body_bytes
-        if args.protocol == "sagemaker":
-            port = args.sagemaker_port
-
-            def cloud_app(ctx: IngressContext) -> Any:
-                return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted)
-        else:
-            port = args.vertex_ai_port
-
-            def cloud_app(ctx: IngressContext) -> Any:
-                return build_vertex_app(ctx, predict_route=os.environ.get(PREDICT_ROUTE_ENV, ""),
-                                        health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
-                                        default_model=args.vertex_ai_default_model, max_body_bytes=body,
-                                        restricted=restricted)
-        serve_http(args.router or ingress_ep, group, args.http_address, port,
-                   arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                   drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
-                   app_factory=cloud_app, edge=http_edge(args))
+        _cloud_ingress(CloudIngressSettings.of(args), router)
     elif args.protocol == "openai":
-        from conveyor.ingress.http.server import serve as serve_http
-        from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
-
-        openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
-        serve_http(args.router or ingress_ep, group, args.openai_address or args.http_address,
-                   args.openai_port, arena_bytes=args.arena_size, log_level=level,
-                   exit_timeout_s=args.exit_timeout_secs, drain_grace_s=args.drain_grace_secs,
-                   max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
-                   app_factory=lambda ctx: build_openai_app(ctx, openai), edge=http_edge(args))
+        _openai_ingress(OpenAiIngressSettings.of(args), router)
     elif args.protocol == "http":
-        from conveyor.ingress.http.server import serve as serve_http
-
-        serve_http(args.router or ingress_ep, group, args.http_address, args.http_port,
-                   arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                   drain_grace_s=args.drain_grace_secs,
-                   max_body_bytes=args.http_max_body_bytes,
-                   limits=_limits(args, args.http_header_forward_pattern),
-                   restricted=restrictions(args.http_restricted_api),
-                   ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
+        _http_ingress(HttpIngressSettings.of(args), router)
     else:
-        from conveyor.ingress.grpc.server import serve as serve_grpc
-        from conveyor.ingress.grpc.tls import GrpcTls
+        _grpc_ingress(GrpcIngressSettings.of(args), router)
 
-        tls = None
-        if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
-            tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
-                          args.grpc_use_ssl_mutual)
-        serve_grpc(args.router or ingress_ep, group, args.grpc_address, args.grpc_port,
-                   arena_bytes=args.arena_size, log_level=level, exit_timeout_s=args.exit_timeout_secs,
-                   drain_grace_s=args.drain_grace_secs,
-                   limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
-                   restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
-                   implementation=grpc_server_choice(args), buffer_bytes=args.grpc_max_buffer_bytes,
-                   connection_buffer_bytes=args.grpc_max_connection_buffer_bytes,
-                   options=grpc_keepalive_options(args))
+
+def _log_level(args: EveryProcess) -> str:
+    return "debug" if args.log_verbose > 0 else "warning"
+
+
+def _metrics_ingress(args: MetricsIngressSettings, router: str) -> None:
+    from conveyor.ingress.http.server import serve as serve_http
+    from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
+
+    counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
+    options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms, counters)
+    serve_http(router, args.group or DEFAULT_GROUP, args.metrics_address or args.http_address, args.metrics_port,
+               arena_bytes=1 << 20, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
+               drain_grace_s=args.drain_grace_secs,
+               app_factory=lambda ctx: build_metrics_app(ctx, options), edge=http_edge(args))
+
+
+def _cloud_ingress(args: CloudIngressSettings, router: str) -> None:
+    from conveyor.ingress.context import IngressContext
+    from conveyor.ingress.http.server import serve as serve_http
+    from conveyor.ingress.sagemaker.app import build_sagemaker_app
+    from conveyor.ingress.vertex.app import HEALTH_ROUTE_ENV, PREDICT_ROUTE_ENV, build_vertex_app
+
+    restricted = restrictions(args.http_restricted_api)
+    body = args.http_max_body_bytes
+    if args.protocol == "sagemaker":
+        port = args.sagemaker_port
+
+        def cloud_app(ctx: IngressContext) -> Any:
+            return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted)
+    else:
+        port = args.vertex_ai_port
+
+        def cloud_app(ctx: IngressContext) -> Any:
+            return build_vertex_app(ctx, predict_route=os.environ.get(PREDICT_ROUTE_ENV, ""),
+                                    health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
+                                    default_model=args.vertex_ai_default_model, max_body_bytes=body,
+                                    restricted=restricted)
+    serve_http(router, args.group or DEFAULT_GROUP, args.http_address, port,
+               arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
+               drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
+               app_factory=cloud_app, edge=http_edge(args))
+
+
+def _openai_ingress(args: OpenAiIngressSettings, router: str) -> None:
+    from conveyor.ingress.http.server import serve as serve_http
+    from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
+
+    openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
+    serve_http(router, args.group or DEFAULT_GROUP, args.openai_address or args.http_address, args.openai_port,
+               arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
+               drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
+               app_factory=lambda ctx: build_openai_app(ctx, openai), edge=http_edge(args))
+
+
+def _http_ingress(args: HttpIngressSettings, router: str) -> None:
+    from conveyor.ingress.http.server import serve as serve_http
+
+    serve_http(router, args.group or DEFAULT_GROUP, args.http_address, args.http_port,
+               arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
+               drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes,
+               limits=_limits(args, args.http_header_forward_pattern),
+               restricted=restrictions(args.http_restricted_api),
+               ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
+
+
+def _grpc_ingress(args: GrpcIngressSettings, router: str) -> None:
+    from conveyor.ingress.grpc.server import serve as serve_grpc
+    from conveyor.ingress.grpc.tls import GrpcTls
+
+    tls = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        tls = GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert, args.grpc_use_ssl_mutual)
+    serve_grpc(router, args.group or DEFAULT_GROUP, args.grpc_address, args.grpc_port,
+               arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
+               drain_grace_s=args.drain_grace_secs,
+               limits=_limits(args, args.grpc_header_forward_pattern), tls=tls,
+               restricted=restrictions(args.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
+               implementation=grpc_server_choice(args), buffer_bytes=args.grpc_max_buffer_bytes,
+               connection_buffer_bytes=args.grpc_max_connection_buffer_bytes,
+               options=grpc_keepalive_options(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     _start_actor(ingress, INGRESS)
     keep_freed_heap()
     try:
-        _ingress(ingress, default_endpoints(ingress.group or DEFAULT_GROUP)[0])
+        _ingress(args)
     except Exception as exc:
         if not is_bind_failure(exc):
             raise

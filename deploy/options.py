@@ -13,9 +13,10 @@ from conveyor.deploy.flag_types import triton_bool, triton_int_bool
 from conveyor.deploy.runtime.log_settings import LogSettings
 from conveyor.deploy.settings import (
     ROUTER,
-    ClientLimits,
     EveryProcess,
+    GrpcIngressSettings,
     GrpcServer,
+    HttpEdge,
     IngressSettings,
     Metrics,
     ServeSettings,
@@ -68,13 +69,13 @@ def model_control_args(a: ServeSettings) -> list[str]:
     return handoff(a, ROUTER)
 
 
-def http_edge(a: ClientLimits) -> EdgeLimits:
+def http_edge(a: HttpEdge) -> EdgeLimits:
     """The HTTP edge limits the flags set."""
     return EdgeLimits(a.http_max_connections, a.http_header_timeout_secs, a.http_body_timeout_secs,
                       a.http_write_timeout_secs)
 
 
-def grpc_server_choice(a: IngressSettings) -> str:
+def grpc_server_choice(a: GrpcIngressSettings) -> str:
     """Which gRPC server serves: h2 unless TLS or keepalive settings need grpcio (``--grpc-server auto``)."""
     if a.grpc_server != "auto":
         return str(a.grpc_server)

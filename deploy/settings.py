@@ -1,15 +1,15 @@
 """Every setting of the command line, declared once, as the typed settings each actor reads.
 
-Each class below declares a few settings (``name: type = setting(flag, help, ...)``) and says who uses
-them (``ACTORS``); ``RouterSettings``, ``WorkerSettings``, ``IngressSettings`` and ``ServeSettings`` combine
-them into what one actor reads, typed (``RouterSettings.of(namespace)``). From the same declarations come the
-argument parsers of ``conveyor serve|router|ingress|worker`` and of ``tritonserver`` (``build_options``), the
-command lines ``conveyor serve`` starts its children with (``handoff``: a child gets exactly the settings its
-actor uses, as the flags of its own parser, so ``conveyor router ...`` typed by hand reads the same), the
-Triton flags accepted but not used (``unused``, ``deploy/triton_flags.py``) and docs/CLI.md
-(``deploy/cli_doc.py``). Adding a flag is adding one line to the class of those who use it and reading it in
-the actor; ``tests/deploy/test_settings.py`` fails when a setting a child uses does not reach it, or when an
-actor's class and the declarations disagree.
+Each class below declares a few settings (``name: type = setting(flag, help, ...)``) and says who uses them
+(``ACTORS``); ``RouterSettings``, ``WorkerSettings``, ``ServeSettings`` and one class per ingress kind
+(``HttpIngressSettings``, ...) combine them into what one actor reads, typed
+(``RouterSettings.of(namespace)``). From the same declarations come the argument parsers of ``conveyor
+serve|router|ingress|worker`` and of ``tritonserver`` (``build_options``), the command lines ``conveyor
+serve`` starts its children with (``handoff``: a child gets exactly the settings its actor uses, as the flags
+of its own parser, so ``conveyor router ...`` typed by hand reads the same), the Triton flags accepted but not
+used (``unused``, ``deploy/triton_flags.py``) and docs/CLI.md (``deploy/cli_doc.py``). Adding a flag is adding
+one line to the class of those who use it and reading it in the actor; ``tests/deploy/test_settings.py`` fails
+when a setting a child uses does not reach it, or when an actor's class and the declarations disagree.
 """
 
 from __future__ import annotations
@@ -196,8 +196,8 @@ class Arena(Settings):
         kind=int, default=256 << 20)
 
 
-class ClientLimits(Settings):
-    """What one ingress process takes of a client (ingress/limits.py and ingress/http/edge.py say why each)."""
+class RequestLimits(Settings):
+    """What one ingress process takes of a client's requests, whatever its protocol (ingress/limits.py)."""
 
     ACTORS = _INGRESS
     max_input_elements: int = setting(
@@ -212,6 +212,12 @@ class ClientLimits(Settings):
         ("--max-inflight-requests",), "requests one ingress process holds at once; more are refused with 503 / "
         f"UNAVAILABLE 'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})",
         kind=int, default=DEFAULT_MAX_INFLIGHT, metavar="N")
+
+
+class HttpEdge(Settings):
+    """What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each)."""
+
+    ACTORS = _INGRESS
     http_max_body_bytes: int = setting(
         ("--http-max-body-bytes",), f"largest HTTP request body, after decompression "
         f"(default {DEFAULT_MAX_BODY_BYTES})",
@@ -235,6 +241,17 @@ class ClientLimits(Settings):
         "full (its connection is not read meanwhile); then it is dropped; 0: no limit "
         f"(default {WRITE_TIMEOUT_S:g})",
         kind=float, default=WRITE_TIMEOUT_S, metavar="S")
+
+
+class GrpcServer(Settings):
+    """The gRPC server: which one, the request bytes it holds, Triton's keepalive flags (grpc channel arguments)."""
+
+    ACTORS = _INGRESS
+    grpc_server: str = setting(
+        ("--grpc-server",), "the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 "
+        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
+        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto",
+        default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2"))
     # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
     grpc_max_buffer_bytes: int = setting(
         ("--grpc-max-buffer-bytes",), "request message bytes one gRPC ingress process holds before their calls "
@@ -245,17 +262,6 @@ class ClientLimits(Settings):
         ("--grpc-max-connection-buffer-bytes",), "the same per gRPC connection; a larger message is refused at "
         f"its length prefix; 0: no limit but gRPC's 2 GiB (default {DEFAULT_GRPC_CONNECTION_BUFFER_BYTES}; "
         "--grpc-server h2)", kind=int, default=DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, metavar="BYTES")
-
-
-class GrpcServer(Settings):
-    """The gRPC server: which one, and Triton's keepalive flags, each a grpc core channel argument."""
-
-    ACTORS = _INGRESS
-    grpc_server: str = setting(
-        ("--grpc-server",), "the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 "
-        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
-        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto",
-        default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2"))
     grpc_keepalive_time: int = _grpc_keepalive("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000)
     grpc_keepalive_timeout: int = _grpc_keepalive("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000)
     grpc_keepalive_permit_without_calls: int = _grpc_keepalive(
@@ -274,8 +280,8 @@ class GrpcServer(Settings):
         "--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", None)
 
 
-class AccessControl(Settings):
-    """Access control and TLS (Triton's), HTTPS (a Conveyor extension), headers forwarded as parameters."""
+class HttpAccess(Settings):
+    """Access control on HTTP (Triton's), HTTPS (a Conveyor extension), headers forwarded as parameters."""
 
     ACTORS = _INGRESS
     http_restricted_api: list[RestrictedGroup] = setting(
@@ -283,6 +289,20 @@ class AccessControl(Settings):
         "health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging)",
         kind=restricted_group, default=[], repeatable=True, metavar="<api>,...:<key>=<value>", triton=True,
         to_text=restricted_text)
+    http_ssl_cert: str = setting(
+        ("--http-ssl-cert",), "serve HTTPS with this certificate (a Conveyor extension: Triton serves plain "
+        "HTTP)", default="", metavar="PEM", to_text=path_text)
+    http_ssl_key: str = setting(
+        ("--http-ssl-key",), "the HTTPS private key", default="", metavar="PEM", to_text=path_text)
+    http_header_forward_pattern: str = setting(
+        ("--http-header-forward-pattern",), "request headers whose name matches become string request "
+        "parameters (case-insensitive unless the pattern starts with (?-i))", default="", metavar="REGEX", triton=True)
+
+
+class GrpcAccess(Settings):
+    """Access control and TLS on gRPC (Triton's), metadata forwarded as parameters."""
+
+    ACTORS = _INGRESS
     grpc_restricted_protocol: list[RestrictedGroup] = setting(
         ("--grpc-restricted-protocol",), "gRPC calls to these protocols need metadata "
         "triton-grpc-protocol-<key>: <value> (repeatable)",
@@ -302,21 +322,13 @@ class AccessControl(Settings):
     grpc_root_cert: str = setting(
         ("--grpc-root-cert",), "the CA certificate client certificates need", default="", metavar="PEM",
         triton=True, to_text=path_text)
-    http_ssl_cert: str = setting(
-        ("--http-ssl-cert",), "serve HTTPS with this certificate (a Conveyor extension: Triton serves plain "
-        "HTTP)", default="", metavar="PEM", to_text=path_text)
-    http_ssl_key: str = setting(
-        ("--http-ssl-key",), "the HTTPS private key", default="", metavar="PEM", to_text=path_text)
-    http_header_forward_pattern: str = setting(
-        ("--http-header-forward-pattern",), "request headers whose name matches become string request "
-        "parameters (case-insensitive unless the pattern starts with (?-i))", default="", metavar="REGEX", triton=True)
     grpc_header_forward_pattern: str = setting(
         ("--grpc-header-forward-pattern",), "request metadata whose name matches become string request "
         "parameters", default="", metavar="REGEX", triton=True)
 
 
 class Answers(Settings):
-    """What the ingress answers with: the server's name, statuses, the cloud and OpenAI endpoints' defaults."""
+    """What every ingress answers with: the server's name, and the status of a client's mistakes."""
 
     ACTORS = _INGRESS
     server_id: str = setting(("--id",), "the server name server metadata reports", default="triton", triton=True)
@@ -325,9 +337,21 @@ class Answers(Settings):
         "the repository does not hold, a malformed shape, an unopenable shared-memory key) with 400 / "
         "INVALID_ARGUMENT instead (default false: Triton's status, which its clients and QA assert)",
         kind=triton_bool, default=False, metavar="BOOL")
+
+
+class CloudDefaults(Settings):
+    """The cloud endpoints' defaults."""
+
+    ACTORS = _INGRESS
     vertex_ai_default_model: str = setting(
         ("--vertex-ai-default-model",), "the model AIP_PREDICT_ROUTE infers (default: the repository's only "
         "model)", default="", metavar="NAME", triton=True, section=_CLOUD)
+
+
+class OpenAiDefaults(Settings):
+    """The OpenAI endpoint's defaults (Triton's OpenAI frontend flags)."""
+
+    ACTORS = _INGRESS
     lora_separator: str = setting(
         ("--lora-separator",), "a model name '<model><separator><adapter>' picks one of the model's LoRA "
         "adapters (Triton's flag; default: off)", default="",
@@ -619,22 +643,47 @@ class WorkerSettings(EveryProcess, Arena, WorkerProcess):
     """``conveyor worker``: a worker's settings."""
 
 
-class IngressSettings(EveryProcess, Draining, Listening, Arena, ClientLimits, GrpcServer, AccessControl, Answers,
-                      Metrics, IngressProcess):
-    """``conveyor ingress``: an ingress process's settings, whichever its protocol."""
+class HttpIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, Answers,
+                          IngressProcess):
+    """``conveyor ingress --protocol http``: KServe v2 over HTTP."""
 
 
-class ServeSettings(EveryProcess, Draining, Listening, Arena, ClientLimits, GrpcServer, AccessControl, Answers,
-                    Repository, Scheduling, ModelControl, ClientSharedMemory, Tracing, Metrics, GroupShape,
-                    TritonUnused):
+class GrpcIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, GrpcServer, GrpcAccess, Answers,
+                          IngressProcess):
+    """``conveyor ingress --protocol grpc``: KServe v2 over gRPC."""
+
+
+class OpenAiIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, Answers, OpenAiDefaults,
+                            IngressProcess):
+    """``conveyor ingress --protocol openai``: the OpenAI-compatible endpoint."""
+
+
+class CloudIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, Answers,
+                           CloudDefaults, IngressProcess):
+    """``conveyor ingress --protocol sagemaker|vertex``: the cloud endpoints."""
+
+
+class MetricsIngressSettings(EveryProcess, Draining, Listening, HttpEdge, Answers, Metrics, IngressProcess):
+    """``conveyor ingress --protocol metrics``: /metrics."""
+
+
+class IngressSettings(HttpIngressSettings, GrpcIngressSettings, OpenAiIngressSettings, CloudIngressSettings,
+                      MetricsIngressSettings):
+    """``conveyor ingress``: every ingress kind's settings (one command and one systemd unit for all, so each
+    ingress process is handed them all; each kind reads its own class)."""
+
+
+class ServeSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess,
+                    GrpcAccess, Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl,
+                    ClientSharedMemory, Tracing, Metrics, GroupShape, TritonUnused):
     """``conveyor serve`` and ``tritonserver``: what the supervisor reads and what it hands its children."""
 
 
 # Every declaring class, in --help's order.
 DECLARED: tuple[type[Settings], ...] = (
-    EveryProcess, Draining, Listening, Arena, ClientLimits, GrpcServer, AccessControl, Answers, Repository, Scheduling,
-    ModelControl, ClientSharedMemory, Tracing, Metrics, GroupShape, TritonUnused, RouterProcess, IngressProcess,
-    WorkerProcess)
+    EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess, GrpcAccess, Answers,
+    CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl, ClientSharedMemory, Tracing, Metrics,
+    GroupShape, TritonUnused, RouterProcess, IngressProcess, WorkerProcess)
 SETTINGS: tuple[Setting, ...] = tuple(s for cls in DECLARED for s in cls.declared())
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from conveyor.deploy import settings as settings_module
 from conveyor.deploy.cli import _fold_triton_aliases, build_parser, build_tritonserver_parser
+from conveyor.deploy.instances import INGRESS_PROTOCOLS
 from conveyor.deploy.settings import (
     CHILDREN,
     DECLARED,
@@ -24,7 +25,12 @@ from conveyor.deploy.settings import (
     SETTINGS,
     SUPERVISOR,
     WORKER,
+    CloudIngressSettings,
+    GrpcIngressSettings,
+    HttpIngressSettings,
     IngressSettings,
+    MetricsIngressSettings,
+    OpenAiIngressSettings,
     RouterSettings,
     ServeSettings,
     Setting,
@@ -202,7 +208,24 @@ def _subclasses(cls: type[Settings]) -> set[type[Settings]]:
 def test_every_declaring_class_is_in_the_table() -> None:
     declaring = {cls for cls in _subclasses(Settings) if cls.declared()}
     assert declaring == set(DECLARED)
-    assert all(not cls.declared() for cls in (RouterSettings, WorkerSettings, IngressSettings, ServeSettings))
+    combined: list[type[Settings]] = [RouterSettings, WorkerSettings, IngressSettings, ServeSettings,
+                                      *INGRESS_KINDS.values()]
+    assert all(not cls.declared() for cls in combined)
+
+
+# What each ``--protocol`` reads (deploy/cli.py builds it from the same parsed flags).
+INGRESS_KINDS: dict[str, type[Settings]] = {
+    "http": HttpIngressSettings, "grpc": GrpcIngressSettings, "openai": OpenAiIngressSettings,
+    "sagemaker": CloudIngressSettings, "vertex": CloudIngressSettings, "metrics": MetricsIngressSettings}
+
+
+def test_each_ingress_kind_reads_part_of_what_every_ingress_is_handed() -> None:
+    """One ``ingress`` command (and systemd unit) for every kind, so each process is handed all of
+    IngressSettings; each kind's class is part of it, and together they are all of it."""
+    every = {s.name for s in IngressSettings.settings()}
+    kinds = [{s.name for s in cls.settings()} for cls in INGRESS_KINDS.values()]
+    assert all(kind <= every for kind in kinds) and set().union(*kinds) == every
+    assert set(INGRESS_KINDS) == set(INGRESS_PROTOCOLS)
 
 
 @pytest.mark.parametrize("actor", CHILDREN)
