@@ -1,12 +1,12 @@
 """The request bodies of ``/v1/completions`` and ``/v1/chat/completions``, decoded and
 type-checked in one pass (msgspec), and the sampling parameters they carry.
 
-Fields the OpenAI API defines but this ingress cannot honour (``logit_bias``,
-``suffix``, ``logprobs`` with ``echo``) are refused with a 400 rather than ignored;
+Fields the OpenAI API defines but this ingress cannot honour (``suffix``, ``logprobs`` with
+``echo``) are refused with a 400 rather than ignored;
 unknown fields are accepted and ignored, as OpenAI's own server and vLLM's do, and each
 unknown top-level name is logged once per process (vLLM warns on every request), so a
 client's misspelt ``max_token`` shows in the log without flooding it. vLLM's extensions to the
-API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``,
+API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, and OpenAI's ``logit_bias``,
 ``structured_outputs``, ``stream_options.continuous_usage_stats``: the usage so far on every
 chunk) pass through, as vLLM's server takes them. Structured outputs: ``response_format``
 (``json_object``, ``json_schema``) or vLLM's ``structured_outputs`` (``json``, ``regex``,
@@ -161,7 +161,7 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-           "repetition_penalty", "ignore_eos", "min_tokens")
+           "repetition_penalty", "ignore_eos", "min_tokens", "logit_bias")
 
 
 T = TypeVar("T")
@@ -207,8 +207,6 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
     """The ``sampling_parameters`` JSON of Triton's vLLM model contract (vLLM's ``SamplingParams``)."""
     if req.n < 1:
         raise invalid_arg("n must be at least 1")
-    if req.logit_bias:
-        raise invalid_arg("logit_bias is not supported")
     if req.stream_options is not None and not req.stream:
         raise invalid_arg("`stream_options` can only be used when `stream` is True")
     if max_tokens < 1:

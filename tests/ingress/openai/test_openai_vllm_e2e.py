@@ -258,6 +258,20 @@ def test_logprobs_describe_each_generated_token(group: Group, client: openai.Ope
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
 
 
+def test_logit_bias_steers_the_engine_and_bad_ids_are_400s(group: Group, client: openai.OpenAI) -> None:
+    """A +100 bias on one token makes greedy decoding write only it; ids as vLLM's server takes them."""
+    token = json.loads(_post(group, "/tokenize", {"model": MODEL, "prompt": "hello world",
+                                                  "add_special_tokens": False})[1])["tokens"][-1]
+    expected = json.loads(_post(group, "/detokenize", {"model": MODEL, "tokens": [token] * 3})[1])["prompt"]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                    logit_bias={str(token): 100})
+    assert out.choices[0].text == expected
+    with pytest.raises(openai.BadRequestError, match="out-of-vocab"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, logit_bias={"1000000": 5})
+    with pytest.raises(openai.BadRequestError, match="integer token IDs"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, logit_bias={"abc": 5})
+
+
 WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["oslo", "rome"]},

@@ -89,6 +89,9 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
         if key in STRUCTURED_OUTPUTS_KEYS:
             kwargs["structured_outputs"] = structured_outputs(key, value)
             continue
+        if key == "logit_bias":
+            kwargs[key] = logit_bias(value)
+            continue
         if key not in fields or key == "output_kind":  # the backend picks it
             raise invalid_arg(f"unknown sampling parameter '{key}'")
         hint = fields[key]
@@ -104,6 +107,27 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
         return SamplingParams(**kwargs)
     except (TypeError, ValueError) as exc:
         raise invalid_arg(f"invalid sampling parameters: {exc}") from None
+
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range of a bias; vLLM clips to it too
+
+
+def logit_bias(value: Any) -> dict[int, float] | None:
+    """``logit_bias`` as vLLM's ``SamplingParams`` takes it: token ids (JSON gives their text) to biases,
+    clipped to OpenAI's range, as vLLM's server converts them (``SamplingParams.from_optional``); the
+    engine refuses ids past its vocabulary (400)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid_arg("sampling parameter 'logit_bias' must be an object of token ids to biases")
+    out: dict[int, float] = {}
+    for token, bias in value.items():
+        try:
+            out[int(token)] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(bias)))
+        except (TypeError, ValueError):
+            raise invalid_arg(f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                              f"{[token]!r}") from None
+    return out
 
 
 # The constraint of structured outputs (guided decoding): vLLM's ``structured_outputs``, and
