@@ -60,6 +60,9 @@ def served(tiny: tiny_llama.TinyLlama, tmp_path_factory: pytest.TempPathFactory)
     reference = subprocess.Popen(
         [sys.executable, "-m", "tests.support.llm_reference", str(answer)], stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        # The engine in the reference's own process: no engine-core process importing vLLM a second time
+        # while the group loads its own (both compete for this host's two cores).
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
     assert reference.stdin is not None
     reference.stdin.write(json.dumps({
