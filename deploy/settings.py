@@ -20,21 +20,33 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.deploy.flag_types import (
-    RestrictedGroup,
-    backend_setting,
-    cache_config,
     checked,
     dispatch_cpu_text,
-    load_threads,
     port_range,
-    resource_limit,
-    restricted_group,
-    restricted_text,
     triton_bool,
-    triton_bool_int,
     triton_int_bool,
 )
+from conveyor.deploy.ingress_settings import (
+    CLOUD_SECTION,
+    OPENAI_SECTION,
+    Answers,
+    CloudDefaults,
+    GrpcAccess,
+    GrpcServer,
+    HttpAccess,
+    HttpEdge,
+    OpenAiDefaults,
+    RequestLimits,
+)
 from conveyor.deploy.instances import INGRESS_PROTOCOLS
+from conveyor.deploy.router_settings import (
+    ClientSharedMemory,
+    Metrics,
+    ModelControl,
+    Repository,
+    Scheduling,
+    Tracing,
+)
 from conveyor.deploy.setting import (
     CHILDREN,
     INGRESS,
@@ -44,20 +56,8 @@ from conveyor.deploy.setting import (
     WORKER,
     Setting,
     Settings,
-    path_text,
     setting,
 )
-from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
-from conveyor.ingress.http.edge import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, WRITE_TIMEOUT_S
-from conveyor.ingress.limits import (
-    DEFAULT_GRPC_BUFFER_BYTES,
-    DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
-    DEFAULT_MAX_INFLIGHT,
-    DEFAULT_MAX_INPUT_ELEMENTS,
-    DEFAULT_MAX_JSON_BYTES,
-)
-from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
-from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS
 
 
 def _cmds(*names: str) -> frozenset[str]:
@@ -69,10 +69,6 @@ _EVERY = _cmds(SUPERVISOR, *CHILDREN)
 _SUPERVISOR = _cmds(SUPERVISOR)
 _SUPERVISOR_INGRESS = _cmds(SUPERVISOR, INGRESS)
 _ARENA = _cmds(SUPERVISOR, INGRESS, WORKER)
-_INGRESS = _cmds(INGRESS)
-_ROUTER = _cmds(ROUTER)
-_SUPERVISOR_ROUTER = _cmds(SUPERVISOR, ROUTER)
-_ROUTER_INGRESS = _cmds(ROUTER, INGRESS)
 
 
 def _vertex_mode() -> bool:
@@ -84,16 +80,7 @@ def _off_in_vertex_mode() -> bool:
     return not _vertex_mode()
 
 
-_CLOUD = "SageMaker and Vertex AI endpoints"
-_OPENAI = "OpenAI-compatible endpoint"
 _UNUSED = "Triton flags accepted but not used (logged once at start, with the reason)"
-
-
-def _grpc_keepalive(flag: str, option: str, default: int | None) -> Any:
-    boolean = flag.endswith("without-calls")
-    return setting((flag,), f"Triton's flag: sets the gRPC server's {option}",
-                   kind=triton_bool_int if boolean else int, default=default, metavar="BOOL" if boolean else "MS",
-                   triton=True, grpc_option=option)
 
 
 def _unused(flag: str, kind: Callable[[str], Any], reason: str, repeatable: bool = False) -> Any:
@@ -173,18 +160,19 @@ class Listening(Settings):
         ("--metrics-address",), "where /metrics listens (default: --http-address)", default="", triton=True)
     sagemaker_port: int = setting(
         ("--sagemaker-port",), "the SageMaker endpoint's port (default 8080)", kind=int, default=8080, triton=True,
-        section=_CLOUD)
+        section=CLOUD_SECTION)
     vertex_ai_port: int = setting(
         ("--vertex-ai-port",), "the Vertex AI endpoint's port (default AIP_HTTP_PORT, else 8080)",
         kind=int, default=8080, env="AIP_HTTP_PORT",
-        triton=True, section=_CLOUD)
+        triton=True, section=CLOUD_SECTION)
     # --default-max-tokens are the flags of Triton's OpenAI frontend (python/openai/openai_frontend/main.py).
     openai_port: int = setting(
         ("--openai-port",), "serve /v1/models, /v1/completions and /v1/chat/completions on this port "
         "(default: off)", kind=int, default=0,
-        section=_OPENAI)
+        section=OPENAI_SECTION)
     openai_address: str = setting(
-        ("--openai-address",), "the OpenAI endpoint's address (default: --http-address)", default="", section=_OPENAI)
+        ("--openai-address",), "the OpenAI endpoint's address (default: --http-address)", default="",
+        section=OPENAI_SECTION)
 
 
 class Arena(Settings):
@@ -194,313 +182,6 @@ class Arena(Settings):
     arena_size: int = setting(
         ("--arena-size",), "bytes of each process's shared-memory arena (tmpfs: only touched pages count)",
         kind=int, default=256 << 20)
-
-
-class RequestLimits(Settings):
-    """What one ingress process takes of a client's requests, whatever its protocol (ingress/limits.py)."""
-
-    ACTORS = _INGRESS
-    max_input_elements: int = setting(
-        ("--max-input-elements",), "elements one input tensor may hold; more is refused with 400 / "
-        f"INVALID_ARGUMENT; 0: no limit (default {DEFAULT_MAX_INPUT_ELEMENTS})",
-        kind=int, default=DEFAULT_MAX_INPUT_ELEMENTS, metavar="N")
-    max_json_bytes: int = setting(
-        ("--max-json-bytes",), "largest JSON part of an HTTP request (JSON tensors take ~8x their text in "
-        f"memory); more is refused with 400; 0: no limit (default {DEFAULT_MAX_JSON_BYTES})",
-        kind=int, default=DEFAULT_MAX_JSON_BYTES, metavar="BYTES")
-    max_inflight_requests: int = setting(
-        ("--max-inflight-requests",), "requests one ingress process holds at once; more are refused with 503 / "
-        f"UNAVAILABLE 'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})",
-        kind=int, default=DEFAULT_MAX_INFLIGHT, metavar="N")
-
-
-class HttpEdge(Settings):
-    """What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each)."""
-
-    ACTORS = _INGRESS
-    http_max_body_bytes: int = setting(
-        ("--http-max-body-bytes",), f"largest HTTP request body, after decompression "
-        f"(default {DEFAULT_MAX_BODY_BYTES})",
-        kind=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES")
-    # What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each).
-    http_max_connections: int = setting(
-        ("--http-max-connections",), "client connections one HTTP ingress process holds; past it the one "
-        "waiting longest for a request is closed, or with none waiting the new one gets 503; 0: no limit "
-        f"(default {MAX_CONNECTIONS})",
-        kind=int, default=MAX_CONNECTIONS, metavar="N")
-    http_header_timeout_secs: float = setting(
-        ("--http-header-timeout-secs",), "a request head must arrive within this, from the connection or from "
-        f"its first byte; else 408 and the connection closes; 0: no limit (default {HEADER_TIMEOUT_S:g})",
-        kind=float, default=HEADER_TIMEOUT_S, metavar="S")
-    http_body_timeout_secs: float = setting(
-        ("--http-body-timeout-secs",), "the longest silence while a request body is still due; then 408 and "
-        f"the connection closes; 0: no limit (default {BODY_TIMEOUT_S:g})",
-        kind=float, default=BODY_TIMEOUT_S, metavar="S")
-    http_write_timeout_secs: float = setting(
-        ("--http-write-timeout-secs",), "how long a client may leave its answer unread once its send buffer is "
-        "full (its connection is not read meanwhile); then it is dropped; 0: no limit "
-        f"(default {WRITE_TIMEOUT_S:g})",
-        kind=float, default=WRITE_TIMEOUT_S, metavar="S")
-
-
-class GrpcServer(Settings):
-    """The gRPC server: which one, the request bytes it holds, Triton's keepalive flags (grpc channel arguments)."""
-
-    ACTORS = _INGRESS
-    grpc_server: str = setting(
-        ("--grpc-server",), "the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 "
-        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
-        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto",
-        default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2"))
-    # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
-    grpc_max_buffer_bytes: int = setting(
-        ("--grpc-max-buffer-bytes",), "request message bytes one gRPC ingress process holds before their calls "
-        "take them; the stream past it ends with RESOURCE_EXHAUSTED; 0: no limit "
-        f"(default {DEFAULT_GRPC_BUFFER_BYTES}; --grpc-server h2)",
-        kind=int, default=DEFAULT_GRPC_BUFFER_BYTES, metavar="BYTES")
-    grpc_max_connection_buffer_bytes: int = setting(
-        ("--grpc-max-connection-buffer-bytes",), "the same per gRPC connection; a larger message is refused at "
-        f"its length prefix; 0: no limit but gRPC's 2 GiB (default {DEFAULT_GRPC_CONNECTION_BUFFER_BYTES}; "
-        "--grpc-server h2)", kind=int, default=DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, metavar="BYTES")
-    grpc_keepalive_time: int = _grpc_keepalive("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000)
-    grpc_keepalive_timeout: int = _grpc_keepalive("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000)
-    grpc_keepalive_permit_without_calls: int = _grpc_keepalive(
-        "--grpc-keepalive-permit-without-calls", "grpc.keepalive_permit_without_calls", 0)
-    grpc_http2_max_pings_without_data: int = _grpc_keepalive(
-        "--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 2)
-    grpc_http2_min_recv_ping_interval_without_data: int = _grpc_keepalive(
-        "--grpc-http2-min-recv-ping-interval-without-data",
-        "grpc.http2.min_ping_interval_without_data_ms", 300000)
-    grpc_http2_max_ping_strikes: int = _grpc_keepalive(
-        "--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 2)
-    grpc_max_connection_age: int | None = _grpc_keepalive(
-        "--grpc-max-connection-age", "grpc.max_connection_age_ms", None)
-    # None: unset, as Triton
-    grpc_max_connection_age_grace: int | None = _grpc_keepalive(
-        "--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", None)
-
-
-class HttpAccess(Settings):
-    """Access control on HTTP (Triton's), HTTPS (a Conveyor extension), headers forwarded as parameters."""
-
-    ACTORS = _INGRESS
-    http_restricted_api: list[RestrictedGroup] = setting(
-        ("--http-restricted-api",), "HTTP requests to these APIs need header <key>: <value> (repeatable; APIs: "
-        "health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging)",
-        kind=restricted_group, default=[], repeatable=True, metavar="<api>,...:<key>=<value>", triton=True,
-        to_text=restricted_text)
-    http_ssl_cert: str = setting(
-        ("--http-ssl-cert",), "serve HTTPS with this certificate (a Conveyor extension: Triton serves plain "
-        "HTTP)", default="", metavar="PEM", to_text=path_text)
-    http_ssl_key: str = setting(
-        ("--http-ssl-key",), "the HTTPS private key", default="", metavar="PEM", to_text=path_text)
-    http_header_forward_pattern: str = setting(
-        ("--http-header-forward-pattern",), "request headers whose name matches become string request "
-        "parameters (case-insensitive unless the pattern starts with (?-i))", default="", metavar="REGEX", triton=True)
-
-
-class GrpcAccess(Settings):
-    """Access control and TLS on gRPC (Triton's), metadata forwarded as parameters."""
-
-    ACTORS = _INGRESS
-    grpc_restricted_protocol: list[RestrictedGroup] = setting(
-        ("--grpc-restricted-protocol",), "gRPC calls to these protocols need metadata "
-        "triton-grpc-protocol-<key>: <value> (repeatable)",
-        kind=restricted_group, default=[], repeatable=True, metavar="<protocol>,...:<key>=<value>", triton=True,
-        to_text=restricted_text)
-    grpc_use_ssl: bool = setting(
-        ("--grpc-use-ssl",), "serve gRPC over TLS", kind=triton_bool, default=False, metavar="BOOL", triton=True)
-    grpc_use_ssl_mutual: bool = setting(
-        ("--grpc-use-ssl-mutual",), "serve gRPC over mutual TLS: clients need a certificate signed by "
-        "--grpc-root-cert", kind=triton_bool, default=False, metavar="BOOL", triton=True)
-    grpc_server_cert: str = setting(
-        ("--grpc-server-cert",), "the gRPC server's certificate (chain)", default="", metavar="PEM", triton=True,
-        to_text=path_text)
-    grpc_server_key: str = setting(
-        ("--grpc-server-key",), "the gRPC server's private key", default="", metavar="PEM", triton=True,
-        to_text=path_text)
-    grpc_root_cert: str = setting(
-        ("--grpc-root-cert",), "the CA certificate client certificates need", default="", metavar="PEM",
-        triton=True, to_text=path_text)
-    grpc_header_forward_pattern: str = setting(
-        ("--grpc-header-forward-pattern",), "request metadata whose name matches become string request "
-        "parameters", default="", metavar="REGEX", triton=True)
-
-
-class Answers(Settings):
-    """What every ingress answers with: the server's name, and the status of a client's mistakes."""
-
-    ACTORS = _INGRESS
-    server_id: str = setting(("--id",), "the server name server metadata reports", default="triton", triton=True)
-    client_mistakes_as_400: bool = setting(
-        ("--client-mistakes-as-400",), "answer the client mistakes Triton reports as 500 / INTERNAL (a model "
-        "the repository does not hold, a malformed shape, an unopenable shared-memory key) with 400 / "
-        "INVALID_ARGUMENT instead (default false: Triton's status, which its clients and QA assert)",
-        kind=triton_bool, default=False, metavar="BOOL")
-
-
-class CloudDefaults(Settings):
-    """The cloud endpoints' defaults."""
-
-    ACTORS = _INGRESS
-    vertex_ai_default_model: str = setting(
-        ("--vertex-ai-default-model",), "the model AIP_PREDICT_ROUTE infers (default: the repository's only "
-        "model)", default="", metavar="NAME", triton=True, section=_CLOUD)
-
-
-class OpenAiDefaults(Settings):
-    """The OpenAI endpoint's defaults (Triton's OpenAI frontend flags)."""
-
-    ACTORS = _INGRESS
-    lora_separator: str = setting(
-        ("--lora-separator",), "a model name '<model><separator><adapter>' picks one of the model's LoRA "
-        "adapters (Triton's flag; default: off)", default="",
-        section=_OPENAI)
-    default_max_tokens: int = setting(
-        ("--default-max-tokens",), "max_tokens of a request that sets none (default 16, as Triton's OpenAI "
-        "frontend)", kind=int, default=16, section=_OPENAI)
-
-
-class Repository(Settings):
-    """The repositories and backend settings: the router loads from them, the supervisor builds the example one."""
-
-    ACTORS = _SUPERVISOR_ROUTER
-    # The router gets the repositories the supervisor serves (the example one when none is given).
-    model_repository: list[str] = setting(
-        ("--model-repository", "--model-store"), "a Triton model repository (repeatable)",
-        default=[], repeatable=True, triton=True,
-        required=_cmds(ROUTER))
-    backend_config: list[str] = setting(
-        ("--backend-config",), "Triton's backend settings (repeatable): default-max-batch-size, onnxruntime's "
-        "intra_op_thread_count / inter_op_thread_count; others are accepted and logged",
-        kind=checked(backend_setting), default=[], repeatable=True, metavar="[BACKEND,]KEY=VALUE", triton=True)
-
-
-class Scheduling(Settings):
-    """The router's queues, response cache and rate limiter."""
-
-    ACTORS = _ROUTER
-    cache_config: list[str] = setting(
-        ("--cache-config",), "Triton's response cache: models with response_cache { enable: true } are "
-        "answered from a cache of this many bytes of outputs (off by default)",
-        kind=cache_config, default=[], repeatable=True, metavar="local,size=BYTES", triton=True)
-    # Folded into --cache-config as it is parsed (options.fold_response_cache_size): nothing left to pass on.
-    response_cache_byte_size: int | None = setting(
-        ("--response-cache-byte-size",), "deprecated (Triton's): --cache-config local,size=BYTES",
-        kind=int, metavar="BYTES", triton=True)
-    max_queue_size: int = setting(
-        ("--max-queue-size",), "requests one model version may hold queued before new ones are refused with "
-        "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
-        f"(default {DEFAULT_QUEUE_CAP})", kind=int, default=DEFAULT_QUEUE_CAP, metavar="N")
-    rate_limit: str = setting(
-        ("--rate-limit",), "execution_count: an instance runs only when the resources its instance_group's "
-        "rate_limiter lists are free (Triton's rate limiter); off: ignore rate_limiter",
-        default="off", choices=("off", "execution_count"), triton=True)
-    rate_limit_resource: list[str] = setting(
-        ("--rate-limit-resource",), "copies of a rate-limiter resource (repeatable; no DEVICE: on every "
-        "device); by default the largest count any instance asks for",
-        kind=resource_limit, default=[], repeatable=True, metavar="NAME:COUNT[:DEVICE]", triton=True)
-
-
-class ModelControl(Settings):
-    """What the router loads, when, and what a failed load means."""
-
-    ACTORS = _ROUTER
-    model_control_mode: str = setting(
-        ("--model-control-mode",), "none: load every model at start; poll: also follow repository changes; "
-        "explicit: load what --load-model names and what the load API asks for",
-        default="none", choices=("none", "poll", "explicit"), triton=True)
-    repository_poll_secs: float = setting(
-        ("--repository-poll-secs",), "how often poll mode rescans the repositories", kind=float, default=15.0,
-        triton=True)
-    load_model: list[str] = setting(
-        ("--load-model",), "explicit mode: load this model at start (repeatable; '*' for every model)",
-        default=[], repeatable=True, metavar="NAME", triton=True)
-    strict_model_config: bool = setting(
-        ("--strict-model-config",), "never complete a config from the model file: config.pbtxt must declare "
-        "inputs and outputs", kind=triton_bool, default=False, metavar="BOOL", triton=True)
-    disable_auto_complete_config: bool = setting(
-        ("--disable-auto-complete-config",), "as --strict-model-config=true (Triton's newer name)",
-        switch=True, default=False, triton=True)
-    # Model Analyzer and Triton's tests expect Triton's defaults from tritonserver.
-    exit_on_error: bool = setting(
-        ("--exit-on-error",), "a model that fails to load at start-up stops the server with a non-zero exit "
-        "code (default false for 'conveyor serve', true for 'tritonserver', as Triton)",
-        kind=triton_bool, default=False, triton_default=True, metavar="BOOL", triton=True)
-    strict_readiness: bool = setting(
-        ("--strict-readiness",), "ready only while every model is ready (true); false: once every load has "
-        "settled, failed or not (default false for 'conveyor serve', true for 'tritonserver', as Triton)",
-        kind=triton_bool, default=False, triton_default=True, metavar="BOOL", triton=True)
-    model_config_name: str = setting(
-        ("--model-config-name",), "load <model>/configs/NAME.pbtxt where it exists instead of config.pbtxt",
-        default="", metavar="NAME", triton=True)
-    model_namespacing: bool = setting(
-        ("--model-namespacing",), "each model repository is a namespace: several may hold a model of the same "
-        "name, an ensemble uses its own repository's, a request to a name held twice is refused",
-        kind=triton_bool, default=False, metavar="BOOL", triton=True)
-    model_load_retry_count: int = setting(
-        ("--model-load-retry-count",), "load a model instance that failed up to N more times before it counts "
-        "as failed", kind=int, default=0, metavar="N", triton=True)
-    model_load_thread_count: int = setting(
-        ("--model-load-thread-count",), "threads the router prepares loads on (reading, completing and "
-        "mirroring models): loads of different models run in parallel, and every other model keeps serving "
-        "(default 4)", kind=load_threads, default=4, metavar="N", triton=True)
-
-
-class ClientSharedMemory(Settings):
-    """Shared-memory regions clients register (the router keeps the registry)."""
-
-    ACTORS = _ROUTER
-    # Triton 2.5x has no switch for it: tritonserver lets clients register, as Triton does.
-    allow_client_shm: bool = setting(
-        ("--allow-client-shm",), "let clients register system/CUDA shared-memory regions (off by default, as "
-        "in Triton: a client may name any segment the server's user can open)",
-        kind=triton_bool, default=False, triton_default=True, metavar="BOOL")
-    max_client_shm_regions: int = setting(
-        ("--max-client-shm-regions",), "shared-memory regions clients may hold registered at once; past it a "
-        "registration is refused with 503 / UNAVAILABLE; 0: no limit "
-        f"(default {DEFAULT_MAX_REGIONS})", kind=int, default=DEFAULT_MAX_REGIONS, metavar="N")
-
-
-class Tracing(Settings):
-    """Triton's tracing: the router samples and writes the traces."""
-
-    ACTORS = _ROUTER
-    trace_config: list[str] = setting(
-        ("--trace-config",), "rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton|opentelemetry, "
-        "triton,file=PATH, triton,log-frequency=N, opentelemetry,url=HOST:PORT/v1/traces, "
-        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size=N, "
-        "opentelemetry,bsp_schedule_delay=MS, opentelemetry,bsp_max_export_batch_size=N "
-        "(repeatable; Triton's flag)", default=[], repeatable=True, metavar="[MODE,]KEY=VALUE", triton=True)
-    # Triton's deprecated spellings: folded into --trace-config as they are parsed (options.fold_deprecated_trace).
-    trace_file: str | None = setting(("--trace-file",), "deprecated: --trace-config triton,file=PATH", triton=True)
-    trace_level: list[str] = setting(
-        ("--trace-level",), "deprecated: --trace-config level=LEVEL", default=[], repeatable=True, triton=True)
-    trace_rate: int | None = setting(("--trace-rate",), "deprecated: --trace-config rate=N", kind=int, triton=True)
-    trace_count: int | None = setting(("--trace-count",), "deprecated: --trace-config count=N", kind=int, triton=True)
-    trace_log_frequency: int | None = setting(
-        ("--trace-log-frequency",), "deprecated: --trace-config triton,log-frequency=N", kind=int, triton=True)
-
-
-class Metrics(Settings):
-    """Metrics: the router keeps them, the metrics ingress serves them."""
-
-    ACTORS = _ROUTER_INGRESS
-    # Every ingress process is handed them (it parses them as the metrics one does); only the
-    # metrics process (--protocol metrics) reads them.
-    allow_cpu_metrics: bool = setting(
-        ("--allow-cpu-metrics",), "report CPU utilization and memory in /metrics", kind=triton_bool,
-        default=True, metavar="BOOL", triton=True)
-    allow_gpu_metrics: bool = setting(
-        ("--allow-gpu-metrics",), "report GPU utilization, memory and power in /metrics", kind=triton_bool,
-        default=True, metavar="BOOL", triton=True)
-    metrics_interval_ms: int = setting(
-        ("--metrics-interval-ms",), "how often CPU and GPU metrics are sampled", kind=int, default=2000,
-        metavar="MS", triton=True)
-    metrics_config: list[str] = setting(
-        ("--metrics-config",), "summary_latencies=<bool>, summary_quantiles=<q:err,...>, "
-        "counter_latencies=<bool>, histogram_latencies=<bool> (repeatable; Triton's flag)",
-        default=[], repeatable=True, metavar="KEY=VALUE", triton=True)
 
 
 class GroupShape(Settings):
@@ -521,19 +202,19 @@ class GroupShape(Settings):
     grpc_ingress: int = setting(("--grpc-ingress",), "gRPC ingress processes", kind=int, default=1)
     openai_ingress: int = setting(
         ("--openai-ingress",), "OpenAI ingress processes (conveyor scale openai-ingress N)", kind=int,
-        default=1, section=_OPENAI, also=_cmds(INGRESS))
+        default=1, section=OPENAI_SECTION, also=_cmds(INGRESS))
     allow_sagemaker: bool = setting(
         ("--allow-sagemaker",), "serve SageMaker's /ping, /invocations and /models on --sagemaker-port "
         "(default false)", kind=triton_bool, default=False, metavar="BOOL", triton=True,
-        section=_CLOUD, also=_cmds(INGRESS))
+        section=CLOUD_SECTION, also=_cmds(INGRESS))
     sagemaker_safe_port_range: tuple | None = setting(
         ("--sagemaker-safe-port-range",), "the ports the other endpoints must use when SageMaker is on",
-        kind=port_range, metavar="<integer>-<integer>", triton=True, section=_CLOUD, also=_cmds(INGRESS))
+        kind=port_range, metavar="<integer>-<integer>", triton=True, section=CLOUD_SECTION, also=_cmds(INGRESS))
     allow_vertex_ai: bool = setting(
         ("--allow-vertex-ai",), "serve Vertex AI's AIP_HEALTH_ROUTE and AIP_PREDICT_ROUTE on --vertex-ai-port "
         "(default true when AIP_MODE=PREDICTION, which also turns HTTP and gRPC off by default)",
         kind=triton_bool, default=False, default_from=_vertex_mode, metavar="BOOL", triton=True,
-        section=_CLOUD, also=_cmds(INGRESS))
+        section=CLOUD_SECTION, also=_cmds(INGRESS))
 
 
 class TritonUnused(Settings):

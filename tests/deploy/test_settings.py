@@ -7,13 +7,13 @@ parser, and found there; a setting no one uses, or one a child uses but is never
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 import typing
 from typing import Any
 
 import pytest
 
-from conveyor.deploy import settings as settings_module
 from conveyor.deploy.cli import _fold_triton_aliases, build_parser, build_tritonserver_parser
 from conveyor.deploy.instances import INGRESS_PROTOCOLS
 from conveyor.deploy.settings import (
@@ -264,7 +264,7 @@ def _is(value: Any, annotation: Any) -> bool:
 def test_each_declared_type_is_what_its_flag_parses_to(cls: type[Settings]) -> None:
     """Defaults and sample values, parsed by the command that takes them, have the declared types."""
     for s in cls.declared():
-        declared = eval(cls.__annotations__[s.name], vars(settings_module))  # the annotation's text
+        declared = eval(cls.__annotations__[s.name], vars(sys.modules[cls.__module__]))  # the annotation's text
         command = next(iter(sorted(s.only))) if s.only else SERVE
         for argv in ([], _sample(s)):
             parsed = build_parser().parse_args([command, *_required(command), *argv])

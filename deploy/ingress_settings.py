@@ -1,0 +1,206 @@
+"""The ingress processes' settings (``deploy/settings.py`` combines them): what one takes of a client's
+requests, the HTTP edge and the gRPC server, access control and TLS, and the answers' defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.deploy.flag_types import (
+    RestrictedGroup,
+    restricted_group,
+    restricted_text,
+    triton_bool,
+    triton_bool_int,
+)
+from conveyor.deploy.setting import (
+    INGRESS,
+    Settings,
+    path_text,
+    setting,
+)
+from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
+from conveyor.ingress.http.edge import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, WRITE_TIMEOUT_S
+from conveyor.ingress.limits import (
+    DEFAULT_GRPC_BUFFER_BYTES,
+    DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    DEFAULT_MAX_INFLIGHT,
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    DEFAULT_MAX_JSON_BYTES,
+)
+
+_INGRESS = frozenset({INGRESS})
+# The --help sections of the endpoints that are off unless asked for.
+CLOUD_SECTION = "SageMaker and Vertex AI endpoints"
+OPENAI_SECTION = "OpenAI-compatible endpoint"
+
+
+def _grpc_keepalive(flag: str, option: str, default: int | None) -> Any:
+    boolean = flag.endswith("without-calls")
+    return setting((flag,), f"Triton's flag: sets the gRPC server's {option}",
+                   kind=triton_bool_int if boolean else int, default=default, metavar="BOOL" if boolean else "MS",
+                   triton=True, grpc_option=option)
+
+
+class RequestLimits(Settings):
+    """What one ingress process takes of a client's requests, whatever its protocol (ingress/limits.py)."""
+
+    ACTORS = _INGRESS
+    max_input_elements: int = setting(
+        ("--max-input-elements",), "elements one input tensor may hold; more is refused with 400 / "
+        f"INVALID_ARGUMENT; 0: no limit (default {DEFAULT_MAX_INPUT_ELEMENTS})",
+        kind=int, default=DEFAULT_MAX_INPUT_ELEMENTS, metavar="N")
+    max_json_bytes: int = setting(
+        ("--max-json-bytes",), "largest JSON part of an HTTP request (JSON tensors take ~8x their text in "
+        f"memory); more is refused with 400; 0: no limit (default {DEFAULT_MAX_JSON_BYTES})",
+        kind=int, default=DEFAULT_MAX_JSON_BYTES, metavar="BYTES")
+    max_inflight_requests: int = setting(
+        ("--max-inflight-requests",), "requests one ingress process holds at once; more are refused with 503 / "
+        f"UNAVAILABLE 'too many requests in flight'; 0: no limit (default {DEFAULT_MAX_INFLIGHT})",
+        kind=int, default=DEFAULT_MAX_INFLIGHT, metavar="N")
+
+
+class HttpEdge(Settings):
+    """What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each)."""
+
+    ACTORS = _INGRESS
+    http_max_body_bytes: int = setting(
+        ("--http-max-body-bytes",), f"largest HTTP request body, after decompression "
+        f"(default {DEFAULT_MAX_BODY_BYTES})",
+        kind=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES")
+    # What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each).
+    http_max_connections: int = setting(
+        ("--http-max-connections",), "client connections one HTTP ingress process holds; past it the one "
+        "waiting longest for a request is closed, or with none waiting the new one gets 503; 0: no limit "
+        f"(default {MAX_CONNECTIONS})",
+        kind=int, default=MAX_CONNECTIONS, metavar="N")
+    http_header_timeout_secs: float = setting(
+        ("--http-header-timeout-secs",), "a request head must arrive within this, from the connection or from "
+        f"its first byte; else 408 and the connection closes; 0: no limit (default {HEADER_TIMEOUT_S:g})",
+        kind=float, default=HEADER_TIMEOUT_S, metavar="S")
+    http_body_timeout_secs: float = setting(
+        ("--http-body-timeout-secs",), "the longest silence while a request body is still due; then 408 and "
+        f"the connection closes; 0: no limit (default {BODY_TIMEOUT_S:g})",
+        kind=float, default=BODY_TIMEOUT_S, metavar="S")
+    http_write_timeout_secs: float = setting(
+        ("--http-write-timeout-secs",), "how long a client may leave its answer unread once its send buffer is "
+        "full (its connection is not read meanwhile); then it is dropped; 0: no limit "
+        f"(default {WRITE_TIMEOUT_S:g})",
+        kind=float, default=WRITE_TIMEOUT_S, metavar="S")
+
+
+class GrpcServer(Settings):
+    """The gRPC server: which one, the request bytes it holds, Triton's keepalive flags (grpc channel arguments)."""
+
+    ACTORS = _INGRESS
+    grpc_server: str = setting(
+        ("--grpc-server",), "the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 "
+        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
+        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto",
+        default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2"))
+    # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
+    grpc_max_buffer_bytes: int = setting(
+        ("--grpc-max-buffer-bytes",), "request message bytes one gRPC ingress process holds before their calls "
+        "take them; the stream past it ends with RESOURCE_EXHAUSTED; 0: no limit "
+        f"(default {DEFAULT_GRPC_BUFFER_BYTES}; --grpc-server h2)",
+        kind=int, default=DEFAULT_GRPC_BUFFER_BYTES, metavar="BYTES")
+    grpc_max_connection_buffer_bytes: int = setting(
+        ("--grpc-max-connection-buffer-bytes",), "the same per gRPC connection; a larger message is refused at "
+        f"its length prefix; 0: no limit but gRPC's 2 GiB (default {DEFAULT_GRPC_CONNECTION_BUFFER_BYTES}; "
+        "--grpc-server h2)", kind=int, default=DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, metavar="BYTES")
+    grpc_keepalive_time: int = _grpc_keepalive("--grpc-keepalive-time", "grpc.keepalive_time_ms", 7200000)
+    grpc_keepalive_timeout: int = _grpc_keepalive("--grpc-keepalive-timeout", "grpc.keepalive_timeout_ms", 20000)
+    grpc_keepalive_permit_without_calls: int = _grpc_keepalive(
+        "--grpc-keepalive-permit-without-calls", "grpc.keepalive_permit_without_calls", 0)
+    grpc_http2_max_pings_without_data: int = _grpc_keepalive(
+        "--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data", 2)
+    grpc_http2_min_recv_ping_interval_without_data: int = _grpc_keepalive(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        "grpc.http2.min_ping_interval_without_data_ms", 300000)
+    grpc_http2_max_ping_strikes: int = _grpc_keepalive(
+        "--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", 2)
+    grpc_max_connection_age: int | None = _grpc_keepalive(
+        "--grpc-max-connection-age", "grpc.max_connection_age_ms", None)
+    # None: unset, as Triton
+    grpc_max_connection_age_grace: int | None = _grpc_keepalive(
+        "--grpc-max-connection-age-grace", "grpc.max_connection_age_grace_ms", None)
+
+
+class HttpAccess(Settings):
+    """Access control on HTTP (Triton's), HTTPS (a Conveyor extension), headers forwarded as parameters."""
+
+    ACTORS = _INGRESS
+    http_restricted_api: list[RestrictedGroup] = setting(
+        ("--http-restricted-api",), "HTTP requests to these APIs need header <key>: <value> (repeatable; APIs: "
+        "health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging)",
+        kind=restricted_group, default=[], repeatable=True, metavar="<api>,...:<key>=<value>", triton=True,
+        to_text=restricted_text)
+    http_ssl_cert: str = setting(
+        ("--http-ssl-cert",), "serve HTTPS with this certificate (a Conveyor extension: Triton serves plain "
+        "HTTP)", default="", metavar="PEM", to_text=path_text)
+    http_ssl_key: str = setting(
+        ("--http-ssl-key",), "the HTTPS private key", default="", metavar="PEM", to_text=path_text)
+    http_header_forward_pattern: str = setting(
+        ("--http-header-forward-pattern",), "request headers whose name matches become string request "
+        "parameters (case-insensitive unless the pattern starts with (?-i))", default="", metavar="REGEX", triton=True)
+
+
+class GrpcAccess(Settings):
+    """Access control and TLS on gRPC (Triton's), metadata forwarded as parameters."""
+
+    ACTORS = _INGRESS
+    grpc_restricted_protocol: list[RestrictedGroup] = setting(
+        ("--grpc-restricted-protocol",), "gRPC calls to these protocols need metadata "
+        "triton-grpc-protocol-<key>: <value> (repeatable)",
+        kind=restricted_group, default=[], repeatable=True, metavar="<protocol>,...:<key>=<value>", triton=True,
+        to_text=restricted_text)
+    grpc_use_ssl: bool = setting(
+        ("--grpc-use-ssl",), "serve gRPC over TLS", kind=triton_bool, default=False, metavar="BOOL", triton=True)
+    grpc_use_ssl_mutual: bool = setting(
+        ("--grpc-use-ssl-mutual",), "serve gRPC over mutual TLS: clients need a certificate signed by "
+        "--grpc-root-cert", kind=triton_bool, default=False, metavar="BOOL", triton=True)
+    grpc_server_cert: str = setting(
+        ("--grpc-server-cert",), "the gRPC server's certificate (chain)", default="", metavar="PEM", triton=True,
+        to_text=path_text)
+    grpc_server_key: str = setting(
+        ("--grpc-server-key",), "the gRPC server's private key", default="", metavar="PEM", triton=True,
+        to_text=path_text)
+    grpc_root_cert: str = setting(
+        ("--grpc-root-cert",), "the CA certificate client certificates need", default="", metavar="PEM",
+        triton=True, to_text=path_text)
+    grpc_header_forward_pattern: str = setting(
+        ("--grpc-header-forward-pattern",), "request metadata whose name matches become string request "
+        "parameters", default="", metavar="REGEX", triton=True)
+
+
+class Answers(Settings):
+    """What every ingress answers with: the server's name, and the status of a client's mistakes."""
+
+    ACTORS = _INGRESS
+    server_id: str = setting(("--id",), "the server name server metadata reports", default="triton", triton=True)
+    client_mistakes_as_400: bool = setting(
+        ("--client-mistakes-as-400",), "answer the client mistakes Triton reports as 500 / INTERNAL (a model "
+        "the repository does not hold, a malformed shape, an unopenable shared-memory key) with 400 / "
+        "INVALID_ARGUMENT instead (default false: Triton's status, which its clients and QA assert)",
+        kind=triton_bool, default=False, metavar="BOOL")
+
+
+class CloudDefaults(Settings):
+    """The cloud endpoints' defaults."""
+
+    ACTORS = _INGRESS
+    vertex_ai_default_model: str = setting(
+        ("--vertex-ai-default-model",), "the model AIP_PREDICT_ROUTE infers (default: the repository's only "
+        "model)", default="", metavar="NAME", triton=True, section=CLOUD_SECTION)
+
+
+class OpenAiDefaults(Settings):
+    """The OpenAI endpoint's defaults (Triton's OpenAI frontend flags)."""
+
+    ACTORS = _INGRESS
+    lora_separator: str = setting(
+        ("--lora-separator",), "a model name '<model><separator><adapter>' picks one of the model's LoRA "
+        "adapters (Triton's flag; default: off)", default="",
+        section=OPENAI_SECTION)
+    default_max_tokens: int = setting(
+        ("--default-max-tokens",), "max_tokens of a request that sets none (default 16, as Triton's OpenAI "
+        "frontend)", kind=int, default=16, section=OPENAI_SECTION)
