@@ -27,6 +27,7 @@ import numpy as np
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.limits import IngressLimits, too_many_in_flight
 from conveyor.ingress.model_cache import ModelSignatureCache
+from conveyor.ingress.prefix_key import prefix_key
 from conveyor.ingress.request_checks import (
     InferInput,
     RequestedOutput,
@@ -325,6 +326,8 @@ class DataPlane:
         )
         if sig.response_cache and not uses_shm:  # a cached response cannot be written into a client region
             request.cache_key = request_hash(refs, self.arena.view, call.parameters)
+        if sig.prefix_placed:
+            request.prefix = prefix_key(refs, self.arena.view, call.parameters)
         self._blocks[request.id] = block
         return request
 

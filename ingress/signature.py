@@ -41,6 +41,8 @@ class ModelSignature:
     response_cache: bool = False  # requests carry ``cache_key`` (the router caches responses)
     # Decoupled, yet one response to a request that does not stream (vLLM): plain infer serves it.
     plain_infer: bool = False
+    # Placed by its prompt's prefix across several engines: requests carry ``prefix`` (ingress/prefix_key.py).
+    prefix_placed: bool = False
     required_inputs: int = field(init=False)  # the inputs that are not optional
     # The checks' verdicts on calls by their ``shape_key`` (``request_checks.remember_verdict``): kept on
     # the signature, so that a model reloaded with another signature starts without any.
@@ -59,5 +61,5 @@ class ModelSignature:
 
         return cls(
             d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled")),
-            bool(d.get("response_cache")), bool(d.get("plain_infer")),
+            bool(d.get("response_cache")), bool(d.get("plain_infer")), bool(d.get("prefix_placed")),
         )

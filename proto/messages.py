@@ -31,7 +31,8 @@ import msgspec
 # 3: a decoupled model's responses go straight to the ingress too (``ItemResponsesSent``).
 # 4: ``RepositoryChanged`` to every ingress and BLS link.
 # 5: runtime LoRA adapters (``LoraUpdate`` / ``LoraUpdated``).
-PROTOCOL_VERSION = 5
+# 6: ``InferRequest.prefix`` (a prompt's block hashes, for prefix-aware engine placement).
+PROTOCOL_VERSION = 6
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -135,6 +136,9 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     request_id: str = ""  # the client's own id for the request (Triton's request_id())
     cache_key: bytes = b""  # response-cache models only: hash of the inputs and parameters (ingress/request_hash.py)
     trace: TraceContext | None = None  # set by an ingress only while tracing is on (router/observability/tracing.py)
+    # A prompt's chained block hashes (ingress/prefix_key.py), for models placed by prefix across their
+    # engines (router/scheduling/engine_placement.py); [] for every other model.
+    prefix: list[int] = []
 
 
 # ``InferRequest.flags`` bits.

@@ -20,6 +20,7 @@ from conveyor.router.models import DEEP_IN_FLIGHT, Instance, InstanceState, Vers
 from conveyor.router.pending import Pending
 from conveyor.router.replies import count_failure
 from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.overload import release
 from conveyor.router.scheduling.sequences import SequenceBatcher
 
@@ -103,8 +104,9 @@ class Dispatcher:
         if isinstance(batcher, SequenceBatcher):
             self._run_sequences(state, batcher, now)
             return
+        placement = state.placement
         while len(batcher):
-            instance = self._free_instance(state)
+            instance = self._free_instance(state) if placement is None else self._engine(state, batcher, placement)
             if instance is not None and instance.running and not _may_wait_on_worker(batcher):
                 return  # it waits here, where its deadline is kept, for an instance to be free
             if instance is None:
@@ -120,6 +122,22 @@ class Dispatcher:
                 self._wake_at(state, batch)
                 return
             self._dispatch(state, instance, batch, now)
+            if placement is not None:
+                placement.sent(instance, batch[0])
+
+    def _engine(self, state: VersionState, batcher: DynamicBatcher, placement: EnginePlacement) -> Instance | None:
+        """The engine for the version's next request (``ENGINE_PLACEMENT``), among those that can
+        take one now; with one such engine, that one."""
+        limiter = self.limiter
+        depth = 1 if limiter is not None else state.pipeline_depth
+        engines = [
+            inst for inst in state.instances
+            if inst.state is InstanceState.READY and inst.running < depth and (limiter is None or limiter.free(inst))
+        ]
+        if len(engines) < 2:
+            return engines[0] if engines else None
+        head = batcher.head()
+        return placement.choose(engines, head) if head is not None else engines[0]
 
     def _free_instance(self, state: VersionState) -> Instance | None:
         """A ready instance that can take a batch now: an idle one first, else one whose

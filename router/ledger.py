@@ -68,11 +68,16 @@ class Ledger:
     def started(self, batch: int, run: Running) -> None:
         """``run``'s items left their queue for a worker as batch ``batch``."""
         queued, started = self._queued, self._started
+        blocks = 0
         for i, p in enumerate(run.items):
             key = (p.ingress, p.request.id)
             queued.pop(key, None)
             started[key] = (batch, i)
-        run.instance.version.waiting.running += len(run.items)
+            blocks += len(p.request.prefix)
+        instance = run.instance
+        instance.version.waiting.running += len(run.items)
+        instance.open_requests += len(run.items)
+        instance.open_blocks += blocks + len(run.items)
         self._batches[batch] = run
 
     def returned(self, batch: int, run: Running) -> None:
@@ -87,12 +92,14 @@ class Ledger:
             for p in run.items:
                 started.pop((p.ingress, p.request.id), None)
                 release(p)
+                _finished(run.instance, p)
             waiting.running -= len(run.items)
             return
         for p, is_open in zip(run.items, run.open, strict=True):
             if not is_open:  # answered already (or by the BatchResult itself, beside ones answered later)
                 if started.pop((p.ingress, p.request.id), None) is not None:  # not closed before
                     waiting.running -= 1
+                    _finished(run.instance, p)
                 release(p)
         if not any(run.open):
             self._batches.pop(batch, None)
@@ -109,6 +116,7 @@ class Ledger:
         p = run.items[index]
         if self._started.pop((p.ingress, p.request.id), None) is not None:
             run.instance.version.waiting.running -= 1
+            _finished(run.instance, p)
         release(p)  # most were released at their first response (``responded``)
         if not run.executing and not any(run.open):
             self._batches.pop(batch, None)
@@ -151,3 +159,9 @@ class Ledger:
     def __len__(self) -> int:
         """Requests in the router: queued or on a worker."""
         return len(self._queued) + len(self._started)
+
+
+def _finished(instance: Instance, p: Pending) -> None:
+    """``p`` no longer loads ``instance`` (engine placement weighs what each engine runs)."""
+    instance.open_requests -= 1
+    instance.open_blocks -= 1 + len(p.request.prefix)

@@ -21,6 +21,7 @@ from conveyor.router.repository.namespaces import ambiguous, name_of
 from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
 from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.ordering import ResponseOrder
 from conveyor.router.scheduling.overload import OverloadLimits, Waiting, WaitingBook
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
@@ -47,6 +48,10 @@ class Instance:
     state: InstanceState = InstanceState.UNPLACED
     worker: bytes | None = None
     running: int = 0  # batches sent to its worker and not answered yet (see VersionState.pipeline_depth)
+    # Requests sent to it and not finally answered (a decoupled one: until its final response), and
+    # their prompts' blocks, one more each for what it generates: an engine's load (engine placement).
+    open_requests: int = 0
+    open_blocks: int = 0
     error: str = ""
     placed_device: str = ""  # for "cuda": the GPU placement chose
     load_attempts: int = 0  # failed loads so far (--model-load-retry-count)
@@ -121,6 +126,8 @@ class VersionState:
     # against: the registry's one count for this model version, shared with its reloads.
     limits: OverloadLimits = field(default_factory=OverloadLimits)
     waiting: Waiting = field(default_factory=Waiting)
+    # A vLLM model's choice among its engines (ENGINE_PLACEMENT); None: the first free instance.
+    placement: EnginePlacement | None = None
 
     @property
     def decoupled(self) -> bool:
@@ -222,6 +229,7 @@ def _version_state(
         state.pipeline_depth, state.deep_pipeline_depth = PIPELINE_DEPTH, DEEP_PIPELINE_DEPTH
     if config.backend == "vllm":
         state.pipeline_depth = state.deep_pipeline_depth = ENGINE_IN_FLIGHT
+        state.placement = EnginePlacement.from_config(config)
     return state
 
 
@@ -423,6 +431,8 @@ def signature(state: VersionState) -> dict[str, Any]:
         "decoupled": config.model_transaction_policy.decoupled,
         # Not streamed (``stream`` false or absent), a vLLM model answers once: plain infer serves it.
         "plain_infer": config.backend == "vllm",
+        # Even under round_robin: ENGINE_PLACEMENT may change in place, without a new signature.
+        "prefix_placed": state.placement is not None,
     }
 
 

@@ -33,6 +33,7 @@ from conveyor.router.repository.prepare import (
     remove_dir,
 )
 from conveyor.router.repository.scan import ModelSpec
+from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.overload import OverloadLimits, limits_only_change
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
@@ -175,8 +176,9 @@ class ModelLoads:
 
     def _retuned(self, key: str, spec: ModelSpec) -> bool:
         """Apply ``spec`` in place when it changes only the serving entry's overload limits
-        (``router/scheduling/overload.py``), every version of which serves: its instances, queues and
-        requests stay as they are, and the next request is checked against the new limits."""
+        (``router/scheduling/overload.py``) or ``ENGINE_PLACEMENT``, every version of which serves: its
+        instances, queues and requests stay as they are, and the next request is checked against the new
+        limits and placed by the new rule."""
         current = self.registry.models.get(key)
         if (
             current is None or key in self.registry.staging or spec.error or problem_of(current)
@@ -190,10 +192,14 @@ class ModelLoads:
             return False
         current.spec = spec
         limits = OverloadLimits.from_config(spec.config)
+        by_prefix = EnginePlacement.from_config(spec.config).by_prefix
         for state in current.versions.values():
             state.config, state.limits = spec.config, limits
-        log.info("model '%s': new limits apply in place (MAX_WAITING_REQUESTS %s, MAX_KV_CACHE_USAGE %s)",
-                 key, limits.max_waiting or "unset", limits.max_kv_usage or "unset")
+            if state.placement is not None:
+                state.placement.by_prefix = by_prefix  # its record kept: the engines' caches are
+        log.info("model '%s': new limits apply in place (MAX_WAITING_REQUESTS %s, MAX_KV_CACHE_USAGE %s, "
+                 "ENGINE_PLACEMENT %s)", key, limits.max_waiting or "unset", limits.max_kv_usage or "unset",
+                 "prefix" if by_prefix else "round_robin")
         return True
 
     def _load_composing(self, key: str, waiter: LoadWaiter) -> None:

@@ -25,6 +25,7 @@ from conveyor.router.repository.onnx_autocomplete import complete_onnx
 from conveyor.router.repository.python_autocomplete import complete_python
 from conveyor.router.repository.vllm_autocomplete import complete_vllm
 from conveyor.router.scheduling.adaptive import adaptive_problem
+from conveyor.router.scheduling.engine_placement import placement_problem
 from conveyor.router.scheduling.overload import overload_problem
 from conveyor.router.scheduling.queue_policy import scheduling_problem
 
@@ -251,7 +252,7 @@ def validate(config: mc.ModelConfig) -> str:
     if config.model_transaction_policy.decoupled and config.backend not in ("python", "vllm"):
         return "decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend"
     return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
-            or batch_shapes_problem(config) or overload_problem(config))
+            or batch_shapes_problem(config) or overload_problem(config) or placement_problem(config))
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:

@@ -39,12 +39,15 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, request_prefix, unavailable
 from conveyor.router.repository.namespaces import name_of
+from conveyor.router.scheduling import engine_placement
 
 if TYPE_CHECKING:
     from conveyor.router.pending import Pending
 
 MAX_WAITING_PARAMETER = "MAX_WAITING_REQUESTS"
 MAX_KV_PARAMETER = "MAX_KV_CACHE_USAGE"
+# What a reload applies in place, engines and requests left as they are (``limits_only_change``).
+IN_PLACE_PARAMETERS = (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER, engine_placement.PARAMETER)
 
 
 class Reason(enum.Enum):
@@ -96,16 +99,16 @@ def overload_problem(config: mc.ModelConfig) -> str:
 
 
 def limits_only_change(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
-    """``new`` is ``old`` but for these limits (and differs in them): a reload may then apply them in
-    place (``router/lifecycle/loads.py``) instead of loading new instances, which for a vLLM engine
-    means minutes and a second engine's memory beside the first's."""
+    """``new`` is ``old`` but for these limits or ``ENGINE_PLACEMENT`` (and differs in them): a reload
+    may then apply them in place (``router/lifecycle/loads.py``) instead of loading new instances, which
+    for a vLLM engine means minutes and a second engine's memory beside the first's."""
     if old == new:
         return False
     stripped = []
     for config in (old, new):
         copy = mc.ModelConfig()
         copy.CopyFrom(config)
-        for key in (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER):
+        for key in IN_PLACE_PARAMETERS:
             if key in copy.parameters:
                 del copy.parameters[key]
         stripped.append(copy)

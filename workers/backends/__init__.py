@@ -33,7 +33,7 @@ def load_backend(
     if backend == "vllm":
         from conveyor.workers.backends.vllm.backend import VllmBackend
 
-        return VllmBackend(path, config, device)
+        return VllmBackend(path, config, device, instance_name)
     if backend == "fil":
         from conveyor.workers.backends.fil.backend import FilBackend
 

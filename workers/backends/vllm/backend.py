@@ -36,14 +36,23 @@ ENGINE_ARGS = "model.json"
 UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
 
 
+def several_engines(config: mc.ModelConfig) -> bool:
+    """Whether the model may run more than one engine: an ``instance_group`` of more than one
+    instance, or none (an engine on every worker). Their metrics then say which engine they are;
+    a single engine's are labelled as Triton's vllm_backend labels them (model and version only)."""
+    groups = config.instance_group
+    return not groups or sum(max(g.count, 1) for g in groups) > 1
+
+
 def _parameter(config: mc.ModelConfig, name: str) -> str | None:
     p = config.parameters.get(name)
     return None if p is None else p.string_value
 
 
 class VllmBackend:
-    def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
-        """``path``: ``<model>/<version>/model.json``."""
+    def __init__(self, path: str, config: mc.ModelConfig, device: str, instance_name: str = "") -> None:
+        """``path``: ``<model>/<version>/model.json``; ``instance_name``: Triton's name of the instance,
+        the ``engine`` label of its metrics when the model may have several engines."""
         self.name = config.name
         if not config.model_transaction_policy.decoupled:
             raise unavailable("vLLM Triton backend must be configured to use decoupled model transaction policy")
@@ -67,7 +76,10 @@ class VllmBackend:
         report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
         loggers: list[Any] = []
         if report and not engine_args.get("disable_log_stats", False):
-            loggers.append(stat_logger_factory({"model": config.name, "version": os.path.basename(version_dir)}))
+            labels = {"model": config.name, "version": os.path.basename(version_dir)}
+            if instance_name and several_engines(config):
+                labels["engine"] = instance_name
+            loggers.append(stat_logger_factory(labels))
         nice = engine_nice(_parameter(config, "ENGINE_NICE"))
         on_compute_cores = engine_on_compute_cores(_parameter(config, "ENGINE_CPUS"))
         try:

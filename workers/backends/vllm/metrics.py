@@ -52,6 +52,11 @@ class EngineMetrics:
         self.waiting = metric("vllm:num_requests_waiting", "Number of requests waiting to be processed.", _G)
         # The router refuses new requests past the model's MAX_KV_CACHE_USAGE on it (router/scheduling/overload.py).
         self.kv_usage = metric(KV_USAGE_FAMILY, "KV-cache usage. 1 means 100 percent usage.", _G)
+        # What the prefix cache saved, in prompt tokens (engine placement's proof: docs/LLM.md).
+        self.prefix_queries = metric("vllm:prefix_cache_queries_total",
+                                     "Prefix cache queries, in terms of number of queried tokens.", _C)
+        self.prefix_hits = metric("vllm:prefix_cache_hits_total",
+                                  "Prefix cache hits, in terms of number of cached tokens.", _C)
         self.lora_info = LoraInfo(labels, max_lora) if max_lora is not None else None
 
     def record(self, scheduler: Any, iteration: Any) -> None:
@@ -59,6 +64,11 @@ class EngineMetrics:
             self.running.set(scheduler.num_running_reqs)
             self.waiting.set(scheduler.num_waiting_reqs)
             self.kv_usage.set(scheduler.kv_cache_usage)
+            cache = scheduler.prefix_cache_stats
+            if cache is not None and cache.queries:
+                self.prefix_queries.increment(cache.queries)
+                if cache.hits:
+                    self.prefix_hits.increment(cache.hits)
             if self.lora_info is not None:
                 self.lora_info.record(scheduler.running_lora_adapters, scheduler.waiting_lora_adapters)
         if iteration is None:

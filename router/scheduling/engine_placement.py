@@ -1,0 +1,121 @@
+"""Which engine of a model runs a request, when the model has several (``ENGINE_PLACEMENT``).
+
+A vLLM model with ``instance_group [ { count: N } ]`` (or one instance per worker) runs N engines,
+each with its own KV cache. A prompt's blocks are cached on the engine that computed them, so a
+request whose prompt starts as an earlier one's is cheapest on that engine: its prefix is not
+computed again, and the other engines' caches keep room for other prefixes. ``prefix`` (the
+default) places each request where that saves the most work, balanced against load; ``round_robin``
+takes the engines in turn, blind to prompts::
+
+    parameters { key: "ENGINE_PLACEMENT" value: { string_value: "round_robin" } }
+
+The prefix rule is the cost model of NVIDIA Dynamo's KV-aware router, on the router's own record:
+an engine's cost for a request is the prompt's blocks it would have to compute (those past the
+longest prefix the router last sent there) plus the blocks of the prompts it is running now
+(``Instance.open_blocks``: its load, in the same unit); the cheapest engine takes it, the least
+loaded on a tie. Prompts are keyed by the ingress (ingress/prefix_key.py); the record keeps each
+key's last engine for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys, oldest out first, as an
+engine's cache evicts what is least recently used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.config_parameters import parameter_text
+
+if TYPE_CHECKING:
+    from conveyor.router.models import Instance
+    from conveyor.router.pending import Pending
+
+PARAMETER = "ENGINE_PLACEMENT"
+PREFIX, ROUND_ROBIN = "prefix", "round_robin"
+CHOICES = (PREFIX, ROUND_ROBIN)
+# A key unseen this long is taken to be evicted from its engine's cache. Engines evict by memory,
+# not time: under a steady load a busy engine's cache turns over in about this time on small hosts,
+# and a wrong guess costs a placement no better than round-robin, never a wrong answer.
+PREFIX_TTL_S = 300.0
+# Keys remembered per model version (~100 bytes each: ~6 MiB at most): 64 keys per request
+# (ingress/prefix_key.MAX_PREFIX_BLOCKS), so about a thousand distinct 4 KiB prompt heads. A key
+# pushed out only makes its next request's placement blind to it.
+MAX_PREFIX_KEYS = 1 << 16
+
+
+def placement_problem(config: mc.ModelConfig) -> str:
+    """Why the config's ``ENGINE_PLACEMENT`` cannot be used (the model does not load), or ''."""
+    value = parameter_text(config, PARAMETER)
+    if value and value not in CHOICES:
+        return f"parameter '{PARAMETER}' must be one of {', '.join(repr(c) for c in CHOICES)}, got '{value}'"
+    return ""
+
+
+class EnginePlacement:
+    """One model version's placement across its engines, and its record of the prefixes sent."""
+
+    __slots__ = ("_turn", "by_prefix", "where")
+
+    def __init__(self, by_prefix: bool) -> None:
+        self.by_prefix = by_prefix
+        # Prefix key -> (the engine it was last sent to, when), least recently sent first.
+        self.where: dict[int, tuple[Instance, int]] = {}
+        self._turn = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig) -> EnginePlacement:
+        return cls((parameter_text(config, PARAMETER) or PREFIX) != ROUND_ROBIN)
+
+    def choose(self, engines: Sequence[Instance], item: Pending) -> Instance:
+        """The engine of ``engines`` (those that can take a request now: two or more) for ``item``.
+        Ties go to the engine with fewer requests, then to each engine in turn: new prefixes spread."""
+        n = len(engines)
+        start = next(self._turn) % n
+        if not self.by_prefix:
+            return engines[start]
+        keys = item.request.prefix
+        matched = self._matched(keys) if keys else {}
+        blocks = len(keys)
+        best = engines[start]
+        best_cost = blocks - matched.get(id(best), 0) + best.open_blocks
+        for i in range(start + 1, start + n):
+            engine = engines[i % n]
+            cost = blocks - matched.get(id(engine), 0) + engine.open_blocks
+            if cost < best_cost or (cost == best_cost and engine.open_requests < best.open_requests):
+                best, best_cost = engine, cost
+        return best
+
+    def sent(self, engine: Instance, item: Pending) -> None:
+        """``item`` went to ``engine``: its prefix is there now."""
+        keys = item.request.prefix
+        if not keys or not self.by_prefix:
+            return
+        where = self.where
+        now = time.monotonic_ns()
+        stale = now - int(PREFIX_TTL_S * 1e9)
+        expired: list[int] = []
+        for key, (_, seen) in where.items():  # the oldest first: as many expired ones out as come in
+            if seen >= stale or len(expired) > len(keys):
+                break
+            expired.append(key)
+        for key in expired:
+            del where[key]
+        for key in keys:
+            where.pop(key, None)  # re-inserted last: the most recently sent
+            where[key] = (engine, now)
+        if len(where) > MAX_PREFIX_KEYS:
+            for key in list(itertools.islice(where, len(where) - MAX_PREFIX_KEYS)):
+                del where[key]
+
+    def _matched(self, keys: list[int]) -> dict[int, int]:
+        """``id()`` of each engine -> how many of the prompt's leading blocks it holds, by the record."""
+        where = self.where
+        stale = time.monotonic_ns() - int(PREFIX_TTL_S * 1e9)
+        matched: dict[int, int] = {}
+        for i, key in enumerate(keys, 1):
+            seen = where.get(key)
+            if seen is not None and seen[1] >= stale:
+                matched[id(seen[0])] = i  # keys are chained: key i stands for the whole prefix up to it
+        return matched

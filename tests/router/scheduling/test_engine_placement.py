@@ -1,0 +1,187 @@
+"""ENGINE_PLACEMENT on a real router core (in-process sockets), a vLLM model with two engines: a
+prompt's prefix goes back to the engine that has it, new prefixes and round_robin take the engines in
+turn, load breaks a prefix's affinity, each engine's load follows its requests to their final
+response, the record stays within its bounds under a flood of distinct prompts, and the keys the
+ingress computes are shared exactly by prompts (and adapters) that share their head."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conveyor.deploy import example_repo
+from conveyor.ingress.prefix_key import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_BYTES, prefix_key
+from conveyor.proto import messages as m
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.datatypes import serialize_bytes
+from conveyor.router.models import VersionState
+from conveyor.router.scheduling import engine_placement
+from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS, placement_problem
+from conveyor.router.scheduling.overload import limits_only_change
+from tests.support.router_core import RouterCore
+
+W1 = b"worker-1"
+
+CONFIG = """
+name: "{name}"
+backend: "vllm"
+model_transaction_policy {{ decoupled: true }}
+input [{{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }}]
+output [{{ name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }}]
+instance_group [{{ count: 2 kind: KIND_MODEL }}]
+{extra}
+"""
+
+
+def _write(repo: Path, name: str, extra: str = "") -> None:
+    example_repo.write_model(repo, name, CONFIG.format(name=name, extra=extra), {"model.json": "{}"})
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[RouterCore]:
+    _write(tmp_path, "prefix")
+    _write(tmp_path, "turns", 'parameters { key: "ENGINE_PLACEMENT" value { string_value: "round_robin" } }')
+    c = RouterCore(tmp_path)
+    c.serve(W1)
+    yield c
+    c.close()
+
+
+_ids = iter(range(1, 1 << 30))
+
+
+def _send(core: RouterCore, model: str, prefix: list[int]) -> int:
+    """A request whose prompt has these keys; the engine (instance index) it was sent to."""
+    tensor = m.TensorRef("text_input", "BYTES", [1], "conveyor.test.ingress", 0, 8)
+    core.from_ingress(m.InferRequest(next(_ids), model, "", [tensor], [], prefix=prefix))
+    (batch,) = core.batches(W1)
+    core.from_worker(W1, m.BatchResult(batch.batch, [m.ItemResult(batch.items[0].id, pending=True)]))
+    _sent.append(batch)
+    return batch.instance
+
+
+_sent: list[m.ExecBatch] = []
+
+
+def _finish_all(core: RouterCore) -> None:
+    for batch in _sent:
+        core.from_worker(W1, m.ItemResponse(batch.batch, 0, final=True))
+    _sent.clear()
+
+
+def _state(core: RouterCore, model: str) -> VersionState:
+    return core.router.registry.resolve(model, "")
+
+
+def test_a_prefix_goes_back_to_its_engine_and_new_ones_spread(core: RouterCore) -> None:
+    system_a, system_b = [11, 12, 13], [21, 22, 23]
+    first_a = _send(core, "prefix", [*system_a, 100])
+    _finish_all(core)
+    first_b = _send(core, "prefix", [*system_b, 200])
+    _finish_all(core)
+    assert first_a != first_b  # nothing cached anywhere: each new prefix to the next engine
+    for turn in range(6):
+        assert _send(core, "prefix", [*system_a, 1000 + turn]) == first_a
+        _finish_all(core)
+        assert _send(core, "prefix", [*system_b, 2000 + turn]) == first_b
+        _finish_all(core)
+
+
+def test_round_robin_is_blind_to_prefixes(core: RouterCore) -> None:
+    engines = [_send(core, "turns", [1, 2, 3]) for _ in range(4)]
+    _finish_all(core)
+    assert engines[0] != engines[1] and engines[0] == engines[2] and engines[1] == engines[3]
+
+
+def test_load_breaks_affinity_and_follows_requests_to_their_final_response(core: RouterCore) -> None:
+    shared = list(range(1, 9))  # an 8-block head
+    home = _send(core, "prefix", [*shared, 99])
+    _finish_all(core)
+    engines = {inst.index: inst for inst in _state(core, "prefix").instances}
+    assert _send(core, "prefix", [*shared, 500]) == home  # idle engines: the head's engine
+    busy = engines[home]
+    assert busy.open_requests == 1 and busy.open_blocks == len(shared) + 2  # its 9 keys, and one to generate
+    # Its running prompt (10 blocks of load) outweighs computing the 8-block head elsewhere (cost 9 < 11).
+    elsewhere = _send(core, "prefix", [*shared, 501])
+    assert elsewhere != home
+    assert _send(core, "prefix", [*shared, 502]) == elsewhere  # the head is cached there too now
+    _finish_all(core)
+    assert all(inst.open_requests == 0 and inst.open_blocks == 0 for inst in engines.values())
+
+
+def test_the_record_stays_bounded_under_distinct_prompts(core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_placement, "MAX_PREFIX_KEYS", 256)
+    placement = _state(core, "prefix").placement
+    assert placement is not None
+    for i in range(40):
+        _send(core, "prefix", [i * 1000 + b for b in range(MAX_PREFIX_BLOCKS)])  # 64 new keys each
+        _finish_all(core)
+        assert len(placement.where) <= 256
+    assert MAX_PREFIX_KEYS == 1 << 16  # the module's own bound, unchanged by the test's patch
+
+
+def test_expired_keys_neither_place_nor_stay(core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    placement = _state(core, "prefix").placement
+    assert placement is not None
+    home = _send(core, "prefix", [5, 6, 7])
+    _finish_all(core)
+    monkeypatch.setattr(engine_placement, "PREFIX_TTL_S", 0.0)
+    places = {_send(core, "prefix", [5, 6, 7]) for _ in range(2)}  # the record is stale: they spread
+    _finish_all(core)
+    assert len(places) == 2 and home in places
+    _send(core, "prefix", [9])  # as many expired ones go as keys come in
+    assert len(placement.where) <= 4
+
+
+def test_a_bad_placement_refuses_the_load_and_the_choice_changes_in_place() -> None:
+    config = mc.ModelConfig(name="m", backend="vllm")
+    assert placement_problem(config) == ""
+    config.parameters["ENGINE_PLACEMENT"].string_value = "prefix"
+    assert placement_problem(config) == ""
+    config.parameters["ENGINE_PLACEMENT"].string_value = "random"
+    assert placement_problem(config) == (
+        "parameter 'ENGINE_PLACEMENT' must be one of 'prefix', 'round_robin', got 'random'")
+    # A reload that changes only the placement applies in place: the engines (and their caches) stay.
+    config.parameters["ENGINE_PLACEMENT"].string_value = "prefix"
+    other = mc.ModelConfig()
+    other.CopyFrom(config)
+    other.parameters["ENGINE_PLACEMENT"].string_value = "round_robin"
+    assert limits_only_change(config, other)
+
+
+# --- the ingress's keys ---------------------------------------------------------------------
+
+
+def _keys(prompt: str, adapter: str = "", in_sampling: bool = False) -> list[int]:
+    arena = bytearray()
+    refs = []
+    values = {"text_input": prompt.encode()}
+    if adapter and in_sampling:
+        values["sampling_parameters"] = json.dumps({"temperature": 0, "lora_name": adapter}).encode()
+    for name, value in values.items():
+        data = serialize_bytes(np.array([value], dtype=object))
+        refs.append(m.TensorRef(name, "BYTES", [1], "arena", len(arena), len(data)))
+        arena += data
+    buf = np.frombuffer(bytes(arena), dtype=np.uint8)
+    params = {"lora_name": adapter} if adapter and not in_sampling else {}
+    return prefix_key(refs, lambda offset, nbytes: buf[offset:offset + nbytes], params)
+
+
+def test_prompts_that_share_a_head_share_its_keys() -> None:
+    head = "You are a helpful assistant. " * 10  # 290 bytes: 4 whole blocks
+    a, b = _keys(head + "What is the capital of France?"), _keys(head + "Write a haiku about the sea.")
+    shared = len(head) // PREFIX_BLOCK_BYTES
+    assert a[:shared] == b[:shared] and a[shared:] != b[shared:]
+    assert len(a) == len(head + "What is the capital of France?") // PREFIX_BLOCK_BYTES
+    assert _keys("short prompt") == []  # not one whole block: nothing an engine would cache
+    # Another adapter's blocks are other blocks, wherever the request names it.
+    assert _keys(head, "alpha")[0] != _keys(head)[0]
+    assert _keys(head, "alpha") == _keys(head, "alpha", in_sampling=True)
+
+
+def test_a_long_prompt_has_at_most_max_prefix_blocks_keys() -> None:
+    assert len(_keys("x" * (PREFIX_BLOCK_BYTES * (MAX_PREFIX_BLOCKS + 50)))) == MAX_PREFIX_BLOCKS
