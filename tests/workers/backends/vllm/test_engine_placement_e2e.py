@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import tiny_llama
-from tests.support.group import Server, start_server
+from tests.support.group import Server, start_server, wait_all_instances_ready
 
 tiny_llama.require_vllm()
 
@@ -43,9 +43,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         kv_cache_memory_bytes=16 << 20,
     )
     (model_dir / "config.pbtxt").write_text(CONFIG)
-    srv = start_server(str(repo), f"pl{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
+    group = f"pl{os.getpid()}"
+    srv = start_server(str(repo), group, "--workers", "1", "--model-control-mode", "explicit",
                        "--load-model", "*", ready_timeout=LOAD_TIMEOUT_S)
     try:
+        wait_all_instances_ready(group, MODEL, 2, LOAD_TIMEOUT_S)  # ready as soon as one engine serves
         yield srv
     finally:
         assert srv.stop(60) == 0
@@ -132,4 +134,5 @@ def test_prefix_placement_computes_far_fewer_prompt_tokens_than_round_robin(
     _place(server, "round_robin")
     by_turns = _workload(server, systems[1])  # other system prompts: nothing of them cached yet
     assert len(by_turns) == 2 and all(tokens >= 0 for tokens in by_turns.values()), by_turns  # same engines
+    print(f"prompt tokens computed: by prefix {by_prefix}, round-robin {by_turns}")  # shown with -s
     assert sum(by_turns.values()) >= 1.5 * sum(by_prefix.values()), (by_prefix, by_turns)
