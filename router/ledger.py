@@ -73,11 +73,11 @@ class Ledger:
             key = (p.ingress, p.request.id)
             queued.pop(key, None)
             started[key] = (batch, i)
-            blocks += len(p.request.prefix)
+            blocks += p.prefill_blocks
         instance = run.instance
         instance.version.waiting.running += len(run.items)
         instance.open_requests += len(run.items)
-        instance.open_blocks += blocks + len(run.items)
+        instance.prefill_blocks += blocks
         self._batches[batch] = run
 
     def returned(self, batch: int, run: Running) -> None:
@@ -104,10 +104,11 @@ class Ledger:
         if not any(run.open):
             self._batches.pop(batch, None)
 
-    def responded(self, item: Pending) -> None:
+    def responded(self, item: Pending, instance: Instance) -> None:
         """A decoupled request (or one a model answers after execute) had its first response: it is
-        running, and no longer waits (``scheduling/overload.py``)."""
+        running, and no longer waits (``scheduling/overload.py``); its prompt is computed."""
         release(item)
+        _prefilled(instance, item)
 
     def closed(self, batch: int, run: Running, index: int) -> None:
         """A decoupled request had its final response; its batch goes with its last one."""
@@ -164,4 +165,10 @@ class Ledger:
 def _finished(instance: Instance, p: Pending) -> None:
     """``p`` no longer loads ``instance`` (engine placement weighs what each engine runs)."""
     instance.open_requests -= 1
-    instance.open_blocks -= 1 + len(p.request.prefix)
+    _prefilled(instance, p)
+
+
+def _prefilled(instance: Instance, p: Pending) -> None:
+    if p.prefill_blocks:
+        instance.prefill_blocks -= p.prefill_blocks
+        p.prefill_blocks = 0

@@ -48,10 +48,11 @@ class Instance:
     state: InstanceState = InstanceState.UNPLACED
     worker: bytes | None = None
     running: int = 0  # batches sent to its worker and not answered yet (see VersionState.pipeline_depth)
-    # Requests sent to it and not finally answered (a decoupled one: until its final response), and
-    # their prompts' blocks, one more each for what it generates: an engine's load (engine placement).
+    # An engine's load (engine placement): requests sent to it and not finally answered (a decoupled
+    # one: until its final response), and the prompt blocks it has yet to compute for them (each
+    # request's until its first response).
     open_requests: int = 0
-    open_blocks: int = 0
+    prefill_blocks: int = 0
     error: str = ""
     placed_device: str = ""  # for "cuda": the GPU placement chose
     load_attempts: int = 0  # failed loads so far (--model-load-retry-count)

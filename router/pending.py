@@ -29,6 +29,9 @@ class Pending:
     responses: int = 0  # a decoupled request's responses so far: the next one's response_stats index
     last_response_ns: int = 0  # when its latest response reached the router (0: none yet)
     direct: bool = False  # its worker answers the ingress itself (``BatchItem.reply_to``)
+    # Engine placement's estimate of the prompt blocks its engine computes for it, until its first
+    # response (``scheduling/engine_placement.py``); 0 for every other model.
+    prefill_blocks: int = 0
     # What it counts in while it waits for its (first) answer (router/scheduling/overload.py); None after.
     waits: Waiting | None = None
 

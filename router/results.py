@@ -122,7 +122,7 @@ class Results:
         p.last_response_ns = now
         if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response
             p.responded = True
-            self.ledger.responded(p)
+            self.ledger.responded(p, run.instance)
             first = state.latency.first_response
             if first is not None and msg.error is None:
                 first.histogram.observe(now - p.arrival_ns)
@@ -152,7 +152,7 @@ class Results:
         p.last_response_ns = now
         if not p.responded and msg.counts:
             p.responded = True
-            self.ledger.responded(p)
+            self.ledger.responded(p, run.instance)
             first = state.latency.first_response
             if first is not None and not msg.counts[0].status:
                 first.histogram.observe(now - p.arrival_ns)

@@ -9,13 +9,17 @@ takes the engines in turn, blind to prompts::
 
     parameters { key: "ENGINE_PLACEMENT" value: { string_value: "round_robin" } }
 
-The prefix rule is the cost model of NVIDIA Dynamo's KV-aware router, on the router's own record:
-an engine's cost for a request is the prompt's blocks it would have to compute (those past the
-longest prefix the router last sent there) plus the blocks of the prompts it is running now
-(``Instance.open_blocks``: its load, in the same unit); the cheapest engine takes it, the least
-loaded on a tie. Prompts are keyed by the ingress (ingress/prefix_key.py); the record keeps each
-key's last engine for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys, oldest out first, as an
-engine's cache evicts what is least recently used.
+The prefix rule weighs, per engine, the work that stands between the request and its first token:
+the prompt's blocks that engine would compute (those past the longest prefix the router last sent
+there), the blocks it still has to compute for the requests sent to it before (``prefill_blocks``,
+until their first response), and ``DECODE_BLOCKS`` for each request it runs (each takes a token's
+share of every step). The cheapest engine takes it; ties go to the engine with fewer requests, then
+to each in turn. It is NVIDIA Dynamo's KV-aware cost with the load counted as pending prefill
+rather than as every block an engine holds: a request past its prefill costs the others a token
+a step, not its prompt again (with the prompts' blocks as load, four clients on two engines broke
+the affinity of most turns, docs/LLM.md). Prompts are keyed by the ingress (ingress/prefix_key.py);
+the record keeps each key's last engine for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys,
+oldest out first, as an engine's cache evicts what is least recently used.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ PREFIX_TTL_S = 300.0
 # (ingress/prefix_key.MAX_PREFIX_BLOCKS), so about a thousand distinct 4 KiB prompt heads. A key
 # pushed out only makes its next request's placement blind to it.
 MAX_PREFIX_KEYS = 1 << 16
+# What a running request weighs in an engine's load, in prompt blocks (16-32 tokens each): it adds a
+# token to each step the new request's prefill shares, about a block over the few steps to a first token.
+DECODE_BLOCKS = 1
 
 
 def placement_problem(config: mc.ModelConfig) -> str:
@@ -69,22 +76,26 @@ class EnginePlacement:
         return cls((parameter_text(config, PARAMETER) or PREFIX) != ROUND_ROBIN)
 
     def choose(self, engines: Sequence[Instance], item: Pending) -> Instance:
-        """The engine of ``engines`` (those that can take a request now: two or more) for ``item``.
-        Ties go to the engine with fewer requests, then to each engine in turn: new prefixes spread."""
+        """The engine of ``engines`` (those that can take a request now: two or more) for ``item``;
+        sets the item's ``prefill_blocks`` (what that engine computes for it)."""
         n = len(engines)
         start = next(self._turn) % n
-        if not self.by_prefix:
-            return engines[start]
         keys = item.request.prefix
-        matched = self._matched(keys) if keys else {}
         blocks = len(keys)
+        if not self.by_prefix:
+            item.prefill_blocks = blocks
+            return engines[start]
+        matched = self._matched(keys) if keys else {}
         best = engines[start]
-        best_cost = blocks - matched.get(id(best), 0) + best.open_blocks
+        best_new = blocks - matched.get(id(best), 0)
+        best_cost = best_new + best.prefill_blocks + DECODE_BLOCKS * best.open_requests
         for i in range(start + 1, start + n):
             engine = engines[i % n]
-            cost = blocks - matched.get(id(engine), 0) + engine.open_blocks
+            new = blocks - matched.get(id(engine), 0)
+            cost = new + engine.prefill_blocks + DECODE_BLOCKS * engine.open_requests
             if cost < best_cost or (cost == best_cost and engine.open_requests < best.open_requests):
-                best, best_cost = engine, cost
+                best, best_new, best_cost = engine, new, cost
+        item.prefill_blocks = best_new
         return best
 
     def sent(self, engine: Instance, item: Pending) -> None:

@@ -97,20 +97,22 @@ def test_round_robin_is_blind_to_prefixes(core: RouterCore) -> None:
     assert engines[0] != engines[1] and engines[0] == engines[2] and engines[1] == engines[3]
 
 
-def test_load_breaks_affinity_and_follows_requests_to_their_final_response(core: RouterCore) -> None:
+def test_load_breaks_affinity_and_follows_requests_to_their_responses(core: RouterCore) -> None:
     shared = list(range(1, 9))  # an 8-block head
     home = _send(core, "prefix", [*shared, 99])
-    _finish_all(core)
     engines = {inst.index: inst for inst in _state(core, "prefix").instances}
-    assert _send(core, "prefix", [*shared, 500]) == home  # idle engines: the head's engine
     busy = engines[home]
-    assert busy.open_requests == 1 and busy.open_blocks == len(shared) + 2  # its 9 keys, and one to generate
-    # Its running prompt (10 blocks of load) outweighs computing the 8-block head elsewhere (cost 9 < 11).
-    elsewhere = _send(core, "prefix", [*shared, 501])
-    assert elsewhere != home
-    assert _send(core, "prefix", [*shared, 502]) == elsewhere  # the head is cached there too now
+    assert busy.open_requests == 1 and busy.prefill_blocks == 9  # nothing cached: all 9 blocks to compute
+    core.from_worker(W1, m.ItemResponse(_sent[-1].batch, 0, final=False))  # its first token: prompt computed
+    assert busy.open_requests == 1 and busy.prefill_blocks == 0
+    # Turns of the same head go home, each adding a block to compute and a request to run, until
+    # that load outweighs computing the 8-block head on the idle engine.
+    places = [_send(core, "prefix", [*shared, 500 + i]) for i in range(8)]
+    first_away = places.index(next(p for p in places if p != home))
+    assert first_away >= 3 and places[:first_away] == [home] * first_away, places
+    assert busy.open_requests == first_away + 1 and busy.prefill_blocks == first_away
     _finish_all(core)
-    assert all(inst.open_requests == 0 and inst.open_blocks == 0 for inst in engines.values())
+    assert all(inst.open_requests == 0 and inst.prefill_blocks == 0 for inst in engines.values())
 
 
 def test_the_record_stays_bounded_under_distinct_prompts(core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
