@@ -41,7 +41,7 @@ def several_engines(config: mc.ModelConfig) -> bool:
     instance, or none (an engine on every worker). Their metrics then say which engine they are;
     a single engine's are labelled as Triton's vllm_backend labels them (model and version only)."""
     groups = config.instance_group
-    return not groups or sum(max(g.count, 1) for g in groups) > 1
+    return not groups or sum(max(g.count, 1) * max(len(g.gpus), 1) for g in groups) > 1  # count on each GPU listed
 
 
 def _parameter(config: mc.ModelConfig, name: str) -> str | None:
