@@ -46,8 +46,9 @@ frontend, more for a server that sends more chunks).
 
 ``--check-endpoints`` runs aiperf briefly against each server for every endpoint type it has for
 an OpenAI server (chat and completions, streamed and not, and embeddings) and reports which work
-(bench-results/llm_openai_endpoints.md). Embeddings fail on both: Conveyor serves no
-``/v1/embeddings`` yet, and vLLM's server has none for a generative model (both answer 404).
+(bench-results/llm_openai_endpoints.md). Embeddings fail on both: the benchmark serves a generative
+model, which neither embeds (Conveyor's ``/v1/embeddings`` serves pooling models: 400; vLLM's server
+has no such route for a generative model: 404).
 
 ``--vllm-engine-core compute`` moves vLLM's engine core process onto the cores its model worker
 computes on once the server is up, as Conveyor's worker does on a small host (``ENGINE_CPUS``):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, and vLLM's own routes: ``GET /health`` (ready),
-``GET /version``, ``POST /tokenize`` and ``POST /detokenize``, ``POST /v1/load_lora_adapter`` and
-``POST /v1/unload_lora_adapter`` (``adapters.py``); every answer carries ``X-Request-Id`` (``request_id.py``).
+``POST /v1/chat/completions``, ``POST /v1/embeddings`` (``embeddings.py``), and vLLM's own routes:
+``GET /health`` (ready), ``GET /version``, ``POST /tokenize`` and ``POST /detokenize``,
+``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (``adapters.py``); every answer carries
+``X-Request-Id`` (``request_id.py``).
 
 It is one more ingress of the group: the same router link and data plane as the
 KServe ingress, so its requests share the router, the workers, the statistics and
@@ -20,6 +21,7 @@ from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
 from conveyor.ingress.openai.catalog import Catalog, Listed, LlmModel
+from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import render_error
 from conveyor.ingress.openai.request_id import RequestIds
@@ -102,6 +104,7 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     app.add_route("/v1/models/{name}", Model(catalog))
     app.add_route("/v1/completions", Completions(ctx.dataplane, catalog, endpoint))
     app.add_route("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint))
+    app.add_route("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes))
     app.add_route("/health", Health(ctx.link, ctx))
     app.add_route("/version", Version())
     app.add_route("/tokenize", Tokenize(catalog, options.max_body_bytes))

@@ -19,6 +19,7 @@ or not. What else it declares says how an OpenAI request reaches it:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +28,19 @@ import numpy as np
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import numpy_dtype
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 SAMPLING_INPUT = "sampling_parameters"
 COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
+# Triton's vllm_backend's input of an embedding request (a JSON object: ``embeddings.py``); a model that
+# declares it may pool. Whether its engine does, the model says by refusing the other task (below).
+EMBEDDING_INPUT = "embedding_request"
+# How a model refuses a task its engine does not serve: Triton's vllm_backend's words ("Model m does
+# not support 'embed' request"), which ours sends as UNSUPPORTED; Triton's own, wrapped in "Error
+# generating stream: ...", is read too. The ingress answers it in vLLM's words, as a 400.
+_TASK_REFUSED = re.compile(r"does not support '(\w+)' request")
 
 # A sampling field (vLLM's name, as ``schema.sampling_parameters`` writes it) -> the inputs that may
 # take it, first declared wins: Triton's TensorRT-LLM names, and the same names where they agree.
@@ -104,3 +112,19 @@ def tensor_input(sig: ModelSignature, spec: TensorSpec, value: object) -> InferI
     inner = [1] * max(len(spec.dims) - 1, 0) + [len(values)] if spec.dims else []
     shape = ([1] if sig.max_batch_size > 0 else []) + inner
     return InferInput(spec.name, spec.datatype, shape or [1], data)
+
+
+def task_refused(error: ConveyorError, task: str) -> bool:
+    """Whether ``error`` is the model's refusal of ``task`` ("generate", "embed"): a pooling model asked
+    to generate, or a generative one asked for an embedding."""
+    if error.status not in (Status.UNSUPPORTED, Status.INTERNAL):
+        return False
+    found = _TASK_REFUSED.search(error.message)
+    return found is not None and found.group(1) == task
+
+
+def api_refused(api: str) -> ConveyorError:
+    """vLLM's server's words for a route its model does not serve (its status is 501 there: the whole
+    server lacks the route; here the route serves other models, and naming this one is the client's
+    mistake: 400)."""
+    return invalid_arg(f"The model does not support {api} API")

@@ -79,6 +79,7 @@ class Parsed:
 
 class _Endpoint:
     chat: bool = False
+    api = ""  # vLLM's name of the API, in its refusal when the model does not generate
     object_name = ""
     chunk_object = ""
 
@@ -104,7 +105,8 @@ class _Endpoint:
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}", request.model, int(time.time()),
                   request.n, prompt, parsed.echo, include_usage, top is not None, continuous, parsed.tools)
         model = parsed.target.model
-        found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0, model.contract.decoupled)
+        found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0, model.contract.decoupled,
+                      self.api)
         if not model.contract.counts_tokens:
             tokenizer = await self._catalog.tokenizer(model)
             if tokenizer is not None:  # usage from the tokenizer; without one, there is none
@@ -237,6 +239,7 @@ def _merged(calls: list[CallDelta]) -> list[CallDelta]:
 
 
 class Completions(_Endpoint):
+    api = "Completions"
     object_name = "text_completion"
     chunk_object = "text_completion"
 
@@ -264,6 +267,7 @@ class Completions(_Endpoint):
 
 class ChatCompletions(_Endpoint):
     chat = True
+    api = "Chat Completions"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 

@@ -23,11 +23,11 @@ import orjson
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.openai.catalog import Target
-from conveyor.ingress.openai.contract import TEXT_INPUT, TEXT_OUTPUT, tensor_inputs
+from conveyor.ingress.openai.contract import TEXT_INPUT, TEXT_OUTPUT, api_refused, task_refused, tensor_inputs
 from conveyor.ingress.openai.tokenizer import Tokenizer
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import ConveyorError, invalid_arg
 
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason")
 LOGPROBS_INPUT = "return_logprobs"
@@ -96,14 +96,15 @@ def engine_call(target: Target, prompt: str, params: dict[str, object], stream: 
         if LOGPROBS_INPUT not in sig.inputs:
             raise invalid_arg(f"model '{model.name}' does not return logprobs (no '{LOGPROBS_INPUT}' input)")
         values[LOGPROBS_INPUT] = True
-    inputs = [_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
+    inputs = [scalar_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
     if not json_params:
         inputs += tensor_inputs(sig, {k: v for k, v in params.items() if k != "logprobs"} if "logprobs" in params
                                 else params, model.name)
     return InferCall(model=model.name, version="", inputs=inputs, id=request_id)
 
 
-def _input(sig: ModelSignature, name: str, value: object) -> InferInput:
+def scalar_input(sig: ModelSignature, name: str, value: object) -> InferInput:
+    """One element (BYTES, or BOOL) as the input ``name`` of the model, batched or not."""
     spec = sig.inputs[name]
     data = np.array([value], dtype=object if spec.datatype == "BYTES" else bool)
     shape = [1, 1] if sig.max_batch_size > 0 else [1]
@@ -111,18 +112,24 @@ def _input(sig: ModelSignature, name: str, value: object) -> InferInput:
 
 
 async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
-                decoupled: bool = True) -> AsyncGenerator[Step, None]:
+                decoupled: bool = True, api: str = "Completions") -> AsyncGenerator[Step, None]:
     """The model's responses as steps. A model error raises (``ConveyorError``); closing
     the iterator early cancels the request, which aborts it in the engine. A model that is
-    not decoupled answers once (plain infer): one final step."""
-    if not decoupled:
-        yield _step(await dataplane.infer(call, endpoint="The OpenAI endpoint"), n, top)
-        return
-    async with contextlib.aclosing(dataplane.infer_stream(call)) as responses:
-        async for item in responses:
-            if isinstance(item, StreamError):
-                raise item.error
-            yield _step(item, n, top)
+    not decoupled answers once (plain infer): one final step. A model that does not generate (a
+    pooling engine) refuses at once: vLLM's words for ``api``, a 400."""
+    try:
+        if not decoupled:
+            yield _step(await dataplane.infer(call, endpoint="The OpenAI endpoint"), n, top)
+            return
+        async with contextlib.aclosing(dataplane.infer_stream(call)) as responses:
+            async for item in responses:
+                if isinstance(item, StreamError):
+                    raise item.error
+                yield _step(item, n, top)
+    except ConveyorError as exc:
+        if task_refused(exc, "generate"):
+            raise api_refused(api) from None
+        raise
 
 
 async def counted(found: AsyncGenerator[Step, None], tokenizer: Tokenizer, prompt: str,

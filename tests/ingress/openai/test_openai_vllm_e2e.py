@@ -4,10 +4,13 @@ official ``openai`` client. Greedy outputs, streamed or not, chat or completions
 model or adapter, are token for token those of vLLM's own ``LLM.generate`` on the same
 prompt (chat: the model's template applied); a client that goes away aborts its request
 in the engine. Adapters come from ``multi_lora.json``, from the version's ``loras/`` folder, and
-at run time (``/v1/load_lora_adapter``, plain HTTP), until unloaded."""
+at run time (``/v1/load_lora_adapter``, plain HTTP), until unloaded. The same tiny Llama also serves as
+a pooling model (``"runner": "pooling"``) beside it: ``/v1/embeddings`` answers vLLM's own
+``LLM.embed`` vectors, and each model refuses the other's route."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -21,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema  # in the test extra (openapi-spec-validator's), as is the openai client
+import numpy as np
 import openai
 import pytest
 
 from conveyor.deploy.ports import free_port
+from conveyor.ingress.openai.embeddings import MAX_INPUTS
 from tests.support import tiny_llama
 from tests.support.group import Server, abandon, wait_ready
 
@@ -35,6 +40,10 @@ tiny_llama.require_vllm()
 pytestmark = pytest.mark.timeout(600)
 
 MODEL = "vllm_model"
+EMBED_MODEL = "vllm_embed"  # the same weights, run by a pooling engine
+# A small engine: the pooling model holds no sequence past its one step (vLLM's CPU KV cache needs some).
+EMBED_ENGINE = {"runner": "pooling", "enable_lora": False, "max_num_seqs": 8, "kv_cache_memory_bytes": 16 << 20}
+EMBED_INPUTS = ["the quick brown fox", "hello world", "tokens stream out"]
 SEP = "_lora_"
 FOLDER_ADAPTER = "gamma"  # in the version's loras/ folder: alpha's weights under another name
 RUNTIME_ADAPTER = "delta"  # loaded at run time: beta's weights under another name
@@ -53,6 +62,9 @@ class Reference:
     completion: dict[str | None, tuple[str, int, int]]
     chat: dict[str | None, tuple[str, int, int]]
     sampled: list[str]
+    embeddings: list[list[float]]  # ``LLM.embed`` of EMBED_INPUTS, then of the first one's token ids
+    embed_tokens: list[int]  # their prompts' token counts
+    token_ids: list[int]  # the first input's ids
 
 
 @dataclass
@@ -72,10 +84,17 @@ def _reference(tiny: tiny_llama.TinyLlama) -> Reference:
     doc = json.loads(out.stdout.splitlines()[-1])
     completion, chat = ({None if k == "" else k: tuple(v) for k, v in doc[part].items()}
                         for part in ("completion", "chat"))
-    return Reference(completion, chat, doc["sampled"])
+    return Reference(completion, chat, doc["sampled"], doc["embed"]["vectors"], doc["embed"]["tokens"],
+                     doc["embed"]["ids"])
 
 
 def _vllm_outputs(model_dir: str, adapters: dict[str, str]) -> dict[str, object]:
+    out = _vllm_generations(model_dir, adapters)  # its engine gone on return: one engine at a time here
+    out["embed"] = _vllm_embeddings(model_dir)
+    return out
+
+
+def _vllm_generations(model_dir: str, adapters: dict[str, str]) -> dict[str, object]:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
@@ -98,6 +117,23 @@ def _vllm_outputs(model_dir: str, adapters: dict[str, str]) -> dict[str, object]
             "sampled": [c.text for c in sorted(sampled.outputs, key=lambda c: c.index)]}
 
 
+def _vllm_embeddings(model_dir: str) -> dict[str, object]:
+    """``LLM.embed`` with the pooling model's engine arguments (those of its model.json)."""
+    import gc
+
+    from transformers import AutoTokenizer
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    gc.collect()
+    ids = AutoTokenizer.from_pretrained(model_dir)(EMBED_INPUTS[0])["input_ids"]
+    engine = {k: v for k, v in EMBED_ENGINE.items() if k != "enable_lora"}
+    llm = LLM(model=model_dir, enforce_eager=True, dtype="float32", max_model_len=256, **engine)
+    found = llm.embed([*EMBED_INPUTS, TokensPrompt(prompt_token_ids=ids)], use_tqdm=False)
+    return {"vectors": [r.outputs.embedding for r in found], "tokens": [len(r.prompt_token_ids) for r in found],
+            "ids": ids}
+
+
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     root = tmp_path_factory.mktemp("openai_vllm")
@@ -111,6 +147,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         f.write('parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }\n')
     (model_dir / "1" / "loras").mkdir()
     (model_dir / "1" / "loras" / FOLDER_ADAPTER).symlink_to(tiny.adapters["alpha"])  # found without a list
+    tiny_llama.write_repository(repo, tiny, EMBED_MODEL, **EMBED_ENGINE)  # loads beside the generative one
     port, http_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen([
         sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo),
@@ -139,10 +176,11 @@ def _name(adapter: str | None) -> str:
     return MODEL if adapter is None else f"{MODEL}{SEP}{adapter}"
 
 
-def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
+def test_models_lists_the_models_and_the_adapters(client: openai.OpenAI) -> None:
     cards = [m.to_dict() for m in client.models.list()]
-    assert [c["id"] for c in cards] == [MODEL, *(_name(a) for a in (*tiny_llama.ADAPTERS, FOLDER_ADAPTER))]
-    assert [c["parent"] for c in cards] == [None, MODEL, MODEL, MODEL]
+    assert [c["id"] for c in cards] == [EMBED_MODEL, MODEL,
+                                        *(_name(a) for a in (*tiny_llama.ADAPTERS, FOLDER_ADAPTER))]
+    assert [c["parent"] for c in cards] == [None, None, MODEL, MODEL, MODEL]
 
 
 def test_an_adapter_in_the_loras_folder_is_served(group: Group, client: openai.OpenAI) -> None:
@@ -360,6 +398,46 @@ def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model=_name("zeta"), prompt="a")
     assert "no LoRA adapter 'zeta'" in err.value.message
+
+
+def _close(found: list[float], expected: list[float]) -> None:
+    np.testing.assert_allclose(np.array(found, dtype=np.float32), np.array(expected, dtype=np.float32), rtol=1e-5,
+                               atol=1e-7)
+
+
+def test_embeddings_are_vllms_own(group: Group, client: openai.OpenAI) -> None:
+    """A list of prompts, each its own engine request, answered in order; as floats, as base64 (the
+    float32 bytes, which the openai client also asks for by default and decodes), and for token ids."""
+    ref = group.ref
+    out = client.embeddings.create(model=EMBED_MODEL, input=EMBED_INPUTS, encoding_format="float")
+    assert (out.object, out.model, [d.index for d in out.data]) == ("list", EMBED_MODEL, [0, 1, 2])
+    assert all(d.object == "embedding" for d in out.data)
+    for d, expected in zip(out.data, ref.embeddings, strict=False):
+        _close(d.embedding, expected)
+    n = sum(ref.embed_tokens[:3])
+    assert (out.usage.prompt_tokens, out.usage.total_tokens) == (n, n)
+    encoded = client.embeddings.create(model=EMBED_MODEL, input=EMBED_INPUTS[1], encoding_format="base64")
+    raw = encoded.data[0].embedding
+    assert isinstance(raw, str)
+    _close(np.frombuffer(base64.b64decode(raw), dtype="<f4").tolist(), ref.embeddings[1])
+    decoded = client.embeddings.create(model=EMBED_MODEL, input=EMBED_INPUTS[2])  # the client's base64
+    _close(decoded.data[0].embedding, ref.embeddings[2])
+    ids = client.embeddings.create(model=EMBED_MODEL, input=ref.token_ids, encoding_format="float")
+    _close(ids.data[0].embedding, ref.embeddings[3])
+    assert ids.usage.prompt_tokens == ref.embed_tokens[3] == len(ref.token_ids)
+
+
+def test_each_model_refuses_the_others_route_in_vllms_words(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="The model does not support Embeddings API"):
+        client.embeddings.create(model=MODEL, input="hello world")
+    with pytest.raises(openai.BadRequestError, match="The model does not support Completions API"):
+        client.completions.create(model=EMBED_MODEL, prompt=PROMPT, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="The model does not support Chat Completions API"):
+        client.chat.completions.create(model=EMBED_MODEL, messages=CHAT, stream=True)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="does not support Matryoshka"):  # the engine's words
+        client.embeddings.create(model=EMBED_MODEL, input="hello world", dimensions=8)
+    with pytest.raises(openai.BadRequestError, match=f"at most {MAX_INPUTS}"):
+        client.embeddings.create(model=EMBED_MODEL, input=["a"] * (MAX_INPUTS + 1))
 
 
 def _post(group: Group, path: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import logging
 import os
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, not_found, unavailable
 from conveyor.proto.lora import runtime_updates_allowed
 from conveyor.workers.backends.base import RequestItem, RequestOutcome, ResponseChannel
-from conveyor.workers.backends.vllm import outputs
+from conveyor.workers.backends.vllm import embedding, outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
 from conveyor.workers.backends.vllm.metrics import stat_logger_factory
@@ -102,15 +104,29 @@ class VllmBackend:
         for item in items:
             channel = item.channel
             assert channel is not None  # decoupled: every request has one
+            work: Callable[[], Awaitable[None]]
             try:
-                args = parse(item)
-                if args.lora_name is not None:
-                    self.loras.check(args.lora_name)
+                if embedding.EMBEDDING_INPUT in item.inputs:
+                    self._check_task(embedding.EMBED_TASK)
+                    embed = embedding.parse(item)
+                    work = functools.partial(self._embed, embed, channel)
+                else:
+                    self._check_task(embedding.GENERATE_TASK)
+                    args = parse(item)
+                    if args.lora_name is not None:
+                        self.loras.check(args.lora_name)
+                    work = functools.partial(self._generate, args, channel)
             except ConveyorError as exc:
                 channel.fail(exc)
                 continue
-            self._start(args, channel)
+            self._start(work, channel)
         return []
+
+    def _check_task(self, task: str) -> None:
+        """A pooling engine embeds and a generative one generates; each refuses the other's requests
+        (as Triton's backend, before the engine sees them)."""
+        if task not in self.engine.supported_tasks:
+            raise embedding.task_refused(self.name, task)
 
     def _check_health(self) -> bool:
         """ENABLE_VLLM_HEALTH_CHECK, as Triton's vllm_backend: before each batch, whether the engine
@@ -123,7 +139,7 @@ class VllmBackend:
             threading.Thread(target=_unload, args=(self.name,), name=f"vllm-unload-{self.name}", daemon=True).start()
         return self.healthy
 
-    def _start(self, args: GenerateArgs, channel: ResponseChannel) -> None:
+    def _start(self, work: Callable[[], Awaitable[None]], channel: ResponseChannel) -> None:
         holder: list[asyncio.Task[None]] = []
 
         def cancel() -> None:  # on the worker's main thread
@@ -131,27 +147,40 @@ class VllmBackend:
 
         def begin() -> None:  # on the engine's loop
             channel.reply_from(self.replies)
-            holder.append(self.engine.loop.create_task(self._generate(args, channel)))
+            holder.append(self.engine.loop.create_task(self._serve(work, channel)))
 
         channel.add_cancel_hook(cancel)
         self.engine.call(begin)
 
     async def _generate(self, args: GenerateArgs, channel: ResponseChannel) -> None:
-        request_id = uuid.uuid4().hex
+        params = sampling_params(args.sampling, final_only=not args.stream)
+        state = outputs.ResponseState(params.n)
+        lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
+        async for out in self.engine.engine.generate(args.prompt, params, uuid.uuid4().hex, lora_request=lora):
+            state.merge(out)
+            if args.stream:
+                channel.send(outputs.build(state, False, args.returns), out.finished)
+        if not args.stream:
+            channel.send(outputs.build(state, args.prepend_input, args.returns), True)
+        elif not channel.closed:
+            channel.send(None, True)
+
+    async def _embed(self, args: embedding.EmbedArgs, channel: ResponseChannel) -> None:
+        """One prompt's vector: the engine pools once and answers once (vLLM's ``FINAL_ONLY``)."""
+        final = None
+        params = embedding.pooling_params(args)
+        async for out in self.engine.engine.encode(embedding.engine_prompt(args), params, uuid.uuid4().hex):
+            final = out
+        if final is None:
+            raise internal("the engine finished the embedding request without an output")
+        channel.send(embedding.build(final, args.returns), True)
+
+    async def _serve(self, work: Callable[[], Awaitable[None]], channel: ResponseChannel) -> None:
+        """Run one request's ``work`` on the engine's loop; whatever ends it, its channel is answered."""
         try:
             if channel.cancelled:
                 raise asyncio.CancelledError
-            params = sampling_params(args.sampling, final_only=not args.stream)
-            state = outputs.ResponseState(params.n)
-            lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
-            async for out in self.engine.engine.generate(args.prompt, params, request_id, lora_request=lora):
-                state.merge(out)
-                if args.stream:
-                    channel.send(outputs.build(state, False, args.returns), out.finished)
-            if not args.stream:
-                channel.send(outputs.build(state, args.prepend_input, args.returns), True)
-            elif not channel.closed:
-                channel.send(None, True)
+            await work()
         except asyncio.CancelledError:
             channel.fail(ConveyorError(Status.CANCELLED, "Request was cancelled"))
         except ConveyorError as exc:

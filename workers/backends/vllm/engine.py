@@ -60,6 +60,9 @@ class EngineLoop:
         except BaseException:
             self._stop_loop()
             raise
+        # What the engine serves ("generate", or pooling tasks such as "embed"): each request is checked
+        # against it, and refused with Triton's words (``embedding.task_refused``) rather than the engine's.
+        self.supported_tasks: frozenset[str] = frozenset(self.run(self.engine.get_supported_tasks()).result())
         engine_pids = descendants() - before
         self._engine_pids = engine_pids
         self._segments = mapped_shm(engine_pids, VLLM_SHM_PREFIX)  # while they live: the core may be killed

@@ -1,6 +1,7 @@
-"""A request's inputs, as Triton's vllm_backend reads them: the prompt, ``stream``,
+"""A generation request's inputs, as Triton's vllm_backend reads them: the prompt, ``stream``,
 ``exclude_input_in_output``, the ``return_*`` flags and ``sampling_parameters`` (JSON; without it,
-the request's parameters), with ``lora_name`` picking an adapter."""
+the request's parameters), with ``lora_name`` picking an adapter. (An embedding request, with
+``embedding_request``: ``embedding.py``.)"""
 
 from __future__ import annotations
 
@@ -49,9 +50,8 @@ def parse(item: RequestItem) -> GenerateArgs:
     prompt = _first(inputs, "text_input")
     if prompt is None:
         raise invalid_arg("input 'text_input' is required")
-    if "image" in inputs or "embedding_request" in inputs:
-        raise invalid_arg("the vllm backend serves text generation here: 'image' and 'embedding_request' "
-                          "are not supported")
+    if "image" in inputs:
+        raise invalid_arg("the vllm backend serves text here: 'image' is not supported")
     stream = bool(_first(inputs, "stream") or False)
     exclude = _first(inputs, "exclude_input_in_output")
     # Triton: the prompt is prepended unless excluded, and a stream excludes it by default.
