@@ -9,17 +9,19 @@ takes the engines in turn, blind to prompts::
 
     parameters { key: "ENGINE_PLACEMENT" value: { string_value: "round_robin" } }
 
-The prefix rule weighs, per engine, the work that stands between the request and its first token:
-the prompt's blocks that engine would compute (those past the longest prefix the router last sent
-there), the blocks it still has to compute for the requests sent to it before (``prefill_blocks``,
-until their first response), and ``DECODE_BLOCKS`` for each request it runs (each takes a token's
-share of every step). The cheapest engine takes it; ties go to the engine with fewer requests, then
-to each in turn. It is NVIDIA Dynamo's KV-aware cost with the load counted as pending prefill
-rather than as every block an engine holds: a request past its prefill costs the others a token
-a step, not its prompt again (with the prompts' blocks as load, four clients on two engines broke
-the affinity of most turns, docs/LLM.md). Prompts are keyed by the ingress (ingress/prefix_key.py);
-the record keeps each key's last engine for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys,
-oldest out first, as an engine's cache evicts what is least recently used.
+The prefix rule is the cache-aware policy of SGLang's router (sgl-router), on the router's own
+record: while the engines' loads are near each other, a request goes to the engine that holds the
+longest prefix of its prompt, provided that covers at least ``CACHE_SHARE`` of the prompt's keyed
+blocks; a request that shares less goes to the least loaded engine (fewest requests sent and not
+finally answered, then fewest prompt blocks still to compute, then each engine in turn, so new
+prefixes spread). Once one engine runs ``BALANCE_REQUESTS`` more requests than another and
+``BALANCE_RATIO`` times as many, every request goes to the least loaded until they are near again:
+a hot prefix does not pile onto one engine without bound. (A cost in blocks, as NVIDIA Dynamo's
+KV-aware router weighs them, lost most turns' affinity with four clients on two engines here: a
+prompt's prefill costs little next to an engine step, so load measured in blocks overweighs it.)
+Prompts are keyed by the ingress (ingress/prefix_key.py); the record keeps each key's last engine
+for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys, oldest out first, as an engine's cache
+evicts what is least recently used.
 """
 
 from __future__ import annotations
@@ -47,10 +49,14 @@ PREFIX_TTL_S = 300.0
 # (ingress/prefix_key.MAX_PREFIX_BLOCKS), so about a thousand distinct 4 KiB prompt heads. A key
 # pushed out only makes its next request's placement blind to it.
 MAX_PREFIX_KEYS = 1 << 16
-# What a running request weighs in an engine's load, in prompt blocks (16-32 tokens each): it adds a
-# token to each step the new request's prefill shares, about a block over the few steps to a first token.
-DECODE_BLOCKS = 1
-
+# A request whose cached head is at least this share of its keyed prompt goes to that engine (SGLang's
+# cache_threshold): below it the saving is small next to an engine's queue, and load decides.
+CACHE_SHARE = 0.5
+# Engines this far apart in requests (both more and BALANCE_RATIO times as many) are out of balance:
+# the load decides until they are near again. SGLang's router uses 32 and 1.5 for GPU engines;
+# a CPU engine runs far fewer sequences at once (max_num_seqs 32 here).
+BALANCE_REQUESTS = 16
+BALANCE_RATIO = 1.5
 
 def placement_problem(config: mc.ModelConfig) -> str:
     """Why the config's ``ENGINE_PLACEMENT`` cannot be used (the model does not load), or ''."""
@@ -77,25 +83,22 @@ class EnginePlacement:
 
     def choose(self, engines: Sequence[Instance], item: Pending) -> Instance:
         """The engine of ``engines`` (those that can take a request now: two or more) for ``item``;
-        sets the item's ``prefill_blocks`` (what that engine computes for it)."""
+        sets the item's ``prefill_blocks`` (the blocks that engine computes for it, by the record)."""
         n = len(engines)
         start = next(self._turn) % n
         keys = item.request.prefix
-        blocks = len(keys)
         if not self.by_prefix:
-            item.prefill_blocks = blocks
+            item.prefill_blocks = len(keys)
             return engines[start]
         matched = self._matched(keys) if keys else {}
-        best = engines[start]
-        best_new = blocks - matched.get(id(best), 0)
-        best_cost = best_new + best.prefill_blocks + DECODE_BLOCKS * best.open_requests
-        for i in range(start + 1, start + n):
-            engine = engines[i % n]
-            new = blocks - matched.get(id(engine), 0)
-            cost = new + engine.prefill_blocks + DECODE_BLOCKS * engine.open_requests
-            if cost < best_cost or (cost == best_cost and engine.open_requests < best.open_requests):
-                best, best_new, best_cost = engine, new, cost
-        item.prefill_blocks = best_new
+        rotated = [engines[(start + i) % n] for i in range(n)]
+        least = min(rotated, key=_load)
+        best = least
+        if matched and not _out_of_balance(engines):
+            cached = max(rotated, key=lambda e: (matched.get(id(e), 0), -e.open_requests))
+            if matched.get(id(cached), 0) >= CACHE_SHARE * len(keys):
+                best = cached
+        item.prefill_blocks = len(keys) - matched.get(id(best), 0)
         return best
 
     def sent(self, engine: Instance, item: Pending) -> None:
@@ -130,3 +133,13 @@ class EnginePlacement:
             if seen is not None and seen[1] >= stale:
                 matched[id(seen[0])] = i  # keys are chained: key i stands for the whole prefix up to it
         return matched
+
+
+def _load(engine: Instance) -> tuple[int, int]:
+    return engine.open_requests, engine.prefill_blocks
+
+
+def _out_of_balance(engines: Sequence[Instance]) -> bool:
+    loads = [e.open_requests for e in engines]
+    low, high = min(loads), max(loads)
+    return high - low >= BALANCE_REQUESTS and high >= BALANCE_RATIO * low

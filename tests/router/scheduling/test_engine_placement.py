@@ -97,7 +97,9 @@ def test_round_robin_is_blind_to_prefixes(core: RouterCore) -> None:
     assert engines[0] != engines[1] and engines[0] == engines[2] and engines[1] == engines[3]
 
 
-def test_load_breaks_affinity_and_follows_requests_to_their_responses(core: RouterCore) -> None:
+def test_imbalance_breaks_affinity_and_load_follows_requests_to_their_responses(
+        core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_placement, "BALANCE_REQUESTS", 3)
     shared = list(range(1, 9))  # an 8-block head
     home = _send(core, "prefix", [*shared, 99])
     engines = {inst.index: inst for inst in _state(core, "prefix").instances}
@@ -105,14 +107,19 @@ def test_load_breaks_affinity_and_follows_requests_to_their_responses(core: Rout
     assert busy.open_requests == 1 and busy.prefill_blocks == 9  # nothing cached: all 9 blocks to compute
     core.from_worker(W1, m.ItemResponse(_sent[-1].batch, 0, final=False))  # its first token: prompt computed
     assert busy.open_requests == 1 and busy.prefill_blocks == 0
-    # Turns of the same head go home, each adding a block to compute and a request to run, until
-    # that load outweighs computing the 8-block head on the idle engine.
-    places = [_send(core, "prefix", [*shared, 500 + i]) for i in range(8)]
-    first_away = places.index(next(p for p in places if p != home))
-    assert first_away >= 3 and places[:first_away] == [home] * first_away, places
-    assert busy.open_requests == first_away + 1 and busy.prefill_blocks == first_away
+    # Turns of the same head go home until it runs BALANCE_REQUESTS more requests than the idle engine.
+    places = [_send(core, "prefix", [*shared, 500 + i]) for i in range(4)]
+    assert places[:3] == [home, home, 1 - home], places
+    assert busy.open_requests == 3 and busy.prefill_blocks == 2  # one uncached block each
     _finish_all(core)
     assert all(inst.open_requests == 0 and inst.prefill_blocks == 0 for inst in engines.values())
+
+
+def test_a_prompt_that_shares_little_goes_to_the_least_loaded_engine(core: RouterCore) -> None:
+    home = _send(core, "prefix", [1, 2, 3, 4])  # left running: its engine is the busier
+    assert _send(core, "prefix", [1, 70, 71, 72, 73]) != home  # a quarter of it cached: under CACHE_SHARE
+    assert _send(core, "prefix", [1, 2, 3, 80]) == home  # three quarters: the cache decides
+    _finish_all(core)
 
 
 def test_the_record_stays_bounded_under_distinct_prompts(core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
