@@ -136,6 +136,24 @@ def _first_token_s(port: int, prompt: str, tokens: int) -> float:
         conn.close()
 
 
+def _wider(tiny: tiny_llama.TinyLlama, path: Path, hidden: int, layers: int, context: int) -> Path:
+    """A Llama of ``hidden`` x ``layers`` with random weights and the tiny one's tokenizer: a model
+    whose prefill takes long enough that computing a prompt's head again shows in the time to first
+    token (the tiny one's 256-token prefill is a small part of an engine step)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny.model_dir))
+    tokenizer.save_pretrained(str(path))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
+                         max_position_embeddings=context, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False, torch_dtype="float32")
+    LlamaForCausalLM(config).save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
 def _systems(tokenizer: object, rng: random.Random, count: int, tokens: int) -> list[str]:
     """``count`` system prompts of exactly ``tokens`` tokens (BOS included): whole blocks."""
     words = " ".join(tiny_llama.LINES).replace(",", "").split()
@@ -188,14 +206,23 @@ def main() -> int:
     ap.add_argument("--system-tokens", type=int, default=6 * BLOCK_TOKENS)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=0,
+                    help="a wider model instead of the tiny Llama (random weights, its tokenizer): hidden size")
+    ap.add_argument("--layers", type=int, default=4, help="with --hidden: layers")
+    ap.add_argument("--context", type=int, default=2048, help="with --hidden: max_model_len")
+    ap.add_argument("--kv-mib", type=int, default=256, help="with --hidden: each engine's KV cache")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "engine_placement.md")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
     work = Path(tempfile.mkdtemp(prefix="placement-"))
     tiny = tiny_llama.build(work / "tiny")
-    model_dir = tiny_llama.write_repository(work / "repo", tiny, MODEL, enable_lora=False, block_size=BLOCK_TOKENS,
-                                            enable_prefix_caching=True, kv_cache_memory_bytes=16 << 20)
+    engine: dict[str, object] = {"enable_lora": False, "block_size": BLOCK_TOKENS, "enable_prefix_caching": True,
+                                 "kv_cache_memory_bytes": 16 << 20}
+    if args.hidden:
+        tiny = tiny_llama.TinyLlama(_wider(tiny, work / "wider", args.hidden, args.layers, args.context), {})
+        engine.update(max_model_len=args.context, kv_cache_memory_bytes=args.kv_mib << 20)
+    model_dir = tiny_llama.write_repository(work / "repo", tiny, MODEL, **engine)
     (model_dir / "config.pbtxt").write_text('backend: "vllm"\ninstance_group [ { count: 2 kind: KIND_MODEL } ]\n')
     tokenizer = AutoTokenizer.from_pretrained(str(tiny.model_dir))
     rng = random.Random(0)
@@ -213,7 +240,8 @@ def main() -> int:
                 print(placement, rnd, results[placement][-1], flush=True)
     finally:
         group.stop()
-    lines = [f"{args.systems} system prompts of {args.system_tokens} tokens x {args.turns} turns, "
+    model = f"a {args.hidden}x{args.layers} Llama" if args.hidden else "the tiny Llama"
+    lines = [f"{model}, {args.systems} system prompts of {args.system_tokens} tokens x {args.turns} turns, "
              f"{args.clients} clients, {args.tokens} tokens each, {args.rounds} rounds alternated", "",
              "| placement | TTFT p50 ms | TTFT p90 ms | prompt tokens computed | smaller engine's share |",
              "|---|---|---|---|---|"]
