@@ -92,8 +92,8 @@ class Ledger:
             for p in run.items:
                 started.pop((p.ingress, p.request.id), None)
                 release(p)
-                _finished(run.instance, p)
             waiting.running -= len(run.items)
+            run.instance.open_requests -= len(run.items)  # answered in full: none has blocks left to compute
             return
         for p, is_open in zip(run.items, run.open, strict=True):
             if not is_open:  # answered already (or by the BatchResult itself, beside ones answered later)
