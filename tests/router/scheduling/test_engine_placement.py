@@ -41,12 +41,16 @@ def _write(repo: Path, name: str, extra: str = "") -> None:
     example_repo.write_model(repo, name, CONFIG.format(name=name, extra=extra), {"model.json": "{}"})
 
 
+_sent: list[m.ExecBatch] = []  # each request's batch, until _finish_all answers it
+
+
 @pytest.fixture
 def core(tmp_path: Path) -> Iterator[RouterCore]:
     _write(tmp_path, "prefix")
     _write(tmp_path, "turns", 'parameters { key: "ENGINE_PLACEMENT" value { string_value: "round_robin" } }')
     c = RouterCore(tmp_path)
     c.serve(W1)
+    _sent.clear()  # batches another test's core left open: their ids would name this core's batches
     yield c
     c.close()
 
@@ -63,8 +67,6 @@ def _send(core: RouterCore, model: str, prefix: list[int]) -> int:
     _sent.append(batch)
     return batch.instance
 
-
-_sent: list[m.ExecBatch] = []
 
 
 def _finish_all(core: RouterCore) -> None:
