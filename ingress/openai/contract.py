@@ -60,7 +60,8 @@ TENSOR_FIELDS: dict[str, tuple[str, ...]] = {
 # Fields that change what the model must do, not only how it samples: without a place to put them
 # the answer would silently be something else than asked.
 _NEEDS_JSON = {"structured_outputs": "guided decoding (response_format, structured_outputs, a forced tool call)",
-               "logprobs": "logprobs", "lora_name": "a LoRA adapter"}
+               "logprobs": "logprobs", "prompt_logprobs": "the prompt's logprobs (`echo` with `logprobs`)",
+               "lora_name": "a LoRA adapter"}
 
 
 @dataclass(frozen=True, slots=True)

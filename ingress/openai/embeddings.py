@@ -37,15 +37,13 @@ from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog, LlmModel
 from conveyor.ingress.openai.contract import EMBEDDING_INPUT, TEXT_INPUT, TEXT_OUTPUT, api_refused, task_refused
 from conveyor.ingress.openai.generation import scalar_input
+from conveyor.ingress.openai.prompts import MAX_PROMPTS, read_prompts
 from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import decode
 from conveyor.proto.errors import ConveyorError, internal, invalid_arg
 
 API = "Embeddings"
-# OpenAI's limit on the prompts of one embeddings request. Each is a request of its own to the
-# engine, all in flight at once: a body of many short strings (a megabyte holds ~100,000) would
-# otherwise put that many requests in the router's and the engine's queues from one client call.
-MAX_INPUTS = 2048
+MAX_INPUTS = MAX_PROMPTS  # OpenAI's limit on the prompts of one embeddings request (prompts.py)
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens")
 _ORDER = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}
 
@@ -71,24 +69,7 @@ class Embedded:
 
 def prompts(value: str | list[Any]) -> list[str | list[int]]:
     """The request's prompts: one string, strings, one prompt's token ids, or several prompts' ids."""
-    if isinstance(value, str):
-        return [value]
-    if not value:
-        raise invalid_arg("`input` must not be empty")
-    if len(value) > MAX_INPUTS:
-        raise invalid_arg(f"`input` holds {len(value)} prompts; at most {MAX_INPUTS} are taken per request")
-    if all(isinstance(v, str) for v in value):
-        return list(value)
-    if all(_token_id(v) for v in value):
-        return [list(value)]
-    if all(isinstance(v, list) and v and all(_token_id(t) for t in v) for v in value):
-        return [list(v) for v in value]
-    raise invalid_arg("`input` must be a string, a list of strings, a list of token ids, or a list of lists of "
-                      "token ids")
-
-
-def _token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return read_prompts(value, "input")
 
 
 def encoder(request: EmbeddingRequest) -> str:

@@ -3,7 +3,8 @@ Events ending with ``data: [DONE]``) or not, in OpenAI's response shapes.
 
 Both endpoints are one flow: decode the body, resolve the model (and adapter),
 write the prompt (chat: the model's template), run one engine request for all
-``n`` choices, and render its steps as one response or as chunks. A chat request with
+``n`` choices of each prompt (completions take several prompts, text or token ids:
+``prompts.py``), and render their steps as one response or as chunks. A chat request with
 tools reads each choice's text as content and tool calls (``tools.py``).
 """
 
@@ -25,20 +26,22 @@ from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
 from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
 from conveyor.ingress.openai.load_report import asked_format
+from conveyor.ingress.openai.prompts import Prompt, merged, read_prompts
 from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import (
     ChatRequest,
     CompletionRequest,
     Sampling,
     chat_messages,
-    completion_prompt,
+    check_completion,
     decode,
     sampling_parameters,
 )
 from conveyor.ingress.openai.tool_calls import CallDelta, CallReader, finish_reason, read_whole
 from conveyor.ingress.openai.tools import ToolPlan, plan
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, invalid_arg
 
+MIN_LOGPROB = -9999.0  # vLLM's floor of a logprob it shows (JSON has no -inf)
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
 DONE = falcon.asgi.SSEvent(data=b"[DONE]")
@@ -57,9 +60,8 @@ class Job:
     id: str
     model: str
     created: int
-    n: int
-    prompt: str
-    echo: bool
+    n: int  # choices over all prompts
+    echoes: list[str] | None  # ``echo``: each choice's prompt text, which leads its text
     include_usage: bool
     logprobs: bool  # the answer carries each token's logprob
     continuous_usage: bool  # usage so far on every chunk (vLLM's ``continuous_usage_stats``)
@@ -72,8 +74,8 @@ class Parsed:
 
     request: Sampling
     target: Target
-    prompt: str
-    echo: bool = False
+    prompts: list[Prompt]
+    echoes: list[str] | None = None  # ``echo``: each prompt's text
     tools: ToolPlan | None = None
 
 
@@ -92,26 +94,32 @@ class _Endpoint:
         body = await read_body(req, resp, self._options.max_body_bytes)
         self._dataplane.drain.admit()
         parsed = await self._parse(body)
-        request, prompt = parsed.request, parsed.prompt
+        request, prompts = parsed.request, parsed.prompts
         params = sampling_parameters(request, self._max_tokens(request))
         if parsed.tools is not None:
             parsed.tools.apply(params)
         rid = request_id(req, request.request_id)
-        call = engine_call(parsed.target, prompt, params, request.stream, rid)
+        # Each prompt its own engine request; several get vLLM's ids for them, the request's and an index.
+        calls = [engine_call(parsed.target, prompt, params, request.stream, rid if len(prompts) == 1 else f"{rid}-{i}")
+                 for i, prompt in enumerate(prompts)]
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous = bool(include_usage and options and options.continuous_usage_stats)
         top = params.get("logprobs")
+        n = request.n
+        echoes = None if parsed.echoes is None else [text for text in parsed.echoes for _ in range(n)]
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}", request.model, int(time.time()),
-                  request.n, prompt, parsed.echo, include_usage, top is not None, continuous, parsed.tools)
+                  n * len(prompts), echoes, include_usage, top is not None, continuous, parsed.tools)
         model = parsed.target.model
-        found = steps(self._dataplane, call, request.n, top if isinstance(top, int) else 0, model.contract.decoupled,
-                      self.api)
+        each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api)
+                for call in calls]
         if not model.contract.counts_tokens:
             tokenizer = await self._catalog.tokenizer(model)
             if tokenizer is not None:  # usage from the tokenizer; without one, there is none
                 # A chat template writes the special tokens itself (vLLM adds none to a chat prompt).
-                found = counted(found, tokenizer, prompt, add_special_tokens=not self.chat)
+                each = [counted(found, tokenizer, prompt, add_special_tokens=not self.chat)
+                        for found, prompt in zip(each, prompts, strict=True)]
+        found = merged(each, n)
         report = asked_format(req.get_header(load_report.FORMAT_HEADER))
         if request.stream:
             # A model that is not decoupled streams too: its one answer is the stream's one chunk.
@@ -133,12 +141,15 @@ class _Endpoint:
                 finish[i] = finish[i] or step.finish[i]
             for i, new in enumerate((step.logprobs or [])[: job.n]):
                 tokens[i] += new
+            for i, prompt_tokens in enumerate((step.prompt_logprobs or [])[: job.n]):
+                if prompt_tokens is not None:  # vLLM: the echoed prompt's tokens lead the choice's
+                    tokens[i] = prompt_tokens + tokens[i]
         if report:
             await self._load_report(resp, report, model.name)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({
             "id": job.id, "object": self.object_name, "created": job.created, "model": job.model,
-            "choices": [self._choice(job, i, (job.prompt if job.echo else "") + texts[i], finish[i],
+            "choices": [self._choice(job, i, (job.echoes[i] if job.echoes else "") + texts[i], finish[i],
                                      self._logprobs(tokens[i], 0) if job.logprobs else None)
                         for i in range(job.n)],
             "usage": usage.wire(), "system_fingerprint": None,
@@ -181,11 +192,13 @@ class _Endpoint:
         def chunk(step: Step) -> falcon.asgi.SSEvent | None:
             usage.add(step)
             choices = []
-            for i in range(job.n):
+            for i in range(*(step.span or (0, job.n))):
                 text = step.texts[i] if i < len(step.texts) else ""
                 reason = step.finish[i] if i < len(step.finish) else None
-                if not started[i] and job.echo:
-                    text = job.prompt + text
+                echoed: list[TokenLogprob] = []
+                if not started[i] and job.echoes:  # vLLM: the prompt, then the choice's first text
+                    text = job.echoes[i] + text
+                    echoed = (step.prompt_logprobs[i] if step.prompt_logprobs else None) or []
                 calls: list[CallDelta] = []
                 reader = readers[i]
                 if reader is not None:
@@ -199,7 +212,7 @@ class _Endpoint:
                     logprobs = None
                     if job.logprobs:
                         new = step.logprobs[i] if step.logprobs and i < len(step.logprobs) else []
-                        logprobs = self._logprobs(new, offsets[i])
+                        logprobs = self._logprobs(echoed + new, offsets[i])
                     choices.append(self._delta(i, text, reason, not started[i], logprobs, calls))
                     started[i] = True
                     offsets[i] += len(text)
@@ -245,8 +258,24 @@ class Completions(_Endpoint):
 
     async def _parse(self, body: bytes) -> Parsed:
         request = decode(body, CompletionRequest)
+        check_completion(request)
+        prompts = read_prompts(request.prompt, "prompt")
+        if any(prompt == "" for prompt in prompts):
+            raise invalid_arg("prompt must be non-empty")
         target = await self._catalog.target(request.model)
-        return Parsed(request, target, completion_prompt(request), request.echo)
+        echoes = [await self._text(target, prompt) for prompt in prompts] if request.echo else None
+        return Parsed(request, target, prompts, echoes)
+
+    async def _text(self, target: Target, prompt: Prompt) -> str:
+        """The text ``echo`` shows of a prompt: token ids decoded as vLLM's server decodes them (its
+        tokenizer's ``decode``, special tokens kept)."""
+        if isinstance(prompt, str):
+            return prompt
+        tokenizer = await self._catalog.tokenizer(target.model)
+        if tokenizer is None:
+            raise invalid_arg(f"`echo` of a prompt of token ids needs the tokenizer of model '{target.model.name}', "
+                              "which has none (no tokenizer.json)")
+        return tokenizer.decode(prompt)
 
     def _choice(self, job: Job, index: int, text: str, finish: str | None,
                 logprobs: dict[str, Any] | None) -> dict[str, Any]:
@@ -257,12 +286,17 @@ class Completions(_Endpoint):
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def _logprobs(self, tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        """vLLM's: the alternatives as the engine lists them (the token first), each logprob at least
+        -9999 (OpenAI's stand-in for -inf); a prompt's first token has none (null)."""
         offsets = []
         for t in tokens:
             offsets.append(offset)
             offset += len(t.token)
-        return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
+        return {"tokens": [t.token for t in tokens],
+                "token_logprobs": [None if t.logprob is None else max(t.logprob, MIN_LOGPROB) for t in tokens],
+                "top_logprobs": [None if t.logprob is None else {tok: max(lp, MIN_LOGPROB) for tok, lp in t.listed}
+                                 for t in tokens],
+                "text_offset": offsets}
 
 
 class ChatCompletions(_Endpoint):
@@ -278,7 +312,7 @@ class ChatCompletions(_Endpoint):
         tools = plan(request, target.model.tool_parser)
         template = await self._catalog.chat_template(target.model)
         prompt = template.prompt(messages, tools=tools.template_tools if tools else None)
-        return Parsed(request, target, prompt, tools=tools)
+        return Parsed(request, target, [prompt], tools=tools)
 
     def _max_tokens(self, request: Sampling) -> int:
         assert isinstance(request, ChatRequest)

@@ -6,8 +6,10 @@ choices come back as ``n`` elements of ``text_output``; ``lora_name`` picks the
 adapter) or, without that input, one input per sampling field, and
 ``exclude_input_in_output`` (always true: ``echo`` is written here, so
 it streams too), plus the ``return_*`` inputs the model declares, for ``usage`` and
-``finish_reason`` (and ``return_logprobs`` when the request asks for logprobs); each
-only when the model declares it. Streaming or not, the responses are read the same way:
+``finish_reason`` (and ``return_logprobs`` when the request asks for logprobs, and
+``return_prompt_logprobs`` when it asks for the prompt's: ``echo`` with ``logprobs``); each
+only when the model declares it. A prompt of token ids goes in ``input_ids`` (INT32), with an
+empty ``text_input``: ``prompts.py``. Streaming or not, the responses are read the same way:
 a non-streamed request is one response holding the whole text, and so is the one answer
 of a model that is not decoupled (plain infer), streamed request or not.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -31,16 +33,23 @@ from conveyor.proto.errors import ConveyorError, invalid_arg
 
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason")
 LOGPROBS_INPUT = "return_logprobs"
+# Conveyor's, beside Triton's vLLM contract: the prompt's own logprobs (vLLM's ``prompt_logprobs``) come
+# back in the ``prompt_logprobs`` output of the first response when this input is true.
+PROMPT_LOGPROBS_INPUT = "return_prompt_logprobs"
+IDS_INPUT = "input_ids"  # a prompt of token ids (TensorRT-LLM's name for a tokenized prompt)
 
 
 @dataclass(slots=True)
 class TokenLogprob:
-    """One generated token: its text, its logprob, and the most likely tokens at its place
-    (text, logprob), most likely first, as many as the request asked for."""
+    """One token: its text, its logprob, and the most likely tokens at its place (text, logprob), most
+    likely first, as many as the request asked for. ``listed``: the token and the alternatives as the
+    engine lists them, the token first, as many as vLLM's completions show (one more than asked: the
+    token itself when it is not among the most likely). A prompt's first token has no logprob (None)."""
 
     token: str
-    logprob: float
+    logprob: float | None
     top: list[tuple[str, float]]
+    listed: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -53,6 +62,9 @@ class Step:
     output_tokens: int  # new tokens over every choice
     final: bool
     logprobs: list[list[TokenLogprob]] | None = None
+    # per choice, its prompt's tokens (with the request's first response only; else None)
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
+    span: tuple[int, int] | None = None  # the choices it speaks for (one prompt's of several); None: all
 
 
 @dataclass(slots=True)
@@ -74,17 +86,18 @@ class Usage:
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
 
-def engine_call(target: Target, prompt: str, params: dict[str, object], stream: bool,
+def engine_call(target: Target, prompt: str | list[int], params: dict[str, object], stream: bool,
                 request_id: str = "") -> InferCall:
     """The model's request; ``request_id``: the client's (``X-Request-Id``), the request's id in the
-    group's logs and traces, as in every Triton request that carries one."""
+    group's logs and traces, as in every Triton request that carries one. ``prompt``: text, or token ids."""
     model = target.model
     sig = model.signature
     if target.adapter is not None:
         params = {**params, "lora_name": target.adapter}
     json_params = model.contract.sampling_json
+    ids = _ids_input(sig, prompt, model.name) if isinstance(prompt, list) else None
     values: dict[str, object] = {
-        TEXT_INPUT: prompt.encode(),
+        TEXT_INPUT: prompt.encode() if isinstance(prompt, str) else b"",
         "stream": stream and model.contract.decoupled,
         "exclude_input_in_output": True,
     }
@@ -96,11 +109,28 @@ def engine_call(target: Target, prompt: str, params: dict[str, object], stream: 
         if LOGPROBS_INPUT not in sig.inputs:
             raise invalid_arg(f"model '{model.name}' does not return logprobs (no '{LOGPROBS_INPUT}' input)")
         values[LOGPROBS_INPUT] = True
+    if "prompt_logprobs" in params:
+        if PROMPT_LOGPROBS_INPUT not in sig.inputs:
+            raise invalid_arg(f"model '{model.name}' does not return the prompt's logprobs (no "
+                              f"'{PROMPT_LOGPROBS_INPUT}' input), which `echo` with `logprobs` shows")
+        values[PROMPT_LOGPROBS_INPUT] = True
     inputs = [scalar_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
+    if ids is not None:
+        inputs.append(ids)
     if not json_params:
         inputs += tensor_inputs(sig, {k: v for k, v in params.items() if k != "logprobs"} if "logprobs" in params
                                 else params, model.name)
     return InferCall(model=model.name, version="", inputs=inputs, id=request_id)
+
+
+def _ids_input(sig: ModelSignature, ids: list[int], model: str) -> InferInput:
+    spec = sig.inputs.get(IDS_INPUT)
+    if spec is None or spec.datatype not in ("INT32", "INT64"):
+        raise invalid_arg(f"model '{model}' cannot take a prompt of token ids: it declares no INT32 "
+                          f"'{IDS_INPUT}' input")
+    data = np.array(ids, dtype=np.int32 if spec.datatype == "INT32" else np.int64)
+    shape = [1, len(ids)] if sig.max_batch_size > 0 else [len(ids)]
+    return InferInput(IDS_INPUT, spec.datatype, shape, data)
 
 
 def scalar_input(sig: ModelSignature, name: str, value: object) -> InferInput:
@@ -132,18 +162,20 @@ async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
         raise
 
 
-async def counted(found: AsyncGenerator[Step, None], tokenizer: Tokenizer, prompt: str,
+async def counted(found: AsyncGenerator[Step, None], tokenizer: Tokenizer, prompt: str | list[int],
                   add_special_tokens: bool) -> AsyncGenerator[Step, None]:
     """The steps of a model that does not count its tokens, counted with its tokenizer: the prompt as
-    the tokenizer splits it; each step's new text on its own, and the last step whatever makes the
-    total the whole text's count (pieces split tokens apart, so their counts may not add up to it)."""
+    the tokenizer splits it (token ids: their number); each step's new text on its own, and the last
+    step whatever makes the total the whole text's count (pieces split tokens apart, so their counts
+    may not add up to it)."""
     parts: list[list[str]] = []
     so_far = 0
     first = True
     try:
         async for step in found:
             if first:
-                step.prompt_tokens = tokenizer.count(prompt, add_special_tokens)
+                step.prompt_tokens = (len(prompt) if isinstance(prompt, list)
+                                      else tokenizer.count(prompt, add_special_tokens))
                 first = False
             parts += [[] for _ in range(len(step.texts) - len(parts))]
             for i, text in enumerate(step.texts):
@@ -166,6 +198,7 @@ def _step(result: InferResult, n: int, top: int) -> Step:
         output_tokens = 0
         reasons = False
         logprobs: list[list[TokenLogprob]] | None = None
+        prompt_logprobs: list[TokenLogprob] | None = None
         for out in result.outputs:  # a few small outputs per token: read without arrays
             if out.raw is None:
                 continue
@@ -181,16 +214,21 @@ def _step(result: InferResult, n: int, top: int) -> Step:
                 output_tokens = int(sum(out.values()))
             elif name == "logprobs":
                 logprobs = [_token_logprobs(raw, top) for raw in out.values()]
+            elif name == "prompt_logprobs":
+                raw = out.values()[0]
+                prompt_logprobs = _token_logprobs(raw, top) if raw not in (b"", b"null") else None
         if result.final and not reasons:
             finish = ["stop"] * n  # a model that does not say why it stopped
-        return Step(texts, finish, prompt_tokens, output_tokens, result.final, logprobs)
+        return Step(texts, finish, prompt_tokens, output_tokens, result.final, logprobs,
+                    None if prompt_logprobs is None else [prompt_logprobs] * n)
     finally:
         result.release()
 
 
 def _token_logprobs(raw: bytes, top: int) -> list[TokenLogprob]:
-    """The backend's JSON for one sequence's new tokens: per token, token id -> {logprob, rank,
-    decoded_token}, the chosen token first (vLLM puts it there), then the ``top`` most likely."""
+    """The backend's JSON for one sequence's new tokens (or the prompt's): per token, token id ->
+    {logprob, rank, decoded_token}, the chosen token first (vLLM puts it there), then the ``top`` most
+    likely; a prompt's first token has a null logprob and no alternatives."""
     steps = orjson.loads(raw)
     if not steps:
         return []
@@ -198,9 +236,13 @@ def _token_logprobs(raw: bytes, top: int) -> list[TokenLogprob]:
     for step in steps:
         entries = list(step.values())
         chosen = entries[0]
+        if chosen["logprob"] is None:
+            out.append(TokenLogprob(chosen["decoded_token"] or "", None, []))
+            continue
         ranked = sorted((e for e in entries if e["rank"] is not None and e["rank"] <= top), key=lambda e: e["rank"])
         out.append(TokenLogprob(chosen["decoded_token"] or "", chosen["logprob"],
-                                [(e["decoded_token"] or "", e["logprob"]) for e in ranked]))
+                                [(e["decoded_token"] or "", e["logprob"]) for e in ranked],
+                                [(e["decoded_token"] or "", e["logprob"]) for e in entries[:top + 1]]))
     return out
 
 

@@ -1,8 +1,8 @@
 """The request bodies of ``/v1/completions`` and ``/v1/chat/completions``, decoded and
 type-checked in one pass (msgspec), and the sampling parameters they carry.
 
-Fields the OpenAI API defines but this ingress cannot honour (``suffix``, ``logprobs`` with
-``echo``) are refused with a 400 rather than ignored;
+Fields the OpenAI API defines but this ingress cannot honour (``suffix``, ``best_of``) are refused
+with a 400 rather than ignored;
 unknown fields are accepted and ignored, as OpenAI's own server and vLLM's do, and each
 unknown top-level name is logged once per process (vLLM warns on every request), so a
 client's misspelt ``max_token`` shows in the log without flooding it. vLLM's extensions to the
@@ -77,7 +77,7 @@ class Sampling(msgspec.Struct, kw_only=True):
 
 
 class CompletionRequest(Sampling, kw_only=True):
-    prompt: str | list[str]
+    prompt: str | list[Any]  # text, texts, token ids, or lists of them: ``prompts.read_prompts``
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -224,6 +224,8 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
     top = logprobs_asked(req)
     if top is not None:
         params["logprobs"] = top
+        if isinstance(req, CompletionRequest) and req.echo:  # the echoed prompt's tokens, as vLLM
+            params["prompt_logprobs"] = top
     return params
 
 
@@ -248,8 +250,6 @@ def logprobs_asked(req: Sampling) -> int | None:
             return None
         if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int):
             raise invalid_arg("`logprobs` of a completion request is a number of alternatives (0 to 20)")
-        if isinstance(req, CompletionRequest) and req.echo:
-            raise invalid_arg("`logprobs` with `echo` is not supported")
         top = req.logprobs
     if not 0 <= top <= MAX_TOP_LOGPROBS:
         raise invalid_arg(f"`logprobs`/`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
@@ -272,19 +272,12 @@ def structured_outputs(req: Sampling) -> dict[str, Any] | None:
     raise invalid_arg(f"unknown `response_format` type '{fmt.type}': expected 'text', 'json_object' or 'json_schema'")
 
 
-def completion_prompt(req: CompletionRequest) -> str:
+def check_completion(req: CompletionRequest) -> None:
+    """What a completion request asks that no engine here does."""
     if req.suffix:
         raise invalid_arg("suffix is not supported")
     if req.best_of not in (None, 1):
         raise invalid_arg("best_of is not supported")
-    prompt = req.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise invalid_arg("only a single prompt string is supported")
-        prompt = prompt[0]
-    if not prompt:
-        raise invalid_arg("prompt must be non-empty")
-    return prompt
 
 
 def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:

@@ -24,6 +24,10 @@ INPUTS = (
     ("return_num_input_tokens", _B, [1], True),
     ("return_num_output_tokens", _B, [1], True),
     ("embedding_request", _S, [1], True),
+    # Conveyor's, after Triton's: a prompt of token ids, and the prompt's logprobs (the OpenAI ingress's
+    # token-id prompts and ``echo`` with ``logprobs``)
+    ("input_ids", mc.TYPE_INT32, [-1], True),
+    ("return_prompt_logprobs", _B, [1], True),
 )
 OUTPUTS = (
     ("text_output", _S, [-1]),
@@ -32,6 +36,7 @@ OUTPUTS = (
     ("logprobs", _S, [-1]),
     ("num_input_tokens", mc.TYPE_UINT32, [1]),
     ("num_output_tokens", mc.TYPE_UINT32, [-1]),
+    ("prompt_logprobs", _S, [1]),
 )
 
 

@@ -3,7 +3,9 @@ Llama of tests/support/tiny_llama.py (Triton's vLLM repository layout), driven b
 official ``openai`` client. Greedy outputs, streamed or not, chat or completions, base
 model or adapter, are token for token those of vLLM's own ``LLM.generate`` on the same
 prompt (chat: the model's template applied); a client that goes away aborts its request
-in the engine. Adapters come from ``multi_lora.json``, from the version's ``loras/`` folder, and
+in the engine. Prompts may be token ids, and several (a list): each its own choices, numbered across
+prompts; ``echo`` with ``logprobs`` shows the prompt's tokens' logprobs, vLLM's ``prompt_logprobs``.
+Adapters come from ``multi_lora.json``, from the version's ``loras/`` folder, and
 at run time (``/v1/load_lora_adapter``, plain HTTP), until unloaded. The same tiny Llama also serves as
 a pooling model (``"runner": "pooling"``) beside it: ``/v1/embeddings`` answers vLLM's own
 ``LLM.embed`` vectors, and each model refuses the other's route."""
@@ -49,6 +51,8 @@ FOLDER_ADAPTER = "gamma"  # in the version's loras/ folder: alpha's weights unde
 RUNTIME_ADAPTER = "delta"  # loaded at run time: beta's weights under another name
 MAX_TOKENS = 12
 PROMPT = "the quick brown"
+OTHER = "hello world"  # a second prompt, of another greedy answer
+TOP = 1  # alternatives per token asked with ``echo``
 CHAT = [{"role": "user", "content": "hello world"}]
 EOS = "</s>"  # the tiny Llama's end-of-sequence token
 N, SEED, TEMPERATURE, SAMPLED_TOKENS = 3, 7, 2.0, 8  # a sampled request: the tiny model is peaked
@@ -65,6 +69,9 @@ class Reference:
     embeddings: list[list[float]]  # ``LLM.embed`` of EMBED_INPUTS, then of the first one's token ids
     embed_tokens: list[int]  # their prompts' token counts
     token_ids: list[int]  # the first input's ids
+    prompt_ids: list[list[int]]  # PROMPT's and OTHER's ids, as vLLM tokenizes a completion's prompt
+    other: str  # OTHER's greedy text
+    echo: dict[str, Any]  # PROMPT's ids with prompt logprobs: text, first_token, prompt, output (``_listed``)
 
 
 @dataclass
@@ -85,7 +92,7 @@ def _reference(tiny: tiny_llama.TinyLlama) -> Reference:
     completion, chat = ({None if k == "" else k: tuple(v) for k, v in doc[part].items()}
                         for part in ("completion", "chat"))
     return Reference(completion, chat, doc["sampled"], doc["embed"]["vectors"], doc["embed"]["tokens"],
-                     doc["embed"]["ids"])
+                     doc["embed"]["ids"], doc["ids"]["prompts"], doc["ids"]["other"], doc["ids"]["echo"])
 
 
 def _vllm_outputs(model_dir: str, adapters: dict[str, str]) -> dict[str, object]:
@@ -97,6 +104,7 @@ def _vllm_outputs(model_dir: str, adapters: dict[str, str]) -> dict[str, object]
 def _vllm_generations(model_dir: str, adapters: dict[str, str]) -> dict[str, object]:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
     chat_prompt = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
@@ -113,8 +121,23 @@ def _vllm_generations(model_dir: str, adapters: dict[str, str]) -> dict[str, obj
     cases = ("", *adapters)
     sampling = SamplingParams(n=N, seed=SEED, temperature=TEMPERATURE, max_tokens=SAMPLED_TOKENS)
     sampled = llm.generate([PROMPT], sampling, use_tqdm=False)[0]
+    tokenizer = llm.get_tokenizer()
+    ids = [tokenizer(p)["input_ids"] for p in (PROMPT, OTHER)]
+    other = llm.generate([TokensPrompt(prompt_token_ids=ids[1])], greedy, use_tqdm=False)[0].outputs[0].text
+    echoed = llm.generate([TokensPrompt(prompt_token_ids=ids[0])], SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS, logprobs=TOP, prompt_logprobs=TOP), use_tqdm=False)[0]
+    echo = {"text": tokenizer.decode(ids[0]) + echoed.outputs[0].text, "first_token": tokenizer.decode(ids[0][0]),
+            "prompt": [_listed(step) for step in echoed.prompt_logprobs[1:]],
+            "output": [_listed(step) for step in echoed.outputs[0].logprobs]}
     return {"completion": {a: run(PROMPT, a) for a in cases}, "chat": {a: run(chat_prompt, a) for a in cases},
-            "sampled": [c.text for c in sorted(sampled.outputs, key=lambda c: c.index)]}
+            "sampled": [c.text for c in sorted(sampled.outputs, key=lambda c: c.index)],
+            "ids": {"prompts": ids, "other": other, "echo": echo}}
+
+
+def _listed(step: dict[int, Any]) -> list[tuple[str, float]]:
+    """One position's logprobs as vLLM's server lists them in a completion: the token first, then the
+    ``TOP`` most likely, ``TOP`` + 1 entries at most (``_create_completion_logprobs``)."""
+    return [(lp.decoded_token, lp.logprob) for lp in list(step.values())[:TOP + 1]]
 
 
 def _vllm_embeddings(model_dir: str) -> dict[str, object]:
@@ -398,6 +421,77 @@ def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model=_name("zeta"), prompt="a")
     assert "no LoRA adapter 'zeta'" in err.value.message
+
+
+def test_token_id_prompts_and_several_prompts_are_vllms(group: Group, client: openai.OpenAI) -> None:
+    """A prompt of ids is the engine's ``TokensPrompt``: PROMPT's ids answer PROMPT's greedy text, and
+    ``usage.prompt_tokens`` counts them. Several prompts, ids or text, each get ``n`` choices, numbered
+    across prompts; streamed, the same."""
+    ref = group.ref
+    ids, other_ids = ref.prompt_ids
+    text = ref.completion[None][0]
+    one = client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+    assert one.choices[0].text == text
+    assert one.usage is not None and one.usage.prompt_tokens == len(ids)
+    expected = [text, ref.other]
+    for prompts in (ref.prompt_ids, [PROMPT, OTHER]):
+        out = client.completions.create(model=MODEL, prompt=prompts, max_tokens=MAX_TOKENS, temperature=0)
+        assert [(c.index, c.text) for c in out.choices] == list(enumerate(expected))
+        assert out.usage is not None and out.usage.prompt_tokens == len(ids) + len(other_ids)
+        texts = [""] * 2
+        chunks = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=MAX_TOKENS,
+                                                temperature=0, stream=True, stream_options={"include_usage": True}))
+        for chunk in chunks:
+            for c in chunk.choices:
+                texts[c.index] += c.text
+        assert texts == expected
+        usage = chunks[-1].usage
+        assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (
+            out.usage.prompt_tokens, out.usage.completion_tokens)
+    # n choices of each prompt, numbered across prompts: each prompt's seeded samples, vLLM's own
+    sampled = client.completions.create(model=MODEL, prompt=[ids, ids], n=N, seed=SEED, temperature=TEMPERATURE,
+                                        max_tokens=SAMPLED_TOKENS)
+    assert [(c.index, c.text) for c in sampled.choices] == list(enumerate(ref.sampled * 2))
+    with pytest.raises(openai.BadRequestError, match="Token id 1000000 is out of vocabulary"):  # the engine's words
+        client.completions.create(model=MODEL, prompt=[ids, [1, 1000000]], max_tokens=2)
+
+
+def _same_logprobs(found: Any, expected: list[list[Any]]) -> None:
+    assert found.tokens == [pos[0][0] for pos in expected]
+    assert len(found.token_logprobs) == len(expected) == len(found.top_logprobs)
+    for value, top, pos in zip(found.token_logprobs, found.top_logprobs, expected, strict=True):
+        assert value == pytest.approx(pos[0][1], abs=1e-4)
+        assert list(top) == [tok for tok, _ in pos]
+        assert list(top.values()) == pytest.approx([lp for _, lp in pos], abs=1e-4)
+
+
+def test_echo_with_logprobs_shows_the_prompts_tokens_as_vllm(group: Group, client: openai.OpenAI) -> None:
+    """The prompt's text leads the choice's, and its tokens' logprobs (vLLM's ``prompt_logprobs``) lead
+    the generated tokens', the first token's null; streamed, they come in the first chunk."""
+    ref = group.ref
+    echo, ids = ref.echo, ref.prompt_ids[0]
+    out = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=TOP, max_tokens=MAX_TOKENS,
+                                    temperature=0)
+    choice = out.choices[0]
+    assert choice.text == echo["text"]
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert (lp.tokens[0], lp.token_logprobs[0], lp.top_logprobs[0]) == (echo["first_token"], None, None)
+    rest = lp.model_copy(update={k: getattr(lp, k)[1:] for k in ("tokens", "token_logprobs", "top_logprobs")})
+    _same_logprobs(rest, echo["prompt"] + echo["output"])
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, echo=True, logprobs=TOP, stream=True,
+                                            max_tokens=MAX_TOKENS, temperature=0))
+    assert chunks[0].choices[0].text.startswith(PROMPT)  # a text prompt echoes as it was sent
+    assert "".join(c.choices[0].text for c in chunks) == PROMPT + ref.completion[None][0]
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+    first = streamed[0]
+    assert first.token_logprobs is not None and first.token_logprobs[0] is None
+    assert first.tokens is not None and len(first.tokens) > len(echo["prompt"])  # the prompt's and the first token
+    tokens = [t for s in streamed for t in s.tokens or []]
+    assert tokens == [echo["first_token"], *(pos[0][0] for pos in echo["prompt"] + echo["output"])]
+    values = [v for s in streamed for v in s.token_logprobs or []]
+    assert values[1:] == pytest.approx([pos[0][1] for pos in echo["prompt"] + echo["output"]], abs=1e-4)
 
 
 def _close(found: list[float], expected: list[float]) -> None:

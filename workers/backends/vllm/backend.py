@@ -28,7 +28,7 @@ from conveyor.workers.backends.vllm.lora import LoraRepository
 from conveyor.workers.backends.vllm.metrics import stat_logger_factory
 from conveyor.workers.backends.vllm.placement import engine_on_compute_cores
 from conveyor.workers.backends.vllm.priority import engine_nice
-from conveyor.workers.backends.vllm.request import GenerateArgs, parse, sampling_params
+from conveyor.workers.backends.vllm.request import GenerateArgs, engine_prompt, parse, sampling_params
 from conveyor.workers.loop_replies import LoopReplies
 
 log = logging.getLogger(__name__)
@@ -154,9 +154,10 @@ class VllmBackend:
 
     async def _generate(self, args: GenerateArgs, channel: ResponseChannel) -> None:
         params = sampling_params(args.sampling, final_only=not args.stream)
-        state = outputs.ResponseState(params.n)
+        state = outputs.ResponseState(params.n, self._decode)
         lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
-        async for out in self.engine.engine.generate(args.prompt, params, uuid.uuid4().hex, lora_request=lora):
+        prompt = engine_prompt(args.prompt)
+        async for out in self.engine.engine.generate(prompt, params, uuid.uuid4().hex, lora_request=lora):
             state.merge(out)
             if args.stream:
                 channel.send(outputs.build(state, False, args.returns), out.finished)
@@ -164,6 +165,11 @@ class VllmBackend:
             channel.send(outputs.build(state, args.prepend_input, args.returns), True)
         elif not channel.closed:
             channel.send(None, True)
+
+    def _decode(self, token: int) -> str:
+        """A token's text as vLLM's server shows a prompt's first token (its tokenizer's ``decode``)."""
+        tokenizer = self.engine.engine.tokenizer
+        return "" if tokenizer is None else str(tokenizer.decode([token]))
 
     async def _embed(self, args: embedding.EmbedArgs, channel: ResponseChannel) -> None:
         """One prompt's vector: the engine pools once and answers once (vLLM's ``FINAL_ONLY``)."""

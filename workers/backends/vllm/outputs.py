@@ -9,12 +9,18 @@ the sequences that moved, each with its ``index``: ``ResponseState`` keeps the l
 every response has all ``n`` elements in index order (empty for a sequence that did not move), and
 a sequence's finish reason appears once, in the response where it finished ("None" otherwise).
 Triton's backend pairs outputs by position instead, which mixes sequences up under vLLM v1.
+
+``prompt_logprobs`` (Conveyor's, with ``return_prompt_logprobs``): the prompt's tokens' logprobs, in the
+first response that has them, as ``logprobs`` writes a sequence's; the first token, which has none,
+is listed with a null logprob and its text. A logprob of -inf is written as -9999.0, vLLM's server's
+floor (JSON has no infinity).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,9 +32,11 @@ from conveyor.workers.backends.base import WireTensor
 class ResponseState:
     """One request's sequences as last seen, and what its earlier responses held of each."""
 
-    __slots__ = ("finished", "logprobs", "prompt", "prompt_tokens", "seqs", "text", "tokens")
+    __slots__ = ("decode", "finished", "logprobs", "prompt", "prompt_ids", "prompt_logprobs", "prompt_sent",
+                 "prompt_tokens", "seqs", "text", "tokens")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, decode: Callable[[int], str] | None = None) -> None:
+        """``decode``: a token's text (the engine's tokenizer), for the prompt's first token."""
         self.seqs: list[Any] = [None] * n  # the latest CompletionOutput of each index
         self.prompt: str | None = None
         self.prompt_tokens = 0
@@ -36,10 +44,17 @@ class ResponseState:
         self.logprobs = [0] * n
         self.tokens = [0] * n
         self.finished = [False] * n
+        self.decode = decode
+        self.prompt_ids: list[int] = []
+        self.prompt_logprobs: Any = None  # the engine's, until a response carries them
+        self.prompt_sent = False
 
     def merge(self, output: Any) -> None:
         self.prompt = output.prompt
-        self.prompt_tokens = len(output.prompt_token_ids or ())
+        self.prompt_ids = list(output.prompt_token_ids or ())
+        self.prompt_tokens = len(self.prompt_ids)
+        if output.prompt_logprobs and not self.prompt_sent:
+            self.prompt_logprobs = output.prompt_logprobs
         for seq in output.outputs:
             self.seqs[seq.index] = seq
 
@@ -70,6 +85,8 @@ def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -
                                                dtype=np.float32)
     if "return_logprobs" in returns:
         out["logprobs"] = _strings(_logprobs(state))
+    if "return_prompt_logprobs" in returns:
+        out["prompt_logprobs"] = _strings([_prompt_logprobs(state)])
     if "return_num_input_tokens" in returns:
         out["num_input_tokens"] = _counts([state.prompt_tokens])
     if "return_num_output_tokens" in returns:
@@ -98,10 +115,32 @@ def _logprobs(state: ResponseState) -> list[str]:
         if s is None or s.logprobs is None:
             texts.append("null")
             continue
-        texts.append(json.dumps([
-            {str(token): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-             for token, lp in step.items()}
-            for step in s.logprobs[state.logprobs[i]:]
-        ]))
+        texts.append(json.dumps([_position(step) for step in s.logprobs[state.logprobs[i]:]]))
         state.logprobs[i] = len(s.logprobs)
     return texts
+
+
+def _position(step: dict[int, Any]) -> dict[str, Any]:
+    return {str(token): {"logprob": max(lp.logprob, MIN_LOGPROB), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for token, lp in step.items()}
+
+
+MIN_LOGPROB = -9999.0  # vLLM's server's stand-in for -inf
+
+
+def _prompt_logprobs(state: ResponseState) -> str:
+    """The prompt's logprobs, once ("null" before the engine gives them and after they were sent)."""
+    found = state.prompt_logprobs
+    if found is None or state.prompt_sent:
+        return "null"
+    state.prompt_sent = True
+    state.prompt_logprobs = None
+    steps: list[dict[str, Any]] = []
+    for j, step in enumerate(found):
+        if step is None:  # the first token: nothing before it to predict it
+            token = state.prompt_ids[j] if j < len(state.prompt_ids) else 0
+            text = state.decode(token) if state.decode is not None else ""
+            steps.append({str(token): {"logprob": None, "rank": None, "decoded_token": text}})
+        else:
+            steps.append(_position(step))
+    return json.dumps(steps)

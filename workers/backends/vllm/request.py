@@ -1,7 +1,12 @@
 """A generation request's inputs, as Triton's vllm_backend reads them: the prompt, ``stream``,
 ``exclude_input_in_output``, the ``return_*`` flags and ``sampling_parameters`` (JSON; without it,
 the request's parameters), with ``lora_name`` picking an adapter. (An embedding request, with
-``embedding_request``: ``embedding.py``.)"""
+``embedding_request``: ``embedding.py``.)
+
+Conveyor's additions: ``input_ids`` (INT32 or INT64), a prompt of token ids, which the engine gets as
+vLLM's ``TokensPrompt`` (``text_input`` is then ignored: the config requires it); and
+``return_prompt_logprobs``: the ``prompt_logprobs`` output (the sampling parameters ask the engine for
+them with vLLM's ``prompt_logprobs``)."""
 
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ from conveyor.workers.backends.base import RequestItem
 
 RETURNS = (
     "return_finish_reason", "return_cumulative_logprob", "return_logprobs",
-    "return_num_input_tokens", "return_num_output_tokens",
+    "return_num_input_tokens", "return_num_output_tokens", "return_prompt_logprobs",
 )
+IDS_INPUT = "input_ids"
 # Request parameters that are inputs of this model, not sampling parameters (a generate call may
 # put them among its parameters).
 _NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS))
@@ -26,7 +32,7 @@ _NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS))
 
 @dataclass(slots=True)
 class GenerateArgs:
-    prompt: str
+    prompt: str | list[int]  # text, or token ids
     stream: bool
     prepend_input: bool  # the prompt leads the (non-streamed) text_output
     sampling: dict[str, Any]  # SamplingParams keyword arguments
@@ -70,7 +76,21 @@ def parse(item: RequestItem) -> GenerateArgs:
         sampling = {k: v for k, v in item.parameters.items() if k not in _NOT_SAMPLING}
     lora = sampling.pop("lora_name", None)
     returns = frozenset(name for name in RETURNS if bool(_first(inputs, name) or False))
-    return GenerateArgs(_text(prompt), stream, prepend, sampling, None if lora is None else str(lora), returns)
+    ids = inputs.get(IDS_INPUT)
+    text: str | list[int] = _text(prompt)
+    if ids is not None:
+        if ids.size == 0:
+            raise invalid_arg(f"input '{IDS_INPUT}' is empty")
+        text = [int(t) for t in ids.reshape(-1)]
+    return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns)
+
+
+def engine_prompt(prompt: str | list[int]) -> Any:
+    if isinstance(prompt, str):
+        return prompt
+    from vllm.inputs import TokensPrompt
+
+    return TokensPrompt(prompt_token_ids=prompt)
 
 
 def sampling_params(values: dict[str, Any], final_only: bool) -> Any:

@@ -1,0 +1,57 @@
+"""Conveyor's additions to Triton's vLLM generation contract, as the backend reads and answers them
+(``workers/backends/vllm/request.py``, ``outputs.py``): a prompt of token ids in ``input_ids``, and the
+prompt's logprobs in ``prompt_logprobs``, once, the first token listed without a logprob. With the
+engine: tests/ingress/openai/test_openai_vllm_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conveyor.proto.datatypes import split_bytes
+from conveyor.proto.errors import ConveyorError
+from conveyor.workers.backends.base import RequestItem, WireTensor
+from conveyor.workers.backends.vllm import outputs
+from conveyor.workers.backends.vllm.request import parse
+
+
+def _item(**inputs: object) -> RequestItem:
+    arrays = {"text_input": np.array([b""], dtype=object)}
+    arrays.update({name: np.asarray(value) for name, value in inputs.items()})
+    return RequestItem("r", arrays, [], {})
+
+
+def test_input_ids_are_the_prompt() -> None:
+    args = parse(_item(input_ids=np.array([1, 5, 9], dtype=np.int32), return_prompt_logprobs=np.array([True])))
+    assert args.prompt == [1, 5, 9] and "return_prompt_logprobs" in args.returns
+    assert parse(_item()).prompt == ""
+    with pytest.raises(ConveyorError, match="'input_ids' is empty"):
+        parse(_item(input_ids=np.array([], dtype=np.int32)))
+
+
+def _lp(value: float, rank: int, text: str) -> SimpleNamespace:
+    return SimpleNamespace(logprob=value, rank=rank, decoded_token=text)
+
+
+def _strings(tensor: WireTensor | np.ndarray) -> list[str]:
+    assert isinstance(tensor, WireTensor)
+    return [b.decode() for b in split_bytes(tensor.data, tensor.shape[0])]
+
+
+def test_the_prompts_logprobs_come_once_the_first_token_without_one() -> None:
+    state = outputs.ResponseState(1, decode=lambda token: f"<{token}>")
+    seq = SimpleNamespace(index=0, text="x", token_ids=[4], logprobs=None, finish_reason=None, cumulative_logprob=0)
+    prompt_lp = [None, {7: _lp(-1.5, 3, "b"), 2: _lp(-0.1, 1, "c")}, {8: _lp(float("-inf"), 9, "d")}]
+    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=[1, 7, 8], prompt_logprobs=prompt_lp, outputs=[seq]))
+    returns = frozenset({"return_prompt_logprobs"})
+    first = json.loads(_strings(outputs.build(state, False, returns)["prompt_logprobs"])[0])
+    assert first == [{"1": {"logprob": None, "rank": None, "decoded_token": "<1>"}},
+                     {"7": {"logprob": -1.5, "rank": 3, "decoded_token": "b"},
+                      "2": {"logprob": -0.1, "rank": 1, "decoded_token": "c"}},
+                     {"8": {"logprob": outputs.MIN_LOGPROB, "rank": 9, "decoded_token": "d"}}]  # no -inf in JSON
+    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=[1, 7, 8], prompt_logprobs=prompt_lp, outputs=[seq]))
+    again = outputs.build(state, False, returns)["prompt_logprobs"]
+    assert _strings(again) == ["null"]
