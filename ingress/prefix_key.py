@@ -31,6 +31,7 @@ PREFIX_BLOCK_BYTES = 64
 MAX_PREFIX_BLOCKS = 64
 PROMPT_INPUT = "text_input"  # Triton's vLLM contract: the prompt
 SAMPLING_INPUT = "sampling_parameters"  # ... and its JSON sampling parameters, which name the adapter
+IDS_INPUT = "input_ids"  # ... or the prompt as token ids (INT32), which the engine takes instead of the text
 ADAPTER = "lora_name"
 _LENGTH = 4  # a BYTES element's little-endian length, before its bytes
 
@@ -41,22 +42,28 @@ View = Callable[[int, int], np.ndarray]  # the arena's: (offset, nbytes) -> its 
 def prefix_key(refs: list[m.TensorRef], view: View, parameters: dict[str, Any]) -> list[int]:
     """The keys of the prompt's whole blocks (its first element's), in order; [] without a prompt
     as long as one block. ``view``: the arena's, as the request's inputs were written there."""
-    prompt = sampling = None
+    prompt = sampling = ids = None
     for ref in refs:
         if ref.name == PROMPT_INPUT:
             prompt = ref
         elif ref.name == SAMPLING_INPUT:
             sampling = ref
-    if prompt is None or prompt.datatype != "BYTES" or prompt.nbytes < _LENGTH + PREFIX_BLOCK_BYTES:
+        elif ref.name == IDS_INPUT:
+            ids = ref
+    if ids is not None and ids.datatype == "INT32" and ids.nbytes >= PREFIX_BLOCK_BYTES:
+        start, length = 0, ids.nbytes  # a tokenized prompt (the engine ignores the text then): 16 ids a block
+        raw = view(ids.offset, ids.nbytes)
+    elif prompt is not None and prompt.datatype == "BYTES" and prompt.nbytes >= _LENGTH + PREFIX_BLOCK_BYTES:
+        raw = view(prompt.offset, prompt.nbytes)
+        start, length = _LENGTH, min(int.from_bytes(raw[:_LENGTH].tobytes(), "little"), prompt.nbytes - _LENGTH)
+    else:
         return []
-    raw = view(prompt.offset, prompt.nbytes)
-    length = min(int.from_bytes(raw[:_LENGTH].tobytes(), "little"), prompt.nbytes - _LENGTH)
     blocks = min(length // PREFIX_BLOCK_BYTES, MAX_PREFIX_BLOCKS)
     adapter = _adapter(sampling, view, parameters)
     h = zlib.crc32(adapter.encode() + b"\0") if adapter else 0
     data = raw.data
     keys = []
-    for end in range(_LENGTH + PREFIX_BLOCK_BYTES, _LENGTH + (blocks + 1) * PREFIX_BLOCK_BYTES, PREFIX_BLOCK_BYTES):
+    for end in range(start + PREFIX_BLOCK_BYTES, start + (blocks + 1) * PREFIX_BLOCK_BYTES, PREFIX_BLOCK_BYTES):
         h = zlib.crc32(data[end - PREFIX_BLOCK_BYTES:end], h)
         keys.append(h)
     return keys

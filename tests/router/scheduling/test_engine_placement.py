@@ -196,3 +196,21 @@ def test_prompts_that_share_a_head_share_its_keys() -> None:
 
 def test_a_long_prompt_has_at_most_max_prefix_blocks_keys() -> None:
     assert len(_keys("x" * (PREFIX_BLOCK_BYTES * (MAX_PREFIX_BLOCKS + 50)))) == MAX_PREFIX_BLOCKS
+
+
+def test_a_tokenized_prompt_is_keyed_by_its_ids() -> None:
+    ids = np.arange(100, 100 + 40, dtype=np.int32)  # 40 ids: two whole blocks of 16
+    other = ids.copy()
+    other[-1] = 7  # differs in the third, partial block only
+    keys = []
+    for tokens in (ids, other):
+        arena = serialize_bytes(np.array([b""], dtype=object)) + tokens.tobytes()
+        refs = [m.TensorRef("text_input", "BYTES", [1], "arena", 0, 4),
+                m.TensorRef("input_ids", "INT32", [len(tokens)], "arena", 4, tokens.nbytes)]
+        buf = np.frombuffer(arena, dtype=np.uint8)
+
+        def view(offset: int, nbytes: int, buf: np.ndarray = buf) -> np.ndarray:
+            return buf[offset:offset + nbytes]
+
+        keys.append(prefix_key(refs, view, {}))
+    assert len(keys[0]) == 2 and keys[0] == keys[1]
