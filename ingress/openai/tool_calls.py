@@ -236,6 +236,15 @@ class CallReader:
     def called(self) -> bool:
         return bool(self._ids)
 
+    def new_id(self) -> str:
+        """A call's id, in the form the model's vLLM parser gives."""
+        return call_id()
+
+    def read_all(self, text: str) -> Answer | None:
+        """A whole ``auto`` answer read as vLLM's non-streaming parser reads it, for the parsers whose
+        whole reading is not their streamed one joined (None: read by ``feed`` and ``end``)."""
+        return None
+
     def _deltas(self) -> list[CallDelta]:
         """What the calls read since the last time give: a first delta once a name is whole, then
         argument pieces (held while the name is not whole: it comes first)."""
@@ -246,7 +255,7 @@ class CallReader:
             args = call.take_arguments()
             if call.index is None:
                 call.index = len(self._ids)
-                self._ids.append(call_id())
+                self._ids.append(self.new_id())
                 out.append(CallDelta(call.index, args, self._ids[call.index], call.name))
             elif args:
                 out.append(CallDelta(call.index, args))
@@ -400,6 +409,7 @@ PARSERS: dict[str, Callable[[], CallReader]] = {
     "llama3_json": Llama3JsonCalls,
     "llama4_json": Llama3JsonCalls,  # vLLM's name for the same parser on Llama 4
 }
+# With ``pythonic`` and ``mistral`` (tool_calls_more.py): ``tool_calls_more.PARSERS``, which tools.py reads.
 
 
 # ---------------------------------------------------------------------------------------------- answers
@@ -416,6 +426,10 @@ class Answer:
 def read_whole(reader: CallReader, text: str, mode: Mode) -> Answer:
     """A non-streamed choice: the streamed deltas, joined. ``auto``: as vLLM's parsers, a call that is
     not valid JSON with a name and arguments makes the whole text the content, with no calls."""
+    if mode == "auto":
+        whole = reader.read_all(text)
+        if whole is not None:
+            return whole
     pieces = [reader.feed(text), reader.end()]
     content = "".join(p.content for p in pieces)
     calls: list[ToolCall] = []

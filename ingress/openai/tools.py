@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.ingress.openai.schema import ChatRequest, NamedToolChoice, ToolDefinition
-from conveyor.ingress.openai.tool_calls import PARSERS, CallArray, CallReader, Mode, NamedCall
+from conveyor.ingress.openai.tool_calls import CallArray, CallReader, Mode, NamedCall
+from conveyor.ingress.openai.tool_calls_more import PARSERS
 from conveyor.proto.errors import internal, invalid_arg
 
 # The model config parameter naming the model's tool-call parser (``auto`` needs one).
@@ -49,8 +50,9 @@ class ToolPlan:
                 raise invalid_arg("`tool_choice` 'required' or a named function is enforced by guided decoding: "
                                   "it cannot be combined with `response_format` or `structured_outputs`")
             params["structured_outputs"] = {"json": self.constraint}
-        elif self.mode == "auto" and self.parser == "hermes":
-            # As vLLM: <tool_call> is a special token in Hermes models' vocabularies; skipped, no call is seen.
+        elif self.mode == "auto" and self.parser in ("hermes", "mistral"):
+            # As vLLM: <tool_call> and [TOOL_CALLS] are special tokens in those models' vocabularies;
+            # skipped, no call is seen.
             params["skip_special_tokens"] = False
 
     def reader(self) -> CallReader | None:

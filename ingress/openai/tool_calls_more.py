@@ -1,0 +1,491 @@
+"""vLLM's ``pythonic`` and ``mistral`` tool-call parsers, on the text alone (``tool_calls.py`` has the
+others and the interface).
+
+Their non-streamed readings are vLLM 0.32's own (``read_all``): which texts are calls, the content left,
+the arguments as vLLM writes them. Streamed, the readers hand out deltas as ``tool_calls.py``'s do.
+
+* ``pythonic`` (Llama 3.2, ToolACE ...): the whole text is ``[get_weather(city="Paris"), other(x=1)]``,
+  values Python literals. Arguments are JSON written by Python's ``json.dumps`` (as vLLM), streamed one
+  keyword at a time: ``{``, ``"city": "Paris"``, ``, "x": 1``, ``}`` join to exactly the whole answer's.
+* ``mistral``: content, then ``[TOOL_CALLS]`` and either a JSON list of ``{"name", "arguments"}``
+  (tokenizers before v11) or ``name{args}`` / ``name[ARGS]{args}`` per call (v11 on). vLLM picks the
+  form by the tokenizer's vocabulary; without a tokenizer this picks it by the text after the marker
+  (``[`` or ``{``: the JSON list), which is what each tokenizer's models write.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import re
+import string
+import uuid
+from typing import Any
+
+from conveyor.ingress.openai import tool_calls as base
+from conveyor.ingress.openai.tool_calls import Answer, CallDelta, CallObject, CallReader, Piece, ToolCall
+
+# ---------------------------------------------------------------------------------------------- pythonic
+
+# vLLM's PythonicToolParser.TOOL_CALL_REGEX: a cheap shape check before ``ast`` (both must accept).
+_PY_CALLS = re.compile(
+    r"\[([a-zA-Z]+\w*\(([a-zA-Z]+\w*=.*,\s*)*([a-zA-Z]+\w*=.*\s)?\),\s*)*([a-zA-Z]+\w*\(([a-zA-Z]+\w*=.*,\s*)*"
+    r"([a-zA-Z]+\w*=.*\s*)?\)\s*)+\]",
+    re.DOTALL,
+)
+_JSON_NAMES = {"null": None, "true": True, "false": False}
+
+
+class _NotLiteral(Exception):
+    """A value vLLM's ``get_parameter_value`` refuses: the text is no call."""
+
+
+def _py_value(node: ast.expr) -> Any:
+    """vLLM's ``get_parameter_value``: a Python literal (JSON's null/true/false too) as a JSON value."""
+    if isinstance(node, ast.Constant):
+        if node.value is None or isinstance(node.value, (str, int, float)):
+            return node.value
+        raise _NotLiteral
+    if isinstance(node, ast.Dict):
+        if not all(isinstance(k, ast.Constant) for k in node.keys):
+            raise _NotLiteral
+        return {k.value: _py_value(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[union-attr]
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_py_value(v) for v in node.elts]
+    if isinstance(node, ast.JoinedStr) and all(isinstance(p, ast.Constant) for p in node.values):
+        return "".join(str(p.value) for p in node.values)  # type: ignore[attr-defined]
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _py_value(node.operand)
+        if isinstance(operand, (int, float)) and not isinstance(operand, bool):
+            return -operand if isinstance(node.op, ast.USub) else operand
+    raise _NotLiteral
+
+
+def _py_name(node: ast.expr) -> str:
+    """A call's function: a name or a dotted chain (``a.b.c``), as vLLM's ``handle_single_tool``."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise _NotLiteral
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # vLLM's writing of the arguments, byte for byte
+
+
+def pythonic_calls(text: str) -> list[tuple[str, str]] | None:
+    """vLLM's non-streamed ``pythonic`` reading: the calls (name, arguments), or None when the text is
+    content. ``ast`` first: the regex's nested ``.*`` only runs on a text that parsed as calls."""
+    try:
+        body = ast.parse(text).body
+        parsed = getattr(body[0], "value", None) if body else None
+        if not isinstance(parsed, ast.List) or not all(isinstance(e, ast.Call) for e in parsed.elts):
+            return None
+        calls = [(_py_name(e.func), _dumps({kw.arg: _py_value(kw.value) for kw in e.keywords}))
+                 for e in parsed.elts if isinstance(e, ast.Call)]
+    except Exception:  # (vLLM's: any failure leaves the text as content)
+        return None
+    return calls if _PY_CALLS.match(text) else None
+
+
+def _literal(text: str) -> tuple[bool, Any]:
+    """``text`` read as one argument value: (False, None) while it is not a whole expression yet."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return False, None
+    return True, _py_value(node)
+
+
+class PythonicCalls(CallReader):
+    """vLLM's ``pythonic``: a text starting with ``[`` is a list of calls, any other text content.
+    Streamed, a text that starts with ``[`` but turns out not to be calls before the first call's name is
+    whole is content (vLLM's streaming drops it); text after the list is dropped, as vLLM's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mode = ""  # "", "content", "calls", "over"
+        self._all: list[str] = []  # the text so far: content while no call is sure
+        self._state = "open"
+        self._word: list[str] = []  # the call's name, or the keyword being read
+        self._key = ""
+        self._value: list[str] = []
+        self._quote = ""  # the quote of the string the value is inside ("" outside)
+        self._escape = False
+        self._args = 0  # keywords written in the open call
+        self._out: list[CallDelta] = []
+
+    def new_id(self) -> str:
+        return f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"  # vLLM's make_tool_call_id()
+
+    def read_all(self, text: str) -> Answer:
+        calls = pythonic_calls(text)
+        if not calls:
+            return Answer(text, [])
+        return Answer(None, [ToolCall(self.new_id(), name, args) for name, args in calls])
+
+    def feed(self, text: str) -> Piece:
+        if self._mode == "":
+            if not text:
+                return Piece()
+            self._mode = "calls" if text.startswith("[") else "content"
+            text = text[1:] if self._mode == "calls" else text
+            self._all.append("[")
+        if self._mode == "content":
+            return Piece(text)
+        if self._mode == "over":
+            return Piece()
+        self._all.append(text)
+        for ch in text:
+            self._char(ch)
+            if self._mode == "content":  # not calls after all: everything so far is content
+                return Piece("".join(self._all))
+            if self._mode == "over":
+                break
+        out, self._out = self._out, []
+        return Piece(calls=out)
+
+    def end(self) -> Piece:
+        held = self._mode == "calls" and not self._ids
+        return Piece("".join(self._all) if held else "")
+
+    def _emit(self, arguments: str, name: str | None = None) -> None:
+        index = len(self._ids) - 1
+        if name is None and self._out and self._out[-1].index == index:
+            self._out[-1].arguments += arguments
+        else:
+            self._out.append(CallDelta(index, arguments, self._ids[index] if name else None, name))
+
+    def _fail(self) -> None:
+        self._mode = "over" if self._ids else "content"
+
+    def _char(self, ch: str) -> None:
+        state = self._state
+        if state == "value":
+            self._value_char(ch)
+        elif ch.isspace() and state != "name" and state != "kw":
+            return
+        elif state in ("open", "args") and (ch.isalpha() or ch == "_"):
+            self._word = [ch]
+            self._state = "name" if state == "open" else "kw"
+        elif state in ("name", "kw") and (ch.isalnum() or ch == "_" or (ch == "." and state == "name")):
+            self._word.append(ch)
+        elif state in ("name", "kw") and ch.isspace():
+            self._state += "_end"
+        elif state in ("name", "name_end") and ch == "(":
+            self._ids.append(self.new_id())
+            self._emit("{", "".join(self._word))
+            self._args = 0
+            self._state = "args"
+        elif state in ("kw", "kw_end") and ch == "=":
+            self._key = "".join(self._word)
+            self._value = []
+            self._quote = ""
+            self._state = "value"
+        elif state == "args" and ch == ")":
+            self._close_call()
+        elif state == "after_call" and ch == ",":
+            self._state = "open"
+        elif state in ("open", "after_call") and ch == "]":
+            self._mode = "over"
+        else:
+            self._fail()
+
+    def _value_char(self, ch: str) -> None:
+        if self._quote:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == self._quote:
+                self._quote = ""
+        elif ch in "'\"":
+            self._quote = ch
+        elif ch in ",)":
+            try:
+                whole, value = _literal("".join(self._value))
+            except _NotLiteral:
+                self._fail()
+                return
+            if whole:  # the value ends here: this comma or parenthesis is the call's
+                sep = ", " if self._args else ""
+                self._emit(f"{sep}{_dumps(self._key)}: {_dumps(value)}")
+                self._args += 1
+                if ch == ")":
+                    self._close_call()
+                else:
+                    self._state = "args"
+                return
+        self._value.append(ch)
+
+    def _close_call(self) -> None:
+        self._emit("}")
+        self._state = "after_call"
+
+
+# ----------------------------------------------------------------------------------------------- mistral
+
+MARK = "[TOOL_CALLS]"
+ARGS_MARK = "[ARGS]"
+_ALNUM = string.ascii_letters + string.digits
+# vLLM's fallback when the text after the marker does not start with a JSON value.
+_LEGACY_ARRAY = re.compile(r"\[{.*}\]", re.DOTALL)
+
+
+def mistral_id() -> str:
+    """vLLM's MistralToolCall id: 9 letters and digits (what Mistral's templates accept)."""
+    return "".join(random.choices(_ALNUM, k=9))
+
+
+def _legacy(after: str) -> bool:
+    """The JSON-list form (tokenizers before v11), by the text after the marker."""
+    return after.lstrip()[:1] in ("[", "{")
+
+
+def _legacy_calls(parsed: Any) -> list[tuple[str, str]]:
+    """vLLM's ``_pre_v11_function_calls``."""
+    if isinstance(parsed, dict):
+        parsed = [parsed]
+    if not isinstance(parsed, list):
+        return []
+    out = []
+    for call in parsed:
+        if not isinstance(call, dict) or not ("name" in call or "arguments" in call):
+            continue
+        name, args = call.get("name"), call.get("arguments")
+        args = "{}" if args is None else args if isinstance(args, str) else _dumps(args)
+        out.append((name if isinstance(name, str) else "", args))
+    return out
+
+
+def _first_json(raw: str) -> str:
+    """vLLM's ``_extract_args_json``: the first JSON value of a v11 call's arguments, else the text."""
+    stripped = raw.strip()
+    if not stripped:
+        return "{}"
+    try:
+        _, end = json.JSONDecoder().raw_decode(stripped)
+    except json.JSONDecodeError:
+        return stripped
+    return stripped[:end]
+
+
+def mistral_whole(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """vLLM's non-streamed ``mistral`` reading: (content, calls)."""
+    if MARK not in text:
+        return text, []
+    content, *segments = text.split(MARK)
+    first = next((s.strip() for s in segments if s.strip()), "")
+    if _legacy(first):
+        try:
+            parsed, _ = json.JSONDecoder().raw_decode(first)
+        except json.JSONDecodeError:
+            found = _LEGACY_ARRAY.findall(first)
+            try:
+                parsed = json.loads(found[0]) if found else None
+            except json.JSONDecodeError:
+                parsed = None
+        calls = _legacy_calls(parsed)
+        if not calls:
+            return first, []  # vLLM's: the text after the marker, without what came before
+        return (content if content.strip() else None), calls
+    calls = []
+    for segment in segments:
+        if not segment.strip():
+            continue
+        cut = [i for i in (segment.find(ARGS_MARK), segment.find("{")) if i >= 0]
+        at = min(cut) if cut else len(segment)
+        args = segment[at + len(ARGS_MARK):] if segment.startswith(ARGS_MARK, at) else segment[at:]
+        calls.append((segment[:at].strip(), _first_json(args)))
+    return (content.strip() or None), calls
+
+
+class MistralCalls(CallReader):
+    """vLLM's ``mistral``: content, then ``[TOOL_CALLS]`` and the calls (either form). Streamed, the
+    arguments are the model's own text of the value (a string value: the string, as vLLM); the whole
+    answer is vLLM's reading (``read_all``: it re-writes the JSON list form's arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending = ""  # text that may be the start of a marker
+        self._mode = "content"  # content, sniff (after the marker), legacy, named, over
+        self._name: list[str] = []  # a v11 call's name so far
+        self._json: CallObject | None = None  # a v11 call's arguments, scanned as a JSON value
+        self._depth = 0
+        self._string = False
+        self._escape = False
+        self._strings: dict[int, list[str]] = {}  # legacy calls whose arguments are a JSON string
+        self._raw: set[int] = set()  # legacy calls whose arguments are JSON text, streamed as it comes
+        self._begun = False  # a v11 call's arguments have started
+        self._array = False  # the JSON list form opened with "[" (else a bare object)
+        self._bare = False
+
+    def new_id(self) -> str:
+        return mistral_id()
+
+    def read_all(self, text: str) -> Answer:
+        content, calls = mistral_whole(text)
+        return Answer(content, [ToolCall(self.new_id(), name, args) for name, args in calls])
+
+    def feed(self, text: str) -> Piece:
+        text = self._pending + text
+        self._pending = ""
+        content: list[str] = []
+        deltas: list[CallDelta] = []
+        at = 0
+        while at < len(text):
+            if self._mode == "content":
+                mark = text.find(MARK, at)
+                if mark < 0:
+                    keep = base._partial_tag(text, MARK, at)
+                    content.append(text[at:len(text) - keep])
+                    self._pending = text[len(text) - keep:]
+                    break
+                content.append(text[at:mark])
+                at = mark + len(MARK)
+                self._mode = "sniff"
+            elif self._mode == "sniff":
+                if text[at].isspace():
+                    at += 1
+                elif text[at] in "[{":
+                    self._mode = "legacy"
+                else:
+                    self._mode = "named"
+            elif self._mode == "legacy":
+                at += self._legacy_feed(text[at:])
+            elif self._mode == "named":
+                at += self._named_feed(text[at:], deltas)
+            else:  # over: text after the calls is dropped, as vLLM's whole reading drops it
+                break
+        if self._calls:  # the JSON list form (perhaps over in this piece)
+            deltas = self._legacy_deltas()
+        return Piece("".join(content), deltas)
+
+    def end(self) -> Piece:
+        deltas: list[CallDelta] = []
+        if self._mode == "named" and self._json is None and "".join(self._name).strip():
+            self._start_named(deltas)  # a name without arguments: vLLM's "{}"
+            deltas[-1].arguments = "{}"
+        if self._calls:
+            deltas = self._legacy_deltas(final=True)
+        tail = self._pending if self._mode == "content" else ""
+        self._pending = ""
+        return Piece(tail, deltas)
+
+    # the JSON list form: objects read by tool_calls.py's scanner
+
+    def _legacy_feed(self, text: str) -> int:
+        if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
+            return self._calls[-1].feed(text)
+        ch = text[0]
+        if ch == "{":
+            bare = not self._calls and not self._array
+            self._calls.append(CallObject())
+            self._bare = bare
+            return 0
+        if ch == "[" and not self._calls:
+            self._array = True
+        elif ch == "]" or self._bare or (not ch.isspace() and ch not in ","):
+            self._mode = "over"
+        return 1
+
+    def _legacy_deltas(self, final: bool = False) -> list[CallDelta]:
+        out = []
+        for call in self._calls:
+            if call.name is None:
+                continue
+            args = call.take_arguments()
+            key = id(call)
+            if key in self._strings or (args.startswith('"') and key not in self._raw):  # sent whole, decoded
+                self._strings.setdefault(key, []).append(args)
+                args = ""
+                if call.done or final:
+                    try:
+                        args = str(json.loads("".join(self._strings.pop(key))))
+                    except json.JSONDecodeError:
+                        args = ""
+            if args and key not in self._strings:
+                self._raw.add(key)
+            if (call.done or final) and not call.has_arguments and call.index is not None:
+                args = "{}"
+                call.has_arguments = True
+            if call.index is None:
+                call.index = len(self._ids)
+                self._ids.append(self.new_id())
+                if call.done and not call.has_arguments:
+                    args, call.has_arguments = "{}", True
+                out.append(CallDelta(call.index, args, self._ids[call.index], call.name))
+            elif args:
+                out.append(CallDelta(call.index, args))
+        return out
+
+    # the v11 form: name{args} or name[ARGS]{args}, a marker before each call
+
+    def _start_named(self, deltas: list[CallDelta]) -> None:
+        self._ids.append(self.new_id())
+        deltas.append(CallDelta(len(self._ids) - 1, "", self._ids[-1], "".join(self._name).strip()))
+        self._json = CallObject()  # only its presence matters: the arguments are scanned below
+        self._depth, self._string, self._escape, self._begun = 0, False, False, False
+
+    def _named_feed(self, text: str, deltas: list[CallDelta]) -> int:
+        if self._json is None:  # reading the name
+            for i, ch in enumerate(text):
+                rest = text[i:]
+                if rest.startswith(ARGS_MARK) or ch == "{":
+                    self._start_named(deltas)
+                    return i + (len(ARGS_MARK) if ch == "[" else 0)
+                if ch == "[" and ARGS_MARK.startswith(rest):
+                    self._pending = rest  # may be the start of [ARGS]
+                    return len(text)
+                self._name.append(ch)
+            return len(text)
+        if self._depth == 0 and self._begun:  # between calls: only a marker matters
+            mark = text.find(MARK)
+            if mark < 0:
+                keep = base._partial_tag(text, MARK, 0)
+                self._pending = text[len(text) - keep:]
+                return len(text)
+            self._name, self._json, self._begun = [], None, False
+            return mark + len(MARK)
+        used = 0
+        piece: list[str] = []
+        for ch in text:
+            used += 1
+            if not self._begun and ch.isspace():
+                continue  # vLLM strips the arguments
+            self._begun = True
+            piece.append(ch)
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._string = False
+            elif ch == '"':
+                self._string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+            if self._depth <= 0 and not self._string:
+                self._depth = 0  # the value is whole (or was no object): what follows is dropped
+                break
+        args = "".join(piece)
+        if args:
+            index = len(self._ids) - 1
+            if deltas and deltas[-1].index == index:
+                deltas[-1].arguments += args
+            else:
+                deltas.append(CallDelta(index, args))
+        return used
+
+
+PARSERS = {**base.PARSERS, "pythonic": PythonicCalls, "mistral": MistralCalls}
