@@ -249,7 +249,11 @@ class Router:
         wait_s = max(0.0, next_tick - time.monotonic())
         due_ns = self.dispatcher.next_timer_ns()
         if due_ns:
-            wait_s = min(wait_s, max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
+            timer_s = max(0.0, (due_ns - time.monotonic_ns()) / 1e9)
+            if timer_s < wait_s:
+                # Whole milliseconds only (zmq_poll counts no finer), rounded down: the loop turns without
+                # waiting through the last one, so a 200 µs batch delay fires after 200 µs, not 1-2 ms.
+                return int(timer_s * 1000)
         return int(wait_s * 1000) + (1 if wait_s > 0 else 0)
 
     # --- ingress side -------------------------------------------------------------------
