@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -31,7 +32,8 @@ from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
-_RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason")
+_RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason",
+            "return_num_cached_tokens")
 LOGPROBS_INPUT = "return_logprobs"
 # Conveyor's, beside Triton's vLLM contract: the prompt's own logprobs (vLLM's ``prompt_logprobs``) come
 # back in the ``prompt_logprobs`` output of the first response when this input is true.
@@ -65,6 +67,7 @@ class Step:
     # per choice, its prompt's tokens (with the request's first response only; else None)
     prompt_logprobs: list[list[TokenLogprob] | None] | None = None
     span: tuple[int, int] | None = None  # the choices it speaks for (one prompt's of several); None: all
+    cached_tokens: int | None = None  # the prompt's tokens the engine's prefix cache held (None: not reported)
 
 
 @dataclass(slots=True)
@@ -72,18 +75,24 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     counted: bool = False  # the model reports token counts
+    cached_tokens: int | None = None
 
     def add(self, step: Step) -> None:
         if step.prompt_tokens is not None:
             self.prompt_tokens = step.prompt_tokens
             self.counted = True
+        if step.cached_tokens is not None:
+            self.cached_tokens = step.cached_tokens
         self.completion_tokens += step.output_tokens
 
-    def wire(self) -> dict[str, int] | None:
+    def wire(self) -> dict[str, Any] | None:
         if not self.counted:
             return None
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        doc: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                               "total_tokens": self.prompt_tokens + self.completion_tokens}
+        if self.cached_tokens is not None:  # as vLLM's server with --enable-prompt-tokens-details (aiperf reads it)
+            doc["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return doc
 
 
 def engine_call(target: Target, prompt: str | list[int], params: dict[str, object], stream: bool,
@@ -195,6 +204,7 @@ def _step(result: InferResult, n: int, top: int) -> Step:
         texts = [""] * n
         finish: list[str | None] = [None] * n
         prompt_tokens: int | None = None
+        cached_tokens: int | None = None
         output_tokens = 0
         reasons = False
         logprobs: list[list[TokenLogprob]] | None = None
@@ -210,6 +220,8 @@ def _step(result: InferResult, n: int, top: int) -> Step:
                 reasons = True
             elif name == "num_input_tokens":
                 prompt_tokens = int(out.values()[0])
+            elif name == "num_cached_tokens":
+                cached_tokens = int(out.values()[0])
             elif name == "num_output_tokens":
                 output_tokens = int(sum(out.values()))
             elif name == "logprobs":
@@ -220,7 +232,7 @@ def _step(result: InferResult, n: int, top: int) -> Step:
         if result.final and not reasons:
             finish = ["stop"] * n  # a model that does not say why it stopped
         return Step(texts, finish, prompt_tokens, output_tokens, result.final, logprobs,
-                    None if prompt_logprobs is None else [prompt_logprobs] * n)
+                    None if prompt_logprobs is None else [prompt_logprobs] * n, cached_tokens=cached_tokens)
     finally:
         result.release()
 

@@ -85,6 +85,7 @@ async def merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGene
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     prompt_tokens: list[int | None] = [None] * len(streams)
+    cached_tokens: list[int | None] = [None] * len(streams)
     running = len(streams)
     try:
         while running:
@@ -92,13 +93,18 @@ async def merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGene
             if item is None:
                 running -= 1
                 if running == 0:  # the last request ended after its last step: an empty final step
-                    yield Step([""] * total, [None] * total, _sum(prompt_tokens), 0, True, span=(0, 0))
+                    yield Step([""] * total, [None] * total, _sum(prompt_tokens), 0, True, span=(0, 0),
+                               cached_tokens=_sum(cached_tokens))
                 continue
             if isinstance(item, BaseException):
                 raise item
             if item.prompt_tokens is not None:
                 prompt_tokens[index] = item.prompt_tokens
-            yield _placed(item, index, n, total, _sum(prompt_tokens))
+            if item.cached_tokens is not None:
+                cached_tokens[index] = item.cached_tokens
+            placed = _placed(item, index, n, total, _sum(prompt_tokens))
+            placed.cached_tokens = _sum(cached_tokens)
+            yield placed
     finally:
         for task in tasks:
             task.cancel()

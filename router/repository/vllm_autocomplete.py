@@ -28,6 +28,7 @@ INPUTS = (
     # token-id prompts and ``echo`` with ``logprobs``)
     ("input_ids", mc.TYPE_INT32, [-1], True),
     ("return_prompt_logprobs", _B, [1], True),
+    ("return_num_cached_tokens", _B, [1], True),  # the prompt's tokens the prefix cache held (OpenAI usage)
 )
 OUTPUTS = (
     ("text_output", _S, [-1]),
@@ -37,6 +38,7 @@ OUTPUTS = (
     ("num_input_tokens", mc.TYPE_UINT32, [1]),
     ("num_output_tokens", mc.TYPE_UINT32, [-1]),
     ("prompt_logprobs", _S, [1]),
+    ("num_cached_tokens", mc.TYPE_UINT32, [1]),
 )
 
 

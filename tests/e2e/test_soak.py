@@ -9,7 +9,7 @@ and only once the kills began, broken sequences get the documented "was lost"
 error and start again cleanly, the router's and each ingress's memory stayed
 bounded, /dev/shm holds only live segments, and the statistics add up.
 
-``CONVEYOR_SOAK_SECONDS`` (default 25) sets how long the clients run;
+``CONVEYOR_SOAK_SECONDS`` (default 15) sets how long the clients run;
 ``CONVEYOR_SOAK_KILL_EVERY`` (default 4) the seconds between kills. Run it
 alone, longer: ``CONVEYOR_SOAK_SECONDS=600 pytest -m soak -s --timeout 0``.
 """
@@ -42,8 +42,8 @@ from tests.support.group import Server, start_server, wait_all_instances_ready
 from tests.support.sequence_models import accumulator
 from tests.support.waiting import eventually
 
-SOAK_S = float(os.environ.get("CONVEYOR_SOAK_SECONDS", "25"))
-KILL_EVERY_S = float(os.environ.get("CONVEYOR_SOAK_KILL_EVERY", "4"))
+SOAK_S = float(os.environ.get("CONVEYOR_SOAK_SECONDS", "15"))
+KILL_EVERY_S = float(os.environ.get("CONVEYOR_SOAK_KILL_EVERY", "3"))
 WAIT_S = 60.0  # any single wait; only reached when something is broken
 REQUEST_S = 20.0  # a request unanswered this long counts as hung
 NBYTES = 16 * 4  # one INT32 [1, 16] tensor

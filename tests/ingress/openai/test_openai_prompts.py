@@ -136,3 +136,16 @@ def test_an_error_of_one_prompt_ends_the_answer_and_cancels_the_others() -> None
     with pytest.raises(ConveyorError, match="boom"):
         _run([slow(), _steps(ConveyorError(Status.INVALID_ARG, "boom"), delay=0.05)], n=1)
     assert cancelled == [True]
+
+
+
+def test_usage_shows_the_cached_prompt_tokens_where_the_model_reports_them() -> None:
+    from conveyor.ingress.openai.generation import Step, Usage
+
+    usage = Usage()
+    usage.add(Step([""], [None], 200, 1, True, cached_tokens=128))
+    assert usage.wire() == {"prompt_tokens": 200, "completion_tokens": 1, "total_tokens": 201,
+                            "prompt_tokens_details": {"cached_tokens": 128}}
+    plain = Usage()
+    plain.add(Step([""], [None], 200, 1, True))  # a model that does not report them: no details
+    assert plain.wire() == {"prompt_tokens": 200, "completion_tokens": 1, "total_tokens": 201}

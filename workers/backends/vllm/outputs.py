@@ -13,7 +13,8 @@ Triton's backend pairs outputs by position instead, which mixes sequences up und
 ``prompt_logprobs`` (Conveyor's, with ``return_prompt_logprobs``): the prompt's tokens' logprobs, in the
 first response that has them, as ``logprobs`` writes a sequence's; the first token, which has none,
 is listed with a null logprob and its text. A logprob of -inf is written as -9999.0, vLLM's server's
-floor (JSON has no infinity).
+floor (JSON has no infinity). ``num_cached_tokens`` (Conveyor's, with ``return_num_cached_tokens``):
+the prompt's tokens found in the engine's prefix cache, vLLM's ``num_cached_tokens``.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from conveyor.workers.backends.base import WireTensor
 class ResponseState:
     """One request's sequences as last seen, and what its earlier responses held of each."""
 
-    __slots__ = ("decode", "finished", "logprobs", "prompt", "prompt_ids", "prompt_logprobs", "prompt_sent",
-                 "prompt_tokens", "seqs", "text", "tokens")
+    __slots__ = ("cached_tokens", "decode", "finished", "logprobs", "prompt", "prompt_ids", "prompt_logprobs",
+                 "prompt_sent", "prompt_tokens", "seqs", "text", "tokens")
 
     def __init__(self, n: int, decode: Callable[[int], str] | None = None) -> None:
         """``decode``: a token's text (the engine's tokenizer), for the prompt's first token."""
@@ -48,11 +49,13 @@ class ResponseState:
         self.prompt_ids: list[int] = []
         self.prompt_logprobs: Any = None  # the engine's, until a response carries them
         self.prompt_sent = False
+        self.cached_tokens = 0
 
     def merge(self, output: Any) -> None:
         self.prompt = output.prompt
         self.prompt_ids = list(output.prompt_token_ids or ())
         self.prompt_tokens = len(self.prompt_ids)
+        self.cached_tokens = output.num_cached_tokens or 0
         if output.prompt_logprobs and not self.prompt_sent:
             self.prompt_logprobs = output.prompt_logprobs
         for seq in output.outputs:
@@ -89,6 +92,8 @@ def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -
         out["prompt_logprobs"] = _strings([_prompt_logprobs(state)])
     if "return_num_input_tokens" in returns:
         out["num_input_tokens"] = _counts([state.prompt_tokens])
+    if "return_num_cached_tokens" in returns:
+        out["num_cached_tokens"] = _counts([state.cached_tokens])
     if "return_num_output_tokens" in returns:
         counts = []
         for i, s in enumerate(seqs):

@@ -22,7 +22,7 @@ from conveyor.workers.backends.base import RequestItem
 
 RETURNS = (
     "return_finish_reason", "return_cumulative_logprob", "return_logprobs",
-    "return_num_input_tokens", "return_num_output_tokens", "return_prompt_logprobs",
+    "return_num_input_tokens", "return_num_output_tokens", "return_prompt_logprobs", "return_num_cached_tokens",
 )
 IDS_INPUT = "input_ids"
 # Request parameters that are inputs of this model, not sampling parameters (a generate call may

@@ -45,13 +45,25 @@ def test_the_prompts_logprobs_come_once_the_first_token_without_one() -> None:
     state = outputs.ResponseState(1, decode=lambda token: f"<{token}>")
     seq = SimpleNamespace(index=0, text="x", token_ids=[4], logprobs=None, finish_reason=None, cumulative_logprob=0)
     prompt_lp = [None, {7: _lp(-1.5, 3, "b"), 2: _lp(-0.1, 1, "c")}, {8: _lp(float("-inf"), 9, "d")}]
-    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=[1, 7, 8], prompt_logprobs=prompt_lp, outputs=[seq]))
+    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=[1, 7, 8], prompt_logprobs=prompt_lp, outputs=[seq],
+                                num_cached_tokens=0))
     returns = frozenset({"return_prompt_logprobs"})
     first = json.loads(_strings(outputs.build(state, False, returns)["prompt_logprobs"])[0])
     assert first == [{"1": {"logprob": None, "rank": None, "decoded_token": "<1>"}},
                      {"7": {"logprob": -1.5, "rank": 3, "decoded_token": "b"},
                       "2": {"logprob": -0.1, "rank": 1, "decoded_token": "c"}},
                      {"8": {"logprob": outputs.MIN_LOGPROB, "rank": 9, "decoded_token": "d"}}]  # no -inf in JSON
-    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=[1, 7, 8], prompt_logprobs=prompt_lp, outputs=[seq]))
+    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=[1, 7, 8], prompt_logprobs=prompt_lp, outputs=[seq],
+                                num_cached_tokens=0))
     again = outputs.build(state, False, returns)["prompt_logprobs"]
     assert _strings(again) == ["null"]
+
+
+def test_the_cached_prompt_tokens_are_reported_when_asked() -> None:
+    state = outputs.ResponseState(1)
+    seq = SimpleNamespace(index=0, text="x", token_ids=[4], logprobs=None, finish_reason=None, cumulative_logprob=0)
+    state.merge(SimpleNamespace(prompt=None, prompt_token_ids=list(range(200)), prompt_logprobs=None, outputs=[seq],
+                                num_cached_tokens=128))
+    assert "num_cached_tokens" not in outputs.build(state, False, frozenset())
+    tensor = outputs.build(state, False, frozenset({"return_num_cached_tokens"}))["num_cached_tokens"]
+    assert isinstance(tensor, WireTensor) and tensor.datatype == "UINT32" and tensor.data == (128).to_bytes(4, "little")
