@@ -348,6 +348,18 @@ class Supervisor:
         unloaded: list[str] = []  # workers told at the deadline to unload with requests open
         for wave in waves:
             live = [child for child in wave if child.proc is not None]
+            if wave is self.pools["workers"] and live and not (self.router and self.router.alive()):
+                # No router (it stopped first: --exit-on-error, or it died): nothing can take their work
+                # back or grant their leave, so they unload now instead of waiting out the exit timeout
+                # (30 s by default, where Triton exits at once).
+                for child in live:
+                    child.signal(UNLOAD_NOW_SIGNAL)
+                grace = time.monotonic() + UNLOAD_GRACE_S
+                for child in live:
+                    if not child.wait_until(grace):
+                        child.kill()
+                        killed.append(child.role)
+                continue
             if time.monotonic() < deadline:
                 for child in live:
                     child.terminate()
