@@ -58,6 +58,7 @@ CACHE_SHARE = 0.5
 BALANCE_REQUESTS = 16
 BALANCE_RATIO = 1.5
 
+
 def placement_problem(config: mc.ModelConfig) -> str:
     """Why the config's ``ENGINE_PLACEMENT`` cannot be used (the model does not load), or ''."""
     value = parameter_text(config, PARAMETER)
