@@ -1,1 +1,1 @@
-"""The OpenAI-compatible ingress (``conveyor ingress --protocol openai``): see docs/LLM.md."""
+"""The OpenAI-compatible ingress (``conveyor ingress --protocol openai``): see docs/OPENAI.md."""

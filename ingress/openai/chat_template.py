@@ -40,7 +40,7 @@ class PlainTranscript:
                tools: list[dict[str, Any]] | None = None) -> str:
         if tools:
             raise invalid_arg("the model has no chat template to write `tools` into: name a tokenizer folder "
-                              "with one (the config's `tokenizer` parameter, docs/LLM.md)")
+                              "with one (the config's `tokenizer` parameter, docs/OPENAI.md)")
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         if add_generation_prompt:
             lines.append("assistant:")
