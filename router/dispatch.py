@@ -22,6 +22,7 @@ from conveyor.router.replies import count_failure
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.overload import release
+from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.scheduling.sequences import SequenceBatcher
 
 
@@ -130,10 +131,7 @@ class Dispatcher:
         take one now; with one such engine, that one."""
         limiter = self.limiter
         depth = 1 if limiter is not None else state.pipeline_depth
-        engines = [
-            inst for inst in state.instances
-            if inst.state is InstanceState.READY and inst.running < depth and (limiter is None or limiter.free(inst))
-        ]
+        engines = [inst for inst in state.instances if _takes(inst, depth, limiter)]
         if len(engines) < 2:
             return engines[0] if engines else None
         head = batcher.head()
@@ -152,7 +150,7 @@ class Dispatcher:
                 depth = state.deep_pipeline_depth
         behind: Instance | None = None
         for inst in instances:
-            if inst.state is InstanceState.READY and inst.running < depth and (limiter is None or limiter.free(inst)):
+            if _takes(inst, depth, limiter):
                 if not inst.running:
                     return inst
                 if behind is None:
@@ -226,6 +224,12 @@ class Dispatcher:
             release(item)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+
+
+def _takes(inst: Instance, depth: int, limiter: RateLimiter | None) -> bool:
+    """Whether ``inst`` can take a batch now: ready, fewer than ``depth`` batches on it, and the
+    rate limiter's resources free for it."""
+    return inst.state is InstanceState.READY and inst.running < depth and (limiter is None or limiter.free(inst))
 
 
 def _may_wait_on_worker(batcher: DynamicBatcher) -> bool:
