@@ -77,6 +77,33 @@ if [ -x "$PA/perf_analyzer.bin" ]; then
   rm -rf "$stage"
 fi
 
+# The frameworks for check.sh's CPU smoke run (FIL's and OpenVINO's tests on that machine's 16 cores),
+# in .whl/frameworks/ (installed by check.sh alone). OpenVINO's wheel is 59 MiB: it travels as its CPU
+# part only (the CPU plugin, the IR and ONNX readers; no GPU/NPU plugins or other frontends), 21 MiB of
+# xz. TensorFlow (tensorflow-cpu, 270 MiB) cannot travel: its tests skip there.
+FW=$DEST/frameworks
+FW_WHEELS=(xgboost-cpu==3.2.0 lightgbm==4.7.0 treelite==4.8.1 openvino-telemetry==2025.2.0)
+OPENVINO=openvino==2026.4.1
+mkdir -p "$FW"
+for spec in "${FW_WHEELS[@]}"; do
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+    "${PLATFORMS[@]}" --platform any -d "$FW" "$spec" 2> >(grep -v "^WARNING: Location" >&2) \
+    || { echo "bundle.sh: no cp312 x86-64 wheel of $spec" >&2; exit 1; }
+done
+if [ ! -s "$FW/openvino-cpu.tar.xz" ]; then
+  stage=$(mktemp -d)
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --abi cp312 "${PLATFORMS[@]}" -d "$stage" "$OPENVINO" \
+    2> >(grep -v "^WARNING: Location" >&2)
+  (cd "$stage" && unzip -q openvino-*.whl && rm -rf openvino-*.whl openvino/include \
+     openvino/libs/cache.json openvino/libs/libopenvino_intel_{gpu,npu}_plugin.so \
+     openvino/libs/libopenvino_{gguf,jax,paddle,pytorch,tensorflow,tensorflow_lite}_frontend.so.*)
+  tar -C "$stage" -cf - . | xz -T2 -6 > "$FW/openvino-cpu.tar.xz"
+  rm -rf "$stage"
+fi
+fw=$(du -cb "$FW"/* | tail -1 | cut -f1)
+
 total=$(du -cb "$DEST"/*.whl "$DEST"/perf_analyzer.tar.xz 2>/dev/null | tail -1 | cut -f1)
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 untracked=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
@@ -85,10 +112,10 @@ mib() { echo "$(( ($1 + 1048575) / 1048576 ))"; }
 ls -1 "$DEST"/*.whl "$DEST"/perf_analyzer.tar.xz 2>/dev/null | sed 's|.*/||'
 echo "bundle: $(ls "$DEST"/*.whl | wc -l) wheels, $(mib "$total") MiB (limit ${MAX_MIB} MiB);" \
      "tracked tree $(mib "$tree") MiB, untracked-not-ignored $(mib "$untracked") MiB;" \
-     "travels: $(mib $((total + tree + untracked))) MiB of 64"
+     "frameworks $(mib "$fw") MiB; travels: $(mib $((total + fw + tree + untracked))) MiB of 64"
 if [ "$total" -gt $((MAX_MIB << 20)) ]; then
   echo "bundle.sh: the bundle is over ${MAX_MIB} MiB" >&2; exit 1
 fi
-if [ $((total + tree + untracked)) -gt $((64 << 20)) ]; then
+if [ $((total + fw + tree + untracked)) -gt $((64 << 20)) ]; then
   echo "bundle.sh: working tree + bundle is over the device tool's 64 MiB" >&2; exit 1
 fi

@@ -121,6 +121,33 @@ case $rc in
   *) row "end-to-end check (deploy/gpu/e2e.py)" FAIL "rc $rc (e2e.log, e2e-server.log)" ;;
 esac
 
+# 6b. The CPU frameworks on that machine's cores (a smoke run): FIL's and OpenVINO's own tests (tiny
+# models built on the fly, real groups, tritonclient), from .whl/frameworks/ (bundle.sh). TensorFlow's
+# wheel does not travel: its tests report SKIP.
+if [ -d .whl/frameworks ] || [ "$LOCAL" = 1 ]; then
+  if [ "$LOCAL" != 1 ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
+      --target "$SITE" --upgrade .whl/frameworks/*.whl >> "$SETUP" 2>&1 \
+      && tar -C "$SITE" -xJf .whl/frameworks/openvino-cpu.tar.xz >> "$SETUP" 2>&1 \
+      || row "frameworks installed (.whl/frameworks)" FAIL "see setup.log"
+  fi
+  t0=$(date +%s)
+  timeout -k 10 "$(cap 180 70)" "$PY" -m pytest -v -rA -p no:cacheprovider --timeout 150 \
+    --junitxml "$WORK/frameworks-junit.xml" tests/workers/backends/fil tests/workers/backends/openvino \
+    tests/workers/backends/tensorflow > "$OUT/frameworks.log" 2>&1
+  rc=$?
+  summary=$(grep -E "^=+ .*(passed|failed|skipped|error|no tests).* in " "$OUT/frameworks.log" | tail -1 | tr -d '=' | xargs)
+  case $rc in
+    0) row "FIL, OpenVINO, TensorFlow tests on the CPU ($(nproc) cores)" PASS "${summary:-rc 0} ($(( $(date +%s) - t0 )) s)" ;;
+    124|137) row "FIL, OpenVINO, TensorFlow tests on the CPU" FAIL "timed out after $(( $(date +%s) - t0 )) s (frameworks.log)" ;;
+    *) row "FIL, OpenVINO, TensorFlow tests on the CPU" FAIL "rc $rc: ${summary:-see frameworks.log}" ;;
+  esac
+  [ -s "$WORK/frameworks-junit.xml" ] && "$PY" deploy/gpu/junit_rows.py "$WORK/frameworks-junit.xml" \
+    | grep -v " | PASS | " >> "$ROWS"  # the failures and skips, one row each
+else
+  row "FIL, OpenVINO, TensorFlow tests on the CPU" SKIP "no .whl/frameworks: run 'bash deploy/gpu/bundle.sh' here"
+fi
+
 # 7. The report.
 count() { grep -c -F " | $1 | " "$ROWS"; }
 n_pass=$(count PASS); n_fail=$(count FAIL); n_skip=$(count SKIP); n_gap=$(count GAP)
@@ -144,7 +171,7 @@ verdict=PASS
   cat "$ROWS"
   echo
   echo "Files beside this report: setup.log (nvidia-smi, pip list, install), pytest.log, pytest-junit.xml," \
-       "e2e.log, e2e-server.log (the group's own log)."
+       "e2e.log, e2e-server.log (the group's own log), frameworks.log."
 } > "$OUT/gpu-report.md"
 rm -rf "$WORK"
 echo
