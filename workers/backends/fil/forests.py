@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from conveyor.proto.errors import ConveyorError, unavailable
+from conveyor.workers.backends.fil.xgboost_call import MARGIN, VALUE, dense_predict
 
 INSTALL = "pip install 'conveyor[fil]'"
 
@@ -78,12 +79,15 @@ class XGBoostForest:
         # multi:softmax predicts class ids: FIL returns probabilities, so take the margins and
         # apply the softmax (what FIL does to such a model for predict_proba).
         self._margins = objective == "multi:softmax"
+        self._direct = dense_predict(xgb, self.booster, MARGIN if self._margins else VALUE)
 
     def scores(self, x: np.ndarray) -> np.ndarray:
-        if self._margins:
-            return _softmax(np.asarray(self.booster.inplace_predict(x, predict_type="margin"), dtype=np.float32))
-        result: np.ndarray = self.booster.inplace_predict(x)
-        return result
+        direct = self._direct
+        if direct is not None and x.dtype == np.float32 and x.flags.c_contiguous:
+            result: np.ndarray = direct(x)
+        else:
+            result = self.booster.inplace_predict(x, predict_type="margin" if self._margins else "value")
+        return _softmax(np.asarray(result, dtype=np.float32)) if self._margins else result
 
     def contributions(self, x: np.ndarray) -> np.ndarray | None:
         result: np.ndarray = self.booster.predict(self._xgb.DMatrix(x), pred_contribs=True)

@@ -152,3 +152,28 @@ def test_shap_values_only_where_the_framework_has_them(tmp_path: Path) -> None:
     config = fil_config("sklearn", 1, outputs=', { name: "treeshap_output" data_type: TYPE_FP32 dims: [5] }')
     with pytest.raises(ConveyorError, match="computed for XGBoost and LightGBM models, not for model_type 'sklearn'"):
         load_backend("fil", os.fspath(tmp_path / "model.pkl"), config, "cpu")
+
+
+@pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob", "multi:softmax", "reg:squarederror"])
+def test_the_direct_call_predicts_what_inplace_predict_does(xgb: Any, objective: str, tmp_path: Path) -> None:
+    """XGBoost called through its C API (xgboost_call.py) against its own ``inplace_predict``, with
+    NaN as a missing value; a batch it cannot take as it is (float64, strided) takes the Python path."""
+    from conveyor.workers.backends.fil.forests import XGBoostForest
+
+    rng = np.random.default_rng(0)
+    x = rng.random((300, 5), dtype=np.float32)
+    label = (x[:, 0] * 3).astype(int) if objective.startswith("multi") else x[:, 0] > 0.5
+    extra = {"num_class": 3} if objective.startswith("multi") else {}
+    booster = xgb.train({"objective": objective, "max_depth": 3, "nthread": 1, **extra},
+                        xgb.DMatrix(x, label=label), 5)
+    booster.save_model(str(tmp_path / "xgboost.json"))
+    forest = XGBoostForest(str(tmp_path / "xgboost.json"), 1)
+    assert forest._direct is not None
+    batch = x[:37].copy()
+    batch[3, 2] = np.nan
+    margins = objective == "multi:softmax"
+    want = booster.inplace_predict(batch, predict_type="margin" if margins else "value")
+    got = forest._direct(batch)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(forest.scores(batch), forest.scores(batch.astype(np.float64)), rtol=1e-6)
+    np.testing.assert_allclose(forest.scores(x[::2][:10]), forest.scores(np.ascontiguousarray(x[::2][:10])), rtol=1e-6)
