@@ -71,6 +71,8 @@ class CallObject:
     its name once whole, and the raw text of its arguments value as it arrives. A small JSON scanner
     (strings, escapes, nesting) rather than a parser: the arguments leave before the object is whole."""
 
+    ARGUMENT_KEYS: tuple[str, ...] = _ARGUMENT_KEYS  # the keys whose value is the arguments
+
     def __init__(self) -> None:
         self.done = False
         self.failed = False  # not an object: the text is no call
@@ -155,7 +157,7 @@ class CallObject:
 
     def _begin_value(self, ch: str) -> None:
         key = _unquote("".join(self._key))
-        self._kind = "name" if key == "name" else "args" if key in _ARGUMENT_KEYS else ""
+        self._kind = "name" if key == "name" else "args" if key in self.ARGUMENT_KEYS else ""
         if self._kind == "args":
             self.has_arguments = True
         self._value.clear()
@@ -250,8 +252,8 @@ class CallReader:
         argument pieces (held while the name is not whole: it comes first)."""
         out = []
         for call in self._calls:
-            if call.name is None:
-                continue  # a call without a name never shows
+            if not self._shows(call):
+                continue
             args = call.take_arguments()
             if call.index is None:
                 call.index = len(self._ids)
@@ -260,6 +262,10 @@ class CallReader:
             elif args:
                 out.append(CallDelta(call.index, args))
         return out
+
+    def _shows(self, call: CallObject) -> bool:
+        """Whether the call's first delta may leave: a call without a name never shows."""
+        return call.name is not None
 
 
 class NamedCall(CallReader):
@@ -296,9 +302,16 @@ class CallArray(_Objects):
 
     def __init__(self) -> None:
         super().__init__()
-        self._over = False  # the array closed
+        self._over = False  # the array ended
 
     def feed(self, text: str) -> Piece:
+        self._read_array(text)
+        return Piece(calls=self._deltas())
+
+    def _read_array(self, text: str) -> int:
+        """Feed the array (its opening ``[`` may be behind); how much of ``text`` it took: up to and with
+        its ``]``, or up to a character that cannot be in it, which ends it too and is left to the caller
+        (the formats that frame an array read what follows it)."""
         at = 0
         while at < len(text) and not self._over:
             if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
@@ -306,12 +319,16 @@ class CallArray(_Objects):
                 continue
             ch = text[at]
             if ch == "{":
-                self._calls.append(CallObject())
+                self._calls.append(self._new_call())
                 continue
             if ch == "]" or (ch not in _SPACE and ch not in "[,"):
                 self._over = True
+                return at + (ch == "]")
             at += 1
-        return Piece(calls=self._deltas())
+        return at
+
+    def _new_call(self) -> CallObject:
+        return CallObject()
 
 
 class HermesCalls(_Objects):
@@ -409,7 +426,7 @@ PARSERS: dict[str, Callable[[], CallReader]] = {
     "llama3_json": Llama3JsonCalls,
     "llama4_json": Llama3JsonCalls,  # vLLM's name for the same parser on Llama 4
 }
-# With ``pythonic`` and ``mistral`` (tool_calls_more.py): ``tool_calls_more.PARSERS``, which tools.py reads.
+# The others are in tool_calls_more.py and tool_calls_arrays.py; tools.py joins the three tables.
 
 
 # ---------------------------------------------------------------------------------------------- answers

@@ -488,4 +488,4 @@ class MistralCalls(CallReader):
         return used
 
 
-PARSERS = {**base.PARSERS, "pythonic": PythonicCalls, "mistral": MistralCalls}
+PARSERS = {"pythonic": PythonicCalls, "mistral": MistralCalls}  # with the others in tools.PARSERS

@@ -12,18 +12,20 @@ them.
   refused, as vLLM refuses it without ``--tool-call-parser``.
 * ``none``: the tools reach the template, the text is the answer's content.
 
-The model's text is read back by ``tool_calls.py``.
+The model's text is read back by ``tool_calls.py`` (and, for the other parsers, ``tool_calls_more.py`` and
+``tool_calls_arrays.py``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.ingress.openai import tool_calls, tool_calls_arrays, tool_calls_more
 from conveyor.ingress.openai.schema import ChatRequest, NamedToolChoice, ToolDefinition
 from conveyor.ingress.openai.tool_calls import CallArray, CallReader, Mode, NamedCall
-from conveyor.ingress.openai.tool_calls_more import PARSERS
 from conveyor.proto.errors import internal, invalid_arg
 
 # The model config parameter naming the model's tool-call parser (``auto`` needs one).
@@ -31,6 +33,11 @@ PARSER_PARAMETER = "TOOL_CALL_PARSER"
 # OpenAI's rule for a function's name.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+# The tool-call parsers by vLLM's names: each module's own table, joined here.
+PARSERS: dict[str, Callable[[], CallReader]] = {**tool_calls.PARSERS, **tool_calls_more.PARSERS,
+                                                **tool_calls_arrays.PARSERS}
+# As vLLM, these parsers' markers are special tokens in their models' vocabularies: skipped, no call is seen.
+_KEEPS_SPECIAL_TOKENS = ("hermes", "mistral", "granite", "jamba")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +57,7 @@ class ToolPlan:
                 raise invalid_arg("`tool_choice` 'required' or a named function is enforced by guided decoding: "
                                   "it cannot be combined with `response_format` or `structured_outputs`")
             params["structured_outputs"] = {"json": self.constraint}
-        elif self.mode == "auto" and self.parser in ("hermes", "mistral"):
-            # As vLLM: <tool_call> and [TOOL_CALLS] are special tokens in those models' vocabularies;
-            # skipped, no call is seen.
+        elif self.mode == "auto" and self.parser in _KEEPS_SPECIAL_TOKENS:
             params["skip_special_tokens"] = False
 
     def reader(self) -> CallReader | None:
