@@ -18,11 +18,11 @@ from conveyor.deploy.setting import (
     path_text,
     setting,
 )
-from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.http.edge import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, WRITE_TIMEOUT_S
 from conveyor.ingress.limits import (
     DEFAULT_GRPC_BUFFER_BYTES,
     DEFAULT_GRPC_CONNECTION_BUFFER_BYTES,
+    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_INPUT_ELEMENTS,
     DEFAULT_MAX_JSON_BYTES,

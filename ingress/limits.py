@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from conveyor.ingress.header_forward import HeaderForward
 from conveyor.proto.errors import ConveyorError, invalid_arg, unavailable
 
+# An HTTP request body (--http-max-body-bytes): 1 GiB, the largest tensor Triton's own HTTP front
+# accepts in one request. Here rather than in http/body.py so the settings (deploy/settings.py),
+# which every actor imports, need not import falcon.
+DEFAULT_MAX_BODY_BYTES = 1 << 30
 # 2^30 elements: a 1 GiB INT8/BOOL tensor, as large as the default HTTP body limit allows.
 DEFAULT_MAX_INPUT_ELEMENTS = 1 << 30
 # Requests one ingress process holds at once (HTTP and gRPC alike); the router

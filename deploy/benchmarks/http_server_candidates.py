@@ -56,7 +56,8 @@ from conveyor.deploy.benchmarks.perf import CLK_TCK, perf_analyzer, run_one
 from conveyor.deploy.options import default_endpoints, run_dir
 from conveyor.ingress.context import DEFAULT_ARENA_BYTES, IngressContext
 from conveyor.ingress.http.app import build_app
-from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.http.body import BodyLimit
+from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "benchmarks.http_server_candidates"

@@ -20,7 +20,7 @@ from conveyor.ingress.context import IngressContext
 from conveyor.ingress.dataplane import ROUTING_HINT, DataPlane
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.header_forward import RAW_HEADERS
-from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, OFFLOAD_BYTES, read_body
+from conveyor.ingress.http.body import OFFLOAD_BYTES, read_body
 from conveyor.ingress.http.codec import (
     HEADER_LENGTH,
     HttpInferRequest,
@@ -38,7 +38,7 @@ from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
 from conveyor.ingress.http.restricted import RestrictedApis
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
-from conveyor.ingress.limits import check_json_size
+from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, check_json_size
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata

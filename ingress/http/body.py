@@ -23,8 +23,6 @@ from conveyor.shm.arena import arena_full
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 
-DEFAULT_MAX_BODY_BYTES = 1 << 30
-
 # Below this, (de)compressing inline is cheaper than a hop to a thread.
 OFFLOAD_BYTES = 1 << 20
 

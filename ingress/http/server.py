@@ -28,11 +28,11 @@ import uvloop
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import Infer, build_app
-from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from conveyor.ingress.http.body import BodyLimit
 from conveyor.ingress.http.edge import KEEP_ALIVE_S, EdgeLimits, EdgeState, fit_open_files
 from conveyor.ingress.http.fast_protocol import fast_protocol_class
 from conveyor.ingress.http.protocol import CaseKeepingProtocol, HttpToolsProtocol
-from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
 

@@ -18,7 +18,7 @@ import falcon.asgi
 import orjson
 
 from conveyor.ingress.context import IngressContext
-from conveyor.ingress.http.body import DEFAULT_MAX_BODY_BYTES
+from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
 from conveyor.ingress.openai.catalog import Catalog, Listed, LlmModel
 from conveyor.ingress.openai.embeddings import Embeddings

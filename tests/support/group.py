@@ -66,7 +66,7 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple
                     return
         except Exception:
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)  # a test waits on this for every group it starts
     raise RuntimeError("the server did not become ready in time")
 
 
