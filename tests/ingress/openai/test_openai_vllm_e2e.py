@@ -34,7 +34,7 @@ from conveyor.deploy.ports import free_port
 from conveyor.ingress.openai.embeddings import MAX_INPUTS
 from tests.support import tiny_llama
 from tests.support.group import Server, abandon, wait_ready
-from tests.support.openai_vllm_reference import (
+from tests.support.vllm_reference import (
     CHAT,
     EMBED_ENGINE,
     EMBED_INPUTS,
@@ -75,7 +75,7 @@ class Group:
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     root = tmp_path_factory.mktemp("openai_vllm")
-    tiny = tiny_llama.build(root / "tiny")
+    tiny = tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama")  # the session's, as the other vLLM tests
     repo = root / "models"
     # Guided JSON without free whitespace: xgrammar lets a JSON value pad with any whitespace, and the tiny
     # model, random but for a few lines, pads forever; the forced tool calls then never end.

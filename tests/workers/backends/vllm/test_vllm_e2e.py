@@ -30,6 +30,8 @@ from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
 from tests.support.group import Server, pids_of, router_control, wait_ready
+from tests.support.vllm_reference import MAX_TOKENS, TRITON_PROMPTS
+from tests.support.vllm_reference import reference as vllm_reference
 from tests.support.waiting import eventually
 
 tiny_llama.require_vllm()
@@ -37,9 +39,8 @@ tiny_llama.require_vllm()
 pytestmark = pytest.mark.timeout(300)
 
 MODEL = "vllm_model"
-PROMPTS = ["the quick", "hello world", "tokens stream"]
+PROMPTS = TRITON_PROMPTS
 ADAPTERS = ["", "alpha", "beta"]  # "": the base model
-MAX_TOKENS = 12
 LOAD_TIMEOUT_S = 240.0  # importing vLLM twice (worker, engine core) and loading, on a busy 2-core machine
 
 
@@ -50,26 +51,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tiny_llama.TinyLlama:
 
 @pytest.fixture(scope="module")
 def served(tiny: tiny_llama.TinyLlama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Any]]:
-    """The group and the reference outputs, started side by side (each loads an engine)."""
+    """The group, and vLLM's own outputs (tests/support/vllm_reference.py: once a session)."""
     repo = tmp_path_factory.mktemp("vllm_repo")
     model_dir = tiny_llama.write_repository(repo, tiny, MODEL)
     with open(model_dir / "config.pbtxt", "a") as f:  # the last test kills the engine (Triton's parameter)
         f.write('parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n')
-    engine = json.loads((model_dir / "1" / "model.json").read_text())
-    answer = repo / "reference.json"
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.llm_reference", str(answer)], stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-        # The engine in the reference's own process: no engine-core process importing vLLM a second time
-        # while the group loads its own (both compete for this host's two cores).
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-    )
-    assert reference.stdin is not None
-    reference.stdin.write(json.dumps({
-        "engine": engine, "prompts": PROMPTS, "sampling": {"temperature": 0, "max_tokens": MAX_TOKENS},
-        "adapters": {k: str(v) for k, v in tiny.adapters.items()},
-    }))
-    reference.stdin.close()
     group = f"v{os.getpid()}"
     ports = [free_port() for _ in range(3)]
     proc = subprocess.Popen([
@@ -81,12 +67,13 @@ def served(tiny: tiny_llama.TinyLlama, tmp_path_factory: pytest.TempPathFactory)
     ])
     srv = Server(proc, group, ports[0], ports[1], ports[2], str(repo))
     try:
+        # vLLM's LLM.generate with model.json's engine arguments (computed while the group loads its engine,
+        # or already, for the OpenAI tests).
+        triton = vllm_reference(tiny).triton
+        assert triton.keys() == set(ADAPTERS)
         wait_ready(ports[0], proc, (ports[1], ports[2]), timeout=LOAD_TIMEOUT_S)
-        assert reference.wait(LOAD_TIMEOUT_S) == 0, "LLM.generate failed"
-        yield srv, json.loads(answer.read_text())
+        yield srv, triton
     finally:
-        if reference.poll() is None:
-            reference.kill()
         assert srv.stop(60) == 0
 
 

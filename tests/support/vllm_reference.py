@@ -1,10 +1,13 @@
-"""vLLM's own outputs for tests/ingress/openai/test_openai_vllm_e2e.py, computed in a child process
-(this module run as a script: its engines and memory go with it): ``LLM.generate`` greedy per
-adapter, one seeded sampled request, token-id prompts, ``prompt_logprobs``, and ``LLM.embed`` with the
-pooling model's engine arguments."""
+"""vLLM's own outputs for the tests that compare Conveyor with vLLM (tests/ingress/openai/
+test_openai_vllm_e2e.py, tests/workers/backends/vllm/test_vllm_e2e.py), computed once per test
+session in a child process (this module run as a script: its engines and memory go with it):
+``LLM.generate`` greedy per adapter, one seeded sampled request, token-id prompts,
+``prompt_logprobs``, and ``LLM.embed`` with the pooling model's engine arguments. One process for
+both files: each vLLM engine costs this 2-core host some 20 s to import and start."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -23,6 +26,8 @@ OTHER = "hello world"  # a second prompt, of another greedy answer
 TOP = 1  # alternatives per token asked with ``echo``
 CHAT = [{"role": "user", "content": "hello world"}]
 N, SEED, TEMPERATURE, SAMPLED_TOKENS = 3, 7, 2.0, 8  # a sampled request: the tiny model is peaked
+# test_vllm_e2e.py's prompts (Triton's paths), generated together per adapter as ``LLM.generate`` batches them.
+TRITON_PROMPTS = ["the quick", "hello world", "tokens stream"]
 
 
 @dataclass
@@ -39,19 +44,25 @@ class Reference:
     prompt_ids: list[list[int]]  # PROMPT's and OTHER's ids, as vLLM tokenizes a completion's prompt
     other: str  # OTHER's greedy text
     echo: dict[str, Any]  # PROMPT's ids with prompt logprobs: text, first_token, prompt, output (``_listed``)
+    triton: dict[str, list[dict[str, Any]]]  # per adapter ("" the base): TRITON_PROMPTS' text and token_ids
 
 
 def reference(tiny: tiny_llama.TinyLlama) -> Reference:
-    """Computed in a child process (this module run as a script): its engine and memory go with it."""
-    out = subprocess.run([sys.executable, "-m", __name__, str(tiny.model_dir),
-                          json.dumps({k: str(v) for k, v in tiny.adapters.items()})],
+    """Computed in a child process (this module run as a script), once per model for the session."""
+    return _reference(str(tiny.model_dir), json.dumps({k: str(v) for k, v in tiny.adapters.items()}))
+
+
+@functools.cache
+def _reference(model_dir: str, adapters: str) -> Reference:
+    out = subprocess.run([sys.executable, "-m", __name__, model_dir, adapters],
                          capture_output=True, text=True, timeout=300, check=True,
                          env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     doc = json.loads(out.stdout.splitlines()[-1])
     completion, chat = ({None if k == "" else k: tuple(v) for k, v in doc[part].items()}
                         for part in ("completion", "chat"))
     return Reference(completion, chat, doc["sampled"], doc["embed"]["vectors"], doc["embed"]["tokens"],
-                     doc["embed"]["ids"], doc["ids"]["prompts"], doc["ids"]["other"], doc["ids"]["echo"])
+                     doc["embed"]["ids"], doc["ids"]["prompts"], doc["ids"]["other"], doc["ids"]["echo"],
+                     doc["triton"])
 
 
 def _vllm_outputs(model_dir: str, adapters: dict[str, str]) -> dict[str, object]:
@@ -68,8 +79,9 @@ def _vllm_generations(model_dir: str, adapters: dict[str, str]) -> dict[str, obj
 
     chat_prompt = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
         CHAT, tokenize=False, add_generation_prompt=True)
+    # The engine arguments of tiny_llama.write_repository's model.json.
     llm = LLM(model=model_dir, enforce_eager=True, dtype="float32", max_model_len=256, enable_lora=True,
-              max_loras=2, max_lora_rank=8, kv_cache_memory_bytes=64 << 20)
+              max_loras=2, max_lora_rank=8, max_num_seqs=32, kv_cache_memory_bytes=64 << 20)
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     loras = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(adapters.items())}
 
@@ -88,7 +100,11 @@ def _vllm_generations(model_dir: str, adapters: dict[str, str]) -> dict[str, obj
     echo = {"text": tokenizer.decode(ids[0]) + echoed.outputs[0].text, "first_token": tokenizer.decode(ids[0][0]),
             "prompt": [listed(step) for step in echoed.prompt_logprobs[1:]],
             "output": [listed(step) for step in echoed.outputs[0].logprobs]}
+    triton = {a: [{"text": r.outputs[0].text, "token_ids": list(r.outputs[0].token_ids)}
+                  for r in llm.generate(TRITON_PROMPTS, greedy, lora_request=loras.get(a), use_tqdm=False)]
+              for a in cases}
     return {"completion": {a: run(PROMPT, a) for a in cases}, "chat": {a: run(chat_prompt, a) for a in cases},
+            "triton": triton,
             "sampled": [c.text for c in sorted(sampled.outputs, key=lambda c: c.index)],
             "ids": {"prompts": ids, "other": other, "echo": echo}}
 
