@@ -118,6 +118,7 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
         took = loads.get(_id(s), 0)
         lines.append(f"nv_model_load_duration_secs{{{_labels(s)}}} {_number(took / 1e9)}")
     _render_overload(lines, model_stats, snapshot.get("overload", {}))
+    _render_migrations(lines, model_stats, snapshot.get("migrations", {}))
     adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
     if adaptive:
         _header(lines, "conveyor_adaptive_queue_delay_us",
@@ -156,6 +157,17 @@ def _render_overload(lines: list[str], model_stats: list[dict[str, Any]], overlo
         for reason in OVERLOAD_REASONS:
             labels = f'model="{s["name"]}",{_namespace(s)}reason="{reason}",version="{s["version"]}"'
             lines.append(f"conveyor_overload_refusals_total{{{labels}}} {refusals.get(reason, 0)}")
+
+
+def _render_migrations(lines: list[str], model_stats: list[dict[str, Any]], migrations: dict[str, int]) -> None:
+    """Requests sent to another engine after their worker died (docs/LLM.md): only the versions that
+    had one, so that every other model's /metrics stays as it was."""
+    rows = [(s, migrations[_id(s)]) for s in model_stats if migrations.get(_id(s))]
+    if not rows:
+        return
+    _header(lines, "conveyor_request_migrations_total",
+            "Requests sent again to another engine after the worker running them exited (MAX_MIGRATIONS)", "counter")
+    lines += [f"conveyor_request_migrations_total{{{_labels(s)}}} {count}" for s, count in rows]
 
 
 def _le(bound: float) -> str:

@@ -27,7 +27,7 @@ import zmq
 from conveyor.deploy.runtime.log_settings import ProcessLog
 from conveyor.deploy.runtime.procs import actor_role
 from conveyor.proto import messages as m
-from conveyor.proto.errors import ConveyorError, Status, unavailable
+from conveyor.proto.errors import ConveyorError, Status, WorkerLost, unavailable
 from conveyor.proto.framing import Outbox, drain, readable
 from conveyor.proto.pending_calls import PendingCalls
 
@@ -76,6 +76,8 @@ def router_process_lives(pid: int | None) -> bool:
 
 
 def error_from(info: m.ErrorInfo) -> ConveyorError:
+    if info.worker_lost:
+        return WorkerLost(info.message)
     return ConveyorError(Status(info.status), info.message)
 
 

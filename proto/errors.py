@@ -86,6 +86,14 @@ class ConveyorError(Exception):
         return f"ConveyorError({self.status.name}, {self.message!r})"
 
 
+class WorkerLost(ConveyorError):
+    """UNAVAILABLE: the worker running the request exited under it (the router's ``ErrorInfo.worker_lost``).
+    Not the request's fault: the OpenAI ingress may send it again (``ingress/openai/migration.py``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Status.UNAVAILABLE, message)
+
+
 def triton_code(status: int) -> int:
     """The TRITONSERVER_Error_Code a Python model's ``TritonError.code()`` shows for ``status``."""
     return int(Status.INTERNAL) if status == Status.CLIENT_MISTAKE else status

@@ -32,7 +32,8 @@ import msgspec
 # 4: ``RepositoryChanged`` to every ingress and BLS link.
 # 5: runtime LoRA adapters (``LoraUpdate`` / ``LoraUpdated``).
 # 6: ``InferRequest.prefix`` (a prompt's block hashes, for prefix-aware engine placement).
-PROTOCOL_VERSION = 6
+# 7: ``ErrorInfo.worker_lost`` (a request whose worker exited, which the OpenAI ingress may send again).
+PROTOCOL_VERSION = 7
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -162,6 +163,9 @@ class ControlRequest(msgspec.Struct, tag="ctl", array_like=True):
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
     status: int
     message: str
+    # The router failed the request because the worker running it exited: the request itself is not at
+    # fault, and the OpenAI ingress may send it to another engine (proto/migration.py).
+    worker_lost: bool = False
 
 
 class InferResponse(msgspec.Struct, tag="resp", array_like=True):

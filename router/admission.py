@@ -9,6 +9,7 @@ from functools import partial
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.migration import MIGRATION
 from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.scheduler import EnsembleScheduler
@@ -95,6 +96,8 @@ class Admission:
                 count_failure(state, "REJECTED", 0)
                 self._reply_error(identity, req.id, state.model, state.label, refused)
                 return
+        if req.parameters and MIGRATION in req.parameters:  # a request resumed after its worker died
+            state.migrations += 1
         pending = Pending(identity, req, time.monotonic_ns(), rows, key)
         if ensemble_stats is not None:
             pending.ensemble_stats = ensemble_stats

@@ -115,6 +115,7 @@ class ControlHandler:
             "load_duration_ns": {f"{s.model}:{s.label}": s.load_duration_ns for s in states},
             "overload": {f"{s.model}:{s.label}": {"waiting": s.waiting.count, "refusals": dict(s.waiting.refusals)}
                          for s in states},
+            "migrations": {f"{s.model}:{s.label}": s.migrations for s in states},
         }
         exported = self.trace_export()
         if exported is not None:

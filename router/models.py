@@ -129,6 +129,9 @@ class VersionState:
     waiting: Waiting = field(default_factory=Waiting)
     # A vLLM model's choice among its engines (ENGINE_PLACEMENT); None: the first free instance.
     placement: EnginePlacement | None = None
+    # Requests sent again after the worker running them exited (proto/migration.py), counted as they
+    # arrive: conveyor_request_migrations_total.
+    migrations: int = 0
 
     @property
     def decoupled(self) -> bool:

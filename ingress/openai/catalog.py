@@ -10,9 +10,10 @@ Adapters loaded at run time (``/v1/load_lora_adapter``) are the router's to list
 ``lora_adapters``), read again each time the repository generation changes, as each load and unload makes it.
 From its config (control op ``model_config``) it reads the ``TOOL_CALL_PARSER`` parameter: a frontend
 setting, as vLLM's ``--tool-call-parser`` is, so not in ``model.json``, whose keys are all engine arguments
-(Triton's backend, and ours, pass them to the engine, which refuses any other), and the ``tokenizer``
-parameter. All of it is kept per model until the model's signature is refetched, which the data plane
-does whenever the router's repository changes (a reload, a new version).
+(Triton's backend, and ours, pass them to the engine, which refuses any other), the ``tokenizer``
+parameter, and ``MAX_MIGRATIONS`` (``migration.py``). All of it is kept per model until the model's
+signature is refetched, which the data plane does whenever the router's repository changes (a reload,
+a new version).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.openai.chat_template import PLAIN, ChatTemplate, Renderer, load_chat_template
-from conveyor.ingress.openai.contract import Contract, contract_of
+from conveyor.ingress.openai.contract import IDS_INPUT, Contract, contract_of
 from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokenizer, tokenizer_folder
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
 from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status, internal, not_found
 from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
+from conveyor.proto.migration import PARAMETER as MIGRATIONS_PARAMETER
+from conveyor.proto.migration import max_migrations_of
 
 
 @dataclass
@@ -46,6 +49,7 @@ class LlmModel:
     tool_parser: str = ""  # the config's TOOL_CALL_PARSER: how ``auto`` tool choice reads the text
     tokenizer_dir: str | None = None  # None: the model has no tokenizer
     runtime_lora: bool = False  # the config's ALLOW_RUNTIME_LORA_UPDATING: adapters may be loaded at run time
+    max_migrations: int = 0  # MAX_MIGRATIONS: how often a request moves when its worker dies (0: never)
     chat: asyncio.Task[ChatTemplate] | None = None
     tokenizer: asyncio.Task[Tokenizer | None] | None = None
 
@@ -142,6 +146,7 @@ class Catalog:
         model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
                                                {k: _parameter(config, k) for k in PARAMETERS})
         model.runtime_lora = _parameter(config, RUNTIME_PARAMETER).lower() in ("true", "1", "on")
+        model.max_migrations = _max_migrations(config, sig)
         self._models[name] = model
         return model
 
@@ -200,6 +205,14 @@ def _read_model(name: str, sig: ModelSignature, contract: Contract, directory: s
     engine_args = _json_file(os.path.join(directory, "model.json")) or {}
     adapters = repository_adapters(directory) if str(engine_args.get("enable_lora", "")).lower() == "true" else None
     return LlmModel(name, sig, contract, directory, adapters or {}, int(time.time()), engine_args)
+
+
+def _max_migrations(config: dict[str, Any], sig: ModelSignature) -> int:
+    """``MAX_MIGRATIONS`` of a vLLM model (whose backend returns the token ids a resumed prompt is made
+    of, and takes them as ``input_ids``); 0 for any other model, whose requests do not move."""
+    if config.get("backend") != "vllm" or IDS_INPUT not in sig.inputs:
+        return 0
+    return max(0, max_migrations_of(_parameter(config, MIGRATIONS_PARAMETER)))  # a bad value does not load
 
 
 def _parameter(config: dict[str, Any], key: str) -> str:

@@ -32,6 +32,7 @@ from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
+IDS_INPUT = "input_ids"  # a prompt of token ids (TensorRT-LLM's name for a tokenized prompt)
 SAMPLING_INPUT = "sampling_parameters"
 COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
 # Triton's vllm_backend's input of an embedding request (a JSON object: ``embeddings.py``); a model that

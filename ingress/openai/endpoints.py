@@ -21,7 +21,7 @@ import orjson
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import read_body
-from conveyor.ingress.openai import load_report
+from conveyor.ingress.openai import load_report, migration
 from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
 from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
@@ -111,8 +111,12 @@ class _Endpoint:
         job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}", request.model, int(time.time()),
                   n * len(prompts), echoes, include_usage, top is not None, continuous, parsed.tools)
         model = parsed.target.model
-        each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api)
-                for call in calls]
+        # Each request marked for being sent again if its worker dies (migration.py).
+        resumes = [migration.plan(parsed.target, prompt, params, request.stream, call)
+                   for call, prompt in zip(calls, prompts, strict=True)]
+        each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api,
+                      resume)
+                for call, resume in zip(calls, resumes, strict=True)]
         if not model.contract.counts_tokens:
             tokenizer = await self._catalog.tokenizer(model)
             if tokenizer is not None:  # usage from the tokenizer; without one, there is none

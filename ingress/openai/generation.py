@@ -19,18 +19,28 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.openai.catalog import Target
-from conveyor.ingress.openai.contract import TEXT_INPUT, TEXT_OUTPUT, api_refused, task_refused, tensor_inputs
+from conveyor.ingress.openai.contract import (
+    IDS_INPUT,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    api_refused,
+    task_refused,
+    tensor_inputs,
+)
 from conveyor.ingress.openai.tokenizer import Tokenizer
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
-from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.errors import ConveyorError, WorkerLost, invalid_arg
+
+if TYPE_CHECKING:
+    from conveyor.ingress.openai.migration import Resume
 
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason",
             "return_num_cached_tokens")
@@ -38,7 +48,6 @@ LOGPROBS_INPUT = "return_logprobs"
 # Conveyor's, beside Triton's vLLM contract: the prompt's own logprobs (vLLM's ``prompt_logprobs``) come
 # back in the ``prompt_logprobs`` output of the first response when this input is true.
 PROMPT_LOGPROBS_INPUT = "return_prompt_logprobs"
-IDS_INPUT = "input_ids"  # a prompt of token ids (TensorRT-LLM's name for a tokenized prompt)
 
 
 @dataclass(slots=True)
@@ -151,20 +160,34 @@ def scalar_input(sig: ModelSignature, name: str, value: object) -> InferInput:
 
 
 async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
-                decoupled: bool = True, api: str = "Completions") -> AsyncGenerator[Step, None]:
+                decoupled: bool = True, api: str = "Completions", resume: Resume | None = None,
+                ) -> AsyncGenerator[Step, None]:
     """The model's responses as steps. A model error raises (``ConveyorError``); closing
     the iterator early cancels the request, which aborts it in the engine. A model that is
     not decoupled answers once (plain infer): one final step. A model that does not generate (a
-    pooling engine) refuses at once: vLLM's words for ``api``, a 400."""
+    pooling engine) refuses at once: vLLM's words for ``api``, a 400. With ``resume``, a request whose
+    worker dies is sent again and its steps go on where they were (``migration.py``)."""
     try:
         if not decoupled:
             yield _step(await dataplane.infer(call, endpoint="The OpenAI endpoint"), n, top)
             return
-        async with contextlib.aclosing(dataplane.infer_stream(call)) as responses:
-            async for item in responses:
-                if isinstance(item, StreamError):
-                    raise item.error
-                yield _step(item, n, top)
+        moved: InferCall | None = call
+        while moved is not None:
+            async with contextlib.aclosing(dataplane.infer_stream(moved)) as responses:
+                moved = None
+                async for item in responses:
+                    if isinstance(item, StreamError):
+                        if resume is None or not isinstance(item.error, WorkerLost):
+                            raise item.error
+                        moved = resume.moved(item.error)
+                        if moved is None:  # every token came but the last response: the answer is whole
+                            yield Step([""] * n, ["length"] * n, None, 0, True)
+                        break
+                    if resume is None:
+                        yield _step(item, n, top)
+                        continue
+                    resume.observe(item.parameters)
+                    yield resume.adjust(_step(item, n, top))
     except ConveyorError as exc:
         if task_refused(exc, "generate"):
             raise api_refused(api) from None

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import batch_shapes_problem
+from conveyor.proto.migration import migration_problem
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.ensembles.plan import ensemble_problem
@@ -252,7 +253,8 @@ def validate(config: mc.ModelConfig) -> str:
     if config.model_transaction_policy.decoupled and config.backend not in ("python", "vllm"):
         return "decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend"
     return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
-            or batch_shapes_problem(config) or overload_problem(config) or placement_problem(config))
+            or batch_shapes_problem(config) or overload_problem(config) or placement_problem(config)
+            or migration_problem(config))
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:

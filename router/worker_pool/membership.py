@@ -122,7 +122,9 @@ class WorkerMembership:
         if self.cache is not None:
             self.cache.forget_region(arena)
         log.warning("worker pid %d left: %s", worker.pid, why)
-        err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})")
+        # Marked: not the request's fault, so the OpenAI ingress may resume it on another engine.
+        err = m.ErrorInfo(int(Status.UNAVAILABLE), f"the worker running this request exited ({why})",
+                          worker_lost=True)
         # A worker lost while loading an instance a second time: that instance fails to load (a
         # model whose initialize kills its process, e.g. out of memory), as Triton fails the load
         # when the stub dies, rather than being loaded again on every restarted worker. The first

@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, not_found, unavailable
 from conveyor.proto.lora import runtime_updates_allowed
-from conveyor.workers.backends.base import RequestItem, RequestOutcome, ResponseChannel
+from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome, ResponseChannel
 from conveyor.workers.backends.vllm import embedding, outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
@@ -157,9 +157,14 @@ class VllmBackend:
         state = outputs.ResponseState(params.n, self._decode)
         lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
         prompt = engine_prompt(args.prompt)
+        resumable = args.stream and args.token_ids and params.n == 1
         async for out in self.engine.engine.generate(prompt, params, uuid.uuid4().hex, lora_request=lora):
             state.merge(out)
-            if args.stream:
+            if resumable:  # the token ids ride along as response parameters, never shown to a client
+                sent: dict[str, Any] = ParameterizedOutputs(outputs.token_ids(state))
+                sent.update(outputs.build(state, False, args.returns))
+                channel.send(sent, out.finished)
+            elif args.stream:
                 channel.send(outputs.build(state, False, args.returns), out.finished)
         if not args.stream:
             channel.send(outputs.build(state, args.prepend_input, args.returns), True)

@@ -15,6 +15,9 @@ first response that has them, as ``logprobs`` writes a sequence's; the first tok
 is listed with a null logprob and its text. A logprob of -inf is written as -9999.0, vLLM's server's
 floor (JSON has no infinity). ``num_cached_tokens`` (Conveyor's, with ``return_num_cached_tokens``):
 the prompt's tokens found in the engine's prefix cache, vLLM's ``num_cached_tokens``.
+
+``token_ids`` (a request the OpenAI ingress may resume on another engine, ``proto/migration.py``): the
+response parameters that carry the new token ids, and the prompt's in the first response.
 """
 
 from __future__ import annotations
@@ -27,14 +30,15 @@ from typing import Any
 import numpy as np
 
 from conveyor.proto.datatypes import pack_bytes
+from conveyor.proto.migration import OUTPUT_IDS, PROMPT_IDS
 from conveyor.workers.backends.base import WireTensor
 
 
 class ResponseState:
     """One request's sequences as last seen, and what its earlier responses held of each."""
 
-    __slots__ = ("cached_tokens", "decode", "finished", "logprobs", "prompt", "prompt_ids", "prompt_logprobs",
-                 "prompt_sent", "prompt_tokens", "seqs", "text", "tokens")
+    __slots__ = ("cached_tokens", "decode", "finished", "ids_sent", "logprobs", "prompt", "prompt_ids",
+                 "prompt_ids_sent", "prompt_logprobs", "prompt_sent", "prompt_tokens", "seqs", "text", "tokens")
 
     def __init__(self, n: int, decode: Callable[[int], str] | None = None) -> None:
         """``decode``: a token's text (the engine's tokenizer), for the prompt's first token."""
@@ -50,6 +54,8 @@ class ResponseState:
         self.prompt_logprobs: Any = None  # the engine's, until a response carries them
         self.prompt_sent = False
         self.cached_tokens = 0
+        self.ids_sent = 0  # the token ids ``token_ids`` gave so far (one sequence)
+        self.prompt_ids_sent = False
 
     def merge(self, output: Any) -> None:
         self.prompt = output.prompt
@@ -101,6 +107,19 @@ def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -
             counts.append(total - state.tokens[i])
             state.tokens[i] = total
         out["num_output_tokens"] = _counts(counts)
+    return out
+
+
+def token_ids(state: ResponseState) -> dict[str, list[int]]:
+    """The next response's parameters for a resumable stream (one sequence): the ids generated since the
+    previous response, and the prompt's in the first. Read before ``build``, as both advance together."""
+    seq = state.seqs[0]
+    ids = [] if seq is None else list(seq.token_ids[state.ids_sent:])
+    state.ids_sent += len(ids)
+    out = {OUTPUT_IDS: ids}
+    if not state.prompt_ids_sent:
+        out[PROMPT_IDS] = state.prompt_ids
+        state.prompt_ids_sent = True
     return out
 
 

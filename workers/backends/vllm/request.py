@@ -6,7 +6,8 @@ the request's parameters), with ``lora_name`` picking an adapter. (An embedding 
 Conveyor's additions: ``input_ids`` (INT32 or INT64), a prompt of token ids, which the engine gets as
 vLLM's ``TokensPrompt`` (``text_input`` is then ignored: the config requires it); and
 ``return_prompt_logprobs``: the ``prompt_logprobs`` output (the sampling parameters ask the engine for
-them with vLLM's ``prompt_logprobs``)."""
+them with vLLM's ``prompt_logprobs``); the request parameter ``conveyor_resumable``: a stream's responses
+carry its token ids (``outputs.token_ids``), for the OpenAI ingress to resume it if its worker dies."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.proto.errors import invalid_arg
+from conveyor.proto.migration import MIGRATION, RESUMABLE
 from conveyor.workers.backends.base import RequestItem
 
 RETURNS = (
@@ -27,7 +29,7 @@ RETURNS = (
 IDS_INPUT = "input_ids"
 # Request parameters that are inputs of this model, not sampling parameters (a generate call may
 # put them among its parameters).
-_NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS))
+_NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS, RESUMABLE, MIGRATION))
 
 
 @dataclass(slots=True)
@@ -38,6 +40,9 @@ class GenerateArgs:
     sampling: dict[str, Any]  # SamplingParams keyword arguments
     lora_name: str | None
     returns: frozenset[str]  # the return_* flags set
+    # The OpenAI ingress may resume the stream elsewhere: each response carries its new token ids
+    # (proto/migration.py).
+    token_ids: bool = False
 
 
 def _first(inputs: dict[str, np.ndarray], name: str) -> Any:
@@ -82,7 +87,8 @@ def parse(item: RequestItem) -> GenerateArgs:
         if ids.size == 0:
             raise invalid_arg(f"input '{IDS_INPUT}' is empty")
         text = [int(t) for t in ids.reshape(-1)]
-    return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns)
+    return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns,
+                        bool(item.parameters.get(RESUMABLE)))
 
 
 def engine_prompt(prompt: str | list[int]) -> Any:
