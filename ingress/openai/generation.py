@@ -173,21 +173,27 @@ async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
             return
         moved: InferCall | None = call
         while moved is not None:
-            async with contextlib.aclosing(dataplane.infer_stream(moved)) as responses:
-                moved = None
-                async for item in responses:
-                    if isinstance(item, StreamError):
-                        if resume is None or not isinstance(item.error, WorkerLost):
-                            raise item.error
-                        moved = resume.moved(item.error)
-                        if moved is None:  # every token came but the last response: the answer is whole
-                            yield Step([""] * n, ["length"] * n, None, 0, True)
-                        break
-                    if resume is None:
-                        yield _step(item, n, top)
-                        continue
-                    resume.observe(item.parameters)
-                    yield resume.adjust(_step(item, n, top))
+            attempt, moved, answered = moved, None, False
+            try:
+                async with contextlib.aclosing(dataplane.infer_stream(attempt)) as responses:
+                    async for item in responses:
+                        if isinstance(item, StreamError):
+                            if resume is None or not isinstance(item.error, WorkerLost):
+                                raise item.error
+                            moved = resume.moved(item.error)
+                            if moved is None:  # every token came but the last response: the answer is whole
+                                yield Step([""] * n, ["length"] * n, None, 0, True)
+                            break
+                        answered = True
+                        if resume is None:
+                            yield _step(item, n, top)
+                            continue
+                        resume.observe(item.parameters)
+                        yield resume.adjust(_step(item, n, top))
+            except ConveyorError as exc:  # a moved request refused: its model may not be served again yet
+                if resume is None or answered or not await resume.wait_back(exc):
+                    raise
+                moved = attempt
     except ConveyorError as exc:
         if task_refused(exc, "generate"):
             raise api_refused(api) from None

@@ -15,12 +15,16 @@ model whose ``MAX_MIGRATIONS`` is not 0 (``catalog.py``). When its worker dies:
   text. One that cannot (``blocker``) ends with the worker's error and the reason.
 
 Each move counts against ``MAX_MIGRATIONS``; past it the request ends with the error. The client sees
-one answer: usage counts the original prompt's tokens and every generated one.
+one answer: usage counts the original prompt's tokens and every generated one. A model with no other
+engine refuses the moved request (UNAVAILABLE) until its restarted worker has loaded it again: the
+request waits for that (``wait_back``), up to ``RETURN_WAIT_S``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +32,18 @@ from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.openai.catalog import Target
 from conveyor.ingress.openai.generation import Step, engine_call
 from conveyor.ingress.openai.prompts import Prompt
-from conveyor.proto.errors import WorkerLost
+from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABLE
 
 log = logging.getLogger(__name__)
+
+# How long a moved request waits for its model to serve again when no other engine of it is ready (one
+# engine: the supervisor restarts its worker, which loads it again: 20-40 s for the tests' tiny Llama on
+# two busy cores, about a minute for a large model's weights on a GPU). The client's stream stays open
+# meanwhile; past it, the model's refusal is the answer.
+RETURN_WAIT_S = 180.0
+# Between tries: the first soon (another engine may be ready at once), then no busier than this.
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0
 
 
 def blocker(params: dict[str, Any]) -> str | None:
@@ -67,6 +79,8 @@ class Resume:
     moves: int = 0
     prompt_tokens: int | None = None  # the original prompt's count, as the first engine reported it
     cached_tokens: int | None = None
+    wait_until: float | None = None  # the monotonic clock's deadline of waiting for the model (wait_back)
+    retry_s: float = 0.0
 
     def observe(self, parameters: dict[str, Any]) -> None:
         """A response arrived: take the token ids out of its parameters (never shown to the client)."""
@@ -120,6 +134,23 @@ class Resume:
         call = engine_call(self.target, prompt, params, self.stream, self.request_id)
         call.parameters = {**self.marks(), MIGRATION: self.moves}
         return call
+
+    async def wait_back(self, error: ConveyorError) -> bool:
+        """The moved request was refused before it answered: True, after a pause, when that is its model
+        not being served yet (UNAVAILABLE: no engine ready, its only one loading again) and it may try
+        again; False for any other refusal or past ``RETURN_WAIT_S``."""
+        if self.moves == 0 or error.status != Status.UNAVAILABLE or isinstance(error, WorkerLost):
+            return False
+        now = time.monotonic()
+        if self.wait_until is None:
+            self.wait_until = now + RETURN_WAIT_S
+            log.warning("request '%s' of model '%s': waiting up to %.0f s for the model to be served again (%s)",
+                        self.request_id, self.target.model.name, RETURN_WAIT_S, error.message)
+        if now >= self.wait_until:
+            return False
+        self.retry_s = min(RETRY_MAX_S, self.retry_s * 2 or RETRY_FIRST_S)
+        await asyncio.sleep(min(self.retry_s, self.wait_until - now))
+        return True
 
     def remaining(self) -> dict[str, Any] | None:
         """The sampling parameters of the rest of the answer (None: nothing remains to generate)."""

@@ -199,3 +199,54 @@ def test_without_a_plan_the_workers_death_ends_the_stream() -> None:
     with pytest.raises(ConveyorError, match="worker running this request exited"):
         asyncio.run(read())
     assert len(engines.calls) == 1
+
+
+class _OneEngine(_Engines):
+    """The model's only engine dies; its worker's restart then refuses the moved request (UNAVAILABLE, as
+    the router and the signature cache do while no version is ready) ``refusals`` times before answering."""
+
+    def __init__(self, refusals: int, status: Status = Status.UNAVAILABLE) -> None:
+        super().__init__()
+        self.refusals, self.status = refusals, status
+
+    async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
+        if 1 <= len(self.calls) <= self.refusals:
+            self.calls.append(call)
+            message = "Request for unknown model: 'llm' has no available versions"
+            if len(self.calls) % 2:  # refused by the signature cache before a request is sent
+                raise ConveyorError(self.status, message)
+            yield StreamError(ConveyorError(self.status, message), True)
+            return
+        async for item in super().infer_stream(call):
+            yield item
+
+
+def _read(engines: _Engines, call: InferCall, resume: migration.Resume | None) -> list[Any]:
+    async def read() -> list[Any]:
+        return [step async for step in steps(cast(DataPlane, engines), call, 1, resume=resume)]
+
+    return asyncio.run(read())
+
+
+def test_a_moved_stream_waits_for_its_only_engine_to_be_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(migration, "RETRY_FIRST_S", 0.001)
+    engines = _OneEngine(refusals=4)
+    call, resume = _planned({"n": 1, "max_tokens": 4, "temperature": 0})
+    found = _read(engines, call, resume)
+    assert "".join(s.texts[0] for s in found) == " there was a king"
+    assert len(engines.calls) == 6 and _ids(engines.calls[-1]) == [1, 2, 3, 10, 11]
+    assert resume is not None and resume.moves == 1  # waiting is no move
+
+
+def test_the_wait_for_the_model_is_bounded_and_only_for_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(migration, "RETRY_FIRST_S", 0.001)
+    monkeypatch.setattr(migration, "RETURN_WAIT_S", 0.05)
+    call, resume = _planned({"n": 1, "max_tokens": 4, "temperature": 0})
+    with pytest.raises(ConveyorError, match="has no available versions") as exc:
+        _read(_OneEngine(refusals=10_000), call, resume)
+    assert exc.value.status == Status.UNAVAILABLE
+    engines = _OneEngine(refusals=3, status=Status.INVALID_ARG)
+    call, resume = _planned({"n": 1, "max_tokens": 4, "temperature": 0})
+    with pytest.raises(ConveyorError, match="has no available versions"):
+        _read(engines, call, resume)
+    assert len(engines.calls) == 2  # refused once: no wait
