@@ -14,6 +14,11 @@ import pytest
 from tests.support import fuzz, models
 from tests.support.group import Server, start_server
 
+# vLLM's CPU model-worker processes do not end on their own when an engine shuts down: its executor waits
+# this long (5 s by default) before it terminates them, and every engine a test stops (its group's stop,
+# an unload) paid that wait. The groups the tests start inherit it.
+os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
+
 
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> str:

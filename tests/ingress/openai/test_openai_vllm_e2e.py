@@ -92,6 +92,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         "--group", f"ov{os.getpid()}", "--workers", "1", "--allow-grpc", "false", "--http-port", str(http_port),
         "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1", "--openai-port", str(port),
         "--openai-address", "127.0.0.1", "--lora-separator", SEP, "--exit-timeout-secs", "10",
+        "--drain-grace-secs", "0",
     ])
     try:
         ref = reference(tiny)  # meanwhile the group loads its own engine

@@ -106,12 +106,13 @@ def test_imbalance_breaks_affinity_and_load_follows_requests_to_their_responses(
     home = _send(core, "prefix", [*shared, 99])
     engines = {inst.index: inst for inst in _state(core, "prefix").instances}
     busy = engines[home]
+    (idle,) = set(engines) - {home}  # indices are the router's, in the order its loads finish
     assert busy.open_requests == 1 and busy.prefill_blocks == 9  # nothing cached: all 9 blocks to compute
     core.from_worker(W1, m.ItemResponse(_sent[-1].batch, 0, final=False))  # its first token: prompt computed
     assert busy.open_requests == 1 and busy.prefill_blocks == 0
     # Turns of the same head go home until it runs BALANCE_REQUESTS more requests than the idle engine.
     places = [_send(core, "prefix", [*shared, 500 + i]) for i in range(4)]
-    assert places[:3] == [home, home, 1 - home], places
+    assert places[:3] == [home, home, idle], places
     assert busy.open_requests == 3 and busy.prefill_blocks == 2  # one uncached block each
     _finish_all(core)
     assert all(inst.open_requests == 0 and inst.prefill_blocks == 0 for inst in engines.values())
