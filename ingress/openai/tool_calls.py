@@ -66,6 +66,32 @@ _ARGUMENT_KEYS = ("arguments", "parameters")
 _SPACE = " \t\r\n"
 
 
+class JsonNesting:
+    """Where a JSON text stands after each character: inside a string (just after a backslash in it) and
+    how many brackets deep. What a streamed reader needs to tell where one value ends."""
+
+    __slots__ = ("depth", "escape", "string")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.string = self.escape = False
+
+    def step(self, ch: str) -> None:
+        if self.string:
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.string = False
+        elif ch == '"':
+            self.string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+
+
 class CallObject:
     """One JSON object ``{"name": ..., "arguments": ...}`` (or ``"parameters"``) read a piece at a time:
     its name once whole, and the raw text of its arguments value as it arrives. A small JSON scanner
@@ -85,9 +111,8 @@ class CallObject:
         self._value: list[str] = []  # the name's raw text (with its quotes)
         self._args: list[str] = []  # argument text not taken yet
         self._raw: list[str] = []  # the whole object, to check it (``valid``)
-        self._depth = 0  # nesting inside the value being read
-        self._string = False  # inside a string (of the value, or the key)
-        self._escape = False
+        self._nest = JsonNesting()  # where the value being read stands
+        self._escape = False  # after a backslash in the key
         self._scalar = False  # the value is a number, true, false or null: it ends at a delimiter
 
     def feed(self, text: str) -> int:
@@ -161,8 +186,7 @@ class CallObject:
         if self._kind == "args":
             self.has_arguments = True
         self._value.clear()
-        self._depth = 0
-        self._string = self._escape = False
+        self._nest = JsonNesting()
         self._scalar = ch not in '"{['
         self._state = "in_value"
         if not self._value_char(ch):  # no value at all (``"a": ,``): the delimiter is the object's
@@ -181,23 +205,12 @@ class CallObject:
             self._value.append(ch)
         if self._scalar:
             return True
-        if self._string:
-            if self._escape:
-                self._escape = False
-            elif ch == "\\":
-                self._escape = True
-            elif ch == '"':
-                self._string = False
-                if self._depth == 0:
-                    self._end_value()
-        elif ch == '"':
-            self._string = True
-        elif ch in "{[":
-            self._depth += 1
-        elif ch in "}]":
-            self._depth -= 1
-            if self._depth == 0:
-                self._end_value()
+        nest = self._nest
+        was_string = nest.string
+        nest.step(ch)
+        closed = not nest.string if was_string else ch in "}]"  # a closing quote or bracket
+        if closed and nest.depth == 0:
+            self._end_value()
         return True
 
     def _end_value(self) -> None:

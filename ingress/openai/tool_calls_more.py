@@ -318,9 +318,7 @@ class MistralCalls(CallReader):
         self._mode = "content"  # content, sniff (after the marker), legacy, named, over
         self._name: list[str] = []  # a v11 call's name so far
         self._json: CallObject | None = None  # a v11 call's arguments, scanned as a JSON value
-        self._depth = 0
-        self._string = False
-        self._escape = False
+        self._nest = base.JsonNesting()  # where a v11 call's arguments stand
         self._strings: dict[int, list[str]] = {}  # legacy calls whose arguments are a JSON string
         self._raw: set[int] = set()  # legacy calls whose arguments are JSON text, streamed as it comes
         self._begun = False  # a v11 call's arguments have started
@@ -432,7 +430,7 @@ class MistralCalls(CallReader):
         self._ids.append(self.new_id())
         deltas.append(CallDelta(len(self._ids) - 1, "", self._ids[-1], "".join(self._name).strip()))
         self._json = CallObject()  # only its presence matters: the arguments are scanned below
-        self._depth, self._string, self._escape, self._begun = 0, False, False, False
+        self._nest, self._begun = base.JsonNesting(), False
 
     def _named_feed(self, text: str, deltas: list[CallDelta]) -> int:
         if self._json is None:  # reading the name
@@ -446,7 +444,7 @@ class MistralCalls(CallReader):
                     return len(text)
                 self._name.append(ch)
             return len(text)
-        if self._depth == 0 and self._begun:  # between calls: only a marker matters
+        if self._nest.depth == 0 and self._begun:  # between calls: only a marker matters
             mark = text.find(MARK)
             if mark < 0:
                 keep = base._partial_tag(text, MARK, 0)
@@ -462,21 +460,10 @@ class MistralCalls(CallReader):
                 continue  # vLLM strips the arguments
             self._begun = True
             piece.append(ch)
-            if self._string:
-                if self._escape:
-                    self._escape = False
-                elif ch == "\\":
-                    self._escape = True
-                elif ch == '"':
-                    self._string = False
-            elif ch == '"':
-                self._string = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
-            if self._depth <= 0 and not self._string:
-                self._depth = 0  # the value is whole (or was no object): what follows is dropped
+            nest = self._nest
+            nest.step(ch)
+            if nest.depth <= 0 and not nest.string:
+                nest.depth = 0  # the value is whole (or was no object): what follows is dropped
                 break
         args = "".join(piece)
         if args:
