@@ -15,6 +15,8 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from conveyor.proto import migration
+from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lifecycle.entry_state import problem_of, serving
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
@@ -176,12 +178,13 @@ class ModelLoads:
 
     def _retuned(self, key: str, spec: ModelSpec) -> bool:
         """Apply ``spec`` in place when it changes only the serving entry's overload limits
-        (``router/scheduling/overload.py``) or ``ENGINE_PLACEMENT``, every version of which serves: its
-        instances, queues and requests stay as they are, and the next request is checked against the new
-        limits and placed by the new rule."""
-        current = self.registry.models.get(key)
+        (``router/scheduling/overload.py``), ``ENGINE_PLACEMENT`` or ``MAX_MIGRATIONS``, every version of
+        which serves: its instances, queues and requests stay as they are, and the next request is checked
+        against the new limits, placed by the new rule, and moved (by an ingress) as often as the new bound says."""
+        registry = self.registry
+        current = registry.models.get(key)
         if (
-            current is None or key in self.registry.staging or spec.error or problem_of(current)
+            current is None or key in registry.staging or spec.error or problem_of(current)
             or current.spec.path != spec.path or current.spec.versions != spec.versions
         ):
             return False
@@ -197,9 +200,11 @@ class ModelLoads:
             state.config, state.limits = spec.config, limits
             if state.placement is not None:
                 state.placement.by_prefix = by_prefix  # its record kept: the engines' caches are
+        registry.generation += 1  # the ingresses read the config again (the OpenAI one its MAX_MIGRATIONS)
         log.info("model '%s': new limits apply in place (MAX_WAITING_REQUESTS %s, MAX_KV_CACHE_USAGE %s, "
-                 "ENGINE_PLACEMENT %s)", key, limits.max_waiting or "unset", limits.max_kv_usage or "unset",
-                 "prefix" if by_prefix else "round_robin")
+                 "ENGINE_PLACEMENT %s, MAX_MIGRATIONS %d)", key, limits.max_waiting or "unset",
+                 limits.max_kv_usage or "unset", "prefix" if by_prefix else "round_robin",
+                 migration.max_migrations_of(parameter_text(spec.config, migration.PARAMETER)))
         return True
 
     def _load_composing(self, key: str, waiter: LoadWaiter) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conveyor.proto import messages as m
+from conveyor.proto import migration
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, request_prefix, unavailable
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 MAX_WAITING_PARAMETER = "MAX_WAITING_REQUESTS"
 MAX_KV_PARAMETER = "MAX_KV_CACHE_USAGE"
 # What a reload applies in place, engines and requests left as they are (``limits_only_change``).
-IN_PLACE_PARAMETERS = (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER, engine_placement.PARAMETER)
+# MAX_MIGRATIONS is the ingresses' to read (proto/migration.py): nothing in the router or worker holds it.
+IN_PLACE_PARAMETERS = (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER, engine_placement.PARAMETER, migration.PARAMETER)
 
 
 class Reason(enum.Enum):
@@ -99,8 +101,8 @@ def overload_problem(config: mc.ModelConfig) -> str:
 
 
 def limits_only_change(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
-    """``new`` is ``old`` but for these limits or ``ENGINE_PLACEMENT`` (and differs in them): a reload
-    may then apply them in place (``router/lifecycle/loads.py``) instead of loading new instances, which
+    """``new`` is ``old`` but for these limits, ``ENGINE_PLACEMENT`` or ``MAX_MIGRATIONS`` (and differs in
+    them): a reload may then apply them in place (``router/lifecycle/loads.py``) instead of loading new instances, which
     for a vLLM engine means minutes and a second engine's memory beside the first's."""
     if old == new:
         return False

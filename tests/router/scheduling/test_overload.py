@@ -90,6 +90,8 @@ def test_a_config_that_changes_only_the_limits_is_told_apart() -> None:
     assert limits_only_change(old, new)
     del new.parameters[MAX_WAITING_PARAMETER]
     assert limits_only_change(old, new)  # unset: no limit
+    new.parameters["MAX_MIGRATIONS"].string_value = "3"  # the ingresses' (proto/migration.py)
+    assert limits_only_change(old, new)
     new.parameters["other"].string_value = "x"
     assert not limits_only_change(old, new)
     new.max_batch_size = 8

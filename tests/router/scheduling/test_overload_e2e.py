@@ -257,9 +257,12 @@ def test_new_limits_through_load_with_config_apply_and_fail_nothing_in_flight(se
             # No deadline: these all run, 7 s of work, most of it still waiting after both loads.
             in_flight = [pool.submit(post, server) for _ in range(14)]
             eventually(lambda: waiting(server) >= 14, 10, what="14 requests never waited", interval=0.02)
+            generation = router_control(server.group, "lora_adapters")["generation"]
             http.load_model("sleepy", config=json.dumps(sleepy_config(4)))
             in_place = post(server)
             assert _instances(server) == serving  # nothing reloaded
+            # ... but the repository changed: the ingresses read the config again (MAX_MIGRATIONS is theirs).
+            assert router_control(server.group, "lora_adapters")["generation"] > generation
             reload = sleepy_config(6)
             reload["parameters"]["note"] = {"string_value": "reloaded"}
             http.load_model("sleepy", config=json.dumps(reload))  # answered once the new instance serves
