@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import fuzz, models
+from tests.support import fuzz, models, vllm_group
 from tests.support.group import Server, start_server
 
 # vLLM's CPU model-worker processes do not end on their own when an engine shuts down: its executor waits
@@ -34,6 +34,18 @@ def server(model_repo: str) -> Iterator[Server]:
     code = srv.stop()
     assert code == 0
     assert srv.shm_segments() == [], "shared memory left behind after shutdown"
+
+
+@pytest.fixture(scope="session")
+def _vllm_groups() -> Iterator[None]:
+    yield
+    vllm_group.stop()
+
+
+@pytest.fixture(scope="module")
+def served_llm(tmp_path_factory: pytest.TempPathFactory, _vllm_groups: None) -> vllm_group.VllmGroup:
+    """The tiny Llama on a real group (tests/support/vllm_group.py), one for the session's vLLM tests."""
+    return vllm_group.group(tmp_path_factory)
 
 
 # The levels: e2e (starts processes: a group, an actor, a server), slow (one process, but seconds per

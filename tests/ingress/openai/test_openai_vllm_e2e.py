@@ -15,14 +15,8 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema  # in the test extra (openapi-spec-validator's), as is the openai client
@@ -30,13 +24,12 @@ import numpy as np
 import openai
 import pytest
 
-from conveyor.deploy.ports import free_port
 from conveyor.ingress.openai.embeddings import MAX_INPUTS
 from tests.support import tiny_llama
-from tests.support.group import Server, abandon, wait_ready
+from tests.support.group import Server
+from tests.support.vllm_group import EMBED_MODEL, FOLDER_ADAPTER, MODEL, SEP, VllmGroup
 from tests.support.vllm_reference import (
     CHAT,
-    EMBED_ENGINE,
     EMBED_INPUTS,
     MAX_TOKENS,
     OTHER,
@@ -46,8 +39,6 @@ from tests.support.vllm_reference import (
     TEMPERATURE,
     TOP,
     N,
-    Reference,
-    reference,
 )
 
 tiny_llama.require_vllm()
@@ -56,59 +47,19 @@ tiny_llama.require_vllm()
 # loaded host): it counts against the first test's time.
 pytestmark = pytest.mark.timeout(600)
 
-MODEL = "vllm_model"
-EMBED_MODEL = "vllm_embed"  # the same weights, run by a pooling engine
-SEP = "_lora_"
-FOLDER_ADAPTER = "gamma"  # in the version's loras/ folder: alpha's weights under another name
 RUNTIME_ADAPTER = "delta"  # loaded at run time: beta's weights under another name
 EOS = "</s>"  # the tiny Llama's end-of-sequence token
 
 
-@dataclass
-class Group:
-    server: Server
-    port: int
-    ref: Reference
-    adapters: dict[str, Path]  # the tiny Llama's, by name
+@pytest.fixture(scope="module")
+def group(served_llm: VllmGroup) -> VllmGroup:
+    """The session's vLLM group (tests/support/vllm_group.py), which test_vllm_e2e.py's tests share."""
+    return served_llm
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    root = tmp_path_factory.mktemp("openai_vllm")
-    tiny = tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama")  # the session's, as the other vLLM tests
-    repo = root / "models"
-    # Guided JSON without free whitespace: xgrammar lets a JSON value pad with any whitespace, and the tiny
-    # model, random but for a few lines, pads forever; the forced tool calls then never end.
-    model_dir = tiny_llama.write_repository(repo, tiny, structured_outputs_config={
-        "backend": "xgrammar", "disable_any_whitespace": True})
-    with open(model_dir / "config.pbtxt", "a", encoding="utf-8") as f:  # /v1/load_lora_adapter may add adapters
-        f.write('parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }\n')
-    (model_dir / "1" / "loras").mkdir()
-    (model_dir / "1" / "loras" / FOLDER_ADAPTER).symlink_to(tiny.adapters["alpha"])  # found without a list
-    tiny_llama.write_repository(repo, tiny, EMBED_MODEL, **EMBED_ENGINE)  # loads beside the generative one
-    port, http_port, metrics_port = free_port(), free_port(), free_port()
-    proc = subprocess.Popen([
-        sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo),
-        "--group", f"ov{os.getpid()}", "--workers", "1", "--allow-grpc", "false", "--http-port", str(http_port),
-        "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1", "--openai-port", str(port),
-        "--openai-address", "127.0.0.1", "--lora-separator", SEP, "--exit-timeout-secs", "10",
-        "--drain-grace-secs", "0",
-    ])
-    try:
-        ref = reference(tiny)  # meanwhile the group loads its own engine
-        wait_ready(http_port, proc, (port, metrics_port), timeout=240)  # an engine loads in ~20 s, more under load
-    except BaseException:
-        abandon(proc)
-        raise
-    srv = Server(proc, f"ov{os.getpid()}", http_port, 0, metrics_port, str(repo))
-    yield Group(srv, port, ref, tiny.adapters)
-    assert srv.stop() == 0
-    assert srv.shm_segments() == []
-
-
-@pytest.fixture(scope="module")
-def client(group: Group) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{group.port}/v1", api_key="none", max_retries=0, timeout=60)
+def client(group: VllmGroup) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{group.openai_port}/v1", api_key="none", max_retries=0, timeout=60)
 
 
 def _name(adapter: str | None) -> str:
@@ -122,13 +73,13 @@ def test_models_lists_the_models_and_the_adapters(client: openai.OpenAI) -> None
     assert [c["parent"] for c in cards] == [None, None, MODEL, MODEL, MODEL]
 
 
-def test_an_adapter_in_the_loras_folder_is_served(group: Group, client: openai.OpenAI) -> None:
+def test_an_adapter_in_the_loras_folder_is_served(group: VllmGroup, client: openai.OpenAI) -> None:
     out = client.completions.create(model=_name(FOLDER_ADAPTER), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
     assert out.choices[0].text == group.ref.completion["alpha"][0]
 
 
 @pytest.mark.parametrize("adapter", [None, *tiny_llama.ADAPTERS])
-def test_completions_are_vllms_greedy_outputs(group: Group, client: openai.OpenAI, adapter: str | None) -> None:
+def test_completions_are_vllms_greedy_outputs(group: VllmGroup, client: openai.OpenAI, adapter: str | None) -> None:
     text, n_out, n_in = group.ref.completion[adapter]
     out = client.completions.create(model=_name(adapter), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
     assert out.choices[0].text == text
@@ -140,7 +91,8 @@ def test_completions_are_vllms_greedy_outputs(group: Group, client: openai.OpenA
 
 
 @pytest.mark.parametrize("adapter", [None, *tiny_llama.ADAPTERS])
-def test_chat_is_vllms_greedy_output_on_the_template(group: Group, client: openai.OpenAI, adapter: str | None) -> None:
+def test_chat_is_vllms_greedy_output_on_the_template(group: VllmGroup, client: openai.OpenAI,
+                                                    adapter: str | None) -> None:
     text, n_out, n_in = group.ref.chat[adapter]
     out = client.chat.completions.create(model=_name(adapter), messages=CHAT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
                                          temperature=0)
@@ -152,13 +104,13 @@ def test_chat_is_vllms_greedy_output_on_the_template(group: Group, client: opena
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text  # type: ignore[attr-defined]
 
 
-def test_adapters_change_the_output(group: Group) -> None:
+def test_adapters_change_the_output(group: VllmGroup) -> None:
     """Otherwise the tests above would not show the adapter reached the engine."""
     texts = {a: group.ref.completion[a][0] + group.ref.chat[a][0] for a in (None, *tiny_llama.ADAPTERS)}
     assert len(set(texts.values())) == len(texts), texts
 
 
-def test_n_choices_are_vllms_seeded_samples(group: Group, client: openai.OpenAI) -> None:
+def test_n_choices_are_vllms_seeded_samples(group: VllmGroup, client: openai.OpenAI) -> None:
     """``n`` sequences of one request, in index order, streamed or not: those of vLLM's own run with
     the same seed (each sequence samples with seed + index)."""
     assert len(set(group.ref.sampled)) > 1  # otherwise a mix-up of choices would go unseen
@@ -206,7 +158,7 @@ def test_a_schema_the_engine_cannot_compile_is_a_400_with_the_reason(client: ope
             "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}})
 
 
-def test_logprobs_describe_each_generated_token(group: Group, client: openai.OpenAI) -> None:
+def test_logprobs_describe_each_generated_token(group: VllmGroup, client: openai.OpenAI) -> None:
     # Greedy: each token is its place's most likely one, so it leads its own alternatives.
     text, n_out, _ = group.ref.chat[None]
     messages: Any = CHAT
@@ -235,7 +187,7 @@ def test_logprobs_describe_each_generated_token(group: Group, client: openai.Ope
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
 
 
-def test_logit_bias_steers_the_engine_and_bad_ids_are_400s(group: Group, client: openai.OpenAI) -> None:
+def test_logit_bias_steers_the_engine_and_bad_ids_are_400s(group: VllmGroup, client: openai.OpenAI) -> None:
     """A +100 bias on one token makes greedy decoding write only it; ids as vLLM's server takes them."""
     token = json.loads(_post(group, "/tokenize", {"model": MODEL, "prompt": "hello world",
                                                   "add_special_tokens": False})[1])["tokens"][-1]
@@ -303,7 +255,7 @@ def test_required_tool_choice_calls_a_tool(client: openai.OpenAI) -> None:
     _valid_arguments(call.function.arguments)
 
 
-def test_tool_choice_none_and_the_history_of_a_call(group: Group, client: openai.OpenAI) -> None:
+def test_tool_choice_none_and_the_history_of_a_call(group: VllmGroup, client: openai.OpenAI) -> None:
     """With ``none`` the answer is text (the tiny model's template writes no tools: its greedy answer); a
     history holding an assistant's call and the tool's result is accepted."""
     text = group.ref.chat[None][0]
@@ -339,7 +291,7 @@ def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
     assert "no LoRA adapter 'zeta'" in err.value.message
 
 
-def test_token_id_prompts_and_several_prompts_are_vllms(group: Group, client: openai.OpenAI) -> None:
+def test_token_id_prompts_and_several_prompts_are_vllms(group: VllmGroup, client: openai.OpenAI) -> None:
     """A prompt of ids is the engine's ``TokensPrompt``: PROMPT's ids answer PROMPT's greedy text, and
     ``usage.prompt_tokens`` counts them. Several prompts, ids or text, each get ``n`` choices, numbered
     across prompts; streamed, the same."""
@@ -381,7 +333,7 @@ def _same_logprobs(found: Any, expected: list[list[Any]]) -> None:
         assert list(top.values()) == pytest.approx([lp for _, lp in pos], abs=1e-4)
 
 
-def test_echo_with_logprobs_shows_the_prompts_tokens_as_vllm(group: Group, client: openai.OpenAI) -> None:
+def test_echo_with_logprobs_shows_the_prompts_tokens_as_vllm(group: VllmGroup, client: openai.OpenAI) -> None:
     """The prompt's text leads the choice's, and its tokens' logprobs (vLLM's ``prompt_logprobs``) lead
     the generated tokens', the first token's null; streamed, they come in the first chunk."""
     ref = group.ref
@@ -415,7 +367,7 @@ def _close(found: list[float], expected: list[float]) -> None:
                                atol=1e-7)
 
 
-def test_embeddings_are_vllms_own(group: Group, client: openai.OpenAI) -> None:
+def test_embeddings_are_vllms_own(group: VllmGroup, client: openai.OpenAI) -> None:
     """A list of prompts, each its own engine request, answered in order; as floats, as base64 (the
     float32 bytes, which the openai client also asks for by default and decodes), and for token ids."""
     ref = group.ref
@@ -462,8 +414,8 @@ def test_usage_counts_the_prompt_tokens_the_prefix_cache_held(client: openai.Ope
     assert held[0] < 128 <= held[1] < second.usage.prompt_tokens, held
 
 
-def _post(group: Group, path: str, body: dict[str, Any]) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=120)
+def _post(group: VllmGroup, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", group.openai_port, timeout=120)
     try:
         conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -481,7 +433,7 @@ def _metric_lines(srv: Server, name: str) -> list[str]:
         return [line for line in r.read().decode().splitlines() if line.startswith(name + "{")]
 
 
-def test_an_adapter_loaded_at_run_time_serves_until_unloaded(group: Group, client: openai.OpenAI) -> None:
+def test_an_adapter_loaded_at_run_time_serves_until_unloaded(group: VllmGroup, client: openai.OpenAI) -> None:
     beta = str(group.adapters["beta"])
     load = {"lora_name": RUNTIME_ADAPTER, "lora_path": beta}
     assert _post(group, "/v1/load_lora_adapter", load) == (
@@ -534,9 +486,9 @@ def _generated_tokens(srv: Server) -> float:
                if line.startswith("vllm:generation_tokens_total"))
 
 
-def test_a_client_that_goes_away_aborts_its_request(group: Group) -> None:
+def test_a_client_that_goes_away_aborts_its_request(group: VllmGroup) -> None:
     before = _generated_tokens(group.server)
-    conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", group.openai_port, timeout=60)
     conn.request("POST", "/v1/completions", body=json.dumps(
         {"model": MODEL, "prompt": PROMPT, "max_tokens": 230, "ignore_eos": True, "stream": True}))
     r = conn.getresponse()

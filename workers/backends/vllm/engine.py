@@ -63,7 +63,7 @@ class EngineLoop:
         # What the engine serves ("generate", or pooling tasks such as "embed"): each request is checked
         # against it, and refused with Triton's words (``embedding.task_refused``) rather than the engine's.
         self.supported_tasks: frozenset[str] = frozenset(self.run(self.engine.get_supported_tasks()).result())
-        engine_pids = descendants() - before
+        engine_pids = own_processes(self.engine, descendants() - before)
         self._engine_pids = engine_pids
         self._segments = mapped_shm(engine_pids, VLLM_SHM_PREFIX)  # while they live: the core may be killed
         if nice:
@@ -144,3 +144,15 @@ class EngineLoop:
         self._thread.join(SHUTDOWN_TIMEOUT_S)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def own_processes(engine: Any, new: set[int]) -> set[int]:
+    """The processes of ``engine``: its engine core processes (vLLM's process manager knows them) and
+    theirs. ``new`` (what appeared below this worker while it started) holds them, but also another
+    engine's that this worker started at the same time (two models loading at once), whose processes must
+    not be re-niced, confined, or have their shared memory unlinked with this one's."""
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
+    cores = {p.pid for p in getattr(manager, "processes", ()) if getattr(p, "pid", None)}
+    if not cores:
+        return new  # no engine core process of its own (vLLM run in this process), or another vLLM layout
+    return {pid for core in cores for pid in (core, *descendants(core))} & new

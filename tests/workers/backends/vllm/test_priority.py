@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.vllm import placement, priority
+from conveyor.workers.backends.vllm.engine import own_processes
 
 
 def test_auto_lowers_the_engine_only_on_a_small_host() -> None:
@@ -65,3 +67,30 @@ def test_the_engine_core_joins_its_model_on_a_small_host_unless_told() -> None:
     with pytest.raises(ConveyorError) as err:
         placement.engine_on_compute_cores("gpu")
     assert err.value.status is Status.UNAVAILABLE and "ENGINE_CPUS" in err.value.message
+
+
+def test_an_engine_claims_only_its_own_processes_when_two_start_at_once() -> None:
+    """Two engines loading at once in one worker: what appeared below the worker while one started holds
+    the other's processes too. Each engine takes its engine core (as vLLM's process manager knows it)
+    and what is below it, so that neither re-nices, confines or unlinks the other's."""
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); " \
+           "time.sleep(30)"
+    before = priority.descendants()
+    cores = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]  # each with its model worker
+    try:
+        deadline = time.monotonic() + 10
+        while len(priority.descendants() - before) < 4:
+            assert time.monotonic() < deadline, "the children did not start theirs"
+            time.sleep(0.05)
+        new = priority.descendants() - before
+        manager = SimpleNamespace(processes=[cores[0]])
+        engine = SimpleNamespace(engine_core=SimpleNamespace(resources=SimpleNamespace(engine_manager=manager)))
+        own = own_processes(engine, new)
+        assert own == {cores[0].pid, *priority.descendants(cores[0].pid)} and len(own) == 2
+        assert own_processes(SimpleNamespace(), new) == new  # vLLM in this process: no manager to ask
+    finally:
+        for core in cores:
+            for pid in priority.descendants(core.pid):
+                os.kill(pid, signal.SIGKILL)
+            core.kill()
+            core.wait()

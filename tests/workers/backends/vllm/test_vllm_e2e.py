@@ -12,10 +12,7 @@ import os
 import queue
 import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,57 +21,29 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conveyor.deploy.ports import free_port
 from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
 from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
-from tests.support.group import Server, pids_of, router_control, wait_ready
+from tests.support.group import Server, pids_of, router_control
+from tests.support.vllm_group import FOLDER_ADAPTER, MODEL, VllmGroup, spend
 from tests.support.vllm_reference import MAX_TOKENS, TRITON_PROMPTS
-from tests.support.vllm_reference import reference as vllm_reference
 from tests.support.waiting import eventually
 
 tiny_llama.require_vllm()
 
 pytestmark = pytest.mark.timeout(300)
 
-MODEL = "vllm_model"
 PROMPTS = TRITON_PROMPTS
 ADAPTERS = ["", "alpha", "beta"]  # "": the base model
-LOAD_TIMEOUT_S = 240.0  # importing vLLM twice (worker, engine core) and loading, on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tiny_llama.TinyLlama:
-    return tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama")
-
-
-@pytest.fixture(scope="module")
-def served(tiny: tiny_llama.TinyLlama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Any]]:
-    """The group, and vLLM's own outputs (tests/support/vllm_reference.py: once a session)."""
-    repo = tmp_path_factory.mktemp("vllm_repo")
-    model_dir = tiny_llama.write_repository(repo, tiny, MODEL)
-    with open(model_dir / "config.pbtxt", "a") as f:  # the last test kills the engine (Triton's parameter)
-        f.write('parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n')
-    group = f"v{os.getpid()}"
-    ports = [free_port() for _ in range(3)]
-    proc = subprocess.Popen([
-        sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo), "--group", group,
-        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--workers", "1",
-        "--arena-size", str(64 << 20), "--exit-timeout-secs", "20", "--drain-grace-secs", "0",
-        "--model-control-mode", "explicit", "--load-model", "*",  # the unhealthy model can unload
-    ])
-    srv = Server(proc, group, ports[0], ports[1], ports[2], str(repo))
-    try:
-        # vLLM's LLM.generate with model.json's engine arguments (computed while the group loads its engine,
-        # or already, for the OpenAI tests).
-        triton = vllm_reference(tiny).triton
-        assert triton.keys() == set(ADAPTERS)
-        wait_ready(ports[0], proc, (ports[1], ports[2]), timeout=LOAD_TIMEOUT_S)
-        yield srv, triton
-    finally:
-        assert srv.stop(60) == 0
+def served(served_llm: VllmGroup) -> tuple[Server, Any]:
+    """The session's vLLM group (tests/support/vllm_group.py, shared with the OpenAI tests), and vLLM's
+    own ``LLM.generate`` outputs with model.json's engine arguments, per adapter."""
+    assert served_llm.ref.triton.keys() == set(ADAPTERS)
+    return served_llm.server, served_llm.ref.triton
 
 
 def sampling(adapter: str, **more: Any) -> str:
@@ -252,12 +221,14 @@ def test_adapters_change_the_output(served: tuple[Server, Any]) -> None:
 
 def test_an_unknown_adapter_is_a_clear_invalid_argument(served: tuple[Server, Any]) -> None:
     srv, _ = served
-    status, raw = post(srv, "generate", {"text_input": "hello", "sampling_parameters": sampling("gamma")})
+    status, raw = post(srv, "generate", {"text_input": "hello", "sampling_parameters": sampling("zeta")})
     assert status == 400
-    assert json.loads(raw)["error"] == "LoRA gamma is not supported, we currently support ['alpha', 'beta']"
-    got = grpc_stream(srv, {"x": grpc_inputs("hello", sampling("gamma"), True)})
+    # multi_lora.json's adapters, then the one in the version's loras/ folder (tests/support/vllm_group.py)
+    assert json.loads(raw)["error"] == (
+        f"LoRA zeta is not supported, we currently support ['alpha', 'beta', '{FOLDER_ADAPTER}']")
+    got = grpc_stream(srv, {"x": grpc_inputs("hello", sampling("zeta"), True)})
     (error,) = [e for e in got["x"] if isinstance(e, Exception)]
-    assert "LoRA gamma is not supported" in str(error)
+    assert "LoRA zeta is not supported" in str(error)
     status, raw = post(srv, "generate", {"text_input": "hello", "sampling_parameters": '{"temprature": 0}'})
     assert status == 400 and "temprature" in json.loads(raw)["error"]
 
@@ -411,17 +382,21 @@ def test_the_engine_core_runs_beside_its_model_on_a_small_host(served: tuple[Ser
     cores = bound_cpus(engine)
     if not cores or cores == os.sched_getaffinity(0):
         pytest.skip(f"the engine bound no cores of its own here ({sorted(cores)})")
-    (core,) = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
-    threads = [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{core}/task")]
+    # One engine core process per engine (the session's group runs two: vllm_model's and vllm_embed's).
+    engine_cores = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
+    assert engine_cores, children(worker)
+    threads = [os.sched_getaffinity(int(t)) for pid in engine_cores for t in os.listdir(f"/proc/{pid}/task")]
     small = len(os.sched_getaffinity(0)) < priority.AUTO_MIN_CORES
     assert all((cpus <= cores) is small for cpus in threads), (sorted(cores), threads)
 
 
-def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any]) -> None:
+def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any],
+                                                            served_llm: VllmGroup) -> None:
     """ENABLE_VLLM_HEALTH_CHECK, as Triton's L0_check_health_vllm: the engine core process killed,
     the next request fails as UNAVAILABLE in Triton's words, the model unloads, and later requests
-    are to an unknown model. (Last in this module: the engine stays dead.)"""
+    are to an unknown model. (Last in this module: the engines stay dead, the session's group is spent.)"""
     srv, _ = served
+    spend(served_llm)
     assert grpc_stream(srv, {"ok": grpc_inputs("hello world", sampling(""), True)})["ok"][-1] is not None
     (worker,) = pids_of(srv, "worker")
     cores = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
