@@ -32,6 +32,9 @@ DISPATCH_CPU_ENV = "CONVEYOR_DISPATCH_CPU"
 AUTO_MAX_CPUS = 2
 
 _process_cpus: set[int] | None = None  # every CPU the process had before the pin
+# The CPUs the process started with, before any pin or ``avoid_cpus``: what an engine's bound threads
+# are narrower than (a second engine, started after the first one's ``avoid_cpus``, is found bound too).
+_START_CPUS = frozenset(os.sched_getaffinity(0))
 
 
 def dispatch_cpu(setting: str | None = None) -> int | None:
@@ -114,7 +117,7 @@ def share_cpus(saved: Saved) -> None:
 def bound_cpus(pids: set[int]) -> set[int]:
     """The CPUs the threads of ``pids`` were bound to where narrower than this process's own: the
     cores a CPU engine's processes compute on (empty for processes left free, as a GPU engine's)."""
-    full = _process_cpus if _process_cpus is not None else os.sched_getaffinity(0)
+    full = _START_CPUS
     bound: set[int] = set()
     for pid in pids:
         for tid in _threads(pid):

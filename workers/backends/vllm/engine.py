@@ -63,13 +63,13 @@ class EngineLoop:
         # What the engine serves ("generate", or pooling tasks such as "embed"): each request is checked
         # against it, and refused with Triton's words (``embedding.task_refused``) rather than the engine's.
         self.supported_tasks: frozenset[str] = frozenset(self.run(self.engine.get_supported_tasks()).result())
-        engine_pids = own_processes(self.engine, descendants() - before)
+        engine_pids, compute_pids = own_processes(self.engine, descendants() - before)
         self._engine_pids = engine_pids
         self._segments = mapped_shm(engine_pids, VLLM_SHM_PREFIX)  # while they live: the core may be killed
         if nice:
             threads = lower_priority(engine_pids, nice)
             log.info("the vLLM engine of '%s' runs at nice +%d (%d threads)", name, nice, threads)
-        cores = bound_cpus(engine_pids)
+        cores = bound_cpus(compute_pids)
         if cores and on_compute_cores:
             moved = confine(engine_pids, cores)
             log.info("the vLLM engine core of '%s' runs beside its model on CPU(s) %s (%d threads)",
@@ -146,13 +146,15 @@ class EngineLoop:
             self.loop.close()
 
 
-def own_processes(engine: Any, new: set[int]) -> set[int]:
-    """The processes of ``engine``: its engine core processes (vLLM's process manager knows them) and
-    theirs. ``new`` (what appeared below this worker while it started) holds them, but also another
-    engine's that this worker started at the same time (two models loading at once), whose processes must
-    not be re-niced, confined, or have their shared memory unlinked with this one's."""
+def own_processes(engine: Any, new: set[int]) -> tuple[set[int], set[int]]:
+    """The processes of ``engine``, and those of them that run its model (where a CPU engine binds its
+    compute threads): its engine core processes (vLLM's process manager knows them) and theirs. ``new``
+    (what appeared below this worker while it started) holds them, but also another engine's that this
+    worker started at the same time (two models loading at once), whose processes must not be re-niced,
+    confined, or have their shared memory unlinked with this one's."""
     manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
     cores = {p.pid for p in getattr(manager, "processes", ()) if getattr(p, "pid", None)}
     if not cores:
-        return new  # no engine core process of its own (vLLM run in this process), or another vLLM layout
-    return {pid for core in cores for pid in (core, *descendants(core))} & new
+        return new, new  # no engine core process of its own (vLLM run in this process), or another vLLM layout
+    below = {pid for core in cores for pid in descendants(core)} & new
+    return (cores & new) | below, below

@@ -85,9 +85,10 @@ def test_an_engine_claims_only_its_own_processes_when_two_start_at_once() -> Non
         new = priority.descendants() - before
         manager = SimpleNamespace(processes=[cores[0]])
         engine = SimpleNamespace(engine_core=SimpleNamespace(resources=SimpleNamespace(engine_manager=manager)))
-        own = own_processes(engine, new)
-        assert own == {cores[0].pid, *priority.descendants(cores[0].pid)} and len(own) == 2
-        assert own_processes(SimpleNamespace(), new) == new  # vLLM in this process: no manager to ask
+        own, compute = own_processes(engine, new)
+        assert compute == priority.descendants(cores[0].pid) and len(compute) == 1  # its model worker
+        assert own == {cores[0].pid, *compute}
+        assert own_processes(SimpleNamespace(), new) == (new, new)  # vLLM in this process: no manager to ask
     finally:
         for core in cores:
             for pid in priority.descendants(core.pid):

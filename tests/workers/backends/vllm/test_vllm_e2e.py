@@ -26,7 +26,7 @@ from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
 from tests.support import tiny_llama
 from tests.support.group import Server, pids_of, router_control
-from tests.support.vllm_group import FOLDER_ADAPTER, MODEL, VllmGroup, spend
+from tests.support.vllm_group import EMBED_MODEL, FOLDER_ADAPTER, MODEL, VllmGroup, spend
 from tests.support.vllm_reference import MAX_TOKENS, TRITON_PROMPTS
 from tests.support.waiting import eventually
 
@@ -397,6 +397,10 @@ def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server
     are to an unknown model. (Last in this module: the engines stay dead, the session's group is spent.)"""
     srv, _ = served
     spend(served_llm)
+    # The pooling model's engine goes first: the one left in the worker is the model's under test.
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    client.unload_model(EMBED_MODEL)
+    eventually(lambda: not client.is_model_ready(EMBED_MODEL), 60, what=f"{EMBED_MODEL} unloaded")
     assert grpc_stream(srv, {"ok": grpc_inputs("hello world", sampling(""), True)})["ok"][-1] is not None
     (worker,) = pids_of(srv, "worker")
     cores = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
@@ -405,7 +409,6 @@ def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server
     assert segments
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
-    client = grpcclient.InferenceServerClient(srv.grpc_url)
     got = grpc_stream(srv, {"dead": grpc_inputs("hello world", sampling(""), True)})["dead"]
     error = got[-1]
     assert error.message() == "Model is unavailable due to unhealthy vLLM engine"  # in-band: no status
