@@ -201,7 +201,7 @@ def measure(backend: str, pa: Path, protocols: list[str], seconds: int, repeat: 
     rows = []
     proc = serve(repo)
     try:
-        wait_ready(f"127.0.0.1:{HTTP}", timeout=300)
+        wait_ready(f"127.0.0.1:{HTTP}", timeout=300, ports=(GRPC,))
         for protocol in protocols:
             url = f"127.0.0.1:{HTTP if protocol == 'http' else GRPC}"
             c1s, c16s, per_exec = [], [], []
