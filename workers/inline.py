@@ -13,11 +13,18 @@ from __future__ import annotations
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.workers.backends.base import Backend, RequestBackend
-from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 from conveyor.workers.backends.python.backend import PythonBackend
 
-# A batch runs on the main thread when its instance's recent batches took less than this.
+# A batch runs on the main thread when its instance's recent batches took less than this (Python models).
 INLINE_MAX_NS = 500_000
+# ... or, for a framework backend that may run on any thread (``runs_on_any_thread``: onnxruntime, fil,
+# openvino, tensorflow), less than this. A framework's call after an idle gap takes 2-4 times its back-to-back
+# time (caches the other actors used in between, its own threads asleep): at c=1 on the 2-vCPU VM a 100-tree
+# FIL call took 550-900 µs against 130-200 back to back, so 500 µs sent nearly every such batch to its
+# instance's thread, whose two hand-offs cost 0.15-0.25 ms there. Such a worker usually holds that one
+# instance (one per worker is the framework backends' default), so a longer batch on the main thread
+# delays no one else's; past this bound a batch is long enough that the hand-offs no longer matter.
+FRAMEWORK_INLINE_MAX_NS = 2_000_000
 # ... and its inputs are no larger than this: one big request after many small ones would
 # otherwise stall the main loop, its heartbeats with it (a 50 MB BYTES request to a Python
 # model took long enough on the main thread for the router to drop the worker as silent).
@@ -37,8 +44,8 @@ def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, de
     wait for itself."""
     if device.startswith("cuda") or config.model_transaction_policy.decoupled:
         return False
-    if isinstance(backend, OnnxRuntimeBackend) or getattr(backend, "runs_on_any_thread", False):
-        return True  # the framework backends that say nothing ties them to their loading thread (fil)
+    if runs_on_any_thread(backend):
+        return True  # the framework backends that say nothing ties them to their loading thread
     if isinstance(backend, PythonBackend):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -48,3 +55,12 @@ def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, de
         return not any(word in source for word in _BLS_WORDS)
     return False
 
+
+
+def runs_on_any_thread(backend: Backend | RequestBackend) -> bool:
+    return bool(getattr(backend, "runs_on_any_thread", False))
+
+
+def inline_max_ns(backend: Backend | RequestBackend) -> int:
+    """How short an instance's recent batches must be for the next to run on the main thread."""
+    return FRAMEWORK_INLINE_MAX_NS if runs_on_any_thread(backend) else INLINE_MAX_NS

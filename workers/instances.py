@@ -25,7 +25,7 @@ from conveyor.workers.batch_io import IoPlan
 from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.classification import load_labels
 from conveyor.workers.devices import DeviceMap
-from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_INPUT_BYTES, INLINE_MAX_NS, inline_allowed
+from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_INPUT_BYTES, INLINE_MAX_NS, inline_allowed, inline_max_ns
 from conveyor.workers.inline_switch import InlineSwitch
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import warm_up
@@ -52,6 +52,7 @@ class LoadedInstance:
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, initializer=release_thread))
     # Short batches of a backend that allows it run on the main thread (see ``BatchRunner.run``).
     inline_ok: bool = False
+    inline_max_ns: int = INLINE_MAX_NS  # its bound on ``exec_ns`` (``workers/inline.py``)
     exec_ns: float = 0.0  # recent batch time, an EWMA
     batches: int = 0
     # Tasks handed to the executor and finished; each counter has one writer thread.
@@ -75,7 +76,7 @@ class LoadedInstance:
         queued on the instance's thread (order), its batches are short, and its inputs are
         no larger than ``INLINE_MAX_INPUT_BYTES``."""
         return (self.inline_ok and self.submitted == self.finished and self.batches >= INLINE_AFTER
-                and self.exec_ns < INLINE_MAX_NS and InlineSwitch.on
+                and self.exec_ns < self.inline_max_ns and InlineSwitch.on
                 and _input_bytes(msg) <= INLINE_MAX_INPUT_BYTES)
 
 
@@ -107,6 +108,7 @@ def begin_load(msg: m.LoadModel, devices: DeviceMap, post: Post) -> LoadedInstan
                     backend.close()  # a failed warmup fails the instance, as in Triton
                     raise
             inst.inline_ok = inline_allowed(backend, config, device, msg.path)
+            inst.inline_max_ns = inline_max_ns(backend)
             inst.backend = backend
         except ConveyorError as exc:
             error = exc.message

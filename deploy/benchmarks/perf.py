@@ -20,6 +20,7 @@ import csv
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,15 +43,26 @@ def perf_analyzer(cache: Path) -> Path:
     return binary
 
 
-def wait_ready(url: str, timeout: float = 90) -> None:
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_ready(url: str, timeout: float = 90, ports: tuple[int, ...] = ()) -> None:
+    """Ready over HTTP at ``url``, and each of ``ports`` (another ingress, such as gRPC's, which may
+    start listening after HTTP reports ready) accepting connections."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and all(_accepts(p) for p in ports):
                     return
         except Exception:
-            time.sleep(0.3)
+            pass
+        time.sleep(0.3)
     raise SystemExit("server not ready")
 
 

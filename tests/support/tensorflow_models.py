@@ -1,39 +1,27 @@
 """TensorFlow models for the tensorflow backend's tests: a ``tf.Module`` exported as a SavedModel
-(``serving_default``) and the same function frozen into a GraphDef, with their configs.
+(``serving_default``; a second copy with only a ``predict`` signature) and the same function frozen
+into a GraphDef, with their configs.
 
-Imported only where TensorFlow is (``pip install 'conveyor[tensorflow]'``). ``reference`` calls the
-saved model in this process: what the served model must answer.
+The exported files are kept in ``tests/support/data/tensorflow/`` so that the tests import TensorFlow
+only where the server does (its worker, its config-completion child), not in the test process too:
+that import alone takes seconds. ``python -m tests.support.tensorflow_models`` writes them again
+(with TensorFlow installed); ``reference`` is what they compute, in numpy.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
-from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from conveyor.deploy.example_repo import write_model
 
+DATA = os.path.join(os.path.dirname(__file__), "data", "tensorflow")
+SAVED, PREDICT_ONLY, GRAPHDEF_FILE = "scorer.savedmodel", "scorer_predict.savedmodel", "scorer.graphdef"
+
 WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 7
-
-SIGNATURE = [tf.TensorSpec([None, 4], tf.float32, name="x"), tf.TensorSpec([None], tf.string, name="words")]
-
-
-class Scorer(tf.Module):
-    """Numbers and strings along one batch dimension: ``y = relu(x @ W)``, each word upper-cased, its length."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = tf.Variable(WEIGHTS)
-
-    @tf.function(input_signature=SIGNATURE)
-    def serve(self, x: tf.Tensor, words: tf.Tensor) -> dict[str, tf.Tensor]:
-        return {"y": tf.identity(tf.nn.relu(tf.matmul(x, self.w)), name="y"),
-                "upper": tf.identity(tf.strings.upper(words), name="upper"),
-                "lens": tf.identity(tf.strings.length(words), name="lens")}
-
 
 DECLARED = """platform: "tensorflow_savedmodel"
 max_batch_size: 8
@@ -53,46 +41,75 @@ parameters { key: "TF_NUM_INTER_THREADS" value { string_value: "1" } }
 GRAPHDEF = DECLARED.replace("tensorflow_savedmodel", "tensorflow_graphdef")
 
 
-def _model_dir(repo: str, name: str, config: str | None) -> str:
-    return os.path.join(write_model(repo, name, config), "1")
-
-
-def save_savedmodel(vdir: str, signature: str = "serving_default") -> str:
-    module = Scorer()
-    path = os.path.join(vdir, "model.savedmodel")
-    tf.saved_model.save(module, path, signatures={signature: module.serve})
-    return path
-
-
-def save_graphdef(vdir: str) -> str:
-    module = Scorer()  # a tf.function method holds its module weakly: keep it alive while tracing
-    frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
-    path = os.path.join(vdir, "model.graphdef")
-    with open(path, "wb") as f:
-        f.write(frozen.graph.as_graph_def().SerializeToString())
-    return path
+def _model(repo: str, name: str, config: str | None, source: str) -> str:
+    """Model ``name`` in ``repo`` serving the kept file ``source`` (its version 1's model path)."""
+    vdir = os.path.join(write_model(repo, name, config), "1")
+    target = os.path.join(vdir, "model.graphdef" if source == GRAPHDEF_FILE else "model.savedmodel")
+    if os.path.isdir(os.path.join(DATA, source)):
+        shutil.copytree(os.path.join(DATA, source), target)
+    else:
+        shutil.copyfile(os.path.join(DATA, source), target)
+    return target
 
 
 def build(repo: str) -> dict[str, str]:
-    """Every TensorFlow test model in ``repo``; by name, its model path."""
+    """Every TensorFlow test model in ``repo``; by name of those that serve, its model path."""
     paths = {
-        # No config at all: the platform from the file, the config from the signature.
-        "tf_auto": save_savedmodel(_model_dir(repo, "tf_auto", None)),
-        "tf_declared": save_savedmodel(_model_dir(repo, "tf_declared", 'name: "tf_declared"\n' + DECLARED)),
-        "tf_graphdef": save_graphdef(_model_dir(repo, "tf_graphdef", 'name: "tf_graphdef"\n' + GRAPHDEF)),
+        # No config at all: the platform from the file, the config from the signature (the one
+        # model whose config the router completes: each completion is a child importing TensorFlow).
+        "tf_auto": _model(repo, "tf_auto", None, SAVED),
+        "tf_declared": _model(repo, "tf_declared", 'name: "tf_declared"\n' + DECLARED, SAVED),
+        "tf_graphdef": _model(repo, "tf_graphdef", 'name: "tf_graphdef"\n' + GRAPHDEF, GRAPHDEF_FILE),
         # Saved without serving_default: Triton serves the first other signature.
-        "tf_other_signature": save_savedmodel(_model_dir(repo, "tf_other_signature", 'backend: "tensorflow"\n'),
-                                              signature="predict"),
+        "tf_other_signature": _model(repo, "tf_other_signature", 'name: "tf_other_signature"\n' + DECLARED,
+                                     PREDICT_ONLY),
     }
     # Refused, each with Triton's reason.
-    save_savedmodel(_model_dir(repo, "tf_wrong_type", DECLARED.replace("TYPE_FP32 dims: [ 4 ]",
-                                                                         "TYPE_FP64 dims: [ 4 ]")))
-    save_graphdef(_model_dir(repo, "tf_graphdef_undeclared", 'platform: "tensorflow_graphdef"\nmax_batch_size: 8\n'))
+    _model(repo, "tf_wrong_type", DECLARED.replace("TYPE_FP32 dims: [ 4 ]", "TYPE_FP64 dims: [ 4 ]"), SAVED)
+    _model(repo, "tf_missing_signature",
+           DECLARED + 'parameters { key: "TF_SIGNATURE_DEF" value { string_value: "predict" } }\n', SAVED)
+    _model(repo, "tf_graphdef_undeclared", 'platform: "tensorflow_graphdef"\nmax_batch_size: 8\n', GRAPHDEF_FILE)
     return paths
 
 
 def reference(x: np.ndarray, words: np.ndarray) -> dict[str, np.ndarray]:
-    """What the model computes, by calling the module's function here."""
-    module = Scorer()
-    out: dict[str, Any] = module.serve(tf.constant(x), tf.constant(words, dtype=tf.string))
-    return {name: value.numpy() for name, value in out.items()}
+    """What the model computes: ``y = relu(x @ W)``, each word upper-cased (ASCII, as
+    ``tf.strings.upper``) and its length in bytes (``tf.strings.length``)."""
+    return {"y": np.maximum(x @ WEIGHTS, 0),
+            "upper": np.array([w.upper() for w in words], dtype=np.object_),
+            "lens": np.array([len(w) for w in words], dtype=np.int32)}
+
+
+def _export(data: str) -> None:
+    """Write the kept model files into ``data`` (needs TensorFlow)."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    signature = [tf.TensorSpec([None, 4], tf.float32, name="x"), tf.TensorSpec([None], tf.string, name="words")]
+
+    class Scorer(tf.Module):
+        """Numbers and strings along one batch dimension: ``y = relu(x @ W)``, each word upper-cased, its length."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(WEIGHTS)
+
+        @tf.function(input_signature=signature)
+        def serve(self, x: Any, words: Any) -> dict[str, Any]:
+            return {"y": tf.identity(tf.nn.relu(tf.matmul(x, self.w)), name="y"),
+                    "upper": tf.identity(tf.strings.upper(words), name="upper"),
+                    "lens": tf.identity(tf.strings.length(words), name="lens")}
+
+    shutil.rmtree(data, ignore_errors=True)
+    os.makedirs(data)
+    for name, key in ((SAVED, "serving_default"), (PREDICT_ONLY, "predict")):
+        module = Scorer()
+        tf.saved_model.save(module, os.path.join(data, name), signatures={key: module.serve})
+    module = Scorer()  # a tf.function method holds its module weakly: keep it alive while tracing
+    frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
+    with open(os.path.join(data, GRAPHDEF_FILE), "wb") as f:
+        f.write(frozen.graph.as_graph_def().SerializeToString())
+
+
+if __name__ == "__main__":
+    _export(DATA)

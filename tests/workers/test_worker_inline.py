@@ -15,11 +15,20 @@ import tritonclient.http as th
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.router.repository.scan import load_spec
 from conveyor.workers.backends.python.backend import PythonBackend
 from conveyor.workers.batch_io import IoPlan
-from conveyor.workers.inline import INLINE_AFTER, INLINE_MAX_INPUT_BYTES, INLINE_MAX_NS, inline_allowed
+from conveyor.workers.devices import DeviceMap
+from conveyor.workers.inline import (
+    FRAMEWORK_INLINE_MAX_NS,
+    INLINE_AFTER,
+    INLINE_MAX_INPUT_BYTES,
+    INLINE_MAX_NS,
+    inline_allowed,
+)
 from conveyor.workers.inline_switch import InlineSwitch
-from conveyor.workers.instances import LoadedInstance
+from conveyor.workers.instances import LoadedInstance, begin_load, close_instance
+from tests.support.ensemble_models import identity_int32
 from tests.support.group import start_server
 from tests.support.python_models import _simple_config, write_model
 from tests.support.python_specs import RECORDING_MODEL, write
@@ -158,3 +167,36 @@ def test_a_megabyte_batch_runs_on_the_main_thread_and_one_over_the_cap_on_the_in
         assert not inst.runs_inline(_batch(64))
     finally:
         inst.executor.shutdown()
+
+
+
+def _loaded(repo: Path, name: str) -> LoadedInstance:
+    """Instance 0 of model ``name`` in ``repo``, loaded as the worker loads one."""
+    spec = load_spec(name, str(repo / name))
+    assert not spec.error, spec.error
+    msg = m.LoadModel(name, "1", spec.versions[1], spec.config.SerializeToString(), 0)
+    posted: list[bytes] = []
+    inst = begin_load(msg, DeviceMap(0, {}), posted.append)
+    inst.submit(lambda: None).result(timeout=60)  # after the load, on the instance's thread
+    assert inst.backend is not None and inst.inline_ok, posted
+    return inst
+
+
+def test_a_framework_call_on_cold_caches_still_runs_on_the_main_thread(tmp_path: Path) -> None:
+    """A 100-tree FIL call right after the worker was idle took 550-900 µs at c=1 on the 2-vCPU VM:
+    a framework backend's batch that long runs on the main thread (its bound), a Python model's does
+    not (its bound is as it was)."""
+    cold_call_ns = 900_000
+    assert INLINE_MAX_NS < cold_call_ns < FRAMEWORK_INLINE_MAX_NS
+    identity_int32(str(tmp_path), "framework")  # onnxruntime: runs_on_any_thread, as fil, openvino, tensorflow
+    write(tmp_path, "python", RECORDING_MODEL)
+    for name, bound in (("framework", FRAMEWORK_INLINE_MAX_NS), ("python", INLINE_MAX_NS)):
+        inst = _loaded(tmp_path, name)
+        try:
+            assert inst.inline_max_ns == bound
+            inst.batches, inst.exec_ns = INLINE_AFTER, cold_call_ns
+            assert inst.runs_inline(_batch(64)) is (name == "framework")
+            inst.exec_ns = FRAMEWORK_INLINE_MAX_NS  # long batches leave the main thread whatever the backend
+            assert not inst.runs_inline(_batch(64))
+        finally:
+            close_instance(inst).result(timeout=60)

@@ -29,7 +29,8 @@ class Backend(Protocol):
     """One loaded model instance. ``execute`` may be called from a worker thread,
     one call at a time per instance. A backend whose instance is not tied to the thread
     that loaded it may say so with a true ``runs_on_any_thread`` attribute: its short
-    batches may then run on the worker's main thread (``workers/inline.py``)."""
+    batches may then run on the worker's main thread (``workers/inline.py``, which allows
+    these backends longer batches there than Python models)."""
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         """Run one (possibly batched) call; BYTES tensors are object arrays of bytes."""

@@ -38,6 +38,10 @@ def model_file(path: str) -> str:
 
 
 class OnnxRuntimeBackend:
+    # Short batches may run on the worker's main thread (workers/inline.py; a CPU session only): a
+    # session is not tied to a thread.
+    runs_on_any_thread = True
+
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
         path = model_file(path)
         if not os.path.isfile(path):

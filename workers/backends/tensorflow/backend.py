@@ -55,6 +55,10 @@ def _set_threads(settings: TensorFlowSettings, model: str) -> None:
 
 
 class TensorFlowBackend:
+    # Short batches may run on the worker's main thread (workers/inline.py; a CPU instance only): a
+    # signature is called from any thread, and the device scope is entered on each call.
+    runs_on_any_thread = True
+
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
         self.settings = settings = TensorFlowSettings.from_config(config)
         if device.startswith("cuda") and not tf.config.list_physical_devices("GPU"):

@@ -1,9 +1,11 @@
-"""The tensorflow backend on its own: Triton's parameters, the signature it serves, its checks of a
-config against the model (with Triton's messages), and a worker without TensorFlow."""
+"""The tensorflow backend on its own, without TensorFlow: Triton's parameters, the platform from the
+version directory, its checks of a config against a signature (with Triton's messages), config
+completion from one, and a worker without TensorFlow. The e2e tests serve real models."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from conveyor.proto.model_config import parse_text
 from conveyor.router.repository.scan import load_spec
 from conveyor.workers.backends import cpu_threads, load_backend
 from conveyor.workers.backends.tensorflow.settings import TensorFlowSettings
+from conveyor.workers.backends.tensorflow.signature import Signature, TensorInfo, check_config
 
 
 def params(**values: str) -> mc.ModelConfig:
@@ -57,41 +60,56 @@ def test_without_tensorflow_the_model_says_which_extra(monkeypatch: pytest.Monke
     assert exc.value.status == Status.UNAVAILABLE
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> str:
-    pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
-    from tests.support import tensorflow_models
+# The test model's signature (tests/support/tensorflow_models.py) as the backend reads it: the checks and
+# completion work on it without TensorFlow, which only the e2e tests' worker imports.
+SCORER = Signature(function=None,
+                   inputs={"x": TensorInfo(mc.TYPE_FP32, [-1, 4]), "words": TensorInfo(mc.TYPE_STRING, [-1])},
+                   outputs={"y": TensorInfo(mc.TYPE_FP32, [-1, 3]), "upper": TensorInfo(mc.TYPE_STRING, [-1]),
+                            "lens": TensorInfo(mc.TYPE_INT32, [-1])})
 
-    return str(tensorflow_models.save_savedmodel(str(tmp_path_factory.mktemp("saved"))))
 
-
-def declared(extra: str = "", dims: str = "[ 4 ]", max_batch_size: int = 8) -> mc.ModelConfig:
-    return parse_text(f'name: "m" platform: "tensorflow_savedmodel" max_batch_size: {max_batch_size} '
-                      f'input [{{ name: "x" data_type: TYPE_FP32 dims: {dims} }},'
+def declared(extra: str = "", dims: str = "[ 4 ]", x_type: str = "TYPE_FP32") -> mc.ModelConfig:
+    return parse_text(f'name: "m" platform: "tensorflow_savedmodel" max_batch_size: 8 '
+                      f'input [{{ name: "x" data_type: {x_type} dims: {dims} }},'
                       f' {{ name: "words" data_type: TYPE_STRING dims: [ 1 ] reshape: {{ shape: [ ] }} }}]'
                       f' output [{{ name: "y" data_type: TYPE_FP32 dims: [ 3 ] }}] {extra}')
 
 
-@pytest.mark.parametrize(("config", "reason"), [
-    (declared(dims="[ 5 ]"), "model 'm', tensor 'x': the model expects 2 dimensions (shape [-1,4]) but the model "
-                             "configuration specifies 2 dimensions (an initial batch dimension because "
-                             "max_batch_size > 0 followed by the explicit tensor shape, making complete shape [-1,5])"),
-    (declared('input [{ name: "z" data_type: TYPE_FP32 dims: [ 1 ] }]'),
+@pytest.mark.parametrize(("config", "signature", "reason"), [
+    (declared(dims="[ 5 ]"), SCORER,
+     "model 'm', tensor 'x': the model expects 2 dimensions (shape [-1,4]) but the model configuration specifies "
+     "2 dimensions (an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, "
+     "making complete shape [-1,5])"),
+    (declared('input [{ name: "z" data_type: TYPE_FP32 dims: [ 1 ] }]'), SCORER,
      "unexpected inference input 'z', allowed inputs are: words, x"),
-    (declared('parameters { key: "TF_SIGNATURE_DEF" value { string_value: "predict" } }'),
-     "unable to load model 'm', expected 'predict' signature"),
+    (parse_text('name: "m" max_batch_size: 8 input [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }]'), SCORER,
+     "unable to load model 'm', configuration expects 1 inputs, model provides 2"),
+    (declared(x_type="TYPE_FP64"), SCORER,
+     "unable to load model 'm', configuration expects datatype TYPE_FP64 for input 'x', model provides TYPE_FP32"),
+    (declared(), replace(SCORER, inputs={**SCORER.inputs, "x": TensorInfo(mc.TYPE_FP32, [2, 4])}),
+     "model 'm', tensor 'x': for the model to support batching the shape should have at least 1 dimension and the "
+     "first dimension must be -1; but shape expected by the model is [2,4]"),
 ])
-def test_config_checked_against_the_signature(saved: str, config: mc.ModelConfig, reason: str) -> None:
+def test_config_checked_against_the_signature(config: mc.ModelConfig, signature: Signature, reason: str) -> None:
     with pytest.raises(ConveyorError) as exc:
-        load_backend("tensorflow", saved, config, "cpu")
+        check_config(config, signature)
     assert reason in exc.value.message
 
 
-def test_completion_without_a_default_batch_size_keeps_the_batch_dimension(saved: str) -> None:
+@pytest.mark.parametrize(("default_max", "max_batch_size", "x_dims", "words_dims"), [
+    (4, 4, [4], [1]),  # --backend-config=tensorflow,default-max-batch-size: 4 unless given
+    (0, 0, [-1, 4], [-1]),  # default-max-batch-size=0: no batching, the batch dimension kept in the dims
+])
+def test_completion_from_the_signature(monkeypatch: pytest.MonkeyPatch, default_max: int, max_batch_size: int,
+                                       x_dims: list[int], words_dims: list[int]) -> None:
     from conveyor.proto.model_config import to_json
-    from conveyor.workers.backends.tensorflow.autocomplete import complete
+    from conveyor.workers.backends.tensorflow import autocomplete
 
-    done: dict[str, Any] = complete({"config": to_json(parse_text('name: "m"')), "model_path": saved,
-                                     "default_max_batch_size": 0})
-    assert done["max_batch_size"] == 0  # --backend-config=tensorflow,default-max-batch-size=0: no batching
-    assert {i["name"]: i["dims"] for i in done["input"]} == {"x": [-1, 4], "words": [-1]}
+    monkeypatch.setattr(autocomplete, "import_tensorflow", lambda: None)
+    monkeypatch.setattr(autocomplete, "load_savedmodel", lambda *_: SCORER)
+    done: dict[str, Any] = autocomplete.complete({"config": to_json(parse_text('name: "m"')), "model_path": "m",
+                                                  "default_max_batch_size": default_max})
+    assert done.get("max_batch_size", 0) == max_batch_size
+    assert ("dynamic_batching" in done) == (max_batch_size > 1)
+    assert {i["name"]: i["dims"] for i in done["input"]} == {"x": x_dims, "words": words_dims}
+    assert [o["name"] for o in done["output"]] == ["y", "upper", "lens"]

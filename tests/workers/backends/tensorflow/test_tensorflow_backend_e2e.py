@@ -1,11 +1,14 @@
 """TensorFlow SavedModel and GraphDef models served by the real process group, called with
-tritonclient over HTTP and gRPC, against what the same function computes in TensorFlow here:
-FP32 and BYTES tensors batched along the first dimension, single and dynamically batched requests,
-a config completed from the signature, and Triton's reasons for configs that do not fit."""
+tritonclient over HTTP and gRPC, against what the model computes (in numpy here: the test process
+does not import TensorFlow, tests/support/tensorflow_models.py): FP32 and BYTES tensors batched along
+the first dimension, single and dynamically batched requests, a config completed from the
+signature, and Triton's reasons for configs that do not fit. One group serves every test."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,11 +18,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.support import tensorflow_models as tfm
 from tests.support.group import Server, start_server
 
-pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed (pip install 'conveyor[tensorflow]')")
-
-from tests.support import tensorflow_models as tfm  # after the skip: it imports TensorFlow
+if importlib.util.find_spec("tensorflow") is None:  # find_spec: the worker imports it, not this process
+    pytest.skip("the tensorflow extra is not installed (pip install 'conveyor[tensorflow]')", allow_module_level=True)
 
 SERVED = ["tf_auto", "tf_declared", "tf_graphdef", "tf_other_signature"]
 
@@ -29,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("tensorflow"))
     tfm.build(repo)
     # TensorFlow's import takes seconds, more on a busy host: in the worker, and in the router's
-    # completion child for each SavedModel without a config.
+    # completion child (tf_auto's), at the same time.
     srv = start_server(repo, f"tf{os.getpid()}", "--workers", "1", ready_timeout=300)
     yield srv
     assert srv.stop() == 0
@@ -78,9 +81,13 @@ def test_single_requests_match_tensorflow(server: Server, protocol: Any, model: 
 
 @pytest.mark.parametrize("model", ["tf_declared", "tf_graphdef"])
 def test_dynamically_batched_requests_get_their_own_rows(server: Server, protocol: Any, model: str) -> None:
+    clients = threading.local()  # one per thread: a connection per request would cost more than the model
+
     def one(i: int) -> None:
+        if not hasattr(clients, "client"):
+            clients.client = connect(server, protocol)
         x, words = batch(1 + i % 3, 50 + i)
-        check(infer(connect(server, protocol), protocol, model, x, words), x, words)
+        check(infer(clients.client, protocol, model, x, words), x, words)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(24)))
@@ -102,6 +109,7 @@ def test_config_completed_from_the_signature(server: Server) -> None:
 @pytest.mark.parametrize(("model", "reason"), [
     ("tf_wrong_type", "unable to load model 'tf_wrong_type', configuration expects datatype TYPE_FP64 for input "
                       "'x', model provides TYPE_FP32"),
+    ("tf_missing_signature", "unable to load model 'tf_missing_signature', expected 'predict' signature"),
     ("tf_graphdef_undeclared", "a GraphDef has no signature to complete the config from"),
 ])
 def test_configs_that_do_not_fit_say_why(server: Server, model: str, reason: str) -> None:
