@@ -1,15 +1,12 @@
 """TensorFlow models for the tensorflow backend's tests: a ``tf.Module`` exported as a SavedModel
 (``serving_default``; a second copy with only a ``predict`` signature) and the same function frozen
-into a GraphDef, with their configs.
-
-The exported files are kept in ``tests/support/data/tensorflow/`` so that the tests import TensorFlow
-only where the server does (its worker, its config-completion child), not in the test process too:
-that import alone takes seconds. ``python -m tests.support.tensorflow_models`` writes them again
-(with TensorFlow installed); ``reference`` is what they compute, in numpy.
+into a GraphDef, with their configs, built on the fly (``build``, which imports TensorFlow).
+``reference`` calls the exported SavedModel in this process: what the served models must answer.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from typing import Any
@@ -18,7 +15,6 @@ import numpy as np
 
 from conveyor.deploy.example_repo import write_model
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "tensorflow")
 SAVED, PREDICT_ONLY, GRAPHDEF_FILE = "scorer.savedmodel", "scorer_predict.savedmodel", "scorer.graphdef"
 
 WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 7
@@ -42,18 +38,24 @@ GRAPHDEF = DECLARED.replace("tensorflow_savedmodel", "tensorflow_graphdef")
 
 
 def _model(repo: str, name: str, config: str | None, source: str) -> str:
-    """Model ``name`` in ``repo`` serving the kept file ``source`` (its version 1's model path)."""
+    """Model ``name`` in ``repo`` serving the exported file ``source`` (its version 1's model path)."""
     vdir = os.path.join(write_model(repo, name, config), "1")
     target = os.path.join(vdir, "model.graphdef" if source == GRAPHDEF_FILE else "model.savedmodel")
-    if os.path.isdir(os.path.join(DATA, source)):
-        shutil.copytree(os.path.join(DATA, source), target)
+    if os.path.isdir(os.path.join(_exported, source)):
+        shutil.copytree(os.path.join(_exported, source), target)
     else:
-        shutil.copyfile(os.path.join(DATA, source), target)
+        shutil.copyfile(os.path.join(_exported, source), target)
     return target
+
+
+_exported = ""  # where ``build`` exported the models (``reference`` calls the SavedModel there)
 
 
 def build(repo: str) -> dict[str, str]:
     """Every TensorFlow test model in ``repo``; by name of those that serve, its model path."""
+    global _exported
+    _exported = os.path.join(repo, ".exported")  # a folder the repository scan skips (a dot name)
+    _export(_exported)
     paths = {
         # No config at all: the platform from the file, the config from the signature (the one
         # model whose config the router completes: each completion is a child importing TensorFlow).
@@ -73,15 +75,22 @@ def build(repo: str) -> dict[str, str]:
 
 
 def reference(x: np.ndarray, words: np.ndarray) -> dict[str, np.ndarray]:
-    """What the model computes: ``y = relu(x @ W)``, each word upper-cased (ASCII, as
-    ``tf.strings.upper``) and its length in bytes (``tf.strings.length``)."""
-    return {"y": np.maximum(x @ WEIGHTS, 0),
-            "upper": np.array([w.upper() for w in words], dtype=np.object_),
-            "lens": np.array([len(w) for w in words], dtype=np.int32)}
+    """What TensorFlow answers, the exported SavedModel's ``serving_default`` called here."""
+    import tensorflow as tf
+
+    out = _loaded().signatures["serving_default"](x=tf.constant(x), words=tf.constant(list(words)))
+    return {name: value.numpy() for name, value in out.items()}
+
+
+@functools.cache
+def _loaded() -> Any:
+    import tensorflow as tf
+
+    return tf.saved_model.load(os.path.join(_exported, SAVED))
 
 
 def _export(data: str) -> None:
-    """Write the kept model files into ``data`` (needs TensorFlow)."""
+    """Export the models into ``data``."""
     import tensorflow as tf
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
@@ -110,6 +119,3 @@ def _export(data: str) -> None:
     with open(os.path.join(data, GRAPHDEF_FILE), "wb") as f:
         f.write(frozen.graph.as_graph_def().SerializeToString())
 
-
-if __name__ == "__main__":
-    _export(DATA)

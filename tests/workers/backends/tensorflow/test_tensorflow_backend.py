@@ -61,7 +61,7 @@ def test_without_tensorflow_the_model_says_which_extra(monkeypatch: pytest.Monke
 
 
 # The test model's signature (tests/support/tensorflow_models.py) as the backend reads it: the checks and
-# completion work on it without TensorFlow, which only the e2e tests' worker imports.
+# completion work on it without TensorFlow (the e2e tests import it, to build and call the model).
 SCORER = Signature(function=None,
                    inputs={"x": TensorInfo(mc.TYPE_FP32, [-1, 4]), "words": TensorInfo(mc.TYPE_STRING, [-1])},
                    outputs={"y": TensorInfo(mc.TYPE_FP32, [-1, 3]), "upper": TensorInfo(mc.TYPE_STRING, [-1]),

@@ -1,6 +1,6 @@
 """TensorFlow SavedModel and GraphDef models served by the real process group, called with
-tritonclient over HTTP and gRPC, against what the model computes (in numpy here: the test process
-does not import TensorFlow, tests/support/tensorflow_models.py): FP32 and BYTES tensors batched along
+tritonclient over HTTP and gRPC, against what TensorFlow answers here with the same exported model
+(tests/support/tensorflow_models.py, built on the fly): FP32 and BYTES tensors batched along
 the first dimension, single and dynamically batched requests, a config completed from the
 signature, and Triton's reasons for configs that do not fit. One group serves every test."""
 
