@@ -34,7 +34,7 @@ class EngineMetrics:
         def metric(name: str, description: str, kind: MetricKind, buckets: list[float] | None = None) -> Metric:
             family = MetricFamily(name, description, kind)
             self._families.append(family)
-            return family.Metric(labels=labels, buckets=buckets)
+            return family.Metric(labels=labels, buckets=buckets).publish_lazily()  # changed at every step
 
         self.prompt_tokens = metric("vllm:prompt_tokens_total", "Number of prefill tokens processed.", _C)
         self.generation_tokens = metric("vllm:generation_tokens_total", "Number of generation tokens processed.", _C)
@@ -114,7 +114,7 @@ class LoraInfo:
         if seen != self._shown or self._metric is None:
             family = MetricFamily(LORA_INFO, "Running stats on lora requests.", _G)
             self._metric = family.Metric(labels={**self._labels, "running_lora_adapters": seen[0],
-                                                 "waiting_lora_adapters": seen[1]})
+                                                 "waiting_lora_adapters": seen[1]}).publish_lazily()
             self._family, self._shown = family, seen  # the previous family goes, and its series with it
         self._metric.set(now)
         self._set_at = now
