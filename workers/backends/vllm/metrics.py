@@ -58,12 +58,17 @@ class EngineMetrics:
         self.prefix_hits = metric("vllm:prefix_cache_hits_total",
                                   "Prefix cache hits, in terms of number of cached tokens.", _C)
         self.lora_info = LoraInfo(labels, max_lora) if max_lora is not None else None
+        self._gauges: tuple[Any, ...] = ()  # running, waiting, KV-cache use as last set
 
     def record(self, scheduler: Any, iteration: Any) -> None:
         if scheduler is not None:
-            self.running.set(scheduler.num_running_reqs)
-            self.waiting.set(scheduler.num_waiting_reqs)
-            self.kv_usage.set(scheduler.kv_cache_usage)
+            # Gauges set when they move: each engine step reports them, mostly unchanged.
+            gauges = (scheduler.num_running_reqs, scheduler.num_waiting_reqs, scheduler.kv_cache_usage)
+            if gauges != self._gauges:
+                running, waiting, kv_usage = self._gauges = gauges
+                self.running.set(running)
+                self.waiting.set(waiting)
+                self.kv_usage.set(kv_usage)
             cache = scheduler.prefix_cache_stats
             if cache is not None and cache.queries:
                 self.prefix_queries.increment(cache.queries)
