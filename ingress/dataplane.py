@@ -232,6 +232,27 @@ class DataPlane:
                            turn: SendTurn | None = None) -> AsyncGenerator[InferResult | StreamError, None]:
         """Every response to ``call`` (a decoupled model may send none but the final
         flag: an ``InferResult`` without outputs), the last one ``final``; ``turn`` as for ``infer``."""
+        request = await self._stream_request(call, turn)
+        try:
+            async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
+                async for response in responses:
+                    yield self._streamed(response, call)
+        finally:
+            self._in_flight -= 1
+
+    async def infer_stream_batches(self, call: InferCall) -> AsyncGenerator[list[InferResult | StreamError], None]:
+        """``infer_stream``, each turn yielding every response that arrived since the last (in order).
+        The reader releases each result, those after one it stopped at too."""
+        request = await self._stream_request(call, None)
+        try:
+            async with contextlib.aclosing(self.link.infer_stream_batches(request)) as batches:
+                async for batch in batches:
+                    yield [self._streamed(response, call) for response in batch]
+        finally:
+            self._in_flight -= 1
+
+    async def _stream_request(self, call: InferCall, turn: SendTurn | None) -> m.InferRequest:
+        """``call`` admitted and checked, its inputs written: counted in flight from here on."""
         self.drain.admit()
         sig = await self.models.get(call.model, call.version)
         self._admit()
@@ -240,18 +261,19 @@ class DataPlane:
             if turn is not None:
                 await turn.wait()
                 turn.done()  # the first step of link.infer_stream sends
-            async with contextlib.aclosing(self.link.infer_stream(request)) as responses:
-                async for response in responses:
-                    if response.final:
-                        self._finish_input(response.id)
-                    self.models.observe_generation(response.generation)
-                    if response.error is not None:
-                        release_blocks(self.regions, response.release)
-                        yield StreamError(error_from(response.error), response.final)
-                    else:
-                        yield self._result(response, call)
-        finally:
+        except BaseException:
             self._in_flight -= 1
+            raise
+        return request
+
+    def _streamed(self, response: m.InferResponse, call: InferCall) -> InferResult | StreamError:
+        if response.final:
+            self._finish_input(response.id)
+        self.models.observe_generation(response.generation)
+        if response.error is not None:
+            release_blocks(self.regions, response.release)
+            return StreamError(error_from(response.error), response.final)
+        return self._result(response, call)
 
     def _admit(self) -> None:
         """Count one more request in flight, or refuse it (UNAVAILABLE) past the limit."""

@@ -81,6 +81,38 @@ def error_from(info: m.ErrorInfo) -> ConveyorError:
     return ConveyorError(Status(info.status), info.message)
 
 
+class _Responses:
+    """One streamed request's responses not yet read. Cheaper than an ``asyncio.Queue`` per request
+    (one future per wait, none while responses wait), and the reader takes all that wait at once."""
+
+    __slots__ = ("_items", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: list[m.InferResponse] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, response: m.InferResponse) -> None:
+        self._items.append(response)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():  # not cancelled with its reader
+                waiter.set_result(None)
+
+    async def take(self) -> list[m.InferResponse]:
+        """Every response waiting, in arrival order (at least one: waits for it)."""
+        if not self._items:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        items, self._items = self._items, []
+        return items
+
+    def drop(self) -> list[m.InferResponse]:
+        items, self._items = self._items, []
+        return items
+
+
 class RouterLink:
     def __init__(self, endpoint: str, on_orphan: Callable[[m.InferResponse], None] | None = None) -> None:
         self.endpoint = endpoint
@@ -251,21 +283,49 @@ class RouterLink:
         """Send ``request`` to a decoupled model; yield its responses up to the final
         one. If the caller stops early, tell the router and let the rest of the
         responses go to ``on_orphan``."""
-        responses: asyncio.Queue[m.InferResponse] = asyncio.Queue()
-        self._calls.add(request.id, responses.put_nowait)
+        box = self._open_stream(request)
+        final = False
+        unread: list[m.InferResponse] = []
+        try:
+            while not final:
+                unread = await box.take()
+                unread.reverse()
+                while unread:
+                    response = unread.pop()
+                    final = response.final
+                    yield response
+        finally:
+            for response in reversed(unread):  # taken but not read: freed as the others
+                self._orphan(response)
+            self._close_stream(request.id, box, final)
+
+    async def infer_stream_batches(self, request: m.InferRequest) -> AsyncGenerator[list[m.InferResponse], None]:
+        """``infer_stream``, each turn yielding every response that has arrived since the last: a
+        reader that fell behind (a slow client, a busy loop) takes them together, in order."""
+        box = self._open_stream(request)
         final = False
         try:
-            self._send(m.encode(request))
             while not final:
-                response = await responses.get()
-                final = response.final
-                yield response
+                batch = await box.take()
+                final = batch[-1].final
+                yield batch
         finally:
-            if not final:
-                self._calls.redirect(request.id, self._orphan)
-                while not responses.empty():
-                    self._orphan(responses.get_nowait())
-                self._send(m.encode(m.Cancel(request.id)))
+            self._close_stream(request.id, box, final)
+
+    def _open_stream(self, request: m.InferRequest) -> _Responses:
+        box = _Responses(self._loop or asyncio.get_running_loop())
+        self._calls.add(request.id, box.put)
+        self._send(m.encode(request))
+        return box
+
+    def _close_stream(self, rid: int, box: _Responses, final: bool) -> None:
+        """The reader stopped: before the final response, the router is told and the rest is orphaned."""
+        if final:
+            return
+        self._calls.redirect(rid, self._orphan)
+        for response in box.drop():
+            self._orphan(response)
+        self._send(m.encode(m.Cancel(rid)))
 
     def _orphan(self, msg: m.InferResponse) -> None:
         """A response nobody waits for: its memory must still be freed."""

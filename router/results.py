@@ -117,7 +117,7 @@ class Results:
         state = run.instance.version
         now = time.monotonic_ns()
         state.stats.record_response(p.responses, now - (p.last_response_ns or run.dispatched_ns),
-                                    msg.error.status if msg.error else None, bool(msg.outputs))
+                                    msg.error.status if msg.error else None, bool(msg.outputs or msg.parameters))
         p.responses += 1
         p.last_response_ns = now
         if not p.responded:  # nv_inference_first_response_histogram_ms: a failure is no first response

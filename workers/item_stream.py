@@ -134,7 +134,7 @@ class ItemStream:
             output_ns = 0
             if isinstance(outcome, ConveyorError):
                 error = m.ErrorInfo(int(outcome.status), outcome.message)
-            elif outcome is not None:
+            elif outcome:  # tensors to write (a response of parameters alone has none: nothing to plan)
                 start = time.monotonic_ns()
                 planned = plan_request_outputs([self.item], [outcome], self._plan)
                 result = self._writer.write(planned)[0]
@@ -171,7 +171,7 @@ class ItemStream:
             out.append((self._direct, response))
         now = time.monotonic_ns()
         self._counts.append(m.ResponseCount(now - self._last_ns, output_ns, error.status if error else 0,
-                                            bool(outputs)))
+                                            bool(outputs or parameters)))
         self._last_ns = now
         if final or not self._noted or now - self._noted_ns >= NOTE_INTERVAL_NS:
             note = m.ItemResponsesSent(self.batch, self.index, self._counts, final, error if final else None)

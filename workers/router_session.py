@@ -30,6 +30,9 @@ ROUTER_QUIET_S = 30.0
 # other frames to the router; a model reading /metrics right after a change (Triton's QA model)
 # finds it there.
 METRICS_FLUSH_S = 0.0
+# Series published lazily (the vLLM engine's statistics, changed at every engine step) go at most this
+# often: sent on each step's turn, they woke the loop and the router ~100 times a second per engine.
+LAZY_METRICS_S = 0.1
 HEARTBEAT_S = 1.0
 
 
@@ -51,6 +54,7 @@ class RouterSession:
         self._next_beat = 0.0  # the first turn beats
         self._leave_by: float | None = None  # set once WorkerLeaving is sent
         self._next_metrics = 0.0
+        self._next_lazy = 0.0
 
     def hello(self) -> None:
         self.out.send(m.encode(m.WorkerHello(m.PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
@@ -102,18 +106,25 @@ class RouterSession:
 
     def poll_ms(self) -> int:
         """How long the loop may sleep: until the custom metrics are due when some changed."""
-        if not pb_metrics.REGISTRY.dirty:
+        registry = pb_metrics.REGISTRY
+        if registry.dirty:
+            due = self._next_metrics
+        elif registry.lazy_dirty:
+            due = self._next_lazy
+        else:
             return 250
-        return max(0, min(250, int((self._next_metrics - time.monotonic()) * 1000) + 1))
+        return max(0, min(250, int((due - time.monotonic()) * 1000) + 1))
 
     def metrics_due(self, now: float) -> None:
-        if pb_metrics.REGISTRY.dirty and now >= self._next_metrics:
+        registry = pb_metrics.REGISTRY
+        if (registry.dirty and now >= self._next_metrics) or (registry.lazy_dirty and now >= self._next_lazy):
             self.send_metrics(now)
 
     def send_metrics(self, now: float, everything: bool = False) -> None:
         """The models' custom metrics that changed (all of them for a new router), at
         most every ``METRICS_FLUSH_S``: a model may update them on every request."""
         self._next_metrics = now + METRICS_FLUSH_S
+        self._next_lazy = now + LAZY_METRICS_S
         registry = pb_metrics.REGISTRY
         changed, removed = registry.take_changes()
         if everything:

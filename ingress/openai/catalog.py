@@ -50,6 +50,7 @@ class LlmModel:
     tokenizer_dir: str | None = None  # None: the model has no tokenizer
     runtime_lora: bool = False  # the config's ALLOW_RUNTIME_LORA_UPDATING: adapters may be loaded at run time
     max_migrations: int = 0  # MAX_MIGRATIONS: how often a request moves when its worker dies (0: never)
+    steps: bool = False  # a vLLM model: its backend answers in steps, not tensors (proto/stream_steps.py)
     chat: asyncio.Task[ChatTemplate] | None = None
     tokenizer: asyncio.Task[Tokenizer | None] | None = None
 
@@ -147,6 +148,7 @@ class Catalog:
                                                {k: _parameter(config, k) for k in PARAMETERS})
         model.runtime_lora = _parameter(config, RUNTIME_PARAMETER).lower() in ("true", "1", "on")
         model.max_migrations = _max_migrations(config, sig)
+        model.steps = config.get("backend") == "vllm"
         self._models[name] = model
         return model
 

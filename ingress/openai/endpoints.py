@@ -44,7 +44,22 @@ from conveyor.proto.errors import ConveyorError, invalid_arg
 MIN_LOGPROB = -9999.0  # vLLM's floor of a logprob it shows (JSON has no -inf)
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
-DONE = falcon.asgi.SSEvent(data=b"[DONE]")
+
+
+class Chunk(falcon.asgi.SSEvent):
+    """One server-sent event whose wire form is made once: falcon's ``SSEvent`` keeps six fields and
+    decodes and encodes its data again to serialize it, per chunk of every stream."""
+
+    __slots__ = ("_wire",)
+
+    def __init__(self, data: bytes) -> None:  # no super().__init__: serialize() is all falcon reads
+        self._wire = b"data: " + data + b"\n\n"
+
+    def serialize(self, handler: Any = None) -> bytes:
+        return self._wire
+
+
+DONE = Chunk(b"[DONE]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +130,7 @@ class _Endpoint:
         resumes = [migration.plan(parsed.target, prompt, params, request.stream, call)
                    for call, prompt in zip(calls, prompts, strict=True)]
         each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api,
-                      resume)
+                      resume, join_waiting=model.steps)
                 for call, resume in zip(calls, resumes, strict=True)]
         if not model.contract.counts_tokens:
             tokenizer = await self._catalog.tokenizer(model)
@@ -225,7 +240,7 @@ class _Endpoint:
             doc = {**head, "choices": choices}
             if job.continuous_usage:  # as vLLM: the tokens so far, over every choice here
                 doc["usage"] = usage.wire()
-            return falcon.asgi.SSEvent(data=orjson.dumps(doc))
+            return Chunk(orjson.dumps(doc))
 
         try:
             event = chunk(first)
@@ -236,9 +251,9 @@ class _Endpoint:
                 if event is not None:
                     yield event
             if job.include_usage:
-                yield falcon.asgi.SSEvent(data=orjson.dumps({**head, "choices": [], "usage": usage.wire()}))
+                yield Chunk(orjson.dumps({**head, "choices": [], "usage": usage.wire()}))
         except ConveyorError as exc:  # the status line is sent already: the error is an event
-            yield falcon.asgi.SSEvent(data=orjson.dumps(error_doc(exc)))
+            yield Chunk(orjson.dumps(error_doc(exc)))
         finally:
             await rest.aclose()  # ends the model's request if the client went away
         yield DONE

@@ -37,6 +37,7 @@ from conveyor.ingress.openai.contract import (
 from conveyor.ingress.openai.tokenizer import Tokenizer
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
+from conveyor.proto import stream_steps
 from conveyor.proto.errors import ConveyorError, WorkerLost, invalid_arg
 
 if TYPE_CHECKING:
@@ -138,7 +139,10 @@ def engine_call(target: Target, prompt: str | list[int], params: dict[str, objec
     if not json_params:
         inputs += tensor_inputs(sig, {k: v for k, v in params.items() if k != "logprobs"} if "logprobs" in params
                                 else params, model.name)
-    return InferCall(model=model.name, version="", inputs=inputs, id=request_id)
+    call = InferCall(model=model.name, version="", inputs=inputs, id=request_id)
+    if model.steps:
+        call.parameters[stream_steps.STEPS] = True
+    return call
 
 
 def _ids_input(sig: ModelSignature, ids: list[int], model: str) -> InferInput:
@@ -161,12 +165,17 @@ def scalar_input(sig: ModelSignature, name: str, value: object) -> InferInput:
 
 async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
                 decoupled: bool = True, api: str = "Completions", resume: Resume | None = None,
-                ) -> AsyncGenerator[Step, None]:
+                join_waiting: bool = False) -> AsyncGenerator[Step, None]:
     """The model's responses as steps. A model error raises (``ConveyorError``); closing
     the iterator early cancels the request, which aborts it in the engine. A model that is
     not decoupled answers once (plain infer): one final step. A model that does not generate (a
     pooling engine) refuses at once: vLLM's words for ``api``, a 400. With ``resume``, a request whose
-    worker dies is sent again and its steps go on where they were (``migration.py``)."""
+    worker dies is sent again and its steps go on where they were (``migration.py``).
+
+    With ``join_waiting`` (a vLLM model), the responses that arrived while the reader was busy (the
+    client or this loop behind) come as one step, their texts joined (``joined``): every token in
+    order, in fewer chunks, as vLLM's own server merges the outputs its reader has not taken yet.
+    Without it each response is a step, one chunk each, as Triton's OpenAI frontend streams any model."""
     try:
         if not decoupled:
             yield _step(await dataplane.infer(call, endpoint="The OpenAI endpoint"), n, top)
@@ -175,21 +184,39 @@ async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
         while moved is not None:
             attempt, moved, answered = moved, None, False
             try:
-                async with contextlib.aclosing(dataplane.infer_stream(attempt)) as responses:
-                    async for item in responses:
-                        if isinstance(item, StreamError):
-                            if resume is None or not isinstance(item.error, WorkerLost):
-                                raise item.error
-                            moved = resume.moved(item.error)
-                            if moved is None:  # every token came but the last response: the answer is whole
-                                yield Step([""] * n, ["length"] * n, None, 0, True)
-                            break
-                        answered = True
-                        if resume is None:
-                            yield _step(item, n, top)
+                async with contextlib.aclosing(dataplane.infer_stream_batches(attempt)) as batches:
+                    async for batch in batches:
+                        found: list[Step] = []
+                        error: StreamError | None = None
+                        taken = 0
+                        try:
+                            for item in batch:
+                                taken += 1
+                                if isinstance(item, StreamError):  # it ends the request: nothing after it is read
+                                    error = item
+                                    break
+                                answered = True
+                                step = _step(item, n, top)  # releases the item
+                                if resume is not None:
+                                    resume.observe(item.parameters)
+                                    step = resume.adjust(step)
+                                found.append(step)
+                        finally:
+                            _release(batch, taken)
+                        if join_waiting:
+                            if found:
+                                yield joined(found)
+                        else:
+                            for step in found:
+                                yield step
+                        if error is None:
                             continue
-                        resume.observe(item.parameters)
-                        yield resume.adjust(_step(item, n, top))
+                        if resume is None or not isinstance(error.error, WorkerLost):
+                            raise error.error
+                        moved = resume.moved(error.error)
+                        if moved is None:  # every token came but the last response: the answer is whole
+                            yield Step([""] * n, ["length"] * n, None, 0, True)
+                        break
             except ConveyorError as exc:  # a moved request refused: its model may not be served again yet
                 if resume is None or answered or not await resume.wait_back(exc):
                     raise
@@ -198,6 +225,53 @@ async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
         if task_refused(exc, "generate"):
             raise api_refused(api) from None
         raise
+
+
+def _release(batch: list[InferResult | StreamError], start: int) -> None:
+    for item in batch[start:]:
+        if isinstance(item, InferResult):
+            item.release()
+
+
+def joined(found: list[Step]) -> Step:
+    """Consecutive steps of one request as one: each choice's texts and logprobs joined in order, its
+    finish reason where it finished, the token counts added (the prompt's: the latest reported)."""
+    if len(found) == 1:
+        return found[0]
+    first = found[0]
+    out = Step(list(first.texts), list(first.finish), first.prompt_tokens, first.output_tokens, first.final,
+               None if first.logprobs is None else [list(tokens) for tokens in first.logprobs],
+               first.prompt_logprobs, first.span, first.cached_tokens)
+    for step in found[1:]:
+        texts = out.texts
+        for i, text in enumerate(step.texts):
+            if i < len(texts):
+                texts[i] += text
+            else:
+                texts.append(text)
+        finish = out.finish
+        for i, reason in enumerate(step.finish):
+            if i >= len(finish):
+                finish.append(reason)
+            elif reason is not None:
+                finish[i] = reason
+        if step.logprobs is not None:
+            if out.logprobs is None:
+                out.logprobs = [[] for _ in step.logprobs]
+            for i, tokens in enumerate(step.logprobs):
+                if i < len(out.logprobs):
+                    out.logprobs[i] += tokens
+                else:
+                    out.logprobs.append(list(tokens))
+        if out.prompt_logprobs is None:
+            out.prompt_logprobs = step.prompt_logprobs
+        if step.prompt_tokens is not None:
+            out.prompt_tokens = step.prompt_tokens
+        if step.cached_tokens is not None:
+            out.cached_tokens = step.cached_tokens
+        out.output_tokens += step.output_tokens
+        out.final = step.final
+    return out
 
 
 async def counted(found: AsyncGenerator[Step, None], tokenizer: Tokenizer, prompt: str | list[int],
@@ -230,6 +304,11 @@ async def counted(found: AsyncGenerator[Step, None], tokenizer: Tokenizer, promp
 
 def _step(result: InferResult, n: int, top: int) -> Step:
     try:
+        parameters = result.parameters
+        if parameters:
+            carried = parameters.get(stream_steps.STEP)
+            if carried is not None:  # the vLLM backend's answer to STEPS: no tensors
+                return _carried(carried, result.final, n, top)
         texts = [""] * n
         finish: list[str | None] = [None] * n
         prompt_tokens: int | None = None
@@ -266,7 +345,22 @@ def _step(result: InferResult, n: int, top: int) -> Step:
         result.release()
 
 
-def _token_logprobs(raw: bytes, top: int) -> list[TokenLogprob]:
+def _carried(step: list[Any], final: bool, n: int, top: int) -> Step:
+    """A step from the response's parameters (``proto/stream_steps.py``), read as ``_step`` reads tensors."""
+    finish = step[stream_steps.FINISH]
+    if finish is None:
+        finish = ["stop"] * n if final else [None] * n
+    logprobs = step[stream_steps.LOGPROBS]
+    prompt = step[stream_steps.PROMPT_LOGPROBS]
+    prompt_logprobs = _token_logprobs(prompt, top) if prompt else None
+    return Step(step[stream_steps.TEXTS], finish, step[stream_steps.PROMPT_TOKENS],
+                step[stream_steps.OUTPUT_TOKENS] or 0, final,
+                None if logprobs is None else [_token_logprobs(raw, top) for raw in logprobs],
+                None if prompt_logprobs is None else [prompt_logprobs] * n,
+                cached_tokens=step[stream_steps.CACHED_TOKENS])
+
+
+def _token_logprobs(raw: bytes | str, top: int) -> list[TokenLogprob]:
     """The backend's JSON for one sequence's new tokens (or the prompt's): per token, token id ->
     {logprob, rank, decoded_token}, the chosen token first (vLLM puts it there), then the ``top`` most
     likely; a prompt's first token has a null logprob and no alternatives."""

@@ -132,7 +132,8 @@ class Resume:
                     self.request_id, self.target.model.name, error.message, self.moves, self.limit,
                     len(self.generated))
         call = engine_call(self.target, prompt, params, self.stream, self.request_id)
-        call.parameters = {**self.marks(), MIGRATION: self.moves}
+        call.parameters.update(self.marks())
+        call.parameters[MIGRATION] = self.moves
         return call
 
     async def wait_back(self, error: ConveyorError) -> bool:

@@ -61,16 +61,17 @@ def _checked(ids: list[int]) -> list[int]:
     return list(ids)
 
 
-async def merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGenerator[Step, None]:
+def merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGenerator[Step, None]:
     """The steps of several prompts' requests (``n`` choices each) as steps of one answer of
     ``len(streams) * n`` choices, in the order they come. ``prompt_tokens`` is the sum over the prompts
     that reported so far (all of them by the last step); ``final`` marks the last step only. The first
     error ends the answer and cancels the other requests; so does closing this iterator early."""
-    if len(streams) == 1:  # no task, no queue: the common case as cheap as before
-        async with contextlib.aclosing(streams[0]) as only:
-            async for step in only:
-                yield step
-        return
+    if len(streams) == 1:  # the common case: the one request's own steps, no layer around them
+        return streams[0]
+    return _merged(streams, n)
+
+
+async def _merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGenerator[Step, None]:
     total = len(streams) * n
     queue: asyncio.Queue[tuple[int, Step | BaseException | None]] = asyncio.Queue()
 

@@ -163,15 +163,15 @@ class _Engines:
     def __init__(self) -> None:
         self.calls: list[InferCall] = []
 
-    async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
+    async def infer_stream_batches(self, call: InferCall) -> AsyncGenerator[list[InferResult | StreamError], None]:
         self.calls.append(call)
         if len(self.calls) == 1:
-            yield _result(" there", {PROMPT_IDS: [1, 2, 3], OUTPUT_IDS: [10]}, prompt_tokens=3)
-            yield _result(" was", {OUTPUT_IDS: [11]})
-            yield StreamError(WorkerLost(LOST), True)
+            yield [_result(" there", {PROMPT_IDS: [1, 2, 3], OUTPUT_IDS: [10]}, prompt_tokens=3)]
+            yield [_result(" was", {OUTPUT_IDS: [11]})]
+            yield [StreamError(WorkerLost(LOST), True)]
             return
-        yield _result(" a", {PROMPT_IDS: [1, 2, 3, 10, 11], OUTPUT_IDS: [12]}, prompt_tokens=5)
-        yield _result(" king", {OUTPUT_IDS: [13]}, final=True, finish="length")
+        yield [_result(" a", {PROMPT_IDS: [1, 2, 3, 10, 11], OUTPUT_IDS: [12]}, prompt_tokens=5)]
+        yield [_result(" king", {OUTPUT_IDS: [13]}, final=True, finish="length")]
 
 
 def test_a_stream_reads_on_across_the_move_as_one_answer() -> None:
@@ -209,16 +209,16 @@ class _OneEngine(_Engines):
         super().__init__()
         self.refusals, self.status = refusals, status
 
-    async def infer_stream(self, call: InferCall) -> AsyncGenerator[InferResult | StreamError, None]:
+    async def infer_stream_batches(self, call: InferCall) -> AsyncGenerator[list[InferResult | StreamError], None]:
         if 1 <= len(self.calls) <= self.refusals:
             self.calls.append(call)
             message = "Request for unknown model: 'llm' has no available versions"
             if len(self.calls) % 2:  # refused by the signature cache before a request is sent
                 raise ConveyorError(self.status, message)
-            yield StreamError(ConveyorError(self.status, message), True)
+            yield [StreamError(ConveyorError(self.status, message), True)]
             return
-        async for item in super().infer_stream(call):
-            yield item
+        async for batch in super().infer_stream_batches(call):
+            yield batch
 
 
 def _read(engines: _Engines, call: InferCall, resume: migration.Resume | None) -> list[Any]:

@@ -15,13 +15,22 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, not_found, unavailable
 from conveyor.proto.lora import runtime_updates_allowed
-from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome, ResponseChannel
+from conveyor.proto.stream_steps import STEP
+from conveyor.workers.backends.base import (
+    ParameterizedOutputs,
+    RequestItem,
+    RequestOutcome,
+    ResponseChannel,
+    WireTensor,
+)
 from conveyor.workers.backends.vllm import embedding, outputs
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
@@ -158,18 +167,34 @@ class VllmBackend:
         lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
         prompt = engine_prompt(args.prompt)
         resumable = args.stream and args.token_ids and params.n == 1
+        answer = self._steps if args.steps else self._tensors
         async for out in self.engine.engine.generate(prompt, params, uuid.uuid4().hex, lora_request=lora):
             state.merge(out)
-            if resumable:  # the token ids ride along as response parameters, never shown to a client
-                sent: dict[str, Any] = ParameterizedOutputs(outputs.token_ids(state))
-                sent.update(outputs.build(state, False, args.returns))
-                channel.send(sent, out.finished)
-            elif args.stream:
-                channel.send(outputs.build(state, False, args.returns), out.finished)
+            if args.stream:
+                channel.send(answer(state, False, args.returns, resumable), out.finished)
         if not args.stream:
-            channel.send(outputs.build(state, args.prepend_input, args.returns), True)
+            channel.send(answer(state, args.prepend_input, args.returns, False), True)
         elif not channel.closed:
             channel.send(None, True)
+
+    @staticmethod
+    def _tensors(state: outputs.ResponseState, prepend: bool, returns: frozenset[str],
+                 resumable: bool) -> Mapping[str, WireTensor | np.ndarray]:
+        """A response of Triton's contract: its outputs as tensors."""
+        if not resumable:
+            return outputs.build(state, prepend, returns)
+        # the token ids ride along as response parameters, never shown to a client
+        sent: dict[str, Any] = ParameterizedOutputs(outputs.token_ids(state))
+        sent.update(outputs.build(state, prepend, returns))
+        return sent
+
+    @staticmethod
+    def _steps(state: outputs.ResponseState, prepend: bool, returns: frozenset[str],
+               resumable: bool) -> ParameterizedOutputs:
+        """A response to the OpenAI ingress: no tensors, the step in its parameters."""
+        parameters: dict[str, Any] = outputs.token_ids(state) if resumable else {}
+        parameters[STEP] = outputs.step(state, prepend, returns)
+        return ParameterizedOutputs(parameters)
 
     def _decode(self, token: int) -> str:
         """A token's text as vLLM's server shows a prompt's first token (its tokenizer's ``decode``)."""

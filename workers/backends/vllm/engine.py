@@ -43,6 +43,17 @@ def _drop_prometheus_logger(engine: Any) -> None:
         manager.stat_loggers = [lg for lg in manager.stat_loggers if not isinstance(lg, PrometheusStatLogger)]
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (vLLM's own server runs on it): the engine's output handler,
+    its ZeroMQ socket's callbacks and every token's hand-off turn the loop several times a step, and
+    asyncio's own loop does that in Python."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class EngineLoop:
     def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0,
                  on_compute_cores: bool = False) -> None:
@@ -51,7 +62,7 @@ class EngineLoop:
         (``placement.py``)."""
         # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"vllm-{name}", daemon=True)
         self._thread.start()
         before = descendants()

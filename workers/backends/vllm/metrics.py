@@ -34,7 +34,7 @@ class EngineMetrics:
         def metric(name: str, description: str, kind: MetricKind, buckets: list[float] | None = None) -> Metric:
             family = MetricFamily(name, description, kind)
             self._families.append(family)
-            return family.Metric(labels=labels, buckets=buckets)
+            return family.Metric(labels=labels, buckets=buckets).publish_lazily()  # changed at every step
 
         self.prompt_tokens = metric("vllm:prompt_tokens_total", "Number of prefill tokens processed.", _C)
         self.generation_tokens = metric("vllm:generation_tokens_total", "Number of generation tokens processed.", _C)
@@ -58,12 +58,17 @@ class EngineMetrics:
         self.prefix_hits = metric("vllm:prefix_cache_hits_total",
                                   "Prefix cache hits, in terms of number of cached tokens.", _C)
         self.lora_info = LoraInfo(labels, max_lora) if max_lora is not None else None
+        self._gauges: tuple[Any, ...] = ()  # running, waiting, KV-cache use as last set
 
     def record(self, scheduler: Any, iteration: Any) -> None:
         if scheduler is not None:
-            self.running.set(scheduler.num_running_reqs)
-            self.waiting.set(scheduler.num_waiting_reqs)
-            self.kv_usage.set(scheduler.kv_cache_usage)
+            # Gauges set when they move: each engine step reports them, mostly unchanged.
+            gauges = (scheduler.num_running_reqs, scheduler.num_waiting_reqs, scheduler.kv_cache_usage)
+            if gauges != self._gauges:
+                running, waiting, kv_usage = self._gauges = gauges
+                self.running.set(running)
+                self.waiting.set(waiting)
+                self.kv_usage.set(kv_usage)
             cache = scheduler.prefix_cache_stats
             if cache is not None and cache.queries:
                 self.prefix_queries.increment(cache.queries)
@@ -114,7 +119,7 @@ class LoraInfo:
         if seen != self._shown or self._metric is None:
             family = MetricFamily(LORA_INFO, "Running stats on lora requests.", _G)
             self._metric = family.Metric(labels={**self._labels, "running_lora_adapters": seen[0],
-                                                 "waiting_lora_adapters": seen[1]})
+                                                 "waiting_lora_adapters": seen[1]}).publish_lazily()
             self._family, self._shown = family, seen  # the previous family goes, and its series with it
         self._metric.set(now)
         self._set_at = now

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.proto import stream_steps as steps
 from conveyor.proto.datatypes import pack_bytes
 from conveyor.proto.migration import OUTPUT_IDS, PROMPT_IDS
 from conveyor.workers.backends.base import WireTensor
@@ -58,9 +59,10 @@ class ResponseState:
         self.prompt_ids_sent = False
 
     def merge(self, output: Any) -> None:
-        self.prompt = output.prompt
-        self.prompt_ids = list(output.prompt_token_ids or ())
-        self.prompt_tokens = len(self.prompt_ids)
+        if self.prompt is None:  # the prompt is the same in every output: copied once, not per token
+            self.prompt = output.prompt or ""
+            self.prompt_ids = list(output.prompt_token_ids or ())
+            self.prompt_tokens = len(self.prompt_ids)
         self.cached_tokens = output.num_cached_tokens or 0
         if output.prompt_logprobs and not self.prompt_sent:
             self.prompt_logprobs = output.prompt_logprobs
@@ -80,15 +82,9 @@ def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -
     """The next response: what is new in ``state`` since the previous one (in wire form: a stream
     builds one per token)."""
     seqs = state.seqs
-    lead = (state.prompt or "") if prepend_prompt else ""
-    texts = []
-    for i, s in enumerate(seqs):
-        text = "" if s is None else s.text
-        texts.append(lead + text[state.text[i]:])
-        state.text[i] = len(text)
-    out: dict[str, WireTensor | np.ndarray] = {"text_output": _strings(texts)}
+    out: dict[str, WireTensor | np.ndarray] = {"text_output": _strings(_new_texts(state, prepend_prompt))}
     if "return_finish_reason" in returns:
-        out["finish_reason"] = _strings(_finish_reasons(state))
+        out["finish_reason"] = _strings([reason or "None" for reason in _finish_reasons(state)])
     if "return_cumulative_logprob" in returns:
         out["cumulative_logprob"] = np.asarray([None if s is None else s.cumulative_logprob for s in seqs],
                                                dtype=np.float32)
@@ -101,13 +97,48 @@ def build(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -
     if "return_num_cached_tokens" in returns:
         out["num_cached_tokens"] = _counts([state.cached_tokens])
     if "return_num_output_tokens" in returns:
-        counts = []
-        for i, s in enumerate(seqs):
-            total = 0 if s is None else len(s.token_ids)
-            counts.append(total - state.tokens[i])
-            state.tokens[i] = total
-        out["num_output_tokens"] = _counts(counts)
+        out["num_output_tokens"] = _counts(_new_counts(state))
     return out
+
+
+def step(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) -> list[Any]:
+    """The next response as a step in its parameters (``proto/stream_steps.py``): what ``build`` puts in
+    tensors, as plain values (``cumulative_logprob``, which the OpenAI ingress never asks for, has none)."""
+    out: list[Any] = [None] * steps.FIELDS
+    out[steps.TEXTS] = _new_texts(state, prepend_prompt)
+    if "return_finish_reason" in returns:
+        out[steps.FINISH] = _finish_reasons(state)
+    if "return_num_output_tokens" in returns:
+        out[steps.OUTPUT_TOKENS] = sum(_new_counts(state))
+    if "return_num_input_tokens" in returns:
+        out[steps.PROMPT_TOKENS] = state.prompt_tokens
+    if "return_num_cached_tokens" in returns:
+        out[steps.CACHED_TOKENS] = state.cached_tokens
+    if "return_logprobs" in returns:
+        out[steps.LOGPROBS] = _logprobs(state)
+    if "return_prompt_logprobs" in returns:
+        found = _prompt_logprobs(state)
+        out[steps.PROMPT_LOGPROBS] = None if found == "null" else found
+    return out
+
+
+def _new_texts(state: ResponseState, prepend_prompt: bool) -> list[str]:
+    lead = (state.prompt or "") if prepend_prompt else ""
+    texts = []
+    for i, s in enumerate(state.seqs):
+        text = "" if s is None else s.text
+        texts.append(lead + text[state.text[i]:])
+        state.text[i] = len(text)
+    return texts
+
+
+def _new_counts(state: ResponseState) -> list[int]:
+    counts = []
+    for i, s in enumerate(state.seqs):
+        total = 0 if s is None else len(s.token_ids)
+        counts.append(total - state.tokens[i])
+        state.tokens[i] = total
+    return counts
 
 
 def token_ids(state: ResponseState) -> dict[str, list[int]]:
@@ -123,11 +154,11 @@ def token_ids(state: ResponseState) -> dict[str, list[int]]:
     return out
 
 
-def _finish_reasons(state: ResponseState) -> list[str]:
-    reasons = []
+def _finish_reasons(state: ResponseState) -> list[str | None]:
+    reasons: list[str | None] = []
     for i, s in enumerate(state.seqs):
         done = s is not None and s.finish_reason is not None
-        reasons.append(str(s.finish_reason) if done and not state.finished[i] else "None")
+        reasons.append(str(s.finish_reason) if done and not state.finished[i] else None)
         state.finished[i] = state.finished[i] or done
     return reasons
 

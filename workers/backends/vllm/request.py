@@ -7,7 +7,8 @@ Conveyor's additions: ``input_ids`` (INT32 or INT64), a prompt of token ids, whi
 vLLM's ``TokensPrompt`` (``text_input`` is then ignored: the config requires it); and
 ``return_prompt_logprobs``: the ``prompt_logprobs`` output (the sampling parameters ask the engine for
 them with vLLM's ``prompt_logprobs``); the request parameter ``conveyor_resumable``: a stream's responses
-carry its token ids (``outputs.token_ids``), for the OpenAI ingress to resume it if its worker dies."""
+carry its token ids (``outputs.token_ids``), for the OpenAI ingress to resume it if its worker dies; and
+``conveyor_steps``: the responses carry no tensors, their step in the parameters (``outputs.step``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.migration import MIGRATION, RESUMABLE
+from conveyor.proto.stream_steps import STEPS
 from conveyor.workers.backends.base import RequestItem
 
 RETURNS = (
@@ -29,7 +31,7 @@ RETURNS = (
 IDS_INPUT = "input_ids"
 # Request parameters that are inputs of this model, not sampling parameters (a generate call may
 # put them among its parameters).
-_NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS, RESUMABLE, MIGRATION))
+_NOT_SAMPLING = frozenset(("stream", "exclude_input_in_output", *RETURNS, RESUMABLE, MIGRATION, STEPS))
 
 
 @dataclass(slots=True)
@@ -43,6 +45,8 @@ class GenerateArgs:
     # The OpenAI ingress may resume the stream elsewhere: each response carries its new token ids
     # (proto/migration.py).
     token_ids: bool = False
+    # The OpenAI ingress reads each response from its parameters, not its tensors (proto/stream_steps.py).
+    steps: bool = False
 
 
 def _first(inputs: dict[str, np.ndarray], name: str) -> Any:
@@ -88,7 +92,7 @@ def parse(item: RequestItem) -> GenerateArgs:
             raise invalid_arg(f"input '{IDS_INPUT}' is empty")
         text = [int(t) for t in ids.reshape(-1)]
     return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns,
-                        bool(item.parameters.get(RESUMABLE)))
+                        bool(item.parameters.get(RESUMABLE)), bool(item.parameters.get(STEPS)))
 
 
 def engine_prompt(prompt: str | list[int]) -> Any:

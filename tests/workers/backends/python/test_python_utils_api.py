@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import json
-from typing import Any
+import time
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -156,6 +158,38 @@ def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
     with pytest.raises(pb_utils.TritonModelException, match="for histograms"):
         counters = pb_utils.MetricFamily("c_total", "d", pb_utils.COUNTER)
         counters.Metric({"m": "1"}).observe_all([1.0])
+
+
+def test_a_lazy_series_wakes_the_publisher_once_and_waits_for_its_interval(registry: MetricRegistry) -> None:
+    """The vLLM engine's statistics change at every engine step: their series are published lazily
+    (``Metric.publish_lazily``), one wake-up per publication and no ``dirty`` (which the worker's loop
+    answers on its next turn), while a model's own series still leave at once."""
+    from conveyor.workers import router_session
+
+    woken: list[int] = []
+    registry.on_dirty = lambda: woken.append(1)
+    steps = pb_utils.MetricFamily("steps_total", "d", pb_utils.COUNTER)
+    lazy = steps.Metric({"m": "1"}).publish_lazily()
+    values(registry)  # the new series itself was published as any
+    woken.clear()
+    for _ in range(3):
+        lazy.increment(1)
+    assert woken == [1] and registry.lazy_dirty and not registry.dirty
+    session = router_session.RouterSession.__new__(router_session.RouterSession)  # its metrics timing alone
+    session._next_metrics = session._next_lazy = 0.0
+    sent: list[bytes] = []
+    session.out = cast(Any, SimpleNamespace(send=sent.append))
+    session.send_metrics(time.monotonic())
+    assert len(sent) == 1 and not registry.lazy_dirty
+    lazy.increment(1)
+    assert 50 <= session.poll_ms() <= 1000 * router_session.LAZY_METRICS_S + 1  # waits for its interval
+    session.metrics_due(time.monotonic())
+    assert len(sent) == 1  # not yet
+    gauges = pb_utils.MetricFamily("g", "d", pb_utils.GAUGE)
+    gauges.Metric({"m": "1"}).set(2)  # a model's own series: on the next turn, the lazy ones with it
+    assert registry.dirty and session.poll_ms() <= 1
+    session.metrics_due(time.monotonic())
+    assert len(sent) == 2 and not registry.dirty and not registry.lazy_dirty
 
 
 def test_a_metric_whose_family_was_deleted_raises(registry: MetricRegistry) -> None:

@@ -3,7 +3,8 @@
 A model creates a family (name, description, kind) and metrics in it, one per
 label set; values live in this worker process (``REGISTRY``), and the worker
 sends the series that changed to the router at most every
-``workers/router_session.py:METRICS_FLUSH_S``, which serves them on ``/metrics`` with
+``workers/router_session.py:METRICS_FLUSH_S`` (``LAZY_METRICS_S`` for series published
+lazily: the vLLM engine's), which serves them on ``/metrics`` with
 the labels the model gave. As in Triton, families of one name share their
 series and a family keeps its metrics alive; a series goes away with the last
 family object that made it and that family's metrics (e.g. when its model is
@@ -66,7 +67,9 @@ class MetricRegistry:
         self._series: dict[SeriesKey, Series] = {}
         self._changed: set[SeriesKey] = set()
         self._removed: set[SeriesKey] = set()
+        self._lazy: set[SeriesKey] = set()  # series whose changes wait for the publisher's lazy interval
         self.dirty = False  # read without the lock by the publisher: a hint, re-checked under it
+        self.lazy_dirty = False  # only lazy series changed since the last publication
         # Called (under the lock, from the model's thread) when a change follows a publication: the
         # worker wakes its loop, so /metrics shows a model's change at once (models read it back).
         self.on_dirty: Callable[[], None] | None = None
@@ -105,6 +108,7 @@ class MetricRegistry:
                 series.holders -= 1
                 if series.holders <= 0:
                     del self._series[key]
+                    self._lazy.discard(key)
                     self._changed.discard(key)
                     self._removed.add(key)
                     self._dirty()
@@ -143,7 +147,18 @@ class MetricRegistry:
     def _changed_now(self, key: SeriesKey) -> None:  # under the lock
         if key in self._series:  # a series of a released family is no more
             self._changed.add(key)
-            self._dirty()
+            if key not in self._lazy:
+                self._dirty()
+            elif not self.lazy_dirty:  # one wake-up per publication: the loop then waits for its interval
+                self.lazy_dirty = True
+                if self.on_dirty is not None:
+                    self.on_dirty()
+
+    def publish_lazily(self, key: SeriesKey) -> None:
+        """Changes of series ``key`` may wait for the publisher's lazy interval instead of leaving on
+        its loop's next turn (the engine's statistics, which change at every engine step)."""
+        with self._lock:
+            self._lazy.add(key)
 
     def take_changes(self) -> tuple[list[Series], list[SeriesKey]]:
         """Copies of the series that changed, and the keys of those that went away."""
@@ -155,7 +170,7 @@ class MetricRegistry:
             removed = list(self._removed)
             self._changed.clear()
             self._removed.clear()
-            self.dirty = False
+            self.dirty = self.lazy_dirty = False
             return changed, removed
 
     def everything(self) -> list[Series]:
@@ -220,6 +235,13 @@ class Metric:
         checked = [v if type(v) is float and v == v else _number(v) for v in values]  # plain floats: no ABC check
         if checked:
             self._registry.observe_all(self._key, self._series, checked)
+
+    def publish_lazily(self) -> Metric:
+        """Conveyor's: this series' changes reach ``/metrics`` within the worker's lazy interval
+        (``workers/router_session.py:LAZY_METRICS_S``) rather than on its loop's next turn, which a
+        change wakes: for the engine's statistics, which change at every engine step."""
+        self._registry.publish_lazily(self._key)
+        return self
 
     def value(self) -> float:
         """This worker process's value (Conveyor's /metrics adds the workers' counters up)."""
@@ -289,6 +311,13 @@ class MetricFamily:
 
 
 def _number(value: float) -> float:
+    kind = type(value)
+    if kind is float:  # the common cases first: the ABC check below costs a microsecond a call
+        if value != value:  # NaN
+            raise TritonModelException(f"a metric value must be a number, got {value!r}")
+        return value
+    if kind is int:
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
         raise TritonModelException(f"a metric value must be a number, got {value!r}")
     return float(value)
