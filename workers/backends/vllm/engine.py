@@ -31,6 +31,12 @@ SHUTDOWN_TIMEOUT_S = 10.0
 VLLM_SHM_PREFIX = "psm_"  # Python's multiprocessing.shared_memory names, which vLLM's queues use
 
 
+# One engine of this worker starts at a time: vLLM registers each new engine's Prometheus metrics in the
+# process's one registry (unregistering the previous engine's first), and two engines doing that at once
+# failed the second with DuplicateTimeseries (two vLLM models loading together in one worker).
+_STARTING = threading.Lock()
+
+
 def _drop_prometheus_logger(engine: Any) -> None:
     """vLLM gives every engine with statistics on a Prometheus logger of its own. Its registry lives
     in this worker, where nothing serves it (the router's ``/metrics`` has the ``vllm:`` series from
@@ -98,8 +104,9 @@ class EngineLoop:
         # Another engine of this worker may have frozen vLLM's view of the environment: this one
         # starts with the environment as it is now (its device, set by the backend).
         envs.disable_envs_cache()
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
-        _drop_prometheus_logger(engine)
+        with _STARTING:
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
+            _drop_prometheus_logger(engine)
         # vLLM reads some settings from the environment per token (``envs.VLLM_COMPUTE_NANS_IN_LOGITS``
         # in each output's statistics): frozen once the engine is up, as vLLM does in its engine core.
         envs.enable_envs_cache()
