@@ -56,8 +56,8 @@ def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, de
     return False
 
 
-
 def runs_on_any_thread(backend: Backend | RequestBackend) -> bool:
+    """Whether the backend says nothing ties its instance to the thread that loaded it."""
     return bool(getattr(backend, "runs_on_any_thread", False))
 
 
