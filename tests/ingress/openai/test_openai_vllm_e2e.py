@@ -438,36 +438,40 @@ def test_an_adapter_loaded_at_run_time_serves_until_unloaded(group: VllmGroup, c
     load = {"lora_name": RUNTIME_ADAPTER, "lora_path": beta}
     assert _post(group, "/v1/load_lora_adapter", load) == (
         200, f"Success: LoRA adapter '{RUNTIME_ADAPTER}' added successfully.")
-    cards = {m.id: m.to_dict() for m in client.models.list()}
-    assert (cards[RUNTIME_ADAPTER]["parent"], cards[RUNTIME_ADAPTER]["root"]) == (MODEL, beta)
-    assert client.models.retrieve(RUNTIME_ADAPTER).to_dict()["parent"] == MODEL
-    # used by its name (vLLM's way) or as <model><separator><adapter>: beta's greedy output, as vLLM's own
-    text = group.ref.completion["beta"][0]
-    for name in (RUNTIME_ADAPTER, _name(RUNTIME_ADAPTER)):
-        out = client.completions.create(model=name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
-        assert (out.choices[0].text, out.model) == (text, name)
-    chunks = list(client.chat.completions.create(model=RUNTIME_ADAPTER, messages=CHAT,  # type: ignore[arg-type]
-                                                 max_tokens=MAX_TOKENS, temperature=0, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == group.ref.chat["beta"][0]  # type: ignore[attr-defined]
+    try:  # the group is shared: the next module must not find it loaded
+        cards = {m.id: m.to_dict() for m in client.models.list()}
+        assert (cards[RUNTIME_ADAPTER]["parent"], cards[RUNTIME_ADAPTER]["root"]) == (MODEL, beta)
+        assert client.models.retrieve(RUNTIME_ADAPTER).to_dict()["parent"] == MODEL
+        # used by its name (vLLM's way) or as <model><separator><adapter>: beta's greedy output, as vLLM's own
+        text = group.ref.completion["beta"][0]
+        for name in (RUNTIME_ADAPTER, _name(RUNTIME_ADAPTER)):
+            out = client.completions.create(model=name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+            assert (out.choices[0].text, out.model) == (text, name)
+        chunks = list(client.chat.completions.create(model=RUNTIME_ADAPTER, messages=CHAT,  # type: ignore[arg-type]
+                                                     max_tokens=MAX_TOKENS, temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == group.ref.chat["beta"][0]  # type: ignore[attr-defined]
 
-    # vLLM's refusals: a duplicate, a name that is a model's, a path with no adapter
-    status, body = _post(group, "/v1/load_lora_adapter", load)
-    assert status == 400 and _error(body) == (
-        f"The lora adapter '{RUNTIME_ADAPTER}' has already been loaded. If you want to load the adapter in place, "
-        "set 'load_inplace' to True.")
-    status, body = _post(group, "/v1/load_lora_adapter", {"lora_name": MODEL, "lora_path": beta})
-    assert status == 400 and _error(body) == f"The lora adapter '{MODEL}' conflicts with a served base model."
-    status, body = _post(group, "/v1/load_lora_adapter", {"lora_name": "lost", "lora_path": "/no/such/adapter"})
-    assert status == 404 and _error(body) == "Loading lora lost failed: No adapter found for /no/such/adapter"
-    assert "lost" not in {m.id for m in client.models.list()}
+        # vLLM's refusals: a duplicate, a name that is a model's, a path with no adapter
+        status, body = _post(group, "/v1/load_lora_adapter", load)
+        assert status == 400 and _error(body) == (
+            f"The lora adapter '{RUNTIME_ADAPTER}' has already been loaded. If you want to load the adapter in place, "
+            "set 'load_inplace' to True.")
+        status, body = _post(group, "/v1/load_lora_adapter", {"lora_name": MODEL, "lora_path": beta})
+        assert status == 400 and _error(body) == f"The lora adapter '{MODEL}' conflicts with a served base model."
+        status, body = _post(group, "/v1/load_lora_adapter", {"lora_name": "lost", "lora_path": "/no/such/adapter"})
+        assert status == 404 and _error(body) == "Loading lora lost failed: No adapter found for /no/such/adapter"
+        assert "lost" not in {m.id for m in client.models.list()}
 
-    # the engine's adapter use, as vLLM's server exports it for LoRA-aware gateways
-    deadline = time.monotonic() + 10
-    while not (lines := _metric_lines(group.server, "vllm:lora_requests_info")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert lines and all('max_lora="2"' in line and "running_lora_adapters=" in line
-                         and "waiting_lora_adapters=" in line for line in lines), lines
-    assert float(lines[-1].rsplit(" ", 1)[1]) > time.time() - 3600  # a timestamp
+        # the engine's adapter use, as vLLM's server exports it for LoRA-aware gateways
+        deadline = time.monotonic() + 10
+        while not (lines := _metric_lines(group.server, "vllm:lora_requests_info")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lines and all('max_lora="2"' in line and "running_lora_adapters=" in line
+                             and "waiting_lora_adapters=" in line for line in lines), lines
+        assert float(lines[-1].rsplit(" ", 1)[1]) > time.time() - 3600  # a timestamp
+    except BaseException:
+        _post(group, "/v1/unload_lora_adapter", {"lora_name": RUNTIME_ADAPTER})
+        raise
 
     assert _post(group, "/v1/unload_lora_adapter", {"lora_name": RUNTIME_ADAPTER}) == (
         200, f"Success: LoRA adapter '{RUNTIME_ADAPTER}' removed successfully.")

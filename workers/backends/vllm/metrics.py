@@ -34,7 +34,7 @@ class EngineMetrics:
         def metric(name: str, description: str, kind: MetricKind, buckets: list[float] | None = None) -> Metric:
             family = MetricFamily(name, description, kind)
             self._families.append(family)
-            return family.Metric(labels=labels, buckets=buckets).publish_lazily()  # changed at every step
+            return family.lazy_metric(labels, buckets)  # changed at every step
 
         self.prompt_tokens = metric("vllm:prompt_tokens_total", "Number of prefill tokens processed.", _C)
         self.generation_tokens = metric("vllm:generation_tokens_total", "Number of generation tokens processed.", _C)
@@ -118,10 +118,12 @@ class LoraInfo:
             return
         if seen != self._shown or self._metric is None:
             family = MetricFamily(LORA_INFO, "Running stats on lora requests.", _G)
-            self._metric = family.Metric(labels={**self._labels, "running_lora_adapters": seen[0],
-                                                 "waiting_lora_adapters": seen[1]}).publish_lazily()
+            # born with its time: a gateway never sees the label set at 0
+            self._metric = family.lazy_metric({**self._labels, "running_lora_adapters": seen[0],
+                                               "waiting_lora_adapters": seen[1]}, value=now)
             self._family, self._shown = family, seen  # the previous family goes, and its series with it
-        self._metric.set(now)
+        else:
+            self._metric.set(now)
         self._set_at = now
 
 

@@ -162,15 +162,17 @@ def test_observe_all_is_observe_of_each_value(registry: MetricRegistry) -> None:
 
 def test_a_lazy_series_wakes_the_publisher_once_and_waits_for_its_interval(registry: MetricRegistry) -> None:
     """The vLLM engine's statistics change at every engine step: their series are published lazily
-    (``Metric.publish_lazily``), one wake-up per publication and no ``dirty`` (which the worker's loop
-    answers on its next turn), while a model's own series still leave at once."""
+    (``MetricFamily.lazy_metric``), one wake-up per publication and no ``dirty`` (which the worker's
+    loop answers on its next turn), while a model's own series still leave at once. A lazy series is
+    born lazily too, with its first value: never shown at 0 before its first ``set``."""
     from conveyor.workers import router_session
 
     woken: list[int] = []
     registry.on_dirty = lambda: woken.append(1)
     steps = pb_utils.MetricFamily("steps_total", "d", pb_utils.COUNTER)
-    lazy = steps.Metric({"m": "1"}).publish_lazily()
-    values(registry)  # the new series itself was published as any
+    lazy = steps.lazy_metric({"m": "1"}, value=7.0)
+    assert woken == [1] and registry.lazy_dirty and not registry.dirty
+    assert values(registry) == {("steps_total", (("m", "1"),)): 7.0}
     woken.clear()
     for _ in range(3):
         lazy.increment(1)

@@ -113,14 +113,19 @@ class MetricRegistry:
                     self._removed.add(key)
                     self._dirty()
 
-    def hold_series(self, key: SeriesKey, template: Series) -> Series:
+    def hold_series(self, key: SeriesKey, template: Series, *, lazy: bool = False) -> Series:
+        """The series of ``key``, made from ``template`` if new. ``lazy``: its changes, its birth
+        included, may wait for the publisher's lazy interval instead of leaving on its loop's next
+        turn (the engine's statistics, which change at every engine step; a birth that left at once
+        would show the value before the first ``set``)."""
         with self._lock:
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = template
                 self._removed.discard(key)
-                self._changed.add(key)
-                self._dirty()
+                if lazy:
+                    self._lazy.add(key)
+                self._changed_now(key)
             elif template.kind == MetricKind.HISTOGRAM and series.buckets != template.buckets:
                 raise TritonModelException(
                     f"Failed to create Metric: the histogram {key[1]} of '{key[0]}' exists with buckets "
@@ -153,12 +158,6 @@ class MetricRegistry:
                 self.lazy_dirty = True
                 if self.on_dirty is not None:
                     self.on_dirty()
-
-    def publish_lazily(self, key: SeriesKey) -> None:
-        """Changes of series ``key`` may wait for the publisher's lazy interval instead of leaving on
-        its loop's next turn (the engine's statistics, which change at every engine step)."""
-        with self._lock:
-            self._lazy.add(key)
 
     def take_changes(self) -> tuple[list[Series], list[SeriesKey]]:
         """Copies of the series that changed, and the keys of those that went away."""
@@ -236,13 +235,6 @@ class Metric:
         if checked:
             self._registry.observe_all(self._key, self._series, checked)
 
-    def publish_lazily(self) -> Metric:
-        """Conveyor's: this series' changes reach ``/metrics`` within the worker's lazy interval
-        (``workers/router_session.py:LAZY_METRICS_S``) rather than on its loop's next turn, which a
-        change wakes: for the engine's statistics, which change at every engine step."""
-        self._registry.publish_lazily(self._key)
-        return self
-
     def value(self) -> float:
         """This worker process's value (Conveyor's /metrics adds the workers' counters up)."""
         self._check()
@@ -274,6 +266,18 @@ class MetricFamily:
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
         """The metric of this label set (made on first use; the same one after)."""
+        return self._metric(labels, buckets, lazy=False, initial=0.0)
+
+    def lazy_metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None,
+                    value: float = 0.0) -> Metric:
+        """Conveyor's ``Metric``: one whose birth (with ``value``) and changes reach ``/metrics``
+        within the worker's lazy interval (``workers/router_session.py:LAZY_METRICS_S``) rather than
+        on its loop's next turn, which a change wakes: for the engine's statistics, which change at
+        every engine step. A series already made keeps its way and its value."""
+        return self._metric(labels, buckets, lazy=True, initial=value)
+
+    def _metric(self, labels: dict[str, str] | None, buckets: list[float] | None, *, lazy: bool,
+                initial: float) -> Metric:
         if labels is None:
             labels = {}
         if not isinstance(labels, dict):
@@ -287,9 +291,9 @@ class MetricFamily:
         key: SeriesKey = (self._name, tuple(sorted(labels.items())))
         series = self._keys.get(key)
         if series is None:
-            template = Series(self._name, self._description, self._kind, dict(labels), bounds,
+            template = Series(self._name, self._description, self._kind, dict(labels), bounds, initial,
                               counts=[0] * (len(bounds) + 1) if self._kind == MetricKind.HISTOGRAM else [])
-            series = self._keys[key] = self._registry.hold_series(key, template)
+            series = self._keys[key] = self._registry.hold_series(key, template, lazy=lazy)
         return Metric(key, series, self)
 
     def _buckets(self, buckets: list[float] | None) -> list[float]:
