@@ -264,10 +264,7 @@ class MetricFamily:
         self._description = REGISTRY.hold_family(name, kind, str(description))
         self._registry = REGISTRY  # set once held: __del__ lets go of what it holds
 
-    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
-        """The metric of this label set (made on first use; the same one after)."""
-        return self._metric(labels, buckets, lazy=False, initial=0.0)
-
+    # lazy_metric and _metric come before Metric: below it, that name in this class is the method
     def lazy_metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None,
                     value: float = 0.0) -> Metric:
         """Conveyor's ``Metric``: one whose birth (with ``value``) and changes reach ``/metrics``
@@ -295,6 +292,10 @@ class MetricFamily:
                               counts=[0] * (len(bounds) + 1) if self._kind == MetricKind.HISTOGRAM else [])
             series = self._keys[key] = self._registry.hold_series(key, template, lazy=lazy)
         return Metric(key, series, self)
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
+        """The metric of this label set (made on first use; the same one after)."""
+        return self._metric(labels, buckets, lazy=False, initial=0.0)
 
     def _buckets(self, buckets: list[float] | None) -> list[float]:
         if self._kind != MetricKind.HISTOGRAM:
