@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
+from conveyor.deploy.runtime.procs import running
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
@@ -21,16 +23,6 @@ def segment_name(group: str, role: str, pid: int | None = None, serial: int = 0)
     pid = os.getpid() if pid is None else pid
     suffix = f".{serial}" if serial else ""
     return f"/{PREFIX}{group}.{role}.{pid}{suffix}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def owner_pid(entry: str) -> int | None:
@@ -56,7 +48,7 @@ def sweep_orphans(group: str) -> list[str]:
         if not entry.startswith(mine):
             continue
         pid = owner_pid(entry)
-        if pid is None or _pid_alive(pid):
+        if pid is None or running(pid):  # a zombie's segments are orphans too
             continue
         try:
             os.unlink(os.path.join(SHM_DIR, entry))

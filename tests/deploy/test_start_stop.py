@@ -185,7 +185,7 @@ def test_an_ingress_restarted_after_serving_backs_off_while_its_port_is_taken(re
         eventually(lambda: not _alive(http), 10)
         with _holder(server.http_port, patience=1.0):
             # Restarted with its back-off (0.5 s, 1 s, 2 s, ...), failing each time; the group lives on.
-            time.sleep(4)
+            time.sleep(2)
             assert server.proc.poll() is None
             assert _listening(server.grpc_port)
         wait_ready(server.http_port, server.proc, timeout=30)  # the next restart binds it

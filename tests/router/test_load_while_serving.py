@@ -33,11 +33,11 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 pytestmark = pytest.mark.timeout(300)
 
-SLOW_S = 6.0  # the Python model's auto_complete_config
-BRIEF_S = 3.0  # the same, for the load API's own tests
-STORE_DELAY_S = 2.0  # each request to the slow S3 store
+SLOW_S = 3.0  # the Python model's auto_complete_config
+BRIEF_S = 2.0  # the same, for the load API's own tests
+STORE_DELAY_S = 1.0  # each request to the slow S3 store
 BIG_MIB = int(os.environ.get("CONVEYOR_BIG_ONNX_MIB", "1024"))  # weights in an external-data file
-BASELINE_S = 4.0
+BASELINE_S = 2.0
 # The p99 during a load may be twice the baseline's, or this much above it: on a busy 2-core
 # machine the load's own work (a child process starting, a worker mapping a GiB) costs the
 # clients some CPU, but never a stalled router (seconds).

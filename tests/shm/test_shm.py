@@ -119,6 +119,30 @@ def test_sweep_frees_segments_of_dead_owners() -> None:
     assert group_segments(group) == []
 
 
+def test_the_segments_of_a_zombie_are_swept() -> None:
+    # A killed group's actors stay zombies where init does not reap orphans (a container's init may
+    # not): they hold no memory, and the next start frees their segments.
+    group = f"zombie{os.getpid()}"
+    code = (
+        "from conveyor.shm.arena import Arena; from conveyor.shm.naming import segment_name; "
+        f"Arena(segment_name('{group}', 'worker'), 4096)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code])  # not waited for: a zombie once it exits
+    try:
+        deadline = time.monotonic() + 30
+        while not group_segments(group) or _state(child.pid) != "Z":
+            assert time.monotonic() < deadline, "the child neither made its segment nor exited"
+            time.sleep(0.05)
+        assert len(sweep_orphans(group)) == 1 and group_segments(group) == []
+    finally:
+        child.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_start_sweeps_what_any_killed_group_left_and_nothing_alive() -> None:
     dead, alive = f"gone{os.getpid()}", f"live{os.getpid()}"
     code = (
