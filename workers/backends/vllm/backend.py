@@ -78,8 +78,8 @@ class VllmBackend:
             raise unavailable(f"'{path}' is not valid JSON: {exc}") from None
         if not isinstance(engine_args, dict):
             raise unavailable(f"'{path}' must hold a JSON object of vLLM engine arguments")
-        if device.startswith("cuda:"):  # KIND_GPU: the engine uses the instance's GPU only (as Triton)
-            os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        # KIND_GPU: the engine uses the instance's GPU only (as Triton)
+        environment = {"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("cuda:") else {}
         self.loras = LoraRepository.load(version_dir, engine_args, runtime_updates_allowed(config))
         self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
         self.healthy = True
@@ -94,7 +94,7 @@ class VllmBackend:
         nice = engine_nice(_parameter(config, "ENGINE_NICE"))
         on_compute_cores = engine_on_compute_cores(_parameter(config, "ENGINE_CPUS"))
         try:
-            self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores)
+            self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores, environment)
         except ConveyorError:
             raise
         except Exception as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -31,22 +32,36 @@ SHUTDOWN_TIMEOUT_S = 10.0
 VLLM_SHM_PREFIX = "psm_"  # Python's multiprocessing.shared_memory names, which vLLM's queues use
 
 
-# One engine of this worker starts at a time: vLLM registers each new engine's Prometheus metrics in the
-# process's one registry (unregistering the previous engine's first), and two engines doing that at once
-# failed the second with DuplicateTimeseries (two vLLM models loading together in one worker).
-_STARTING = threading.Lock()
+# The engines of this worker that start with an environment of their own (a GPU engine's
+# CUDA_VISIBLE_DEVICES, which the engine core process inherits) start one at a time; the others at once.
+_ENVIRONMENT = threading.Lock()
 
 
-def _drop_prometheus_logger(engine: Any) -> None:
-    """vLLM gives every engine with statistics on a Prometheus logger of its own. Its registry lives
-    in this worker, where nothing serves it (the router's ``/metrics`` has the ``vllm:`` series from
-    ``metrics.py``), and recording into it was the costliest part of each engine step's statistics
-    (docs/PERFORMANCE.md): keep the other loggers (ours, and vLLM's periodic log line)."""
+def _no_prometheus_logger() -> type:
+    """A stand-in for the Prometheus logger vLLM gives every engine with statistics (it makes its own
+    unless one is given). Its registry would live in this worker, where nothing serves it (the router's
+    ``/metrics`` has the ``vllm:`` series from ``metrics.py``); recording into it was the costliest part
+    of each engine step's statistics (docs/PERFORMANCE.md); and making it unregisters and registers
+    the process's series, so two engines starting at once failed the second with DuplicateTimeseries."""
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    manager = getattr(engine, "logger_manager", None)
-    if manager is not None:
-        manager.stat_loggers = [lg for lg in manager.stat_loggers if not isinstance(lg, PrometheusStatLogger)]
+    class NoPrometheus(PrometheusStatLogger):
+        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+            pass
+
+        def record(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return NoPrometheus
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -62,10 +77,11 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 class EngineLoop:
     def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0,
-                 on_compute_cores: bool = False) -> None:
+                 on_compute_cores: bool = False, environment: dict[str, str] | None = None) -> None:
         """``nice``: how much lower the CPU priority of the engine's processes is (``priority.py``);
         ``on_compute_cores``: keep the engine core process on the cores its model computes on
-        (``placement.py``)."""
+        (``placement.py``); ``environment``: set in this process for the engine to start with (its
+        engine core process inherits it)."""
         # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.loop = _new_loop()
@@ -73,7 +89,7 @@ class EngineLoop:
         self._thread.start()
         before = descendants()
         try:
-            self.engine = self.run(self._start(engine_args, stat_loggers)).result()
+            self.engine = self.run(self._start(engine_args, stat_loggers, environment or {})).result()
         except BaseException:
             self._stop_loop()
             raise
@@ -96,17 +112,19 @@ class EngineLoop:
             log.info("the vLLM engine of '%s' computes on CPU(s) %s: this worker's threads keep off them",
                      name, ",".join(map(str, sorted(cores))))
 
-    async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
+    async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any],
+                     environment: dict[str, str]) -> Any:
         from vllm import envs
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # Another engine of this worker may have frozen vLLM's view of the environment: this one
-        # starts with the environment as it is now (its device, set by the backend).
-        envs.disable_envs_cache()
-        with _STARTING:
-            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers or None)
-            _drop_prometheus_logger(engine)
+        loggers = [*stat_loggers, _no_prometheus_logger()]
+        with _ENVIRONMENT if environment else contextlib.nullcontext():
+            os.environ.update(environment)
+            # Another engine of this worker may have frozen vLLM's view of the environment: this one
+            # starts with the environment as it is now.
+            envs.disable_envs_cache()
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=loggers)
         # vLLM reads some settings from the environment per token (``envs.VLLM_COMPUTE_NANS_IN_LOGITS``
         # in each output's statistics): frozen once the engine is up, as vLLM does in its engine core.
         envs.enable_envs_cache()
