@@ -64,6 +64,14 @@ def _no_prometheus_logger() -> type:
     return NoPrometheus
 
 
+def engine_loggers(engine_args: dict[str, Any], stat_loggers: list[Any]) -> list[Any] | None:
+    """The statistics loggers an engine starts with: ``stat_loggers`` and the Prometheus stand-in; none
+    at all where the engine's statistics are off (vLLM turns them on for any logger it is given)."""
+    if engine_args.get("disable_log_stats", False):
+        return None
+    return [*stat_loggers, _no_prometheus_logger()]
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop where it is installed (vLLM's own server runs on it): the engine's output handler,
     its ZeroMQ socket's callbacks and every token's hand-off turn the loop several times a step, and
@@ -118,7 +126,7 @@ class EngineLoop:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        loggers = [*stat_loggers, _no_prometheus_logger()]
+        loggers = engine_loggers(engine_args, stat_loggers)
         with _ENVIRONMENT if environment else contextlib.nullcontext():
             os.environ.update(environment)
             # Another engine of this worker may have frozen vLLM's view of the environment: this one
