@@ -73,45 +73,56 @@ def release_thread() -> None:
         os.sched_setaffinity(0, _process_cpus)
 
 
-# Per thread, its CPUs before ``avoid_cpus`` (what ``share_cpus`` gives back), and the process's.
-Saved = tuple[dict[int, set[int]], set[int] | None]
+# The cores of each engine still running that keeps this process's threads off them (``avoid_cpus``);
+# per thread moved, its CPUs before the first of them, and the process's: what ``share_cpus`` gives back,
+# less the cores of the engines still running.
+_avoiding: list[set[int]] = []
+_unmoved: dict[int, set[int]] = {}
+_unmoved_process: set[int] | None = None
 
 
-def avoid_cpus(cpus: set[int]) -> Saved | None:
+def avoid_cpus(cpus: set[int]) -> set[int] | None:
     """Keep every thread of this process off ``cpus``, the threads it starts later too (they inherit
-    their creator's CPUs, or take ``release_thread``'s). None, and nothing changed, when that would
-    leave no CPU or ``cpus`` are none of this process's."""
-    global _process_cpus
+    their creator's CPUs, or take ``release_thread``'s). Returns what to hand ``share_cpus`` when the
+    engine stops; None, and nothing changed, when that would leave no CPU or ``cpus`` are none of this
+    process's."""
+    global _process_cpus, _unmoved_process
     full = _process_cpus if _process_cpus is not None else os.sched_getaffinity(0)
     left = full - cpus
     if not left or left == full:
         return None
-    saved: dict[int, set[int]] = {}
+    if not _avoiding:
+        _unmoved_process = _process_cpus
     for tid in _threads():
         try:
             current = os.sched_getaffinity(tid)
             os.sched_setaffinity(tid, (current - cpus) or left)
         except OSError:  # the thread ended meanwhile
             continue
-        saved[tid] = current
-    before = _process_cpus
+        _unmoved.setdefault(tid, current)
+    token = set(cpus)
+    _avoiding.append(token)
     if _process_cpus is not None:
         _process_cpus = left
-    return saved, before
+    return token
 
 
-def share_cpus(saved: Saved) -> None:
-    """Undo ``avoid_cpus`` (the engine that had the CPUs stopped) for the threads it moved; threads
-    started since keep what they inherited, and instance threads started later get every CPU again."""
+def share_cpus(token: set[int]) -> None:
+    """Undo ``avoid_cpus`` (the engine that had the CPUs stopped) for the threads it moved, but for the
+    cores another engine still computes on; threads started since keep what they inherited, and
+    instance threads started later get the CPUs no engine holds."""
     global _process_cpus
-    threads, before = saved
-    for tid, cpus in threads.items():
+    _avoiding.remove(token)
+    still: set[int] = set().union(*_avoiding)
+    for tid, cpus in list(_unmoved.items()):
         try:
-            os.sched_setaffinity(tid, cpus)
-        except OSError:
-            continue
-    if _process_cpus is not None:
-        _process_cpus = before
+            os.sched_setaffinity(tid, (cpus - still) or cpus)
+        except OSError:  # the thread ended
+            del _unmoved[tid]
+    if _process_cpus is not None and _unmoved_process is not None:
+        _process_cpus = (_unmoved_process - still) or _unmoved_process
+    if not _avoiding:
+        _unmoved.clear()
 
 
 def bound_cpus(pids: set[int]) -> set[int]:

@@ -159,3 +159,24 @@ def test_confine_keeps_a_free_process_on_the_cores_its_neighbour_computes_on() -
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_engine_that_stops_gives_back_only_what_no_other_engine_computes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CPU engines of one worker on a 4-core host, each bound to a core of its own: the worker's
+    threads keep off both; when the first stops they get its core back, not the second's, and every
+    core once both have stopped. The pinned dispatch thread keeps its core throughout. (The affinity
+    calls are faked: a 2-core host has no room for two engines and the worker.)"""
+    threads = {1: {0, 1, 2, 3}, 2: {3}}  # an instance thread, the pinned main thread
+    monkeypatch.setattr(dc, "_threads", lambda pid=None: list(threads))
+    monkeypatch.setattr(dc.os, "sched_getaffinity", lambda tid: set(threads[tid or 1]))
+    monkeypatch.setattr(dc.os, "sched_setaffinity", lambda tid, cpus: threads.__setitem__(tid or 1, set(cpus)))
+    monkeypatch.setattr(dc, "_process_cpus", {0, 1, 2, 3})  # pinned: instance threads started later get these
+
+    first, second = dc.avoid_cpus({0}), dc.avoid_cpus({1})
+    assert first is not None and second is not None
+    assert threads == {1: {2, 3}, 2: {3}} and dc._process_cpus == {2, 3}
+    dc.share_cpus(first)
+    assert threads == {1: {0, 2, 3}, 2: {3}} and dc._process_cpus == {0, 2, 3}
+    dc.share_cpus(second)
+    assert threads == {1: {0, 1, 2, 3}, 2: {3}} and dc._process_cpus == {0, 1, 2, 3}
+    assert dc._avoiding == [] and dc._unmoved == {}

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from conveyor.deploy.runtime.dispatch_cpu import Saved, avoid_cpus, bound_cpus, confine, share_cpus
+from conveyor.deploy.runtime.dispatch_cpu import avoid_cpus, bound_cpus, confine, share_cpus
 from conveyor.deploy.runtime.procs import mapped_shm, unlink_shm
 from conveyor.workers.backends.vllm.priority import descendants, lower_priority
 
@@ -115,7 +115,7 @@ class EngineLoop:
             moved = confine(engine_pids, cores)
             log.info("the vLLM engine core of '%s' runs beside its model on CPU(s) %s (%d threads)",
                      name, ",".join(map(str, sorted(cores))), moved)
-        self._avoided: Saved | None = avoid_cpus(cores) if cores else None
+        self._avoided: set[int] | None = avoid_cpus(cores) if cores else None
         if self._avoided is not None:
             log.info("the vLLM engine of '%s' computes on CPU(s) %s: this worker's threads keep off them",
                      name, ",".join(map(str, sorted(cores))))
