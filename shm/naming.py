@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 import os
 
-from conveyor.deploy.runtime.procs import running
-
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
@@ -23,6 +21,26 @@ def segment_name(group: str, role: str, pid: int | None = None, serial: int = 0)
     pid = os.getpid() if pid is None else pid
     suffix = f".{serial}" if serial else ""
     return f"/{PREFIX}{group}.{role}.{pid}{suffix}"
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie: a zombie holds no memory, and where init does not reap
+    orphans (a container's own init may not), a killed process stays one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return False  # gone
+    except OSError:
+        return True
+    try:  # no /proc: not Linux
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 def owner_pid(entry: str) -> int | None:
@@ -48,7 +66,7 @@ def sweep_orphans(group: str) -> list[str]:
         if not entry.startswith(mine):
             continue
         pid = owner_pid(entry)
-        if pid is None or running(pid):  # a zombie's segments are orphans too
+        if pid is None or _running(pid):  # a zombie's segments are orphans too
             continue
         try:
             os.unlink(os.path.join(SHM_DIR, entry))

@@ -28,26 +28,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[_UTIME]) + int(fields[_STIME])) / _CLK_TCK
 
 
-def running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie: a zombie holds no memory, and where init does not reap
-    orphans (a container's own init may not), a killed process stays one."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        if os.path.isdir("/proc/self"):
-            return False  # gone
-    except OSError:
-        return True
-    try:  # no /proc: not Linux
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
-
-
 def _processes(field: int, value: int) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
