@@ -24,7 +24,7 @@ from conveyor.deploy.options import run_dir
 from conveyor.deploy.ports import free_ports
 from conveyor.deploy.runtime.procs import children
 from conveyor.deploy.settings import ServeSettings
-from tests.support.group import abandon, pids_of, start_server, wait_ready
+from tests.support.group import _listening, abandon, pids_of, start_server, wait_ready
 from tests.support.waiting import eventually
 
 
@@ -192,14 +192,6 @@ def test_an_ingress_restarted_after_serving_backs_off_while_its_port_is_taken(re
     finally:
         assert server.stop() == 0
     assert _running(group) == [] and _segments(group) == []
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def test_a_router_of_the_group_left_running_stops_the_start(repo: str) -> None:

@@ -20,6 +20,7 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.logs import JournalFormatter, stderr_is_journal
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.runtime.sd_notify import Notifier, notify, watchdog_interval
+from tests.support.group import _listening
 from tests.support.paths import ROOT
 
 UNITS = ROOT / "deploy" / "systemd"
@@ -122,14 +123,6 @@ class Listener:
             if self.saw(prefix):
                 return
         raise AssertionError(f"no {prefix!r} on {self.path} within {timeout}s; got {self.messages}")
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture()
