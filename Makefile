@@ -18,6 +18,7 @@ serve: $(PY)
 test: $(PY)
 	$(PY) -m pip install -q -e '.[test,vllm]'
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # built for another torch (pyproject: vllm)
+	$(PY) -m pip uninstall -q -y triton  # xgrammar's, for GPUs: 1 GB that vLLM's CPU build does not use (no CPU backend in it)
 	CONVEYOR_REQUIRE_VLLM=1 $(MAKE) check  # the vLLM tests fail, not skip, if the engine did not install
 
 check: lint typecheck unit
