@@ -33,7 +33,14 @@ taken in order), each prompt meeting each model name once per pass. Per server, 
   back for ``--seconds`` (aiperf's ``--concurrency``, ``--benchmark-duration``);
 * completions: the largest client count on ``/v1/completions`` (streaming);
 * mixed adapters: the largest client count, streaming chat, the requests spread over base,
-  alpha and beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``).
+  alpha and beta (vLLM names the adapters as models; Conveyor as ``vllm_model_lora_alpha``);
+* structured outputs: each client count again, streaming chat with ``response_format`` a JSON schema
+  (``STRUCTURED``: one string of at least ``STRUCTURED_MIN_CHARS``, so the grammar lets every request run
+  its ``--tokens``), guided by the engine's grammar backend (xgrammar). No ``ignore_eos`` or
+  ``min_tokens`` there: past the schema's end the grammar allows the end token alone.
+
+``--cases`` runs only the cases whose names hold one of its words (``--cases json`` for the structured
+ones).
 
 Each case starts with a warm-up phase of its own (aiperf's ``--warmup-request-count``, out of the
 figures). From aiperf's JSON export the tables take output tokens/s, requests/s, time to first token
@@ -95,6 +102,12 @@ from tests.support import tiny_llama  # noqa: E402
 
 SEP = "_lora_"
 KV_BYTES = 64 << 20
+# The structured cases' answer: one long string, so that a talkative model (random weights) runs to
+# max_tokens inside it rather than closing the object after a few tokens, as the other cases run to it.
+STRUCTURED_MIN_CHARS = 1024
+STRUCTURED = {"type": "json_schema", "json_schema": {"name": "note", "strict": True, "schema": {
+    "type": "object", "properties": {"text": {"type": "string", "minLength": STRUCTURED_MIN_CHARS}},
+    "required": ["text"], "additionalProperties": False}}}
 PROMPTS = [line.split(" ", 3)[0] + " " + line.split(" ", 3)[1] for line in tiny_llama.LINES]
 # aiperf's endpoint types for an OpenAI server, as --check-endpoints runs them: (label, arguments).
 ENDPOINTS = [
@@ -135,6 +148,7 @@ class Case:
     endpoint: str  # "chat" or "completions"
     mixed: bool  # every model name (base and adapters), or the base model alone
     sequential: bool = False
+    structured: bool = False  # response_format: the STRUCTURED schema
 
 
 @dataclass
@@ -285,16 +299,19 @@ def write_prompts(path: Path, models: int) -> Path:
 def _cases(args: argparse.Namespace) -> list[Case]:
     """In the order they run; the sequential case sends ``--requests`` requests one by one."""
     top = max(args.clients)
-    return [Case("sequential", 1, "chat", False, sequential=True),
-            *(Case(f"c={c}", c, "chat", False) for c in args.clients),
-            Case(f"completions c={top}", top, "completions", False),
-            Case(f"mixed c={top}", top, "chat", True)]
+    cases = [Case("sequential", 1, "chat", False, sequential=True),
+             *(Case(f"c={c}", c, "chat", False) for c in args.clients),
+             Case(f"completions c={top}", top, "completions", False),
+             Case(f"mixed c={top}", top, "chat", True),
+             *(Case(f"json_schema c={c}", c, "chat", False, structured=True) for c in args.clients)]
+    return [c for c in cases if not args.cases or any(word in c.name for word in args.cases)]
 
 
 def aiperf_arguments(bench: Bench, server: Server, case: Case) -> list[str]:
     args = bench.args
     models = server.models if case.mixed else server.models[:1]
-    extra = {"ignore_eos": True, "min_tokens": args.tokens, "temperature": 0}
+    extra: dict[str, object] = ({"temperature": 0, "response_format": STRUCTURED} if case.structured
+                                else {"ignore_eos": True, "min_tokens": args.tokens, "temperature": 0})
     load = (["--request-count", str(args.requests)] if case.sequential
             else ["--benchmark-duration", str(args.seconds), "--benchmark-grace-period", "60"])
     return [*aiperf_cli.base_arguments(f"http://127.0.0.1:{server.port}", bench.tokenizer, args.aiperf_workers),
@@ -474,6 +491,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=16, help="sequential requests")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--cases", nargs="+", default=[],
+                    help="only the cases whose names hold one of these words (sequential, c=8, completions, "
+                         "mixed, json_schema)")
     ap.add_argument("--rounds", type=int, default=0,
                     help="both servers up at once, alternated case by case for N rounds (0: one after the other)")
     ap.add_argument("--statistics", choices=["on", "off"], default="on",

@@ -157,9 +157,22 @@ def build(repo: str) -> dict[str, str]:
 parameters {{ key: "SKIP_OV_DYNAMIC_BATCHSIZE" value {{ string_value: "yes" }} }}
 parameters {{ key: "ENABLE_BATCH_PADDING" value {{ string_value: "{padding}" }} }}
 """))
+    # Float32 on any CPU: OpenVINO computes in bf16 by default where the CPU has bfloat16 instructions.
+    files["ov_f32"] = save_ir(mlp(), _version_dir(repo, "ov_f32", 'backend: "openvino"\n' + DECLARED + """
+parameters { key: "INFERENCE_PRECISION_HINT" value { string_value: "f32" } }
+"""))
     # Refused at load: an input the model does not have.
     save_ir(mlp(), _version_dir(repo, "ov_wrong_input", 'backend: "openvino"\n' + DECLARED.replace('"X"', '"x"')))
     return files
+
+
+def numpy_tolerance() -> dict[str, float]:
+    """How near OpenVINO's default answers are to numpy's float32 ones on this host's CPU: bf16 (an
+    8-bit mantissa) where the CPU has bfloat16 instructions, as OpenVINO (and Triton's backend) then
+    compute by default; float32 elsewhere."""
+    if ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT") == ov.Type.f32:
+        return {"rtol": 1e-5, "atol": 1e-6}
+    return {"rtol": 2e-2, "atol": 1e-2}
 
 
 def reference(path: str, inputs: dict[str, np.ndarray], shapes: dict[str, Any] | None = None) -> dict[str, np.ndarray]:

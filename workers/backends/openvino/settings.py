@@ -9,7 +9,10 @@ at load, as that backend reads them:
   ``SKIP_OV_DYNAMIC_BATCHSIZE``, ``ENABLE_BATCH_PADDING``, ``RESHAPE_IO_LAYERS``;
 * ``TARGET_DEVICE`` (default ``CPU``), ``CPU_EXTENSION_PATH``;
 * Conveyor's ``CACHE_DIR``: OpenVINO's compiled-model cache (``ov::cache_dir``), so a restart
-  reloads the compiled blob instead of compiling again.
+  reloads the compiled blob instead of compiling again;
+* Conveyor's ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``, ``f16``): OpenVINO's own property. On a
+  CPU with bfloat16 instructions (AVX512_BF16, AMX) OpenVINO computes in bf16 unless told otherwise,
+  and Triton's ``HINT_BF16`` can only ask for bf16: ``f32`` gets float32's answers there.
 
 Triton leaves ``INFERENCE_NUM_THREADS`` to OpenVINO (every core, for every instance); Conveyor
 gives the CPU default of ``workers/backends/cpu_threads.py``.
@@ -24,6 +27,8 @@ from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import invalid_arg
 from conveyor.workers.backends.cpu_threads import default_threads
 
+# OpenVINO's precisions by the names its property takes (ov::hint::inference_precision).
+_PRECISIONS = ("f32", "bf16", "f16")
 _HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT", "cumulative_throughput": "CUMULATIVE_THROUGHPUT"}
 
 
@@ -50,6 +55,15 @@ def compile_properties(config: mc.ModelConfig) -> dict[str, str]:
         if bf16 != "yes":
             raise invalid_arg(f"expected the parameter 'HINT_BF16' to be YES, got {bf16}")
         props["INFERENCE_PRECISION_HINT"] = "bf16"
+    precision = parameter_text(config, "INFERENCE_PRECISION_HINT").lower()
+    if precision:
+        if precision not in _PRECISIONS:
+            raise invalid_arg(f"expected the parameter 'INFERENCE_PRECISION_HINT' to be one of "
+                              f"{'/'.join(_PRECISIONS)}, got {precision}")
+        if props.get("INFERENCE_PRECISION_HINT", precision) != precision:
+            raise invalid_arg("the parameters 'HINT_BF16' and 'INFERENCE_PRECISION_HINT' disagree: "
+                              f"YES and {precision}")
+        props["INFERENCE_PRECISION_HINT"] = precision
     streams = parameter_text(config, "NUM_STREAMS").lower()
     if streams:
         if streams not in ("auto", "numa") and not streams.isdigit():

@@ -34,6 +34,9 @@ def test_parameters_as_triton_reads_them(monkeypatch: pytest.MonkeyPatch) -> Non
     assert s.reshape_io and not s.skip_dynamic_batch and s.device == "CPU" and s.cache_dir == "/tmp/ov-cache"
     # Threads: as given, else the usable cores shared among the config's CPU instances.
     assert OpenVinoSettings.from_config(params(INFERENCE_NUM_THREADS="3")).properties["INFERENCE_NUM_THREADS"] == "3"
+    # Conveyor's INFERENCE_PRECISION_HINT: OpenVINO's property (HINT_BF16 can only ask for bf16).
+    precise = OpenVinoSettings.from_config(params(INFERENCE_PRECISION_HINT="F32", INFERENCE_NUM_THREADS="1"))
+    assert precise.properties == {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": "1"}
     four = parse_text('instance_group [{ count: 4 kind: KIND_CPU }]')
     assert OpenVinoSettings.from_config(four).properties == {"INFERENCE_NUM_THREADS": "3"}
 
@@ -43,6 +46,8 @@ def test_parameters_as_triton_reads_them(monkeypatch: pytest.MonkeyPatch) -> Non
     ({"PERFORMANCE_HINT": "fast"}, "to be LATENCY/THROUGHPUT/CUMULATIVE_THROUGHPUT, got fast"),
     ({"INFERENCE_NUM_THREADS": "-1"}, "expected the parameter 'INFERENCE_NUM_THREADS' to be a non-negative number"),
     ({"HINT_BF16": "no"}, "expected the parameter 'HINT_BF16' to be YES, got no"),
+    ({"INFERENCE_PRECISION_HINT": "fp8"}, "'INFERENCE_PRECISION_HINT' to be one of f32/bf16/f16, got fp8"),
+    ({"HINT_BF16": "yes", "INFERENCE_PRECISION_HINT": "f32"}, "'HINT_BF16' and 'INFERENCE_PRECISION_HINT' disagree"),
 ])
 def test_bad_values_fail_with_tritons_message(values: dict[str, str], reason: str) -> None:
     with pytest.raises(ConveyorError) as exc:

@@ -66,7 +66,13 @@ def test_single_requests_match_openvino(served: Any, protocol: Any, model: str) 
         x = rows(n, seed)
         want = ovm.reference(files["ov_onnx_latency"], {"X": x})["Y"]  # the same graph, batch n
         close(infer(client, protocol, model, "X", x, "Y"), want)
-        np.testing.assert_allclose(want, np.maximum(x @ ovm.W + ovm.B, 0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(want, np.maximum(x @ ovm.W + ovm.B, 0), **ovm.numpy_tolerance())
+
+
+def test_float32_precision_on_any_cpu(served: Any, protocol: Any) -> None:
+    server, _ = served
+    x = rows(3, 7)
+    close(infer(connect(server, protocol), protocol, "ov_f32", "X", x, "Y"), np.maximum(x @ ovm.W + ovm.B, 0))
 
 
 @pytest.mark.parametrize("model", ["ov_onnx_latency", "ov_ir_auto"])
@@ -107,12 +113,13 @@ def test_config_completed_from_the_model(served: Any) -> None:
 
 
 def test_static_batch_without_padding_fails_as_triton_does(served: Any, protocol: Any) -> None:
-    server, _ = served
+    server, files = served
     client = connect(server, protocol)
     with pytest.raises(InferenceServerException, match="expected requests with batch size '8', got '3'"):
         infer(client, protocol, "ov_static_unpadded", "X", rows(3, 5), "Y")
     x = rows(8, 6)
-    close(infer(client, protocol, "ov_static_unpadded", "X", x, "Y"), np.maximum(x @ ovm.W + ovm.B, 0))
+    want = ovm.reference(files["ov_static_unpadded"], {"X": x})["Y"]
+    close(infer(client, protocol, "ov_static_unpadded", "X", x, "Y"), want)
 
 
 def test_a_config_the_model_does_not_fit_says_why(served: Any) -> None:
