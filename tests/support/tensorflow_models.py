@@ -71,6 +71,11 @@ def build(repo: str) -> dict[str, str]:
     _model(repo, "tf_missing_signature",
            DECLARED + 'parameters { key: "TF_SIGNATURE_DEF" value { string_value: "predict" } }\n', SAVED)
     _model(repo, "tf_graphdef_undeclared", 'platform: "tensorflow_graphdef"\nmax_batch_size: 8\n', GRAPHDEF_FILE)
+    # Declares x alone, but its output upper is computed from words: no session run could feed it.
+    _model(repo, "tf_graphdef_unfed", GRAPHDEF.replace(
+        '  { name: "words" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } }\n', "").replace(
+        '  { name: "x" data_type: TYPE_FP32 dims: [ 4 ] },', '  { name: "x" data_type: TYPE_FP32 dims: [ 4 ] }'),
+        GRAPHDEF_FILE)
     return paths
 
 

@@ -4,9 +4,9 @@
 config's tensor names), on TensorFlow 2's CPU runtime.
 
 The config is checked against the signature at load with Triton's messages (``signature.py``).
-A call hands the batch's arrays to TensorFlow (numeric arrays become tensors over the same memory
-where TensorFlow can alias them; BYTES object arrays become string tensors) and reads the outputs
-back as numpy arrays; strings come back as bytes objects, which the worker serialises.
+Each instance runs its model in a TensorFlow session of its own (``signature.py``); a call hands the
+batch's numpy arrays to one session run (BYTES object arrays become string tensors) and gets numpy
+arrays back; strings come back as bytes objects, which the worker serialises.
 """
 
 from __future__ import annotations
@@ -33,40 +33,54 @@ tf = import_tensorflow()  # UNAVAILABLE, naming the extra, when TensorFlow is no
 log = logging.getLogger(__name__)
 
 _threads_lock = threading.Lock()
-_threads: tuple[int, int] | None = None  # the process's pools, set by the first model loaded
+_intra_threads: int | None = None  # the process's intra-op pool, sized by the first model loaded
 
 
-def _set_threads(settings: TensorFlowSettings, model: str) -> None:
-    """TensorFlow sizes its pools once per process, before its first op: the first model decides."""
-    global _threads
-    wanted = (settings.intra_op_threads, settings.inter_op_threads)
+def _set_intra_threads(settings: TensorFlowSettings, model: str) -> None:
+    """The intra-op pool is TensorFlow's CPU device's, made once per process: the first model decides
+    (inter-op settings are each session's own)."""
+    global _intra_threads
+    wanted = settings.intra_op_threads
     with _threads_lock:
-        if _threads is None:
+        if _intra_threads is None:
             try:
-                tf.config.threading.set_intra_op_parallelism_threads(wanted[0])
-                tf.config.threading.set_inter_op_parallelism_threads(wanted[1])
-                _threads = wanted
+                tf.config.threading.set_intra_op_parallelism_threads(wanted)
+                _intra_threads = wanted
             except RuntimeError:  # TensorFlow already ran in this process (not through this backend)
-                _threads = (tf.config.threading.get_intra_op_parallelism_threads(),
-                            tf.config.threading.get_inter_op_parallelism_threads())
-        if _threads != wanted:
-            log.warning("model '%s' asks for %d intra-op / %d inter-op TensorFlow threads; this worker's "
-                        "TensorFlow already runs %d / %d (set once per process)", model, *wanted, *_threads)
+                _intra_threads = tf.config.threading.get_intra_op_parallelism_threads()
+        if _intra_threads != wanted:
+            log.warning("model '%s' asks for %d intra-op TensorFlow threads; this worker's TensorFlow already "
+                        "runs %d (set once per process)", model, wanted, _intra_threads)
+
+
+def session_config(settings: TensorFlowSettings, gpu: bool) -> Any:
+    """The ConfigProto of an instance's session: the model's threads; a CPU instance sees no GPU (it
+    takes no GPU memory on a GPU host), a GPU one takes GPU memory as it needs it."""
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=settings.intra_op_threads,
+                                      inter_op_parallelism_threads=settings.inter_op_threads,
+                                      use_per_session_threads=settings.per_session_threads,
+                                      allow_soft_placement=True)
+    if gpu:
+        config.gpu_options.allow_growth = True
+    else:
+        config.device_count["GPU"] = 0
+    return config
 
 
 class TensorFlowBackend:
     # Short batches may run on the worker's main thread (workers/inline.py; a CPU instance only): a
-    # signature is called from any thread, and the device scope is entered on each call.
+    # session runs from any thread.
     runs_on_any_thread = True
 
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
         self.settings = settings = TensorFlowSettings.from_config(config)
-        if device.startswith("cuda") and not tf.config.list_physical_devices("GPU"):
+        gpu = device.startswith("cuda")
+        if gpu and not tf.config.list_physical_devices("GPU"):
             raise unavailable(f"the config asks for a GPU instance ({device}) but TensorFlow {tf.__version__} "
                               f"sees no GPU (tensorflow-cpu, or no GPU)")
         # Only a GPU instance pins its ops (TensorFlow places on the CPU where it has no GPU anyway).
-        self.device = f"/GPU:{device.split(':', 1)[1]}" if device.startswith("cuda:") else ""
-        _set_threads(settings, config.name)
+        pinned = f"/GPU:{device.split(':', 1)[1]}" if device.startswith("cuda:") else ""
+        _set_intra_threads(settings, config.name)
         for library in config.model_operations.op_library_filename:
             try:
                 tf.load_op_library(library)
@@ -74,35 +88,31 @@ class TensorFlowBackend:
                 raise unavailable(f"TensorFlow could not load op library '{library}': {exc}") from None
         if not os.path.exists(path):
             raise unavailable(f"unable to find '{path}' for model '{config.name}'")
+        proto = session_config(settings, gpu)
         if config.platform == "tensorflow_graphdef":
-            self.signature = load_graphdef(tf, path, config)
-            self.positional = [i.name for i in config.input]  # a pruned graph takes its feeds in order
+            self.signature = load_graphdef(tf, path, config, session_config=proto, device=pinned)
         else:
-            self.signature = load_savedmodel(tf, path, settings.graph_tag, settings.signature_def, config.name)
-            self.positional = []
-        check_config(config, self.signature)
-        self.output_order = [o.name for o in config.output]
-        self.strings = {i.name for i in config.input if i.data_type == mc.TYPE_STRING}
+            self.signature = load_savedmodel(tf, path, settings.graph_tag, settings.signature_def, config.name,
+                                             config=proto, device=pinned)
+        try:
+            check_config(config, self.signature)
+        except Exception:
+            self.signature.session.close()
+            raise
+        sig = self.signature
+        self.feed_names = list(sig.inputs)
+        self.fetch_index = {name: i for i, name in enumerate(sig.outputs)}
+        # One C++ call per batch: numpy arrays in (BYTES as object arrays of bytes), numpy arrays out.
+        self._call = sig.session.make_callable(sig.fetches, feed_list=sig.feeds)
         log.info("model '%s': TensorFlow %s %s from %s", config.name, tf.__version__, config.platform, path)
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         try:
-            if self.device:
-                with tf.device(self.device):
-                    return self._run(inputs, outputs)
-            return self._run(inputs, outputs)
+            values = self._call(*(inputs[name] for name in self.feed_names))
         except Exception as exc:
             raise internal(f"TensorFlow execution failed: {' '.join(str(exc).split())[:600]}") from None
-
-    def _run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        feeds = {name: tf.constant(array, dtype=tf.string) if name in self.strings else tf.convert_to_tensor(array)
-                 for name, array in inputs.items()}
-        if self.positional:
-            values = self.signature.function(*(feeds[name] for name in self.positional))
-            result: dict[str, Any] = dict(zip(self.output_order, values, strict=True))
-        else:
-            result = self.signature.function(**feeds)
-        return {name: result[name].numpy() for name in outputs}
+        return {name: values[self.fetch_index[name]] for name in outputs}
 
     def close(self) -> None:
-        del self.signature
+        self.signature.session.close()
+        del self._call, self.signature

@@ -1,15 +1,19 @@
 """Triton's TensorFlow backend parameters (its ``src/tensorflow.cc`` ParseParameters), read once at load:
 
-* ``TF_NUM_INTRA_THREADS`` (non-negative), ``TF_NUM_INTER_THREADS``: TensorFlow's thread pools;
+* ``TF_NUM_INTRA_THREADS`` (non-negative), ``TF_NUM_INTER_THREADS`` (negative: each op on the
+  calling thread, TensorFlow's meaning): the session's thread pools;
+* ``TF_USE_PER_SESSION_THREADS``: the session gets an inter-op pool of its own;
 * ``TF_GRAPH_TAG`` (default ``serve``) and ``TF_SIGNATURE_DEF`` (default ``serving_default``):
   which MetaGraph and signature of a SavedModel serve;
-* ``TF_USE_PER_SESSION_THREADS``, ``MAX_SESSION_SHARE_COUNT`` (positive), ``TF_INIT_OPS_FILE``: read
-  and checked; TensorFlow 2's eager runtime has no sessions to share or initialise that way.
+* ``MAX_SESSION_SHARE_COUNT`` (positive), ``TF_INIT_OPS_FILE``: read and checked, not used (each
+  instance has a session of its own; the SavedModel's own init op runs at load).
 
-TensorFlow 2 sizes its thread pools once per process, before it runs anything: in a worker hosting
-several TensorFlow models the first one loaded decides them (Triton: per session). Unset, the
-intra-op pool gets Conveyor's CPU default (``workers/backends/cpu_threads.py``; TensorFlow's own
-is every core) and the inter-op pool one thread less than that (at least 1).
+The intra-op pool is TensorFlow's CPU device's, made once per process: in a worker hosting several
+TensorFlow models the first one loaded sizes it. Unset, it gets Conveyor's CPU default
+(``workers/backends/cpu_threads.py``; TensorFlow's own is every core), and the inter-op setting is
+-1: a call's ops run on the thread that calls, with no hand-off to a pool thread and back (Triton
+leaves it to TensorFlow: a pool, a hand-off each way per call). A graph with parallel branches on a
+host with cores to spare can ask for a pool with ``TF_NUM_INTER_THREADS``.
 """
 
 from __future__ import annotations
@@ -39,10 +43,15 @@ def _int(config: mc.ModelConfig, key: str, minimum: int, what: str) -> int | Non
     return value
 
 
+# TensorFlow's inter-op setting for "run each op on the calling thread" (DirectSession's run_in_caller_thread).
+CALLER_THREAD = -1
+
+
 @dataclass(frozen=True, slots=True)
 class TensorFlowSettings:
     intra_op_threads: int = 1
-    inter_op_threads: int = 1
+    inter_op_threads: int = CALLER_THREAD
+    per_session_threads: bool = False
     graph_tag: str = "serve"
     signature_def: str = ""  # "": serving_default, else the first signature found (Triton's fallback)
 
@@ -51,16 +60,15 @@ class TensorFlowSettings:
         intra = _int(config, "TF_NUM_INTRA_THREADS", 0, "non-negative")
         inter = _int(config, "TF_NUM_INTER_THREADS", -(1 << 31), "an integer")
         _int(config, "MAX_SESSION_SHARE_COUNT", 1, "positive")
-        parameter_flag(config, "TF_USE_PER_SESSION_THREADS")
-        ignored = [k for k in ("TF_USE_PER_SESSION_THREADS", "MAX_SESSION_SHARE_COUNT", "TF_INIT_OPS_FILE")
-                   if parameter_text(config, k)]
+        per_session = parameter_flag(config, "TF_USE_PER_SESSION_THREADS")
+        ignored = [k for k in ("MAX_SESSION_SHARE_COUNT", "TF_INIT_OPS_FILE") if parameter_text(config, k)]
         if ignored:
-            log.info("model '%s': %s read and not used (TensorFlow 2 runs eagerly, without sessions)",
+            log.info("model '%s': %s read and not used (each instance has a session of its own)",
                      config.name, ", ".join(ignored))
-        threads = default_threads(config)
         return cls(
-            intra_op_threads=threads if intra is None else intra,
-            inter_op_threads=max(1, threads - 1) if inter is None else max(inter, 0),
+            intra_op_threads=default_threads(config) if intra is None else intra,
+            inter_op_threads=CALLER_THREAD if inter is None else inter,
+            per_session_threads=bool(per_session),
             graph_tag=parameter_text(config, "TF_GRAPH_TAG") or "serve",
             signature_def=parameter_text(config, "TF_SIGNATURE_DEF"),
         )

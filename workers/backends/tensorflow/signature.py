@@ -1,13 +1,19 @@
 """A TensorFlow model's signature as Triton's TensorFlow backend sees it: the SavedModel signature it
 serves (chosen as Triton chooses it), or a frozen GraphDef's placeholders and fetched nodes; each
 tensor's Triton data type and dims (-1 where TensorFlow does not know a size, ``None`` for a shape
-the model does not give at all). Shared by the backend and config completion."""
+the model does not give at all). Shared by the backend and config completion.
+
+Both load into a graph of their own, run by a session, as Triton's backend and TensorFlow Serving
+run them (TensorFlow's C++ SavedModel loader, then Session::Run): a call is one C++ session run of
+numpy arrays in and out. The eager call of a loaded signature spent about 100 µs more per call
+binding its keyword arguments in Python, and handed each call to a pool thread and back.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
@@ -56,34 +62,54 @@ def _info(tf: Any, name: str, dtype: Any, shape: Any, kind: str, model: str) -> 
 
 @dataclass
 class Signature:
-    function: Any  # what runs: a SavedModel signature (keyword tensors) or a pruned GraphDef (positional)
+    """The served tensors; ``feeds`` and ``fetches`` are the graph's tensors for ``inputs`` and
+    ``outputs``, in their order; ``session`` runs the graph."""
+
     inputs: dict[str, TensorInfo]
     outputs: dict[str, TensorInfo]
-    keep: Any = None  # what must outlive ``function`` (the loaded SavedModel, the wrapped graph)
+    feeds: list[Any] = field(default_factory=list)
+    fetches: list[Any] = field(default_factory=list)
+    session: Any = None
 
 
-def load_savedmodel(tf: Any, path: str, tag: str, signature_def: str, model: str) -> Signature:
+def new_session(tf: Any, config: Any = None) -> tuple[Any, Any]:
+    """An empty graph and a session over it (``config``: its ConfigProto)."""
+    graph = tf.Graph()
+    return graph, tf.compat.v1.Session(graph=graph, config=config)
+
+
+def load_savedmodel(tf: Any, path: str, tag: str, signature_def: str, model: str, *, config: Any = None,
+                    device: str = "") -> Signature:
     """The SavedModel at ``path`` under ``tag``, and the signature Triton serves: ``signature_def``,
-    else ``serving_default``, else (with a warning) the first that is not an init or train op."""
+    else ``serving_default``, else (with a warning) the first that is not an init or train op.
+    ``device``: the ops' device (a GPU instance's), where the model does not pin them itself."""
+    graph, session = new_session(tf, config)
     try:
-        loaded = tf.saved_model.load(path, tags=[tag])
+        with graph.as_default(), graph.device(device or None):
+            meta = tf.compat.v1.saved_model.loader.load(session, [tag], path, clear_devices=bool(device))
     except Exception as exc:
+        session.close()
         raise unavailable(f"unable to load model '{model}' from '{path}' (tag '{tag}'): "
                           f"{' '.join(str(exc).split())[:500]}") from None
     wanted = signature_def or "serving_default"
-    signatures = loaded.signatures
+    signatures = meta.signature_def
     if wanted not in signatures:
         others = [k for k in signatures if k not in _INTERNAL_SIGNATURES]
         if signature_def or not others:
+            session.close()
             raise unavailable(f"unable to load model '{model}', expected '{wanted}' signature")
         log.warning("unable to find serving signature '%s'; using signature '%s'", wanted, others[0])
         wanted = others[0]
-    function = signatures[wanted]
-    _, keywords = function.structured_input_signature
-    inputs = {name: _info(tf, name, spec.dtype, spec.shape, "input", model) for name, spec in keywords.items()}
-    outputs = {name: _info(tf, name, spec.dtype, spec.shape, "output", model)
-               for name, spec in function.structured_outputs.items()}
-    return Signature(function, inputs, outputs, keep=loaded)
+    found = signatures[wanted]
+
+    def tensors(infos: Any, kind: str) -> tuple[dict[str, TensorInfo], list[Any]]:
+        named = {name: graph.get_tensor_by_name(info.name) for name, info in infos.items()}
+        return ({name: _info(tf, name, t.dtype, t.shape, kind, model) for name, t in named.items()},
+                list(named.values()))
+
+    inputs, feeds = tensors(found.inputs, "input")
+    outputs, fetches = tensors(found.outputs, "output")
+    return Signature(inputs, outputs, feeds, fetches, session)
 
 
 def _tensor_name(name: str) -> str:
@@ -91,19 +117,22 @@ def _tensor_name(name: str) -> str:
     return name if ":" in name else f"{name}:0"
 
 
-def load_graphdef(tf: Any, path: str, config: mc.ModelConfig) -> Signature:
+def load_graphdef(tf: Any, path: str, config: mc.ModelConfig, *, session_config: Any = None,
+                  device: str = "") -> Signature:
     """A frozen GraphDef, fed at the config's inputs (placeholders) and fetched at its outputs: a
     GraphDef has no signature, so the config names the tensors (as in Triton, which cannot complete
     a GraphDef's config either)."""
     graph_def = tf.compat.v1.GraphDef()
+    graph, session = new_session(tf, session_config)
     try:
         with open(path, "rb") as f:
             graph_def.ParseFromString(f.read())
-        wrapped = tf.compat.v1.wrap_function(lambda: tf.import_graph_def(graph_def, name=""), [])
+        with graph.as_default(), graph.device(device or None):
+            tf.import_graph_def(graph_def, name="")
     except Exception as exc:
+        session.close()
         raise unavailable(f"unable to load model '{config.name}' from '{path}': "
                           f"{' '.join(str(exc).split())[:500]}") from None
-    graph = wrapped.graph
     placeholders = {op.name for op in graph.get_operations() if op.type == "Placeholder"}
 
     def find(name: str, kind: str, allowed: set[str] | None) -> Any:
@@ -114,21 +143,39 @@ def load_graphdef(tf: Any, path: str, config: mc.ModelConfig) -> Signature:
         if tensor is None or (allowed is not None and tensor.op.name not in allowed):
             what = f"allowed inputs are: {', '.join(sorted(placeholders))}" if allowed is not None else \
                 "the graph has no such node"
+            session.close()
             raise invalid_arg(f"unexpected inference {kind} '{name}', {what}")
         return tensor
 
     feeds = [find(i.name, "input", placeholders) for i in config.input]
     fetches = [find(o.name, "output", None) for o in config.output]
-    try:
-        function = wrapped.prune(feeds=feeds, fetches=fetches)
-    except Exception as exc:
+    unfed = _placeholders_needed(fetches) - {t.op.name for t in feeds}
+    if unfed:
+        session.close()
         raise invalid_arg(f"unable to load model '{config.name}': the outputs need more than the inputs the "
-                          f"config declares: {' '.join(str(exc).split())[:400]}") from None
+                          f"config declares: placeholders {', '.join(sorted(unfed))} are not fed")
     inputs = {i.name: _info(tf, i.name, t.dtype, t.shape, "input", config.name) for i, t in zip(
         config.input, feeds, strict=True)}
     outputs = {o.name: _info(tf, o.name, t.dtype, t.shape, "output", config.name) for o, t in zip(
         config.output, fetches, strict=True)}
-    return Signature(function, inputs, outputs, keep=wrapped)
+    return Signature(inputs, outputs, feeds, fetches, session)
+
+
+def _placeholders_needed(fetches: list[Any]) -> set[str]:
+    """The placeholders the fetched tensors depend on (a session run fails without a value for each)."""
+    seen: set[str] = set()
+    found: set[str] = set()
+    stack = [t.op for t in fetches]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type == "Placeholder":
+            found.add(op.name)
+        stack += [t.op for t in op.inputs]
+        stack += list(op.control_inputs)
+    return found
 
 
 def check_config(config: mc.ModelConfig, signature: Signature) -> None:

@@ -32,7 +32,11 @@ def test_parameters_as_triton_reads_them(monkeypatch: pytest.MonkeyPatch) -> Non
                                               TF_SIGNATURE_DEF="predict", MAX_SESSION_SHARE_COUNT="2"))
     assert (s.intra_op_threads, s.inter_op_threads, s.graph_tag, s.signature_def) == (2, 3, "gpu", "predict")
     s = TensorFlowSettings.from_config(parse_text("instance_group [{ count: 2 kind: KIND_CPU }]"))
-    assert (s.intra_op_threads, s.inter_op_threads, s.graph_tag, s.signature_def) == (4, 3, "serve", "")
+    # Unset: each call's ops on the calling thread (CALLER_THREAD), no hand-off to a pool and back.
+    assert (s.intra_op_threads, s.inter_op_threads, s.graph_tag, s.signature_def) == (4, -1, "serve", "")
+    assert not s.per_session_threads
+    s = TensorFlowSettings.from_config(params(TF_NUM_INTER_THREADS="-1", TF_USE_PER_SESSION_THREADS="true"))
+    assert (s.inter_op_threads, s.per_session_threads) == (-1, True)
     with pytest.raises(ConveyorError, match="parameter 'TF_NUM_INTRA_THREADS' must be non-negative number"):
         TensorFlowSettings.from_config(params(TF_NUM_INTRA_THREADS="-1"))
     with pytest.raises(ConveyorError, match="parameter 'MAX_SESSION_SHARE_COUNT' must be positive number"):
@@ -62,8 +66,7 @@ def test_without_tensorflow_the_model_says_which_extra(monkeypatch: pytest.Monke
 
 # The test model's signature (tests/support/tensorflow_models.py) as the backend reads it: the checks and
 # completion work on it without TensorFlow (the e2e tests import it, to build and call the model).
-SCORER = Signature(function=None,
-                   inputs={"x": TensorInfo(mc.TYPE_FP32, [-1, 4]), "words": TensorInfo(mc.TYPE_STRING, [-1])},
+SCORER = Signature(inputs={"x": TensorInfo(mc.TYPE_FP32, [-1, 4]), "words": TensorInfo(mc.TYPE_STRING, [-1])},
                    outputs={"y": TensorInfo(mc.TYPE_FP32, [-1, 3]), "upper": TensorInfo(mc.TYPE_STRING, [-1]),
                             "lens": TensorInfo(mc.TYPE_INT32, [-1])})
 

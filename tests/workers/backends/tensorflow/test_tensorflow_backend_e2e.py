@@ -111,6 +111,8 @@ def test_config_completed_from_the_signature(server: Server) -> None:
                       "'x', model provides TYPE_FP32"),
     ("tf_missing_signature", "unable to load model 'tf_missing_signature', expected 'predict' signature"),
     ("tf_graphdef_undeclared", "a GraphDef has no signature to complete the config from"),
+    ("tf_graphdef_unfed", "unable to load model 'tf_graphdef_unfed': the outputs need more than the inputs the "
+                          "config declares: placeholders words are not fed"),
 ])
 def test_configs_that_do_not_fit_say_why(server: Server, model: str, reason: str) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
