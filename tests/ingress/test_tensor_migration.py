@@ -259,3 +259,18 @@ def test_the_signature_says_how_often_a_request_moves(config: str, expected: int
     assert max_migrations(text_format.Parse(config, mc.ModelConfig())) == expected
     assert ModelSignature.from_wire({"name": "m", "max_batch_size": 0, "inputs": [], "outputs": [],
                                      "max_migrations": expected}).max_migrations == expected
+
+
+def test_counts_after_a_move_as_it_was_are_that_engines_and_after_a_resume_the_clients() -> None:
+    _, resume = _planned({"max_tokens": 4, "temperature": 0}, max_migrations=2)
+    assert resume.moved(WorkerLost(LOST)) is not None  # nothing answered: the same request again
+    first = _result(" there", {PROMPT_IDS: [1, 2, 3], OUTPUT_IDS: [10]}, 3, -1.0)
+    resume.observe(first.parameters)
+    resume.adjust(first)  # the engine that took it as it was: its counts are the client's request's
+    assert resume.prompt_tokens == 3 and resume.cumulative == -1.0
+    assert resume.moved(WorkerLost(LOST)) is not None  # then from the token ids
+    later = _result(" was", {PROMPT_IDS: [1, 2, 3, 10], OUTPUT_IDS: [11]}, 4, -0.5)
+    resume.observe(later.parameters)
+    resume.adjust(later)
+    values = {o.name: o.as_array().reshape(-1)[0] for o in later.outputs}
+    assert int(values["num_input_tokens"]) == 3 and float(values["cumulative_logprob"]) == -1.5
