@@ -143,7 +143,8 @@ class Migration:
             self.from_ids = True
         self.moves += 1
         log.warning("request '%s' of model '%s': %s; sent again (move %d of %d) with %d generated tokens",
-                    self.request_id, self.model, error.message, self.moves, self.limit, len(self.generated))
+                    self.request_id or "<id_unknown>", self.model, error.message, self.moves, self.limit,
+                    len(self.generated))
         call.parameters.update(self.marks())
         call.parameters[MIGRATION] = self.moves  # the router counts it (conveyor_request_migrations_total)
         return call
@@ -158,7 +159,7 @@ class Migration:
         if self.wait_until is None:
             self.wait_until = now + RETURN_WAIT_S
             log.warning("request '%s' of model '%s': waiting up to %.0f s for the model to be served again (%s)",
-                        self.request_id, self.model, RETURN_WAIT_S, error.message)
+                        self.request_id or "<id_unknown>", self.model, RETURN_WAIT_S, error.message)
         if now >= self.wait_until:
             return False
         self.retry_s = min(RETRY_MAX_S, self.retry_s * 2 or RETRY_FIRST_S)
