@@ -43,6 +43,8 @@ class ModelSignature:
     plain_infer: bool = False
     # Placed by its prompt's prefix across several engines: requests carry ``prefix`` (ingress/prefix_key.py).
     prefix_placed: bool = False
+    # MAX_MIGRATIONS of a vLLM model: how often a request moves when its worker dies (ingress/migration.py); 0: never.
+    max_migrations: int = 0
     required_inputs: int = field(init=False)  # the inputs that are not optional
     # The checks' verdicts on calls by their ``shape_key`` (``request_checks.remember_verdict``): kept on
     # the signature, so that a model reloaded with another signature starts without any.
@@ -62,4 +64,5 @@ class ModelSignature:
         return cls(
             d["name"], int(d["max_batch_size"]), specs(d["inputs"]), specs(d["outputs"]), bool(d.get("decoupled")),
             bool(d.get("response_cache")), bool(d.get("plain_infer")), bool(d.get("prefix_placed")),
+            int(d.get("max_migrations") or 0),
         )

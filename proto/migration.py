@@ -1,12 +1,13 @@
 """A generation request moved to another engine when the worker running it dies (docs/LLM.md, "A
 stream that survives its worker"): the names ingress, router and worker share for it.
 
-The OpenAI ingress marks a request it could resume (``RESUMABLE``); the vLLM backend then adds to each
-streamed response the token ids it generated since the previous one (``OUTPUT_IDS``) and, in the first,
-the prompt's (``PROMPT_IDS``). When the router fails the request because its worker exited
-(``ErrorInfo.worker_lost``), the ingress sends it again as the prompt's ids plus those generated so far,
-marked ``MIGRATION`` (its how-manieth move), which the router counts for ``/metrics``. The model parameter
-``MAX_MIGRATIONS`` bounds how often one request moves.
+An ingress (OpenAI, HTTP generate, gRPC stream) marks a request it could resume (``RESUMABLE``); the
+vLLM backend then adds to each streamed response the token ids it generated since the previous one
+(``OUTPUT_IDS``) and, in the first, the prompt's (``PROMPT_IDS``). When the router fails the request
+because its worker exited (``ErrorInfo.worker_lost``), the ingress sends it again as the prompt's ids plus
+those generated so far, marked ``MIGRATION`` (its how-manieth move), which the router counts for
+``/metrics``. The model parameter ``MAX_MIGRATIONS`` bounds how often one request moves; the router gives
+it to the ingresses in a vLLM model's signature (``max_migrations``).
 """
 
 from __future__ import annotations

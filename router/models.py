@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.proto import migration
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg, not_found, unavailable
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
@@ -437,7 +439,17 @@ def signature(state: VersionState) -> dict[str, Any]:
         "plain_infer": config.backend == "vllm",
         # Even under round_robin: ENGINE_PLACEMENT may change in place, without a new signature.
         "prefix_placed": state.placement is not None,
+        # How often a request moves when its worker dies (ingress/migration.py): a vLLM model's, which
+        # returns the token ids a resumed prompt is made of and takes them as ``input_ids``; 0 for others.
+        "max_migrations": max_migrations(config),
     }
+
+
+def max_migrations(config: mc.ModelConfig) -> int:
+    """``MAX_MIGRATIONS`` of a vLLM model with an ``input_ids`` input; 0 for any other model."""
+    if config.backend != "vllm" or not any(t.name == "input_ids" for t in config.input):
+        return 0
+    return max(0, migration.max_migrations_of(parameter_text(config, migration.PARAMETER)))
 
 
 def metadata(entry: ModelEntry, state: VersionState | None) -> dict[str, Any]:

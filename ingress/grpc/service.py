@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from conveyor.ingress import tensor_migration
 from conveyor.ingress.dataplane import DataPlane, InferCall, StreamError
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc import codec, wire
@@ -226,7 +227,11 @@ class InferenceServicer:
         it on every stream response). A bare final flag (no outputs) is sent only to a client
         that asked for it, as in Triton."""
         flag = bool(call.parameters.get(_EMPTY_FINAL))
-        async with contextlib.aclosing(self._dataplane.infer_stream(call, replies.send_turn)) as responses:
+        # A vLLM model's request moves to another engine if its worker dies (ingress/tensor_migration.py).
+        resume = tensor_migration.plan(call, await self._dataplane.models.get(call.model, call.version))
+        stream = (self._dataplane.infer_stream(call, replies.send_turn) if resume is None
+                  else tensor_migration.resumed_stream(self._dataplane, call, resume, replies.send_turn))
+        async with contextlib.aclosing(stream) as responses:
             async for part in responses:
                 if isinstance(part, StreamError) and grpc_error:
                     await replies.send(_EndStream(part.error))

@@ -13,6 +13,10 @@ response, which is what lets decoupled models stream over HTTP (Triton's HTTP
 infer endpoint refuses them, server#2168). Errors after the stream started are
 ``data: {"error": ...}`` events, as in Triton.
 
+A vLLM model's request whose worker dies is sent again to another engine, a stream resumed from its
+token ids where it can go on exactly (``tensor_migration.py``, ``MAX_MIGRATIONS``): the client's stream
+goes on without a gap or a repeat; one that cannot ends with the worker's error and why.
+
 The ``conveyor-timeout-ms`` header (``deadline.py``) is the client's deadline on both: a request
 still queued when it passes ends there; ``generate`` is answered DEADLINE_EXCEEDED at it, while a
 stream that has started runs on until the client goes away.
@@ -29,6 +33,7 @@ import falcon.asgi
 import numpy as np
 import orjson
 
+from conveyor.ingress import tensor_migration
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.http.deadline import TIMEOUT_HEADER, parse_timeout, within
@@ -63,10 +68,11 @@ class Generate:
         sig = await self._dataplane.models.get(model, version)
         call = generate_call(doc, sig, model, version)
         call.timeout_s = parse_timeout(req.get_header(TIMEOUT_HEADER))  # the router ends it queued past it
+        resume = tensor_migration.plan(call, sig)  # a vLLM model's request moves if its worker dies
         if self._stream:
             # As Triton, a request refused before any response (bad inputs, a full queue)
             # answers a plain JSON error with its status, not a stream of one error event.
-            events = self._dataplane.infer_stream(call)
+            events = self._responses(call, resume)
             try:
                 first = await anext(events)
             except StopAsyncIteration:
@@ -78,16 +84,23 @@ class Generate:
             resp.sse = self._events(first, events)
             return
         if sig.decoupled:
-            result = await within(call.timeout_s, self._one_of_stream(call))
+            result = await within(call.timeout_s, self._one_of_stream(call, resume))
         else:
             result = await within(call.timeout_s, self._dataplane.infer(call))
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps(render(result))
 
-    async def _one_of_stream(self, call: InferCall) -> InferResult:
+    def _responses(self, call: InferCall,
+                   resume: tensor_migration.TensorMigration | None) -> AsyncGenerator[InferResult | StreamError, None]:
+        """The responses to ``call``; with ``resume``, read on across its moves to other engines."""
+        if resume is None:
+            return self._dataplane.infer_stream(call)
+        return tensor_migration.resumed_stream(self._dataplane, call, resume)
+
+    async def _one_of_stream(self, call: InferCall, resume: tensor_migration.TensorMigration | None) -> InferResult:
         """``generate`` answers once: a decoupled model must send one response with outputs."""
         found: InferResult | None = None
-        async for item in self._dataplane.infer_stream(call):
+        async for item in self._responses(call, resume):
             if isinstance(item, StreamError):
                 raise item.error
             if item.outputs:

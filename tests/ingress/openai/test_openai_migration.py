@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 import pytest
 
+from conveyor.ingress import migration as shared
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, OutputTensor, StreamError
 from conveyor.ingress.openai import migration
 from conveyor.ingress.openai.catalog import LlmModel, Target
@@ -75,13 +76,13 @@ def _ids(call: InferCall) -> list[int]:
     ({"presence_penalty": -1.0}, "penalties"),
 ])
 def test_what_cannot_go_on_exactly_says_why(params: dict[str, Any], why: str) -> None:
-    reason = migration.blocker({"n": 1, "max_tokens": 16, **params})
+    reason = shared.blocker({"n": 1, "max_tokens": 16, **params})
     assert reason is not None and why in reason
 
 
 def test_greedy_and_plain_sampling_go_on() -> None:
-    assert migration.blocker({"n": 1, "max_tokens": 16, "temperature": 0, "seed": 3}) is None  # greedy ignores it
-    assert migration.blocker({"n": 1, "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "min_tokens": 2,
+    assert shared.blocker({"n": 1, "max_tokens": 16, "temperature": 0, "seed": 3}) is None  # greedy ignores it
+    assert shared.blocker({"n": 1, "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "min_tokens": 2,
                               "repetition_penalty": 1.1, "logprobs": 2, "stop": []}) is None
 
 
@@ -229,7 +230,7 @@ def _read(engines: _Engines, call: InferCall, resume: migration.Resume | None) -
 
 
 def test_a_moved_stream_waits_for_its_only_engine_to_be_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(migration, "RETRY_FIRST_S", 0.001)
+    monkeypatch.setattr(shared, "RETRY_FIRST_S", 0.001)
     engines = _OneEngine(refusals=4)
     call, resume = _planned({"n": 1, "max_tokens": 4, "temperature": 0})
     found = _read(engines, call, resume)
@@ -239,8 +240,8 @@ def test_a_moved_stream_waits_for_its_only_engine_to_be_back(monkeypatch: pytest
 
 
 def test_the_wait_for_the_model_is_bounded_and_only_for_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(migration, "RETRY_FIRST_S", 0.001)
-    monkeypatch.setattr(migration, "RETURN_WAIT_S", 0.05)
+    monkeypatch.setattr(shared, "RETRY_FIRST_S", 0.001)
+    monkeypatch.setattr(shared, "RETURN_WAIT_S", 0.05)
     call, resume = _planned({"n": 1, "max_tokens": 4, "temperature": 0})
     with pytest.raises(ConveyorError, match="has no available versions") as exc:
         _read(_OneEngine(refusals=10_000), call, resume)

@@ -16,7 +16,7 @@ is listed with a null logprob and its text. A logprob of -inf is written as -999
 floor (JSON has no infinity). ``num_cached_tokens`` (Conveyor's, with ``return_num_cached_tokens``):
 the prompt's tokens found in the engine's prefix cache, vLLM's ``num_cached_tokens``.
 
-``token_ids`` (a request the OpenAI ingress may resume on another engine, ``proto/migration.py``): the
+``token_ids`` (a request an ingress may resume on another engine, ``proto/migration.py``): the
 response parameters that carry the new token ids, and the prompt's in the first response.
 """
 

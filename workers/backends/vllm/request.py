@@ -7,7 +7,7 @@ Conveyor's additions: ``input_ids`` (INT32 or INT64), a prompt of token ids, whi
 vLLM's ``TokensPrompt`` (``text_input`` is then ignored: the config requires it); and
 ``return_prompt_logprobs``: the ``prompt_logprobs`` output (the sampling parameters ask the engine for
 them with vLLM's ``prompt_logprobs``); the request parameter ``conveyor_resumable``: a stream's responses
-carry its token ids (``outputs.token_ids``), for the OpenAI ingress to resume it if its worker dies; and
+carry its token ids (``outputs.token_ids``), for an ingress to resume it if its worker dies; and
 ``conveyor_steps``: the responses carry no tensors, their step in the parameters (``outputs.step``)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class GenerateArgs:
     sampling: dict[str, Any]  # SamplingParams keyword arguments
     lora_name: str | None
     returns: frozenset[str]  # the return_* flags set
-    # The OpenAI ingress may resume the stream elsewhere: each response carries its new token ids
+    # An ingress may resume the stream elsewhere: each response carries its new token ids
     # (proto/migration.py).
     token_ids: bool = False
     # The OpenAI ingress reads each response from its parameters, not its tensors (proto/stream_steps.py).
