@@ -166,13 +166,13 @@ parameters { key: "INFERENCE_PRECISION_HINT" value { string_value: "f32" } }
     return files
 
 
-def numpy_tolerance() -> dict[str, float]:
-    """How near OpenVINO's default answers are to numpy's float32 ones on this host's CPU: bf16 (an
-    8-bit mantissa) where the CPU has bfloat16 instructions, as OpenVINO (and Triton's backend) then
-    compute by default; float32 elsewhere."""
+def numpy_tolerance() -> tuple[float, float]:
+    """How near OpenVINO's default answers are to numpy's float32 ones on this host's CPU (rtol, atol):
+    bf16 (an 8-bit mantissa) where the CPU has bfloat16 instructions, as OpenVINO (and Triton's backend)
+    then compute by default; float32 elsewhere."""
     if ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT") == ov.Type.f32:
-        return {"rtol": 1e-5, "atol": 1e-6}
-    return {"rtol": 2e-2, "atol": 1e-2}
+        return 1e-5, 1e-6
+    return 2e-2, 1e-2
 
 
 def reference(path: str, inputs: dict[str, np.ndarray], shapes: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
