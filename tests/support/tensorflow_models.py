@@ -7,6 +7,7 @@ into a GraphDef, with their configs, built on the fly (``build``, which imports 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 from typing import Any
@@ -16,6 +17,14 @@ import numpy as np
 from conveyor.deploy.example_repo import write_model
 
 SAVED, PREDICT_ONLY, GRAPHDEF_FILE = "scorer.savedmodel", "scorer_predict.savedmodel", "scorer.graphdef"
+# A GraphDef whose weights are a variable, set by its "init" operation: served with Triton's TF_INIT_OPS_FILE.
+INIT_GRAPHDEF_FILE = "weights.graphdef"
+INIT_CONFIG = """platform: "tensorflow_graphdef"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+parameters { key: "TF_INIT_OPS_FILE" value { string_value: "init_ops.json" } }
+"""
 
 WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 7
 
@@ -40,7 +49,7 @@ GRAPHDEF = DECLARED.replace("tensorflow_savedmodel", "tensorflow_graphdef")
 def _model(repo: str, name: str, config: str | None, source: str) -> str:
     """Model ``name`` in ``repo`` serving the exported file ``source`` (its version 1's model path)."""
     vdir = os.path.join(write_model(repo, name, config), "1")
-    target = os.path.join(vdir, "model.graphdef" if source == GRAPHDEF_FILE else "model.savedmodel")
+    target = os.path.join(vdir, "model.graphdef" if source.endswith(".graphdef") else "model.savedmodel")
     if os.path.isdir(os.path.join(_exported, source)):
         shutil.copytree(os.path.join(_exported, source), target)
     else:
@@ -71,6 +80,11 @@ def build(repo: str) -> dict[str, str]:
     _model(repo, "tf_missing_signature",
            DECLARED + 'parameters { key: "TF_SIGNATURE_DEF" value { string_value: "predict" } }\n', SAVED)
     _model(repo, "tf_graphdef_undeclared", 'platform: "tensorflow_graphdef"\nmax_batch_size: 8\n', GRAPHDEF_FILE)
+    # TF_INIT_OPS_FILE as Triton's README places it, in the version folder; then the same without the file.
+    paths["tf_graphdef_init"] = _model(repo, "tf_graphdef_init", INIT_CONFIG, INIT_GRAPHDEF_FILE)
+    with open(os.path.join(os.path.dirname(paths["tf_graphdef_init"]), "init_ops.json"), "w") as f:
+        json.dump({"init_ops": ["init"]}, f)
+    _model(repo, "tf_graphdef_no_init_file", INIT_CONFIG, INIT_GRAPHDEF_FILE)
     # Declares x alone, but its output upper is computed from words: no session run could feed it.
     _model(repo, "tf_graphdef_unfed", GRAPHDEF.replace(
         '  { name: "words" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } }\n', "").replace(
@@ -123,4 +137,12 @@ def _export(data: str) -> None:
     frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
     with open(os.path.join(data, GRAPHDEF_FILE), "wb") as f:
         f.write(frozen.graph.as_graph_def().SerializeToString())
+    graph = tf.Graph()
+    with graph.as_default():  # TensorFlow 1's way: a variable that holds nothing until "init" runs
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(WEIGHTS), use_resource=True)
+        tf.identity(tf.matmul(x, w), name="y")
+        tf.compat.v1.global_variables_initializer()  # the operation "init"
+    with open(os.path.join(data, INIT_GRAPHDEF_FILE), "wb") as f:
+        f.write(graph.as_graph_def().SerializeToString())
 

@@ -26,6 +26,7 @@ from conveyor.workers.backends.tensorflow.signature import (
     import_tensorflow,
     load_graphdef,
     load_savedmodel,
+    run_init_ops,
 )
 
 tf = import_tensorflow()  # UNAVAILABLE, naming the extra, when TensorFlow is not installed
@@ -96,6 +97,8 @@ class TensorFlowBackend:
                                              config=proto, device=pinned)
         try:
             check_config(config, self.signature)
+            if settings.init_ops_file:
+                run_init_ops(tf, self.signature, path, settings.init_ops_file, config.name)
         except Exception:
             self.signature.session.close()
             raise

@@ -5,8 +5,11 @@
 * ``TF_USE_PER_SESSION_THREADS``: the session gets an inter-op pool of its own;
 * ``TF_GRAPH_TAG`` (default ``serve``) and ``TF_SIGNATURE_DEF`` (default ``serving_default``):
   which MetaGraph and signature of a SavedModel serve;
-* ``MAX_SESSION_SHARE_COUNT`` (positive), ``TF_INIT_OPS_FILE``: read and checked, not used (each
-  instance has a session of its own; the SavedModel's own init op runs at load).
+* ``TF_INIT_OPS_FILE``: a JSON file (``{"init_ops": ["init", ...]}``) in the version folder, else in the
+  model's folder, naming the operations each session runs once after loading (a GraphDef's variable
+  or table initialisers);
+* ``MAX_SESSION_SHARE_COUNT`` (positive): read and checked, not used (each instance has a session of
+  its own).
 
 The intra-op pool is TensorFlow's CPU device's, made once per process: in a worker hosting several
 TensorFlow models the first one loaded sizes it. Unset, it gets Conveyor's CPU default
@@ -52,6 +55,7 @@ class TensorFlowSettings:
     intra_op_threads: int = 1
     inter_op_threads: int = CALLER_THREAD
     per_session_threads: bool = False
+    init_ops_file: str = ""  # TF_INIT_OPS_FILE: the file's name, looked for by the backend
     graph_tag: str = "serve"
     signature_def: str = ""  # "": serving_default, else the first signature found (Triton's fallback)
 
@@ -61,14 +65,14 @@ class TensorFlowSettings:
         inter = _int(config, "TF_NUM_INTER_THREADS", -(1 << 31), "an integer")
         _int(config, "MAX_SESSION_SHARE_COUNT", 1, "positive")
         per_session = parameter_flag(config, "TF_USE_PER_SESSION_THREADS")
-        ignored = [k for k in ("MAX_SESSION_SHARE_COUNT", "TF_INIT_OPS_FILE") if parameter_text(config, k)]
-        if ignored:
-            log.info("model '%s': %s read and not used (each instance has a session of its own)",
-                     config.name, ", ".join(ignored))
+        if parameter_text(config, "MAX_SESSION_SHARE_COUNT"):
+            log.info("model '%s': MAX_SESSION_SHARE_COUNT read and not used (each instance has a session of its "
+                     "own)", config.name)
         return cls(
             intra_op_threads=default_threads(config) if intra is None else intra,
             inter_op_threads=CALLER_THREAD if inter is None else inter,
             per_session_threads=bool(per_session),
+            init_ops_file=parameter_text(config, "TF_INIT_OPS_FILE"),
             graph_tag=parameter_text(config, "TF_GRAPH_TAG") or "serve",
             signature_def=parameter_text(config, "TF_SIGNATURE_DEF"),
         )

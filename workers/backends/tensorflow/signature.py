@@ -11,6 +11,7 @@ binding its keyword arguments in Python, and handed each call to a pool thread a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -110,6 +111,35 @@ def load_savedmodel(tf: Any, path: str, tag: str, signature_def: str, model: str
     inputs, feeds = tensors(found.inputs, "input")
     outputs, fetches = tensors(found.outputs, "output")
     return Signature(inputs, outputs, feeds, fetches, session)
+
+
+def run_init_ops(tf: Any, signature: Signature, model_path: str, file_name: str, model: str) -> None:
+    """Triton's ``TF_INIT_OPS_FILE``: run, once, the operations the JSON file ``file_name`` names
+    (``{"init_ops": [...]}``), the file looked for in the version folder, then in the model's folder."""
+    version_dir = os.path.dirname(model_path)
+    places = [os.path.join(version_dir, file_name), os.path.join(os.path.dirname(version_dir), file_name)]
+    path = next((p for p in places if os.path.isfile(p)), None)
+    if path is None:
+        raise unavailable(f"unable to find init ops file '{file_name}' for model '{model}' in "
+                          f"'{places[0]}' or '{places[1]}'")
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = json.load(f)["init_ops"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TypeError("'init_ops' is not a list of operation names")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise invalid_arg(f"unable to read init ops file '{path}' for model '{model}': "
+                          f"expected {{\"init_ops\": [names]}} ({exc})") from None
+    graph = signature.session.graph
+    try:
+        ops = [graph.get_operation_by_name(name) for name in names]
+    except (KeyError, ValueError) as exc:
+        raise invalid_arg(f"init ops file '{path}' of model '{model}' names an operation the graph does not "
+                          f"have: {' '.join(str(exc).split())[:300]}") from None
+    try:
+        signature.session.run(ops)
+    except Exception as exc:
+        raise unavailable(f"the init ops of model '{model}' failed: {' '.join(str(exc).split())[:500]}") from None
 
 
 def _tensor_name(name: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -106,11 +107,21 @@ def test_config_completed_from_the_signature(server: Server) -> None:
     assert outputs == {"y": ("TYPE_FP32", [3]), "upper": ("TYPE_STRING", [1]), "lens": ("TYPE_INT32", [1])}
 
 
+@pytest.mark.parametrize("protocol", [httpclient, grpcclient])
+def test_init_ops_file_initialises_the_graph_once(server: Server, protocol: Any) -> None:
+    x = np.random.default_rng(9).standard_normal((3, 4)).astype(np.float32)
+    inp = protocol.InferInput("x", [3, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    got = connect(server, protocol).infer("tf_graphdef_init", [inp]).as_numpy("y")
+    np.testing.assert_allclose(got, x @ tfm.WEIGHTS, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("model", "reason"), [
     ("tf_wrong_type", "unable to load model 'tf_wrong_type', configuration expects datatype TYPE_FP64 for input "
                       "'x', model provides TYPE_FP32"),
     ("tf_missing_signature", "unable to load model 'tf_missing_signature', expected 'predict' signature"),
     ("tf_graphdef_undeclared", "a GraphDef has no signature to complete the config from"),
+    ("tf_graphdef_no_init_file", "unable to find init ops file 'init_ops.json' for model 'tf_graphdef_no_init_file'"),
     ("tf_graphdef_unfed", "unable to load model 'tf_graphdef_unfed': the outputs need more than the inputs the "
                           "config declares: placeholders words are not fed"),
 ])
@@ -119,3 +130,29 @@ def test_configs_that_do_not_fit_say_why(server: Server, model: str, reason: str
     assert not client.is_model_ready(model)
     index = {m["name"]: m for m in client.get_model_repository_index()}
     assert reason in index[model]["reason"]
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    ('{"init_ops": "init"}', "expected {\"init_ops\": [names]}"),
+    ("init", "expected {\"init_ops\": [names]}"),
+    ('{"init_ops": ["no_such_op"]}', "names an operation the graph does not have"),
+])
+def test_an_init_ops_file_that_cannot_be_used_says_why(server: Server, tmp_path: Any, content: str,
+                                                       reason: str) -> None:
+    import tensorflow as tf
+
+    from conveyor.proto.errors import ConveyorError
+    from conveyor.proto.model_config import parse_text
+    from conveyor.workers.backends.tensorflow.signature import load_graphdef, run_init_ops
+
+    path = os.path.join(tmp_path, "1", "model.graphdef")
+    os.makedirs(os.path.dirname(path))
+    with open(os.path.join(tfm._exported, tfm.INIT_GRAPHDEF_FILE), "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    (tmp_path / "init_ops.json").write_text(content)  # the model's folder: found when the version's has none
+    signature = load_graphdef(tf, path, parse_text('name: "m"\n' + tfm.INIT_CONFIG))
+    try:
+        with pytest.raises(ConveyorError, match=re.escape(reason)):
+            run_init_ops(tf, signature, path, "init_ops.json", "m")
+    finally:
+        signature.session.close()
