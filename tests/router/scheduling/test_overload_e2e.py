@@ -36,10 +36,12 @@ pytestmark = pytest.mark.timeout(240)
 SLEEP_S = 0.5  # each execution
 LIMIT = 16
 CLIENTS = 200
-# A refusal is "at once": the slowest well under one execution (the client never waited for the
-# model), the typical one under half of it (200 threads share 2 busy cores with the group: most of
-# that time is theirs).
+# A refusal is "at once": the typical one under half an execution (the client never waited for the
+# model), the slowest under two, far from the 8 s a queued request waits here (200 client threads share
+# the GIL and 2 busy cores with the group: most of that time is theirs, and one of them may be left
+# waiting for a turn).
 AT_ONCE_S = SLEEP_S / 2
+SLOWEST_REFUSAL_S = 2 * SLEEP_S
 # The burst's deadline: enough for the LIMIT admitted requests to run one after the other
 # (LIMIT * SLEEP_S = 8 s) on a busy 2-core machine.
 BURST_DEADLINE_MS = 14_000
@@ -164,7 +166,8 @@ def test_200_clients_are_each_served_or_refused_at_once(server: Server) -> None:
     assert all("Exceeds maximum waiting requests" in o.body and "MAX_WAITING_REQUESTS 16" in o.body
                for o in refused), refused[0].body
     times = sorted(o.took_s for o in refused)
-    assert times[-1] < SLEEP_S and times[len(times) // 2] < AT_ONCE_S, f"refusals took {times[0]:.3f}-{times[-1]:.3f} s"
+    assert times[-1] < SLOWEST_REFUSAL_S and times[len(times) // 2] < AT_ONCE_S, \
+        f"refusals took {times[0]:.3f}-{times[-1]:.3f} s"
     assert max(o.took_s for o in served) < BURST_DEADLINE_MS / 1000
     assert refusals(server) - before == len(refused)
     assert rejected(server) - failed_before == len(refused)  # as Triton counts a full queue
