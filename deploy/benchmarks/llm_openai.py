@@ -427,9 +427,9 @@ def markdown(runs: list[Run]) -> str:
         values = [getattr(r, name) for r in runs if r.server == server and r.case == case]
         return statistics.median(values) if values else None
 
-    def both(case: str, name: str, unit: str = "") -> str:
+    def both(case: str, name: str, unit: str = "", digits: int = 1) -> str:
         c, v = median("conveyor", case, name), median("vllm", case, name)
-        return f"{c if c is not None else '-'} / {v if v is not None else '-'}{unit}"
+        return f"{_number(c, digits)} / {_number(v, digits)}{unit}"
 
     lines = ["| case | Conveyor tok/s | vLLM tok/s | ratio | ratio per round | req/s, Conveyor / vLLM | "
              "TTFT p50, Conveyor / vLLM | TTFT p99, Conveyor / vLLM | ITL p50, Conveyor / vLLM | "
@@ -444,7 +444,7 @@ def markdown(runs: list[Run]) -> str:
             pair = {r.server: r.tokens_per_s for r in runs if r.case == case and r.round == rnd}
             if pair.get("conveyor") and pair.get("vllm"):
                 per_round.append(f"{pair['conveyor'] / pair['vllm']:.2f}")
-        lines.append(f"| {case} | {c if c is not None else '-'} | {v if v is not None else '-'} | {ratio} | "
+        lines.append(f"| {case} | {_number(c, 0)} | {_number(v, 0)} | {ratio} | "
                      f"{', '.join(per_round) or '-'} | {both(case, 'requests_per_s')} | "
                      f"{both(case, 'ttft_ms_p50', ' ms')} | {both(case, 'ttft_ms_p99', ' ms')} | "
                      f"{both(case, 'itl_ms_p50', ' ms')} | {both(case, 'chunks_per_request')} |")
@@ -469,6 +469,11 @@ def markdown(runs: list[Run]) -> str:
             cells.append(statistics.median(clients) if clients else None)
         lines.append(f"| {case} | " + " | ".join(f"{c:.0f}" if c is not None else "-" for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _number(value: float | None, digits: int) -> str:
+    """A median as the tables show it: ``digits`` decimals, thousands separated; '-' when not measured."""
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def _cpu_median(runs: list[Run], server: str, case: str, part: str) -> float | None:
