@@ -12,6 +12,7 @@ import pytest
 from conveyor.deploy.benchmarks import aiperf_cli
 from conveyor.deploy.benchmarks.llm_openai import (
     PROMPTS,
+    STRUCTURED,
     Bench,
     CpuSampler,
     Run,
@@ -64,7 +65,7 @@ def test_offline_environment() -> None:
 
 
 def bench(tmp_path: Path, clients: list[int]) -> Bench:
-    args = argparse.Namespace(clients=clients, seconds=5.0, requests=8, tokens=64, aiperf_workers=1)
+    args = argparse.Namespace(clients=clients, seconds=5.0, requests=8, tokens=64, aiperf_workers=1, cases=[])
     return Bench(Path("aiperf"), tmp_path / "tok", write_prompts(tmp_path / "p.jsonl", 3), tmp_path / "art", args)
 
 
@@ -74,7 +75,8 @@ def test_cases_and_their_command_lines(tmp_path: Path) -> None:
     assert lines == PROMPTS * 3
     server = Server("conveyor", 1234, None, ["m", "m_lora_a", "m_lora_b"])  # type: ignore[arg-type]
     cases = {case.name: case for case in _cases(b.args)}
-    assert list(cases) == ["sequential", "c=1", "c=4", "completions c=4", "mixed c=4"]
+    assert list(cases) == ["sequential", "c=1", "c=4", "completions c=4", "mixed c=4", "json_schema c=1",
+                           "json_schema c=4"]
 
     def flag(argv: list[str], name: str) -> str:
         return argv[argv.index(name) + 1]
@@ -90,6 +92,11 @@ def test_cases_and_their_command_lines(tmp_path: Path) -> None:
     completions = aiperf_arguments(b, server, cases["completions c=4"])
     assert flag(completions, "--endpoint-type") == "completions"
     assert "--per-chunk-usage" not in completions  # aiperf 0.13.0 refuses it there
+    # Structured outputs: the schema, greedy, and no ignore_eos (past the schema's end only the end token is allowed).
+    structured = json.loads(flag(aiperf_arguments(b, server, cases["json_schema c=4"]), "--extra-inputs"))
+    assert structured == {"temperature": 0, "response_format": STRUCTURED}
+    b.args.cases = ["json"]
+    assert [case.name for case in _cases(b.args)] == ["json_schema c=1", "json_schema c=4"]
 
 
 def test_ratios_per_round_and_medians() -> None:
@@ -99,7 +106,7 @@ def test_ratios_per_round_and_medians() -> None:
             Run("vllm", "c=4", 4, 10, 250.0, 300.0, 900.0, round=1, chunks_per_request=9.0,
                 cpu_us_per_token={"VLLM::Worker": 100.0, "vllm-api": 50.0}, client_cpu_us_per_token=40.0)]
     md = markdown(runs)
-    assert "| c=4 | 400.0 | 225.0 | 1.78 | 1.50, 2.00 |" in md
+    assert "| c=4 | 400 | 225 | 1.78 | 1.50, 2.00 |" in md
     assert "| 61.0 / 8.0 |" in md
     assert "| c=4 | - | 50 | - | 100 | - | 40 |" in md
 
