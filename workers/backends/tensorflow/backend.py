@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
 from conveyor.workers.backends.tensorflow.settings import TensorFlowSettings
 from conveyor.workers.backends.tensorflow.signature import (
+    Signature,
     check_config,
     import_tensorflow,
     load_graphdef,
@@ -68,6 +70,41 @@ def session_config(settings: TensorFlowSettings, gpu: bool) -> Any:
     return config
 
 
+# Sessions shared by instances of one model in this worker (Triton's MAX_SESSION_SHARE_COUNT): by the
+# model's path, device and config, each session with how many instances use it.
+_sessions_lock = threading.Lock()
+_sessions: dict[tuple[str, str, bytes], list[list[Any]]] = {}  # key -> [[signature, users], ...]
+
+
+def _take_session(key: tuple[str, str, bytes], share: int, load: Callable[[], Signature]) -> Signature:
+    """A loaded model for one more instance: a session of the key's with fewer than ``share`` users, or a
+    new one (loaded outside the lock: another model's load does not wait for it)."""
+    with _sessions_lock:
+        for entry in _sessions.get(key, ()):
+            if entry[1] < share:
+                entry[1] += 1
+                return cast(Signature, entry[0])
+    signature = load()
+    with _sessions_lock:
+        _sessions.setdefault(key, []).append([signature, 1])
+    return signature
+
+
+def _give_back_session(key: tuple[str, str, bytes], signature: Signature) -> None:
+    """An instance is done with ``signature``'s session: closed once no instance uses it."""
+    with _sessions_lock:
+        entries = _sessions.get(key, [])
+        for entry in entries:
+            if entry[0] is signature:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    entries.remove(entry)
+                    if not entries:
+                        del _sessions[key]
+                    signature.session.close()
+                return
+
+
 class TensorFlowBackend:
     # Short batches may run on the worker's main thread (workers/inline.py; a CPU instance only): a
     # session runs from any thread.
@@ -89,20 +126,9 @@ class TensorFlowBackend:
                 raise unavailable(f"TensorFlow could not load op library '{library}': {exc}") from None
         if not os.path.exists(path):
             raise unavailable(f"unable to find '{path}' for model '{config.name}'")
-        proto = session_config(settings, gpu)
-        if config.platform == "tensorflow_graphdef":
-            self.signature = load_graphdef(tf, path, config, session_config=proto, device=pinned)
-        else:
-            self.signature = load_savedmodel(tf, path, settings.graph_tag, settings.signature_def, config.name,
-                                             config=proto, device=pinned)
-        try:
-            check_config(config, self.signature)
-            if settings.init_ops_file:
-                run_init_ops(tf, self.signature, path, settings.init_ops_file, config.name)
-        except Exception:
-            self.signature.session.close()
-            raise
-        sig = self.signature
+        self._key = (path, device, config.SerializeToString(deterministic=True))
+        self.signature = sig = _take_session(self._key, settings.session_share_count,
+                                             lambda: _load(path, config, settings, gpu, pinned))
         self.feed_names = list(sig.inputs)
         self.fetch_index = {name: i for i, name in enumerate(sig.outputs)}
         # One C++ call per batch: numpy arrays in (BYTES as object arrays of bytes), numpy arrays out.
@@ -117,5 +143,24 @@ class TensorFlowBackend:
         return {name: values[self.fetch_index[name]] for name in outputs}
 
     def close(self) -> None:
-        self.signature.session.close()
-        del self._call, self.signature
+        del self._call
+        _give_back_session(self._key, self.signature)
+        del self.signature
+
+
+def _load(path: str, config: mc.ModelConfig, settings: TensorFlowSettings, gpu: bool, pinned: str) -> Signature:
+    """The model in a session of its own, checked against the config, its init ops run."""
+    proto = session_config(settings, gpu)
+    if config.platform == "tensorflow_graphdef":
+        signature = load_graphdef(tf, path, config, session_config=proto, device=pinned)
+    else:
+        signature = load_savedmodel(tf, path, settings.graph_tag, settings.signature_def, config.name,
+                                    config=proto, device=pinned)
+    try:
+        check_config(config, signature)
+        if settings.init_ops_file:
+            run_init_ops(tf, signature, path, settings.init_ops_file, config.name)
+    except Exception:
+        signature.session.close()
+        raise
+    return signature

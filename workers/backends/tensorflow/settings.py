@@ -8,8 +8,8 @@
 * ``TF_INIT_OPS_FILE``: a JSON file (``{"init_ops": ["init", ...]}``) in the version folder, else in the
   model's folder, naming the operations each session runs once after loading (a GraphDef's variable
   or table initialisers);
-* ``MAX_SESSION_SHARE_COUNT`` (positive): read and checked, not used (each instance has a session of
-  its own).
+* ``MAX_SESSION_SHARE_COUNT`` (positive, default 1): how many instances of the model in one worker run on
+  one session (one copy of the graph and weights; a session runs calls from several threads at once).
 
 The intra-op pool is TensorFlow's CPU device's, made once per process: in a worker hosting several
 TensorFlow models the first one loaded sizes it. Unset, it gets Conveyor's CPU default
@@ -21,15 +21,12 @@ host with cores to spare can ask for a pool with ``TF_NUM_INTER_THREADS``.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_flag, parameter_text
 from conveyor.proto.errors import invalid_arg
 from conveyor.workers.backends.cpu_threads import default_threads
-
-log = logging.getLogger(__name__)
 
 
 def _int(config: mc.ModelConfig, key: str, minimum: int, what: str) -> int | None:
@@ -56,6 +53,7 @@ class TensorFlowSettings:
     inter_op_threads: int = CALLER_THREAD
     per_session_threads: bool = False
     init_ops_file: str = ""  # TF_INIT_OPS_FILE: the file's name, looked for by the backend
+    session_share_count: int = 1  # MAX_SESSION_SHARE_COUNT
     graph_tag: str = "serve"
     signature_def: str = ""  # "": serving_default, else the first signature found (Triton's fallback)
 
@@ -63,16 +61,14 @@ class TensorFlowSettings:
     def from_config(cls, config: mc.ModelConfig) -> TensorFlowSettings:
         intra = _int(config, "TF_NUM_INTRA_THREADS", 0, "non-negative")
         inter = _int(config, "TF_NUM_INTER_THREADS", -(1 << 31), "an integer")
-        _int(config, "MAX_SESSION_SHARE_COUNT", 1, "positive")
+        share = _int(config, "MAX_SESSION_SHARE_COUNT", 1, "positive")
         per_session = parameter_flag(config, "TF_USE_PER_SESSION_THREADS")
-        if parameter_text(config, "MAX_SESSION_SHARE_COUNT"):
-            log.info("model '%s': MAX_SESSION_SHARE_COUNT read and not used (each instance has a session of its "
-                     "own)", config.name)
         return cls(
             intra_op_threads=default_threads(config) if intra is None else intra,
             inter_op_threads=CALLER_THREAD if inter is None else inter,
             per_session_threads=bool(per_session),
             init_ops_file=parameter_text(config, "TF_INIT_OPS_FILE"),
+            session_share_count=share or 1,
             graph_tag=parameter_text(config, "TF_GRAPH_TAG") or "serve",
             signature_def=parameter_text(config, "TF_SIGNATURE_DEF"),
         )

@@ -31,6 +31,7 @@ def test_parameters_as_triton_reads_them(monkeypatch: pytest.MonkeyPatch) -> Non
     s = TensorFlowSettings.from_config(params(TF_NUM_INTRA_THREADS="2", TF_NUM_INTER_THREADS="3", TF_GRAPH_TAG="gpu",
                                               TF_SIGNATURE_DEF="predict", MAX_SESSION_SHARE_COUNT="2"))
     assert (s.intra_op_threads, s.inter_op_threads, s.graph_tag, s.signature_def) == (2, 3, "gpu", "predict")
+    assert s.session_share_count == 2
     s = TensorFlowSettings.from_config(parse_text("instance_group [{ count: 2 kind: KIND_CPU }]"))
     # Unset: each call's ops on the calling thread (CALLER_THREAD), no hand-off to a pool and back.
     assert (s.intra_op_threads, s.inter_op_threads, s.graph_tag, s.signature_def) == (4, -1, "serve", "")

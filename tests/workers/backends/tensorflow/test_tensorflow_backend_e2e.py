@@ -156,3 +156,25 @@ def test_an_init_ops_file_that_cannot_be_used_says_why(server: Server, tmp_path:
             run_init_ops(tf, signature, path, "init_ops.json", "m")
     finally:
         signature.session.close()
+
+
+@pytest.mark.parametrize(("share", "sessions"), [("1", 3), ("2", 2), ("3", 1)])
+def test_instances_share_a_session_up_to_max_session_share_count(server: Server, share: str, sessions: int) -> None:
+    from conveyor.proto.model_config import parse_text
+    from conveyor.workers.backends.tensorflow.backend import TensorFlowBackend
+
+    path = os.path.join(tfm._exported, tfm.SAVED)
+    config = parse_text('name: "m"\n' + tfm.DECLARED +
+                        f'parameters {{ key: "MAX_SESSION_SHARE_COUNT" value {{ string_value: "{share}" }} }}\n')
+    instances = [TensorFlowBackend(path, config, "cpu") for _ in range(3)]
+    x, words = batch(2, 5)
+    try:
+        assert len({id(i.signature.session) for i in instances}) == sessions
+        for instance in instances:  # each answers, on its own session or a shared one
+            got = instance.execute({"x": x, "words": words}, ["y"])["y"]
+            np.testing.assert_allclose(got, tfm.reference(x, words)["y"], rtol=1e-5, atol=1e-6)
+    finally:
+        first = instances[0].signature.session
+        for instance in instances:
+            instance.close()
+    assert first._closed  # closed once no instance used it
