@@ -82,8 +82,8 @@ def blocker(params: dict[str, Any]) -> str | None:
 class Migration:
     """One engine request's record for sending it again: what it was, and what came of it so far."""
 
-    __slots__ = ("answered", "blocker", "from_ids", "generated", "limit", "model", "moves", "params", "prompt_ids",
-                 "request_id", "retry_s", "stream", "wait_until")
+    __slots__ = ("answered", "blocker", "generated", "limit", "model", "moves", "params", "prompt_ids",
+                 "request_id", "resumed", "retry_s", "stream", "wait_until")
 
     def __init__(self, model: str, request_id: str, params: dict[str, Any], stream: bool, limit: int) -> None:
         self.model = model
@@ -96,14 +96,11 @@ class Migration:
         self.generated: list[int] = []
         self.answered = False  # a response reached the reader: sending it as it was would repeat it
         self.moves = 0
-        self.from_ids = False  # sent again as token ids: the engine's prompt holds generated tokens
+        # Sent again as token ids: the engine answering now goes on from an earlier one's tokens, and its
+        # prompt holds them (it is not the client's).
+        self.resumed = False
         self.wait_until: float | None = None  # the monotonic clock's deadline of waiting for the model
         self.retry_s = 0.0
-
-    @property
-    def resumed(self) -> bool:
-        """The engine answering now goes on from the tokens of an earlier one (its prompt is not the client's)."""
-        return self.from_ids
 
     def observe(self, parameters: dict[str, Any]) -> None:
         """A response arrived: take the token ids out of its parameters (never shown to the client)."""
@@ -140,7 +137,7 @@ class Migration:
             if rest is None:
                 return None
             call = self.call(self.prompt_ids + self.generated, rest)
-            self.from_ids = True
+            self.resumed = True
         self.moves += 1
         log.warning("request '%s' of model '%s': %s; sent again (move %d of %d) with %d generated tokens",
                     self.request_id or "<id_unknown>", self.model, error.message, self.moves, self.limit,
