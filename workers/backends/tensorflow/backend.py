@@ -4,9 +4,10 @@
 config's tensor names), on TensorFlow 2's CPU runtime.
 
 The config is checked against the signature at load with Triton's messages (``signature.py``).
-Each instance runs its model in a TensorFlow session of its own (``signature.py``); a call hands the
-batch's numpy arrays to one session run (BYTES object arrays become string tensors) and gets numpy
-arrays back; strings come back as bytes objects, which the worker serialises.
+Each instance runs its model in a TensorFlow session (``signature.py``; its own, or shared by up to
+``MAX_SESSION_SHARE_COUNT`` instances in this worker); a call hands the batch's numpy arrays to one
+session run (BYTES object arrays become string tensors) and gets numpy arrays back; strings come
+back as bytes objects, which the worker serialises.
 """
 
 from __future__ import annotations
