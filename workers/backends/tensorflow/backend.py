@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,23 +72,29 @@ def session_config(settings: TensorFlowSettings, gpu: bool) -> Any:
     return config
 
 
-# Sessions shared by instances of one model in this worker (Triton's MAX_SESSION_SHARE_COUNT): by the
-# model's path, device and config, each session with how many instances use it.
+@dataclass(slots=True)
+class _Shared:
+    signature: Signature  # the loaded model and its session
+    users: int  # the instances running on it
+
+
+# Sessions shared by instances of one model in this worker (Triton's MAX_SESSION_SHARE_COUNT), by the
+# model's path, device and config.
 _sessions_lock = threading.Lock()
-_sessions: dict[tuple[str, str, bytes], list[list[Any]]] = {}  # key -> [[signature, users], ...]
+_sessions: dict[tuple[str, str, bytes], list[_Shared]] = {}
 
 
 def _take_session(key: tuple[str, str, bytes], share: int, load: Callable[[], Signature]) -> Signature:
     """A loaded model for one more instance: a session of the key's with fewer than ``share`` users, or a
     new one (loaded outside the lock: another model's load does not wait for it)."""
     with _sessions_lock:
-        for entry in _sessions.get(key, ()):
-            if entry[1] < share:
-                entry[1] += 1
-                return cast(Signature, entry[0])
+        for shared in _sessions.get(key, ()):
+            if shared.users < share:
+                shared.users += 1
+                return shared.signature
     signature = load()
     with _sessions_lock:
-        _sessions.setdefault(key, []).append([signature, 1])
+        _sessions.setdefault(key, []).append(_Shared(signature, 1))
     return signature
 
 
@@ -95,11 +102,11 @@ def _give_back_session(key: tuple[str, str, bytes], signature: Signature) -> Non
     """An instance is done with ``signature``'s session: closed once no instance uses it."""
     with _sessions_lock:
         entries = _sessions.get(key, [])
-        for entry in entries:
-            if entry[0] is signature:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    entries.remove(entry)
+        for shared in entries:
+            if shared.signature is signature:
+                shared.users -= 1
+                if shared.users == 0:
+                    entries.remove(shared)
                     if not entries:
                         del _sessions[key]
                     signature.session.close()
