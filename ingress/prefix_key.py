@@ -1,34 +1,18 @@
-"""A prompt's prefix key: chained hashes of its leading blocks, for prefix-aware engine placement.
-
-An engine's prefix cache keeps a prompt's KV blocks under the hash of every token up to and in each
-block, so a request whose prompt starts as an earlier one's reuses those blocks, on the engine that
-ran the earlier one. The router, which never reads tensor bytes, places requests by the same idea
-(router/scheduling/engine_placement.py) on keys the ingress computes here while the prompt is hot in
-its cache: key ``i`` is the CRC-32 of the adapter's name and the prompt's first
-``(i + 1) * PREFIX_BLOCK_BYTES`` bytes. Two prompts share key ``i`` exactly when they share that much
-text under the same adapter; a CRC collision costs a worse placement, never a wrong answer. Only
-whole blocks, as an engine caches only whole blocks.
-"""
+"""The prefix keys of a request's prompt (proto/prefix_keys.py), read from its inputs as the ingress wrote
+them to the arena: ``text_input``'s first element, or ``input_ids`` when the prompt is tokenized (the engine
+ignores the text then), under the LoRA adapter the request names."""
 
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from conveyor.proto import messages as m
+from conveyor.proto.prefix_keys import PREFIX_BLOCK_BYTES, block_keys
 
-# ~16 tokens of English text: the block size of vLLM's GPU engines, so a key stands for about one
-# cached block. (A CPU engine's blocks are larger; the keys are then finer than its blocks, which
-# costs nothing but a few keys.)
-PREFIX_BLOCK_BYTES = 64
-# Keys for the prompt's first 4 KiB at most: the shared head (a system prompt, a document) decides
-# where a prompt's blocks are; this bounds the descriptor (~330 bytes of keys) and the router's work
-# and record per request.
-MAX_PREFIX_BLOCKS = 64
 PROMPT_INPUT = "text_input"  # Triton's vLLM contract: the prompt
 SAMPLING_INPUT = "sampling_parameters"  # ... and its JSON sampling parameters, which name the adapter
 IDS_INPUT = "input_ids"  # ... or the prompt as token ids (INT32), which the engine takes instead of the text
@@ -58,15 +42,7 @@ def prefix_key(refs: list[m.TensorRef], view: View, parameters: dict[str, Any]) 
         start, length = _LENGTH, min(int.from_bytes(raw[:_LENGTH].tobytes(), "little"), prompt.nbytes - _LENGTH)
     else:
         return []
-    blocks = min(length // PREFIX_BLOCK_BYTES, MAX_PREFIX_BLOCKS)
-    adapter = _adapter(sampling, view, parameters)
-    h = zlib.crc32(adapter.encode() + b"\0") if adapter else 0
-    data = raw.data
-    keys = []
-    for end in range(start + PREFIX_BLOCK_BYTES, start + (blocks + 1) * PREFIX_BLOCK_BYTES, PREFIX_BLOCK_BYTES):
-        h = zlib.crc32(data[end - PREFIX_BLOCK_BYTES:end], h)
-        keys.append(h)
-    return keys
+    return block_keys(raw.data[start:start + length], _adapter(sampling, view, parameters))
 
 
 def _adapter(sampling: m.TensorRef | None, view: View, parameters: dict[str, Any]) -> str:

@@ -119,6 +119,7 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
         lines.append(f"nv_model_load_duration_secs{{{_labels(s)}}} {_number(took / 1e9)}")
     _render_overload(lines, model_stats, snapshot.get("overload", {}))
     _render_migrations(lines, model_stats, snapshot.get("migrations", {}))
+    _render_prefix_evictions(lines, model_stats, snapshot.get("prefix_evictions", {}))
     adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
     if adaptive:
         _header(lines, "conveyor_adaptive_queue_delay_us",
@@ -168,6 +169,20 @@ def _render_migrations(lines: list[str], model_stats: list[dict[str, Any]], migr
     _header(lines, "conveyor_request_migrations_total",
             "Requests sent again to another engine after the worker running them exited (MAX_MIGRATIONS)", "counter")
     lines += [f"conveyor_request_migrations_total{{{_labels(s)}}} {count}" for s, count in rows]
+
+
+def _render_prefix_evictions(lines: list[str], model_stats: list[dict[str, Any]],
+                             evictions: dict[str, dict[str, int]]) -> None:
+    """Prefix keys engine placement forgot because their engine no longer held them (its KV-cache events,
+    or a new engine), per engine: only the versions that had some."""
+    rows = [(s, evictions[_id(s)]) for s in model_stats if evictions.get(_id(s))]
+    if not rows:
+        return
+    name = "conveyor_engine_prefix_evictions_total"
+    _header(lines, name, "Prompt prefixes engine placement stopped sending to an engine because its KV cache "
+            "no longer held them (KV-cache events)", "counter")
+    for s, by_engine in rows:
+        lines += [f'{name}{{engine="{engine}",{_labels(s)}}} {count}' for engine, count in sorted(by_engine.items())]
 
 
 def _le(bound: float) -> str:

@@ -33,7 +33,8 @@ import msgspec
 # 5: runtime LoRA adapters (``LoraUpdate`` / ``LoraUpdated``).
 # 6: ``InferRequest.prefix`` (a prompt's block hashes, for prefix-aware engine placement).
 # 7: ``ErrorInfo.worker_lost`` (a request whose worker exited, which the OpenAI ingress may send again).
-PROTOCOL_VERSION = 7
+# 8: ``PrefixesEvicted`` (what a vLLM engine's cache evicted, from its KV-cache events).
+PROTOCOL_VERSION = 8
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -137,7 +138,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     request_id: str = ""  # the client's own id for the request (Triton's request_id())
     cache_key: bytes = b""  # response-cache models only: hash of the inputs and parameters (ingress/request_hash.py)
     trace: TraceContext | None = None  # set by an ingress only while tracing is on (router/observability/tracing.py)
-    # A prompt's chained block hashes (ingress/prefix_key.py), for models placed by prefix across their
+    # A prompt's chained block hashes (proto/prefix_keys.py), for models placed by prefix across their
     # engines (router/scheduling/engine_placement.py); [] for every other model.
     prefix: list[int] = []
 
@@ -447,6 +448,18 @@ class CustomMetrics(msgspec.Struct, tag="cmetrics", array_like=True):
     metrics: list[CustomMetric]
 
 
+class PrefixesEvicted(msgspec.Struct, tag="evicted", array_like=True):
+    """Worker to router: the engine of instance ``instance`` of ``model``/``version`` evicted the prompt
+    blocks these prefix keys stand for (proto/prefix_keys.py; workers/backends/vllm/cached_prefixes.py);
+    ``everything``: it holds nothing the router sent it before (its cache was cleared, or its events lost)."""
+
+    model: str
+    version: str
+    instance: int
+    keys: list[int] = []
+    everything: bool = False
+
+
 class CancelItem(msgspec.Struct, tag="icancel", array_like=True):
     """Router to worker: the client of item ``index`` of ``batch`` went away
     (a Python model sees it as ``request.is_cancelled()``)."""
@@ -475,7 +488,7 @@ RouterToWorker = (
 )
 WorkerToRouter = (
     WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | ItemResponsesSent | WorkerLeaving
-    | CustomMetrics | ReadyChecked | LoraUpdated
+    | CustomMetrics | ReadyChecked | LoraUpdated | PrefixesEvicted
 )
 
 encoder = msgspec.msgpack.Encoder()

@@ -116,6 +116,8 @@ class ControlHandler:
             "overload": {f"{s.model}:{s.label}": {"waiting": s.waiting.count, "refusals": dict(s.waiting.refusals)}
                          for s in states},
             "migrations": {f"{s.model}:{s.label}": s.migrations for s in states},
+            "prefix_evictions": {f"{s.model}:{s.label}": dict(s.placement.evictions) for s in states
+                                 if s.placement is not None and s.placement.evictions},
         }
         exported = self.trace_export()
         if exported is not None:

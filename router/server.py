@@ -314,8 +314,20 @@ class Router:
             self.user_readiness.on_checked(msg)
         elif isinstance(msg, m.LoraUpdated):
             self.runtime_lora.on_updated(identity, msg)
+        elif isinstance(msg, m.PrefixesEvicted):
+            self._on_evicted(identity, msg)
         if self.worker_drain.active:
             self.membership.progress_drain()
+
+    def _on_evicted(self, identity: bytes, msg: m.PrefixesEvicted) -> None:
+        """A vLLM engine evicted prompt blocks: engine placement's record forgets them there."""
+        inst = self.registry.find_instance(msg.model, msg.version, msg.instance)
+        if inst is None or inst.worker != identity or inst.version.placement is None:
+            return
+        if msg.everything:
+            inst.version.placement.forget(inst)
+        else:
+            inst.version.placement.evicted(inst, msg.keys)
 
     def _tick(self, now: float) -> None:
         late = now - self._last_tick - HEARTBEAT_INTERVAL_S

@@ -95,7 +95,7 @@ def begin_load(msg: m.LoadModel, devices: DeviceMap, post: Post) -> LoadedInstan
             inst.plan = IoPlan.from_config(config, load_labels(model_dir, config))
             if sequence_batched(config):
                 inst.sequences = SequenceSlots(config, model_dir)
-            backend = load_backend(config.backend, msg.path, config, device, msg.instance, msg.name)
+            backend = load_backend(config.backend, msg.path, config, device, msg.instance, msg.name, post)
             inst.per_request = isinstance(backend, RequestBackend)
             inst.decoupled = inst.per_request and config.model_transaction_policy.decoupled
             shapes = BatchShapes.from_config(config)

@@ -19,9 +19,12 @@ prefixes spread). Once one engine runs ``BALANCE_REQUESTS`` more requests than a
 a hot prefix does not pile onto one engine without bound. (A cost in blocks, as NVIDIA Dynamo's
 KV-aware router weighs them, lost most turns' affinity with four clients on two engines here: a
 prompt's prefill costs little next to an engine step, so load measured in blocks overweighs it.)
-Prompts are keyed by the ingress (ingress/prefix_key.py); the record keeps each key's last engine
+Prompts are keyed by the ingress (proto/prefix_keys.py); the record keeps each key's last engine
 for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys, oldest out first, as an engine's cache
-evicts what is least recently used.
+evicts what is least recently used. Where the engines publish their KV-cache events, each worker says
+which keys its engine evicted (workers/backends/vllm/cached_prefixes.py): those leave the record at
+once (``evicted``), and a request whose head its engine no longer holds goes where the load says.
+An engine that starts again (its worker replaced) starts with an empty cache, and its keys go too.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ CHOICES = (PREFIX, ROUND_ROBIN)
 # and a wrong guess costs a placement no better than round-robin, never a wrong answer.
 PREFIX_TTL_S = 300.0
 # Keys remembered per model version (~100 bytes each: ~6 MiB at most): 64 keys per request
-# (ingress/prefix_key.MAX_PREFIX_BLOCKS), so about a thousand distinct 4 KiB prompt heads. A key
+# (proto/prefix_keys.MAX_PREFIX_BLOCKS), so about a thousand distinct 4 KiB prompt heads. A key
 # pushed out only makes its next request's placement blind to it.
 MAX_PREFIX_KEYS = 1 << 16
 # A request whose cached head is at least this share of its keyed prompt goes to that engine (SGLang's
@@ -70,13 +73,15 @@ def placement_problem(config: mc.ModelConfig) -> str:
 class EnginePlacement:
     """One model version's placement across its engines, and its record of the prefixes sent."""
 
-    __slots__ = ("_turn", "by_prefix", "where")
+    __slots__ = ("_turn", "by_prefix", "evictions", "where")
 
     def __init__(self, by_prefix: bool) -> None:
         self.by_prefix = by_prefix
         # Prefix key -> (the engine it was last sent to, when), least recently sent first.
         self.where: dict[int, tuple[Instance, int]] = {}
         self._turn = itertools.count()
+        # Keys taken out of the record because their engine evicted them, by the engine's name (/metrics).
+        self.evictions: dict[str, int] = {}
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> EnginePlacement:
@@ -123,6 +128,27 @@ class EnginePlacement:
         if len(where) > MAX_PREFIX_KEYS:
             for key in list(itertools.islice(where, len(where) - MAX_PREFIX_KEYS)):
                 del where[key]
+
+    def evicted(self, engine: Instance, keys: list[int]) -> None:
+        """``engine`` evicted the blocks of ``keys``: those it was recorded for leave the record."""
+        where = self.where
+        gone = 0
+        for key in keys:
+            seen = where.get(key)
+            if seen is not None and seen[0] is engine:
+                del where[key]
+                gone += 1
+        if gone:
+            self.evictions[engine.name] = self.evictions.get(engine.name, 0) + gone
+
+    def forget(self, engine: Instance) -> None:
+        """``engine`` holds nothing it was sent (a new engine, a cleared cache, lost events)."""
+        where = self.where
+        keys = [key for key, (held, _) in where.items() if held is engine]
+        for key in keys:
+            del where[key]
+        if keys:
+            self.evictions[engine.name] = self.evictions.get(engine.name, 0) + len(keys)
 
     def _matched(self, keys: list[int]) -> dict[int, int]:
         """``id()`` of each engine -> how many of the prompt's leading blocks it holds, by the record."""

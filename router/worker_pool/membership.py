@@ -88,6 +88,8 @@ class WorkerMembership:
         else:
             inst.state = InstanceState.READY
             inst.user_ready = msg.user_ready
+            if state.placement is not None:
+                state.placement.forget(inst)  # a new engine: an empty cache, whatever was sent to this instance
             self.on_ready(inst)
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
             if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):

@@ -5,15 +5,19 @@ when their framework is not installed, so the model says why it cannot load."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import unsupported
 from conveyor.workers.backends.base import Backend, RequestBackend
 
 
 def load_backend(
-    backend: str, path: str, config: mc.ModelConfig, device: str, instance: int = 0, instance_name: str = ""
+    backend: str, path: str, config: mc.ModelConfig, device: str, instance: int = 0, instance_name: str = "",
+    post: Callable[[bytes], None] | None = None,
 ) -> Backend | RequestBackend:
-    """``instance``: the router's number of the instance; ``instance_name``: Triton's name of it."""
+    """``instance``: the router's number of the instance; ``instance_name``: Triton's name of it;
+    ``post``: sends a message to the router from any thread (a vLLM engine's evictions)."""
     if backend == "onnxruntime":
         from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 
@@ -33,7 +37,7 @@ def load_backend(
     if backend == "vllm":
         from conveyor.workers.backends.vllm.backend import VllmBackend
 
-        return VllmBackend(path, config, device, instance_name)
+        return VllmBackend(path, config, device, instance_name, instance, post)
     if backend == "fil":
         from conveyor.workers.backends.fil.backend import FilBackend
 

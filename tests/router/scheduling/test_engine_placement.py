@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from conveyor.deploy import example_repo
-from conveyor.ingress.prefix_key import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_BYTES, prefix_key
+from conveyor.ingress.prefix_key import prefix_key
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import serialize_bytes
+from conveyor.proto.prefix_keys import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_BYTES
 from conveyor.router.models import VersionState
 from conveyor.router.scheduling import engine_placement
 from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS, placement_problem
@@ -147,6 +148,48 @@ def test_expired_keys_neither_place_nor_stay(core: RouterCore, monkeypatch: pyte
     assert len(places) == 2 and home in places
     _send(core, "prefix", [9])  # as many expired ones go as keys come in
     assert len(placement.where) <= 4
+
+
+def test_a_head_its_engine_evicted_goes_where_the_load_says(core: RouterCore) -> None:
+    """The engine's KV-cache events (through its worker): the record forgets the keys it evicted, only for
+    that engine; a request with that head then goes to the less loaded engine, not back to it."""
+    state = _state(core, "prefix")
+    placement = state.placement
+    assert placement is not None
+    system, other = [31, 32, 33, 34], [41, 42, 43, 44]
+    home = _send(core, "prefix", system)
+    _finish_all(core)
+    away = _send(core, "prefix", other)
+    assert away != home
+    _finish_all(core)
+    engines = {inst.index: inst for inst in state.instances}
+    busy = _send(core, "prefix", [*system, 99])  # left running: the head's engine is the busier
+    assert busy == home
+    core.from_worker(W1, m.PrefixesEvicted("prefix", "1", away, other))  # its own head
+    core.from_worker(W1, m.PrefixesEvicted("prefix", "1", away, system))  # not recorded there: nothing
+    assert _send(core, "prefix", [*system, 98]) == home  # still held there: the cache decides
+    core.from_worker(W1, m.PrefixesEvicted("prefix", "1", home, system[2:]))  # its tail: half still held
+    assert _send(core, "prefix", system) == home
+    core.from_worker(W1, m.PrefixesEvicted("prefix", "1", home, system))
+    assert _send(core, "prefix", system) == away  # nothing cached: the less loaded engine
+    assert placement.evictions == {engines[away].name: 4, engines[home].name: 2 + 4}
+    _finish_all(core)
+
+
+def test_a_cleared_cache_or_a_new_engine_forgets_all_it_was_sent(core: RouterCore) -> None:
+    state = _state(core, "prefix")
+    placement = state.placement
+    assert placement is not None
+    home = _send(core, "prefix", [51, 52, 53])
+    _finish_all(core)
+    core.from_worker(W1, m.PrefixesEvicted("prefix", "1", home, everything=True))
+    assert placement.where == {}
+    home = _send(core, "prefix", [61, 62, 63])
+    _finish_all(core)
+    core.from_worker(W1, m.ModelLoaded("prefix", "1", home))  # its engine started again: an empty cache
+    assert placement.where == {}
+    snapshot = core.router.control.metrics()
+    assert sum(snapshot["prefix_evictions"]["prefix:1"].values()) == 6
 
 
 def test_a_bad_placement_refuses_the_load_and_the_choice_changes_in_place() -> None:

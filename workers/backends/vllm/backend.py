@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, not_found, unavailable
 from conveyor.proto.lora import runtime_updates_allowed
@@ -31,13 +32,14 @@ from conveyor.workers.backends.base import (
     ResponseChannel,
     WireTensor,
 )
-from conveyor.workers.backends.vllm import embedding, outputs
+from conveyor.workers.backends.vllm import embedding, kv_events, outputs
+from conveyor.workers.backends.vllm.cached_prefixes import CachedPrefixes
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
 from conveyor.workers.backends.vllm.metrics import stat_logger_factory
 from conveyor.workers.backends.vllm.placement import engine_on_compute_cores
 from conveyor.workers.backends.vllm.priority import engine_nice
-from conveyor.workers.backends.vllm.request import GenerateArgs, engine_prompt, parse, sampling_params
+from conveyor.workers.backends.vllm.request import GenerateArgs, engine_prompt, parse, prefix_keys, sampling_params
 from conveyor.workers.loop_replies import LoopReplies
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 ENGINE_ARGS = "model.json"
 # Triton's vllm_backend words, for requests to a model whose engine died (ENABLE_VLLM_HEALTH_CHECK).
 UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
+# "false": the engines of a model with several do not publish their KV-cache events, and the router
+# places by its own record only (docs/LLM.md).
+KV_EVENTS_PARAMETER = "KV_CACHE_EVENTS"
 
 
 def several_engines(config: mc.ModelConfig) -> bool:
@@ -55,15 +60,23 @@ def several_engines(config: mc.ModelConfig) -> bool:
     return not groups or sum(max(g.count, 1) * max(len(g.gpus), 1) for g in groups) > 1  # count on each GPU listed
 
 
+def kv_events_wanted(config: mc.ModelConfig) -> bool:
+    """Whether the engine tells the router what its cache evicts: where the model may run several engines
+    (placement by prefix reads it), unless ``KV_CACHE_EVENTS`` is "false"."""
+    return several_engines(config) and (_parameter(config, KV_EVENTS_PARAMETER) or "true").lower() != "false"
+
+
 def _parameter(config: mc.ModelConfig, name: str) -> str | None:
     p = config.parameters.get(name)
     return None if p is None else p.string_value
 
 
 class VllmBackend:
-    def __init__(self, path: str, config: mc.ModelConfig, device: str, instance_name: str = "") -> None:
+    def __init__(self, path: str, config: mc.ModelConfig, device: str, instance_name: str = "", instance: int = 0,
+                 post: Callable[[bytes], None] | None = None) -> None:
         """``path``: ``<model>/<version>/model.json``; ``instance_name``: Triton's name of the instance,
-        the ``engine`` label of its metrics when the model may have several engines."""
+        the ``engine`` label of its metrics when the model may have several engines; ``instance``: the
+        router's number of it; ``post``: sends a message to the router from any thread (a worker's)."""
         self.name = config.name
         if not config.model_transaction_policy.decoupled:
             raise unavailable("vLLM Triton backend must be configured to use decoupled model transaction policy")
@@ -82,6 +95,7 @@ class VllmBackend:
         environment = {"CUDA_VISIBLE_DEVICES": device.split(":", 1)[1]} if device.startswith("cuda:") else {}
         self.loras = LoraRepository.load(version_dir, engine_args, runtime_updates_allowed(config))
         self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
+        self._tasks: list[asyncio.Task[None]] = []  # the engine loop's own (its events' reader)
         self.healthy = True
         # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
         report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
@@ -93,6 +107,11 @@ class VllmBackend:
             loggers.append(stat_logger_factory(labels))
         nice = engine_nice(_parameter(config, "ENGINE_NICE"))
         on_compute_cores = engine_on_compute_cores(_parameter(config, "ENGINE_CPUS"))
+        events: kv_events.Endpoints | None = None
+        if post is not None and kv_events_wanted(config) and kv_events.supported():
+            engine_args, events = kv_events.engine_args(engine_args)
+        self.events = events
+        self.prefixes: CachedPrefixes | None = None
         try:
             self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores, environment)
         except ConveyorError:
@@ -103,6 +122,24 @@ class VllmBackend:
             raise unavailable(f"failed to start the vLLM engine of '{self.name}': {why}") from None
         # Tokens leave from the engine's thread, an engine step's worth per message (not via the main loop).
         self.replies = LoopReplies(self.engine.loop)
+        if events is not None and post is not None:
+            self._follow_cache(events, post, os.path.basename(version_dir), instance)
+
+    def _follow_cache(self, events: kv_events.Endpoints, post: Callable[[bytes], None], version: str,
+                      instance: int) -> None:
+        """Read the engine's KV-cache events on its loop; tell the router the prefixes it evicts."""
+        name = self.name
+        tokenizer = self.engine.engine.tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return "" if tokenizer is None else str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        def report(keys: list[int], everything: bool) -> None:
+            post(m.encode(m.PrefixesEvicted(name, version, instance, keys, everything)))
+
+        prefixes = self.prefixes = CachedPrefixes(decode, report)
+        stream = kv_events.EventStream(events, prefixes.on_events, prefixes.lost)
+        self.engine.call(lambda: self._tasks.append(self.engine.loop.create_task(stream.run())))
 
     def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]:
         if self.health_check and not self._check_health():
@@ -124,7 +161,8 @@ class VllmBackend:
                     args = parse(item)
                     if args.lora_name is not None:
                         self.loras.check(args.lora_name)
-                    work = functools.partial(self._generate, args, channel)
+                    keys = prefix_keys(item, args) if self.prefixes is not None else None
+                    work = functools.partial(self._generate, args, channel, keys)
             except ConveyorError as exc:
                 channel.fail(exc)
                 continue
@@ -161,17 +199,29 @@ class VllmBackend:
         channel.add_cancel_hook(cancel)
         self.engine.call(begin)
 
-    async def _generate(self, args: GenerateArgs, channel: ResponseChannel) -> None:
+    async def _generate(self, args: GenerateArgs, channel: ResponseChannel,
+                        keys: tuple[list[int], bool] | None) -> None:
+        """``keys``: the prompt's prefix keys, and whether of token ids, where the engine's cache is followed."""
         params = sampling_params(args.sampling, final_only=not args.stream)
         state = outputs.ResponseState(params.n, self._decode)
         lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
         prompt = engine_prompt(args.prompt)
         resumable = args.stream and args.token_ids and params.n == 1
         answer = self._steps if args.steps else self._tensors
-        async for out in self.engine.engine.generate(prompt, params, uuid.uuid4().hex, lora_request=lora):
-            state.merge(out)
-            if args.stream:
-                channel.send(answer(state, False, args.returns, resumable), out.finished)
+        request_id = uuid.uuid4().hex
+        prefixes = self.prefixes
+        extra: dict[str, Any] = {}
+        if prefixes is not None and keys is not None and keys[0]:
+            prefixes.begin(request_id, *keys)
+            extra["session_id"] = request_id  # on the events of the blocks the engine stores for it
+        try:
+            async for out in self.engine.engine.generate(prompt, params, request_id, lora_request=lora, **extra):
+                state.merge(out)
+                if args.stream:
+                    channel.send(answer(state, False, args.returns, resumable), out.finished)
+        finally:
+            if extra:
+                prefixes.end(request_id)  # type: ignore[union-attr]
         if not args.stream:
             channel.send(answer(state, args.prepend_input, args.returns, False), True)
         elif not channel.closed:
@@ -261,6 +311,8 @@ class VllmBackend:
     def close(self) -> None:
         self.engine.call(self.replies.close)  # before the shutdown: the loop runs them in order
         self.engine.close()
+        if self.events is not None:
+            kv_events.remove_sockets(self.events)
 
 
 def _refused_by_engine(exc: Exception) -> bool:

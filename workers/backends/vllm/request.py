@@ -21,6 +21,7 @@ import numpy as np
 
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.migration import MIGRATION, RESUMABLE
+from conveyor.proto.prefix_keys import KEYED_BYTES, PREFIX_BLOCK_BYTES, block_keys
 from conveyor.proto.stream_steps import STEPS
 from conveyor.workers.backends.base import RequestItem
 
@@ -93,6 +94,19 @@ def parse(item: RequestItem) -> GenerateArgs:
         text = [int(t) for t in ids.reshape(-1)]
     return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns,
                         bool(item.parameters.get(RESUMABLE)), bool(item.parameters.get(STEPS)))
+
+
+def prefix_keys(item: RequestItem, args: GenerateArgs) -> tuple[list[int], bool]:
+    """The request's prefix keys as its ingress computed them (ingress/prefix_key.py), and whether they
+    are keys of token ids (``input_ids`` of INT32) rather than of the text."""
+    named = item.parameters.get("lora_name")  # the ingress reads the parameter before the sampling JSON
+    adapter = named if isinstance(named, str) else (args.lora_name or "")
+    ids = item.inputs.get(IDS_INPUT)
+    if ids is not None and ids.dtype == np.int32 and ids.nbytes >= PREFIX_BLOCK_BYTES:
+        return block_keys(np.ascontiguousarray(ids).reshape(-1)[:KEYED_BYTES // 4].tobytes(), adapter), True
+    prompt = _first(item.inputs, "text_input")
+    text = prompt.encode() if isinstance(prompt, str) else bytes(prompt[:KEYED_BYTES]) if prompt is not None else b""
+    return block_keys(text[:KEYED_BYTES], adapter), False
 
 
 def engine_prompt(prompt: str | list[int]) -> Any:
