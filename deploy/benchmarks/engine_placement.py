@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4, help="with --hidden: layers")
     ap.add_argument("--context", type=int, default=2048, help="with --hidden: max_model_len")
     ap.add_argument("--kv-mib", type=int, default=256, help="with --hidden: each engine's KV cache")
+    ap.add_argument("--kv-events", choices=("on", "off"), default="on",
+                    help="off: KV_CACHE_EVENTS false (the engines publish no KV-cache events)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "engine_placement.md")
     args = ap.parse_args()
     from transformers import AutoTokenizer
@@ -223,7 +225,9 @@ def main() -> int:
         tiny = tiny_llama.TinyLlama(_wider(tiny, work / "wider", args.hidden, args.layers, args.context), {})
         engine.update(max_model_len=args.context, kv_cache_memory_bytes=args.kv_mib << 20)
     model_dir = tiny_llama.write_repository(work / "repo", tiny, MODEL, **engine)
-    (model_dir / "config.pbtxt").write_text('backend: "vllm"\ninstance_group [ { count: 2 kind: KIND_MODEL } ]\n')
+    events = '' if args.kv_events == "on" else 'parameters { key: "KV_CACHE_EVENTS" value { string_value: "false" } }\n'
+    (model_dir / "config.pbtxt").write_text(
+        'backend: "vllm"\ninstance_group [ { count: 2 kind: KIND_MODEL } ]\n' + events)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny.model_dir))
     rng = random.Random(0)
     group = Group(work / "repo")
@@ -242,7 +246,8 @@ def main() -> int:
         group.stop()
     model = f"a {args.hidden}x{args.layers} Llama" if args.hidden else "the tiny Llama"
     lines = [f"{model}, {args.systems} system prompts of {args.system_tokens} tokens x {args.turns} turns, "
-             f"{args.clients} clients, {args.tokens} tokens each, {args.rounds} rounds alternated", "",
+             f"{args.clients} clients, {args.tokens} tokens each, {args.rounds} rounds alternated, "
+             f"KV-cache events {args.kv_events}", "",
              "| placement | TTFT p50 ms | TTFT p90 ms | prompt tokens computed | smaller engine's share |",
              "|---|---|---|---|---|"]
     for placement, runs in results.items():

@@ -7,17 +7,16 @@ cannot take, so a batch whose number skips some is a gap: the missed batches are
 socket; if they are no longer there (or it does not answer), what the events said can no longer be
 trusted and ``on_lost`` says so, once per gap, before the stream goes on from the next batch.
 
-Each engine of a model placed by prefix publishes on an ``ipc://`` socket of its own
-(``engine_args``); a model.json that configures the events itself is read where it publishes.
+Each engine of a model with several publishes on an ``ipc://`` socket of its own, in Linux's abstract
+namespace (no file to leave behind when a process is killed) (``engine_args``); a model.json that
+configures the events itself is read where it publishes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +40,6 @@ _END = -1  # the replay's last frame
 class Endpoints:
     publish: str
     replay: str | None
-    path: str = ""  # an ipc socket's file, removed when the engine is closed ("": none of Conveyor's)
 
 
 def supported() -> bool:
@@ -66,8 +64,8 @@ def engine_args(args: dict[str, Any]) -> tuple[dict[str, Any], Endpoints | None]
         publish = _local(str(config.get("endpoint", "tcp://*:5557")))
         replay = config.get("replay_endpoint")
         return args, Endpoints(publish, _local(str(replay)) if replay else None)
-    base = os.path.join(tempfile.gettempdir(), f"conveyor-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    ours = Endpoints(f"ipc://{base}.pub", f"ipc://{base}.replay", base)
+    base = f"ipc://@conveyor-kv-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    ours = Endpoints(f"{base}.pub", f"{base}.replay")
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": ours.publish,
               "replay_endpoint": ours.replay, "buffer_steps": BUFFER_STEPS}
     return {**args, ARG: config}, ours
@@ -76,14 +74,6 @@ def engine_args(args: dict[str, Any]) -> tuple[dict[str, Any], Endpoints | None]
 def _local(endpoint: str) -> str:
     """Where to connect to an endpoint the engine binds: its wildcard host is this host."""
     return endpoint.replace("://*:", "://127.0.0.1:").replace("://[::]:", "://127.0.0.1:")
-
-
-def remove_sockets(endpoints: Endpoints) -> None:
-    """The engine core's ipc socket files (ZeroMQ leaves them when the binding process is killed)."""
-    if endpoints.path:
-        for suffix in (".pub", ".replay"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(endpoints.path + suffix)
 
 
 class EventStream:
