@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +154,24 @@ def _build_adapter(model_dir: Path, path: Path, seed: int) -> None:
 def _shuffled(words: list[str], seed: int) -> list[str]:
     head, tail = words[:2], words[2:]
     return head + (tail[::-1] if seed == 1 else tail[1:] + tail[:1])
+
+
+def prompts(tiny: TinyLlama, tokens: int, seed: int) -> Callable[[], str]:
+    """A maker of random prompts of exactly ``tokens`` tokens (BOS included) as an engine tokenizes them,
+    of the training text's words: whole blocks, for tests of what an engine's prefix cache holds."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny.model_dir))
+    words = " ".join(LINES).replace(",", "").split()
+    rng = random.Random(seed)
+
+    def one() -> str:
+        text = rng.choice(words)
+        while len(tokenizer(text)["input_ids"]) < tokens:
+            text += " " + rng.choice(words)
+        return text if len(tokenizer(text)["input_ids"]) == tokens else one()
+
+    return one
 
 
 def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **engine: object) -> Path:

@@ -87,19 +87,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, openai_port: int) -> Iterat
 def systems(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[list[str]]]:
     """Two sets of system prompts of whole blocks each (BOS included), as the engines tokenize them:
     a turn then computes only its own few tokens where its system prompt is cached."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama")
-                                                  .model_dir))
-    words = " ".join(tiny_llama.LINES).replace(",", "").split()
-    rng = random.Random(0)
-
-    def system() -> str:
-        text = rng.choice(words)
-        while len(tokenizer(text)["input_ids"]) < SYSTEM_TOKENS:
-            text += " " + rng.choice(words)
-        return text if len(tokenizer(text)["input_ids"]) == SYSTEM_TOKENS else system()
-
+    system = tiny_llama.prompts(tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama"), SYSTEM_TOKENS, 0)
     yield [[system() for _ in range(SYSTEM_PROMPTS)] for _ in range(2)]
 
 

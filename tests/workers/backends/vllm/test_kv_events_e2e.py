@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import re
 import threading
 import time
@@ -60,19 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Iterator[str]]:
     """Distinct prompts of PROMPT_TOKENS tokens each (BOS included), as the engines tokenize them."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama")
-                                                  .model_dir))
-    words = " ".join(tiny_llama.LINES).replace(",", "").split()
-    rng = random.Random(1)
-
-    def one() -> str:
-        text = rng.choice(words)
-        while len(tokenizer(text)["input_ids"]) < PROMPT_TOKENS:
-            text += " " + rng.choice(words)
-        return text if len(tokenizer(text)["input_ids"]) == PROMPT_TOKENS else one()
-
+    one = tiny_llama.prompts(tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama"), PROMPT_TOKENS, 1)
     yield iter(one, None)
 
 
