@@ -78,18 +78,25 @@ def _members(group: str) -> dict[int, int]:
 
 
 def kill_orphans(group: str, stopping: bool = False) -> list[int]:
-    """SIGKILL each process of ``group`` whose parent is neither of the group nor this process: what
-    a dead actor started and left running. ``stopping``: the group has stopped, and what its actors
-    started may simply not have finished exiting (vLLM's engine core takes seconds): logged, not warned.
-    Returns their pids."""
+    """SIGKILL each process of ``group`` whose parent is neither of the group nor this process (what
+    a dead actor started and left running), and what those started; unlink the Python shared memory
+    only they mapped. ``stopping``: the group has stopped, and what its actors started may simply not
+    have finished exiting (vLLM's engine core takes seconds): logged, not warned. Returns their pids."""
     if not sys.platform.startswith("linux"):
         return []
     members = _members(group)
     me = os.getpid()
     orphans = [pid for pid, parent in members.items() if pid != me and parent != me and parent not in members]
-    # Their Python shared memory (vLLM's queues) that no process of the group left alive maps.
-    segments = mapped_shm(orphans, "psm_") - mapped_shm(set(members) - set(orphans), "psm_")
-    for pid in orphans:
+    # And what they started (vLLM's engine core starts its model's worker): it would be orphaned in turn,
+    # and may exit by itself before anyone looks again, leaving the memory it shares with its parent.
+    doomed = set(orphans)
+    added = doomed
+    while added:
+        added = {pid for pid, parent in members.items() if parent in added and pid not in doomed}
+        doomed |= added
+    # Their Python shared memory (vLLM's queues, 160 MiB each) that no process of the group left alive maps.
+    segments = mapped_shm(doomed, "psm_") - mapped_shm(set(members) - doomed, "psm_")
+    for pid in sorted(doomed):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -103,7 +110,7 @@ def kill_orphans(group: str, stopping: bool = False) -> list[int]:
             log.warning("killed pid %d of group '%s', left running by an actor that died: %s", pid, group,
                         command[:200])
     unlink_shm(segments)  # the names: the memory goes with the last process that maps it
-    return orphans
+    return sorted(doomed)
 
 
 def die_with_supervisor() -> None:

@@ -31,9 +31,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conveyor.deploy.ports import free_port
+from conveyor.deploy.runtime.procs import mapped_shm
+from conveyor.workers.backends.vllm.priority import descendants
 from tests.support import tiny_llama
 from tests.support.group import Server, _listening, router_control, start_server, wait_all_instances_ready
 from tests.support.metrics import scrape
+from tests.support.waiting import eventually
 
 tiny_llama.require_vllm()
 
@@ -324,6 +327,15 @@ def _run(jobs: list[_Job], on_started: threading.Barrier | None = None, last: Se
     return found
 
 
+def _running(pid: int) -> bool:
+    """Not gone, and not a zombie (init here may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_streams_survive_the_death_of_their_engines_worker(server: Server, openai_port: int) -> None:
     """The last test of the module: it kills a worker. Round-robin spreads the requests over both engines:
     greedy streams and requests that do not stream through the OpenAI endpoint, Triton's generate_stream and
@@ -356,6 +368,9 @@ def test_streams_survive_the_death_of_their_engines_worker(server: Server, opena
     metric = f'conveyor_request_migrations_total{{model="{MODEL}",version="1"}}'
     before = scrape(server).get(metric, 0.0)
     victim = rows[0]["worker_pid"]
+    below = descendants(victim)  # its engine core and the engine's model worker
+    segments = mapped_shm(below, "psm_")  # vLLM's queues between them (160 MiB each), which vLLM leaves behind
+    assert segments, below
     started = threading.Barrier(sum(job.streamed for job in jobs + pairs + blocked) + 1)
     killer_done = threading.Event()
 
@@ -391,3 +406,6 @@ def test_streams_survive_the_death_of_their_engines_worker(server: Server, opena
     # The killed engine's requests, once each (a generate_stream and a ModelStreamInfer stream among them);
     # the stop strings' stays.
     assert 2 <= migrations <= len(jobs) + len(pairs) // 2
+    # What the dead worker had started is killed by the supervisor, and its shared memory unlinked.
+    eventually(lambda: not [pid for pid in below if _running(pid)], 30, what="its engine processes killed")
+    assert not [name for name in segments if os.path.exists(f"/dev/shm/{name}")]
