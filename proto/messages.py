@@ -33,7 +33,8 @@ import msgspec
 # 5: runtime LoRA adapters (``LoraUpdate`` / ``LoraUpdated``).
 # 6: ``InferRequest.prefix`` (a prompt's block hashes, for prefix-aware engine placement).
 # 7: ``ErrorInfo.worker_lost`` (a request whose worker exited, which the OpenAI ingress may send again).
-# 8: ``PrefixesEvicted`` (what a vLLM engine's cache evicted, from its KV-cache events).
+# 8: ``PrefixesEvicted`` (what a vLLM engine's cache evicted, from its KV-cache events), announced in
+#    ``ModelLoaded.reports_evictions``.
 PROTOCOL_VERSION = 8
 
 
@@ -270,6 +271,7 @@ class ModelLoaded(msgspec.Struct, tag="loaded", array_like=True):
     instance: int
     error: str = ""
     user_ready: bool = False  # its model says whether it is ready (a Python model's is_ready()): ReadyCheck
+    reports_evictions: bool = False  # its engine says what its cache evicts (PrefixesEvicted)
 
 
 class ReadyCheck(msgspec.Struct, tag="rcheck", array_like=True):

@@ -60,6 +60,7 @@ class Instance:
     load_attempts: int = 0  # failed loads so far (--model-load-retry-count)
     lost_loading: int = 0  # workers lost while loading it (worker_pool/membership.py)
     user_ready: bool = False  # its model decides its readiness (router/user_readiness.py)
+    reports_evictions: bool = False  # its engine says what its cache evicts (engine placement)
     # Triton's instance name, <group name>_<index in the group> (instance_names); models see it
     # (a Python model's args["model_instance_name"]) and error messages name it.
     name: str = ""

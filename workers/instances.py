@@ -117,7 +117,8 @@ def begin_load(msg: m.LoadModel, devices: DeviceMap, post: Post) -> LoadedInstan
             error = f"{type(exc).__name__}: {exc}"
         log.debug("instance %s loaded%s", key, f": {error}" if error else "")
         user_ready = not error and bool(getattr(inst.backend, "has_readiness", False))  # Python models only
-        post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error, user_ready)))
+        evictions = not error and bool(getattr(inst.backend, "reports_evictions", False))  # vLLM engines
+        post(m.encode(m.ModelLoaded(msg.model, msg.version, msg.instance, error, user_ready, evictions)))
 
     inst.submit(load)
     return inst

@@ -23,8 +23,10 @@ Prompts are keyed by the ingress (proto/prefix_keys.py); the record keeps each k
 for ``PREFIX_TTL_S`` and at most ``MAX_PREFIX_KEYS`` keys, oldest out first, as an engine's cache
 evicts what is least recently used. Where the engines publish their KV-cache events, each worker says
 which keys its engine evicted (workers/backends/vllm/cached_prefixes.py): those leave the record at
-once (``evicted``), and a request whose head its engine no longer holds goes where the load says.
-An engine that starts again (its worker replaced) starts with an empty cache, and its keys go too.
+once (``evicted``), and a request whose head its engine no longer holds goes where the load says;
+while every engine of the model reports so, the record keeps a key until its engine evicts it, up to
+``REPORTED_PREFIX_TTL_S`` (``trust``). An engine that starts again (its worker replaced) starts with an
+empty cache, and its keys go too.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ CHOICES = (PREFIX, ROUND_ROBIN)
 # not time: under a steady load a busy engine's cache turns over in about this time on small hosts,
 # and a wrong guess costs a placement no better than round-robin, never a wrong answer.
 PREFIX_TTL_S = 300.0
+# The same, while every engine of the model says what it evicts (KV-cache events): a head idle for longer
+# (a chat's next turn after a pause, a system prompt used now and then) is still where it was until its
+# engine evicts it. Bounded all the same: an engine whose events stop without a gap being seen.
+REPORTED_PREFIX_TTL_S = 3600.0
 # Keys remembered per model version (~100 bytes each: ~6 MiB at most): 64 keys per request
 # (proto/prefix_keys.MAX_PREFIX_BLOCKS), so about a thousand distinct 4 KiB prompt heads. A key
 # pushed out only makes its next request's placement blind to it.
@@ -73,7 +79,7 @@ def placement_problem(config: mc.ModelConfig) -> str:
 class EnginePlacement:
     """One model version's placement across its engines, and its record of the prefixes sent."""
 
-    __slots__ = ("_turn", "by_prefix", "evictions", "where")
+    __slots__ = ("_turn", "by_prefix", "evictions", "reported", "where")
 
     def __init__(self, by_prefix: bool) -> None:
         self.by_prefix = by_prefix
@@ -82,6 +88,7 @@ class EnginePlacement:
         self._turn = itertools.count()
         # Keys taken out of the record because their engine evicted them, by the engine's name (/metrics).
         self.evictions: dict[str, int] = {}
+        self.reported = False  # every engine says what it evicts (``trust``)
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> EnginePlacement:
@@ -114,7 +121,7 @@ class EnginePlacement:
             return
         where = self.where
         now = time.monotonic_ns()
-        stale = now - int(PREFIX_TTL_S * 1e9)
+        stale = now - int(self._ttl_s() * 1e9)
         expired: list[int] = []
         for key, (_, seen) in where.items():  # the oldest first: as many expired ones out as come in
             if seen >= stale or len(expired) > len(keys):
@@ -141,6 +148,14 @@ class EnginePlacement:
         if gone:
             self.evictions[engine.name] = self.evictions.get(engine.name, 0) + gone
 
+    def trust(self, engines: Sequence[Instance]) -> None:
+        """How long a key is taken to stay in its engine's cache: until it is evicted (within
+        ``REPORTED_PREFIX_TTL_S``) while every engine says what it evicts, else ``PREFIX_TTL_S``."""
+        self.reported = bool(engines) and all(e.reports_evictions for e in engines)
+
+    def _ttl_s(self) -> float:
+        return REPORTED_PREFIX_TTL_S if self.reported else PREFIX_TTL_S
+
     def forget(self, engine: Instance) -> None:
         """``engine`` holds nothing it was sent (a new engine, a cleared cache, lost events)."""
         where = self.where
@@ -153,7 +168,7 @@ class EnginePlacement:
     def _matched(self, keys: list[int]) -> dict[int, int]:
         """``id()`` of each engine -> how many of the prompt's leading blocks it holds, by the record."""
         where = self.where
-        stale = time.monotonic_ns() - int(PREFIX_TTL_S * 1e9)
+        stale = time.monotonic_ns() - int(self._ttl_s() * 1e9)
         matched: dict[int, int] = {}
         for i, key in enumerate(keys, 1):
             seen = where.get(key)

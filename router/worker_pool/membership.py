@@ -88,8 +88,10 @@ class WorkerMembership:
         else:
             inst.state = InstanceState.READY
             inst.user_ready = msg.user_ready
+            inst.reports_evictions = msg.reports_evictions
             if state.placement is not None:
                 state.placement.forget(inst)  # a new engine: an empty cache, whatever was sent to this instance
+                state.placement.trust(state.instances)
             self.on_ready(inst)
             log.info("model '%s' version %s instance %d ready", msg.model, msg.version, msg.instance)
             if not state.load_duration_ns and all(i.state is InstanceState.READY for i in state.instances):

@@ -192,6 +192,31 @@ def test_a_cleared_cache_or_a_new_engine_forgets_all_it_was_sent(core: RouterCor
     assert sum(snapshot["prefix_evictions"]["prefix:1"].values()) == 6
 
 
+def test_while_every_engine_reports_its_evictions_a_key_stays_past_the_guess(
+        core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PREFIX_TTL_S is a guess at when an engine evicts; engines that say it themselves are trusted up to
+    REPORTED_PREFIX_TTL_S, only while every engine of the model does."""
+    state = _state(core, "prefix")
+    placement = state.placement
+    assert placement is not None and not placement.reported
+    for inst in state.instances:  # each engine loaded (again) with its events on
+        core.from_worker(W1, m.ModelLoaded("prefix", "1", inst.index, reports_evictions=True))
+    assert placement.reported
+    home = _send(core, "prefix", [71, 72, 73])
+    _finish_all(core)
+    monkeypatch.setattr(engine_placement, "PREFIX_TTL_S", 0.0)
+    assert {_send(core, "prefix", [71, 72, 73]) for _ in range(3)} == {home}  # still there, by the engines' word
+    _finish_all(core)
+    (other,) = [inst for inst in state.instances if inst.index != home]
+    core.from_worker(W1, m.ModelLoaded("prefix", "1", other.index))  # the other engine, now without events
+    assert not placement.reported
+    assert all(key in placement.where for key in (71, 72, 73))  # still recorded, and now stale:
+    for key in (81, 82):
+        _send(core, "prefix", [key])  # as many expired ones go as keys come in
+    assert all(key not in placement.where for key in (71, 72, 73))
+    _finish_all(core)
+
+
 def test_a_bad_placement_refuses_the_load_and_the_choice_changes_in_place() -> None:
     config = mc.ModelConfig(name="m", backend="vllm")
     assert placement_problem(config) == ""

@@ -111,6 +111,7 @@ class VllmBackend:
         if post is not None and kv_events_wanted(config) and kv_events.supported():
             engine_args, events = kv_events.engine_args(engine_args)
         self.prefixes: CachedPrefixes | None = None
+        self.reports_evictions = False
         try:
             self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores, environment)
         except ConveyorError:
@@ -137,6 +138,7 @@ class VllmBackend:
             post(m.encode(m.PrefixesEvicted(name, version, instance, keys, everything)))
 
         prefixes = self.prefixes = CachedPrefixes(decode, report)
+        self.reports_evictions = True  # the router may trust its record of this engine longer
         stream = kv_events.EventStream(events, prefixes.on_events, prefixes.lost)
         self.engine.call(lambda: self._tasks.append(self.engine.loop.create_task(stream.run())))
 

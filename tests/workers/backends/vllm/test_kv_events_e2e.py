@@ -19,7 +19,7 @@ import pytest
 
 from conveyor.proto.prefix_keys import block_keys
 from tests.support import tiny_llama
-from tests.support.group import Server, start_server, wait_all_instances_ready
+from tests.support.group import Server, router_control, start_server, wait_all_instances_ready
 from tests.support.metrics import scrape
 
 tiny_llama.require_vllm()
@@ -135,6 +135,8 @@ def _stream(srv: Server, prompt: str, started: threading.Event, finished: thread
 
 
 def test_a_prompt_its_engine_evicted_goes_to_the_idle_engine(server: Server, prompts: Iterator[str]) -> None:
+    rows = [r for r in router_control(server.group, "instances") if r["model"] == MODEL]
+    assert len(rows) == 2 and all(r["reports_evictions"] for r in rows), rows  # the record is trusted longer
     system = next(prompts)
     keys = block_keys(system.encode(), "")
     home = _generate(server, system)
