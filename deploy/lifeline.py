@@ -37,7 +37,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from conveyor.deploy.runtime.procs import mapped_shm, unlink_shm
+from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid, unlink_shm
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def kill_orphans(group: str, stopping: bool = False) -> list[int]:
         else:
             log.warning("killed pid %d of group '%s', left running by an actor that died: %s", pid, group,
                         command[:200])
-    unlink_shm(segments)  # the names: the memory goes with the last process that maps it
+    unlink_shm(segments | named_by_pid(doomed))  # the names: the memory goes with the last process that maps it
     return sorted(doomed)
 
 

@@ -59,6 +59,25 @@ def mapped_shm(pids: Iterable[int], prefix: str = "") -> set[str]:
     return found
 
 
+# Named semaphores joblib's loky makes (scikit-learn, which transformers imports, brings it into vLLM's
+# engine core): ``sem.loky-<pid of their maker>-<random>``, unlinked by their maker only if it exits cleanly.
+_NAMED_BY_PID = ("sem.loky-",)
+
+
+def named_by_pid(pids: Iterable[int]) -> set[str]:
+    """The /dev/shm entries that carry one of ``pids`` in their name as their maker (``_NAMED_BY_PID``):
+    left behind when that process is killed."""
+    wanted = {str(pid) for pid in pids}
+    if not wanted:
+        return set()
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return set()
+    return {name for name in names for prefix in _NAMED_BY_PID
+            if name.startswith(prefix) and name[len(prefix):].partition("-")[0] in wanted}
+
+
 def unlink_shm(names: Iterable[str]) -> list[str]:
     """Unlink these /dev/shm segments where they still exist; the names unlinked."""
     gone = []

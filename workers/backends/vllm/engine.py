@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from conveyor.deploy.runtime.dispatch_cpu import avoid_cpus, bound_cpus, confine, share_cpus
-from conveyor.deploy.runtime.procs import mapped_shm, unlink_shm
+from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid, unlink_shm
 from conveyor.workers.backends.vllm.priority import descendants, lower_priority
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class EngineLoop:
         if self._avoided is not None:
             share_cpus(self._avoided)
             self._avoided = None
-        left = unlink_shm(segments)
+        left = unlink_shm(segments | named_by_pid(self._engine_pids))  # and what its killed processes named
         if left:
             log.info("unlinked %d shared-memory segment(s) the vLLM engine left: %s", len(left), ", ".join(left))
 

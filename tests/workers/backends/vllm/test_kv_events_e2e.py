@@ -17,7 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid
 from conveyor.proto.prefix_keys import block_keys
+from conveyor.workers.backends.vllm.priority import descendants
 from tests.support import tiny_llama
 from tests.support.group import Server, router_control, start_server, wait_all_instances_ready
 from tests.support.metrics import scrape
@@ -49,11 +51,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     group = f"kv{os.getpid()}"
     srv = start_server(str(repo), group, "--workers", "2", "--model-control-mode", "explicit",
                        "--load-model", "*", ready_timeout=LOAD_TIMEOUT_S)
+    engines: set[int] = set()
+    left: set[str] = set()
     try:
         wait_all_instances_ready(group, MODEL, 2, LOAD_TIMEOUT_S)
+        engines = {pid for row in router_control(group, "instances") for pid in descendants(row["worker_pid"])}
+        left = mapped_shm(engines, "psm_")  # vLLM's queues (160 MiB each), which vLLM itself leaves behind
+        assert left
         yield srv
     finally:
         assert srv.stop(60) == 0
+    # The engines stopped, nothing of them is left in /dev/shm: their queues, nor the semaphores their
+    # processes named (scikit-learn's joblib, in vLLM's engine core), which a killed process leaves.
+    assert not [name for name in left if os.path.exists(f"/dev/shm/{name}")]
+    assert not named_by_pid(engines)
 
 
 @pytest.fixture(scope="module")
