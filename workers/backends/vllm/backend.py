@@ -110,6 +110,7 @@ class VllmBackend:
         events: kv_events.Endpoints | None = None
         if post is not None and kv_events_wanted(config) and kv_events.supported():
             engine_args, events = kv_events.engine_args(engine_args)
+        self.events = events
         self.prefixes: CachedPrefixes | None = None
         self.reports_evictions = False
         try:
@@ -312,6 +313,8 @@ class VllmBackend:
     def close(self) -> None:
         self.engine.call(self.replies.close)  # before the shutdown: the loop runs them in order
         self.engine.close()
+        if self.events is not None:
+            kv_events.remove_sockets(self.events)
 
 
 def _refused_by_engine(exc: Exception) -> bool:

@@ -7,16 +7,19 @@ cannot take, so a batch whose number skips some is a gap: the missed batches are
 socket; if they are no longer there (or it does not answer), what the events said can no longer be
 trusted and ``on_lost`` says so, once per gap, before the stream goes on from the next batch.
 
-Each engine of a model with several publishes on an ``ipc://`` socket of its own, in Linux's abstract
-namespace (no file to leave behind when a process is killed) (``engine_args``); a model.json that
-configures the events itself is read where it publishes.
+Each engine of a model with several publishes on ``ipc://`` sockets of its own, in its group's folder of
+sockets (``engine_args``): a socket file takes a connection only from its owner, where an abstract or TCP
+socket would give any local user the prompts' token ids. A model.json that configures the events itself
+is read where it publishes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ _END = -1  # the replay's last frame
 class Endpoints:
     publish: str
     replay: str | None
+    path: str = ""  # Conveyor's sockets' path, less the suffix: removed when the engine closes
 
 
 def supported() -> bool:
@@ -64,11 +68,32 @@ def engine_args(args: dict[str, Any]) -> tuple[dict[str, Any], Endpoints | None]
         publish = _local(str(config.get("endpoint", "tcp://*:5557")))
         replay = config.get("replay_endpoint")
         return args, Endpoints(publish, _local(str(replay)) if replay else None)
-    base = f"ipc://@conveyor-kv-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    ours = Endpoints(f"{base}.pub", f"{base}.replay")
+    base = os.path.join(_socket_folder(), f"kv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    ours = Endpoints(f"ipc://{base}.pub", f"ipc://{base}.replay", base)
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": ours.publish,
               "replay_endpoint": ours.replay, "buffer_steps": BUFFER_STEPS}
     return {**args, ARG: config}, ours
+
+
+def _socket_folder() -> str:
+    """The group's folder of sockets (removed when the group stops), or a private one of this process."""
+    from conveyor.deploy.lifeline import GROUP_MEMBER_ENV
+    from conveyor.deploy.options import run_dir
+
+    group = os.environ.get(GROUP_MEMBER_ENV, "")
+    if not group:
+        return tempfile.mkdtemp(prefix="conveyor-kv-")  # mode 0700
+    folder = run_dir(group)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def remove_sockets(endpoints: Endpoints) -> None:
+    """Conveyor's sockets of an engine that closed (its core binds them, and leaves them behind)."""
+    if endpoints.path:
+        for suffix in (".pub", ".replay"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(endpoints.path + suffix)
 
 
 def _local(endpoint: str) -> str:

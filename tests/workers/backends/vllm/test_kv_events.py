@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.deploy.lifeline import GROUP_MEMBER_ENV
 from conveyor.workers.backends.vllm import kv_events
 from conveyor.workers.backends.vllm.kv_events import Endpoints, EventStream
 
@@ -110,11 +111,23 @@ def test_batches_the_engine_no_longer_keeps_are_lost_once(endpoints: Endpoints) 
         pub.shutdown()
 
 
-def test_conveyor_asks_for_events_on_sockets_of_its_own() -> None:
+def test_conveyor_asks_for_events_on_sockets_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(GROUP_MEMBER_ENV, "g")
     args, ours = kv_events.engine_args({"model": "m"})
-    assert ours is not None and ours.publish.startswith("ipc://@") and ours.replay is not None  # no file
+    assert ours is not None and ours.replay is not None
+    assert ours.publish.startswith(f"ipc://{tmp_path / 'g'}/")  # the group's folder, removed when it stops
     assert args[kv_events.ARG]["enable_kv_cache_events"] and args[kv_events.ARG]["endpoint"] == ours.publish
     assert kv_events.engine_args({"model": "m"})[1] != ours  # each engine its own
+    Path(ours.path + ".pub").touch()
+    kv_events.remove_sockets(ours)
+    assert not Path(ours.path + ".pub").exists()
+    monkeypatch.delenv(GROUP_MEMBER_ENV)
+    alone = kv_events.engine_args({"model": "m"})[1]  # a worker of no group: a folder of its own
+    assert alone is not None
+    folder = Path(alone.path).parent
+    assert (folder.stat().st_mode & 0o777) == 0o700
+    folder.rmdir()
 
 
 def test_a_model_json_that_publishes_itself_is_read_where_it_publishes() -> None:
