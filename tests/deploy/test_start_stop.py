@@ -6,6 +6,7 @@ listen; an idle ``tritonserver`` stops at once; the actors die with their superv
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -210,6 +211,7 @@ def test_a_router_of_the_group_left_running_stops_the_start(repo: str) -> None:
     finally:
         router.terminate()
         router.wait(30)
+        shutil.rmtree(run_dir(group), ignore_errors=True)  # a supervisor removes it; this router had none
 
 
 # --- stopping --------------------------------------------------------------------------
