@@ -37,12 +37,12 @@ import signal
 import sys
 from typing import NoReturn
 
+from conveyor.deploy.runtime.group_paths import GROUP_MEMBER_ENV
 from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid, unlink_shm
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PID_ENV = "CONVEYOR_SUPERVISOR_PID"
-GROUP_MEMBER_ENV = "CONVEYOR_GROUP_MEMBER"  # the group a process, or the actor that started it, belongs to
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

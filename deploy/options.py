@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 from conveyor.deploy.flag_types import triton_bool, triton_int_bool
+from conveyor.deploy.runtime.group_paths import RUN_DIR_ENV, run_dir
 from conveyor.deploy.runtime.log_settings import LogSettings
 from conveyor.deploy.settings import (
     ROUTER,
@@ -25,20 +25,8 @@ from conveyor.deploy.settings import (
 )
 from conveyor.ingress.http.edge import EdgeLimits
 
-__all__ = ["triton_bool", "triton_int_bool"]  # their home is flag_types.py; imported from here before it
-
-# Where the IPC sockets live. systemd units set RuntimeDirectory=conveyor, which
-# exports RUNTIME_DIRECTORY=/run/conveyor; CONVEYOR_RUN_DIR overrides both.
-RUN_DIR_ENV = "CONVEYOR_RUN_DIR"
-
-
-def run_dir(group: str) -> str:
-    """The folder of this group's IPC sockets: ``<base>/<group>`` for a configured base,
-    else ``$TMPDIR/conveyor-<group>``."""
-    base = os.environ.get(RUN_DIR_ENV) or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    if base:
-        return os.path.join(base, group)
-    return os.path.join(tempfile.gettempdir(), f"conveyor-{group}")
+# Their homes are flag_types.py and runtime/group_paths.py; imported from here before them.
+__all__ = ["RUN_DIR_ENV", "run_dir", "triton_bool", "triton_int_bool"]
 
 
 def default_endpoints(group: str) -> tuple[str, str]:

@@ -238,6 +238,7 @@ class Router:
             self.back.flush()
             self.front.flush()
         self.agent.close()
+        self.lifecycle.remove_overrides()
         wake.close()
         self.self_link.close()
         self.tracer.close()

@@ -99,6 +99,12 @@ class ModelLoads:
     def _remove(self, path: str) -> None:
         self.agent.submit(Lane.SCAN, lambda: remove_dir(path), logged(f"removing {path}"))
 
+    def remove_overrides(self) -> None:
+        """At exit: the folders written for loads with file overrides still loaded (as Triton's go with it)."""
+        for path in self._overrides.values():
+            remove_dir(path)
+        self._overrides.clear()
+
     # --- loads prepared and applied --------------------------------------------------------
 
     def _prepare(self, prep: Prep) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.deploy.runtime.group_paths import GROUP_MEMBER_ENV, run_dir
+
 log = logging.getLogger(__name__)
 
 ARG = "kv_events_config"
@@ -77,9 +79,6 @@ def engine_args(args: dict[str, Any]) -> tuple[dict[str, Any], Endpoints | None]
 
 def _socket_folder() -> str:
     """The group's folder of sockets (removed when the group stops), or a private one of this process."""
-    from conveyor.deploy.lifeline import GROUP_MEMBER_ENV
-    from conveyor.deploy.options import run_dir
-
     group = os.environ.get(GROUP_MEMBER_ENV, "")
     if not group:
         return tempfile.mkdtemp(prefix="conveyor-kv-")  # mode 0700

@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.router.repository.prepare import override_root
 from tests.support import python_qa_models as qa
 from tests.support.group import Server, start_server
 
@@ -34,10 +35,13 @@ def qa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server
     repo = str(tmp_path_factory.mktemp("qa_models"))
     names = str(tmp_path_factory.mktemp("qa_names"))
     qa.build(repo, names)
+    overrides = set(os.listdir(override_root()))  # other runs' on this host
     srv = start_server(repo, f"qa{os.getpid()}", "--workers", "1", "--model-control-mode", "explicit",
                        "--load-model", "*")
     yield srv, names
     assert srv.stop() == 0
+    # What a load with file overrides wrote goes with the server, as Triton's does.
+    assert not [d for d in set(os.listdir(override_root())) - overrides if d.startswith("qa_")]
 
 
 def mode_input(mode: int, grpc: bool = True) -> Any:
@@ -232,7 +236,7 @@ def load(server: Server, name: str, body: dict[str, Any] | None = None) -> tuple
 
 
 def test_a_file_override_may_start_with_a_slash(qa_server: tuple[Server, str]) -> None:
-    """Triton's model_control QA loads "file:/1/model.py"."""
+    """Triton's model_control QA loads "file:/1/model.py" (left loaded: its folder goes when the server stops)."""
     server, _ = qa_server
     config = {"name": "qa_override", "backend": "python",
               "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}]}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.deploy.lifeline import GROUP_MEMBER_ENV
+from conveyor.deploy.runtime.group_paths import GROUP_MEMBER_ENV
 from conveyor.workers.backends.vllm import kv_events
 from conveyor.workers.backends.vllm.kv_events import Endpoints, EventStream
 
