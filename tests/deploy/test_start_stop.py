@@ -26,7 +26,7 @@ from conveyor.deploy.ports import free_ports
 from conveyor.deploy.runtime.procs import children
 from conveyor.deploy.settings import ServeSettings
 from tests.support.group import _listening, abandon, pids_of, start_server, wait_ready
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, running
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +34,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("start-stop"))
     add_sub(path, "simple", 8)
     return path
-
-
-def _alive(pid: int) -> bool:
-    """Running: not gone, and not a zombie (init here may never reap an orphan)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _running(group: str) -> list[int]:
@@ -56,7 +47,7 @@ def _running(group: str) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if group.encode() in argv and _alive(int(entry)):
+        if group.encode() in argv and running(int(entry)):
             found.append(int(entry))
     return found
 
@@ -183,7 +174,7 @@ def test_an_ingress_restarted_after_serving_backs_off_while_its_port_is_taken(re
     try:
         (http,) = pids_of(server, "ingress-http")
         os.kill(http, signal.SIGKILL)
-        eventually(lambda: not _alive(http), 10)
+        eventually(lambda: not running(http), 10)
         with _holder(server.http_port, patience=1.0):
             # Restarted with its back-off (0.5 s, 1 s, 2 s, ...), failing each time; the group lives on.
             time.sleep(2)
@@ -233,7 +224,7 @@ def test_an_idle_tritonserver_stops_at_once_and_leaves_nothing(repo: str) -> Non
         abandon(proc)
     print(f"idle tritonserver stopped in {took:.2f} s")
     assert took < 4.0
-    assert not any(_alive(pid) for pid in actors) and _segments(group) == []
+    assert not any(running(pid) for pid in actors) and _segments(group) == []
 
 
 def test_conveyor_serve_keeps_its_grace_only_while_a_client_may_still_send(repo: str) -> None:
@@ -264,12 +255,12 @@ def test_sigterm_stops_the_group_by_its_deadline_when_an_actor_does_not_listen(r
     try:
         code = server.stop(30)
     finally:
-        if _alive(http):
+        if running(http):
             os.kill(http, signal.SIGKILL)
     took = time.monotonic() - started
     assert code == 1  # Triton's status when its exit timeout expires with work left
     assert 2.0 <= took < 6.0, took  # the exit timeout, then SIGKILL; not a wave's timeout after another
-    assert not any(_alive(pid) for pid in actors)
+    assert not any(running(pid) for pid in actors)
     assert _segments(group) == []  # the killed ones' arenas swept
 
 
@@ -287,7 +278,7 @@ def test_kill_9_of_the_supervisor_takes_its_actors_and_the_next_start_sweeps_the
         assert len(actors) == 5 and len(left) == 4  # router, worker, 3 ingress; arenas: all but the router's
         proc.kill()
         proc.wait()
-        eventually(lambda: not any(_alive(pid) for pid in actors), 10, what="the actors died with the supervisor")
+        eventually(lambda: not any(running(pid) for pid in actors), 10, what="the actors died with the supervisor")
     finally:
         abandon(proc)
     assert _segments(group) == left  # killed: nobody unlinked them...
@@ -339,22 +330,22 @@ def test_what_a_dead_actor_started_is_killed_by_the_supervisor(tmp_path: Path,
         (worker,) = pids_of(server, "worker")
         os.kill(worker, signal.SIGKILL)  # its helper is orphaned...
         eventually(lambda: len(_helpers(pids)) == 2, 60, what="the restarted worker loaded the model again")
-        eventually(lambda: not _alive(first), 10, what="the dead worker's helper was killed")
+        eventually(lambda: not running(first), 10, what="the dead worker's helper was killed")
         (second,) = set(_helpers(pids)) - {first}
-        assert _alive(second)  # ...and the new worker's is left alone
+        assert running(second)  # ...and the new worker's is left alone
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait()
         eventually(lambda: not pids_of(server, "worker"), 10, what="the actors died with the supervisor")
-        assert _alive(second)  # nothing was there to kill it...
+        assert running(second)  # nothing was there to kill it...
     finally:
         abandon(server.proc)
     server = start_server(repo, group, "--workers", "1")  # ...until the next start of the group
     try:
-        eventually(lambda: not _alive(second), 10, what="the next start killed the helper left running")
+        eventually(lambda: not running(second), 10, what="the next start killed the helper left running")
         (third,) = set(_helpers(pids)) - {first, second}
     finally:
         assert server.stop() == 0
-    eventually(lambda: not _alive(third), 10, what="the stop killed what the stopped worker had left")
+    eventually(lambda: not running(third), 10, what="the stop killed what the stopped worker had left")
 
 
 _ORPHAN = """
@@ -380,10 +371,10 @@ def test_an_actor_dies_with_its_supervisor_or_exits_if_it_is_gone_already() -> N
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert _alive(child)
+        assert running(child)
         parent.kill()
         parent.wait()
-        eventually(lambda: not _alive(child), 10, what="the child died with its parent")
+        eventually(lambda: not running(child), 10, what="the child died with its parent")
     finally:
         abandon(parent)
     # Started by a supervisor that died before the child asked to die with it: it exits at once.

@@ -19,3 +19,12 @@ def eventually(check: Callable[[], object], timeout: float = 30.0, *, what: str 
             last = exc
         time.sleep(interval)
     raise AssertionError(f"{what} in {timeout}s (last error: {last})")
+
+
+def running(pid: int) -> bool:
+    """Not gone, and not a zombie (init here may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -36,7 +36,7 @@ from conveyor.workers.backends.vllm.priority import descendants
 from tests.support import tiny_llama
 from tests.support.group import Server, _listening, router_control, start_server, wait_all_instances_ready
 from tests.support.metrics import scrape
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, running
 
 tiny_llama.require_vllm()
 
@@ -327,15 +327,6 @@ def _run(jobs: list[_Job], on_started: threading.Barrier | None = None, last: Se
     return found
 
 
-def _running(pid: int) -> bool:
-    """Not gone, and not a zombie (init here may never reap an orphan)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_streams_survive_the_death_of_their_engines_worker(server: Server, openai_port: int) -> None:
     """The last test of the module: it kills a worker. Round-robin spreads the requests over both engines:
     greedy streams and requests that do not stream through the OpenAI endpoint, Triton's generate_stream and
@@ -407,5 +398,5 @@ def test_streams_survive_the_death_of_their_engines_worker(server: Server, opena
     # the stop strings' stays.
     assert 2 <= migrations <= len(jobs) + len(pairs) // 2
     # What the dead worker had started is killed by the supervisor, and its shared memory unlinked.
-    eventually(lambda: not [pid for pid in below if _running(pid)], 30, what="its engine processes killed")
+    eventually(lambda: not [pid for pid in below if running(pid)], 30, what="its engine processes killed")
     assert not [name for name in segments if os.path.exists(f"/dev/shm/{name}")]
