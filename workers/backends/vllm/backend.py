@@ -112,7 +112,6 @@ class VllmBackend:
             engine_args, events = kv_events.engine_args(engine_args)
         self.events = events
         self.prefixes: CachedPrefixes | None = None
-        self.reports_evictions = False
         try:
             self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores, environment)
         except ConveyorError:
@@ -139,9 +138,13 @@ class VllmBackend:
             post(m.encode(m.PrefixesEvicted(name, version, instance, keys, everything)))
 
         prefixes = self.prefixes = CachedPrefixes(decode, report)
-        self.reports_evictions = True  # the router may trust its record of this engine longer
         stream = kv_events.EventStream(events, prefixes.on_events, prefixes.lost)
         self.engine.call(lambda: self._tasks.append(self.engine.loop.create_task(stream.run())))
+
+    @property
+    def reports_evictions(self) -> bool:
+        """Its engine says what its cache evicts: the router may trust its record of it longer."""
+        return self.prefixes is not None
 
     def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]:
         if self.health_check and not self._check_health():

@@ -105,7 +105,7 @@ def prefix_keys(item: RequestItem, args: GenerateArgs) -> tuple[list[int], bool]
     if ids is not None and ids.dtype == np.int32 and ids.nbytes >= PREFIX_BLOCK_BYTES:
         return block_keys(np.ascontiguousarray(ids).reshape(-1)[:KEYED_BYTES // 4].tobytes(), adapter), True
     prompt = _first(item.inputs, "text_input")
-    text = prompt.encode() if isinstance(prompt, str) else bytes(prompt[:KEYED_BYTES]) if prompt is not None else b""
+    text = prompt.encode() if isinstance(prompt, str) else prompt or b""
     return block_keys(text[:KEYED_BYTES], adapter), False
 
 

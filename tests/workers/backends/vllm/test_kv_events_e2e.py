@@ -157,7 +157,7 @@ def test_a_prompt_its_engine_evicted_goes_to_the_idle_engine(server: Server, pro
         assert len(ran) < MAX_FLOOD and time.monotonic() < deadline, (ran, _evicted(server))
         prompt = next(prompts)
         ran.append((_generate(server, prompt), prompt))
-    assert {engine for engine, _ in ran} == {home, *(e for e, _ in ran)} and len({e for e, _ in ran}) == 2
+    assert len({engine for engine, _ in ran}) == 2  # the flood went to both engines
     # Streams that go to the same engine (the head of the last prompt it ran, which it still holds).
     last_home = next(prompt for engine, prompt in reversed(ran) if engine == home)
     started = [threading.Event() for _ in range(STREAMS)]
