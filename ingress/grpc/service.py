@@ -30,7 +30,8 @@ from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
-from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, invalid_arg, unsupported
+from conveyor.proto.start_only import LOG_FILE, LOG_FILE_REFUSAL
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +329,9 @@ class InferenceServicer:
 
     @_unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
+        if LOG_FILE in request.settings:
+            # As Triton, an entry without a value too (the router sees only the entries with one).
+            raise unsupported(LOG_FILE_REFUSAL)
         settings = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.settings.items()
                     if v.WhichOneof("parameter_choice")}
         doc = await self._link.control("log_settings", settings=settings)

@@ -36,7 +36,7 @@ from conveyor.ingress.http.header_templates import HeaderTemplates
 from conveyor.ingress.http.observe import add_observability_routes
 from conveyor.ingress.http.raw_body import raw_infer_request
 from conveyor.ingress.http.repository import add_repository_routes
-from conveyor.ingress.http.restricted import RestrictedApis
+from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, check_json_size
 from conveyor.ingress.restricted import Restriction
@@ -61,7 +61,7 @@ def _status(resp: Response, ok: bool) -> None:
 
 
 # Each resource's ``api`` is its Triton API category (ingress/restricted.py): the
-# restricted-API middleware looks it up.
+# restricted-API middleware looks it up, and the app refuses a route without one (http/restricted.py).
 
 
 class Live:
@@ -225,7 +225,7 @@ def build_app(
     maps API categories to the header each needs (``--http-restricted-api``)."""
     # No middleware at all unless something is restricted: nothing on the hot path.
     middleware = [RestrictedApis(restricted)] if restricted else []
-    app = falcon.asgi.App(media_type=falcon.MEDIA_JSON, middleware=middleware)
+    app = CategorizedApp(media_type=falcon.MEDIA_JSON, middleware=middleware)
     app.add_error_handler([Exception, falcon.HTTPError], render_error)
 
     link = ctx.link

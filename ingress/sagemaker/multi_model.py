@@ -22,7 +22,7 @@ import falcon.asgi
 import orjson
 
 from conveyor.ingress.http.errors import error_body
-from conveyor.ingress.http.restricted import RestrictedApis
+from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.proto.errors import ConveyorError, Status
@@ -168,7 +168,7 @@ async def _render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | N
 
 def build_multi_model_app(link: RouterLink, loaded: LoadedModels,
                           restricted: dict[str, Restriction] | None = None) -> falcon.asgi.App:
-    app = falcon.asgi.App(middleware=[RestrictedApis(restricted)] if restricted else [])
+    app = CategorizedApp(middleware=[RestrictedApis(restricted)] if restricted else [])
     app.add_error_handler([Exception, falcon.HTTPError], _render_error)
     app.add_route("/models", Models(link, loaded))
     app.add_route("/models/", Models(link, loaded))

@@ -6,7 +6,7 @@
 * ``AIP_PREDICT_ROUTE`` with ``X-Vertex-Ai-Triton-Redirect: <route>`` (POST): the
   KServe v2 / Triton route ``/<route>`` (``v2/models/m/infer``, ``v2/models/m/config``,
   ``v2/repository/index``, ``metrics``, ...), with the method that route expects,
-  since Vertex AI only sends POST
+  since Vertex AI only sends POST; not the trace and logging routes
 
 Binary tensor data in a request is announced in the content type,
 ``application/vnd.vertex-ai-triton.binary+json;json-header-size=<N>``; answers are
@@ -15,6 +15,8 @@ statuses; any other route is a 400 with no body. As in Triton.
 """
 
 from __future__ import annotations
+
+import re
 
 import orjson
 
@@ -41,6 +43,9 @@ HEALTH_ROUTE_ENV = "AIP_HEALTH_ROUTE"
 _IGNORED = (b"content-encoding", b"accept-encoding", b"inference-header-content-length")
 # Redirected routes Triton serves with POST; every other one is read with GET.
 _POST_SUFFIXES = ("/infer", "/register", "/unregister", "/index", "/load", "/unload")
+# Routes Triton's Vertex AI server does not redirect to (vertex_ai_server.cc): the trace and logging
+# extensions, answered like any other unknown route.
+_NOT_REDIRECTED = re.compile(r"/v2/(?:logging|trace/setting|models/[^/]+(?:/versions/[^/]+)?/trace/setting)/?")
 _NO_DEFAULT = "Expect the model repository contains only a single model if default model is not specified"
 
 
@@ -77,6 +82,8 @@ class VertexApp:
         target = "/" + redirect
         if target == "/metrics":
             await self._metrics(readdressed(scope, target, "GET"), receive, send)
+        elif _NOT_REDIRECTED.fullmatch(target):
+            await reply(send, 400)
         elif target == "/v2" or target.startswith("/v2/"):
             method = "POST" if target.endswith(_POST_SUFFIXES) else "GET"
             await self._kserve(self._infer_scope(scope, target, method), receive, send)
