@@ -18,10 +18,17 @@ from tests.support.group import Server, start_server
 
 
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the group logs and traces: set at start, as only there they can be (proto/start_only.py)."""
+    return tmp_path_factory.mktemp("observe_files")
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory, files: Path) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("observe_models"))
     add_sub(repo, "simple_nobatch", 0)
-    srv = start_server(repo, f"o{os.getpid()}", "--workers", "1", "--trace-config", "rate=1")
+    srv = start_server(repo, f"o{os.getpid()}", "--workers", "1", "--trace-config", "rate=1", "--trace-config",
+                       f"triton,file={files / 'trace.json'}", "--log-file", str(files / "conveyor.log"))
     yield srv
     assert srv.stop() == 0
 
@@ -41,13 +48,13 @@ def wait_for(predicate: object, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def test_log_settings_reach_the_worker(observed: Server, tmp_path: Path) -> None:
+def test_log_settings_reach_the_worker(observed: Server, files: Path) -> None:
     client = httpclient.InferenceServerClient(observed.http_url)
     before = client.get_log_settings()
-    assert before == {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+    log_file = files / "conveyor.log"
+    assert before == {"log_file": str(log_file), "log_info": True, "log_warning": True, "log_error": True,
                       "log_verbose_level": 0, "log_format": "default"}
-    log_file = tmp_path / "conveyor.log"
-    after = client.update_log_settings({"log_file": str(log_file), "log_verbose_level": 1})
+    after = client.update_log_settings({"log_verbose_level": 1})
     assert after["log_verbose_level"] == 1 and after["log_file"] == str(log_file)
     # Each process says so at DEBUG once its new settings are in place: the worker too.
     wait_for(lambda: log_file.exists() and any(
@@ -55,21 +62,20 @@ def test_log_settings_reach_the_worker(observed: Server, tmp_path: Path) -> None
     grpc = grpcclient.InferenceServerClient(observed.grpc_url)
     settings = grpc.get_log_settings(as_json=True)["settings"]
     assert settings["log_verbose_level"]["uint32_param"] == 1
-    grpc.update_log_settings({"log_verbose_level": 0, "log_file": ""})
+    grpc.update_log_settings({"log_verbose_level": 0})
     with pytest.raises(Exception, match="log_format"):
         client.update_log_settings({"log_format": "fancy"})
 
 
-def test_trace_of_one_request_has_every_actor(observed: Server, tmp_path: Path) -> None:
+def test_trace_of_one_request_has_every_actor(observed: Server, files: Path) -> None:
     client = httpclient.InferenceServerClient(observed.http_url)
     assert client.get_trace_settings()["trace_rate"] == "1"
-    trace_file = tmp_path / "trace.json"
-    got = client.update_trace_settings("simple_nobatch", {
-        "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "log_frequency": "1"})
+    got = client.update_trace_settings("simple_nobatch", {"trace_level": ["TIMESTAMPS"], "log_frequency": "1"})
     assert got["trace_level"] == ["TIMESTAMPS"] and got["log_frequency"] == "1"
+    assert got["trace_file"] == str(files / "trace.json")
     assert client.get_trace_settings()["trace_level"] == ["OFF"]  # the global one is untouched
     # The ingress learns that tracing is on through the router's SettingsUpdate.
-    first = tmp_path / "trace.json.0"
+    first = files / "trace.json.0"
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
     def traced() -> bool:
@@ -89,8 +95,8 @@ def test_trace_of_one_request_has_every_actor(observed: Server, tmp_path: Path) 
     assert traces[0]["traceparent"] == parent
 
     grpc = grpcclient.InferenceServerClient(observed.grpc_url)
-    cleared = grpc.update_trace_settings("simple_nobatch", {"trace_level": None, "trace_file": None,
-                                                             "log_frequency": None}, as_json=True)
+    cleared = grpc.update_trace_settings("simple_nobatch", {"trace_level": None, "log_frequency": None},
+                                         as_json=True)
     assert cleared["settings"]["trace_level"]["value"] == ["OFF"]
     with pytest.raises(Exception, match="trace_level"):
         client.update_trace_settings(settings={"trace_level": ["LOUD"]})
