@@ -13,8 +13,9 @@ the periodic tick. The handlers live in their own modules:
 - ``worker_pool/membership.py``: workers joining, loading, leaving, dropped;
 - ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls;
 - ``repository/agent.py``: the repository's slow work (disks, networks, child processes, model
-  files) on threads of its own; the loop polls its descriptor and applies what comes back
-  (``lifecycle.py``), so nothing here ever waits for it.
+  files) on threads of its own, and the opening of files clients name as shared-memory keys; the
+  loop polls its descriptor and applies what comes back (``lifecycle.py``), so nothing here ever
+  waits for it.
 """
 
 from __future__ import annotations
