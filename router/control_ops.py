@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from conveyor.router.control_table import Args, ControlTable, Deferred, NoArgs, Op
-from conveyor.router.shared_memory.client_regions import ClientShmRegistry
+from conveyor.proto.errors import ConveyorError
+from conveyor.router.control_table import Args, Caller, ControlTable, Deferred, NoArgs, Op
+from conveyor.router.repository.agent import Lane, RepositoryAgent
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry, look
 
 if TYPE_CHECKING:
     from conveyor.router.server import Router
@@ -123,7 +125,7 @@ def router_ops(r: Router) -> ControlTable:
         "lora_unload": Op(LoraUnload, lambda a: r.runtime_lora.unload(a.name)),
         "lora_adapters": Op(NoArgs, lambda _: r.runtime_lora.listing()),
         # client shared memory (router/shared_memory/client_regions.py)
-        **shm_ops(r.shm, r.forget_regions),
+        **shm_ops(r.shm, r.forget_regions, r.agent, r.answer),
         # log and trace settings (router/settings_hub.py)
         "log_settings": Op(LogSettings, lambda a: r.settings.log_settings(a.settings)),
         "trace_settings": Op(TraceSettings, lambda a: r.settings.trace_settings(
@@ -137,16 +139,30 @@ def router_ops(r: Router) -> ControlTable:
     })
 
 
-def shm_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None]) -> dict[str, Op[Any]]:
+def shm_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None], agent: RepositoryAgent,
+            answer: Callable[[Caller, ConveyorError | None], None]) -> dict[str, Op[Any] | Deferred[Any]]:
     """The client shared-memory extension; ``forget`` tells workers to unmap ids. Each op
-    first forgets the regions whose last request has ended since an unregister."""
+    first forgets the regions whose last request has ended since an unregister. A system
+    registration is answered once the agent opened its key (``answer``): the loop never
+    opens a file a client named."""
 
-    def register(a: ShmRegister) -> None:
+    def register(a: ShmRegister, caller: Caller) -> None:
         forget(shm.settle())
         if a.kind == "cuda":
             shm.register_cuda(a.name, a.handle, a.device_id, a.byte_size)
-        else:
-            shm.register_system(a.name, a.key, a.offset, a.byte_size)
+            answer(caller, None)
+            return
+        shm.check_system(a.name, a.key, a.offset, a.byte_size)
+
+        def opened(looked: tuple[int, int] | Exception) -> None:
+            try:
+                shm.add_system(a.name, a.key, a.offset, a.byte_size, looked)
+            except ConveyorError as exc:
+                answer(caller, exc)
+            else:
+                answer(caller, None)
+
+        agent.submit(Lane.SHM, lambda: look(a.key), opened)
 
     def unregister(a: ShmRegion) -> None:
         forget(shm.settle() + shm.unregister(a.kind, a.name))
@@ -155,5 +171,5 @@ def shm_ops(shm: ClientShmRegistry, forget: Callable[[list[int]], None]) -> dict
         forget(shm.settle())
         return shm.status(a.kind, a.name)
 
-    return {"shm_register": Op(ShmRegister, register), "shm_unregister": Op(ShmRegion, unregister),
+    return {"shm_register": Deferred(ShmRegister, register), "shm_unregister": Op(ShmRegion, unregister),
             "shm_status": Op(ShmRegion, status)}

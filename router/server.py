@@ -13,8 +13,9 @@ the periodic tick. The handlers live in their own modules:
 - ``worker_pool/membership.py``: workers joining, loading, leaving, dropped;
 - ``worker_pool/placement.py``: instances placed on workers, the lifecycle settled, load/unload calls;
 - ``repository/agent.py``: the repository's slow work (disks, networks, child processes, model
-  files) on threads of its own; the loop polls its descriptor and applies what comes back
-  (``lifecycle.py``), so nothing here ever waits for it.
+  files) on threads of its own, and the opening of files clients name as shared-memory keys; the
+  loop polls its descriptor and applies what comes back (``lifecycle.py``), so nothing here ever
+  waits for it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from conveyor.router.admission import Admission
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
 from conveyor.router.control_ops import router_ops
+from conveyor.router.control_table import Caller
 from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.self_link import SelfLink
 from conveyor.router.ledger import Ledger
@@ -47,7 +49,7 @@ from conveyor.router.observability.otlp_export import otlp_sink
 from conveyor.router.observability.trace_settings import TraceConfig
 from conveyor.router.observability.tracing import Tracer
 from conveyor.router.replies import Replies, count_refused
-from conveyor.router.repository.agent import RepositoryAgent
+from conveyor.router.repository.agent import Lane, RepositoryAgent
 from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
@@ -55,7 +57,7 @@ from conveyor.router.runtime_lora import RuntimeLora
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.settings_hub import SettingsHub
-from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry
+from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry, look_all
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
@@ -129,6 +131,7 @@ class Router:
         self._last_tick = time.monotonic()
         self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
         self._next_shm_sweep = 0.0
+        self._shm_sweeping = False  # a periodic check of the registered segments is on the agent's thread
         # Log and trace settings (observability extensions): kept here, pushed to every process.
         self._ingress_peers: dict[bytes, int] = {}  # identity -> pid
         self._announced_generation = self.registry.generation  # the last RepositoryChanged sent
@@ -355,9 +358,27 @@ class Router:
         self.loans.collect(expire=True)
         self.user_readiness.expire(now)
         self.runtime_lora.expire(now)
-        if self.shm and now >= self._next_shm_sweep:
+        if self.shm and now >= self._next_shm_sweep and not self._shm_sweeping:
             self._next_shm_sweep = now + SHM_SWEEP_INTERVAL_S
-            self.forget_regions(self.shm.sweep())
+            self.forget_regions(self.shm.settle())
+            keys = self.shm.system_keys()
+            if keys:  # opened on the agent's thread: a key may be a FIFO by now
+                self._shm_sweeping = True
+                self.agent.submit(Lane.SHM, lambda: look_all(keys), self._shm_swept)
+
+    def _shm_swept(self, inodes: dict[int, int] | Exception) -> None:
+        """The periodic check's outcome: regions whose segment went away or was replaced are dropped."""
+        self._shm_sweeping = False
+        if isinstance(inodes, Exception):
+            log.warning("checking the registered shared-memory segments failed: %r", inodes)
+            return
+        self.forget_regions(self.shm.swept(inodes))
+
+    def answer(self, caller: Caller, error: ConveyorError | None) -> None:
+        """Answer a deferred control call: an empty result, or ``error``."""
+        identity, cid = caller
+        err = None if error is None else m.ErrorInfo(int(error.status), error.message)
+        self.front.send(identity, m.encode(m.ControlReply(cid, error=err)))
 
     def _broadcast_settings(self, payload: bytes) -> None:
         """A changed ``SettingsUpdate`` to every ingress (and BLS link) and worker we know."""

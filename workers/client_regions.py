@@ -8,15 +8,19 @@ cupy arrays over the client's device memory, opened with cudaIpcOpenMemHandle.
 
 from __future__ import annotations
 
+import logging
 import mmap
+import os
 import threading
 from typing import Any
 
 import numpy as np
-import posix_ipc
 
 from conveyor.proto import messages as m
-from conveyor.proto.errors import invalid_arg, unavailable
+from conveyor.proto.errors import client_mistake, invalid_arg, unavailable
+from conveyor.shm.client_segment import open_segment
+
+log = logging.getLogger(__name__)
 
 PREFIX = m.CLIENT_REGION_PREFIX
 
@@ -90,25 +94,30 @@ class ClientRegionMaps:
 
 def _open_system(desc: m.ClientRegion, writable: bool) -> np.ndarray:
     """The whole segment (refs carry absolute offsets): read-only for inputs, writable
-    for outputs (refused clearly when the server's user may not write the segment)."""
+    for outputs (refused clearly when the server's user may not write the segment). Opened
+    without blocking and only if it is still a regular file (``shm/client_segment.py``): the
+    key may have been replaced by a FIFO since the router checked it."""
     try:
-        shm = posix_ipc.SharedMemory(desc.key, read_only=not writable)
-    except posix_ipc.PermissionsError:
+        fd, st = open_segment(desc.key, writable)
+    except PermissionError:
         raise invalid_arg(
             f"shared memory region '{desc.name}': the server may not "
             f"{'write' if writable else 'read'} segment '{desc.key}'"
         ) from None
-    except posix_ipc.ExistentialError:
+    except FileNotFoundError:
         raise unavailable(f"shared memory region '{desc.name}': segment '{desc.key}' no longer exists") from None
+    except OSError as exc:
+        log.info("shared memory key %r: %s", desc.key, exc.strerror)
+        raise client_mistake(f"Unable to open shared memory region: '{desc.key}'") from None
     try:
-        if shm.size < desc.offset + desc.byte_size:
+        if st.st_size < desc.offset + desc.byte_size:
             raise invalid_arg(
                 f"shared memory region '{desc.name}': segment '{desc.key}' shrank below its registered size"
             )
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        mm = mmap.mmap(shm.fd, shm.size, access=access)
+        mm = mmap.mmap(fd, st.st_size, access=access)
     finally:
-        shm.close_fd()
+        os.close(fd)
     return np.frombuffer(mm, dtype=np.uint8)
 
 

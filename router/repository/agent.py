@@ -3,7 +3,8 @@
 The router's loop never waits on a disk, a network, a child process or the parsing of a
 model file. Preparing a load (reading and completing a model's config: a Python model's
 ``auto_complete_config`` runs in a child process, an ONNX graph is read), mirroring cloud
-repositories, listing and fingerprinting model directories all run here. A job is a
+repositories, listing and fingerprinting model directories all run here, and so does opening
+the files clients name as shared-memory keys (any of them may be a FIFO). A job is a
 function of values the loop hands over (paths, settings, snapshots) that touches none of
 the loop's state; its outcome, a value or the exception it raised, comes back to the loop
 as a completion, run there in arrival order (``drain``, once the descriptor ``fd`` polls
@@ -17,7 +18,10 @@ Work goes to one of three lanes, so quick work never queues behind slow work:
 - ``SYNC``: mirroring the remote repositories (and listing them right after), one thread:
   a mirror is synced by one thread at a time, in the order asked;
 - ``SCAN``: listing and fingerprinting local repositories, the index, registration
-  checks, removing directories a load wrote.
+  checks, removing directories a load wrote;
+- ``SHM``: opening the keys of client shared-memory registrations, and the periodic check
+  of registered segments (``router/shared_memory/client_regions.py``), one thread: quick,
+  and never behind a scan.
 
 The slow parts release the GIL (a child process waited on, sockets, files), and ONNX
 graphs are read without their weights (``onnx_graph.py``): the loop thread keeps running.
@@ -49,6 +53,7 @@ class Lane(enum.Enum):
     LOAD = "load"
     SYNC = "sync"
     SCAN = "scan"
+    SHM = "shm"
 
 
 class _Threads:
@@ -93,7 +98,8 @@ class _Threads:
 class RepositoryAgent:
     def __init__(self, load_threads: int = DEFAULT_LOAD_THREADS) -> None:
         self._lanes = {lane: _Threads(f"repository-{lane.value}", n)
-                       for lane, n in ((Lane.LOAD, load_threads), (Lane.SYNC, 1), (Lane.SCAN, SCAN_THREADS))}
+                       for lane, n in ((Lane.LOAD, load_threads), (Lane.SYNC, 1), (Lane.SCAN, SCAN_THREADS),
+                                       (Lane.SHM, 1))}
         self._done: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._rx, self._tx = os.pipe()
         os.set_blocking(self._rx, False)

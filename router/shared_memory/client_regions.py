@@ -2,7 +2,9 @@
 
 Owned by the router so that every ingress process sees one namespace (a client
 may register through one ingress and infer through another). The router never
-maps a client region: it checks the segment at registration, rewrites requests
+maps a client region: it checks the segment at registration (``look``, and every
+``SHM_SWEEP_INTERVAL_S`` ``look_all``: on the repository agent's threads, never on the
+loop, as a key may name a FIFO or worse), rewrites requests
 that name a region into absolute refs with a registration id, and hands the
 ``ClientRegion`` descriptors to the worker with the batch. Workers map lazily and
 unmap on ``ForgetRegions`` (unregister, or the segment disappeared).
@@ -12,17 +14,16 @@ System and CUDA regions share one namespace, as in Triton.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import posix_ipc
-
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg, not_found
+from conveyor.shm.client_segment import segment_identity
 from conveyor.shm.naming import PREFIX as SEGMENT_PREFIX
 
 log = logging.getLogger(__name__)
@@ -91,15 +92,37 @@ class ClientShmRegistry:
 
     # --- registration ------------------------------------------------------------------
 
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        # Triton's order (RegisterSystemSharedMemory): the key, the name, the segment, its size.
+    def check_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """What can be said of a system registration before its key is opened (``look``, off the
+        router's loop), in Triton's order (RegisterSystemSharedMemory): the key, then the name."""
         if not self.allow:
             raise disabled()
         if not name:
             raise invalid_arg("'region name' is necessary to register system shared memory region")
         _check_key(name, key)
         self._check_new(name, offset, byte_size)
-        size, inode = _segment_size(key)
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Check, open and register in the caller's thread (tests and tools; the router's loop
+        never: its ``shm_register`` opens the key on the agent's thread)."""
+        self.check_system(name, key, offset, byte_size)
+        try:
+            looked: tuple[int, int] | Exception = look(key)
+        except ConveyorError as exc:
+            looked = exc
+        self.add_system(name, key, offset, byte_size, looked)
+
+    def add_system(self, name: str, key: str, offset: int, byte_size: int,
+                   looked: tuple[int, int] | Exception) -> None:
+        """Register with what ``look(key)`` found: the segment's size and inode, or why it cannot be
+        opened. The name is checked again: another registration may have taken it meanwhile."""
+        self._check_new(name, offset, byte_size)
+        if isinstance(looked, ConveyorError):
+            raise looked
+        if isinstance(looked, Exception):  # not ``look``'s own: logged, refused as any unopenable key
+            log.warning("shared memory key '%s': %r", key, looked)
+            raise client_mistake(f"Unable to open shared memory region: '{key}'")
+        size, inode = looked
         if offset + byte_size > size:
             log.info("shared memory region '%s': offset %d + byte_size %d is beyond the end of segment '%s' "
                      "(%d bytes)", name, offset, byte_size, key, size)
@@ -202,21 +225,22 @@ class ClientShmRegistry:
             return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regs]
         return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regs]
 
-    def sweep(self) -> list[int]:
-        """Drop system regions whose segment was removed or replaced (a client that
-        died without unregistering); returns the ids workers must forget."""
+    def system_keys(self) -> list[tuple[int, str]]:
+        """(registration id, key) of every system region: what the periodic check (``look_all``,
+        off the loop) opens."""
+        return [(r.region.id, r.region.key) for r in self._by_name.values() if r.region.kind == "system"]
+
+    def swept(self, inodes: dict[int, int]) -> list[int]:
+        """Drop the system regions whose segment ``look_all`` found removed or replaced (a client
+        that died without unregistering, or a FIFO put in its place); returns the ids workers
+        must forget. A region registered or dropped since the check started is left alone."""
         gone: list[int] = []
         for name, reg in list(self._by_name.items()):
-            if reg.region.kind != "system":
-                continue
-            try:
-                _, inode = _segment_size(reg.region.key)
-            except ConveyorError:
-                inode = -1
-            if inode != reg.inode:
+            inode = inodes.get(reg.region.id)
+            if inode is not None and inode != reg.inode:
                 self._drop(name, reg)
                 gone.append(reg.region.id)
-        return gone + self.settle()
+        return gone
 
     # --- requests ------------------------------------------------------------------------
 
@@ -257,29 +281,39 @@ class ClientShmRegistry:
         return region
 
 
-def _segment_size(key: str) -> tuple[int, int]:
-    """The size and inode of POSIX segment ``key``, opened read-only and closed again.
+# Why a key could not be opened, for the server's log (the client gets Triton's words alone).
+_REASONS = {
+    errno.ENOENT: "no such segment",
+    errno.EACCES: "permission denied for the server's user",
+    errno.EPERM: "permission denied for the server's user",
+    errno.ELOOP: "a symbolic link (never followed, as by shm_open)",
+    errno.ENXIO: "a socket",
+    errno.EWOULDBLOCK: "another process holds a lease on it",
+    errno.EISDIR: "a directory",
+}
 
-    Any failure is Triton's "Unable to open shared memory region", with Triton's status (INTERNAL,
-    500; 400 with --client-mistakes-as-400); the reason is logged.
+
+def look(key: str) -> tuple[int, int]:
+    """The size and inode of POSIX segment ``key`` (``shm/client_segment.py``: opened read-only
+    without blocking, refused unless a regular file, closed again). Run off the router's loop.
+
+    Any failure is Triton's "Unable to open shared memory region" with the key as the client gave
+    it, and Triton's status (INTERNAL, 500; 400 with --client-mistakes-as-400); the reason is logged.
     """
-    if "\0" in key:
-        # posix_ipc (1.3) dereferences a bad pointer on such a name: the router would die (SIGSEGV).
-        log.info("shared memory key %r: a key cannot contain a NUL character", key)
-        raise client_mistake(f"Unable to open shared memory region: '{key}'")
     try:
-        shm = posix_ipc.SharedMemory(key, read_only=True)
-    except posix_ipc.ExistentialError:
-        log.info("shared memory key '%s': no such segment", key)
+        return segment_identity(key)
+    except OSError as exc:
+        log.info("shared memory key %r: %s", key, _REASONS.get(exc.errno or 0, exc.strerror))
         raise client_mistake(f"Unable to open shared memory region: '{key}'") from None
-    except posix_ipc.PermissionsError:
-        log.info("shared memory key '%s': permission denied for the server's user", key)
-        raise client_mistake(f"Unable to open shared memory region: '{key}'") from None
-    except (ValueError, posix_ipc.Error) as exc:
-        log.info("shared memory key '%s': %s", key, exc)
-        raise client_mistake(f"Unable to open shared memory region: '{key}'") from None
-    try:
-        st = os.fstat(shm.fd)
-        return st.st_size, st.st_ino
-    finally:
-        shm.close_fd()
+
+
+def look_all(keys: list[tuple[int, str]]) -> dict[int, int]:
+    """Registration id -> inode of its segment now (-1: it cannot be opened, or is no segment any
+    more): the periodic check, run off the router's loop."""
+    inodes: dict[int, int] = {}
+    for rid, key in keys:
+        try:
+            inodes[rid] = segment_identity(key)[1]
+        except OSError:
+            inodes[rid] = -1
+    return inodes

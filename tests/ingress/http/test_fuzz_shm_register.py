@@ -21,10 +21,12 @@ from hypothesis import strategies as st
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.limits import IngressLimits
+from conveyor.ingress.router_link import error_from
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, http_status
 from conveyor.router.control_ops import shm_ops
-from conveyor.router.control_table import ControlTable
+from conveyor.router.control_table import Caller, ControlTable
+from conveyor.router.repository.agent import RepositoryAgent
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry
 from tests.support.fuzz import bounded, tried
 
@@ -41,13 +43,26 @@ def segment() -> Any:
 
 
 class RegistryLink:
-    """A router link whose shared-memory control ops run on a real registry."""
+    """A router link whose shared-memory control ops run on a real registry, keys opened on a
+    real repository agent's thread as in the router."""
 
     def __init__(self, registry: ClientShmRegistry) -> None:
-        self.ops = ControlTable(shm_ops(registry, lambda ids: None))
+        self.agent = RepositoryAgent()
+        self.answers: list[m.ControlReply] = []
+        self.ops = ControlTable(shm_ops(registry, lambda ids: None, self.agent, self._answer))
+
+    def _answer(self, caller: Caller, error: ConveyorError | None) -> None:
+        err = None if error is None else m.ErrorInfo(int(error.status), error.message)
+        self.answers.append(m.ControlReply(caller[1], error=err))
 
     async def control(self, op: str, **args: Any) -> Any:
-        return self.ops.call(op, args)
+        reply = self.ops.handle(b"ingress", m.ControlRequest(1, op, args))
+        if reply is None:  # answered once the agent opened the key
+            self.agent.wait(30.0)
+            reply = self.answers.pop()
+        if reply.error is not None:
+            raise error_from(reply.error)
+        return reply.result
 
 
 keys = st.sampled_from([SEGMENT, SEGMENT + "x", "", "/", "//", "/a/b", "noslash", "/\0", "/" + "k" * 300])
@@ -72,7 +87,8 @@ def test_http_register_bodies(calls: list[tuple[str, str, Any]]) -> None:
     tried("shm HTTP register body")
     registry = ClientShmRegistry(allow=True, max_regions=2)
     dataplane = SimpleNamespace(limits=IngressLimits())  # the infer route reads its limits when built
-    ctx = type("Ctx", (), {"link": RegistryLink(registry), "dataplane": dataplane, "drain": IngressDrain()})()
+    link = RegistryLink(registry)
+    ctx = type("Ctx", (), {"link": link, "dataplane": dataplane, "drain": IngressDrain()})()
     client = falcon.testing.TestClient(build_app(ctx))
     for kind, name, body in calls:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -83,6 +99,7 @@ def test_http_register_bodies(calls: list[tuple[str, str, Any]]) -> None:
             result.status_code == 500 and "Unable to open shared memory region" in result.text), result.text
         if result.status_code != 200:
             assert set(orjson.loads(result.content)) == {"error"}
+    link.agent.close()
     assert len(registry) <= 2
 
 
