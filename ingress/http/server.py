@@ -219,7 +219,7 @@ async def _serve(
         # This process's limits and connections: every connection's protocol enforces them.
         fit_open_files(edge)
         protocol = type(f"Edge{protocol.__name__}", (protocol,), {"edge": EdgeState(edge)})
-        app = BodyLimit(inner, max_body_bytes, (ctx.dataplane.arena.name, ctx.dataplane.arena.capacity))
+        app = BodyLimit(inner, max_body_bytes, ctx.dataplane.arena.capacity)
         config = uvicorn.Config(
             app,
             loop="uvloop",
