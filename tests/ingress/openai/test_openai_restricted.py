@@ -108,3 +108,18 @@ def test_no_restriction_no_middleware() -> None:
     client = app_client({})
     for method, path, _ in ROUTES:
         assert client.simulate_request(method, path).status_code != 401, path
+
+
+def test_serve_names_the_categories_left_open_on_grpc() -> None:
+    from conveyor.deploy.cli import build_parser
+    from conveyor.deploy.options import grpc_left_open, http_rules, metrics_rules, openai_rules
+    from conveyor.deploy.settings import ServeSettings
+
+    args = ServeSettings.of(build_parser().parse_args([
+        "serve", "--model-repository", "/m", "--http-restricted-api", "inference,metadata:admin-key=a",
+        "--openai-restricted-api", "model-repository,metrics", "ops-key", "b",
+        "--grpc-restricted-protocol", "inference:admin-key=a"]))
+    assert grpc_left_open(args) == ["metadata", "model-repository"]  # conveyor serve warns of these
+    assert http_rules(args)["model-repository"] == Restriction("ops-key", "b")
+    assert openai_rules(args)["metadata"] == Restriction("admin-key", "a")
+    assert metrics_rules(args) == {"metrics": Restriction("ops-key", "b")}
