@@ -20,10 +20,14 @@ from conveyor.deploy.options import (
     fold_deprecated_trace,
     fold_response_cache_size,
     grpc_keepalive_options,
+    grpc_left_open,
     grpc_server_choice,
     http_edge,
+    http_rules,
     log_settings,
     metrics_config,
+    metrics_rules,
+    openai_rules,
 )
 from conveyor.deploy.runtime.dispatch_cpu import dispatch_cpu, pin_dispatch
 from conveyor.deploy.runtime.heap import keep_freed_heap
@@ -151,6 +155,10 @@ def _serve(args: ServeSettings, command_line: bool) -> int:
 
     setup_logging(log_settings(args), "serve")
     log_unused(args, BackendConfig.parse(args.backend_config).unused_settings())
+    open_on_grpc = grpc_left_open(args) if args.allow_grpc else []
+    if open_on_grpc:
+        log.warning("%s restricted over HTTP but not over gRPC: gRPC clients reach them without a header "
+                    "(as in Triton, gRPC follows --grpc-restricted-protocol only)", ", ".join(open_on_grpc))
     code = Supervisor(args).run()
     if command_line:  # every child is gone: nothing for the interpreter's teardown to wait for
         exit_now(code)
@@ -216,10 +224,11 @@ def _metrics_ingress(args: MetricsIngressSettings, router: str) -> None:
 
     counters = metrics_config(args).get("counter_latencies", "true").lower() in ("1", "true", "yes", "on")
     options = MetricsOptions(args.allow_cpu_metrics, args.allow_gpu_metrics, args.metrics_interval_ms, counters)
+    restricted = metrics_rules(args)
     serve_http(router, args.group or DEFAULT_GROUP, args.metrics_address or args.http_address, args.metrics_port,
                arena_bytes=1 << 20, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs,
-               app_factory=lambda ctx: build_metrics_app(ctx, options), edge=http_edge(args))
+               app_factory=lambda ctx: build_metrics_app(ctx, options, restricted), edge=http_edge(args))
 
 
 def _cloud_ingress(args: CloudIngressSettings, router: str) -> None:
@@ -228,13 +237,14 @@ def _cloud_ingress(args: CloudIngressSettings, router: str) -> None:
     from conveyor.ingress.sagemaker.app import build_sagemaker_app
     from conveyor.ingress.vertex.app import HEALTH_ROUTE_ENV, PREDICT_ROUTE_ENV, build_vertex_app
 
-    restricted = restrictions(args.http_restricted_api)
+    restricted = http_rules(args)
     body = args.http_max_body_bytes
     if args.protocol == "sagemaker":
         port = args.sagemaker_port
 
         def cloud_app(ctx: IngressContext) -> Any:
-            return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted)
+            return build_sagemaker_app(ctx, max_body_bytes=body, restricted=restricted,
+                                       model_root=args.sagemaker_model_root)
     else:
         port = args.vertex_ai_port
 
@@ -242,7 +252,7 @@ def _cloud_ingress(args: CloudIngressSettings, router: str) -> None:
             return build_vertex_app(ctx, predict_route=os.environ.get(PREDICT_ROUTE_ENV, ""),
                                     health_route=os.environ.get(HEALTH_ROUTE_ENV, ""),
                                     default_model=args.vertex_ai_default_model, max_body_bytes=body,
-                                    restricted=restricted)
+                                    restricted=restricted, metrics_restricted=metrics_rules(args))
     serve_http(router, args.group or DEFAULT_GROUP, args.http_address, port,
                arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs, max_body_bytes=body, limits=_limits(args),
@@ -253,7 +263,8 @@ def _openai_ingress(args: OpenAiIngressSettings, router: str) -> None:
     from conveyor.ingress.http.server import serve as serve_http
     from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
 
-    openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes)
+    openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes,
+                           openai_rules(args))
     serve_http(router, args.group or DEFAULT_GROUP, args.openai_address or args.http_address, args.openai_port,
                arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
@@ -267,7 +278,7 @@ def _http_ingress(args: HttpIngressSettings, router: str) -> None:
                arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes,
                limits=_limits(args, args.http_header_forward_pattern),
-               restricted=restrictions(args.http_restricted_api),
+               restricted=http_rules(args),
                ssl_cert=args.http_ssl_cert, ssl_key=args.http_ssl_key, edge=http_edge(args))
 
 

@@ -6,9 +6,10 @@ the modules that read parsed settings can all import it."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from conveyor.ingress.restricted import RestrictedGroup, parse_group
+from conveyor.ingress.restricted import RestrictedGroup, parse_group, parse_openai_group
 from conveyor.proto.errors import ConveyorError
 
 
@@ -104,6 +105,21 @@ def restricted_group(text: str) -> RestrictedGroup:
 def restricted_text(group: RestrictedGroup) -> str:
     """A restricted group as the text ``restricted_group`` parses back to it."""
     return f"{','.join(group.categories)}:{group.key}={group.value}"
+
+
+class OpenAiRestrictedGroup(argparse.Action):
+    """``--openai-restricted-api``, repeatable: Triton's three words ``<api>,... <key> <value>`` (its
+    ``nargs=3``), or the one word ``<api>,...:<key>=<value>`` the other restricted flags take (and
+    ``conveyor serve`` hands its children)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        words = [values] if isinstance(values, str) else [str(v) for v in values or ()]
+        try:
+            group = parse_openai_group(words)
+        except ValueError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), group])
 
 
 def port_range(text: str) -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.deploy.flag_types import (
+    OpenAiRestrictedGroup,
     RestrictedGroup,
     restricted_group,
     restricted_text,
@@ -27,6 +28,7 @@ from conveyor.ingress.limits import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     DEFAULT_MAX_JSON_BYTES,
 )
+from conveyor.ingress.sagemaker.multi_model import DEFAULT_MODEL_ROOT
 
 _INGRESS = frozenset({INGRESS})
 # The --help sections of the endpoints that are off unless asked for.
@@ -144,6 +146,21 @@ class HttpAccess(Settings):
         "parameters (case-insensitive unless the pattern starts with (?-i))", default="", metavar="REGEX", triton=True)
 
 
+class OpenAiAccess(Settings):
+    """Access control on the OpenAI port (Triton's OpenAI frontend's flag), joined with --http-restricted-api's
+    on every HTTP-family port (ingress/restricted.py ``port_rules``)."""
+
+    ACTORS = _INGRESS
+    openai_restricted_api: list[RestrictedGroup] = setting(
+        ("--openai-restricted-api",), "requests to these APIs need header <key>: <value> (repeatable; APIs: "
+        "inference, model-repository, metrics, health; Triton's OpenAI frontend's three words, or "
+        "<api>,...:<key>=<value>). Refused on the OpenAI port with 401 and OpenAI's error body. The two "
+        "restricted-API flags combine: a category either names is restricted on every HTTP, SageMaker, Vertex AI, "
+        "metrics and OpenAI port that serves it, each port taking its own flag's header where both name it",
+        default=[], repeatable=True, nargs="+", action=OpenAiRestrictedGroup,
+        metavar="<api>,... <key> <value>", to_text=restricted_text, section=OPENAI_SECTION)
+
+
 class GrpcAccess(Settings):
     """Access control and TLS on gRPC (Triton's), metadata forwarded as parameters."""
 
@@ -191,6 +208,10 @@ class CloudDefaults(Settings):
     vertex_ai_default_model: str = setting(
         ("--vertex-ai-default-model",), "the model AIP_PREDICT_ROUTE infers (default: the repository's only "
         "model)", default="", metavar="NAME", triton=True, section=CLOUD_SECTION)
+    sagemaker_model_root: str = setting(
+        ("--sagemaker-model-root",), "where SageMaker unpacks a multi-model endpoint's archives: POST /models "
+        "loads only a url <root>/<hash>/model[/<subdir>], as Triton (default /opt/ml/models; a Conveyor "
+        "extension)", default=DEFAULT_MODEL_ROOT, metavar="DIR", to_text=path_text, section=CLOUD_SECTION)
 
 
 class OpenAiDefaults(Settings):

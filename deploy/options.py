@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Protocol
 
-from conveyor.deploy.flag_types import triton_bool, triton_int_bool
+from conveyor.deploy.flag_types import RestrictedGroup, triton_bool, triton_int_bool
 from conveyor.deploy.runtime.group_paths import RUN_DIR_ENV, run_dir
 from conveyor.deploy.runtime.log_settings import LogSettings
 from conveyor.deploy.settings import (
@@ -19,11 +20,19 @@ from conveyor.deploy.settings import (
     HttpEdge,
     IngressSettings,
     Metrics,
+    OpenAiAccess,
     ServeSettings,
     grpc_keepalive,
     handoff,
 )
 from conveyor.ingress.http.edge import EdgeLimits
+from conveyor.ingress.restricted import (
+    CATEGORIES,
+    Restriction,
+    openai_restrictions,
+    port_rules,
+    restrictions,
+)
 
 # Their homes are flag_types.py and runtime/group_paths.py; imported from here before them.
 __all__ = ["RUN_DIR_ENV", "run_dir", "triton_bool", "triton_int_bool"]
@@ -77,7 +86,6 @@ def grpc_server_choice(a: GrpcIngressSettings) -> str:
 def check_ingress_args(a: IngressSettings | ServeSettings) -> str:
     """Why these ingress flags cannot work together, or ''."""
     from conveyor.ingress.header_forward import check_pattern
-    from conveyor.ingress.restricted import restrictions
 
     for flag, pattern in (("--http-header-forward-pattern", a.http_header_forward_pattern),
                           ("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)):
@@ -91,6 +99,10 @@ def check_ingress_args(a: IngressSettings | ServeSettings) -> str:
             restrictions(groups)
         except ValueError as err:
             return f"{flag}: {err}"
+    try:
+        openai_restrictions(a.openai_restricted_api)
+    except ValueError as err:
+        return f"--openai-restricted-api: {err}"
     if a.grpc_use_ssl or a.grpc_use_ssl_mutual:
         if not a.grpc_server_cert or not a.grpc_server_key:
             return "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"
@@ -102,6 +114,37 @@ def check_ingress_args(a: IngressSettings | ServeSettings) -> str:
         if path and not os.path.isfile(path):
             return f"no such file: {path}"
     return ""
+
+
+class _AccessFlags(Protocol):
+    """The restricted-API flags of the HTTP-family ports (the settings classes that read both)."""
+
+    http_restricted_api: list[RestrictedGroup]
+    openai_restricted_api: list[RestrictedGroup]
+
+
+def http_rules(a: _AccessFlags) -> dict[str, Restriction]:
+    """What the KServe HTTP app enforces (HTTP, SageMaker, Vertex AI ports): --http-restricted-api, and
+    --openai-restricted-api for the categories the first leaves open."""
+    return port_rules(restrictions(a.http_restricted_api), openai_restrictions(a.openai_restricted_api))
+
+
+def openai_rules(a: _AccessFlags) -> dict[str, Restriction]:
+    """What the OpenAI port enforces: its own flag, and --http-restricted-api for the categories it leaves open."""
+    return port_rules(openai_restrictions(a.openai_restricted_api), restrictions(a.http_restricted_api))
+
+
+def metrics_rules(a: OpenAiAccess) -> dict[str, Restriction]:
+    """What /metrics enforces (the metrics port, Vertex AI's redirect): the OpenAI flag's ``metrics``."""
+    return {c: r for c, r in openai_restrictions(a.openai_restricted_api).items() if c == "metrics"}
+
+
+def grpc_left_open(a: ServeSettings) -> list[str]:
+    """Categories the HTTP-family flags restrict and gRPC serves with no restriction of its own (Triton
+    restricts each protocol by its own flag; ``conveyor serve`` warns of these)."""
+    http = {**restrictions(a.http_restricted_api), **openai_restrictions(a.openai_restricted_api)}
+    grpc = restrictions(a.grpc_restricted_protocol)
+    return [c for c in CATEGORIES if c in http and c not in grpc]
 
 
 _METRICS_CONFIG_KEYS = ("summary_latencies", "summary_quantiles", "counter_latencies", "histogram_latencies")

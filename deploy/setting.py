@@ -47,6 +47,8 @@ class Setting:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     repeatable: bool = False  # each use adds a value (a list)
+    nargs: str | None = None  # argparse's ``nargs`` (with ``action``: a value of several words)
+    action: type[argparse.Action] | None = None  # argparse's ``action``, in place of store/append
     switch: bool = False  # takes no value (store_true)
     dest: str = ""  # the Namespace attribute; default: the first flag's name
     # Who uses it: SUPERVISOR, and the children (ROUTER, WORKER, INGRESS) ``handoff`` passes it to.
@@ -101,7 +103,11 @@ class Setting:
                 kwargs["metavar"] = self.metavar
             if self.choices is not None:
                 kwargs["choices"] = list(self.choices)
-            if self.repeatable:
+            if self.nargs is not None:
+                kwargs["nargs"] = self.nargs
+            if self.action is not None:
+                kwargs["action"] = self.action
+            elif self.repeatable:
                 kwargs["action"] = "append"
         if command in self.required:
             kwargs["required"] = True

@@ -35,6 +35,7 @@ from conveyor.deploy.ingress_settings import (
     GrpcServer,
     HttpAccess,
     HttpEdge,
+    OpenAiAccess,
     OpenAiDefaults,
     RequestLimits,
 )
@@ -324,8 +325,8 @@ class WorkerSettings(EveryProcess, Arena, WorkerProcess):
     """``conveyor worker``: a worker's settings."""
 
 
-class HttpIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, Answers,
-                          IngressProcess):
+class HttpIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, OpenAiAccess,
+                          Answers, IngressProcess):
     """``conveyor ingress --protocol http``: KServe v2 over HTTP."""
 
 
@@ -334,17 +335,18 @@ class GrpcIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimit
     """``conveyor ingress --protocol grpc``: KServe v2 over gRPC."""
 
 
-class OpenAiIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, Answers, OpenAiDefaults,
-                            IngressProcess):
+class OpenAiIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, OpenAiAccess,
+                            Answers, OpenAiDefaults, IngressProcess):
     """``conveyor ingress --protocol openai``: the OpenAI-compatible endpoint."""
 
 
-class CloudIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, Answers,
-                           CloudDefaults, IngressProcess):
+class CloudIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, OpenAiAccess,
+                           Answers, CloudDefaults, IngressProcess):
     """``conveyor ingress --protocol sagemaker|vertex``: the cloud endpoints."""
 
 
-class MetricsIngressSettings(EveryProcess, Draining, Listening, HttpEdge, Answers, Metrics, IngressProcess):
+class MetricsIngressSettings(EveryProcess, Draining, Listening, HttpEdge, OpenAiAccess, Answers, Metrics,
+                             IngressProcess):
     """``conveyor ingress --protocol metrics``: /metrics."""
 
 
@@ -355,15 +357,15 @@ class IngressSettings(HttpIngressSettings, GrpcIngressSettings, OpenAiIngressSet
 
 
 class ServeSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess,
-                    GrpcAccess, Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl,
-                    ClientSharedMemory, Tracing, Metrics, GroupShape, TritonUnused):
+                    OpenAiAccess, GrpcAccess, Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling,
+                    ModelControl, ClientSharedMemory, Tracing, Metrics, GroupShape, TritonUnused):
     """``conveyor serve`` and ``tritonserver``: what the supervisor reads and what it hands its children."""
 
 
 # Every declaring class, in --help's order.
 DECLARED: tuple[type[Settings], ...] = (
-    EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess, GrpcAccess, Answers,
-    CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl, ClientSharedMemory, Tracing, Metrics,
+    EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess, OpenAiAccess, GrpcAccess,
+    Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl, ClientSharedMemory, Tracing, Metrics,
     GroupShape, TritonUnused, RouterProcess, IngressProcess, WorkerProcess)
 SETTINGS: tuple[Setting, ...] = tuple(s for cls in DECLARED for s in cls.declared())
 

@@ -14,7 +14,10 @@ import falcon
 import falcon.asgi
 
 from conveyor.ingress.context import IngressContext
+from conveyor.ingress.http.errors import render_error
+from conveyor.ingress.http.restricted import RestrictedApis
 from conveyor.ingress.prometheus import render
+from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.system_metrics import CpuSampler, GpuSampler
 
 
@@ -30,6 +33,8 @@ class MetricsOptions:
 
 
 class MetricsResource:
+    api = "metrics"  # --openai-restricted-api's category (ingress/restricted.py)
+
     def __init__(self, ctx: IngressContext, options: MetricsOptions) -> None:
         self._link = ctx.link
         self._options = options
@@ -55,8 +60,12 @@ class MetricsResource:
         resp.text = text + "".join(line + "\n" for line in extra)
 
 
-def build_metrics_app(ctx: IngressContext, options: MetricsOptions | None = None) -> falcon.asgi.App:
-    """The app behind ``--metrics-port``: only ``GET /metrics``."""
-    app = falcon.asgi.App()
+def build_metrics_app(ctx: IngressContext, options: MetricsOptions | None = None,
+                      restricted: dict[str, Restriction] | None = None) -> falcon.asgi.App:
+    """The app behind ``--metrics-port``: only ``GET /metrics``; ``restricted``: the header ``metrics`` needs,
+    refused as the HTTP endpoint refuses (403, Triton's words)."""
+    app = falcon.asgi.App(middleware=[RestrictedApis(restricted)] if restricted else [])
+    if restricted:
+        app.add_error_handler(falcon.HTTPError, render_error)
     app.add_route("/metrics", MetricsResource(ctx, options or MetricsOptions()))
     return app

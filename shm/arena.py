@@ -19,6 +19,7 @@ may keep it for minutes; ``drop_holds`` frees them when that router is gone.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ import posix_ipc
 
 from conveyor.proto.errors import ConveyorError, unavailable
 from conveyor.shm.allocator import ALIGN, BlockAllocator
+
+log = logging.getLogger(__name__)
 
 # A consumer copies its bytes out within milliseconds of the response; a block
 # still flagged-out after this long belongs to a consumer that died.
@@ -54,11 +57,12 @@ class _Pending:
     created: float = field(default_factory=time.monotonic)
 
 
-def arena_full(name: str, nbytes: int, capacity: int) -> ConveyorError:
-    """No room for ``nbytes`` in arena ``name``. Triton's words first (its Python backend's, when its
-    shared-memory pool cannot grow; its QA matches them), then which arena and what to do."""
+def arena_full(nbytes: int, capacity: int) -> ConveyorError:
+    """No room for ``nbytes``. Triton's words first (its Python backend's, when its shared-memory pool
+    cannot grow; its QA matches them), then what to do; never the segment's name (CVE-2025-23320's class:
+    a client learns nothing of the server's shared memory), which the server logs (``Arena.alloc``)."""
     return unavailable(
-        f"Failed to increase the shared memory pool size: shared-memory arena '{name}' is full "
+        f"Failed to increase the shared memory pool size: the server's arena is full "
         f"({nbytes} bytes requested, {capacity} in all): retry later or raise --arena-size"
     )
 
@@ -79,6 +83,7 @@ class Arena:
         self._pending: list[_Pending] = []
         self._reclaim_at = RECLAIM_BLOCKS  # pending blocks that make the next alloc_released look
         self._since_reclaim = 0  # bytes alloc_released handed out since the last look
+        self.refusals = 0  # allocations refused for want of room (logged with the name, sparsely)
 
     # --- owner-freed blocks ----------------------------------------------------------
 
@@ -88,7 +93,11 @@ class Arena:
             self.reclaim()
             start = self._alloc.alloc(nbytes)
         if start is None:
-            raise arena_full(self.name, nbytes, self.capacity)
+            self.refusals += 1
+            if self.refusals & (self.refusals - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood logs a few lines
+                log.warning("shared-memory arena '%s' is full: %d bytes refused (%d refusals so far)",
+                            self.name, nbytes, self.refusals)
+            raise arena_full(nbytes, self.capacity)
         return start
 
     def free(self, start: int) -> None:

@@ -1,13 +1,19 @@
-"""Maps other processes' segments by name, once, and hands out numpy views."""
+"""Maps other processes' segments by name, once, and hands out numpy views.
+
+Those are the group's own segments (``/conveyor.<group>.<role>.<pid>``): a failure names none of them
+to the client it reaches (CVE-2025-23320's class), and logs the name here."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 
 import numpy as np
 import posix_ipc
 
-from conveyor.proto.errors import invalid_arg, unavailable
+from conveyor.proto.errors import internal, unavailable
+
+log = logging.getLogger(__name__)
 
 
 class RegionCache:
@@ -26,10 +32,10 @@ class RegionCache:
     def view(self, name: str, offset: int, nbytes: int) -> np.ndarray:
         arr = self.array(name)
         if offset < 0 or nbytes < 0 or offset + nbytes > arr.shape[0]:
-            raise invalid_arg(
-                f"shared-memory range [{offset}, {offset + nbytes}) is outside region '{name}' "
-                f"of {arr.shape[0]} bytes"
-            )
+            log.error("shared-memory range [%d, %d) is outside segment '%s' of %d bytes", offset, offset + nbytes,
+                      name, arr.shape[0])
+            raise internal(f"a tensor's range [{offset}, {offset + nbytes}) lies outside the server's "
+                           f"shared-memory segment of {arr.shape[0]} bytes")
         return arr[offset : offset + nbytes]
 
     @staticmethod
@@ -37,10 +43,13 @@ class RegionCache:
         try:
             shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError:
-            raise unavailable(f"shared-memory region '{name}' does not exist") from None
+            log.warning("shared-memory segment '%s' does not exist (its process is gone)", name)
+            raise unavailable("a shared-memory segment of the server is gone (the process that held it "
+                              "stopped): retry") from None
         try:
             if shm.size == 0:
-                raise invalid_arg(f"shared-memory region '{name}' is empty")
+                log.error("shared-memory segment '%s' is empty", name)
+                raise internal("a shared-memory segment of the server is empty")
             mm = mmap.mmap(shm.fd, shm.size)
         finally:
             shm.close_fd()

@@ -17,6 +17,7 @@ The samples never reach the router, so they count in no statistics (as in Triton
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, cast
@@ -29,6 +30,8 @@ from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.workers.backends.base import Backend, RequestBackend, RequestItem
 from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.loop_replies import LoopReplies
+
+log = logging.getLogger(__name__)
 
 WARMUP_FOLDER = "warmup"
 
@@ -129,7 +132,9 @@ def _read(model_dir: str, filename: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as exc:
-        raise invalid_arg(f"unable to read warmup data file '{path}': {exc.strerror}") from None
+        log.error("unable to read warmup data file '%s': %s", path, exc)
+        # The config's name for the file only: the server's folders are not the client's business.
+        raise invalid_arg(f"unable to read warmup data file '{filename}': {exc.strerror}") from None
 
 
 def _run(

@@ -72,12 +72,12 @@ class BodyLimit:
     it is going to refuse: the connection closes after the 400.
     """
 
-    def __init__(self, app: falcon.asgi.App, limit: int, arena: tuple[str, int] | None = None) -> None:
+    def __init__(self, app: falcon.asgi.App, limit: int, arena_bytes: int | None = None) -> None:
         self.app = app
         self.limit = limit
-        # The ingress arena's name and size: binary inputs larger than it could never be taken in,
-        # and are refused in its words (those Triton's QA expects of a body past the pool's size).
-        self.arena = arena
+        # The ingress arena's size: binary inputs larger than it could never be taken in, and are
+        # refused in its words (those Triton's QA expects of a body past the pool's size).
+        self.arena_bytes = arena_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -107,10 +107,9 @@ class BodyLimit:
         the whole body is JSON."""
         if header_length is None:
             return json_too_large(size, self.limit, "--http-max-body-bytes")
-        if self.arena is not None and header_length.isdigit():
-            name, capacity = self.arena
-            if size - int(header_length) > capacity:
-                return arena_full(name, size - int(header_length), capacity)
+        if self.arena_bytes is not None and header_length.isdigit():
+            if size - int(header_length) > self.arena_bytes:
+                return arena_full(size - int(header_length), self.arena_bytes)
         return _too_large(size, self.limit)
 
     async def _refuse(self, send: Send, error: ConveyorError) -> None:

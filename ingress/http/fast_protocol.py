@@ -13,7 +13,7 @@ in one write, with the same error rendering (``errors.error_status``) as falcon.
 Everything else goes the ASGI way to the falcon app (``BodyLimit`` in front):
 other routes and methods, compressed or chunked bodies, bodies over the limit,
 ``Expect: 100-continue``, duplicated headers that falcon would join, escaped
-paths, and a request pipelined behind one still running. APIs restricted or
+paths, and a request pipelined behind one still running. Inference restricted or
 headers forwarded: the plain protocol, falcon alone (``fast_protocol_class``).
 """
 

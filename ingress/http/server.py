@@ -212,12 +212,14 @@ async def _serve(
             inner = app_factory(ctx)
         else:
             inner = build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted)
-            if not restricted and not forward:  # else falcon checks or forwards every request's headers
+            # The plain protocol serves infer requests only: unless inference is restricted (falcon checks
+            # the header then) or headers are forwarded, it takes them.
+            if "inference" not in (restricted or {}) and not forward:
                 protocol = fast_protocol_class(Infer(ctx.dataplane, max_body_bytes), max_body_bytes)
         # This process's limits and connections: every connection's protocol enforces them.
         fit_open_files(edge)
         protocol = type(f"Edge{protocol.__name__}", (protocol,), {"edge": EdgeState(edge)})
-        app = BodyLimit(inner, max_body_bytes, (ctx.dataplane.arena.name, ctx.dataplane.arena.capacity))
+        app = BodyLimit(inner, max_body_bytes, ctx.dataplane.arena.capacity)
         config = uvicorn.Config(
             app,
             loop="uvloop",

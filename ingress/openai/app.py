@@ -11,7 +11,7 @@ KServe ingress, so its requests share the router, the workers, the statistics an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import falcon
 import falcon.asgi
@@ -25,7 +25,9 @@ from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import render_error
 from conveyor.ingress.openai.request_id import RequestIds
+from conveyor.ingress.openai.restricted import OpenAiRestrictions
 from conveyor.ingress.openai.tokenization import Detokenize, Tokenize
+from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_version
 
@@ -37,6 +39,8 @@ class OpenAiOptions:
     lora_separator: str = ""  # "": the model name never names an adapter (Triton's --lora-separator)
     default_max_tokens: int = 16
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # category -> the header it needs (--openai-restricted-api with --http-restricted-api: ingress/restricted.py)
+    restricted: dict[str, Restriction] = field(default_factory=dict)
 
 
 def _card(row: Listed) -> dict[str, object]:
@@ -96,21 +100,32 @@ class Version:
 
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
-    app = falcon.asgi.App(cors_enable=False, middleware=[RequestIds()])
-    app.req_options.strip_url_path_trailing_slash = True
     catalog = Catalog(ctx.dataplane, options.lora_separator)
     endpoint = EndpointOptions(options.max_body_bytes, options.default_max_tokens)
-    app.add_route("/v1/models", Models(catalog))
-    app.add_route("/v1/models/{name}", Model(catalog))
-    app.add_route("/v1/completions", Completions(ctx.dataplane, catalog, endpoint))
-    app.add_route("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint))
-    app.add_route("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes))
-    app.add_route("/health", Health(ctx.link, ctx))
-    app.add_route("/version", Version())
-    app.add_route("/tokenize", Tokenize(catalog, options.max_body_bytes))
-    app.add_route("/detokenize", Detokenize(catalog, options.max_body_bytes))
-    app.add_route("/v1/load_lora_adapter", LoadLoraAdapter(ctx.dataplane, catalog))
-    app.add_route("/v1/unload_lora_adapter", UnloadLoraAdapter(ctx.dataplane, catalog))
+    # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own
+    # routes (completions, chat and embeddings are inference, /v1/models model-repository), and the KServe
+    # category of what it shows (the model list and cards are metadata too, /version the server's).
+    routes: list[tuple[str, object, tuple[str, ...]]] = [
+        ("/v1/models", Models(catalog), ("model-repository", "metadata")),
+        ("/v1/models/{name}", Model(catalog), ("model-repository", "metadata")),
+        ("/v1/completions", Completions(ctx.dataplane, catalog, endpoint), ("inference",)),
+        ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
+        ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes), ("inference",)),
+        ("/health", Health(ctx.link, ctx), ("health",)),
+        ("/version", Version(), ("metadata",)),
+        ("/tokenize", Tokenize(catalog, options.max_body_bytes), ("inference",)),  # the model's tokenizer at work
+        ("/detokenize", Detokenize(catalog, options.max_body_bytes), ("inference",)),
+        ("/v1/load_lora_adapter", LoadLoraAdapter(ctx.dataplane, catalog), ("model-repository",)),
+        ("/v1/unload_lora_adapter", UnloadLoraAdapter(ctx.dataplane, catalog), ("model-repository",)),
+    ]
+    guard = OpenAiRestrictions()
+    for _, resource, categories in routes:
+        guard.guard(resource, categories, options.restricted)
+    # The restriction first, before any other middleware reads the request; none at all unless something is.
+    app = falcon.asgi.App(cors_enable=False, middleware=[guard, RequestIds()] if guard else [RequestIds()])
+    app.req_options.strip_url_path_trailing_slash = True
+    for path, resource, _ in routes:
+        app.add_route(path, resource)
     app.add_error_handler(Exception, render_error)
     app.add_error_handler(falcon.HTTPError, render_error)
     return app

@@ -28,10 +28,11 @@ from typing import Any
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.openai.chat_template import PLAIN, ChatTemplate, Renderer, load_chat_template
 from conveyor.ingress.openai.contract import IDS_INPUT, Contract, contract_of
+from conveyor.ingress.openai.errors import unreadable
 from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokenizer, tokenizer_folder
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
 from conveyor.ingress.signature import ModelSignature
-from conveyor.proto.errors import ConveyorError, Status, internal, not_found
+from conveyor.proto.errors import ConveyorError, Status, not_found
 from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
 from conveyor.proto.migration import PARAMETER as MIGRATIONS_PARAMETER
 from conveyor.proto.migration import max_migrations_of
@@ -230,5 +231,5 @@ def _json_file(path: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise internal(f"cannot read '{path}': {exc}") from None
+        raise unreadable(path, exc) from None
     return doc if isinstance(doc, dict) else None

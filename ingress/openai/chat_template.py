@@ -23,6 +23,7 @@ import os
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
+from conveyor.ingress.openai.errors import unreadable
 from conveyor.proto.errors import internal, invalid_arg
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -113,7 +114,7 @@ def _json(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise internal(f"cannot read '{path}': {exc}") from None
+        raise unreadable(path, exc) from None
     return doc if isinstance(doc, dict) else {}
 
 

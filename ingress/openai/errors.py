@@ -7,6 +7,7 @@ app goes through ``render_error``; a failure after a stream started is an event.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import falcon
@@ -14,7 +15,7 @@ import falcon.asgi
 import orjson
 
 from conveyor.ingress.http.errors import RETRY_AFTER
-from conveyor.proto.errors import ConveyorError, Status, http_status
+from conveyor.proto.errors import ConveyorError, Status, http_status, internal
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,14 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate
           503: "service_unavailable", 413: "invalid_request_error"}
 _STATUS = {Status.INVALID_ARG: 400, Status.NOT_FOUND: 404, Status.UNAVAILABLE: 503, Status.UNSUPPORTED: 400,
            Status.INTERNAL: 500, Status.CLIENT_MISTAKE: 400}  # not Triton's API: a client's mistake is a 400
+
+
+def unreadable(path: str, exc: Exception) -> ConveyorError:
+    """A model's file (tokenizer, template, config) that cannot be read: the server logs where it is,
+    the client learns which file of the model, not the server's folders."""
+    log.error("cannot read '%s': %s", path, exc)
+    reason = exc.strerror if isinstance(exc, OSError) else exc
+    return internal(f"cannot read the model's '{os.path.basename(path)}': {reason}")
 
 
 def status_of(error: ConveyorError) -> int:

@@ -24,6 +24,7 @@ import json
 import os
 from typing import Any
 
+from conveyor.ingress.openai.errors import unreadable
 from conveyor.proto.errors import internal
 
 PARAMETERS = ("tokenizer", "tokenizer_dir")
@@ -86,7 +87,7 @@ def load_tokenizer(folder: str, engine_args: dict[str, Any]) -> Tokenizer | None
     try:
         backend = Backend.from_file(path)
     except Exception as exc:
-        raise internal(f"cannot read the tokenizer '{path}': {exc}") from None
+        raise unreadable(path, exc) from None
     return Tokenizer(backend, _max_model_len(folder, engine_args))
 
 

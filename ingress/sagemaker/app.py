@@ -36,8 +36,9 @@ from conveyor.ingress.asgi_rewrite import (
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.default_model import DefaultModel
 from conveyor.ingress.http.app import build_app
-from conveyor.ingress.restricted import Restriction
-from conveyor.ingress.sagemaker.multi_model import LoadedModels, build_multi_model_app, is_oom
+from conveyor.ingress.http.errors import error_body
+from conveyor.ingress.restricted import Restriction, http_refusal
+from conveyor.ingress.sagemaker.multi_model import DEFAULT_MODEL_ROOT, LoadedModels, build_multi_model_app, is_oom
 
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DEFAULT_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
@@ -47,12 +48,17 @@ _UNSPECIFIED = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"  # Triton's nam
 _MODELS = re.compile(r"/models(?:/)?([^/]+)?(/invoke)?")
 # Triton's SageMaker server ignores these: no compression, the header length is in the content type.
 _IGNORED = (b"content-encoding", b"accept-encoding", b"inference-header-content-length", b"content-type")
+_KEPT = (403, 405)  # statuses an inference's answer keeps (every other failure is a 400 or 507)
 
 
 class SageMakerApp:
     def __init__(self, kserve: App, multi_model: App, loaded: LoadedModels,
-                 default: DefaultModel, ping_mode: str = "ready", inference_type: str = "infer") -> None:
+                 default: DefaultModel, ping_mode: str = "ready", inference_type: str = "infer",
+                 inference_rule: Restriction | None = None) -> None:
         self._kserve = kserve
+        # Checked before anything else of an inference (as Triton's handlers do): no default model looked
+        # up, no loaded name told apart from an unknown one, without the header.
+        self._inference_rule = inference_rule
         self._generate = "" if inference_type == "infer" else inference_type
         self._multi_model = multi_model
         self._loaded = loaded
@@ -67,6 +73,8 @@ class SageMakerApp:
             await self._kserve(readdressed(scope, self._ping), receive, send)
             return
         if path == "/invocations":
+            if await self._refused(scope, send):
+                return
             model = await self._default.get()
             if self._generate:
                 inner = readdressed(scope, f"/v2/models/{model}/{self._generate}", drop=_IGNORED)
@@ -83,11 +91,21 @@ class SageMakerApp:
             await self._multi_model(scope, receive, send)
         elif scope["method"] != "POST":
             await reply(send, 400)
+        elif await self._refused(scope, send):
+            return
         elif name not in self._loaded:
             await reply(send, 404)
         else:
             target = header(scope, b"x-amzn-sagemaker-target-model") or name
             await self._infer(scope, receive, send, target)
+
+    async def _refused(self, scope: Scope, send: Send) -> bool:
+        """Whether an inference lacks the header ``inference`` needs: then refused, 403 in Triton's words."""
+        rule = self._inference_rule
+        if rule is None or header(scope, rule.header.lower().encode("latin-1")) == rule.value:
+            return False
+        await reply(send, 403, error_body(http_refusal(rule)))
+        return True
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, model: str) -> None:
         length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
@@ -114,12 +132,15 @@ def _sagemaker_status(send: Send) -> Send:
 
 
 def build_sagemaker_app(ctx: IngressContext, *, max_body_bytes: int,
-                        restricted: dict[str, Restriction] | None = None) -> SageMakerApp:
+                        restricted: dict[str, Restriction] | None = None,
+                        model_root: str = DEFAULT_MODEL_ROOT) -> SageMakerApp:
+    """``restricted``: category -> the header it needs; ``model_root``: where multi-model loads' urls lie."""
     loaded = LoadedModels()
     default = DefaultModel(ctx.link, os.environ.get(DEFAULT_MODEL_ENV, ""), _UNSPECIFIED)
     return SageMakerApp(
         build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
-        build_multi_model_app(ctx.link, loaded, restricted), loaded, default,
+        build_multi_model_app(ctx.link, loaded, restricted, model_root), loaded, default,
         os.environ.get(PING_MODE_ENV, "ready"), os.environ.get(INFERENCE_TYPE_ENV) or "infer",
+        (restricted or {}).get("inference"),
     )
 

@@ -30,7 +30,10 @@ from conveyor.proto.errors import ConveyorError, Status
 log = logging.getLogger(__name__)
 
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
-_FORBIDDEN_ROOTS = ("/dev/", "/proc/", "/sys/")
+DEFAULT_MODEL_ROOT = "/opt/ml/models"  # where SageMaker unpacks a multi-model endpoint's archives
+# Never a repository, however spelled (``//proc``, ``/./sys``, ``/x/../dev``, a symlink): the kernel's own trees.
+_FORBIDDEN_ROOTS = ("/dev", "/proc", "/sys")
+_HASH = r"[0-9A-Za-z._]+"  # a path segment as Triton's model_path_regex_ takes it
 _ENSEMBLE = re.compile(r'platform:(\s)*"ensemble"')
 # Messages that mean the model did not fit: SageMaker expects 507 for them (Triton's list).
 OOM_MARKERS = (
@@ -56,6 +59,35 @@ class LoadedModels(dict[str, LoadedModel]):
     """model_name (SageMaker's hash) -> what was loaded for it."""
 
 
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+def _lexical(path: str) -> str:
+    """``path`` absolute and normal, as Triton's ``absolute(lexically_normal())`` makes it: POSIX lets
+    ``normpath`` keep a leading ``//`` (``//proc/self``), which the kernel and Triton read as ``/``."""
+    path = os.path.normpath(os.path.abspath(path))
+    return "/" + path.lstrip("/") if path.startswith("//") else path
+
+
+def checked_url(url: str, model_root: str = DEFAULT_MODEL_ROOT) -> str:
+    """A load's ``url`` as the directory to load, or the refusal (400): never under ``/dev``, ``/proc`` or
+    ``/sys``, lexically or once symlinks are resolved, and of Triton's form ``<root>/<hash>/model[/<subdir>]``
+    (``--sagemaker-model-root``, Triton's ``/opt/ml/models``). Errors name the client's ``url`` only."""
+    path = _lexical(url)
+    if _under(path, _FORBIDDEN_ROOTS) or _under(os.path.realpath(path), _FORBIDDEN_ROOTS):
+        log.error("refused SageMaker load of url '%s' (%s)", url, os.path.realpath(path))
+        raise ConveyorError(
+            Status.INVALID_ARG, f'Invalid URL: {url}. "url" property value cannot start with /dev/, /proc/, or /sys/.')
+    root = _lexical(model_root).rstrip("/")
+    if not re.fullmatch(re.escape(root) + rf"/{_HASH}/model(?:/{_HASH})?", path):
+        # Triton's words, naming its default root when that is the one in force.
+        raise ConveyorError(
+            Status.INVALID_ARG,
+            f"Invalid \"url\" '{url}': expected a path of the form {root}/<hash>/model[/<subdir>]")
+    return path
+
+
 def model_location(url: str) -> tuple[str, str]:
     """The repository to register and the model directory in it, for a load's ``url``.
 
@@ -78,9 +110,10 @@ def model_location(url: str) -> tuple[str, str]:
 class _Base:
     api = "model-repository"
 
-    def __init__(self, link: RouterLink, loaded: LoadedModels) -> None:
+    def __init__(self, link: RouterLink, loaded: LoadedModels, model_root: str = DEFAULT_MODEL_ROOT) -> None:
         self._link = link
         self._loaded = loaded
+        self._model_root = model_root
 
 
 class Models(_Base):
@@ -105,12 +138,7 @@ class Models(_Base):
         name, url = body.get("model_name", ""), body.get("url", "")
         if not isinstance(name, str) or not isinstance(url, str) or not url:
             raise ConveyorError(Status.INVALID_ARG, "the load model request needs 'model_name' and 'url' strings")
-        url = os.path.abspath(os.path.normpath(url))
-        if url.startswith(_FORBIDDEN_ROOTS):
-            raise ConveyorError(
-                Status.INVALID_ARG,
-                f'Invalid URL: {url}. "url" property value cannot start with /dev/, /proc/, or /sys/.',
-            )
+        url = checked_url(url, self._model_root)
         target = req.get_header(TARGET_MODEL) or name
         repository, subdir = model_location(url)
         log.info("Loading SageMaker TargetModel: %s from %s", target, url)
@@ -166,11 +194,12 @@ async def _render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | N
     resp.data = error_body(message)
 
 
-def build_multi_model_app(link: RouterLink, loaded: LoadedModels,
-                          restricted: dict[str, Restriction] | None = None) -> falcon.asgi.App:
+def build_multi_model_app(link: RouterLink, loaded: LoadedModels, restricted: dict[str, Restriction] | None = None,
+                          model_root: str = DEFAULT_MODEL_ROOT) -> falcon.asgi.App:
     app = CategorizedApp(middleware=[RestrictedApis(restricted)] if restricted else [])
     app.add_error_handler([Exception, falcon.HTTPError], _render_error)
-    app.add_route("/models", Models(link, loaded))
-    app.add_route("/models/", Models(link, loaded))
+    models = Models(link, loaded, model_root)
+    app.add_route("/models", models)
+    app.add_route("/models/", models)
     app.add_route("/models/{name}", Model(link, loaded))
     return app

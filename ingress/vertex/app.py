@@ -97,9 +97,11 @@ class VertexApp:
 
 
 def build_vertex_app(ctx: IngressContext, *, predict_route: str, health_route: str, default_model: str,
-                     max_body_bytes: int, restricted: dict[str, Restriction] | None = None) -> VertexApp:
+                     max_body_bytes: int, restricted: dict[str, Restriction] | None = None,
+                     metrics_restricted: dict[str, Restriction] | None = None) -> VertexApp:
+    """``restricted``: the KServe routes' restrictions; ``metrics_restricted``: the redirect to ``metrics``'s."""
     return VertexApp(
         build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
-        build_metrics_app(ctx, MetricsOptions(allow_cpu=False, allow_gpu=False)),
+        build_metrics_app(ctx, MetricsOptions(allow_cpu=False, allow_gpu=False), metrics_restricted),
         DefaultModel(ctx.link, default_model, "", ready_only=True), predict_route, health_route,
     )

@@ -31,6 +31,30 @@ def check_model_name(name: str) -> None:
         raise invalid_arg(f"invalid model name '{name}', model name must not contain path traversal characters")
 
 
+def _relative_files(config: mc.ModelConfig) -> list[tuple[str, str]]:
+    """The config's fields that name a file in the model's directory: (what it is, the name)."""
+    named = [("default_model_filename", config.default_model_filename)]
+    named += [(f"cc_model_filenames['{cc}']", f) for cc, f in config.cc_model_filenames.items()]
+    named += [(f"label_filename of output '{o.name}'", o.label_filename) for o in config.output]
+    named += [(f"input_data_file of warmup '{w.name}' input '{n}'", i.input_data_file)
+              for w in config.model_warmup for n, i in w.inputs.items()]
+    if config.HasField("sequence_batching"):
+        named += [(f"data_file of state '{st.input_name}'", init.data_file)
+                  for st in config.sequence_batching.state for init in st.initial_state]
+    return [(what, name) for what, name in named if name]
+
+
+def check_override_files(name: str, config: mc.ModelConfig) -> None:
+    """A client's config names files inside the model's directory only: none absolute, none above it.
+    Those files' contents reach the client (labels in classification answers), are run (a model file)
+    or read whole (warmup and state data: ``/dev/zero`` would never end)."""
+    for what, file in _relative_files(config):
+        normal = os.path.normpath(file)
+        if "\0" in file or os.path.isabs(file) or normal == ".." or normal.startswith("../"):
+            raise invalid_arg(f"failed to load '{name}': the 'config' parameter's {what} '{file}' must name a "
+                              "file inside the model's directory")
+
+
 class RepositoryCalls(ModelLoads):
     def check_control_allowed(self) -> None:
         if self.mode is not ControlMode.EXPLICIT:
@@ -53,6 +77,7 @@ class RepositoryCalls(ModelLoads):
                 # Triton logs the parse error and answers its poll failure (500 / INTERNAL, its status by default).
                 log.error("failed to poll model '%s': the 'config' parameter: %s", name, exc)
                 raise client_mistake(f"failed to load '{name}', failed to poll from model repository") from None
+            check_override_files(name, override)
         waiter = LoadWaiter(name, reply_to)
         self._waiters.append(waiter)
         repos = self._repos()

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,29 +158,49 @@ def renamed_config(name: str, path: str, config_name: str) -> mc.ModelConfig | N
 
 def write_override(name: str, files: dict[str, bytes]) -> str:
     """A model directory of its own for a load with file overrides (``<version>/<file>``
-    keys), as Triton does: the repository's directory for the model is not used."""
-    root = tempfile.mkdtemp(prefix=f"{name}-", dir=override_root())
+    keys), as Triton does: the repository's directory for the model is not used. Nothing is
+    written outside it: a key that leaves it is refused, no file is opened through a link."""
+    poll_failure = client_mistake(f"failed to load '{name}', failed to poll from model repository")
+    try:
+        root = tempfile.mkdtemp(prefix=f"{name}-", dir=override_root())
+    except (OSError, ValueError) as exc:  # the overrides' folder is not ours (override_root), a NUL in the name
+        log.error("failed to poll model '%s': no folder for its file overrides: %s", name, exc)
+        raise poll_failure from None
     for key, data in files.items():
         rel = key.lstrip("/")  # "file:/1/model.py" is "file:1/model.py" to Triton too (model_control QA)
         path = os.path.normpath(os.path.join(root, rel))
         if not path.startswith(root + os.sep) or not rel.split("/", 1)[0].isdigit():
             shutil.rmtree(root, ignore_errors=True)
             log.error("failed to poll model '%s': file override 'file:%s' must be <version>/<file name>", name, rel)
-            raise client_mistake(f"failed to load '{name}', failed to poll from model repository")
+            raise poll_failure
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
-        except OSError as exc:  # a name too long, say: Triton's filesystem error, its poll failure
+        except (OSError, ValueError) as exc:  # a name too long, a NUL: Triton's filesystem error, its poll failure
             shutil.rmtree(root, ignore_errors=True)
             log.error("failed to poll model '%s': file override 'file:%s': %s", name, rel, exc)
-            raise client_mistake(f"failed to load '{name}', failed to poll from model repository") from None
+            raise poll_failure from None
     return root
 
 
+# The folder of every load's file overrides, one per user: created private, and used only while it
+# is a directory of this user's that no one else may write (else another local user could swap a
+# load's folder for a link while its files are written).
+OVERRIDES_FOLDER = "conveyor-load-overrides-{uid}"
+
+
 def override_root() -> str:
-    root = os.path.join(tempfile.gettempdir(), "conveyor-load-overrides")
-    os.makedirs(root, exist_ok=True)
+    """The folder loads with file overrides write into (``$TMPDIR``); OSError when it is not private."""
+    root = os.path.join(tempfile.gettempdir(), OVERRIDES_FOLDER.format(uid=os.geteuid()))
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(f"'{root}' is not a directory of this user's that only it may write")
     return root
 
 

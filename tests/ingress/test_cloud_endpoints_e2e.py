@@ -57,6 +57,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         "--model-control-mode", "explicit", "--load-model", "simple",
         "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3]),
         "--allow-vertex-ai", "true", "--vertex-ai-port", str(ports[4]),
+        "--sagemaker-model-root", os.path.join(tmp, "opt-ml-models"),
     ], env=env)
     try:
         wait_ready(ports[0], proc, (ports[1], ports[2], ports[3], ports[4]))

@@ -71,7 +71,8 @@ def wait_ready(http_port: int, proc: subprocess.Popen[bytes], other_ports: tuple
 
 
 def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: ssl.SSLContext | None = None,
-                 ready_timeout: float = 60.0) -> Server:
+                 ready_timeout: float = 60.0, env: dict[str, str] | None = None) -> Server:
+    """``conveyor serve`` of ``repo`` on free loopback ports, ready; ``env``: its environment (default: ours)."""
     http_port, grpc_port, metrics_port = free_ports(3)
     proc = subprocess.Popen(
         [
@@ -81,6 +82,7 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: s
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
             "--arena-size", str(64 << 20), "--exit-timeout-secs", "10", "--drain-grace-secs", "0", *extra,
         ],
+        env=env,
     )
     try:
         wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), timeout=ready_timeout,

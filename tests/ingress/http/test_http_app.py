@@ -216,7 +216,7 @@ def test_body_limit_answers_before_the_body_is_read(client: falcon.testing.TestC
 
 def test_binary_inputs_past_the_arena_are_refused_in_tritons_pool_words(client: falcon.testing.TestClient) -> None:
     # Triton's python-backend QA (test_growth_error) sends 1 GiB and expects its pool-growth error.
-    app = BodyLimit(client.app, 4096, ("ingress-arena", 2048))  # type: ignore[arg-type]
+    app = BodyLimit(client.app, 4096, 2048)  # type: ignore[arg-type]
 
     def refusal(length: int, header_length: int) -> tuple[int, str]:
         sent: list[dict[str, Any]] = []
