@@ -27,7 +27,7 @@ import zmq
 from conveyor.deploy.runtime.log_settings import ProcessLog
 from conveyor.deploy.runtime.procs import actor_role
 from conveyor.proto import messages as m
-from conveyor.proto.errors import ConveyorError, Status, WorkerLost, unavailable
+from conveyor.proto.errors import ConveyorError, Status, WorkerLost, invalid_arg, unavailable
 from conveyor.proto.framing import Outbox, drain, readable
 from conveyor.proto.pending_calls import PendingCalls
 
@@ -334,6 +334,12 @@ class RouterLink:
 
     async def control(self, op: str, *, timeout_s: float = CONTROL_TIMEOUT_S, **args: Any) -> Any:
         cid = self.next_id()
+        try:
+            frame = m.encode(m.ControlRequest(cid, op, args))
+        except OverflowError:
+            # A client's JSON body (settings, parameters) may hold an integer of any size; MessagePack
+            # carries 64 bits: a client's mistake, answered before anything waits for the router.
+            raise invalid_arg("a number in the request is outside the 64-bit integer range") from None
         fut: asyncio.Future[m.ControlReply] = asyncio.get_running_loop().create_future()
 
         def resolve(reply: m.ControlReply) -> None:
@@ -341,7 +347,7 @@ class RouterLink:
                 fut.set_result(reply)
 
         self._calls.add_control(cid, resolve)
-        self._send(m.encode(m.ControlRequest(cid, op, args)))
+        self._send(frame)
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:

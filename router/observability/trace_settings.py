@@ -44,8 +44,9 @@ class TraceSettings:
 def parse_value(name: str, value: Any) -> Any:
     """One setting from JSON, the gRPC string lists or ``--trace-config``; INVALID_ARG when wrong."""
     if name == "trace_level":
-        levels = [value] if isinstance(value, str) else list(value)
-        if not levels or any(v not in LEVELS for v in levels):
+        levels = [value] if isinstance(value, str) else value
+        # A client's JSON may hold anything here (a number, an object): refused as the wrong names are.
+        if not isinstance(levels, list) or not levels or any(v not in LEVELS for v in levels):
             raise invalid_arg(f"trace_level must be some of {', '.join(LEVELS)}, got {levels}")
         # OFF wins only alone; TIMESTAMPS is what Conveyor records for TENSORS as well.
         return ("OFF",) if levels == ["OFF"] else tuple(v for v in levels if v != "OFF")

@@ -1,4 +1,4 @@
-"""docs/BACKENDS.md's JAX example (a Python-backend model.py running jax.jit on the CPU), served as
+"""docs/backends/jax.md's JAX example (a Python-backend model.py running jax.jit on the CPU), served as
 the docs print it, called over HTTP and gRPC, single and dynamically batched, against JAX here."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from tests.support.group import Server, start_server
 
 jax = pytest.importorskip("jax", reason="JAX is not installed (pip install jax): the docs' JAX example is not served")
 
-DOCS = Path(__file__).resolve().parents[4] / "docs" / "BACKENDS.md"
+DOCS = Path(__file__).resolve().parents[4] / "docs" / "backends" / "jax.md"
 
 
 def example(name: str) -> str:
-    """The code block docs/BACKENDS.md marks with ``<!-- jax-example: NAME -->``."""
+    """The code block docs/backends/jax.md marks with ``<!-- jax-example: NAME -->``."""
     found = re.search(rf"<!-- jax-example: {re.escape(name)} -->\n```[a-z]*\n(.*?)```", DOCS.read_text(), re.S)
-    assert found, f"docs/BACKENDS.md has no jax-example block for {name}"
+    assert found, f"docs/backends/jax.md has no jax-example block for {name}"
     return found.group(1)
 
 
