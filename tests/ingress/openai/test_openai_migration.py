@@ -170,7 +170,7 @@ class _Engines:
 
     async def infer_stream_batches(self, call: InferCall) -> AsyncGenerator[list[InferResult | StreamError], None]:
         self.calls.append(call)
-        check_inputs(_model(1).signature, call.inputs)  # as the data plane sends a call: BYTES inputs become their wire form
+        check_inputs(_model(1).signature, call.inputs)  # sent: BYTES inputs in their wire form
         if len(self.calls) == 1:
             yield [_result(" there", {PROMPT_IDS: [1, 2, 3], OUTPUT_IDS: [10]}, prompt_tokens=3)]
             yield [_result(" was", {OUTPUT_IDS: [11]})]
