@@ -69,7 +69,7 @@ def _planned(sampling: dict[str, Any] | None, **kw: Any) -> tuple[InferCall, tm.
 def _input(call: InferCall, name: str) -> list[Any]:
     found = next(i for i in call.inputs if i.name == name)
     if found.datatype == "BYTES" and isinstance(found.data, np.ndarray) and found.data.dtype == np.uint8:
-        return list(deserialize_bytes(memoryview(found.data), element_count(found.shape)))  # sent: its wire form
+        return list(deserialize_bytes(found.data.tobytes(), element_count(found.shape)))  # sent: its wire form
     values = tm._values(found)
     assert values is not None
     return values

@@ -58,7 +58,7 @@ def _input(call: InferCall, name: str) -> list[Any]:
     data = found.data
     assert isinstance(data, np.ndarray)
     if found.datatype == "BYTES" and data.dtype == np.uint8:  # sent: its wire form
-        return list(deserialize_bytes(memoryview(data), element_count(found.shape)))
+        return list(deserialize_bytes(data.tobytes(), element_count(found.shape)))
     return list(data.reshape(-1))
 
 
