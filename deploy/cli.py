@@ -404,10 +404,11 @@ def _worker(args: WorkerSettings) -> int:
 
     group = args.group or DEFAULT_GROUP
     ingress_ep, worker_ep = default_endpoints(group)
-    Worker(args.router or worker_ep, group, args.arena_size, args.ingress_endpoint or ingress_ep,
-           args.exit_timeout_secs, spin_seconds(args.spin_us)).run()
-    exit_now(0)
-    return 0
+    worker = Worker(args.router or worker_ep, group, args.arena_size, args.ingress_endpoint or ingress_ep,
+                    args.exit_timeout_secs, spin_seconds(args.spin_us))
+    worker.run()
+    exit_now(worker.exit_code)  # ENGINE_DIED_CODE: an engine died, restart (workers/stopping.py)
+    return worker.exit_code
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from conveyor.deploy.options import run_dir
 from conveyor.deploy.runtime.signal_wake import SignalWake
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff
-from conveyor.proto.errors import ConveyorError, invalid_arg
-from conveyor.router.startup import EXIT_ON_ERROR_CODE
+from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
+from conveyor.router.startup import CREATE_FAILED_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 
@@ -195,6 +195,9 @@ class Supervisor:
 
     def run(self) -> int:
         a = self.args
+        refused = self._unusable_repository()
+        if refused:
+            return refused
         try:
             # Held for the life of this process: no other group of this name can start meanwhile.
             self._lock = take_group(a.group)
@@ -216,13 +219,6 @@ class Supervisor:
             built = build(os.path.join(tempfile.gettempdir(), f"conveyor-{a.group}-example-models"))
             repos = [built]
             log.info("no --model-repository given: serving the example repository %s", repos[0])
-        from conveyor.router.repository.cloud import RepositoryRoots
-
-        try:
-            RepositoryRoots(repos)  # refuse a root the router could not serve before starting anything
-        except ConveyorError as exc:
-            log.error("%s", exc.message)
-            return 2
         os.makedirs(run_dir(a.group), exist_ok=True)
         # What killed groups left, this one's and any other's whose processes are all gone (a group
         # name is often unique per run: no later start of that name would sweep it).
@@ -277,6 +273,23 @@ class Supervisor:
         self._lock.release()
         return self._exit_code
 
+    def _unusable_repository(self) -> int:
+        """A ``--model-repository`` root the group cannot serve, said before anything starts, as the exit
+        code (0: none). A scheme Conveyor does not read: 2. A local root Triton would refuse (missing, not a
+        folder): Triton's own line on stderr and its exit code 1, whatever --exit-on-error says. Remote
+        roots are the router's to check (it lists them at start-up, and exits the same way)."""
+        from conveyor.router.repository.cloud import RepositoryRoots, UnusableRepository
+
+        try:
+            RepositoryRoots(list(self.args.model_repository)).check(remote=False)
+        except UnusableRepository as problem:
+            print(triton_line("creating server", problem), file=sys.stderr, flush=True)
+            return START_FAILED_CODE
+        except ConveyorError as exc:
+            log.error("%s", exc.message)
+            return 2
+        return 0
+
     def _cannot_start(self) -> int:
         """Why this group cannot start, logged, as the exit code; 0 when it can."""
         try:
@@ -306,9 +319,9 @@ class Supervisor:
     def _restart(self, child: Child) -> None:
         assert child.proc is not None
         code = child.proc.returncode
-        if child is self.router and code == EXIT_ON_ERROR_CODE:
-            # --exit-on-error: a model failed at start-up; a new router would fail the same way.
-            self._fail(1, "the router stopped: a model failed to load at start-up (--exit-on-error)")
+        if child is self.router and code == CREATE_FAILED_CODE:
+            # A repository it cannot use, or a model failed with --exit-on-error: a new router would fail the same way.
+            self._fail(START_FAILED_CODE, "the router stopped: it could not create the server (above)")
             return
         if child is self.router and code == GROUP_BUSY_CODE:
             self._fail(GROUP_BUSY_CODE, "the router could not take the group's lock (above)")

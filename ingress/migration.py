@@ -83,7 +83,7 @@ class Migration:
     """One engine request's record for sending it again: what it was, and what came of it so far."""
 
     __slots__ = ("answered", "blocker", "generated", "limit", "model", "moves", "params", "prompt_ids",
-                 "request_id", "resumed", "retry_s", "stream", "wait_until")
+                 "request_id", "resumed", "retry_s", "sent", "stream", "wait_until")
 
     def __init__(self, model: str, request_id: str, params: dict[str, Any], stream: bool, limit: int) -> None:
         self.model = model
@@ -101,6 +101,7 @@ class Migration:
         self.resumed = False
         self.wait_until: float | None = None  # the monotonic clock's deadline of waiting for the model
         self.retry_s = 0.0
+        self.sent: tuple[list[int] | None, dict[str, Any]] | None = None  # what the last move sent (``call``'s)
 
     def observe(self, parameters: dict[str, Any]) -> None:
         """A response arrived: take the token ids out of its parameters (never shown to the client)."""
@@ -126,7 +127,7 @@ class Migration:
             raise WorkerLost(f"{error.message}; not resumed on another engine: it moved {self.moves} time(s) "
                              f"already (MAX_MIGRATIONS {self.limit})")
         if not self.answered:  # nothing shown yet: the same request again
-            call = self.call(None, self.params)
+            self.sent = (None, self.params)
         else:
             if self.blocker is not None:
                 raise WorkerLost(f"{error.message}; not resumed on another engine: {self.blocker}")
@@ -136,12 +137,19 @@ class Migration:
             rest = self.remaining()
             if rest is None:
                 return None
-            call = self.call(self.prompt_ids + self.generated, rest)
+            self.sent = (self.prompt_ids + self.generated, rest)
             self.resumed = True
         self.moves += 1
         log.warning("request '%s' of model '%s': %s; sent again (move %d of %d) with %d generated tokens",
                     self.request_id or "<id_unknown>", self.model, error.message, self.moves, self.limit,
                     len(self.generated))
+        return self.again()
+
+    def again(self) -> InferCall:
+        """The last move's request, made anew: to send it once more after its model refused it (``wait_back``).
+        Not the call sent already: the data plane turned its BYTES inputs into their wire form as it sent it."""
+        assert self.sent is not None, "no move yet"
+        call = self.call(*self.sent)
         call.parameters.update(self.marks())
         call.parameters[MIGRATION] = self.moves  # the router counts it (conveyor_request_migrations_total)
         return call

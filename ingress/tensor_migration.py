@@ -191,10 +191,10 @@ async def resumed_stream(dataplane: DataPlane, call: InferCall, resume: TensorMi
                             return
                         break
                     if item.final and not answered and await resume.wait_back(item.error):
-                        attempt = current  # a moved request refused: its model is not served again yet
+                        attempt = resume.again()  # a moved request refused: its model is not served again yet
                         break
                     yield item
         except ConveyorError as exc:  # refused before it was sent
             if answered or not await resume.wait_back(exc):
                 raise
-            attempt = current
+            attempt = resume.again()

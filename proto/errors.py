@@ -94,6 +94,26 @@ class WorkerLost(ConveyorError):
         super().__init__(Status.UNAVAILABLE, message)
 
 
+# Triton's names of its codes (TRITONSERVER_ErrorCodeString; "<invalid code>" for the others), as its
+# command line prints an error.
+_TRITON_CODE_NAME = {
+    Status.UNKNOWN: "Unknown",
+    Status.INTERNAL: "Internal",
+    Status.NOT_FOUND: "Not found",
+    Status.INVALID_ARG: "Invalid argument",
+    Status.UNAVAILABLE: "Unavailable",
+    Status.UNSUPPORTED: "Unsupported",
+    Status.ALREADY_EXISTS: "Already exists",
+    Status.CLIENT_MISTAKE: "Internal",
+}
+
+
+def triton_line(what: str, err: ConveyorError) -> str:
+    """An error as Triton's ``tritonserver`` prints one it exits on (``FAIL_IF_ERR`` in its main.cc):
+    ``error: creating server: Internal - failed to stat file /models``."""
+    return f"error: {what}: {_TRITON_CODE_NAME.get(err.status, '<invalid code>')} - {err.message}"
+
+
 def triton_code(status: int) -> int:
     """The TRITONSERVER_Error_Code a Python model's ``TritonError.code()`` shows for ``status``."""
     return int(Status.INTERNAL) if status == Status.CLIENT_MISTAKE else status

@@ -33,7 +33,7 @@ from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.deploy.runtime.signal_wake import SignalWake
 from conveyor.proto import messages as m
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import ConveyorError, Status, triton_line
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.router.admission import Admission
 from conveyor.router.context import RouterContext
@@ -60,7 +60,7 @@ from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry, look_all
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
-from conveyor.router.startup import EXIT_ON_ERROR_CODE, StartupOptions
+from conveyor.router.startup import CREATE_FAILED_CODE, StartupOptions
 from conveyor.router.user_readiness import UserReadiness
 from conveyor.router.worker_pool.membership import WorkerMembership
 from conveyor.router.worker_pool.placement import Placement
@@ -122,7 +122,8 @@ class Router:
         self.agent = RepositoryAgent(startup.load_threads)
         self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config,
                                         startup.config_name, startup.backend_config, startup.namespacing,
-                                        self.agent, self.roots.sync if self.roots.remote else None)
+                                        self.agent, self.roots.sync if self.roots.remote else None,
+                                        self.roots.check)
         self.control.starting = lambda: self.lifecycle.starting
         self._announced_ready = False  # systemd's READY, once start-up's loads settled
         self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
@@ -193,8 +194,15 @@ class Router:
         if outcome:
             log.error("error: creating server: Internal - failed to load all models (%s); "
                       "exiting (--exit-on-error=true)", outcome)
-            self.exit_code = EXIT_ON_ERROR_CODE
+            self.exit_code = CREATE_FAILED_CODE
             self.stop()
+
+    def _cannot_create(self, err: ConveyorError) -> None:
+        """A repository root the server cannot start with: Triton's line on stderr (as its ``tritonserver``
+        prints it, whatever --exit-on-error says), and an exit the supervisor does not restart. Never ready."""
+        print(triton_line("creating server", err), file=sys.stderr, flush=True)
+        self.exit_code = CREATE_FAILED_CODE
+        self.stop()
 
     def run(self, exit_timeout_s: float = 30.0, drain_grace_s: float = 0.0) -> None:
         self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
@@ -224,9 +232,11 @@ class Router:
             if own in ready:
                 more |= self.self_link.drain(self.ensembles.on_response)
             if agent in ready and self.agent.drain():  # the repository agent's results: apply them
+                if self.lifecycle.unusable is not None and not self._stopping:
+                    self._cannot_create(self.lifecycle.unusable)
                 self.placement.place()
                 self.placement.settle()
-                if not self._announced_ready and not self.lifecycle.starting:
+                if not self._announced_ready and not self.lifecycle.starting and not self._stopping:
                     self._announced_ready = True
                     self.systemd.ready(f"serving {len(self.registry.models)} model(s)")
             if wake.fd in ready:

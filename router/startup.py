@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from conveyor.router.repository.agent import DEFAULT_LOAD_THREADS
 from conveyor.router.repository.backend_config import BackendConfig
 
-# The router's exit code when --exit-on-error stops it: the supervisor then stops the
-# whole group with a failure instead of restarting the router (which would fail again).
-EXIT_ON_ERROR_CODE = 3
+# The router's exit code when it could not create the server (Triton's "error: creating server"): a
+# repository root it cannot use, or a model that failed to load with --exit-on-error. The supervisor then
+# stops the whole group with a failure instead of restarting the router (which would fail again).
+CREATE_FAILED_CODE = 3
 
 
 @dataclass

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from conveyor.proto import messages as m
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.workers.backends.base import RequestOutcome, outcome_parameters
 from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
 from conveyor.workers.loop_replies import LoopReplies
@@ -133,7 +133,8 @@ class ItemStream:
             error: m.ErrorInfo | None = None
             output_ns = 0
             if isinstance(outcome, ConveyorError):
-                error = m.ErrorInfo(int(outcome.status), outcome.message)
+                # WorkerLost: not the request's fault (its engine died): an ingress may move it (ingress/migration.py)
+                error = m.ErrorInfo(int(outcome.status), outcome.message, isinstance(outcome, WorkerLost))
             elif outcome:  # tensors to write (a response of parameters alone has none: nothing to plan)
                 start = time.monotonic_ns()
                 planned = plan_request_outputs([self.item], [outcome], self._plan)

@@ -10,6 +10,7 @@ instances and waits a bounded time for their ``finalize`` before it exits.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 
 # The supervisor's word to a worker still draining at the group's deadline: unload now. Not a
 # second SIGTERM: two signals of one kind sent together may reach the handler as one.
@@ -23,3 +24,32 @@ FINALIZE_WAIT_S = 5.0
 # How long the supervisor lets a worker it told to unload run before killing it: the wait above
 # plus the time to leave (flush the logs, close the sockets).
 UNLOAD_GRACE_S = FINALIZE_WAIT_S + 2.0
+
+# A worker's exit code when an engine it hosts died under it (workers/backends/vllm/engine.py): a failure, so
+# the supervisor (or systemd's Restart=on-failure) starts it again, and the router loads its models there again.
+ENGINE_DIED_CODE = 5
+
+_leave: Callable[[str], None] | None = None
+
+
+def set_fatal_exit(leave: Callable[[str], None] | None) -> None:
+    """The running worker's way out (``Worker.fail``), or None once it is gone."""
+    global _leave
+    _leave = leave
+
+
+def fatal_exit(why: str) -> bool:
+    """From any thread: this worker process cannot go on (an engine it hosts died). It stops at once, its models
+    closed, and exits with ``ENGINE_DIED_CODE``; the router answers its requests still open as any dead worker's
+    (``worker_lost``: a vLLM model's move to another engine, or wait for this one's return). False where no
+    worker runs (a backend used on its own): the caller answers its requests itself."""
+    leave = _leave
+    if leave is None:
+        return False
+    leave(why)
+    return True
+
+
+def in_worker() -> bool:
+    """Whether a running worker would exit on ``fatal_exit``."""
+    return _leave is not None

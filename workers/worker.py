@@ -49,7 +49,7 @@ from conveyor.workers.instances import (
 from conveyor.workers.mailbox import Mailbox
 from conveyor.workers.reply_links import ReplyLinks
 from conveyor.workers.router_session import RouterSession
-from conveyor.workers.stopping import FINALIZE_WAIT_S, UNLOAD_NOW_SIGNAL
+from conveyor.workers.stopping import ENGINE_DIED_CODE, FINALIZE_WAIT_S, UNLOAD_NOW_SIGNAL, set_fatal_exit
 
 __all__ = ["DEFAULT_ARENA_BYTES", "LoadedInstance", "Worker"]
 
@@ -90,6 +90,7 @@ class Worker:
         self._stopping = False
         self._leave_requested = False
         self._closing: list[concurrent.futures.Future[None]] = []  # models unloaded, maybe still closing
+        self.exit_code = 0  # ENGINE_DIED_CODE after ``fail``
 
     def stop(self, *_: Any) -> None:
         """SIGTERM/SIGINT: leave gracefully (drain); a second signal stops at once."""
@@ -103,10 +104,23 @@ class Worker:
         log.warning("exit timeout expired: unloading the models with requests still in flight")
         self._leave_requested = self._stopping = True
 
+    def fail(self, why: str) -> None:
+        """From any thread: an engine this worker hosts died (``workers/stopping.py``'s ``fatal_exit``). The
+        worker stops at once, without a word to the router: the router sees its process gone, answers what it
+        ran (``worker_lost``) and places its instances again, here once restarted, or on another worker."""
+        if self.exit_code:
+            return
+        log.error("this worker exits (code %d) so that it restarts and loads its models again: %s",
+                  ENGINE_DIED_CODE, why)
+        self.exit_code = ENGINE_DIED_CODE
+        self._stopping = True
+        self.mailbox.wake()
+
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(UNLOAD_NOW_SIGNAL, self.unload_now)
+        set_fatal_exit(self.fail)
         # A signal wakes the loop through the wake pipe (deploy/runtime/signal_wake.py says why).
         unwake = wake_on_signals(self.mailbox.wake_tx)
         router = self.router
@@ -140,6 +154,7 @@ class Worker:
                 self.replies.flush()
                 router.out.flush()
         finally:
+            set_fatal_exit(None)
             unwake()
             self.systemd.stopping()
             self.close()
@@ -205,6 +220,10 @@ class Worker:
         self._closing.append(close_instance(inst))
 
     def close(self) -> None:
+        if self.exit_code:
+            # Dying (``fail``): what runs here is the router's to answer, as a dead worker's (``worker_lost``), once it
+            # sends this worker nothing more; answered here, a request moved to another engine could come back here.
+            self.batches.close_streams()
         for key in list(self.instances):
             self._unload(key)
         # The models' finalize before the process leaves (it does not wait for their threads).

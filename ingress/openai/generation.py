@@ -220,7 +220,7 @@ async def steps(dataplane: DataPlane, call: InferCall, n: int, top: int = 0,
             except ConveyorError as exc:  # a moved request refused: its model may not be served again yet
                 if resume is None or answered or not await resume.wait_back(exc):
                     raise
-                moved = attempt
+                moved = resume.again()
     except ConveyorError as exc:
         if task_refused(exc, "generate"):
             raise api_refused(api) from None

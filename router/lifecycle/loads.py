@@ -23,6 +23,7 @@ from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, P
 from conveyor.router.models import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.backend_config import BackendConfig
+from conveyor.router.repository.cloud.roots import UnusableRepository
 from conveyor.router.repository.config_unused import log_unused_fields
 from conveyor.router.repository.default_groups import filled_config
 from conveyor.router.repository.namespaces import name_of, step_key
@@ -56,8 +57,11 @@ class ModelLoads:
         namespacing: bool = False,
         agent: RepositoryAgent | None = None,
         sync: Callable[[], None] | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
-        """``sync``: refreshes the remote repositories' mirrors (None: every repository is local)."""
+        """``sync``: refreshes the remote repositories' mirrors (None: every repository is local);
+        ``check``: raises ``UnusableRepository`` for a root the server cannot start with (run first at
+        start-up, on the agent: it may list a bucket)."""
         self.registry = registry
         # --model-namespacing: models are keyed as router/repository/namespaces.py says.
         self.namespacing = registry.namespacing = namespacing
@@ -69,6 +73,9 @@ class ModelLoads:
         self.backend_config = backend_config or BackendConfig()
         self.agent = agent or RepositoryAgent()
         self._sync = sync
+        self._check = check
+        # The root start-up's check refused (router/repository/cloud/roots.py): the router exits.
+        self.unusable: UnusableRepository | None = None
         self._waiters: list[LoadWaiter] = []
         self._answers: list[Answer] = []  # replies ready for ``settle`` to hand out
         self._overrides: dict[str, str] = {}  # model -> directory written for a load with file overrides

@@ -9,6 +9,7 @@ import logging
 from conveyor.router.lifecycle.entry_state import loading, problem_of
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import ControlMode, Prep, Why
+from conveyor.router.repository.cloud.roots import UnusableRepository
 from conveyor.router.repository.namespaces import assign_keys, duplicated
 from conveyor.router.repository.prepare import Listing, listing
 
@@ -30,11 +31,20 @@ class StartupAndPolling(ModelLoads):
     def begin_startup(self) -> None:
         self._listing_at_start = True
         repos = self._repos()
-        self.agent.submit(self._listing_lane(), lambda: listing(repos, sync=True, quiet=False),
-                          self._listed_at_start)
+        check = self._check
+
+        def first_look() -> Listing:
+            if check is not None:
+                check()  # a root the server cannot start with: UnusableRepository
+            return listing(repos, sync=True, quiet=False)
+
+        self.agent.submit(self._listing_lane(), first_look, self._listed_at_start)
 
     def _listed_at_start(self, outcome: Listing | Exception) -> None:
         self._listing_at_start = False
+        if isinstance(outcome, UnusableRepository):
+            self.unusable = outcome  # the router says so and exits
+            return
         if isinstance(outcome, Exception):
             log.error("cannot read the model repositories: %s", outcome)
             return

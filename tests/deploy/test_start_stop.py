@@ -127,6 +127,47 @@ def test_a_port_another_program_holds_stops_the_start_with_one_line(repo: str, k
     assert _running(group) == [] and _segments(group) == []
 
 
+# A start refused before anything runs takes an interpreter's start-up and the option table: seconds.
+REFUSED_START_S = 30
+
+
+@pytest.mark.parametrize("kind", ["serve", "tritonserver"])
+def test_a_missing_repository_stops_the_start_with_tritons_line(kind: str, tmp_path: Path) -> None:
+    """Triton 2.51: ``error: creating server: Internal - failed to stat file /nonexistent_repo`` on stderr and exit
+    code 1, where a server that stays up with nothing to serve would be a silent outage under systemd."""
+    group = f"mr{os.getpid()}{kind[0]}"
+    missing = str(tmp_path / "nonexistent_repo")
+    started = time.monotonic()
+    proc = subprocess.run(_command(kind, missing, group, free_ports(3)), capture_output=True, text=True,
+                          timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: creating server: Internal - failed to stat file {missing}" in proc.stderr.splitlines()
+    assert "Traceback" not in proc.stderr and "serving:" not in proc.stderr
+    assert took < REFUSED_START_S
+    assert _running(group) == [] and _segments(group) == [] and not os.path.exists(run_dir(group))
+
+
+@pytest.mark.parametrize(("case", "line"), [
+    ("one of several missing", "Internal - failed to stat file {missing}"),
+    ("a file, not a folder", "Invalid argument - repository path is not a valid directory"),
+])
+def test_every_repository_is_checked_whatever_exit_on_error_says(repo: str, tmp_path: Path, case: str,
+                                                                  line: str) -> None:
+    # Triton checks each --model-repository (in sorted order) before it creates the server; with
+    # --exit-on-error=false Triton stays up, neither live nor ready, serving nothing: Conveyor exits (docs).
+    group = f"mx{os.getpid()}{case[0]}"
+    missing = str(tmp_path / "gone")
+    if case == "a file, not a folder":
+        missing = str(tmp_path / "models.tar")
+        Path(missing).write_bytes(b"not a repository")
+    proc = subprocess.run(_command("serve", repo, group, free_ports(3), f"--model-repository={missing}",
+                                   "--exit-on-error=false"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: creating server: " + line.format(missing=missing) in proc.stderr.splitlines()
+    assert _running(group) == [] and _segments(group) == []
+
+
 def _read_until(proc: subprocess.Popen[str], text: str, timeout: float = 60.0) -> list[str]:
     """The supervisor's stderr lines up to the first holding ``text`` (read on a thread: a
     line that never comes must not hang the test)."""

@@ -20,6 +20,7 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.logs import JournalFormatter, stderr_is_journal
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.runtime.sd_notify import Notifier, notify, watchdog_interval
+from conveyor.router.startup import CREATE_FAILED_CODE
 from tests.support.group import _listening
 from tests.support.paths import ROOT
 
@@ -182,4 +183,25 @@ def test_each_actor_says_ready_only_once_serving(actor_env: tuple[Path, dict[str
                 proc.wait()
         for listener in listeners.values():
             listener.sock.close()
+    assert not [e for e in os.listdir("/dev/shm") if e.startswith(f"conveyor.{group}.")]
+
+
+def test_a_router_whose_repository_is_missing_exits_and_never_says_ready(
+        actor_env: tuple[Path, dict[str, str]]) -> None:
+    """As a unit of its own (Restart=on-failure): Triton's line on stderr, a failed exit (systemd restarts it
+    and alerts), and never READY=1, which would tell systemd the group serves."""
+    tmp_path, env = actor_env
+    group = f"sm{os.getpid()}"
+    missing = str(tmp_path / "nonexistent_repo")
+    listener = Listener(str(tmp_path / "router.notify"))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "conveyor.deploy.cli", "router", "--group", group,
+                               "--model-repository", missing],
+                              env=dict(env, NOTIFY_SOCKET=listener.path), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == CREATE_FAILED_CODE, proc.stderr
+        assert f"error: creating server: Internal - failed to stat file {missing}" in proc.stderr.splitlines()
+        assert "Traceback" not in proc.stderr
+        assert not [msg for msg in listener.poll() if msg.startswith("READY=1")], listener.messages
+    finally:
+        listener.sock.close()
     assert not [e for e in os.listdir("/dev/shm") if e.startswith(f"conveyor.{group}.")]

@@ -22,7 +22,7 @@ from conveyor.ingress import tensor_migration as tm
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, OutputTensor, SendTurn, StreamError
 from conveyor.ingress.request_checks import InferInput, ShmPlacement, check_inputs
 from conveyor.ingress.signature import ModelSignature, TensorSpec
-from conveyor.proto.datatypes import pack_bytes
+from conveyor.proto.datatypes import deserialize_bytes, element_count, pack_bytes
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABLE
 
@@ -68,6 +68,8 @@ def _planned(sampling: dict[str, Any] | None, **kw: Any) -> tuple[InferCall, tm.
 
 def _input(call: InferCall, name: str) -> list[Any]:
     found = next(i for i in call.inputs if i.name == name)
+    if found.datatype == "BYTES" and isinstance(found.data, np.ndarray) and found.data.dtype == np.uint8:
+        return list(deserialize_bytes(found.data.tobytes(), element_count(found.shape)))  # sent: its wire form
     values = tm._values(found)
     assert values is not None
     return values
@@ -168,6 +170,7 @@ class _Engines:
                            turn: SendTurn | None = None) -> AsyncGenerator[InferResult | StreamError, None]:
         self.calls.append(call)
         self.turns.append(turn)
+        check_inputs(_sig(), call.inputs)  # as the data plane sends a call: its BYTES inputs become their wire form
         if len(self.calls) == 1:
             yield _result(" there", {PROMPT_IDS: [1, 2, 3], OUTPUT_IDS: [10]}, 3, -1.0)
             yield _result(" was", {OUTPUT_IDS: [11]}, 3, -1.5)

@@ -1,5 +1,11 @@
 """Model repositories in object storage (``s3://``, ``gs://``, ``as://``), mirrored into a local cache."""
 
-from conveyor.router.repository.cloud.roots import CACHE_ENV, RepositoryRoots, is_remote
+from conveyor.router.repository.cloud.roots import (
+    CACHE_ENV,
+    RepositoryRoots,
+    UnusableRepository,
+    is_remote,
+    local_root_problem,
+)
 
-__all__ = ["CACHE_ENV", "RepositoryRoots", "is_remote"]
+__all__ = ["CACHE_ENV", "RepositoryRoots", "UnusableRepository", "is_remote", "local_root_problem"]

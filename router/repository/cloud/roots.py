@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 
@@ -28,11 +29,30 @@ def is_remote(root: str) -> bool:
     return "://" in root
 
 
+class UnusableRepository(ConveyorError):
+    """A ``--model-repository`` root that Triton refuses to create a server with: one it cannot stat
+    (missing, or behind a folder it may not search; a bucket or container that does not exist or cannot
+    be listed), or one that is no folder (a file; a bucket path that holds no object). Whatever
+    ``--exit-on-error`` says, the server does not start (Triton's ``ModelRepositoryManager::Create``)."""
+
+
+def local_root_problem(root: str) -> UnusableRepository | None:
+    """Triton's check of a local root, in its words: a root it cannot stat, or one that is not a folder."""
+    try:
+        mode = os.stat(root).st_mode
+    except OSError:
+        return UnusableRepository(Status.INTERNAL, f"failed to stat file {root}")
+    if not stat.S_ISDIR(mode):
+        return UnusableRepository(Status.INVALID_ARG, "repository path is not a valid directory")
+    return None
+
+
 class RepositoryRoots:
     """The ``--model-repository`` roots as local directories, syncing remote ones."""
 
     def __init__(self, roots: list[str], cache_dir: str = "") -> None:
         cache = cache_dir or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "conveyor-repo-cache")
+        self.roots = list(roots)  # as given
         self.remote: list[ObjectMirror] = []
         self.local: list[str] = []
         for root in roots:
@@ -49,6 +69,30 @@ class RepositoryRoots:
             repo = parse(root, cache)
             self.remote.append(repo)
             self.local.append(repo.local)
+
+    def check(self, remote: bool = True) -> None:
+        """Raise ``UnusableRepository`` for the first root Triton would refuse to start with, in the order
+        Triton checks them (its set of roots: sorted). A remote root is listed, unless ``remote`` is false
+        (nothing is downloaded): a store that cannot be listed (no such bucket, no access, no client
+        library) or a path under which it holds nothing."""
+        mirrors = {repo.local: repo for repo in self.remote}
+        for given, local in sorted(zip(self.roots, self.local, strict=True)):
+            repo = mirrors.get(local)
+            if repo is None:
+                problem = local_root_problem(given)
+                if problem is not None:
+                    raise problem
+                continue
+            if not remote:
+                continue
+            try:
+                held = repo.list_objects(f"{repo.prefix}/" if repo.prefix else "")
+            except ConveyorError as exc:
+                raise UnusableRepository(Status.INTERNAL, exc.message) from None
+            except Exception as exc:
+                raise UnusableRepository(Status.INTERNAL, f"cannot list {given}: {exc}") from None
+            if repo.prefix and not held:
+                raise UnusableRepository(Status.INVALID_ARG, "repository path is not a valid directory")
 
     def sync(self) -> None:
         """Refresh every remote mirror; a failure leaves the last good mirror in place."""

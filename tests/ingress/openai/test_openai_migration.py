@@ -21,8 +21,9 @@ from conveyor.ingress.openai import migration
 from conveyor.ingress.openai.catalog import LlmModel, Target
 from conveyor.ingress.openai.contract import contract_of
 from conveyor.ingress.openai.generation import engine_call, steps
+from conveyor.ingress.request_checks import check_inputs
 from conveyor.ingress.signature import ModelSignature, TensorSpec
-from conveyor.proto.datatypes import pack_bytes
+from conveyor.proto.datatypes import deserialize_bytes, element_count, pack_bytes
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABLE, max_migrations_of
 
@@ -53,8 +54,11 @@ def _planned(params: dict[str, Any], stream: bool = True, max_migrations: int = 
 
 
 def _input(call: InferCall, name: str) -> list[Any]:
-    data = next(i for i in call.inputs if i.name == name).data
+    found = next(i for i in call.inputs if i.name == name)
+    data = found.data
     assert isinstance(data, np.ndarray)
+    if found.datatype == "BYTES" and data.dtype == np.uint8:  # sent: its wire form
+        return list(deserialize_bytes(data.tobytes(), element_count(found.shape)))
     return list(data.reshape(-1))
 
 
@@ -166,6 +170,7 @@ class _Engines:
 
     async def infer_stream_batches(self, call: InferCall) -> AsyncGenerator[list[InferResult | StreamError], None]:
         self.calls.append(call)
+        check_inputs(_model(1).signature, call.inputs)  # sent: BYTES inputs in their wire form
         if len(self.calls) == 1:
             yield [_result(" there", {PROMPT_IDS: [1, 2, 3], OUTPUT_IDS: [10]}, prompt_tokens=3)]
             yield [_result(" was", {OUTPUT_IDS: [11]})]
@@ -213,6 +218,7 @@ class _OneEngine(_Engines):
     async def infer_stream_batches(self, call: InferCall) -> AsyncGenerator[list[InferResult | StreamError], None]:
         if 1 <= len(self.calls) <= self.refusals:
             self.calls.append(call)
+            check_inputs(_model(1).signature, call.inputs)
             message = "Request for unknown model: 'llm' has no available versions"
             if len(self.calls) % 2:  # refused by the signature cache before a request is sent
                 raise ConveyorError(self.status, message)

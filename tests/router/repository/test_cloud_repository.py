@@ -68,6 +68,31 @@ def test_unsupported_scheme_is_refused_at_start(tmp_path: Path) -> None:
     assert "hdfs:// repositories are not supported (s3://, gs://, as:// and local paths are)" in proc.stderr
 
 
+@pytest.mark.parametrize(("path", "line"), [
+    ("nobucket/repo", "Internal - cannot list s3://{endpoint}/nobucket/repo: "),
+    ("models/nothing-here", "Invalid argument - repository path is not a valid directory"),
+])
+def test_a_bucket_path_without_a_repository_stops_the_start(s3: tuple[str, object], tmp_path: Path, path: str,
+                                                           line: str) -> None:
+    """As Triton, which cannot create its server on a bucket it cannot list, or on a path under which the bucket
+    holds nothing: one line on stderr, exit code 1, nothing left running (the router lists the bucket at
+    start-up, says so and exits; the supervisor stops the group)."""
+    endpoint, _ = s3
+    group = f"nb{os.getpid()}{path[0]}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", f"s3://{endpoint}/{path}",
+         "--group", group, "--workers", "1", "--grpc-ingress", "0", "--allow-metrics", "false",
+         "--http-address", "127.0.0.1", "--http-port", str(free_port()), "--arena-size", str(8 << 20)],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, CONVEYOR_REPOSITORY_CACHE=str(tmp_path)),
+    )
+    assert proc.returncode == 1, proc.stderr
+    wanted = "error: creating server: " + line.format(endpoint=endpoint)
+    assert [row for row in proc.stderr.splitlines() if row.startswith(wanted)], proc.stderr
+    assert "the router stopped: it could not create the server (above)" in proc.stderr
+    assert "restarting" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not [e for e in os.listdir("/dev/shm") if e.startswith(f"conveyor.{group}.")]
+
+
 def test_s3_endpoint_from_the_environment(s3: tuple[str, object], tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An S3-compatible store named by boto3's AWS_ENDPOINT_URL_S3 (the Helm chart's

@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, not_found, unavailable
+from conveyor.proto.errors import ConveyorError, Status, WorkerLost, internal, invalid_arg, not_found, unavailable
 from conveyor.proto.lora import runtime_updates_allowed
 from conveyor.proto.stream_steps import STEP
 from conveyor.workers.backends.base import (
@@ -41,6 +40,7 @@ from conveyor.workers.backends.vllm.placement import engine_on_compute_cores
 from conveyor.workers.backends.vllm.priority import engine_nice
 from conveyor.workers.backends.vllm.request import GenerateArgs, engine_prompt, parse, prefix_keys, sampling_params
 from conveyor.workers.loop_replies import LoopReplies
+from conveyor.workers.stopping import fatal_exit, in_worker
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class VllmBackend:
         self.loras = LoraRepository.load(version_dir, engine_args, runtime_updates_allowed(config))
         self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
         self._tasks: list[asyncio.Task[None]] = []  # the engine loop's own (its events' reader)
-        self.healthy = True
+        self.healthy = True  # ENABLE_VLLM_HEALTH_CHECK: false once the engine died (then the model unloads)
         # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
         report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
         loggers: list[Any] = []
@@ -113,7 +113,8 @@ class VllmBackend:
         self.events = events
         self.prefixes: CachedPrefixes | None = None
         try:
-            self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores, environment)
+            self.engine = EngineLoop(config.name, engine_args, loggers, nice, on_compute_cores, environment,
+                                     self._engine_died)
         except ConveyorError:
             raise
         except Exception as exc:
@@ -181,15 +182,25 @@ class VllmBackend:
             raise embedding.task_refused(self.name, task)
 
     def _check_health(self) -> bool:
-        """ENABLE_VLLM_HEALTH_CHECK, as Triton's vllm_backend: before each batch, whether the engine
-        is alive; the first time it is not, the model is unloaded (as Triton, only where the model
-        control mode lets a model unload; elsewhere its requests keep failing as UNAVAILABLE)."""
+        """ENABLE_VLLM_HEALTH_CHECK, as Triton's vllm_backend: before each batch, whether the engine is
+        alive (its death is mostly seen sooner, as its core process ends: ``_engine_died``)."""
         if self.healthy and self.engine.errored:
             self.healthy = False
-            log.error("[vllm] Engine is not healthy and model will be unloaded: %s", self.engine.dead_reason)
-            # Not on this thread: the router's unload waits for the batches this thread runs.
-            threading.Thread(target=_unload, args=(self.name,), name=f"vllm-unload-{self.name}", daemon=True).start()
+            self.engine.died(self.engine.dead_reason)
         return self.healthy
+
+    def _engine_died(self, why: str) -> None:
+        """The engine died while serving (``EngineLoop.died``; on a thread of its own). Its model must not
+        stay ready with an engine that answers nothing but errors. With ENABLE_VLLM_HEALTH_CHECK, as Triton's
+        vllm_backend: the model is unloaded, its requests until then failing as UNAVAILABLE in Triton's words.
+        Otherwise, and where the control mode lets no model unload: the worker exits, and restarts with its
+        models loaded again (``workers/stopping.py``), as after any worker's death."""
+        if self.health_check:
+            self.healthy = False
+            log.error("[vllm] Engine is not healthy and model will be unloaded: %s", why)
+            if _unload(self.name):
+                return
+        fatal_exit(f"the vLLM engine of '{self.name}' died: {why}")
 
     def _start(self, work: Callable[[], Awaitable[None]], channel: ResponseChannel) -> None:
         holder: list[asyncio.Task[None]] = []
@@ -280,8 +291,15 @@ class VllmBackend:
             if _refused_by_engine(exc):  # the request's fault (a schema the engine cannot compile): 400
                 channel.fail(invalid_arg(str(exc)))
                 return
-            if self.health_check and not self._check_health():  # the engine died under this request
-                channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
+            if self.engine.dead:  # the engine died under this request
+                self.engine.died(self.engine.dead_reason)
+                if self.health_check:
+                    self.healthy = False
+                    channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
+                elif not in_worker():  # no worker to exit and have the router answer it as a dead worker's
+                    channel.fail(WorkerLost(f"the vLLM engine of '{self.name}' running this request died"))
+                # Else unanswered here: the worker exits, and the router answers it as its dead worker's
+                # (``worker_lost``), once it no longer sends this model's requests here.
                 return
             log.warning("vLLM request of '%s' failed", self.name, exc_info=True)
             channel.fail(internal(f"Error generating stream: {exc}"))
@@ -336,11 +354,14 @@ def _adapter_error(name: str, path: str, exc: Exception) -> ConveyorError:
     return internal(str(exc) or type(exc).__name__)
 
 
-def _unload(model: str) -> None:
-    """Ask the router to unload ``model`` (through the worker's BLS link, as ``pb_utils.unload_model``)."""
+def _unload(model: str) -> bool:
+    """Ask the router to unload ``model`` (through the worker's BLS link, as ``pb_utils.unload_model``); whether
+    it did."""
     from conveyor.workers.backends.python.pb_utils.model_control import unload_model
 
     try:
         unload_model(model)
-    except Exception as exc:  # polling or no control mode: the model stays, answering UNAVAILABLE
+    except Exception as exc:  # polling or no control mode (Triton's model would stay, answering UNAVAILABLE)
         log.warning("[vllm] the unhealthy model '%s' could not be unloaded: %s", model, exc)
+        return False
+    return True

@@ -19,8 +19,11 @@ import contextlib
 import inspect
 import logging
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Coroutine
+from multiprocessing import connection
 from typing import Any
 
 from conveyor.deploy.runtime.dispatch_cpu import avoid_cpus, bound_cpus, confine, share_cpus
@@ -36,6 +39,9 @@ SHUTDOWN_TIMEOUT_S = 10.0
 # shared memory it leaves), and a GPU's memory goes with its process.
 ENGINE_STOP_S = 1.0
 VLLM_SHM_PREFIX = "psm_"  # Python's multiprocessing.shared_memory names, which vLLM's queues use
+# How long the watch waits for a dead engine core's exit status once its sentinel fired (vLLM's own monitor
+# may be reaping it at that moment): long enough for the kernel, short of holding the death's handling up.
+EXIT_STATUS_WAIT_S = 1.0
 
 
 # The engines of this worker that start with an environment of their own (a GPU engine's
@@ -91,13 +97,20 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 class EngineLoop:
     def __init__(self, name: str, engine_args: dict[str, Any], stat_loggers: list[Any], nice: int = 0,
-                 on_compute_cores: bool = False, environment: dict[str, str] | None = None) -> None:
+                 on_compute_cores: bool = False, environment: dict[str, str] | None = None,
+                 on_death: Callable[[str], None] | None = None) -> None:
         """``nice``: how much lower the CPU priority of the engine's processes is (``priority.py``);
         ``on_compute_cores``: keep the engine core process on the cores its model computes on
         (``placement.py``); ``environment``: set in this process for the engine to start with (its
-        engine core process inherits it)."""
+        engine core process inherits it); ``on_death(why)``: called once, on a thread of its own, when the
+        engine dies while it serves (``died``)."""
         # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        self.name = name
+        self._on_death = on_death
+        self._death = threading.Lock()
+        self.death: str = ""  # why the engine died while serving ("" while it lives, and once closed)
+        self._closing = False
         self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"vllm-{name}", daemon=True)
         self._thread.start()
@@ -125,6 +138,12 @@ class EngineLoop:
         if self._avoided is not None:
             log.info("the vLLM engine of '%s' computes on CPU(s) %s: this worker's threads keep off them",
                      name, ",".join(map(str, sorted(cores))))
+        self._watch_stop: int | None = None  # closed by ``close``: the watch ends
+        self._cores = core_processes(self.engine)
+        if self._cores:
+            stop_rx, self._watch_stop = os.pipe()
+            threading.Thread(target=self._watch, args=(self._cores, stop_rx), name=f"vllm-watch-{name}",
+                             daemon=True).start()
 
     async def _start(self, engine_args: dict[str, Any], stat_loggers: list[Any],
                      environment: dict[str, str]) -> Any:
@@ -157,6 +176,57 @@ class EngineLoop:
         return bool(self.engine is not None and self.engine.errored)
 
     @property
+    def dead(self) -> bool:
+        """Whether the engine died while serving (its core process ended, or vLLM says so); not while it is being
+        closed, when vLLM calls it errored too."""
+        return bool(self.death) or (not self._closing and self.errored)
+
+    def _watch(self, processes: list[Any], stop: int) -> None:
+        """Wait for an engine core process to end, or for ``close``. An engine core that ends while the
+        engine serves is its death, seen at once (vLLM's own flag is only read by the next request), with
+        its cause: the signal that killed it, or its exit code."""
+        sentinels = {p.sentinel: p for p in processes}
+        ended = connection.wait([*sentinels, stop])
+        os.close(stop)
+        if self._closing:
+            return
+        if any(s in sentinels for s in ended):
+            self.died("its engine core process ended")
+
+    def died(self, why: str) -> None:
+        """The engine cannot serve any more (its core process ended, or vLLM calls it dead): from any thread,
+        once; nothing while the engine is being closed. On a thread of its own (it may wait, and ``on_death``
+        may wait for this engine's loop): logged with its cause, and ``on_death`` told."""
+        with self._death:
+            if self.death or self._closing:
+                return
+            self.death = why
+        threading.Thread(target=self._mourn, args=(why,), name=f"vllm-dead-{self.name}", daemon=True).start()
+
+    def _mourn(self, why: str) -> None:
+        """What ended the engine: an engine core process's end (the signal that killed it, or its exit code)
+        rather than vLLM's word for it, which names no cause (``EngineCore encountered an issue``)."""
+        cause = self._core_end()
+        if cause:
+            self.death = why = cause
+        log.error("the vLLM engine of '%s' died: %s", self.name, why)
+        if self._on_death is not None:
+            self._on_death(why)
+
+    def _core_end(self) -> str:
+        """How the first engine core process that is no longer running ended ('' while all run). Its sentinel says
+        it ended (``is_alive`` cannot: it says True to the thread that loses the race to reap it, vLLM's monitor
+        being the other); its exit status may take a moment, while the winner records it."""
+        for proc in self._cores:
+            if not connection.wait([proc.sentinel], timeout=0):
+                continue
+            deadline = time.monotonic() + EXIT_STATUS_WAIT_S
+            while proc.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return f"its engine core process (pid {proc.pid}) {exit_cause(proc.exitcode)}"
+        return ""
+
+    @property
     def dead_reason(self) -> str:
         error = getattr(self.engine, "dead_error", None)
         return f"{type(error).__name__}: {error}" if error is not None else "the engine is gone"
@@ -167,6 +237,11 @@ class EngineLoop:
 
     def close(self) -> None:
         """Abort what runs, stop the engine process, end the thread, unlink what the engine left in /dev/shm."""
+        with self._death:
+            self._closing = True  # the engine core's end from here on is no death
+        if self._watch_stop is not None:
+            os.close(self._watch_stop)
+            self._watch_stop = None
         # vLLM's shared-memory queues (psm_*): its engine core leaves them behind, even on a clean shutdown.
         segments = self._segments | mapped_shm(self._engine_pids, VLLM_SHM_PREFIX)
 
@@ -200,14 +275,32 @@ class EngineLoop:
             self.loop.close()
 
 
+def exit_cause(code: int | None) -> str:
+    """A process's end in words: ``was killed by SIGILL``, ``exited with code 1``."""
+    if code is None:
+        return "ended (its exit status is unknown)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def core_processes(engine: Any) -> list[Any]:
+    """The engine core processes vLLM's process manager started (``multiprocessing.Process``: each has a
+    sentinel and an exit code); none where vLLM runs in this process or has another layout."""
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
+    return [p for p in getattr(manager, "processes", ()) if getattr(p, "sentinel", None) is not None]
+
+
 def own_processes(engine: Any, new: set[int]) -> tuple[set[int], set[int]]:
     """The processes of ``engine``, and those of them that run its model (where a CPU engine binds its
     compute threads): its engine core processes (vLLM's process manager knows them) and theirs. ``new``
     (what appeared below this worker while it started) holds them, but also another engine's that this
     worker started at the same time (two models loading at once), whose processes must not be re-niced,
     confined, or have their shared memory unlinked with this one's."""
-    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
-    cores = {p.pid for p in getattr(manager, "processes", ()) if getattr(p, "pid", None)}
+    cores = {p.pid for p in core_processes(engine) if getattr(p, "pid", None)}
     if not cores:
         return new, new  # no engine core process of its own (vLLM run in this process), or another vLLM layout
     below = {pid for core in cores for pid in descendants(core)} & new

@@ -6,6 +6,7 @@ engine; the engine's ``vllm:`` metrics on /metrics; a dead engine unloaded, its 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -392,9 +393,10 @@ def test_the_engine_core_runs_beside_its_model_on_a_small_host(served: tuple[Ser
 
 def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any],
                                                             served_llm: VllmGroup) -> None:
-    """ENABLE_VLLM_HEALTH_CHECK, as Triton's L0_check_health_vllm: the engine core process killed,
-    the next request fails as UNAVAILABLE in Triton's words, the model unloads, and later requests
-    are to an unknown model. (Last in this module: the engines stay dead, the session's group is spent.)"""
+    """ENABLE_VLLM_HEALTH_CHECK, as Triton's L0_check_health_vllm: the engine core process killed mid-stream,
+    the stream fails as UNAVAILABLE in Triton's words, the model unloads (at once: the engine core's end is
+    seen as it happens, not at the next request), and later requests are to an unknown model. (Last in this
+    module: the engines stay dead, the session's group is spent.)"""
     srv, _ = served
     spend(served_llm)
     # The pooling model's engine goes first: the one left in the worker is the model's under test.
@@ -407,15 +409,31 @@ def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server
     assert cores, children(worker)
     segments = mapped_shm(cores, "psm_")  # vLLM's shared-memory queues, which it leaves behind
     assert segments
-    for pid in cores:
-        os.kill(pid, signal.SIGKILL)
-    got = grpc_stream(srv, {"dead": grpc_inputs("hello world", sampling(""), True)})["dead"]
-    error = got[-1]
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    killed: list[int] = []
+
+    def on_response(result: Any, error: Any) -> None:  # the first kills the engine: the stream is mid-way
+        if not killed:
+            for pid in cores:
+                with contextlib.suppress(ProcessLookupError):  # the pooling model's, if it has not quite gone
+                    os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        got.put((result, error))
+
+    stream = grpcclient.InferenceServerClient(srv.grpc_url)
+    stream.start_stream(callback=on_response)
+    try:
+        stream.async_stream_infer(MODEL, grpc_inputs("the quick brown", sampling("", max_tokens=200, ignore_eos=True),
+                                                      True), request_id="dead")
+        while True:
+            _, error = got.get(timeout=60)
+            if error is not None:
+                break
+    finally:
+        stream.stop_stream()
+        stream.close()
     assert error.message() == "Model is unavailable due to unhealthy vLLM engine"  # in-band: no status
-    deadline = time.monotonic() + 60
-    while client.is_model_ready(MODEL):
-        assert time.monotonic() < deadline, "the unhealthy model did not unload"
-        time.sleep(0.2)
+    eventually(lambda: not client.is_model_ready(MODEL), 30, what="the unhealthy model unloaded")
     index = {m.name: m.state for m in client.get_model_repository_index().models}
     assert index[MODEL] == "UNAVAILABLE"
     # Unlinked as the engine closes, which the worker does after it has told the router the model is gone.
@@ -424,3 +442,4 @@ def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server
     with pytest.raises(InferenceServerException) as unknown:
         client.infer(MODEL, grpc_inputs("hello world", sampling(""), False))
     assert "has no available versions" in unknown.value.message()
+    assert pids_of(srv, "worker") == {worker}  # the health check unloads the model: its worker stays
