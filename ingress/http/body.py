@@ -2,10 +2,10 @@
 
 The limit is checked against ``Content-Length`` before a byte is read, and
 while reading chunked bodies. A compressed body inflates chunk by chunk as it
-arrives, against the limit its uncompressed form has (``compression.Inflater``);
-a chunk that inflates to more than a step goes on on a worker thread (zlib
-releases the GIL) so one big request does not stall every other connection of
-this process.
+arrives (once its first MiB is in), against the limit its uncompressed form
+has (``compression.Inflater``); what a chunk inflates to past
+``compression.INLINE_INFLATE`` is inflated on a worker thread (zlib releases the
+GIL) so one big request does not stall every other connection of this process.
 """
 
 from __future__ import annotations
@@ -75,8 +75,10 @@ async def _inflated(req: falcon.asgi.Request, resp: falcon.asgi.Response, coding
             if size > limit:
                 raise _too_large(size, limit, at_least=True)
             if inflater.feed(chunk):
-                # A chunk that inflates to more than a step (a large or a hostile body) goes on off the loop.
+                # A chunk that inflates to much more (a large or a hostile body) goes on off the loop.
                 await asyncio.to_thread(inflater.drain)
+        if inflater.end():
+            await asyncio.to_thread(inflater.drain)
     except ConveyorError:
         resp.set_header("Connection", "close")  # the rest of the body stays unread
         raise

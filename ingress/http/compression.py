@@ -25,6 +25,14 @@ _GZIP_WBITS = 31
 _ZLIB_WBITS = 15
 _RAW_WBITS = -15
 
+# Compressed bytes gathered before a body starts to inflate: a body this small is inflated whole at its
+# end, in one piece (zlib can then copy its output once); a larger one inflates as the rest arrives, and a
+# bomb is refused having sent no more than this (its Content-Length may say gigabytes).
+GATHER_BYTES = 1 << 20
+# What one chunk may inflate to on the event loop before the rest goes to a worker thread: a few
+# milliseconds of zlib at most (the first step, of a gathered body, may make up to ``INFLATE_FIRST``).
+INLINE_INFLATE = 2 << 20
+
 # Triton compresses with zlib's default level; tensor payloads gain little from more.
 COMPRESS_LEVEL = 6
 
@@ -50,46 +58,69 @@ class Inflater:
     """A compressed request body inflated as its bytes arrive (``inflate.Inflate``), to at
     most ``limit`` bytes: a bomb costs the limit, not what it would inflate to.
 
-    ``feed`` inflates one step of a chunk; when the chunk has more in it (it inflates to more
-    than a step), ``drain`` does the rest, on a worker thread if the caller likes (zlib
-    releases the GIL). ``finish`` checks the stream ended and hands over the body.
-    Errors are INVALID_ARG: corrupt, truncated, trailing bytes, or past ``limit`` (Triton's
-    words, naming ``flag``, the flag that sets the limit)."""
+    ``feed`` gathers the body's first ``GATHER_BYTES`` (a normal body is all of it: inflated
+    at ``end`` in one piece, as fast as one unbounded call), then inflates each chunk as far
+    as ``INLINE_INFLATE`` of output; when there is more, ``drain`` does the rest, on a worker
+    thread if the caller likes (zlib releases the GIL). ``finish`` checks the stream ended
+    and hands over the body. Errors are INVALID_ARG: corrupt, truncated, trailing bytes, or
+    past ``limit`` (Triton's words, naming ``flag``, the flag that sets the limit)."""
 
-    __slots__ = ("_coding", "_flag", "_head", "_inflate", "_limit")
+    __slots__ = ("_coding", "_flag", "_gathered", "_inflate", "_limit", "_size")
 
     def __init__(self, coding: str, limit: int, flag: str = "--http-max-body-bytes") -> None:
         self._coding = coding
         self._limit = limit
         self._flag = flag
-        # deflate's wrapper is known from its first two bytes.
-        self._inflate = Inflate(_GZIP_WBITS, limit, members=True) if coding == GZIP else None
-        self._head = b""  # deflate's first byte, while its second has not come
+        self._inflate: Inflate | None = None  # from the first bytes given (deflate's wrapper is known from them)
+        self._gathered: list[bytes] | None = []  # None once inflating
+        self._size = 0  # bytes gathered
 
     def feed(self, data: bytes) -> bool:
-        """Take ``data``; True when it holds more than one step, left for ``drain``."""
+        """Take ``data``; True when there is more to inflate than was done here, left for ``drain``."""
+        gathered = self._gathered
+        if gathered is not None:
+            gathered.append(data)
+            self._size += len(data)
+            if self._size < GATHER_BYTES:
+                return False
+            self._gathered = None
+            data = b"".join(gathered)
+        return self._inflated(data)
+
+    def end(self) -> bool:
+        """The body is all given; True when there is more to inflate, left for ``drain``."""
+        gathered, self._gathered = self._gathered, None
+        return self._inflated(b"".join(gathered)) if gathered else self._more()
+
+    def _inflated(self, data: bytes) -> bool:
         inflate = self._inflate
         if inflate is None:
-            data = self._head + data
-            if len(data) < 2:
-                self._head = data
+            if not data:
                 return False
-            # Some clients send a bare deflate stream without the zlib header.
-            inflate = self._inflate = Inflate(_ZLIB_WBITS if _has_zlib_header(data) else _RAW_WBITS, self._limit)
+            if self._coding == GZIP:
+                wbits = _GZIP_WBITS
+            else:  # some clients send a bare deflate stream without the zlib header
+                wbits = _ZLIB_WBITS if _has_zlib_header(data) else _RAW_WBITS
+            inflate = self._inflate = Inflate(wbits, self._limit, members=wbits == _GZIP_WBITS)
         if data:
             inflate.give(data)
-            self._step(inflate)
+            made = 0
+            while inflate.more and made < INLINE_INFLATE:
+                made += self._step(inflate)
         return inflate.more
 
+    def _more(self) -> bool:
+        return self._inflate is not None and self._inflate.more
+
     def drain(self) -> None:
-        """Inflate what ``feed`` left (may run on a worker thread: nothing else touches this meanwhile)."""
+        """Inflate what ``feed`` or ``end`` left (may run on a worker thread: nothing else touches this meanwhile)."""
         inflate = self._inflate
         while inflate is not None and inflate.more:
             self._step(inflate)
 
-    def _step(self, inflate: Inflate) -> None:
+    def _step(self, inflate: Inflate) -> int:
         try:
-            inflate.step()
+            return inflate.step()
         except InflatedTooLarge:
             raise inflated_too_large(self._limit, self._flag) from None
         except TrailingBytes:
@@ -118,8 +149,9 @@ def inflated_too_large(limit: int, flag: str = "--http-max-body-bytes") -> Conve
 def decompress(body: bytes, coding: str, limit: int) -> bytes:
     """``body`` inflated whole; INVALID_ARG if it is corrupt, truncated or inflates past ``limit``."""
     inflater = Inflater(coding, limit)
-    if inflater.feed(body):
-        inflater.drain()
+    inflater.feed(body)
+    inflater.end()
+    inflater.drain()
     return inflater.finish()
 
 
