@@ -90,7 +90,7 @@ class Inflater:
     def end(self) -> bool:
         """The body is all given; True when there is more to inflate, left for ``drain``."""
         gathered, self._gathered = self._gathered, None
-        return self._inflated(b"".join(gathered)) if gathered else self._more()
+        return self._inflated(b"".join(gathered)) if gathered else self._left()
 
     def _inflated(self, data: bytes) -> bool:
         inflate = self._inflate
@@ -109,7 +109,7 @@ class Inflater:
                 made += self._step(inflate)
         return inflate.more
 
-    def _more(self) -> bool:
+    def _left(self) -> bool:
         return self._inflate is not None and self._inflate.more
 
     def drain(self) -> None:
