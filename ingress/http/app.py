@@ -149,7 +149,9 @@ class Infer:
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
         try:
             header_length = parse_header_length(req.get_header(HEADER_LENGTH))
-            body = await read_body(req, resp, self._limit)
+            # A body that is all JSON may not inflate past the JSON limit either.
+            body = await read_body(req, resp, self._limit,
+                                   self.dataplane.limits.max_json_bytes if header_length is None else 0)
         except ConveyorError as exc:  # counted as the model's REJECTED failure
             self.dataplane.refused(model, version, exc)
             raise

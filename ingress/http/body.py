@@ -1,9 +1,11 @@
 """Reading a request body: size limit first, then decompression.
 
 The limit is checked against ``Content-Length`` before a byte is read, and
-while reading chunked bodies; decompression is bounded by the same limit.
-Large bodies inflate on a worker thread (zlib releases the GIL) so one big
-request does not stall every other connection of this process.
+while reading chunked bodies. A compressed body inflates chunk by chunk as it
+arrives (once its first MiB is in), against the limit its uncompressed form
+has (``compression.Inflater``); what a chunk inflates to past
+``compression.INLINE_INFLATE`` is inflated on a worker thread (zlib releases the
+GIL) so one big request does not stall every other connection of this process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import falcon.asgi
 
-from conveyor.ingress.http.compression import decompress, request_coding
+from conveyor.ingress.http.compression import Inflater, request_coding
 from conveyor.ingress.http.errors import RETRY_AFTER, error_body
 from conveyor.ingress.limits import json_too_large
 from conveyor.proto.errors import ConveyorError, http_status, invalid_arg
@@ -23,7 +25,7 @@ from conveyor.shm.arena import arena_full
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 
-# Below this, (de)compressing inline is cheaper than a hop to a thread.
+# Below this, compressing a response inline is cheaper than a hop to a thread.
 OFFLOAD_BYTES = 1 << 20
 
 
@@ -36,31 +38,51 @@ def _too_large(size: int, limit: int, *, at_least: bool = False) -> ConveyorErro
     )
 
 
-async def read_body(req: falcon.asgi.Request, resp: falcon.asgi.Response, limit: int) -> bytes:
-    """The whole (decompressed) request body; INVALID_ARG when it is over ``limit``."""
+async def read_body(req: falcon.asgi.Request, resp: falcon.asgi.Response, limit: int,
+                    json_limit: int = 0) -> bytes:
+    """The whole (decompressed) request body; INVALID_ARG when it is over ``limit``, or inflates past
+    it or, for a body that is all JSON, past ``json_limit`` (--max-json-bytes; 0: none)."""
     coding = request_coding(req.get_header("Content-Encoding"))  # unsupported codings fail before reading
     length = req.content_length
+    if length is not None and length > limit:
+        # The body stays unread: close the connection rather than let the server drain it.
+        resp.set_header("Connection", "close")
+        raise _too_large(length, limit)
+    if coding is not None:
+        return await _inflated(req, resp, coding, limit, json_limit)
     if length is not None:
-        if length > limit:
-            # The body stays unread: close the connection rather than let the server drain it.
+        return await req.stream.readall()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in req.stream:
+        size += len(chunk)
+        if size > limit:
             resp.set_header("Connection", "close")
-            raise _too_large(length, limit)
-        body = await req.stream.readall()
-    else:
-        chunks: list[bytes] = []
-        size = 0
+            raise _too_large(size, limit, at_least=True)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _inflated(req: falcon.asgi.Request, resp: falcon.asgi.Response, coding: str, limit: int,
+                    json_limit: int) -> bytes:
+    """The body inflated as it arrives, against the limit its uncompressed form has: a bomb is
+    refused once its output passes that, with the rest of it unread (CVE-2025-33201's class)."""
+    inflater = Inflater(coding, json_limit, "--max-json-bytes") if 0 < json_limit < limit else Inflater(coding, limit)
+    size = 0
+    try:
         async for chunk in req.stream:
             size += len(chunk)
             if size > limit:
-                resp.set_header("Connection", "close")
                 raise _too_large(size, limit, at_least=True)
-            chunks.append(chunk)
-        body = b"".join(chunks)
-    if coding is None:
-        return body
-    if len(body) >= OFFLOAD_BYTES:
-        return await asyncio.to_thread(decompress, body, coding, limit)
-    return decompress(body, coding, limit)
+            if inflater.feed(chunk):
+                # A chunk that inflates to much more (a large or a hostile body) goes on off the loop.
+                await asyncio.to_thread(inflater.drain)
+        if inflater.end():
+            await asyncio.to_thread(inflater.drain)
+    except ConveyorError:
+        resp.set_header("Connection", "close")  # the rest of the body stays unread
+        raise
+    return inflater.finish()
 
 
 class BodyLimit:

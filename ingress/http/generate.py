@@ -57,8 +57,9 @@ class Generate:
         self._stream = stream
 
     async def on_post(self, req: Request, resp: Response, model: str, version: str = "") -> None:
-        body = await read_body(req, resp, self._limit)
-        check_json_size(len(body), self._dataplane.limits.max_json_bytes)
+        json_limit = self._dataplane.limits.max_json_bytes
+        body = await read_body(req, resp, self._limit, json_limit)
+        check_json_size(len(body), json_limit)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

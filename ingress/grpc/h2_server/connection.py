@@ -58,10 +58,16 @@ from conveyor.ingress.grpc.h2_server.limits import (
     WRITE_BUFFER_HIGH,
     TokenBucket,
 )
-from conveyor.ingress.grpc.h2_server.messages import MAX_MESSAGE_BYTES, ByteBudget, MessageTooLarge
+from conveyor.ingress.grpc.h2_server.messages import (
+    DECOMPRESSED_TOO_LARGE,
+    MAX_MESSAGE_BYTES,
+    ByteBudget,
+    MessageTooLarge,
+)
 from conveyor.ingress.grpc.h2_server.metadata import UNSUPPORTED_MEDIA_TYPE, RequestHead
 from conveyor.ingress.grpc.h2_server.outbound import Outbound
 from conveyor.ingress.grpc.h2_server.stream import Inbox, Stream
+from conveyor.ingress.inflate import Inflate, InflatedTooLarge, TrailingBytes, Truncated
 
 if TYPE_CHECKING:
     from conveyor.ingress.grpc.h2_server.server import H2Server
@@ -95,13 +101,12 @@ class _H2(h2.connection.H2Connection):
     MAX_CLOSED_STREAMS = CLOSED_STREAMS_REMEMBERED
 
 
-def _inflate(data: Any, wbits: int, limit: int) -> bytes | None:
-    """``data`` decompressed, or None when it inflates past ``limit`` (stopped there)."""
-    inflater = zlib.decompressobj(wbits)
-    out = inflater.decompress(data, limit + 1)
-    if len(out) > limit or inflater.unconsumed_tail:
-        return None
-    return out
+def _why(err: Exception) -> str:
+    if isinstance(err, Truncated):
+        return "the compressed stream is truncated"
+    if isinstance(err, TrailingBytes):
+        return "bytes after the end of the compressed stream"
+    return str(err)
 
 
 _WRITING, _FEEDING = 1, 2  # why reading is paused
@@ -433,23 +438,10 @@ class GrpcConnection(asyncio.Protocol):
         """One request message (bytes, or a bytearray or memoryview when large)."""
         held = len(message) + 5
         if flag & 1:
-            wbits = _DECOMPRESS_WBITS.get(stream.head.encoding)
-            if wbits is None:
-                self._out.finish(stream, _INTERNAL, "a compressed message without grpc-encoding")
-                return
-            try:
-                inflated = _inflate(message, wbits, self._message_limit)
-            except zlib.error as err:
-                self._out.finish(stream, _INTERNAL, f"cannot decompress the message: {err}")
-                return
+            inflated = self._inflated(stream, message, held)
             if inflated is None:
-                self._out.finish(stream, _RESOURCE_EXHAUSTED, str(MessageTooLarge(self._message_limit + 1,
-                                                                                  self._message_limit)))
                 return
-            if not self._charge(stream, len(inflated) - len(message)):
-                return
-            held += len(inflated) - len(message)
-            message = inflated
+            message, held = inflated, len(inflated)
         if stream.inbox is not None:
             stream.inbox.put(message, held)
             if stream.task is None:
@@ -458,6 +450,37 @@ class GrpcConnection(asyncio.Protocol):
             stream.request = message
         else:
             self._out.finish(stream, _UNIMPLEMENTED, "more than one request message in a unary call")
+
+    def _inflated(self, stream: Stream, message: Any, held: int) -> bytes | None:
+        """A compressed message (``held``: its bytes on the wire, charged already) inflated a step at a
+        time (``inflate``): past the message limit it is refused as gRPC refuses it, and each step is
+        charged to the budgets beyond the wire bytes it replaces, so a bomb costs no more than a message
+        that size sent plain. None when the stream was ended instead; else the message, which holds
+        its own size of the budgets."""
+        wbits = _DECOMPRESS_WBITS.get(stream.head.encoding)
+        if wbits is None:
+            self._out.finish(stream, _INTERNAL, "a compressed message without grpc-encoding")
+            return None
+        inflate = Inflate(wbits, self._message_limit)
+        inflate.give(message)
+        credit = held
+        try:
+            while inflate.more:
+                made = inflate.step()
+                covered = min(credit, made)
+                credit -= covered
+                if made > covered and not self._charge(stream, made - covered):
+                    return None
+            inflated = inflate.finish()
+        except InflatedTooLarge:
+            self._out.finish(stream, _RESOURCE_EXHAUSTED, DECOMPRESSED_TOO_LARGE)
+            return None
+        except (zlib.error, Truncated, TrailingBytes) as err:
+            self._out.finish(stream, _INTERNAL, f"cannot decompress the message: {_why(err)}")
+            return None
+        if credit:  # it inflated to less than it came as
+            self._charge(stream, -credit)
+        return inflated
 
     def _on_end(self, event: h2.events.StreamEnded) -> None:
         stream = self._streams.get(event.stream_id)

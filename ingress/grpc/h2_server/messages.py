@@ -9,6 +9,9 @@ from typing import Any
 # Triton accepts tensors up to protobuf's own 2 GiB message limit (a connection's buffer limit,
 # below, may be lower: a message larger than that could never arrive whole).
 MAX_MESSAGE_BYTES = (1 << 31) - 1
+# A compressed message that inflates past the message limit: gRPC's words and status (RESOURCE_EXHAUSTED),
+# those of grpc core's MessageDecompress, which also stops inflating at the limit.
+DECOMPRESSED_TOO_LARGE = "Decompressed message larger than max"
 # A message this large that arrives in one DATA frame is handed on as a view of its bytes, not copied out.
 VIEW_BYTES = 1 << 16
 

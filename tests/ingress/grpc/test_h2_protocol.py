@@ -262,14 +262,38 @@ async def test_a_compressed_message_is_inflated_within_the_limit(served: SimpleN
     client.send(DataFrame(1, data=message(live, flag=1), flags=["END_STREAM"]))
     _, trailers = await client.until_trailers(1)
     assert trailers["grpc-status"] == "0", trailers
-    # A gzip bomb: 8 KiB that would inflate past the connection's 4 MiB stops there.
-    bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
-    packed = bomb.compress(b"\0" * (8 << 20)) + bomb.flush()
-    client.send(HeadersFrame(3, data=client.headers_block("ModelInfer", ("grpc-encoding", "gzip")),
+    # A gzip bomb and a deflate one: 8 KiB that would inflate past the connection's 4 MiB stop there,
+    # with gRPC's status and words for it.
+    for sid, wbits, coding in ((3, 31, "gzip"), (5, 15, "deflate")):
+        bomb = zlib.compressobj(9, zlib.DEFLATED, wbits)
+        packed = bomb.compress(b"\0" * (8 << 20)) + bomb.flush()
+        client.send(HeadersFrame(sid, data=client.headers_block("ModelInfer", ("grpc-encoding", coding)),
+                                 flags=["END_HEADERS"]))
+        client.send(DataFrame(sid, data=message(packed, flag=1), flags=["END_STREAM"]))
+        _, trailers = await client.until_trailers(sid)
+        assert (trailers["grpc-status"], trailers["grpc-message"]) == ("8", "Decompressed message larger than max")
+    # What the bombs held is given back: a message of 3 MiB, 3 KiB compressed, inflates in many
+    # steps within the same connection's 4 MiB and is served.
+    request = pb.ModelInferRequest(model_name="echo")
+    request.inputs.add(name="X", datatype="UINT8", shape=[3 << 20])
+    request.raw_input_contents.append(bytes(3 << 20))
+    packed = zlib.compress(request.SerializeToString(), 9)
+    client.send(HeadersFrame(7, data=client.headers_block("ModelInfer", ("grpc-encoding", "deflate")),
                              flags=["END_HEADERS"]))
-    client.send(DataFrame(3, data=message(packed, flag=1), flags=["END_STREAM"]))
-    _, trailers = await client.until_trailers(3)
-    assert trailers["grpc-status"] == "8", trailers
+    client.send(DataFrame(7, data=message(packed, flag=1), flags=["END_STREAM"]))
+    _, trailers = await client.until_trailers(7)
+    assert trailers["grpc-status"] == "0", trailers
+    assert bytes(served.dataplane.calls[-1].inputs[0].data) == bytes(3 << 20)
+    # Corrupt and truncated streams are the server's INTERNAL, as grpc's.
+    for sid, packed in ((9, b"not gzip at all"), (11, zlib.compress(b"x" * 100, wbits=31)[:-4])):
+        client.send(HeadersFrame(sid, data=client.headers_block("ServerLive", ("grpc-encoding", "gzip")),
+                                 flags=["END_HEADERS"]))
+        client.send(DataFrame(sid, data=message(packed, flag=1), flags=["END_STREAM"]))
+        _, trailers = await client.until_trailers(sid)
+        assert trailers["grpc-status"] == "13", trailers
+        assert trailers["grpc-message"].startswith("cannot decompress the message")
+    await until(lambda: served.server.budget.used == 0)
+    assert served.server.budget.used == 0
 
 
 async def test_a_request_that_is_not_grpc_gets_http_415(served: SimpleNamespace) -> None:
