@@ -17,6 +17,7 @@ took 2.9 s to compile, 12,000 never finished; every schema inside these limits c
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -299,10 +300,14 @@ def check_sampling(values: Mapping[str, Any], *, max_logprobs: int | None = None
 
 
 def _integer(value: Any) -> int | None:
+    """``value`` as the integer the backend makes of it (Triton's text parameters; orjson reads an integer
+    past 64 bits as a float); None where it makes none."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
     if isinstance(value, str):
         try:
             return int(value)

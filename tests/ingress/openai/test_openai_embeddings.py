@@ -46,7 +46,8 @@ def test_more_prompts_than_the_limit_are_refused_before_any_request() -> None:
     with pytest.raises(ConveyorError, match=f"maximum allowed count of {MAX_INPUTS}") as err:
         prompts(["x"] * (MAX_INPUTS + 1))
     assert err.value.status is Status.INVALID_ARG
-    with pytest.raises(ConveyorError, match=f"maximum allowed count of {MAX_INPUTS}"):  # a million ids is one prompt; lists of them not
+    # a million ids is one prompt; lists of them not
+    with pytest.raises(ConveyorError, match=f"maximum allowed count of {MAX_INPUTS}"):
         prompts([[1]] * (MAX_INPUTS + 1))
 
 

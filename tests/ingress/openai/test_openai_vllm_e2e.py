@@ -279,8 +279,16 @@ def test_bad_tool_requests_are_400s(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="'launch', which is not in `tools`"):
         client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
                                        tool_choice={"type": "function", "function": {"name": "launch"}})
-    with pytest.raises(openai.BadRequestError, match="TOOL_CALL_PARSER"):  # auto, and the model has no parser
-        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
+
+
+def test_auto_reads_the_text_with_the_models_parser(group: VllmGroup, client: openai.OpenAI) -> None:
+    """``auto`` (the default with tools): the model's TOOL_CALL_PARSER reads its text; the tiny model's greedy
+    answer calls nothing, so it is the content. (A model without a parser refuses ``auto``:
+    test_openai_tools.py; a forced call too: test_openai_ingress.py.)"""
+    messages: Any = CHAT
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=MAX_TOKENS,
+                                         temperature=0)
+    assert out.choices[0].message.content == group.ref.chat[None][0] and out.choices[0].message.tool_calls is None
 
 
 def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:

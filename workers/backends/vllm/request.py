@@ -111,7 +111,7 @@ def _priority(value: Any) -> int:
         return 0
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise invalid_arg(f"sampling parameter 'priority': cannot use {value!r} as int") from None
     llm_limits.check_int64("priority", number)
     return number
@@ -142,10 +142,10 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
     """vLLM's ``SamplingParams``; numbers given as strings (request parameters) are converted, as Triton
     converts them by the field's type. ``final_only``: the engine yields the finished request only (all
     ``n`` sequences at once), not every step before it."""
+    llm_limits.check_sampling(values)  # the engine checks n and logprobs against its own (configurable) maxima
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    llm_limits.check_sampling(values)  # the engine checks n and logprobs against its own (configurable) maxima
     fields = SamplingParams.__annotations__
     convert: dict[str, Callable[[Any], Any]] = {
         "int": int, "float": float, "bool": _bool, "str": str, "int | None": int, "float | None": float,
@@ -165,7 +165,7 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
         to = convert.get(kind)
         try:
             kwargs[key] = to(value) if to is not None and value is not None else value
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float as an int
             raise invalid_arg(f"sampling parameter '{key}': cannot use {value!r} as {kind}") from None
     if final_only:
         kwargs["output_kind"] = RequestOutputKind.FINAL_ONLY
