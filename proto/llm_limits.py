@@ -133,9 +133,12 @@ def check_prompts(count: int, field: str = "prompt", limit: int = MAX_PROMPTS) -
         raise invalid_arg(f"{field} list length {count} exceeds the maximum allowed count of {limit}.{knob}")
 
 
-def check_messages(messages: int, parts: int) -> None:
+def check_messages(messages: int) -> None:
     if messages > MAX_MESSAGES:
         raise invalid_arg(f"`messages` holds {messages} messages; at most {MAX_MESSAGES} are taken per request")
+
+
+def check_message_parts(parts: int) -> None:
     if parts > MAX_MESSAGE_PARTS:
         raise invalid_arg(f"`messages` hold {parts} content parts and tool calls; at most {MAX_MESSAGE_PARTS} are "
                           "taken per request")
@@ -190,12 +193,17 @@ class SchemaBudget:
             self._check_chars()
 
     def add(self, schema: Any, depth_limit: int = MAX_JSON_DEPTH) -> None:
-        check_depth(schema, self.what, depth_limit)  # first: the walk below may then trust the depth
-        stack = [schema]
+        """One schema, walked depth first with no recursion; a hostile one costs at most the limits' worth
+        of values, however large it is."""
+        stack: list[tuple[Any, int]] = [(schema, 1)]
         while stack:
-            node = stack.pop()
+            node, depth = stack.pop()
             self.nodes += 1
+            if isinstance(node, dict | list) and depth > depth_limit:  # vLLM's count and words
+                raise invalid_arg(f"{self.what} is nested too deeply: objects and arrays may nest at most "
+                                  f"{depth_limit} levels")
             if isinstance(node, dict):
+                self._check(2 * len(node))  # its keys and values, before any is read
                 self.nodes += len(node)  # its keys
                 self.chars += sum(len(k) for k in node if isinstance(k, str))
                 properties = node.get("properties")
@@ -206,15 +214,22 @@ class SchemaBudget:
                     self.enums += len(values)
                     if self.enums > MAX_SCHEMA_ENUM_VALUES:
                         raise invalid_arg(f"{self.what} has more than {MAX_SCHEMA_ENUM_VALUES} `enum` values")
-                stack.extend(node.values())
+                self._check_chars()
+                stack.extend((child, depth + 1) for child in node.values())
             elif isinstance(node, list):
-                stack.extend(node)
-            elif isinstance(node, str):
-                self.chars += len(node)
-            if self.nodes > MAX_SCHEMA_NODES:
-                raise invalid_arg(f"{self.what} holds more than {MAX_SCHEMA_NODES} JSON values; this server "
-                                  "compiles no larger schema")
-            self._check_chars()
+                self._check(len(node))
+                stack.extend((child, depth + 1) for child in node)
+            else:
+                if isinstance(node, str):
+                    self.chars += len(node)
+                self._check(0)
+
+    def _check(self, children: int) -> None:
+        """The counts so far, and a container's ``children`` before they are walked."""
+        if self.nodes + children > MAX_SCHEMA_NODES:
+            raise invalid_arg(f"{self.what} holds more than {MAX_SCHEMA_NODES} JSON values; this server "
+                              "compiles no larger schema")
+        self._check_chars()
 
     def _properties(self, count: int) -> None:
         if count > MAX_OBJECT_PROPERTIES:

@@ -327,9 +327,9 @@ def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
     expect them (vLLM parses them so too), and a tool message's ``tool_call_id``."""
     if not req.messages:
         raise invalid_arg("messages must be non-empty")
-    llm_limits.check_messages(len(req.messages), 0)  # first: the count alone, before any message is read
-    llm_limits.check_messages(0, sum((len(m.content) if isinstance(m.content, list) else 0) + len(m.tool_calls or ())
-                                     for m in req.messages))
+    llm_limits.check_messages(len(req.messages))  # first: the count alone, before any message is read
+    llm_limits.check_message_parts(sum((len(m.content) if isinstance(m.content, list) else 0)
+                                       + len(m.tool_calls or ()) for m in req.messages))
     out = []
     for i, msg in enumerate(req.messages):
         content = msg.content

@@ -120,7 +120,7 @@ def check_tools(tools: list[ToolDefinition]) -> None:
     and ``required`` compiles them all into one grammar."""
     if len(tools) > llm_limits.MAX_TOOLS:
         raise invalid_arg(f"`tools` holds {len(tools)} tools; at most {llm_limits.MAX_TOOLS} are taken per request")
-    budget = llm_limits.SchemaBudget("The tools")
+    budget = llm_limits.SchemaBudget("`tools`")
     for tool in tools:
         fn = tool.function
         budget.add_text(fn.name)

@@ -52,9 +52,10 @@ def test_prompts_and_messages_are_counted() -> None:
     lim.check_prompts(lim.MAX_PROMPTS)
     assert _refused(lim.check_prompts, lim.MAX_PROMPTS + 1).startswith(
         "prompt list length 1025 exceeds the maximum allowed count of 1024.")
-    lim.check_messages(lim.MAX_MESSAGES, lim.MAX_MESSAGE_PARTS)
-    assert f"at most {lim.MAX_MESSAGES}" in _refused(lim.check_messages, lim.MAX_MESSAGES + 1, 0)
-    assert f"at most {lim.MAX_MESSAGE_PARTS}" in _refused(lim.check_messages, 1, lim.MAX_MESSAGE_PARTS + 1)
+    lim.check_messages(lim.MAX_MESSAGES)
+    lim.check_message_parts(lim.MAX_MESSAGE_PARTS)
+    assert f"at most {lim.MAX_MESSAGES}" in _refused(lim.check_messages, lim.MAX_MESSAGES + 1)
+    assert f"at most {lim.MAX_MESSAGE_PARTS}" in _refused(lim.check_message_parts, lim.MAX_MESSAGE_PARTS + 1)
 
 
 def test_stop_strings_bad_words_and_token_id_lists() -> None:
@@ -127,7 +128,7 @@ def test_a_schema_is_bounded_before_its_grammar_is_compiled() -> None:
 
 
 def test_a_schema_budget_spans_several_schemas() -> None:
-    budget = lim.SchemaBudget("The tools")
+    budget = lim.SchemaBudget("`tools`")
     for _ in range(4):
         budget.add(_props(256))
     budget.add_text("a description")

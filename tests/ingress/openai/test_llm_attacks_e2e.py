@@ -153,7 +153,7 @@ OPENAI_ATTACKS: list[tuple[str, str, dict[str, Any], str]] = [
      "at most 128 are taken"),
     ("a tool schema 200 deep", "chat/completions",
      {**CHAT_REQUEST, "tools": [_tool(parameters={"type": "object", "properties": _deep(200)})]},
-     "The tools is nested too deeply"),
+     "`tools` is nested too deeply"),
     ("12,000 optional properties", "chat/completions",
      {**CHAT_REQUEST, "response_format": _json_schema(_props(12_000))}, "an object of 12000 properties"),
     ("a strict tool of 12,000 properties", "chat/completions",

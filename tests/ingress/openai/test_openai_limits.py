@@ -154,7 +154,7 @@ def test_tools_are_bounded_together() -> None:
     huge = _tool(description="x" * (1 << 20))  # a megabyte of description reaches the prompt
     assert "characters of strings" in _refused(plan, _chat(tools=[huge], tool_choice="none"), "")
     deep = _tool(parameters={"type": "object", "properties": _deep(200)})
-    assert "The tools is nested too deeply" in _refused(plan, _chat(tools=[deep], tool_choice="none"), "")
+    assert "`tools` is nested too deeply" in _refused(plan, _chat(tools=[deep], tool_choice="none"), "")
     split = [_tool(f"f{i}", _props(256)) for i in range(5)]  # each within the limits, not all five together
     assert "more than 1024 properties" in _refused(plan, _chat(tools=split, tool_choice="none"), "")
     # ``required`` nests each tool's schema five levels deeper: one that fits alone may not fit there
