@@ -5,7 +5,9 @@ Both endpoints are one flow: decode the body, resolve the model (and adapter),
 write the prompt (chat: the model's template), run one engine request for all
 ``n`` choices of each prompt (completions take several prompts, text or token ids:
 ``prompts.py``), and render their steps as one response or as chunks. A chat request with
-tools reads each choice's text as content and tool calls (``tools.py``).
+tools reads each choice's text as content and tool calls (``tools.py``). What a client counts or sizes
+(``n``, prompts, stop strings, messages, tools, schemas) is checked against ``proto/llm_limits.py`` right
+after the body is decoded, before anything is allocated per choice, prompt or message.
 """
 
 from __future__ import annotations
