@@ -68,7 +68,7 @@ def _sampling(call: InferCall, inputs: dict[str, InferInput]) -> tuple[dict[str,
     raw = values[0]
     try:
         doc = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-    except ValueError:
+    except (ValueError, RecursionError):  # nested too deeply for json: the backend refuses it
         return None
     return (doc, True) if isinstance(doc, dict) else None
 

@@ -17,6 +17,10 @@ A vLLM model's request whose worker dies is sent again to another engine, a stre
 token ids where it can go on exactly (``tensor_migration.py``, ``MAX_MIGRATIONS``): the client's stream
 goes on without a gap or a repeat; one that cannot ends with the worker's error and why.
 
+A model of the LLM contract (one that takes ``sampling_parameters``: Triton's vLLM backend) has its sampling
+parameters (that input's JSON, or else the request's ``parameters``) checked against ``proto/llm_limits.py``
+first: a request over one is a 400 at once, as the vLLM backend refuses it on every other route.
+
 The ``conveyor-timeout-ms`` header (``deadline.py``) is the client's deadline on both: a request
 still queued when it passes ends there; ``generate`` is answered DEADLINE_EXCEEDED at it, while a
 stream that has started runs on until the client goes away.
@@ -37,15 +41,18 @@ from conveyor.ingress import tensor_migration
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, StreamError
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.http.deadline import TIMEOUT_HEADER, parse_timeout, within
+from conveyor.ingress.http.deep_json import is_depth_error
 from conveyor.ingress.http.json_tensors import array_from_json
 from conveyor.ingress.limits import check_json_size
 from conveyor.ingress.request_checks import InferInput
 from conveyor.ingress.signature import ModelSignature
+from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
 _RESERVED = ("id", "parameters")
+SAMPLING = "sampling_parameters"  # the vLLM backend's input: vLLM's SamplingParams as a JSON object
 
 
 class Generate:
@@ -67,6 +74,8 @@ class Generate:
         if not isinstance(doc, dict):
             raise invalid_arg("the generate request must be a JSON object")
         sig = await self._dataplane.models.get(model, version)
+        if SAMPLING in sig.inputs:
+            check_sampling(doc)
         call = generate_call(doc, sig, model, version)
         call.timeout_s = parse_timeout(req.get_header(TIMEOUT_HEADER))  # the router ends it queued past it
         resume = tensor_migration.plan(call, sig)  # a vLLM model's request moves if its worker dies
@@ -129,6 +138,24 @@ class Generate:
                     item.release()
         except ConveyorError as exc:  # the status line is sent already: errors are events
             yield falcon.asgi.SSEvent(data=orjson.dumps({"error": exc.message}))
+
+
+def check_sampling(doc: dict[str, Any]) -> None:
+    """The sampling parameters of a request to an LLM (the backend reads ``sampling_parameters`` when given,
+    else the request's parameters) within ``proto/llm_limits.py``'s bounds; what cannot be read as an object
+    is left to the backend's refusal."""
+    values: Any = doc.get(SAMPLING)
+    if isinstance(values, str):
+        try:
+            values = orjson.loads(values)
+        except orjson.JSONDecodeError as exc:
+            if is_depth_error(exc):
+                raise invalid_arg(f"'{SAMPLING}' is nested too deeply to decode") from None
+            return  # not JSON: the backend refuses it in its words
+    elif values is None:
+        values = doc.get("parameters")
+    if isinstance(values, dict):
+        llm_limits.check_sampling(values)
 
 
 def generate_call(doc: dict[str, Any], sig: ModelSignature, model: str, version: str) -> InferCall:

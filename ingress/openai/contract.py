@@ -62,7 +62,8 @@ TENSOR_FIELDS: dict[str, tuple[str, ...]] = {
 # the answer would silently be something else than asked.
 _NEEDS_JSON = {"structured_outputs": "guided decoding (response_format, structured_outputs, a forced tool call)",
                "logprobs": "logprobs", "prompt_logprobs": "the prompt's logprobs (`echo` with `logprobs`)",
-               "lora_name": "a LoRA adapter"}
+               "lora_name": "a LoRA adapter", "stop_token_ids": "`stop_token_ids`", "bad_words": "`bad_words`",
+               "allowed_token_ids": "`allowed_token_ids`", "priority": "a scheduling `priority`"}
 
 
 @dataclass(frozen=True, slots=True)

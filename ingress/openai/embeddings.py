@@ -37,13 +37,15 @@ from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog, LlmModel
 from conveyor.ingress.openai.contract import EMBEDDING_INPUT, TEXT_INPUT, TEXT_OUTPUT, api_refused, task_refused
 from conveyor.ingress.openai.generation import scalar_input
-from conveyor.ingress.openai.prompts import MAX_PROMPTS, read_prompts
+from conveyor.ingress.openai.prompts import read_prompts
 from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import decode
 from conveyor.proto.errors import ConveyorError, internal, invalid_arg
 
 API = "Embeddings"
-MAX_INPUTS = MAX_PROMPTS  # OpenAI's limit on the prompts of one embeddings request (prompts.py)
+# OpenAI's limit on the inputs of one embeddings request: each is an engine request of its own, all in flight
+# at once (a pooling request: one pass, no decoding, so more than a completion's VLLM_MAX_COMPLETION_PROMPTS).
+MAX_INPUTS = 2048
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens")
 _ORDER = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}
 
@@ -69,7 +71,7 @@ class Embedded:
 
 def prompts(value: str | list[Any]) -> list[str | list[int]]:
     """The request's prompts: one string, strings, one prompt's token ids, or several prompts' ids."""
-    return read_prompts(value, "input")
+    return read_prompts(value, "input", MAX_INPUTS)
 
 
 def encoder(request: EmbeddingRequest) -> str:

@@ -5,7 +5,9 @@ Both endpoints are one flow: decode the body, resolve the model (and adapter),
 write the prompt (chat: the model's template), run one engine request for all
 ``n`` choices of each prompt (completions take several prompts, text or token ids:
 ``prompts.py``), and render their steps as one response or as chunks. A chat request with
-tools reads each choice's text as content and tool calls (``tools.py``).
+tools reads each choice's text as content and tool calls (``tools.py``). What a client counts or sizes
+(``n``, prompts, stop strings, messages, tools, schemas) is checked against ``proto/llm_limits.py`` right
+after the body is decoded, before anything is allocated per choice, prompt or message.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from conveyor.ingress.openai.schema import (
 )
 from conveyor.ingress.openai.tool_calls import CallDelta, CallReader, finish_reason, read_whole
 from conveyor.ingress.openai.tools import ToolPlan, plan
+from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
 MIN_LOGPROB = -9999.0  # vLLM's floor of a logprob it shows (JSON has no -inf)
@@ -88,6 +91,7 @@ class Parsed:
     """A request body read: what the engine request and the answer are made of."""
 
     request: Sampling
+    params: dict[str, Any]  # the engine's sampling parameters, within proto/llm_limits.py's bounds
     target: Target
     prompts: list[Prompt]
     echoes: list[str] | None = None  # ``echo``: each prompt's text
@@ -109,8 +113,7 @@ class _Endpoint:
         body = await read_body(req, resp, self._options.max_body_bytes)
         self._dataplane.drain.admit()
         parsed = await self._parse(body)
-        request, prompts = parsed.request, parsed.prompts
-        params = sampling_parameters(request, self._max_tokens(request))
+        request, prompts, params = parsed.request, parsed.prompts, parsed.params
         if parsed.tools is not None:
             parsed.tools.apply(params)
         rid = request_id(req, request.request_id)
@@ -155,14 +158,15 @@ class _Endpoint:
         usage = Usage()
         async for step in found:
             usage.add(step)
-            for i, text in enumerate(step.texts[: job.n]):
-                texts[i] += text
-                finish[i] = finish[i] or step.finish[i]
-            for i, new in enumerate((step.logprobs or [])[: job.n]):
-                tokens[i] += new
-            for i, prompt_tokens in enumerate((step.prompt_logprobs or [])[: job.n]):
+            lo, hi = step.span or (0, job.n)  # the step's lists hold these choices
+            for j, text in enumerate(step.texts[: hi - lo]):
+                texts[lo + j] += text
+                finish[lo + j] = finish[lo + j] or step.finish[j]
+            for j, new in enumerate((step.logprobs or [])[: hi - lo]):
+                tokens[lo + j] += new
+            for j, prompt_tokens in enumerate((step.prompt_logprobs or [])[: hi - lo]):
                 if prompt_tokens is not None:  # vLLM: the echoed prompt's tokens lead the choice's
-                    tokens[i] = prompt_tokens + tokens[i]
+                    tokens[lo + j] = prompt_tokens + tokens[lo + j]
         if report:
             await self._load_report(resp, report, model.name)
         resp.content_type = falcon.MEDIA_JSON
@@ -211,13 +215,16 @@ class _Endpoint:
         def chunk(step: Step) -> falcon.asgi.SSEvent | None:
             usage.add(step)
             choices = []
-            for i in range(*(step.span or (0, job.n))):
-                text = step.texts[i] if i < len(step.texts) else ""
-                reason = step.finish[i] if i < len(step.finish) else None
+            lo, hi = step.span or (0, job.n)  # the step's lists hold these choices: choice i is their i - lo
+            for i in range(lo, hi):
+                j = i - lo
+                text = step.texts[j] if j < len(step.texts) else ""
+                reason = step.finish[j] if j < len(step.finish) else None
                 echoed: list[TokenLogprob] = []
                 if not started[i] and job.echoes:  # vLLM: the prompt, then the choice's first text
                     text = job.echoes[i] + text
-                    echoed = (step.prompt_logprobs[i] if step.prompt_logprobs else None) or []
+                    prompt = step.prompt_logprobs[j] if step.prompt_logprobs and j < len(step.prompt_logprobs) else None
+                    echoed = prompt or []
                 calls: list[CallDelta] = []
                 reader = readers[i]
                 if reader is not None:
@@ -230,7 +237,7 @@ class _Endpoint:
                 if text or calls or reason or not started[i]:
                     logprobs = None
                     if job.logprobs:
-                        new = step.logprobs[i] if step.logprobs and i < len(step.logprobs) else []
+                        new = step.logprobs[j] if step.logprobs and j < len(step.logprobs) else []
                         logprobs = self._logprobs(echoed + new, offsets[i])
                     choices.append(self._delta(i, text, reason, not started[i], logprobs, calls))
                     started[i] = True
@@ -278,12 +285,14 @@ class Completions(_Endpoint):
     async def _parse(self, body: bytes) -> Parsed:
         request = decode(body, CompletionRequest)
         check_completion(request)
+        params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         prompts = read_prompts(request.prompt, "prompt")
+        llm_limits.check_choices(request.n, len(prompts))
         if any(prompt == "" for prompt in prompts):
             raise invalid_arg("prompt must be non-empty")
         target = await self._catalog.target(request.model)
         echoes = [await self._text(target, prompt) for prompt in prompts] if request.echo else None
-        return Parsed(request, target, prompts, echoes)
+        return Parsed(request, params, target, prompts, echoes)
 
     async def _text(self, target: Target, prompt: Prompt) -> str:
         """The text ``echo`` shows of a prompt: token ids decoded as vLLM's server decodes them (its
@@ -326,12 +335,13 @@ class ChatCompletions(_Endpoint):
 
     async def _parse(self, body: bytes) -> Parsed:
         request = decode(body, ChatRequest)
+        params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         messages = chat_messages(request)
         target = await self._catalog.target(request.model)
         tools = plan(request, target.model.tool_parser)
         template = await self._catalog.chat_template(target.model)
         prompt = template.prompt(messages, tools=tools.template_tools if tools else None)
-        return Parsed(request, target, [prompt], tools=tools)
+        return Parsed(request, params, target, [prompt], tools=tools)
 
     def _max_tokens(self, request: Sampling) -> int:
         assert isinstance(request, ChatRequest)

@@ -76,7 +76,9 @@ class Step:
     logprobs: list[list[TokenLogprob]] | None = None
     # per choice, its prompt's tokens (with the request's first response only; else None)
     prompt_logprobs: list[list[TokenLogprob] | None] | None = None
-    span: tuple[int, int] | None = None  # the choices it speaks for (one prompt's of several); None: all
+    # The choices it speaks for (one prompt's of several), its lists holding only theirs (``texts[0]`` is
+    # choice ``span[0]``'s); None: all.
+    span: tuple[int, int] | None = None
     cached_tokens: int | None = None  # the prompt's tokens the engine's prefix cache held (None: not reported)
 
 

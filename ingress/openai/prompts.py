@@ -21,25 +21,24 @@ from typing import Any
 
 from conveyor.ingress.openai.generation import Step
 from conveyor.proto.errors import invalid_arg
+from conveyor.proto.llm_limits import MAX_PROMPTS, check_prompts
 
-# OpenAI's limit on the prompts of one embeddings request, taken for completions too. Each prompt is an
-# engine request of its own, all in flight at once: a body of many short strings (a megabyte holds
-# ~100,000) would otherwise put that many requests in the router's and the engine's queues from one call.
-MAX_PROMPTS = 2048
 # What an INT32 ``input_ids`` element carries; any vocabulary is far smaller.
 MAX_TOKEN_ID = 2**31 - 1
 
 Prompt = str | list[int]
 
 
-def read_prompts(value: str | list[Any], field: str) -> list[Prompt]:
-    """The prompts of ``field``: one string, strings, one prompt's token ids, or several prompts' ids."""
+def read_prompts(value: str | list[Any], field: str, limit: int = MAX_PROMPTS) -> list[Prompt]:
+    """The prompts of ``field``: one string, strings, one prompt's token ids, or several prompts' ids; at most
+    ``limit`` prompts (vLLM's VLLM_MAX_COMPLETION_PROMPTS: each is an engine request of its own, all in flight
+    at once). A list of token ids is one prompt, however long."""
     if isinstance(value, str):
         return [value]
     if not value:
         raise invalid_arg(f"`{field}` must not be empty")
-    if len(value) > MAX_PROMPTS:
-        raise invalid_arg(f"`{field}` holds {len(value)} prompts; at most {MAX_PROMPTS} are taken per request")
+    if not _integer(value[0]):
+        check_prompts(len(value), field, limit)
     if all(isinstance(v, str) for v in value):
         return list(value)
     if all(_integer(v) for v in value):
@@ -63,16 +62,17 @@ def _checked(ids: list[int]) -> list[int]:
 
 def merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGenerator[Step, None]:
     """The steps of several prompts' requests (``n`` choices each) as steps of one answer of
-    ``len(streams) * n`` choices, in the order they come. ``prompt_tokens`` is the sum over the prompts
-    that reported so far (all of them by the last step); ``final`` marks the last step only. The first
-    error ends the answer and cancels the other requests; so does closing this iterator early."""
+    ``len(streams) * n`` choices, in the order they come, each with the ``span`` of its prompt's choices
+    (its lists hold only those: a step costs its own choices, not the whole answer's). ``prompt_tokens`` is
+    the sum over the prompts that reported so far (all of them by the last step); ``final`` marks the last
+    step only. The first error ends the answer and cancels the other requests; so does closing this iterator
+    early."""
     if len(streams) == 1:  # the common case: the one request's own steps, no layer around them
         return streams[0]
     return _merged(streams, n)
 
 
 async def _merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGenerator[Step, None]:
-    total = len(streams) * n
     queue: asyncio.Queue[tuple[int, Step | BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncGenerator[Step, None]) -> None:
@@ -94,8 +94,7 @@ async def _merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGen
             if item is None:
                 running -= 1
                 if running == 0:  # the last request ended after its last step: an empty final step
-                    yield Step([""] * total, [None] * total, _sum(prompt_tokens), 0, True, span=(0, 0),
-                               cached_tokens=_sum(cached_tokens))
+                    yield Step([], [], _sum(prompt_tokens), 0, True, span=(0, 0), cached_tokens=_sum(cached_tokens))
                 continue
             if isinstance(item, BaseException):
                 raise item
@@ -103,7 +102,7 @@ async def _merged(streams: list[AsyncGenerator[Step, None]], n: int) -> AsyncGen
                 prompt_tokens[index] = item.prompt_tokens
             if item.cached_tokens is not None:
                 cached_tokens[index] = item.cached_tokens
-            placed = _placed(item, index, n, total, _sum(prompt_tokens))
+            placed = _placed(item, index, n, _sum(prompt_tokens))
             placed.cached_tokens = _sum(cached_tokens)
             yield placed
     finally:
@@ -117,19 +116,11 @@ def _sum(counts: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def _placed(step: Step, index: int, n: int, total: int, prompt_tokens: int | None) -> Step:
+def _placed(step: Step, index: int, n: int, prompt_tokens: int | None) -> Step:
     """``step`` of prompt ``index`` as a step of the whole answer: its choices at ``index * n``."""
     at = index * n
-
-    def spread(values: list[Any], empty: Any) -> list[Any]:
-        out = [empty() if callable(empty) else empty for _ in range(total)]
-        out[at:at + n] = values[:n]
-        return out
-
     return Step(
-        texts=spread(step.texts, ""), finish=spread(step.finish, None), prompt_tokens=prompt_tokens,
-        output_tokens=step.output_tokens, final=False,
-        logprobs=None if step.logprobs is None else spread(step.logprobs, list),
-        prompt_logprobs=None if step.prompt_logprobs is None else spread(step.prompt_logprobs, None),
-        span=(at, at + n),
+        texts=step.texts[:n], finish=step.finish[:n], prompt_tokens=prompt_tokens, output_tokens=step.output_tokens,
+        final=False, logprobs=None if step.logprobs is None else step.logprobs[:n],
+        prompt_logprobs=None if step.prompt_logprobs is None else step.prompt_logprobs[:n], span=(at, at + n),
     )

@@ -1,18 +1,23 @@
 """The request bodies of ``/v1/completions`` and ``/v1/chat/completions``, decoded and
 type-checked in one pass (msgspec), and the sampling parameters they carry.
 
-Fields the OpenAI API defines but this ingress cannot honour (``suffix``, ``best_of``) are refused
-with a 400 rather than ignored;
+Fields the OpenAI API or vLLM's server define but this ingress cannot honour (``suffix``, ``best_of``,
+``use_beam_search``, ``truncate_prompt_tokens``, ``prompt_logprobs``) are refused with a 400 rather than
+ignored;
 unknown fields are accepted and ignored, as OpenAI's own server and vLLM's do, and each
 unknown top-level name is logged once per process (vLLM warns on every request), so a
 client's misspelt ``max_token`` shows in the log without flooding it. vLLM's extensions to the
-API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, and OpenAI's ``logit_bias``,
+API (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``bad_words``,
+``allowed_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+``spaces_between_special_tokens``, ``priority``, and OpenAI's ``logit_bias``,
 ``structured_outputs``, ``stream_options.continuous_usage_stats``: the usage so far on every
 chunk) pass through, as vLLM's server takes them. Structured outputs: ``response_format``
 (``json_object``, ``json_schema``) or vLLM's ``structured_outputs`` (``json``, ``regex``,
 ``choice``, ``grammar``) become the engine's guided decoding; a schema or pattern the engine
 cannot compile is a 400 with its reason (from the worker). Tool definitions, ``tool_choice`` and the
-tool-call parts of the history are decoded here and checked in ``tools.py``.
+tool-call parts of the history are decoded here and checked in ``tools.py``. Every count and size a client
+chooses (``n``, stop strings, logprobs, messages, schemas, ...) is bounded by ``proto/llm_limits.py``,
+checked before anything is allocated per item.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 import orjson
 
+from conveyor.proto import llm_limits
 from conveyor.proto.errors import invalid_arg
 
 log = logging.getLogger(__name__)
@@ -71,9 +77,20 @@ class Sampling(msgspec.Struct, kw_only=True):
     response_format: ResponseFormat | None = None
     logprobs: Any = None  # completions: a number of alternatives; chat: true or false
     request_id: str | None = None  # vLLM's: the request's id when no X-Request-Id header gives one
-    # refused when set
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # vLLM's extensions, passed to the engine's SamplingParams
+    stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    priority: int = 0  # the engine's scheduling priority (lower first, with vLLM's "priority" policy)
+    # vLLM's extensions refused when set (``check_unsupported``)
+    use_beam_search: bool = False
+    truncate_prompt_tokens: int | None = None
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(Sampling, kw_only=True):
@@ -161,7 +178,8 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-           "repetition_penalty", "ignore_eos", "min_tokens", "logit_bias")
+           "repetition_penalty", "ignore_eos", "min_tokens", "logit_bias", "stop_token_ids", "bad_words",
+           "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens")
 
 
 T = TypeVar("T")
@@ -179,6 +197,7 @@ def decode(body: bytes, kind: type[T]) -> T:
     strict = _STRICT.get(kind)
     if strict is None:
         strict = _STRICT[kind] = type(kind.__name__, (kind,), {}, forbid_unknown_fields=True)
+    llm_limits.check_body_values(body)  # before any value is decoded
     try:
         return cast(T, msgspec.json.decode(body, type=strict))
     except msgspec.ValidationError as exc:
@@ -186,12 +205,20 @@ def decode(body: bytes, kind: type[T]) -> T:
             raise invalid_arg(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid_arg(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's decoder recurses into nested arrays and objects
+        raise _too_deep() from None
     try:
         out = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise invalid_arg(f"invalid request: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
     _log_unknown(body, kind)
     return out
+
+
+def _too_deep() -> Exception:
+    return invalid_arg("the request body is nested too deeply to decode")
 
 
 def _log_unknown(body: bytes, kind: type) -> None:
@@ -204,9 +231,10 @@ def _log_unknown(body: bytes, kind: type) -> None:
 
 
 def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
-    """The ``sampling_parameters`` JSON of Triton's vLLM model contract (vLLM's ``SamplingParams``)."""
-    if req.n < 1:
-        raise invalid_arg("n must be at least 1")
+    """The ``sampling_parameters`` JSON of Triton's vLLM model contract (vLLM's ``SamplingParams``), within
+    ``proto/llm_limits.py``'s bounds: checked before the caller allocates anything per choice."""
+    llm_limits.check_n(req.n)
+    check_unsupported(req)
     if req.stream_options is not None and not req.stream:
         raise invalid_arg("`stream_options` can only be used when `stream` is True")
     if max_tokens < 1:
@@ -226,11 +254,22 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
         params["logprobs"] = top
         if isinstance(req, CompletionRequest) and req.echo:  # the echoed prompt's tokens, as vLLM
             params["prompt_logprobs"] = top
+    if req.priority:
+        params["priority"] = req.priority
+    llm_limits.check_sampling(params, max_logprobs=llm_limits.MAX_LOGPROBS)
     return params
 
 
-# vLLM's default ``max_logprobs``: more alternatives per token than this the engine refuses.
-MAX_TOP_LOGPROBS = 20
+def check_unsupported(req: Sampling) -> None:
+    """vLLM's fields this ingress cannot honour: a 400 rather than an answer that ignored them."""
+    if req.use_beam_search:
+        raise invalid_arg("use_beam_search is not supported")
+    if req.truncate_prompt_tokens is not None:
+        raise invalid_arg("truncate_prompt_tokens is not supported")
+    if req.prompt_logprobs is not None:
+        echo = " (`echo` with `logprobs` shows the prompt's tokens' logprobs)" if isinstance(req, CompletionRequest) \
+            else ""
+        raise invalid_arg(f"prompt_logprobs is not supported{echo}")
 
 
 def logprobs_asked(req: Sampling) -> int | None:
@@ -245,14 +284,16 @@ def logprobs_asked(req: Sampling) -> int | None:
         if not isinstance(req.logprobs, bool):
             raise invalid_arg("`logprobs` of a chat request is true or false")
         top = req.top_logprobs or 0
+        name = "top_logprobs"
     else:
         if req.logprobs is None:
             return None
         if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int):
-            raise invalid_arg("`logprobs` of a completion request is a number of alternatives (0 to 20)")
+            raise invalid_arg("`logprobs` of a completion request is a number of alternatives (0 to "
+                              f"{llm_limits.MAX_LOGPROBS})")
         top = req.logprobs
-    if not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise invalid_arg(f"`logprobs`/`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {top}")
+        name = "logprobs"
+    llm_limits.check_logprobs(name, top, llm_limits.MAX_LOGPROBS)
     return top
 
 
@@ -286,6 +327,9 @@ def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
     expect them (vLLM parses them so too), and a tool message's ``tool_call_id``."""
     if not req.messages:
         raise invalid_arg("messages must be non-empty")
+    llm_limits.check_messages(len(req.messages))  # first: the count alone, before any message is read
+    llm_limits.check_message_parts(sum((len(m.content) if isinstance(m.content, list) else 0)
+                                       + len(m.tool_calls or ()) for m in req.messages))
     out = []
     for i, msg in enumerate(req.messages):
         content = msg.content
@@ -321,6 +365,8 @@ def _history_call(i: int, call: MessageToolCall) -> dict[str, Any]:
             arguments = {}
         if not isinstance(arguments, dict):
             arguments = {}
+    # The template writes them (``tojson``, which recurses): as deep as a schema may be.
+    llm_limits.check_depth(arguments, f"messages[{i}]: a tool call's arguments")
     doc: dict[str, Any] = {"type": "function", "function": {"name": call.function.name, "arguments": arguments}}
     if call.id is not None:
         doc["id"] = call.id

@@ -21,6 +21,7 @@ from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog, LlmModel
 from conveyor.ingress.openai.schema import DetokenizeRequest, TokenizeRequest, chat_messages, decode
 from conveyor.ingress.openai.tokenizer import Tokenizer
+from conveyor.ingress.openai.tools import check_tools
 from conveyor.proto.errors import invalid_arg
 
 
@@ -52,9 +53,12 @@ class Tokenize(_Tokenization):
             raise invalid_arg("`continue_final_message` is not supported")
         model, tokenizer = await self._tokenizer(request.model)
         if request.messages is not None:
+            messages = chat_messages(request)  # first: within the limits of a chat request's (llm_limits.py)
+            if request.tools:
+                check_tools(request.tools)
             template = await self._catalog.chat_template(model)
             tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
-            text = template.prompt(chat_messages(request), request.add_generation_prompt, tools)
+            text = template.prompt(messages, request.add_generation_prompt, tools)
             special = bool(request.add_special_tokens)
         else:
             text = request.prompt or ""

@@ -5,8 +5,9 @@ them.
 
 * a named function, and ``required``: the engine's guided decoding forces the shape, as vLLM's server
   does it (``get_json_schema_from_tools``): the named function's parameter schema (the text *is* the
-  arguments), or an array of ``{"name", "parameters"}`` objects, one ``anyOf`` branch per tool. Any
-  model, whatever its template or tool-call format, answers with calls whose arguments fit the schema.
+  arguments), or an array of ``{"name", "parameters"}`` objects, one ``anyOf`` branch per tool. The
+  model's answer is a call whose arguments fit the schema; as vLLM, only a model with a tool-call parser
+  (its ``TOOL_CALL_PARSER``) takes these, a model without one refuses them in vLLM's words.
 * ``auto`` (the default when tools are given): the model writes what it likes, and its tool-call parser
   (the model's ``TOOL_CALL_PARSER`` parameter) finds the calls in the text. Without a parser this is
   refused, as vLLM refuses it without ``--tool-call-parser``.
@@ -26,6 +27,7 @@ from typing import Any
 from conveyor.ingress.openai import tool_calls, tool_calls_arrays, tool_calls_more
 from conveyor.ingress.openai.schema import ChatRequest, NamedToolChoice, ToolDefinition
 from conveyor.ingress.openai.tool_calls import CallArray, CallReader, Mode, NamedCall
+from conveyor.proto import llm_limits
 from conveyor.proto.errors import internal, invalid_arg
 
 # The model config parameter naming the model's tool-call parser (``auto`` needs one).
@@ -79,6 +81,7 @@ def plan(req: ChatRequest, parser: str) -> ToolPlan | None:
         if choice is None or choice == "none":
             return None
         raise invalid_arg("`tool_choice` needs `tools`")
+    check_tools(req.tools)
     tools = {_checked(i, tool): tool for i, tool in enumerate(req.tools)}
     if len(tools) < len(req.tools):
         raise invalid_arg("`tools` names a function twice")
@@ -90,22 +93,47 @@ def plan(req: ChatRequest, parser: str) -> ToolPlan | None:
         if tool is None:
             raise invalid_arg(f"`tool_choice` names the function '{choice.function.name}', which is not in "
                               f"`tools` ({', '.join(tools)})")
+        _needs_parser(parser, f'function "{choice.function.name}"')
         return ToolPlan("named", template_tools, _parameters(tool), named=choice.function.name)
     mode = choice or "auto"
     if mode == "none":
         return ToolPlan("none", template_tools, None)
     if mode == "required":
-        return ToolPlan("required", template_tools, _array_schema(req.tools, req.parallel_tool_calls))
+        _needs_parser(parser, '"required"')
+        constraint = _array_schema(req.tools, req.parallel_tool_calls)
+        llm_limits.check_schema(constraint)  # the tools' schemas, nested a few levels deeper
+        return ToolPlan("required", template_tools, constraint)
     if mode != "auto":
         raise invalid_arg(f"`tool_choice` '{mode}' is not one of 'none', 'auto', 'required' or a named function")
     if not parser:
-        raise invalid_arg(f"\"auto\" tool choice needs the model's tool-call parser: set the '{PARSER_PARAMETER}' "
-                          "parameter in its config.pbtxt (as vLLM needs --enable-auto-tool-choice and "
-                          "--tool-call-parser); 'required' or a named function needs none")
+        # vLLM's words, then where Conveyor's model names its parser
+        raise invalid_arg(f"\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
+                          f"(here: the model's '{PARSER_PARAMETER}' parameter in its config.pbtxt)")
     if parser not in PARSERS:
         raise internal(f"the model's {PARSER_PARAMETER} '{parser}' is not a tool-call parser this server has "
                        f"({', '.join(sorted(PARSERS))})")
     return ToolPlan("auto", template_tools, None, parser=parser)
+
+
+def check_tools(tools: list[ToolDefinition]) -> None:
+    """All of a request's tools within ``proto/llm_limits.py``'s bounds, together: each reaches the prompt,
+    and ``required`` compiles them all into one grammar."""
+    if len(tools) > llm_limits.MAX_TOOLS:
+        raise invalid_arg(f"`tools` holds {len(tools)} tools; at most {llm_limits.MAX_TOOLS} are taken per request")
+    budget = llm_limits.SchemaBudget("`tools`")
+    for tool in tools:
+        fn = tool.function
+        budget.add_text(fn.name)
+        budget.add_text(fn.description)
+        if fn.parameters is not None:
+            budget.add(fn.parameters)
+
+
+def _needs_parser(parser: str, choice: str) -> None:
+    """vLLM's refusal of a forced call on a model without a tool-call parser, in its words."""
+    if not parser:
+        raise invalid_arg(f"tool_choice={choice} requires --tool-call-parser to be set (here: the model's "
+                          f"'{PARSER_PARAMETER}' parameter in its config.pbtxt)")
 
 
 def _checked(i: int, tool: ToolDefinition) -> str:

@@ -6,7 +6,8 @@ every ingress with what both files need (``tests/conftest.py``'s ``vllm_group`` 
 
 - ``vllm_model``: guided decoding without free whitespace (xgrammar lets a JSON value pad with any
   whitespace, and the tiny model, random but for a few lines, pads forever), adapters loadable at run
-  time, one more adapter found in the version's ``loras/`` folder, Triton's ``ENABLE_VLLM_HEALTH_CHECK``;
+  time, one more adapter found in the version's ``loras/`` folder, Triton's ``ENABLE_VLLM_HEALTH_CHECK``,
+  a tool-call parser (``TOOL_CALL_PARSER``: a forced tool call needs one, as in vLLM);
 - ``vllm_embed``: the same weights run by a pooling engine;
 - explicit model control (``--load-model *``), so that an unhealthy model can unload.
 
@@ -32,6 +33,7 @@ MODEL = "vllm_model"
 EMBED_MODEL = "vllm_embed"  # the same weights, run by a pooling engine
 SEP = "_lora_"  # --lora-separator
 FOLDER_ADAPTER = "gamma"  # in the version's loras/ folder: alpha's weights under another name
+TOOL_PARSER = "llama3_json"  # the tiny model is a Llama
 # Importing vLLM twice per engine (worker, engine core) and loading two engines, on a busy 2-core machine.
 READY_TIMEOUT_S = 300.0
 
@@ -63,6 +65,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> VllmGroup:
     with open(model_dir / "config.pbtxt", "a", encoding="utf-8") as f:
         f.write('parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }\n')
         f.write('parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n')
+        f.write(f'parameters {{ key: "TOOL_CALL_PARSER" value: {{ string_value: "{TOOL_PARSER}" }} }}\n')
     (model_dir / "1" / "loras").mkdir()
     (model_dir / "1" / "loras" / FOLDER_ADAPTER).symlink_to(tiny.adapters["alpha"])  # found without a list
     tiny_llama.write_repository(repo, tiny, EMBED_MODEL, **EMBED_ENGINE)  # loads beside the generative one

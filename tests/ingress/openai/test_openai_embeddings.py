@@ -43,10 +43,11 @@ def test_input_is_one_or_more_prompts_of_text_or_token_ids() -> None:
 
 def test_more_prompts_than_the_limit_are_refused_before_any_request() -> None:
     assert len(prompts(["x"] * MAX_INPUTS)) == MAX_INPUTS
-    with pytest.raises(ConveyorError, match=f"at most {MAX_INPUTS}") as err:
+    with pytest.raises(ConveyorError, match=f"maximum allowed count of {MAX_INPUTS}") as err:
         prompts(["x"] * (MAX_INPUTS + 1))
     assert err.value.status is Status.INVALID_ARG
-    with pytest.raises(ConveyorError, match=f"at most {MAX_INPUTS}"):  # a million ids is one prompt; lists of them not
+    # a million ids is one prompt; lists of them not
+    with pytest.raises(ConveyorError, match=f"maximum allowed count of {MAX_INPUTS}"):
         prompts([[1]] * (MAX_INPUTS + 1))
 
 

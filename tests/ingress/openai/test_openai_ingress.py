@@ -170,6 +170,19 @@ def test_tool_choice_none_answers_in_text(client: openai.OpenAI) -> None:
     assert out.choices[0].message.content == ' <|user|> <tool_call>{"name":'
 
 
+def test_a_forced_tool_call_needs_the_models_parser(client: openai.OpenAI) -> None:
+    """As vLLM without --tool-call-parser: ``required`` and a named function are refused, in its words, by a
+    model that names no TOOL_CALL_PARSER (the streaming text model)."""
+    messages: Any = [{"role": "user", "content": "a"}]
+    tools: Any = [TOOL]
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    with pytest.raises(openai.BadRequestError, match='tool_choice=function "get_weather" requires --tool-call-parser'):
+        client.chat.completions.create(model=text_models.STREAMING, messages=messages, tools=tools, tool_choice=named)
+    with pytest.raises(openai.BadRequestError, match='tool_choice="required" requires --tool-call-parser'):
+        client.chat.completions.create(model=text_models.STREAMING, messages=messages, tools=tools,
+                                       tool_choice="required")
+
+
 def test_adapter_through_the_model_name(client: openai.OpenAI) -> None:
     out = client.completions.create(model=f"{MODEL}{SEP}sql", prompt="q", max_tokens=2)
     assert out.choices[0].text == " sql:q sql:q" and out.model == f"{MODEL}{SEP}sql"

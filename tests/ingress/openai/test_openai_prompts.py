@@ -44,9 +44,13 @@ def test_ids_int32_cannot_carry_are_out_of_vocabulary_in_vllms_words() -> None:
 
 
 def test_more_prompts_than_the_limit_are_refused_before_any_request() -> None:
+    """vLLM's VLLM_MAX_COMPLETION_PROMPTS, in its words; a list of ids is one prompt, however long."""
     assert len(read_prompts(["x"] * MAX_PROMPTS, "prompt")) == MAX_PROMPTS
-    assert f"at most {MAX_PROMPTS}" in _refused(["x"] * (MAX_PROMPTS + 1))
-    assert f"at most {MAX_PROMPTS}" in _refused([[1]] * (MAX_PROMPTS + 1))
+    assert _refused(["x"] * (MAX_PROMPTS + 1)) == (
+        f"prompt list length {MAX_PROMPTS + 1} exceeds the maximum allowed count of {MAX_PROMPTS}. To increase this "
+        "limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.")
+    assert f"maximum allowed count of {MAX_PROMPTS}" in _refused([[1]] * (MAX_PROMPTS + 1))
+    assert read_prompts([1] * (MAX_PROMPTS + 1), "prompt") == [[1] * (MAX_PROMPTS + 1)]
 
 
 def test_echo_with_logprobs_asks_the_engine_for_the_prompts_logprobs() -> None:
@@ -107,14 +111,15 @@ def test_several_prompts_are_one_answer_with_choices_numbered_across_prompts() -
                   _steps(_step(["c0", "c1"], 4), _step(["d0", "d1"], final=True))], n=2)
     texts = [""] * 4
     for step in found:
-        for i in range(*(step.span or (0, 4))):
-            texts[i] += step.texts[i]
+        lo, hi = step.span or (0, 4)
+        assert len(step.texts) == hi - lo  # a step holds its own prompt's choices only, not the whole answer's
+        for i in range(lo, hi):
+            texts[i] += step.texts[i - lo]
     assert texts == ["a0b0", "a1b1", "c0d0", "c1d1"]
     assert found[-1].final and found[-1].prompt_tokens == 7 and not any(s.final for s in found[:-1])
     placed = [s for s in found if s.prompt_logprobs is not None]
     assert {s.span for s in placed} == {(0, 2), (2, 4)}
-    assert all(s.prompt_logprobs[i] is None for s in placed for i in range(4)  # type: ignore[index]
-               if not s.span[0] <= i < s.span[1])  # type: ignore[index]
+    assert all(len(s.prompt_logprobs) == 2 for s in placed)  # type: ignore[arg-type]
 
 
 def test_one_prompts_steps_pass_as_they_are() -> None:

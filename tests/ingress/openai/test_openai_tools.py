@@ -31,6 +31,7 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
                    "required": ["city"]}}}
 CLOCK = {"type": "function", "function": {"name": "get_time"}}  # no parameters
+PARSER = "hermes"  # a model's TOOL_CALL_PARSER: a forced call needs one, as in vLLM
 
 
 def _request(**fields: Any) -> ChatRequest:
@@ -49,12 +50,12 @@ def _refused(match: str, **fields: Any) -> None:
 
 def test_a_named_function_is_forced_by_its_parameter_schema() -> None:
     p = plan(_request(tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-             "")
+             PARSER)
     assert p is not None and p.mode == "named" and p.named == "get_weather"
     assert p.constraint == WEATHER["function"]["parameters"]  # type: ignore[index]
     assert p.template_tools == [WEATHER, CLOCK]
     clock = plan(_request(tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_time"}}),
-                 "")
+                 PARSER)
     assert clock is not None and clock.constraint == {"type": "object", "properties": {}}  # as vLLM
     params: dict[str, Any] = {"n": 1}
     p.apply(params)
@@ -62,20 +63,20 @@ def test_a_named_function_is_forced_by_its_parameter_schema() -> None:
 
 
 def test_required_is_an_array_of_calls_one_branch_per_tool() -> None:
-    p = plan(_request(tools=[WEATHER, CLOCK], tool_choice="required"), "")
+    p = plan(_request(tools=[WEATHER, CLOCK], tool_choice="required"), PARSER)
     assert p is not None and p.mode == "required" and p.constraint is not None
     assert p.constraint["type"] == "array" and p.constraint["minItems"] == 1 and "maxItems" not in p.constraint
     branches = p.constraint["items"]["anyOf"]
     assert [b["properties"]["name"]["enum"] for b in branches] == [["get_weather"], ["get_time"]]
     assert branches[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]  # type: ignore[index]
-    single = plan(_request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False), "")
+    single = plan(_request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False), PARSER)
     assert single is not None and single.constraint is not None and single.constraint["maxItems"] == 1
 
 
 def test_defs_are_lifted_to_the_array_schema() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "string"}}}}}
-    p = plan(_request(tools=[tool], tool_choice="required"), "")
+    p = plan(_request(tools=[tool], tool_choice="required"), PARSER)
     assert p is not None and p.constraint is not None and p.constraint["$defs"] == {"P": {"type": "string"}}
     assert "$defs" not in p.constraint["items"]["anyOf"][0]["properties"]["parameters"]
     assert "$defs" in p.template_tools[0]["function"]["parameters"]  # the template sees the tool as sent
@@ -100,6 +101,15 @@ def test_auto_needs_the_models_parser() -> None:
     assert err.value.status is Status.INTERNAL  # the model's configuration, not the client's request
 
 
+def test_a_forced_call_needs_the_models_parser_as_in_vllm() -> None:
+    """vLLM refuses ``required`` and a named function without --tool-call-parser, in these words."""
+    _refused('^tool_choice=function "get_weather" requires --tool-call-parser to be set', tools=[WEATHER],
+             tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    _refused('^tool_choice="required" requires --tool-call-parser to be set', tools=[WEATHER], tool_choice="required")
+    _refused('^"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+             tools=[WEATHER], tool_choice="auto")
+
+
 def test_bad_tools_and_choices_are_400s() -> None:
     named = {"type": "function", "function": {"name": "launch"}}
     _refused("'launch', which is not in `tools`", tools=[WEATHER], tool_choice=named)
@@ -113,7 +123,7 @@ def test_bad_tools_and_choices_are_400s() -> None:
     _refused("twice", tools=[WEATHER, WEATHER], tool_choice="required")
     with pytest.raises(ConveyorError, match="tools"):  # no function at all: the body's decoding refuses it
         _request(tools=[{"type": "function"}])
-    forced = plan(_request(tools=[WEATHER], tool_choice="required"), "")
+    forced = plan(_request(tools=[WEATHER], tool_choice="required"), PARSER)
     assert forced is not None
     with pytest.raises(ConveyorError, match="cannot be combined with `response_format`"):
         forced.apply({"structured_outputs": {"json_object": True}})

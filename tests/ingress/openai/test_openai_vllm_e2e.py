@@ -279,8 +279,16 @@ def test_bad_tool_requests_are_400s(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="'launch', which is not in `tools`"):
         client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
                                        tool_choice={"type": "function", "function": {"name": "launch"}})
-    with pytest.raises(openai.BadRequestError, match="TOOL_CALL_PARSER"):  # auto, and the model has no parser
-        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
+
+
+def test_auto_reads_the_text_with_the_models_parser(group: VllmGroup, client: openai.OpenAI) -> None:
+    """``auto`` (the default with tools): the model's TOOL_CALL_PARSER reads its text; the tiny model's greedy
+    answer calls nothing, so it is the content. (A model without a parser refuses ``auto``:
+    test_openai_tools.py; a forced call too: test_openai_ingress.py.)"""
+    messages: Any = CHAT
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=MAX_TOKENS,
+                                         temperature=0)
+    assert out.choices[0].message.content == group.ref.chat[None][0] and out.choices[0].message.tool_calls is None
 
 
 def test_unknown_model_and_adapter(client: openai.OpenAI) -> None:
@@ -398,7 +406,7 @@ def test_each_model_refuses_the_others_route_in_vllms_words(client: openai.OpenA
         client.chat.completions.create(model=EMBED_MODEL, messages=CHAT, stream=True)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="does not support Matryoshka"):  # the engine's words
         client.embeddings.create(model=EMBED_MODEL, input="hello world", dimensions=8)
-    with pytest.raises(openai.BadRequestError, match=f"at most {MAX_INPUTS}"):
+    with pytest.raises(openai.BadRequestError, match=f"maximum allowed count of {MAX_INPUTS}"):
         client.embeddings.create(model=EMBED_MODEL, input=["a"] * (MAX_INPUTS + 1))
 
 

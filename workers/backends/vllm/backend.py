@@ -231,7 +231,8 @@ class VllmBackend:
             prefixes.begin(request_id, *keys)
             extra["session_id"] = request_id  # on the events of the blocks the engine stores for it
         try:
-            async for out in self.engine.engine.generate(prompt, params, request_id, lora_request=lora, **extra):
+            async for out in self.engine.engine.generate(prompt, params, request_id, lora_request=lora,
+                                                         priority=args.priority, **extra):
                 state.merge(out)
                 if args.stream:
                     channel.send(answer(state, False, args.returns, resumable), out.finished)

@@ -7,8 +7,13 @@ Conveyor's additions: ``input_ids`` (INT32 or INT64), a prompt of token ids, whi
 vLLM's ``TokensPrompt`` (``text_input`` is then ignored: the config requires it); and
 ``return_prompt_logprobs``: the ``prompt_logprobs`` output (the sampling parameters ask the engine for
 them with vLLM's ``prompt_logprobs``); the request parameter ``conveyor_resumable``: a stream's responses
-carry its token ids (``outputs.token_ids``), for an ingress to resume it if its worker dies; and
-``conveyor_steps``: the responses carry no tensors, their step in the parameters (``outputs.step``)."""
+carry its token ids (``outputs.token_ids``), for an ingress to resume it if its worker dies;
+``conveyor_steps``: the responses carry no tensors, their step in the parameters (``outputs.step``); and
+vLLM's ``priority`` among the sampling parameters: the engine's scheduling priority of the request.
+
+Every sampling parameter is checked against ``proto/llm_limits.py`` before the engine sees it: the counts and
+sizes a client chooses (stop strings, token-id lists, guided-decoding schemas, ...), and integers the engine's
+transport cannot carry (past 64 bits vLLM's engine fails the request: a 500, not a 400)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.proto import llm_limits
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.migration import MIGRATION, RESUMABLE
 from conveyor.proto.prefix_keys import KEYED_BYTES, PREFIX_BLOCK_BYTES, block_keys
@@ -48,6 +54,7 @@ class GenerateArgs:
     token_ids: bool = False
     # The OpenAI ingress reads each response from its parameters, not its tensors (proto/stream_steps.py).
     steps: bool = False
+    priority: int = 0  # vLLM's: the engine's scheduling priority (lower first, with its "priority" policy)
 
 
 def _first(inputs: dict[str, np.ndarray], name: str) -> Any:
@@ -80,11 +87,14 @@ def parse(item: RequestItem) -> GenerateArgs:
             sampling = json.loads(_text(raw))
         except ValueError as exc:
             raise invalid_arg(f"'sampling_parameters' is not valid JSON: {exc}") from None
+        except RecursionError:  # json recurses into nested arrays and objects
+            raise invalid_arg("'sampling_parameters' is nested too deeply to decode") from None
         if not isinstance(sampling, dict):
             raise invalid_arg("'sampling_parameters' must be a JSON object")
     else:
         sampling = {k: v for k, v in item.parameters.items() if k not in _NOT_SAMPLING}
     lora = sampling.pop("lora_name", None)
+    priority = _priority(sampling.pop("priority", None))
     returns = frozenset(name for name in RETURNS if bool(_first(inputs, name) or False))
     ids = inputs.get(IDS_INPUT)
     text: str | list[int] = _text(prompt)
@@ -93,7 +103,18 @@ def parse(item: RequestItem) -> GenerateArgs:
             raise invalid_arg(f"input '{IDS_INPUT}' is empty")
         text = [int(t) for t in ids.reshape(-1)]
     return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns,
-                        bool(item.parameters.get(RESUMABLE)), bool(item.parameters.get(STEPS)))
+                        bool(item.parameters.get(RESUMABLE)), bool(item.parameters.get(STEPS)), priority)
+
+
+def _priority(value: Any) -> int:
+    if value is None:
+        return 0
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise invalid_arg(f"sampling parameter 'priority': cannot use {value!r} as int") from None
+    llm_limits.check_int64("priority", number)
+    return number
 
 
 def prefix_keys(item: RequestItem, args: GenerateArgs) -> tuple[list[int], bool]:
@@ -121,6 +142,7 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
     """vLLM's ``SamplingParams``; numbers given as strings (request parameters) are converted, as Triton
     converts them by the field's type. ``final_only``: the engine yields the finished request only (all
     ``n`` sequences at once), not every step before it."""
+    llm_limits.check_sampling(values)  # the engine checks n and logprobs against its own (configurable) maxima
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -143,7 +165,7 @@ def sampling_params(values: dict[str, Any], final_only: bool) -> Any:
         to = convert.get(kind)
         try:
             kwargs[key] = to(value) if to is not None and value is not None else value
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float as an int
             raise invalid_arg(f"sampling parameter '{key}': cannot use {value!r} as {kind}") from None
     if final_only:
         kwargs["output_kind"] = RequestOutputKind.FINAL_ONLY

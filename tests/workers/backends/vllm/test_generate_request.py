@@ -1,6 +1,7 @@
 """Conveyor's additions to Triton's vLLM generation contract, as the backend reads and answers them
 (``workers/backends/vllm/request.py``, ``outputs.py``): a prompt of token ids in ``input_ids``, and the
-prompt's logprobs in ``prompt_logprobs``, once, the first token listed without a logprob. With the
+prompt's logprobs in ``prompt_logprobs``, once, the first token listed without a logprob; vLLM's
+``priority``; and the sampling parameters' bounds (proto/llm_limits.py). With the
 engine: tests/ingress/openai/test_openai_vllm_e2e.py."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import numpy as np
 import pytest
 
 from conveyor.proto.datatypes import split_bytes
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.base import RequestItem, WireTensor
 from conveyor.workers.backends.vllm import outputs
-from conveyor.workers.backends.vllm.request import parse
+from conveyor.workers.backends.vllm.request import parse, sampling_params
 
 
 def _item(**inputs: object) -> RequestItem:
@@ -67,3 +68,34 @@ def test_the_cached_prompt_tokens_are_reported_when_asked() -> None:
     assert "num_cached_tokens" not in outputs.build(state, False, frozenset())
     tensor = outputs.build(state, False, frozenset({"return_num_cached_tokens"}))["num_cached_tokens"]
     assert isinstance(tensor, WireTensor) and tensor.datatype == "UINT32" and tensor.data == (128).to_bytes(4, "little")
+
+
+def _sampling(values: object) -> RequestItem:
+    return _item(sampling_parameters=np.array([json.dumps(values).encode()], dtype=object))
+
+
+def test_sampling_parameters_are_bounded_before_the_engine_sees_them() -> None:
+    """proto/llm_limits.py on the backend's every protocol (KServe infer, gRPC, generate); checked before vLLM
+    is even imported."""
+    with pytest.raises(ConveyorError, match="stop: List should have at most 4 items") as err:
+        sampling_params(parse(_sampling({"stop": ["a"] * 100_000})).sampling, final_only=True)
+    assert err.value.status is Status.INVALID_ARG
+    with pytest.raises(ConveyorError, match="seed: Input should be less than or equal to 9223372036854775807"):
+        sampling_params({"seed": 2**64}, final_only=True)  # past 64 bits vLLM's engine fails the request: a 500
+    with pytest.raises(ConveyorError, match="nested too deeply"):
+        sampling_params({"structured_outputs": json.dumps({"json": "[" * 100 + "]" * 100})}, final_only=True)
+
+
+def test_sampling_parameters_nested_past_the_decoder_are_a_400() -> None:
+    with pytest.raises(ConveyorError, match="'sampling_parameters' is nested too deeply") as err:
+        parse(_item(sampling_parameters=np.array([b"[" * 100_000 + b"]" * 100_000], dtype=object)))
+    assert err.value.status is Status.INVALID_ARG
+
+
+def test_priority_is_the_engines_not_a_sampling_parameter() -> None:
+    args = parse(_sampling({"priority": -3, "max_tokens": 2}))
+    assert args.priority == -3 and args.sampling == {"max_tokens": 2}
+    assert parse(_sampling({"max_tokens": 2})).priority == 0
+    for bad, match in ((2**64, "priority: Input should be less than or equal"), ("soon", "cannot use 'soon' as int")):
+        with pytest.raises(ConveyorError, match=match):
+            parse(_sampling({"priority": bad}))
