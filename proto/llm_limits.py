@@ -48,8 +48,13 @@ MAX_CHOICES = MAX_N
 MAX_PROMPTS = _vllm_env("VLLM_MAX_COMPLETION_PROMPTS", 1024)
 # vLLM's default ``max_logprobs``: alternatives per token (``logprobs``, ``top_logprobs``, ``prompt_logprobs``).
 MAX_LOGPROBS = 20
-# vLLM's VLLM_MAX_STOP_STRINGS (OpenAI's limit too): each stop string is searched for after every token.
+# vLLM's VLLM_MAX_STOP_STRINGS (OpenAI's limit too), on the OpenAI routes: each stop string is searched for
+# after every token.
 MAX_STOP_STRINGS = _vllm_env("VLLM_MAX_STOP_STRINGS", 4)
+# Conveyor's, on Triton's routes (generate, ``sampling_parameters``): Triton's vllm_backend hands any number to
+# the engine, so requests written for it may carry more than vLLM's server takes; this many keeps the search
+# after every token cheap (100,000 took 1.3 s of the engine's time per request).
+MAX_BACKEND_STOP_STRINGS = 256
 # Conveyor's: a stop string (or a bad word) this long is no real stop sequence, and the engine holds back
 # that much of a stream's text to match it.
 MAX_STOP_CHARS = 1024
@@ -295,13 +300,17 @@ def _loads(text: str, what: str, limit: int) -> Any:
         return None
 
 
-def check_sampling(values: Mapping[str, Any], *, max_logprobs: int | None = None) -> None:
+def check_sampling(values: Mapping[str, Any], *, max_logprobs: int | None = None,
+                   max_stop_strings: int = MAX_BACKEND_STOP_STRINGS) -> None:
     """vLLM's sampling parameters (``SamplingParams``' names; ``structured_outputs`` or Triton's
     ``guided_decoding`` as an object or its text) within the limits above. Values may be the text of a
     number (Triton's request parameters); a value of the wrong type is left to the engine's refusal.
-    ``max_logprobs``: the engine's, where the caller knows it."""
+    ``max_logprobs``: the engine's, where the caller knows it; ``max_stop_strings``: the route's."""
     for name, value in values.items():
         if value is None:
+            continue
+        if name == "stop":
+            _stop(value, max_stop_strings)
             continue
         if name in ("logprobs", "prompt_logprobs"):
             number = _integer(value)
@@ -343,14 +352,13 @@ def _int64(name: str, value: Any) -> None:
         check_int64(name, number)
 
 
-def _stop(name: str, value: Any) -> None:
+def _stop(value: Any, limit: int) -> None:
     strings = [value] if isinstance(value, str) else value
     if not isinstance(strings, list):
         return
-    if len(strings) > MAX_STOP_STRINGS:
-        raise invalid_arg(f"stop: List should have at most {MAX_STOP_STRINGS} items after validation, not "
-                          f"{len(strings)}")
-    _lengths(name, strings)
+    if len(strings) > limit:
+        raise invalid_arg(f"stop: List should have at most {limit} items after validation, not {len(strings)}")
+    _lengths("stop", strings)
 
 
 def _bad_words(name: str, value: Any) -> None:
@@ -386,7 +394,6 @@ def _constraint(name: str, value: Any) -> None:
 
 _CHECKS.update({
     "n": _n,
-    "stop": _stop,
     "bad_words": _bad_words,
     "stop_token_ids": _token_ids(MAX_STOP_TOKEN_IDS),
     "allowed_token_ids": _token_ids(MAX_ALLOWED_TOKEN_IDS),

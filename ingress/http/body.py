@@ -44,21 +44,23 @@ async def read_body(req: falcon.asgi.Request, resp: falcon.asgi.Response, limit:
     it or, for a body that is all JSON, past ``json_limit`` (--max-json-bytes; 0: none)."""
     coding = request_coding(req.get_header("Content-Encoding"))  # unsupported codings fail before reading
     length = req.content_length
-    if length is not None and length > limit:
+    json_only = 0 < json_limit < limit  # the whole body is JSON, and its limit is the tighter one
+    if length is not None and (length > limit or (json_only and coding is None and length > json_limit)):
         # The body stays unread: close the connection rather than let the server drain it.
         resp.set_header("Connection", "close")
-        raise _too_large(length, limit)
+        raise _too_large(length, limit) if length > limit else json_too_large(length, json_limit)
     if coding is not None:
         return await _inflated(req, resp, coding, limit, json_limit)
     if length is not None:
         return await req.stream.readall()
     chunks: list[bytes] = []
     size = 0
+    cap = json_limit if json_only else limit
     async for chunk in req.stream:
         size += len(chunk)
-        if size > limit:
+        if size > cap:
             resp.set_header("Connection", "close")
-            raise _too_large(size, limit, at_least=True)
+            raise json_too_large(size, cap) if json_only else _too_large(size, limit, at_least=True)
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -101,7 +101,8 @@ class Version:
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
     catalog = Catalog(ctx.dataplane, options.lora_separator)
-    endpoint = EndpointOptions(options.max_body_bytes, options.default_max_tokens)
+    json_limit = ctx.dataplane.limits.max_json_bytes
+    endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens)
     # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own
     # routes (completions, chat and embeddings are inference, /v1/models model-repository), and the KServe
     # category of what it shows (the model list and cards are metadata too, /version the server's).
@@ -110,11 +111,12 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/models/{name}", Model(catalog), ("model-repository", "metadata")),
         ("/v1/completions", Completions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
-        ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes), ("inference",)),
+        ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit), ("inference",)),
         ("/health", Health(ctx.link, ctx), ("health",)),
         ("/version", Version(), ("metadata",)),
-        ("/tokenize", Tokenize(catalog, options.max_body_bytes), ("inference",)),  # the model's tokenizer at work
-        ("/detokenize", Detokenize(catalog, options.max_body_bytes), ("inference",)),
+        # /tokenize: the model's tokenizer at work
+        ("/tokenize", Tokenize(catalog, options.max_body_bytes, json_limit), ("inference",)),
+        ("/detokenize", Detokenize(catalog, options.max_body_bytes, json_limit), ("inference",)),
         ("/v1/load_lora_adapter", LoadLoraAdapter(ctx.dataplane, catalog), ("model-repository",)),
         ("/v1/unload_lora_adapter", UnloadLoraAdapter(ctx.dataplane, catalog), ("model-repository",)),
     ]

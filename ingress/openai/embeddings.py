@@ -117,13 +117,14 @@ def read_answer(result: InferResult) -> Embedded:
 
 
 class Embeddings:
-    def __init__(self, dataplane: DataPlane, catalog: Catalog, max_body_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, catalog: Catalog, max_body_bytes: int, max_json_bytes: int = 0) -> None:
         self._dataplane = dataplane
         self._catalog = catalog
         self._max_body_bytes = max_body_bytes
+        self._max_json_bytes = max_json_bytes
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        body = await read_body(req, resp, self._max_body_bytes)
+        body = await read_body(req, resp, self._max_body_bytes, self._max_json_bytes)
         self._dataplane.drain.admit()
         request = decode(body, EmbeddingRequest)
         dtype = encoder(request)

@@ -68,6 +68,7 @@ DONE = Chunk(b"[DONE]")
 @dataclass(frozen=True, slots=True)
 class EndpointOptions:
     max_body_bytes: int
+    max_json_bytes: int = 0  # --max-json-bytes: an OpenAI body is JSON whole, bounded plain or inflated
     default_max_tokens: int = 16  # Triton's OpenAI frontend's default
 
 
@@ -110,7 +111,7 @@ class _Endpoint:
         self._options = options
 
     async def on_post(self, req: Request, resp: Response) -> None:
-        body = await read_body(req, resp, self._options.max_body_bytes)
+        body = await read_body(req, resp, self._options.max_body_bytes, self._options.max_json_bytes)
         self._dataplane.drain.admit()
         parsed = await self._parse(body)
         request, prompts, params = parsed.request, parsed.prompts, parsed.params

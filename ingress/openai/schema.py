@@ -256,7 +256,8 @@ def sampling_parameters(req: Sampling, max_tokens: int) -> dict[str, Any]:
             params["prompt_logprobs"] = top
     if req.priority:
         params["priority"] = req.priority
-    llm_limits.check_sampling(params, max_logprobs=llm_limits.MAX_LOGPROBS)
+    llm_limits.check_sampling(params, max_logprobs=llm_limits.MAX_LOGPROBS,
+                              max_stop_strings=llm_limits.MAX_STOP_STRINGS)
     return params
 
 

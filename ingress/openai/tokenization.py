@@ -26,9 +26,10 @@ from conveyor.proto.errors import invalid_arg
 
 
 class _Tokenization:
-    def __init__(self, catalog: Catalog, max_body_bytes: int) -> None:
+    def __init__(self, catalog: Catalog, max_body_bytes: int, max_json_bytes: int = 0) -> None:
         self._catalog = catalog
         self._max_body_bytes = max_body_bytes
+        self._max_json_bytes = max_json_bytes
 
     async def _tokenizer(self, name: str | None) -> tuple[LlmModel, Tokenizer]:
         if name is None:
@@ -46,7 +47,7 @@ class _Tokenization:
 
 class Tokenize(_Tokenization):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = decode(await read_body(req, resp, self._max_body_bytes), TokenizeRequest)
+        request = decode(await read_body(req, resp, self._max_body_bytes, self._max_json_bytes), TokenizeRequest)
         if (request.prompt is None) == (request.messages is None):
             raise invalid_arg("give either `prompt` or `messages`")
         if request.continue_final_message:
@@ -71,7 +72,7 @@ class Tokenize(_Tokenization):
 
 class Detokenize(_Tokenization):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = decode(await read_body(req, resp, self._max_body_bytes), DetokenizeRequest)
+        request = decode(await read_body(req, resp, self._max_body_bytes, self._max_json_bytes), DetokenizeRequest)
         _, tokenizer = await self._tokenizer(request.model)
         size = tokenizer.vocab_size
         bad = next((t for t in request.tokens if not 0 <= t < size), None)

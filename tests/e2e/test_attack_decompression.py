@@ -105,10 +105,23 @@ def test_an_openai_bomb_stops_at_the_body_limit(group: tuple[Server, int], path:
     with bombs.MemoryPeak(pids_of(server, "ingress-openai")) as peak:
         status, answer, _ = bombs.post(port, path, body, {"Content-Type": "application/json",
                                                           "Content-Encoding": coding})
-    # The OpenAI ingress's error shape, with the same words.
+    # The OpenAI ingress's error shape, with the same words; an OpenAI body is JSON whole: the JSON limit.
     assert (status, answer["error"]["message"], answer["error"]["code"]) == (
-        400, TRITON_WORDS.format(BODY_LIMIT, "--http-max-body-bytes"), 400)
-    assert peak.growth < BODY_LIMIT + MARGIN, peak.growth
+        400, TRITON_WORDS.format(JSON_LIMIT, "--max-json-bytes"), 400)
+    assert peak.growth < JSON_LIMIT + MARGIN, peak.growth
+    normal_infer(server.http_port)
+
+
+def test_a_plain_openai_body_past_the_json_limit_is_refused_unread(group: tuple[Server, int]) -> None:
+    server, port = group
+    size = JSON_LIMIT + (1 << 20)  # under the body limit, over the JSON one
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % size + OPENAI_PREFIX)
+        head = sock.recv(65536)  # answered before the body comes
+    assert head.startswith(b"HTTP/1.1 400"), head[:200]
+    assert f"request JSON size of {size} bytes exceeds the maximum allowed input size of {JSON_LIMIT}".encode() in head
     normal_infer(server.http_port)
 
 

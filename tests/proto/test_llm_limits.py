@@ -6,6 +6,7 @@ test_generate_request.py (the vLLM backend), tests/ingress/openai/test_llm_attac
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -63,8 +64,13 @@ def test_stop_strings_bad_words_and_token_id_lists() -> None:
                         "stop_token_ids": [1] * lim.MAX_STOP_TOKEN_IDS,
                         "allowed_token_ids": [1] * lim.MAX_ALLOWED_TOKEN_IDS})
     lim.check_sampling({"stop": "x" * lim.MAX_STOP_CHARS})
-    assert _refused(lim.check_sampling, {"stop": ["a"] * 100_000}) == (
+    openai_route = functools.partial(lim.check_sampling, max_stop_strings=lim.MAX_STOP_STRINGS)
+    assert _refused(openai_route, {"stop": ["a"] * 100_000}) == (
         "stop: List should have at most 4 items after validation, not 100000")  # pydantic's words in vLLM's server
+    # Triton's routes take more (its vllm_backend bounds none), up to Conveyor's own bound.
+    lim.check_sampling({"stop": ["a"] * lim.MAX_BACKEND_STOP_STRINGS})
+    assert _refused(lim.check_sampling, {"stop": ["a"] * 100_000}) == (
+        f"stop: List should have at most {lim.MAX_BACKEND_STOP_STRINGS} items after validation, not 100000")
     assert "at most 1024 characters" in _refused(lim.check_sampling, {"stop": "x" * (lim.MAX_STOP_CHARS + 1)})
     assert _refused(lim.check_sampling, {"bad_words": ["w"] * 129}) == (
         "Too many bad words after tokenization: 129. The max number is 128.")

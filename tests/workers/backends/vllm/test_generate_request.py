@@ -77,7 +77,7 @@ def _sampling(values: object) -> RequestItem:
 def test_sampling_parameters_are_bounded_before_the_engine_sees_them() -> None:
     """proto/llm_limits.py on the backend's every protocol (KServe infer, gRPC, generate); checked before vLLM
     is even imported."""
-    with pytest.raises(ConveyorError, match="stop: List should have at most 4 items") as err:
+    with pytest.raises(ConveyorError, match="stop: List should have at most 256 items") as err:
         sampling_params(parse(_sampling({"stop": ["a"] * 100_000})).sampling, final_only=True)
     assert err.value.status is Status.INVALID_ARG
     with pytest.raises(ConveyorError, match="seed: Input should be less than or equal to 9223372036854775807"):
