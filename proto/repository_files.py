@@ -48,9 +48,8 @@ def file_kind(mode: int) -> str:
 
 def _check(mode: int, directory_ok: bool) -> None:
     if not (stat.S_ISREG(mode) or (directory_ok and stat.S_ISDIR(mode))):
-        what = "a regular file or directory" if directory_ok else "a regular file"
         code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
-        raise NotRegularFile(code, f"{file_kind(mode)}, not {what}")
+        raise NotRegularFile(code, f"{file_kind(mode)}, not a regular file")
 
 
 def open_regular(path: str | os.PathLike[str], *, directory_ok: bool = False) -> int:
