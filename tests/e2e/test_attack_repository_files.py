@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub, identity, write_model
 from conveyor.deploy.ports import free_port
+from conveyor.proto.repository_files import MAX_TEXT_BYTES
 from tests.support import text_models
 from tests.support.fifos import Fifos
 from tests.support.group import Server, _listening, start_server
@@ -159,6 +160,17 @@ def test_a_config_fifo_made_later_is_refused_by_its_load(srv: Server, repo: Path
         client.close()
     row = index_row(srv, "config_fifo_later")
     assert (row["state"], row["reason"]) == ("UNAVAILABLE", unreadable(config))
+    serves(srv)
+
+
+def test_a_config_past_its_bound_is_refused_unread(srv: Server, repo: Path) -> None:
+    """A sparse config.pbtxt of 8 GiB (no disk, all memory once read): refused by its size, never read."""
+    identity(str(repo), "huge_config")
+    config = repo / "huge_config" / "config.pbtxt"
+    os.truncate(config, 8 << 30)
+    assert load(srv, "huge_config") == (
+        400, f"failed to load 'huge_config': failed to open text file for read {config}: "
+             f"{8 << 30} bytes, more than the {MAX_TEXT_BYTES} a file of its kind may hold")
     serves(srv)
 
 
