@@ -18,6 +18,7 @@ from conveyor.deploy.options import (
     check_ingress_args,
     default_endpoints,
     fold_deprecated_trace,
+    fold_http_max_input_size,
     fold_response_cache_size,
     grpc_keepalive_options,
     grpc_left_open,
@@ -140,6 +141,10 @@ def _check_serve(parser: argparse.ArgumentParser, settings: ServeSettings) -> No
 
 def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Triton's deprecated and alias flags, as the flags they stand for."""
+    if hasattr(args, "http_max_input_size"):  # serve and ingress
+        problem = fold_http_max_input_size(args)
+        if problem:
+            parser.error(problem)
     if args.command in ("serve", "router"):
         fold_deprecated_trace(args)
         problem = fold_response_cache_size(args)

@@ -69,6 +69,13 @@ class HttpEdge(Settings):
         ("--http-max-body-bytes",), f"largest HTTP request body, after decompression "
         f"(default {DEFAULT_MAX_BODY_BYTES})",
         kind=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES")
+    # Folded into the two limits it stands for as it is parsed (options.fold_http_max_input_size): nothing
+    # left to pass on.
+    http_max_input_size: int | None = setting(
+        ("--http-max-input-size",), "Triton's flag: the largest HTTP request JSON and request body (decompressed "
+        "included); more is refused with 400. Sets --max-json-bytes and --http-max-body-bytes, each where left "
+        f"at its default (unset: those two, {DEFAULT_MAX_JSON_BYTES} and {DEFAULT_MAX_BODY_BYTES})",
+        kind=int, metavar="BYTES", triton=True)
     # What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each).
     http_max_connections: int = setting(
         ("--http-max-connections",), "client connections one HTTP ingress process holds; past it the one "
@@ -96,8 +103,9 @@ class GrpcServer(Settings):
     ACTORS = _INGRESS
     grpc_server: str = setting(
         ("--grpc-server",), "the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 "
-        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or a --grpc-keepalive/http2 "
-        "flag asks for what only grpcio does. Default: $CONVEYOR_GRPC_SERVER, else auto",
+        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or one of the --grpc-keepalive-*, "
+        "--grpc-http2-* or --grpc-max-connection-age* flags asks for what only grpcio does. Default: "
+        "$CONVEYOR_GRPC_SERVER, else auto",
         default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2"))
     # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
     grpc_max_buffer_bytes: int = setting(

@@ -26,6 +26,7 @@ from conveyor.deploy.settings import (
     handoff,
 )
 from conveyor.ingress.http.edge import EdgeLimits
+from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES
 from conveyor.ingress.restricted import (
     CATEGORIES,
     Restriction,
@@ -58,6 +59,24 @@ def fold_response_cache_size(a: argparse.Namespace) -> str:
                 "Please provide one or the other.")
     a.cache_config = [f"local,size={a.response_cache_byte_size}"]
     a.response_cache_byte_size = None
+    return ""
+
+
+def fold_http_max_input_size(a: argparse.Namespace) -> str:
+    """--http-max-input-size as the limits it stands for; a problem, or ''. Triton's one bound on an HTTP
+    request's input (src/http_server.cc ``max_input_size_``): its JSON, and what a compressed body inflates
+    to. Conveyor's are --max-json-bytes and --http-max-body-bytes (the body, decompressed included): it sets
+    each that is left at its default."""
+    size = a.http_max_input_size
+    if size is None:
+        return ""
+    if size <= 0:
+        return "Error: --http-max-input-size must be greater than 0."  # Triton's words
+    if a.max_json_bytes == DEFAULT_MAX_JSON_BYTES:
+        a.max_json_bytes = size
+    if a.http_max_body_bytes == DEFAULT_MAX_BODY_BYTES:
+        a.http_max_body_bytes = size
+    a.http_max_input_size = None
     return ""
 
 

@@ -20,6 +20,7 @@ import os
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_flag
 from conveyor.proto.errors import unavailable
+from conveyor.proto.repository_files import read_text, unreadable
 
 MULTI_LORA = "multi_lora.json"
 FOLDER = "loras"
@@ -51,11 +52,12 @@ def repository_adapters(version_dir: str) -> dict[str, str] | None:
 
 def _multi_lora(path: str) -> dict[str, str] | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = json.loads(read_text(path))  # never a FIFO's wait (proto/repository_files.py)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise unavailable(unreadable(path, exc)) from None
+    except ValueError as exc:
         raise unavailable(f"'{path}' is not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
         raise unavailable(f"'{path}' must map each adapter name to its local path")

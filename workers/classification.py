@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
 
 import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import unavailable
+from conveyor.proto.repository_files import read_text, unreadable
 
 
 def load_labels(model_dir: str, config: mc.ModelConfig) -> dict[str, list[str]]:
@@ -15,7 +18,11 @@ def load_labels(model_dir: str, config: mc.ModelConfig) -> dict[str, list[str]]:
     labels: dict[str, list[str]] = {}
     for out in config.output:
         if out.label_filename:
-            labels[out.name] = _read_labels(os.path.join(model_dir, out.label_filename))
+            path = os.path.join(model_dir, out.label_filename)
+            try:
+                labels[out.name] = _read_labels(path)
+            except OSError as exc:  # Triton's label provider reads it with ReadTextFile: its words
+                raise unavailable(unreadable(path, exc)) from None
     return labels
 
 
@@ -30,8 +37,8 @@ def label_file(path: str) -> list[str] | None:
 
 
 def _read_labels(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    # Lines as a text file reads them (universal newlines), never a FIFO's wait (proto/repository_files.py).
+    return [line.rstrip("\n") for line in io.StringIO(read_text(path), newline=None)]
 
 
 def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:

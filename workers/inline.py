@@ -12,6 +12,7 @@ thread does not matter.
 from __future__ import annotations
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.repository_files import read_text
 from conveyor.workers.backends.base import Backend, RequestBackend
 from conveyor.workers.backends.python.backend import PythonBackend
 
@@ -48,8 +49,7 @@ def inline_allowed(backend: Backend | RequestBackend, config: mc.ModelConfig, de
         return True  # the framework backends that say nothing ties them to their loading thread
     if isinstance(backend, PythonBackend):
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                source = f.read()
+            source = read_text(path, errors="replace")
         except OSError:
             return False
         return not any(word in source for word in _BLS_WORDS)

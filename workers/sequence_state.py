@@ -27,6 +27,7 @@ from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import numpy_dtype
 from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.proto.repository_files import read_bytes
 from conveyor.proto.sequence_config import FlagControl, SequenceConfig, StateSpec
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
 
@@ -55,8 +56,7 @@ class SequenceSlots:
             return np.zeros(shape, dtype)
         path = os.path.join(model_dir, INITIAL_STATE_DIR, spec.data_file)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_bytes(path, limit=None)  # never a FIFO's wait, nor a device's endless read
         except OSError as exc:
             raise unavailable(f"initial_state data_file for state '{spec.input_name}': {exc}") from None
         need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -27,6 +27,7 @@ import numpy as np
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import config_to_datatype, deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
+from conveyor.proto.repository_files import read_bytes
 from conveyor.workers.backends.base import Backend, RequestBackend, RequestItem
 from conveyor.workers.batch_layout import BatchLayout
 from conveyor.workers.loop_replies import LoopReplies
@@ -129,8 +130,7 @@ def _data(spec: mc.ModelWarmup.Input, datatype: str, count: int, model_dir: str,
 def _read(model_dir: str, filename: str) -> bytes:
     path = os.path.join(model_dir, WARMUP_FOLDER, filename)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_bytes(path, limit=None)  # never a FIFO's wait, nor a device's endless read
     except OSError as exc:
         log.error("unable to read warmup data file '%s': %s", path, exc)
         # The config's name for the file only: the server's folders are not the client's business.

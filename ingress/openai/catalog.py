@@ -36,6 +36,7 @@ from conveyor.proto.errors import ConveyorError, Status, not_found
 from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
 from conveyor.proto.migration import PARAMETER as MIGRATIONS_PARAMETER
 from conveyor.proto.migration import max_migrations_of
+from conveyor.proto.repository_files import read_text
 
 
 @dataclass
@@ -226,8 +227,7 @@ def _parameter(config: dict[str, Any], key: str) -> str:
 
 def _json_file(path: str) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = json.loads(read_text(path))  # never a FIFO's wait (proto/repository_files.py)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

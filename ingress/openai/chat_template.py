@@ -25,6 +25,7 @@ from typing import Any, NoReturn, Protocol
 
 from conveyor.ingress.openai.errors import unreadable
 from conveyor.proto.errors import internal, invalid_arg
+from conveyor.proto.repository_files import read_text
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -83,8 +84,7 @@ def load_chat_template(folder: str) -> ChatTemplate:
     config = _json(os.path.join(folder, "tokenizer_config.json"))
     source: Any = None
     try:
-        with open(os.path.join(folder, "chat_template.jinja"), encoding="utf-8") as f:
-            source = f.read()
+        source = read_text(os.path.join(folder, "chat_template.jinja"))
     except FileNotFoundError:
         source = config.get("chat_template")
     if isinstance(source, list):  # named templates
@@ -109,8 +109,7 @@ def load_chat_template(folder: str) -> ChatTemplate:
 
 def _json(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = json.loads(read_text(path))  # never a FIFO's wait (proto/repository_files.py)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:

@@ -26,6 +26,7 @@ from typing import Any
 
 from conveyor.ingress.openai.errors import unreadable
 from conveyor.proto.errors import internal
+from conveyor.proto.repository_files import check_regular, read_text
 
 PARAMETERS = ("tokenizer", "tokenizer_dir")
 _FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -85,6 +86,7 @@ def load_tokenizer(folder: str, engine_args: dict[str, Any]) -> Tokenizer | None
     except ImportError:
         raise internal("tokenizing needs the 'tokenizers' package (pip install conveyor[vllm])") from None
     try:
+        check_regular(path)  # the tokenizers library opens it by name: never a FIFO (proto/repository_files.py)
         backend = Backend.from_file(path)
     except Exception as exc:
         raise unreadable(path, exc) from None
@@ -105,8 +107,7 @@ def _max_model_len(folder: str, engine_args: dict[str, Any]) -> int | None:
 
 def _json(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = json.loads(read_text(path))  # never a FIFO's wait (proto/repository_files.py)
     except (OSError, ValueError):
         return {}  # a count of tokens is not worth refusing the model for
     return doc if isinstance(doc, dict) else {}

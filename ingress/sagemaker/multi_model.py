@@ -26,6 +26,7 @@ from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.repository_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +99,11 @@ def model_location(url: str) -> tuple[str, str]:
     subdirs = sorted(d for d in os.listdir(url) if os.path.isdir(os.path.join(url, d))) if os.path.isdir(url) else []
     chosen = subdirs[-1] if subdirs else ""
     for d in subdirs:
-        try:
-            with open(os.path.join(url, d, "config.pbtxt"), encoding="utf-8") as f:
-                if _ENSEMBLE.search(f.read()):
-                    chosen = d
+        try:  # on the event loop: never a FIFO's wait (proto/repository_files.py)
+            if _ENSEMBLE.search(read_text(os.path.join(url, d, "config.pbtxt"), errors="replace")):
+                chosen = d
         except OSError:
-            continue
+            continue  # the router's load says what is wrong with it
     return url, chosen
 
 

@@ -19,6 +19,7 @@ from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import from_json, to_json
+from conveyor.proto.repository_files import check_regular, unreadable
 
 # Triton's platform / backend names -> the worker backend.
 BACKENDS = {
@@ -73,6 +74,10 @@ def complete(backend: str, config: mc.ModelConfig, model_path: str, max_batch_si
     """Complete ``config`` in place from the model file; '' or the reason it could not."""
     if backend == "tensorflow" and config.platform == "tensorflow_graphdef":
         return ""  # nothing to read: validate() then says what is missing, with NOT_COMPLETED's reason
+    try:  # the child opens it again: a file swapped in meanwhile costs it TIMEOUT_S at most
+        check_regular(model_path, directory_ok=True)
+    except OSError as exc:
+        return unreadable(model_path, exc)
     request = {"config": to_json(config), "model_path": model_path,
                "max_batch_size_given": max_batch_size_given, "default_max_batch_size": default_max_batch_size}
     try:

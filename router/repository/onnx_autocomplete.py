@@ -18,6 +18,7 @@ import os
 import onnx
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.repository_files import unreadable
 from conveyor.router.repository.onnx_graph import read_signature
 
 DEFAULT_MAX_BATCH_SIZE = 4
@@ -52,6 +53,8 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
         model_path = os.path.join(model_path, "model.onnx")
     try:
         graph = read_signature(model_path)
+    except OSError as exc:  # not a regular file, unreadable
+        return unreadable(model_path, exc)
     except Exception as exc:
         return f"cannot read '{model_path}' to complete its config: {exc}"
     sb = config.sequence_batching

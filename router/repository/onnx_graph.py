@@ -9,7 +9,10 @@ whatever the model's size, each of which releases the GIL.
 
 Wire format: https://protobuf.dev/programming-guides/encoding/; the field numbers are
 onnx.proto's (ModelProto.graph 7; GraphProto.initializer 5, input 11, output 12;
-TensorProto.name 8).
+TensorProto.name 8, external_data 13).
+
+Where an initializer's weights are in external data, the files it names are kept too
+(``external_files``): the ONNX Runtime worker checks them before its session opens them.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import BinaryIO
 
 import onnx
 
+from conveyor.proto.repository_files import open_binary
+
 _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 5, 11, 12
-_TENSOR_NAME = 8
+_TENSOR_NAME, _TENSOR_EXTERNAL_DATA = 8, 13
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _MAX_SMALL = 64 << 20  # a value info or a name larger than this is no ONNX model
 
@@ -81,9 +86,10 @@ class _Fields:
 
 def read_signature(path: str) -> onnx.GraphProto:
     """The graph of the ONNX model in ``path`` with only its ``input``, ``output`` and each
-    ``initializer``'s name filled in; ``ValueError`` (or ``OSError``) when it is no ONNX model."""
+    ``initializer``'s name and ``external_data`` filled in; ``ValueError`` (or ``OSError``) when it
+    is no ONNX model."""
     graph = onnx.GraphProto()
-    with open(path, "rb") as f:
+    with open_binary(path) as f:  # never a FIFO or a device (proto/repository_files.py)
         model = _Fields(f, os.fstat(f.fileno()).st_size)
         for field, wire, length in model:
             if field == _MODEL_GRAPH and wire == _LEN:
@@ -105,8 +111,18 @@ def _read_graph(fields: _Fields, graph: onnx.GraphProto) -> None:
             for tfield, twire, tlength in inner:
                 if tfield == _TENSOR_NAME and twire == _LEN:
                     tensor.name = inner.read(tlength).decode("utf-8")
+                elif tfield == _TENSOR_EXTERNAL_DATA and twire == _LEN:  # where its weights are: a few words
+                    tensor.external_data.add().ParseFromString(inner.read(tlength))
                 else:
                     inner.skip(twire, tlength)  # the weights: never read
             fields.f.seek(end)
         else:
             fields.skip(wire, length)
+
+
+def external_files(path: str) -> list[str]:
+    """The files the initializers of the ONNX model in ``path`` keep their weights in (their
+    ``location``, relative to the model's folder, as ONNX Runtime reads them); errors as ``read_signature``."""
+    folder = os.path.dirname(path)
+    return sorted({os.path.join(folder, entry.value) for tensor in read_signature(path).initializer
+                   for entry in tensor.external_data if entry.key == "location"})

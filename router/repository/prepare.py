@@ -19,6 +19,7 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import client_mistake
 from conveyor.proto.model_config import parse_text
+from conveyor.proto.repository_files import read_text
 from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.namespaces import assign_keys, name_of
 from conveyor.router.repository.scan import ModelSpec, config_file, load_spec, model_dirs
@@ -148,8 +149,7 @@ def model_spec(key: str, path: str, override: mc.ModelConfig | None, settings: S
 def renamed_config(name: str, path: str, config_name: str) -> mc.ModelConfig | None:
     """A mapped directory serves under its mapped name: its config is read with that name."""
     try:
-        with open(config_file(path, config_name), encoding="utf-8") as f:
-            config = parse_text(f.read())
+        config = parse_text(read_text(config_file(path, config_name)))
     except (OSError, text_format.ParseError, UnicodeDecodeError):
         return None  # load_spec reports the problem
     config.name = name

@@ -20,16 +20,18 @@ from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import from_json, to_json
+from conveyor.proto.repository_files import read_bytes, unreadable
 
 HOOK = "auto_complete_config"
 TIMEOUT_S = 60.0
 
 
 def defines_auto_complete(model_path: str) -> bool:
+    """Whether model.py defines the hook; OSError when it cannot be read (never a FIFO's wait:
+    proto/repository_files.py)."""
     try:
-        with open(model_path, "rb") as f:
-            tree = ast.parse(f.read(), model_path)
-    except (OSError, SyntaxError, ValueError):
+        tree = ast.parse(read_bytes(model_path), model_path)
+    except (SyntaxError, ValueError):
         return False  # the worker's import reports the problem
     return any(
         isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel"
@@ -40,8 +42,11 @@ def defines_auto_complete(model_path: str) -> bool:
 
 def complete_python(config: mc.ModelConfig, model_path: str) -> str:
     """Let the model complete ``config`` in place; '' or the reason it could not."""
-    if not defines_auto_complete(model_path):
-        return ""
+    try:
+        if not defines_auto_complete(model_path):
+            return ""
+    except OSError as exc:
+        return unreadable(model_path, exc)
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "conveyor.workers.backends.python.autocomplete", model_path, str(os.getpid())],

@@ -17,6 +17,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import batch_shapes_problem
 from conveyor.proto.migration import migration_problem
 from conveyor.proto.model_config import parse_text
+from conveyor.proto.repository_files import read_text, unreadable
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
 from conveyor.router.ensembles.plan import ensemble_problem
 from conveyor.router.repository import frameworks
@@ -149,11 +150,13 @@ def load_spec(
         text = str(override)
     else:
         try:
-            with open(config_path, encoding="utf-8") as f:
-                text = f.read()
+            text = read_text(config_path)
             spec.config = parse_text(text)
         except FileNotFoundError:
             pass  # completed from the model file below, as Triton does
+        except OSError as exc:  # a FIFO, a device, a directory, a file too large, permissions
+            spec.error = unreadable(config_path, exc)
+            return spec
         except (text_format.ParseError, UnicodeDecodeError) as exc:
             spec.error = f"failed to parse {config_path}: {exc}"
             return spec

@@ -68,13 +68,21 @@ TRITON_251_FLAGS: list[tuple[str, str | None]] = [
 ]
 
 
+# Triton's flags added after 2.51, each with the release that added it (triton-inference-server/server
+# src/command_line_parser.cc).
+TRITON_LATER_FLAGS: list[tuple[str, str | None]] = [
+    ("--http-max-input-size", "1048576"),  # 2.59: the HTTP request's JSON and decompressed size
+]
+
+
 def test_the_flag_list_is_the_whole_help_text() -> None:
     """The list above is every flag of the help (but --help itself), each once."""
     flags = [f for f, _ in TRITON_251_FLAGS]
     assert len(flags) == len(set(flags)) == 86
 
 
-@pytest.mark.parametrize(("flag", "value"), TRITON_251_FLAGS, ids=[f for f, _ in TRITON_251_FLAGS])
+@pytest.mark.parametrize(("flag", "value"), TRITON_251_FLAGS + TRITON_LATER_FLAGS,
+                         ids=[f for f, _ in TRITON_251_FLAGS + TRITON_LATER_FLAGS])
 def test_every_triton_flag_is_accepted_in_both_forms(flag: str, value: str | None) -> None:
     parser = build_tritonserver_parser()
     forms = [[flag]] if value is None else [[f"{flag}={value}"], [flag, value]]
@@ -130,6 +138,34 @@ def test_deprecated_flags_become_what_they_stand_for(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         _fold_triton_aliases(parser, a)
     assert "Incompatible flags --response-cache-byte-size and --cache-config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry", ["tritonserver", "conveyor serve"])
+def test_http_max_input_size_sets_the_limits_it_stands_for(entry: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Triton's one bound on an HTTP request (its JSON, and the body decompressed) is Conveyor's
+    --max-json-bytes and --http-max-body-bytes: it sets each that is left at its default."""
+    from conveyor.deploy.cli import _fold_triton_aliases
+    from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES
+
+    parser = build_tritonserver_parser() if entry == "tritonserver" else build_parser()
+    head = ["--model-repository=/m"] if entry == "tritonserver" else ["serve", "--model-repository=/m"]
+
+    def parsed(*argv: str) -> tuple[int, int]:
+        a = parser.parse_args([*head, *argv])
+        _fold_triton_aliases(parser, a)
+        settings = ServeSettings.of(a)
+        assert settings.http_max_input_size is None  # folded: nothing of it is handed on
+        return settings.max_json_bytes, settings.http_max_body_bytes
+
+    assert parsed() == (DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_BODY_BYTES)
+    assert parsed("--http-max-input-size=4096") == (4096, 4096)
+    assert parsed("--http-max-input-size", str(2 << 30)) == (2 << 30, 2 << 30)
+    assert parsed("--http-max-input-size=4096", "--max-json-bytes=100") == (100, 4096)
+    assert parsed("--http-max-body-bytes=8192", "--http-max-input-size=4096") == (4096, 8192)
+    for value in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            parsed(f"--http-max-input-size={value}")
+        assert "Error: --http-max-input-size must be greater than 0." in capsys.readouterr().err
 
 
 def test_triton_refusals() -> None:
@@ -299,6 +335,47 @@ def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(ru
         time.sleep(1.0)
         assert not client.is_server_ready()
         assert client.get_server_metadata()["name"] == "edge-7"
+    finally:
+        assert server.stop() == 0
+
+
+def test_http_max_input_size_bounds_a_requests_json_and_what_it_inflates_to(run_dir: str) -> None:
+    """A small --http-max-input-size: a JSON request over it is refused in Triton's words, one that
+    inflates past it too, and one under it is served."""
+    import gzip
+    import http.client
+    import json
+
+    limit = 4096
+    server = Triton(f"tritonserver --model-repository=/models --http-max-input-size={limit}", _repo(run_dir),
+                    run_dir)
+
+    def infer(body: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=30)
+        try:
+            conn.request("POST", "/v2/models/simple/infer", body=body,
+                         headers={"Content-Type": "application/json", **(headers or {})})
+            r = conn.getresponse()
+            return r.status, json.loads(r.read()).get("error", "")
+        finally:
+            conn.close()
+
+    data = list(range(16))
+    request = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": data}
+                                     for n in ("INPUT0", "INPUT1")]}).encode()
+    try:
+        wait_ready(server.http, server.proc, (server.grpc, server.metrics))
+        under = request + b" " * (limit - len(request))  # JSON may end in white space: exactly the limit
+        assert infer(under) == (200, "")
+        status, message = infer(under + b" ")
+        assert status == 400 and message.startswith(  # Triton's words, then which of Conveyor's flags it set
+            f"request JSON size of {limit + 1} bytes exceeds the maximum allowed input size of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit."), message
+        bomb = gzip.compress(request + b" " * (64 * limit))  # a few hundred bytes that inflate to 256 KiB
+        assert len(bomb) < limit
+        status, message = infer(bomb, {"Content-Encoding": "gzip"})
+        assert status == 400 and f"{limit} bytes" in message, message
+        assert infer(gzip.compress(under), {"Content-Encoding": "gzip"}) == (200, "")
     finally:
         assert server.stop() == 0
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.proto.repository_files import read_bytes
 from conveyor.workers.client_regions import is_device_array
 
 try:
@@ -62,8 +63,8 @@ class TensorRtBackend:
         self._logger = trt.Logger(trt.Logger.WARNING)
         with cupy.cuda.Device(self.device_id):
             try:
-                with open(path, "rb") as f:
-                    self.engine = trt.Runtime(self._logger).deserialize_cuda_engine(f.read())
+                plan = read_bytes(path, limit=None)  # never a FIFO's wait (proto/repository_files.py)
+                self.engine = trt.Runtime(self._logger).deserialize_cuda_engine(plan)
             except OSError as exc:
                 raise unavailable(f"cannot read TensorRT engine '{path}': {exc}") from None
             if self.engine is None:

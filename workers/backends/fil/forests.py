@@ -13,6 +13,7 @@ to install.
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from conveyor.proto.errors import ConveyorError, unavailable
+from conveyor.proto.repository_files import check_regular, open_binary, unreadable
 from conveyor.workers.backends.fil.xgboost_call import MARGIN, VALUE, dense_predict
 
 INSTALL = "pip install 'conveyor[fil]'"
@@ -127,7 +129,7 @@ class LightGBMForest:
 def _lightgbm_header(path: str) -> dict[str, str]:
     """The ``key=value`` lines before the first tree of a LightGBM text model (objective, num_class)."""
     header: dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.startswith("Tree="):
                 break
@@ -210,6 +212,10 @@ class TreeliteForest:
 
 
 def load_forest(model_type: str, path: str, threads: int) -> Forest:
+    try:  # each framework opens it by name again: a name swapped after this check is not seen
+        check_regular(path)
+    except OSError as exc:  # a FIFO would hold the instance's thread for ever (proto/repository_files.py)
+        raise unavailable(unreadable(path, exc)) from None
     if model_type == "xgboost" and not _json_or_ubjson(path):
         return TreeliteForest(path, threads, legacy_xgboost=True)
     if model_type.startswith("xgboost"):
@@ -226,7 +232,7 @@ def _json_or_ubjson(path: str) -> bool:
     tells them apart), rather than the legacy binary format. XGBoost >= 2 saves ``xgboost.model``
     as UBJSON, so Triton's default file name holds either."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             return f.read(1) == b"{"
     except OSError as exc:
         raise unavailable(f"unable to read '{path}': {exc.strerror}") from None

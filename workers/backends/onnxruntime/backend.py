@@ -17,6 +17,8 @@ import onnxruntime as ort
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
+from conveyor.proto.repository_files import check_regular, unreadable
+from conveyor.router.repository.onnx_graph import external_files
 from conveyor.workers.backends.onnxruntime.providers import INSTALL, execution_providers
 from conveyor.workers.backends.onnxruntime.settings import run_options, session_options
 from conveyor.workers.client_regions import is_device_array
@@ -37,6 +39,30 @@ def model_file(path: str) -> str:
     return os.path.join(path, "model.onnx") if os.path.isdir(path) else path
 
 
+def check_files(path: str, model: str) -> None:
+    """UNAVAILABLE unless the model file and the external data files it names are regular files:
+    ONNX Runtime opens them by name, and a FIFO among them would hold the instance's thread for ever
+    (proto/repository_files.py). Checked here, opened again by ONNX Runtime: a name swapped between
+    the two is not seen."""
+    try:
+        check_regular(path)
+    except FileNotFoundError:
+        raise unavailable(f"unable to find '{path}' for model '{model}'") from None
+    except OSError as exc:
+        raise unavailable(unreadable(path, exc)) from None
+    try:
+        external = external_files(path)
+    except (OSError, ValueError):
+        return  # no ONNX model this reader knows: ONNX Runtime says what is wrong with it
+    for name in external:
+        try:
+            check_regular(name)
+        except FileNotFoundError:
+            continue  # ONNX Runtime's own error names it
+        except OSError as exc:
+            raise unavailable(unreadable(name, exc)) from None
+
+
 class OnnxRuntimeBackend:
     # Short batches may run on the worker's main thread (workers/inline.py; a CPU session only): a
     # session is not tied to a thread.
@@ -44,8 +70,7 @@ class OnnxRuntimeBackend:
 
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
         path = model_file(path)
-        if not os.path.isfile(path):
-            raise unavailable(f"unable to find '{path}' for model '{config.name}'")
+        check_files(path, config.name)
         providers = execution_providers(config, device, ort.get_available_providers())
         self.device_id = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
         self.accepts_device_arrays = device.startswith("cuda")

@@ -26,6 +26,7 @@ import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.proto.repository_files import check_regular, unreadable
 from conveyor.workers.backends.openvino.settings import OpenVinoSettings
 
 try:
@@ -67,6 +68,26 @@ def _fits(model_dim: Any, config_dim: int) -> bool:
     return bool(model_dim.get_min_length() <= config_dim <= model_dim.get_max_length())
 
 
+def check_model_files(path: str, model: str) -> None:
+    """UNAVAILABLE unless the model (``model.xml``, or an ONNX file or folder OpenVINO reads) and the
+    weights beside an IR (``model.bin``) are regular files: OpenVINO opens them by name, and a FIFO would
+    hold the instance's thread for ever (proto/repository_files.py). A name swapped after this is not seen."""
+    try:
+        check_regular(path, directory_ok=True)
+    except FileNotFoundError:
+        raise unavailable(f"unable to find '{path}' for model '{model}'") from None
+    except OSError as exc:
+        raise unavailable(unreadable(path, exc)) from None
+    weights = os.path.splitext(path)[0] + ".bin"
+    if path.endswith(".xml"):
+        try:
+            check_regular(weights)
+        except FileNotFoundError:
+            pass  # OpenVINO's own error names it
+        except OSError as exc:
+            raise unavailable(unreadable(weights, exc)) from None
+
+
 class OpenVinoBackend:
     # Short batches may run on the worker's main thread (workers/inline.py): an infer request is
     # not tied to a thread.
@@ -76,8 +97,7 @@ class OpenVinoBackend:
         if device.startswith("cuda"):
             raise unavailable(f"unable to load model '{config.name}', Triton OpenVINO backend supports only "
                               f"Kind CPU and AUTO")
-        if not os.path.exists(path):
-            raise unavailable(f"unable to find '{path}' for model '{config.name}'")
+        check_model_files(path, config.name)
         self.settings = settings = OpenVinoSettings.from_config(config)
         self.name = config.name
         core = ov.Core()

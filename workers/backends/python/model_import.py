@@ -14,6 +14,7 @@ model's version directory is "1"), so ``from . import helper`` imports
 from __future__ import annotations
 
 import contextvars
+import importlib.machinery
 import importlib.util
 import itertools
 import os
@@ -24,6 +25,7 @@ import types
 from typing import Any
 
 from conveyor.proto.errors import unavailable
+from conveyor.proto.repository_files import check_regular, read_bytes, unreadable
 from conveyor.workers.backends.python import pb_utils
 
 UTILS_MODULE = "triton_python_backend_utils"
@@ -82,14 +84,26 @@ class running:  # lower case: used as a function, ``with running(cls):``
         _running.reset(self._token)
 
 
+class _ModelLoader(importlib.machinery.SourceFileLoader):
+    """The model file's loader: it reads the file (and its cached bytecode) without blocking, so a
+    name swapped for a FIFO after the check is refused rather than waited on (proto/repository_files.py)."""
+
+    def get_data(self, path: str) -> bytes:
+        return read_bytes(path, limit=None)
+
+
 def import_model_class(path: str, label: str) -> type[Any]:
     """``TritonPythonModel`` from the file at ``path``; ``label`` names the module.
 
     Raises UNAVAILABLE with the reason (the exception the import raised) when the
     file cannot be imported or defines no such class.
     """
-    if not os.path.isfile(path):
-        raise unavailable(f"Python model file not found in '{path}'")  # Triton's words
+    try:
+        check_regular(path)
+    except FileNotFoundError:
+        raise unavailable(f"Python model file not found in '{path}'") from None  # Triton's words
+    except OSError as exc:  # a FIFO, a directory, a device: refused, never waited on
+        raise unavailable(unreadable(path, exc)) from None
     package_name = "_conveyor_model_" + re.sub(r"\W", "_", label) + f"_{next(_serial)}"
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     module_name = f"{package_name}.{stem}"
@@ -98,7 +112,7 @@ def import_model_class(path: str, label: str) -> type[Any]:
         model_dir = os.path.dirname(os.path.abspath(path))
         if model_dir not in sys.path:
             sys.path.append(model_dir)
-        spec = importlib.util.spec_from_file_location(module_name, path)
+        spec = importlib.util.spec_from_file_location(module_name, path, loader=_ModelLoader(module_name, path))
         if spec is None or spec.loader is None:
             raise unavailable(f"cannot import python model file '{path}'")
         if stem not in sys.modules:  # never over a module of that name the process has already

@@ -20,6 +20,7 @@ import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.proto.repository_files import check_regular, unreadable
 from conveyor.workers.backends.pytorch.compile import CompileFailed, compile_module, sample_tensors
 from conveyor.workers.backends.pytorch.compile_settings import SWITCH, CompileSettings
 from conveyor.workers.backends.pytorch.naming import input_positions, output_positions
@@ -122,6 +123,10 @@ class TorchScriptBackend:
         self.input_types = {i.name: i.data_type for i in config.input}
 
     def _load(self, path: str) -> Any:
+        try:  # torch opens it by name again: a name swapped after this check is not seen
+            check_regular(path)
+        except OSError as exc:  # a FIFO would hold the instance's thread for ever (proto/repository_files.py)
+            raise unavailable(unreadable(path, exc)) from None
         try:
             return torch.jit.load(path, map_location=self.device)
         except Exception as exc:

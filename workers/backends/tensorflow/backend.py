@@ -13,7 +13,6 @@ back as bytes objects, which the worker serialises.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
+from conveyor.proto.repository_files import check_tree, unreadable
 from conveyor.workers.backends.tensorflow.settings import TensorFlowSettings
 from conveyor.workers.backends.tensorflow.signature import (
     Signature,
@@ -132,8 +132,12 @@ class TensorFlowBackend:
                 tf.load_op_library(library)
             except Exception as exc:
                 raise unavailable(f"TensorFlow could not load op library '{library}': {exc}") from None
-        if not os.path.exists(path):
-            raise unavailable(f"unable to find '{path}' for model '{config.name}'")
+        try:  # TensorFlow opens it by name again: a name swapped after this check is not seen
+            check_tree(path)  # a SavedModel's folder and its files, or a GraphDef (read below)
+        except FileNotFoundError:
+            raise unavailable(f"unable to find '{path}' for model '{config.name}'") from None
+        except OSError as exc:  # a FIFO would hold the instance's thread for ever (proto/repository_files.py)
+            raise unavailable(unreadable(path, exc)) from None
         self._key = (path, device, config.SerializeToString(deterministic=True))
         self.signature = sig = _take_session(self._key, settings.session_share_count,
                                              lambda: _load(path, config, settings, gpu, pinned))

@@ -19,6 +19,7 @@ from typing import Any
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import invalid_arg, unavailable
+from conveyor.proto.repository_files import read_bytes, read_text
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,7 @@ def run_init_ops(tf: Any, signature: Signature, model_path: str, file_name: str,
         raise unavailable(f"unable to find init ops file '{file_name}' for model '{model}' in "
                           f"'{places[0]}' or '{places[1]}'")
     try:
-        with open(path, encoding="utf-8") as f:
-            names = json.load(f)["init_ops"]
+        names = json.loads(read_text(path))["init_ops"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise TypeError("'init_ops' is not a list of operation names")
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -155,8 +155,7 @@ def load_graphdef(tf: Any, path: str, config: mc.ModelConfig, *, session_config:
     graph_def = tf.compat.v1.GraphDef()
     graph, session = new_session(tf, session_config)
     try:
-        with open(path, "rb") as f:
-            graph_def.ParseFromString(f.read())
+        graph_def.ParseFromString(read_bytes(path, limit=None))  # never a FIFO's wait (proto/repository_files.py)
         with graph.as_default(), graph.device(device or None):
             tf.import_graph_def(graph_def, name="")
     except Exception as exc:

@@ -23,6 +23,7 @@ from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost, internal, invalid_arg, not_found, unavailable
 from conveyor.proto.lora import runtime_updates_allowed
+from conveyor.proto.repository_files import read_text, unreadable
 from conveyor.proto.stream_steps import STEP
 from conveyor.workers.backends.base import (
     ParameterizedOutputs,
@@ -82,11 +83,12 @@ class VllmBackend:
             raise unavailable("vLLM Triton backend must be configured to use decoupled model transaction policy")
         version_dir = os.path.dirname(os.path.abspath(path))
         try:
-            with open(path, encoding="utf-8") as f:
-                engine_args = json.load(f)
+            engine_args = json.loads(read_text(path))
         except FileNotFoundError:
             raise unavailable(f"'{ENGINE_ARGS}' containing vllm engine args must be provided in "
                               f"'{version_dir}'") from None
+        except OSError as exc:  # a FIFO, a device, a directory: refused, never waited on
+            raise unavailable(unreadable(path, exc)) from None
         except ValueError as exc:
             raise unavailable(f"'{path}' is not valid JSON: {exc}") from None
         if not isinstance(engine_args, dict):
