@@ -240,6 +240,14 @@ class TritonUnused(Settings):
     unused_grpc_infer_response_compression_level: str | None = _unused(
         "--grpc-infer-response-compression-level", str,
         "responses are sent uncompressed unless the client asks for a compression algorithm on its call")
+    # gRPC frontend flags Triton added in 2025, after 2.51: an existing command line must not exit.
+    unused_grpc_infer_thread_count: int | None = _unused(
+        "--grpc-infer-thread-count", int,
+        "each gRPC ingress process serves its calls on one event loop: scale with --grpc-ingress")
+    unused_grpc_max_response_pool_size: int | None = _unused(
+        "--grpc-max-response-pool-size", int,
+        "responses are not pooled objects: each is encoded as it is sent, and what one process holds is "
+        "bounded by --max-inflight-requests")
     unused_backend_directory: str | None = _unused(
         "--backend-directory", str,
         "backends are Python modules inside Conveyor (onnxruntime, python, pytorch, tensorrt): "

@@ -72,6 +72,8 @@ TRITON_251_FLAGS: list[tuple[str, str | None]] = [
 # src/command_line_parser.cc).
 TRITON_LATER_FLAGS: list[tuple[str, str | None]] = [
     ("--http-max-input-size", "1048576"),  # 2.59: the HTTP request's JSON and decompressed size
+    ("--grpc-infer-thread-count", "4"),  # added in 2025: accepted, logged as having no work to do here
+    ("--grpc-max-response-pool-size", "64"),  # added in 2025: the same
 ]
 
 
