@@ -52,8 +52,9 @@ class RequestLimits(Settings):
         f"INVALID_ARGUMENT; 0: no limit (default {DEFAULT_MAX_INPUT_ELEMENTS})",
         kind=int, default=DEFAULT_MAX_INPUT_ELEMENTS, metavar="N")
     max_json_bytes: int = setting(
-        ("--max-json-bytes",), "largest JSON part of an HTTP request (JSON tensors take ~8x their text in "
-        f"memory); more is refused with 400; 0: no limit (default {DEFAULT_MAX_JSON_BYTES})",
+        ("--max-json-bytes",), "largest JSON part of an HTTP request, plain or inflated, and of a whole OpenAI "
+        "request (JSON tensors take ~8x their text in memory); more is refused with 400; 0: no limit "
+        f"(default {DEFAULT_MAX_JSON_BYTES})",
         kind=int, default=DEFAULT_MAX_JSON_BYTES, metavar="BYTES")
     max_inflight_requests: int = setting(
         ("--max-inflight-requests",), "requests one ingress process holds at once; more are refused with 503 / "
@@ -66,8 +67,8 @@ class HttpEdge(Settings):
 
     ACTORS = _INGRESS
     http_max_body_bytes: int = setting(
-        ("--http-max-body-bytes",), f"largest HTTP request body, after decompression "
-        f"(default {DEFAULT_MAX_BODY_BYTES})",
+        ("--http-max-body-bytes",), "largest HTTP request body, after decompression (a body that is all JSON: "
+        f"--max-json-bytes too) (default {DEFAULT_MAX_BODY_BYTES})",
         kind=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES")
     # Folded into the two limits it stands for as it is parsed (options.fold_http_max_input_size): nothing
     # left to pass on.
