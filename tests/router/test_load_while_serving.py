@@ -108,6 +108,9 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         with slow_s3(port, STORE_DELAY_S, str(flag)) as url:
             s3 = boto3.client("s3", endpoint_url=url)
             s3.create_bucket(Bucket="models")
+            # A repository that does not exist stops the start, as Triton's: the store's holds a file until
+            # the test's model arrives (a file at the repository's root is no model).
+            s3.put_object(Bucket="models", Key="repo/README", Body=b"models arrive during the test")
             srv = start_server(str(repo), f"lws{os.getpid()}", "--model-repository", f"s3://127.0.0.1:{port}/models/repo",
                                "--workers", str(WORKERS), "--grpc-ingress", "0", "--model-control-mode", "explicit",
                                "--load-model", "simple", "--log-file", str(log), grpc=False)
