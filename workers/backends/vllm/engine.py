@@ -287,11 +287,16 @@ def exit_cause(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def core_processes(engine: Any) -> list[Any]:
-    """The engine core processes vLLM's process manager started (``multiprocessing.Process``: each has a
-    sentinel and an exit code); none where vLLM runs in this process or has another layout."""
+def _manager_processes(engine: Any) -> list[Any]:
+    """What vLLM's process manager started for ``engine``; none where vLLM runs in this process."""
     manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
-    return [p for p in getattr(manager, "processes", ()) if getattr(p, "sentinel", None) is not None]
+    return list(getattr(manager, "processes", ()))
+
+
+def core_processes(engine: Any) -> list[Any]:
+    """The engine core processes to watch (``multiprocessing.Process``: each has a sentinel and an exit code);
+    none where vLLM runs in this process or has another layout."""
+    return [p for p in _manager_processes(engine) if getattr(p, "sentinel", None) is not None]
 
 
 def own_processes(engine: Any, new: set[int]) -> tuple[set[int], set[int]]:
@@ -300,7 +305,7 @@ def own_processes(engine: Any, new: set[int]) -> tuple[set[int], set[int]]:
     (what appeared below this worker while it started) holds them, but also another engine's that this
     worker started at the same time (two models loading at once), whose processes must not be re-niced,
     confined, or have their shared memory unlinked with this one's."""
-    cores = {p.pid for p in core_processes(engine) if getattr(p, "pid", None)}
+    cores = {p.pid for p in _manager_processes(engine) if getattr(p, "pid", None)}
     if not cores:
         return new, new  # no engine core process of its own (vLLM run in this process), or another vLLM layout
     below = {pid for core in cores for pid in descendants(core)} & new
