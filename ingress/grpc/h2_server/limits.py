@@ -35,6 +35,10 @@ H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_MAX_BYTES // 12
 # open, twice over, at once.
 RESET_BURST = 2 * MAX_CONCURRENT_STREAMS
 RESET_RATE_PER_S = 33.0
+# nghttp2's own rapid-reset limiter on the ngh2 engine, (burst, per second): its default, above
+# RESET_BURST so that the budget above (GOAWAY ENHANCE_YOUR_CALM) trips first; nghttp2's answer
+# would be GOAWAY INTERNAL_ERROR.
+NGH2_RESET_RATE = (1000, 33)
 
 # CONTINUATION frames one header block may have: h2's own cap (a ProtocolError, GOAWAY
 # PROTOCOL_ERROR, past it). With frames of at most MAX_FRAME_SIZE it bounds the header block
@@ -44,6 +48,9 @@ MAX_CONTINUATION_FRAMES = h2.frame_buffer.CONTINUATION_BACKLOG
 # that a header block stays under MAX_HEADER_BLOCK_BYTES; DATA frames are the client's to size.
 MAX_FRAME_SIZE = 16_384
 MAX_HEADER_BLOCK_BYTES = (MAX_CONTINUATION_FRAMES + 1) * MAX_FRAME_SIZE
+# The same cap on the ngh2 engine: nghttp2's default (CVE-2024-28182). 9 frames of MAX_FRAME_SIZE hold a
+# header block over MAX_HEADER_LIST_SIZE; past it the connection ends with GOAWAY ENHANCE_YOUR_CALM.
+NGH2_MAX_CONTINUATIONS = 8
 # Largest decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE, enforced by h2's HPACK decoder as it
 # decodes): metadata that large is refused with GOAWAY ENHANCE_YOUR_CALM. grpc clients send a few
 # hundred bytes; 64 KiB is h2's own default and what grpcio's peers accept.

@@ -1,0 +1,202 @@
+"""The HTTP/2 engine on libnghttp2 (the vendored 1.70.0 of ``ngh2`` 0.3.0, pinned in pyproject.toml):
+the ONE module that imports ``ngh2``, so that a change of its 0.x API touches this file only.
+
+What ngh2 leaves to its user, done here:
+- on a fatal limit (CONTINUATION flood, ack flood, a header list over its limit) it raises from
+  ``receive_data`` and drops the connection's state without a GOAWAY: the GOAWAY is built here (the
+  connection then lingers as on h2);
+- flow control by consumption (``auto_window_update=False``): the connection credits what its calls
+  consume (``acknowledge``), against the same budgets as on h2;
+- its outbound body queue is unbounded: ``window`` tells what the client's windows take less what
+  is queued already, and the server sends no more than that (``outbound.pump``).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, NoReturn
+
+import ngh2
+from hpack import NeverIndexedHeaderTuple
+from ngh2 import Configuration, Role, Setting
+
+from conveyor.ingress.grpc.h2_server.engine import (
+    ENHANCE_YOUR_CALM,
+    INTERNAL_ERROR,
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    EngineError,
+    Headers,
+    Sink,
+)
+from conveyor.ingress.grpc.h2_server.limits import (
+    CONNECTION_WINDOW,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE,
+    NGH2_MAX_CONTINUATIONS,
+    NGH2_RESET_RATE,
+    STREAM_WINDOW,
+)
+from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD
+
+# The version this adapter was written and tested against (pyproject.toml pins it).
+PINNED_VERSION = "0.3.0"
+
+_CONFIG = Configuration(
+    auto_window_update=False,  # credited as calls consume (connection.py)
+    max_inbound_header_list_size=MAX_HEADER_LIST_SIZE,
+    max_continuations=NGH2_MAX_CONTINUATIONS,
+    # The connection's own reset budget (GOAWAY ENHANCE_YOUR_CALM) is smaller and trips first;
+    # nghttp2's (GOAWAY INTERNAL_ERROR) stays as a backstop.
+    stream_reset_rate_limit=NGH2_RESET_RATE,
+)
+
+_SETTINGS = {
+    Setting.ENABLE_PUSH: 0,
+    Setting.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+    Setting.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+    Setting.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
+    Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
+}
+
+_GOAWAY_HEAD = struct.Struct(">I B B I I I")  # length(24 of 32) type flags stream last-stream-id code
+_INITIAL_WINDOW_SIZE = int(Setting.INITIAL_WINDOW_SIZE)
+
+
+def goaway_frame(last_stream_id: int, code: int, why: bytes = b"") -> bytes:
+    """A GOAWAY frame (RFC 9113 §6.8), for when ngh2 has dropped the connection's state."""
+    head = _GOAWAY_HEAD.pack(8 + len(why), 0x7, 0, 0, last_stream_id & 0x7FFFFFFF, code)
+    return head[1:] + why  # the length is 24 bits
+
+
+def _never_indexed(headers: Headers) -> Headers:
+    """hpack's never-indexed marker (metadata.trailers) as ngh2's."""
+    return [ngh2.NeverIndexedHeader(h[0], h[1]) if isinstance(h, NeverIndexedHeaderTuple) else h for h in headers]
+
+
+class Ngh2Engine:
+    """libnghttp2 through ngh2 (Cython)."""
+
+    name = "ngh2"
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        c = self._c = ngh2.Connection(Role.SERVER, _CONFIG)
+        self._last = 0  # the highest stream the client opened (for a GOAWAY built here)
+        self._fatal: bytes | None = None  # ngh2 failed: the GOAWAY built here, then nothing
+        self._done: list[int] = []  # streams answered whole, reset NO_ERROR once the answer is written
+        self.send = c.send_data
+
+    def start(self) -> None:
+        c = self._c
+        c.initiate_connection(_SETTINGS)
+        c.set_local_window_size(CONNECTION_WINDOW)
+
+    def feed(self, data: bytes | memoryview) -> int:
+        c = self._c
+        try:
+            c.receive_data(data)
+            events: list[Any] = c.events()  # dispatched on their exact type, below
+        except ngh2.DenialOfServiceError as err:  # a limit: CONTINUATION, PING/SETTINGS acks, header list
+            self._fail(ENHANCE_YOUR_CALM, str(err))
+        except ngh2.ProtocolError as err:
+            self._fail(PROTOCOL_ERROR, str(err))
+        except ngh2.NGH2Error as err:
+            self._fail(INTERNAL_ERROR, str(err))
+        sink = self._sink
+        for event in events:
+            kind = type(event)
+            if kind is ngh2.DataReceived:
+                sid = event.stream_id
+                sink.on_data(sid, event.data, len(event.data), event.end_stream)  # nghttp2 credits padding
+                if event.end_stream and not sink.dead:
+                    sink.on_end(sid)
+            elif kind is ngh2.RequestReceived:
+                sid = self._last = event.stream_id
+                sink.on_request(sid, event.headers, event.end_stream)
+                if event.end_stream and not sink.dead:
+                    sink.on_end(sid)
+            elif kind is ngh2.StreamClosed:
+                sink.on_reset(event.stream_id, False)  # nothing once the call is over
+            elif kind is ngh2.WindowUpdated:
+                sink.on_window(event.stream_id)
+            elif kind is ngh2.TrailersReceived:
+                sink.on_end(event.stream_id)
+            elif kind is ngh2.StreamReset:
+                sink.on_reset(event.stream_id, True)
+            elif kind is ngh2.SettingsReceived:
+                sink.on_settings(_INITIAL_WINDOW_SIZE in event.settings)
+            elif kind is ngh2.PingReceived:
+                sink.on_ping()
+            elif kind is ngh2.GoAwayReceived:
+                sink.on_goaway()
+            else:
+                continue
+            if sink.dead:
+                break
+        return len(events)
+
+    def _fail(self, code: int, why: str) -> NoReturn:
+        """ngh2 has dropped the connection: what the client gets is this GOAWAY."""
+        self._fatal = goaway_frame(self._last, code, why.encode()[:256])
+        raise EngineError(f"HTTP/2 connection error: {why}")
+
+    @property
+    def alive(self) -> bool:
+        return self._fatal is None and self._c.want_read
+
+    def data_to_send(self) -> bytes:
+        fatal = self._fatal
+        if fatal is not None:
+            self._fatal = b""
+            return fatal
+        c = self._c
+        data = c.data_to_send()
+        if self._done:
+            done, self._done = self._done, []
+            for sid in done:
+                try:
+                    c.reset_stream(sid, NO_ERROR)
+                except ngh2.StreamUnavailableError:  # the client's END_STREAM closed it meanwhile
+                    pass
+            data += c.data_to_send()
+        return data
+
+    def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None:
+        if headers is not RESPONSE_HEAD:
+            headers = _never_indexed(headers)
+        self._c.send_response(sid, headers, end_stream=end_stream)
+
+    def trailers(self, sid: int, headers: Headers) -> None:
+        if headers is not OK_TRAILERS:
+            headers = _never_indexed(headers)
+        self._c.send_trailers(sid, headers)
+
+    def window(self, sid: int) -> int:
+        # nghttp2 takes from the windows as it writes DATA, not as it is queued: what is queued counts.
+        c = self._c
+        return min(c.stream_remote_window_size(sid) - c.queued_body_size(sid),
+                   c.remote_window_size - c.queued_body_size())
+
+    def acknowledge(self, credit: int, sid: int) -> None:
+        if credit:
+            self._c.acknowledge_received_data(credit, sid)
+
+    def reset(self, sid: int, code: int) -> None:
+        if code == NO_ERROR:
+            # nghttp2 writes a RST_STREAM before the HEADERS and DATA queued on its stream (and drops
+            # them): the answer leaves first, at the next data_to_send.
+            self._done.append(sid)
+            return
+        try:
+            self._c.reset_stream(sid, code)
+        except ngh2.StreamUnavailableError:  # closed already
+            pass
+
+    def calm(self, why: str) -> None:
+        self._c.send_goaway(ENHANCE_YOUR_CALM, debug_data=why.encode())
+
+    def graceful_goaway(self) -> bytes:
+        self._c.send_goaway(NO_ERROR)  # nghttp2 goes on serving the streams it has
+        return b""
