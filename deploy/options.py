@@ -73,7 +73,8 @@ def http_edge(a: HttpEdge) -> EdgeLimits:
 
 
 def grpc_server_choice(a: GrpcIngressSettings) -> str:
-    """Which gRPC server serves: h2 unless TLS or keepalive settings need grpcio (``--grpc-server auto``)."""
+    """Which gRPC server serves: h2 unless TLS or keepalive settings need grpcio (``--grpc-server auto``);
+    ``h2`` and ``ngh2`` are the event loop's server on either HTTP/2 engine, taken as named."""
     if a.grpc_server != "auto":
         return str(a.grpc_server)
     if a.grpc_use_ssl or a.grpc_use_ssl_mutual:
