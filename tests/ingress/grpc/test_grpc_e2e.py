@@ -1,6 +1,6 @@
 """tritonclient.grpc (sync, aio and streaming) against the real process group,
 through each gRPC server (``--grpc-server``): the group's own ingress (h2, the
-default) and an extra ingress joined to the same group (grpcio)."""
+default) and extra ingresses joined to the same group (grpcio; ngh2)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.support.extra_ingress import extra_grpc_ingress
 from tests.support.group import Server
 
 
-@pytest.fixture(scope="module", params=["grpcio", "h2"])
+@pytest.fixture(scope="module", params=["grpcio", "h2", "ngh2"])
 def grpc_url(request: pytest.FixtureRequest, server: Server) -> Iterator[str]:
     if request.param == "h2":  # the group's own ingress (--grpc-server auto)
         yield server.grpc_url
