@@ -55,6 +55,12 @@ NGH2_MAX_CONTINUATIONS = 8
 # decodes): metadata that large is refused with GOAWAY ENHANCE_YOUR_CALM. grpc clients send a few
 # hundred bytes; 64 KiB is h2's own default and what grpcio's peers accept.
 MAX_HEADER_LIST_SIZE = 1 << 16
+# On the ngh2 engine a header list over nghttp2's limit ends the connection (gRPC core resets only
+# the stream): its limit is set this far above MAX_HEADER_LIST_SIZE, so that one call whose metadata
+# is over MAX_HEADER_LIST_SIZE (RFC 9113's accounting) gets RESOURCE_EXHAUSTED of its own and the
+# connection lives; a list past this one is an attack (GOAWAY ENHANCE_YOUR_CALM). A block this size
+# fits in the NGH2_MAX_CONTINUATIONS + 1 frames nghttp2 takes.
+NGH2_HEADER_LIST_SIZE = 2 * MAX_HEADER_LIST_SIZE
 
 # PING and SETTINGS frames (each of which the server must acknowledge) a client may send at once
 # and then per second (a token bucket). gRPC clients send a few: their SETTINGS, a ping to measure

@@ -7,6 +7,9 @@ What ngh2 leaves to its user, done here:
   connection then lingers as on h2);
 - flow control by consumption (``auto_window_update=False``): the connection credits what its calls
   consume (``acknowledge``), against the same budgets as on h2;
+- a header list over its limit ends the connection: its limit is above MAX_HEADER_LIST_SIZE
+  (NGH2_HEADER_LIST_SIZE) and a call whose metadata is over MAX_HEADER_LIST_SIZE is answered
+  RESOURCE_EXHAUSTED here, as gRPC core answers it, the connection going on;
 - its outbound body queue is unbounded: ``window`` tells what the client's windows take less what
   is queued already, and the server sends no more than that (``outbound.pump``).
 """
@@ -34,18 +37,21 @@ from conveyor.ingress.grpc.h2_server.limits import (
     MAX_CONCURRENT_STREAMS,
     MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
+    NGH2_HEADER_LIST_SIZE,
     NGH2_MAX_CONTINUATIONS,
     NGH2_RESET_RATE,
     STREAM_WINDOW,
 )
-from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD
+from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, trailers
+
+_RESOURCE_EXHAUSTED = 8
 
 # The version this adapter was written and tested against (pyproject.toml pins it).
 PINNED_VERSION = "0.3.0"
 
 _CONFIG = Configuration(
     auto_window_update=False,  # credited as calls consume (connection.py)
-    max_inbound_header_list_size=MAX_HEADER_LIST_SIZE,
+    max_inbound_header_list_size=NGH2_HEADER_LIST_SIZE,  # the call's own limit is MAX_HEADER_LIST_SIZE
     max_continuations=NGH2_MAX_CONTINUATIONS,
     # The connection's own reset budget (GOAWAY ENHANCE_YOUR_CALM) is smaller and trips first;
     # nghttp2's (GOAWAY INTERNAL_ERROR) stays as a backstop.
@@ -114,7 +120,12 @@ class Ngh2Engine:
                     sink.on_end(sid)
             elif kind is ngh2.RequestReceived:
                 sid = self._last = event.stream_id
-                sink.on_request(sid, event.headers, event.end_stream)
+                headers = event.headers
+                size = 32 * len(headers) + sum([len(n) + len(v) for n, v in headers])  # RFC 9113 §6.5.2
+                if size > MAX_HEADER_LIST_SIZE:
+                    self._too_large(sid, size, event.end_stream)
+                    continue
+                sink.on_request(sid, headers, event.end_stream)
                 if event.end_stream and not sink.dead:
                     sink.on_end(sid)
             elif kind is ngh2.StreamClosed:
@@ -136,6 +147,14 @@ class Ngh2Engine:
             if sink.dead:
                 break
         return len(events)
+
+    def _too_large(self, sid: int, size: int, ended: bool) -> None:
+        """A call whose metadata is over MAX_HEADER_LIST_SIZE: RESOURCE_EXHAUSTED, the call never runs (what
+        it sends next is on a stream the connection does not know: credited back and dropped)."""
+        message = f"received metadata size exceeds hard limit ({size} vs. {MAX_HEADER_LIST_SIZE})"
+        self.respond(sid, RESPONSE_HEAD + trailers(_RESOURCE_EXHAUSTED, message), end_stream=True)
+        if not ended:
+            self.reset(sid, NO_ERROR)
 
     def _fail(self, code: int, why: str) -> NoReturn:
         """ngh2 has dropped the connection: what the client gets is this GOAWAY."""
