@@ -83,8 +83,14 @@ async def _start_h2(
     ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None,
     buffer_bytes: int, connection_buffer_bytes: int, engine: str,
 ) -> tuple[Any, int]:
+    from conveyor.ingress.grpc.h2_server.engine import ngh2_problem
     from conveyor.ingress.grpc.h2_server.server import H2Server
 
+    if engine == "ngh2":
+        problem = ngh2_problem()  # before the first connection: a foreign libnghttp2 would crash it
+        if problem:
+            log.error("gRPC: the ngh2 HTTP/2 engine failed its start-up self-test, serving on h2 instead: %s", problem)
+            engine = "h2"
     tables = {
         service.SERVICE: service.handler_table(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)),
         health.SERVICE: health.handler_table(health.HealthServicer(ctx.link, ctx.drain)),
@@ -125,7 +131,8 @@ async def run(
         server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted,
                                            implementation=implementation, buffer_bytes=buffer_bytes,
                                            connection_buffer_bytes=connection_buffer_bytes, options=options)
-        log.info("gRPC ingress listening on %s%s", _address(host, bound), " (TLS)" if tls else "")
+        engine = getattr(server, "engine_name", "grpcio")
+        log.info("gRPC ingress listening on %s%s (%s)", _address(host, bound), " (TLS)" if tls else "", engine)
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
         try:

@@ -183,6 +183,16 @@ class H2Engine:
 ENGINES = ("h2", "ngh2")
 
 
+def ngh2_problem() -> str:
+    """Why the ngh2 engine must not serve in this process (its start-up self-test), or ''."""
+    try:
+        from conveyor.ingress.grpc.h2_server import ngh2_engine
+
+        return ngh2_engine.self_test()
+    except Exception as err:  # not installed, or any failure of the test itself: h2 serves instead
+        return f"{type(err).__name__}: {err}"
+
+
 def engine_class(name: str) -> Callable[[Sink], Engine]:
     """The engine called ``name`` (``ENGINES``): what makes one for each connection."""
     if name == "ngh2":

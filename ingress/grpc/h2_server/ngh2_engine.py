@@ -219,3 +219,106 @@ class Ngh2Engine:
     def graceful_goaway(self) -> bytes:
         self._c.send_goaway(NO_ERROR)  # nghttp2 goes on serving the streams it has
         return b""
+
+
+# --- the start-up self-test -------------------------------------------------------------------------
+
+class _Recorder:
+    """A sink that keeps what the engine reports (the self-test's server side)."""
+
+    dead = False
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] = []
+
+    def on_request(self, sid: int, headers: Headers, ended: bool) -> None:
+        self.seen.append(("request", sid, dict(headers).get(b":path"), ended))
+
+    def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None:
+        self.seen.append(("data", sid, bytes(data), ended))
+
+    def on_end(self, sid: int) -> None:
+        self.seen.append(("end", sid))
+
+    def on_reset(self, sid: int, remote: bool) -> None:
+        self.seen.append(("reset", sid, remote))
+
+    def on_window(self, sid: int) -> None:
+        pass
+
+    def on_settings(self, window_changed: bool) -> None:
+        pass
+
+    def on_ping(self) -> None:
+        pass
+
+    def on_goaway(self) -> None:
+        self.seen.append(("goaway",))
+
+
+def foreign_libnghttp2(maps: str) -> list[str]:
+    """Other libnghttp2 libraries mapped in this process (``maps``: /proc/self/maps): their exported
+    ``nghttp2_*`` symbols could take the place of ngh2's own (it links without -Bsymbolic), and a
+    Connection would then crash the process."""
+    return sorted({line.split()[-1] for line in maps.splitlines() if "libnghttp2" in line})
+
+
+def self_test() -> str:
+    """Why this process must not serve on ngh2, or '' (issue 44: run before the first connection).
+
+    The pinned version; no other libnghttp2 mapped; an in-memory unary call with trailers through this
+    adapter; a CONTINUATION flood trips (GOAWAY ENHANCE_YOUR_CALM); the limits are the ones advertised."""
+    if ngh2.__version__ != PINNED_VERSION:
+        return f"ngh2 {ngh2.__version__} is installed, this server was tested with {PINNED_VERSION}"
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            foreign = foreign_libnghttp2(f.read())
+    except OSError:  # not Linux: nothing can be checked, and nothing seen
+        foreign = []
+    if foreign:
+        return f"another libnghttp2 is loaded in this process ({', '.join(foreign)}): ngh2 could bind to it"
+    recorder = _Recorder()
+    server = Ngh2Engine(recorder)
+    server.start()
+    client = ngh2.Connection(Role.CLIENT)
+    client.initiate_connection()
+    client.receive_data(server.data_to_send())
+    advertised: dict[int, int] = {}
+    for event in client.events():
+        if isinstance(event, ngh2.SettingsReceived):
+            advertised.update(event.settings)
+    wanted = {int(k): v for k, v in _SETTINGS.items() if k != Setting.ENABLE_PUSH}
+    if {k: advertised.get(k) for k in wanted} != wanted:
+        return f"the SETTINGS sent are {advertised}, not {wanted}"
+    path = b"/inference.GRPCInferenceService/ServerLive"
+    sid = client.send_request([(b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
+                               (b":authority", b"self-test"), (b"content-type", b"application/grpc"),
+                               (b"te", b"trailers")])
+    client.send_data(sid, b"\0\0\0\0\0", end_stream=True)
+    server.feed(client.data_to_send())
+    if recorder.seen != [("request", sid, path, False), ("data", sid, b"\0\0\0\0\0", True), ("end", sid)]:
+        return f"the server saw {recorder.seen}"
+    server.acknowledge(5, sid)
+    server.respond(sid, RESPONSE_HEAD)
+    server.send(sid, b"\0\0\0\0\2\x08\x01")
+    server.trailers(sid, trailers(3, "self-test"))
+    client.receive_data(server.data_to_send())
+    got = [type(e).__name__ for e in client.events() if not isinstance(e, ngh2.SettingsAcknowledged)]
+    if got[:3] != ["ResponseReceived", "DataReceived", "TrailersReceived"]:
+        return f"the client saw {got}"
+    # A CONTINUATION flood (CVE-2024-28182) on a second connection.
+    flooded = Ngh2Engine(_Recorder())
+    flooded.start()
+    flooded.data_to_send()
+    block = b"\x83\x86"  # :method POST, :scheme http (HPACK static table), the block never ended
+    frames = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\x04\0\0\0\0\0"  # the preface, an empty SETTINGS
+    frames += len(block).to_bytes(3, "big") + b"\x01\0\0\0\0\x01" + block  # HEADERS without END_HEADERS
+    frames += b"\0\0\0\x09\0\0\0\0\x01" * (NGH2_MAX_CONTINUATIONS + 2)
+    try:
+        flooded.feed(frames)
+    except EngineError:
+        goaway = flooded.data_to_send()
+        if goaway[3:4] != b"\x07" or int.from_bytes(goaway[13:17], "big") != ENHANCE_YOUR_CALM:
+            return f"a CONTINUATION flood was answered {goaway[:17].hex()}, not GOAWAY ENHANCE_YOUR_CALM"
+        return ""
+    return "a CONTINUATION flood was not stopped"
