@@ -5,8 +5,8 @@ while a tritonclient gRPC client calls ``simple`` every 20 ms on another. Each t
 what the attacker was answered, that the other client was served all along, that the
 ingress process's RSS stayed bounded, and that it is idle again soon after (its CPU time
 stops growing). Every attack meets each HTTP/2 engine: the group's own gRPC ingress
-(``conveyor serve`` defaults: h2) and an extra ingress of the group on ngh2
-(``--grpc-server ngh2``); the buffer budgets' attacks go to an extra ingress started with
+(``conveyor serve`` defaults: ngh2) and an extra ingress of the group on the other one
+(``--grpc-server h2``); the buffer budgets' attacks go to an extra ingress started with
 small budgets.
 """
 
@@ -20,6 +20,7 @@ from functools import partial
 
 import pytest
 
+from conveyor.deploy.options import AUTO_GRPC_SERVER
 from conveyor.ingress.grpc.h2_server import limits
 from conveyor.ingress.grpc.h2_server.engine import ENGINES
 from tests.support import h2_attacks as h2a
@@ -69,15 +70,15 @@ def attacked(target: Target, attack: Callable[[int], h2a.Outcome], victim_url: s
 
 @pytest.fixture(scope="module")
 def own(server: Server) -> Target:
-    """The group's own gRPC ingress (h2, the default)."""
+    """The group's own gRPC ingress (--grpc-server auto: AUTO_GRPC_SERVER)."""
     (pid,) = pids_of(server, "ingress-grpc")
-    return Target(server.grpc_url, server.grpc_port, pid, "h2")
+    return Target(server.grpc_url, server.grpc_port, pid, AUTO_GRPC_SERVER)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
 def target(request: pytest.FixtureRequest, server: Server, own: Target) -> Iterator[Target]:
-    """The gRPC ingress on each HTTP/2 engine."""
-    if request.param == "h2":
+    """The gRPC ingress on each HTTP/2 engine: the group's own for the default one, else an extra."""
+    if request.param == own.engine:
         yield own
         return
     with extra_grpc_ingress_process(server, "--grpc-server", request.param) as (url, pid):
