@@ -69,6 +69,10 @@ NGH2_HEADER_LIST_SIZE = 2 * MAX_HEADER_LIST_SIZE
 # flood of them ends with GOAWAY ENHANCE_YOUR_CALM.
 INDUCED_BURST = 1000
 INDUCED_RATE_PER_S = 100.0
+# On the ngh2 engine, nghttp2's own cap on acknowledgements queued and not yet written (its default):
+# past it the connection ends with GOAWAY ENHANCE_YOUR_CALM. The server writes after each piece it
+# feeds (FEED_*), so the budget above trips first; this one is for a peer that does not read.
+NGH2_MAX_OUTBOUND_ACK = 1000
 # The transport's write buffer past which the connection stops reading (and streaming replies
 # wait): a peer that does not read cannot make the server buffer what its frames induce (PING
 # and SETTINGS acknowledgements, RST_STREAM for frames on closed streams) nor anything else

@@ -39,6 +39,7 @@ from conveyor.ingress.grpc.h2_server.limits import (
     MAX_HEADER_LIST_SIZE,
     NGH2_HEADER_LIST_SIZE,
     NGH2_MAX_CONTINUATIONS,
+    NGH2_MAX_OUTBOUND_ACK,
     NGH2_RESET_RATE,
     STREAM_WINDOW,
 )
@@ -53,6 +54,7 @@ _CONFIG = Configuration(
     auto_window_update=False,  # credited as calls consume (connection.py)
     max_inbound_header_list_size=NGH2_HEADER_LIST_SIZE,  # the call's own limit is MAX_HEADER_LIST_SIZE
     max_continuations=NGH2_MAX_CONTINUATIONS,
+    max_outbound_ack=NGH2_MAX_OUTBOUND_ACK,
     # The connection's own reset budget (GOAWAY ENHANCE_YOUR_CALM) is smaller and trips first;
     # nghttp2's (GOAWAY INTERNAL_ERROR) stays as a backstop.
     stream_reset_rate_limit=NGH2_RESET_RATE,
@@ -267,7 +269,7 @@ def self_test() -> str:
     """Why this process must not serve on ngh2, or '' (issue 44: run before the first connection).
 
     The pinned version; no other libnghttp2 mapped; an in-memory unary call with trailers through this
-    adapter; a CONTINUATION flood trips (GOAWAY ENHANCE_YOUR_CALM); the limits are the ones advertised."""
+    adapter; CONTINUATION and PING floods trip (GOAWAY ENHANCE_YOUR_CALM); the limits are the ones advertised."""
     if ngh2.__version__ != PINNED_VERSION:
         return f"ngh2 {ngh2.__version__} is installed, this server was tested with {PINNED_VERSION}"
     try:
@@ -306,19 +308,22 @@ def self_test() -> str:
     got = [type(e).__name__ for e in client.events() if not isinstance(e, ngh2.SettingsAcknowledged)]
     if got[:3] != ["ResponseReceived", "DataReceived", "TrailersReceived"]:
         return f"the client saw {got}"
-    # A CONTINUATION flood (CVE-2024-28182) on a second connection.
-    flooded = Ngh2Engine(_Recorder())
-    flooded.start()
-    flooded.data_to_send()
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\x04\0\0\0\0\0"  # and an empty SETTINGS
+    # A CONTINUATION flood (CVE-2024-28182), and PINGs whose acknowledgements are never written.
     block = b"\x83\x86"  # :method POST, :scheme http (HPACK static table), the block never ended
-    frames = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\x04\0\0\0\0\0"  # the preface, an empty SETTINGS
-    frames += len(block).to_bytes(3, "big") + b"\x01\0\0\0\0\x01" + block  # HEADERS without END_HEADERS
-    frames += b"\0\0\0\x09\0\0\0\0\x01" * (NGH2_MAX_CONTINUATIONS + 2)
-    try:
-        flooded.feed(frames)
-    except EngineError:
-        goaway = flooded.data_to_send()
-        if goaway[3:4] != b"\x07" or int.from_bytes(goaway[13:17], "big") != ENHANCE_YOUR_CALM:
-            return f"a CONTINUATION flood was answered {goaway[:17].hex()}, not GOAWAY ENHANCE_YOUR_CALM"
-        return ""
-    return "a CONTINUATION flood was not stopped"
+    continuations = len(block).to_bytes(3, "big") + b"\x01\0\0\0\0\x01" + block  # HEADERS without END_HEADERS
+    continuations += b"\0\0\0\x09\0\0\0\0\x01" * (NGH2_MAX_CONTINUATIONS + 2)
+    pings = b"\0\0\x08\x06\0\0\0\0\0" + b"\0" * 8
+    for name, flood in (("CONTINUATION", continuations), ("PING", pings * (NGH2_MAX_OUTBOUND_ACK + 10))):
+        flooded = Ngh2Engine(_Recorder())
+        flooded.start()
+        flooded.data_to_send()
+        try:
+            flooded.feed(preface + flood)
+        except EngineError:
+            goaway = flooded.data_to_send()
+            if goaway[3:4] != b"\x07" or int.from_bytes(goaway[13:17], "big") != ENHANCE_YOUR_CALM:
+                return f"a {name} flood was answered {goaway[:17].hex()}, not GOAWAY ENHANCE_YOUR_CALM"
+            continue
+        return f"a {name} flood was not stopped"
+    return ""

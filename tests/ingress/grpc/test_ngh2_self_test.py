@@ -28,14 +28,16 @@ def test_another_libnghttp2_in_the_process_is_named() -> None:
         assert ngh2_engine.foreign_libnghttp2(f.read()) == []  # ngh2's own library is not one
 
 
-@pytest.mark.parametrize("broken", ["version", "flood"])
+@pytest.mark.parametrize("broken", ["version", "continuation", "ping"])
 async def test_a_failed_self_test_serves_on_h2_and_says_so(
     broken: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     if broken == "version":
         monkeypatch.setattr(ngh2_engine, "PINNED_VERSION", "0.0.1")
-    else:  # nghttp2 lets a CONTINUATION flood through
+    elif broken == "continuation":  # nghttp2 lets a CONTINUATION flood through
         monkeypatch.setattr(ngh2_engine, "_CONFIG", dataclasses.replace(ngh2_engine._CONFIG, max_continuations=1000))
+    else:  # the PING flood meets no limit (the self-test sends past the configured one)
+        monkeypatch.setattr(ngh2_engine, "_CONFIG", dataclasses.replace(ngh2_engine._CONFIG, max_outbound_ack=10 ** 6))
     ctx = SimpleNamespace(link=FakeLink(), dataplane=FakeDataPlane(), drain=IngressDrain())
     with caplog.at_level(logging.ERROR):
         server, port = await start_server(ctx, "127.0.0.1", 0, implementation="ngh2")  # type: ignore[arg-type]
@@ -43,7 +45,7 @@ async def test_a_failed_self_test_serves_on_h2_and_says_so(
         assert server.engine_name == "h2"
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "serving on h2 instead" in errors[0], errors
-        assert ("0.0.1" if broken == "version" else "CONTINUATION flood") in errors[0]
+        assert {"version": "0.0.1", "continuation": "CONTINUATION flood", "ping": "PING flood"}[broken] in errors[0]
         client = tga.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             assert await client.is_server_live()
