@@ -103,12 +103,14 @@ class GrpcServer(Settings):
 
     ACTORS = _INGRESS
     grpc_server: str = setting(
-        ("--grpc-server",), "the gRPC server: h2 (on the event loop, over python-hyper's h2, with the HTTP/2 "
-        "limits of docs/SECURITY.md) or grpcio (grpc.aio); auto: h2 unless TLS or one of the --grpc-keepalive-*, "
+        ("--grpc-server",), "the gRPC server: ngh2 (on the event loop, over libnghttp2 through ngh2, with the "
+        "HTTP/2 limits of docs/SECURITY.md; h2 if its start-up self-test fails), h2 (the same server over "
+        "python-hyper's h2) or grpcio (grpc.aio); auto: ngh2 unless TLS or one of the --grpc-keepalive-*, "
         "--grpc-http2-* or --grpc-max-connection-age* flags asks for what only grpcio does. Default: "
         "$CONVEYOR_GRPC_SERVER, else auto",
-        default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2"))
-    # The gRPC server on h2 (--grpc-server h2, the default): request bytes held before calls take them.
+        default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2", "ngh2"))
+    # The gRPC server on the event loop (--grpc-server ngh2, the default, or h2): request bytes held before calls
+    # take them.
     grpc_max_buffer_bytes: int = setting(
         ("--grpc-max-buffer-bytes",), "request message bytes one gRPC ingress process holds before their calls "
         "take them; the stream past it ends with RESOURCE_EXHAUSTED; 0: no limit "

@@ -1,7 +1,7 @@
 """CPU per call of the gRPC servers themselves, with nothing behind them.
 
     python -m conveyor.deploy.benchmarks.grpc_servers [--calls 4000] [--concurrency 16] [--rounds 3] \
-        [--old-tree DIR]
+        [--servers h2,ngh2,grpcio-aio,grpcio-sync] [--old-tree DIR]
 
 Each server runs in a process of its own and answers ``ModelInfer`` with a fixed 150-byte
 message (no data plane, no router); a ``grpc.aio`` client in another process makes
@@ -10,6 +10,7 @@ process's CPU (utime + stime) divided by the calls. The servers, measured in int
 rounds so that they see the same load:
 
 - ``h2``: this checkout's ``ingress/grpc/h2_server`` (python-hyper's ``H2Connection``), on uvloop;
+- ``ngh2``: the same server on its other HTTP/2 engine (libnghttp2 through ``ngh2``), on uvloop;
 - ``grpcio-aio``: ``grpc.aio.server``, on uvloop;
 - ``grpcio-sync``: ``grpc.server`` with a pool of 16 threads;
 - ``old``: with ``--old-tree DIR``, the hand-written HTTP/2 server of an older checkout
@@ -65,7 +66,8 @@ async def serve_async():
             from conveyor.ingress.grpc.h2.server import H2Server
         else:
             from conveyor.ingress.grpc.h2_server.server import H2Server
-        server = H2Server({METHOD: grpc.unary_unary_rpc_method_handler(infer)})
+        engine = {"engine": kind} if kind in ("h2", "ngh2") else {}
+        server = H2Server({METHOD: grpc.unary_unary_rpc_method_handler(infer)}, **engine)
         await server.start("127.0.0.1", port)
     print("ready", flush=True)
     stop = asyncio.Event()
@@ -128,9 +130,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--servers", default="h2,ngh2,grpcio-aio,grpcio-sync",
+                        help="which servers, comma-separated (of h2, ngh2, grpcio-aio, grpcio-sync)")
     parser.add_argument("--old-tree", type=Path, help="an older checkout whose ingress/grpc/h2 is measured too")
     args = parser.parse_args()
-    servers: dict[str, dict[str, str]] = {"h2": {}, "grpcio-aio": {}, "grpcio-sync": {}}
+    servers: dict[str, dict[str, str]] = {kind: {} for kind in args.servers.split(",") if kind}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "server.py"
         script.write_text(_SERVER)

@@ -58,14 +58,15 @@ async def start_server(
 
     ``tls`` serves TLS instead of plaintext; ``restricted`` maps API categories to
     the metadata each needs (``--grpc-restricted-protocol``). ``implementation``
-    is ``grpcio`` (grpc.aio) or ``h2`` (``h2_server/``, on python-hyper's h2:
-    plaintext only, so TLS is served by grpcio whatever it says); ``buffer_bytes``
-    and ``connection_buffer_bytes`` are h2's budgets for request bytes held
+    is ``grpcio`` (grpc.aio), ``h2`` or ``ngh2`` (``h2_server/``, the event loop's
+    server, on python-hyper's h2 or on libnghttp2 through ngh2: plaintext only, so
+    TLS is served by grpcio whatever it says); ``buffer_bytes``
+    and ``connection_buffer_bytes`` are that server's budgets for request bytes held
     before their calls take them (``--grpc-max-buffer-bytes``,
     ``--grpc-max-connection-buffer-bytes``); ``options``: grpcio's channel arguments
     beyond ``SERVER_OPTIONS`` (the ``--grpc-keepalive-*`` flags)."""
-    if implementation == "h2" and tls is None:
-        return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes)
+    if implementation in ("h2", "ngh2") and tls is None:
+        return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes, implementation)
     interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
     server = grpc.aio.server(options=[*SERVER_OPTIONS, *options], interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
@@ -80,17 +81,23 @@ async def start_server(
 
 async def _start_h2(
     ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None,
-    buffer_bytes: int, connection_buffer_bytes: int,
+    buffer_bytes: int, connection_buffer_bytes: int, engine: str,
 ) -> tuple[Any, int]:
+    from conveyor.ingress.grpc.h2_server.engine import ngh2_problem
     from conveyor.ingress.grpc.h2_server.server import H2Server
 
+    if engine == "ngh2":
+        problem = ngh2_problem()  # before the first connection: a foreign libnghttp2 would crash it
+        if problem:
+            log.error("gRPC: the ngh2 HTTP/2 engine failed its start-up self-test, serving on h2 instead: %s", problem)
+            engine = "h2"
     tables = {
         service.SERVICE: service.handler_table(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)),
         health.SERVICE: health.handler_table(health.HealthServicer(ctx.link, ctx.drain)),
     }
     handlers = {f"/{name}/{method}": h for name, table in tables.items() for method, h in table.items()}
     server = H2Server(handlers, method_restrictions(restricted) if restricted else None,
-                      buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes)
+                      buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes, engine=engine)
     return server, await server.start(host, port)
 
 
@@ -124,7 +131,8 @@ async def run(
         server, bound = await start_server(ctx, host, port, tls=tls, restricted=restricted,
                                            implementation=implementation, buffer_bytes=buffer_bytes,
                                            connection_buffer_bytes=connection_buffer_bytes, options=options)
-        log.info("gRPC ingress listening on %s%s", _address(host, bound), " (TLS)" if tls else "")
+        engine = getattr(server, "engine_name", "grpcio")
+        log.info("gRPC ingress listening on %s%s (%s)", _address(host, bound), " (TLS)" if tls else "", engine)
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
         try:
@@ -170,7 +178,7 @@ def serve(
         limits: what one request may hold, and how many may be in flight.
         tls: serve TLS (or mutual TLS) instead of plaintext.
         restricted: API category -> the metadata it needs.
-        implementation: ``grpcio`` or ``h2`` (``start_server``).
+        implementation: ``grpcio``, ``h2`` or ``ngh2`` (``start_server``).
         buffer_bytes, connection_buffer_bytes: h2's request buffer budgets (``start_server``).
         options: grpcio's channel arguments beyond ``SERVER_OPTIONS`` (``start_server``).
     """

@@ -109,9 +109,28 @@ class Attacker:
         self._closing = False  # our own close: what the reader sees then is not the server's doing
         self._reader: threading.Thread | None = None
         self.send(PREFACE + frame(SettingsFrame(0, settings=settings or {})))
+        self._acknowledge_settings()
         if read:
             self._reader = threading.Thread(target=self._read, daemon=True)
             self._reader.start()
+
+    def _acknowledge_settings(self) -> None:
+        """Read the server's SETTINGS (its first frame) and acknowledge it, as a client does before it
+        counts on the windows and limits it sets (nghttp2 holds a client to HTTP/2's defaults until then).
+        What follows it stays in the socket for the reader."""
+        def exactly(n: int) -> bytes:
+            out = b""
+            while len(out) < n:
+                got = self.sock.recv(n - len(out))
+                if not got:
+                    raise ConnectionError("the server closed before its SETTINGS")
+                out += got
+            return out
+
+        head = exactly(9)
+        exactly(int.from_bytes(head[:3], "big"))
+        assert head[3] == 0x4, head  # SETTINGS
+        self.send(frame(SettingsFrame(0, flags=["ACK"])))
 
     def block(self, fields: list[tuple[str, str]]) -> bytes:
         return bytes(self.encoder.encode(fields))

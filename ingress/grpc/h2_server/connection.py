@@ -1,7 +1,8 @@
-"""One HTTP/2 connection serving gRPC calls: an asyncio protocol that drives h2's
-sans-IO ``H2Connection`` (python-hyper h2: frames, CONTINUATION, HPACK, flow-control
-windows, stream states, SETTINGS and PING are all h2's). This module maps h2's events
-onto gRPC calls (``calls``); what goes out is ``outbound``'s.
+"""One HTTP/2 connection serving gRPC calls: an asyncio protocol that drives a sans-IO
+HTTP/2 engine (``engine``: python-hyper's h2 or libnghttp2 through ngh2; frames,
+CONTINUATION, HPACK, flow-control windows, stream states, SETTINGS and PING are the
+engine's). This module maps the engine's events onto gRPC calls (``calls``); what goes
+out is ``outbound``'s.
 
 Plaintext HTTP/2 with prior knowledge (h2c), as gRPC clients speak it (RFC 9113;
 gRPC's mapping onto it is PROTOCOL-HTTP2.md in grpc/grpc).
@@ -11,7 +12,7 @@ call's message is consumed as it arrives (it is wanted whole, and held against t
 buffer budgets below); a streaming call's bytes are credited at once while its
 handler keeps up, and once it is behind only as the handler takes each message, so
 a handler that stops reading stops its client, and a client that sends past its
-window gets FLOW_CONTROL_ERROR (h2's check).
+window gets FLOW_CONTROL_ERROR (the engine's check).
 
 The limits (``limits``) each stop one attack; docs/SECURITY.md lists them with what an
 offending client sees.
@@ -22,39 +23,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-import h2.frame_buffer
-import h2.settings
-from h2.errors import ErrorCodes
-from h2.settings import SettingCodes
-from hyperframe.frame import GoAwayFrame
-
 from conveyor.ingress.grpc.h2_server.calls import run_call
 from conveyor.ingress.grpc.h2_server.context import CallContext
+from conveyor.ingress.grpc.h2_server.engine import REFUSED_STREAM, EngineError, Headers
 from conveyor.ingress.grpc.h2_server.limits import (
     CLOSE_TIMEOUT_S,
-    CLOSED_STREAMS_REMEMBERED,
-    CONNECTION_WINDOW,
     FEED_FRAMES,
     FEED_MAX_BYTES,
     FEED_MIN_BYTES,
-    H2_STREAM_CEILING,
     INDUCED_BURST,
     INDUCED_RATE_PER_S,
     LINGER_S,
     MAX_CONCURRENT_STREAMS,
-    MAX_FRAME_SIZE,
-    MAX_HEADER_LIST_SIZE,
     RESET_BURST,
     RESET_RATE_PER_S,
-    STREAM_WINDOW,
     WRITE_BUFFER_HIGH,
     TokenBucket,
 )
@@ -77,30 +62,6 @@ log = logging.getLogger(__name__)
 _INTERNAL, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _UNAVAILABLE = 13, 4, 8, 12, 14
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
 
-_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,  # header names and values stay bytes
-    validate_inbound_headers=True,
-    normalize_inbound_headers=True,
-    # What the server sends is its own constant headers and percent-encoded messages.
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-    split_outbound_cookies=False,
-)
-
-_LOCAL_SETTINGS = {
-    SettingCodes.ENABLE_PUSH: 0,
-    SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-    SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-    SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
-    SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
-}
-
-
-class _H2(h2.connection.H2Connection):
-    MAX_CLOSED_STREAMS = CLOSED_STREAMS_REMEMBERED
-
-
 def _why(err: Exception) -> str:
     if isinstance(err, Truncated):
         return "the compressed stream is truncated"
@@ -117,10 +78,7 @@ class GrpcConnection(asyncio.Protocol):
         self._server = server
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        h2c = self._h2 = _H2(_CONFIG)
-        h2c.local_settings = h2.settings.Settings(client=False, initial_values=_LOCAL_SETTINGS)
-        h2c.max_inbound_frame_size = MAX_FRAME_SIZE
-        h2c.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
+        engine = self._engine = server.engine(self)
         self._streams: dict[int, Stream] = {}
         self._budget = ByteBudget(server.connection_buffer_bytes)
         self._message_limit = min(MAX_MESSAGE_BYTES, server.connection_buffer_bytes or MAX_MESSAGE_BYTES)
@@ -133,17 +91,11 @@ class GrpcConnection(asyncio.Protocol):
         self._closing = False  # a graceful GOAWAY was sent: new streams are refused
         self._lingering = False  # the FIN is sent: reading only to drop what the peer still sends
         self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
-        self._out = Outbound(h2c, self._loop, self._forget)
-        self._dispatch: dict[type, Callable[[Any], None]] = {
-            h2.events.RequestReceived: self._on_request,
-            h2.events.DataReceived: self._on_data,
-            h2.events.StreamEnded: self._on_end,
-            h2.events.StreamReset: self._on_reset,
-            h2.events.WindowUpdated: self._on_window_update,
-            h2.events.RemoteSettingsChanged: self._on_settings,
-            h2.events.PingReceived: self._on_ping,
-            h2.events.ConnectionTerminated: self._on_goaway,
-        }
+        self._out = Outbound(engine, self._loop, self._forget)
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
 
     # --- transport -------------------------------------------------------------------
 
@@ -153,14 +105,7 @@ class GrpcConnection(asyncio.Protocol):
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self._out.transport = self._transport
         self._server.connections.add(self)
-        h2c = self._h2
-        h2c.initiate_connection()
-        h2c.increment_flow_control_window(CONNECTION_WINDOW - h2c.inbound_flow_control_window)
-        # The SETTINGS frame above advertised MAX_CONCURRENT_STREAMS; h2's own check now uses the
-        # ceiling (see H2_STREAM_CEILING). Nothing else is pending in the local settings, so the
-        # client's acknowledgement later changes nothing.
-        h2c.local_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = H2_STREAM_CEILING
-        h2c.local_settings.acknowledge()
+        self._engine.start()
         self._out.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -196,16 +141,11 @@ class GrpcConnection(asyncio.Protocol):
         return not self._streams
 
     def goaway(self) -> None:
-        """Refuse new calls; close once the running ones are done.
-
-        h2 sends nothing once it has sent a GOAWAY of its own (its connection state machine is
-        then closed), so this graceful one is built with hyperframe, h2's frame layer, and
-        written after h2's output; h2 goes on serving the streams it has."""
+        """Refuse new calls; close once the running ones are done."""
         if self._closing or self._dead or self._transport is None:
             return
         self._closing = True
-        last = self._h2.highest_inbound_stream_id
-        self._out.extra = bytes(GoAwayFrame(0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR).serialize())
+        self._out.extra = self._engine.graceful_goaway()
         self._out.flush()
         self._close_if_done()
 
@@ -274,25 +214,23 @@ class GrpcConnection(asyncio.Protocol):
 
     def _feed(self, data: bytes | memoryview) -> None:
         try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as err:  # flow control, too many streams or CONTINUATION, a bad frame
-            self._end(f"HTTP/2 connection error: {err}")  # h2 has queued its GOAWAY
+            count = self._engine.feed(data)  # calls on_request, on_data… below
+        except EngineError as err:  # flow control, too many streams or CONTINUATION, a bad frame
+            self._end(str(err))  # the engine's GOAWAY (queued) leaves
             return
-        dispatch = self._dispatch
-        for event in events:
-            handler = dispatch.get(type(event))
-            if handler is not None:
-                handler(event)
-                if self._dead:
-                    return
+        if self._dead:
+            return
         self._out.flush()
-        if len(events) > FEED_FRAMES:
-            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * FEED_FRAMES // len(events))
-        elif len(events) < FEED_FRAMES // 2 and len(data) >= self._feed_size:
+        if not self._engine.alive:  # it ended the connection itself (its GOAWAY was just written)
+            self._end("HTTP/2 connection error")
+            return
+        if count > FEED_FRAMES:
+            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * FEED_FRAMES // count)
+        elif count < FEED_FRAMES // 2 and len(data) >= self._feed_size:
             self._feed_size = min(FEED_MAX_BYTES, 2 * self._feed_size)
 
     def _end(self, why: str) -> None:
-        """The connection is over: what h2 queued (its GOAWAY) leaves, every call stops."""
+        """The connection is over: what the engine queued (its GOAWAY) leaves, every call stops."""
         log.debug("gRPC connection closed: %s", why)
         self._dead = True
         self._unfed = None
@@ -302,24 +240,26 @@ class GrpcConnection(asyncio.Protocol):
 
     def _calm(self, why: str) -> None:
         """GOAWAY ENHANCE_YOUR_CALM: the client spent a budget."""
-        self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM, additional_data=why.encode())
+        self._engine.calm(why)
         self._end(why)
 
-    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
-        # The client leaves; h2 sends nothing more once a GOAWAY was received.
+    # --- the engine's events ----------------------------------------------------------
+
+    def on_goaway(self) -> None:
+        # The client leaves; the engine sends nothing more once a GOAWAY was received.
         self._end("the client sent GOAWAY")
 
-    def _on_window_update(self, event: h2.events.WindowUpdated) -> None:
-        self._out.window_opened(event.stream_id)
+    def on_window(self, sid: int) -> None:
+        self._out.window_opened(sid)
 
-    def _on_settings(self, event: h2.events.RemoteSettingsChanged) -> None:
+    def on_settings(self, window_changed: bool) -> None:
         if not self._induced.spend(self._loop.time()):
             self._calm("too many PING or SETTINGS frames")
             return
-        if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+        if window_changed:
             self._out.window_opened(-1)
 
-    def _on_ping(self, event: h2.events.PingReceived) -> None:
+    def on_ping(self) -> None:
         if not self._induced.spend(self._loop.time()):
             self._calm("too many PING or SETTINGS frames")
 
@@ -327,26 +267,25 @@ class GrpcConnection(asyncio.Protocol):
         if not self._resets.spend(self._loop.time()):
             self._calm("too many streams reset or refused")
 
-    def _on_request(self, event: h2.events.RequestReceived) -> None:
-        sid = event.stream_id
+    def on_request(self, sid: int, headers: Headers, ended: bool) -> None:
         if self._closing:
-            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self._engine.reset(sid, REFUSED_STREAM)
             return
         if len(self._streams) >= MAX_CONCURRENT_STREAMS:
-            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self._engine.reset(sid, REFUSED_STREAM)
             self._spend_reset()
             return
-        head = RequestHead(event.headers)
+        head = RequestHead(headers)
         if not head.content_type.startswith("application/grpc"):
             # gRPC over HTTP/2: a request that is not gRPC gets HTTP's 415, not a gRPC status.
-            self._out.reject(sid, UNSUPPORTED_MEDIA_TYPE, end_stream=event.stream_ended is not None)
+            self._out.reject(sid, UNSUPPORTED_MEDIA_TYPE, end_stream=ended)
             return
         handler = self._server.handlers.get(head.path)
         stream = Stream(sid, head, handler, CallContext(head, self._loop), self._message_limit)
         self._streams[sid] = stream
-        # h2 has taken the frame whole: with END_STREAM its stream is half-closed already (the
-        # StreamEnded event that follows does the rest).
-        stream.remote_closed = event.stream_ended is not None
+        # The engine has taken the frame whole: with END_STREAM its stream is half-closed already
+        # (on_end, called next, does the rest).
+        stream.remote_closed = ended
         refusal = self._refusal(stream)
         if refusal is not None or handler is None:
             self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
@@ -374,22 +313,20 @@ class GrpcConnection(asyncio.Protocol):
                 return _UNAVAILABLE, message
         return None
 
-    def _on_data(self, event: h2.events.DataReceived) -> None:
-        sid = event.stream_id
-        credit = event.flow_controlled_length
+    def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None:
+        """DATA on ``sid``; ``credit``: its flow-controlled length (padding included)."""
         stream = self._streams.get(sid)
         if stream is None or stream.local_closed:  # a stream already answered or refused: discarded
-            self._h2.acknowledge_received_data(credit, sid)
+            self._engine.acknowledge(credit, sid)
             return
-        if event.stream_ended is not None:
-            stream.remote_closed = True  # as in _on_request
-        data = event.data
+        if ended:
+            stream.remote_closed = True  # as in on_request
         if not self._charge(stream, len(data)):
-            self._h2.acknowledge_received_data(credit, sid)
+            self._engine.acknowledge(credit, sid)
             return
         inbox = stream.inbox
         if inbox is None or not (inbox or stream.deferred):
-            self._h2.acknowledge_received_data(credit, sid)  # consumed: a unary message, or a handler keeping up
+            self._engine.acknowledge(credit, sid)  # consumed: a unary message, or a handler keeping up
         else:
             stream.deferred += credit  # credited as the handler takes its messages (_taken)
         try:
@@ -430,7 +367,7 @@ class GrpcConnection(asyncio.Protocol):
         self._release(stream, held)
         inbox = stream.inbox
         if stream.deferred and not inbox and not self._dead:
-            self._h2.acknowledge_received_data(stream.deferred, stream.id)
+            self._engine.acknowledge(stream.deferred, stream.id)
             stream.deferred = 0
             self._out.soon()
 
@@ -482,8 +419,8 @@ class GrpcConnection(asyncio.Protocol):
             self._charge(stream, -credit)
         return inflated
 
-    def _on_end(self, event: h2.events.StreamEnded) -> None:
-        stream = self._streams.get(event.stream_id)
+    def on_end(self, sid: int) -> None:
+        stream = self._streams.get(sid)
         if stream is None or stream.local_closed:
             return
         stream.remote_closed = True
@@ -516,12 +453,13 @@ class GrpcConnection(asyncio.Protocol):
 
     # --- ending streams ----------------------------------------------------------------
 
-    def _on_reset(self, event: h2.events.StreamReset) -> None:
-        stream = self._streams.get(event.stream_id)
+    def on_reset(self, sid: int, remote: bool) -> None:
+        """The stream was reset (``remote``: by the client) or closed by the engine."""
+        stream = self._streams.get(sid)
         if stream is None:
             return
         self._drop(stream)
-        if event.remote_reset:
+        if remote:
             self._spend_reset()
 
     def _drop(self, stream: Stream) -> None:
@@ -545,8 +483,8 @@ class GrpcConnection(asyncio.Protocol):
         if stream.held:
             self._release(stream, stream.held)
         if stream.deferred and not self._dead:
-            # The connection's share of the credit (h2 gives none to a closed stream).
-            self._h2.acknowledge_received_data(stream.deferred, stream.id)
+            # The connection's share of the credit (the engine gives none to a closed stream).
+            self._engine.acknowledge(stream.deferred, stream.id)
             stream.deferred = 0
             self._out.soon()
         if stream.timer is not None:

@@ -35,6 +35,10 @@ H2_STREAM_CEILING = MAX_CONCURRENT_STREAMS + FEED_MAX_BYTES // 12
 # open, twice over, at once.
 RESET_BURST = 2 * MAX_CONCURRENT_STREAMS
 RESET_RATE_PER_S = 33.0
+# nghttp2's own rapid-reset limiter on the ngh2 engine, (burst, per second): its default, above
+# RESET_BURST so that the budget above (GOAWAY ENHANCE_YOUR_CALM) trips first; nghttp2's answer
+# would be GOAWAY INTERNAL_ERROR.
+NGH2_RESET_RATE = (1000, 33)
 
 # CONTINUATION frames one header block may have: h2's own cap (a ProtocolError, GOAWAY
 # PROTOCOL_ERROR, past it). With frames of at most MAX_FRAME_SIZE it bounds the header block
@@ -44,10 +48,19 @@ MAX_CONTINUATION_FRAMES = h2.frame_buffer.CONTINUATION_BACKLOG
 # that a header block stays under MAX_HEADER_BLOCK_BYTES; DATA frames are the client's to size.
 MAX_FRAME_SIZE = 16_384
 MAX_HEADER_BLOCK_BYTES = (MAX_CONTINUATION_FRAMES + 1) * MAX_FRAME_SIZE
+# The same cap on the ngh2 engine: nghttp2's default (CVE-2024-28182). 9 frames of MAX_FRAME_SIZE hold a
+# header block over MAX_HEADER_LIST_SIZE; past it the connection ends with GOAWAY ENHANCE_YOUR_CALM.
+NGH2_MAX_CONTINUATIONS = 8
 # Largest decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE, enforced by h2's HPACK decoder as it
 # decodes): metadata that large is refused with GOAWAY ENHANCE_YOUR_CALM. grpc clients send a few
 # hundred bytes; 64 KiB is h2's own default and what grpcio's peers accept.
 MAX_HEADER_LIST_SIZE = 1 << 16
+# On the ngh2 engine a header list over nghttp2's limit ends the connection (gRPC core resets only
+# the stream): its limit is set this far above MAX_HEADER_LIST_SIZE, so that one call whose metadata
+# is over MAX_HEADER_LIST_SIZE (RFC 9113's accounting) gets RESOURCE_EXHAUSTED of its own and the
+# connection lives; a list past this one is an attack (GOAWAY ENHANCE_YOUR_CALM). A block this size
+# fits in the NGH2_MAX_CONTINUATIONS + 1 frames nghttp2 takes.
+NGH2_HEADER_LIST_SIZE = 2 * MAX_HEADER_LIST_SIZE
 
 # PING and SETTINGS frames (each of which the server must acknowledge) a client may send at once
 # and then per second (a token bucket). gRPC clients send a few: their SETTINGS, a ping to measure
@@ -56,6 +69,10 @@ MAX_HEADER_LIST_SIZE = 1 << 16
 # flood of them ends with GOAWAY ENHANCE_YOUR_CALM.
 INDUCED_BURST = 1000
 INDUCED_RATE_PER_S = 100.0
+# On the ngh2 engine, nghttp2's own cap on acknowledgements queued and not yet written (its default):
+# past it the connection ends with GOAWAY ENHANCE_YOUR_CALM. The server writes after each piece it
+# feeds (FEED_*), so the budget above trips first; this one is for a peer that does not read.
+NGH2_MAX_OUTBOUND_ACK = 1000
 # The transport's write buffer past which the connection stops reading (and streaming replies
 # wait): a peer that does not read cannot make the server buffer what its frames induce (PING
 # and SETTINGS acknowledgements, RST_STREAM for frames on closed streams) nor anything else

@@ -1,6 +1,7 @@
-"""What the server sends on one connection, through h2: each call's answer (headers,
-messages, trailers; trailers-only when a call fails before its first message), kept
-within the client's flow-control windows, and h2's output written once per loop turn
+"""What the server sends on one connection, through its HTTP/2 engine: each call's answer
+(headers, messages, trailers; trailers-only when a call fails before its first message),
+kept within the client's flow-control windows (so the engine queues no more than they allow),
+and the engine's output written once per loop turn
 (one ``transport.write``, as ``ingress/http/corked_transport.py``)."""
 
 from __future__ import annotations
@@ -8,10 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from h2.connection import H2Connection
-from h2.errors import ErrorCodes
-from h2.exceptions import StreamClosedError
-
+from conveyor.ingress.grpc.h2_server.engine import NO_ERROR, Engine
 from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, Headers, trailers
 from conveyor.ingress.grpc.h2_server.stream import Stream
 
@@ -23,15 +21,15 @@ STREAM_BACKLOG_BYTES = 1 << 20
 
 
 class Outbound:
-    def __init__(self, h2: H2Connection, loop: asyncio.AbstractEventLoop, closed: Callable[[Stream], None]) -> None:
-        self._h2 = h2
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, closed: Callable[[Stream], None]) -> None:
+        self._engine = engine
         self._loop = loop
         self._closed = closed  # told when a stream's answer is complete
         self.transport: asyncio.Transport | None = None
         self._blocked: dict[int, Stream] = {}  # streams waiting for the client's window, by id
         self._flush_pending = False
         self.paused: asyncio.Future[None] | None = None  # the transport's buffer is full
-        self.extra = b""  # bytes h2 does not know of, written after its own (a graceful GOAWAY)
+        self.extra = b""  # bytes the engine does not know of, written after its own (a graceful GOAWAY)
 
     # --- the write buffer ---------------------------------------------------------------
 
@@ -43,7 +41,7 @@ class Outbound:
 
     def flush(self) -> None:
         self._flush_pending = False
-        data = self._h2.data_to_send()
+        data = self._engine.data_to_send()
         if self.extra:
             data, self.extra = data + self.extra, b""
         if data and self.transport is not None and not self.transport.is_closing():
@@ -92,12 +90,12 @@ class Outbound:
         if stream.local_closed:
             return
         size = len(body) + 5
-        h2 = self._h2
+        engine = self._engine
         sid = stream.id
-        if size <= JOIN_BYTES and size <= h2.local_flow_control_window(sid) and size <= h2.max_outbound_frame_size:
-            h2.send_headers(sid, RESPONSE_HEAD)
-            h2.send_data(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
-            h2.send_headers(sid, OK_TRAILERS, end_stream=True)
+        if size <= JOIN_BYTES and size <= engine.window(sid):
+            engine.respond(sid, RESPONSE_HEAD)
+            engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
+            engine.trailers(sid, OK_TRAILERS)
             self.soon()
             self.closed_locally(stream)
             return
@@ -109,7 +107,7 @@ class Outbound:
             return
         if not stream.headers_sent:
             stream.headers_sent = True
-            self._h2.send_headers(stream.id, RESPONSE_HEAD)
+            self._engine.respond(stream.id, RESPONSE_HEAD)
         prefix = b"\0" + len(body).to_bytes(4, "big")
         if len(body) <= JOIN_BYTES:  # one piece, so that it leaves in one frame
             stream.backlog.append(memoryview(prefix + body))
@@ -123,11 +121,11 @@ class Outbound:
         """Send what the windows allow of the stream's backlog, then its trailers."""
         if stream.local_closed:
             return
-        h2 = self._h2
+        engine = self._engine
         sid = stream.id
         backlog = stream.backlog
         while backlog:
-            allowed = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size)
+            allowed = engine.window(sid)
             if allowed <= 0:
                 self._blocked[sid] = stream
                 break
@@ -138,7 +136,7 @@ class Outbound:
                 backlog[0] = chunk[allowed:]
                 chunk = chunk[:allowed]
             stream.backlog_bytes -= len(chunk)
-            h2.send_data(sid, chunk)
+            engine.send(sid, chunk)
         self.soon()
         if backlog:
             return
@@ -146,7 +144,7 @@ class Outbound:
             stream.drained.set_result(None)
         if stream.trailer is not None:
             block, stream.trailer = stream.trailer, None
-            h2.send_headers(sid, block, end_stream=True)
+            engine.trailers(sid, block)
             self.closed_locally(stream)
 
     def finish(self, stream: Stream, code: int, message: str) -> None:
@@ -156,29 +154,26 @@ class Outbound:
         block = trailers(code, message)
         if not stream.headers_sent:
             stream.headers_sent = True
-            self._h2.send_headers(stream.id, RESPONSE_HEAD + block, end_stream=True)
+            self._engine.respond(stream.id, RESPONSE_HEAD + block, end_stream=True)
             self.soon()
             self.closed_locally(stream)
         elif stream.backlog:
             stream.trailer = block
         else:
-            self._h2.send_headers(stream.id, block, end_stream=True)
+            self._engine.trailers(stream.id, block)
             self.soon()
             self.closed_locally(stream)
 
     def reject(self, stream_id: int, head: Headers, end_stream: bool) -> None:
         """Answer a stream that never became a call (HTTP 415)."""
-        self._h2.send_headers(stream_id, head, end_stream=True)
+        self._engine.respond(stream_id, head, end_stream=True)
         if not end_stream:
-            self._h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+            self._engine.reset(stream_id, NO_ERROR)
         self.soon()
 
     def closed_locally(self, stream: Stream) -> None:
         stream.local_closed = True
         if not stream.remote_closed:
             # The answer is complete: the client need not send the rest (gRPC over HTTP/2).
-            try:
-                self._h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
-            except StreamClosedError:  # the client's END_STREAM is in h2 already, its event not yet handled
-                pass
+            self._engine.reset(stream.id, NO_ERROR)
         self._closed(stream)

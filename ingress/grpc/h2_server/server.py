@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
+from conveyor.ingress.grpc.h2_server.engine import engine_class
 from conveyor.ingress.grpc.h2_server.messages import ByteBudget
 from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES
 
@@ -19,16 +20,18 @@ class H2Server:
     runs only with that metadata, else it is refused UNAVAILABLE with the message.
     ``buffer_bytes`` and ``connection_buffer_bytes`` bound the request bytes held
     before calls take them, in the process and per connection (0: no bound;
-    ``ingress/limits.py``)."""
+    ``ingress/limits.py``); ``engine``: the HTTP/2 engine, ``h2`` or ``ngh2`` (``engine.ENGINES``)."""
 
     def __init__(self, handlers: dict[str, Any], restrictions: dict[str, tuple[str, str, str]] | None = None, *,
                  buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
-                 connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES) -> None:
+                 connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, engine: str = "h2") -> None:
         self.handlers = handlers
         self.restrictions = restrictions or {}
         self.connections: set[GrpcConnection] = set()
         self.budget = ByteBudget(buffer_bytes)
         self.connection_buffer_bytes = connection_buffer_bytes
+        self.engine = engine_class(engine)  # resolved once: each connection makes its own
+        self.engine_name = engine
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> int:

@@ -78,7 +78,7 @@ ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode
            grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS}
 
 
-@pytest.fixture(scope="module", params=["grpcio", "h2"])
+@pytest.fixture(scope="module", params=["grpcio", "h2", "ngh2"])
 def channel(request: pytest.FixtureRequest) -> Iterator[grpc.Channel]:
     """A gRPC ingress (real servicer and data plane, fake router) on its own loop thread, each server."""
     loop = asyncio.new_event_loop()

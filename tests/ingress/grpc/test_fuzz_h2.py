@@ -1,6 +1,6 @@
-"""Property-based test of the h2 gRPC server's frame handling: any sequence of
-frames after the preface, valid or not, is served or refused (a stream reset,
-GOAWAY), and never raises out of the protocol or from a task it started."""
+"""Property-based test of the event loop's gRPC server's frame handling, on each HTTP/2
+engine: any sequence of frames after the preface, valid or not, is served or refused
+(a stream reset, GOAWAY), and never raises out of the protocol or from a task it started."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
+from conveyor.ingress.grpc.h2_server.engine import ENGINES
 from conveyor.ingress.grpc.h2_server.server import H2Server
 from tests.support.fuzz import bounded, tried
 
@@ -65,10 +66,11 @@ async def _echo(requests: Any, context: Any) -> Any:
         yield message
 
 
-SERVER = H2Server({
+HANDLERS = {
     PATHS[0]: grpc.unary_unary_rpc_method_handler(_live),
     PATHS[1]: grpc.stream_stream_rpc_method_handler(_echo),
-})
+}
+SERVERS = {engine: H2Server(HANDLERS, engine=engine) for engine in ENGINES}
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -103,18 +105,20 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @bounded(300)
 @given(st.lists(frames(), max_size=12), st.integers(1, 64))
 def test_any_frames_are_served_or_refused(
-    loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture, sent: list[bytes], chunk: int
+    loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture, engine: str, sent: list[bytes], chunk: int
 ) -> None:
-    tried("h2 frames")
+    tried(f"{engine} frames")
+    server = SERVERS[engine]
     caplog.clear()
     errors: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, context: errors.append(context))
 
     async def feed() -> None:
-        conn = GrpcConnection(SERVER)
+        conn = GrpcConnection(server)
         transport = Transport()
         conn.connection_made(transport)  # type: ignore[arg-type]
         wire = PREFACE + b"".join(sent)
@@ -125,7 +129,7 @@ def test_any_frames_are_served_or_refused(
             await asyncio.sleep(0)
         conn.connection_lost(None)
         await asyncio.sleep(0)
-        assert SERVER.budget.used == 0  # whatever the calls held is given back
+        assert server.budget.used == 0  # whatever the calls held is given back
 
     loop.run_until_complete(feed())
     assert not errors, errors

@@ -1,6 +1,6 @@
 """tritonclient.grpc (sync, aio and streaming) against the real process group,
-through each gRPC server (``--grpc-server``): the group's own ingress (h2, the
-default) and an extra ingress joined to the same group (grpcio)."""
+through each gRPC server (``--grpc-server``): the group's own ingress (ngh2, the
+default) and extra ingresses joined to the same group (grpcio; h2)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.deploy.options import AUTO_GRPC_SERVER
 from tests.support.extra_ingress import extra_grpc_ingress
 from tests.support.group import Server
 
 
-@pytest.fixture(scope="module", params=["grpcio", "h2"])
+@pytest.fixture(scope="module", params=["grpcio", "h2", "ngh2"])
 def grpc_url(request: pytest.FixtureRequest, server: Server) -> Iterator[str]:
-    if request.param == "h2":  # the group's own ingress (--grpc-server auto)
+    if request.param == AUTO_GRPC_SERVER:  # the group's own ingress (--grpc-server auto)
         yield server.grpc_url
         return
     with extra_grpc_ingress(server, "--grpc-server", request.param) as url:

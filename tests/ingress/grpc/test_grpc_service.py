@@ -27,7 +27,7 @@ from conveyor.proto import health_pb2, health_pb2_grpc
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
 
-@pytest.fixture(params=["grpcio", "h2"])
+@pytest.fixture(params=["grpcio", "h2", "ngh2"])
 async def served(request: pytest.FixtureRequest) -> AsyncIterator[SimpleNamespace]:
     link, dataplane = FakeLink(), FakeDataPlane()
     ctx = SimpleNamespace(link=link, dataplane=dataplane, drain=IngressDrain())

@@ -27,6 +27,7 @@ from hyperframe.frame import (
 
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.h2_server import limits
+from conveyor.ingress.grpc.h2_server.engine import ENGINES
 from conveyor.ingress.grpc.server import start_server
 from conveyor.proto import grpc_service_pb2 as pb
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
@@ -74,6 +75,15 @@ class RawClient:
                 self.settings.update(f.settings)
             elif not isinstance(f, WindowUpdateFrame):
                 return f
+
+    async def server_settings(self) -> None:
+        """Read up to the server's SETTINGS (what comes before it is housekeeping: none is sent)."""
+        while not self.settings:
+            head = await self.reader.readexactly(9)
+            f, length = Frame.parse_frame_header(memoryview(head))
+            f.parse_body(memoryview(await self.reader.readexactly(length)))
+            if isinstance(f, SettingsFrame) and "ACK" not in f.flags:
+                self.settings.update(f.settings)
 
     async def next(self) -> Frame:
         return await asyncio.wait_for(self.frame(), TIMEOUT_S)
@@ -139,11 +149,12 @@ async def start_slow_call(served: SimpleNamespace, client: RawClient, stream: in
     await until(lambda: len(served.dataplane.calls) > before)
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[SimpleNamespace]:
+@pytest.fixture(params=ENGINES)
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[SimpleNamespace]:
+    """The server on each HTTP/2 engine (``engine.ENGINES``): every limit and attack holds on both."""
     dataplane = FakeDataPlane()
     ctx = SimpleNamespace(link=FakeLink(), dataplane=dataplane, drain=IngressDrain())
-    server, port = await start_server(ctx, "127.0.0.1", 0, implementation="h2",  # type: ignore[arg-type]
+    server, port = await start_server(ctx, "127.0.0.1", 0, implementation=request.param,  # type: ignore[arg-type]
                                       buffer_bytes=8 << 20, connection_buffer_bytes=4 << 20)
     clients: list[RawClient] = []
 
@@ -159,11 +170,16 @@ async def served() -> AsyncIterator[SimpleNamespace]:
         settings = {INITIAL_WINDOW_SIZE: 1 << 24} if settings is None else settings
         writer.write(PREFACE + bytes(SettingsFrame(0, settings=settings).serialize())
                      + bytes(WindowUpdateFrame(0, window_increment=1 << 24).serialize()))
-        clients.append(RawClient(reader, writer))
-        return clients[-1]
+        client = RawClient(reader, writer)
+        # The server's SETTINGS (its windows among them) are read and acknowledged before anything is
+        # sent, as a client does: until then its windows are HTTP/2's 65,535 bytes (nghttp2 holds to it).
+        await asyncio.wait_for(client.server_settings(), TIMEOUT_S)
+        writer.write(bytes(SettingsFrame(0, flags=["ACK"]).serialize()))
+        clients.append(client)
+        return client
 
     try:
-        yield SimpleNamespace(connect=connect, dataplane=dataplane, server=server)
+        yield SimpleNamespace(connect=connect, dataplane=dataplane, server=server, engine=request.param)
     finally:
         for client in clients:
             client.writer.close()
@@ -330,6 +346,17 @@ async def test_streams_past_the_concurrency_limit_are_refused(served: SimpleName
     n = limits.MAX_CONCURRENT_STREAMS
     for i in range(n + 3):  # ModelStreamInfer calls that never send a message
         client.send(HeadersFrame(2 * i + 1, data=client.headers_block("ModelStreamInfer"), flags=["END_HEADERS"]))
+    if served.engine == "ngh2":
+        # nghttp2 treats streams past a limit the client has acknowledged as a connection error
+        # (RFC 9113 §5.1.2 allows only a stream error; gRPC clients keep to the limit).
+        goaway = await client.until_goaway()
+        assert (goaway.error_code, goaway.last_stream_id) == (PROTOCOL_ERROR, 2 * n - 1)
+        assert await client.closed()
+        client = await served.connect()
+        client.call(1, "ServerLive")
+        _, trailers = await client.until_trailers(1)
+        assert trailers["grpc-status"] == "0"
+        return
     refused: list[tuple[int, int]] = []
     while len(refused) < 3:
         f = await client.next()
@@ -362,7 +389,8 @@ async def test_continuation_frames_past_the_cap_end_the_connection(served: Simpl
     for _ in range(limits.MAX_CONTINUATION_FRAMES + 1):
         client.send(ContinuationFrame(1, data=b""))
     goaway = await client.until_goaway()
-    assert goaway.error_code == PROTOCOL_ERROR
+    # h2 calls it a protocol error; nghttp2 a flood (CVE-2024-28182), and the GOAWAY is the server's own.
+    assert goaway.error_code == {"h2": PROTOCOL_ERROR, "ngh2": ENHANCE_YOUR_CALM}[served.engine]
     assert await client.closed()
 
 
@@ -375,14 +403,30 @@ async def test_a_frame_over_the_advertised_size_ends_the_connection(served: Simp
     assert await client.closed()
 
 
-async def test_a_header_list_over_the_limit_ends_the_connection(served: SimpleNamespace) -> None:
-    client = await served.connect()
-    pad = [(f"x-pad-{i}", "v" * 1000) for i in range(limits.MAX_HEADER_LIST_SIZE // 1000 + 2)]
+def send_padded_headers(client: RawClient, stream: int, size: int) -> None:
+    """A ServerLive call whose header list is over ``size`` bytes (HEADERS and CONTINUATION), and its message."""
+    pad = [(f"x-pad-{i}", "v" * 1000) for i in range(size // 1000 + 2)]
     block = client.headers_block("ServerLive", *pad)
     pieces = [block[i:i + limits.MAX_FRAME_SIZE] for i in range(0, len(block), limits.MAX_FRAME_SIZE)]
-    client.send(HeadersFrame(1, data=pieces[0]))
+    client.send(HeadersFrame(stream, data=pieces[0]))
     for i, piece in enumerate(pieces[1:], 1):
-        client.send(ContinuationFrame(1, data=piece, flags=["END_HEADERS"] if i == len(pieces) - 1 else []))
+        client.send(ContinuationFrame(stream, data=piece, flags=["END_HEADERS"] if i == len(pieces) - 1 else []))
+    client.send(DataFrame(stream, data=message(b""), flags=["END_STREAM"]))
+
+
+async def test_a_header_list_over_the_limit_ends_the_connection(served: SimpleNamespace) -> None:
+    client = await served.connect()
+    send_padded_headers(client, 1, limits.MAX_HEADER_LIST_SIZE)
+    if served.engine == "ngh2":
+        # The call over the limit gets its own error (as from gRPC core); the connection goes on.
+        _, trailers = await client.until_trailers(1)
+        assert trailers["grpc-status"] == "8"
+        assert trailers["grpc-message"].startswith("received metadata size exceeds hard limit (")
+        client.call(3, "ServerLive")
+        _, trailers = await client.until_trailers(3)
+        assert trailers["grpc-status"] == "0"
+        # Past nghttp2's own limit (twice that), the connection ends.
+        send_padded_headers(client, 5, limits.NGH2_HEADER_LIST_SIZE)
     goaway = await client.until_goaway()
     assert goaway.error_code == ENHANCE_YOUR_CALM
 
