@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 # NAME==VERSION, the versions the project's own environment runs (and CI tests) today.
 WHEELS=(
   pyzmq==27.3.0 msgspec==0.22.0 orjson==3.13.0 posix-ipc==1.3.2
-  falcon==4.4.0 uvicorn==0.54.0 httptools==0.9.0 h2==4.4.1 hyperframe==6.1.0 hpack==4.2.0
+  falcon==4.4.0 uvicorn==0.54.0 httptools==0.9.0 h2==4.4.1 hyperframe==6.1.0 hpack==4.2.0 ngh2==0.3.0
   grpcio==1.85.3 protobuf==6.33.6
   tritonclient==2.73.0 python-rapidjson==1.25
   geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1
