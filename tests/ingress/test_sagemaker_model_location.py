@@ -10,17 +10,14 @@ from pathlib import Path
 import pytest
 
 from conveyor.ingress.sagemaker.multi_model import model_location
-from tests.support.fifos import Fifos
+from tests.support.fifos import Fifos, checked
 
 RELEASE_S = 20.0  # a bound, never a measure: released, the old code read an empty config instead
 
 
 @pytest.fixture
 def fifos() -> Iterator[Fifos]:
-    with Fifos() as made, made.releasing(RELEASE_S):
-        yield made
-    assert made.left() == []
-    assert made.waited == 0  # nothing ever waited in a blocking open of one
+    yield from checked(RELEASE_S)
 
 
 def test_a_config_fifo_is_passed_over(tmp_path: Path, fifos: Fifos) -> None:

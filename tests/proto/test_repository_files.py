@@ -24,17 +24,14 @@ from conveyor.proto.repository_files import (
     read_text,
     unreadable,
 )
-from tests.support.fifos import Fifos
+from tests.support.fifos import Fifos, checked
 
 RELEASE_S = 20.0  # a bound, never a measure: a working reader refuses a FIFO without waiting on it
 
 
 @pytest.fixture
 def fifos() -> Iterator[Fifos]:
-    with Fifos() as made, made.releasing(RELEASE_S):
-        yield made
-    assert made.left() == []
-    assert made.waited == 0  # nothing ever waited in a blocking open of one
+    yield from checked(RELEASE_S)
 
 
 def refusal(call: object, *args: object, **kwargs: object) -> OSError:

@@ -70,3 +70,12 @@ class Fifos:
 
     def __exit__(self, *_: Any) -> None:
         self.cleanup()
+
+
+def checked(release_s: float) -> Iterator[Fifos]:
+    """A test's FIFOs (a fixture's body: ``yield from checked(...)``), released every ``release_s`` while it
+    runs; after it, none left and no reader ever found waiting on one."""
+    with Fifos() as made, made.releasing(release_s):
+        yield made
+    assert made.left() == []
+    assert made.waited == 0  # nothing ever waited in a blocking open of one

@@ -19,7 +19,7 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.classification import load_labels
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import sample_inputs
-from tests.support.fifos import Fifos
+from tests.support.fifos import Fifos, checked
 
 RELEASE_S = 20.0  # a bound, never a measure
 FIFO = "a FIFO, not a regular file"
@@ -35,10 +35,7 @@ def config(text: str) -> mc.ModelConfig:
 
 @pytest.fixture
 def fifos() -> Iterator[Fifos]:
-    with Fifos() as made, made.releasing(RELEASE_S):
-        yield made
-    assert made.left() == []
-    assert made.waited == 0  # nothing ever waited in a blocking open of one
+    yield from checked(RELEASE_S)
 
 
 def refused(call: Callable[[], Any]) -> ConveyorError:

@@ -14,7 +14,7 @@ import pytest
 from conveyor.deploy.example_repo import identity, write_model
 from conveyor.router.repository.prepare import SpecSettings, model_spec, prepare
 from conveyor.router.repository.scan import load_spec, scan
-from tests.support.fifos import Fifos
+from tests.support.fifos import Fifos, checked
 
 RELEASE_S = 20.0  # a bound, never a measure
 
@@ -25,10 +25,7 @@ def unreadable(path: str | Path) -> str:
 
 @pytest.fixture
 def fifos() -> Iterator[Fifos]:
-    with Fifos() as made, made.releasing(RELEASE_S):
-        yield made
-    assert made.left() == []
-    assert made.waited == 0  # nothing ever waited in a blocking open of one
+    yield from checked(RELEASE_S)
 
 
 def test_a_config_fifo_makes_that_model_unavailable(tmp_path: Path, fifos: Fifos) -> None:
