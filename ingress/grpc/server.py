@@ -59,14 +59,14 @@ async def start_server(
     ``tls`` serves TLS instead of plaintext; ``restricted`` maps API categories to
     the metadata each needs (``--grpc-restricted-protocol``). ``implementation``
     is ``grpcio`` (grpc.aio), ``h2`` or ``ngh2`` (``h2_server/``, the event loop's
-    server, on python-hyper's h2 or on libnghttp2 through ngh2: plaintext only, so
-    TLS is served by grpcio whatever it says); ``buffer_bytes``
+    server, on python-hyper's h2 or on libnghttp2 through ngh2, plaintext or TLS); ``buffer_bytes``
     and ``connection_buffer_bytes`` are that server's budgets for request bytes held
     before their calls take them (``--grpc-max-buffer-bytes``,
     ``--grpc-max-connection-buffer-bytes``); ``options``: grpcio's channel arguments
     beyond ``SERVER_OPTIONS`` (the ``--grpc-keepalive-*`` flags)."""
-    if implementation in ("h2", "ngh2") and tls is None:
-        return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes, implementation)
+    if implementation in ("h2", "ngh2"):
+        return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes, implementation,
+                               tls)
     interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
     server = grpc.aio.server(options=[*SERVER_OPTIONS, *options], interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
@@ -81,7 +81,7 @@ async def start_server(
 
 async def _start_h2(
     ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None,
-    buffer_bytes: int, connection_buffer_bytes: int, engine: str,
+    buffer_bytes: int, connection_buffer_bytes: int, engine: str, tls: GrpcTls | None,
 ) -> tuple[Any, int]:
     from conveyor.ingress.grpc.h2_server.engine import ngh2_problem
     from conveyor.ingress.grpc.h2_server.server import H2Server
@@ -97,7 +97,8 @@ async def _start_h2(
     }
     handlers = {f"/{name}/{method}": h for name, table in tables.items() for method, h in table.items()}
     server = H2Server(handlers, method_restrictions(restricted) if restricted else None,
-                      buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes, engine=engine)
+                      buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes, engine=engine,
+                      tls=tls.ssl_context() if tls else None)
     return server, await server.start(host, port)
 
 

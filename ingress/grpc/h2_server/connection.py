@@ -52,6 +52,7 @@ from conveyor.ingress.grpc.h2_server.messages import (
 from conveyor.ingress.grpc.h2_server.metadata import UNSUPPORTED_MEDIA_TYPE, RequestHead
 from conveyor.ingress.grpc.h2_server.outbound import Outbound
 from conveyor.ingress.grpc.h2_server.stream import Inbox, Stream
+from conveyor.ingress.grpc.tls import ALPN_H2
 from conveyor.ingress.inflate import Inflate, InflatedTooLarge, TrailingBytes, Truncated
 
 if TYPE_CHECKING:
@@ -100,6 +101,15 @@ class GrpcConnection(asyncio.Protocol):
     # --- transport -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._server.tls is not None:
+            tls = transport.get_extra_info("ssl_object")
+            if tls is None or tls.selected_alpn_protocol() != ALPN_H2:
+                # As gRPC core's server: a TLS client that did not negotiate h2 is not a gRPC client
+                # (OpenSSL completes a handshake whose ALPN found no match; the check is ours).
+                log.debug("gRPC: closing a TLS connection that did not negotiate ALPN h2")
+                self._dead = True
+                transport.abort()
+                return
         self._transport = transport  # type: ignore[assignment]
         assert self._transport is not None
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)

@@ -86,6 +86,10 @@ CLOSE_TIMEOUT_S = 5.0
 # it had not yet read on RST, the GOAWAY (why the connection ended) with it. The peer's FIN ends the
 # wait sooner; the bytes read meanwhile cost one discarded read each.
 LINGER_S = 1.0
+# How long a TLS client may take to finish its handshake (asyncio's ssl_handshake_timeout, whose default is
+# 60 s; gRPC core's is 120 s): a client that connects and never finishes it holds a socket and the TLS
+# state of a connection the server cannot yet see, at no cost of its own. A handshake is two round trips.
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 # Receive windows. The server credits data back only as it is consumed (module docstring); h2
 # answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR.

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from typing import Any
 
 from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
 from conveyor.ingress.grpc.h2_server.engine import engine_class
+from conveyor.ingress.grpc.h2_server.limits import TLS_HANDSHAKE_TIMEOUT_S
 from conveyor.ingress.grpc.h2_server.messages import ByteBudget
 from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES
 
@@ -20,11 +22,14 @@ class H2Server:
     runs only with that metadata, else it is refused UNAVAILABLE with the message.
     ``buffer_bytes`` and ``connection_buffer_bytes`` bound the request bytes held
     before calls take them, in the process and per connection (0: no bound;
-    ``ingress/limits.py``); ``engine``: the HTTP/2 engine, ``h2`` or ``ngh2`` (``engine.ENGINES``)."""
+    ``ingress/limits.py``); ``engine``: the HTTP/2 engine, ``h2`` or ``ngh2`` (``engine.ENGINES``);
+    ``tls``: serve TLS with this context (``tls.GrpcTls.ssl_context``: ALPN h2, and a connection that did
+    not select it is closed), handshakes bounded by ``limits.TLS_HANDSHAKE_TIMEOUT_S``."""
 
     def __init__(self, handlers: dict[str, Any], restrictions: dict[str, tuple[str, str, str]] | None = None, *,
                  buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
-                 connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, engine: str = "h2") -> None:
+                 connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, engine: str = "h2",
+                 tls: ssl.SSLContext | None = None) -> None:
         self.handlers = handlers
         self.restrictions = restrictions or {}
         self.connections: set[GrpcConnection] = set()
@@ -32,6 +37,7 @@ class H2Server:
         self.connection_buffer_bytes = connection_buffer_bytes
         self.engine = engine_class(engine)  # resolved once: each connection makes its own
         self.engine_name = engine
+        self.tls = tls
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -39,6 +45,7 @@ class H2Server:
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
             lambda: GrpcConnection(self), host or None, port, reuse_port=True, backlog=1024,
+            ssl=self.tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self.tls else None,
         )
         sock: socket.socket = self._listener.sockets[0]
         return int(sock.getsockname()[1])

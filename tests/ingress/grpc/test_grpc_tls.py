@@ -1,0 +1,167 @@
+"""TLS and mutual TLS on the event loop's gRPC server (``--grpc-use-ssl*``), on each HTTP/2 engine, with
+tritonclient's own gRPC client: the certificate files Triton's flags name, ALPN h2 only, client
+certificates checked against the root certificate, and a handshake that never ends is cut off."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as tga
+from tritonclient.utils import InferenceServerException
+
+from conveyor.deploy.cli import build_parser
+from conveyor.deploy.options import AUTO_GRPC_SERVER, grpc_server_choice
+from conveyor.ingress.drain import IngressDrain
+from conveyor.ingress.grpc.h2_server import server as h2_server_module
+from conveyor.ingress.grpc.h2_server.engine import ENGINES
+from conveyor.ingress.grpc.server import start_server
+from conveyor.ingress.grpc.tls import GrpcTls
+from tests.support.certs import Certs, make_certs
+from tests.support.fake_grpc import FakeDataPlane, FakeLink
+
+TIMEOUT_S = 10
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+SETTINGS = 0x4  # the frame type of the server's first frame
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(str(tmp_path_factory.mktemp("certs")))
+
+
+@pytest.fixture(scope="module")
+def other_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """Another CA's: its client certificate is not signed by the server's root certificate."""
+    return make_certs(str(tmp_path_factory.mktemp("other-certs")))
+
+
+@pytest.fixture()
+def short_handshakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
+    monkeypatch.setattr(h2_server_module, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
+    yield 0.5
+
+
+async def serve(engine: str, tls: GrpcTls) -> tuple[object, str]:
+    ctx = SimpleNamespace(link=FakeLink(), dataplane=FakeDataPlane(), drain=IngressDrain())
+    server, port = await start_server(ctx, "127.0.0.1", 0, tls=tls, implementation=engine)  # type: ignore[arg-type]
+    assert server.engine_name == engine  # the event loop's server, not grpcio
+    return server, f"localhost:{port}"
+
+
+@pytest.fixture(params=ENGINES)
+async def tls_server(request: pytest.FixtureRequest, certs: Certs) -> AsyncIterator[str]:
+    server, url = await serve(request.param, GrpcTls(certs.server_cert, certs.server_key))
+    try:
+        yield url
+    finally:
+        await server.stop(None)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=ENGINES)
+async def mtls_server(request: pytest.FixtureRequest, certs: Certs) -> AsyncIterator[str]:
+    server, url = await serve(request.param, GrpcTls(certs.server_cert, certs.server_key, certs.ca, mutual=True))
+    try:
+        yield url
+    finally:
+        await server.stop(None)  # type: ignore[attr-defined]
+
+
+async def infer_echo(client: tga.InferenceServerClient) -> np.ndarray:
+    x = tga.InferInput("x", [2], "FP32")
+    x.set_data_from_numpy(np.array([1.5, 2.5], dtype=np.float32))
+    result = await client.infer("echo", [x], client_timeout=TIMEOUT_S)
+    out = result.as_numpy("OUT_x")
+    assert out is not None
+    return out
+
+
+async def refused(client: tga.InferenceServerClient) -> None:
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            await client.is_server_live(client_timeout=TIMEOUT_S)
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+    finally:
+        await client.close()
+
+
+async def test_tritonclient_calls_over_tls(tls_server: str, certs: Certs) -> None:
+    client = tga.InferenceServerClient(tls_server, ssl=True, root_certificates=certs.ca)
+    try:
+        assert await client.is_server_ready(client_timeout=TIMEOUT_S)
+        assert (await infer_echo(client)).view(np.float32).tolist() == [1.5, 2.5]
+    finally:
+        await client.close()
+    await refused(tga.InferenceServerClient(tls_server))  # plaintext to a TLS port
+
+
+async def test_mutual_tls_needs_a_client_certificate_signed_by_the_root(
+    mtls_server: str, certs: Certs, other_certs: Certs
+) -> None:
+    client = tga.InferenceServerClient(mtls_server, ssl=True, root_certificates=certs.ca,
+                                       private_key=certs.client_key, certificate_chain=certs.client_cert)
+    try:
+        assert (await infer_echo(client)).view(np.float32).tolist() == [1.5, 2.5]
+    finally:
+        await client.close()
+    await refused(tga.InferenceServerClient(mtls_server, ssl=True, root_certificates=certs.ca))  # no certificate
+    await refused(tga.InferenceServerClient(mtls_server, ssl=True, root_certificates=certs.ca,  # another CA's
+                                            private_key=other_certs.client_key,
+                                            certificate_chain=other_certs.client_cert))
+
+
+async def first_bytes(url: str, certs: Certs, alpn: list[str] | None) -> bytes:
+    """What the server sends a TLS client offering ``alpn`` (None: no ALPN) after the preface; b'' once closed."""
+    ctx = ssl.create_default_context(cafile=certs.ca)
+    if alpn is not None:
+        ctx.set_alpn_protocols(alpn)
+    host, port = url.rsplit(":", 1)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), ssl=ctx), TIMEOUT_S)
+    try:
+        writer.write(PREFACE)
+        return await asyncio.wait_for(reader.read(9), TIMEOUT_S)
+    except (ConnectionError, ssl.SSLError):
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_only_clients_that_negotiate_h2_are_served(tls_server: str, certs: Certs) -> None:
+    head = await first_bytes(tls_server, certs, ["h2"])
+    assert len(head) == 9 and head[3] == SETTINGS  # served: the server's SETTINGS
+    assert await first_bytes(tls_server, certs, ["http/1.1"]) == b""  # closed, as gRPC core's server does
+    assert await first_bytes(tls_server, certs, None) == b""
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x16\x03\x01\x02\x00\x01"], ids=["nothing", "half a ClientHello"])
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_handshake_that_never_ends_is_cut_off(
+    short_handshakes: float, engine: str, sent: bytes, certs: Certs
+) -> None:
+    server, url = await serve(engine, GrpcTls(certs.server_cert, certs.server_key))
+    try:
+        host, port = url.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(sent)
+        # Closed after the handshake timeout (0.5 s here), well before this test's bound.
+        assert await asyncio.wait_for(reader.read(), TIMEOUT_S) == b""
+        writer.close()
+    finally:
+        await server.stop(None)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("flags", "chosen"), [
+    (["--grpc-use-ssl", "true"], AUTO_GRPC_SERVER),
+    (["--grpc-use-ssl-mutual", "true"], AUTO_GRPC_SERVER),
+    (["--grpc-use-ssl", "true", "--grpc-keepalive-time", "1000"], "grpcio"),  # keepalive pings: grpcio's only
+    (["--grpc-use-ssl", "true", "--grpc-server", "h2"], "h2"),
+])
+def test_auto_serves_tls_on_the_event_loop_server(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], chosen: str
+) -> None:
+    monkeypatch.delenv("CONVEYOR_GRPC_SERVER", raising=False)
+    assert grpc_server_choice(build_parser().parse_args(["ingress", "--protocol", "grpc", *flags])) == chosen
