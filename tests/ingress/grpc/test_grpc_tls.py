@@ -1,4 +1,5 @@
-"""TLS and mutual TLS on the event loop's gRPC server (``--grpc-use-ssl*``), on each HTTP/2 engine, with
+"""TLS and mutual TLS on the event loop's gRPC server (``--grpc-use-ssl*``), on each HTTP/2 engine and on
+both event loops (asyncio's and uvloop, the ingress process's: each has its own TLS transport), with
 tritonclient's own gRPC client: the certificate files Triton's flags name, ALPN h2 only, client
 certificates checked against the root certificate, and a handshake that never ends is cut off."""
 
@@ -6,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as tga
+import uvloop
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.cli import build_parser
@@ -27,6 +31,7 @@ from tests.support.fake_grpc import FakeDataPlane, FakeLink
 TIMEOUT_S = 10
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = 0x4  # the frame type of the server's first frame
+Runner = Callable[[Coroutine[Any, Any, None]], None]
 
 
 @pytest.fixture(scope="module")
@@ -40,44 +45,39 @@ def other_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(str(tmp_path_factory.mktemp("other-certs")))
 
 
-@pytest.fixture()
-def short_handshakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
-    monkeypatch.setattr(h2_server_module, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
-    yield 0.5
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    def runner(main: Coroutine[Any, Any, None]) -> None:
+        if request.param == "uvloop":
+            uvloop.run(main)
+        else:
+            asyncio.run(main)
+    return runner
 
 
-async def serve(engine: str, tls: GrpcTls) -> tuple[object, str]:
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@asynccontextmanager
+async def serving(engine: str, tls: GrpcTls) -> AsyncIterator[str]:
     ctx = SimpleNamespace(link=FakeLink(), dataplane=FakeDataPlane(), drain=IngressDrain())
     server, port = await start_server(ctx, "127.0.0.1", 0, tls=tls, implementation=engine)  # type: ignore[arg-type]
     assert server.engine_name == engine  # the event loop's server, not grpcio
-    return server, f"localhost:{port}"
-
-
-@pytest.fixture(params=ENGINES)
-async def tls_server(request: pytest.FixtureRequest, certs: Certs) -> AsyncIterator[str]:
-    server, url = await serve(request.param, GrpcTls(certs.server_cert, certs.server_key))
     try:
-        yield url
+        yield f"localhost:{port}"
     finally:
-        await server.stop(None)  # type: ignore[attr-defined]
+        await server.stop(None)
 
 
-@pytest.fixture(params=ENGINES)
-async def mtls_server(request: pytest.FixtureRequest, certs: Certs) -> AsyncIterator[str]:
-    server, url = await serve(request.param, GrpcTls(certs.server_cert, certs.server_key, certs.ca, mutual=True))
-    try:
-        yield url
-    finally:
-        await server.stop(None)  # type: ignore[attr-defined]
-
-
-async def infer_echo(client: tga.InferenceServerClient) -> np.ndarray:
+async def infer_echo(client: tga.InferenceServerClient) -> list[float]:
     x = tga.InferInput("x", [2], "FP32")
     x.set_data_from_numpy(np.array([1.5, 2.5], dtype=np.float32))
     result = await client.infer("echo", [x], client_timeout=TIMEOUT_S)
     out = result.as_numpy("OUT_x")
     assert out is not None
-    return out
+    return [float(v) for v in out.view(np.float32)]
 
 
 async def refused(client: tga.InferenceServerClient) -> None:
@@ -89,29 +89,35 @@ async def refused(client: tga.InferenceServerClient) -> None:
         await client.close()
 
 
-async def test_tritonclient_calls_over_tls(tls_server: str, certs: Certs) -> None:
-    client = tga.InferenceServerClient(tls_server, ssl=True, root_certificates=certs.ca)
-    try:
-        assert await client.is_server_ready(client_timeout=TIMEOUT_S)
-        assert (await infer_echo(client)).view(np.float32).tolist() == [1.5, 2.5]
-    finally:
-        await client.close()
-    await refused(tga.InferenceServerClient(tls_server))  # plaintext to a TLS port
+def test_tritonclient_calls_over_tls(run: Runner, engine: str, certs: Certs) -> None:
+    async def main() -> None:
+        async with serving(engine, GrpcTls(certs.server_cert, certs.server_key)) as url:
+            client = tga.InferenceServerClient(url, ssl=True, root_certificates=certs.ca)
+            try:
+                assert await client.is_server_ready(client_timeout=TIMEOUT_S)
+                assert await infer_echo(client) == [1.5, 2.5]
+            finally:
+                await client.close()
+            await refused(tga.InferenceServerClient(url))  # plaintext to a TLS port
+    run(main())
 
 
-async def test_mutual_tls_needs_a_client_certificate_signed_by_the_root(
-    mtls_server: str, certs: Certs, other_certs: Certs
+def test_mutual_tls_needs_a_client_certificate_signed_by_the_root(
+    run: Runner, engine: str, certs: Certs, other_certs: Certs
 ) -> None:
-    client = tga.InferenceServerClient(mtls_server, ssl=True, root_certificates=certs.ca,
-                                       private_key=certs.client_key, certificate_chain=certs.client_cert)
-    try:
-        assert (await infer_echo(client)).view(np.float32).tolist() == [1.5, 2.5]
-    finally:
-        await client.close()
-    await refused(tga.InferenceServerClient(mtls_server, ssl=True, root_certificates=certs.ca))  # no certificate
-    await refused(tga.InferenceServerClient(mtls_server, ssl=True, root_certificates=certs.ca,  # another CA's
-                                            private_key=other_certs.client_key,
-                                            certificate_chain=other_certs.client_cert))
+    async def main() -> None:
+        async with serving(engine, GrpcTls(certs.server_cert, certs.server_key, certs.ca, mutual=True)) as url:
+            client = tga.InferenceServerClient(url, ssl=True, root_certificates=certs.ca,
+                                               private_key=certs.client_key, certificate_chain=certs.client_cert)
+            try:
+                assert await infer_echo(client) == [1.5, 2.5]
+            finally:
+                await client.close()
+            await refused(tga.InferenceServerClient(url, ssl=True, root_certificates=certs.ca))  # no certificate
+            await refused(tga.InferenceServerClient(url, ssl=True, root_certificates=certs.ca,  # another CA's
+                                                    private_key=other_certs.client_key,
+                                                    certificate_chain=other_certs.client_cert))
+    run(main())
 
 
 async def first_bytes(url: str, certs: Certs, alpn: list[str] | None) -> bytes:
@@ -130,28 +136,31 @@ async def first_bytes(url: str, certs: Certs, alpn: list[str] | None) -> bytes:
         writer.close()
 
 
-async def test_only_clients_that_negotiate_h2_are_served(tls_server: str, certs: Certs) -> None:
-    head = await first_bytes(tls_server, certs, ["h2"])
-    assert len(head) == 9 and head[3] == SETTINGS  # served: the server's SETTINGS
-    assert await first_bytes(tls_server, certs, ["http/1.1"]) == b""  # closed, as gRPC core's server does
-    assert await first_bytes(tls_server, certs, None) == b""
+def test_only_clients_that_negotiate_h2_are_served(run: Runner, engine: str, certs: Certs) -> None:
+    async def main() -> None:
+        async with serving(engine, GrpcTls(certs.server_cert, certs.server_key)) as url:
+            head = await first_bytes(url, certs, ["h2"])
+            assert len(head) == 9 and head[3] == SETTINGS  # served: the server's SETTINGS
+            assert await first_bytes(url, certs, ["http/1.1"]) == b""  # closed, as gRPC core's server does
+            assert await first_bytes(url, certs, None) == b""
+    run(main())
 
 
 @pytest.mark.parametrize("sent", [b"", b"\x16\x03\x01\x02\x00\x01"], ids=["nothing", "half a ClientHello"])
-@pytest.mark.parametrize("engine", ENGINES)
-async def test_a_handshake_that_never_ends_is_cut_off(
-    short_handshakes: float, engine: str, sent: bytes, certs: Certs
+def test_a_handshake_that_never_ends_is_cut_off(
+    monkeypatch: pytest.MonkeyPatch, run: Runner, engine: str, sent: bytes, certs: Certs
 ) -> None:
-    server, url = await serve(engine, GrpcTls(certs.server_cert, certs.server_key))
-    try:
-        host, port = url.rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(sent)
-        # Closed after the handshake timeout (0.5 s here), well before this test's bound.
-        assert await asyncio.wait_for(reader.read(), TIMEOUT_S) == b""
-        writer.close()
-    finally:
-        await server.stop(None)  # type: ignore[attr-defined]
+    monkeypatch.setattr(h2_server_module, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
+
+    async def main() -> None:
+        async with serving(engine, GrpcTls(certs.server_cert, certs.server_key)) as url:
+            host, port = url.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(sent)
+            # Closed after the handshake timeout (0.5 s here), well before this test's bound.
+            assert await asyncio.wait_for(reader.read(), TIMEOUT_S) == b""
+            writer.close()
+    run(main())
 
 
 @pytest.mark.parametrize(("flags", "chosen"), [
