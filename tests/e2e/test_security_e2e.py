@@ -5,6 +5,7 @@ and the limits as a client meets them."""
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 from collections.abc import Iterator
 
@@ -13,8 +14,10 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
+from hyperframe.frame import Frame, SettingsFrame
 from tritonclient.utils import InferenceServerException
 
+from conveyor.ingress.grpc.h2_server.limits import MAX_CONCURRENT_STREAMS
 from tests.support.certs import Certs, make_certs
 from tests.support.group import Server, start_server
 
@@ -71,6 +74,27 @@ def test_grpc_over_mutual_tls(hardened: Server, certs: Certs) -> None:
     for refused in (grpc_client(hardened, certs, client_cert=False), tg.InferenceServerClient(hardened.grpc_url)):
         with pytest.raises(InferenceServerException):
             refused.is_server_live(client_timeout=10)
+
+
+def test_grpc_over_tls_is_served_with_the_http2_limits(hardened: Server, certs: Certs) -> None:
+    """--grpc-server auto serves TLS on the event loop's server (docs/SECURITY.md's HTTP/2 limits): its
+    SETTINGS advertise the concurrent-stream limit (grpcio's advertise none)."""
+    ctx = ssl.create_default_context(cafile=certs.ca)
+    ctx.load_cert_chain(certs.client_cert, certs.client_key)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", hardened.grpc_port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+        tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(SettingsFrame(0).serialize()))
+        head = b""
+        while len(head) < 9:
+            head += tls.recv(9 - len(head))
+        frame, length = Frame.parse_frame_header(memoryview(head))
+        body = b""
+        while len(body) < length:
+            body += tls.recv(length - len(body))
+        frame.parse_body(memoryview(body))
+    assert isinstance(frame, SettingsFrame)
+    assert frame.settings[SettingsFrame.MAX_CONCURRENT_STREAMS] == MAX_CONCURRENT_STREAMS
 
 
 def test_https(hardened: Server, certs: Certs) -> None:
