@@ -101,6 +101,8 @@ class GrpcConnection(asyncio.Protocol):
     # --- transport -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        assert self._transport is not None
         if self._server.tls is not None:
             tls = transport.get_extra_info("ssl_object")
             if tls is None or tls.selected_alpn_protocol() != ALPN_H2:
@@ -108,10 +110,8 @@ class GrpcConnection(asyncio.Protocol):
                 # (OpenSSL completes a handshake whose ALPN found no match; the check is ours).
                 log.debug("gRPC: closing a TLS connection that did not negotiate ALPN h2")
                 self._dead = True
-                transport.abort()
+                self._transport.abort()
                 return
-        self._transport = transport  # type: ignore[assignment]
-        assert self._transport is not None
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self._out.transport = self._transport
         self._server.connections.add(self)

@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.cli import build_parser
 from conveyor.deploy.options import AUTO_GRPC_SERVER, grpc_server_choice
+from conveyor.deploy.settings import GrpcIngressSettings
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.h2_server import server as h2_server_module
 from conveyor.ingress.grpc.h2_server.engine import ENGINES
@@ -173,4 +174,5 @@ def test_auto_serves_tls_on_the_event_loop_server(
     monkeypatch: pytest.MonkeyPatch, flags: list[str], chosen: str
 ) -> None:
     monkeypatch.delenv("CONVEYOR_GRPC_SERVER", raising=False)
-    assert grpc_server_choice(build_parser().parse_args(["ingress", "--protocol", "grpc", *flags])) == chosen
+    args = build_parser().parse_args(["ingress", "--protocol", "grpc", *flags])
+    assert grpc_server_choice(GrpcIngressSettings.of(args)) == chosen
