@@ -12,16 +12,19 @@ from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
+import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as tga
 import uvloop
+from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.cli import build_parser
 from conveyor.deploy.options import AUTO_GRPC_SERVER, grpc_server_choice
 from conveyor.deploy.settings import GrpcIngressSettings
 from conveyor.ingress.drain import IngressDrain
+from conveyor.ingress.grpc.h2_server import limits
 from conveyor.ingress.grpc.h2_server import server as h2_server_module
 from conveyor.ingress.grpc.h2_server.engine import ENGINES
 from conveyor.ingress.grpc.server import start_server
@@ -32,6 +35,7 @@ from tests.support.fake_grpc import FakeDataPlane, FakeLink
 TIMEOUT_S = 10
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = 0x4  # the frame type of the server's first frame
+CANCEL, ENHANCE_YOUR_CALM = 0x8, 0xB
 Runner = Callable[[Coroutine[Any, Any, None]], None]
 
 
@@ -144,6 +148,38 @@ def test_only_clients_that_negotiate_h2_are_served(run: Runner, engine: str, cer
             assert len(head) == 9 and head[3] == SETTINGS  # served: the server's SETTINGS
             assert await first_bytes(url, certs, ["http/1.1"]) == b""  # closed, as gRPC core's server does
             assert await first_bytes(url, certs, None) == b""
+    run(main())
+
+
+def test_rapid_reset_over_tls_ends_in_enhance_your_calm(run: Runner, engine: str, certs: Certs) -> None:
+    """The HTTP/2 limits hold behind TLS as in plaintext (CVE-2023-44487; limits.RESET_*)."""
+    async def main() -> None:
+        async with serving(engine, GrpcTls(certs.server_cert, certs.server_key)) as url:
+            ctx = ssl.create_default_context(cafile=certs.ca)
+            ctx.set_alpn_protocols(["h2"])
+            host, port = url.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port), ssl=ctx)
+            encoder = hpack.Encoder()
+            out = [PREFACE, SettingsFrame(0).serialize()]
+            for i in range(limits.RESET_BURST + 50):
+                block = encoder.encode([
+                    (":method", "POST"), (":scheme", "https"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                    (":authority", "attack"), ("content-type", "application/grpc"), ("te", "trailers")])
+                out += [HeadersFrame(2 * i + 1, data=block, flags=["END_HEADERS"]).serialize(),
+                        RstStreamFrame(2 * i + 1, error_code=CANCEL).serialize()]
+            writer.write(b"".join(bytes(f) for f in out))
+
+            async def goaway() -> GoAwayFrame:
+                while True:
+                    f, length = Frame.parse_frame_header(memoryview(await reader.readexactly(9)))
+                    f.parse_body(memoryview(await reader.readexactly(length)))
+                    if isinstance(f, GoAwayFrame):
+                        return f
+
+            try:
+                assert (await asyncio.wait_for(goaway(), TIMEOUT_S)).error_code == ENHANCE_YOUR_CALM
+            finally:
+                writer.close()
     run(main())
 
 
