@@ -1,4 +1,5 @@
-"""The gRPC ingress process: grpc.aio serving Triton's API on one port.
+"""The gRPC ingress process: Triton's API on one port, served by the event loop's gRPC server
+(``h2_server``: ngh2 or h2, plaintext or TLS) or by grpc.aio where keepalive flags ask for it.
 
 Several ingress processes bind the same port (SO_REUSEPORT) and the kernel
 spreads connections over them; each has its own router link and arena.
