@@ -105,8 +105,8 @@ class GrpcServer(Settings):
     grpc_server: str = setting(
         ("--grpc-server",), "the gRPC server: ngh2 (on the event loop, over libnghttp2 through ngh2, with the "
         "HTTP/2 limits of docs/SECURITY.md; h2 if its start-up self-test fails), h2 (the same server over "
-        "python-hyper's h2), each with TLS, or grpcio (grpc.aio); auto: ngh2 unless one of the --grpc-keepalive-*, "
-        "--grpc-http2-* or --grpc-max-connection-age* flags asks for what only grpcio does. Default: "
+        "python-hyper's h2), each with TLS and Triton's --grpc-keepalive-*, --grpc-http2-* and "
+        "--grpc-max-connection-age* flags, or grpcio (grpc.aio); auto: ngh2. Default: "
         "$CONVEYOR_GRPC_SERVER, else auto",
         default="auto", env="CONVEYOR_GRPC_SERVER", choices=("auto", "grpcio", "h2", "ngh2"))
     # The gRPC server on the event loop (--grpc-server ngh2, the default, or h2): request bytes held before calls

@@ -98,13 +98,11 @@ AUTO_GRPC_SERVER = "ngh2"
 
 
 def grpc_server_choice(a: GrpcIngressSettings) -> str:
-    """Which gRPC server serves: ngh2 (plaintext, TLS or mutual TLS) unless keepalive settings need grpcio
-    (``--grpc-server auto``); ``h2`` and ``ngh2`` are the event loop's server on either HTTP/2 engine, taken as
-    named."""
+    """Which gRPC server serves: ngh2 (plaintext, TLS or mutual TLS, Triton's keepalive and connection-age
+    flags included) for ``--grpc-server auto``; ``h2`` and ``ngh2`` are the event loop's server on either HTTP/2
+    engine, and ``grpcio`` grpc.aio, taken as named."""
     if a.grpc_server != "auto":
         return str(a.grpc_server)
-    if any(getattr(a, s.name) != s.default for s in grpc_keepalive()):
-        return "grpcio"  # server keepalive pings and the ping-abuse policy are grpcio's only
     return AUTO_GRPC_SERVER
 
 

@@ -63,11 +63,11 @@ async def start_server(
     server, on python-hyper's h2 or on libnghttp2 through ngh2, plaintext or TLS); ``buffer_bytes``
     and ``connection_buffer_bytes`` are that server's budgets for request bytes held
     before their calls take them (``--grpc-max-buffer-bytes``,
-    ``--grpc-max-connection-buffer-bytes``); ``options``: grpcio's channel arguments
-    beyond ``SERVER_OPTIONS`` (the ``--grpc-keepalive-*`` flags)."""
+    ``--grpc-max-connection-buffer-bytes``); ``options``: grpc channel arguments beyond ``SERVER_OPTIONS``
+    (the ``--grpc-keepalive-*`` and ``--grpc-max-connection-age*`` flags; both servers take them)."""
     if implementation in ("h2", "ngh2"):
         return await _start_h2(ctx, host, port, restricted, buffer_bytes, connection_buffer_bytes, implementation,
-                               tls)
+                               tls, options)
     interceptors = [RestrictedProtocols(restricted)] if restricted else []  # none: nothing on the hot path
     server = grpc.aio.server(options=[*SERVER_OPTIONS, *options], interceptors=interceptors)
     service.add_to_server(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain), server)
@@ -83,8 +83,10 @@ async def start_server(
 async def _start_h2(
     ctx: IngressContext, host: str, port: int, restricted: dict[str, Restriction] | None,
     buffer_bytes: int, connection_buffer_bytes: int, engine: str, tls: GrpcTls | None,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> tuple[Any, int]:
     from conveyor.ingress.grpc.h2_server.engine import ngh2_problem
+    from conveyor.ingress.grpc.h2_server.limits import Keepalive
     from conveyor.ingress.grpc.h2_server.server import H2Server
 
     if engine == "ngh2":
@@ -99,7 +101,7 @@ async def _start_h2(
     handlers = {f"/{name}/{method}": h for name, table in tables.items() for method, h in table.items()}
     server = H2Server(handlers, method_restrictions(restricted) if restricted else None,
                       buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes, engine=engine,
-                      tls=tls.ssl_context() if tls else None)
+                      tls=tls.ssl_context() if tls else None, keepalive=Keepalive.from_options(options))
     return server, await server.start(host, port)
 
 

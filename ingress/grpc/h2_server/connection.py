@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import zlib
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,9 @@ from conveyor.ingress.grpc.h2_server.limits import (
     INDUCED_BURST,
     INDUCED_RATE_PER_S,
     LINGER_S,
+    MAX_AGE_JITTER,
     MAX_CONCURRENT_STREAMS,
+    NO_CALLS_PING_INTERVAL_S,
     RESET_BURST,
     RESET_RATE_PER_S,
     WRITE_BUFFER_HIGH,
@@ -93,6 +96,14 @@ class GrpcConnection(asyncio.Protocol):
         self._lingering = False  # the FIN is sent: reading only to drop what the peer still sends
         self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
         self._out = Outbound(engine, self._loop, self._forget)
+        # Keepalive and age (limits.Keepalive): one timer at a time per connection, nothing per call.
+        self._keepalive = server.keepalive
+        self._timer: asyncio.TimerHandle | None = None  # the next keepalive PING, or its ACK's deadline
+        self._age_timer: asyncio.TimerHandle | None = None  # max age, then its grace
+        self._awaiting_ack = False  # a keepalive PING is out: _timer is its ACK's deadline
+        self._last_ping = -1e18  # when the client last PINGed (the ping policy)
+        self._pings_sent = 0  # keepalive PINGs since data was last exchanged (max_pings_without_data)
+        self._strikes = 0  # the client's PINGs too soon since data was last exchanged
 
     @property
     def dead(self) -> bool:
@@ -117,10 +128,16 @@ class GrpcConnection(asyncio.Protocol):
         self._server.connections.add(self)
         self._engine.start()
         self._out.flush()
+        keepalive = self._keepalive
+        self._timer = self._loop.call_later(keepalive.time_s, self._keepalive_ping)
+        if keepalive.max_age_s is not None:
+            age = keepalive.max_age_s * random.uniform(1 - MAX_AGE_JITTER, 1 + MAX_AGE_JITTER)
+            self._age_timer = self._loop.call_later(age, self._too_old)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self._dead = True
+        self._stop_timers()
         self._transport = self._out.transport = None
         for stream in list(self._streams.values()):
             self._drop(stream)
@@ -190,6 +207,63 @@ class GrpcConnection(asyncio.Protocol):
             self._drop(stream)
         return tasks
 
+    # --- keepalive and age (gRPC core's chttp2 keepalive, ping abuse policy and max_age filter) ---------
+
+    def _stop_timers(self) -> None:
+        for timer in (self._timer, self._age_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._age_timer = None
+
+    def _data_exchanged(self) -> None:
+        """A call started, or one sent a message: the ping policies start over (as core's)."""
+        self._strikes, self._last_ping, self._pings_sent = 0, -1e18, 0
+        self._out.data_sent = False
+
+    def _keepalive_ping(self) -> None:
+        """keepalive_time is up: PING (where calls run, or permit_without_calls) and wait keepalive_timeout
+        for its ACK."""
+        if self._dead:
+            return
+        keepalive = self._keepalive
+        if self._out.data_sent:
+            self._data_exchanged()
+        spent = keepalive.max_pings_without_data and self._pings_sent >= keepalive.max_pings_without_data
+        if spent or not (self._streams or keepalive.permit_without_calls):
+            self._timer = self._loop.call_later(keepalive.time_s, self._keepalive_ping)
+            return
+        self._engine.ping()
+        self._out.flush()
+        self._awaiting_ack = True
+        self._pings_sent += 1
+        self._timer = self._loop.call_later(keepalive.timeout_s, self._keepalive_timeout)
+
+    def _keepalive_timeout(self) -> None:
+        self._timer = None
+        if not self._dead:
+            self._end("keepalive watchdog timeout: no PING ACK within --grpc-keepalive-timeout")
+
+    def on_ping_ack(self) -> None:
+        if self._awaiting_ack and self._timer is not None:
+            self._awaiting_ack = False
+            self._timer.cancel()
+            self._timer = self._loop.call_later(self._keepalive.time_s, self._keepalive_ping)
+
+    def _too_old(self) -> None:
+        """max_connection_age is up: GOAWAY NO_ERROR, the running calls finish (for up to the grace)."""
+        self._age_timer = None
+        if self._dead:
+            return
+        self.goaway()
+        grace = self._keepalive.max_age_grace_s
+        if grace is not None and not self._dead:
+            self._age_timer = self._loop.call_later(grace, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._age_timer = None
+        if not self._dead:
+            self._end("max connection age and its grace are over")
+
     def _close_if_done(self) -> None:
         if self._closing and not self._streams and self._transport is not None:
             self.close()
@@ -244,6 +318,7 @@ class GrpcConnection(asyncio.Protocol):
         log.debug("gRPC connection closed: %s", why)
         self._dead = True
         self._unfed = None
+        self._stop_timers()
         for stream in list(self._streams.values()):
             self._drop(stream)
         self.close()
@@ -270,14 +345,30 @@ class GrpcConnection(asyncio.Protocol):
             self._out.window_opened(-1)
 
     def on_ping(self) -> None:
-        if not self._induced.spend(self._loop.time()):
+        now = self._loop.time()
+        if not self._induced.spend(now):
             self._calm("too many PING or SETTINGS frames")
+            return
+        # gRPC core's ping abuse policy: a PING sooner than min_recv_ping_interval after the last (two
+        # hours where no call runs and permit_without_calls is off), with no data since, is a strike.
+        if self._out.data_sent:
+            self._data_exchanged()
+        keepalive = self._keepalive
+        interval = (keepalive.min_recv_ping_interval_s if self._streams or keepalive.permit_without_calls
+                    else NO_CALLS_PING_INTERVAL_S)
+        if now < self._last_ping + interval:
+            self._strikes += 1
+            if keepalive.max_ping_strikes and self._strikes > keepalive.max_ping_strikes:
+                self._calm("too_many_pings")
+                return
+        self._last_ping = now
 
     def _spend_reset(self) -> None:
         if not self._resets.spend(self._loop.time()):
             self._calm("too many streams reset or refused")
 
     def on_request(self, sid: int, headers: Headers, ended: bool) -> None:
+        self._data_exchanged()
         if self._closing:
             self._engine.reset(sid, REFUSED_STREAM)
             return

@@ -34,6 +34,7 @@ from conveyor.ingress.grpc.h2_server.limits import (
 Headers = Sequence[tuple[bytes, bytes]]
 
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x0, 0x1, 0x2, 0x7, 0xB
+KEEPALIVE_PING = b"keepaliv"  # the opaque data of the server's keepalive PINGs (one outstanding at a time)
 
 
 class EngineError(Exception):
@@ -53,6 +54,7 @@ class Sink(Protocol):
     def on_window(self, sid: int) -> None: ...  # 0: the connection's window; -1: every stream's
     def on_settings(self, window_changed: bool) -> None: ...
     def on_ping(self) -> None: ...
+    def on_ping_ack(self) -> None: ...  # the client acknowledged a PING of the server's (keepalive)
     def on_goaway(self) -> None: ...
 
 
@@ -74,6 +76,7 @@ class Engine(Protocol):
     def reset(self, sid: int, code: int) -> None: ...  # nothing on a stream already closed
     def calm(self, why: str) -> None: ...  # GOAWAY ENHANCE_YOUR_CALM: the client spent a budget
     def graceful_goaway(self) -> bytes: ...  # GOAWAY NO_ERROR; bytes to write after data_to_send()
+    def ping(self) -> None: ...  # a PING of the server's (keepalive); its ACK calls on_ping_ack
 
 
 _CONFIG = h2.config.H2Configuration(
@@ -125,6 +128,7 @@ class H2Engine:
             h2.events.RemoteSettingsChanged: lambda e: sink.on_settings(
                 SettingCodes.INITIAL_WINDOW_SIZE in e.changed_settings),
             h2.events.PingReceived: lambda e: sink.on_ping(),
+            h2.events.PingAckReceived: lambda e: sink.on_ping_ack(),
             h2.events.ConnectionTerminated: lambda e: sink.on_goaway(),
         }
 
@@ -178,6 +182,9 @@ class H2Engine:
         # written after h2's output; h2 goes on serving the streams it has.
         last = self._h2.highest_inbound_stream_id
         return bytes(GoAwayFrame(0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR).serialize())
+
+    def ping(self) -> None:
+        self._h2.ping(KEEPALIVE_PING)
 
 
 ENGINES = ("h2", "ngh2")

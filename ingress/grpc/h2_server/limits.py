@@ -3,6 +3,10 @@ what an offending client sees), and the token bucket the rate limits spend."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import h2.frame_buffer
 
 # --- Limits, each beside the attack it stops ---------------------------------------------------
@@ -119,3 +123,51 @@ class TokenBucket:
             return False
         self._tokens -= 1.0
         return True
+
+
+# --- Keepalive and connection age (Triton's --grpc-keepalive-* and --grpc-max-connection-age* flags) -----
+
+# What an unset flag means: gRPC core's server defaults (grpc/grpc doc/keepalive.md).
+KEEPALIVE_TIME_S = 7200.0  # grpc.keepalive_time_ms: a PING every two hours
+KEEPALIVE_TIMEOUT_S = 20.0  # grpc.keepalive_timeout_ms: no ACK within it closes the connection
+MIN_RECV_PING_INTERVAL_S = 300.0  # grpc.http2.min_ping_interval_without_data_ms
+MAX_PING_STRIKES = 2  # grpc.http2.max_ping_strikes
+MAX_PINGS_WITHOUT_DATA = 2  # grpc.http2.max_pings_without_data: the server's PINGs between data; 0: no limit
+NO_CALLS_PING_INTERVAL_S = 7200.0  # core: a client PINGing a connection with no calls, unpermitted, earns a strike
+MAX_AGE_JITTER = 0.1  # core spreads each connection's max age by +-10% so that clients do not reconnect at once
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """The server's keepalive PINGs, its policy for the client's PINGs, and the connections' maximum age,
+    as gRPC core's channel arguments set them (``from_options``)."""
+
+    time_s: float = KEEPALIVE_TIME_S
+    timeout_s: float = KEEPALIVE_TIMEOUT_S
+    permit_without_calls: bool = False  # PINGs (both ways) on a connection with no call running
+    max_pings_without_data: int = MAX_PINGS_WITHOUT_DATA
+    min_recv_ping_interval_s: float = MIN_RECV_PING_INTERVAL_S
+    max_ping_strikes: int = MAX_PING_STRIKES  # 0: no limit
+    max_age_s: float | None = None  # None: no limit
+    max_age_grace_s: float | None = None  # None: the running calls may take as long as they like
+
+    @classmethod
+    def from_options(cls, options: Sequence[tuple[str, Any]]) -> Keepalive:
+        """From grpc server options (``deploy.options.grpc_keepalive_options``); others are ignored."""
+        o = dict(options)
+
+        def seconds(name: str) -> float | None:
+            return None if name not in o else int(o[name]) / 1000
+
+        return cls(
+            time_s=seconds("grpc.keepalive_time_ms") or KEEPALIVE_TIME_S,
+            timeout_s=seconds("grpc.keepalive_timeout_ms") or KEEPALIVE_TIMEOUT_S,
+            permit_without_calls=bool(o.get("grpc.keepalive_permit_without_calls", 0)),
+            max_pings_without_data=int(o.get("grpc.http2.max_pings_without_data", MAX_PINGS_WITHOUT_DATA)),
+            min_recv_ping_interval_s=(
+                MIN_RECV_PING_INTERVAL_S if "grpc.http2.min_ping_interval_without_data_ms" not in o
+                else int(o["grpc.http2.min_ping_interval_without_data_ms"]) / 1000),
+            max_ping_strikes=int(o.get("grpc.http2.max_ping_strikes", MAX_PING_STRIKES)),
+            max_age_s=seconds("grpc.max_connection_age_ms"),
+            max_age_grace_s=seconds("grpc.max_connection_age_grace_ms"),
+        )

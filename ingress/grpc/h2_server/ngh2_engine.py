@@ -26,6 +26,7 @@ from ngh2 import Configuration, Role, Setting
 from conveyor.ingress.grpc.h2_server.engine import (
     ENHANCE_YOUR_CALM,
     INTERNAL_ERROR,
+    KEEPALIVE_PING,
     NO_ERROR,
     PROTOCOL_ERROR,
     EngineError,
@@ -142,6 +143,8 @@ class Ngh2Engine:
                 sink.on_settings(_INITIAL_WINDOW_SIZE in event.settings)
             elif kind is ngh2.PingReceived:
                 sink.on_ping()
+            elif kind is ngh2.PingAcknowledged:
+                sink.on_ping_ack()
             elif kind is ngh2.GoAwayReceived:
                 sink.on_goaway()
             else:
@@ -222,6 +225,9 @@ class Ngh2Engine:
         self._c.send_goaway(NO_ERROR)  # nghttp2 goes on serving the streams it has
         return b""
 
+    def ping(self) -> None:
+        self._c.ping(KEEPALIVE_PING)
+
 
 # --- the start-up self-test -------------------------------------------------------------------------
 
@@ -249,6 +255,9 @@ class _Recorder:
         pass
 
     def on_settings(self, window_changed: bool) -> None:
+        pass
+
+    def on_ping_ack(self) -> None:
         pass
 
     def on_ping(self) -> None:

@@ -30,6 +30,7 @@ class Outbound:
         self._flush_pending = False
         self.paused: asyncio.Future[None] | None = None  # the transport's buffer is full
         self.extra = b""  # bytes the engine does not know of, written after its own (a graceful GOAWAY)
+        self.data_sent = False  # a message was sent since the connection last looked (its ping policies)
 
     # --- the write buffer ---------------------------------------------------------------
 
@@ -92,6 +93,7 @@ class Outbound:
         size = len(body) + 5
         engine = self._engine
         sid = stream.id
+        self.data_sent = True
         if size <= JOIN_BYTES and size <= engine.window(sid):
             engine.respond(sid, RESPONSE_HEAD)
             engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
@@ -109,6 +111,7 @@ class Outbound:
             stream.headers_sent = True
             self._engine.respond(stream.id, RESPONSE_HEAD)
         prefix = b"\0" + len(body).to_bytes(4, "big")
+        self.data_sent = True
         if len(body) <= JOIN_BYTES:  # one piece, so that it leaves in one frame
             stream.backlog.append(memoryview(prefix + body))
         else:  # large: not copied here

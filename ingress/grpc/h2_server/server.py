@@ -10,7 +10,7 @@ from typing import Any
 
 from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
 from conveyor.ingress.grpc.h2_server.engine import engine_class
-from conveyor.ingress.grpc.h2_server.limits import TLS_HANDSHAKE_TIMEOUT_S
+from conveyor.ingress.grpc.h2_server.limits import TLS_HANDSHAKE_TIMEOUT_S, Keepalive
 from conveyor.ingress.grpc.h2_server.messages import ByteBudget
 from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES
 
@@ -24,12 +24,13 @@ class H2Server:
     before calls take them, in the process and per connection (0: no bound;
     ``ingress/limits.py``); ``engine``: the HTTP/2 engine, ``h2`` or ``ngh2`` (``engine.ENGINES``);
     ``tls``: serve TLS with this context (``tls.GrpcTls.ssl_context``: ALPN h2, and a connection that did
-    not select it is closed), handshakes bounded by ``limits.TLS_HANDSHAKE_TIMEOUT_S``."""
+    not select it is closed), handshakes bounded by ``limits.TLS_HANDSHAKE_TIMEOUT_S``; ``keepalive``: the
+    keepalive PINGs, the ping policy and the connections' maximum age (``limits.Keepalive``: Triton's flags)."""
 
     def __init__(self, handlers: dict[str, Any], restrictions: dict[str, tuple[str, str, str]] | None = None, *,
                  buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
                  connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, engine: str = "h2",
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, keepalive: Keepalive | None = None) -> None:
         self.handlers = handlers
         self.restrictions = restrictions or {}
         self.connections: set[GrpcConnection] = set()
@@ -38,6 +39,7 @@ class H2Server:
         self.engine = engine_class(engine)  # resolved once: each connection makes its own
         self.engine_name = engine
         self.tls = tls
+        self.keepalive = keepalive or Keepalive()
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> int:

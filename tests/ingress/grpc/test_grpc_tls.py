@@ -203,7 +203,9 @@ def test_a_handshake_that_never_ends_is_cut_off(
 @pytest.mark.parametrize(("flags", "chosen"), [
     (["--grpc-use-ssl", "true"], AUTO_GRPC_SERVER),
     (["--grpc-use-ssl-mutual", "true"], AUTO_GRPC_SERVER),
-    (["--grpc-use-ssl", "true", "--grpc-keepalive-time", "1000"], "grpcio"),  # keepalive pings: grpcio's only
+    (["--grpc-use-ssl", "true", "--grpc-keepalive-time", "1000"], AUTO_GRPC_SERVER),  # keepalive: both servers
+    (["--grpc-max-connection-age", "1000", "--grpc-http2-max-ping-strikes", "0"], AUTO_GRPC_SERVER),
+    (["--grpc-keepalive-time", "1000", "--grpc-server", "grpcio"], "grpcio"),
     (["--grpc-use-ssl", "true", "--grpc-server", "h2"], "h2"),
 ])
 def test_auto_serves_tls_on_the_event_loop_server(
