@@ -1,5 +1,5 @@
 """The gRPC ingress process: Triton's API on one port, served by the event loop's gRPC server
-(``h2_server``: ngh2 or h2, plaintext or TLS) or by grpc.aio where keepalive flags ask for it.
+(``h2_server``: ngh2 or h2, plaintext or TLS, Triton's keepalive flags included) or by grpc.aio when named.
 
 Several ingress processes bind the same port (SO_REUSEPORT) and the kernel
 spreads connections over them; each has its own router link and arena.
