@@ -25,7 +25,8 @@ class IngressDrain:
 
     def admit(self) -> None:
         """Refuse new requests once the grace is over (they would be cut off anyway)."""
-        if self.clock.refusing():
+        clock = self.clock
+        if clock.started is not None and clock.refusing():  # a stop requested: the cheap test first
             raise unavailable("the server is shutting down: send the request to another instance")
 
     async def run(self, in_flight: Callable[[], int], connections: Callable[[], int] = lambda: 0) -> None:

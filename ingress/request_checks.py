@@ -231,12 +231,14 @@ def write_inputs(arena: Arena, block: int, inputs: list[tuple[InferInput, int]])
             refs.append(m.TensorRef(inp.name, inp.datatype, inp.shape, _CLIENT + shm.region, shm.offset, nbytes))
             continue
         data = inp.data
-        dst = arena.view(offset, nbytes)
         if isinstance(data, np.ndarray):
             dtype = np.uint8 if inp.datatype == "BYTES" else numpy_dtype(inp.datatype)
-            dst[:] = np.ascontiguousarray(data, dtype=dtype).reshape(-1).view(np.uint8)
-        else:
-            dst[:] = np.frombuffer(data, dtype=np.uint8)  # type: ignore[arg-type]
+            arena.view(offset, nbytes)[:] = np.ascontiguousarray(data, dtype=dtype).reshape(-1).view(np.uint8)
+        elif len(data) == nbytes:  # type: ignore[arg-type]
+            # Bytes, or a view of them: through the mapping, about 1.5 µs less than a numpy copy.
+            arena.put(offset, data)  # type: ignore[arg-type]
+        else:  # a view of wider items: numpy reads its bytes (or refuses a size that does not fit)
+            arena.view(offset, nbytes)[:] = np.frombuffer(data, dtype=np.uint8)  # type: ignore[arg-type]
         refs.append(m.TensorRef(inp.name, inp.datatype, inp.shape, arena.name, offset, nbytes))
         offset += aligned(nbytes)
     return refs

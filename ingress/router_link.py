@@ -359,6 +359,10 @@ class RouterLink:
         return reply.result
 
     def _on_reply(self, msg: m.RouterToIngress) -> None:
+        if type(msg) is m.InferResponse:  # nearly every message: asked first
+            if not self._calls.deliver(msg):
+                self._orphan(msg)  # as below
+            return
         if isinstance(msg, m.SettingsUpdate):
             ProcessLog.apply_wire(msg.log)
             self.tracing = msg.tracing

@@ -47,9 +47,15 @@ class CorkedTransport:
 
     def send_now(self, head: bytes, body: bytes) -> None:
         """A whole response, written at once (one ``writev``) after whatever is held."""
-        self.flush()
-        if not self._transport.is_closing():
-            self._transport.writelines((head, body))
+        if self._held:
+            self.flush()
+        transport = self._transport
+        if not transport.is_closing():
+            transport.writelines((head, body))
+
+    # What the protocols ask on every request: a method here, not a ``__getattr__`` miss.
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
 
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + sum(len(data) for data in self._held)

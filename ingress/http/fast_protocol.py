@@ -23,6 +23,7 @@ import re
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
 
 from conveyor.ingress.http.app import Infer
 from conveyor.ingress.http.codec import parse_header_length
@@ -38,6 +39,9 @@ INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/([^/%]+))?/infer")
 
 _JSON_TYPE = b"content-type: application/json\r\n"
 _CLOSE = b"connection: close\r\n"
+# The response headers ``Infer.answer`` names (a handful, all its own), as they go on the wire.
+_HEADER_NAMES: dict[str, bytes] = {}
+_CONTENT_TYPES: dict[str, bytes] = {}
 
 
 class _Event:
@@ -122,9 +126,25 @@ class FastInferProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._fast: FastCycle | None = None
 
+    def on_message_begin(self) -> None:
+        # uvicorn's, less the ASGI scope: a request served here needs none (``_make_scope`` makes it
+        # for one that goes to falcon).
+        self.begin_message()
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def _make_scope(self) -> None:
+        """The ASGI scope uvicorn's ``on_message_begin`` would have made, over the head read."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        UvicornHttpToolsProtocol.on_message_begin(self)
+        self.url, self.expect_100_continue = url, expect
+        self.headers = self.scope["headers"] = headers
+
     def on_headers_complete(self) -> None:
         cycle = self._take()
         if cycle is None:
+            self._make_scope()
             super().on_headers_complete()
             return
         self.head_complete()
@@ -177,9 +197,15 @@ class FastInferProtocol(HttpToolsProtocol):
             head = [_JSON_TYPE, RETRY_AFTER_LINE] if status == 503 else [_JSON_TYPE]
             self._respond(cycle, status, head, error_body(message))
             return
-        head = [b"content-type: ", answer.content_type.encode(), b"\r\n"]
+        content_type = _CONTENT_TYPES.get(answer.content_type)
+        if content_type is None:
+            content_type = _CONTENT_TYPES[answer.content_type] = b"content-type: %s\r\n" % answer.content_type.encode()
+        head = [content_type]
         for name, value in answer.headers:
-            head += [name.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+            line = _HEADER_NAMES.get(name)
+            if line is None:
+                line = _HEADER_NAMES[name] = name.lower().encode("latin-1") + b": "
+            head += [line, value.encode("latin-1"), b"\r\n"]
         self._respond(cycle, 200, head, answer.data)
 
     def _respond(self, cycle: FastCycle, status: int, head: list[bytes], data: bytes) -> None:

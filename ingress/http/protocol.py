@@ -73,6 +73,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._messages = 0  # requests begun on this connection
         self._refusal: tuple[int, str] | None = None
+        self._idle_since: float | None = None  # loop time the connection last went idle; None: not idle
 
     # --- the connection -----------------------------------------------------------------
 
@@ -108,10 +109,10 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.edge.waiting.pop(self, None)
-        for timer in (self._read_timer, self._write_timer):
+        for timer in (self._read_timer, self._write_timer, self.timeout_keep_alive_task):
             if timer is not None:
                 timer.cancel()
-        self._read_timer = self._write_timer = None
+        self._read_timer = self._write_timer = self.timeout_keep_alive_task = None
         super().connection_lost(exc)
 
     # --- reading: the head's size, its fields, the time it and the body take --------------
@@ -119,25 +120,34 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # uvicorn's, but a head is fed at most its room at a time: httptools buffers a header
         # field until it ends, so a field without end would otherwise grow without bound.
-        self._unset_keepalive_if_required()
+        self._idle_since = None  # uvicorn's ``_unset_keepalive_if_required`` (see ``_keep_alive_due``)
         self._last_read = self.loop.time()
-        view = memoryview(data)
-        while view:
-            room = self._head_room
-            piece, view = (view[:room], view[room:]) if self._in_head and len(view) > room else (view, view[:0])
-            in_head, messages = self._in_head, self._messages
-            if not self._feed(piece):
-                return
-            if in_head and self._in_head and messages == self._messages:
-                # All of it was this head's. (A head that began inside ``piece`` is not charged for
-                # it, so a head may reach twice the limit before its 431, never more.)
-                self._head_room -= len(piece)
-                if self._head_room <= 0:
-                    limit = self.edge.limits.max_head_bytes
-                    self._refuse(431, f"the request head is over {limit} bytes, the most this server reads")
+        if self._in_head and len(data) > self._head_room:
+            view = memoryview(data)
+            while view:
+                room = self._head_room
+                piece, view = (view[:room], view[room:]) if self._in_head and len(view) > room else (view, view[:0])
+                if not self._feed_piece(piece):
                     return
+        else:  # all of it fits: the common case, without slicing
+            self._feed_piece(data)
 
-    def _feed(self, data: memoryview) -> bool:
+    def _feed_piece(self, piece: bytes | memoryview) -> bool:
+        """Parse ``piece``, charging the head's room for what of it was head; False once refused or closing."""
+        in_head, messages = self._in_head, self._messages
+        if not self._feed(piece):
+            return False
+        if in_head and self._in_head and messages == self._messages:
+            # All of it was this head's. (A head that began inside ``piece`` is not charged for
+            # it, so a head may reach twice the limit before its 431, never more.)
+            self._head_room -= len(piece)
+            if self._head_room <= 0:
+                limit = self.edge.limits.max_head_bytes
+                self._refuse(431, f"the request head is over {limit} bytes, the most this server reads")
+                return False
+        return True
+
+    def _feed(self, data: bytes | memoryview) -> bool:
         """Parse ``data``; False once the connection is answered and closing."""
         try:
             self.parser.feed_data(data)
@@ -161,11 +171,15 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._head_started = None
 
     def on_message_begin(self) -> None:
+        self.begin_message()
+        super().on_message_begin()
+
+    def begin_message(self) -> None:
+        """A request head begins: counted, its time watched from now unless already."""
         self._messages += 1
         if self._head_started is None:
             self._head_started = now = self.loop.time()
             self._arm_read_timer(now + self.edge.limits.header_timeout_s)
-        super().on_message_begin()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields_left -= 1
@@ -173,7 +187,11 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             limit = self.edge.limits.max_headers
             self._refusal = (431, f"the request has more than {limit} header fields, the most this server reads")
             raise _Refused
-        super().on_header(name, value)
+        # uvicorn's, inline (one call less per header).
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.head_complete()
@@ -191,9 +209,41 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+        # uvicorn's, but the keep-alive wait costs a timer per idle spell, not per response (``_keep_alive_due``).
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            self._idle_since = None
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_since = now = self.loop.time()
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_at(now + self.timeout_keep_alive, self._keep_alive_due)
+        if self.cycle is None or self.cycle.response_complete:
             self.edge.waiting[self] = None  # at the end: it now waits the shortest
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn cancels its keep-alive timer on every request; here the timer stays and finds the
+        # connection busy when it fires (``_keep_alive_due``).
+        self._idle_since = None
+
+    def _keep_alive_due(self) -> None:
+        """uvicorn's keep-alive timeout: the connection is closed once it has been idle (no request
+        read or running since its last response) for ``timeout_keep_alive``. One timer serves many
+        requests: when it fires early (the connection was busy meanwhile) it waits again from the
+        last response, or not at all while a request is in, whose response arms it again."""
+        self.timeout_keep_alive_task = None
+        since = self._idle_since
+        if since is None:
+            return
+        due = since + self.timeout_keep_alive
+        if self.loop.time() < due:
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+            return
+        self.timeout_keep_alive_handler()
 
     def _arm_read_timer(self, when: float) -> None:
         """Check the read deadline at ``when``, or earlier: a timer already due first stays (it
