@@ -23,6 +23,10 @@ class ModelSignatureCache:
             self._cache[(model, version)] = sig
         return sig
 
+    def cached(self, model: str, version: str) -> ModelSignature | None:
+        """The signature kept for ``model``/``version``, if any (``get`` without asking the router)."""
+        return self._cache.get((model, version))
+
     async def refresh(self, model: str, version: str) -> ModelSignature:
         """Ask the router again; the cached signature itself if the repository has not
         changed since (so a caller can tell a stale cache from a bad request)."""

@@ -266,18 +266,27 @@ class RouterLink:
             else:
                 fut.set_result(msg)
 
-        self._calls.add(request.id, resolve)
-        self._send(m.encode(request))
+        self.submit(request, resolve)
         try:
             return await fut
         except asyncio.CancelledError:
             if fut.cancelled():
-                # The reply still comes, and goes to ``on_orphan`` (which frees its memory).
-                self._calls.redirect(request.id, self._orphan)
-                self._send(m.encode(m.Cancel(request.id)))
+                self.abandon(request.id)
             else:
                 self._orphan(fut.result())  # it came, but the caller was cancelled before it woke up
             raise
+
+    def submit(self, request: m.InferRequest, on_response: Callable[[m.InferResponse], object]) -> None:
+        """Send ``request``; its response goes to ``on_response`` (``infer`` without a future: a
+        callback that raises is logged). ``abandon`` it to stop waiting."""
+        self._calls.add(request.id, on_response)
+        self._send(m.encode(request))
+
+    def abandon(self, rid: int) -> None:
+        """Stop waiting for request ``rid``: the router is told, and the reply still comes and goes to
+        ``on_orphan`` (which frees its memory)."""
+        self._calls.redirect(rid, self._orphan)
+        self._send(m.encode(m.Cancel(rid)))
 
     async def infer_stream(self, request: m.InferRequest) -> AsyncGenerator[m.InferResponse, None]:
         """Send ``request`` to a decoupled model; yield its responses up to the final

@@ -17,7 +17,7 @@ import falcon
 import falcon.asgi
 
 from conveyor.ingress.context import IngressContext
-from conveyor.ingress.dataplane import ROUTING_HINT, DataPlane
+from conveyor.ingress.dataplane import ROUTING_HINT, DataPlane, InferResult
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.body import OFFLOAD_BYTES, read_body
@@ -135,6 +135,7 @@ class InferAnswer:
     content_type: str
     data: bytes
     headers: list[tuple[str, str]]  # beside Content-Type and Content-Length
+    coding: str | None = None  # a Content-Encoding still to apply to ``data``, off the loop (``compressed``)
 
 
 class Infer:
@@ -169,12 +170,20 @@ class Infer:
 
     async def parse(self, body: bytes, model: str, version: str, header_length: int | None) -> HttpInferRequest:
         """The request in ``body``; a refusal is counted as the model's REJECTED failure."""
+        if header_length != 0:
+            return self.parse_json(body, model, version, header_length)
+        try:  # a raw binary body (no JSON): read by the model's signature
+            sig = await self.dataplane.models.get(model, version)
+            return raw_infer_request(memoryview(body), model, version, sig)
+        except ConveyorError as exc:
+            self.dataplane.refused(model, version, exc)
+            raise
+
+    def parse_json(self, body: bytes, model: str, version: str, header_length: int | None) -> HttpInferRequest:
+        """``parse`` for a body with a JSON header (``header_length`` None or positive): nothing to wait for."""
         try:
             check_json_size(len(body) if header_length is None else header_length,
                             self.dataplane.limits.max_json_bytes)
-            if header_length == 0:
-                sig = await self.dataplane.models.get(model, version)
-                return raw_infer_request(memoryview(body), model, version, sig)
             return self.templates.parse(body, model, version, header_length)
         except ConveyorError as exc:
             self.dataplane.refused(model, version, exc)
@@ -198,23 +207,36 @@ class Infer:
                 self.dataplane.refused(call.model, call.version, exc)
                 raise
             result = await within(call.timeout_s, self.dataplane.infer(call))
+        answer = self.render(result, request, accept_encoding)
+        return answer if answer.coding is None else await self.compressed(answer)
+
+    def render(self, result: InferResult, request: HttpInferRequest, accept_encoding: str | None) -> InferAnswer:
+        """``result`` as the answer to ``request`` (releasing it); a body big enough to compress
+        off the loop is left to ``compressed`` (``InferAnswer.coding``)."""
         headers: list[tuple[str, str]] = []
         host = result.parameters.get(ROUTING_HINT)
         if host:  # the same hint as a header: a load balancer need not parse the body
             headers.append((ROUTING_HEADER, host))
         response = build_infer_response(result, request)  # releases the result
         data = response.body
-        coding = response_coding(accept_encoding)
-        if coding is not None:
+        later = None
+        if accept_encoding is not None and (coding := response_coding(accept_encoding)) is not None:
             if len(data) >= OFFLOAD_BYTES:
-                data = await asyncio.to_thread(compress, (data,), coding)
+                later = coding
             else:
                 data = compress((data,), coding)
             headers.append(("Content-Encoding", coding))
         if response.header_length is not None:
             # The uncompressed JSON size, as Triton sends it.
             headers.append((HEADER_LENGTH, str(response.header_length)))
-        return InferAnswer(response.content_type, data, headers)
+        return InferAnswer(response.content_type, data, headers, later)
+
+    @staticmethod
+    async def compressed(answer: InferAnswer) -> InferAnswer:
+        """``answer`` with its body compressed in a thread (``InferAnswer.coding``)."""
+        assert answer.coding is not None
+        data = await asyncio.to_thread(compress, (answer.data,), answer.coding)
+        return InferAnswer(answer.content_type, data, answer.headers)
 
 
 def build_app(

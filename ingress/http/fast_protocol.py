@@ -25,12 +25,13 @@ from typing import Any, cast
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
 
-from conveyor.ingress.http.app import Infer
-from conveyor.ingress.http.codec import parse_header_length
+from conveyor.ingress.http.app import Infer, InferAnswer
+from conveyor.ingress.http.codec import HttpInferRequest, parse_header_length
 from conveyor.ingress.http.corked_transport import CorkedTransport
 from conveyor.ingress.http.deadline import TIMEOUT_HEADER_BYTES
 from conveyor.ingress.http.errors import RETRY_AFTER_LINE, error_body, error_status
 from conveyor.ingress.http.protocol import HttpToolsProtocol
+from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 
 # What falcon's ``{model}`` and ``{version}`` fields match: one non-empty path segment each
@@ -125,6 +126,10 @@ class FastInferProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fast: FastCycle | None = None
+        # The last infer URL served on this connection and its target (model, version, path): a
+        # client sends the same one again and again.
+        self._last_url = b""
+        self._last_target: tuple[str, str, bytes] = ("", "", b"")
 
     def on_message_begin(self) -> None:
         # uvicorn's, less the ASGI scope: a request served here needs none (``_make_scope`` makes it
@@ -155,11 +160,19 @@ class FastInferProtocol(HttpToolsProtocol):
         parser = self.parser
         if parser.get_method() != b"POST" or (self.cycle is not None and not self.cycle.response_complete):
             return None
-        match = INFER_PATH.fullmatch(self.url.partition(b"?")[0])
-        if match is None or self.limit_concurrency is not None or parser.should_upgrade() or not match[0].isascii():
+        if self.limit_concurrency is not None or parser.should_upgrade():
             return None
+        url = self.url
+        if url == self._last_url:
+            model, version, path = self._last_target
+        else:
+            match = INFER_PATH.fullmatch(url.partition(b"?")[0])
+            if match is None or not match[0].isascii():
+                return None
+            model, version, path = self._last_target = (match[1].decode(), (match[2] or b"").decode(), match[0])
+            self._last_url = url
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        cycle = FastCycle(match[1].decode(), (match[2] or b"").decode(), match[0], keep_alive)
+        cycle = FastCycle(model, version, path, keep_alive)
         return cycle if _read_headers(cycle, self.headers, self.max_body_bytes) else None
 
     def on_body(self, body: bytes) -> None:
@@ -176,27 +189,62 @@ class FastInferProtocol(HttpToolsProtocol):
             return
         self._fast = None
         self.expect_head()
-        task = self.loop.create_task(self._serve(fast))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-
-    async def _serve(self, cycle: FastCycle) -> None:
         infer = self.infer
-        model, version = cycle.model, cycle.version
         try:
-            try:
-                header_length = parse_header_length(cycle.header_length)
-            except ConveyorError as exc:  # counted as the model's REJECTED failure, as falcon's path does
-                infer.dataplane.refused(model, version, exc)
-                raise
-            request = await infer.parse(cycle.body(), model, version, header_length)
-            cycle.chunks = []  # a JSON-only body is garbage now; binary inputs keep their views of it alive
+            request = self._parse(fast)
+            if request is None or fast.timeout is not None or infer.forward is not None:
+                sent = None
+            else:
+                call = request.call
+                call.traceparent = fast.traceparent
+                sent = infer.dataplane.start(call)
+        except Exception as exc:
+            self._fail(fast, exc)
+            return
+        if sent is None:  # something may wait: a task runs the steps that are left
+            task = self.loop.create_task(self._serve(fast, request))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            return
+        # Nothing waits but the router's answer: no task, the answer's callback responds (``_Awaiting``).
+        assert request is not None
+        awaiting = _Awaiting(self, fast, request, sent.id)
+        self.tasks.add(awaiting)  # type: ignore[arg-type]
+        infer.dataplane.link.submit(sent, awaiting.answered)
+
+    def _parse(self, cycle: FastCycle) -> HttpInferRequest | None:
+        """The request, when its body has a JSON header (None: a raw body, which ``Infer.parse`` reads)."""
+        infer = self.infer
+        try:
+            header_length = parse_header_length(cycle.header_length)
+        except ConveyorError as exc:  # counted as the model's REJECTED failure, as falcon's path does
+            infer.dataplane.refused(cycle.model, cycle.version, exc)
+            raise
+        if header_length == 0:
+            return None
+        request = infer.parse_json(cycle.body(), cycle.model, cycle.version, header_length)
+        cycle.chunks = []  # a JSON-only body is garbage now; binary inputs keep their views of it alive
+        return request
+
+    async def _serve(self, cycle: FastCycle, request: HttpInferRequest | None) -> None:
+        """The request's steps from ``request`` (None: from its raw body) on, in a task."""
+        infer = self.infer
+        try:
+            if request is None:
+                request = await infer.parse(cycle.body(), cycle.model, cycle.version, 0)
+                cycle.chunks = []
             answer = await infer.answer(request, cycle.traceparent, cycle.accept_encoding, timeout=cycle.timeout)
         except Exception as exc:
-            status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
-            head = [_JSON_TYPE, RETRY_AFTER_LINE] if status == 503 else [_JSON_TYPE]
-            self._respond(cycle, status, head, error_body(message))
+            self._fail(cycle, exc)
             return
+        self._succeed(cycle, answer)
+
+    def _fail(self, cycle: FastCycle, exc: Exception) -> None:
+        status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
+        head = [_JSON_TYPE, RETRY_AFTER_LINE] if status == 503 else [_JSON_TYPE]
+        self._respond(cycle, status, head, error_body(message))
+
+    def _succeed(self, cycle: FastCycle, answer: InferAnswer) -> None:
         content_type = _CONTENT_TYPES.get(answer.content_type)
         if content_type is None:
             content_type = _CONTENT_TYPES[answer.content_type] = b"content-type: %s\r\n" % answer.content_type.encode()
@@ -207,6 +255,14 @@ class FastInferProtocol(HttpToolsProtocol):
                 line = _HEADER_NAMES[name] = name.lower().encode("latin-1") + b": "
             head += [line, value.encode("latin-1"), b"\r\n"]
         self._respond(cycle, 200, head, answer.data)
+
+    async def _compress_and_send(self, cycle: FastCycle, answer: InferAnswer) -> None:
+        try:
+            answer = await self.infer.compressed(answer)
+        except Exception as exc:
+            self._fail(cycle, exc)
+            return
+        self._succeed(cycle, answer)
 
     def _respond(self, cycle: FastCycle, status: int, head: list[bytes], data: bytes) -> None:
         """Write the response as one write, then let the connection go on (or close it)."""
@@ -226,6 +282,53 @@ class FastInferProtocol(HttpToolsProtocol):
         if not cycle.keep_alive:
             transport.close()
         self.on_response_complete()
+
+
+class _Awaiting:
+    """A request sent without a task (``FastInferProtocol.on_message_complete``), until its answer.
+
+    It stands in the server's task set as the task would: uvicorn's shutdown waits for it, and
+    past its grace ``cancel``s it, which abandons the request as cancelling the task did (the
+    router is told; the answer, when it comes, only frees its memory)."""
+
+    __slots__ = ("cycle", "done", "protocol", "request", "rid")
+
+    def __init__(self, protocol: FastInferProtocol, cycle: FastCycle, request: HttpInferRequest, rid: int) -> None:
+        self.protocol = protocol
+        self.cycle = cycle
+        self.request = request
+        self.rid = rid
+        self.done = False
+
+    def answered(self, response: m.InferResponse) -> None:
+        self.done = True
+        protocol = self.protocol
+        protocol.tasks.discard(self)  # type: ignore[arg-type]
+        infer = protocol.infer
+        try:
+            result = infer.dataplane.answered(response, self.request.call)
+            answer = infer.render(result, self.request, self.cycle.accept_encoding)
+        except Exception as exc:
+            protocol._fail(self.cycle, exc)
+            return
+        if answer.coding is None:
+            protocol._succeed(self.cycle, answer)
+            return
+        task = protocol.loop.create_task(protocol._compress_and_send(self.cycle, answer))
+        task.add_done_callback(protocol.tasks.discard)
+        protocol.tasks.add(task)
+
+    def cancel(self, msg: str | None = None) -> bool:
+        if self.done:
+            return False
+        self.done = True
+        protocol = self.protocol
+        # Out of the set later, as a cancelled task's done callback does: uvicorn cancels while iterating it.
+        protocol.loop.call_soon(protocol.tasks.discard, self)
+        dataplane = protocol.infer.dataplane
+        dataplane.abandoned()
+        dataplane.link.abandon(self.rid)
+        return True
 
 
 def fast_protocol_class(infer: Infer, max_body_bytes: int) -> type[FastInferProtocol]:
