@@ -216,7 +216,11 @@ def remember_verdict(
 
 def inputs_nbytes(inputs: list[tuple[InferInput, int]]) -> int:
     """The arena block ``write_inputs`` needs for these checked inputs."""
-    return sum(aligned(nbytes) for inp, nbytes in inputs if inp.shm is None)
+    total = 0
+    for inp, nbytes in inputs:
+        if inp.shm is None:
+            total += (nbytes + 63) & ~63  # ``aligned``, inline
+    return total
 
 
 def write_inputs(arena: Arena, block: int, inputs: list[tuple[InferInput, int]]) -> list[m.TensorRef]:

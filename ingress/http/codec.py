@@ -332,15 +332,17 @@ def build_infer_response(result: InferResult, request: HttpInferRequest) -> Http
     try:
         outputs: list[dict[str, Any]] = []
         binary: list[memoryview] = []
+        wants, default = request.binary, request.binary_default  # ``wants_binary``, inline
         for out in result.outputs:
             entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
-            if out.raw is None:
+            raw = out.raw
+            if raw is None:
                 pass  # written into the client's shared memory: no data, as in Triton
-            elif request.wants_binary(out.name):
-                nbytes = out.raw.nbytes
+            elif wants.get(out.name, default) if wants else default:
+                nbytes = raw.nbytes
                 entry["parameters"] = {"binary_data_size": nbytes}
                 if nbytes:
-                    binary.append(out.raw.data)
+                    binary.append(raw.data)
             else:
                 entry["data"] = json_output_data(out)
             outputs.append(entry)

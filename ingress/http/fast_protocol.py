@@ -86,12 +86,18 @@ class FastCycle:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+_HEADERS_READ = frozenset((b"content-length", b"inference-header-content-length", b"accept-encoding", b"traceparent",
+                           TIMEOUT_HEADER_BYTES, b"transfer-encoding", b"content-encoding", b"expect"))
+
+
 def _read_headers(cycle: FastCycle, headers: list[tuple[bytes, bytes]], limit: int) -> bool:
     """Fill ``cycle`` from the request headers; False when falcon must serve the request: no
     ``Content-Length`` or one over ``limit``, a chunked or compressed body, ``Expect``, or a
     header this path reads given twice."""
     length = None
     for name, value in headers:  # uvicorn lower-cases the names
+        if name not in _HEADERS_READ:  # most of them (host, accept, content-type...): one set lookup
+            continue
         if name == b"content-length":
             if length is not None or not value.isdigit():
                 return False

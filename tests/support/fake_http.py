@@ -34,6 +34,11 @@ class FakeRegions:
         self.released += 1
         return np.zeros(1, np.uint8)
 
+    def array(self, name: str) -> np.ndarray:
+        """The whole 'segment' (``release_blocks`` writes a flag into it)."""
+        self.released += 1
+        return np.zeros(64, np.uint8)
+
 
 class EchoPlane:
     """Each input comes back as output ``<name>_OUT``, via 'shared memory' (a copy)."""

@@ -328,6 +328,9 @@ class FakeRegions:
     def view(self, name: str, offset: int, nbytes: int) -> np.ndarray:
         return self.flags[offset : offset + nbytes]
 
+    def array(self, name: str) -> np.ndarray:
+        return self.flags
+
 
 def output(name: str, datatype: str, array: np.ndarray) -> OutputTensor:
     if datatype == "BYTES":
