@@ -9,6 +9,9 @@ is uvicorn's httptools protocol that takes such a request itself once its
 headers are in: it keeps the body's chunks, runs the same ``Infer`` steps
 (``parse``, ``answer``) when the message is complete and writes the response
 in one write, with the same error rendering (``errors.error_status``) as falcon.
+When nothing but the router's answer waits (a templated call to a model whose
+signature is cached), not even a task: the request is sent from the parser's
+callback and the answer's callback writes the response (``_Awaiting``).
 
 Everything else goes the ASGI way to the falcon app (``BodyLimit`` in front):
 other routes and methods, compressed or chunked bodies, bodies over the limit,
@@ -309,7 +312,7 @@ class _Awaiting:
     def answered(self, response: m.InferResponse) -> None:
         self.done = True
         protocol = self.protocol
-        protocol.tasks.discard(self)  # type: ignore[arg-type]
+        protocol.tasks.discard(self)
         infer = protocol.infer
         try:
             result = infer.dataplane.answered(response, self.request.call)
