@@ -62,16 +62,21 @@ class Engine(Protocol):
     """The calls the gRPC server makes of its HTTP/2 engine."""
 
     name: str
+    # What ``send`` and ``window`` raise when the stream or the connection is gone in the library before
+    # its event reached the connection (the client's RST_STREAM or GOAWAY in the read being handled, a
+    # stream the library reset itself): the answer is dropped. ``respond``, ``trailers`` and ``reset``
+    # drop it themselves; ``send``, once per message, is the library's own call.
+    gone: tuple[type[Exception], ...]
 
     def start(self) -> None: ...  # the server's preface (SETTINGS) and the connection's window
     def feed(self, data: bytes | memoryview) -> int: ...  # events handled; raises EngineError
     @property
     def alive(self) -> bool: ...  # False once the engine ended the connection itself (its GOAWAY queued)
     def data_to_send(self) -> bytes: ...
-    def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None: ...
-    def trailers(self, sid: int, headers: Headers) -> None: ...
-    def send(self, sid: int, data: bytes | memoryview) -> None: ...
-    def window(self, sid: int) -> int: ...  # DATA bytes ``sid`` may send now, in one piece
+    def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None: ...  # nothing if gone
+    def trailers(self, sid: int, headers: Headers) -> None: ...  # nothing on a stream gone
+    def send(self, sid: int, data: bytes | memoryview) -> None: ...  # raises ``gone`` on a stream gone
+    def window(self, sid: int) -> int: ...  # DATA bytes ``sid`` may send now, in one piece; raises ``gone``
     def acknowledge(self, credit: int, sid: int) -> None: ...
     def reset(self, sid: int, code: int) -> None: ...  # nothing on a stream already closed
     def calm(self, why: str) -> None: ...  # GOAWAY ENHANCE_YOUR_CALM: the client spent a budget
@@ -108,6 +113,9 @@ class H2Engine:
 
     name = "h2"
     alive = True  # h2 raises from receive_data when it ends the connection
+    # h2 knows of the client's RST_STREAM or GOAWAY before its events are handled: a send on that stream
+    # (or on a connection closed) raises one of these ProtocolErrors (StreamClosedError, …).
+    gone = (h2.exceptions.ProtocolError,)
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -158,10 +166,16 @@ class H2Engine:
         return len(events)
 
     def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None:
-        self._h2.send_headers(sid, headers, end_stream=end_stream)
+        try:
+            self._h2.send_headers(sid, headers, end_stream=end_stream)
+        except h2.exceptions.ProtocolError:  # gone (see ``gone``)
+            pass
 
     def trailers(self, sid: int, headers: Headers) -> None:
-        self._h2.send_headers(sid, headers, end_stream=True)
+        try:
+            self._h2.send_headers(sid, headers, end_stream=True)
+        except h2.exceptions.ProtocolError:  # gone (see ``gone``)
+            pass
 
     def window(self, sid: int) -> int:
         h2c = self._h2
@@ -170,7 +184,7 @@ class H2Engine:
     def reset(self, sid: int, code: int) -> None:
         try:
             self._h2.reset_stream(sid, code)
-        except h2.exceptions.StreamClosedError:  # the client's END_STREAM is in h2 already, its event not yet handled
+        except h2.exceptions.ProtocolError:  # the client's END_STREAM, RST_STREAM or GOAWAY is in h2 already
             pass
 
     def calm(self, why: str) -> None:

@@ -94,11 +94,15 @@ class Outbound:
         engine = self._engine
         sid = stream.id
         self.data_sent = True
-        if size <= JOIN_BYTES and size <= engine.window(sid):
-            engine.respond(sid, RESPONSE_HEAD)
-            engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
-            engine.trailers(sid, OK_TRAILERS)
-            self.soon()
+        try:
+            if size <= JOIN_BYTES and size <= engine.window(sid):
+                engine.respond(sid, RESPONSE_HEAD)
+                engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
+                engine.trailers(sid, OK_TRAILERS)
+                self.soon()
+                self.closed_locally(stream)
+                return
+        except engine.gone:  # the stream ended in the engine, its event not handled yet: the answer is dropped
             self.closed_locally(stream)
             return
         self.send_message(stream, body)
@@ -127,19 +131,25 @@ class Outbound:
         engine = self._engine
         sid = stream.id
         backlog = stream.backlog
-        while backlog:
-            allowed = engine.window(sid)
-            if allowed <= 0:
-                self._blocked[sid] = stream
-                break
-            chunk = backlog[0]
-            if len(chunk) <= allowed:
-                backlog.popleft()
-            else:
-                backlog[0] = chunk[allowed:]
-                chunk = chunk[:allowed]
-            stream.backlog_bytes -= len(chunk)
-            engine.send(sid, chunk)
+        try:
+            while backlog:
+                allowed = engine.window(sid)
+                if allowed <= 0:
+                    self._blocked[sid] = stream
+                    break
+                chunk = backlog[0]
+                if len(chunk) <= allowed:
+                    backlog.popleft()
+                else:
+                    backlog[0] = chunk[allowed:]
+                    chunk = chunk[:allowed]
+                stream.backlog_bytes -= len(chunk)
+                engine.send(sid, chunk)
+        except engine.gone:  # the stream ended in the engine, its event not handled yet: the answer is dropped
+            backlog.clear()
+            stream.backlog_bytes = 0
+            self.closed_locally(stream)
+            return
         self.soon()
         if backlog:
             return
