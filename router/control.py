@@ -107,7 +107,7 @@ class ControlHandler:
         """Statistics of every ready version, the router's queue depths and latency histograms, and
         the models' custom metrics."""
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
-        doc = {
+        doc: dict[str, Any] = {
             "model_stats": [_metric_stats(s) for s in states],
             "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},

@@ -115,7 +115,7 @@ class H2Engine:
     alive = True  # h2 raises from receive_data when it ends the connection
     # h2 knows of the client's RST_STREAM or GOAWAY before its events are handled: a send on that stream
     # (or on a connection closed) raises one of these ProtocolErrors (StreamClosedError, …).
-    gone = (h2.exceptions.ProtocolError,)
+    gone: tuple[type[Exception], ...] = (h2.exceptions.ProtocolError,)
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink

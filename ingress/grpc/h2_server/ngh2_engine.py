@@ -91,7 +91,7 @@ class Ngh2Engine:
     """libnghttp2 through ngh2 (Cython)."""
 
     name = "ngh2"
-    gone = _GONE
+    gone: tuple[type[Exception], ...] = _GONE
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink

@@ -402,8 +402,8 @@ def unexplained(reads: list[bytes], h2_side: Outcome, ngh2_side: Outcome) -> str
     if conn_b and not conn_a and not resets_a and any(p[3] == 0x10 for p in pieces):  # PRIORITY_UPDATE
         return ""
     if conn_b == PROTOCOL_ERROR and not conn_a and not resets_a:  # a reset of an idle stream
-        opened = {int.from_bytes(p[5:9], "big") for p in pieces if p[3] == 0x1}
-        if any(p[3] == 0x3 and int.from_bytes(p[5:9], "big") > max(opened, default=0) for p in pieces):
+        used = {int.from_bytes(p[5:9], "big") for p in pieces if p[3] == 0x1}
+        if any(p[3] == 0x3 and int.from_bytes(p[5:9], "big") > max(used, default=0) for p in pieces):
             return ""
     if conn_a == STREAM_CLOSED and not conn_b and not resets_b:  # after the end (a HEADERS)
         return ""
