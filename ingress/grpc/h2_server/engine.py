@@ -67,6 +67,10 @@ class Engine(Protocol):
     # stream the library reset itself): the answer is dropped. ``respond``, ``trailers`` and ``reset``
     # drop it themselves; ``send``, once per message, is the library's own call.
     gone: tuple[type[Exception], ...]
+    # Since the connection last cleared it, the engine queued on its own what gRPC core's ping policies count as
+    # the server writing (``connection._reset_ping_clock``): a connection WINDOW_UPDATE (``acknowledge``), or an
+    # answer of its own (ngh2's refusal of metadata over the limit).
+    wrote: bool
 
     def start(self) -> None: ...  # the server's preface (SETTINGS) and the connection's window
     def feed(self, data: bytes | memoryview) -> int: ...  # events handled; raises EngineError
@@ -116,6 +120,7 @@ class H2Engine:
     # h2 knows of the client's RST_STREAM or GOAWAY before its events are handled: a send on that stream
     # (or on a connection closed) raises one of these ProtocolErrors (StreamClosedError, …).
     gone: tuple[type[Exception], ...] = (h2.exceptions.ProtocolError,)
+    wrote = False
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -124,7 +129,6 @@ class H2Engine:
         h2c.max_inbound_frame_size = MAX_FRAME_SIZE
         h2c.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
         self.data_to_send = h2c.data_to_send
-        self.acknowledge = h2c.acknowledge_received_data
         self.send = h2c.send_data
         self._dispatch: dict[type, Callable[[Any], None]] = {
             h2.events.RequestReceived: lambda e: sink.on_request(e.stream_id, e.headers, e.stream_ended is not None),
@@ -180,6 +184,13 @@ class H2Engine:
     def window(self, sid: int) -> int:
         h2c = self._h2
         return min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
+
+    def acknowledge(self, credit: int, sid: int) -> None:
+        h2c = self._h2
+        window = h2c.inbound_flow_control_window  # grows only by the WINDOW_UPDATE h2 queues for the connection
+        h2c.acknowledge_received_data(credit, sid)
+        if h2c.inbound_flow_control_window != window:
+            self.wrote = True
 
     def reset(self, sid: int, code: int) -> None:
         try:

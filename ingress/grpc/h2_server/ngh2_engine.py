@@ -92,6 +92,7 @@ class Ngh2Engine:
 
     name = "ngh2"
     gone: tuple[type[Exception], ...] = _GONE
+    wrote = False
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -162,6 +163,7 @@ class Ngh2Engine:
         it sends next is on a stream the connection does not know: credited back and dropped)."""
         message = f"received metadata size exceeds hard limit ({size} vs. {MAX_HEADER_LIST_SIZE})"
         self.respond(sid, RESPONSE_HEAD + trailers(_RESOURCE_EXHAUSTED, message), end_stream=True)
+        self.wrote = True
         if not ended:
             self.reset(sid, NO_ERROR)
 
@@ -215,7 +217,11 @@ class Ngh2Engine:
 
     def acknowledge(self, credit: int, sid: int) -> None:
         if credit:
-            self._c.acknowledge_received_data(credit, sid)
+            c = self._c
+            window = c.local_window_size  # grows only by the WINDOW_UPDATE nghttp2 queues for the connection
+            c.acknowledge_received_data(credit, sid)
+            if c.local_window_size != window:
+                self.wrote = True
 
     def reset(self, sid: int, code: int) -> None:
         if code == NO_ERROR:
