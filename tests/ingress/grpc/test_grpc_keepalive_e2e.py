@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from hyperframe.frame import Frame, GoAwayFrame, PingFrame, SettingsFrame
@@ -44,9 +43,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def connections_to(port: int) -> set[int]:
-    """This process's established TCP connections to ``port``, by local port."""
-    return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
-            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+    """This process's established TCP connections to ``port``, by local port (Linux's /proc; IPv6 too: grpc's
+    sockets to 127.0.0.1 may be IPv6 ones with a v4-mapped address)."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sockets.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            pass
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as f:
+            rows += [line.split() for line in f.readlines()[1:]]
+    return {int(r[1].split(":")[1], 16) for r in rows  # local, remote, state ("01": ESTABLISHED), …, inode
+            if r[3] == "01" and int(r[2].split(":")[1], 16) == port and f"socket:[{r[9]}]" in sockets}
 
 
 def test_a_client_with_keepalive_keeps_its_connection_and_is_served(server: Server) -> None:
