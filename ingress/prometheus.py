@@ -2,7 +2,8 @@
 
 Triton's names and labels (``model``, ``version``; failures add ``reason``), plus
 Conveyor's histograms ``conveyor_*_duration_seconds``; in OpenTelemetry trace
-mode, the span exporter's counters ``conveyor_trace_spans_*_total``; and the
+mode, the span exporter's counters ``conveyor_trace_spans_*_total``; the gRPC ingress
+processes that fell back to h2 (``conveyor_grpc_ngh2_self_test_failures_total``); and the
 models' custom metrics (``pb_utils.MetricFamily``) under the names and labels
 the models gave.
 """
@@ -136,6 +137,10 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
         for name, help_text, key in _TRACE_EXPORT:
             _header(lines, name, help_text, "counter")
             lines.append(f"{name} {exported[key]}")
+    _header(lines, "conveyor_grpc_ngh2_self_test_failures_total",
+            "gRPC ingress processes serving on h2 because the ngh2 HTTP/2 engine failed its start-up self-test",
+            "counter")
+    lines.append(f"conveyor_grpc_ngh2_self_test_failures_total {snapshot.get('ngh2_self_test_failures', 0)}")
     _render_custom(lines, snapshot.get("custom", []))
     return "\n".join(lines) + "\n"
 

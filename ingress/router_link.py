@@ -146,6 +146,7 @@ class RouterLink:
         self._silent_since: float | None = None  # when the router's current silence began
         # Whether any tracing is on (the router's SettingsUpdate): only then are requests stamped.
         self.tracing = False
+        self._ngh2_failed = False  # said in every hello (``ngh2_failed``)
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -156,7 +157,13 @@ class RouterLink:
         self._watch = loop.create_task(self._watch_router())
 
     def _hello(self) -> None:
-        self._send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid(), self.reply_to)))
+        self._send(m.encode(m.IngressHello(m.PROTOCOL_VERSION, os.getpid(), self.reply_to, self._ngh2_failed)))
+
+    def ngh2_failed(self) -> None:
+        """This gRPC ingress serves on h2 because ngh2 failed its self-test: tell the router (``/metrics``),
+        now and in every later hello."""
+        self._ngh2_failed = True
+        self._hello()
 
     def _send(self, payload: bytes) -> None:
         """Queue ``payload`` for the router; the turn's messages leave together when it ends."""

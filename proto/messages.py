@@ -104,11 +104,13 @@ class Release(msgspec.Struct, array_like=True, frozen=True):
 
 class IngressHello(msgspec.Struct, tag="ihello", array_like=True):
     """``reply_to``: the ingress's own PULL endpoint, where workers may send its
-    responses directly ("" = every response comes through the router)."""
+    responses directly ("" = every response comes through the router). ``ngh2_failed``: a gRPC
+    ingress whose ngh2 engine failed its start-up self-test serves on h2 (counted for /metrics)."""
 
     version: int
     pid: int
     reply_to: str = ""
+    ngh2_failed: bool = False
 
 
 class TraceContext(msgspec.Struct, array_like=True, frozen=True):

@@ -30,6 +30,8 @@ class ControlHandler:
         self.starting: Callable[[], bool] = lambda: False  # start-up's loads not all settled yet
         # OpenTelemetry mode: spans exported, dropped and failed (router/observability/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
+        # gRPC ingress links (identity) whose ngh2 engine failed its self-test, serving on h2 (their hello says so).
+        self.ngh2_failures: set[bytes] = set()
 
     def ping(self) -> list[int]:
         """This router's boot id (a change tells the ingress the router restarted) and its pid
@@ -105,7 +107,7 @@ class ControlHandler:
         """Statistics of every ready version, the router's queue depths and latency histograms, and
         the models' custom metrics."""
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
-        doc = {
+        doc: dict[str, Any] = {
             "model_stats": [_metric_stats(s) for s in states],
             "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
@@ -122,6 +124,7 @@ class ControlHandler:
         exported = self.trace_export()
         if exported is not None:
             doc["trace_export"] = exported
+        doc["ngh2_self_test_failures"] = len(self.ngh2_failures)
         return doc
 
     def signature(self, model: str, version: str = "") -> dict[str, Any]:

@@ -294,6 +294,8 @@ class Router:
                 log.error("ingress pid %d speaks protocol %d, not %d", msg.pid, msg.version, m.PROTOCOL_VERSION)
                 return
             self._ingress_peers[identity] = msg.pid
+            if msg.ngh2_failed:  # counted once per ingress link, however often it says hello
+                self.control.ngh2_failures.add(identity)
             if msg.reply_to:
                 self.dispatcher.reply_to[identity] = msg.reply_to
             else:

@@ -93,6 +93,7 @@ async def _start_h2(
         problem = ngh2_problem()  # before the first connection: a foreign libnghttp2 would crash it
         if problem:
             log.error("gRPC: the ngh2 HTTP/2 engine failed its start-up self-test, serving on h2 instead: %s", problem)
+            ctx.link.ngh2_failed()  # and /metrics counts it (conveyor_grpc_ngh2_self_test_failures_total)
             engine = "h2"
     tables = {
         service.SERVICE: service.handler_table(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)),

@@ -26,6 +26,10 @@ class FakeLink:
     def __init__(self) -> None:
         self.ready: bool | None = True  # None: the router does not answer
         self.tracing = False
+        self.ngh2_failures = 0  # ngh2_failed() calls (RouterLink: the hello that tells the router)
+
+    def ngh2_failed(self) -> None:
+        self.ngh2_failures += 1
 
     async def control(self, op: str, **args: Any) -> Any:
         if op == "server_ready":

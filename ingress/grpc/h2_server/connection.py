@@ -215,10 +215,15 @@ class GrpcConnection(asyncio.Protocol):
                 timer.cancel()
         self._timer = self._age_timer = None
 
-    def _data_exchanged(self) -> None:
-        """A call started, or one sent a message: the ping policies start over (as core's)."""
-        self._strikes, self._last_ping, self._pings_sent = 0, -1e18, 0
-        self._out.data_sent = False
+    def _reset_ping_clock(self) -> None:
+        """The ping policies start over if the server wrote since the last look: headers, a message, trailers
+        (an error-only answer too) or a connection WINDOW_UPDATE, as gRPC core's chttp2 resets them
+        (``grpc_chttp2_reset_ping_clock``, called where it writes those; what the client sends resets
+        nothing). Looked at lazily, when a PING comes or is due: nothing on the call path but the flags."""
+        out, engine = self._out, self._engine
+        if out.data_sent or engine.wrote:
+            self._strikes, self._last_ping, self._pings_sent = 0, -1e18, 0
+            out.data_sent = engine.wrote = False
 
     def _keepalive_ping(self) -> None:
         """keepalive_time is up: PING (where calls run, or permit_without_calls) and wait keepalive_timeout
@@ -226,8 +231,7 @@ class GrpcConnection(asyncio.Protocol):
         if self._dead:
             return
         keepalive = self._keepalive
-        if self._out.data_sent:
-            self._data_exchanged()
+        self._reset_ping_clock()
         spent = keepalive.max_pings_without_data and self._pings_sent >= keepalive.max_pings_without_data
         if spent or not (self._streams or keepalive.permit_without_calls):
             self._timer = self._loop.call_later(keepalive.time_s, self._keepalive_ping)
@@ -350,9 +354,8 @@ class GrpcConnection(asyncio.Protocol):
             self._calm("too many PING or SETTINGS frames")
             return
         # gRPC core's ping abuse policy: a PING sooner than min_recv_ping_interval after the last (two
-        # hours where no call runs and permit_without_calls is off), with no data since, is a strike.
-        if self._out.data_sent:
-            self._data_exchanged()
+        # hours where no call runs and permit_without_calls is off), with nothing written since, is a strike.
+        self._reset_ping_clock()
         keepalive = self._keepalive
         interval = (keepalive.min_recv_ping_interval_s if self._streams or keepalive.permit_without_calls
                     else NO_CALLS_PING_INTERVAL_S)
@@ -368,7 +371,6 @@ class GrpcConnection(asyncio.Protocol):
             self._calm("too many streams reset or refused")
 
     def on_request(self, sid: int, headers: Headers, ended: bool) -> None:
-        self._data_exchanged()
         if self._closing:
             self._engine.reset(sid, REFUSED_STREAM)
             return

@@ -62,16 +62,25 @@ class Engine(Protocol):
     """The calls the gRPC server makes of its HTTP/2 engine."""
 
     name: str
+    # What ``send`` and ``window`` raise when the stream or the connection is gone in the library before
+    # its event reached the connection (the client's RST_STREAM or GOAWAY in the read being handled, a
+    # stream the library reset itself): the answer is dropped. ``respond``, ``trailers`` and ``reset``
+    # drop it themselves; ``send``, once per message, is the library's own call.
+    gone: tuple[type[Exception], ...]
+    # Since the connection last cleared it, the engine queued on its own what gRPC core's ping policies count as
+    # the server writing (``connection._reset_ping_clock``): a connection WINDOW_UPDATE (``acknowledge``), or an
+    # answer of its own (ngh2's refusal of metadata over the limit).
+    wrote: bool
 
     def start(self) -> None: ...  # the server's preface (SETTINGS) and the connection's window
     def feed(self, data: bytes | memoryview) -> int: ...  # events handled; raises EngineError
     @property
     def alive(self) -> bool: ...  # False once the engine ended the connection itself (its GOAWAY queued)
     def data_to_send(self) -> bytes: ...
-    def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None: ...
-    def trailers(self, sid: int, headers: Headers) -> None: ...
-    def send(self, sid: int, data: bytes | memoryview) -> None: ...
-    def window(self, sid: int) -> int: ...  # DATA bytes ``sid`` may send now, in one piece
+    def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None: ...  # nothing if gone
+    def trailers(self, sid: int, headers: Headers) -> None: ...  # nothing on a stream gone
+    def send(self, sid: int, data: bytes | memoryview) -> None: ...  # raises ``gone`` on a stream gone
+    def window(self, sid: int) -> int: ...  # DATA bytes ``sid`` may send now, in one piece; raises ``gone``
     def acknowledge(self, credit: int, sid: int) -> None: ...
     def reset(self, sid: int, code: int) -> None: ...  # nothing on a stream already closed
     def calm(self, why: str) -> None: ...  # GOAWAY ENHANCE_YOUR_CALM: the client spent a budget
@@ -108,6 +117,10 @@ class H2Engine:
 
     name = "h2"
     alive = True  # h2 raises from receive_data when it ends the connection
+    # h2 knows of the client's RST_STREAM or GOAWAY before its events are handled: a send on that stream
+    # (or on a connection closed) raises one of these ProtocolErrors (StreamClosedError, …).
+    gone: tuple[type[Exception], ...] = (h2.exceptions.ProtocolError,)
+    wrote = False
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -116,7 +129,6 @@ class H2Engine:
         h2c.max_inbound_frame_size = MAX_FRAME_SIZE
         h2c.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
         self.data_to_send = h2c.data_to_send
-        self.acknowledge = h2c.acknowledge_received_data
         self.send = h2c.send_data
         self._dispatch: dict[type, Callable[[Any], None]] = {
             h2.events.RequestReceived: lambda e: sink.on_request(e.stream_id, e.headers, e.stream_ended is not None),
@@ -158,19 +170,32 @@ class H2Engine:
         return len(events)
 
     def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None:
-        self._h2.send_headers(sid, headers, end_stream=end_stream)
+        try:
+            self._h2.send_headers(sid, headers, end_stream=end_stream)
+        except h2.exceptions.ProtocolError:  # gone (see ``gone``)
+            pass
 
     def trailers(self, sid: int, headers: Headers) -> None:
-        self._h2.send_headers(sid, headers, end_stream=True)
+        try:
+            self._h2.send_headers(sid, headers, end_stream=True)
+        except h2.exceptions.ProtocolError:  # gone (see ``gone``)
+            pass
 
     def window(self, sid: int) -> int:
         h2c = self._h2
         return min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
 
+    def acknowledge(self, credit: int, sid: int) -> None:
+        h2c = self._h2
+        window = h2c.inbound_flow_control_window  # grows only by the WINDOW_UPDATE h2 queues for the connection
+        h2c.acknowledge_received_data(credit, sid)
+        if h2c.inbound_flow_control_window != window:
+            self.wrote = True
+
     def reset(self, sid: int, code: int) -> None:
         try:
             self._h2.reset_stream(sid, code)
-        except h2.exceptions.StreamClosedError:  # the client's END_STREAM is in h2 already, its event not yet handled
+        except h2.exceptions.ProtocolError:  # the client's END_STREAM, RST_STREAM or GOAWAY is in h2 already
             pass
 
     def calm(self, why: str) -> None:

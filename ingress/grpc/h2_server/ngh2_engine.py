@@ -47,6 +47,9 @@ from conveyor.ingress.grpc.h2_server.limits import (
 from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, trailers
 
 _RESOURCE_EXHAUSTED = 8
+# What a sending call raises when the stream (the client's RST_STREAM in the same read as the frame being
+# answered) or the connection (nghttp2 is sending its GOAWAY) is gone: the answer is dropped.
+_GONE = (ngh2.StreamUnavailableError, ngh2.ConnectionStateError)
 
 # The version this adapter was written and tested against (pyproject.toml pins it).
 PINNED_VERSION = "0.3.0"
@@ -88,6 +91,8 @@ class Ngh2Engine:
     """libnghttp2 through ngh2 (Cython)."""
 
     name = "ngh2"
+    gone: tuple[type[Exception], ...] = _GONE
+    wrote = False
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -158,6 +163,7 @@ class Ngh2Engine:
         it sends next is on a stream the connection does not know: credited back and dropped)."""
         message = f"received metadata size exceeds hard limit ({size} vs. {MAX_HEADER_LIST_SIZE})"
         self.respond(sid, RESPONSE_HEAD + trailers(_RESOURCE_EXHAUSTED, message), end_stream=True)
+        self.wrote = True
         if not ended:
             self.reset(sid, NO_ERROR)
 
@@ -182,7 +188,7 @@ class Ngh2Engine:
             for sid in done:
                 try:
                     c.reset_stream(sid, NO_ERROR)
-                except ngh2.StreamUnavailableError:  # the client's END_STREAM closed it meanwhile
+                except _GONE:  # the client's END_STREAM closed it meanwhile, or nghttp2 is ending the connection
                     pass
             data += c.data_to_send()
         return data
@@ -190,12 +196,18 @@ class Ngh2Engine:
     def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None:
         if headers is not RESPONSE_HEAD:
             headers = _never_indexed(headers)
-        self._c.send_response(sid, headers, end_stream=end_stream)
+        try:
+            self._c.send_response(sid, headers, end_stream=end_stream)
+        except _GONE:
+            pass
 
     def trailers(self, sid: int, headers: Headers) -> None:
         if headers is not OK_TRAILERS:
             headers = _never_indexed(headers)
-        self._c.send_trailers(sid, headers)
+        try:
+            self._c.send_trailers(sid, headers)
+        except _GONE:
+            pass
 
     def window(self, sid: int) -> int:
         # nghttp2 takes from the windows as it writes DATA, not as it is queued: what is queued counts.
@@ -205,7 +217,11 @@ class Ngh2Engine:
 
     def acknowledge(self, credit: int, sid: int) -> None:
         if credit:
-            self._c.acknowledge_received_data(credit, sid)
+            c = self._c
+            window = c.local_window_size  # grows only by the WINDOW_UPDATE nghttp2 queues for the connection
+            c.acknowledge_received_data(credit, sid)
+            if c.local_window_size != window:
+                self.wrote = True
 
     def reset(self, sid: int, code: int) -> None:
         if code == NO_ERROR:
@@ -215,7 +231,7 @@ class Ngh2Engine:
             return
         try:
             self._c.reset_stream(sid, code)
-        except ngh2.StreamUnavailableError:  # closed already
+        except _GONE:  # closed already
             pass
 
     def calm(self, why: str) -> None:

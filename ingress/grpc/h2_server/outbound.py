@@ -30,7 +30,8 @@ class Outbound:
         self._flush_pending = False
         self.paused: asyncio.Future[None] | None = None  # the transport's buffer is full
         self.extra = b""  # bytes the engine does not know of, written after its own (a graceful GOAWAY)
-        self.data_sent = False  # a message was sent since the connection last looked (its ping policies)
+        # Headers, a message or trailers were written since the connection last looked (its ping policies).
+        self.data_sent = False
 
     # --- the write buffer ---------------------------------------------------------------
 
@@ -94,11 +95,15 @@ class Outbound:
         engine = self._engine
         sid = stream.id
         self.data_sent = True
-        if size <= JOIN_BYTES and size <= engine.window(sid):
-            engine.respond(sid, RESPONSE_HEAD)
-            engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
-            engine.trailers(sid, OK_TRAILERS)
-            self.soon()
+        try:
+            if size <= JOIN_BYTES and size <= engine.window(sid):
+                engine.respond(sid, RESPONSE_HEAD)
+                engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
+                engine.trailers(sid, OK_TRAILERS)
+                self.soon()
+                self.closed_locally(stream)
+                return
+        except engine.gone:  # the stream ended in the engine, its event not handled yet: the answer is dropped
             self.closed_locally(stream)
             return
         self.send_message(stream, body)
@@ -127,19 +132,25 @@ class Outbound:
         engine = self._engine
         sid = stream.id
         backlog = stream.backlog
-        while backlog:
-            allowed = engine.window(sid)
-            if allowed <= 0:
-                self._blocked[sid] = stream
-                break
-            chunk = backlog[0]
-            if len(chunk) <= allowed:
-                backlog.popleft()
-            else:
-                backlog[0] = chunk[allowed:]
-                chunk = chunk[:allowed]
-            stream.backlog_bytes -= len(chunk)
-            engine.send(sid, chunk)
+        try:
+            while backlog:
+                allowed = engine.window(sid)
+                if allowed <= 0:
+                    self._blocked[sid] = stream
+                    break
+                chunk = backlog[0]
+                if len(chunk) <= allowed:
+                    backlog.popleft()
+                else:
+                    backlog[0] = chunk[allowed:]
+                    chunk = chunk[:allowed]
+                stream.backlog_bytes -= len(chunk)
+                engine.send(sid, chunk)
+        except engine.gone:  # the stream ended in the engine, its event not handled yet: the answer is dropped
+            backlog.clear()
+            stream.backlog_bytes = 0
+            self.closed_locally(stream)
+            return
         self.soon()
         if backlog:
             return
@@ -148,6 +159,7 @@ class Outbound:
         if stream.trailer is not None:
             block, stream.trailer = stream.trailer, None
             engine.trailers(sid, block)
+            self.data_sent = True
             self.closed_locally(stream)
 
     def finish(self, stream: Stream, code: int, message: str) -> None:
@@ -156,19 +168,21 @@ class Outbound:
             return
         block = trailers(code, message)
         if not stream.headers_sent:
-            stream.headers_sent = True
+            stream.headers_sent = self.data_sent = True
             self._engine.respond(stream.id, RESPONSE_HEAD + block, end_stream=True)
             self.soon()
             self.closed_locally(stream)
         elif stream.backlog:
-            stream.trailer = block
+            stream.trailer = block  # written by pump, after the backlog
         else:
             self._engine.trailers(stream.id, block)
+            self.data_sent = True
             self.soon()
             self.closed_locally(stream)
 
     def reject(self, stream_id: int, head: Headers, end_stream: bool) -> None:
         """Answer a stream that never became a call (HTTP 415)."""
+        self.data_sent = True
         self._engine.respond(stream_id, head, end_stream=True)
         if not end_stream:
             self._engine.reset(stream_id, NO_ERROR)

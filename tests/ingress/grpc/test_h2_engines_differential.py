@@ -13,6 +13,7 @@ cut short is judged by nghttp2 on its header already (JUDGED_BY_THE_HEADER)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -214,3 +215,224 @@ async def test_both_engines_answer_alike_when_the_client_stops_anywhere(case: st
         if 0 < cut < len(whole):
             results = [await served(e, [whole[:cut]]) for e in ENGINES]
             assert results[0] == results[1], (case, cut)
+
+
+# --- mutated client byte streams ---------------------------------------------------------------
+# The valid streams above, mutated (seeded, MUTANTS of them): bits flipped, cut short, a frame
+# duplicated, two frames swapped, a frame dropped, the frames of another case spliced in; each fed in
+# two reads split at a random point. Where neither engine reports an error the two outcomes are equal.
+# Where both do (a GOAWAY or a RST_STREAM with an error code), the connection error's code, whether
+# the error is the stream's or the connection's, and what happens after it may differ: the answers
+# both engines completed must still be equal. Where only one reports an error, it is one of the
+# known differences (MUTATION_DIFFERENCES); anything else fails.
+
+MUTANTS = 1500
+SEED = 44
+# Reset codes that are no error of the client's (an answer's end, a stream refused).
+NOT_ERRORS = {0x0, 0x7, 0x8}  # NO_ERROR, REFUSED_STREAM, CANCEL
+STREAM_CLOSED = 0x5
+PROTOCOL_ERROR = 0x1
+
+MUTATION_DIFFERENCES = """
+strict headers: nghttp2 resets a request whose header block breaks RFC 9113 §8.2.1 / §8.3 (a name
+    not lowercase or with a character outside a token, a value with a byte outside printable ASCII or
+    with whitespace at either end, a pseudo-header after a regular one or unknown, a pseudo-header value
+    with a space or a byte outside visible ASCII, a :path not starting with "/"), or that has a second
+    HEADERS (trailers) not ending the stream or carrying pseudo-headers (§8.1), with RST_STREAM
+    PROTOCOL_ERROR; h2 serves it (gRPC answers
+    it, e.g. UNIMPLEMENTED for a mangled :path).
+an older stream: HEADERS or DATA on a new stream whose id is below one the client opened already:
+    h2 sends GOAWAY PROTOCOL_ERROR (§5.1.1) for HEADERS, RST_STREAM STREAM_CLOSED for DATA; nghttp2
+    takes it for a closed stream and ignores its frames.
+after the client's GOAWAY: the frames that follow it in the same read: h2 answers them GOAWAY
+    PROTOCOL_ERROR, nghttp2 judges them (an error in them: its GOAWAY); the connection ends on both.
+after the end: frames the client sends on a stream already ended (answered by the server, or reset by
+    either) get RST_STREAM STREAM_CLOSED from h2 (a HEADERS there: GOAWAY STREAM_CLOSED); nghttp2
+    drops them.
+PRIORITY_UPDATE (RFC 9218, type 0x10, here from a flipped type): nghttp2 parses it and ends the
+    connection when it is malformed (FRAME_SIZE_ERROR, PROTOCOL_ERROR); h2 ignores an unknown type.
+an idle stream reset: RST_STREAM on a stream never opened: nghttp2 sends GOAWAY PROTOCOL_ERROR
+    (§6.4), h2 ignores it.
+cut short: a stream that ends inside a frame or a header block: nghttp2 judges what arrived of it (its 9-byte header:
+    too large, HEADERS on an even stream, DATA on stream 0; the header fields decoded so far, HPACK
+    errors in them), h2
+    mostly waits for the whole frame (a GOAWAY on a stream other than 0 it refuses on its header).
+"""
+
+
+def frames_of(data: bytes) -> list[bytes]:
+    """``data`` cut at its frames' boundaries (the rest, if a frame is cut short, as the last piece)."""
+    out, at = [], 0
+    while at + 9 <= len(data):
+        end = at + 9 + int.from_bytes(data[at:at + 3], "big")
+        out.append(data[at:end])
+        at = end
+    if at < len(data):
+        out.append(data[at:])
+    return out
+
+
+def mutants(seed: int, count: int) -> list[tuple[str, list[bytes]]]:
+    rng = random.Random(seed)
+    bases = [b"".join(reads) for reads in CASES.values()]
+    out = []
+    for _ in range(count):
+        base = rng.choice(bases)
+        parts = frames_of(base)
+        kind = rng.choice(["flip", "cut", "duplicate", "swap", "drop", "splice"])
+        if kind == "flip":
+            flipped = bytearray(base)
+            for _ in range(rng.randint(1, 3)):
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            mutant = bytes(flipped)
+        elif kind == "cut":
+            mutant = base[:rng.randrange(1, len(base))]
+        elif kind == "duplicate":
+            k = rng.randrange(len(parts))
+            mutant = b"".join(parts[:k + 1] + parts[k:])
+        elif kind == "swap":
+            k = rng.randrange(max(1, len(parts) - 1))
+            parts[k:k + 2] = parts[k:k + 2][::-1]
+            mutant = b"".join(parts)
+        elif kind == "drop":
+            parts.pop(rng.randrange(len(parts)))
+            mutant = b"".join(parts)
+        else:
+            k = rng.randrange(len(parts) + 1)
+            mutant = b"".join(parts[:k] + frames_of(rng.choice(bases)) + parts[k:])
+        split = rng.randrange(len(mutant) + 1)
+        out.append((kind, [mutant[:split], mutant[split:]] if 0 < split < len(mutant) else [mutant]))
+    return out
+
+
+Outcome = tuple[list[tuple[Any, ...]], dict[str, Any], bool]
+
+
+def errors(outcome: Outcome) -> tuple[int | None, dict[int, int]]:
+    """The connection error's code (None: none) and the streams reset with an error code."""
+    _, peer, _ = outcome
+    goaway = peer["goaway"] if peer["goaway"] else None
+    return goaway, {sid: s["reset"] for sid, s in peer["streams"].items() if s.get("reset", 0) not in NOT_ERRORS}
+
+
+def answered(s: dict[str, Any]) -> bool:
+    return "grpc-status" in s or s.get(":status", "200") != "200"
+
+
+def malformed_requests(data: bytes) -> set[int]:
+    """The streams whose HEADERS (with its CONTINUATIONs) decode to a request RFC 9113 calls malformed,
+    or that have a second HEADERS (trailers) not ending them or carrying pseudo-headers."""
+    decoder = hpack.Decoder()
+    blocks: list[list[Any]] = []  # [stream, header block, a second HEADERS, it ends the stream]
+    for piece in frames_of(data):
+        if len(piece) < 9 + int.from_bytes(piece[:3], "big"):
+            break
+        kind, flags, sid = piece[3], piece[4], int.from_bytes(piece[5:9], "big") & 0x7FFFFFFF
+        body = piece[9:]
+        if kind == 0x1:
+            if flags & 0x8:  # PADDED
+                body = body[1:len(body) - body[0]] if body else b""
+            if flags & 0x20:  # PRIORITY
+                body = body[5:]
+            blocks.append([sid, body, any(b[0] == sid for b in blocks), bool(flags & 0x1)])
+        elif kind == 0x9 and blocks and blocks[-1][0] == sid:
+            blocks[-1][1] += body
+    bad = set()
+    for sid, block, trailing, ends in blocks:
+        try:
+            fields = decoder.decode(block, raw=True)
+        except Exception:
+            break  # the decoder's state is lost: the engines end the connection, both
+        if trailing and (not ends or any(name.startswith(b":") for name, _ in fields)):
+            bad.add(sid)
+        regular = False
+        for name, value in fields:
+            if name.startswith(b":"):
+                if regular or name not in (b":method", b":scheme", b":path", b":authority"):
+                    bad.add(sid)
+                if any(c < 0x21 or c > 0x7E for c in value) or (name == b":path" and value[:1] != b"/"):
+                    bad.add(sid)
+            else:
+                regular = True
+                if not name or any(c < 0x21 or c > 0x7E or 0x41 <= c <= 0x5A or c in b'"(),/:;<=>?@[\\]{}'
+                                   for c in name):
+                    bad.add(sid)
+            if any((c < 0x20 and c != 0x9) or c > 0x7E for c in value) or {value[:1], value[-1:]} & {b" ", b"\t"}:
+                bad.add(sid)
+    return bad
+
+
+def cut_short(pieces: list[bytes]) -> bool:
+    """The stream ends inside a frame or inside a header block (no END_HEADERS yet)."""
+    if not pieces:
+        return False
+    last = pieces[-1]
+    if len(last) < 9 + int.from_bytes(last[:3], "big"):
+        return True
+    blocks = [p for p in pieces if p[3] in (0x1, 0x9)]
+    return bool(blocks) and not blocks[-1][4] & 0x4
+
+
+def unexplained(reads: list[bytes], h2_side: Outcome, ngh2_side: Outcome) -> str:
+    """Why these two outcomes differ beyond the known differences ('' when they do not)."""
+    if h2_side == ngh2_side:
+        return ""
+    (conn_a, resets_a), (conn_b, resets_b) = errors(h2_side), errors(ngh2_side)
+    streams_a, streams_b = h2_side[1]["streams"], ngh2_side[1]["streams"]
+    if (conn_a or resets_a) and (conn_b or resets_b):  # both saw the client err: what both answered agrees
+        for sid in set(streams_a) & set(streams_b) - set(resets_a) - set(resets_b):
+            a, b = streams_a[sid], streams_b[sid]
+            if answered(a) and answered(b) and a != b:
+                return f"stream {sid} answered {a} on h2, {b} on ngh2"
+        return ""
+    data = b"".join(reads)
+    pieces = frames_of(data)
+    if (conn_a == PROTOCOL_ERROR or set(resets_a.values()) == {STREAM_CLOSED}) and not conn_b and not resets_b:
+        opened: list[int] = []  # an older stream
+        for p in pieces:
+            sid = int.from_bytes(p[5:9], "big") & 0x7FFFFFFF if len(p) >= 9 else 0
+            if len(p) >= 9 and p[3] in (0x0, 0x1) and sid not in opened and sid < max(opened, default=0):
+                return ""
+            if len(p) >= 9 and p[3] == 0x1:
+                opened.append(sid)
+    if h2_side[2] and ngh2_side[2] and any(len(p) >= 9 and p[3] == 0x7 for p in pieces):  # the client's GOAWAY
+        return ""
+    if cut_short(pieces):
+        return ""
+    if conn_b and not conn_a and not resets_a and any(p[3] == 0x10 for p in pieces):  # PRIORITY_UPDATE
+        return ""
+    if conn_b == PROTOCOL_ERROR and not conn_a and not resets_a:  # a reset of an idle stream
+        used = {int.from_bytes(p[5:9], "big") for p in pieces if p[3] == 0x1}
+        if any(p[3] == 0x3 and int.from_bytes(p[5:9], "big") > max(used, default=0) for p in pieces):
+            return ""
+    if conn_a == STREAM_CLOSED and not conn_b and not resets_b:  # after the end (a HEADERS)
+        return ""
+    if resets_b and not conn_b and not conn_a and not resets_a:  # strict headers
+        if not set(resets_b) <= malformed_requests(data) or set(resets_b.values()) != {PROTOCOL_ERROR}:
+            return f"ngh2 reset {resets_b} (well-formed requests), h2 did not"
+        rest = {sid: s for sid, s in streams_a.items() if sid not in resets_b}
+        if rest != {sid: s for sid, s in streams_b.items() if sid not in resets_b}:
+            return "other streams differ"
+        return ""
+    if resets_a and not conn_a and not conn_b and not resets_b:  # after the end
+        if set(resets_a.values()) != {STREAM_CLOSED}:
+            return f"h2 reset {resets_a}, ngh2 did not"
+        for sid in set(streams_a) | set(streams_b):
+            a, b = dict(streams_a.get(sid, {})), streams_b.get(sid, {})
+            client_reset = any(len(p) >= 9 and p[3] == 0x3 and int.from_bytes(p[5:9], "big") == sid for p in pieces)
+            if sid in resets_a and (a.pop("reset") and not answered(a) and not client_reset and "reset" not in b):
+                return f"h2 reset stream {sid} STREAM_CLOSED before it ended"
+            if a != b and not (a == {"data": b""} and not b):  # only the reset (the summary lists its stream)
+                return f"stream {sid}: {a} on h2, {b} on ngh2"
+        return "" if h2_side[0] == ngh2_side[0] and h2_side[2] == ngh2_side[2] else "the application or fate differs"
+    return f"h2 {conn_a, resets_a}, ngh2 {conn_b, resets_b}"
+
+
+async def test_both_engines_answer_mutated_streams_alike_or_as_known() -> None:
+    failures = []
+    for n, (kind, reads) in enumerate(mutants(SEED, MUTANTS)):
+        h2_side, ngh2_side = [await served(e, reads) for e in ENGINES]
+        why = unexplained(reads, h2_side, ngh2_side)
+        if why:
+            failures.append(f"#{n} {kind} {b''.join(reads).hex()}: {why}")
+    assert not failures, "\n".join(failures[:10]) + f"\n({len(failures)} of {MUTANTS})"

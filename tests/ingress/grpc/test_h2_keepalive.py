@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 
 import pytest
-from hyperframe.frame import GoAwayFrame, PingFrame, SettingsFrame, WindowUpdateFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PingFrame, SettingsFrame, WindowUpdateFrame
 
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.h2_server.engine import ENGINES
-from conveyor.ingress.grpc.h2_server.limits import Keepalive
+from conveyor.ingress.grpc.h2_server.limits import CONNECTION_WINDOW, MAX_FRAME_SIZE, STREAM_WINDOW, Keepalive
 from conveyor.ingress.grpc.server import start_server
+from conveyor.proto import grpc_service_pb2 as pb
 from tests.ingress.grpc.test_h2_protocol import (
     ENHANCE_YOUR_CALM,
     INITIAL_WINDOW_SIZE,
@@ -22,9 +23,14 @@ from tests.ingress.grpc.test_h2_protocol import (
     PREFACE,
     TIMEOUT_S,
     RawClient,
+    message,
     start_slow_call,
 )
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
+
+# The ping policy under test: 2 strikes allowed, every PING within the minute after another one is a strike.
+STRICT = [("grpc.http2.min_ping_interval_without_data_ms", 60000), ("grpc.http2.max_ping_strikes", 2),
+          ("grpc.keepalive_permit_without_calls", 1)]
 
 Serve = Callable[[list[tuple[str, int]]], Awaitable[SimpleNamespace]]
 
@@ -116,6 +122,86 @@ async def test_pings_within_the_strikes_keep_the_connection(serve: Serve) -> Non
         f = await client.next()
         assert not isinstance(f, GoAwayFrame)
         acks += isinstance(f, PingFrame) and "ACK" in f.flags
+    assert len(served.server.connections) == 1
+
+
+def ping(client: RawClient) -> None:
+    client.send(PingFrame(0, opaque_data=b"12345678"))
+
+
+async def acks_or_goaway(client: RawClient, acks: int, streams_ended: int = 0) -> GoAwayFrame | None:
+    """Read until ``acks`` PING ACKs and ``streams_ended`` trailers came, or a GOAWAY (returned). (The engines
+    acknowledge every PING of a read before the connection judges them: a call answered after the PINGs tells
+    that the connection lives.)"""
+    ended: set[int] = set()
+    while acks or len(ended) < streams_ended:
+        f = await client.next()
+        if isinstance(f, GoAwayFrame):
+            return f
+        acks -= isinstance(f, PingFrame) and "ACK" in f.flags
+        if isinstance(f, HeadersFrame) and "END_STREAM" in f.flags:
+            ended.add(f.stream_id)
+    return None
+
+
+def open_call(client: RawClient, stream: int) -> None:
+    """A ModelInfer's HEADERS, its message to come."""
+    client.send(HeadersFrame(stream, data=client.headers_block("ModelInfer"), flags=["END_HEADERS"]))
+
+
+# gRPC core resets the strikes when the server writes headers, a message, trailers or a connection
+# WINDOW_UPDATE (chttp2's grpc_chttp2_reset_ping_clock), never for what the client sends.
+
+async def test_calls_the_client_opens_do_not_reset_the_strikes(serve: Serve) -> None:
+    served = await serve(STRICT)
+    client = await served.connect()
+    ping(client)
+    for stream in (1, 3, 5):  # calls the server does not answer before the PINGs (held a minute)
+        request = pb.ModelInferRequest(model_name="echo")
+        request.parameters["delay_ms"].int64_param = 60000
+        client.call(stream, "ModelInfer", request.SerializeToString())
+        ping(client)  # strikes 1, 2, 3: one too many
+    client.call(7, "NoSuchMethod")  # answered at once, unless the connection has ended
+    goaway = await acks_or_goaway(client, 4, streams_ended=1)
+    assert goaway is not None and (goaway.error_code, goaway.additional_data) == (ENHANCE_YOUR_CALM, b"too_many_pings")
+
+
+async def test_an_error_only_answer_resets_the_strikes(serve: Serve) -> None:
+    served = await serve(STRICT)
+    client = await served.connect()
+    for stream in (1, 3, 5):
+        open_call(client, stream)
+    ping(client)
+    ping(client)  # a strike
+    for stream in (1, 3, 5):
+        # A compressed message without grpc-encoding: INTERNAL, trailers-only, written between the PINGs.
+        client.send(DataFrame(stream, data=message(b"x", flag=1), flags=["END_STREAM"]))
+        ping(client)  # the first since the server wrote: no strike
+        ping(client)  # a strike (one, again)
+    assert await acks_or_goaway(client, 8, streams_ended=3) is None
+    assert len(served.server.connections) == 1
+
+
+async def test_a_connection_window_update_resets_the_strikes(serve: Serve) -> None:
+    served = await serve(STRICT)
+    client = await served.connect()
+    # Unary calls whose messages never end (the server answers none), each sent its stream's whole window:
+    # past half the connection's window the server credits the connection (a WINDOW_UPDATE on stream 0).
+    streams = range(1, 2 * (CONNECTION_WINDOW // 2 // STREAM_WINDOW + 1) + 1, 2)
+    for stream in streams:
+        open_call(client, stream)
+    ping(client)
+    ping(client)  # a strike
+    chunk = b"\0" * MAX_FRAME_SIZE
+    for stream in streams:
+        wire = (b"\0" + (2 * STREAM_WINDOW).to_bytes(4, "big") + chunk)[:MAX_FRAME_SIZE]  # a message cut short
+        client.send(DataFrame(stream, data=wire))
+        for _ in range(STREAM_WINDOW // MAX_FRAME_SIZE - 1):
+            client.send(DataFrame(stream, data=chunk))
+    for _ in range(3):  # the first since the WINDOW_UPDATE, then two strikes: allowed
+        ping(client)
+    client.call(2 * len(streams) + 1, "NoSuchMethod")  # answered, unless the connection has ended
+    assert await acks_or_goaway(client, 5, streams_ended=1) is None
     assert len(served.server.connections) == 1
 
 

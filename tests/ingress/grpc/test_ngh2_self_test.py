@@ -1,19 +1,28 @@
 """The ngh2 engine's start-up self-test (issue 44): it passes here, and a failing one makes the
-ingress serve on h2 with an error logged, never silently and never not at all."""
+ingress serve on h2 with an error logged and counted on /metrics, never silently and never not at all."""
 
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
 import logging
+import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as tga
 
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.h2_server import ngh2_engine
 from conveyor.ingress.grpc.server import start_server
+from tests.support.extra_ingress import extra_grpc_ingress
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
+from tests.support.group import start_server as start_group
+from tests.support.metrics import scrape
+
+FAILURES = "conveyor_grpc_ngh2_self_test_failures_total"
 
 
 def test_the_self_test_passes_with_the_pinned_ngh2() -> None:
@@ -46,6 +55,7 @@ async def test_a_failed_self_test_serves_on_h2_and_says_so(
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "serving on h2 instead" in errors[0], errors
         assert {"version": "0.0.1", "continuation": "CONTINUATION flood", "ping": "PING flood"}[broken] in errors[0]
+        assert ctx.link.ngh2_failures == 1  # the router is told (the hello's ngh2_failed): /metrics counts it
         client = tga.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             assert await client.is_server_live()
@@ -61,5 +71,33 @@ async def test_a_passing_self_test_serves_on_ngh2(caplog: pytest.LogCaptureFixtu
     try:
         assert server.engine_name == "ngh2"
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert ctx.link.ngh2_failures == 0
     finally:
         await server.stop(None)
+
+
+def test_a_group_whose_self_test_fails_counts_it_on_metrics_and_serves(model_repo: str) -> None:
+    """The failure the self-test exists for: another libnghttp2 loaded in the process before ngh2
+    (LD_PRELOAD, which would make ngh2 crash). A real group serves gRPC on h2, and its /metrics says
+    so; an ingress joined to it whose self-test passes is not counted."""
+    system = ctypes.util.find_library("nghttp2")
+    if system is None:
+        pytest.skip("no system libnghttp2 to preload")
+    group = start_group(model_repo, f"selftest{os.getpid()}", "--workers", "1",
+                        env={**os.environ, "LD_PRELOAD": system})
+    try:
+        client = grpcclient.InferenceServerClient(group.grpc_url)
+        # Readiness goes to the router on the ingress's link, behind its hellos: the count is in by then.
+        assert client.is_server_ready()
+        assert scrape(group)[FAILURES] == 1
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for inp in inputs:
+            inp.set_data_from_numpy(a)
+        np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + a)
+        client.close()
+        with extra_grpc_ingress(group, "--grpc-server", "ngh2") as url:  # no preload: it passes
+            assert grpcclient.InferenceServerClient(url).is_server_ready()
+            assert scrape(group)[FAILURES] == 1
+    finally:
+        assert group.stop() == 0
