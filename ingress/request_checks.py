@@ -269,7 +269,9 @@ def _shm_byte_size(sig: ModelSignature, inp: InferInput, shm: ShmPlacement, requ
 def _byte_size(inp: InferInput, model: str, request_id: str) -> int:
     count = element_count(inp.shape)
     data = inp.data
-    if isinstance(data, np.ndarray):
+    # A BYTES array of uint8 is the wire form this check made of it already (below): a call checked
+    # again (against a fresh signature, or sent once more) is read as the bytes it is, not as elements.
+    if isinstance(data, np.ndarray) and not (inp.datatype == "BYTES" and data.dtype == np.uint8):
         if data.size != count:
             raise invalid_arg(request_prefix(request_id) + (
                 f"unexpected number of string elements {data.size} for inference input '{inp.name}' for model "

@@ -147,7 +147,7 @@ class ControlHandler:
         """Where every instance of every serving version is and its state (operators, tests)."""
         pids = {w.identity: w.pid for w in self.pool.workers.values()}
         return [
-            {"model": s.model, "version": s.label, "index": i.index, "state": i.state.value,
+            {"model": s.model, "version": s.label, "index": i.index, "name": i.name, "state": i.state.value,
              "worker_pid": pids.get(i.worker, 0) if i.worker is not None else 0, "error": i.error,
              "reports_evictions": i.reports_evictions}
             for s in sorted(self.registry.versions(), key=lambda s: (s.model, s.version))

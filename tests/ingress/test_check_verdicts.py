@@ -11,9 +11,10 @@ import pytest
 
 from conveyor.ingress import dataplane as dataplane_module
 from conveyor.ingress.dataplane import InferCall
-from conveyor.ingress.request_checks import InferInput
+from conveyor.ingress.request_checks import InferInput, check_inputs
+from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError
-from tests.support.fuzz_data_plane import data_plane
+from tests.support.fuzz_data_plane import SIGNATURE, data_plane
 
 
 def call(key: object, data: bytes = bytes(8), strings: bytes | None = None) -> InferCall:
@@ -66,3 +67,17 @@ async def test_bytes_inputs_are_checked_every_time(checks: list[str]) -> None:
         with pytest.raises(ConveyorError, match="unexpected number of string elements 3"):
             await dp.infer(call(key, strings=one + one + one))  # same key, strings that do not fit
     assert checks[:2] == ["FS", "FS"]
+
+
+def test_a_call_checked_again_reads_its_bytes_inputs_wire_form_as_bytes() -> None:
+    """The check writes a BYTES array as its wire form into the call (the one copy the arena takes). A call
+    checked again (the data plane's second look against a fresh signature, a request sent once more) reads
+    that form as the bytes it is: not as 4 + len elements ('unexpected number of string elements 63')."""
+    sig = ModelSignature.from_wire(SIGNATURE)
+    strings = InferInput("S", "BYTES", [1, 2], np.array([b"ab", b"cde"], dtype=object))
+    inputs = [InferInput("F", "FP32", [1, 2], np.zeros(2, dtype=np.float32)), strings]
+    first = [size for _, size in check_inputs(sig, inputs)]
+    assert isinstance(strings.data, np.ndarray) and strings.data.dtype == np.uint8  # its wire form now
+    assert [size for _, size in check_inputs(sig, inputs)] == first == [8, 13]
+    with pytest.raises(ConveyorError, match=r"expected 3 string elements for inference input 'S'.*got 2"):
+        check_inputs(sig, [InferInput("S", "BYTES", [1, 3], strings.data), inputs[0]])  # still counted

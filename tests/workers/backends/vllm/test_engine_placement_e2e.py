@@ -3,15 +3,18 @@ build, placed by prefix and then round-robin (changed at run time, in place). A 
 long system prompts, each followed by several short user turns, sent through Triton's generate
 endpoint: the prompt tokens the engines have to compute (their own prefix-cache counters, per
 engine on /metrics) are far fewer when each system prompt goes back to the engine that has it,
-and both engines serve. Last, as the group's last test (it kills a worker): greedy streams through the
-OpenAI endpoint, Triton's generate_stream and gRPC's ModelStreamInfer survive the death of one engine's
-worker (``kill -9``), each moved to the other engine and completed with the text of an uninterrupted run,
-token for token, as are requests that do not stream (ingress/migration.py, ingress/openai/migration.py,
-ingress/tensor_migration.py); a stream with stop strings, which cannot go on exactly, ends with the
-worker's error and why."""
+and both engines serve. Then (each kills a worker) a request survives the death of its engine's worker
+(``kill -9``; ingress/migration.py, ingress/openai/migration.py, ingress/tensor_migration.py), on every path
+it moves by at once: OpenAI completions and chat, streamed and not, Triton's generate and generate_stream
+(sampling parameters as the input and as the request's parameters), gRPC's ModelStreamInfer; killed
+mid-stream, before the first token (its engine stopped while it holds them), and twice (MAX_MIGRATIONS 2,
+the second engine killed before the first is back: the requests wait for it). Each answer is the
+uninterrupted run's, token for token, with the same counts; a stream with stop strings, which cannot go on
+exactly, ends with the worker's error and why."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -21,7 +24,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,12 +55,6 @@ SYSTEM_TOKENS = 6 * BLOCK_TOKENS  # most of a 256-token context, so the shared h
 # worker to join), so killing one worker leaves the other engine serving.
 CONFIG = """backend: "vllm"
 """
-# Requests at once over the three ingresses: as many as both engines run at once (max_num_seqs each); the
-# survivor takes the moved ones beside its own.
-STREAMS = 7  # OpenAI streams (16 requests in all)
-STREAM_TOKENS = 128  # long enough to be mid-stream when the worker dies; the prompt and these fit the context
-STARTED_CHUNKS = 3  # each stream has shown this much text when the worker is killed
-WHOLE = 2  # requests not streamed beside the streams: one that dies with its worker is sent again as it was
 STREAM_TIMEOUT_S = 180.0  # a run of the streams, the move included, on a busy 2-core host
 
 
@@ -71,7 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, openai_port: int) -> Iterat
     tiny = tiny_llama.build(tmp_path_factory.getbasetemp() / "tiny_llama")
     repo = tmp_path_factory.mktemp("placement_repo")
     model_dir = tiny_llama.write_repository(
-        repo, tiny, MODEL, enable_lora=False, block_size=BLOCK_TOKENS, enable_prefix_caching=True, max_num_seqs=8,
+        repo, tiny, MODEL, enable_lora=False, block_size=BLOCK_TOKENS, enable_prefix_caching=True, max_num_seqs=16,
         kv_cache_memory_bytes=16 << 20,
     )
     (model_dir / "config.pbtxt").write_text(CONFIG)
@@ -161,242 +158,336 @@ def test_prefix_placement_computes_far_fewer_prompt_tokens_than_round_robin(
     print(f"prompt tokens computed: by prefix {by_prefix}, round-robin {by_turns}")  # shown with -s
     assert sum(by_turns.values()) >= 1.5 * sum(by_prefix.values()), (by_prefix, by_turns)
 
+# --- A request that survives its engine's worker (ingress/migration.py) ---------------------------------------
+#
+# Every path a request moves by, at once, on one engine: the prompts share a head of whole 64-byte blocks (the
+# prefix keys of text prompts), so prefix placement sends all of a round to the engine that took the round's
+# first one. Each round kills that engine's worker (SIGKILL) and compares every answer with the undisturbed
+# run's, token for token (greedy).
+
+HEAD = " ".join(tiny_llama.LINES[:3])  # after "<|user|> ", as the chat template renders a user's turn
+TOKENS = 40  # each answer: long enough to be mid-stream at a kill, short enough for CI
+STARTED = 2  # a mid-stream kill comes once a stream has shown this many chunks
+AGAIN = 4  # ... and a second kill once a stream has shown this many more after the first
+SAMPLING = {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+BLOCKED = {**SAMPLING, "stop": ["@@@"]}  # never met: the text is the greedy run's, but the engine holds state
+PATHS = ("completions-stream", "completions", "chat-stream", "chat", "generate", "generate_stream",
+         "generate_stream-parameters", "ModelStreamInfer")
+MIGRATIONS = f'conveyor_request_migrations_total{{model="{MODEL}",version="1"}}'
+
+
+def _content(i: int) -> str:
+    """The user's turn of path ``i``: the shared head, then the start of a line of its own (the tiny model
+    goes on with the line's words)."""
+    return f"{HEAD} {' '.join(tiny_llama.LINES[3 + i % 5].split()[:2 + i // 5])}"
+
+
+def _prompt(i: int) -> str:
+    """Path ``i``'s text prompt: its turn as the chat template begins it (the head's bytes are its chat's)."""
+    return f"<|user|> {_content(i)}"
+
+
+class _Progress:
+    """The chunks each stream of a round has shown, for a kill to wait on."""
+
+    def __init__(self, streams: int) -> None:
+        self.shown = [0] * streams
+        self.changed = threading.Condition()
+
+    def add(self, stream: int) -> None:
+        with self.changed:
+            self.shown[stream] += 1
+            self.changed.notify_all()
+
+    def wait(self, more: int, since: list[int] | None = None) -> list[int]:
+        """Until a stream has shown ``more`` chunks (after ``since``); the counts then."""
+        base = since or [0] * len(self.shown)
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(s - b >= more for s, b in zip(self.shown, base, strict=True)),
+                                         STREAM_TIMEOUT_S), "no stream went on"
+            return list(self.shown)
+
 
 @dataclass
-class _Stream:
+class _Answer:
     text: str = ""
-    chunks: int = 0
     finish: str | None = None
     usage: tuple[int, int] | None = None
-    error: BaseException | str | None = None  # raised by the client, or an in-stream error's message
-    started: threading.Event = field(default_factory=threading.Event)  # text shown (or the answer came)
-    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None  # the client's exception, or an in-stream error's message
+    tokens: list[str] = field(default_factory=list)  # an OpenAI answer's: each token's, also those shown as ""
 
 
-@dataclass
-class _Job:
-    """One request to run in a thread: ``run(out, on_started)``; ``streamed``: it shows text as it goes."""
-
-    run: Callable[[_Stream, threading.Barrier | None], None]
-    streamed: bool
-    prompt: str
-
-
-def _shown(out: _Stream, text: str, on_started: threading.Barrier | None) -> None:
-    """One more chunk of a stream; with ``on_started``, the stream waits there once it has shown
-    ``STARTED_CHUNKS`` chunks (reading on after)."""
-    out.text += text
-    out.chunks += 1
-    out.started.set()
-    if on_started is not None and out.chunks == STARTED_CHUNKS:
-        on_started.wait(STREAM_TIMEOUT_S)
-
-
-def _openai(port: int, prompt: str, stream: bool) -> _Job:
-    """Through /v1/completions, greedy and to ``STREAM_TOKENS`` tokens."""
-    args: dict[str, Any] = {"model": MODEL, "max_tokens": STREAM_TOKENS, "temperature": 0,
-                            "extra_body": {"ignore_eos": True}}
-
-    def run(out: _Stream, on_started: threading.Barrier | None) -> None:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                               timeout=STREAM_TIMEOUT_S)
-        if not stream:
-            whole = client.completions.create(prompt=prompt, **args)
-            assert whole.usage is not None
-            out.text, out.finish = whole.choices[0].text, whole.choices[0].finish_reason
-            out.usage = (whole.usage.prompt_tokens, whole.usage.completion_tokens)
-            return
-        for chunk in client.completions.create(prompt=prompt, stream=True, stream_options={"include_usage": True},
-                                               **args):
-            if chunk.usage is not None:
-                out.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-            for choice in chunk.choices:
-                out.finish = choice.finish_reason or out.finish
-                _shown(out, choice.text, on_started)
-
-    return _Job(run, stream, prompt)
+def _openai_job(port: int, i: int, chat: bool, stream: bool, out: _Answer, shown: Callable[[], None]) -> None:
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                           timeout=STREAM_TIMEOUT_S)
+    args: dict[str, Any] = {"model": MODEL, "max_tokens": TOKENS, "temperature": 0, "extra_body": {"ignore_eos": True},
+                            "extra_headers": {"X-Request-Id": f"path{i}"}, "logprobs": True if chat else 0}
+    if stream:
+        args.update(stream=True, stream_options={"include_usage": True})
+    made: Any = (client.chat.completions.create(messages=[{"role": "user", "content": _content(i)}], **args) if chat
+                 else client.completions.create(prompt=_prompt(i), **args))
+    for chunk in made if stream else [made]:
+        if chunk.usage is not None:
+            out.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        for choice in chunk.choices:
+            text = (choice.delta.content if stream else choice.message.content) if chat else choice.text
+            out.text += text or ""
+            out.finish = choice.finish_reason or out.finish
+            if choice.logprobs is not None and not stream:  # a stream drops some of the "" tokens' (see notes)
+                out.tokens += ([t.token for t in choice.logprobs.content or []] if chat
+                               else list(choice.logprobs.tokens or []))
+            if stream and text:
+                shown()
 
 
-GREEDY = {"max_tokens": STREAM_TOKENS, "temperature": 0, "ignore_eos": True}
-BLOCKED = {**GREEDY, "stop": ["@@@"]}  # never met: the text is the greedy run's, but the engine holds state
-
-
-def _generate(srv: Server, prompt: str, stream: bool, sampling: dict[str, Any], as_parameters: bool = False) -> _Job:
-    """Through Triton's ``generate_stream`` (or ``generate``), the sampling parameters as the
-    ``sampling_parameters`` input or (``as_parameters``) the request's parameters."""
-    body: dict[str, Any] = {"text_input": prompt, "stream": stream, "exclude_input_in_output": True,
-                            "return_finish_reason": True, "return_num_input_tokens": True,
-                            "return_num_output_tokens": True}
+def _generate_job(srv: Server, i: int, stream: bool, sampling: dict[str, Any], as_parameters: bool, out: _Answer,
+                  shown: Callable[[], None]) -> None:
+    body: dict[str, Any] = {"id": f"path{i}", "text_input": _prompt(i), "stream": stream,
+                            "exclude_input_in_output": True, "return_finish_reason": True,
+                            "return_num_input_tokens": True, "return_num_output_tokens": True}
     if as_parameters:
         body["parameters"] = sampling
     else:
         body["sampling_parameters"] = json.dumps(sampling)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=STREAM_TIMEOUT_S)
+    try:
+        conn.request("POST", f"/v2/models/{MODEL}/{'generate_stream' if stream else 'generate'}", body=json.dumps(body))
+        r = conn.getresponse()
+        events = (line[len(b"data: "):] for line in r if line.startswith(b"data: ")) if stream else [r.read()]
+        output_tokens = 0
+        for raw in events:
+            doc = json.loads(raw)
+            if "error" in doc:
+                out.error = doc["error"]
+                return
+            output_tokens += doc["num_output_tokens"]
+            out.usage = (doc["num_input_tokens"], output_tokens)
+            out.finish = doc["finish_reason"] if doc["finish_reason"] != "None" else out.finish
+            out.text += doc["text_output"]
+            if stream:
+                shown()
+    finally:
+        conn.close()
 
-    def run(out: _Stream, on_started: threading.Barrier | None) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=STREAM_TIMEOUT_S)
+
+def _grpc_job(srv: Server, i: int, out: _Answer, shown: Callable[[], None]) -> None:
+    def tensor(name: str, dtype: str, value: Any) -> grpcclient.InferInput:
+        t = grpcclient.InferInput(name, [1], dtype)
+        t.set_data_from_numpy(np.array([value], dtype=object if dtype == "BYTES" else bool))
+        return t
+
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer(MODEL, [tensor("text_input", "BYTES", _prompt(i).encode()),
+                                          tensor("sampling_parameters", "BYTES", json.dumps(SAMPLING).encode()),
+                                          tensor("stream", "BOOL", True), tensor("return_finish_reason", "BOOL", True)],
+                                  request_id=f"path{i}", enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=STREAM_TIMEOUT_S)
+            if error is not None:
+                out.error = error.message()
+                return
+            text, reason = result.as_numpy("text_output"), result.as_numpy("finish_reason")
+            if reason is not None and reason.reshape(-1)[0] != b"None":
+                out.finish = reason.reshape(-1)[0].decode()
+            if text is not None:
+                out.text += b"".join(text.reshape(-1)).decode()
+                shown()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _round(srv: Server, port: int, blocked: bool = False) -> tuple[list[_Answer], _Progress, list[threading.Thread]]:
+    """Every path's request at once (and, ``blocked``, a generate_stream with stop strings), in threads."""
+    paths: list[Callable[[_Answer, Callable[[], None]], None]] = [
+        lambda out, shown: _openai_job(port, 0, False, True, out, shown),
+        lambda out, shown: _openai_job(port, 1, False, False, out, shown),
+        lambda out, shown: _openai_job(port, 2, True, True, out, shown),
+        lambda out, shown: _openai_job(port, 3, True, False, out, shown),
+        lambda out, shown: _generate_job(srv, 4, False, SAMPLING, True, out, shown),
+        lambda out, shown: _generate_job(srv, 5, True, SAMPLING, False, out, shown),
+        lambda out, shown: _generate_job(srv, 6, True, SAMPLING, True, out, shown),
+        lambda out, shown: _grpc_job(srv, 7, out, shown),
+    ]
+    if blocked:
+        paths.append(lambda out, shown: _generate_job(srv, 8, True, BLOCKED, False, out, shown))
+    answers = [_Answer() for _ in paths]
+    progress = _Progress(len(paths))
+
+    def run(i: int) -> None:
         try:
-            conn.request("POST", f"/v2/models/{MODEL}/{'generate_stream' if stream else 'generate'}",
-                         body=json.dumps(body))
-            r = conn.getresponse()
-            assert r.status == 200, r.read()
-            events = (line[len(b"data: "):] for line in r if line.startswith(b"data: ")) if stream else [r.read()]
-            output_tokens = 0
-            for raw in events:
-                doc = json.loads(raw)
-                if "error" in doc:
-                    out.error = doc["error"]
-                    return
-                output_tokens += doc["num_output_tokens"]
-                out.usage = (doc["num_input_tokens"], output_tokens)
-                out.finish = doc["finish_reason"] if doc["finish_reason"] != "None" else out.finish
-                if stream:
-                    _shown(out, doc["text_output"], on_started)
-                else:
-                    out.text = doc["text_output"]
-        finally:
-            conn.close()
+            paths[i](answers[i], lambda: progress.add(i))
+        except Exception as exc:  # shown by the test's assertion
+            answers[i].error = f"{type(exc).__name__}: {exc}"
 
-    return _Job(run, stream, prompt)
-
-
-def _grpc(srv: Server, prompt: str) -> _Job:
-    """Through gRPC's ModelStreamInfer, greedy."""
-    def run(out: _Stream, on_started: threading.Barrier | None) -> None:
-        def tensor(name: str, dtype: str, value: Any) -> grpcclient.InferInput:
-            t = grpcclient.InferInput(name, [1], dtype)
-            t.set_data_from_numpy(np.array([value], dtype=object if dtype == "BYTES" else bool))
-            return t
-
-        got: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        client = grpcclient.InferenceServerClient(srv.grpc_url)
-        client.start_stream(callback=lambda result, error: got.put((result, error)))
-        try:
-            client.async_stream_infer(MODEL, [tensor("text_input", "BYTES", prompt.encode()),
-                                              tensor("sampling_parameters", "BYTES", json.dumps(GREEDY).encode()),
-                                              tensor("stream", "BOOL", True),
-                                              tensor("return_finish_reason", "BOOL", True)],
-                                      request_id="g", enable_empty_final_response=True)
-            while True:
-                result, error = got.get(timeout=STREAM_TIMEOUT_S)
-                if error is not None:
-                    out.error = error.message()
-                    return
-                text = result.as_numpy("text_output")
-                reason = result.as_numpy("finish_reason")
-                if reason is not None and reason.reshape(-1)[0] != b"None":
-                    out.finish = reason.reshape(-1)[0].decode()
-                if text is not None:
-                    _shown(out, b"".join(text.reshape(-1)).decode(), on_started)
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    return
-        finally:
-            client.stop_stream()
-            client.close()
-
-    return _Job(run, True, prompt)
-
-
-def _run(jobs: list[_Job], on_started: threading.Barrier | None = None, last: Sequence[_Job] = ()) -> list[_Stream]:
-    """Every job at once; then, once each streamed one has shown text, each of ``last`` in turn, the next
-    once the one before has shown text (two in turn go to both engines under round-robin). The outcomes,
-    ``last``'s at the end."""
-    found = [_Stream() for _ in (*jobs, *last)]
-
-    def run(job: _Job, out: _Stream) -> None:
-        try:
-            job.run(out, on_started)
-        except BaseException as exc:  # shown by the test's assertion
-            out.error = exc
-        finally:
-            out.started.set()
-            out.done.set()
-
-    threads = []
-    for job, out in zip(jobs, found, strict=False):
-        threads.append(threading.Thread(target=run, args=(job, out), daemon=True))
-        threads[-1].start()
-    for job, out in zip(jobs, found, strict=False):
-        assert not job.streamed or out.started.wait(STREAM_TIMEOUT_S), "a stream did not start"
-    for job, out in zip(last, found[len(jobs):], strict=True):
-        threads.append(threading.Thread(target=run, args=(job, out), daemon=True))
-        threads[-1].start()
-        assert out.started.wait(STREAM_TIMEOUT_S), "a stream did not start"
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(paths))]
     for t in threads:
-        t.join(STREAM_TIMEOUT_S)
-    assert all(out.done.is_set() for out in found), "a request did not end in time"
-    return found
+        t.start()
+    return answers, progress, threads
 
 
-def test_streams_survive_the_death_of_their_engines_worker(server: Server, openai_port: int) -> None:
-    """The last test of the module: it kills a worker. Round-robin spreads the requests over both engines:
-    greedy streams and requests that do not stream through the OpenAI endpoint, Triton's generate_stream and
-    generate, and gRPC's ModelStreamInfer. The worker of one engine is killed once every stream has shown
-    some text; its requests move to the other engine and go on: every one's text is the uninterrupted run's,
-    token for token, and its counts the same. Pairs started in turn go one to each engine, so the killed
-    one has a generate_stream and a ModelStreamInfer stream (a pair each) and one of two generate_streams
-    with stop strings, which cannot go on exactly: that one ends with the worker's error and why, in-stream."""
+def _joined(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.join(STREAM_TIMEOUT_S + 60)
+    assert not any(t.is_alive() for t in threads), "a request did not end in time"
+
+
+def _configure(srv: Server, max_migrations: int) -> None:
+    """The model's config with prefix placement and this MAX_MIGRATIONS, applied in place (the engines stay)."""
+    status, body = _request(srv, "GET", f"/v2/models/{MODEL}/config")
+    assert status == 200, body
+    config = json.loads(body)
+    parameters = config.setdefault("parameters", {})
+    wanted = {"ENGINE_PLACEMENT": "prefix", "MAX_MIGRATIONS": str(max_migrations)}
+    if all(parameters.get(k, {}).get("string_value") == v for k, v in wanted.items()):
+        return
+    parameters.update({k: {"string_value": v} for k, v in wanted.items()})
+    status, body = _request(srv, "POST", f"/v2/repository/models/{MODEL}/load",
+                            {"parameters": {"config": json.dumps(config)}})
+    assert status == 200, body
+
+
+def _queries(srv: Server) -> dict[str, float]:
+    """Each engine's prefix-cache queries so far (prompt tokens it was asked for), by instance name."""
+    per: dict[str, float] = {}
+    for key, value in scrape(srv).items():
+        found = re.match(r'vllm:prefix_cache_queries_total\{.*engine="([^"]+)"', key)
+        if found and f'model="{MODEL}"' in key:
+            per[found[1]] = per.get(found[1], 0.0) + value
+    return per
+
+
+SETTLED_SCRAPES = 6  # the engines' counters reach /metrics every --metrics-interval-ms (2 s): unchanged this long
+
+
+def _settled(srv: Server) -> dict[str, float]:
+    """``_queries`` once the earlier requests' counts have all arrived (the same over several scrapes)."""
+    seen: list[dict[str, float]] = []
+
+    def still() -> bool:
+        seen.append(_queries(srv))
+        return len(seen) >= SETTLED_SCRAPES and all(q == seen[-1] for q in seen[-SETTLED_SCRAPES:])
+
+    eventually(still, 60, what="the engines' counters settled", interval=0.5)
+    return seen[-1]
+
+
+def _engine_of_the_head(srv: Server, port: int) -> int:
+    """The worker of the engine that the head's prompts go to, found by sending one through each ingress (each
+    reads the model's config afresh then: MAX_MIGRATIONS)."""
+    wait_all_instances_ready(srv.group, MODEL, 2, LOAD_TIMEOUT_S)
+    before = _settled(srv)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+    client.completions.create(model=MODEL, prompt=_prompt(8), max_tokens=1)
+    status, body = _request(srv, "POST", f"/v2/models/{MODEL}/generate",
+                            {"text_input": _prompt(8), "parameters": {"max_tokens": 1}})
+    assert status == 200, body
+    grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([_prompt(8).encode()], dtype=object))
+        grpc.start_stream(callback=lambda result, error: None)
+        grpc.async_stream_infer(MODEL, [text], parameters={"max_tokens": 1})
+        grpc.stop_stream()  # waits for the stream's end
+    finally:
+        grpc.close()
+    grew: dict[str, float] = {}
+
+    def one_grew() -> bool:
+        grew.clear()
+        grew.update({k: v - before.get(k, 0.0) for k, v in _queries(srv).items() if v > before.get(k, 0.0)})
+        assert len(grew) == 1, (grew, before)  # reported if it stays so
+        return True
+
+    eventually(one_grew, 30, what="the head's requests on one engine")
+    rows = [r for r in router_control(srv.group, "instances") if r["model"] == MODEL]
+    assert len({r["worker_pid"] for r in rows}) == 2, rows  # an engine in each worker
+    return next(r["worker_pid"] for r in rows if r["name"] in grew)
+
+
+def _other(srv: Server, pid: int) -> int:
+    rows = [r for r in router_control(srv.group, "instances") if r["model"] == MODEL and r["state"] == "READY"]
+    return next(r["worker_pid"] for r in rows if r["worker_pid"] != pid)
+
+
+@pytest.fixture(scope="module")
+def undisturbed(server: Server, openai_port: int) -> list[_Answer]:
+    """Every path's answer with no worker killed."""
     deadline = time.monotonic() + 30
     while not _listening(openai_port):
         assert time.monotonic() < deadline, "the OpenAI ingress did not listen"
         time.sleep(0.1)
-    _place(server, "round_robin")
-    wait_all_instances_ready(server.group, MODEL, 2, LOAD_TIMEOUT_S)
-    rows = [r for r in router_control(server.group, "instances") if r["model"] == MODEL]
-    pids = {r["worker_pid"] for r in rows}
-    assert len(rows) == 2 and len(pids) == 2 and 0 not in pids, rows  # an engine in each worker
-    prompts = [" ".join(line.split()[:3]) for line in tiny_llama.LINES[:STREAMS]]
-    jobs = ([_openai(openai_port, p, True) for p in prompts] + [_openai(openai_port, p, False) for p in prompts[:WHOLE]]
-            + [_generate(server, prompts[0], False, GREEDY, True)])
-    pairs = [_generate(server, prompts[1], True, GREEDY), _generate(server, prompts[2], True, GREEDY, True),
-             _grpc(server, prompts[3]), _grpc(server, prompts[4])]
-    blocked = [_generate(server, p, True, BLOCKED) for p in prompts[5:7]]
-    # The uninterrupted run; the stop strings' streams by the greedy ones of their prompts (never met).
-    reference = _run(jobs + pairs + [_generate(server, p, True, GREEDY) for p in prompts[5:7]])
-    assert all(r.error is None and r.finish == "length" for r in reference), [(r.error, r.finish) for r in reference]
-    assert [r.text for r in reference[STREAMS:STREAMS + WHOLE]] == [r.text for r in reference[:WHOLE]]
-    assert reference[STREAMS + WHOLE].text == reference[0].text  # generate as the OpenAI endpoint
+    _configure(server, 1)
+    _engine_of_the_head(server, openai_port)
+    answers, _, threads = _round(server, openai_port, blocked=True)  # stop strings never met: the greedy text
+    _joined(threads)
+    for path, answer in zip((*PATHS, "blocked"), answers, strict=True):
+        assert answer.error is None and answer.finish == "length", (path, answer)
+        assert bool(answer.tokens) == (path in ("chat", "completions")), (path, answer)
+    # Text to compare: the tiny model ends some lines at once (then only tokens shown as "" follow)
+    assert sum(bool(a.text.strip()) for a in answers) > len(answers) // 2, answers
+    return answers
 
-    metric = f'conveyor_request_migrations_total{{model="{MODEL}",version="1"}}'
-    before = scrape(server).get(metric, 0.0)
-    victim = rows[0]["worker_pid"]
-    below = descendants(victim)  # its engine core and the engine's model worker
-    segments = mapped_shm(below, "psm_")  # vLLM's queues between them (160 MiB each), which vLLM leaves behind
-    assert segments, below
-    started = threading.Barrier(sum(job.streamed for job in jobs + pairs + blocked) + 1)
-    killer_done = threading.Event()
 
-    def kill_when_started() -> None:
-        try:
-            started.wait(STREAM_TIMEOUT_S)
-            os.kill(victim, signal.SIGKILL)  # released at once after: the streams read on while the worker dies
-        finally:
-            killer_done.set()
-
-    killer = threading.Thread(target=kill_when_started, daemon=True)
-    killer.start()
-    moved = _run(jobs, started, pairs + blocked)
-    killer.join(10)
-    assert killer_done.is_set()
-    for job, ref, got in zip(jobs + pairs, reference, moved, strict=False):
-        assert got.error is None, (job.prompt, got.error)
-        assert got.text == ref.text, (job.prompt, ref.text, got.text)
-        assert (got.finish, got.usage) == (ref.finish, ref.usage), job.prompt
-    ended = 0
-    for job, ref, got in zip(blocked, reference[-len(blocked):], moved[-len(blocked):], strict=True):
-        if got.error is None:  # on the engine that lived
-            assert got.text == ref.text, (job.prompt, ref.text, got.text)
-            continue
-        ended += 1
-        assert isinstance(got.error, str), got.error
-        assert re.fullmatch(r"the worker running this request exited \(.*\); not resumed on another engine: "
-                            r"it has stop strings, .*", got.error), got.error
-        assert ref.text.startswith(got.text), (ref.text, got.text)  # what it showed before, no more
-    assert ended == 1, "the stop strings' streams did not go one to each engine"
-    migrations = scrape(server).get(metric, 0.0) - before
-    print(f"requests moved to the other engine: {migrations:.0f} of {len(jobs + pairs)}")  # shown with -s
-    # The killed engine's requests, once each (a generate_stream and a ModelStreamInfer stream among them);
-    # the stop strings' stays.
-    assert 2 <= migrations <= len(jobs) + len(pairs) // 2
-    # What the dead worker had started is killed by the supervisor, and its shared memory unlinked.
-    eventually(lambda: not [pid for pid in below if running(pid)], 30, what="its engine processes killed")
-    assert not [name for name in segments if os.path.exists(f"/dev/shm/{name}")]
+@pytest.mark.parametrize(("when", "max_migrations"), [("mid-stream", 1), ("before the first token", 1),
+                                                     ("mid-stream, twice", 2)])
+def test_every_path_survives_the_death_of_its_engines_worker(
+        server: Server, openai_port: int, undisturbed: list[_Answer], when: str, max_migrations: int) -> None:
+    """The round's requests, one of each path, on one engine of two; its worker killed once a stream has shown
+    text (or, ``before the first token``, while its engine is stopped and holds them all); ``twice``: the
+    engine that took them killed too, before the first is back, so they wait for it. Every answer is the
+    undisturbed run's, token for token, its counts the same; the model's migration counter counts each move."""
+    _configure(server, max_migrations)
+    victim = _engine_of_the_head(server, openai_port)
+    engine = descendants(victim)  # its engine core and the engine's model worker
+    segments = mapped_shm(engine, "psm_")  # vLLM's queues between them, which vLLM leaves behind
+    before = scrape(server).get(MIGRATIONS, 0.0)
+    frozen = when == "before the first token"
+    counts: list[int] = []
+    if frozen:
+        for pid in engine:
+            os.kill(pid, signal.SIGSTOP)  # the worker takes the requests; its engine answers none
+    answers, progress, threads = _round(server, openai_port, blocked=when == "mid-stream")
+    try:
+        if frozen:
+            eventually(lambda: router_control(server.group, "model_load", model=MODEL)["num_requests_running"]
+                       == len(threads), 60, what="every request placed")
+            assert progress.shown == [0] * len(threads)
+        else:
+            counts = progress.wait(STARTED)
+        os.kill(victim, signal.SIGKILL)
+        if when.endswith("twice"):
+            second = _other(server, victim)
+            progress.wait(AGAIN, counts)
+            os.kill(second, signal.SIGKILL)  # its requests wait for an engine to be back
+    finally:
+        if frozen:
+            for pid in engine:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)  # for the supervisor's stop of them
+        _joined(threads)
+    for path, ref, got in zip(PATHS, undisturbed, answers, strict=False):
+        assert got.error is None, (path, got.error)
+        assert (got.text, got.tokens, got.finish, got.usage) == (ref.text, ref.tokens, ref.finish, ref.usage), \
+            (path, ref, got)
+    moves = scrape(server).get(MIGRATIONS, 0.0) - before
+    if when == "mid-stream":  # the stream with stop strings cannot go on once it has shown text: it ends with why
+        ref, got = undisturbed[-1], answers[-1]
+        if got.error is None:  # it had shown nothing yet: sent again as it was
+            assert got.text == ref.text, (ref.text, got.text)
+            moves -= 1
+        else:
+            assert re.fullmatch(r"the worker running this request exited \(.*\); not resumed on another engine: "
+                                r"it has stop strings, .*", got.error), got.error
+            assert ref.text.startswith(got.text), (ref.text, got.text)  # what it showed, no more
+        # What the dead worker had started is killed by the supervisor, and its shared memory unlinked.
+        eventually(lambda: not [pid for pid in engine if running(pid)], 30, what="its engine processes killed")
+        assert not [name for name in segments if os.path.exists(f"/dev/shm/{name}")]
+    # Each path's request once per kill: all of them were on the killed engine.
+    assert moves == len(PATHS) * (2 if when.endswith("twice") else 1), moves
+    wait_all_instances_ready(server.group, MODEL, 2, LOAD_TIMEOUT_S)  # the killed worker back, for what follows
