@@ -23,6 +23,7 @@ import logging
 import mmap
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import posix_ipc
@@ -109,6 +110,10 @@ class Arena:
     def put(self, start: int, data: bytes) -> None:
         """Copy ``data`` in at ``start`` (through the mapping: cheaper than a numpy view for small writes)."""
         self._mmap[start : start + len(data)] = data
+
+    def put_buffer(self, start: int, nbytes: int, data: Any) -> None:
+        """Copy the ``nbytes`` of C-contiguous buffer ``data`` (a numpy array) in at ``start``, as ``put``."""
+        self._mmap[start : start + nbytes] = data
 
     # --- consumer-released blocks -------------------------------------------------------
 

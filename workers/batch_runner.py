@@ -143,9 +143,11 @@ class BatchRunner:
                 mark_answered_later(results, outcomes)
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
-            if any(item.traced for item in msg.items):  # wall-clock stamps, comparable across processes
-                wall = time.time_ns() - time.monotonic_ns()
-                reply.trace_ns = [t0 + wall, t1 + wall, t2 + wall, t3 + wall]
+            for item in msg.items:
+                if item.traced:  # wall-clock stamps, comparable across processes
+                    wall = time.time_ns() - time.monotonic_ns()
+                    reply.trace_ns = [t0 + wall, t1 + wall, t2 + wall, t3 + wall]
+                    break
         except ConveyorError as exc:
             reply = m.BatchResult(msg.batch, [], error=m.ErrorInfo(int(exc.status), exc.message))
         except Exception as exc:
