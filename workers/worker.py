@@ -131,28 +131,32 @@ class Worker:
             sources.append(self.bls.sock)
         poller = Poller(sources, self.spin_s)
         more = False  # a drain stopped at its cap: poll without waiting
+        # What every turn uses, looked up once (the loop turns once or twice per request).
+        beat, mailbox, replies, bls, out = self.systemd.beat, self.mailbox, self.replies, self.bls, router.out
+        wake_rx, router_sock, decode, on_message = mailbox.wake_rx, router.sock, m.worker_inbox_decoder.decode, \
+            self._on_message
         try:
             while not self._stopping:
-                self.systemd.beat()
+                beat()
                 ready = poller.poll(0 if more else router.poll_ms())
                 more = False
-                if self.mailbox.wake_rx in ready:
-                    self.mailbox.woken()
-                self.mailbox.take(router.out, self.replies)
-                if self.bls is not None:
-                    self.bls.flush()
-                    if self.bls.sock in ready:
-                        more |= self.bls.drain()
-                if router.sock in ready:
-                    more |= drain(router.sock, m.worker_inbox_decoder.decode, self._on_message, "the router")
+                if wake_rx in ready:
+                    mailbox.woken()
+                mailbox.take(out, replies)
+                if bls is not None:
+                    bls.flush()
+                    if bls.sock in ready:
+                        more |= bls.drain()
+                if router_sock in ready:
+                    more |= drain(router_sock, decode, on_message, "the router")
                 now = time.monotonic()
                 router.metrics_due(now)
                 if self._leave_requested and router.leave(now):
                     self._stopping = True
                 router.heartbeat(now)
                 # The responses first: they are on the clients' latency path, the router's copy is not.
-                self.replies.flush()
-                router.out.flush()
+                replies.flush()
+                out.flush()
         finally:
             set_fatal_exit(None)
             unwake()
