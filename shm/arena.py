@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import mmap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ class _Pending:
     start: int
     flags_at: int
     consumers: int
-    created: float = field(default_factory=time.monotonic)
+    created: float  # time.monotonic()
 
 
 def arena_full(nbytes: int, capacity: int) -> ConveyorError:
@@ -126,10 +126,13 @@ class Arena:
         header = (consumers + ALIGN - 1) // ALIGN * ALIGN
         if len(self._pending) >= self._reclaim_at or self._since_reclaim >= RECLAIM_BYTES:
             self.reclaim()
-        start = self.alloc(header + nbytes)  # looks anyway when the arena is full
+        start = self.alloc(header + nbytes)  # looks anyway when the arena is full (a new ``_pending``)
         self._since_reclaim += header + nbytes
-        self._mmap[start : start + consumers] = bytes(consumers)
-        self._pending.append(_Pending(start, start, consumers))
+        if consumers == 1:
+            self._mmap[start] = OUTSTANDING  # the usual one flag: no bytes object to make
+        else:
+            self._mmap[start : start + consumers] = bytes(consumers)
+        self._pending.append(_Pending(start, start, consumers, time.monotonic()))
         return start + header, start
 
     def reclaim(self) -> int:

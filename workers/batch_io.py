@@ -33,7 +33,7 @@ from conveyor.proto.datatypes import (
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
-from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome, WireTensor
+from conveyor.workers.backends.base import RequestItem, RequestOutcome, WireTensor
 from conveyor.workers.batch_layout import BatchLayout, concatenate
 from conveyor.workers.classification import classify, label_file
 from conveyor.workers.client_regions import PREFIX, ClientRegionMaps, is_client_region, is_device_array
@@ -290,14 +290,6 @@ def plan_request_outputs(
             continue
         planned.append(mine)
     return planned
-
-
-def attach_parameters(results: list[m.ItemResult], outcomes: list[RequestOutcome]) -> None:
-    """Each successful request's response parameters (a Python model's
-    ``InferenceResponse(parameters=...)``), into its result."""
-    for result, outcome in zip(results, outcomes, strict=True):
-        if type(outcome) is ParameterizedOutputs and result.error is None:
-            result.parameters = outcome.parameters
 
 
 class OutputWriter:
