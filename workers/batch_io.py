@@ -84,6 +84,7 @@ class TensorViews:
     def __init__(self, arenas: RegionCache, clients: ClientRegionMaps) -> None:
         self.arenas = arenas
         self.clients = clients
+        self._mapped = arenas.mapped
 
     def raw(self, region: str, offset: int, nbytes: int, *, writable: bool = False) -> Any:
         if is_client_region(region):
@@ -96,7 +97,9 @@ class TensorViews:
         if dtype is not None and not region.startswith(PREFIX):
             # A server arena's tensor of a fixed-size datatype (nearly every input): one array made over the
             # segment, with the same checks, in the same order, as the general path below.
-            base = self.arenas.array(region)
+            base = self._mapped.get(region)
+            if base is None:
+                base = self.arenas.array(region)
             offset, nbytes, shape = ref.offset, ref.nbytes, ref.shape
             if offset < 0 or nbytes < 0 or offset + nbytes > base.shape[0]:
                 self.arenas.view(region, offset, nbytes)  # raises its error
