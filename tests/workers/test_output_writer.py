@@ -105,7 +105,7 @@ def test_every_number_output_is_written_little_endian_in_c_order_with_its_dataty
 
 def test_outputs_of_no_bytes_still_take_a_block_and_a_flag(arena: Arena) -> None:
     items = [m.BatchItem(0, [], [m.OutputSpec("OUT")])]
-    (result,) = OutputWriter(arena, ClientRegion(0)).write(
-        plan_request_outputs(items, [{"OUT": np.zeros(0, np.int32)}], PLAN))  # type: ignore[arg-type]
+    writer = OutputWriter(arena, ClientRegion(0))  # type: ignore[arg-type]
+    (result,) = writer.write(plan_request_outputs(items, [{"OUT": np.zeros(0, np.int32)}], PLAN))
     assert result.outputs[0].nbytes == 0 and len(result.release) == 1
     assert arena.outstanding == 1
