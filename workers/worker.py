@@ -88,6 +88,7 @@ class Worker:
         self.batches = BatchRunner(self.views, self.writer, self.client_regions, self.mailbox.post_all,
                                    self._emit_all)
         self._stopping = False
+        self._heard = False  # this loop turn took a message from the router
         self._leave_requested = False
         self._closing: list[concurrent.futures.Future[None]] = []  # models unloaded, maybe still closing
         self.exit_code = 0  # ENGINE_DIED_CODE after ``fail``
@@ -150,6 +151,9 @@ class Worker:
                 if router_sock in ready:
                     more |= drain(router_sock, decode, on_message, "the router")
                 now = time.monotonic()
+                if self._heard:
+                    self._heard = False
+                    router.heard_at(now)
                 router.metrics_due(now)
                 if self._leave_requested and router.leave(now):
                     self._stopping = True
@@ -164,7 +168,9 @@ class Worker:
             self.close()
 
     def _on_message(self, msg: m.RouterToWorker) -> None:
-        self.router.heard(msg)
+        self._heard = True
+        if not self.router.registered:
+            self.router.heard(msg)
         if isinstance(msg, m.ExecBatch):
             self.batches.run(self.instances.get((msg.model, msg.version, msg.instance)), msg)
         elif isinstance(msg, m.LoadModel):
