@@ -205,10 +205,10 @@ def _release(streams: list[ItemStream]) -> None:
 
 
 def finish_request_results(results: list[m.ItemResult], outcomes: list[RequestOutcome]) -> None:
-    """Each request's response parameters (``attach_parameters``), and the requests whose model
-    answers them after execute (``AnsweredLater``) marked pending: nothing was written for them, and
-    the router keeps them open until their stream's response. One pass; plain outputs are skipped at
-    the cost of a type check."""
+    """Each successful request's response parameters (a Python model's ``InferenceResponse(parameters=...)``)
+    into its result, and the requests whose model answers them after execute (``AnsweredLater``) marked
+    pending: nothing was written for them, and the router keeps them open until their stream's response.
+    One pass; plain outputs cost a type check."""
     for i, outcome in enumerate(outcomes):
         kind = type(outcome)
         if kind is dict:
