@@ -7,10 +7,6 @@ import bisect
 ALIGN = 64  # cache-line aligned blocks: numpy views and ORT like aligned data
 
 
-def _round_up(n: int) -> int:
-    return (n + ALIGN - 1) & ~(ALIGN - 1)
-
-
 class BlockAllocator:
     """Hands out aligned ``[offset, offset+size)`` ranges of a ``capacity``-byte space.
 
@@ -29,16 +25,18 @@ class BlockAllocator:
         return sum(self._used.values())
 
     def alloc(self, nbytes: int) -> int | None:
-        size = _round_up(max(nbytes, 1))
-        for i, free in enumerate(self._free_sizes):
+        size = (max(nbytes, 1) + ALIGN - 1) & ~(ALIGN - 1)  # aligned up; inline: once per request on the hot path
+        sizes = self._free_sizes
+        for i, free in enumerate(sizes):
             if free >= size:
-                start = self._free_starts[i]
+                starts = self._free_starts
+                start = starts[i]
                 if free == size:
-                    del self._free_starts[i]
-                    del self._free_sizes[i]
+                    del starts[i]
+                    del sizes[i]
                 else:
-                    self._free_starts[i] = start + size
-                    self._free_sizes[i] = free - size
+                    starts[i] = start + size
+                    sizes[i] = free - size
                 self._used[start] = size
                 return start
         return None

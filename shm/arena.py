@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import mmap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import posix_ipc
@@ -54,7 +55,7 @@ class _Pending:
     start: int
     flags_at: int
     consumers: int
-    created: float = field(default_factory=time.monotonic)
+    created: float  # time.monotonic()
 
 
 def arena_full(nbytes: int, capacity: int) -> ConveyorError:
@@ -110,6 +111,10 @@ class Arena:
         """Copy ``data`` in at ``start`` (through the mapping: cheaper than a numpy view for small writes)."""
         self._mmap[start : start + len(data)] = data
 
+    def put_buffer(self, start: int, nbytes: int, data: Any) -> None:
+        """Copy the ``nbytes`` of C-contiguous buffer ``data`` (a numpy array) in at ``start``, as ``put``."""
+        self._mmap[start : start + nbytes] = data
+
     # --- consumer-released blocks -------------------------------------------------------
 
     def alloc_released(self, nbytes: int, consumers: int) -> tuple[int, int]:
@@ -121,10 +126,13 @@ class Arena:
         header = (consumers + ALIGN - 1) // ALIGN * ALIGN
         if len(self._pending) >= self._reclaim_at or self._since_reclaim >= RECLAIM_BYTES:
             self.reclaim()
-        start = self.alloc(header + nbytes)  # looks anyway when the arena is full
+        start = self.alloc(header + nbytes)  # looks anyway when the arena is full (a new ``_pending``)
         self._since_reclaim += header + nbytes
-        self._mmap[start : start + consumers] = bytes(consumers)
-        self._pending.append(_Pending(start, start, consumers))
+        if consumers == 1:
+            self._mmap[start] = OUTSTANDING  # the usual one flag: no bytes object to make
+        else:
+            self._mmap[start : start + consumers] = bytes(consumers)
+        self._pending.append(_Pending(start, start, consumers, time.monotonic()))
         return start + header, start
 
     def reclaim(self) -> int:

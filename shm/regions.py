@@ -21,6 +21,7 @@ class RegionCache:
 
     def __init__(self) -> None:
         self._maps: dict[str, np.ndarray] = {}
+        self.mapped = self._maps  # read-only for callers: a segment's array when mapped (``array`` maps it)
 
     def array(self, name: str) -> np.ndarray:
         arr = self._maps.get(name)

@@ -11,6 +11,7 @@ worker's arena, with one release flag per request.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import (
+    DATATYPES,
     config_to_datatype,
     datatype_of,
     deserialize_bytes,
@@ -31,10 +33,17 @@ from conveyor.proto.datatypes import (
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
-from conveyor.workers.backends.base import ParameterizedOutputs, RequestItem, RequestOutcome, WireTensor
+from conveyor.workers.backends.base import RequestItem, RequestOutcome, WireTensor
 from conveyor.workers.batch_layout import BatchLayout, concatenate
 from conveyor.workers.classification import classify, label_file
-from conveyor.workers.client_regions import ClientRegionMaps, is_client_region, is_device_array
+from conveyor.workers.client_regions import PREFIX, ClientRegionMaps, is_client_region, is_device_array
+
+# The fixed-size datatypes' numpy dtypes, and back (native byte order): the hot paths' one dict lookup
+# instead of ``numpy_dtype``/``datatype_of`` and their checks. BYTES is in neither: it has its own path.
+_DTYPE_OF: dict[str, np.dtype] = {name: numpy_dtype(name) for name in DATATYPES if name != "BYTES"}
+_DATATYPE_OF: dict[np.dtype, str] = {
+    dt: name for name, dt in _DTYPE_OF.items() if name != "BF16" and datatype_of(np.empty(0, dt)) == name
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,7 @@ class TensorViews:
     def __init__(self, arenas: RegionCache, clients: ClientRegionMaps) -> None:
         self.arenas = arenas
         self.clients = clients
+        self._mapped = arenas.mapped
 
     def raw(self, region: str, offset: int, nbytes: int, *, writable: bool = False) -> Any:
         if is_client_region(region):
@@ -82,7 +92,23 @@ class TensorViews:
         return self.arenas.view(region, offset, nbytes)
 
     def tensor(self, ref: m.TensorRef) -> Any:
-        raw = self.raw(ref.region, ref.offset, ref.nbytes)
+        region = ref.region
+        dtype = _DTYPE_OF.get(ref.datatype)
+        if dtype is not None and not region.startswith(PREFIX):
+            # A server arena's tensor of a fixed-size datatype (nearly every input): one array made over the
+            # segment, with the same checks, in the same order, as the general path below.
+            base = self._mapped.get(region)
+            if base is None:
+                base = self.arenas.array(region)
+            offset, nbytes, shape = ref.offset, ref.nbytes, ref.shape
+            if offset < 0 or nbytes < 0 or offset + nbytes > base.shape[0]:
+                self.arenas.view(region, offset, nbytes)  # raises its error
+            if nbytes != math.prod(shape) * dtype.itemsize:
+                raise invalid_arg(
+                    f"input '{ref.name}': {nbytes} bytes do not hold shape {shape} of {ref.datatype}"
+                )
+            return np.ndarray(shape, dtype, base, offset)
+        raw = self.raw(region, ref.offset, ref.nbytes)
         if ref.datatype == "BYTES":
             if is_device_array(raw):
                 raise invalid_arg(f"input '{ref.name}': BYTES tensors cannot be passed in CUDA shared memory")
@@ -129,10 +155,13 @@ def gather_requests(items: list[m.BatchItem], views: TensorViews, plan: IoPlan) 
     for item in items:
         inputs: dict[str, np.ndarray] = {}
         for ref in item.inputs:
-            arr = to_host(views.tensor(ref))
-            if ref.name in reshape:
-                arr = arr.reshape(([arr.shape[0]] if batched else []) + reshape[ref.name])
-            inputs[ref.name] = arr
+            arr = views.tensor(ref)
+            if type(arr) is not np.ndarray:
+                arr = to_host(arr)
+            name = ref.name
+            if reshape and name in reshape:
+                arr = arr.reshape(([arr.shape[0]] if batched else []) + reshape[name])
+            inputs[name] = arr
         requests.append(RequestItem(item.request_id, inputs, [o.name for o in item.outputs], item.parameters))
     return requests
 
@@ -247,6 +276,11 @@ def plan_request_outputs(
                 value = outcome.get(spec.name)
                 if value is None:  # an output the model did not produce is left out, as in Triton
                     continue
+                if type(value) is np.ndarray and not spec.classification:
+                    datatype = _DATATYPE_OF.get(value.dtype)
+                    if datatype is not None:  # a number array: what ``_plan_output`` would make of it
+                        mine.append((spec, datatype, list(value.shape), value))
+                        continue
                 if type(value) is WireTensor:
                     if not spec.classification:
                         mine.append((spec, value.datatype, value.shape, value.data))
@@ -259,14 +293,6 @@ def plan_request_outputs(
             continue
         planned.append(mine)
     return planned
-
-
-def attach_parameters(results: list[m.ItemResult], outcomes: list[RequestOutcome]) -> None:
-    """Each successful request's response parameters (a Python model's
-    ``InferenceResponse(parameters=...)``), into its result."""
-    for result, outcome in zip(results, outcomes, strict=True):
-        if type(outcome) is ParameterizedOutputs and result.error is None:
-            result.parameters = outcome.parameters
 
 
 class OutputWriter:
@@ -282,28 +308,30 @@ class OutputWriter:
         """Client-region outputs in place; the rest in one block for the whole batch,
         one release flag per request. A request whose region is too small fails alone."""
         outcomes: list[list[PlannedOutput] | ConveyorError] = []
-        placed: list[dict[str, m.TensorRef]] = []
-        for mine in planned:
-            refs: dict[str, m.TensorRef] = {}
+        placed: dict[int, dict[str, m.TensorRef]] = {}  # request -> its outputs written in client regions
+        total = 0  # the bytes of the outputs that go into this worker's arena
+        for i, mine in enumerate(planned):
             if not isinstance(mine, ConveyorError):
+                size = 0
                 try:
                     for spec, dt, shape, data in mine:
                         if spec.region:
-                            refs[spec.name] = self._write_in_place(spec, dt, shape, data)
+                            placed.setdefault(i, {})[spec.name] = self._write_in_place(spec, dt, shape, data)
+                        else:
+                            size += len(data) if isinstance(data, bytes) else int(data.nbytes)
+                    total += size
                 except ConveyorError as exc:
                     # A fresh error, without the traceback: its frames would keep this
                     # batch's views of client regions alive until the next GC cycle.
                     mine = ConveyorError(exc.status, exc.message)
             outcomes.append(mine)
-            placed.append(refs)
-        sizes = [_nbytes(t[3]) for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine
-                 if not t[0].region]
         arena = self.arena
         # No block when every output went into a client's region (or failed): no flag to release.
         offset, flags = 0, None
-        if sizes:
+        if total or self._any_in_arena(outcomes):
             with self.lock:
-                offset, flags = arena.alloc_released(sum(sizes), len(outcomes))
+                offset, flags = arena.alloc_released(total, len(outcomes))
+        name = arena.name
         results: list[m.ItemResult] = []
         for i, mine in enumerate(outcomes):
             if isinstance(mine, ConveyorError):
@@ -321,12 +349,19 @@ class OutputWriter:
                     arena.put(offset, data)
                 else:
                     nbytes = int(data.nbytes)
-                    copy_into(arena.array[offset : offset + nbytes], data)
-                out.append(m.TensorRef(spec.name, dt, shape, arena.name, offset, nbytes))
+                    if type(data) is np.ndarray and data.flags.c_contiguous:
+                        arena.put_buffer(offset, nbytes, data)  # through the mapping: cheaper for small arrays
+                    else:
+                        copy_into(arena.array[offset : offset + nbytes], data)
+                out.append(m.TensorRef(spec.name, dt, shape, name, offset, nbytes))
                 offset += nbytes
-            release = [] if flags is None else [m.Release(arena.name, flags + i)]
-            results.append(m.ItemResult(i, out, release=release))
+            results.append(m.ItemResult(i, out, release=[] if flags is None else [m.Release(name, flags + i)]))
         return results
+
+    @staticmethod
+    def _any_in_arena(outcomes: list[list[PlannedOutput] | ConveyorError]) -> bool:
+        """Whether an output of 0 bytes goes into the arena (it still takes a block and its flags)."""
+        return any(not t[0].region for mine in outcomes if not isinstance(mine, ConveyorError) for t in mine)
 
     def _write_in_place(self, spec: m.OutputSpec, dt: str, shape: list[int], data: Any) -> m.TensorRef:
         nbytes = _nbytes(data)

@@ -14,12 +14,17 @@ from typing import cast
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.workers.backends.base import AnsweredLater, Backend, RequestBackend, RequestOutcome
+from conveyor.workers.backends.base import (
+    AnsweredLater,
+    Backend,
+    ParameterizedOutputs,
+    RequestBackend,
+    RequestOutcome,
+)
 from conveyor.workers.batch_io import (
     OutputWriter,
     PlannedOutput,
     TensorViews,
-    attach_parameters,
     gather_inputs,
     gather_requests,
     host_inputs,
@@ -139,13 +144,14 @@ class BatchRunner:
                 planned = plan_batch_outputs(msg.items, rows, outputs, inst.plan, inst.layout)
             results = self.writer.write(planned) if planned else []
             if inst.per_request and results:
-                attach_parameters(results, outcomes)
-                mark_answered_later(results, outcomes)
+                finish_request_results(results, outcomes)
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
-            if any(item.traced for item in msg.items):  # wall-clock stamps, comparable across processes
-                wall = time.time_ns() - time.monotonic_ns()
-                reply.trace_ns = [t0 + wall, t1 + wall, t2 + wall, t3 + wall]
+            for item in msg.items:
+                if item.traced:  # wall-clock stamps, comparable across processes
+                    wall = time.time_ns() - time.monotonic_ns()
+                    reply.trace_ns = [t0 + wall, t1 + wall, t2 + wall, t3 + wall]
+                    break
         except ConveyorError as exc:
             reply = m.BatchResult(msg.batch, [], error=m.ErrorInfo(int(exc.status), exc.message))
         except Exception as exc:
@@ -198,9 +204,18 @@ def _release(streams: list[ItemStream]) -> None:
             stream.release()
 
 
-def mark_answered_later(results: list[m.ItemResult], outcomes: list[RequestOutcome]) -> None:
-    """The requests whose model answers them after execute (``AnsweredLater``): nothing was
-    written for them, and the router keeps them open until their stream's response."""
+def finish_request_results(results: list[m.ItemResult], outcomes: list[RequestOutcome]) -> None:
+    """Each successful request's response parameters (a Python model's ``InferenceResponse(parameters=...)``)
+    into its result, and the requests whose model answers them after execute (``AnsweredLater``) marked
+    pending: nothing was written for them, and the router keeps them open until their stream's response.
+    One pass; plain outputs cost a type check."""
     for i, outcome in enumerate(outcomes):
-        if isinstance(outcome, AnsweredLater):
+        kind = type(outcome)
+        if kind is dict:
+            continue
+        if kind is ParameterizedOutputs:
+            result = results[i]
+            if result.error is None:
+                result.parameters = outcome.parameters  # type: ignore[union-attr]
+        elif isinstance(outcome, AnsweredLater):
             results[i] = m.ItemResult(results[i].id, pending=True)

@@ -119,13 +119,14 @@ class BlsLink:
     # --- the main thread -------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Send what the model threads handed over, as one message."""
-        get, out = self._outbox.get_nowait, self._out
-        while True:
-            try:
-                out.send(get())
-            except queue.Empty:
-                break
+        """Send what the model threads handed over, as one message. (Called every loop turn: ``empty`` asks
+        without the exception an empty ``get_nowait`` raises; this thread alone takes from the queue.)"""
+        outbox, out = self._outbox, self._out
+        if outbox.empty():
+            return  # nothing handed over, nothing in ``out``: only this method fills it, and flushes it
+        get = outbox.get_nowait
+        while not outbox.empty():
+            out.send(get())
         out.flush()
 
     def drain(self) -> bool:

@@ -190,4 +190,8 @@ def forget_sequences(inst: LoadedInstance | None, msg: m.ForgetSequences) -> Non
 
 
 def _input_bytes(msg: m.ExecBatch) -> int:
-    return sum(ref.nbytes for item in msg.items for ref in item.inputs)
+    total = 0  # loops, not a generator: asked for every batch of an instance that may run inline
+    for item in msg.items:
+        for ref in item.inputs:
+            total += ref.nbytes
+    return total

@@ -38,6 +38,13 @@ class ItemStream:
     """Item ``index`` of ``msg``; ``post`` sends (destination, payload) pairs ("" = the router);
     ``on_close`` runs once, when it ends."""
 
+    # One per request of every Python batch: slots make it cheaper to build and to read.
+    __slots__ = (
+        "_cancel_hooks", "_closed", "_counts", "_direct", "_exec", "_held", "_holding", "_last_ns", "_lock",
+        "_loop_replies", "_noted", "_noted_ns", "_on_close", "_plan", "_post", "_writer", "batch", "cancelled",
+        "index", "item", "key",
+    )
+
     def __init__(
         self,
         msg: m.ExecBatch,
@@ -49,6 +56,7 @@ class ItemStream:
     ) -> None:
         self.batch = msg.batch
         self.index = index
+        self.key = (msg.batch, index)  # its entry in the runner's streams
         self.item = item = msg.items[index]
         self._exec = msg
         # Direct: the responses' times since the last note to the router, and when that note went.
@@ -69,10 +77,6 @@ class ItemStream:
         # hold(): what is sent before the batch's result left waits for it (release()).
         self._holding = False
         self._held: list[tuple[str, bytes]] = []
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.batch, self.index)
 
     @property
     def closed(self) -> bool:

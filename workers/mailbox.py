@@ -11,6 +11,8 @@ import queue
 from conveyor.proto.framing import Outbox
 from conveyor.workers.reply_links import ReplyLinks
 
+WAKE_READ = 4096  # bytes read from the wake pipe at once: posts write one byte per wake-up, signals one each
+
 
 class Mailbox:
     def __init__(self) -> None:
@@ -49,7 +51,10 @@ class Mailbox:
     def woken(self) -> None:
         """The main loop saw the pipe readable: empty it, so the next post writes again."""
         try:
-            while os.read(self.wake_rx, 4096):
+            # A short read emptied it: reading again would only raise BlockingIOError (one more system call and
+            # an exception per wake-up). A byte written after it (a signal's) leaves the pipe readable: the next
+            # poll returns at once.
+            while len(os.read(self.wake_rx, WAKE_READ)) == WAKE_READ:
                 pass
         except BlockingIOError:
             pass

@@ -61,13 +61,17 @@ class RouterSession:
                                               self.devices.reported(), gpu_backends=self.gpu_backends)))
 
     def heard(self, msg: m.RouterToWorker) -> None:
-        """Any message from the router."""
-        self._last_heard = time.monotonic()
-        self._quiet_logged = False
+        """A message from the router while not registered (``heard_at`` counts every message)."""
         if not self.registered and not isinstance(msg, m.Rehello):
             # The router answers a hello at once: anything but Rehello means it knows us.
             self.registered = True
             self.systemd.ready("registered with the router")
+
+    def heard_at(self, now: float) -> None:
+        """The loop turn that ends at ``now`` took messages from the router (stamped once a turn, not per
+        message: the silence it measures is counted in tens of seconds)."""
+        self._last_heard = now
+        self._quiet_logged = False
 
     def rehello(self) -> None:
         """A router that does not know this worker (it restarted): start over with it."""

@@ -88,6 +88,7 @@ class Worker:
         self.batches = BatchRunner(self.views, self.writer, self.client_regions, self.mailbox.post_all,
                                    self._emit_all)
         self._stopping = False
+        self._heard = False  # this loop turn took a message from the router
         self._leave_requested = False
         self._closing: list[concurrent.futures.Future[None]] = []  # models unloaded, maybe still closing
         self.exit_code = 0  # ENGINE_DIED_CODE after ``fail``
@@ -131,28 +132,35 @@ class Worker:
             sources.append(self.bls.sock)
         poller = Poller(sources, self.spin_s)
         more = False  # a drain stopped at its cap: poll without waiting
+        # What every turn uses, looked up once (the loop turns once or twice per request).
+        beat, mailbox, replies, bls, out = self.systemd.beat, self.mailbox, self.replies, self.bls, router.out
+        wake_rx, router_sock, decode, on_message = mailbox.wake_rx, router.sock, m.worker_inbox_decoder.decode, \
+            self._on_message
         try:
             while not self._stopping:
-                self.systemd.beat()
+                beat()
                 ready = poller.poll(0 if more else router.poll_ms())
                 more = False
-                if self.mailbox.wake_rx in ready:
-                    self.mailbox.woken()
-                self.mailbox.take(router.out, self.replies)
-                if self.bls is not None:
-                    self.bls.flush()
-                    if self.bls.sock in ready:
-                        more |= self.bls.drain()
-                if router.sock in ready:
-                    more |= drain(router.sock, m.worker_inbox_decoder.decode, self._on_message, "the router")
+                if wake_rx in ready:
+                    mailbox.woken()
+                mailbox.take(out, replies)
+                if bls is not None:
+                    bls.flush()
+                    if bls.sock in ready:
+                        more |= bls.drain()
+                if router_sock in ready:
+                    more |= drain(router_sock, decode, on_message, "the router")
                 now = time.monotonic()
+                if self._heard:
+                    self._heard = False
+                    router.heard_at(now)
                 router.metrics_due(now)
                 if self._leave_requested and router.leave(now):
                     self._stopping = True
                 router.heartbeat(now)
                 # The responses first: they are on the clients' latency path, the router's copy is not.
-                self.replies.flush()
-                router.out.flush()
+                replies.flush()
+                out.flush()
         finally:
             set_fatal_exit(None)
             unwake()
@@ -160,7 +168,9 @@ class Worker:
             self.close()
 
     def _on_message(self, msg: m.RouterToWorker) -> None:
-        self.router.heard(msg)
+        self._heard = True
+        if not self.router.registered:
+            self.router.heard(msg)
         if isinstance(msg, m.ExecBatch):
             self.batches.run(self.instances.get((msg.model, msg.version, msg.instance)), msg)
         elif isinstance(msg, m.LoadModel):

@@ -119,7 +119,8 @@ class PythonBackend:
                 raise error from None
             return [error if r is None else response_outcome(r) for r in sent]
         return [
-            AnsweredLater() if r is None and q.get_response_sender().answers_later else response_outcome(r)
+            response_outcome(r) if r is not None
+            else AnsweredLater() if q.get_response_sender().answers_later else response_outcome(r)
             for q, r in zip(requests, responses, strict=True)
         ]
 
@@ -137,7 +138,9 @@ class PythonBackend:
         TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``), each time in an ``execute`` of their own on
         this instance, until none is: Triton puts them back in the model's queue instead."""
         responses = self._responses(requests, self._execute(requests))
-        rescheduled = [i for i, request in enumerate(requests) if request.rescheduled()]
+        # (The flag read first: ``rescheduled()`` is only worth its call for a request that has it.)
+        rescheduled = [i for i, request in enumerate(requests)
+                       if request._release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE and request.rescheduled()]
         if not rescheduled:  # the common case: one execute
             return responses
         for i in rescheduled:
@@ -165,7 +168,7 @@ class PythonBackend:
         try:
             with running(self._class):
                 returned = self.model.execute(requests)
-            if inspect.iscoroutine(returned):
+            if type(returned) is not list and inspect.iscoroutine(returned):
                 with running(self._class):  # the coroutine's context is a copy of this one
                     future = asyncio.run_coroutine_threadsafe(returned, self._event_loop())
                 if self.decoupled:
@@ -244,7 +247,7 @@ class PythonBackend:
             )
         responses: list[InferenceResponse | None] = []
         for request, response in zip(requests, returned, strict=True):
-            rescheduled = bool(request.release_flags() & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            rescheduled = bool(request._release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
             if response is None:
                 responses.append(None if rescheduled else request.get_response_sender().settle())
                 continue
@@ -258,7 +261,7 @@ class PythonBackend:
                     "Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(response)}'."
                 )
-            sender = request.sender_if_any()
+            sender = request._sender
             if sender is not None:  # the model used it: a returned response counts as its one response
                 sender.returned(response)
             responses.append(response)

@@ -64,7 +64,7 @@ class InferenceResponse:
     ) -> None:
         # Triton's binding: a list it cannot convert (None) is a TypeError, a member that is not
         # a Tensor (None) a TritonModelException.
-        if not isinstance(output_tensors, list | tuple):
+        if not isinstance(output_tensors, (list, tuple)):  # the tuple form: a faster check than list | tuple
             raise TypeError(f'"output_tensors" must be a list of pb_utils.Tensor, not {type(output_tensors).__name__}')
         for tensor in output_tensors:
             if not isinstance(tensor, Tensor):
@@ -73,7 +73,7 @@ class InferenceResponse:
                 )
         self._outputs = list(output_tensors)
         self._error = error
-        self._parameters = parameters_dict(parameters)
+        self._parameters = _NO_PARAMETERS if parameters is None else parameters_dict(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -409,7 +409,10 @@ def bls_parameters(request: InferenceRequest) -> dict[str, Any]:
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    return next((t for t in inference_request.inputs() if t.name() == name), None)
+    for tensor in inference_request.inputs():  # a loop: a generator cost as much as the search (every model calls it)
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
@@ -430,6 +433,9 @@ def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
         return ConveyorError(status, error.message())
     outputs: dict[str, Any] = ParameterizedOutputs(response._parameters) if response._parameters else {}
     for tensor in response.output_tensors():
+        if type(tensor) is Tensor and not tensor._bf16:  # the usual tensor: what the general path reads, directly
+            outputs[tensor._name] = tensor._array
+            continue
         if not isinstance(tensor, Tensor):
             return internal(f"the model's response holds a {type(tensor).__name__}, not a pb_utils.Tensor")
         if tensor.is_bf16():  # numpy has no BF16: its words go as they are, named BF16 (one copy)

@@ -106,10 +106,11 @@ class Tensor:
                 numpy_array = np.asarray(numpy_array)
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"tensor '{name}' needs a numpy array: {exc}") from None
-        if numpy_array.dtype.kind == "U":
+        kind = numpy_array.dtype.kind
+        if kind == "U":
             # Triton refuses str_ arrays; encoding them is the friendlier equivalent.
             numpy_array = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(numpy_array)
-        elif numpy_array.dtype.kind == "V":
+        elif kind == "V":
             raise TritonModelException(f"tensor '{name}': numpy dtype {numpy_array.dtype} is not supported")
         self._name = name
         self._array: Any = numpy_array
