@@ -274,7 +274,7 @@ class Router:
 
     def _on_ingress(self, identity: bytes, msg: m.IngressToRouter) -> None:
         if isinstance(msg, m.InferRequest):
-            if self.shutdown.refusing():
+            if self.shutdown.started is not None and self.shutdown.refusing():  # no call while serving
                 err = ConveyorError(Status.UNAVAILABLE, "the server is shutting down: retry on another instance")
                 self.replies.error(identity, msg.id, msg.model, msg.version, err)
             else:
