@@ -43,8 +43,10 @@ class Dispatcher:
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
 
     def schedule(self, state: VersionState) -> None:
-        now = time.monotonic_ns()
         batcher = state.batcher
+        if not len(batcher) and not isinstance(batcher, SequenceBatcher):
+            return  # an empty dynamic batcher has nothing to run, expire or wake up for
+        now = time.monotonic_ns()
         for item, exc in batcher.take_expired(now):
             self.ledger.unqueued(item.ingress, item.request.id)
             release(item)  # its place is free for the next request
@@ -84,6 +86,8 @@ class Dispatcher:
         return self._timers[0][0] if self._timers else 0
 
     def fire_timers(self) -> None:
+        if not self._timers:  # every loop turn asks: no clock read when nothing is armed
+            return
         now = time.monotonic_ns()
         while self._timers and self._timers[0][0] <= now:
             due, _, state = heapq.heappop(self._timers)

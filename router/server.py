@@ -311,12 +311,12 @@ class Router:
             # A worker we dropped (or from before a router restart): make it start over.
             self.back.send(identity, m.encode(m.Rehello()))
             return
-        if isinstance(msg, m.ItemResponse):
+        if isinstance(msg, m.BatchResult):  # the most frequent first
+            self._on_result(msg)
+        elif isinstance(msg, m.ItemResponse):
             self._on_item_response(identity, msg)
         elif isinstance(msg, m.ItemResponsesSent):
             self.results.on_responses_sent(identity, msg)
-        elif isinstance(msg, m.BatchResult):
-            self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):
             self.membership.on_loaded(worker, msg)
         elif isinstance(msg, m.WorkerLeaving):
