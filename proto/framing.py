@@ -131,10 +131,11 @@ class PeerOutbox:
         else:
             frames.append(payload)
 
-    def flush(self) -> None:
-        """One message per peer. A ROUTER drops what it cannot route (a peer gone): nothing blocks."""
+    def flush(self) -> bool:
+        """One message per peer. A ROUTER drops what it cannot route (a peer gone): nothing blocks.
+        True when it sent (a poll then asks the socket again: ``deploy/runtime/polling.py``)."""
         if not self._frames:
-            return
+            return False
         pending, self._frames = self._frames, {}
         sock = self.sock
         for identity, frames in pending.items():
@@ -142,6 +143,7 @@ class PeerOutbox:
             for i in range(len(frames) - 1):
                 _send(sock, frames[i], _MORE)
             _send(sock, frames[-1], 0)
+        return True
 
 
 def drain(

@@ -9,16 +9,17 @@ less throughput, docs/PERFORMANCE.md). So it is on by itself only on hosts with
 ``AUTO_SPIN_MIN_CORES`` or more cores; ``--spin-us`` (or ``CONVEYOR_SPIN_US``)
 forces it either way.
 
-The blocking wait itself is ``select.poll`` on the sockets' ``ZMQ_FD``
-descriptors and the plain ones, not ``zmq_poll``, for fewer system calls a
-wake-up. ``zmq_poll`` first polls every descriptor without waiting, asks every
-socket's ``ZMQ_EVENTS`` (each a ``getpid`` and a ``poll`` in libzmq), waits, and
-asks every socket's ``ZMQ_EVENTS`` again, also those whose descriptor did not
-fire. Here each socket is asked once before the wait (what a ZeroMQ socket holds
-does not always show on its edge-triggered descriptor: that question is
-needed), and after it only the sockets whose descriptor fired: a socket nobody
-touched in between cannot have changed. The plain descriptors are polled
-without waiting when a socket already has a message, so neither side starves.
+The wait itself is ``select.poll`` on the sockets' ``ZMQ_FD`` descriptors and
+the plain ones, not ``zmq_poll``, for fewer system calls a wake-up: ``zmq_poll``
+polls every descriptor without waiting, asks every socket's ``ZMQ_EVENTS``
+(each a ``getpid`` and a ``poll`` in libzmq), waits, then asks every socket
+again, also those whose descriptor did not fire. Here a socket is asked before
+the wait unless the caller knows it quiet (what a socket holds does not always
+show on its edge-triggered descriptor: a send, or a receive, may take in the
+command that announced a message), and after the wait only where a descriptor
+fired: a socket nothing touched in between cannot have changed. Every
+descriptor is looked at on every call, waiting or not, so a busy socket never
+hides the others or the plain descriptors.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Container
 from typing import Any
 
 import zmq
@@ -63,11 +65,9 @@ class Poller:
     def __init__(self, sources: list[Any], spin_s: float = 0.0) -> None:
         self._items: list[tuple[Any, int]] = []  # for the spin's zmq_poll
         self._sockets: list[zmq.Socket[Any]] = []
-        self._plain: list[Any] = []
         self._by_fd: dict[int, Any] = {}
         self._socket_fds: set[int] = set()
         self._all = select.poll()  # every descriptor: the wait
-        self._plain_poll = select.poll()  # the plain ones: looked at without waiting beside a socket's message
         for source in sources:
             self.register(source)
         self.spin_s = spin_s
@@ -80,14 +80,14 @@ class Poller:
             self._socket_fds.add(fd)
         else:
             fd = source if isinstance(source, int) else source.fileno()
-            self._plain.append(source)
-            self._plain_poll.register(fd, _OS_POLLIN)
         self._by_fd[fd] = source
         self._all.register(fd, _OS_POLLIN)
 
-    def poll(self, timeout_ms: int) -> dict[Any, int]:
-        """The sources ready to read, as a dict (``in`` asks), waiting up to ``timeout_ms``
-        (0: not at all; negative: for ever)."""
+    def poll(self, timeout_ms: int, quiet: Container[Any] = ()) -> dict[Any, int]:
+        """The sources ready to read, as a dict (``in`` asks), waiting up to ``timeout_ms`` (0: not at
+        all; negative: for ever). ``quiet``: sockets the caller knows hold no message behind a quiet
+        descriptor (the last thing done with each was a ZMQ_EVENTS question, or a receive, that found
+        none): they are not asked before the wait; a message that comes later fires their descriptor."""
         if self.spin_s and timeout_ms != 0:
             until = time.perf_counter() + self.spin_s
             while True:
@@ -98,25 +98,23 @@ class Poller:
                     break
         ready: dict[Any, int] = {}
         for sock in self._sockets:
-            if _getsockopt(sock, _EVENTS) & _POLLIN:
+            if sock not in quiet and _getsockopt(sock, _EVENTS) & _POLLIN:
                 ready[sock] = _POLLIN
-        if ready or timeout_ms == 0:
-            if self._plain:
-                by_fd = self._by_fd
-                for fd, _ in self._plain_poll.poll(0):
-                    ready[by_fd[fd]] = _POLLIN
-            return ready
+        if ready:
+            timeout_ms = 0  # still one look at every descriptor: nothing waits behind a busy socket
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else 0.0
         by_fd, socket_fds = self._by_fd, self._socket_fds
         while True:
             fired = self._all.poll(timeout_ms)
             for fd, _ in fired:
                 source = by_fd[fd]
-                # A socket's descriptor only says its commands changed: ZMQ_EVENTS says whether a message waits
-                # (and asking re-arms the descriptor).
-                if fd not in socket_fds or _getsockopt(source, _EVENTS) & _POLLIN:
+                # A socket's descriptor only says its commands changed: ZMQ_EVENTS says whether a message
+                # waits (and asking re-arms the descriptor).
+                if fd not in socket_fds:
                     ready[source] = _POLLIN
-            if ready or not fired:
+                elif source not in ready and _getsockopt(source, _EVENTS) & _POLLIN:
+                    ready[source] = _POLLIN
+            if ready or not fired or timeout_ms == 0:
                 return ready
             if deadline:  # only commands came (a peer connected, a pipe was activated): wait out the rest
                 timeout_ms = int((deadline - time.monotonic()) * 1000)

@@ -114,3 +114,27 @@ def test_nothing_to_read_waits_out_the_timeout(pair: tuple[zmq.Socket[bytes], zm
     finally:
         os.close(rx)
         os.close(tx)
+
+
+def test_a_quiet_socket_is_not_asked_but_its_next_message_wakes_the_wait(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes], str],
+) -> None:
+    router, dealer, _ = pair
+    dealer.send(b"first")
+    _wait_for_message(router)
+    router.recv_multipart()
+    assert not router.get(zmq.EVENTS) & zmq.POLLIN  # asked, found empty: quiet until its next message
+    poller = Poller([router])
+
+    def later() -> None:
+        time.sleep(0.2)
+        dealer.send(b"second")
+
+    sender = threading.Thread(target=later)
+    sender.start()
+    try:
+        ready = poller.poll(WAIT_MS, quiet=[router])
+    finally:
+        sender.join()
+    assert ready == {router: zmq.POLLIN}
+    assert router.recv_multipart()[1] == b"second"
