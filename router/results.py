@@ -57,7 +57,9 @@ class Results:
         state = inst.version
         stats = state.stats
         if result.error is None:
-            rows = sum(p.rows for p in run.items)
+            rows = 0
+            for p in run.items:  # a plain loop: no generator per batch
+                rows += p.rows
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             adaptive = state.batcher.adaptive
