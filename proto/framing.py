@@ -46,7 +46,8 @@ DRAIN_CAP = 256
 
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-_getsockopt = zmq.backend.Socket.get
+# An int option answers an int (typed once here: no ``cast`` call per question on the hot path).
+_getsockopt = cast(Callable[[Any, int], int], zmq.backend.Socket.get)
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE)
 _MORE_NOBLOCK = _MORE | _NOBLOCK
@@ -85,7 +86,7 @@ def _recv_peer_frames(sock: zmq.Socket[bytes]) -> list[bytes]:
 
 def readable(sock: zmq.Socket[bytes]) -> bool:
     """Whether a message waits (``ZMQ_EVENTS``)."""
-    return bool(cast(int, _getsockopt(sock, _EVENTS)) & _POLLIN)
+    return bool(_getsockopt(sock, _EVENTS) & _POLLIN)
 
 
 class Outbox:

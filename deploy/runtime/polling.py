@@ -27,13 +27,14 @@ from __future__ import annotations
 import os
 import select
 import time
-from collections.abc import Container
-from typing import Any
+from collections.abc import Callable, Container
+from typing import Any, cast
 
 import zmq
 
 _zmq_poll = zmq.backend.zmq_poll
-_getsockopt = zmq.backend.Socket.get
+# An int option answers an int (typed once here: no ``cast`` call per question on the hot path).
+_getsockopt = cast(Callable[[Any, int], int], zmq.backend.Socket.get)
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 _FD = int(zmq.FD)
@@ -75,7 +76,7 @@ class Poller:
     def register(self, source: Any) -> None:
         self._items.append((source, _POLLIN))
         if isinstance(source, zmq.Socket):
-            fd = source.get(_FD)
+            fd = cast(int, source.get(_FD))
             self._sockets.append(source)
             self._socket_fds.add(fd)
         else:

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import zmq
@@ -39,7 +40,7 @@ def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes], str]]:
 def _wait_for_message(router: zmq.Socket[bytes]) -> None:
     """Until a message waits (asking ZMQ_EVENTS: its descriptor's signal is consumed by that)."""
     for _ in range(WAIT_MS):
-        if router.get(zmq.EVENTS) & zmq.POLLIN:
+        if cast(int, router.get(zmq.EVENTS)) & zmq.POLLIN:
             return
         time.sleep(0.001)
     raise AssertionError("no message arrived")
@@ -123,7 +124,7 @@ def test_a_quiet_socket_is_not_asked_but_its_next_message_wakes_the_wait(
     dealer.send(b"first")
     _wait_for_message(router)
     router.recv_multipart()
-    assert not router.get(zmq.EVENTS) & zmq.POLLIN  # asked, found empty: quiet until its next message
+    assert not cast(int, router.get(zmq.EVENTS)) & zmq.POLLIN  # asked, found empty: quiet until its next message
     poller = Poller([router])
 
     def later() -> None:
