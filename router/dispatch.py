@@ -43,8 +43,10 @@ class Dispatcher:
         self._armed: dict[VersionState, int] = {}  # each version's earliest pending wake-up
 
     def schedule(self, state: VersionState) -> None:
-        now = time.monotonic_ns()
         batcher = state.batcher
+        if not len(batcher) and not isinstance(batcher, SequenceBatcher):
+            return  # an empty dynamic batcher has nothing to run, expire or wake up for
+        now = time.monotonic_ns()
         for item, exc in batcher.take_expired(now):
             self.ledger.unqueued(item.ingress, item.request.id)
             release(item)  # its place is free for the next request
@@ -84,6 +86,8 @@ class Dispatcher:
         return self._timers[0][0] if self._timers else 0
 
     def fire_timers(self) -> None:
+        if not self._timers:  # every loop turn asks: no clock read when nothing is armed
+            return
         now = time.monotonic_ns()
         while self._timers and self._timers[0][0] <= now:
             due, _, state = heapq.heappop(self._timers)
@@ -145,13 +149,16 @@ class Dispatcher:
         instances = state.instances
         depth = 1 if limiter is not None else state.pipeline_depth
         if limiter is None and depth < state.deep_pipeline_depth:
-            in_flight = len(state.batcher) + sum(inst.running for inst in instances)
+            in_flight = len(state.batcher)
+            for inst in instances:
+                in_flight += inst.running
             if in_flight >= DEEP_IN_FLIGHT * len(instances):
                 depth = state.deep_pipeline_depth
         behind: Instance | None = None
-        for inst in instances:
-            if _takes(inst, depth, limiter):
-                if not inst.running:
+        for inst in instances:  # ``_takes``, inlined: asked for every batch
+            running = inst.running
+            if inst.state is _READY and running < depth and (limiter is None or limiter.free(inst)):
+                if not running:
                     return inst
                 if behind is None:
                     behind = inst
@@ -189,29 +196,37 @@ class Dispatcher:
         # to hold it for ordering, to cache it or to trace it. A decoupled model's responses
         # go straight too; the router counts them from the worker's ItemResponsesSent notes.
         reply_to = self.reply_to if order is None else {}
+        queue, queued = state.stats.queue, state.latency.queued
+        direct = 0
         for p in batch:
-            state.stats.queue.add(now - p.arrival_ns)
+            waited = now - p.arrival_ns
+            queue.add(waited)
             if p.ensemble_stats is not None:
-                p.ensemble_stats.queue.add(now - p.arrival_ns)
-            state.latency.queued(now - p.arrival_ns)
+                p.ensemble_stats.queue.add(waited)
+            queued(waited)
             if order is not None:
                 p.ticket = order.ticket()
             r = p.request
-            if p.trace is not None:
-                p.trace.stamp("DISPATCH")
-            endpoint = reply_to.get(p.ingress, "") if p.trace is None and not r.cache_key else ""
-            if endpoint:
-                p.direct = True
-                self.direct_items += 1
+            trace = p.trace
+            if trace is not None:
+                trace.stamp("DISPATCH")
+                endpoint = ""
+            else:
+                endpoint = reply_to.get(p.ingress, "") if not r.cache_key else ""
+                if endpoint:
+                    p.direct = True
+                    direct += 1
             items.append(m.BatchItem(r.id, r.inputs, r.outputs, r.parameters, r.request_id, p.sequence,
-                                     p.trace is not None, endpoint))
+                                     trace is not None, endpoint))
             if r.regions:
                 regions += r.regions
+        self.direct_items += direct
         self.dispatched_items += len(batch)
         instance.running += 1
         if self.limiter is not None:
             self.limiter.acquire(instance)
-        self.ledger.started(bid, Running(instance, batch, now, open=[True] * len(batch) if state.decoupled else None))
+        opened = [True] * len(batch) if state.runs_decoupled else None
+        self.ledger.started(bid, Running(instance, batch, now, open=opened))
         msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions, self.registry.generation)
         assert instance.worker is not None
         self.back.send(instance.worker, m.encode(msg))
@@ -224,6 +239,9 @@ class Dispatcher:
             release(item)
             count_failure(state, "OTHER", now - item.arrival_ns)
             self._reply_error(item.ingress, item.request.id, state.model, state.label, exc)
+
+
+_READY = InstanceState.READY
 
 
 def _takes(inst: Instance, depth: int, limiter: RateLimiter | None) -> bool:

@@ -19,6 +19,7 @@ from conveyor.proto.errors import invalid_arg, not_found, unavailable
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
 from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
+from conveyor.router.pending import equal_shapes
 from conveyor.router.repository.namespaces import ambiguous, name_of
 from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
@@ -135,18 +136,27 @@ class VersionState:
     # Requests sent again after the worker running them exited (proto/migration.py), counted as they
     # arrive: conveyor_request_migrations_total.
     migrations: int = 0
+    # The version as requests and statistics name it (``str(version)``), made once: the request path
+    # names it in every reply and batch.
+    label: str = field(init=False, default="")
+    # ``decoupled``, read once from the config (``_version_state``): each batch the dispatcher sends asks.
+    runs_decoupled: bool = False
+
+    def __post_init__(self) -> None:
+        self.label = str(self.version)
 
     @property
     def decoupled(self) -> bool:
         return self.config.model_transaction_policy.decoupled
 
     @property
-    def label(self) -> str:
-        return str(self.version)
-
-    @property
     def ready(self) -> bool:
-        return not self.error and any(i.state is InstanceState.READY for i in self.instances)
+        if self.error:
+            return False
+        for inst in self.instances:  # a plain loop: asked for every request (no generator made)
+            if inst.state is InstanceState.READY:
+                return True
+        return False
 
     @property
     def state(self) -> str:
@@ -221,8 +231,11 @@ def _version_state(
         )
     state = VersionState(name, v, path, config, ModelStats(shown, str(v)), batcher)
     state.batch_key = batch_key(config, name)
+    if state.batch_key is equal_shapes and isinstance(batcher, DynamicBatcher) and not batcher.enabled:
+        state.batch_key = unbatched  # each request is a batch of its own: no key is ever compared
     state.limits = OverloadLimits.from_config(config)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
+    state.runs_decoupled = decoupled
     if decoupled or cached:
         state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
     state.instances = [
@@ -374,8 +387,10 @@ class ModelRegistry:
 
     def resolve(self, model: str, version: str) -> VersionState:
         """The version serving a request: the one named, or the newest ready one."""
-        number = parse_version(version)  # first, as Triton's front ends do
-        entry = self.entry(model)
+        number = parse_version(version) if version else -1  # first, as Triton's front ends do
+        entry = self.models.get(model)
+        if entry is None:
+            entry = self._miss(model)
         if entry.spec.error:
             raise unavailable(f"Request for unknown model: '{model}' is not ready: {entry.spec.error}")
         if version:
@@ -387,14 +402,17 @@ class ModelRegistry:
                     f"Request for unknown model: '{model}' version {version} is not at ready state: {state.reason}"
                 )
             return state
-        ready = [s for s in entry.versions.values() if s.ready]
-        if not ready:
+        newest: VersionState | None = None
+        for s in entry.versions.values():  # the newest ready one, without a list or a key function
+            if s.ready and (newest is None or s.version > newest.version):
+                newest = s
+        if newest is None:
             reasons = "; ".join(s.reason for s in entry.versions.values() if s.reason)
             raise unavailable(
                 f"Request for unknown model: '{model}' has no available versions"
                 + (f": {reasons}" if reasons else "")
             )
-        return max(ready, key=lambda s: s.version)
+        return newest
 
 
 def parse_version(version: str) -> int:

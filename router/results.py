@@ -39,7 +39,12 @@ class Results:
         run = self._batch(result.batch)
         if run is None or not run.executing:
             return
-        later = run.open is None and result.error is None and any(item.pending for item in result.items)
+        later = False
+        if run.open is None and result.error is None:
+            for item in result.items:  # a plain loop, no generator: asked for every batch
+                if item.pending:
+                    later = True
+                    break
         if later:
             # A Python model answers these requests after execute returned (its response
             # sender): they stay open, as a decoupled model's do, until that response.
@@ -52,7 +57,9 @@ class Results:
         state = inst.version
         stats = state.stats
         if result.error is None:
-            rows = sum(p.rows for p in run.items)
+            rows = 0
+            for p in run.items:  # a plain loop: no generator per batch
+                rows += p.rows
             stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             adaptive = state.batcher.adaptive
@@ -72,18 +79,22 @@ class Results:
         gen = self.registry.generation
         send = self.front.send
         order = state.order
+        items = result.items
+        answered = len(items)
+        success, succeeded = stats.success, state.latency.succeeded
         for i, p in enumerate(run.items):
-            item = result.items[i] if i < len(result.items) else m.ItemResult(i, error=result.error)
+            item = items[i] if i < answered else m.ItemResult(i, error=result.error)
             if item.pending:
                 continue  # counted and answered with its response (on_item_response, on_responses_sent)
             error = item.error or result.error
+            took = now - p.arrival_ns
             if error is None:
-                stats.success.add(now - p.arrival_ns)
-                state.latency.succeeded(now - p.arrival_ns)
+                success.add(took)
+                succeeded(took)
                 if p.ensemble_stats is not None:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
-                count_failure(state, failure_reason(error.status), now - p.arrival_ns)
+                count_failure(state, failure_reason(error.status), took)
             if p.direct and from_worker:
                 continue  # the worker has answered the ingress itself
             release = item.release

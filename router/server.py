@@ -216,6 +216,11 @@ class Router:
         poller = Poller([front, back, own, agent, wake.fd], self.spin_s)
         next_tick = self._last_tick = time.monotonic()
         more = False  # a drain stopped at its cap: poll without waiting
+        # The sockets known to hold no message behind a quiet descriptor (``Poller.poll``'s ``quiet``): the
+        # poll found them empty, or a drain ended on a ZMQ_EVENTS question that said so, and nothing touched
+        # them since. A send may take in the socket's pending commands (a message's arrival among them), so
+        # a socket this turn sent on is asked again; so is one whose drain stopped at its cap.
+        quiet: list[Any] = []
         while True:
             self.systemd.beat()
             if self._stopping:
@@ -223,14 +228,15 @@ class Router:
                 self.systemd.stopping("draining")
                 if self.shutdown.phase(busy=self.ctx.ledger.busy) is Phase.DONE:
                     break
-            ready = poller.poll(0 if more else self._poll_timeout_ms(next_tick))
-            more = False
+            ready = poller.poll(0 if more else self._poll_timeout_ms(next_tick), quiet)
+            back_quiet = front_quiet = own_quiet = True
             if back in ready:
-                more |= drain_peers(back, m.worker_decoder.decode, self._on_worker, "a worker")
+                back_quiet = not drain_peers(back, m.worker_decoder.decode, self._on_worker, "a worker")
             if front in ready:
-                more |= drain_peers(front, m.ingress_decoder.decode, self._on_ingress, "an ingress")
+                front_quiet = not drain_peers(front, m.ingress_decoder.decode, self._on_ingress, "an ingress")
             if own in ready:
-                more |= self.self_link.drain(self.ensembles.on_response)
+                own_quiet = not self.self_link.drain(self.ensembles.on_response)
+            more = not (back_quiet and front_quiet and own_quiet)
             if agent in ready and self.agent.drain():  # the repository agent's results: apply them
                 if self.lifecycle.unusable is not None and not self._stopping:
                     self._cannot_create(self.lifecycle.unusable)
@@ -248,8 +254,17 @@ class Router:
             self.dispatcher.fire_timers()
             if self.registry.generation != self._announced_generation:
                 self._announce_generation()
-            self.back.flush()
-            self.front.flush()
+            if self.back.flush():
+                back_quiet = False
+            if self.front.flush():
+                front_quiet = False
+            quiet.clear()
+            if back_quiet:
+                quiet.append(back)
+            if front_quiet:
+                quiet.append(front)
+            if own_quiet:
+                quiet.append(own)
         self.agent.close()
         self.lifecycle.remove_overrides()
         wake.close()
@@ -274,7 +289,7 @@ class Router:
 
     def _on_ingress(self, identity: bytes, msg: m.IngressToRouter) -> None:
         if isinstance(msg, m.InferRequest):
-            if self.shutdown.refusing():
+            if self.shutdown.started is not None and self.shutdown.refusing():  # no call while serving
                 err = ConveyorError(Status.UNAVAILABLE, "the server is shutting down: retry on another instance")
                 self.replies.error(identity, msg.id, msg.model, msg.version, err)
             else:
@@ -313,12 +328,12 @@ class Router:
             # A worker we dropped (or from before a router restart): make it start over.
             self.back.send(identity, m.encode(m.Rehello()))
             return
-        if isinstance(msg, m.ItemResponse):
+        if isinstance(msg, m.BatchResult):  # the most frequent first
+            self._on_result(msg)
+        elif isinstance(msg, m.ItemResponse):
             self._on_item_response(identity, msg)
         elif isinstance(msg, m.ItemResponsesSent):
             self.results.on_responses_sent(identity, msg)
-        elif isinstance(msg, m.BatchResult):
-            self._on_result(msg)
         elif isinstance(msg, m.ModelLoaded):
             self.membership.on_loaded(worker, msg)
         elif isinstance(msg, m.WorkerLeaving):

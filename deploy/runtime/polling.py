@@ -8,18 +8,37 @@ takes the core the next actor in the pipeline needs (measured on 2 vCPUs: 30-40%
 less throughput, docs/PERFORMANCE.md). So it is on by itself only on hosts with
 ``AUTO_SPIN_MIN_CORES`` or more cores; ``--spin-us`` (or ``CONVEYOR_SPIN_US``)
 forces it either way.
+
+The wait itself is ``select.poll`` on the sockets' ``ZMQ_FD`` descriptors and
+the plain ones, not ``zmq_poll``, for fewer system calls a wake-up: ``zmq_poll``
+polls every descriptor without waiting, asks every socket's ``ZMQ_EVENTS``
+(each a ``getpid`` and a ``poll`` in libzmq), waits, then asks every socket
+again, also those whose descriptor did not fire. Here a socket is asked before
+the wait unless the caller knows it quiet (what a socket holds does not always
+show on its edge-triggered descriptor: a send, or a receive, may take in the
+command that announced a message), and after the wait only where a descriptor
+fired: a socket nothing touched in between cannot have changed. Every
+descriptor is looked at on every call, waiting or not, so a busy socket never
+hides the others or the plain descriptors.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import time
-from typing import Any
+from collections.abc import Callable, Container
+from typing import Any, cast
 
 import zmq
 
 _zmq_poll = zmq.backend.zmq_poll
+# An int option answers an int (typed once here: no ``cast`` call per question on the hot path).
+_getsockopt = cast(Callable[[Any, int], int], zmq.backend.Socket.get)
 _POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+_FD = int(zmq.FD)
+_OS_POLLIN = select.POLLIN
 
 SPIN_ENV = "CONVEYOR_SPIN_US"
 AUTO_SPIN_US = 50.0
@@ -40,28 +59,65 @@ def spin_seconds(setting: str | None = None) -> float:
 
 
 class Poller:
-    """A ZeroMQ poll over sockets (or file descriptors) for reading; ``poll`` answers which are ready.
-
-    Calls pyzmq's compiled ``zmq_poll`` with the items built once (``zmq.Poller`` rebuilds
-    nothing either, but goes through a Python method and its checks on every turn)."""
+    """A poll over ZeroMQ sockets and file descriptors (or objects with ``fileno()``) for reading;
+    ``poll`` answers which are ready, as ``zmq_poll`` would (a plain descriptor with an error or a
+    hang-up counts as ready too: reading it tells)."""
 
     def __init__(self, sources: list[Any], spin_s: float = 0.0) -> None:
-        self._items: list[tuple[Any, int]] = []
+        self._items: list[tuple[Any, int]] = []  # for the spin's zmq_poll
+        self._sockets: list[zmq.Socket[Any]] = []
+        self._by_fd: dict[int, Any] = {}
+        self._socket_fds: set[int] = set()
+        self._all = select.poll()  # every descriptor: the wait
         for source in sources:
             self.register(source)
         self.spin_s = spin_s
 
     def register(self, source: Any) -> None:
         self._items.append((source, _POLLIN))
+        if isinstance(source, zmq.Socket):
+            fd = cast(int, source.get(_FD))
+            self._sockets.append(source)
+            self._socket_fds.add(fd)
+        else:
+            fd = source if isinstance(source, int) else source.fileno()
+        self._by_fd[fd] = source
+        self._all.register(fd, _OS_POLLIN)
 
-    def poll(self, timeout_ms: int) -> set[Any]:
-        items = self._items
+    def poll(self, timeout_ms: int, quiet: Container[Any] = ()) -> dict[Any, int]:
+        """The sources ready to read, as a dict (``in`` asks), waiting up to ``timeout_ms`` (0: not at
+        all; negative: for ever). ``quiet``: sockets the caller knows hold no message behind a quiet
+        descriptor (the last thing done with each was a ZMQ_EVENTS question, or a receive, that found
+        none): they are not asked before the wait; a message that comes later fires their descriptor."""
         if self.spin_s and timeout_ms != 0:
             until = time.perf_counter() + self.spin_s
             while True:
-                events = _zmq_poll(items, 0)
+                events = _zmq_poll(self._items, 0)
                 if events:
-                    return {source for source, _ in events}
+                    return dict(events)
                 if time.perf_counter() >= until:
                     break
-        return {source for source, _ in _zmq_poll(items, timeout_ms)}
+        ready: dict[Any, int] = {}
+        for sock in self._sockets:
+            if sock not in quiet and _getsockopt(sock, _EVENTS) & _POLLIN:
+                ready[sock] = _POLLIN
+        if ready:
+            timeout_ms = 0  # still one look at every descriptor: nothing waits behind a busy socket
+        deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else 0.0
+        by_fd, socket_fds = self._by_fd, self._socket_fds
+        while True:
+            fired = self._all.poll(timeout_ms)
+            for fd, _ in fired:
+                source = by_fd[fd]
+                # A socket's descriptor only says its commands changed: ZMQ_EVENTS says whether a message
+                # waits (and asking re-arms the descriptor).
+                if fd not in socket_fds:
+                    ready[source] = _POLLIN
+                elif source not in ready and _getsockopt(source, _EVENTS) & _POLLIN:
+                    ready[source] = _POLLIN
+            if ready or not fired or timeout_ms == 0:
+                return ready
+            if deadline:  # only commands came (a peer connected, a pipe was activated): wait out the rest
+                timeout_ms = int((deadline - time.monotonic()) * 1000)
+                if timeout_ms <= 0:
+                    return ready

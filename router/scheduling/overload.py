@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conveyor.proto import messages as m
@@ -68,6 +68,11 @@ class OverloadLimits:
 
     max_waiting: int = 0  # 0: no limit
     max_kv_usage: float = 0.0  # 0: no limit; else refused once the engines' use is at least this
+    # Either limit set: the one test admission makes per request (a field, not a property: no call).
+    any: bool = field(init=False, default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "any", bool(self.max_waiting or self.max_kv_usage))
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> OverloadLimits:
@@ -76,10 +81,6 @@ class OverloadLimits:
         waiting = parameter_text(config, MAX_WAITING_PARAMETER)
         kv = parameter_text(config, MAX_KV_PARAMETER)
         return cls(int(waiting) if waiting else 0, float(kv) if kv else 0.0)
-
-    @property
-    def any(self) -> bool:
-        return bool(self.max_waiting or self.max_kv_usage)
 
 
 def overload_problem(config: mc.ModelConfig) -> str:

@@ -54,7 +54,10 @@ class WorkerDrain:
 
     @property
     def active(self) -> bool:
-        return any(w.leaving for w in self.pool.workers.values())
+        for w in self.pool.workers.values():  # asked per worker message: a plain loop, no generator
+            if w.leaving:
+                return True
+        return False
 
     def begin(self, worker: WorkerInfo) -> None:
         """``WorkerLeaving`` from ``worker``: add replacements; the caller places them."""
