@@ -206,7 +206,7 @@ class _Endpoint:
     ) -> AsyncIterator[falcon.asgi.SSEvent]:
         usage = Usage()
         started = [False] * job.n
-        offsets = [0] * job.n  # how much text of each choice the earlier chunks carried
+        offsets = [0] * job.n  # how much text the tokens of each choice's earlier chunks carried
         # Chat with tools: each choice's text read as content and call deltas as it comes.
         readers: list[CallReader | None] = [job.tools.reader() if job.tools else None for _ in range(job.n)]
         head = {"id": job.id, "object": self.chunk_object, "created": job.created, "model": job.model}
@@ -235,14 +235,19 @@ class _Endpoint:
                         tail = reader.end()
                         text, calls = text + tail.content, _merged(calls + tail.calls)
                         reason = finish_reason(reader.called, reason)
-                if text or calls or reason or not started[i]:
-                    logprobs = None
-                    if job.logprobs:
-                        new = step.logprobs[j] if step.logprobs and j < len(step.logprobs) else []
-                        logprobs = self._logprobs(echoed + new, offsets[i])
+                # vLLM's: with logprobs, a token without text (after ``</s>`` with ``ignore_eos``, or text a
+                # reader holds back) still comes, in a chunk of its own if need be: the stream's logprobs are
+                # every token's, as the answer that does not stream.
+                tokens: list[TokenLogprob] = []
+                if job.logprobs:
+                    tokens = echoed + (step.logprobs[j] if step.logprobs and j < len(step.logprobs) else [])
+                if text or calls or reason or not started[i] or tokens:
+                    logprobs = self._logprobs(tokens, offsets[i]) if job.logprobs else None
                     choices.append(self._delta(i, text, reason, not started[i], logprobs, calls))
                     started[i] = True
-                    offsets[i] += len(text)
+                    # vLLM's: the offsets go on by the tokens sent, not by the text (which may lag them), as
+                    # the answer that does not stream counts them.
+                    offsets[i] += sum(len(t.token) for t in tokens)
             if not choices:
                 return None  # the step's tokens count in the next chunk's usage
             doc = {**head, "choices": choices}

@@ -16,7 +16,7 @@ import orjson
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, OutputTensor, StreamError
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, Job
-from conveyor.ingress.openai.generation import Step, _step, joined, steps
+from conveyor.ingress.openai.generation import Step, TokenLogprob, _step, joined, steps
 from conveyor.proto.stream_steps import STEP
 from conveyor.workers.backends.base import WireTensor
 from conveyor.workers.backends.vllm import outputs
@@ -185,3 +185,35 @@ def test_a_joined_chunk_shows_the_same_text_and_usage() -> None:
         assert _shown(together, key) == _shown(one_each, key) == (
             "".join(texts), ["length"], {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9})
         assert together[1]["usage"] == one_each[3]["usage"]  # the tokens so far, on the joined chunk too
+
+
+def test_a_token_without_text_still_streams_its_logprob() -> None:
+    """As vLLM's server: with logprobs each token comes, a textless one (``</s>`` and what follows it with
+    ``ignore_eos``) in a chunk of its own when it is alone in its step; the chunks' logprobs, joined, are the
+    answer's that does not stream, their text offsets counted by the tokens (not by the text)."""
+    texts = [" a", "", "", " b", ""]
+    names = [" a", "</s>", "</s>", " b", "</s>"]
+
+    def found() -> list[Step]:
+        out = _steps_of(texts)
+        for step, name in zip(out, names, strict=True):
+            step.logprobs = [[TokenLogprob(name, -0.5, [(name, -0.5)], [(name, -0.5)])]]
+        return out
+
+    for endpoint, key in ((ChatCompletions(cast(Any, None), cast(Any, None), cast(Any, None)), "delta"),
+                          (Completions(cast(Any, None), cast(Any, None), cast(Any, None)), "text")):
+        tokens = joined(found()).logprobs
+        assert tokens is not None
+        whole = endpoint._logprobs(tokens[0], 0)
+        job = Job("id", "llm", 0, 1, None, include_usage=True, logprobs=True, continuous_usage=False)
+        for steps_in in (found(), [found()[0], joined(found()[1:3]), *found()[3:]]):
+            chunks = _chunks(endpoint, job, steps_in)
+            assert len(chunks) == len(steps_in) + 1 and _shown(chunks, key)[:2] == (" a b", ["length"])
+            parts = [c["choices"][0]["logprobs"] for c in chunks[:-1]]  # the usage chunk last
+            if key == "delta":
+                assert [t for p in parts for t in p["content"]] == whole["content"]
+            else:
+                assert {k: [v for p in parts for v in p[k]] for k in whole} == whole
+                assert whole["text_offset"] == [0, 2, 6, 10, 12]
+        quiet = Job("id", "llm", 0, 1, None, include_usage=True, logprobs=False, continuous_usage=False)
+        assert len(_chunks(endpoint, quiet, found())) == 4  # without logprobs a textless step has nothing to show

@@ -187,6 +187,42 @@ def test_logprobs_describe_each_generated_token(group: VllmGroup, client: openai
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, top_logprobs=2)
 
 
+PAST_EOS = 40  # max_tokens with ignore_eos: the greedy answer (12 tokens at most) then many textless tokens
+
+
+def test_streamed_logprobs_are_every_tokens_past_the_end_of_sequence(group: VllmGroup, client: openai.OpenAI) -> None:
+    """With ``ignore_eos`` the tokens after ``</s>`` have no text; streamed, each still has its logprob (vLLM's
+    server sends a chunk for every token when logprobs are asked for): the chunks' logprobs, joined, are the
+    answer's that does not stream, text offsets included."""
+    body: Any = {"ignore_eos": True}
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=PAST_EOS, temperature=0, logprobs=TOP,
+                                    extra_body=body)
+    done = out.choices[0].logprobs
+    assert done is not None and done.tokens is not None and len(done.tokens) == PAST_EOS
+    assert EOS in done.tokens[:-1]  # the tokens after it are textless
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=PAST_EOS, temperature=0,
+                                            logprobs=TOP, stream=True, extra_body=body))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert [t for s in streamed for t in s.tokens or []] == done.tokens
+    assert [o for s in streamed for o in s.text_offset or []] == done.text_offset
+    assert [v for s in streamed for v in s.token_logprobs or []] == pytest.approx(done.token_logprobs, abs=1e-4)
+    assert [list(top) for s in streamed for top in s.top_logprobs or []] == [list(t) for t in done.top_logprobs or []]
+
+    messages: Any = CHAT
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=PAST_EOS, temperature=0,
+                                          logprobs=True, top_logprobs=2, extra_body=body)
+    whole = chat.choices[0].logprobs
+    assert whole is not None and whole.content is not None and len(whole.content) == PAST_EOS
+    assert EOS in [t.token for t in whole.content[:-1]]
+    parts = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=PAST_EOS, temperature=0,
+                                                logprobs=True, top_logprobs=2, stream=True, extra_body=body))
+    entries = [t for c in parts if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
+               for t in c.choices[0].logprobs.content]
+    assert [(t.token, [a.token for a in t.top_logprobs]) for t in entries] == \
+        [(t.token, [a.token for a in t.top_logprobs]) for t in whole.content]
+    assert [t.logprob for t in entries] == pytest.approx([t.logprob for t in whole.content], abs=1e-4)
+
+
 def test_logit_bias_steers_the_engine_and_bad_ids_are_400s(group: VllmGroup, client: openai.OpenAI) -> None:
     """A +100 bias on one token makes greedy decoding write only it; ids as vLLM's server takes them."""
     token = json.loads(_post(group, "/tokenize", {"model": MODEL, "prompt": "hello world",

@@ -163,6 +163,29 @@ def test_generate_stream_is_token_for_token_llm_generate(served: tuple[Server, A
             assert sum(e["num_output_tokens"] for e in events) == len(ref["token_ids"])
 
 
+PAST_EOS = 40  # max_tokens with ignore_eos: the greedy answer (12 tokens at most) then many textless tokens
+
+
+def test_generate_stream_logprobs_are_every_tokens_past_the_end_of_sequence(served: tuple[Server, Any]) -> None:
+    """A response without text (a token after ``</s>`` with ``ignore_eos``) still comes, with its logprobs:
+    the events' logprobs are one a token, the whole answer's."""
+    srv, _ = served
+    params = sampling("", max_tokens=PAST_EOS, ignore_eos=True, logprobs=1)
+    events = []
+    for stream in (True, False):
+        body = {"text_input": PROMPTS[0], "stream": stream, "sampling_parameters": params, "return_logprobs": True,
+                "exclude_input_in_output": True}
+        status, raw = post(srv, "generate_stream", body)
+        assert status == 200, raw
+        events.append([json.loads(line[5:]) for line in raw.decode().splitlines() if line.startswith("data:")])
+    streamed = [p for e in events[0] for p in json.loads(e["logprobs"])]
+    (whole,) = events[1]
+    positions = json.loads(whole["logprobs"])
+    assert len(streamed) == len(positions) == PAST_EOS
+    assert [list(p) for p in streamed] == [list(p) for p in positions]  # the same token ids, in order
+    assert "</s>" in [next(iter(p.values()))["decoded_token"] for p in positions[:-1]]  # textless tokens follow
+
+
 def test_one_response_when_not_streaming_with_the_prompt_first(served: tuple[Server, Any]) -> None:
     srv, reference = served
     prompt, ref = PROMPTS[0], reference["alpha"][0]
