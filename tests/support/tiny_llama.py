@@ -48,6 +48,8 @@ CHAT_TEMPLATE = (
 ADAPTERS = ("alpha", "beta")
 # Triton's samples/model_repository/vllm_model/config.pbtxt: inputs, outputs and decoupled come from the backend.
 SAMPLE_CONFIG = 'backend: "vllm"\n\ninstance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n'
+# The engine's vllm: metrics on /metrics: the backend reports them only when the config asks.
+REPORT_METRICS = 'parameters { key: "REPORT_CUSTOM_METRICS" value { string_value: "true" } }\n'
 
 
 @dataclass(frozen=True)
@@ -192,3 +194,4 @@ def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **en
         "model.json": json.dumps(model_json, indent=2),
         "multi_lora.json": json.dumps({k: str(v) for k, v in tiny.adapters.items()}, indent=2),
     }))
+

@@ -11,6 +11,9 @@ every ingress with what both files need (``tests/conftest.py``'s ``vllm_group`` 
 - ``vllm_embed``: the same weights run by a pooling engine;
 - explicit model control (``--load-model *``), so that an unhealthy model can unload.
 
+``vllm_model`` reports the engine's ``vllm:`` metrics (``REPORT_CUSTOM_METRICS``), ``vllm_embed`` does not
+(the backend's default).
+
 A test that breaks the group for good (test_vllm_e2e.py's dead engine) says so with ``spend``: the next
 test that asks gets a new group."""
 
@@ -66,6 +69,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> VllmGroup:
         f.write('parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }\n')
         f.write('parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n')
         f.write(f'parameters {{ key: "TOOL_CALL_PARSER" value: {{ string_value: "{TOOL_PARSER}" }} }}\n')
+        f.write('parameters { key: "REPORT_CUSTOM_METRICS" value: { string_value: "true" } }\n')
     (model_dir / "1" / "loras").mkdir()
     (model_dir / "1" / "loras" / FOLDER_ADAPTER).symlink_to(tiny.adapters["alpha"])  # found without a list
     tiny_llama.write_repository(repo, tiny, EMBED_MODEL, **EMBED_ENGINE)  # loads beside the generative one

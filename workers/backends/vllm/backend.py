@@ -51,6 +51,8 @@ UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
 # "false": the engines of a model with several do not publish their KV-cache events, and the router
 # places by its own record only (docs/LLM.md).
 KV_EVENTS_PARAMETER = "KV_CACHE_EVENTS"
+REPORT_PARAMETER = "REPORT_CUSTOM_METRICS"  # "true": the engine's vllm: metrics on /metrics (default off)
+KV_LIMIT_PARAMETER = "MAX_KV_CACHE_USAGE"  # router/scheduling/overload.py's limit, read from this engine's reports
 
 
 def several_engines(config: mc.ModelConfig) -> bool:
@@ -99,14 +101,16 @@ class VllmBackend:
         self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
         self._tasks: list[asyncio.Task[None]] = []  # the engine loop's own (its events' reader)
         self.healthy = True  # ENABLE_VLLM_HEALTH_CHECK: false once the engine died (then the model unloads)
-        # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
-        report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
+        # As Triton's vllm_backend: the vllm: metrics only when REPORT_CUSTOM_METRICS is "true". A model
+        # that limits its KV-cache use still reports that use alone: the router's limit reads it.
+        report = (_parameter(config, REPORT_PARAMETER) or "").lower() == "true"
+        kv_limited = bool(_parameter(config, KV_LIMIT_PARAMETER))
         loggers: list[Any] = []
-        if report and not engine_args.get("disable_log_stats", False):
+        if (report or kv_limited) and not engine_args.get("disable_log_stats", False):
             labels = {"model": config.name, "version": os.path.basename(version_dir)}
             if instance_name and several_engines(config):
                 labels["engine"] = instance_name
-            loggers.append(stat_logger_factory(labels))
+            loggers.append(stat_logger_factory(labels, kv_only=not report))
         nice = engine_nice(_parameter(config, "ENGINE_NICE"))
         on_compute_cores = engine_on_compute_cores(_parameter(config, "ENGINE_CPUS"))
         events: kv_events.Endpoints | None = None

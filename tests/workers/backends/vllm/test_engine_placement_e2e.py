@@ -50,8 +50,7 @@ BLOCK_TOKENS = 32  # the engines' block size (vLLM's CPU attention takes multipl
 SYSTEM_TOKENS = 6 * BLOCK_TOKENS  # most of a 256-token context, so the shared head dominates the work
 # No instance_group: an engine on each of the two workers (a group's instances may all land on the first
 # worker to join), so killing one worker leaves the other engine serving.
-CONFIG = """backend: "vllm"
-"""
+CONFIG = 'backend: "vllm"\n' + tiny_llama.REPORT_METRICS  # the prefix-cache counters are read off /metrics
 # Requests at once over the three ingresses: as many as both engines run at once (max_num_seqs each); the
 # survivor takes the moved ones beside its own.
 STREAMS = 7  # OpenAI streams (16 requests in all)

@@ -2,7 +2,9 @@
 vllm_backend repository served as is; greedy outputs token for token those of vLLM's own
 ``LLM.generate`` through the gRPC stream and HTTP generate/generate_stream; plain infer; LoRA
 adapters; a cancelled request (gRPC cancel, an HTTP generate_stream client gone) aborted in the
-engine; the engine's ``vllm:`` metrics on /metrics; a dead engine unloaded, its shared memory unlinked."""
+engine, in Triton's log lines; the engine's ``vllm:`` metrics on /metrics (only where the config
+asks); the backend's error words; vllm_backend's CI ensemble (batching) over the model (not
+batching); a dead engine unloaded, its shared memory unlinked."""
 
 from __future__ import annotations
 
@@ -266,6 +268,22 @@ def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any])
                       cancel_after_first=True)
     assert len(got["long"]) == 1
     assert_aborted(srv, before)
+
+
+def test_engine_metrics_only_where_the_model_asks(served: tuple[Server, Any], served_llm: VllmGroup) -> None:
+    """As Triton's vllm_backend: no vllm: series for a model without REPORT_CUSTOM_METRICS "true" (the pooling
+    model), its engine at work; the model that asks has them (``test_engine_metrics_on_metrics``)."""
+    srv, _ = served
+    conn = http.client.HTTPConnection("127.0.0.1", served_llm.openai_port, timeout=60)
+    try:
+        conn.request("POST", "/v1/embeddings", body=json.dumps({"model": EMBED_MODEL, "input": "hello world"}),
+                     headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    time.sleep(1.0)  # where they were made, the engine's series would be on /metrics by now (LAZY_METRICS_S 0.1)
+    text = get(srv.metrics_port, "/metrics").decode()
+    assert not [line for line in text.splitlines() if line.startswith("vllm:") and f'model="{EMBED_MODEL}"' in line]
 
 
 def test_a_generate_stream_client_that_goes_away_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
