@@ -270,6 +270,14 @@ def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any])
     assert_aborted(srv, before)
 
 
+def test_exclude_input_in_output_false_in_a_stream_is_the_backends_error(served: tuple[Server, Any]) -> None:
+    srv, _ = served
+    got = grpc_stream(srv, {"x": grpc_inputs("the quick", sampling(""), True, exclude_input_in_output=False)})
+    (error,) = got["x"]
+    assert error.message() == (
+        "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed.")
+
+
 def test_engine_metrics_only_where_the_model_asks(served: tuple[Server, Any], served_llm: VllmGroup) -> None:
     """As Triton's vllm_backend: no vllm: series for a model without REPORT_CUSTOM_METRICS "true" (the pooling
     model), its engine at work; the model that asks has them (``test_engine_metrics_on_metrics``)."""
