@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
 from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
+from conveyor.workers.backends.vllm.backend import CANCELLED_LOG, CANCELLING_LOG
 from tests.support import tiny_llama
 from tests.support.group import Server, pids_of, router_control
 from tests.support.vllm_group import EMBED_MODEL, FOLDER_ADAPTER, MODEL, VllmGroup, spend
@@ -261,13 +262,19 @@ def test_guided_decoding_as_triton_vllm_backend_users_send_it(served: tuple[Serv
 LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
 
 
-def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
+def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any], served_llm: VllmGroup) -> None:
     srv, _ = served
+    logged = served_llm.log.read_text().count(CANCELLED_LOG)
     before = metrics(srv).get("vllm:generation_tokens_total", 0.0)
     got = grpc_stream(srv, {"long": grpc_inputs("the quick", json.dumps(LONG), True, exclude_input_in_output=True)},
                       cancel_after_first=True)
     assert len(got["long"]) == 1
     assert_aborted(srv, before)
+    # Triton's vllm_backend's log lines, which its CI (request_cancellation) reads in the server's log.
+    eventually(lambda: served_llm.log.read_text().count(CANCELLED_LOG) > logged, 10, what="the cancel logged")
+    text = served_llm.log.read_text()
+    assert "INFO" in text[text.rindex(CANCELLING_LOG) - 120:] and text.rindex(CANCELLING_LOG) < text.rindex(
+        CANCELLED_LOG)
 
 
 def test_exclude_input_in_output_false_in_a_stream_is_the_backends_error(served: tuple[Server, Any]) -> None:
