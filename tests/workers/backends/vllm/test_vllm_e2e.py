@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import time
 from typing import Any
@@ -24,6 +25,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.deploy.example_repo import write_model
 from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
 from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
@@ -283,6 +285,45 @@ def test_exclude_input_in_output_false_in_a_stream_is_the_backends_error(served:
     (error,) = got["x"]
     assert error.message() == (
         "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed.")
+
+
+# vllm_backend's ci/L0_backend_vllm/vllm_backend/ensemble_config.pbtxt: a batching ensemble over the
+# non-batching vLLM model.
+ENSEMBLE = "vllm_ensemble"
+ENSEMBLE_CONFIG = f"""name: "{ENSEMBLE}"
+platform: "ensemble"
+max_batch_size: 1
+input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ -1 ] }} ]
+output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{MODEL}" model_version: -1
+  input_map {{ key: "text_input" value: "text_input" }} output_map {{ key: "text_output" value: "text_output" }}
+}} ] }}
+"""
+
+
+def test_a_batching_ensemble_runs_the_vllm_model(served: tuple[Server, Any]) -> None:
+    """As Triton: the ensemble loads, its request's text_input [1, 1] reaches the model as [1], and its
+    answer is the model's own ([1] back to [1, 1])."""
+    srv, reference = served
+    write_model(srv.repo, ENSEMBLE, ENSEMBLE_CONFIG)
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        client.load_model(ENSEMBLE)
+        assert client.is_model_ready(ENSEMBLE)
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[PROMPTS[0].encode()]], dtype=object))
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer(ENSEMBLE, [text], parameters={"temperature": 0, "max_tokens": MAX_TOKENS})
+        result, error = got.get(timeout=60)
+        assert error is None, error
+        out = result.as_numpy("text_output")
+        assert out.shape == (1, 1) and out[0, 0].decode() == PROMPTS[0] + reference[""][0]["text"]
+    finally:
+        client.stop_stream()
+        client.unload_model(ENSEMBLE)
+        client.close()
+        shutil.rmtree(os.path.join(srv.repo, ENSEMBLE))
 
 
 def test_engine_metrics_only_where_the_model_asks(served: tuple[Server, Any], served_llm: VllmGroup) -> None:
