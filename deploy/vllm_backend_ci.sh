@@ -39,7 +39,7 @@ case $PY in /*) ;; */*) PY=$PWD/$PY ;; *) PY=$(command -v "$PY") ;; esac
 SERVER=${TRITONSERVER:-$(dirname "$PY")/tritonserver}
 case $SERVER in /*) ;; */*) SERVER=$PWD/$SERVER ;; esac
 
-mkdir -p "$WORK"
+mkdir -p "$WORK/logs"
 rm -rf "$WORK/ci" "$WORK/samples"
 cp -r "$VB/ci" "$VB/samples" "$WORK/"
 
@@ -88,27 +88,29 @@ count() {
 
 for suite in "${SUITES[@]}"; do
     dir=$WORK/ci/$suite
+    out=$WORK/logs/${suite//\//.}.log  # outside the folder: L0_check_health_vllm's test.sh removes its *.log
     [ -d "$dir" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     echo "=== $suite"
     rc=0
     (cd "$dir" && unshare -rn env PATH="$WORK/bin:$(dirname "$PY"):$PATH" TRITON_DIR="$WORK/triton" SERVER="$WORK/triton/bin/tritonserver" \
         PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}" HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-        bash -c 'ip link set lo up; exec bash -ex test.sh' > "$dir/suite.log" 2>&1) || rc=$?
+        bash -c 'ip link set lo up; exec bash -ex test.sh' > "$out" 2>&1) || rc=$?
     ran=0 passed=0
     case $suite in
         L0_check_health_vllm) logs=("$dir"/health_check_*.log) ;;
-        L0_additional_outputs_vllm) logs=("$dir/suite.log") ;;
+        L0_additional_outputs_vllm) logs=("$out") ;;
         *) logs=("$dir"/*_client.log) ;;
     esac
     if [ "$suite" = L0_backend_vllm/metrics_test ]; then  # one test a server, the client's log overwritten
-        ran=$(grep -cE '^\+ python3 ./vllm_metrics_test.py' "$dir/suite.log" || true)
-        passed=$((ran - $(grep -cE 'Running ./vllm_metrics_test.py .* FAILED|Verification FAILED' "$dir/suite.log" || true)))
+        ran=$(grep -cE '^\+ python3 ./vllm_metrics_test.py' "$out" || true)
+        passed=$((ran - $(grep -cE '^\*\*\* (Running ./vllm_metrics_test.py .* FAILED|Test Result Verification FAILED)' \
+            "$out" || true)))
     else
         for log in "${logs[@]}"; do
             read -r r p < <(count "$log")
             ran=$((ran + r)); passed=$((passed + p))
         done
     fi
-    echo "$suite: test.sh exit $rc; $ran tests run, $passed passed (log: $dir/suite.log)"
+    echo "$suite: test.sh exit $rc; $ran tests run, $passed passed (log: $out)"
 done
