@@ -227,7 +227,7 @@ def main() -> int:
     model_dir = tiny_llama.write_repository(work / "repo", tiny, MODEL, **engine)
     events = '' if args.kv_events == "on" else 'parameters { key: "KV_CACHE_EVENTS" value { string_value: "false" } }\n'
     (model_dir / "config.pbtxt").write_text(
-        'backend: "vllm"\ninstance_group [ { count: 2 kind: KIND_MODEL } ]\n' + events)
+        'backend: "vllm"\ninstance_group [ { count: 2 kind: KIND_MODEL } ]\n' + events + tiny_llama.REPORT_METRICS)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny.model_dir))
     rng = random.Random(0)
     group = Group(work / "repo")

@@ -521,7 +521,10 @@ def main() -> int:
     repo = root / "models"
     tiny_llama.write_repository(repo, tiny)
     statistics_on = args.statistics == "on"
-    if not statistics_on:
+    if statistics_on:  # the vllm: series, as vLLM's server has its Prometheus metrics
+        for config in repo.glob("*/config.pbtxt"):
+            config.write_text(config.read_text() + tiny_llama.REPORT_METRICS)
+    else:
         for engine_args in repo.glob("*/1/model.json"):
             engine_args.write_text(json.dumps({**json.loads(engine_args.read_text()), "disable_log_stats": True}))
     prompts = write_prompts(root / "prompts.jsonl", 1 + len(tiny_llama.ADAPTERS))

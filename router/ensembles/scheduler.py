@@ -252,11 +252,16 @@ class EnsembleScheduler:
         req = run.request
         inputs: list[m.TensorRef] = []
         reads: list[m.Release] = []
+        dims = run.state.batch_dims
+        reshapes = dims.steps.get(step.index) if dims is not None else None
         for name, tensor in step.inputs.items():
             found = branch.find(tensor)
             assert found is not None
             ref, block = found
-            inputs.append(_renamed(ref, name))
+            renamed = _renamed(ref, name)
+            if reshapes is not None and name in reshapes:  # its model batches otherwise than the tensor
+                renamed = reshapes[name].apply(renamed)
+            inputs.append(renamed)
             if block is not None:
                 reads.append(block)
         for flag in reads:
@@ -377,6 +382,9 @@ class EnsembleScheduler:
                                         f"in ensemble '{state.model}', no step produced output '{missing[0]}'"))
             return
         outputs = [where[0] for where in found.values() if where is not None]
+        dims = state.batch_dims
+        if dims is not None and dims.outputs:  # made by a step that batches otherwise than the ensemble
+            outputs = [dims.outputs[ref.name].apply(ref) if ref.name in dims.outputs else ref for ref in outputs]
         blocks = {block_key(w[1]): w[1] for w in found.values() if w is not None and w[1] is not None}
         release: list[m.Release] = []
         if blocks:

@@ -3,9 +3,10 @@ model is, and checked against the composing models' configs.
 
 Those checks (Triton's load-time rules: every step's model exists, the mapped
 tensor names exist with matching data types, the ensemble's max_batch_size fits
-every composing model's, no step reads the responses of two unrelated decoupled
-steps) are redone whenever the repository generation changes, since composing
-models load, reload and unload on their own. A failed check makes the ensemble
+every batching composing model's (a non-batching one fits any: ``batch_dims.py``),
+no step reads the responses of two unrelated decoupled steps) are redone whenever
+the repository generation changes, since composing models load, reload and unload
+on their own. A failed check makes the ensemble
 UNAVAILABLE with the reason. As in Triton, an ensemble with a decoupled step is
 decoupled itself: the check writes ``model_transaction_policy.decoupled`` into
 its config, which is what its metadata, config and the ingress's signature show.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
+from conveyor.router.ensembles.batch_dims import BatchDims, batch_dims
 from conveyor.router.ensembles.levels import Levels, build_levels
 from conveyor.router.ensembles.plan import EnsemblePlan, Step, build_plan
 from conveyor.router.models import ModelEntry, ModelRegistry, VersionState
@@ -33,6 +35,7 @@ class EnsembleVersion(VersionState):
     plan: EnsemblePlan | None = None
     registry: ModelRegistry | None = None
     levels: Levels | None = None  # where decoupled steps' responses flow (set by the check)
+    batch_dims: BatchDims | None = None  # where steps batch otherwise than the ensemble (set by the check)
     label_files: dict[str, str] = field(default_factory=dict)  # output -> its label_filename's path
     _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
     _checking: bool = field(default=False)  # re-entered: ensembles that contain each other
@@ -110,6 +113,7 @@ class EnsembleVersion(VersionState):
             self.levels = build_levels(self.plan, decoupled)
         except ConveyorError as exc:
             return f"in ensemble '{self.model}', {exc.message}"
+        self.batch_dims = batch_dims(self.config, self.plan, configs)
         policy = self.config.model_transaction_policy
         if policy.decoupled != self.levels.streaming:  # Triton sets it the same way
             policy.decoupled = self.levels.streaming
@@ -131,7 +135,8 @@ class EnsembleVersion(VersionState):
                 version.composing()  # a nested ensemble: whether it is decoupled is known after its check
         config = entry.spec.config
         ours = self.config.max_batch_size
-        if ours > 0 and config.max_batch_size < ours:
+        # Triton's rule: a non-batching model (0) fits any ensemble, its requests reshaped (batch_dims.py).
+        if config.max_batch_size != 0 and config.max_batch_size < ours:
             return (f"ensemble '{self.model}' allows maximum batch size {ours}, but it contains model "
                     f"'{step.model}' which only allows maximum batch size to be {config.max_batch_size}")
         return config

@@ -27,14 +27,16 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }} ]
 def identity_int32(repo: str, name: str, max_batch_size: int = 8, op: str = "Identity") -> None:
     """OUTPUT0 = INPUT0 (``op`` "Neg": OUTPUT0 = -INPUT0), INT32 [16]."""
     vi = helper.make_tensor_value_info
+    dims: list[str | int] = ["B", 16] if max_batch_size else [16]
     graph = helper.make_graph(
         [helper.make_node(op, ["INPUT0"], ["OUTPUT0"])], name,
-        [vi("INPUT0", TensorProto.INT32, ["B", 16])], [vi("OUTPUT0", TensorProto.INT32, ["B", 16])],
+        [vi("INPUT0", TensorProto.INT32, dims)], [vi("OUTPUT0", TensorProto.INT32, dims)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
     write_model(repo, name, f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
-                + _INT32_IO.format() + "dynamic_batching { }\n", {"model.onnx": model.SerializeToString()})
+                + _INT32_IO.format() + ("dynamic_batching { }\n" if max_batch_size else ""),
+                {"model.onnx": model.SerializeToString()})
 
 
 def gate(repo: str, name: str = "gate") -> None:
@@ -135,6 +137,13 @@ def build(repo: str) -> None:
     ])
     ensemble(repo, "ens_too_big", ["A"], ["OUT"], [_step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"})],
              max_batch_size=16)
+    # A batching ensemble over a non-batching model (Triton's rule: it fits any ensemble), whose output
+    # feeds a batching model and is an ensemble output too: the batch dimension is taken off and put back.
+    identity_int32(repo, "ident_nobatch", max_batch_size=0, op="Neg")
+    ensemble(repo, "ens_nobatch_step", ["A"], ["OUT", "NEG"], [
+        _step("ident_nobatch", {"INPUT0": "A"}, {"OUTPUT0": "NEG"}),
+        _step("ident", {"INPUT0": "NEG"}, {"OUTPUT0": "OUT"}),
+    ])
     python_models.write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
     # Two decoupled steps whose responses cannot be paired (a streaming ensemble is fine: see
     # tests/router/ensembles/test_ensemble_decoupled_e2e.py).

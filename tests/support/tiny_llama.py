@@ -48,6 +48,8 @@ CHAT_TEMPLATE = (
 ADAPTERS = ("alpha", "beta")
 # Triton's samples/model_repository/vllm_model/config.pbtxt: inputs, outputs and decoupled come from the backend.
 SAMPLE_CONFIG = 'backend: "vllm"\n\ninstance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n'
+# The engine's vllm: metrics on /metrics: the backend reports them only when the config asks.
+REPORT_METRICS = 'parameters { key: "REPORT_CUSTOM_METRICS" value { string_value: "true" } }\n'
 
 
 @dataclass(frozen=True)
@@ -192,3 +194,95 @@ def write_repository(repo: Path, tiny: TinyLlama, name: str = "vllm_model", **en
         "model.json": json.dumps(model_json, indent=2),
         "multi_lora.json": json.dumps({k: str(v) for k, v in tiny.adapters.items()}, indent=2),
     }))
+
+
+# --- the stand-in for a downloaded model (vllm_backend's CI: deploy/vllm_backend_ci.sh) ---------------------
+
+# Plain sentences: the stand-in's greedy text reads as words, each token one word with its leading space.
+STANDIN_TEXT = """\
+the capital of the country is a large city with many old streets and a river that runs through it .
+in this example , the model writes one word after another until it has written enough words .
+the future of the city depends on the people who live there and on the work they do every day .
+the most dangerous animal is the one that nobody sees coming , and the safest is the one you know .
+a small model can still write a long story when it has learned the words that follow each other .
+every morning the old man walks to the market , buys bread and fruit , and talks with his friends .
+the river is quiet in the evening , and the birds fly over the water before the sun goes down .
+she opened the book , read the first page , and decided that she would finish it before the night .
+we write tests so that the server answers every request the same way , today and tomorrow .
+the train leaves the station at noon and arrives in the next town an hour later than planned .
+"""
+STANDIN_CONTEXT = 2048  # vllm_backend's request_cancellation asks for 1500 tokens after its prompt
+STANDIN_CHUNK = 64  # training windows of the running text, in tokens
+STANDIN_STEPS = 100
+# The largest gap between the first and the second logit of a step, after scaling: greedy is as
+# stable as before, and every token's log-probability stays below zero in float32 (a checks that a
+# cumulative log-probability moves at each token).
+STANDIN_MAX_GAP = 8.0
+STANDIN_REVISION = "0" * 40  # the cache's snapshot name (a commit hash's form)
+
+
+def build_standin(model_dir: Path) -> Path:
+    """A tiny Llama and its tokenizer in ``model_dir`` that write plausible text: a word-level vocabulary
+    (byte-level BPE trained to whole words, each word token carrying its leading space), trained on the
+    lines above as one running text (greedy output goes on from line to line and never ends early: no
+    end-of-sequence token is ever a label), with a 2048-token context. Seeded: two builds give the same
+    files; fast when already there."""
+    if (model_dir / "config.json").exists():
+        return model_dir
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    lines = STANDIN_TEXT.splitlines()
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([" " + line for line in lines] * 8, trainer)  # every word with its space
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                        pad_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(model_dir))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=STANDIN_CONTEXT,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    running = tokenizer(" ".join(lines * 2), add_special_tokens=False)["input_ids"]
+    windows = [running[i:i + STANDIN_CHUNK] for i in range(0, len(running) - STANDIN_CHUNK, STANDIN_CHUNK // 2)]
+    bos = tokenizer.bos_token_id
+    batch = torch.tensor([[bos, *w] for w in windows])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(STANDIN_STEPS):
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        top = model(input_ids=batch).logits.topk(2, dim=-1).values
+        gap = float((top[..., 0] - top[..., 1]).max())
+        if gap > STANDIN_MAX_GAP:
+            model.lm_head.weight.mul_(STANDIN_MAX_GAP / gap)
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    return model_dir
+
+
+def standin_cache(hf_home: Path, repo_id: str, model_dir: Path) -> Path:
+    """``model_dir`` as the Hugging Face cache under ``hf_home`` holds ``repo_id`` (offline: HF_HUB_OFFLINE=1,
+    HF_HOME=hf_home), so a config that names ``repo_id`` loads the stand-in without a download."""
+    cached = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = cached / "snapshots" / STANDIN_REVISION
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        target = snapshot / f.name
+        if not target.exists():
+            target.symlink_to(f.resolve())
+    (cached / "refs").mkdir(exist_ok=True)
+    (cached / "refs" / "main").write_text(STANDIN_REVISION)
+    return snapshot

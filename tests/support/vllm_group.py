@@ -11,6 +11,9 @@ every ingress with what both files need (``tests/conftest.py``'s ``vllm_group`` 
 - ``vllm_embed``: the same weights run by a pooling engine;
 - explicit model control (``--load-model *``), so that an unhealthy model can unload.
 
+``vllm_model`` reports the engine's ``vllm:`` metrics (``REPORT_CUSTOM_METRICS``), ``vllm_embed`` does not
+(the backend's default). The group's log is in ``VllmGroup.log`` (tests read the backend's log lines).
+
 A test that breaks the group for good (test_vllm_e2e.py's dead engine) says so with ``spend``: the next
 test that asks gets a new group."""
 
@@ -44,6 +47,7 @@ class VllmGroup:
     openai_port: int
     ref: Reference  # vLLM's own outputs (tests/support/vllm_reference.py)
     adapters: dict[str, Path]  # the tiny Llama's, by name
+    log: Path  # the group's --log-file
     spent: bool = False  # a test broke it: the next one gets a new group
 
 
@@ -66,10 +70,12 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> VllmGroup:
         f.write('parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }\n')
         f.write('parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n')
         f.write(f'parameters {{ key: "TOOL_CALL_PARSER" value: {{ string_value: "{TOOL_PARSER}" }} }}\n')
+        f.write('parameters { key: "REPORT_CUSTOM_METRICS" value: { string_value: "true" } }\n')
     (model_dir / "1" / "loras").mkdir()
     (model_dir / "1" / "loras" / FOLDER_ADAPTER).symlink_to(tiny.adapters["alpha"])  # found without a list
     tiny_llama.write_repository(repo, tiny, EMBED_MODEL, **EMBED_ENGINE)  # loads beside the generative one
     name = f"vg{os.getpid()}x{_started}"
+    log = repo / "server.log"
     openai_port, http_port, grpc_port, metrics_port = (free_port() for _ in range(4))
     proc = subprocess.Popen([
         sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", str(repo), "--group", name,
@@ -77,7 +83,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> VllmGroup:
         "--metrics-port", str(metrics_port), "--openai-port", str(openai_port), "--http-address", "127.0.0.1",
         "--grpc-address", "127.0.0.1", "--openai-address", "127.0.0.1", "--lora-separator", SEP,
         "--arena-size", str(64 << 20), "--exit-timeout-secs", "20", "--drain-grace-secs", "0",
-        "--model-control-mode", "explicit", "--load-model", "*",
+        "--model-control-mode", "explicit", "--load-model", "*", "--log-file", str(log),
     ])
     try:
         ref = reference(tiny)  # meanwhile the group loads its engines
@@ -86,7 +92,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> VllmGroup:
         abandon(proc)
         raise
     _live = VllmGroup(Server(proc, name, http_port, grpc_port, metrics_port, str(repo)), openai_port, ref,
-                      tiny.adapters)
+                      tiny.adapters, log)
     return _live
 
 

@@ -91,6 +91,17 @@ def test_a_failing_step_fails_the_request_with_its_message(client: Client, proto
     np.testing.assert_array_equal(client.infer("ens_chain", ab_inputs(protocol, a, b)).as_numpy("SUM"), a + b)
 
 
+def test_a_batching_ensemble_runs_a_non_batching_step(client: Client, protocol: Any) -> None:
+    """Triton's rule and shapes: the non-batching step gets [16] of a request's [1, 16], and its output
+    goes on as [1, 16] (to the batching step after it, and to the client)."""
+    a, _ = sample(1)
+    inputs = ab_inputs(protocol, a, a)[:1]
+    result = client.infer("ens_nobatch_step", inputs)
+    np.testing.assert_array_equal(result.as_numpy("NEG"), -a)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), -a)
+    assert result.as_numpy("NEG").shape == (1, 16)
+
+
 @pytest.mark.parametrize(("model", "reason"), [
     ("ens_missing_model", "composing model 'no_such_model' is not found"),
     ("ens_cycle", "cycle"),

@@ -51,6 +51,11 @@ UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
 # "false": the engines of a model with several do not publish their KV-cache events, and the router
 # places by its own record only (docs/LLM.md).
 KV_EVENTS_PARAMETER = "KV_CACHE_EVENTS"
+# Triton's vllm_backend's log lines (INFO) around a cancelled request's abort, which its CI reads in the log.
+CANCELLING_LOG = "[vllm] Cancelling the request"
+CANCELLED_LOG = "[vllm] Successfully cancelled the request"
+REPORT_PARAMETER = "REPORT_CUSTOM_METRICS"  # "true": the engine's vllm: metrics on /metrics (default off)
+KV_LIMIT_PARAMETER = "MAX_KV_CACHE_USAGE"  # router/scheduling/overload.py's limit, read from this engine's reports
 
 
 def several_engines(config: mc.ModelConfig) -> bool:
@@ -99,14 +104,16 @@ class VllmBackend:
         self.health_check = (_parameter(config, "ENABLE_VLLM_HEALTH_CHECK") or "false").lower() == "true"
         self._tasks: list[asyncio.Task[None]] = []  # the engine loop's own (its events' reader)
         self.healthy = True  # ENABLE_VLLM_HEALTH_CHECK: false once the engine died (then the model unloads)
-        # Triton reports the vllm: metrics when REPORT_CUSTOM_METRICS is "true"; Conveyor unless it is "false".
-        report = (_parameter(config, "REPORT_CUSTOM_METRICS") or "true").lower() == "true"
+        # As Triton's vllm_backend: the vllm: metrics only when REPORT_CUSTOM_METRICS is "true". A model
+        # that limits its KV-cache use still reports that use alone: the router's limit reads it.
+        report = (_parameter(config, REPORT_PARAMETER) or "").lower() == "true"
+        kv_limited = bool(_parameter(config, KV_LIMIT_PARAMETER))
         loggers: list[Any] = []
-        if report and not engine_args.get("disable_log_stats", False):
+        if (report or kv_limited) and not engine_args.get("disable_log_stats", False):
             labels = {"model": config.name, "version": os.path.basename(version_dir)}
             if instance_name and several_engines(config):
                 labels["engine"] = instance_name
-            loggers.append(stat_logger_factory(labels))
+            loggers.append(stat_logger_factory(labels, kv_only=not report))
         nice = engine_nice(_parameter(config, "ENGINE_NICE"))
         on_compute_cores = engine_on_compute_cores(_parameter(config, "ENGINE_CPUS"))
         events: kv_events.Endpoints | None = None
@@ -208,7 +215,7 @@ class VllmBackend:
         holder: list[asyncio.Task[None]] = []
 
         def cancel() -> None:  # on the worker's main thread
-            self.engine.call(lambda: holder[0].cancel() if holder else None)
+            self.engine.call(lambda: _cancel(holder[0]) if holder else None)
 
         def begin() -> None:  # on the engine's loop
             channel.reply_from(self.replies)
@@ -286,7 +293,9 @@ class VllmBackend:
             if channel.cancelled:
                 raise asyncio.CancelledError
             await work()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the engine's generate aborted the request as it was cancelled
+            if channel.cancelled:
+                log.info(CANCELLED_LOG)
             channel.fail(ConveyorError(Status.CANCELLED, "Request was cancelled"))
         except ConveyorError as exc:
             channel.fail(exc)
@@ -339,6 +348,13 @@ class VllmBackend:
         self.engine.close()
         if self.events is not None:
             kv_events.remove_sockets(self.events)
+
+
+def _cancel(task: asyncio.Task[None]) -> None:
+    """A request's client cancelled it: its task ends, and the engine aborts it (on the engine's loop)."""
+    if not task.done():
+        log.info(CANCELLING_LOG)
+        task.cancel()
 
 
 def _refused_by_engine(exc: Exception) -> bool:

@@ -21,6 +21,21 @@ _E2E = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 _N = [1, 2, 5, 10, 20]
 
 
+class KvUsageOnly:
+    """The KV cache's use alone, for a model that does not report the engine's metrics
+    (``REPORT_CUSTOM_METRICS``) but limits that use (``MAX_KV_CACHE_USAGE``, which reads this series)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self._family = MetricFamily(KV_USAGE_FAMILY, "KV-cache usage. 1 means 100 percent usage.", _G)
+        self.kv_usage = self._family.lazy_metric(labels, None)
+        self._last: float | None = None
+
+    def record(self, scheduler: Any, iteration: Any) -> None:
+        if scheduler is not None and scheduler.kv_cache_usage != self._last:
+            self._last = scheduler.kv_cache_usage
+            self.kv_usage.set(self._last)
+
+
 class EngineMetrics:
     """One model version's ``vllm:`` series; the families live as long as this object."""
 
@@ -127,16 +142,16 @@ class LoraInfo:
         self._set_at = now
 
 
-def stat_logger_factory(labels: dict[str, str]) -> Callable[[Any, int], Any]:
+def stat_logger_factory(labels: dict[str, str], kv_only: bool = False) -> Callable[[Any, int], Any]:
     """A vLLM ``StatLoggerFactory`` whose loggers record into ``EngineMetrics`` (built on the engine's
-    first call, when the model's length is known)."""
+    first call, when the model's length is known); ``kv_only``: into ``KvUsageOnly``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class ConveyorStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             lora = vllm_config.lora_config
-            self.metrics = EngineMetrics(labels, vllm_config.model_config.max_model_len,
-                                         lora.max_loras if lora is not None else None)
+            self.metrics: EngineMetrics | KvUsageOnly = KvUsageOnly(labels) if kv_only else EngineMetrics(
+                labels, vllm_config.model_config.max_model_len, lora.max_loras if lora is not None else None)
 
         def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                    engine_idx: int = 0) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.proto import llm_limits
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import internal, invalid_arg
 from conveyor.proto.migration import MIGRATION, RESUMABLE
 from conveyor.proto.prefix_keys import KEYED_BYTES, PREFIX_BLOCK_BYTES, block_keys
 from conveyor.proto.stream_steps import STEPS
@@ -80,7 +80,8 @@ def parse(item: RequestItem) -> GenerateArgs:
     # Triton: the prompt is prepended unless excluded, and a stream excludes it by default.
     prepend = (not bool(exclude)) if exclude is not None else not stream
     if prepend and stream:
-        raise invalid_arg("When streaming, `exclude_input_in_output` = False is not allowed.")
+        # Triton's vllm_backend fails it while generating: its status (INTERNAL) and its words.
+        raise internal("Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed.")
     raw = _first(inputs, "sampling_parameters")
     if raw is not None:
         try:

@@ -53,8 +53,7 @@ BLOCK_TOKENS = 32  # the engines' block size (vLLM's CPU attention takes multipl
 SYSTEM_TOKENS = 6 * BLOCK_TOKENS  # most of a 256-token context, so the shared head dominates the work
 # No instance_group: an engine on each of the two workers (a group's instances may all land on the first
 # worker to join), so killing one worker leaves the other engine serving.
-CONFIG = """backend: "vllm"
-"""
+CONFIG = 'backend: "vllm"\n' + tiny_llama.REPORT_METRICS  # the prefix-cache counters are read off /metrics
 STREAM_TIMEOUT_S = 180.0  # a run of the streams, the move included, on a busy 2-core host
 
 

@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         repo, tiny, MODEL, enable_lora=False, block_size=BLOCK_TOKENS, enable_prefix_caching=True, max_num_seqs=4,
         num_gpu_blocks_override=CACHE_BLOCKS, kv_cache_memory_bytes=16 << 20,
     )
-    (model_dir / "config.pbtxt").write_text('backend: "vllm"\n')  # an engine on each worker
+    (model_dir / "config.pbtxt").write_text('backend: "vllm"\n' + tiny_llama.REPORT_METRICS)  # an engine a worker
     group = f"kv{os.getpid()}"
     srv = start_server(str(repo), group, "--workers", "2", "--model-control-mode", "explicit",
                        "--load-model", "*", ready_timeout=LOAD_TIMEOUT_S)

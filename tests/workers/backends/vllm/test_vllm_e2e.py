@@ -2,7 +2,9 @@
 vllm_backend repository served as is; greedy outputs token for token those of vLLM's own
 ``LLM.generate`` through the gRPC stream and HTTP generate/generate_stream; plain infer; LoRA
 adapters; a cancelled request (gRPC cancel, an HTTP generate_stream client gone) aborted in the
-engine; the engine's ``vllm:`` metrics on /metrics; a dead engine unloaded, its shared memory unlinked."""
+engine, in Triton's log lines; the engine's ``vllm:`` metrics on /metrics (only where the config
+asks); the backend's error words; vllm_backend's CI ensemble (batching) over the model (not
+batching); a dead engine unloaded, its shared memory unlinked."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import time
 from typing import Any
@@ -22,9 +25,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conveyor.deploy.example_repo import write_model
 from conveyor.deploy.runtime.dispatch_cpu import bound_cpus
 from conveyor.deploy.runtime.procs import children, mapped_shm
 from conveyor.workers.backends.vllm import priority
+from conveyor.workers.backends.vllm.backend import CANCELLED_LOG, CANCELLING_LOG
 from tests.support import tiny_llama
 from tests.support.group import Server, pids_of, router_control
 from tests.support.vllm_group import EMBED_MODEL, FOLDER_ADAPTER, MODEL, VllmGroup, spend
@@ -282,13 +287,82 @@ def test_guided_decoding_as_triton_vllm_backend_users_send_it(served: tuple[Serv
 LONG = {"temperature": 0, "max_tokens": 240, "ignore_eos": True}
 
 
-def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
+def test_a_cancelled_stream_is_aborted_in_the_engine(served: tuple[Server, Any], served_llm: VllmGroup) -> None:
     srv, _ = served
+    logged = served_llm.log.read_text().count(CANCELLED_LOG)
     before = metrics(srv).get("vllm:generation_tokens_total", 0.0)
     got = grpc_stream(srv, {"long": grpc_inputs("the quick", json.dumps(LONG), True, exclude_input_in_output=True)},
                       cancel_after_first=True)
     assert len(got["long"]) == 1
     assert_aborted(srv, before)
+    # Triton's vllm_backend's log lines, which its CI (request_cancellation) reads in the server's log.
+    eventually(lambda: served_llm.log.read_text().count(CANCELLED_LOG) > logged, 10, what="the cancel logged")
+    text = served_llm.log.read_text()
+    assert "INFO" in text[text.rindex(CANCELLING_LOG) - 120:] and text.rindex(CANCELLING_LOG) < text.rindex(
+        CANCELLED_LOG)
+
+
+def test_exclude_input_in_output_false_in_a_stream_is_the_backends_error(served: tuple[Server, Any]) -> None:
+    srv, _ = served
+    got = grpc_stream(srv, {"x": grpc_inputs("the quick", sampling(""), True, exclude_input_in_output=False)})
+    (error,) = got["x"]
+    assert error.message() == (
+        "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed.")
+
+
+# vllm_backend's ci/L0_backend_vllm/vllm_backend/ensemble_config.pbtxt: a batching ensemble over the
+# non-batching vLLM model.
+ENSEMBLE = "vllm_ensemble"
+ENSEMBLE_CONFIG = f"""name: "{ENSEMBLE}"
+platform: "ensemble"
+max_batch_size: 1
+input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ -1 ] }} ]
+output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{MODEL}" model_version: -1
+  input_map {{ key: "text_input" value: "text_input" }} output_map {{ key: "text_output" value: "text_output" }}
+}} ] }}
+"""
+
+
+def test_a_batching_ensemble_runs_the_vllm_model(served: tuple[Server, Any]) -> None:
+    """As Triton: the ensemble loads, its request's text_input [1, 1] reaches the model as [1], and its
+    answer is the model's own ([1] back to [1, 1])."""
+    srv, reference = served
+    write_model(srv.repo, ENSEMBLE, ENSEMBLE_CONFIG)
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        client.load_model(ENSEMBLE)
+        assert client.is_model_ready(ENSEMBLE)
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[PROMPTS[0].encode()]], dtype=object))
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer(ENSEMBLE, [text], parameters={"temperature": 0, "max_tokens": MAX_TOKENS})
+        result, error = got.get(timeout=60)
+        assert error is None, error
+        out = result.as_numpy("text_output")
+        assert out.shape == (1, 1) and out[0, 0].decode() == PROMPTS[0] + reference[""][0]["text"]
+    finally:
+        client.stop_stream()
+        client.unload_model(ENSEMBLE)
+        client.close()
+        shutil.rmtree(os.path.join(srv.repo, ENSEMBLE))
+
+
+def test_engine_metrics_only_where_the_model_asks(served: tuple[Server, Any], served_llm: VllmGroup) -> None:
+    """As Triton's vllm_backend: no vllm: series for a model without REPORT_CUSTOM_METRICS "true" (the pooling
+    model), its engine at work; the model that asks has them (``test_engine_metrics_on_metrics``)."""
+    srv, _ = served
+    conn = http.client.HTTPConnection("127.0.0.1", served_llm.openai_port, timeout=60)
+    try:
+        conn.request("POST", "/v1/embeddings", body=json.dumps({"model": EMBED_MODEL, "input": "hello world"}),
+                     headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    time.sleep(1.0)  # where they were made, the engine's series would be on /metrics by now (LAZY_METRICS_S 0.1)
+    text = get(srv.metrics_port, "/metrics").decode()
+    assert not [line for line in text.splitlines() if line.startswith("vllm:") and f'model="{EMBED_MODEL}"' in line]
 
 
 def test_a_generate_stream_client_that_goes_away_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
