@@ -29,9 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.ingress.grpc.h2_server.calls import run_call
 from conveyor.ingress.grpc.h2_server.context import CallContext
-from conveyor.ingress.grpc.h2_server.engine import REFUSED_STREAM, EngineError, Headers
+from conveyor.ingress.grpc.h2_server.engine import BDP_PING, KEEPALIVE_PING, REFUSED_STREAM, EngineError, Headers
 from conveyor.ingress.grpc.h2_server.limits import (
+    BDP_PROBE_BYTES,
+    BDP_PROBE_GAP_S,
+    BDP_PROBE_MAX_GAP_S,
+    BDP_PROBE_MIN_GAP_S,
     CLOSE_TIMEOUT_S,
+    CONNECTION_WINDOW,
     FEED_FRAMES,
     FEED_MAX_BYTES,
     FEED_MIN_BYTES,
@@ -40,11 +45,14 @@ from conveyor.ingress.grpc.h2_server.limits import (
     LINGER_S,
     MAX_AGE_JITTER,
     MAX_CONCURRENT_STREAMS,
+    MAX_STREAM_WINDOW,
     NO_CALLS_PING_INTERVAL_S,
     RESET_BURST,
     RESET_RATE_PER_S,
+    STREAM_WINDOW,
     WRITE_BUFFER_HIGH,
     TokenBucket,
+    window_cap,
 )
 from conveyor.ingress.grpc.h2_server.messages import (
     DECOMPRESSED_TOO_LARGE,
@@ -75,6 +83,7 @@ def _why(err: Exception) -> str:
 
 
 _WRITING, _FEEDING = 1, 2  # why reading is paused
+_PROBE_OUT = 1 << 62  # _probe_at while a BDP probe is out: past any byte count
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -104,6 +113,18 @@ class GrpcConnection(asyncio.Protocol):
         self._last_ping = -1e18  # when the client last PINGed (the ping policy)
         self._pings_sent = 0  # keepalive PINGs since data was last exchanged (max_pings_without_data)
         self._strikes = 0  # the client's PINGs too soon since data was last exchanged
+        # Receive windows that grow with the link (limits.BDP_PROBE_BYTES): gRPC core's BDP estimator.
+        self._received = 0  # flow-controlled bytes received on this connection
+        self._probe_at = BDP_PROBE_BYTES  # _received at which a probe may start (_PROBE_OUT: one is out)
+        self._probe_sent = 0.0  # when the probe's PING left
+        self._probe_from = 0  # _received then
+        self._probe_after = 0.0  # no probe before this loop time
+        self._probe_gap = BDP_PROBE_GAP_S
+        self._bdp = STREAM_WINDOW // 2  # the estimate: the starting windows are twice it
+        self._bandwidth = 0.0  # bytes per second at the last growth
+        self._window_cap = window_cap(server.connection_buffer_bytes, server.budget.limit)
+        self._stream_window = STREAM_WINDOW
+        self._connection_window = CONNECTION_WINDOW
 
     @property
     def dead(self) -> bool:
@@ -236,7 +257,7 @@ class GrpcConnection(asyncio.Protocol):
         if spent or not (self._streams or keepalive.permit_without_calls):
             self._timer = self._loop.call_later(keepalive.time_s, self._keepalive_ping)
             return
-        self._engine.ping()
+        self._engine.ping(KEEPALIVE_PING)
         self._out.flush()
         self._awaiting_ack = True
         self._pings_sent += 1
@@ -247,11 +268,54 @@ class GrpcConnection(asyncio.Protocol):
         if not self._dead:
             self._end("keepalive watchdog timeout: no PING ACK within --grpc-keepalive-timeout")
 
-    def on_ping_ack(self) -> None:
-        if self._awaiting_ack and self._timer is not None:
+    def on_ping_ack(self, data: bytes) -> None:
+        if data == BDP_PING:
+            self._probe_done()
+        elif self._awaiting_ack and self._timer is not None:
             self._awaiting_ack = False
             self._timer.cancel()
             self._timer = self._loop.call_later(self._keepalive.time_s, self._keepalive_ping)
+
+    # --- receive windows that grow with the link (gRPC core's BdpEstimator and chttp2 flow control) ---------
+
+    def _probe(self) -> None:
+        """BDP_PROBE_BYTES arrived since the last probe: PING, unless one is out or it is too soon."""
+        now = self._loop.time()
+        if now < self._probe_after or self._dead:
+            self._probe_at = self._received + BDP_PROBE_BYTES
+            return
+        self._engine.ping(BDP_PING)  # written with what this read queued
+        self._probe_sent, self._probe_from = now, self._received
+        self._probe_at = _PROBE_OUT
+
+    def _probe_done(self) -> None:
+        """The probe's ACK: what arrived since it left is a sample of the bandwidth-delay product."""
+        if self._probe_at != _PROBE_OUT:  # an ACK of no probe of this connection's
+            return
+        now = self._loop.time()
+        sample = self._received - self._probe_from
+        elapsed = now - self._probe_sent
+        bandwidth = sample / elapsed if elapsed > 0 else 0.0
+        if sample > 2 * self._bdp // 3 and bandwidth > self._bandwidth:  # core's rule
+            self._bdp = max(sample, 2 * self._bdp)
+            self._bandwidth = bandwidth
+            self._probe_gap = max(BDP_PROBE_MIN_GAP_S, self._probe_gap / 2)
+            self._grow()
+        else:
+            self._probe_gap = min(BDP_PROBE_MAX_GAP_S, 2 * self._probe_gap)
+        self._probe_after = now + self._probe_gap
+        self._probe_at = self._received + BDP_PROBE_BYTES
+
+    def _grow(self) -> None:
+        """Windows of twice the estimate (the connection's twice the stream's), within the buffer budgets."""
+        cap = self._window_cap
+        stream = min(2 * self._bdp, MAX_STREAM_WINDOW, cap)
+        connection = max(self._connection_window, min(2 * stream, cap))
+        if stream > self._stream_window or connection > self._connection_window:
+            self._stream_window = max(stream, self._stream_window)
+            self._connection_window = connection
+            self._engine.grow(self._stream_window, connection)
+            self._out.flush()
 
     def _too_old(self) -> None:
         """max_connection_age is up: GOAWAY NO_ERROR, the running calls finish (for up to the grace)."""
@@ -418,6 +482,9 @@ class GrpcConnection(asyncio.Protocol):
 
     def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None:
         """DATA on ``sid``; ``credit``: its flow-controlled length (padding included)."""
+        received = self._received = self._received + credit
+        if received >= self._probe_at:
+            self._probe()
         stream = self._streams.get(sid)
         if stream is None or stream.local_closed:  # a stream already answered or refused: discarded
             self._engine.acknowledge(credit, sid)

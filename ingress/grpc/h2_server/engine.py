@@ -35,6 +35,7 @@ Headers = Sequence[tuple[bytes, bytes]]
 
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x0, 0x1, 0x2, 0x7, 0xB
 KEEPALIVE_PING = b"keepaliv"  # the opaque data of the server's keepalive PINGs (one outstanding at a time)
+BDP_PING = b"bdpprobe"  # the opaque data of the server's BDP probes (limits.BDP_PROBE_BYTES; one outstanding)
 
 
 class EngineError(Exception):
@@ -54,7 +55,7 @@ class Sink(Protocol):
     def on_window(self, sid: int) -> None: ...  # 0: the connection's window; -1: every stream's
     def on_settings(self, window_changed: bool) -> None: ...
     def on_ping(self) -> None: ...
-    def on_ping_ack(self) -> None: ...  # the client acknowledged a PING of the server's (keepalive)
+    def on_ping_ack(self, data: bytes) -> None: ...  # the client acknowledged a PING of the server's
     def on_goaway(self) -> None: ...
 
 
@@ -85,7 +86,10 @@ class Engine(Protocol):
     def reset(self, sid: int, code: int) -> None: ...  # nothing on a stream already closed
     def calm(self, why: str) -> None: ...  # GOAWAY ENHANCE_YOUR_CALM: the client spent a budget
     def graceful_goaway(self) -> bytes: ...  # GOAWAY NO_ERROR; bytes to write after data_to_send()
-    def ping(self) -> None: ...  # a PING of the server's (keepalive); its ACK calls on_ping_ack
+    def ping(self, data: bytes) -> None: ...  # a PING of the server's; its ACK calls on_ping_ack(data)
+    # Larger receive windows (never smaller): SETTINGS_INITIAL_WINDOW_SIZE for every stream, open ones too
+    # (applied when the client acknowledges it), and a connection WINDOW_UPDATE.
+    def grow(self, stream_window: int, connection_window: int) -> None: ...
 
 
 _CONFIG = h2.config.H2Configuration(
@@ -128,6 +132,7 @@ class H2Engine:
         h2c.local_settings = h2.settings.Settings(client=False, initial_values=_LOCAL_SETTINGS)
         h2c.max_inbound_frame_size = MAX_FRAME_SIZE
         h2c.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
+        self._stream_window = STREAM_WINDOW  # what the SETTINGS sent last advertise
         self.data_to_send = h2c.data_to_send
         self.send = h2c.send_data
         self._dispatch: dict[type, Callable[[Any], None]] = {
@@ -140,7 +145,7 @@ class H2Engine:
             h2.events.RemoteSettingsChanged: lambda e: sink.on_settings(
                 SettingCodes.INITIAL_WINDOW_SIZE in e.changed_settings),
             h2.events.PingReceived: lambda e: sink.on_ping(),
-            h2.events.PingAckReceived: lambda e: sink.on_ping_ack(),
+            h2.events.PingAckReceived: lambda e: sink.on_ping_ack(e.ping_data),
             h2.events.ConnectionTerminated: lambda e: sink.on_goaway(),
         }
 
@@ -208,8 +213,21 @@ class H2Engine:
         last = self._h2.highest_inbound_stream_id
         return bytes(GoAwayFrame(0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR).serialize())
 
-    def ping(self) -> None:
-        self._h2.ping(KEEPALIVE_PING)
+    def ping(self, data: bytes) -> None:
+        self._h2.ping(data)
+
+    def grow(self, stream_window: int, connection_window: int) -> None:
+        h2c = self._h2
+        if stream_window > self._stream_window:
+            h2c.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: stream_window})
+            self._stream_window = stream_window
+        # h2 credits the connection up to its window manager's maximum, which a WINDOW_UPDATE raises only as
+        # far as the window then open: the new maximum is set too (h2 has no public call for it).
+        manager = h2c._inbound_flow_control_window_manager
+        if connection_window > manager.max_window_size:
+            h2c.increment_flow_control_window(connection_window - manager.max_window_size)
+            manager.max_window_size = connection_window
+            self.wrote = True
 
 
 ENGINES = ("h2", "ngh2")

@@ -96,9 +96,34 @@ LINGER_S = 1.0
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 # Receive windows. The server credits data back only as it is consumed (module docstring); h2
-# answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR.
+# answers a client that sends past a window with GOAWAY FLOW_CONTROL_ERROR. These are where each
+# connection's windows start; they grow with the link (below).
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 1 << 24
+# The windows grow with the link's bandwidth-delay product as gRPC core's do (chttp2 flow control and
+# BdpEstimator): once BDP_PROBE_BYTES have arrived the server PINGs; what arrives before the client's ACK
+# is a sample of the BDP, and a sample over 2/3 of the estimate at a higher bandwidth doubles the
+# estimate (at least to the sample). The stream window (SETTINGS_INITIAL_WINDOW_SIZE) becomes twice the
+# estimate, the connection's twice that. A fixed window caps one call's upload at window / RTT (1 MiB
+# at 50 ms: 20 MiB/s). Connections that receive less than BDP_PROBE_BYTES at a time never PING.
+BDP_PROBE_BYTES = 1 << 18
+# Between probes: core's first inter-ping delay, halved while the estimate grows, doubled while it
+# holds, up to core's 10 s: a steady upload costs a PING every 10 s.
+BDP_PROBE_GAP_S = 0.1
+BDP_PROBE_MIN_GAP_S = 0.01
+BDP_PROBE_MAX_GAP_S = 10.0
+# How far the windows grow: one call at 64 MiB per 50 ms round trip (1.3 GB/s), two such on a
+# connection. Bytes a client sends within the windows are held against the buffer budgets
+# (--grpc-max-connection-buffer-bytes, --grpc-max-buffer-bytes) as before; the windows never grow past
+# the smaller of those either (``window_cap``), so that a client that fills the windows of calls whose
+# handlers do not read is stopped by flow control, not the budgets, as with the starting windows.
+MAX_STREAM_WINDOW = 1 << 26
+MAX_CONNECTION_WINDOW = 1 << 27
+
+
+def window_cap(*budgets: int) -> int:
+    """How far a connection's windows may grow under these buffer budgets (0: no limit)."""
+    return min([MAX_CONNECTION_WINDOW, *(b for b in budgets if b)])
 
 # Closed streams h2 remembers, to tell a late frame on a reset stream from one on an ended one
 # (h2's default, 65,536, holds about 14 MiB on a long-lived connection). Late frames come within

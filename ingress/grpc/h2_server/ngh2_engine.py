@@ -26,7 +26,6 @@ from ngh2 import Configuration, Role, Setting
 from conveyor.ingress.grpc.h2_server.engine import (
     ENHANCE_YOUR_CALM,
     INTERNAL_ERROR,
-    KEEPALIVE_PING,
     NO_ERROR,
     PROTOCOL_ERROR,
     EngineError,
@@ -100,6 +99,8 @@ class Ngh2Engine:
         self._last = 0  # the highest stream the client opened (for a GOAWAY built here)
         self._fatal: bytes | None = None  # ngh2 failed: the GOAWAY built here, then nothing
         self._done: list[int] = []  # streams answered whole, reset NO_ERROR once the answer is written
+        self._stream_window = STREAM_WINDOW  # what the SETTINGS sent last advertise
+        self._connection_window = CONNECTION_WINDOW
         self.send = c.send_data
 
     def start(self) -> None:
@@ -149,7 +150,7 @@ class Ngh2Engine:
             elif kind is ngh2.PingReceived:
                 sink.on_ping()
             elif kind is ngh2.PingAcknowledged:
-                sink.on_ping_ack()
+                sink.on_ping_ack(event.opaque_data)
             elif kind is ngh2.GoAwayReceived:
                 sink.on_goaway()
             else:
@@ -241,8 +242,21 @@ class Ngh2Engine:
         self._c.send_goaway(NO_ERROR)  # nghttp2 goes on serving the streams it has
         return b""
 
-    def ping(self) -> None:
-        self._c.ping(KEEPALIVE_PING)
+    def ping(self, data: bytes) -> None:
+        self._c.ping(data)
+
+    def grow(self, stream_window: int, connection_window: int) -> None:
+        c = self._c
+        try:
+            if stream_window > self._stream_window:
+                c.update_settings({_INITIAL_WINDOW_SIZE: stream_window})
+                self._stream_window = stream_window
+            if connection_window > self._connection_window:
+                c.set_local_window_size(connection_window)  # nghttp2 sends the difference as a WINDOW_UPDATE
+                self._connection_window = connection_window
+                self.wrote = True
+        except _GONE:  # nghttp2 is ending the connection
+            pass
 
 
 # --- the start-up self-test -------------------------------------------------------------------------
@@ -273,7 +287,7 @@ class _Recorder:
     def on_settings(self, window_changed: bool) -> None:
         pass
 
-    def on_ping_ack(self) -> None:
+    def on_ping_ack(self, data: bytes) -> None:
         pass
 
     def on_ping(self) -> None:
