@@ -42,7 +42,7 @@ class RegionCache:
         """``view``'s bytes as a memoryview (format ``B``), with its checks and errors."""
         buf = self._buffers.get(name)
         if buf is None:
-            buf = self._buffers[name] = memoryview(self.array(name))
+            buf = self._buffers[name] = self.array(name).data
         if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
             raise _outside(name, offset, nbytes, buf.nbytes)
         return buf[offset : offset + nbytes]

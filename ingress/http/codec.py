@@ -393,7 +393,7 @@ class AnswerLayout:
         layout, outputs = self.outputs, response.outputs
         if len(outputs) != len(layout):
             return None
-        parts = [self.header]
+        parts: list[bytes | memoryview] = [self.header]
         for t, (name, datatype, shape, nbytes, client) in zip(outputs, layout, strict=False):  # lengths compared
             if (t.nbytes != nbytes or t.name != name or t.shape != shape or t.datatype != datatype
                     or t.region.startswith(_CLIENT) is not client):
