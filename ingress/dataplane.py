@@ -239,12 +239,25 @@ class DataPlane:
         self._in_flight -= 1
         return self.finished(response, call)
 
+    def answered_unread(self, response: m.InferResponse) -> None:
+        """``answered`` short of the result (``settled``): the caller reads the outputs from
+        ``regions`` and releases them (``release_blocks``), or makes the result (``result``)."""
+        self._in_flight -= 1
+        self.settled(response)
+
     def abandoned(self) -> None:
         """A request ``start`` made will not be waited for (``RouterLink.abandon``)."""
         self._in_flight -= 1
 
     def finished(self, response: m.InferResponse, call: InferCall) -> InferResult:
         """The router's answer to ``call``'s request, which is no longer in flight: its result, or its error raised."""
+        self.settled(response)
+        return self.result(response, call)
+
+    def settled(self, response: m.InferResponse) -> None:
+        """The bookkeeping of the router's (final) answer to a request no longer in flight: its input
+        block freed, its trace ended, the repository generation observed; its error raised (its output
+        block released then)."""
         self._finish_input(response.id)
         if response.trace_id:
             self.link.trace_end(response.trace_id)
@@ -252,7 +265,6 @@ class DataPlane:
         if response.error is not None:
             release_blocks(self.regions, response.release)
             raise error_from(response.error)
-        return self._result(response, call)
 
     async def _one_response(self, call: InferCall, endpoint: str, turn: SendTurn | None = None) -> InferResult:
         """Plain infer on a decoupled model that answers a request that does not stream with one
@@ -314,7 +326,7 @@ class DataPlane:
         if response.error is not None:
             release_blocks(self.regions, response.release)
             return StreamError(error_from(response.error), response.final)
-        return self._result(response, call)
+        return self.result(response, call)
 
     def _admit(self) -> None:
         """Count one more request in flight, or refuse it (UNAVAILABLE) past the limit."""
@@ -394,7 +406,8 @@ class DataPlane:
         self._blocks[request.id] = block
         return request
 
-    def _result(self, response: m.InferResponse, call: InferCall) -> InferResult:
+    def result(self, response: m.InferResponse, call: InferCall) -> InferResult:
+        """``response``'s outputs as views of shared memory, until ``InferResult.release``."""
         regions = self.regions
         out = [
             OutputTensor(

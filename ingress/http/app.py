@@ -23,6 +23,7 @@ from conveyor.ingress.header_forward import RAW_HEADERS
 from conveyor.ingress.http.body import OFFLOAD_BYTES, read_body
 from conveyor.ingress.http.codec import (
     HEADER_LENGTH,
+    AnswerLayout,
     HttpInferRequest,
     build_infer_response,
     encode_json,
@@ -42,6 +43,7 @@ from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, check_json_size
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
+from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 
 ROUTING_HEADER = "conveyor-host"  # on answers to sequence requests: see dataplane.ROUTING_HINT
@@ -136,6 +138,7 @@ class InferAnswer:
     data: bytes
     headers: list[tuple[str, str]]  # beside Content-Type and Content-Length
     coding: str | None = None  # a Content-Encoding still to apply to ``data``, off the loop (``compressed``)
+    layout: AnswerLayout | None = None  # kept for the next answer of the template: its head still to set
 
 
 class Infer:
@@ -210,9 +213,12 @@ class Infer:
         answer = self.render(result, request, accept_encoding)
         return answer if answer.coding is None else await self.compressed(answer)
 
-    def render(self, result: InferResult, request: HttpInferRequest, accept_encoding: str | None) -> InferAnswer:
+    def render(self, result: InferResult, request: HttpInferRequest, accept_encoding: str | None,
+               answered: m.InferResponse | None = None) -> InferAnswer:
         """``result`` as the answer to ``request`` (releasing it); a body big enough to compress
-        off the loop is left to ``compressed`` (``InferAnswer.coding``)."""
+        off the loop is left to ``compressed`` (``InferAnswer.coding``). With ``answered``, the
+        response ``result`` is made of, an uncompressed answer may be kept in ``request.layout``
+        for the next request of its template (``InferAnswer.layout``: the caller sets its head)."""
         headers: list[tuple[str, str]] = []
         host = result.parameters.get(ROUTING_HINT)
         if host:  # the same hint as a header: a load balancer need not parse the body
@@ -226,6 +232,11 @@ class Infer:
             else:
                 data = compress((data,), coding)
             headers.append(("Content-Encoding", coding))
+        elif answered is not None and (layout := request.layout) is not None:
+            kept = layout if layout.keep(answered, result, request, response) else None
+            if response.header_length is not None:
+                headers.append((HEADER_LENGTH, str(response.header_length)))
+            return InferAnswer(response.content_type, data, headers, None, kept)
         if response.header_length is not None:
             # The uncompressed JSON size, as Triton sends it.
             headers.append((HEADER_LENGTH, str(response.header_length)))

@@ -25,12 +25,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from conveyor.ingress.dataplane import InferCall, InferResult
+from conveyor.ingress.dataplane import InferCall, InferResult, release_blocks
 from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
 from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
 from conveyor.ingress.shm_params import REGION, take_placement
+from conveyor.proto import messages as m
 from conveyor.proto.datatypes import DATATYPES, element_size
 from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
+from conveyor.shm.regions import RegionCache
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -46,6 +48,8 @@ class HttpInferRequest:
     call: InferCall
     binary_default: bool = False  # the request's ``binary_data_output``
     binary: dict[str, bool] = field(default_factory=dict)  # per-output ``binary_data``, where given
+    # The last answer rendered for a request of the same template (``header_templates``); None: no template.
+    layout: AnswerLayout | None = None
 
     def wants_binary(self, output: str) -> bool:
         return self.binary.get(output, self.binary_default)
@@ -359,6 +363,69 @@ def build_infer_response(result: InferResult, request: HttpInferRequest) -> Http
         return HttpInferResponse(b"".join([header, *binary]), len(header))
     finally:
         result.release()
+
+
+class AnswerLayout:
+    """The last answer rendered for the requests of one template (``header_templates``), when it is
+    all JSON header and binary bytes: its JSON header and the HTTP head lines that depend on it.
+
+    The requests of a template render their answers alike (the same id, the same ``binary_data``
+    choices), so an answer whose model, version and outputs (name, datatype, shape, byte size, and
+    whether they lie in a client's region) are those of the last one has the same JSON header: only
+    the output bytes are new (``body``). Anything else (another layout, response parameters, an
+    output rendered as JSON) is rendered afresh by ``build_infer_response``; ``keep`` remembers it.
+    """
+
+    __slots__ = ("head", "header", "model", "outputs", "version")
+
+    def __init__(self) -> None:
+        self.model = self.version = ""
+        self.outputs: list[tuple[str, str, list[int], int, bool]] = []  # name, datatype, shape, nbytes, client's
+        self.header = b""  # the JSON header
+        self.head = b""  # the HTTP head lines the transport adds for this header (``keep``'s caller's)
+
+    def body(self, response: m.InferResponse, regions: RegionCache) -> bytes | None:
+        """``response``'s body (its output block released then), or None when it is not laid out as the
+        last one (nothing done then). ``response`` has no error."""
+        if (response.model != self.model or response.version != self.version or response.parameters
+                or not self.head):
+            return None
+        layout, outputs = self.outputs, response.outputs
+        if len(outputs) != len(layout):
+            return None
+        parts: list[bytes | memoryview] = [self.header]
+        for t, (name, datatype, shape, nbytes, client) in zip(outputs, layout, strict=False):  # lengths compared
+            if (t.nbytes != nbytes or t.name != name or t.shape != shape or t.datatype != datatype
+                    or t.region.startswith(_CLIENT) is not client):
+                return None
+            if nbytes and not client:
+                parts.append(regions.span(t.region, t.offset, nbytes))  # raises as ``DataPlane.result`` would
+        try:
+            return b"".join(parts)
+        finally:
+            release_blocks(regions, response.release)
+
+    def keep(self, response: m.InferResponse, result: InferResult, request: HttpInferRequest,
+             rendered: HttpInferResponse) -> bool:
+        """Remember ``rendered``, the answer to ``request`` made of ``result`` (``response``'s), when the
+        next answer may reuse it: nothing but binary outputs and no parameters. The caller then sets
+        ``head``, the HTTP head lines that go with it; until then nothing is reused."""
+        self.head = b""
+        if result.parameters:
+            return False
+        wants, default = request.binary, request.binary_default
+        for out in result.outputs:
+            if out.raw is not None and not wants.get(out.name, default):
+                return False  # data in the JSON
+        self.model, self.version = response.model, response.version
+        self.outputs = [(t.name, t.datatype, list(t.shape), t.nbytes, t.region.startswith(_CLIENT))
+                        for t in response.outputs]
+        body = rendered.body
+        self.header = body if rendered.header_length is None else body[:rendered.header_length]
+        return True
+
+
+_CLIENT = m.CLIENT_REGION_PREFIX
 
 
 def _to_list(obj: Any) -> Any:

@@ -46,6 +46,9 @@ _CLOSE = b"connection: close\r\n"
 # The response headers ``Infer.answer`` names (a handful, all its own), as they go on the wire.
 _HEADER_NAMES: dict[str, bytes] = {}
 _CONTENT_TYPES: dict[str, bytes] = {}
+# uvicorn's default headers (server, date) as head lines, rendered once per list uvicorn makes.
+_defaults: object = None
+_default_lines = b""
 
 
 class _Event:
@@ -250,8 +253,10 @@ class FastInferProtocol(HttpToolsProtocol):
 
     def _fail(self, cycle: FastCycle, exc: Exception) -> None:
         status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))
-        head = [_JSON_TYPE, RETRY_AFTER_LINE] if status == 503 else [_JSON_TYPE]
-        self._respond(cycle, status, head, error_body(message))
+        body = error_body(message)
+        length = b"content-length: %d\r\n" % len(body)
+        head = (_JSON_TYPE + RETRY_AFTER_LINE + length) if status == 503 else (_JSON_TYPE + length)
+        self._respond(cycle, status, head, body)
 
     def _succeed(self, cycle: FastCycle, answer: InferAnswer) -> None:
         content_type = _CONTENT_TYPES.get(answer.content_type)
@@ -263,7 +268,12 @@ class FastInferProtocol(HttpToolsProtocol):
             if line is None:
                 line = _HEADER_NAMES[name] = name.lower().encode("latin-1") + b": "
             head += [line, value.encode("latin-1"), b"\r\n"]
-        self._respond(cycle, 200, head, answer.data)
+        data = answer.data
+        head.append(b"content-length: %d\r\n" % len(data))
+        lines = b"".join(head)
+        if answer.layout is not None:  # the next answer of the template like this one goes with the same lines
+            answer.layout.head = lines
+        self._respond(cycle, 200, lines, data)
 
     async def _compress_and_send(self, cycle: FastCycle, answer: InferAnswer) -> None:
         try:
@@ -273,21 +283,20 @@ class FastInferProtocol(HttpToolsProtocol):
             return
         self._succeed(cycle, answer)
 
-    def _respond(self, cycle: FastCycle, status: int, head: list[bytes], data: bytes) -> None:
-        """Write the response as one write, then let the connection go on (or close it)."""
+    def _respond(self, cycle: FastCycle, status: int, lines: bytes, data: bytes) -> None:
+        """Write the response (``lines``: its own head lines, Content-Length included) as one write,
+        then let the connection go on (or close it)."""
         cycle.response_complete = cycle.response_started = True
         if cycle.disconnected:
             return
-        parts = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            parts += [name, b": ", value, b"\r\n"]
-        parts += head
-        parts.append(b"content-length: %d\r\n" % len(data))
-        if not cycle.keep_alive:
-            parts.append(_CLOSE)
-        parts.append(b"\r\n")
+        global _defaults, _default_lines
+        defaults = self.server_state.default_headers
+        if defaults is not _defaults:  # uvicorn makes a new list when the date changes (once a second)
+            _default_lines = b"".join([b"%s: %s\r\n" % pair for pair in defaults])
+            _defaults = defaults
+        end = b"\r\n" if cycle.keep_alive else _CLOSE + b"\r\n"
         transport = cast(CorkedTransport, self.transport)  # as ``HttpToolsProtocol.connection_made`` wraps it
-        transport.send_now(b"".join(parts), data)
+        transport.send_now(b"".join((STATUS_LINE[status], _default_lines, lines, end)), data)
         if not cycle.keep_alive:
             transport.close()
         self.on_response_complete()
@@ -314,11 +323,23 @@ class _Awaiting:
         protocol = self.protocol
         protocol.tasks.discard(self)
         infer = protocol.infer
+        dataplane = infer.dataplane
+        request, cycle = self.request, self.cycle
         try:
-            result = infer.dataplane.answered(response, self.request.call)
-            answer = infer.render(result, self.request, self.cycle.accept_encoding)
+            dataplane.answered_unread(response)
+            layout = request.layout
+            if layout is not None and cycle.accept_encoding is None:
+                # Laid out as the template's last answer: its JSON header and head lines again, the new bytes.
+                data = layout.body(response, dataplane.regions)
+                if data is not None:
+                    protocol._respond(cycle, 200, layout.head, data)
+                    return
+                result = dataplane.result(response, request.call)
+                answer = infer.render(result, request, None, response)
+            else:
+                answer = infer.render(dataplane.result(response, request.call), request, cycle.accept_encoding)
         except Exception as exc:
-            protocol._fail(self.cycle, exc)
+            protocol._fail(cycle, exc)
             return
         if answer.coding is None:
             protocol._succeed(self.cycle, answer)

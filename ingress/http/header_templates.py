@@ -11,10 +11,10 @@ JSON data (``call_templates.template_of``), are parsed every time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conveyor.ingress.call_templates import MAX_TEMPLATES, CallTemplate, TemplateCache, template_of
-from conveyor.ingress.http.codec import HttpInferRequest, parse_infer_request
+from conveyor.ingress.http.codec import AnswerLayout, HttpInferRequest, parse_infer_request
 
 MAX_HEADER_BYTES = 4096
 
@@ -26,10 +26,11 @@ class HeaderTemplate:
     binary_default: bool
     binary: dict[str, bool]
     body_bytes: int  # the header plus every binary input
+    layout: AnswerLayout = field(default_factory=AnswerLayout)  # its requests' last answer (``codec``)
 
     def request(self, view: memoryview, model: str, version: str) -> HttpInferRequest:
         call = self.call.call(model, version, [view[start:end] for start, end in self.spans])
-        return HttpInferRequest(call, self.binary_default, self.binary)
+        return HttpInferRequest(call, self.binary_default, self.binary, self.layout)
 
 
 class HeaderTemplates:
@@ -58,7 +59,8 @@ class HeaderTemplates:
                 spans.append((offset, offset + data.nbytes))
                 offset += data.nbytes
             # A copy of ``binary``: the first request goes on with the codec's own.
-            self._cache.put(key, HeaderTemplate(call, tuple(spans), request.binary_default, dict(request.binary),
-                                                view.nbytes))
+            template = HeaderTemplate(call, tuple(spans), request.binary_default, dict(request.binary), view.nbytes)
+            self._cache.put(key, template)
             request.call.shape_key = call
+            request.layout = template.layout
         return request

@@ -103,6 +103,25 @@ def test_view_outside_region_is_rejected() -> None:
     try:
         with pytest.raises(ConveyorError, match="outside"):
             RegionCache().view(arena.name, 4000, 200)
+        for offset, nbytes in ((4000, 200), (-1, 4), (0, -1)):
+            with pytest.raises(ConveyorError, match="outside"):
+                RegionCache().span(arena.name, offset, nbytes)
+    finally:
+        arena.close()
+
+
+def test_span_is_the_views_bytes_and_forget_drops_it() -> None:
+    arena = Arena(segment_name(f"u{os.getpid()}", "test"), 4096)
+    regions = RegionCache()
+    try:
+        arena.array[100:104] = [1, 2, 3, 4]
+        span = regions.span(arena.name, 100, 4)
+        assert span.nbytes == 4 and bytes(span) == bytes(regions.view(arena.name, 100, 4)) == b"\1\2\3\4"
+        arena.array[100] = 9
+        assert span[0] == 9  # a view of the mapping, not a copy
+        assert regions.span(arena.name, 4096, 0).nbytes == 0  # an empty output at the very end
+        regions.forget(arena.name)
+        assert arena.name not in regions.mapped
     finally:
         arena.close()
 

@@ -4,9 +4,13 @@ requests it leaves to falcon, and a client that leaves mid-request."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import time
+
+import numpy as np
+import tritonclient.http as th
 
 from tests.support.group import Server
 
@@ -45,6 +49,19 @@ def _read_response(sock: socket.socket, buffered: bytearray) -> tuple[int, dict[
 
 def _outputs(body: bytes) -> dict[str, list[int]]:
     return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+
+
+_BINARY_HEADER = json.dumps({
+    "inputs": [{"name": f"INPUT{i}", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}}
+               for i in range(2)],
+    "outputs": [{"name": f"OUTPUT{i}", "parameters": {"binary_data": True}} for i in range(2)],
+}).encode()
+
+
+def _binary_request(path: str, a: np.ndarray, b: np.ndarray, extra: str = "") -> bytes:
+    """perf_analyzer's request: the same JSON header every time, binary inputs and outputs."""
+    return _request(path, _BINARY_HEADER + a.tobytes() + b.tobytes(),
+                    extra=f"Inference-Header-Content-Length: {len(_BINARY_HEADER)}\r\n{extra}")
 
 
 def _connect(server: Server) -> socket.socket:
@@ -129,3 +146,41 @@ def test_a_client_that_leaves_mid_request_harms_no_one(server: Server) -> None:
     with _connect(server) as sock:
         sock.sendall(_request())
         assert _read_response(sock, bytearray())[0] == 200
+
+
+def test_binary_answers_of_one_request_template_are_alike_but_their_own(server: Server) -> None:
+    """The answers to requests with one JSON header reuse the last one's JSON header and head lines
+    (``codec.AnswerLayout``): each still carries its own bytes, model and version, and the same
+    head and body as the first one's."""
+    a, b = np.arange(16, dtype=np.int32), np.full(16, 3, np.int32)
+    with _connect(server) as sock:
+        buffered = bytearray()
+        same = []
+        for _ in range(3):  # the first may wait for the signature, the second is kept, the third reuses it
+            sock.sendall(_binary_request("/v2/models/simple/infer", a, b))
+            same.append(_read_response(sock, buffered))
+        for status, headers, body in same:
+            headers.pop("date")
+            assert (status, headers, body) == same[0]
+        status, headers, body = same[0]
+        assert headers["content-type"] == "application/octet-stream"
+        header_length = int(headers["inference-header-content-length"])
+        parsed = th.InferenceServerClient.parse_response_body(body, header_length=header_length)
+        assert parsed.get_response()["model_name"] == "simple"
+        assert parsed.as_numpy("OUTPUT0").tolist() == [(a + b).tolist()]
+        for i, path, model in ((1, "/v2/models/simple/infer", "simple"),
+                               (2, "/v2/models/simple_two_instances/infer", "simple_two_instances"),
+                               (3, "/v2/models/simple/versions/1/infer", "simple"),
+                               (4, "/v2/models/simple_two_instances/infer", "simple_two_instances")):
+            c = np.full(16, i, np.int32)
+            sock.sendall(_binary_request(path, a, c))
+            status, headers, body = _read_response(sock, buffered)
+            assert status == 200
+            parsed = th.InferenceServerClient.parse_response_body(
+                body, header_length=int(headers["inference-header-content-length"]))
+            assert parsed.get_response()["model_name"] == model
+            assert parsed.as_numpy("OUTPUT1").tolist() == [(a - c).tolist()]
+        sock.sendall(_binary_request("/v2/models/simple/infer", a, b, "Accept-Encoding: gzip\r\n"))
+        status, headers, zipped = _read_response(sock, buffered)
+        assert status == 200 and headers["content-encoding"] == "gzip"
+        assert gzip.decompress(zipped) == same[0][2]
