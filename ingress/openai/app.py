@@ -113,6 +113,8 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit), ("inference",)),
         ("/health", Health(ctx.link, ctx), ("health",)),
+        # Triton's OpenAI frontend's readiness route (vLLM's is /health): the same answer.
+        ("/health/ready", Health(ctx.link, ctx), ("health",)),
         ("/version", Version(), ("metadata",)),
         # /tokenize: the model's tokenizer at work
         ("/tokenize", Tokenize(catalog, options.max_body_bytes, json_limit), ("inference",)),
