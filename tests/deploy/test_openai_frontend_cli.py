@@ -130,7 +130,11 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{openai_port}/v1", api_key="EMPTY")
-        assert [m.id for m in client.models.list().data] == ["fake_llm"]
+        [card] = client.models.list().data
+        assert (card.id, card.owned_by) == ("fake_llm", "Triton Inference Server")  # Triton's model card
+        # Triton's frontend serves the server's metrics on the OpenAI port (no metrics port of its own).
+        with urllib.request.urlopen(f"http://127.0.0.1:{openai_port}/metrics", timeout=10) as r:
+            assert "nv_cpu_utilization" in r.read().decode()
         answer = client.completions.create(model="fake_llm", prompt="one two three", max_tokens=2)
         assert answer.choices[0].text == " one two"
         assert _get(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200  # --enable-kserve-frontends
