@@ -24,6 +24,10 @@ from typing import Any
 import httpx
 import openai
 import requests
+
+# As Triton's utils.py: its test files then import openai_frontend's own classes (the request-size and
+# API-restriction middleware) by their package names, for the few tests of those classes themselves.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "openai_frontend"))
 import tritonserver  # type: ignore[import-not-found]  # Triton's test files import it (a stand-in)
 
 Scope = MutableMapping[str, Any]

@@ -65,7 +65,7 @@ from tests.support import tiny_llama
 tiny = tiny_llama.build(Path(sys.argv[1]))
 for model_json in Path(sys.argv[2]).glob("vllm*/*/1/model.json"):
     args = json.loads(model_json.read_text())
-    args.update(model=str(tiny.model_dir), enforce_eager=True, dtype="float32", max_model_len=1024,
+    args.update(model=str(tiny.model_dir), enforce_eager=True, dtype="float32", max_model_len=256,
                 max_num_seqs=16, kv_cache_memory_bytes=64 << 20)
     args.pop("gpu_memory_utilization", None)
     model_json.write_text(json.dumps(args, indent=2))
