@@ -14,6 +14,7 @@ from conveyor.deploy.instances import ingress_protocol, worker_environment
 from conveyor.deploy.lifeline import die_with_supervisor, exit_now, mark_group_member
 from conveyor.deploy.listen import LISTEN_FAILED_CODE, endpoint, is_bind_failure
 from conveyor.deploy.logs import setup_logging
+from conveyor.deploy.openai_frontend import add_frontend_flags, frontend_main
 from conveyor.deploy.options import (
     check_ingress_args,
     default_endpoints,
@@ -64,6 +65,7 @@ from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
 
 log = logging.getLogger("conveyor.cli")
+OPENAI_FRONTEND = "openai-frontend"
 
 
 def _limits(args: RequestLimits, forward_pattern: str = "") -> IngressLimits:
@@ -79,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                            (ROUTER, "run the router"), (INGRESS, "run one ingress process"),
                            (WORKER, "run one worker process")):
         build_options(sub.add_parser(command, help=about), command)
+    # Triton's OpenAI frontend's command line (python/openai/openai_frontend/main.py), as it is.
+    add_frontend_flags(sub.add_parser(OPENAI_FRONTEND, help="run the group as Triton's OpenAI-compatible "
+                                      "frontend does, from its main.py's flags (deploy/openai_frontend.py)"))
 
     scale = sub.add_parser("scale", help="change how many workers or ingress processes a running 'serve' runs")
     scale.add_argument("role", nargs="?", choices=ROLES, default=None, help="what to scale (omit: show the counts)")
@@ -154,12 +159,12 @@ def _fold_triton_aliases(parser: argparse.ArgumentParser, args: argparse.Namespa
             args.strict_model_config = True
 
 
-def _serve(args: ServeSettings, command_line: bool) -> int:
+def _serve(args: ServeSettings, command_line: bool, notes: list[str] | None = None) -> int:
     from conveyor.deploy.supervisor import Supervisor
     from conveyor.router.repository.backend_config import BackendConfig
 
     setup_logging(log_settings(args), "serve")
-    log_unused(args, BackendConfig.parse(args.backend_config).unused_settings())
+    log_unused(args, [*(notes or []), *BackendConfig.parse(args.backend_config).unused_settings()])
     open_on_grpc = grpc_left_open(args) if args.allow_grpc else []
     if open_on_grpc:
         log.warning("%s restricted over HTTP but not over gRPC: gRPC clients reach them without a header "
@@ -184,7 +189,13 @@ def build_tritonserver_parser() -> argparse.ArgumentParser:
 def tritonserver_main(argv: list[str] | None = None) -> int:
     """``tritonserver``: Triton's command line, as it is, running the same group as
     ``conveyor serve`` with Triton's defaults where Conveyor's differ."""
-    parser = build_tritonserver_parser()
+    return run_tritonserver(build_tritonserver_parser(), argv, [], argv is None)
+
+
+def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, notes: list[str],
+                     command_line: bool) -> int:
+    """Parse ``argv`` with ``tritonserver``'s parser and run the group; ``notes``: lines logged at start with
+    the unused flags' (``conveyor openai-frontend``'s flags that change nothing)."""
     args = parser.parse_args(argv)
     fold_storage_uri(args)
     if not args.model_repository:
@@ -195,7 +206,7 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     _fold_triton_aliases(parser, args)
     settings = ServeSettings.of(args)
     _check_serve(parser, settings)
-    return _serve(settings, argv is None)
+    return _serve(settings, command_line, notes)
 
 
 def _ingress(args: argparse.Namespace) -> None:
@@ -309,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "scale":
         return _scale(args)
+    if args.command == OPENAI_FRONTEND:
+        return frontend_main(args, argv is None)
     _fold_triton_aliases(parser, args)
     _apply_instance(parser, args)
     if args.group is not None and check_name(args.group):

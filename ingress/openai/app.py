@@ -19,6 +19,7 @@ import orjson
 
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES
+from conveyor.ingress.metrics import MetricsOptions, MetricsResource
 from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
 from conveyor.ingress.openai.catalog import Catalog, Listed, LlmModel
 from conveyor.ingress.openai.embeddings import Embeddings
@@ -31,7 +32,8 @@ from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_version
 
-OWNER = "conveyor"
+# Triton's OpenAI frontend's owner of every model card (its clients and tests read it).
+OWNER = "Triton Inference Server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,11 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit), ("inference",)),
         ("/health", Health(ctx.link, ctx), ("health",)),
+        # Triton's OpenAI frontend's readiness route (vLLM's is /health): the same answer.
+        ("/health/ready", Health(ctx.link, ctx), ("health",)),
         ("/version", Version(), ("metadata",)),
+        # Triton's OpenAI frontend serves the server's metrics on its own port too.
+        ("/metrics", MetricsResource(ctx, MetricsOptions()), ("metrics",)),
         # /tokenize: the model's tokenizer at work
         ("/tokenize", Tokenize(catalog, options.max_body_bytes, json_limit), ("inference",)),
         ("/detokenize", Detokenize(catalog, options.max_body_bytes, json_limit), ("inference",)),

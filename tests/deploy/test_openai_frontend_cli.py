@@ -1,0 +1,152 @@
+"""``conveyor openai-frontend``: the command line of Triton's OpenAI-compatible frontend
+(python/openai/openai_frontend/main.py), every flag of it, parsed as main.py parses it and run as the
+group it stands for; the command line of Triton's own test fixture (python/openai/tests/conftest.py)
+runs unchanged against a real group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from conveyor.deploy.cli import build_parser, build_tritonserver_parser
+from conveyor.deploy.openai_frontend import (
+    FRONTEND_FLAGS,
+    HTTP_DEFAULT_MAX_INPUT_SIZE,
+    build_frontend_parser,
+    check,
+    serve_argv,
+)
+from conveyor.deploy.ports import free_ports
+from conveyor.deploy.settings import ServeSettings
+from tests.support import openai_models
+from tests.support.group import abandon
+
+# Every flag of main.py's parse_args (triton-inference-server/server python/openai/openai_frontend/main.py,
+# main at e1db8a6), in its order, with a value of its type. A flag Triton adds must be added here and to
+# deploy/openai_frontend.py's FRONTEND_FLAGS.
+MAIN_PY_FLAGS: list[tuple[str, list[str]]] = [
+    ("--model-repository", ["/models"]), ("--tokenizer", ["meta-llama/Meta-Llama-3.1-8B-Instruct"]),
+    ("--backend", ["vllm"]), ("--lora-separator", ["_lora_"]), ("--tritonserver-log-verbose-level", ["1"]),
+    ("--host", ["127.0.0.1"]), ("--tool-call-parser", ["llama3"]), ("--max-tool-call-parse-bytes", ["4096"]),
+    ("--chat-template", ["/tmp/template.jinja"]), ("--default-max-tokens", ["32"]),
+    ("--model-control-mode", ["explicit"]), ("--load-model", ["llm"]),
+    ("--openai-port", ["9100"]), ("--uvicorn-log-level", ["debug"]),
+    ("--openai-restricted-api", ["inference,model-repository", "admin-key", "admin-value"]),
+    ("--http-max-input-size", ["1048576"]),
+    ("--enable-kserve-frontends", []), ("--kserve-http-port", ["9101"]), ("--kserve-grpc-port", ["9102"]),
+]
+
+
+def _command_line() -> list[str]:
+    return [word for flag, values in MAIN_PY_FLAGS for word in (flag, *values)]
+
+
+def _serve(argv: list[str]) -> tuple[ServeSettings, list[str]]:
+    args = build_frontend_parser().parse_args(argv)
+    serve, notes = serve_argv(args)
+    parsed = build_tritonserver_parser().parse_args(serve)
+    from conveyor.deploy.options import fold_http_max_input_size
+
+    assert fold_http_max_input_size(parsed) == ""
+    return ServeSettings.of(parsed), notes
+
+
+def test_every_flag_of_main_py_is_taken_in_its_order() -> None:
+    assert [f.flag for f in FRONTEND_FLAGS] == [flag for flag, _ in MAIN_PY_FLAGS]
+    # The subcommand takes them too, as they are.
+    args = build_parser().parse_args(["openai-frontend", *_command_line()])
+    assert args.command == "openai-frontend" and args.openai_port == 9100
+
+
+def test_each_flag_becomes_the_setting_that_does_the_same() -> None:
+    settings, notes = _serve(_command_line())
+    assert settings.model_repository == ["/models"]
+    assert settings.lora_separator == "_lora_" and settings.default_max_tokens == 32
+    assert settings.log_verbose == 1
+    assert (settings.openai_address, settings.http_address, settings.grpc_address) == ("127.0.0.1",) * 3
+    assert settings.model_control_mode == "explicit" and settings.load_model == ["llm"]
+    assert settings.openai_port == 9100
+    assert (settings.allow_http, settings.allow_grpc, settings.http_port, settings.grpc_port) == (True, True, 9101,
+                                                                                                  9102)
+    assert settings.http_max_body_bytes == 1048576
+    [group] = settings.openai_restricted_api
+    assert "admin-key" in str(group) and "admin-value" in str(group)
+    # main.py's process serves no metrics port of its own.
+    assert settings.allow_metrics is False
+    # Each flag with no work to do here is named once, with its reason.
+    named = [note.split("=")[0] for note in notes]
+    assert named == ["--tokenizer", "--backend", "--tool-call-parser", "--max-tool-call-parse-bytes",
+                     "--chat-template", "--uvicorn-log-level"]
+    assert all("accepted, not used by Conveyor because" in note for note in notes)
+
+
+def test_main_py_defaults() -> None:
+    settings, notes = _serve(["--model-repository", "/models"])
+    assert notes == []
+    assert settings.openai_port == 9000 and settings.default_max_tokens == 16
+    assert (settings.allow_http, settings.allow_grpc, settings.allow_metrics) == (False, False, False)
+    assert settings.http_max_body_bytes == HTTP_DEFAULT_MAX_INPUT_SIZE
+    assert settings.openai_address == "0.0.0.0" and settings.model_control_mode == "none"
+
+
+def test_main_py_refusals_in_its_words(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_frontend_parser().parse_args(["--model-repository", "/models", "--load-model", "llm"])
+    assert check(args) == "Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
+    with pytest.raises(SystemExit):
+        build_frontend_parser().parse_args([])  # --model-repository is required
+    with pytest.raises(SystemExit):
+        build_frontend_parser().parse_args(["--model-repository", "/m", "--http-max-input-size", "0"])
+    assert "value must be greater than 0" in capsys.readouterr().err
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except Exception:
+        return 0
+
+
+def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> None:
+    """conftest.py's ``server`` fixture: main.py's flags, the KServe frontends on; its OpenAI client works."""
+    repo = os.path.join(str(tmp_path), "models")
+    openai_models.build(repo)
+    openai_port, http_port, grpc_port = free_ports(3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.deploy.cli", "openai-frontend", "--model-repository", repo,
+         "--tokenizer", "meta-llama/Meta-Llama-3.1-8B-Instruct", "--backend", "vllm", "--tool-call-parser",
+         "llama3", "--enable-kserve-frontends", "--host", "127.0.0.1", "--openai-port", str(openai_port),
+         "--kserve-http-port", str(http_port), "--kserve-grpc-port", str(grpc_port)],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _get(f"http://127.0.0.1:{openai_port}/health/ready") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{openai_port}/v1", api_key="EMPTY")
+        [card] = client.models.list().data
+        assert (card.id, card.owned_by) == ("fake_llm", "Triton Inference Server")  # Triton's model card
+        # Triton's frontend serves the server's metrics on the OpenAI port (no metrics port of its own).
+        with urllib.request.urlopen(f"http://127.0.0.1:{openai_port}/metrics", timeout=10) as r:
+            assert "nv_cpu_utilization" in r.read().decode()
+        answer = client.completions.create(model="fake_llm", prompt="one two three", max_tokens=2)
+        assert answer.choices[0].text == " one two"
+        assert _get(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200  # --enable-kserve-frontends
+    finally:
+        abandon(proc)
+    _, err = proc.communicate()
+    assert "--tool-call-parser=llama3: accepted, not used by Conveyor because" in err
+
+
+def test_help_lists_main_py_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_frontend_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for group in ("Triton Inference Server", "Triton OpenAI-Compatible Frontend", "Triton KServe Frontend"):
+        assert group in out
