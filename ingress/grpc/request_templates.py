@@ -34,7 +34,7 @@ class RequestTemplates:
             return to_infer_call(message, raw, timeout_s=timeout_s)  # typed contents: nothing to keep
         if message.raw_input_contents:
             message.ClearField("raw_input_contents")  # ``raw`` holds them
-        key = (message.SerializeToString(), tuple(len(r) for r in raw))
+        key = (message.SerializeToString(), tuple(map(len, raw)))
         template = self._cache.get(key)
         if template is not None:
             return template.call(message.model_name, message.model_version, raw, timeout_s)
