@@ -74,3 +74,5 @@ class H2Server:
             conn.close()
         if tasks:  # cancelled: they end before the caller closes what they use
             await asyncio.wait(tasks, timeout=5.0)
+        else:  # a direct call's cancel is queued for the router (sent at the end of a loop turn): let it leave
+            await asyncio.sleep(0)
