@@ -95,14 +95,16 @@ async def _start_h2(
             log.error("gRPC: the ngh2 HTTP/2 engine failed its start-up self-test, serving on h2 instead: %s", problem)
             ctx.link.ngh2_failed()  # and /metrics counts it (conveyor_grpc_ngh2_self_test_failures_total)
             engine = "h2"
+    servicer = service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)
     tables = {
-        service.SERVICE: service.handler_table(service.InferenceServicer(ctx.link, ctx.dataplane, ctx.drain)),
+        service.SERVICE: service.handler_table(servicer),
         health.SERVICE: health.handler_table(health.HealthServicer(ctx.link, ctx.drain)),
     }
     handlers = {f"/{name}/{method}": h for name, table in tables.items() for method, h in table.items()}
     server = H2Server(handlers, method_restrictions(restricted) if restricted else None,
                       buffer_bytes=buffer_bytes, connection_buffer_bytes=connection_buffer_bytes, engine=engine,
-                      tls=tls.ssl_context() if tls else None, keepalive=Keepalive.from_options(options))
+                      tls=tls.ssl_context() if tls else None, keepalive=Keepalive.from_options(options),
+                      direct=service.direct_table(servicer))
     return server, await server.start(host, port)
 
 

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
@@ -30,8 +30,14 @@ from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
+from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, grpc_code_name, invalid_arg, unsupported
 from conveyor.proto.start_only import LOG_FILE, LOG_FILE_REFUSAL
+
+if TYPE_CHECKING:
+    from conveyor.ingress.grpc.h2_server.calls import Direct
+    from conveyor.ingress.grpc.h2_server.outbound import Outbound
+    from conveyor.ingress.grpc.h2_server.stream import Running, Stream
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +124,68 @@ def _wants_grpc_error(context: Any) -> bool:
     return False
 
 
+def _fail(out: Outbound, stream: Stream, err: Exception) -> None:
+    """``err`` as ModelInfer's status, as ``_unary`` renders it."""
+    if isinstance(err, ConveyorError):
+        out.finish(stream, _grpc_code(err.status).value[0], err.message)
+        return
+    log.exception("ModelInfer failed")
+    out.finish(stream, grpc.StatusCode.INTERNAL.value[0], _internal_message(err))
+
+
+class _Answer:
+    """A ModelInfer request sent without a task (``InferenceServicer.start_infer``), until its answer.
+    It stands as the stream's task (``Running``): a reset stream, a lost connection or a stopping server
+    cancels it, which abandons the request as cancelling the task did (the router is told; the answer,
+    when it comes, only frees its memory). The client's deadline finishes it the same way (``_expire``)."""
+
+    __slots__ = ("_call", "_dataplane", "_done", "_out", "_rid", "_stream")
+
+    def __init__(self, dataplane: DataPlane, call: InferCall, rid: int, out: Outbound, stream: Stream) -> None:
+        self._dataplane = dataplane
+        self._call = call
+        self._rid = rid
+        self._out = out
+        self._stream = stream
+        self._done = False
+
+    def answered(self, response: m.InferResponse) -> None:
+        self._done = True
+        try:
+            body = codec.encode_infer_response(self._dataplane.answered(response, self._call))
+        except Exception as err:
+            _fail(self._out, self._stream, err)
+            return
+        self._out.reply(self._stream, body)
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self._done:
+            return False
+        self._done = True
+        dataplane = self._dataplane
+        dataplane.abandoned()
+        dataplane.link.abandon(self._rid)
+        return True
+
+
+class _Answered:
+    """A direct call answered at once (an error): nothing runs."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        return False
+
+
+_ANSWERED = _Answered()
+
+
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` (names are Triton's)."""
 
@@ -169,6 +237,10 @@ class InferenceServicer:
 
     @_unary
     async def ModelInfer(self, request: wire.WireInferRequest, context: Any) -> bytes:
+        call = request.call or self._infer_call(request, context)  # made already when start_infer left it
+        return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))
+
+    def _infer_call(self, request: wire.WireInferRequest, context: Any) -> InferCall:
         try:
             call = self._templates.call(request.message, request.raw, timeout_s=_time_left(context))
         except ConveyorError as exc:  # counted as the model's REJECTED failure
@@ -178,7 +250,27 @@ class InferenceServicer:
             call.traceparent = _traceparent(context)
         if self._forward is not None:
             self._forward.apply(context.invocation_metadata() or (), call.parameters)
-        return codec.encode_infer_response(await self._dataplane.infer(call, endpoint=_UNARY))
+        return call
+
+    def start_infer(self, request: wire.WireInferRequest | Malformed, stream: Stream, out: Outbound) -> Running | None:
+        """ModelInfer without a task (``h2_server``'s ``calls.Direct``), as the HTTP ingress serves a plain
+        request (``http/fast_protocol.py``): when nothing but the router's answer waits (``DataPlane.start``:
+        a templated call to a model whose signature is cached and that is not decoupled), the request is
+        sent now and the answer's callback replies (``_Answer``). None: the call runs ``ModelInfer`` in a
+        task, with the call made here (``request.call``). The same statuses and messages as ``_unary``."""
+        if type(request) is not wire.WireInferRequest:
+            return None  # Malformed: ``_unary`` words it
+        try:
+            call = request.call = self._infer_call(request, stream.ctx)
+            sent = self._dataplane.start(call)
+        except Exception as err:
+            _fail(out, stream, err)
+            return _ANSWERED
+        if sent is None:
+            return None
+        answer = _Answer(self._dataplane, call, sent.id, out, stream)
+        self._link.submit(sent, answer.answered)
+        return answer
 
     async def ModelStreamInfer(
         self, requests: AsyncIterable[wire.WireInferRequest | Malformed], context: Any
@@ -361,6 +453,11 @@ def handler_table(servicer: InferenceServicer) -> dict[str, Any]:
             request_deserializer=lenient(wire.parse_infer_request), response_serializer=None
         )
     return handlers
+
+
+def direct_table(servicer: InferenceServicer) -> dict[str, Direct]:
+    """The methods ``h2_server`` may answer without a task, by path (``calls.Direct``)."""
+    return {f"/{SERVICE}/ModelInfer": servicer.start_infer}
 
 
 def add_to_server(servicer: InferenceServicer, server: Any) -> None:

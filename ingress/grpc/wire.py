@@ -59,6 +59,8 @@ class WireInferRequest:
 
     message: Any  # grpc_service_pb2.ModelInferRequest
     raw: Sequence[bytes | memoryview]
+    # The call made of it, when the task-free path made one and then left the call to a task.
+    call: Any = None  # dataplane.InferCall
 
 
 class _Malformed(Exception):

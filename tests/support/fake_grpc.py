@@ -67,6 +67,10 @@ class FakeDataPlane:
     async def is_decoupled(self, model: str, version: str) -> bool:
         return False
 
+    def start(self, call: InferCall) -> None:
+        """No cached signature here: every call takes ``infer``'s way (the task)."""
+        return None
+
     async def infer(self, call: InferCall, *, endpoint: str = "", turn: SendTurn | None = None) -> InferResult:
         if turn is not None:  # "sent" in the stream's order, as the real data plane sends to the router
             await turn.wait()

@@ -222,8 +222,9 @@ class GrpcConnection(asyncio.Protocol):
         self._loop.call_later(LINGER_S, transport.close)  # the peer's FIN closes it sooner (eof_received)
 
     def abort_calls(self) -> list[asyncio.Task[None]]:
-        """Cancel every running call (the server is stopping); return their tasks."""
-        tasks = [s.task for s in self._streams.values() if s.task is not None and not s.task.done()]
+        """Cancel every running call (the server is stopping); return their tasks (a direct call
+        stops when it is cancelled: nothing to wait for)."""
+        tasks = [s.task for s in self._streams.values() if isinstance(s.task, asyncio.Task) and not s.task.done()]
         for stream in list(self._streams.values()):
             self._drop(stream)
         return tasks
@@ -609,15 +610,30 @@ class GrpcConnection(asyncio.Protocol):
             return
         request, stream.request = stream.request, None
         self._release(stream, stream.held)  # the message is the call's now
-        stream.task = self._loop.create_task(run_call(self._out, stream, request))
+        direct = self._server.direct.get(stream.head.path)
+        if direct is None:
+            stream.task = self._loop.create_task(run_call(self._out, stream, request))
+            return
+        deserialize = stream.handler.request_deserializer
+        if deserialize is not None:
+            request = deserialize(request)
+        running = direct(request, stream, self._out)  # may have answered already
+        if running is None:  # it may wait for more than its answer: a task runs it
+            running = self._loop.create_task(run_call(self._out, stream, request, parsed=True))
+        if not stream.local_closed:
+            stream.task = running
 
     def _expire(self, stream: Stream) -> None:
         stream.timer = None
         if stream.local_closed:
             return
-        if stream.task is not None:
+        task = stream.task
+        if isinstance(task, asyncio.Task):
             stream.expired = True
-            stream.task.cancel()
+            task.cancel()  # run_call answers DEADLINE_EXCEEDED
+        elif task is not None:  # a direct call: it stops waiting, the answer is this
+            task.cancel()
+            self._out.finish(stream, _DEADLINE_EXCEEDED, "Deadline Exceeded")
         else:
             self._out.finish(stream, _DEADLINE_EXCEEDED, "Deadline Exceeded")
 

@@ -8,6 +8,7 @@ import socket
 import ssl
 from typing import Any
 
+from conveyor.ingress.grpc.h2_server.calls import Direct
 from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
 from conveyor.ingress.grpc.h2_server.engine import engine_class
 from conveyor.ingress.grpc.h2_server.limits import TLS_HANDSHAKE_TIMEOUT_S, Keepalive
@@ -25,13 +26,16 @@ class H2Server:
     ``ingress/limits.py``); ``engine``: the HTTP/2 engine, ``h2`` or ``ngh2`` (``engine.ENGINES``);
     ``tls``: serve TLS with this context (``tls.GrpcTls.ssl_context``: ALPN h2, and a connection that did
     not select it is closed), handshakes bounded by ``limits.TLS_HANDSHAKE_TIMEOUT_S``; ``keepalive``: the
-    keepalive PINGs, the ping policy and the connections' maximum age (``limits.Keepalive``: Triton's flags)."""
+    keepalive PINGs, the ping policy and the connections' maximum age (``limits.Keepalive``: Triton's flags);
+    ``direct``: unary methods (by path) that may answer a call without a task (``calls.Direct``)."""
 
     def __init__(self, handlers: dict[str, Any], restrictions: dict[str, tuple[str, str, str]] | None = None, *,
                  buffer_bytes: int = DEFAULT_GRPC_BUFFER_BYTES,
                  connection_buffer_bytes: int = DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, engine: str = "h2",
-                 tls: ssl.SSLContext | None = None, keepalive: Keepalive | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, keepalive: Keepalive | None = None,
+                 direct: dict[str, Direct] | None = None) -> None:
         self.handlers = handlers
+        self.direct = direct or {}
         self.restrictions = restrictions or {}
         self.connections: set[GrpcConnection] = set()
         self.budget = ByteBudget(buffer_bytes)
@@ -70,3 +74,5 @@ class H2Server:
             conn.close()
         if tasks:  # cancelled: they end before the caller closes what they use
             await asyncio.wait(tasks, timeout=5.0)
+        else:  # a direct call's cancel is queued for the router (sent at the end of a loop turn): let it leave
+            await asyncio.sleep(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.ingress.grpc.h2_server.context import CallContext
 from conveyor.ingress.grpc.h2_server.messages import MessageReader
@@ -57,6 +57,15 @@ class Inbox:
         return self._parse(message) if self._parse is not None else message
 
 
+class Running(Protocol):
+    """What runs a call (``Stream.task``): its task, or what waits for its answer without one
+    (``calls.Direct``). ``cancel`` stops it (the stream was reset, the connection lost, the server stops)."""
+
+    def cancel(self, msg: Any | None = None) -> bool: ...
+
+    def done(self) -> bool: ...
+
+
 class Stream:
     """A call on the connection, from its HEADERS to its trailers or reset."""
 
@@ -87,7 +96,7 @@ class Stream:
         self.head = head
         self.handler = handler  # grpc.RpcMethodHandler
         self.ctx = ctx
-        self.task: asyncio.Task[None] | None = None
+        self.task: Running | None = None  # an asyncio.Task, or a direct call's stand-in
         self.inbox: Inbox | None = None  # streaming requests only
         self.request: Any = None  # unary: the one message (bytes-like)
         self.reader = MessageReader(limit)
