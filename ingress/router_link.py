@@ -131,6 +131,7 @@ class RouterLink:
             os.makedirs(os.path.dirname(self.reply_to[len("ipc://"):]), exist_ok=True)
             self._replies.bind(self.reply_to)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
         self._drain_armed = False
         self._flush_armed = False
         self._replies_armed = False
@@ -174,12 +175,14 @@ class RouterLink:
 
     def _flush(self) -> None:
         self._flush_armed = False
-        if self._sock.closed:
+        if self._closed:  # a flag: ``Socket.closed`` asks libzmq (a C call per flush)
             return
         # SNDHWM 0 and a connected DEALER: the message is queued even while the router is away.
         self._out.flush()
-        # A send can consume the socket's edge-triggered readiness: look for replies now.
-        if readable(self._sock):
+        # A send can take in the socket's pending commands, the announcement of a reply among them,
+        # and so consume the edge-triggered ``FD``: ask now (a ZMQ_EVENTS question, two system calls),
+        # unless a drain is already due, which receives until the socket answers "nothing".
+        if not self._drain_armed and readable(self._sock):
             self._arm_drain()
 
     def _arm_drain(self) -> None:
@@ -398,7 +401,8 @@ class RouterLink:
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        if self._loop is not None and not self._sock.closed:
+        closed, self._closed = self._closed, True
+        if self._loop is not None and not closed:
             self._loop.remove_reader(self._sock.FD)
             if self._replies is not None:
                 self._loop.remove_reader(self._replies.FD)
