@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import select
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -85,6 +86,12 @@ def test_a_direct_reply_after_a_drain_is_taken(tmp_path: Path) -> None:
     worker.connect(link.reply_to)
     got: list[int] = []
 
+    def _answered(fut: asyncio.Future[None]) -> Callable[[m.InferResponse], None]:
+        def answered(response: m.InferResponse) -> None:
+            got.append(response.id)
+            fut.set_result(None)
+        return answered
+
     async def run() -> None:
         await link.start()
         loop = asyncio.get_running_loop()
@@ -95,7 +102,7 @@ def test_a_direct_reply_after_a_drain_is_taken(tmp_path: Path) -> None:
             for _ in range(burst):
                 rid += 1
                 fut: asyncio.Future[None] = loop.create_future()
-                link._calls.add(rid, lambda r, f=fut: (got.append(r.id), f.set_result(None)))
+                link._calls.add(rid, _answered(fut))
                 waiting.append(fut)
             for i in range(burst):
                 resp = m.InferResponse(rid - burst + 1 + i, "simple", "1")
