@@ -27,16 +27,12 @@ import zlib
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from conveyor.ingress.grpc.h2_server.bdp import BdpEstimator
 from conveyor.ingress.grpc.h2_server.calls import run_call
 from conveyor.ingress.grpc.h2_server.context import CallContext
 from conveyor.ingress.grpc.h2_server.engine import BDP_PING, KEEPALIVE_PING, REFUSED_STREAM, EngineError, Headers
 from conveyor.ingress.grpc.h2_server.limits import (
-    BDP_PROBE_BYTES,
-    BDP_PROBE_GAP_S,
-    BDP_PROBE_MAX_GAP_S,
-    BDP_PROBE_MIN_GAP_S,
     CLOSE_TIMEOUT_S,
-    CONNECTION_WINDOW,
     FEED_FRAMES,
     FEED_MAX_BYTES,
     FEED_MIN_BYTES,
@@ -45,11 +41,9 @@ from conveyor.ingress.grpc.h2_server.limits import (
     LINGER_S,
     MAX_AGE_JITTER,
     MAX_CONCURRENT_STREAMS,
-    MAX_STREAM_WINDOW,
     NO_CALLS_PING_INTERVAL_S,
     RESET_BURST,
     RESET_RATE_PER_S,
-    STREAM_WINDOW,
     WRITE_BUFFER_HIGH,
     TokenBucket,
     window_cap,
@@ -83,7 +77,6 @@ def _why(err: Exception) -> str:
 
 
 _WRITING, _FEEDING = 1, 2  # why reading is paused
-_PROBE_OUT = 1 << 62  # _probe_at while a BDP probe is out: past any byte count
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -113,18 +106,8 @@ class GrpcConnection(asyncio.Protocol):
         self._last_ping = -1e18  # when the client last PINGed (the ping policy)
         self._pings_sent = 0  # keepalive PINGs since data was last exchanged (max_pings_without_data)
         self._strikes = 0  # the client's PINGs too soon since data was last exchanged
-        # Receive windows that grow with the link (limits.BDP_PROBE_BYTES): gRPC core's BDP estimator.
-        self._received = 0  # flow-controlled bytes received on this connection
-        self._probe_at = BDP_PROBE_BYTES  # _received at which a probe may start (_PROBE_OUT: one is out)
-        self._probe_sent = 0.0  # when the probe's PING left
-        self._probe_from = 0  # _received then
-        self._probe_after = 0.0  # no probe before this loop time
-        self._probe_gap = BDP_PROBE_GAP_S
-        self._bdp = STREAM_WINDOW // 2  # the estimate: the starting windows are twice it
-        self._bandwidth = 0.0  # bytes per second at the last growth
-        self._window_cap = window_cap(server.connection_buffer_bytes, server.budget.limit)
-        self._stream_window = STREAM_WINDOW
-        self._connection_window = CONNECTION_WINDOW
+        # Receive windows that grow with the link: gRPC core's BDP estimator (bdp.py).
+        self._bdp = BdpEstimator(window_cap(server.connection_buffer_bytes, server.budget.limit))
 
     @property
     def dead(self) -> bool:
@@ -281,41 +264,14 @@ class GrpcConnection(asyncio.Protocol):
 
     def _probe(self) -> None:
         """BDP_PROBE_BYTES arrived since the last probe: PING, unless one is out or it is too soon."""
-        now = self._loop.time()
-        if now < self._probe_after or self._dead:
-            self._probe_at = self._received + BDP_PROBE_BYTES
-            return
-        self._engine.ping(BDP_PING)  # written with what this read queued
-        self._probe_sent, self._probe_from = now, self._received
-        self._probe_at = _PROBE_OUT
+        if not self._dead and self._bdp.probe(self._loop.time()):
+            self._engine.ping(BDP_PING)  # written with what this read queued
 
     def _probe_done(self) -> None:
         """The probe's ACK: what arrived since it left is a sample of the bandwidth-delay product."""
-        if self._probe_at != _PROBE_OUT:  # an ACK of no probe of this connection's
-            return
-        now = self._loop.time()
-        sample = self._received - self._probe_from
-        elapsed = now - self._probe_sent
-        bandwidth = sample / elapsed if elapsed > 0 else 0.0
-        if sample > 2 * self._bdp // 3 and bandwidth > self._bandwidth:  # core's rule
-            self._bdp = max(sample, 2 * self._bdp)
-            self._bandwidth = bandwidth
-            self._probe_gap = max(BDP_PROBE_MIN_GAP_S, self._probe_gap / 2)
-            self._grow()
-        else:
-            self._probe_gap = min(BDP_PROBE_MAX_GAP_S, 2 * self._probe_gap)
-        self._probe_after = now + self._probe_gap
-        self._probe_at = self._received + BDP_PROBE_BYTES
-
-    def _grow(self) -> None:
-        """Windows of twice the estimate (the connection's twice the stream's), within the buffer budgets."""
-        cap = self._window_cap
-        stream = min(2 * self._bdp, MAX_STREAM_WINDOW, cap)
-        connection = max(self._connection_window, min(2 * stream, cap))
-        if stream > self._stream_window or connection > self._connection_window:
-            self._stream_window = max(stream, self._stream_window)
-            self._connection_window = connection
-            self._engine.grow(self._stream_window, connection)
+        bdp = self._bdp
+        if bdp.acked(self._loop.time()):
+            self._engine.grow(bdp.stream_window, bdp.connection_window)
             self._out.flush()
 
     def _too_old(self) -> None:
@@ -483,8 +439,9 @@ class GrpcConnection(asyncio.Protocol):
 
     def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None:
         """DATA on ``sid``; ``credit``: its flow-controlled length (padding included)."""
-        received = self._received = self._received + credit
-        if received >= self._probe_at:
+        bdp = self._bdp
+        bdp.received += credit
+        if bdp.received >= bdp.probe_at:
             self._probe()
         stream = self._streams.get(sid)
         if stream is None or stream.local_closed:  # a stream already answered or refused: discarded
