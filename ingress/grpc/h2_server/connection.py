@@ -41,7 +41,6 @@ from conveyor.ingress.grpc.h2_server.limits import (
     LINGER_S,
     MAX_AGE_JITTER,
     MAX_CONCURRENT_STREAMS,
-    NO_CALLS_PING_INTERVAL_S,
     RESET_BURST,
     RESET_RATE_PER_S,
     WRITE_BUFFER_HIGH,
@@ -56,6 +55,7 @@ from conveyor.ingress.grpc.h2_server.messages import (
 )
 from conveyor.ingress.grpc.h2_server.metadata import UNSUPPORTED_MEDIA_TYPE, RequestHead
 from conveyor.ingress.grpc.h2_server.outbound import Outbound
+from conveyor.ingress.grpc.h2_server.ping_policy import PingPolicy
 from conveyor.ingress.grpc.h2_server.stream import Inbox, Stream
 from conveyor.ingress.grpc.tls import ALPN_H2
 from conveyor.ingress.inflate import Inflate, InflatedTooLarge, TrailingBytes, Truncated
@@ -103,9 +103,7 @@ class GrpcConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None  # the next keepalive PING, or its ACK's deadline
         self._age_timer: asyncio.TimerHandle | None = None  # max age, then its grace
         self._awaiting_ack = False  # a keepalive PING is out: _timer is its ACK's deadline
-        self._last_ping = -1e18  # when the client last PINGed (the ping policy)
-        self._pings_sent = 0  # keepalive PINGs since data was last exchanged (max_pings_without_data)
-        self._strikes = 0  # the client's PINGs too soon since data was last exchanged
+        self._pings = PingPolicy(server.keepalive)
         # Receive windows that grow with the link: gRPC core's BDP estimator (bdp.py).
         self._bdp = BdpEstimator(window_cap(server.connection_buffer_bytes, server.budget.limit))
 
@@ -227,7 +225,7 @@ class GrpcConnection(asyncio.Protocol):
         nothing). Looked at lazily, when a PING comes or is due: nothing on the call path but the flags."""
         out, engine = self._out, self._engine
         if out.data_sent or engine.wrote:
-            self._strikes, self._last_ping, self._pings_sent = 0, -1e18, 0
+            self._pings.reset()
             out.data_sent = engine.wrote = False
 
     def _keepalive_ping(self) -> None:
@@ -237,14 +235,13 @@ class GrpcConnection(asyncio.Protocol):
             return
         keepalive = self._keepalive
         self._reset_ping_clock()
-        spent = keepalive.max_pings_without_data and self._pings_sent >= keepalive.max_pings_without_data
-        if spent or not (self._streams or keepalive.permit_without_calls):
+        if not self._pings.may_ping(bool(self._streams)):
             self._timer = self._loop.call_later(keepalive.time_s, self._keepalive_ping)
             return
         self._engine.ping(KEEPALIVE_PING)
         self._out.flush()
         self._awaiting_ack = True
-        self._pings_sent += 1
+        self._pings.pinged()
         self._timer = self._loop.call_later(keepalive.timeout_s, self._keepalive_timeout)
 
     def _keepalive_timeout(self) -> None:
@@ -374,18 +371,9 @@ class GrpcConnection(asyncio.Protocol):
         if not self._induced.spend(now):
             self._calm("too many PING or SETTINGS frames")
             return
-        # gRPC core's ping abuse policy: a PING sooner than min_recv_ping_interval after the last (two
-        # hours where no call runs and permit_without_calls is off), with nothing written since, is a strike.
         self._reset_ping_clock()
-        keepalive = self._keepalive
-        interval = (keepalive.min_recv_ping_interval_s if self._streams or keepalive.permit_without_calls
-                    else NO_CALLS_PING_INTERVAL_S)
-        if now < self._last_ping + interval:
-            self._strikes += 1
-            if keepalive.max_ping_strikes and self._strikes > keepalive.max_ping_strikes:
-                self._calm("too_many_pings")
-                return
-        self._last_ping = now
+        if not self._pings.client_ping(now, bool(self._streams)):
+            self._calm("too_many_pings")
 
     def _spend_reset(self) -> None:
         if not self._resets.spend(self._loop.time()):
