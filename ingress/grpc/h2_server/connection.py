@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import zlib
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from conveyor.ingress.grpc.h2_server.bdp import BdpEstimator
 from conveyor.ingress.grpc.h2_server.calls import run_call
+from conveyor.ingress.grpc.h2_server.compression import WBITS, Undecodable, inflated
 from conveyor.ingress.grpc.h2_server.context import CallContext
 from conveyor.ingress.grpc.h2_server.engine import BDP_PING, KEEPALIVE_PING, REFUSED_STREAM, EngineError, Headers
 from conveyor.ingress.grpc.h2_server.limits import (
@@ -48,7 +48,6 @@ from conveyor.ingress.grpc.h2_server.limits import (
     window_cap,
 )
 from conveyor.ingress.grpc.h2_server.messages import (
-    DECOMPRESSED_TOO_LARGE,
     MAX_MESSAGE_BYTES,
     ByteBudget,
     MessageTooLarge,
@@ -58,7 +57,6 @@ from conveyor.ingress.grpc.h2_server.outbound import Outbound
 from conveyor.ingress.grpc.h2_server.ping_policy import PingPolicy
 from conveyor.ingress.grpc.h2_server.stream import Inbox, Stream
 from conveyor.ingress.grpc.tls import ALPN_H2
-from conveyor.ingress.inflate import Inflate, InflatedTooLarge, TrailingBytes, Truncated
 
 if TYPE_CHECKING:
     from conveyor.ingress.grpc.h2_server.server import H2Server
@@ -66,15 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _INTERNAL, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _UNAVAILABLE = 13, 4, 8, 12, 14
-_DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
-
-def _why(err: Exception) -> str:
-    if isinstance(err, Truncated):
-        return "the compressed stream is truncated"
-    if isinstance(err, TrailingBytes):
-        return "bytes after the end of the compressed stream"
-    return str(err)
-
 
 _WRITING, _FEEDING = 1, 2  # why reading is paused
 
@@ -416,7 +405,7 @@ class GrpcConnection(asyncio.Protocol):
         head = stream.head
         if stream.handler is None:
             return _UNIMPLEMENTED, f"Method not found: {head.path}"
-        if head.encoding and head.encoding != "identity" and head.encoding not in _DECOMPRESS_WBITS:
+        if head.encoding and head.encoding != "identity" and head.encoding not in WBITS:
             return _UNIMPLEMENTED, f"Compression algorithm '{head.encoding}' not supported"
         rule = self._server.restrictions.get(head.path)
         if rule is not None:
@@ -505,35 +494,12 @@ class GrpcConnection(asyncio.Protocol):
             self._out.finish(stream, _UNIMPLEMENTED, "more than one request message in a unary call")
 
     def _inflated(self, stream: Stream, message: Any, held: int) -> bytes | None:
-        """A compressed message (``held``: its bytes on the wire, charged already) inflated a step at a
-        time (``inflate``): past the message limit it is refused as gRPC refuses it, and each step is
-        charged to the budgets beyond the wire bytes it replaces, so a bomb costs no more than a message
-        that size sent plain. None when the stream was ended instead; else the message, which holds
-        its own size of the budgets."""
-        wbits = _DECOMPRESS_WBITS.get(stream.head.encoding)
-        if wbits is None:
-            self._out.finish(stream, _INTERNAL, "a compressed message without grpc-encoding")
-            return None
-        inflate = Inflate(wbits, self._message_limit)
-        inflate.give(message)
-        credit = held
+        """A compressed message inflated (``compression``); None when its stream was ended instead."""
         try:
-            while inflate.more:
-                made = inflate.step()
-                covered = min(credit, made)
-                credit -= covered
-                if made > covered and not self._charge(stream, made - covered):
-                    return None
-            inflated = inflate.finish()
-        except InflatedTooLarge:
-            self._out.finish(stream, _RESOURCE_EXHAUSTED, DECOMPRESSED_TOO_LARGE)
+            return inflated(message, stream.head.encoding, self._message_limit, held, partial(self._charge, stream))
+        except Undecodable as err:
+            self._out.finish(stream, err.status, err.message)
             return None
-        except (zlib.error, Truncated, TrailingBytes) as err:
-            self._out.finish(stream, _INTERNAL, f"cannot decompress the message: {_why(err)}")
-            return None
-        if credit:  # it inflated to less than it came as
-            self._charge(stream, -credit)
-        return inflated
 
     def on_end(self, sid: int) -> None:
         stream = self._streams.get(sid)
