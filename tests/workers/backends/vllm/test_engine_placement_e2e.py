@@ -449,16 +449,20 @@ def test_every_path_survives_the_death_of_its_engines_worker(
     before = scrape(server).get(MIGRATIONS, 0.0)
     frozen = when == "before the first token"
     counts: list[int] = []
-    if frozen:
-        for pid in engine:
-            os.kill(pid, signal.SIGSTOP)  # the worker takes the requests; its engine answers none
+    # Its engine stopped until every request is on it: a path whose ingress is slow on a busy host would
+    # otherwise reach the router after the kill, and go to the other engine without a move.
+    stopped = list(engine)
+    for pid in engine:
+        os.kill(pid, signal.SIGSTOP)  # the worker takes the requests; its engine answers none
     answers, progress, threads = _round(server, openai_port, blocked=when == "mid-stream")
     try:
-        if frozen:
-            eventually(lambda: router_control(server.group, "model_load", model=MODEL)["num_requests_running"]
-                       == len(threads), 60, what="every request placed")
-            assert progress.shown == [0] * len(threads)
-        else:
+        eventually(lambda: router_control(server.group, "model_load", model=MODEL)["num_requests_running"]
+                   == len(threads), 60, what="every request placed")
+        assert progress.shown == [0] * len(threads)
+        if not frozen:
+            for pid in engine:
+                os.kill(pid, signal.SIGCONT)
+            stopped = []
             counts = progress.wait(STARTED)
         os.kill(victim, signal.SIGKILL)
         if when.endswith("twice"):
@@ -466,10 +470,9 @@ def test_every_path_survives_the_death_of_its_engines_worker(
             progress.wait(AGAIN, counts)
             os.kill(second, signal.SIGKILL)  # its requests wait for an engine to be back
     finally:
-        if frozen:
-            for pid in engine:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)  # for the supervisor's stop of them
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # for the supervisor's stop of them
         _joined(threads)
     for path, ref, got in zip(PATHS, undisturbed, answers, strict=False):
         assert got.error is None, (path, got.error)
