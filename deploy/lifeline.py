@@ -17,9 +17,12 @@ an actor outlives a killed supervisor as before.
 What the actors start is marked too: a framework's own processes (vLLM's engine core, started by
 multiprocessing's spawn, which clears the parent-death request) would outlive a killed worker, holding
 its memory (on a GPU host, the GPU memory the next start needs). Every actor's environment names its
-group (``GROUP_MEMBER_ENV``), and what it starts inherits that; the supervisor kills the group's processes
-whose parent is gone (``kill_orphans``) when it starts, when it restarts a child that died, and when
-it has stopped.
+group and its run folder (``GROUP_MEMBER_ENV``, ``GROUP_DIR_ENV``), and what it starts inherits that; the
+supervisor kills the group's processes whose parent is gone (``kill_orphans``) when it starts, when it
+restarts a child that died, and when it has stopped. Only its own: a process of another pid or mount
+namespace (another container, a test run under ``unshare``) is another host's, whatever its group's name,
+and where /proc was mounted for another pid namespace than the supervisor's, its pids cannot be signalled
+from here, so nothing is.
 
 ``exit_now``: an actor that has closed its sockets and unlinked its arena has nothing left
 for the interpreter's own teardown to do but free every module's objects and join thread
@@ -37,7 +40,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from conveyor.deploy.runtime.group_paths import GROUP_MEMBER_ENV
+from conveyor.deploy.runtime.group_paths import GROUP_DIR_ENV, GROUP_MEMBER_ENV, run_dir
 from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid, unlink_shm
 
 log = logging.getLogger(__name__)
@@ -46,28 +49,42 @@ SUPERVISOR_PID_ENV = "CONVEYOR_SUPERVISOR_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def _marks(group: str) -> dict[str, str]:
+    return {GROUP_MEMBER_ENV: group, GROUP_DIR_ENV: os.path.realpath(run_dir(group))}
+
+
 def child_environment(group: str) -> dict[str, str]:
     """What the supervisor adds to a child's environment."""
-    return {SUPERVISOR_PID_ENV: str(os.getpid()), GROUP_MEMBER_ENV: group}
+    return {SUPERVISOR_PID_ENV: str(os.getpid()), **_marks(group)}
 
 
 def mark_group_member(group: str) -> None:
     """What this actor starts from now on carries its group (an actor systemd started has no supervisor
     to set it)."""
-    os.environ[GROUP_MEMBER_ENV] = group
+    os.environ.update(_marks(group))
+
+
+_NAMESPACES = ("pid", "mnt")  # a process in others is not of this host's groups
+
+
+def _namespaces(pid: str) -> tuple[str, ...]:
+    return tuple(os.readlink(f"/proc/{pid}/ns/{kind}") for kind in _NAMESPACES)
 
 
 def _members(group: str) -> dict[int, int]:
-    """Pid -> parent pid of every process whose environment, as it was started, names ``group``."""
-    marker = f"{GROUP_MEMBER_ENV}={group}".encode()
+    """Pid -> parent pid of every process of this pid and mount namespace whose environment, as it was
+    started, names ``group`` and its run folder."""
+    markers = [f"{k}={v}".encode() for k, v in _marks(group).items()]
+    mine = _namespaces("self")
     found: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
+                environ = f.read().split(b"\0")
+            if not all(marker in environ for marker in markers) or _namespaces(entry) != mine:
+                continue
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:  # gone, or another user's
@@ -83,6 +100,11 @@ def kill_orphans(group: str, stopping: bool = False) -> list[int]:
     only they mapped. ``stopping``: the group has stopped, and what its actors started may simply not
     have finished exiting (vLLM's engine core takes seconds): logged, not warned. Returns their pids."""
     if not sys.platform.startswith("linux"):
+        return []
+    if os.readlink("/proc/self") != str(os.getpid()):  # /proc is another pid namespace's: its pids are not ours
+        log.warning("not looking for what dead actors of group '%s' left running: /proc is mounted for another "
+                    "pid namespace than this process's (mount a /proc of its own, as `unshare --mount-proc` does)",
+                    group)
         return []
     members = _members(group)
     me = os.getpid()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ import posix_ipc
 
 from conveyor.proto.errors import ConveyorError, unavailable
 from conveyor.shm.allocator import ALIGN, BlockAllocator
+from conveyor.shm.naming import HOLD_TRIES, hold
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +76,19 @@ class Arena:
     def __init__(self, name: str, capacity: int) -> None:
         self.name = name
         self.capacity = capacity
-        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=capacity)
+        for _ in range(HOLD_TRIES):
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=capacity)
+            if hold(shm.fd, name):  # fd kept open until close: the lock says the owner lives (naming.py)
+                break
+            shm.close_fd()
+        else:
+            raise OSError(f"shared-memory segment '{name}' was unlinked as soon as it was made, {HOLD_TRIES} times")
+        self._fd = shm.fd
         try:
             self._mmap = mmap.mmap(shm.fd, capacity)
-        finally:
-            shm.close_fd()
+        except BaseException:
+            self._unlink()
+            raise
         self.array = np.frombuffer(self._mmap, dtype=np.uint8)
         self._alloc = BlockAllocator(capacity)
         self._pending: list[_Pending] = []
@@ -173,11 +183,17 @@ class Arena:
     def outstanding(self) -> int:
         return len(self._pending)
 
-    def close(self) -> None:
+    def _unlink(self) -> None:
         try:
             posix_ipc.unlink_shared_memory(self.name)
         except posix_ipc.ExistentialError:
             pass
+        if self._fd >= 0:
+            os.close(self._fd)  # and the owner lock with it
+            self._fd = -1
+
+    def close(self) -> None:
+        self._unlink()
         # Views handed out may still exist; the mapping goes when they do.
         del self.array
         try:

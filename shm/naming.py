@@ -2,11 +2,16 @@
 
 Every segment the server creates is named ``conveyor.<group>.<role>.<pid>[.<n>]``:
 the owner's pid is in the name, so after a crash any process of the group can
-find segments whose owner is gone and unlink them (``sweep_orphans``).
+find segments whose owner is gone and unlink them (``sweep_orphans``). The pid alone
+cannot say so where /dev/shm is shared by several pid namespaces (containers with
+``--ipc=host``, test runs under ``unshare``): there a live owner's pid means nothing.
+So the owner also holds a ``flock`` on its segment for its life (``hold``); the kernel
+drops it when the owner dies, however it dies, and a segment still locked is never swept.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 
@@ -14,6 +19,35 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 PREFIX = "conveyor."
+# Tries at creating a segment that a sweep in another pid namespace unlinks between its creation and its lock.
+HOLD_TRIES = 3
+
+
+def hold(fd: int, name: str) -> bool:
+    """Lock the segment ``name`` this process just created and has open on ``fd``, for as long as ``fd``
+    stays open: the lock says its owner lives (``sweep_orphans``). False when a sweep unlinked it first
+    (it takes the lock before it unlinks): the caller creates it again."""
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a sweep holds it for a moment at most
+    try:
+        return os.stat(os.path.join(SHM_DIR, name.lstrip("/"))).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _unlink_unheld(path: str) -> bool:
+    """Unlink ``path`` unless a live process holds its owner lock; whether it was unlinked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:  # gone already; another user's, or not a plain file: not ours to remove
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path)  # under the lock: an owner that locks after this sees its name gone (``hold``)
+        return True
+    except (BlockingIOError, FileNotFoundError, PermissionError):  # its owner lives; gone; another user's
+        return False
+    finally:
+        os.close(fd)
 
 
 def segment_name(group: str, role: str, pid: int | None = None, serial: int = 0) -> str:
@@ -68,11 +102,8 @@ def sweep_orphans(group: str) -> list[str]:
         pid = owner_pid(entry)
         if pid is None or _running(pid):  # a zombie's segments are orphans too
             continue
-        try:
-            os.unlink(os.path.join(SHM_DIR, entry))
+        if _unlink_unheld(os.path.join(SHM_DIR, entry)):  # a lock held: its owner lives, in another pid namespace
             removed.append(entry)
-        except (FileNotFoundError, PermissionError):  # gone already; another user's
-            pass
     if removed:
         log.warning("freed %d orphaned shared-memory segment(s): %s", len(removed), ", ".join(removed))
     return removed

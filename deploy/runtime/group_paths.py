@@ -11,6 +11,8 @@ import tempfile
 # exports RUNTIME_DIRECTORY=/run/conveyor; CONVEYOR_RUN_DIR overrides both.
 RUN_DIR_ENV = "CONVEYOR_RUN_DIR"
 GROUP_MEMBER_ENV = "CONVEYOR_GROUP_MEMBER"  # the group a process, or the actor that started it, belongs to
+# ... and that group's run folder: two groups of one name with other run folders (CONVEYOR_RUN_DIR) are two groups.
+GROUP_DIR_ENV = "CONVEYOR_GROUP_DIR"
 
 
 def run_dir(group: str) -> str:

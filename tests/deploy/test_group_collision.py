@@ -1,10 +1,13 @@
 """Two groups on one host never share a name: a second ``conveyor serve`` of a live
 group's explicit name fails at once; with no name it takes a free one, and stopping
-either leaves the other serving."""
+either leaves the other serving. A group of the same name that is not this host's (another
+run folder, another pid namespace: another container, a test run under ``unshare``) never
+touches this one's processes or shared memory when it starts."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +19,11 @@ import tritonclient.http as httpclient
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.group_lock import GroupBusy, GroupLock, check_name, take_group
 from conveyor.deploy.ports import free_port
+from conveyor.deploy.runtime.group_paths import RUN_DIR_ENV
+from conveyor.shm.naming import group_segments
+from conveyor.workers.backends.vllm.priority import descendants
 from tests.support.group import start_server, wait_ready
+from tests.support.waiting import running
 
 
 def test_lock_names(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
@@ -113,5 +120,36 @@ def test_an_explicit_name_that_is_live_fails_at_once(tmp_path: object) -> None:
         assert f"group '{group}' is already running on this host (pid {server.proc.pid})" in proc.stderr
         assert time.monotonic() - started < 20  # at once: nothing was started
         assert httpclient.InferenceServerClient(server.http_url).is_server_ready()
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_group_of_the_same_name_elsewhere_leaves_this_one_alone(tmp_path: object) -> None:
+    """What a start does to what a killed group of its name left (``kill_orphans``, ``sweep_orphans``), run
+    where another group of the same name starts: with another run folder, and in a pid namespace of its own,
+    on this /proc and on its own /proc (the segments' owner pids mean nothing there)."""
+    model_repo = os.path.join(str(tmp_path), "repo")
+    add_sub(model_repo, "simple", 8)
+    group = f"ns{os.getpid()}"
+    server = start_server(model_repo, group, "--workers", "1")
+    try:
+        actors = descendants(server.proc.pid)
+        segments = group_segments(group)
+        assert actors and segments
+        start_sweeps = ("from conveyor.deploy.lifeline import kill_orphans; from conveyor.shm.naming import "
+                        f"sweep_orphans; kill_orphans({group!r}); sweep_orphans({group!r})")
+        elsewhere = {**os.environ, RUN_DIR_ENV: os.path.join(str(tmp_path), "other")}
+        subprocess.run([sys.executable, "-c", start_sweeps], env=elsewhere, check=True, timeout=60)
+        namespaces = shutil.which("unshare") is not None and subprocess.run(
+            ["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=30).returncode == 0
+        if namespaces:  # root, or user namespaces allowed: a container, a CI runner may allow neither
+            for own_proc in ([], ["--mount-proc"]):
+                subprocess.run(["unshare", "--pid", "--fork", *own_proc, sys.executable, "-c", start_sweeps],
+                               check=True, timeout=60)
+        assert [pid for pid in actors if not running(pid)] == []
+        assert group_segments(group) == segments
+        assert _infer(server.http_port, "simple").tolist() == [[2] * 16]
+        if not namespaces:
+            pytest.skip("no pid namespace can be made here (unshare): the other run folder's case passed")
     finally:
         assert server.stop() == 0
