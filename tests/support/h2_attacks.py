@@ -193,6 +193,11 @@ class Attacker:
     def close(self) -> None:
         self._closing = True
         try:
+            # Now: a close alone waits for the reader's recv to time out (5 s) before the kernel sends the FIN.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
             self.sock.close()
         except OSError:
             pass
