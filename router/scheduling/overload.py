@@ -30,7 +30,6 @@ reloads as a Prometheus counter must.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,14 +38,13 @@ from conveyor.proto import migration
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, request_prefix, unavailable
-from conveyor.router.repository.namespaces import name_of
-from conveyor.router.scheduling import engine_placement
+from conveyor.router.spec import engine_placement
+from conveyor.router.spec.namespaces import name_of
+from conveyor.router.spec.overload import MAX_KV_PARAMETER, MAX_WAITING_PARAMETER, overload_problem
 
 if TYPE_CHECKING:
     from conveyor.router.pending import Pending
 
-MAX_WAITING_PARAMETER = "MAX_WAITING_REQUESTS"
-MAX_KV_PARAMETER = "MAX_KV_CACHE_USAGE"
 # What a reload applies in place, engines and requests left as they are (``limits_only_change``).
 # MAX_MIGRATIONS is the ingresses' to read (proto/migration.py): nothing in the router or worker holds it.
 IN_PLACE_PARAMETERS = (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER, engine_placement.PARAMETER, migration.PARAMETER)
@@ -81,24 +79,6 @@ class OverloadLimits:
         waiting = parameter_text(config, MAX_WAITING_PARAMETER)
         kv = parameter_text(config, MAX_KV_PARAMETER)
         return cls(int(waiting) if waiting else 0, float(kv) if kv else 0.0)
-
-
-def overload_problem(config: mc.ModelConfig) -> str:
-    """Why the config's limits cannot be used (the model does not load), or ''."""
-    waiting = parameter_text(config, MAX_WAITING_PARAMETER)
-    if waiting and (not (waiting.isascii() and waiting.isdigit()) or int(waiting) <= 0):
-        return (f"parameter '{MAX_WAITING_PARAMETER}' must be a positive number of requests, got '{waiting}' "
-                "(leave it unset for no limit)")
-    kv = parameter_text(config, MAX_KV_PARAMETER)
-    if kv:
-        try:
-            value = float(kv)
-        except ValueError:
-            value = math.nan
-        if not 0.0 < value <= 1.0:  # nan fails too
-            return (f"parameter '{MAX_KV_PARAMETER}' must be a fraction in (0, 1], got '{kv}' "
-                    "(leave it unset for no limit)")
-    return ""
 
 
 def limits_only_change(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:

@@ -18,16 +18,11 @@ from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import Status
 from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
-from conveyor.router.models import InstanceState, ModelRegistry, VersionState
+from conveyor.router.models import InstanceState, VersionState
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.default_groups import filled_config
-from conveyor.router.scheduling.overload import (
-    MAX_KV_PARAMETER,
-    MAX_WAITING_PARAMETER,
-    OverloadLimits,
-    Reason,
-    limits_only_change,
-    overload_problem,
-)
+from conveyor.router.scheduling.overload import OverloadLimits, Reason, limits_only_change
+from conveyor.router.spec.overload import MAX_KV_PARAMETER, MAX_WAITING_PARAMETER, overload_problem
 from tests.support.router_core import RouterCore, write_model
 
 W1 = b"worker-1"
