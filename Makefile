@@ -23,8 +23,10 @@ test: $(PY)
 
 check: lint typecheck unit
 
+# ruff, then the import contracts (pyproject.toml, [tool.importlinter]): no cycles, the actors independent.
 lint:
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # mypy finds conveyor.* in build/src, the links an install makes (pyproject.toml), as editors and other tools do.
 typecheck:
@@ -47,4 +49,4 @@ proto: $(PY)
 	PATH=$(VENV)/bin:$$PATH bash proto/regenerate.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

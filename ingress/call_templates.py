@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from conveyor.ingress.dataplane import InferCall
-from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
-from conveyor.ingress.shm_params import ShmPlacement
+from conveyor.proto.request_checks import InferInput, RequestedOutput, TensorData
+from conveyor.proto.shm_params import ShmPlacement
 
 MAX_TEMPLATES = 256
 

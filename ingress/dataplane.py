@@ -28,7 +28,12 @@ from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.limits import IngressLimits, too_many_in_flight
 from conveyor.ingress.model_cache import ModelSignatureCache
 from conveyor.ingress.prefix_key import prefix_key
-from conveyor.ingress.request_checks import (
+from conveyor.ingress.request_hash import request_hash
+from conveyor.ingress.router_link import RouterLink, error_from
+from conveyor.proto import messages as m
+from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype, split_bytes
+from conveyor.proto.errors import ConveyorError, Status, internal, unsupported
+from conveyor.proto.request_checks import (
     InferInput,
     RequestedOutput,
     check_inputs,
@@ -37,12 +42,7 @@ from conveyor.ingress.request_checks import (
     remember_verdict,
     write_inputs,
 )
-from conveyor.ingress.request_hash import request_hash
-from conveyor.ingress.router_link import RouterLink, error_from
-from conveyor.ingress.signature import ModelSignature
-from conveyor.proto import messages as m
-from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype, split_bytes
-from conveyor.proto.errors import ConveyorError, Status, internal, unsupported
+from conveyor.proto.signature import ModelSignature
 from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.regions import RegionCache
 

@@ -47,13 +47,6 @@ class IngressLimits:
     header_forward: HeaderForward | None = None
 
 
-def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:
-    return invalid_arg(
-        f"input '{name}' has {count} elements, more than the {limit} this server accepts per input "
-        "(--max-input-elements)"
-    )
-
-
 def check_json_size(nbytes: int, limit: int) -> None:
     if limit and nbytes > limit:
         raise json_too_large(nbytes, limit)

@@ -4,7 +4,7 @@ the router once and kept until the router's repository generation changes."""
 from __future__ import annotations
 
 from conveyor.ingress.router_link import RouterLink
-from conveyor.ingress.signature import ModelSignature
+from conveyor.proto.signature import ModelSignature
 
 
 class ModelSignatureCache:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.router.observability.histograms import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY
-from conveyor.router.scheduling.overload import REASONS as OVERLOAD_REASONS
+from conveyor.proto.metric_series import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY, OVERLOAD_REASONS
 
 # (metric, help, where to read it in one model_stats entry); "x.us" is a duration's ns / 1000.
 _COUNTERS: list[tuple[str, str, str]] = [

@@ -31,10 +31,10 @@ import numpy as np
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, SendTurn, StreamError
 from conveyor.ingress.migration import Migration
-from conveyor.ingress.request_checks import InferInput
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError, WorkerLost
+from conveyor.proto.request_checks import InferInput
+from conveyor.proto.signature import ModelSignature
 
 TEXT, IDS, SAMPLING, STREAM = "text_input", "input_ids", "sampling_parameters", "stream"
 # Request parameters that are the backend's inputs or Conveyor's marks, not sampling parameters (the

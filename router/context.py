@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from conveyor.proto.framing import PeerOutbox
 from conveyor.router.ledger import Ledger
-from conveyor.router.models import ModelRegistry
 from conveyor.router.observability.tracing import Tracer
+from conveyor.router.pool import WorkerPool
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.replies import Replies
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
-from conveyor.router.worker_pool.pool import WorkerPool
 
 
 @dataclass(frozen=True, slots=True, eq=False)

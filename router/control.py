@@ -12,10 +12,11 @@ from conveyor.deploy.runtime.drain import DrainClock
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.models import ModelRegistry, VersionState, metadata, parse_version, signature
+from conveyor.router.models import VersionState, metadata, parse_version, signature
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
+from conveyor.router.pool import WorkerPool
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.default_groups import filled_config
-from conveyor.router.worker_pool.pool import WorkerPool
 
 
 class ControlHandler:

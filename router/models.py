@@ -1,11 +1,11 @@
 """The router's view of every model version: its config, state, queue, instances
-and statistics. Names the version a request is served by."""
+and statistics, built from its spec; what the ingress is told about it (``signature``,
+``metadata``). The registry of them by name is ``registry.py``."""
 
 from __future__ import annotations
 
 import enum
 import itertools
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,21 +15,21 @@ from conveyor.proto import migration
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.datatypes import config_to_datatype
-from conveyor.proto.errors import invalid_arg, not_found, unavailable
+from conveyor.proto.errors import invalid_arg
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
 from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import equal_shapes
-from conveyor.router.repository.namespaces import ambiguous, name_of
-from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.ordering import ResponseOrder
-from conveyor.router.scheduling.overload import OverloadLimits, Waiting, WaitingBook
+from conveyor.router.scheduling.overload import OverloadLimits, Waiting
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
 from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.scheduling.shape_keys import BatchKey, batch_key, unbatched
+from conveyor.router.spec.model_spec import ModelSpec
+from conveyor.router.spec.namespaces import name_of
 
 
 class InstanceState(enum.Enum):
@@ -302,117 +302,6 @@ def default_instance_name(state: VersionState) -> str:
     while f"{state.config.name}_{i}" in taken:
         i += 1
     return f"{state.config.name}_{i}"
-
-
-class ModelRegistry:
-    """Models by name. ``models`` serve requests; ``staging`` holds a reload whose
-    instances are still loading (the old entry keeps serving until it is ready);
-    ``retiring`` holds replaced or unloaded entries finishing their queued and
-    running requests before their instances are unloaded."""
-
-    def __init__(self, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
-        self.models: dict[str, ModelEntry] = {}
-        self.staging: dict[str, ModelEntry] = {}
-        self.retiring: list[ModelEntry] = []
-        self.unloaded: dict[str, str] = {}  # name -> why, for the repository index
-        # --model-namespacing: name -> the keys of the models of that name in several
-        # repositories (router/repository/namespaces.py); empty without it. Read on lookup misses only.
-        self.namespacing = False
-        self.namespaced: dict[str, list[str]] = {}
-        self.queue_cap = queue_cap  # per model version; 0 = none
-        self.waiting = WaitingBook()  # each version's waiting requests, across its reloads
-        self.next_index = itertools.count().__next__
-        # Starts from the clock so a restarted router never repeats a generation
-        # that ingress caches already hold.
-        self.generation = time.time_ns() // 1_000_000 % (1 << 40)
-
-    def build(self, spec: ModelSpec) -> ModelEntry:
-        entry: ModelEntry
-        if spec.backend == "ensemble" and not spec.error:
-            from conveyor.router.ensembles.state import build_ensemble_entry  # it builds on this module
-
-            entry = build_ensemble_entry(spec, self)
-        else:
-            entry = build_entry(spec, self.queue_cap, self.next_index)
-        for state in entry.versions.values():
-            state.waiting = self.waiting.of(state.model, state.version)
-            if self.namespacing:
-                state.namespace = os.path.dirname(spec.path)
-        return entry
-
-    def replace(self, specs: dict[str, ModelSpec]) -> None:
-        self.models = {name: self.build(spec) for name, spec in specs.items()}
-        self.generation += 1
-
-    def versions(self) -> list[VersionState]:
-        """The versions that serve requests."""
-        return [v for e in self.models.values() for v in e.versions.values()]
-
-    def live_versions(self) -> list[VersionState]:
-        """Serving and staged versions: those that get instances placed."""
-        return self.versions() + [v for e in self.staging.values() for v in e.versions.values()]
-
-    def every_version(self) -> list[VersionState]:
-        """Everything with instances on workers, retiring entries included."""
-        return self.live_versions() + [v for e in self.retiring for v in e.versions.values()]
-
-    def find_instance(self, model: str, version: str, index: int) -> Instance | None:
-        for state in self.every_version():
-            if state.model == model and state.label == version:
-                for inst in state.instances:
-                    if inst.index == index:
-                        return inst
-        return None
-
-    def entry(self, model: str) -> ModelEntry:
-        entry = self.models.get(model)
-        if entry is None:
-            return self._miss(model)
-        return entry
-
-    def _miss(self, model: str) -> ModelEntry:
-        """A name that is no key: with --model-namespacing, a name several repositories hold
-        (one of them loaded: that one; more: Triton's ambiguity error)."""
-        if model in self.unloaded:  # Triton keeps an unloaded model's entry, with no version ready
-            raise not_found(f"Request for unknown model: '{model}' has no available versions")
-        if not self.namespacing:
-            raise not_found(f"Request for unknown model: '{model}' is not found")
-        loaded = [key for key in self.namespaced.get(model, ()) if key in self.models]
-        if len(loaded) == 1:
-            return self.models[loaded[0]]
-        if loaded:
-            raise ambiguous(model, len(loaded))
-        # Triton's namespaced lookup (FindModelIdentifier) refuses an unknown name as INVALID_ARG.
-        raise invalid_arg(f"Request for unknown model: '{model}' is not found")
-
-    def resolve(self, model: str, version: str) -> VersionState:
-        """The version serving a request: the one named, or the newest ready one."""
-        number = parse_version(version) if version else -1  # first, as Triton's front ends do
-        entry = self.models.get(model)
-        if entry is None:
-            entry = self._miss(model)
-        if entry.spec.error:
-            raise unavailable(f"Request for unknown model: '{model}' is not ready: {entry.spec.error}")
-        if version:
-            state = entry.versions.get(number)
-            if state is None:
-                raise not_found(f"Request for unknown model: '{model}' version {version} is not found")
-            if not state.ready:
-                raise unavailable(
-                    f"Request for unknown model: '{model}' version {version} is not at ready state: {state.reason}"
-                )
-            return state
-        newest: VersionState | None = None
-        for s in entry.versions.values():  # the newest ready one, without a list or a key function
-            if s.ready and (newest is None or s.version > newest.version):
-                newest = s
-        if newest is None:
-            reasons = "; ".join(s.reason for s in entry.versions.values() if s.reason)
-            raise unavailable(
-                f"Request for unknown model: '{model}' has no available versions"
-                + (f": {reasons}" if reasons else "")
-            )
-        return newest
 
 
 def parse_version(version: str) -> int:

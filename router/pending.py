@@ -4,11 +4,14 @@ what the scheduler decided about it on arrival."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from conveyor.proto import messages as m
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.observability.tracing import TraceRecord
-from conveyor.router.scheduling.overload import Waiting
+
+if TYPE_CHECKING:
+    from conveyor.router.scheduling.overload import Waiting
 
 
 @dataclass(slots=True)

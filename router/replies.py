@@ -6,7 +6,8 @@ from __future__ import annotations
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.framing import PeerOutbox
-from conveyor.router.models import ModelRegistry, VersionState
+from conveyor.router.models import VersionState
+from conveyor.router.registry import ModelRegistry
 
 
 class Replies:

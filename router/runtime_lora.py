@@ -24,7 +24,8 @@ from conveyor.proto.framing import PeerOutbox
 from conveyor.proto.lora import RUNTIME_PARAMETER, runtime_updates_allowed
 from conveyor.router.control_table import Caller
 from conveyor.router.lora_book import Adapter, AdapterBook
-from conveyor.router.models import Instance, InstanceState, ModelRegistry
+from conveyor.router.models import Instance, InstanceState
+from conveyor.router.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 

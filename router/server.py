@@ -44,10 +44,11 @@ from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.self_link import SelfLink
 from conveyor.router.ledger import Ledger
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
-from conveyor.router.models import ModelRegistry
 from conveyor.router.observability.otlp_export import otlp_sink
 from conveyor.router.observability.trace_settings import TraceConfig
 from conveyor.router.observability.tracing import Tracer
+from conveyor.router.pool import HEARTBEAT_INTERVAL_S, WorkerPool
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.replies import Replies, count_refused
 from conveyor.router.repository.agent import Lane, RepositoryAgent
 from conveyor.router.repository.cloud import RepositoryRoots
@@ -64,7 +65,6 @@ from conveyor.router.startup import CREATE_FAILED_CODE, StartupOptions
 from conveyor.router.user_readiness import UserReadiness
 from conveyor.router.worker_pool.membership import WorkerMembership
 from conveyor.router.worker_pool.placement import Placement
-from conveyor.router.worker_pool.pool import HEARTBEAT_INTERVAL_S, WorkerPool
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 

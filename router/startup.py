@@ -22,5 +22,5 @@ class StartupOptions:
     config_name: str = ""
     load_retries: int = 0
     backend_config: BackendConfig = field(default_factory=BackendConfig)
-    namespacing: bool = False  # --model-namespacing (router/repository/namespaces.py)
+    namespacing: bool = False  # --model-namespacing (router/spec/namespaces.py)
     load_threads: int = DEFAULT_LOAD_THREADS  # --model-load-thread-count (router/repository/agent.py)

@@ -18,7 +18,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.framing import PeerOutbox
 from conveyor.router.control import ControlHandler
 from conveyor.router.control_table import Caller
-from conveyor.router.models import ModelRegistry
+from conveyor.router.registry import ModelRegistry
 
 TIMEOUT_S = 5.0
 

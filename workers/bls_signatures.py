@@ -1,7 +1,7 @@
 """The signatures BLS requests are checked against before they are sent.
 
 A worker checks its models' BLS requests as the ingress checks a client's
-(``ingress/request_checks.py`` against the router's ``signature``), so a wrong
+(``proto/request_checks.py`` against the router's ``signature``), so a wrong
 input name, datatype or shape, an unknown output or an unknown model fails only
 that ``exec()`` call, with the ingress's message, and never reaches (or fails)
 the callee's batch. Signatures are fetched once per model version and dropped
@@ -10,7 +10,7 @@ when the router's repository generation changes, as the ingress's cache is.
 
 from __future__ import annotations
 
-from conveyor.ingress.signature import ModelSignature
+from conveyor.proto.signature import ModelSignature
 from conveyor.workers.bls_link import BlsLink
 
 

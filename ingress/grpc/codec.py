@@ -25,13 +25,13 @@ from google.protobuf import json_format
 
 from conveyor.ingress.dataplane import InferCall, InferResult
 from conveyor.ingress.grpc import wire
-from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
-from conveyor.ingress.shm_params import take_placement
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import model_config_pb2
 from conveyor.proto._pool import POOL
 from conveyor.proto.datatypes import numpy_dtype
 from conveyor.proto.errors import ConveyorError, internal, invalid_arg
+from conveyor.proto.request_checks import InferInput, RequestedOutput, TensorData
+from conveyor.proto.shm_params import take_placement
 
 # --- requests ----------------------------------------------------------------------
 

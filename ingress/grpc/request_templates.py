@@ -19,7 +19,7 @@ from typing import Any
 from conveyor.ingress.call_templates import MAX_TEMPLATES, CallTemplate, TemplateCache, template_of
 from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.grpc.codec import to_infer_call
-from conveyor.ingress.request_checks import TensorData
+from conveyor.proto.request_checks import TensorData
 
 
 class RequestTemplates:

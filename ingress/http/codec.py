@@ -27,11 +27,11 @@ import orjson
 
 from conveyor.ingress.dataplane import InferCall, InferResult, release_blocks
 from conveyor.ingress.http.json_tensors import array_from_json, json_output_data
-from conveyor.ingress.request_checks import InferInput, RequestedOutput, TensorData
-from conveyor.ingress.shm_params import REGION, take_placement
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import DATATYPES, element_size
 from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
+from conveyor.proto.request_checks import InferInput, RequestedOutput, TensorData
+from conveyor.proto.shm_params import REGION, take_placement
 from conveyor.shm.regions import RegionCache
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -44,10 +44,10 @@ from conveyor.ingress.http.deadline import TIMEOUT_HEADER, parse_timeout, within
 from conveyor.ingress.http.deep_json import is_depth_error
 from conveyor.ingress.http.json_tensors import array_from_json
 from conveyor.ingress.limits import check_json_size
-from conveyor.ingress.request_checks import InferInput
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.request_checks import InferInput
+from conveyor.proto.signature import ModelSignature
 
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response

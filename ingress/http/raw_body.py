@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from conveyor.ingress.dataplane import InferCall
 from conveyor.ingress.http.codec import HttpInferRequest
-from conveyor.ingress.request_checks import InferInput
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.datatypes import element_size
 from conveyor.proto.errors import invalid_arg, request_prefix
+from conveyor.proto.request_checks import InferInput
+from conveyor.proto.signature import ModelSignature
 
 # A raw body has no JSON header, so no request id.
 _NO_ID = request_prefix("")

@@ -31,12 +31,12 @@ from conveyor.ingress.openai.contract import IDS_INPUT, Contract, contract_of
 from conveyor.ingress.openai.errors import unreadable
 from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokenizer, tokenizer_folder
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status, not_found
 from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
 from conveyor.proto.migration import PARAMETER as MIGRATIONS_PARAMETER
 from conveyor.proto.migration import max_migrations_of
 from conveyor.proto.repository_files import read_text
+from conveyor.proto.signature import ModelSignature
 
 
 @dataclass

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.ingress.request_checks import InferInput
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import numpy_dtype
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
+from conveyor.proto.request_checks import InferInput
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"

@@ -35,10 +35,10 @@ from conveyor.ingress.openai.contract import (
     tensor_inputs,
 )
 from conveyor.ingress.openai.tokenizer import Tokenizer
-from conveyor.ingress.request_checks import InferInput
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import stream_steps
 from conveyor.proto.errors import ConveyorError, WorkerLost, invalid_arg
+from conveyor.proto.request_checks import InferInput
+from conveyor.proto.signature import ModelSignature
 
 if TYPE_CHECKING:
     from conveyor.ingress.openai.migration import Resume

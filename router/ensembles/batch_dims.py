@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.router.ensembles.plan import EnsemblePlan
+from conveyor.router.spec.ensemble_plan import EnsemblePlan
 
 
 @dataclass(frozen=True, slots=True)

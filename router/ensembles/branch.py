@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from conveyor.proto import messages as m
-from conveyor.router.ensembles.plan import Step
+from conveyor.router.spec.ensemble_plan import Step
 
 
 def block_key(flag: m.Release) -> tuple[str, int]:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from conveyor.proto.errors import invalid_arg
-from conveyor.router.ensembles.plan import EnsemblePlan, Step
+from conveyor.router.spec.ensemble_plan import EnsemblePlan, Step
 
 REQUEST = 0  # the level of the request's own tensors
 

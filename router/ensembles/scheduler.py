@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.ensembles.branch import Branch, block_key
-from conveyor.router.ensembles.conditions import Condition
 from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
-from conveyor.router.ensembles.plan import Step
 from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
+from conveyor.router.spec.ensemble_conditions import Condition
+from conveyor.router.spec.ensemble_plan import Step
 from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)

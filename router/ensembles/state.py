@@ -17,17 +17,21 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.ensembles.batch_dims import BatchDims, batch_dims
 from conveyor.router.ensembles.levels import Levels, build_levels
-from conveyor.router.ensembles.plan import EnsemblePlan, Step, build_plan
-from conveyor.router.models import ModelEntry, ModelRegistry, VersionState
+from conveyor.router.models import ModelEntry, VersionState
 from conveyor.router.observability.stats import ModelStats
-from conveyor.router.repository.namespaces import step_key
-from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.spec.ensemble_plan import EnsemblePlan, Step, build_plan
+from conveyor.router.spec.model_spec import ModelSpec
+from conveyor.router.spec.namespaces import step_key
+
+if TYPE_CHECKING:
+    from conveyor.router.registry import ModelRegistry
 
 
 @dataclass(eq=False)

@@ -16,8 +16,8 @@ from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
 from conveyor.router.repository.agent import Lane
-from conveyor.router.repository.namespaces import name_of
 from conveyor.router.repository.prepare import listing, on_disk, registration_check
+from conveyor.router.spec.namespaces import name_of
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
 

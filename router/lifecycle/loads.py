@@ -20,13 +20,12 @@ from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lifecycle.entry_state import problem_of, serving
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
-from conveyor.router.models import ModelRegistry
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.cloud.roots import UnusableRepository
 from conveyor.router.repository.config_unused import log_unused_fields
 from conveyor.router.repository.default_groups import filled_config
-from conveyor.router.repository.namespaces import name_of, step_key
 from conveyor.router.repository.prepare import (
     Prepared,
     Repositories,
@@ -35,9 +34,10 @@ from conveyor.router.repository.prepare import (
     prepare,
     remove_dir,
 )
-from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.overload import OverloadLimits, limits_only_change
+from conveyor.router.spec.model_spec import ModelSpec
+from conveyor.router.spec.namespaces import name_of, step_key
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
 
@@ -63,7 +63,7 @@ class ModelLoads:
         ``check``: raises ``UnusableRepository`` for a root the server cannot start with (run first at
         start-up, on the agent: it may list a bucket)."""
         self.registry = registry
-        # --model-namespacing: models are keyed as router/repository/namespaces.py says.
+        # --model-namespacing: models are keyed as router/spec/namespaces.py says.
         self.namespacing = registry.namespacing = namespacing
         self.repositories = repositories
         self.mode = mode

@@ -10,8 +10,8 @@ from conveyor.router.lifecycle.entry_state import loading, problem_of
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import ControlMode, Prep, Why
 from conveyor.router.repository.cloud.roots import UnusableRepository
-from conveyor.router.repository.namespaces import assign_keys, duplicated
 from conveyor.router.repository.prepare import Listing, listing
+from conveyor.router.spec.namespaces import assign_keys, duplicated
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
 

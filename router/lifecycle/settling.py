@@ -12,7 +12,7 @@ from conveyor.router.lifecycle.entry_state import load_failed, loading, problem_
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, Settled
 from conveyor.router.models import ModelEntry
-from conveyor.router.repository.namespaces import name_of
+from conveyor.router.spec.namespaces import name_of
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
 

@@ -12,18 +12,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-# Upper bounds in seconds (Prometheus ``le``), from sub-millisecond CPU models to slow LLM calls.
-BUCKETS_S: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)
+from conveyor.proto.metric_series import BUCKETS_S, FAILURE_REASONS, FIRST_RESPONSE_FAMILY
+
+# Upper bounds: proto/metric_series.py (the ingress renders them as ``le``).
 _BOUNDS_NS: list[int] = [round(b * 1e9) for b in BUCKETS_S]
 
 # Triton's default ``summary_quantiles``: quantile -> allowed error.
 DEFAULT_QUANTILES: dict[float, float] = {0.5: 0.05, 0.9: 0.01, 0.95: 0.001, 0.99: 0.001}
 # A summary's quantiles are over this many most recent samples (Triton: a sliding time window).
 SUMMARY_WINDOW = 1024
-
-FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
 class Histogram:
@@ -45,8 +42,7 @@ class Histogram:
         return {"counts": list(self.counts), "sum_ns": self.sum_ns}
 
 
-# Triton's time to first response (decoupled models): its name, and its default buckets in ms.
-FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
+# Triton's time to first response (decoupled models): its default buckets in ms.
 FIRST_RESPONSE_BUCKETS_MS: tuple[float, ...] = (100.0, 500.0, 2000.0, 5000.0)
 
 

@@ -24,7 +24,7 @@ Work goes to one of three lanes, so quick work never queues behind slow work:
   and never behind a scan.
 
 The slow parts release the GIL (a child process waited on, sockets, files), and ONNX
-graphs are read without their weights (``onnx_graph.py``): the loop thread keeps running.
+graphs are read without their weights (``proto/onnx_graph.py``): the loop thread keeps running.
 """
 
 from __future__ import annotations

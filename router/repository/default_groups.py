@@ -24,7 +24,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.models import Instance, InstanceState, VersionState
 
 if TYPE_CHECKING:
-    from conveyor.router.worker_pool.pool import WorkerInfo
+    from conveyor.router.pool import WorkerInfo
 
 log = logging.getLogger(__name__)
 

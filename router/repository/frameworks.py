@@ -18,6 +18,7 @@ import sys
 from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.fil_model_files import default_model_file
 from conveyor.proto.model_config import from_json, to_json
 from conveyor.proto.repository_files import check_regular, unreadable
 
@@ -45,8 +46,6 @@ TIMEOUT_S = 120.0  # TensorFlow's import alone takes seconds on a busy host
 def default_filename(config: mc.ModelConfig) -> str:
     """The version's model file for these backends ('' for other backends)."""
     if config.backend == "fil":
-        from conveyor.workers.backends.fil.settings import default_model_file  # no framework import
-
         return default_model_file(config)
     if config.backend == "openvino":
         return "model.xml"

@@ -7,7 +7,7 @@ the config already set ``max_batch_size``.
 
 A model directory (``<version>/model.onnx/`` with ``model.onnx`` and its external
 data inside) is read from its ``model.onnx``. Only the graph's signature is read, never
-the weights, whether inside the graph or in external data (``onnx_graph.py``): this runs
+the weights, whether inside the graph or in external data (``proto/onnx_graph.py``): this runs
 on the router's repository agent, beside its loop thread.
 """
 
@@ -18,8 +18,8 @@ import os
 import onnx
 
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.onnx_graph import read_signature
 from conveyor.proto.repository_files import unreadable
-from conveyor.router.repository.onnx_graph import read_signature
 
 DEFAULT_MAX_BATCH_SIZE = 4
 

@@ -21,8 +21,9 @@ from conveyor.proto.errors import client_mistake
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.repository_files import read_text
 from conveyor.router.repository.backend_config import BackendConfig
-from conveyor.router.repository.namespaces import assign_keys, name_of
-from conveyor.router.repository.scan import ModelSpec, config_file, load_spec, model_dirs
+from conveyor.router.repository.scan import config_file, load_spec, model_dirs
+from conveyor.router.spec.model_spec import ModelSpec
+from conveyor.router.spec.namespaces import assign_keys, name_of
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, qu
 
 
 def on_disk(repos: Repositories, dirs: list[tuple[str, str]] | None = None) -> dict[str, str]:
-    """Registry key -> model directory (the key is the name, but see router/repository/namespaces.py)."""
+    """Registry key -> model directory (the key is the name, but see router/spec/namespaces.py)."""
     found: dict[str, str] = {}
     for root, mapping in repos.registered.items():
         for subdir, name in mapping.items():

@@ -9,27 +9,22 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 
 from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.batch_shapes import batch_shapes_problem
-from conveyor.proto.migration import migration_problem
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.repository_files import read_text, unreadable
-from conveyor.proto.sequence_config import IDLE_DEFAULT_US, sequence_problem
-from conveyor.router.ensembles.plan import ensemble_problem
+from conveyor.proto.sequence_config import IDLE_DEFAULT_US
 from conveyor.router.repository import frameworks
 from conveyor.router.repository.backend_config import BackendConfig
-from conveyor.router.repository.namespaces import assign_keys, name_of
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
 from conveyor.router.repository.python_autocomplete import complete_python
 from conveyor.router.repository.vllm_autocomplete import complete_vllm
-from conveyor.router.scheduling.adaptive import adaptive_problem
-from conveyor.router.scheduling.engine_placement import placement_problem
-from conveyor.router.scheduling.overload import overload_problem
-from conveyor.router.scheduling.queue_policy import scheduling_problem
+from conveyor.router.spec.ensemble_plan import ensemble_problem
+from conveyor.router.spec.model_spec import ModelSpec
+from conveyor.router.spec.namespaces import assign_keys, name_of
+from conveyor.router.spec.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +56,6 @@ _NOT_COMPLETED = {
     "tensorrt": "Conveyor does not complete TensorRT configs from the engine yet: declare the inputs and outputs",
     **frameworks.NOT_COMPLETED,
 }
-
-
-@dataclass
-class ModelSpec:
-    """One model directory as found on disk."""
-
-    name: str
-    path: str
-    config: mc.ModelConfig = field(default_factory=mc.ModelConfig)
-    backend: str = ""
-    versions: dict[int, str] = field(default_factory=dict)  # version -> model file path
-    version_errors: dict[int, str] = field(default_factory=dict)
-    error: str = ""
-    # Its registry key where that is not its name: with --model-namespacing, a name held by
-    # several repositories is keyed by its directory (router/repository/namespaces.py).
-    key: str = ""
-
-    @property
-    def registry_key(self) -> str:
-        return self.key or self.name
 
 
 def scan(repositories: list[str], autocomplete: bool = True, *, config_name: str = "",
@@ -231,33 +206,6 @@ def _guess_backend(path: str) -> str:
         if root.count(os.sep) - path.count(os.sep) > 1:
             break
     return ""
-
-
-def validate(config: mc.ModelConfig) -> str:
-    """The first problem Triton would reject this config for, or ''."""
-    if config.max_batch_size < 0:
-        return "max_batch_size must be >= 0"
-    if not config.output:
-        return "the config declares no outputs"
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        names: set[str] = set()
-        for t in tensors:
-            if not t.name:
-                return f"an {kind} has no name"
-            if t.name in names:
-                return f"{kind} '{t.name}' is declared twice"
-            names.add(t.name)
-            if t.data_type == mc.TYPE_INVALID:
-                return f"{kind} '{t.name}' has no data_type"
-            if any(d < -1 or d == 0 for d in t.dims) and not t.dims == [0]:
-                return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
-    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
-        return "dynamic batching needs max_batch_size > 0"
-    if config.model_transaction_policy.decoupled and config.backend not in ("python", "vllm"):
-        return "decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend"
-    return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
-            or batch_shapes_problem(config) or overload_problem(config) or placement_problem(config)
-            or migration_problem(config))
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:

@@ -52,8 +52,8 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.pending import Pending
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP, SchedulingPolicy
+from conveyor.router.spec.adaptive import LATENCY_TARGET_PARAMETER
 
-LATENCY_TARGET_PARAMETER = "conveyor.latency_target_us"
 LEVELS_US = (0, 1000, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000)
 WINDOW_NS = 300_000_000  # a throughput window lasts at least this long ...
 WINDOW_BATCHES = 8  # ... and holds at least this many executions
@@ -72,19 +72,6 @@ def latency_target_ns(config: mc.ModelConfig) -> int:
         return max(int(param.string_value), 0) * 1000
     except ValueError:
         return 0
-
-
-def adaptive_problem(config: mc.ModelConfig) -> str:
-    """Why the model's latency target cannot be used, or ''."""
-    param = config.parameters.get(LATENCY_TARGET_PARAMETER)
-    if param is None:
-        return ""
-    value = param.string_value.strip()
-    if not value.isdigit() or int(value) <= 0:
-        return f"parameter '{LATENCY_TARGET_PARAMETER}' must be a positive number of microseconds, got '{value}'"
-    if not config.HasField("dynamic_batching"):
-        return f"parameter '{LATENCY_TARGET_PARAMETER}' needs dynamic_batching (and max_batch_size > 0)"
-    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,14 +38,12 @@ from typing import TYPE_CHECKING
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_text
+from conveyor.router.spec.engine_placement import PARAMETER, PREFIX, ROUND_ROBIN
 
 if TYPE_CHECKING:
     from conveyor.router.models import Instance
     from conveyor.router.pending import Pending
 
-PARAMETER = "ENGINE_PLACEMENT"
-PREFIX, ROUND_ROBIN = "prefix", "round_robin"
-CHOICES = (PREFIX, ROUND_ROBIN)
 # A key unseen this long is taken to be evicted from its engine's cache. Engines evict by memory,
 # not time: under a steady load a busy engine's cache turns over in about this time on small hosts,
 # and a wrong guess costs a placement no better than round-robin, never a wrong answer.
@@ -66,14 +64,6 @@ CACHE_SHARE = 0.5
 # a CPU engine runs far fewer sequences at once (max_num_seqs 32 here).
 BALANCE_REQUESTS = 16
 BALANCE_RATIO = 1.5
-
-
-def placement_problem(config: mc.ModelConfig) -> str:
-    """Why the config's ``ENGINE_PLACEMENT`` cannot be used (the model does not load), or ''."""
-    value = parameter_text(config, PARAMETER)
-    if value and value not in CHOICES:
-        return f"parameter '{PARAMETER}' must be one of {', '.join(repr(c) for c in CHOICES)}, got '{value}'"
-    return ""
 
 
 class EnginePlacement:

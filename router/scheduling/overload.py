@@ -29,8 +29,6 @@ reloads as a Prometheus counter must.
 
 from __future__ import annotations
 
-import enum
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,27 +37,17 @@ from conveyor.proto import migration
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, request_prefix, unavailable
-from conveyor.router.repository.namespaces import name_of
-from conveyor.router.scheduling import engine_placement
+from conveyor.proto.metric_series import OVERLOAD_REASONS, OverloadReason
+from conveyor.router.spec import engine_placement
+from conveyor.router.spec.namespaces import name_of
+from conveyor.router.spec.overload import MAX_KV_PARAMETER, MAX_WAITING_PARAMETER, overload_problem
 
 if TYPE_CHECKING:
     from conveyor.router.pending import Pending
 
-MAX_WAITING_PARAMETER = "MAX_WAITING_REQUESTS"
-MAX_KV_PARAMETER = "MAX_KV_CACHE_USAGE"
 # What a reload applies in place, engines and requests left as they are (``limits_only_change``).
 # MAX_MIGRATIONS is the ingresses' to read (proto/migration.py): nothing in the router or worker holds it.
 IN_PLACE_PARAMETERS = (MAX_WAITING_PARAMETER, MAX_KV_PARAMETER, engine_placement.PARAMETER, migration.PARAMETER)
-
-
-class Reason(enum.Enum):
-    """Why a request was refused: the ``reason`` label of ``conveyor_overload_refusals_total``."""
-
-    WAITING = "max_waiting_requests"
-    KV_CACHE = "max_kv_cache_usage"
-
-
-REASONS = tuple(r.value for r in Reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,24 +69,6 @@ class OverloadLimits:
         waiting = parameter_text(config, MAX_WAITING_PARAMETER)
         kv = parameter_text(config, MAX_KV_PARAMETER)
         return cls(int(waiting) if waiting else 0, float(kv) if kv else 0.0)
-
-
-def overload_problem(config: mc.ModelConfig) -> str:
-    """Why the config's limits cannot be used (the model does not load), or ''."""
-    waiting = parameter_text(config, MAX_WAITING_PARAMETER)
-    if waiting and (not (waiting.isascii() and waiting.isdigit()) or int(waiting) <= 0):
-        return (f"parameter '{MAX_WAITING_PARAMETER}' must be a positive number of requests, got '{waiting}' "
-                "(leave it unset for no limit)")
-    kv = parameter_text(config, MAX_KV_PARAMETER)
-    if kv:
-        try:
-            value = float(kv)
-        except ValueError:
-            value = math.nan
-        if not 0.0 < value <= 1.0:  # nan fails too
-            return (f"parameter '{MAX_KV_PARAMETER}' must be a fraction in (0, 1], got '{kv}' "
-                    "(leave it unset for no limit)")
-    return ""
 
 
 def limits_only_change(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
@@ -133,20 +103,20 @@ class Waiting:
         # The lowest use its engines last reported (a request may still go to the least full one);
         # 0 while none reports (no vLLM engine, or its statistics off): the KV limit then never refuses.
         self.kv_usage = 0.0
-        self.refusals = dict.fromkeys(REASONS, 0)
+        self.refusals = dict.fromkeys(OVERLOAD_REASONS, 0)
         self._kv_by_worker: dict[bytes, float] = {}
 
     def refusal(self, limits: OverloadLimits, req: m.InferRequest, model: str) -> ConveyorError | None:
         """The answer to a new request when the version is past a limit (counted), else None."""
         if limits.max_waiting and self.count >= limits.max_waiting:
-            self.refusals[Reason.WAITING.value] += 1
+            self.refusals[OverloadReason.WAITING.value] += 1
             # Triton's queue-full wording (PriorityQueue::PolicyQueue::Enqueue), naming the limit.
             return unavailable(
                 f"{request_prefix(req.request_id)}Exceeds maximum waiting requests: {self.count} requests already "
                 f"wait for model '{name_of(model)}' (parameter {MAX_WAITING_PARAMETER} {limits.max_waiting})"
             )
         if limits.max_kv_usage and self.running and self.kv_usage >= limits.max_kv_usage:
-            self.refusals[Reason.KV_CACHE.value] += 1
+            self.refusals[OverloadReason.KV_CACHE.value] += 1
             return unavailable(
                 f"{request_prefix(req.request_id)}Exceeds maximum KV-cache usage: {self.kv_usage:.0%} of the "
                 f"KV cache of model '{name_of(model)}' is in use "

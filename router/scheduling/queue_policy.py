@@ -73,28 +73,3 @@ class SchedulingPolicy:
         if type(priority) is int and 0 < priority <= len(self.levels):
             return priority - 1
         return self.default_index
-
-
-def scheduling_problem(config: mc.ModelConfig) -> str:
-    """The first ``dynamic_batching`` setting Triton would refuse to load, or ''."""
-    if not config.HasField("dynamic_batching"):
-        return ""
-    db = config.dynamic_batching
-    for size in db.preferred_batch_size:
-        if size <= 0:
-            return "dynamic batching preferred size must be positive"
-        if size > config.max_batch_size:
-            return "dynamic batching preferred size must be <= max batch size"
-    levels = db.priority_levels
-    if levels:
-        if not 1 <= db.default_priority_level <= levels:
-            return f"default priority level must be in range [1, {levels}]"
-        if any(not 1 <= level <= levels for level in db.priority_queue_policy):
-            return f"priority queue policy must have priority level in range [1, {levels}]"
-    if db.preserve_ordering:
-        if levels > 1:
-            return "Only one priority level is allowed when 'preserve_ordering' is true"
-        policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
-        if any(p.default_timeout_microseconds and p.timeout_action == mc.ModelQueuePolicy.DELAY for p in policies):
-            return "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"
-    return ""

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, invalid_arg
-from conveyor.router.models import Instance, VersionState
+
+if TYPE_CHECKING:
+    from conveyor.router.models import Instance, VersionState
 
 GLOBAL = -1  # the device key of global resources
 ALL_DEVICES = -2  # a --rate-limit-resource without a device

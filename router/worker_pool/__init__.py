@@ -1,3 +1,3 @@
-"""The workers the router knows and what runs where: the pool and its liveness (``pool``), workers
-joining, loading and disappearing (``membership``), leaving on purpose (``drain``), and model instances
-placed on them (``placement``)."""
+"""What happens to the workers the router knows: workers joining, loading and disappearing
+(``membership``), leaving on purpose (``drain``), and model instances placed on them (``placement``).
+The pool itself and its liveness are ``router/pool.py``, below the handlers' shared context."""

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from conveyor.router.models import Instance, InstanceState, VersionState
-from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
+from conveyor.router.pool import WorkerInfo, WorkerPool
 
 log = logging.getLogger(__name__)
 

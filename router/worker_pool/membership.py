@@ -14,12 +14,12 @@ from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
 from conveyor.router.models import Instance, InstanceState
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
+from conveyor.router.pool import WorkerInfo
 from conveyor.router.results import Results
 from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry
 from conveyor.router.worker_pool.drain import WorkerDrain
 from conveyor.router.worker_pool.placement import Placement
-from conveyor.router.worker_pool.pool import WorkerInfo
 from conveyor.shm.naming import segment_name
 
 log = logging.getLogger(__name__)

@@ -392,7 +392,7 @@ def _model_ready(client: object, name: str) -> bool:
 def test_config_fields_read_but_not_acted_on_are_named_once_per_load(caplog: pytest.LogCaptureFixture,
                                                                      tmp_path: object) -> None:
     from conveyor.router.lifecycle import ModelLifecycle
-    from conveyor.router.models import ModelRegistry
+    from conveyor.router.registry import ModelRegistry
 
     repo = os.path.join(str(tmp_path), "models")
     add_sub(repo, "plain", 8)

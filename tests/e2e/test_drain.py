@@ -24,8 +24,8 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.ports import free_ports
 from conveyor.deploy.runtime.drain import DrainClock, Phase
 from conveyor.router.control import ControlHandler
-from conveyor.router.models import ModelRegistry
-from conveyor.router.worker_pool.pool import WorkerPool
+from conveyor.router.pool import WorkerPool
+from conveyor.router.registry import ModelRegistry
 from conveyor.workers.stopping import UNLOAD_GRACE_S
 from tests.support.group import Server, abandon, start_server, wait_ready
 from tests.support.python_models import write_model

@@ -11,9 +11,9 @@ import pytest
 
 from conveyor.ingress import dataplane as dataplane_module
 from conveyor.ingress.dataplane import InferCall
-from conveyor.ingress.request_checks import InferInput, check_inputs
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.request_checks import InferInput, check_inputs
+from conveyor.proto.signature import ModelSignature
 from tests.support.fuzz_data_plane import SIGNATURE, data_plane
 
 

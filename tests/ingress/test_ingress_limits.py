@@ -12,9 +12,9 @@ from conveyor.deploy.options import check_ingress_args
 from conveyor.deploy.settings import ServeSettings
 from conveyor.deploy.supervisor import Supervisor
 from conveyor.ingress.dataplane import InferCall
-from conveyor.ingress.request_checks import InferInput
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.request_checks import InferInput
 from tests.support.fuzz_data_plane import data_plane, send
 
 

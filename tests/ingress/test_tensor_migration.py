@@ -20,11 +20,11 @@ import pytest
 from conveyor.ingress import migration as shared
 from conveyor.ingress import tensor_migration as tm
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, OutputTensor, SendTurn, StreamError
-from conveyor.ingress.request_checks import InferInput, ShmPlacement, check_inputs
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import deserialize_bytes, element_count, pack_bytes
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABLE
+from conveyor.proto.request_checks import InferInput, ShmPlacement, check_inputs
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 LOST = "the worker running this request exited (it stopped answering)"
 

@@ -14,9 +14,9 @@ from conveyor.proto.errors import ConveyorError
 from conveyor.proto.model_config import parse_text
 from conveyor.router.pending import Pending
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
-from conveyor.router.repository.scan import validate
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.shape_keys import batch_key
+from conveyor.router.spec.validate import validate
 from conveyor.workers.batch_layout import BatchLayout, batch_input_tensor
 from tests.support.ragged_models import ragged_sum
 

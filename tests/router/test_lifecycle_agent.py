@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
-from conveyor.router.models import ModelRegistry
+from conveyor.router.registry import ModelRegistry
 from tests.support.router_core import write_model
 
 

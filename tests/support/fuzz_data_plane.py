@@ -15,9 +15,9 @@ from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane, InferCall
 from conveyor.ingress.limits import IngressLimits
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.errors import unsupported
+from conveyor.proto.signature import ModelSignature
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache

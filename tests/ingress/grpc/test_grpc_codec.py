@@ -19,10 +19,10 @@ from tritonclient.grpc import service_pb2 as tpb
 from conveyor.ingress.dataplane import InferResult, OutputTensor
 from conveyor.ingress.grpc import codec
 from conveyor.ingress.grpc.wire import parse_infer_request
-from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto.datatypes import numpy_dtype, serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.shm_params import ShmPlacement
 
 
 def client_request(

@@ -25,10 +25,10 @@ from conveyor.ingress.http import compression
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.codec import HttpInferRequest, parse_header_length, parse_infer_request
 from conveyor.ingress.http.raw_body import raw_infer_request
-from conveyor.ingress.request_checks import InferInput, check_inputs
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import element_size
 from conveyor.proto.errors import ConveyorError
+from conveyor.proto.request_checks import InferInput, check_inputs
+from conveyor.proto.signature import ModelSignature, TensorSpec
 from tests.support.fuzz import CLIENT_MISTAKES_500, bounded, tried
 from tests.support.fuzz_data_plane import data_plane, send
 from tests.support.fuzz_http_requests import binary_requests, dumps, infer_docs

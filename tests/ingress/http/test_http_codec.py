@@ -24,10 +24,10 @@ from conveyor.ingress.http.codec import (
     parse_header_length,
     parse_infer_request,
 )
-from conveyor.ingress.shm_params import ShmPlacement
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.shm_params import ShmPlacement
 
 Client = th.InferenceServerClient
 

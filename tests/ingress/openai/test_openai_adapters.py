@@ -11,9 +11,9 @@ import pytest
 from conveyor.ingress.openai.adapters import base_model, load_request, unload_request
 from conveyor.ingress.openai.catalog import LlmModel
 from conveyor.ingress.openai.contract import Contract
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.lora import repository_adapters
+from conveyor.proto.signature import ModelSignature
 from conveyor.workers.backends.vllm.lora import LoraRepository
 
 

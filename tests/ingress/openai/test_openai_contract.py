@@ -18,8 +18,8 @@ from conveyor.ingress.openai.contract import Contract, contract_of, tensor_input
 from conveyor.ingress.openai.generation import Step, Usage, counted
 from conveyor.ingress.openai.schema import CompletionRequest, decode
 from conveyor.ingress.openai.tokenizer import Tokenizer, tokenizer_folder
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 
 def _sig(inputs: dict[str, tuple[str, tuple[int, ...]]], outputs: dict[str, str], *, decoupled: bool = False,

@@ -25,9 +25,9 @@ from conveyor.ingress.openai.embeddings import (
     read_answer,
 )
 from conveyor.ingress.openai.schema import decode
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import pack_bytes
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, unsupported
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 
 def test_input_is_one_or_more_prompts_of_text_or_token_ids() -> None:

@@ -19,9 +19,9 @@ from conveyor.ingress.openai.schema import (
     sampling_parameters,
 )
 from conveyor.ingress.openai.tools import plan
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto import llm_limits as lim
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 CHAT = [{"role": "user", "content": "hi"}]
 

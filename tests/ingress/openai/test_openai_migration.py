@@ -21,11 +21,11 @@ from conveyor.ingress.openai import migration
 from conveyor.ingress.openai.catalog import LlmModel, Target
 from conveyor.ingress.openai.contract import contract_of
 from conveyor.ingress.openai.generation import engine_call, steps
-from conveyor.ingress.request_checks import check_inputs
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.datatypes import deserialize_bytes, element_count, pack_bytes
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABLE, max_migrations_of
+from conveyor.proto.request_checks import check_inputs
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 LOST = "the worker running this request exited (it stopped answering)"
 

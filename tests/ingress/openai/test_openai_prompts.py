@@ -17,8 +17,8 @@ from conveyor.ingress.openai.contract import Contract
 from conveyor.ingress.openai.generation import Step, TokenLogprob, engine_call
 from conveyor.ingress.openai.prompts import MAX_PROMPTS, MAX_TOKEN_ID, merged, read_prompts
 from conveyor.ingress.openai.schema import CompletionRequest, decode, sampling_parameters
-from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 
 def _refused(value: object) -> str:

@@ -7,7 +7,7 @@ import pytest
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.model_config import parse_text
 from conveyor.router.ensembles.levels import build_levels
-from conveyor.router.ensembles.plan import EnsemblePlan, build_plan
+from conveyor.router.spec.ensemble_plan import EnsemblePlan, build_plan
 
 
 def plan(outputs: list[str], steps: list[tuple[str, dict[str, str], list[str]]]) -> EnsemblePlan:

@@ -6,8 +6,8 @@ import pytest
 
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.model_config import parse_text
-from conveyor.router.ensembles.conditions import Condition
-from conveyor.router.ensembles.plan import EnsemblePlan, build_plan
+from conveyor.router.spec.ensemble_conditions import Condition
+from conveyor.router.spec.ensemble_plan import EnsemblePlan, build_plan
 
 HEAD = '''
 name: "e"

@@ -12,13 +12,13 @@ import pytest
 from conveyor.proto import messages as m
 from conveyor.proto.model_config import parse_text
 from conveyor.router.ensembles.levels import build_levels
-from conveyor.router.ensembles.plan import build_plan
 from conveyor.router.ensembles.scheduler import EnsembleScheduler
 from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
+from conveyor.router.spec.ensemble_plan import build_plan
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
 

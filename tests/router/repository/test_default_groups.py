@@ -13,10 +13,10 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import to_json
 from conveyor.router.models import VersionState, build_entry
+from conveyor.router.pool import WorkerInfo, WorkerPool
 from conveyor.router.repository import default_groups
 from conveyor.router.repository.default_groups import backend_gpus, filled_config, resolve
-from conveyor.router.repository.scan import ModelSpec
-from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
+from conveyor.router.spec.model_spec import ModelSpec
 
 _index = itertools.count(100).__next__
 

@@ -13,7 +13,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from conveyor.proto.model_config import parse_text, to_json
-from conveyor.router.repository.scan import load_spec, validate
+from conveyor.router.repository.scan import load_spec
+from conveyor.router.spec.validate import validate
 from tests.support.fuzz import bounded, tried
 
 # --- a grammar of config.pbtxt, with values of any kind ------------------------------

@@ -19,9 +19,9 @@ from tritonclient.utils import InferenceServerException
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
-from conveyor.router.models import ModelRegistry
-from conveyor.router.repository.namespaces import assign_keys, step_key
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.scan import scan
+from conveyor.router.spec.namespaces import assign_keys, step_key
 from tests.support.ensemble_models import _step, ensemble, identity_int32
 from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text

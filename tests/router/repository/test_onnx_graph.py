@@ -1,4 +1,4 @@
-"""An ONNX model's signature read from its wire format (router/repository/onnx_graph.py): the
+"""An ONNX model's signature read from its wire format (proto/onnx_graph.py): the
 same inputs, outputs and initializer names as ``onnx.load``, without reading the weights
 (whether inside the graph or beside it), and a clear error for what is no model."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.onnx_graph import read_signature
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
-from conveyor.router.repository.onnx_graph import read_signature
 from tests.support.external_data_models import big_embedding, model_directory
 
 

@@ -10,15 +10,9 @@ from google.protobuf import text_format
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.pending import Pending
-from conveyor.router.repository.scan import validate
-from conveyor.router.scheduling.adaptive import (
-    MAX_HOLD,
-    AdaptiveBatcher,
-    AdaptiveController,
-    Plan,
-    adaptive_problem,
-    latency_target_ns,
-)
+from conveyor.router.scheduling.adaptive import MAX_HOLD, AdaptiveBatcher, AdaptiveController, Plan, latency_target_ns
+from conveyor.router.spec.adaptive import adaptive_problem
+from conveyor.router.spec.validate import validate
 
 MS = 1_000_000
 

@@ -21,8 +21,9 @@ from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.prefix_keys import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_BYTES
 from conveyor.router.models import VersionState
 from conveyor.router.scheduling import engine_placement
-from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS, placement_problem
+from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS
 from conveyor.router.scheduling.overload import limits_only_change
+from conveyor.router.spec.engine_placement import placement_problem
 from tests.support.router_core import RouterCore
 
 W1 = b"worker-1"

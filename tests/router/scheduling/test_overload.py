@@ -17,17 +17,13 @@ from conveyor.ingress.prometheus import render
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import Status
+from conveyor.proto.metric_series import OverloadReason
 from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
-from conveyor.router.models import InstanceState, ModelRegistry, VersionState
+from conveyor.router.models import InstanceState, VersionState
+from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.default_groups import filled_config
-from conveyor.router.scheduling.overload import (
-    MAX_KV_PARAMETER,
-    MAX_WAITING_PARAMETER,
-    OverloadLimits,
-    Reason,
-    limits_only_change,
-    overload_problem,
-)
+from conveyor.router.scheduling.overload import OverloadLimits, limits_only_change
+from conveyor.router.spec.overload import MAX_KV_PARAMETER, MAX_WAITING_PARAMETER, overload_problem
 from tests.support.router_core import RouterCore, write_model
 
 W1 = b"worker-1"
@@ -112,7 +108,7 @@ def test_past_the_limit_a_request_is_refused_at_once_and_counted(core: RouterCor
         f"[request id: <id_unknown>] Exceeds maximum waiting requests: {LIMIT} requests already wait for "
         f"model 'limited' (parameter MAX_WAITING_REQUESTS {LIMIT})")
     assert state.waiting.count == LIMIT and len(core.ledger) == LIMIT  # never queued
-    assert state.waiting.refusals == {Reason.WAITING.value: 1, Reason.KV_CACHE.value: 0}
+    assert state.waiting.refusals == {OverloadReason.WAITING.value: 1, OverloadReason.KV_CACHE.value: 0}
     assert state.stats.fail.count == 1 and state.latency.wire()["failures"]["REJECTED"] == 1  # as Triton's queue full
     # A model without limits is not touched by another's.
     core.infer("free")
@@ -254,7 +250,7 @@ def test_past_the_reported_kv_cache_use_a_request_is_refused(core: RouterCore) -
     assert resp.id == rid and _refused(resp) and resp.error is not None
     assert "Exceeds maximum KV-cache usage: 50% of the KV cache of model 'engine' is in use " \
            "(parameter MAX_KV_CACHE_USAGE 0.5)" in resp.error.message
-    assert state.waiting.refusals[Reason.KV_CACHE.value] == 1
+    assert state.waiting.refusals[OverloadReason.KV_CACHE.value] == 1
     core.from_worker(W1, _kv(0.2))
     core.infer("engine")
     assert [r.error for r in core.responses()] == []

@@ -11,7 +11,8 @@ from conveyor.router.pending import Pending, shape_key
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.scheduling.ordering import ResponseOrder
 from conveyor.router.scheduling.priority_queues import PriorityQueues
-from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy, scheduling_problem
+from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy
+from conveyor.router.spec.queue_policy import scheduling_problem
 
 MS = 1_000_000
 

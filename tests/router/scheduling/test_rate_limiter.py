@@ -16,8 +16,8 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.models import Instance, VersionState, build_entry
-from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.scheduling.rate_limiter import ALL_DEVICES, RateLimiter, ResourceLimit
+from conveyor.router.spec.model_spec import ModelSpec
 from tests.support import rate_limit_models
 from tests.support.group import Server, start_server
 

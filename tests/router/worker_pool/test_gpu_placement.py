@@ -8,8 +8,8 @@ from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.models import Instance, InstanceState, VersionState, build_entry
-from conveyor.router.repository.scan import ModelSpec
-from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
+from conveyor.router.pool import WorkerInfo, WorkerPool
+from conveyor.router.spec.model_spec import ModelSpec
 
 
 def version(groups: str) -> VersionState:

@@ -1,4 +1,4 @@
-"""When the router takes a worker for dead (router/worker_pool/pool.py): on this host its
+"""When the router takes a worker for dead (router/pool.py): on this host its
 process decides, and silence only after much longer; a remote one by its silence; and the
 router's own deafness is never the workers' silence."""
 
@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-from conveyor.router.worker_pool import pool as pool_module
-from conveyor.router.worker_pool.pool import LOCAL_WORKER_TIMEOUT_S, WORKER_TIMEOUT_S, WorkerInfo, WorkerPool
+from conveyor.router import pool as pool_module
+from conveyor.router.pool import LOCAL_WORKER_TIMEOUT_S, WORKER_TIMEOUT_S, WorkerInfo, WorkerPool
 
 
 def _pool(*workers: WorkerInfo) -> WorkerPool:

@@ -26,20 +26,11 @@ from dataclasses import dataclass
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.config_parameters import parameter_flag, parameter_text
 from conveyor.proto.errors import invalid_arg
+from conveyor.proto.fil_model_files import DEFAULT_MODEL_TYPE, MODEL_FILES
 from conveyor.workers.backends import cpu_threads
 
 log = logging.getLogger(__name__)
 
-# model_type -> the file Triton's FIL backend reads from the version directory.
-MODEL_FILES = {
-    "xgboost": "xgboost.model",
-    "xgboost_json": "xgboost.json",
-    "xgboost_ubj": "xgboost.ubj",
-    "lightgbm": "model.txt",
-    "treelite_checkpoint": "checkpoint.tl",
-    "sklearn": "model.pkl",
-}
-DEFAULT_MODEL_TYPE = "xgboost"  # Triton's default when the config names none
 
 # Documented values of FIL's tuning parameters, checked so that a typo shows at load.
 _CHOICES = {
@@ -58,12 +49,6 @@ def model_type(config: mc.ModelConfig) -> str:
         raise invalid_arg(f"{value} not recognized as a valid serialization format (the fil backend reads "
                           f"{', '.join(MODEL_FILES)})")
     return value
-
-
-def default_model_file(config: mc.ModelConfig) -> str:
-    """The file name FIL expects for the config's ``model_type`` (an unknown type: the default's,
-    so the repository scan finds a file and the load reports the bad type)."""
-    return MODEL_FILES.get(parameter_text(config, "model_type") or DEFAULT_MODEL_TYPE, "xgboost.model")
 
 
 def _int(config: mc.ModelConfig, key: str) -> int | None:

@@ -17,8 +17,8 @@ import onnxruntime as ort
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, unavailable
+from conveyor.proto.onnx_graph import external_files
 from conveyor.proto.repository_files import check_regular, unreadable
-from conveyor.router.repository.onnx_graph import external_files
 from conveyor.workers.backends.onnxruntime.providers import INSTALL, execution_providers
 from conveyor.workers.backends.onnxruntime.settings import run_options, session_options
 from conveyor.workers.client_regions import is_device_array

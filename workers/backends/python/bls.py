@@ -3,7 +3,7 @@
 callee is queued, batched, counted and placed like any client's request.
 
 Each request is first checked as the ingress checks a client's (the same code,
-``ingress/request_checks.py``, against the callee's signature): a wrong input
+``proto/request_checks.py``, against the callee's signature): a wrong input
 or an unknown model fails only that call, with an error response. Its tensors
 are then written once into this worker's arena (the callee reads them in
 place); each response's outputs are read from the callee's output block,
@@ -31,7 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.ingress.request_checks import (
+from conveyor.proto import messages as m
+from conveyor.proto.datatypes import datatype_of, deserialize_bytes, element_count, numpy_dtype
+from conveyor.proto.errors import ConveyorError, Status, triton_code
+from conveyor.proto.request_checks import (
     InferInput,
     RequestedOutput,
     check_inputs,
@@ -39,10 +42,7 @@ from conveyor.ingress.request_checks import (
     inputs_nbytes,
     write_inputs,
 )
-from conveyor.ingress.signature import ModelSignature
-from conveyor.proto import messages as m
-from conveyor.proto.datatypes import datatype_of, deserialize_bytes, element_count, numpy_dtype
-from conveyor.proto.errors import ConveyorError, Status, triton_code
+from conveyor.proto.signature import ModelSignature
 from conveyor.shm.regions import RegionCache
 from conveyor.workers.backends.python.bls_answers import CANCELLED, Answers, AsyncAnswers, CancelWatch
 from conveyor.workers.backends.python.pb_utils import InferenceRequest, InferenceResponse, Tensor, TritonError

@@ -1,4 +1,5 @@
-"""Conditional ensemble steps, a Conveyor extension (docs/ENSEMBLES.md).
+"""Conditional ensemble steps, a Conveyor extension (docs/ENSEMBLES.md): read from the config with its
+plan (``ensemble_plan.py``), evaluated by the scheduler (``router/ensembles/scheduler.py``).
 
 A condition is ``"<tensor> <op> <value>"``: an ensemble tensor, one of
 ``== != < <= > >=``, and a number or ``true``/``false``. It holds when it holds
@@ -12,13 +13,16 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import element_count, numpy_dtype
 from conveyor.proto.errors import ConveyorError, invalid_arg
-from conveyor.shm.regions import RegionCache
+
+if TYPE_CHECKING:
+    from conveyor.shm.regions import RegionCache
 
 MAX_ELEMENTS = 64
 

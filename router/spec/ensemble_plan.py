@@ -1,6 +1,6 @@
 """An ensemble's steps as a DAG, read from ``ensemble_scheduling`` and checked on
 their own (the checks against the composing models' configs happen in
-``ensemble_state``, since those models load and change independently).
+``router/ensembles/state.py``, since those models load and change independently).
 
 Tensor names are the ensemble's: its inputs, its outputs, and every value of a
 step's ``input_map`` / ``output_map`` (the keys are the composing model's names).
@@ -8,7 +8,7 @@ step's ``input_map`` / ``output_map`` (the keys are the composing model's names)
 Conveyor's conditional steps come from the ensemble's ``parameters`` (a plain
 Triton config has none of these keys): ``conveyor.step.<i>.when`` runs step
 ``i`` only if its condition holds, ``conveyor.exit_when`` starts no further step
-once its condition holds (see ``conditions.py`` and docs/ENSEMBLES.md).
+once its condition holds (see ``ensemble_conditions.py`` and docs/ENSEMBLES.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, invalid_arg
-from conveyor.router.ensembles.conditions import Condition
+from conveyor.router.spec.ensemble_conditions import Condition
 
 _PARAMETER_PREFIX = "conveyor."
 _STEP_WHEN = re.compile(r"conveyor\.step\.(\d+)\.when$")

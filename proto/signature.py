@@ -1,7 +1,7 @@
 """A model version's tensor signature, as the router describes it (control op
 ``signature``): what a request is checked against before it is sent.
 
-Used by the ingress (``model_cache.py``) and by workers for BLS requests
+Used by the ingress (``ingress/model_cache.py``) and by workers for BLS requests
 (``workers/bls_signatures.py``), so both refuse a bad request the same way.
 """
 

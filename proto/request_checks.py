@@ -2,7 +2,7 @@
 model's signature, then written once into a shared-memory arena.
 
 Transport-free and process-free: the ingress runs these for its clients'
-requests (``dataplane.py``) and a worker for its models' BLS requests
+requests (``ingress/dataplane.py``) and a worker for its models' BLS requests
 (``workers/backends/python/bls.py``), so a bad request fails the same way,
 with the same message, wherever it comes from. Messages follow Triton's.
 """
@@ -11,19 +11,27 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from conveyor.ingress.limits import too_many_elements
-from conveyor.ingress.shm_params import ShmPlacement
-from conveyor.ingress.signature import ModelSignature
 from conveyor.proto import messages as m
 from conveyor.proto.datatypes import element_count, element_size, numpy_dtype, serialize_bytes
 from conveyor.proto.errors import ConveyorError, client_mistake, invalid_arg, request_prefix
-from conveyor.shm.arena import Arena
+from conveyor.proto.shm_params import ShmPlacement
+from conveyor.proto.signature import ModelSignature
 
 TensorData = bytes | bytearray | memoryview | np.ndarray
+
+
+class InputArena(Protocol):
+    """What ``write_inputs`` writes into: a process's own ``shm.arena.Arena`` (proto/ imports no shm/)."""
+
+    name: str
+
+    def view(self, start: int, nbytes: int) -> np.ndarray: ...
+
+    def put(self, start: int, data: bytes) -> None: ...
 _CLIENT = m.CLIENT_REGION_PREFIX
 
 
@@ -48,6 +56,13 @@ class RequestedOutput:
     classification: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
     shm: ShmPlacement | None = None  # write it into this client region, return no bytes
+
+
+def too_many_elements(name: str, count: int, limit: int) -> ConveyorError:
+    return invalid_arg(
+        f"input '{name}' has {count} elements, more than the {limit} this server accepts per input "
+        "(--max-input-elements)"
+    )
 
 
 def check_inputs(
@@ -223,7 +238,7 @@ def inputs_nbytes(inputs: list[tuple[InferInput, int]]) -> int:
     return total
 
 
-def write_inputs(arena: Arena, block: int, inputs: list[tuple[InferInput, int]]) -> list[m.TensorRef]:
+def write_inputs(arena: InputArena, block: int, inputs: list[tuple[InferInput, int]]) -> list[m.TensorRef]:
     """Copy the checked inputs into ``block`` of ``arena`` (the one copy of their
     bytes) and describe them; inputs in a client's region are referenced by name."""
     refs: list[m.TensorRef] = []

@@ -1,4 +1,5 @@
-"""Workers known to the router, their liveness, and where model instances go."""
+"""Workers known to the router, their liveness, and where model instances go (the handlers that
+change it are ``router/worker_pool/``)."""
 
 from __future__ import annotations
 
