@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from conveyor.ingress.openai.tool_calls import CallReader, read_whole
-from conveyor.ingress.openai.tool_calls_more import PARSERS, MistralCalls, PythonicCalls
+from conveyor.ingress.openai.tool_parsers import PARSERS
+from conveyor.ingress.openai.tool_parsers.base import CallReader, read_whole
+from conveyor.ingress.openai.tool_parsers.mistral import MistralCalls
+from conveyor.ingress.openai.tool_parsers.pythonic import PythonicCalls
 
 pytestmark = pytest.mark.unit
 

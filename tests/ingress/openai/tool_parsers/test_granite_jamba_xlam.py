@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from conveyor.ingress.openai.tool_calls import CallReader, read_whole
-from conveyor.ingress.openai.tool_calls_arrays import PARSERS
-from conveyor.ingress.openai.tools import PARSERS as ALL_PARSERS
+from conveyor.ingress.openai.tool_parsers import PARSERS
+from conveyor.ingress.openai.tool_parsers.base import CallReader, read_whole
+from conveyor.ingress.openai.tools import PARSERS as TOOLS_PARSERS
 
 pytestmark = pytest.mark.unit
 
@@ -139,9 +139,9 @@ def test_granite_drops_a_marker_without_an_array() -> None:
         assert _stream(PARSERS["granite"](), pieces) == ('a {"name": "f"}', [])
 
 
-def test_the_tools_table_has_every_parser() -> None:
-    assert {"granite", "jamba", "xlam", "hermes", "pythonic", "mistral"} <= set(ALL_PARSERS)
-    assert all(ALL_PARSERS[name] is make for name, make in PARSERS.items())
+def test_the_registry_has_every_parser() -> None:
+    assert set(PARSERS) == {"hermes", "llama3_json", "llama4_json", "pythonic", "mistral", "granite", "jamba", "xlam"}
+    assert TOOLS_PARSERS is PARSERS  # the one registry: a TOOL_CALL_PARSER not in it is refused
 
 
 # ------------------------------------------------------------------------------------ vLLM's own parsers
