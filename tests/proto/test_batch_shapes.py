@@ -20,6 +20,8 @@ from conveyor.router.scheduling.shape_keys import batch_key
 from conveyor.workers.batch_layout import BatchLayout, batch_input_tensor
 from tests.support.ragged_models import ragged_sum
 
+LEVEL = "unit"
+
 K = mc.BatchInput.Kind
 
 RAGGED = """

@@ -24,6 +24,8 @@ from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto.datatypes import numpy_dtype, serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 def client_request(
     inputs: list[tg.InferInput], outputs: list[tg.InferRequestedOutput] | None = None, **kw: Any

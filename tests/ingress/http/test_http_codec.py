@@ -29,6 +29,8 @@ from conveyor.proto import messages as m
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 Client = th.InferenceServerClient
 
 

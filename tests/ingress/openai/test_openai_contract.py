@@ -21,6 +21,8 @@ from conveyor.ingress.openai.tokenizer import Tokenizer, tokenizer_folder
 from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 def _sig(inputs: dict[str, tuple[str, tuple[int, ...]]], outputs: dict[str, str], *, decoupled: bool = False,
          batch: int = 0) -> ModelSignature:

@@ -23,6 +23,8 @@ from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto import llm_limits as lim
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 CHAT = [{"role": "user", "content": "hi"}]
 
 

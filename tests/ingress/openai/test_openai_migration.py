@@ -27,6 +27,8 @@ from conveyor.proto.datatypes import deserialize_bytes, element_count, pack_byte
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost
 from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABLE, max_migrations_of
 
+LEVEL = "unit"
+
 LOST = "the worker running this request exited (it stopped answering)"
 
 

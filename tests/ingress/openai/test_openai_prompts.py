@@ -20,6 +20,8 @@ from conveyor.ingress.openai.schema import CompletionRequest, decode, sampling_p
 from conveyor.ingress.signature import ModelSignature, TensorSpec
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 def _refused(value: object) -> str:
     with pytest.raises(ConveyorError) as err:

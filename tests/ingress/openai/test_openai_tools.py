@@ -14,6 +14,8 @@ from conveyor.ingress.openai.tool_parsers.hermes import HermesCalls
 from conveyor.ingress.openai.tools import PARSER_PARAMETER, ToolPlan, plan
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},

@@ -22,6 +22,8 @@ from conveyor.router.shared_memory.loans import Loans
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
 
+LEVEL = "unit"
+
 DIAMOND = '''
 name: "diamond"
 platform: "ensemble"

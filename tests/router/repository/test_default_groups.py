@@ -18,6 +18,8 @@ from conveyor.router.repository.default_groups import backend_gpus, filled_confi
 from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
 
+LEVEL = "unit"
+
 _index = itertools.count(100).__next__
 
 

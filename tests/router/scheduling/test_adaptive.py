@@ -20,6 +20,8 @@ from conveyor.router.scheduling.adaptive import (
     latency_target_ns,
 )
 
+LEVEL = "unit"
+
 MS = 1_000_000
 
 

@@ -25,6 +25,8 @@ from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS, placeme
 from conveyor.router.scheduling.overload import limits_only_change
 from tests.support.router_core import RouterCore
 
+LEVEL = "unit"
+
 W1 = b"worker-1"
 
 CONFIG = """

@@ -30,6 +30,8 @@ from conveyor.router.scheduling.overload import (
 )
 from tests.support.router_core import RouterCore, write_model
 
+LEVEL = "unit"
+
 W1 = b"worker-1"
 LIMIT = 3
 

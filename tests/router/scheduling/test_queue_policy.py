@@ -13,6 +13,8 @@ from conveyor.router.scheduling.ordering import ResponseOrder
 from conveyor.router.scheduling.priority_queues import PriorityQueues
 from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy, scheduling_problem
 
+LEVEL = "unit"
+
 MS = 1_000_000
 
 

@@ -11,6 +11,8 @@ from conveyor.router.models import Instance, InstanceState, VersionState, build_
 from conveyor.router.repository.scan import ModelSpec
 from conveyor.router.worker_pool.pool import WorkerInfo, WorkerPool
 
+LEVEL = "unit"
+
 
 def version(groups: str) -> VersionState:
     config = text_format.Parse(f'name: "g" {groups}', mc.ModelConfig())

@@ -11,6 +11,8 @@ import sys
 from conveyor.router.worker_pool import pool as pool_module
 from conveyor.router.worker_pool.pool import LOCAL_WORKER_TIMEOUT_S, WORKER_TIMEOUT_S, WorkerInfo, WorkerPool
 
+LEVEL = "e2e"
+
 
 def _pool(*workers: WorkerInfo) -> WorkerPool:
     pool = WorkerPool()

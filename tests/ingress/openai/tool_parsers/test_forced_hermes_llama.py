@@ -16,6 +16,8 @@ from conveyor.ingress.openai.tool_parsers.forced import CallArray, NamedCall
 from conveyor.ingress.openai.tool_parsers.hermes import HermesCalls
 from conveyor.ingress.openai.tool_parsers.llama import Llama3JsonCalls
 
+LEVEL = "unit"
+
 
 def _splits(text: str) -> Iterator[list[str]]:
     """The text in two pieces at every boundary, in two pieces around every span of up to 6 characters,
