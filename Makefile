@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check lint typecheck unit quick bench proto clean
+.PHONY: serve test check lint typecheck suite unit slow e2e quick bench proto clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ test: $(PY)
 	$(PY) -m pip uninstall -q -y triton  # xgrammar's, for GPUs: 1 GB that vLLM's CPU build does not use (no CPU backend in it)
 	CONVEYOR_REQUIRE_VLLM=1 $(MAKE) check  # the vLLM tests fail, not skip, if the engine did not install
 
-check: lint typecheck unit
+check: lint typecheck suite
 
 # ruff, then the import contracts (pyproject.toml, [tool.importlinter]): no cycles, the actors independent.
 lint:
@@ -32,13 +32,23 @@ lint:
 typecheck:
 	$(VENV)/bin/mypy -p conveyor -p tests
 
-unit:
+# The whole suite: every level.
+suite:
 	$(PY) -m pytest -q
 
-# The quick level, under a minute: tests that start no process and take no seconds each, fuzz targets at a
-# tenth of their cases (tests/conftest.py sets the levels: unit, slow, e2e). A check while editing; CI runs all.
-quick:
+# One level alone (each test module states its LEVEL; tests/conftest.py says what each means).
+# unit: under a minute, no process started (refused), fuzz targets at a tenth of their cases: a check while
+# editing; CI runs the whole suite.
+unit:
 	$(PY) -m pytest -q -m unit
+
+slow:
+	$(PY) -m pytest -q -m slow
+
+e2e:
+	$(PY) -m pytest -q -m e2e
+
+quick: unit  # the unit level's former name
 
 bench: $(PY)
 	$(PY) -m pip install -q -e '.[test]'

@@ -13,7 +13,7 @@ from conveyor.deploy.flag_types import (
     triton_bool,
     triton_bool_int,
 )
-from conveyor.deploy.setting import (
+from conveyor.deploy.setting_types import (
     INGRESS,
     Settings,
     path_text,

@@ -11,7 +11,7 @@ from conveyor.deploy.flag_types import (
     resource_limit,
     triton_bool,
 )
-from conveyor.deploy.setting import (
+from conveyor.deploy.setting_types import (
     INGRESS,
     ROUTER,
     SUPERVISOR,

@@ -48,7 +48,7 @@ from conveyor.deploy.router_settings import (
     Scheduling,
     Tracing,
 )
-from conveyor.deploy.setting import (
+from conveyor.deploy.setting_types import (
     CHILDREN,
     INGRESS,
     ROUTER,

@@ -34,7 +34,7 @@ from conveyor.deploy import listen
 from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock, take_group
 from conveyor.deploy.lifeline import child_environment, kill_orphans
 from conveyor.deploy.options import run_dir
-from conveyor.deploy.runtime.signal_wake import SignalWake
+from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
@@ -229,7 +229,7 @@ class Supervisor:
         warning = shm_preflight(arenas * a.arena_size)
         if warning:
             log.warning("%s", warning)
-        wake = SignalWake()
+        wake = WakePipe(signals=True)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.router = self._router_child(repos)

@@ -31,7 +31,7 @@ import zmq
 from conveyor.deploy.runtime.drain import DrainClock, Phase
 from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
-from conveyor.deploy.runtime.signal_wake import SignalWake
+from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, triton_line
 from conveyor.proto.framing import PeerOutbox, drain_peers
@@ -212,7 +212,7 @@ class Router:
         # Bound (in __init__): workers and ingress can come while the agent reads the repository.
         self.lifecycle.begin_startup()
         front, back, own, agent = self.front_sock, self.back_sock, self.self_link.sock, self.agent.fd
-        wake = SignalWake()  # SIGTERM wakes the poll at once, not at the next tick
+        wake = WakePipe(signals=True)  # SIGTERM wakes the poll at once, not at the next tick
         poller = Poller([front, back, own, agent, wake.fd], self.spin_s)
         next_tick = self._last_tick = time.monotonic()
         more = False  # a drain stopped at its cap: poll without waiting

@@ -1,14 +1,20 @@
 """Fixtures that start the real process group (router, workers, HTTP and gRPC
-ingress) on free loopback ports, with a model repository made on the fly."""
+ingress) on free loopback ports, with a model repository made on the fly; and the test levels (each
+module's ``LEVEL``, and the guard that keeps the unit level free of processes)."""
 
 from __future__ import annotations
 
+import _posixsubprocess
 import functools
+import multiprocessing.process
 import os
 import re
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 import pytest
 
@@ -56,54 +62,152 @@ def served_llm(tmp_path_factory: pytest.TempPathFactory, _vllm_groups: None) -> 
     return vllm_group.group(tmp_path_factory)
 
 
-# The levels: e2e (starts processes: a group, an actor, a server), slow (one process, but seconds per
-# test: a compiler, a framework's conversion; the module says so with ``pytestmark = pytest.mark.slow``) and
-# unit (the rest: ``pytest -m unit``, the quick level). Set here, from the module's text and that of the
-# tests/support modules it imports (theirs too), so that a new test gets its level without anyone remembering.
-_STARTS_PROCESSES = re.compile(r"tests\.support\.group|start_server|subprocess|Popen|multiprocessing"
-                               r"|extra_grpc_ingress_process|real_triton")
-_SLOW = re.compile(r"pytest\.mark\.slow\b")
-_SUPPORT_IMPORT = re.compile(r"^\s*(?:from|import) tests\.support\.(\w+)", re.MULTILINE)
-_SUPPORT = Path(__file__).parent / "support"
+# The levels: every test module states its own, ``LEVEL = "unit"``, ``"slow"`` or ``"e2e"`` (at the top, read
+# from its text, so that ``-m unit`` need not import the others): e2e starts processes (a group, an actor, a
+# server, a model's child); slow starts none of Conveyor's but takes seconds (a compiler, a framework's
+# conversion, torch's or vLLM's import, which runs ldconfig); unit runs in this process alone, quickly
+# (``pytest -m unit``, ``make unit``: the quick level). A module that states none, or another word, fails
+# collection. A unit test cannot start a process: the spawn guard below refuses it.
+LEVELS = ("unit", "slow", "e2e")
+_LEVEL = re.compile(r"""^LEVEL = ["'](\w+)["']""", re.MULTILINE)
 
 
 @functools.cache
-def _starts_processes(path: Path) -> bool:
-    text = path.read_text(encoding="utf-8")
-    if _STARTS_PROCESSES.search(text):
-        return True
-    return any(_starts_processes(support) for name in _SUPPORT_IMPORT.findall(text)
-               if (support := _SUPPORT / f"{name}.py").is_file() and support != path)
+def _level(path: Path) -> str | None:
+    """The level a test module states (None: none, or no level's name)."""
+    found = _LEVEL.search(path.read_text(encoding="utf-8"))
+    return found.group(1) if found and found.group(1) in LEVELS else None
 
 
-def _level(path: Path) -> str:
-    if _starts_processes(path):
-        return "e2e"
-    return "slow" if _SLOW.search(path.read_text(encoding="utf-8")) else "unit"
+def _is_test_module(path: Path) -> bool:
+    return path.suffix == ".py" and path.name.startswith("test_")
+
+
+class _NoLevel(pytest.File):
+    """A test module that states no level: collected as this error alone."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        raise self.CollectError(f"{self.path}: a test module states its level, one of {', '.join(LEVELS)}: "
+                                f'LEVEL = "unit" (tests/conftest.py says what each means)')
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.option.markexpr == "unit":
         fuzz.QUICK = True  # before any test module is imported: their fuzz targets try fewer cases
+        _GUARD.install("the unit level (-m unit)")  # collection included: a module's import starts nothing
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _GUARD.remove()
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """``-m unit`` does not even import the other modules: their imports (torch, vLLM, TensorFlow)
+    """``-m LEVEL`` does not even import the other levels' modules: their imports (torch, vLLM, TensorFlow)
     were most of the quick level's time."""
-    if (config.option.markexpr == "unit" and collection_path.suffix == ".py"
-            and collection_path.name.startswith("test_") and _level(collection_path) != "unit"):
+    level = config.option.markexpr
+    if level in LEVELS and _is_test_module(collection_path) and _level(collection_path) not in (level, None):
         return True
     return None
 
 
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if _is_test_module(module_path) and _level(module_path) is None:
+        return _NoLevel.from_parent(parent, path=module_path)
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its level (``pytest -m unit`` runs the quick level alone)."""
-    levels: dict[str, pytest.MarkDecorator] = {}
+    """Mark every test with its module's level (``pytest -m unit`` runs the quick level alone)."""
     for item in items:
-        path = str(item.path)
-        if path not in levels:
-            levels[path] = getattr(pytest.mark, _level(item.path))
-        item.add_marker(levels[path])
+        level = _level(item.path)
+        if level is not None:
+            item.add_marker(level)
+
+
+class _SpawnGuard:
+    """While installed, starting a process raises, and the attempt is kept: a unit test that catches the
+    error still fails. Every way the suite's code starts one ends in one of these."""
+
+    TARGETS = ((subprocess.Popen, "__init__"), (multiprocessing.process.BaseProcess, "start"), (os, "fork"),
+               (os, "forkpty"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system"),
+               (_posixsubprocess, "fork_exec"))  # what subprocess and multiprocessing's helpers (its resource
+    # tracker, its forkserver) call at last
+
+    def __init__(self) -> None:
+        self.why = ""  # what installed it ("": not installed)
+        self.tried: list[str] = []
+        self._saved: list[tuple[object, str, object]] = []
+
+    def install(self, why: str) -> None:
+        if self.why:
+            return
+        self.why = why
+        for owner, name in self.TARGETS:
+            if hasattr(owner, name):
+                self._saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, self._refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+
+    def _refuse(self, what: str) -> Callable[..., NoReturn]:
+        def refuse(*args: object, **kwargs: object) -> NoReturn:
+            self.tried.append(f"{what} from {_nearest_own_frame()}")
+            raise RuntimeError(f"{what}: {self.why} starts no process; a test module that does states "
+                               f'LEVEL = "e2e"')
+
+        return refuse
+
+    def remove(self) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+        self.why = ""
+
+    def take(self) -> list[str]:
+        tried, self.tried = self.tried, []
+        return tried
+
+
+_GUARD = _SpawnGuard()
+_CHECKOUT = str(Path(__file__).resolve().parents[1])
+
+
+def _nearest_own_frame() -> str:
+    """Where the checkout's code (a test, a support module, Conveyor's) led to the spawn: file and line."""
+    first = sys._getframe(2)
+    frame: FrameType | None = first
+    while frame is not None:
+        name = os.path.realpath(frame.f_code.co_filename)
+        if name.startswith(_CHECKOUT) and name != os.path.realpath(__file__):
+            return f"{os.path.relpath(name, _CHECKOUT)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return f"{first.f_code.co_filename}:{first.f_lineno}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+def _guarded(item: pytest.Item) -> Generator[None, None, None]:
+    """A unit test's setup (its fixtures, whatever their scope) and its call run under the spawn guard
+    (teardown does not: the session's e2e fixtures may end theirs after the last test, a unit one)."""
+    own = _level(item.path) == "unit" and not _GUARD.why
+    if own:
+        _GUARD.install(f"a unit-level test ({item.nodeid})")
+    try:
+        result = yield
+    finally:
+        if own:
+            _GUARD.remove()
+        tried = _GUARD.take()
+    if tried:  # refused, and the error caught by the code under test
+        pytest.fail(f"a unit-level test started a process ({', '.join(dict.fromkeys(tried))}): state the module's "
+                    f'LEVEL = "e2e", or start none', pytrace=False)
+    return result
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

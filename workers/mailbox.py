@@ -5,21 +5,17 @@ down a pipe, so no thread needs a socket of its own (none to leak).
 
 from __future__ import annotations
 
-import os
 import queue
 
+from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.proto.framing import Outbox
 from conveyor.workers.reply_links import ReplyLinks
-
-WAKE_READ = 4096  # bytes read from the wake pipe at once: posts write one byte per wake-up, signals one each
 
 
 class Mailbox:
     def __init__(self) -> None:
-        self.wake_rx, self.wake_tx = os.pipe()
+        self.pipe = WakePipe()  # the loop polls ``pipe.fd``; the worker's signals write to it too
         self._woken = False
-        os.set_blocking(self.wake_rx, False)
-        os.set_blocking(self.wake_tx, False)
         # (destination, descriptor); "" is the router, else an ingress endpoint.
         self.results: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
 
@@ -43,21 +39,11 @@ class Mailbox:
         if self._woken:
             return
         self._woken = True
-        try:
-            os.write(self.wake_tx, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the main loop is woken already
+        self.pipe.wake()
 
     def woken(self) -> None:
         """The main loop saw the pipe readable: empty it, so the next post writes again."""
-        try:
-            # A short read emptied it: reading again would only raise BlockingIOError (one more system call and
-            # an exception per wake-up). A byte written after it (a signal's) leaves the pipe readable: the next
-            # poll returns at once.
-            while len(os.read(self.wake_rx, WAKE_READ)) == WAKE_READ:
-                pass
-        except BlockingIOError:
-            pass
+        self.pipe.clear()
         self._woken = False
 
     def take(self, router: Outbox, replies: ReplyLinks) -> None:
@@ -76,5 +62,4 @@ class Mailbox:
                 router.send(payload)
 
     def close(self) -> None:
-        os.close(self.wake_rx)
-        os.close(self.wake_tx)
+        self.pipe.close()

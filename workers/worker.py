@@ -22,7 +22,6 @@ import zmq
 from conveyor.deploy.runtime.log_settings import ProcessLog
 from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
-from conveyor.deploy.runtime.signal_wake import wake_on_signals
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import drain
@@ -122,19 +121,19 @@ class Worker:
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(UNLOAD_NOW_SIGNAL, self.unload_now)
         set_fatal_exit(self.fail)
-        # A signal wakes the loop through the wake pipe (deploy/runtime/signal_wake.py says why).
-        unwake = wake_on_signals(self.mailbox.wake_tx)
+        # A signal wakes the loop through the wake pipe (deploy/runtime/wake_pipe.py says why).
+        unwake = self.mailbox.pipe.on_signals()
         router = self.router
         router.hello()
         router.out.flush()
-        sources: list[Any] = [router.sock, self.mailbox.wake_rx]
+        sources: list[Any] = [router.sock, self.mailbox.pipe.fd]
         if self.bls is not None:
             sources.append(self.bls.sock)
         poller = Poller(sources, self.spin_s)
         more = False  # a drain stopped at its cap: poll without waiting
         # What every turn uses, looked up once (the loop turns once or twice per request).
         beat, mailbox, replies, bls, out = self.systemd.beat, self.mailbox, self.replies, self.bls, router.out
-        wake_rx, router_sock, decode, on_message = mailbox.wake_rx, router.sock, m.worker_inbox_decoder.decode, \
+        wake_rx, router_sock, decode, on_message = mailbox.pipe.fd, router.sock, m.worker_inbox_decoder.decode, \
             self._on_message
         try:
             while not self._stopping:

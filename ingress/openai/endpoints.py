@@ -39,7 +39,7 @@ from conveyor.ingress.openai.schema import (
     decode,
     sampling_parameters,
 )
-from conveyor.ingress.openai.tool_calls import CallDelta, CallReader, finish_reason, read_whole
+from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, finish_reason, read_whole
 from conveyor.ingress.openai.tools import ToolPlan, plan
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg

@@ -13,20 +13,20 @@ them.
   refused, as vLLM refuses it without ``--tool-call-parser``.
 * ``none``: the tools reach the template, the text is the answer's content.
 
-The model's text is read back by ``tool_calls.py`` (and, for the other parsers, ``tool_calls_more.py`` and
-``tool_calls_arrays.py``).
+The model's text is read back by the readers of ``tool_parsers/`` (``forced.py`` for a named function and
+``required``, the model's parser for ``auto``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.ingress.openai import tool_calls, tool_calls_arrays, tool_calls_more
 from conveyor.ingress.openai.schema import ChatRequest, NamedToolChoice, ToolDefinition
-from conveyor.ingress.openai.tool_calls import CallArray, CallReader, Mode, NamedCall
+from conveyor.ingress.openai.tool_parsers import PARSERS
+from conveyor.ingress.openai.tool_parsers.base import CallReader, Mode
+from conveyor.ingress.openai.tool_parsers.forced import CallArray, NamedCall
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import internal, invalid_arg
 
@@ -35,9 +35,6 @@ PARSER_PARAMETER = "TOOL_CALL_PARSER"
 # OpenAI's rule for a function's name.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
-# The tool-call parsers by vLLM's names: each module's own table, joined here.
-PARSERS: dict[str, Callable[[], CallReader]] = {**tool_calls.PARSERS, **tool_calls_more.PARSERS,
-                                                **tool_calls_arrays.PARSERS}
 # As vLLM, these parsers' markers are special tokens in their models' vocabularies: skipped, no call is seen.
 _KEEPS_SPECIAL_TOKENS = ("hermes", "mistral", "granite", "jamba")
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import queue
 import select
 import threading
@@ -40,6 +39,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from conveyor.deploy.runtime.dispatch_cpu import release_thread
+from conveyor.deploy.runtime.wake_pipe import WakePipe
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +101,13 @@ class RepositoryAgent:
                        for lane, n in ((Lane.LOAD, load_threads), (Lane.SYNC, 1), (Lane.SCAN, SCAN_THREADS),
                                        (Lane.SHM, 1))}
         self._done: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._rx, self._tx = os.pipe()
-        os.set_blocking(self._rx, False)
-        os.set_blocking(self._tx, False)
+        self._wake = WakePipe()  # a completion wakes the loop
         self.pending = 0  # jobs submitted whose completion has not run (the loop's count alone)
 
     @property
     def fd(self) -> int:
         """Readable when completions wait: the loop polls it beside its sockets."""
-        return self._rx
+        return self._wake.fd
 
     def submit(self, lane: Lane, work: Callable[[], T], then: Callable[[T | Exception], None]) -> None:
         """Run ``work`` on ``lane``; ``then`` gets its result, or the exception it raised, on the
@@ -123,18 +121,11 @@ class RepositoryAgent:
         except Exception as exc:  # a value for the loop, which knows what it means for the caller
             outcome = exc
         self._done.put(lambda: then(outcome))
-        try:
-            os.write(self._tx, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop is woken already
+        self._wake.wake()
 
     def drain(self) -> bool:
         """Run the completions that arrived (on the loop); whether any ran."""
-        try:
-            while os.read(self._rx, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wake.clear()
         ran = False
         while True:
             try:
@@ -153,7 +144,7 @@ class RepositoryAgent:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{self.pending} repository job(s) still running after {timeout_s:.0f}s")
-            select.select([self._rx], [], [], left)
+            select.select([self._wake.fd], [], [], left)
             self.drain()
 
     def close(self) -> None:
@@ -161,8 +152,7 @@ class RepositoryAgent:
         for lane in self._lanes.values():
             lane.stop()
         if not self.pending:  # else a thread still writes to the pipe: it goes with the process
-            os.close(self._rx)
-            os.close(self._tx)
+            self._wake.close()
 
 
 def logged(what: str) -> Callable[[object], None]:

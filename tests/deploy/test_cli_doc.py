@@ -12,6 +12,8 @@ from conveyor.deploy import cli_doc
 from conveyor.deploy.cli import build_parser, build_tritonserver_parser
 from tests.support.paths import ROOT
 
+LEVEL = "unit"
+
 CLI_MD = ROOT / "docs" / "CLI.md"
 
 

@@ -8,6 +8,8 @@ from conveyor.deploy.cli import build_tritonserver_parser
 from conveyor.deploy.cloud_options import check_cloud_args, fold_storage_uri
 from conveyor.deploy.settings import ServeSettings
 
+LEVEL = "unit"
+
 
 def test_safe_port_range_and_collisions() -> None:
     p = build_tritonserver_parser()

@@ -26,6 +26,8 @@ from conveyor.deploy import link_tree
 from conveyor.deploy.cli import build_parser
 from tests.support.paths import ROOT
 
+LEVEL = "e2e"
+
 DOCKER = ROOT / "deploy" / "docker"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
 CHART = ROOT / "deploy" / "helm" / "conveyor"

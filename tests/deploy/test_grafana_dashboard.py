@@ -8,6 +8,8 @@ import re
 from conveyor.ingress import prometheus, system_metrics
 from tests.support.paths import ROOT
 
+LEVEL = "unit"
+
 DASHBOARD = ROOT / "deploy" / "grafana" / "conveyor.json"
 
 

@@ -25,6 +25,8 @@ from conveyor.workers.backends.vllm.priority import descendants
 from tests.support.group import start_server, wait_ready
 from tests.support.waiting import running
 
+LEVEL = "e2e"
+
 
 def test_lock_names(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
     monkeypatch.setenv("CONVEYOR_RUN_DIR", str(tmp_path))

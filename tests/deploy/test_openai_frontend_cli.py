@@ -27,6 +27,8 @@ from conveyor.deploy.settings import ServeSettings
 from tests.support import openai_models
 from tests.support.group import abandon
 
+LEVEL = "e2e"
+
 # Every flag of main.py's parse_args (triton-inference-server/server python/openai/openai_frontend/main.py,
 # main at e1db8a6), in its order, with a value of its type. A flag Triton adds must be added here and to
 # deploy/openai_frontend.py's FRONTEND_FLAGS.

@@ -21,6 +21,8 @@ from conveyor.proto.errors import ConveyorError
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 
 class Load:
     """Clients sending requests back to back until stopped; every outcome is counted."""

@@ -42,6 +42,8 @@ from conveyor.deploy.supervisor import Supervisor
 from conveyor.deploy.triton_flags import UNUSED, unused_given
 from tests.deploy.test_tritonserver_cli import TRITON_251_FLAGS, TRITON_LATER_FLAGS
 
+LEVEL = "unit"
+
 # Values whose text a derived one would not parse (flag: text).
 _SAMPLES = {
     "--group": "other", "--dispatch-cpu": "off", "--spin-us": "7", "--log-file": "/tmp/conveyor-test.log",

@@ -28,6 +28,8 @@ from conveyor.deploy.settings import ServeSettings
 from tests.support.group import _listening, abandon, pids_of, start_server, wait_ready
 from tests.support.waiting import eventually, running
 
+LEVEL = "e2e"
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> str:

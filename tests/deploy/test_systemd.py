@@ -24,6 +24,8 @@ from conveyor.router.startup import CREATE_FAILED_CODE
 from tests.support.group import _listening
 from tests.support.paths import ROOT
 
+LEVEL = "e2e"
+
 UNITS = ROOT / "deploy" / "systemd"
 INSTALLED_CONVEYOR = "/opt/conveyor/bin/conveyor"
 

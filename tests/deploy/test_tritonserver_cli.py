@@ -22,6 +22,8 @@ from conveyor.deploy.triton_flags import unused_given
 from conveyor.router.repository.backend_config import BackendConfig, parse_setting
 from tests.support.group import wait_ready
 
+LEVEL = "e2e"
+
 # Every flag of `tritonserver --help` (Triton 2.51, r24.10: /work/shared/tools/real-triton
 # /work/cache/triton --help), in its order, with a value of the type its help names.
 TRITON_251_FLAGS: list[tuple[str, str | None]] = [

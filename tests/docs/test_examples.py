@@ -59,6 +59,8 @@ from tests.support.group import Server, abandon, wait_ready
 from tests.support.metrics import metrics_text
 from tests.support.paths import ROOT
 
+LEVEL = "e2e"
+
 TIMEOUT_S = 60  # one example at most: a python snippet imports tritonclient (seconds on a busy 2-core host)
 CURL_TIMEOUT_S = 10  # one curl line: every request of the examples answers in milliseconds
 # curl as the examples run it: an HTTP status >= 400 fails it, its own exit status is kept (23, a reader such as

@@ -30,6 +30,8 @@ from conveyor.deploy.cli import build_parser, build_tritonserver_parser
 from tests.support import docs as md
 from tests.support.paths import ROOT
 
+LEVEL = "unit"
+
 # Other programs whose flags the docs cite in prose ("aiperf's `--concurrency`"). A code block or inline code
 # needs none of this: there the command decides. Matched as words, any case, in the flag's paragraph.
 FOREIGN_PROGRAMS = ("perf_analyzer", "aiperf", "granian", "gunicorn", "uvicorn", "pip", "pytest", "docker",

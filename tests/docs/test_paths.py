@@ -26,6 +26,8 @@ from pathlib import Path
 from tests.support import docs as md
 from tests.support.paths import ROOT
 
+LEVEL = "unit"
+
 # Not part of the tree: what the build, tools and caches leave in a checkout.
 IGNORED = {".git", "build", "__pycache__", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis",
            "bench-results", ".whl", ".cache", ".schemathesis"}

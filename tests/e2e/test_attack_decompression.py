@@ -24,6 +24,8 @@ from tests.support import bombs
 from tests.support.group import Server, _listening, pids_of, start_server
 from tests.support.http_attacks import SIMPLE_BODY
 
+LEVEL = "e2e"
+
 BODY_LIMIT = 48 << 20  # --http-max-body-bytes
 JSON_LIMIT = 16 << 20  # --max-json-bytes
 GRPC_LIMIT = 24 << 20  # --grpc-max-connection-buffer-bytes: the largest gRPC message

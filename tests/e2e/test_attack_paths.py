@@ -30,6 +30,8 @@ from tests.support.cloud_http import call
 from tests.support.group import Server, _listening, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 ARENA = 1 << 20  # each process's arena: a request past it is refused
 SECRET = "TOP-SECRET-LINE"  # a file beside the repository that no client may read
 OVERRIDES = f"conveyor-load-overrides-{os.geteuid()}"  # router/repository/prepare.py OVERRIDES_FOLDER

@@ -32,6 +32,8 @@ from tests.support.cloud_http import A, B, call
 from tests.support.group import Server, _listening, start_server
 from tests.support.h2_attacks import Attacker, data_frame, headers_frame, message, request_headers, simple_request
 
+LEVEL = "e2e"
+
 ADMIN = {"admin-key": "s3cret"}  # --http-restricted-api inference,metadata
 OPS = {"ops-key": "ops-value"}  # --openai-restricted-api model-repository,metrics
 MODEL = "fake_llm"

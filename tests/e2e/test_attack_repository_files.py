@@ -33,6 +33,8 @@ from tests.support import text_models
 from tests.support.fifos import Fifos
 from tests.support.group import Server, _listening, start_server
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(300)
 # The bound on each call: a load stuck on a FIFO is never answered, a working one in about a second
 # even on a loaded machine (an ONNX session is made, or nothing is: the refusal comes first).

@@ -31,6 +31,8 @@ from tests.support.cloud_http import A, B, call
 from tests.support.group import Server, start_server, wait_ready
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 TK = {"tk": "v"}
 REFUSED_403 = {"error": "This API is restricted, expecting header 'tk'"}
 PREDICT = "/v1/endpoints/e/deployedModels/m:predict"

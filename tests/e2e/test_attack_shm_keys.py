@@ -27,6 +27,8 @@ from conveyor.router.server import SHM_SWEEP_INTERVAL_S
 from tests.support.group import Server, start_server
 from tests.support.shm_entries import ShmEntries
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(240)
 NBYTES = 16 * 4  # the 'simple' model's INT32 [1, 16] tensors
 # The bound on each call: a router stuck in open() answers none of them (the ingress gives up on its

@@ -18,6 +18,8 @@ import pytest
 from conveyor.deploy import client_examples_repo
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 VENDORED = os.path.join(os.path.dirname(__file__), os.pardir, "support", "data", "client_examples")
 EXAMPLES = os.environ.get("CONVEYOR_CLIENT_EXAMPLES") or VENDORED
 

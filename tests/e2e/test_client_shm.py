@@ -28,6 +28,8 @@ from conveyor.deploy.runtime.procs import children
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(120)
 NBYTES = 16 * 4  # the 'simple' model's INT32 [1, 16] tensors
 

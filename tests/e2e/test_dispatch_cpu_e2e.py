@@ -14,6 +14,8 @@ from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support import python_models
 from tests.support.group import start_server
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 
 # A model that says how many CPUs its instance had when it loaded (where libraries start their pools).

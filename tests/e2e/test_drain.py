@@ -31,6 +31,8 @@ from tests.support.group import Server, abandon, start_server, wait_ready
 from tests.support.python_models import write_model
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 SLEEP_MODEL = """
 import time
 import numpy as np

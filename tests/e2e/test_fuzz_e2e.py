@@ -23,6 +23,8 @@ from tests.support.fuzz_grpc_requests import infer_requests
 from tests.support.fuzz_http_requests import binary_requests, dumps, infer_docs
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 ALLOWED_GRPC = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                 grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE}
 

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+LEVEL = "e2e"
+
 ort = pytest.importorskip("onnxruntime")
 
 

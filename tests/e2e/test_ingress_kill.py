@@ -35,6 +35,8 @@ from conveyor.shm.naming import owner_pid
 from tests.support.group import Server, pids_of, roles, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 REQUEST_S = 10.0  # a request unanswered this long would count as hung
 HTTP_CLIENTS, GRPC_CLIENTS = 3, 2
 

@@ -18,6 +18,8 @@ from conveyor.deploy.runtime.procs import children
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 
 def infer_simple(server: Server, offset: int = 0) -> list[int]:
     body = {

@@ -27,6 +27,8 @@ from conveyor.deploy.example_repo import add_sub
 from tests.support.group import Server, pids_of, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 REQUEST_S = 10.0  # an answer later than this would count as a hang
 # From the kill to the last unavailable answer: about 1 s on a quiet machine (see
 # docs/RELIABILITY.md); the bound is generous because CI machines are busy.

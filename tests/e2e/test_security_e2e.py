@@ -21,6 +21,8 @@ from conveyor.ingress.grpc.h2_server.limits import MAX_CONCURRENT_STREAMS
 from tests.support.certs import Certs, make_certs
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 ADMIN = "model-repository,statistics:admin-key=s3cret"
 HTTP_ADMIN = {"admin-key": "s3cret"}
 GRPC_ADMIN = {"triton-grpc-protocol-admin-key": "s3cret"}

@@ -7,6 +7,8 @@ import urllib.request
 
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 
 def test_live_and_infer_json(server: Server) -> None:
     with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live") as r:

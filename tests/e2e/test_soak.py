@@ -42,6 +42,8 @@ from tests.support.group import Server, start_server, wait_all_instances_ready
 from tests.support.sequence_models import accumulator
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 SOAK_S = float(os.environ.get("CONVEYOR_SOAK_SECONDS", "15"))
 KILL_EVERY_S = float(os.environ.get("CONVEYOR_SOAK_KILL_EVERY", "3"))
 WAIT_S = 60.0  # any single wait; only reached when something is broken

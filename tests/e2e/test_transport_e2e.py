@@ -19,6 +19,8 @@ from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, router_control, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 
 def _add_sub(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient, seed: int,
              module: object) -> None:

@@ -22,6 +22,8 @@ from tests.support import models, python_models
 from tests.support.group import Server, start_server
 from tests.support.metrics import scrape
 
+LEVEL = "e2e"
+
 LOG: list[str] = []
 
 

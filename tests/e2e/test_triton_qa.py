@@ -24,6 +24,8 @@ from conveyor.deploy.example_repo import add_sub, identity, write_model
 from tests.support.group import Server, start_server
 from tests.support.sequence_models import controls
 
+LEVEL = "e2e"
+
 
 @pytest.fixture(scope="module")
 def qa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

@@ -14,6 +14,8 @@ import tritonclient.http as th
 from tests.support.group import pids_of, start_server
 from tests.support.python_models import write_model
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 ELEMENTS = 1 << 18  # FP32: 1 MiB

@@ -16,6 +16,8 @@ from conveyor.proto.request_checks import InferInput, check_inputs
 from conveyor.proto.signature import ModelSignature
 from tests.support.fuzz_data_plane import SIGNATURE, data_plane
 
+LEVEL = "unit"
+
 
 def call(key: object, data: bytes = bytes(8), strings: bytes | None = None) -> InferCall:
     """``F`` (FP32 [1, 2]) from ``data``, and ``S`` (BYTES [1, 2]) from ``strings`` if given."""

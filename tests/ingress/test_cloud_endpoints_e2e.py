@@ -26,6 +26,8 @@ from conveyor.deploy.ports import free_port
 from tests.support.cloud_http import A, B, call
 from tests.support.group import Server, abandon, wait_ready
 
+LEVEL = "e2e"
+
 PREDICT = "/v1/endpoints/e/deployedModels/m:predict"
 HEALTH = "/v1/endpoints/e/deployedModels/m"
 SM_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="

@@ -21,6 +21,8 @@ from conveyor.ingress.inflate import (
     Truncated,
 )
 
+LEVEL = "unit"
+
 GZIP, ZLIB, RAW = 31, 15, -15
 
 

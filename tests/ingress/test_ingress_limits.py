@@ -17,6 +17,8 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.request_checks import InferInput
 from tests.support.fuzz_data_plane import data_plane, send
 
+LEVEL = "unit"
+
 
 def fp32_call(count: int) -> InferCall:
     return InferCall("m", "", [InferInput("F", "FP32", [1, count], np.zeros(count, np.float32))])

@@ -13,6 +13,8 @@ from conveyor.deploy.example_repo import add_sub
 from tests.support.group import Server, start_server
 from tests.support.metrics import scrape
 
+LEVEL = "e2e"
+
 N = 5
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from conveyor.ingress.router_link import DIRECT_REPLIES_ENV, reply_endpoint
 
+LEVEL = "unit"
+
 
 def test_direct_replies_need_an_ipc_router_endpoint_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DIRECT_REPLIES_ENV, raising=False)

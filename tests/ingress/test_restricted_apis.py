@@ -25,6 +25,8 @@ from tests.support.fake_grpc import FakeDataPlane
 from tests.support.fake_grpc import FakeLink as GrpcFakeLink
 from tests.support.fake_http import ANSWERS, EchoPlane, FakeLink
 
+LEVEL = "unit"
+
 # Every HTTP route the app serves, by Triton category.
 HTTP_ROUTES = [
     ("GET", "/v2/health/live", "health"),

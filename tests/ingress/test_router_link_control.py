@@ -11,6 +11,8 @@ import pytest
 from conveyor.ingress.router_link import RouterLink
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 @pytest.mark.parametrize("number", [2**64, -(2**63) - 1, 10**30])
 def test_an_integer_past_64_bits_is_the_clients_mistake(number: int) -> None:

@@ -10,6 +10,8 @@ import contextlib
 from conveyor.ingress.router_link import RouterLink
 from conveyor.proto import messages as m
 
+LEVEL = "unit"
+
 
 def _link() -> tuple[RouterLink, list[int]]:
     orphans: list[int] = []

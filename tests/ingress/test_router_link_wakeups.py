@@ -17,6 +17,8 @@ import zmq
 from conveyor.ingress.router_link import RouterLink
 from conveyor.proto import messages as m
 
+LEVEL = "unit"
+
 # Bound for a blocking wait on a real socket in these tests (a hang fails instead of blocking the suite).
 WAIT_MS = 10_000
 # Longer than libzmq's throttle on the command processing a send does (3M TSC ticks, about 1 ms): the

@@ -20,6 +20,8 @@ from conveyor.deploy.ports import free_port
 from tests.support.cloud_http import A, B, call
 from tests.support.group import wait_ready
 
+LEVEL = "e2e"
+
 SUMS = [a + b for a, b in zip(A, B, strict=True)]
 DIFFS = [a - b for a, b in zip(A, B, strict=True)]
 

@@ -12,6 +12,8 @@ import pytest
 from conveyor.ingress.sagemaker.multi_model import model_location
 from tests.support.fifos import Fifos, checked
 
+LEVEL = "unit"
+
 RELEASE_S = 20.0  # a bound, never a measure: released, the old code read an empty config instead
 
 

@@ -11,6 +11,8 @@ import pytest
 from conveyor.ingress.sagemaker.multi_model import checked_url
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 @pytest.mark.parametrize("url", ["/proc", "/proc/self", "//proc/self", "///proc/self", "/./proc/self",
                                  "/opt/../proc/self", "/opt/ml/models/h/model/../../../../../sys/kernel",

@@ -20,6 +20,8 @@ from conveyor.router.spec.validate import validate
 from conveyor.workers.batch_layout import BatchLayout, batch_input_tensor
 from tests.support.ragged_models import ragged_sum
 
+LEVEL = "unit"
+
 K = mc.BatchInput.Kind
 
 RAGGED = """

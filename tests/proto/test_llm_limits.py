@@ -15,6 +15,8 @@ import pytest
 from conveyor.proto import llm_limits as lim
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 def _refused(check: Any, *args: Any, **kwargs: Any) -> str:
     with pytest.raises(ConveyorError) as err:

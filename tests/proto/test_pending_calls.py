@@ -7,6 +7,8 @@ from __future__ import annotations
 from conveyor.proto import messages as m
 from conveyor.proto.pending_calls import PendingCalls
 
+LEVEL = "unit"
+
 
 def test_responses_go_to_their_request_until_the_final_one() -> None:
     calls, got, freed = PendingCalls(), [], []  # type: ignore[var-annotated]

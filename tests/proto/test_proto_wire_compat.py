@@ -29,6 +29,8 @@ from conveyor.proto import (
 )
 from conveyor.proto._pool import POOL
 
+LEVEL = "unit"
+
 triton_service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 triton_model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 

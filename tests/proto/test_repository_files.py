@@ -26,6 +26,8 @@ from conveyor.proto.repository_files import (
 )
 from tests.support.fifos import Fifos, checked
 
+LEVEL = "unit"
+
 RELEASE_S = 20.0  # a bound, never a measure: a working reader refuses a FIFO without waiting on it
 
 

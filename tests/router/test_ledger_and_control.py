@@ -17,6 +17,8 @@ from conveyor.router.pending import Pending
 from conveyor.router.repository.scan import load_spec
 from tests.support.router_core import INGRESS, RouterCore, write_model
 
+LEVEL = "unit"
+
 
 def _pending(rid: int) -> Pending:
     return Pending(INGRESS, m.InferRequest(rid, "plain", "", [], []), 0, 1, ())

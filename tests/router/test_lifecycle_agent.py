@@ -15,6 +15,8 @@ from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
 from conveyor.router.registry import ModelRegistry
 from tests.support.router_core import write_model
 
+LEVEL = "unit"
+
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:

@@ -29,6 +29,8 @@ from tests.support.group import Server, router_control, start_server, wait_all_i
 from tests.support.python_models import ADD_SUB_MODEL, write_model
 from tests.support.serving_probe import Driver, add_sub_inputs, check_add_sub
 
+LEVEL = "e2e"
+
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 pytestmark = pytest.mark.timeout(300)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tests.support.router_core import RouterCore, write_model
 
+LEVEL = "unit"
+
 W1 = b"worker-1"
 
 

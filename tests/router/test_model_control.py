@@ -21,6 +21,8 @@ from tests.support.ensemble_models import ADD_SUB, _step, ensemble
 from tests.support.group import Server, start_server
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(180)
 
 

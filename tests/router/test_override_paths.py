@@ -14,6 +14,8 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lifecycle.calls import check_override_files
 from conveyor.router.repository.prepare import override_root, write_override
 
+LEVEL = "unit"
+
 
 @pytest.fixture
 def private_tmp(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> str:

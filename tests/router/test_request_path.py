@@ -13,6 +13,8 @@ from conveyor.proto.errors import Status
 from conveyor.router.models import DEEP_IN_FLIGHT, DEEP_PIPELINE_DEPTH, PIPELINE_DEPTH
 from tests.support.router_core import RouterCore, write_model
 
+LEVEL = "unit"
+
 W1 = b"worker-1"
 
 

@@ -14,6 +14,8 @@ from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
 
+LEVEL = "unit"
+
 
 def test_cache_config_syntax() -> None:
     assert parse_cache_config([]) == 0

@@ -16,6 +16,8 @@ from conveyor.deploy.example_repo import add_sub, identity
 from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(180)
 
 CACHE_BYTES = 1 << 20

@@ -16,6 +16,8 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lora_book import AdapterBook
 from tests.support.router_core import RouterCore, write_model
 
+LEVEL = "unit"
+
 ALLOW = 'parameters { key: "ALLOW_RUNTIME_LORA_UPDATING" value: { string_value: "true" } }'
 W1, W2 = b"worker-1", b"worker-2"
 

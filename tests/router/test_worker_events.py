@@ -13,6 +13,8 @@ from conveyor.proto.errors import Status
 from conveyor.router.models import InstanceState
 from tests.support.router_core import RouterCore, write_model
 
+LEVEL = "unit"
+
 W1, W2 = b"worker-1", b"worker-2"
 
 

@@ -14,6 +14,8 @@ from conveyor.router.shared_memory.client_regions import ClientShmRegistry, look
 from conveyor.shm.client_segment import open_segment, segment_identity
 from tests.support.shm_entries import ShmEntries
 
+LEVEL = "unit"
+
 # A blocking open of a FIFO waits for a writer for ever: the bound turns that hang into a failure.
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,6 +15,8 @@ from conveyor.shm.arena import HELD, RECLAIM_BLOCKS, RELEASED, Arena
 from conveyor.shm.naming import group_segments, segment_name, shm_preflight, sweep_orphans
 from conveyor.shm.regions import RegionCache
 
+LEVEL = "e2e"
+
 
 def test_allocator_reuses_and_coalesces() -> None:
     a = BlockAllocator(1024)

@@ -9,6 +9,8 @@ import zmq
 
 from conveyor.workers.loop_replies import LoopReplies
 
+LEVEL = "unit"
+
 
 def pull(endpoint: str) -> zmq.Socket[bytes]:
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)

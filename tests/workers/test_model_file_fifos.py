@@ -1,6 +1,6 @@
 """What a worker reads of a model when it loads one, each a FIFO in turn: label files, warm-up and
-initial-state data, and the model file of each backend installed here (ONNX Runtime, Python,
-TorchScript, FIL, OpenVINO; a SavedModel holding a FIFO is refused by ``check_tree``, tested with the
+initial-state data, and a Python model's file (the framework backends' model files:
+test_model_file_fifos_frameworks.py; a SavedModel holding a FIFO is refused by ``check_tree``, tested with the
 helper). A blocking open would hold the instance's thread for ever, and the model would stay
 LOADING; each is refused at once as UNAVAILABLE in Triton's words. The FIFO is released after a
 bound only so that a regression fails instead of hanging."""
@@ -20,6 +20,8 @@ from conveyor.workers.classification import load_labels
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import sample_inputs
 from tests.support.fifos import Fifos, checked
+
+LEVEL = "unit"
 
 RELEASE_S = 20.0  # a bound, never a measure
 FIFO = "a FIFO, not a regular file"
@@ -74,27 +76,3 @@ def test_a_python_model_file_fifo(tmp_path: Path, fifos: Fifos) -> None:
     # The import reads the file through its own loader: a name swapped for a FIFO after the check is refused too.
     with pytest.raises(OSError, match=FIFO):
         _ModelLoader("m", model_py).get_data(model_py)
-
-
-def test_framework_model_file_fifos(tmp_path: Path, fifos: Fifos) -> None:
-    from conveyor.workers.backends.fil.forests import load_forest
-    from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
-    from conveyor.workers.backends.openvino.backend import check_model_files
-    from conveyor.workers.backends.pytorch.backend import TorchScriptBackend
-
-    io = ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ] '
-          'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]')
-    onnx_file = fifos.make(tmp_path / "model.onnx")
-    error = refused(lambda: OnnxRuntimeBackend(onnx_file, config(f'name: "m" {io}'), "cpu"))
-    assert (error.status, error.message) == (Status.UNAVAILABLE, unreadable(onnx_file))
-    model_pt = fifos.make(tmp_path / "model.pt")
-    error = refused(lambda: TorchScriptBackend(model_pt, config(f'name: "m" {io}'), "cpu"))
-    assert (error.status, error.message) == (Status.UNAVAILABLE, unreadable(model_pt))
-    forest = fifos.make(tmp_path / "xgboost.json")
-    assert refused(lambda: load_forest("xgboost_json", forest, 1)).message == unreadable(forest)
-    model_xml = fifos.make(tmp_path / "model.xml")
-    assert refused(lambda: check_model_files(model_xml, "m")).message == unreadable(model_xml)
-    (tmp_path / "ir").mkdir()
-    (tmp_path / "ir" / "model.xml").write_text("<net/>")
-    weights = fifos.make(tmp_path / "ir" / "model.bin")
-    assert refused(lambda: check_model_files(str(tmp_path / "ir" / "model.xml"), "m")).message == unreadable(weights)

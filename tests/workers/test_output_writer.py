@@ -15,6 +15,8 @@ from conveyor.proto import messages as m
 from conveyor.shm.arena import Arena
 from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
 
+LEVEL = "unit"
+
 PLAN = IoPlan(batched=False, reshape={}, out_datatype={}, out_reshape={}, outputs_sorted=(), labels={})
 
 

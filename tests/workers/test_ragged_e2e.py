@@ -22,6 +22,8 @@ from tritonclient.utils import InferenceServerException
 from tests.support import ragged_models
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 WAIT_S = 60.0  # generous: only reached when something is broken
 
 

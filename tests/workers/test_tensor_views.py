@@ -17,6 +17,8 @@ from conveyor.shm.regions import RegionCache
 from conveyor.workers.batch_io import TensorViews
 from conveyor.workers.client_regions import ClientRegionMaps
 
+LEVEL = "unit"
+
 
 @pytest.fixture
 def arena() -> Iterator[Arena]:

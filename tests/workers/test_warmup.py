@@ -18,6 +18,8 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.warmup import sample_inputs, warm_up
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 
 def config(text: str) -> mc.ModelConfig:
     return text_format.Parse(text, mc.ModelConfig())

@@ -16,6 +16,8 @@ from conveyor.shm.arena import Arena
 from conveyor.workers.backends.base import RequestOutcome, WireTensor
 from conveyor.workers.batch_io import IoPlan, OutputWriter, plan_request_outputs
 
+LEVEL = "unit"
+
 PLAN = IoPlan(batched=False, reshape={}, out_datatype={}, out_reshape={}, outputs_sorted=(), labels={})
 
 

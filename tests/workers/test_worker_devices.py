@@ -8,6 +8,8 @@ import pytest
 from conveyor.deploy.instances import worker_environment
 from conveyor.workers.devices import DeviceMap, gpu_backends
 
+LEVEL = "unit"
+
 
 def test_a_worker_for_gpu3_reports_cuda3_and_runs_it_as_its_cuda0() -> None:
     devices = DeviceMap(1, worker_environment("gpu3"))  # conveyor-worker@gpu3

@@ -33,6 +33,8 @@ from tests.support.group import start_server
 from tests.support.python_models import _simple_config, write_model
 from tests.support.python_specs import RECORDING_MODEL, write
 
+LEVEL = "e2e"
+
 # Answers 1.0 when execute ran on the worker's main thread. The second copy's text
 # names InferenceRequest (as a BLS model would), so it must always run on its own thread.
 WHICH_THREAD_MODEL = '''

@@ -27,6 +27,8 @@ from tests.support.python_specs import RECORDING_MODEL, write
 from tests.support.router_end import RouterEnd
 from tests.support.waiting import eventually
 
+LEVEL = "unit"
+
 FAILING_MODEL = """
 class TritonPythonModel:
     def execute(self, requests):

@@ -23,6 +23,8 @@ from conveyor.deploy.benchmarks.llm_openai import (
     write_prompts,
 )
 
+LEVEL = "unit"
+
 # The parts of a profile_export_aiperf.json (schema 1.4, aiperf 0.13.0) that the benchmark reads.
 EXPORT: dict[str, object] = {
     "output_token_throughput": {"unit": "tokens/sec", "avg": 448.84},

@@ -8,6 +8,8 @@ import pytest
 
 from conveyor.deploy.benchmarks.vs_triton import CASES, markdown, onnx_repo, pick_cases, python_repo, summarize
 
+LEVEL = "unit"
+
 
 def run(server: str, infer: float | None, case: str = "simple-http", c: int = 1, cpu: float = 100.0) -> dict:
     if infer is None:

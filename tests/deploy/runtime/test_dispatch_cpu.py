@@ -6,6 +6,8 @@ import pytest
 
 from conveyor.deploy.runtime import dispatch_cpu as dc
 
+LEVEL = "e2e"
+
 
 @pytest.fixture
 def cpus(monkeypatch: pytest.MonkeyPatch) -> list[set[int]]:

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 # A request's life on the main thread: its body and its response, a MiB each, made and freed.

@@ -10,6 +10,8 @@ import pytest
 
 from tests.support.paths import ROOT
 
+LEVEL = "unit"
+
 RUNTIME = "deploy.runtime"
 ALLOWED = {
     "proto": {"proto"},

@@ -18,6 +18,8 @@ import zmq
 
 from conveyor.deploy.runtime.polling import Poller
 
+LEVEL = "unit"
+
 # Long enough never to pass by on a loaded test host; a failure shows as this wait, not a hang.
 WAIT_MS = 10_000
 

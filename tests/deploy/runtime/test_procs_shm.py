@@ -11,6 +11,8 @@ import uuid
 
 from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid, unlink_shm
 
+LEVEL = "e2e"
+
 
 def test_a_processs_segments_and_named_semaphores_are_found_and_unlinked() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -29,6 +29,8 @@ from tests.support.fuzz import bounded, tried
 from tests.support.fuzz_data_plane import data_plane, send
 from tests.support.fuzz_grpc_requests import infer_requests, labelled_infer_requests
 
+LEVEL = "unit"
+
 parse = lenient(wire.parse_infer_request)
 
 # --- codec and data plane -------------------------------------------------------------

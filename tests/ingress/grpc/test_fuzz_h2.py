@@ -20,6 +20,8 @@ from conveyor.ingress.grpc.h2_server.engine import ENGINES
 from conveyor.ingress.grpc.h2_server.server import H2Server
 from tests.support.fuzz import bounded, tried
 
+LEVEL = "unit"
+
 PATHS = ["/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/Echo", "/nope"]
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20

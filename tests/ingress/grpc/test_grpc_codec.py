@@ -24,6 +24,8 @@ from conveyor.proto.datatypes import numpy_dtype, serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.shm_params import ShmPlacement
 
+LEVEL = "unit"
+
 
 def client_request(
     inputs: list[tg.InferInput], outputs: list[tg.InferRequestedOutput] | None = None, **kw: Any

@@ -20,6 +20,8 @@ from conveyor.deploy.options import AUTO_GRPC_SERVER
 from tests.support.extra_ingress import extra_grpc_ingress
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 
 @pytest.fixture(scope="module", params=["grpcio", "h2", "ngh2"])
 def grpc_url(request: pytest.FixtureRequest, server: Server) -> Iterator[str]:

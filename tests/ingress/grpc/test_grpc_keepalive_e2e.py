@@ -18,6 +18,8 @@ from hyperframe.frame import Frame, GoAwayFrame, PingFrame, SettingsFrame
 from conveyor.deploy.example_repo import add_sub
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 KEEPALIVE_MS = 200  # the server's PINGs
 CLIENT_KEEPALIVE_MS = 100  # the client's PINGs: allowed, being further apart than the server's minimum below
 MIN_PING_INTERVAL_MS = 50

@@ -26,6 +26,8 @@ from conveyor.ingress.grpc.server import start_server
 from conveyor.proto import health_pb2, health_pb2_grpc
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
+LEVEL = "unit"
+
 
 @pytest.fixture(params=["grpcio", "h2", "ngh2"])
 async def served(request: pytest.FixtureRequest) -> AsyncIterator[SimpleNamespace]:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from conveyor.ingress.grpc.stream import Replies, stream_replies
 
+LEVEL = "unit"
 
 async def test_in_order_replies_wait_for_earlier_ones_and_streamed_ones_do_not() -> None:
     release_first = asyncio.Event()

@@ -32,6 +32,8 @@ from conveyor.ingress.grpc.tls import GrpcTls
 from tests.support.certs import Certs, make_certs
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
+LEVEL = "unit"
+
 TIMEOUT_S = 10
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = 0x4  # the frame type of the server's first frame

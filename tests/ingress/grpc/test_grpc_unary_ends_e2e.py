@@ -26,6 +26,8 @@ from tests.support.h2_attacks import Attacker, data_frame, headers_frame, messag
 from tests.support.metrics import metrics_text
 from tests.support.models import position
 
+LEVEL = "e2e"
+
 WAIT_S = 60.0  # generous: only reached when something is broken
 MODEL = "gated"
 # Fewer than the calls each test ends: a place not given back refuses the last request.

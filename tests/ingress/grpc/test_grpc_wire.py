@@ -9,6 +9,8 @@ from google.protobuf.message import DecodeError
 from conveyor.ingress.grpc import wire
 from conveyor.proto import grpc_service_pb2 as pb
 
+LEVEL = "unit"
+
 
 def test_field_numbers_match_the_descriptors() -> None:
     fields = pb.ModelInferRequest.DESCRIPTOR.fields_by_name

@@ -37,6 +37,8 @@ from conveyor.ingress.grpc.h2_server.connection import GrpcConnection
 from conveyor.ingress.grpc.h2_server.engine import ENGINES
 from conveyor.ingress.grpc.h2_server.server import H2Server
 
+LEVEL = "unit"
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SERVICE = "/test.Service/"
 

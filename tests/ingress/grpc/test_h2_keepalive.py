@@ -28,6 +28,8 @@ from tests.ingress.grpc.test_h2_protocol import (
 )
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
+LEVEL = "unit"
+
 # The ping policy under test: 2 strikes allowed, every PING within the minute after another one is a strike.
 STRICT = [("grpc.http2.min_ping_interval_without_data_ms", 60000), ("grpc.http2.max_ping_strikes", 2),
           ("grpc.keepalive_permit_without_calls", 1)]

@@ -28,6 +28,8 @@ from tests.support import h2_watch as h2w
 from tests.support.extra_ingress import extra_grpc_ingress_process
 from tests.support.group import Server, pids_of
 
+LEVEL = "e2e"
+
 ATTACK_S = 2.5  # each attack's longest run; most end sooner, with the server's GOAWAY
 VICTIM_S = 1.0  # the other client is measured at least this long (some 50 calls)
 RSS_GROWTH = 64 << 20  # what an attack may add to the ingress's resident memory

@@ -32,6 +32,8 @@ from conveyor.ingress.grpc.server import start_server
 from conveyor.proto import grpc_service_pb2 as pb
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
+LEVEL = "unit"
+
 SERVICE = "/inference.GRPCInferenceService/"
 TIMEOUT_S = 10
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

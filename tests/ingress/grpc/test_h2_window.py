@@ -20,6 +20,8 @@ from conveyor.proto import grpc_service_pb2 as pb
 from tests.ingress.grpc.test_h2_protocol import INITIAL_WINDOW_SIZE, PREFACE, TIMEOUT_S, RawClient, message
 from tests.support.fake_grpc import FakeDataPlane, FakeLink
 
+LEVEL = "unit"
+
 
 class Uploader:
     """One stream's upload within the windows the server gives (its SETTINGS and WINDOW_UPDATEs), PINGs

@@ -22,6 +22,8 @@ from tests.support.fake_grpc import FakeDataPlane, FakeLink
 from tests.support.group import start_server as start_group
 from tests.support.metrics import scrape
 
+LEVEL = "e2e"
+
 FAILURES = "conveyor_grpc_ngh2_self_test_failures_total"
 
 

@@ -17,6 +17,8 @@ from conveyor.ingress.grpc.wire import SPLIT_MIN_BYTES, parse_infer_request
 from conveyor.proto.errors import ConveyorError
 from tests.ingress.grpc.test_grpc_codec import client_request, typed_request
 
+LEVEL = "unit"
+
 
 def wire(a: np.ndarray, b: np.ndarray, **kw: Any) -> bytes:
     inputs = [tg.InferInput("INPUT0", list(a.shape), "INT32"), tg.InferInput("INPUT1", list(b.shape), "INT32")]

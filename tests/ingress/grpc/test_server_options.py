@@ -10,6 +10,8 @@ import pytest
 
 from conveyor.ingress.grpc import server as grpc_server
 
+LEVEL = "unit"
+
 
 class _Built(Exception):
     pass

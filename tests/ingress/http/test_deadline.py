@@ -10,6 +10,8 @@ import pytest
 from conveyor.ingress.http.deadline import MAX_TIMEOUT_MS, parse_timeout, within
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 def test_the_header_is_milliseconds() -> None:
     assert parse_timeout(None) is None

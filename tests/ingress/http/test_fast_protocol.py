@@ -14,6 +14,8 @@ import tritonclient.http as th
 
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 A = list(range(16))
 B = [1] * 16
 BODY = json.dumps({"inputs": [

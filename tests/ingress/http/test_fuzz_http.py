@@ -33,6 +33,8 @@ from tests.support.fuzz import CLIENT_MISTAKES_500, bounded, tried
 from tests.support.fuzz_data_plane import data_plane, send
 from tests.support.fuzz_http_requests import binary_requests, dumps, infer_docs
 
+LEVEL = "unit"
+
 # --- the properties -----------------------------------------------------------------
 
 

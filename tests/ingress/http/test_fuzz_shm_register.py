@@ -30,6 +30,8 @@ from conveyor.router.repository.agent import RepositoryAgent
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry
 from tests.support.fuzz import bounded, tried
 
+LEVEL = "unit"
+
 SEGMENT = f"/conveyor-fuzz-shm.{os.getpid()}"
 SEGMENT_BYTES = 4096
 

@@ -9,6 +9,8 @@ import json
 from tests.support.generate import events, post
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 
 def test_generate_on_an_ordinary_model(server: Server) -> None:
     body = {"id": "g1", "INPUT0": list(range(16)), "INPUT1": [1] * 16, "stream": True}  # unknown keys are ignored

@@ -23,6 +23,8 @@ from conveyor.shm.arena import RELEASED, Arena
 from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 
+LEVEL = "unit"
+
 
 def tritonclient_body(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> tuple[bytes, int | None]:
     inputs = [th.InferInput("INPUT0", list(a.shape), "INT32"), th.InferInput("INPUT1", list(b.shape), "INT32")]

@@ -22,6 +22,8 @@ from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto.errors import ConveyorError, Status, not_found, unavailable
 from tests.support.fake_http import ANSWERS, EchoPlane, FakeLink
 
+LEVEL = "unit"
+
 Client = th.InferenceServerClient
 
 

@@ -29,6 +29,8 @@ from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.shm_params import ShmPlacement
 
+LEVEL = "unit"
+
 Client = th.InferenceServerClient
 
 

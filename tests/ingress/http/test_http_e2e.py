@@ -17,6 +17,8 @@ from tests.support.group import Server
 from tests.support.metrics import metrics_text
 from tests.support.models import LABELS
 
+LEVEL = "e2e"
+
 
 @pytest.fixture()
 def client(server: Server) -> httpclient.InferenceServerClient:

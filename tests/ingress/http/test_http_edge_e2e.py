@@ -29,6 +29,8 @@ from tests.support.http_attacks import (
 )
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 MIB = 1 << 20
 TIMEOUT_S = 1.5  # each of the three timeouts: the attacks' connections end this soon
 MAX_CONNECTIONS = 200

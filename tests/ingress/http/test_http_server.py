@@ -20,6 +20,8 @@ import zmq
 from conveyor.deploy.ports import free_port
 from conveyor.proto import messages as m
 
+LEVEL = "e2e"
+
 
 class FakeRouter:
     """Answers ``server_ready`` with True after ``delay`` seconds."""

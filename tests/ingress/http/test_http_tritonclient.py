@@ -13,6 +13,8 @@ import tritonclient.http.aio as tha
 
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 
 @pytest.fixture
 def client(server: Server) -> th.InferenceServerClient:

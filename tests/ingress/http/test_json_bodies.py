@@ -17,6 +17,8 @@ from conveyor.ingress.http.observe import MAX_SETTINGS_BODY
 from conveyor.proto.start_only import LOG_FILE_REFUSAL, TRACE_FILE_REFUSAL
 from tests.support.fake_http import ANSWERS, EchoPlane, FakeLink
 
+LEVEL = "unit"
+
 # curl -d's type (urllib's too), a wrong one, and none (tritonclient.http sends none).
 CONTENT_TYPES = ["application/json", "application/x-www-form-urlencoded", "text/plain", None]
 

@@ -17,6 +17,8 @@ import uvicorn
 from conveyor.ingress.http.protocol import HttpToolsProtocol
 from conveyor.ingress.http.server import bind_socket
 
+LEVEL = "unit"
+
 KEEP_ALIVE_S = 1  # short here; the ingress's is edge.KEEP_ALIVE_S
 REQUEST = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
 ANSWER_END = b"\r\n\r\nok"

@@ -16,6 +16,8 @@ import tritonclient.http as httpclient
 from conveyor.deploy.example_repo import add_sub
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:

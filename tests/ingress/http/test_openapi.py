@@ -14,6 +14,8 @@ from openapi_spec_validator import validate
 from tests.support.group import Server
 from tests.support.paths import ROOT
 
+LEVEL = "e2e"
+
 DOC = str(ROOT / "docs" / "openapi.yaml")
 # Path parameters: a model that exists, except where the call would change the shared server.
 VALUES = {"model": "simple", "version": "1", "region": "openapi-test"}

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 from tests.support.group import Server, start_server
 from tests.support.paths import ROOT
 
+LEVEL = "e2e"
+
 schemathesis = pytest.importorskip("schemathesis")
 pytestmark = pytest.mark.timeout(300)
 

@@ -25,6 +25,8 @@ from tests.support.h2_watch import IngressWatch
 from tests.support.vllm_group import MODEL, VllmGroup, spend
 from tests.support.vllm_reference import CHAT, MAX_TOKENS, PROMPT
 
+LEVEL = "e2e"
+
 tiny_llama.require_vllm()
 
 # The group's fixture may start the session's vLLM group (~100 s here, more on a loaded host).

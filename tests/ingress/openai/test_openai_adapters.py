@@ -16,6 +16,8 @@ from conveyor.proto.lora import repository_adapters
 from conveyor.proto.signature import ModelSignature
 from conveyor.workers.backends.vllm.lora import LoraRepository
 
+LEVEL = "unit"
+
 
 def _refused(body: bytes, parse: object = load_request) -> str:
     with pytest.raises(ConveyorError) as err:
@@ -76,21 +78,3 @@ def test_an_engine_without_repository_adapters_needs_the_runtime_gate(tmp_path: 
     repo = LoraRepository.load(str(tmp_path), lora, runtime=True)
     assert repo.enabled and repo.names == []
     assert not LoraRepository.load(str(tmp_path), {}).enabled
-
-
-def test_runtime_adapters_beside_the_repositorys(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
-    (tmp_path / "loras" / "alpha").mkdir(parents=True)
-    repo = LoraRepository.load(str(tmp_path), {"enable_lora": "true"})
-    assert repo.request("alpha").lora_int_id == 1 and repo.request("alpha").lora_name == "alpha"
-    first = repo.add("delta", "/d")
-    assert (first.lora_name, first.lora_int_id, first.lora_path) == ("delta", 2, "/d")
-    repo.check("delta")
-    again = repo.add("delta", "/d2")  # in place: a new engine id, so no weights cached for the old path serve it
-    assert again.lora_int_id == 3 and repo.request("delta") is again
-    with pytest.raises(ConveyorError, match="already been loaded"):
-        repo.add("alpha", "/x")
-    assert repo.remove("alpha") is None  # a repository adapter stays
-    assert repo.remove("delta") == 3 and repo.remove("delta") is None
-    with pytest.raises(ConveyorError, match="LoRA delta is not supported"):
-        repo.check("delta")

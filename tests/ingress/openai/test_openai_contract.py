@@ -21,6 +21,8 @@ from conveyor.ingress.openai.tokenizer import Tokenizer, tokenizer_folder
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.signature import ModelSignature, TensorSpec
 
+LEVEL = "unit"
+
 
 def _sig(inputs: dict[str, tuple[str, tuple[int, ...]]], outputs: dict[str, str], *, decoupled: bool = False,
          batch: int = 0) -> ModelSignature:

@@ -29,6 +29,8 @@ from conveyor.proto.datatypes import pack_bytes
 from conveyor.proto.errors import ConveyorError, Status, internal, invalid_arg, unsupported
 from conveyor.proto.signature import ModelSignature, TensorSpec
 
+LEVEL = "unit"
+
 
 def test_input_is_one_or_more_prompts_of_text_or_token_ids() -> None:
     assert prompts("a b") == ["a b"]

@@ -9,6 +9,8 @@ import falcon.testing
 from conveyor.ingress.openai.errors import render_error
 from conveyor.proto.errors import ConveyorError, Status
 
+LEVEL = "unit"
+
 
 class _Refusing:
     def __init__(self, error: ConveyorError) -> None:

@@ -24,6 +24,8 @@ from tests.support import openai_models, text_models
 from tests.support.group import Server, _listening, start_server
 from tests.support.metrics import metrics_text
 
+LEVEL = "e2e"
+
 MODEL = "fake_llm"
 LIMITED = "fake_llm_limited"  # MAX_WAITING_REQUESTS 1
 SEP = "_lora_"

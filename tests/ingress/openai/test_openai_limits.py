@@ -23,6 +23,8 @@ from conveyor.proto import llm_limits as lim
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.signature import ModelSignature, TensorSpec
 
+LEVEL = "unit"
+
 CHAT = [{"role": "user", "content": "hi"}]
 
 

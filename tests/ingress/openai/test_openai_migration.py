@@ -27,6 +27,8 @@ from conveyor.proto.migration import MIGRATION, OUTPUT_IDS, PROMPT_IDS, RESUMABL
 from conveyor.proto.request_checks import check_inputs
 from conveyor.proto.signature import ModelSignature, TensorSpec
 
+LEVEL = "unit"
+
 LOST = "the worker running this request exited (it stopped answering)"
 
 

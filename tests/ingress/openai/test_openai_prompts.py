@@ -20,6 +20,8 @@ from conveyor.ingress.openai.schema import CompletionRequest, decode, sampling_p
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.signature import ModelSignature, TensorSpec
 
+LEVEL = "unit"
+
 
 def _refused(value: object) -> str:
     with pytest.raises(ConveyorError) as err:

@@ -21,6 +21,8 @@ from conveyor.ingress.restricted import (
 )
 from tests.support.fake_http import ANSWERS, EchoPlane, FakeLink
 
+LEVEL = "unit"
+
 # Every route of the OpenAI port and the categories that restrict it.
 ROUTES = [
     ("GET", "/v1/models", {"model-repository", "metadata"}),

@@ -21,6 +21,8 @@ from conveyor.proto.stream_steps import STEP
 from conveyor.workers.backends.base import WireTensor
 from conveyor.workers.backends.vllm import outputs
 
+LEVEL = "unit"
+
 RETURNS = frozenset(("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
                      "return_num_cached_tokens", "return_logprobs", "return_prompt_logprobs"))
 

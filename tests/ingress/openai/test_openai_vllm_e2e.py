@@ -41,6 +41,8 @@ from tests.support.vllm_reference import (
     N,
 )
 
+LEVEL = "e2e"
+
 tiny_llama.require_vllm()
 
 # The group's fixture runs vLLM's reference and loads the group's engine (~100 s here alone, more on a

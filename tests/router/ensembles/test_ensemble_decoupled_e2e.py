@@ -23,6 +23,8 @@ from tritonclient.utils import InferenceServerException
 from tests.support import ensemble_stream_models
 from tests.support.group import Server, router_control, start_server
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(180)
 
 WAIT_S = 30.0

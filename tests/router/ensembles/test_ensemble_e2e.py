@@ -17,6 +17,8 @@ from tritonclient.utils import InferenceServerException
 from tests.support import ensemble_models
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(180)
 
 Client = Any

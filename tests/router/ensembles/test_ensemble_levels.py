@@ -9,6 +9,8 @@ from conveyor.proto.model_config import parse_text
 from conveyor.router.ensembles.levels import build_levels
 from conveyor.router.spec.ensemble_plan import EnsemblePlan, build_plan
 
+LEVEL = "unit"
+
 
 def plan(outputs: list[str], steps: list[tuple[str, dict[str, str], list[str]]]) -> EnsemblePlan:
     """Steps as (model, {input: tensor}, [output tensors]); input A and B."""

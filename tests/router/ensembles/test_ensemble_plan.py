@@ -9,6 +9,8 @@ from conveyor.proto.model_config import parse_text
 from conveyor.router.spec.ensemble_conditions import Condition
 from conveyor.router.spec.ensemble_plan import EnsemblePlan, build_plan
 
+LEVEL = "unit"
+
 HEAD = '''
 name: "e"
 platform: "ensemble"

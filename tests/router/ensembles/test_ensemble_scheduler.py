@@ -22,6 +22,8 @@ from conveyor.router.spec.ensemble_plan import build_plan
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
 
+LEVEL = "unit"
+
 DIAMOND = '''
 name: "diamond"
 platform: "ensemble"

@@ -7,6 +7,8 @@ from conveyor.ingress.prometheus import render
 from conveyor.proto import messages as m
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
 
+LEVEL = "unit"
+
 LABELS = {"model": "m", "version": "1"}
 
 

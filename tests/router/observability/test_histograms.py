@@ -11,6 +11,8 @@ from conveyor.ingress.system_metrics import GpuSampler
 from conveyor.router.observability import histograms as h
 from conveyor.router.observability.stats import ModelStats
 
+LEVEL = "unit"
+
 
 def test_histogram_buckets_follow_le() -> None:
     hist = h.Histogram()

@@ -20,6 +20,8 @@ from conveyor.router.observability.trace_settings import TraceSettings, TraceSet
 from conveyor.router.observability.tracing import Tracer, TraceRecord
 from tests.support.otlp_receiver import OtlpReceiver
 
+LEVEL = "unit"
+
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 

@@ -19,6 +19,8 @@ from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 
+LEVEL = "e2e"
+
 HTTP_TRACE, GRPC_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
 
 

@@ -13,6 +13,8 @@ from conveyor.proto.start_only import LOG_FILE_REFUSAL, TRACE_FILE_REFUSAL
 from conveyor.router.observability.trace_settings import TraceConfig, TraceSettings
 from conveyor.router.settings_hub import SettingsHub
 
+LEVEL = "unit"
+
 
 @pytest.fixture
 def hub() -> tuple[SettingsHub, list[bytes]]:

@@ -10,6 +10,8 @@ import pytest
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.observability.trace_settings import TraceSettings, TraceSettingsStore
 
+LEVEL = "unit"
+
 
 @pytest.mark.parametrize("level", [True, 7, 1.5, {"a": 1}, [], [["OFF"]], ["LOUD"], None])
 def test_a_trace_level_that_is_no_level_name_is_refused(level: Any) -> None:

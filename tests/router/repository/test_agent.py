@@ -13,6 +13,8 @@ import pytest
 
 from conveyor.router.repository.agent import Lane, RepositoryAgent
 
+LEVEL = "unit"
+
 
 @pytest.fixture
 def agent() -> Iterator[RepositoryAgent]:

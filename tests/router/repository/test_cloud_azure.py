@@ -29,6 +29,8 @@ from conveyor.router.repository.cloud.azure_blob import AzureRepository
 from tests.support.cloud_scenario import files_under, serve_and_follow
 from tests.support.paths import ROOT
 
+LEVEL = "e2e"
+
 blob = pytest.importorskip("azure.storage.blob", reason="as:// tests need azure-storage-blob")
 pytestmark = pytest.mark.timeout(240)
 

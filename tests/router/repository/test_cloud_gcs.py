@@ -13,6 +13,8 @@ import pytest
 from conveyor.deploy.ports import free_port
 from tests.support.cloud_scenario import files_under, serve_and_follow
 
+LEVEL = "e2e"
+
 storage = pytest.importorskip("google.cloud.storage", reason="gs:// tests need google-cloud-storage")
 emulator = pytest.importorskip("gcp_storage_emulator.server", reason="gs:// tests need gcp-storage-emulator")
 pytestmark = pytest.mark.timeout(180)

@@ -18,6 +18,8 @@ from conveyor.router.repository.cloud.gcs import GcsRepository
 from conveyor.router.repository.cloud.mirror import ObjectMirror, Stamp
 from conveyor.router.repository.cloud.s3 import S3Repository
 
+LEVEL = "unit"
+
 
 class MemoryStore(ObjectMirror):
     def __init__(self, local: str) -> None:

@@ -16,6 +16,8 @@ import pytest
 from conveyor.deploy.ports import free_port
 from tests.support.cloud_scenario import files_under, serve_and_follow
 
+LEVEL = "e2e"
+
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 pytestmark = pytest.mark.timeout(180)

@@ -18,6 +18,8 @@ from conveyor.router.repository import default_groups
 from conveyor.router.repository.default_groups import backend_gpus, filled_config, resolve
 from conveyor.router.spec.model_spec import ModelSpec
 
+LEVEL = "unit"
+
 _index = itertools.count(100).__next__
 
 

@@ -17,6 +17,8 @@ from conveyor.router.repository.scan import load_spec
 from conveyor.router.spec.validate import validate
 from tests.support.fuzz import bounded, tried
 
+LEVEL = "unit"
+
 # --- a grammar of config.pbtxt, with values of any kind ------------------------------
 
 numbers = st.sampled_from(["0", "1", "-1", "8", "-5", "2147483648", "99999999999999999999", "1.5", "0x10", "nan"])

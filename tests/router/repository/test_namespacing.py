@@ -26,6 +26,8 @@ from tests.support.ensemble_models import _step, ensemble, identity_int32
 from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(180)
 
 AMBIGUOUS = ("There are 2 identifiers of model 'm' in global map, "

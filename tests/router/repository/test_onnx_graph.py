@@ -16,6 +16,8 @@ from conveyor.proto.onnx_graph import read_signature
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
 from tests.support.external_data_models import big_embedding, model_directory
 
+LEVEL = "unit"
+
 
 def _same_as_onnx_load(path: str) -> None:
     ours, theirs = read_signature(path), onnx.load(path, load_external_data=False).graph

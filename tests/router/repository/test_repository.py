@@ -9,6 +9,8 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.proto.model_config import parse_text, to_json
 from conveyor.router.repository.scan import scan
 
+LEVEL = "unit"
+
 
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ from conveyor.router.repository.prepare import SpecSettings, model_spec, prepare
 from conveyor.router.repository.scan import load_spec, scan
 from tests.support.fifos import Fifos, checked
 
+LEVEL = "unit"
+
 RELEASE_S = 20.0  # a bound, never a measure
 
 

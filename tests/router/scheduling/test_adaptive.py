@@ -14,6 +14,8 @@ from conveyor.router.scheduling.adaptive import MAX_HOLD, AdaptiveBatcher, Adapt
 from conveyor.router.spec.adaptive import adaptive_problem
 from conveyor.router.spec.validate import validate
 
+LEVEL = "unit"
+
 MS = 1_000_000
 
 

@@ -6,6 +6,8 @@ from conveyor.proto import messages as m
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.scheduling.batcher import DynamicBatcher
 
+LEVEL = "unit"
+
 
 def pending(rid: int, rows: int = 1, width: int = 16, at: int = 0, deadline: int = 0) -> Pending:
     req = m.InferRequest(rid, "m", "", [m.TensorRef("A", "FP32", [rows, width], "r", 0, 4 * rows * width)], [],

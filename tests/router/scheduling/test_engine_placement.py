@@ -26,6 +26,8 @@ from conveyor.router.scheduling.overload import limits_only_change
 from conveyor.router.spec.engine_placement import placement_problem
 from tests.support.router_core import RouterCore
 
+LEVEL = "unit"
+
 W1 = b"worker-1"
 
 CONFIG = """

@@ -26,6 +26,8 @@ from conveyor.router.scheduling.overload import OverloadLimits, limits_only_chan
 from conveyor.router.spec.overload import MAX_KV_PARAMETER, MAX_WAITING_PARAMETER, overload_problem
 from tests.support.router_core import RouterCore, write_model
 
+LEVEL = "unit"
+
 W1 = b"worker-1"
 LIMIT = 3
 

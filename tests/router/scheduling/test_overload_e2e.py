@@ -31,6 +31,8 @@ from tests.support.metrics import metrics_text
 from tests.support.python_models import write_model
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.timeout(240)
 
 SLEEP_S = 0.5  # each execution

@@ -14,6 +14,8 @@ from conveyor.router.scheduling.priority_queues import PriorityQueues
 from conveyor.router.scheduling.queue_policy import QueuePolicy, SchedulingPolicy
 from conveyor.router.spec.queue_policy import scheduling_problem
 
+LEVEL = "unit"
+
 MS = 1_000_000
 
 

@@ -21,6 +21,8 @@ from conveyor.router.spec.model_spec import ModelSpec
 from tests.support import rate_limit_models
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 
 def version(name: str, groups: str) -> VersionState:
     config = text_format.Parse(f'name: "{name}" {groups}', mc.ModelConfig())

@@ -29,6 +29,8 @@ from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text
 from tests.support.models import position
 
+LEVEL = "e2e"
+
 WAIT_S = 60.0  # generous: only reached when something is broken
 
 

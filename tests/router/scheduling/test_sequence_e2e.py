@@ -28,6 +28,8 @@ from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, start_server, wait_all_instances_ready
 from tests.support.sequence_models import accumulator
 
+LEVEL = "e2e"
+
 WAIT_S = 60.0  # generous: only reached when something is broken
 
 

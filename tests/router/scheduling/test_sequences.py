@@ -16,6 +16,8 @@ from conveyor.router.pending import Pending, shape_key
 from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.workers.sequence_state import SequenceSlots
 
+LEVEL = "unit"
+
 IDLE_NS = 1_000_000
 
 

@@ -11,6 +11,8 @@ from conveyor.router.models import Instance, InstanceState, VersionState, build_
 from conveyor.router.pool import WorkerInfo, WorkerPool
 from conveyor.router.spec.model_spec import ModelSpec
 
+LEVEL = "unit"
+
 
 def version(groups: str) -> VersionState:
     config = text_format.Parse(f'name: "g" {groups}', mc.ModelConfig())

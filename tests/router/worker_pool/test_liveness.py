@@ -11,6 +11,8 @@ import sys
 from conveyor.router import pool as pool_module
 from conveyor.router.pool import LOCAL_WORKER_TIMEOUT_S, WORKER_TIMEOUT_S, WorkerInfo, WorkerPool
 
+LEVEL = "e2e"
+
 
 def _pool(*workers: WorkerInfo) -> WorkerPool:
     pool = WorkerPool()

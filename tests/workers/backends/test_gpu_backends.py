@@ -17,6 +17,8 @@ import pytest
 
 from conveyor.deploy.example_repo import write_model
 
+LEVEL = "e2e"
+
 pytestmark = pytest.mark.gpu
 
 

@@ -17,6 +17,8 @@ from conveyor.router.repository.scan import scan
 from conveyor.workers.backends import load_backend
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
 REASON = "TensorRT is not installed|no GPU"
 

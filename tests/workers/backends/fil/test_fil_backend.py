@@ -22,6 +22,8 @@ from conveyor.workers.backends.base import Backend
 from conveyor.workers.backends.fil import settings as fil_settings
 from conveyor.workers.backends.fil.settings import FilSettings
 
+LEVEL = "unit"
+
 
 def params(**values: str) -> mc.ModelConfig:
     return parse_text("".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'

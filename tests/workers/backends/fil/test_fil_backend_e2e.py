@@ -24,6 +24,8 @@ pytest.importorskip("treelite", reason="the fil extra is not installed (pip inst
 
 from tests.support import fil_models  # after the skips: it imports the frameworks
 
+LEVEL = "e2e"
+
 # Class indices must match exactly; scores within 1e-5 relative (the frameworks' own float32).
 EXACT = {"xgb_json_readme", "xgb_multi_class"}
 FEATURES = {"xgb_legacy_binary": fil_models.LEGACY_FEATURES, "fil": 500}

@@ -24,6 +24,8 @@ from tritonclient.utils import InferenceServerException
 from tests.support import external_data_models as ext
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 OPTIONS = """parameters { key: "execution_mode" value: { string_value: "1" } }
 parameters { key: "inter_op_thread_count" value: { string_value: "2" } }
 parameters { key: "enable_mem_pattern" value: { string_value: "0" } }

@@ -17,6 +17,8 @@ from conveyor.workers.backends.onnxruntime.backend import OnnxRuntimeBackend
 from conveyor.workers.backends.onnxruntime.settings import SHRINKAGE, run_options, session_options
 from tests.support import external_data_models as ext
 
+LEVEL = "unit"
+
 Level = ort.GraphOptimizationLevel
 
 

@@ -19,6 +19,8 @@ from conveyor.workers.backends.onnxruntime.providers import (
     execution_providers,
 )
 
+LEVEL = "unit"
+
 GPU_BUILD = [TENSORRT, CUDA, CPU]
 EVERYTHING = [TENSORRT, CUDA, OPENVINO, DNNL, CPU]
 

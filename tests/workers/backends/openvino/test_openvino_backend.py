@@ -15,6 +15,8 @@ from conveyor.proto.model_config import parse_text, to_json
 from conveyor.workers.backends import cpu_threads, load_backend
 from conveyor.workers.backends.openvino.settings import OpenVinoSettings
 
+LEVEL = "slow"
+
 
 def params(**values: str) -> mc.ModelConfig:
     return parse_text("".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'

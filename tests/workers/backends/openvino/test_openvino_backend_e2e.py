@@ -22,6 +22,8 @@ pytest.importorskip("openvino", reason="the openvino extra is not installed (pip
 
 from tests.support import openvino_models as ovm  # after the skip: it imports OpenVINO
 
+LEVEL = "e2e"
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:

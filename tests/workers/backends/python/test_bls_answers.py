@@ -14,6 +14,8 @@ from conveyor.workers.backends.python.bls_answers import CANCELLED, Answers, Asy
 from conveyor.workers.backends.python.pb_utils import bls
 from conveyor.workers.item_stream import ItemStream
 
+LEVEL = "unit"
+
 
 def stream(index: int) -> ItemStream:
     """A request's real stream; cancelling it needs none of its output machinery."""

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conveyor.deploy.example_repo import write_model
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.model_config import parse_text
-from conveyor.router.repository.scan import load_spec
 from conveyor.workers.backends.base import RequestBackend, RequestItem
 from conveyor.workers.backends.python import pb_utils
 from conveyor.workers.backends.python.backend import PythonBackend
 from tests.support import python_models
 from tests.support.python_specs import CONFIG, RECORDING_MODEL, write
+
+LEVEL = "unit"
 
 
 def item(x: np.ndarray, rid: str = "") -> RequestItem:
@@ -103,23 +103,6 @@ def test_response_sender_in_default_mode(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out["ROWS"], x)
 
 
-def test_auto_complete_config_runs_outside_the_router(tmp_path: Path) -> None:
-    python_models.write_model(str(tmp_path), "auto", python_models.AUTOCOMPLETE_MODEL,
-                              'name: "auto"\nbackend: "python"\n')
-    spec = load_spec("auto", str(tmp_path / "auto"))
-    assert not spec.error, spec.error
-    assert spec.config.max_batch_size == 4 and spec.config.HasField("dynamic_batching")
-    assert [(t.name, list(t.dims)) for t in spec.config.input] == [("INPUT0", [3])]
-    assert not [m for m in sys.modules if m.startswith("_conveyor_model_autocomplete")]  # ran in a child process
-
-
-def test_auto_complete_config_conflict_is_the_reason(tmp_path: Path) -> None:
-    config = 'name: "auto"\nbackend: "python"\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
-    python_models.write_model(str(tmp_path), "auto", python_models.AUTOCOMPLETE_MODEL, config)
-    spec = load_spec("auto", str(tmp_path / "auto"))
-    assert "configuration expects datatype TYPE_FP32 for input 'INPUT0', model provides TYPE_INT64" in spec.error
-
-
 # --- triton_python_backend_utils -------------------------------------------------------
 
 
@@ -147,16 +130,6 @@ def test_tensor_and_dlpack() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="empty string"):
         pb_utils.Tensor.from_dlpack("", x)
     assert pb_utils.Tensor.from_dlpack("H", x).__dlpack_device__() == (1, 0)
-
-
-def test_torch_cpu_tensor_through_dlpack() -> None:
-    """A torch CPU tensor in and out, without a copy, as a model moving data between torch and pb_utils does."""
-    torch = pytest.importorskip("torch")
-    t = torch.arange(8, dtype=torch.float32)
-    tensor = pb_utils.Tensor.from_dlpack("T", torch.utils.dlpack.to_dlpack(t))
-    assert tensor.is_cpu() and tensor.as_numpy().ctypes.data == t.data_ptr()
-    back = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-    assert back.data_ptr() == t.data_ptr()
 
 
 def test_errors_requests_and_responses() -> None:
@@ -425,21 +398,6 @@ def test_a_decoupled_async_execute_runs_in_the_background(tmp_path: Path) -> Non
     backend.close()
 
 
-def test_a_bf16_tensor_is_not_numpy() -> None:
-    torch = pytest.importorskip("torch")
-    words = np.array([0x3FC0, 0xC000], np.uint16)  # 1.5, -2.0 in BF16
-    tensor = pb_utils.Tensor._of_bf16("B", words)
-    with pytest.raises(pb_utils.TritonModelException, match="Tensor dtype is BF16 and cannot be converted to NumPy"):
-        tensor.as_numpy()
-    assert tensor.triton_dtype() == 14
-    as_torch = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-    assert as_torch.dtype == torch.bfloat16 and as_torch.tolist() == [1.5, -2.0]
-    back = pb_utils.Tensor.from_dlpack("C", torch.utils.dlpack.to_dlpack(as_torch * 2))
-    with pytest.raises(pb_utils.TritonModelException):
-        back.as_numpy()
-    assert back.data().tolist() == [0x4040, 0xC080]  # 3.0, -4.0
-
-
 @pytest.mark.parametrize(("returns", "ready"), [("True", True), ("False", False), ("'yes'", False),
                                                 ("1 / 0", False)])
 def test_a_models_is_ready_decides_its_readiness(tmp_path: Path, returns: str, ready: bool) -> None:
@@ -473,16 +431,3 @@ def test_an_instance_name_with_shell_characters_is_refused(tmp_path: Path) -> No
     with pytest.raises(ConveyorError, match="Invalid stub name: contains invalid characters"):
         PythonBackend(path, config, "cpu", 0, "model;test_0")
     PythonBackend(path, config, "cpu", 0, "model-with-hyphens_0").close()
-
-
-def test_a_model_py_without_config_pbtxt_is_completed(tmp_path: Path) -> None:
-    """As Triton (L0_backend_python's auto_complete_error model has no config.pbtxt): a model
-    directory holding <version>/model.py is a Python model whose config auto_complete_config makes."""
-    write_model(tmp_path, "bare", None, {"model.py": textwrap.dedent(python_models.AUTOCOMPLETE_MODEL)})
-    spec = load_spec("bare", str(tmp_path / "bare"))
-    assert not spec.error, spec.error
-    assert spec.config.backend == "python" and [t.name for t in spec.config.input] == ["INPUT0"]
-    broken = ("class TritonPythonModel:\n    @staticmethod\n"
-              "    def auto_complete_config(c):\n        return nothing_here\n")
-    write_model(tmp_path, "broken", None, {"model.py": broken})
-    assert "name 'nothing_here' is not defined" in load_spec("broken", str(tmp_path / "broken")).error

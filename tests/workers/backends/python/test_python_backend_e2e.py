@@ -15,6 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 Client = Any  # httpclient or grpcclient InferenceServerClient
 
 

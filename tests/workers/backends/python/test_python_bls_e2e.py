@@ -15,6 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 A = np.arange(20, 36, dtype=np.int32)  # no 13: py_errors raises on it
 B = np.full(16, 3, dtype=np.int32)
 

@@ -17,6 +17,8 @@ from tritonclient.utils import InferenceServerException
 from tests.support.group import Server
 from tests.support.metrics import metrics_text
 
+LEVEL = "e2e"
+
 WAIT_S = 30.0
 
 

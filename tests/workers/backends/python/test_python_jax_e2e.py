@@ -18,6 +18,8 @@ import tritonclient.http as httpclient
 from conveyor.deploy.example_repo import write_model
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 jax = pytest.importorskip("jax", reason="JAX is not installed (pip install jax): the docs' JAX example is not served")
 
 DOCS = Path(__file__).resolve().parents[4] / "docs" / "backends" / "jax.md"

@@ -12,6 +12,8 @@ import tritonclient.http as httpclient
 from tests.support.group import Server
 from tests.support.metrics import metrics_text
 
+LEVEL = "e2e"
+
 LABELS = 'model="py_metrics",version="1"'
 
 

@@ -15,6 +15,8 @@ import tritonclient.http as httpclient
 from tests.support.generate import events, post
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 IN = np.array([3, 4, 5], dtype=np.int32)
 EXPECTED = {"note": "from py_params", "count": 3, "odd": True}
 

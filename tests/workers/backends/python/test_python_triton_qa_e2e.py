@@ -27,6 +27,8 @@ from conveyor.router.repository.prepare import override_root
 from tests.support import python_qa_models as qa
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 WAIT_S = 30.0
 
 

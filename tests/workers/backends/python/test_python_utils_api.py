@@ -18,6 +18,8 @@ from conveyor.workers.backends.python import pb_utils
 from conveyor.workers.backends.python.pb_utils.inference import bls_parameters, response_outcome
 from conveyor.workers.backends.python.pb_utils.metrics import MetricRegistry
 
+LEVEL = "unit"
+
 # What Triton 2.51's module offers that models use; Conveyor's must keep offering it.
 TRITON_NAMES = {
     "Tensor", "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "TritonError",

@@ -17,6 +17,8 @@ from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.pytorch.naming import input_positions, output_positions
 from conveyor.workers.backends.pytorch.settings import TorchSettings
 
+LEVEL = "slow"
+
 
 def test_inputs_by_forward_argument_then_index_then_order() -> None:
     assert input_positions(["b", "a"], ["a", "b"]) == {"b": 1, "a": 0}

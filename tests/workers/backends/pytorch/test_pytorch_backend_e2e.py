@@ -14,6 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.group import Server
 
+LEVEL = "e2e"
+
 pytest.importorskip("torch", reason="torch is not installed (pip install conveyor[torch])")
 
 Client = Any  # httpclient or grpcclient InferenceServerClient

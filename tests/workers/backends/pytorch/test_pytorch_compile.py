@@ -19,7 +19,7 @@ from conveyor.proto.model_config import parse_text
 from conveyor.workers.backends import load_backend
 from conveyor.workers.backends.pytorch.compile_settings import CompileSettings
 
-pytestmark = pytest.mark.slow  # torch.compile: seconds per graph
+LEVEL = "slow"  # torch.compile: seconds per graph
 
 
 def _settings(**parameters: str) -> CompileSettings:

@@ -19,6 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install conveyor[torch])")
 
 

@@ -20,6 +20,8 @@ from conveyor.workers.backends import cpu_threads, load_backend
 from conveyor.workers.backends.tensorflow.settings import TensorFlowSettings
 from conveyor.workers.backends.tensorflow.signature import Signature, TensorInfo, check_config
 
+LEVEL = "unit"
+
 
 def params(**values: str) -> mc.ModelConfig:
     return parse_text('name: "m" ' + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'

@@ -22,6 +22,8 @@ import tritonclient.http as httpclient
 from tests.support import tensorflow_models as tfm
 from tests.support.group import Server, start_server
 
+LEVEL = "e2e"
+
 if importlib.util.find_spec("tensorflow") is None:  # find_spec: the worker imports it, not this process
     pytest.skip("the tensorflow extra is not installed (pip install 'conveyor[tensorflow]')", allow_module_level=True)
 

@@ -16,6 +16,8 @@ from conveyor.workers.backends.vllm.cached_prefixes import CachedPrefixes
 pytest.importorskip("vllm")
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
+LEVEL = "slow"
+
 BLOCK = 16  # tokens a block; a token's text is 2 bytes (ids from 1000: 8): 32 bytes a block, two blocks a key
 LONG = 1000
 

@@ -12,6 +12,8 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.base import RequestItem
 from conveyor.workers.backends.vllm.embedding import EMBEDDING_INPUT, EmbedArgs, parse, task_refused
 
+LEVEL = "unit"
+
 
 def _item(doc: object, **flags: bool) -> RequestItem:
     raw = doc if isinstance(doc, bytes) else orjson.dumps(doc)

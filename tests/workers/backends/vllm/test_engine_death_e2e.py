@@ -29,6 +29,8 @@ from tests.support import tiny_llama
 from tests.support.group import Server, abandon, pids_of, wait_ready
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 tiny_llama.require_vllm()
 
 pytestmark = pytest.mark.timeout(600)

@@ -10,6 +10,8 @@ from google.protobuf import text_format
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.workers.backends.vllm.backend import several_engines
 
+LEVEL = "unit"
+
 
 @pytest.mark.parametrize(("groups", "several"), [
     ("instance_group [{ count: 1 kind: KIND_MODEL }]", False),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tests.support import tiny_llama
 
+LEVEL = "slow"
+
 tiny_llama.require_vllm()
 
 

@@ -41,6 +41,8 @@ from tests.support.group import Server, _listening, router_control, start_server
 from tests.support.metrics import scrape
 from tests.support.waiting import eventually, running
 
+LEVEL = "e2e"
+
 tiny_llama.require_vllm()
 
 pytestmark = pytest.mark.timeout(420)

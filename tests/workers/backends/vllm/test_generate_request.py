@@ -18,6 +18,8 @@ from conveyor.workers.backends.base import RequestItem, WireTensor
 from conveyor.workers.backends.vllm import outputs
 from conveyor.workers.backends.vllm.request import parse, sampling_params
 
+LEVEL = "unit"
+
 
 def _item(**inputs: object) -> RequestItem:
     arrays = {"text_input": np.array([b""], dtype=object)}

@@ -21,6 +21,8 @@ from conveyor.workers.backends.vllm.kv_events import Endpoints, EventStream
 pytest.importorskip("vllm")
 from vllm.distributed.kv_events import BlockRemoved, KVEventBatch, ZmqEventPublisher
 
+LEVEL = "slow"
+
 WAIT_S = 10.0
 
 

@@ -24,6 +24,8 @@ from tests.support import tiny_llama
 from tests.support.group import Server, router_control, start_server, wait_all_instances_ready
 from tests.support.metrics import scrape
 
+LEVEL = "e2e"
+
 tiny_llama.require_vllm()
 
 pytestmark = pytest.mark.timeout(420)

@@ -15,6 +15,8 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.workers.backends.vllm import placement, priority
 from conveyor.workers.backends.vllm.engine import own_processes
 
+LEVEL = "e2e"
+
 
 def test_auto_lowers_the_engine_only_on_a_small_host() -> None:
     small = len(os.sched_getaffinity(0)) < priority.AUTO_MIN_CORES

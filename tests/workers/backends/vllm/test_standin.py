@@ -12,6 +12,8 @@ import pytest
 
 from tests.support import tiny_llama
 
+LEVEL = "slow"
+
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.timeout(300)  # the build: some 100 Adam steps on a busy 2-core host

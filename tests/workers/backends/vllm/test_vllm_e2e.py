@@ -36,6 +36,8 @@ from tests.support.vllm_group import EMBED_MODEL, FOLDER_ADAPTER, MODEL, VllmGro
 from tests.support.vllm_reference import MAX_TOKENS, TRITON_PROMPTS
 from tests.support.waiting import eventually
 
+LEVEL = "e2e"
+
 tiny_llama.require_vllm()
 
 pytestmark = pytest.mark.timeout(300)

@@ -1,12 +1,13 @@
-"""A model's text read back as tool calls, whole or one step at a time (``tools.py`` decides which
-reader a request's ``tool_choice`` needs).
+"""What every tool-call parser shares: the deltas and calls it hands out, the reader interface
+(``CallReader``), the JSON scanner most formats read their calls with (``CallObject``), and a whole
+answer read as the streamed deltas joined (``read_whole``).
 
-The parsers are written here, after vLLM's of the same names (``hermes``, ``llama3_json``), on the text
-alone: the ingress loads no tokenizer and sees no token ids, and vLLM's parser classes need both (and
-importing vLLM would cost every ingress process seconds and hundreds of MiB).
+The parsers are written after vLLM's of the same names, on the text alone: the ingress loads no
+tokenizer and sees no token ids, and vLLM's parser classes need both (and importing vLLM would cost every
+ingress process seconds and hundreds of MiB).
 
-Streaming: every reader here takes the text a piece at a time and hands out deltas: a call's first
-delta carries its index, id, type and name (once the name is whole); the later ones carry pieces of its
+Streaming: every reader takes the text a piece at a time and hands out deltas: a call's first delta
+carries its index, id, type and name (once the name is whole); the later ones carry pieces of its
 arguments. The arguments are the model's own text of the value, so the pieces joined are exactly the
 arguments a non-streamed answer carries, wherever the token boundaries fell. A non-streamed answer is
 read by the same code, in one piece.
@@ -14,8 +15,8 @@ read by the same code, in one piece.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,8 +63,17 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def vllm_tool_id() -> str:
+    """vLLM's ``make_tool_call_id()``: ``chatcmpl-tool-`` and 16 hex digits."""
+    return f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
+
+
+def vllm_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # vLLM's writing of arguments it re-writes, byte for byte
+
+
 _ARGUMENT_KEYS = ("arguments", "parameters")
-_SPACE = " \t\r\n"
+SPACE = " \t\r\n"
 
 
 class JsonNesting:
@@ -157,7 +167,7 @@ class CallObject:
                 return
             self._key.append(ch)
             return
-        if ch in _SPACE:
+        if ch in SPACE:
             if state != "start":
                 self._raw.append(ch)
             return
@@ -181,7 +191,7 @@ class CallObject:
         self._raw.append(ch)
 
     def _begin_value(self, ch: str) -> None:
-        key = _unquote("".join(self._key))
+        key = unquote("".join(self._key))
         self._kind = "name" if key == "name" else "args" if key in self.ARGUMENT_KEYS else ""
         if self._kind == "args":
             self.has_arguments = True
@@ -195,7 +205,7 @@ class CallObject:
     def _value_char(self, ch: str) -> bool:
         """A character of the value being read (False: it ends a scalar and is not the value's); at the
         value's end the state moves on (``after``)."""
-        if self._scalar and (ch in _SPACE or ch in ",}"):
+        if self._scalar and (ch in SPACE or ch in ",}"):
             self._end_value()
             return False
         self._raw.append(ch)
@@ -216,11 +226,11 @@ class CallObject:
     def _end_value(self) -> None:
         if self._kind == "name":
             raw = "".join(self._value)
-            self.name = (_unquote(raw) or None) if raw.startswith('"') else None
+            self.name = (unquote(raw) or None) if raw.startswith('"') else None
         self._state = "after"
 
 
-def _unquote(raw: str) -> str:
+def unquote(raw: str) -> str:
     """A JSON string's value (``raw`` with its quotes, or without: a key's inside)."""
     try:
         value = orjson.loads(raw if raw.startswith('"') else f'"{raw}"')
@@ -281,24 +291,7 @@ class CallReader:
         return call.name is not None
 
 
-class NamedCall(CallReader):
-    """A named ``tool_choice``: guided decoding made the whole text the function's arguments."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self._name = name
-
-    def feed(self, text: str) -> Piece:
-        if not self._ids:
-            self._ids.append(call_id())
-            return Piece(calls=[CallDelta(0, text, self._ids[0], self._name)])
-        return Piece(calls=[CallDelta(0, text)] if text else [])
-
-    def end(self) -> Piece:
-        return self.feed("") if not self._ids else Piece()
-
-
-class _Objects(CallReader):
+class ObjectCalls(CallReader):
     """Calls written as JSON objects with something around and between them (each framing says what)."""
 
     def _read_object(self, text: str) -> int:
@@ -310,140 +303,12 @@ class _Objects(CallReader):
         return used
 
 
-class CallArray(_Objects):
-    """``required``: guided decoding made the text ``[{"name": ..., "parameters": {...}}, ...]``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._over = False  # the array ended
-
-    def feed(self, text: str) -> Piece:
-        self._read_array(text)
-        return Piece(calls=self._deltas())
-
-    def _read_array(self, text: str) -> int:
-        """Feed the array (its opening ``[`` may be behind); how much of ``text`` it took: up to and with
-        its ``]``, or up to a character that cannot be in it, which ends it too and is left to the caller
-        (the formats that frame an array read what follows it)."""
-        at = 0
-        while at < len(text) and not self._over:
-            if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
-                at += self._read_object(text[at:])
-                continue
-            ch = text[at]
-            if ch == "{":
-                self._calls.append(self._new_call())
-                continue
-            if ch == "]" or (ch not in _SPACE and ch not in "[,"):
-                self._over = True
-                return at + (ch == "]")
-            at += 1
-        return at
-
-    def _new_call(self) -> CallObject:
-        return CallObject()
-
-
-class HermesCalls(_Objects):
-    """vLLM's ``hermes`` format: content, then calls as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
-    As vLLM's parser, the content is the text before the first call; text between calls is dropped."""
-
-    START, END = "<tool_call>", "</tool_call>"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._pending = ""  # text that may be the start of a tag
-
-    def feed(self, text: str) -> Piece:
-        text = self._pending + text
-        self._pending = ""
-        content: list[str] = []
-        at = 0
-        while at < len(text):
-            if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
-                at += self._read_object(text[at:])
-                continue
-            start = text.find(self.START, at)
-            if start < 0:
-                keep = _partial_tag(text, self.START, at)
-                if not self._calls:
-                    content.append(text[at:len(text) - keep])
-                self._pending = text[len(text) - keep:]
-                break
-            if not self._calls:
-                content.append(text[at:start])
-            self._calls.append(CallObject())
-            at = start + len(self.START)
-        return Piece("".join(content), self._deltas())
-
-    def end(self) -> Piece:
-        tail = "" if self._calls else self._pending  # a partial tag at the very end is content
-        self._pending = ""
-        super().end()
-        return Piece(tail, self._deltas())
-
-
-class Llama3JsonCalls(_Objects):
-    """vLLM's ``llama3_json`` format: a text that starts with ``<|python_tag|>`` or ``{`` is calls,
-    ``{"name": ..., "parameters": ...}`` separated by ``;``; any other text is content. (vLLM's
-    non-streamed parser also finds objects later in the text; its streaming one does not, nor this one.)"""
-
-    TAG = "<|python_tag|>"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._kind: Literal["", "content", "calls"] = ""
-        self._head = ""  # the text while it may still be the tag
-
-    def feed(self, text: str) -> Piece:
-        if self._kind == "":
-            self._head += text
-            head = self._head
-            if head.startswith(self.TAG):
-                self._kind, text = "calls", head[len(self.TAG):]
-            elif head.startswith("{"):
-                self._kind, text = "calls", head
-            elif self.TAG.startswith(head):
-                return Piece()
-            else:
-                self._kind = "content"
-                return Piece(head)
-        if self._kind == "content":
-            return Piece(text)
-        at = 0
-        while at < len(text):
-            if self._calls and not (self._calls[-1].done or self._calls[-1].failed):
-                at += self._read_object(text[at:])
-            elif text[at] == "{":
-                self._calls.append(CallObject())
-            else:
-                at += 1  # separators (";", spaces) and stray text
-        return Piece(calls=self._deltas())
-
-    def end(self) -> Piece:
-        head = self._head if self._kind == "" else ""
-        super().end()
-        return Piece(head, self._deltas())
-
-
-def _partial_tag(text: str, tag: str, start: int) -> int:
+def partial_tag(text: str, tag: str, start: int) -> int:
     """How many characters at the end of ``text[start:]`` may begin ``tag``."""
     for n in range(min(len(tag) - 1, len(text) - start), 0, -1):
         if tag.startswith(text[len(text) - n:]):
             return n
     return 0
-
-
-PARSERS: dict[str, Callable[[], CallReader]] = {
-    "hermes": HermesCalls,
-    "llama3_json": Llama3JsonCalls,
-    "llama4_json": Llama3JsonCalls,  # vLLM's name for the same parser on Llama 4
-}
-# The others are in tool_calls_more.py and tool_calls_arrays.py; tools.py joins the three tables.
-
-
-# ---------------------------------------------------------------------------------------------- answers
-
 
 @dataclass(slots=True)
 class Answer:

@@ -1,5 +1,7 @@
-"""One setting: its flag, how it parses, the text it is handed on as (``Setting``); and a typed view of
-parsed settings (``Settings``), whose subclasses in ``deploy/settings.py`` declare every setting once.
+"""The types settings are declared with: one setting, its flag, how it parses, the text it is handed on as
+(``Setting``, declared by ``setting(...)``); and a typed view of parsed settings (``Settings``), whose
+subclasses in ``deploy/settings.py``, ``router_settings.py`` and ``ingress_settings.py`` declare every setting
+once.
 
 A ``Settings`` subclass declares settings as annotated class attributes, ``name: type = setting(...)``:
 the name is the parsed value's attribute, the annotation its type, ``setting(...)`` the flag. The class says
