@@ -22,6 +22,7 @@ from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import equal_shapes
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
 from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.delay_hooks import backlog_held_until, held_until
 from conveyor.router.scheduling.engine_placement import EnginePlacement
 from conveyor.router.scheduling.ordering import ResponseOrder
 from conveyor.router.scheduling.overload import OverloadLimits, Waiting
@@ -229,6 +230,9 @@ def _version_state(
             policy=policy,
             queue_cap=queue_cap,
         )
+    batcher.held_until = held_until(shown)
+    if isinstance(batcher, SequenceBatcher) and batcher.held_until:
+        batcher.backlog_held_until = backlog_held_until(shown)
     state = VersionState(name, v, path, config, ModelStats(shown, str(v)), batcher)
     state.batch_key = batch_key(config, name)
     if state.batch_key is equal_shapes and isinstance(batcher, DynamicBatcher) and not batcher.enabled:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 class DynamicBatcher:
     # Set by ``AdaptiveBatcher`` only: the router feeds it each batch's execution time.
     adaptive: AdaptiveController | None = None
+    # Nothing leaves until this many requests are queued, once (Triton's TRITONSERVER_DELAY_SCHEDULER
+    # test hook: ``delay_hooks.py``); 0 from then on, and in every deployment.
+    held_until = 0
 
     def __init__(
         self,
@@ -78,6 +81,10 @@ class DynamicBatcher:
         queues = self.queues
         if not len(queues):
             return None
+        if self.held_until:
+            if len(queues) < self.held_until:
+                return None  # asked again as each request arrives
+            self.held_until = 0
         if not self.enabled:
             return [queues.pop()]
         items = queues.in_order()

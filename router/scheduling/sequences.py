@@ -77,6 +77,10 @@ class InstanceSlots:
 
 class SequenceBatcher:
     adaptive: None = None  # adaptive batching is for dynamic batching only
+    # Triton's test hooks (``delay_hooks.py``): no batch until this many requests are queued in the slots
+    # and (``backlog_held_until``) this many in the backlog, once; 0 from then on, and in every deployment.
+    held_until = 0
+    backlog_held_until = 0
 
     def __init__(self, model: str, config: SequenceConfig, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
         self.model = model
@@ -249,9 +253,19 @@ class SequenceBatcher:
 
     def next_batch(self, home: InstanceSlots, now_ns: int) -> list[Pending] | int | None:
         """A batch for ``home``'s instance to run now, or the time (ns) to ask again, or None."""
+        if self.held_until and self._held():
+            return None  # asked again as each request arrives
         if self.config.oldest:
             return self._oldest(home, now_ns)
         return self._direct(home, now_ns)
+
+    def _held(self) -> bool:
+        """Whether the test hooks still hold every instance's batches (Triton's DelayScheduler)."""
+        backlogged = sum(len(seq.queue) for seq in self.backlog)
+        if self._size - backlogged < self.held_until or backlogged < self.backlog_held_until:
+            return True
+        self.held_until = self.backlog_held_until = 0
+        return False
 
     def _direct(self, home: InstanceSlots, now_ns: int) -> list[Pending] | int | None:
         key: tuple[object, ...] | None = None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.proto import messages as m
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.scheduling.batcher import DynamicBatcher
+from conveyor.router.scheduling.delay_hooks import BACKLOG_DELAY_ENV, DELAY_ENV, backlog_held_until, held_until
 
 LEVEL = "unit"
 
@@ -78,3 +81,26 @@ def test_cancel_removes_the_request() -> None:
     b = DynamicBatcher(4, [], 0, enabled=True)
     b.push(pending(1))
     assert b.remove(b"i", 1) is not None and len(b) == 0
+
+
+def test_the_delay_schedulers_hold_lets_nothing_leave_until_its_count_then_ends() -> None:
+    b = DynamicBatcher(4, [], 0, enabled=True)
+    b.held_until = 3  # Triton's TRITONSERVER_DELAY_SCHEDULER (router/scheduling/delay_hooks.py)
+    b.push(pending(1))
+    b.push(pending(2))
+    assert b.next_batch(0) is None
+    b.push(pending(3))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1, 2, 3]
+    b.push(pending(4))
+    alone = b.next_batch(0)  # the hold is over
+    assert isinstance(alone, list) and [p.request.id for p in alone] == [4]
+
+
+def test_the_delay_hooks_read_the_environment_as_tritons_atoi(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, count in (("3", 3), ("12abc", 12), (" 4", 4), ("x", 0), ("-2", 0), ("", 0)):
+        monkeypatch.setenv(DELAY_ENV, value)
+        monkeypatch.setenv(BACKLOG_DELAY_ENV, value)
+        assert (held_until("m"), backlog_held_until("m")) == (count, count), value
+    monkeypatch.delenv(DELAY_ENV)
+    assert held_until("m") == 0

@@ -309,3 +309,14 @@ def test_worker_controls_and_state_of_a_model_without_batching(tmp_path: Any) ->
     inputs = {}
     slots.add_batch_inputs(inputs, [item(0)])
     assert inputs["STATE"].tolist() == [1.0, 2.0]
+
+
+def test_the_delay_hooks_hold_every_slot_until_the_slots_and_the_backlog_hold_their_counts() -> None:
+    b = batcher(max_batch_size=1)  # one slot: a second sequence waits in the backlog
+    b.held_until, b.backlog_held_until = 2, 1  # Triton's TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER
+    b.push(request(1, start=True))
+    b.push(request(1))
+    assert b.next_batch(only_home(b), 0) is None  # two in the slot, none in the backlog yet
+    b.push(request(2, start=True))
+    assert steps(b.next_batch(only_home(b), 0)) == [(1, 0, True, False)]
+    assert b.held_until == b.backlog_held_until == 0  # as always from then on
