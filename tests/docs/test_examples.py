@@ -75,7 +75,8 @@ PYTHON_LANGS = {"python", "py", "python3"}
 MARKER = re.compile(r"^not-run:\s*(\S.*)$")
 
 # The modules that write /metrics' families: a metric is declared when its name is a string there.
-METRIC_MODULES = ("ingress/prometheus.py", "ingress/system_metrics.py", "router/observability/histograms.py")
+METRIC_MODULES = ("ingress/prometheus.py", "ingress/system_metrics.py", "router/observability/histograms.py",
+                  "proto/metric_series.py")
 GPU_METRICS = r"nv_gpu_\w+|nv_energy_consumption"  # served by the example group too, on a host with a GPU
 # Metrics served only under a condition the example group does not meet (pattern: the condition).
 CONDITIONAL = {
