@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.ingress.router_link import RouterLink
+from conveyor.proto.control import RouterClient
 
 
 class DefaultModel:
@@ -11,7 +11,7 @@ class DefaultModel:
     ``missing`` is what an empty or ambiguous repository resolves to: requests then
     fail as for an unknown model."""
 
-    def __init__(self, link: RouterLink, name: str, missing: str, *, ready_only: bool = False) -> None:
+    def __init__(self, link: RouterClient, name: str, missing: str, *, ready_only: bool = False) -> None:
         self._link = link
         self._name = name
         self._missing = missing
@@ -20,7 +20,7 @@ class DefaultModel:
     async def get(self) -> str:
         if self._name:
             return self._name
-        rows = await self._link.control("repository_index", ready=self._ready_only)
+        rows = await self._link.repository_index(self._ready_only)
         names = {row["name"] for row in rows}
         if len(names) != 1:
             return self._missing

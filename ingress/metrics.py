@@ -53,7 +53,7 @@ class MetricsResource:
         if self._sampler is None and (self._cpu or self._gpu):
             # Started on the first scrape: the app is built before the event loop runs.
             self._sampler = asyncio.get_running_loop().create_task(self._sample_forever())
-        snapshot = await self._link.control("metrics")
+        snapshot = await self._link.metrics()
         text = render(snapshot, counter_latencies=self._options.counter_latencies)
         extra = (self._cpu.render() if self._cpu else []) + (self._gpu.render() if self._gpu else [])
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"

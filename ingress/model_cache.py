@@ -3,12 +3,12 @@ the router once and kept until the router's repository generation changes."""
 
 from __future__ import annotations
 
-from conveyor.ingress.router_link import RouterLink
+from conveyor.proto.control import RouterClient
 from conveyor.proto.signature import ModelSignature
 
 
 class ModelSignatureCache:
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
         self._cache: dict[tuple[str, str], ModelSignature] = {}
         self._generation = -1
@@ -17,9 +17,9 @@ class ModelSignatureCache:
         sig = self._cache.get((model, version))
         if sig is None:
             # Raises NOT_FOUND / UNAVAILABLE for unknown or unready models.
-            reply = await self._link.control("signature", model=model, version=version)
-            self.observe_generation(int(reply["generation"]))
-            sig = ModelSignature.from_wire(reply["signature"])
+            reply = await self._link.signature(model, version)
+            self.observe_generation(reply.generation)
+            sig = ModelSignature.from_wire(reply.signature)
             self._cache[(model, version)] = sig
         return sig
 
@@ -31,12 +31,12 @@ class ModelSignatureCache:
         """Ask the router again; the cached signature itself if the repository has not
         changed since (so a caller can tell a stale cache from a bad request)."""
         old = self._cache.get((model, version))
-        reply = await self._link.control("signature", model=model, version=version)
-        generation = int(reply["generation"])
+        reply = await self._link.signature(model, version)
+        generation = reply.generation
         if old is not None and generation == self._generation:
             return old
         self.observe_generation(generation)
-        sig = ModelSignature.from_wire(reply["signature"])
+        sig = ModelSignature.from_wire(reply.signature)
         self._cache[(model, version)] = sig
         return sig
 

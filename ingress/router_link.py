@@ -27,15 +27,13 @@ import zmq
 from conveyor.deploy.runtime.log_settings import ProcessLog
 from conveyor.deploy.runtime.procs import actor_role
 from conveyor.proto import messages as m
+from conveyor.proto.control import ControlCalls
 from conveyor.proto.errors import ConveyorError, Status, WorkerLost, invalid_arg, unavailable
 from conveyor.proto.framing import Outbox, drain, readable
 from conveyor.proto.pending_calls import PendingCalls
 
 log = logging.getLogger(__name__)
 
-CONTROL_TIMEOUT_S = 30.0
-# A model load answers once the model is ready: big models take a while.
-LOAD_TIMEOUT_S = 600.0
 # While requests are in flight the link pings the router this often. A router that answers
 # with another boot id (it restarted), or does not answer within PING_TIMEOUT_S and whose
 # process is gone, has lost those requests: they fail instead of hanging. A router whose
@@ -113,7 +111,9 @@ class _Responses:
         return items
 
 
-class RouterLink:
+class RouterLink(ControlCalls):
+    """The router over ZeroMQ: inference, and the control ops (``RouterClient``, proto/control.py)."""
+
     def __init__(self, endpoint: str, on_orphan: Callable[[m.InferResponse], None] | None = None) -> None:
         self.endpoint = endpoint
         self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
@@ -222,7 +222,7 @@ class RouterLink:
                 continue
             pending = self._calls.open_requests()
             try:
-                boot, pid = await asyncio.wait_for(self.control("ping"), PING_TIMEOUT_S)
+                boot, pid = await asyncio.wait_for(self.ping(), PING_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -351,7 +351,8 @@ class RouterLink:
         if self.on_orphan is not None:
             self.on_orphan(msg)
 
-    async def control(self, op: str, *, timeout_s: float = CONTROL_TIMEOUT_S, **args: Any) -> Any:
+    async def _control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+        """Send one ``ControlRequest``; its result, or the router's error raised."""
         cid = self.next_id()
         try:
             frame = m.encode(m.ControlRequest(cid, op, args))

@@ -11,14 +11,14 @@ import asyncio
 from collections.abc import Callable
 
 from conveyor.deploy.runtime.sd_notify import Notifier
-from conveyor.ingress.router_link import RouterLink
+from conveyor.proto.control import RouterClient
 
 # How long one readiness ping may take before it is tried again.
 PING_TIMEOUT_S = 2.0
 TICK_S = 0.5
 
 
-async def notify_when_serving(link: RouterLink, listening: Callable[[], bool], notifier: Notifier) -> None:
+async def notify_when_serving(link: RouterClient, listening: Callable[[], bool], notifier: Notifier) -> None:
     """Runs until cancelled: READY=1 once serving, WATCHDOG=1 all along."""
     if not notifier.enabled:
         return
@@ -26,7 +26,7 @@ async def notify_when_serving(link: RouterLink, listening: Callable[[], bool], n
         notifier.beat()
         if not notifier.ready_sent and listening():
             try:
-                await asyncio.wait_for(link.control("ping"), PING_TIMEOUT_S)
+                await asyncio.wait_for(link.ping(), PING_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -4,10 +4,11 @@ Ingresses send these for the KServe/Triton extensions (metadata, readiness, stat
 repository, shared memory, trace and log settings), workers' BLS links for
 ``pb_utils.load_model`` and friends, tests and operators for the rest.
 
-To add an op: an ``Args`` struct below (fields and defaults are its keyword
-arguments; none: ``NoArgs``), and one line in ``router_ops``: ``Op(TheArgs, handler)``,
-or ``Deferred`` when the handler answers later itself. The args are checked once,
-in ``ControlTable``: a missing, unknown or mistyped one is INVALID_ARG there.
+To add an op: an ``Args`` struct in proto/control.py (fields and defaults are its keyword
+arguments; none: ``NoArgs``) with its ``RouterClient`` method there, and one line in
+``router_ops``: ``Op(TheArgs, handler)``, or ``Deferred`` when the handler answers later
+itself. The args are checked once, in ``ControlTable``: a missing, unknown or mistyped one
+is INVALID_ARG there.
 """
 
 from __future__ import annotations
@@ -15,82 +16,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from conveyor.proto.control import (
+    AnyModel,
+    LogSettings,
+    LoraLoad,
+    LoraUnload,
+    ModelVersion,
+    NoArgs,
+    RepositoryIndex,
+    RepositoryLoad,
+    RepositoryRegister,
+    RepositoryUnload,
+    RepositoryUnregister,
+    ShmRegion,
+    ShmRegister,
+    TraceSettings,
+)
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.control_table import Args, Caller, ControlTable, Deferred, NoArgs, Op
+from conveyor.router.control_table import Caller, ControlTable, Deferred, Op
 from conveyor.router.repository.agent import Lane, RepositoryAgent
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry, look
 
 if TYPE_CHECKING:
     from conveyor.router.server import Router
-
-
-class ModelVersion(Args, frozen=True):
-    model: str
-    version: str = ""  # "": the latest ready one (or all, for the statistics)
-
-
-class AnyModel(Args, frozen=True):
-    model: str = ""  # "": every model
-    version: str = ""
-
-
-class LoraLoad(Args, frozen=True):
-    model: str
-    name: str
-    path: str
-    inplace: bool = False  # replace a runtime adapter of that name (vLLM's ``load_inplace``)
-
-
-class LoraUnload(Args, frozen=True):
-    name: str
-
-
-class RepositoryIndex(Args, frozen=True):
-    ready: bool = False  # only the ready models
-
-
-class RepositoryLoad(Args, frozen=True):
-    model: str = ""
-    config: str = ""  # a model config (JSON) overriding the repository's
-    files: dict[str, bytes] | None = None  # "<version>/<name>" -> contents, with ``config``
-
-
-class RepositoryUnload(Args, frozen=True):
-    model: str = ""
-    unload_dependents: bool = False  # the ensembles using it too
-
-
-class RepositoryRegister(Args, frozen=True):
-    root: str
-    mapping: dict[str, str]  # subdirectory -> model name
-
-
-class RepositoryUnregister(Args, frozen=True):
-    root: str
-
-
-class ShmRegister(Args, frozen=True):
-    kind: str  # "system" or "cuda"
-    name: str
-    byte_size: int
-    key: str = ""  # system: the POSIX segment
-    offset: int = 0
-    handle: bytes = b""  # cuda: the IPC handle
-    device_id: int = 0
-
-
-class ShmRegion(Args, frozen=True):
-    kind: str
-    name: str = ""  # "": every region of that kind
-
-
-class LogSettings(Args, frozen=True):
-    settings: dict[str, Any] | None = None  # None: read them
-
-
-class TraceSettings(Args, frozen=True):
-    model: str = ""  # "": the global settings
-    settings: dict[str, Any] | None = None  # None: read them
 
 
 def router_ops(r: Router) -> ControlTable:

@@ -14,16 +14,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from conveyor.proto import messages as m
+from conveyor.proto.control import Args
 from conveyor.proto.errors import ConveyorError, invalid_arg
-
-
-class Args(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An op's arguments: a keyword the op does not take is an error, as a missing one is."""
-
-
-class NoArgs(Args, frozen=True):
-    pass
-
 
 A = TypeVar("A", bound=Args)
 Caller = tuple[bytes, int]  # (identity, ControlRequest.id): where a deferred answer goes

@@ -14,8 +14,8 @@ import grpc
 
 from conveyor.ingress.drain import IngressDrain
 from conveyor.ingress.grpc.handlers import Malformed, method_handlers
-from conveyor.ingress.router_link import RouterLink
 from conveyor.proto import health_pb2, health_pb2_grpc
+from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import ConveyorError, Status
 
 # "" is the whole server (the health-checking spec); the other is Triton's service.
@@ -28,13 +28,13 @@ _SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 WATCH_INTERVAL_S = 1.0
 
 
-async def server_ready(link: RouterLink, drain: IngressDrain | None = None) -> bool:
+async def server_ready(link: RouterClient, drain: IngressDrain | None = None) -> bool:
     """Whether the router says the server is ready; an unreachable router, or this
     process draining, means no."""
     if drain is not None and drain.draining:
         return False
     try:
-        return bool(await link.control("server_ready"))
+        return await link.server_ready()
     except ConveyorError as err:
         if err.status is Status.UNAVAILABLE:
             return False
@@ -42,7 +42,7 @@ async def server_ready(link: RouterLink, drain: IngressDrain | None = None) -> b
 
 
 class HealthServicer:
-    def __init__(self, link: RouterLink, drain: IngressDrain | None = None) -> None:
+    def __init__(self, link: RouterClient, drain: IngressDrain | None = None) -> None:
         self._link = link
         self._drain = drain
 

@@ -26,7 +26,7 @@ from conveyor.ingress.grpc.handlers import Malformed, lenient, method_handlers
 from conveyor.ingress.grpc.health import server_ready
 from conveyor.ingress.grpc.request_templates import RequestTemplates
 from conveyor.ingress.grpc.stream import Replies, stream_replies
-from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
+from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import grpc_service_pb2 as pb
 from conveyor.proto import grpc_service_pb2_grpc as pb_grpc
@@ -210,8 +210,7 @@ class InferenceServicer:
 
     @_unary
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        ready = await self._link.control("model_ready", model=request.name, version=request.version)
-        return pb.ModelReadyResponse(ready=bool(ready))
+        return pb.ModelReadyResponse(ready=await self._link.model_ready(request.name, request.version))
 
     @_unary
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
@@ -219,18 +218,18 @@ class InferenceServicer:
 
     @_unary
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        meta = await self._link.control("model_metadata", model=request.name, version=request.version)
+        meta = await self._link.model_metadata(request.name, request.version)
         return codec.model_metadata_response(meta)
 
     @_unary
     async def ModelConfig(self, request: Any, context: Any) -> Any:
-        config = await self._link.control("model_config", model=request.name, version=request.version)
+        config = await self._link.model_config(request.name, request.version)
         return codec.model_config_response(config)
 
     @_unary
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         # "" asks for every model / every version.
-        stats = await self._link.control("model_stats", model=request.name, version=request.version)
+        stats = await self._link.model_stats(request.name, request.version)
         return codec.model_statistics_response(stats)
 
     # --- inference -------------------------------------------------------------------
@@ -342,7 +341,7 @@ class InferenceServicer:
 
     @_unary
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        rows = await self._link.control("shm_status", kind="system", name=request.name)
+        rows = await self._link.shm_status("system", request.name)
         response = pb.SystemSharedMemoryStatusResponse()
         for row in rows:
             response.regions[row["name"]].CopyFrom(
@@ -352,18 +351,17 @@ class InferenceServicer:
 
     @_unary
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await self._link.control("shm_register", kind="system", name=request.name, key=request.key,
-                                 offset=request.offset, byte_size=request.byte_size)
+        await self._link.shm_register("system", request.name, request.byte_size, key=request.key, offset=request.offset)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_unary
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        await self._link.control("shm_unregister", kind="system", name=request.name)
+        await self._link.shm_unregister("system", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_unary
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        rows = await self._link.control("shm_status", kind="cuda", name=request.name)
+        rows = await self._link.shm_status("cuda", request.name)
         response = pb.CudaSharedMemoryStatusResponse()
         for row in rows:
             response.regions[row["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**row))
@@ -371,18 +369,18 @@ class InferenceServicer:
 
     @_unary
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await self._link.control("shm_register", kind="cuda", name=request.name, handle=request.raw_handle,
-                                 device_id=request.device_id, byte_size=request.byte_size)
+        await self._link.shm_register("cuda", request.name, request.byte_size, handle=request.raw_handle,
+                                      device_id=request.device_id)
         return pb.CudaSharedMemoryRegisterResponse()
 
     @_unary
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        await self._link.control("shm_unregister", kind="cuda", name=request.name)
+        await self._link.shm_unregister("cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     @_unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        rows = await self._link.control("repository_index", ready=request.ready)
+        rows = await self._link.repository_index(request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**r) for r in rows])
 
     @_unary
@@ -396,15 +394,14 @@ class InferenceServicer:
                 files[key[5:]] = param.bytes_param
             else:
                 raise invalid_arg(f"unexpected parameter '{key}' in the load request")
-        await self._link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=request.model_name,
-                                 config=config, files=files)
+        await self._link.repository_load(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         param = request.parameters.get("unload_dependents")
         dependents = bool(param.bool_param) if param is not None else False
-        await self._link.control("repository_unload", model=request.model_name, unload_dependents=dependents)
+        await self._link.repository_unload(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
     # --- trace and logging extensions: the router keeps the settings -------------------------
@@ -413,7 +410,7 @@ class InferenceServicer:
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         # An entry without values clears that setting (null in the HTTP form).
         settings = {k: (list(v.value) or None) for k, v in request.settings.items()}
-        doc = await self._link.control("trace_settings", model=request.model_name, settings=settings)
+        doc = await self._link.trace_settings(request.model_name, settings)
         response = pb.TraceSettingResponse()
         for key, value in doc.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -426,7 +423,7 @@ class InferenceServicer:
             raise unsupported(LOG_FILE_REFUSAL)
         settings = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.settings.items()
                     if v.WhichOneof("parameter_choice")}
-        doc = await self._link.control("log_settings", settings=settings)
+        doc = await self._link.log_settings(settings)
         response = pb.LogSettingsResponse()
         for key, value in doc.items():
             slot = response.settings[key]

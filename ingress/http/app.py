@@ -1,7 +1,7 @@
 """The falcon ASGI app: KServe v2 routes plus Triton's extensions, as thin adapters.
 
 Resources only move bytes: parsing and rendering live in ``codec``, the work in
-``DataPlane`` (inference) and the router (``RouterLink.control``: readiness,
+``DataPlane`` (inference) and the router (``RouterClient``: readiness,
 metadata, config, statistics). Every error goes through ``errors.render_error``.
 A model version of "" lets the server pick.
 """
@@ -9,7 +9,7 @@ A model version of "" lets the server pick.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +41,9 @@ from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, check_json_size
 from conveyor.ingress.restricted import Restriction
-from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import messages as m
+from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import ConveyorError
 
 ROUTING_HEADER = "conveyor-host"  # on answers to sequence requests: see dataplane.ROUTING_HINT
@@ -76,13 +76,13 @@ class Live:
 class ServerReady:
     api = "health"
 
-    def __init__(self, link: RouterLink, drain: IngressDrain) -> None:
+    def __init__(self, link: RouterClient, drain: IngressDrain) -> None:
         self._link = link
         self._drain = drain
 
     async def on_get(self, req: Request, resp: Response) -> None:
         # Draining: not ready at once, so balancers stop sending before requests are refused.
-        _status(resp, not self._drain.draining and bool(await self._link.control("server_ready")))
+        _status(resp, not self._drain.draining and await self._link.server_ready())
 
 
 class ServerMetadata:
@@ -99,23 +99,22 @@ class ServerMetadata:
 class ModelControl:
     """A per-model GET answered by one router control op."""
 
-    def __init__(self, link: RouterLink, op: str, api: str) -> None:
-        self._link = link
-        self._op = op
+    def __init__(self, op: Callable[[str, str], Awaitable[dict[str, Any]]], api: str) -> None:
+        self._op = op  # a RouterClient method
         self.api = api
 
     async def on_get(self, req: Request, resp: Response, model: str, version: str = "") -> None:
-        _json(resp, await self._link.control(self._op, model=model, version=version))
+        _json(resp, await self._op(model, version))
 
 
 class ModelReady:
     api = "health"  # as in Triton: readiness, per model too
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_get(self, req: Request, resp: Response, model: str, version: str = "") -> None:
-        _status(resp, bool(await self._link.control("model_ready", model=model, version=version)))
+        _status(resp, await self._link.model_ready(model, version))
 
 
 class Stats:
@@ -123,11 +122,11 @@ class Stats:
 
     api = "statistics"
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_get(self, req: Request, resp: Response, model: str = "", version: str = "") -> None:
-        _json(resp, await self._link.control("model_stats", model=model, version=version))
+        _json(resp, await self._link.model_stats(model, version))
 
 
 @dataclass(slots=True)
@@ -271,9 +270,9 @@ def build_app(
     stats = Stats(link)
     app.add_route("/v2/models/stats", stats)
     per_model: dict[str, object] = {
-        "": ModelControl(link, "model_metadata", "metadata"),
+        "": ModelControl(link.model_metadata, "metadata"),
         "/ready": ModelReady(link),
-        "/config": ModelControl(link, "model_config", "model-config"),
+        "/config": ModelControl(link.model_config, "model-config"),
         "/stats": stats,
         "/infer": Infer(ctx.dataplane, max_body_bytes),
         "/generate": Generate(ctx.dataplane, max_body_bytes, stream=False),

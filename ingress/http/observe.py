@@ -15,7 +15,7 @@ import orjson
 
 from conveyor.ingress.http.codec import encode_json
 from conveyor.ingress.http.deep_json import is_depth_error, shallow_object
-from conveyor.ingress.router_link import RouterLink
+from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.start_only import refuse_log_file, refuse_trace_file
 
@@ -54,17 +54,17 @@ class TraceSetting:
 
     api = "trace"
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model: str = "") -> None:
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = encode_json(await self._link.control("trace_settings", model=model))
+        resp.data = encode_json(await self._link.trace_settings(model))
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model: str = "") -> None:
         settings = await _body(req, refuse_trace_file)
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = encode_json(await self._link.control("trace_settings", model=model, settings=settings))
+        resp.data = encode_json(await self._link.trace_settings(model, settings))
 
 
 class Logging:
@@ -72,20 +72,20 @@ class Logging:
 
     api = "logging"
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = encode_json(await self._link.control("log_settings"))
+        resp.data = encode_json(await self._link.log_settings())
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         settings = await _body(req, refuse_log_file)
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = encode_json(await self._link.control("log_settings", settings=settings))
+        resp.data = encode_json(await self._link.log_settings(settings))
 
 
-def add_observability_routes(app: falcon.asgi.App, link: RouterLink) -> None:
+def add_observability_routes(app: falcon.asgi.App, link: RouterClient) -> None:
     trace = TraceSetting(link)
     app.add_route("/v2/trace/setting", trace)
     app.add_route("/v2/models/{model}/trace/setting", trace)

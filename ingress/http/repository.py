@@ -15,7 +15,7 @@ import falcon.asgi
 import orjson
 
 from conveyor.ingress.http.deep_json import is_depth_error, shallow_object
-from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
+from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import invalid_arg
 
 Request = falcon.asgi.Request
@@ -26,7 +26,7 @@ _MAX_BODY = 256 << 20  # a load may carry model files
 class Index:
     api = "model-repository"
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_post(self, req: Request, resp: Response) -> None:
@@ -35,13 +35,13 @@ class Index:
         if not isinstance(ready, bool):
             raise invalid_arg("Invalid value for 'ready': expected a boolean")
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = orjson.dumps(await self._link.control("repository_index", ready=ready))
+        resp.data = orjson.dumps(await self._link.repository_index(ready))
 
 
 class Load:
     api = "model-repository"
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_post(self, req: Request, resp: Response, model: str) -> None:
@@ -53,15 +53,14 @@ class Load:
         for key, value in params.items():
             if key.startswith("file:"):
                 files[key[5:]] = _b64(key, value)
-        await self._link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=model, config=config,
-                                 files=files)
+        await self._link.repository_load(model, config, files)
         resp.status = 200
 
 
 class Unload:
     api = "model-repository"
 
-    def __init__(self, link: RouterLink) -> None:
+    def __init__(self, link: RouterClient) -> None:
         self._link = link
 
     async def on_post(self, req: Request, resp: Response, model: str) -> None:
@@ -69,11 +68,11 @@ class Unload:
         dependents = params.get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise invalid_arg("Unable to parse 'unload_dependents': expected a boolean")
-        await self._link.control("repository_unload", model=model, unload_dependents=dependents)
+        await self._link.repository_unload(model, dependents)
         resp.status = 200
 
 
-def add_repository_routes(app: falcon.asgi.App, link: RouterLink) -> None:
+def add_repository_routes(app: falcon.asgi.App, link: RouterClient) -> None:
     app.add_route("/v2/repository/index", Index(link))
     app.add_route("/v2/repository/models/{model}/load", Load(link))
     app.add_route("/v2/repository/models/{model}/unload", Unload(link))

@@ -14,7 +14,7 @@ import falcon
 import falcon.asgi
 import orjson
 
-from conveyor.ingress.router_link import RouterLink
+from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import invalid_arg
 
 Request = falcon.asgi.Request
@@ -25,12 +25,12 @@ _MAX_REGISTER_BODY = 64 << 10
 class Status:
     api = "shared-memory"
 
-    def __init__(self, link: RouterLink, kind: str) -> None:
+    def __init__(self, link: RouterClient, kind: str) -> None:
         self._link = link
         self._kind = kind
 
     async def on_get(self, req: Request, resp: Response, name: str = "") -> None:
-        rows = await self._link.control("shm_status", kind=self._kind, name=name)
+        rows = await self._link.shm_status(self._kind, name)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps(rows)
 
@@ -38,19 +38,19 @@ class Status:
 class Unregister:
     api = "shared-memory"
 
-    def __init__(self, link: RouterLink, kind: str) -> None:
+    def __init__(self, link: RouterClient, kind: str) -> None:
         self._link = link
         self._kind = kind
 
     async def on_post(self, req: Request, resp: Response, name: str = "") -> None:
-        await self._link.control("shm_unregister", kind=self._kind, name=name)
+        await self._link.shm_unregister(self._kind, name)
         resp.status = 200
 
 
 class Register:
     api = "shared-memory"
 
-    def __init__(self, link: RouterLink, kind: str) -> None:
+    def __init__(self, link: RouterClient, kind: str) -> None:
         self._link = link
         self._kind = kind
 
@@ -61,14 +61,14 @@ class Register:
             key = body.get("key")
             if not isinstance(key, str) or not key:
                 raise invalid_arg("Shared memory register request has no 'key' field")
-            args: dict[str, Any] = {"key": key, "offset": _count(body, "offset")}
+            await self._link.shm_register(self._kind, name, byte_size, key=key, offset=_count(body, "offset"))
         else:
-            args = {"handle": _raw_handle(body), "device_id": _count(body, "device_id")}
-        await self._link.control("shm_register", kind=self._kind, name=name, byte_size=byte_size, **args)
+            await self._link.shm_register(self._kind, name, byte_size, handle=_raw_handle(body),
+                                          device_id=_count(body, "device_id"))
         resp.status = 200
 
 
-def add_shared_memory_routes(app: falcon.asgi.App, link: RouterLink) -> None:
+def add_shared_memory_routes(app: falcon.asgi.App, link: RouterClient) -> None:
     for kind, prefix in (("system", "/v2/systemsharedmemory"), ("cuda", "/v2/cudasharedmemory")):
         status, unregister = Status(link, kind), Unregister(link, kind)
         app.add_route(prefix + "/status", status)

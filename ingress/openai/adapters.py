@@ -22,7 +22,6 @@ from conveyor.ingress.openai.schema import decode
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.lora import RUNTIME_PARAMETER
 
-LOAD_TIMEOUT_S = 180.0  # the router answers within its own 120 s, once every instance answered
 MAX_BODY_BYTES = 64 << 10
 
 
@@ -79,11 +78,10 @@ class LoadLoraAdapter:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = load_request(await read_body(req, resp, MAX_BODY_BYTES))
         model = request.base_model_name or base_model(await self._catalog.models())
-        reply = await self._dataplane.link.control(
-            "lora_load", timeout_s=LOAD_TIMEOUT_S, model=model, name=request.lora_name, path=request.lora_path,
-            inplace=request.load_inplace)
+        reply = await self._dataplane.link.lora_load(model, request.lora_name, request.lora_path,
+                                                     request.load_inplace)
         self._catalog.forget_adapters()
-        _plain(resp, reply["message"])
+        _plain(resp, reply.message)
 
 
 class UnloadLoraAdapter:
@@ -93,6 +91,6 @@ class UnloadLoraAdapter:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = unload_request(await read_body(req, resp, MAX_BODY_BYTES))
-        reply = await self._dataplane.link.control("lora_unload", name=request.lora_name)
+        reply = await self._dataplane.link.lora_unload(request.lora_name)
         self._catalog.forget_adapters()
-        _plain(resp, reply["message"])
+        _plain(resp, reply.message)

@@ -88,7 +88,7 @@ class Health:
         self._ctx = ctx
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        ready = not self._ctx.drain.draining and bool(await self._link.control("server_ready"))
+        ready = not self._ctx.drain.draining and await self._link.server_ready()
         resp.status = 200 if ready else 503
 
 

@@ -119,10 +119,9 @@ class Catalog:
     async def runtime_adapters(self) -> dict[str, RuntimeAdapter]:
         """The adapters loaded at run time, read from the router once per repository generation."""
         if self._runtime_generation != self._dataplane.models.generation:
-            reply = await self._dataplane.link.control("lora_adapters")
-            self._runtime = {name: RuntimeAdapter(str(a["model"]), str(a["path"]))
-                             for name, a in dict(reply["adapters"]).items()}
-            self._runtime_generation = int(reply["generation"])
+            reply = await self._dataplane.link.lora_adapters()
+            self._runtime = {name: RuntimeAdapter(a["model"], a["path"]) for name, a in reply.adapters.items()}
+            self._runtime_generation = reply.generation
         return self._runtime
 
     def forget_adapters(self) -> None:
@@ -142,9 +141,9 @@ class Catalog:
         contract = contract_of(sig)
         if contract is None:
             raise model_not_found(shown or name)
-        reply = await self._dataplane.link.control("model_directory", model=name)
-        config = await self._dataplane.link.control("model_config", model=name)
-        model = _read_model(name, sig, contract, str(reply["path"]))
+        directory = await self._dataplane.link.model_directory(name)
+        config = await self._dataplane.link.model_config(name)
+        model = _read_model(name, sig, contract, directory.path)
         model.tool_parser = _parameter(config, PARSER_PARAMETER)
         model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
                                                {k: _parameter(config, k) for k in PARAMETERS})
@@ -156,7 +155,7 @@ class Catalog:
 
     async def models(self) -> list[LlmModel]:
         """Every ready generative model, by name."""
-        index = await self._dataplane.link.control("repository_index", ready=True)
+        index = await self._dataplane.link.repository_index(ready=True)
         out: list[LlmModel] = []
         for name in sorted({str(row["name"]) for row in index}):
             try:

@@ -183,7 +183,7 @@ class _Endpoint:
         raise NotImplementedError
 
     async def _load_report(self, resp: Response, fmt: str, model: str) -> None:
-        load = await self._dataplane.link.control("model_load", model=model)
+        load = await self._dataplane.link.model_load(model)
         resp.set_header(load_report.HEADER, load_report.render(fmt, load))
 
     def _max_tokens(self, request: Sampling) -> int:

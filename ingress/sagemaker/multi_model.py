@@ -24,7 +24,7 @@ import orjson
 from conveyor.ingress.http.errors import error_body
 from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.restricted import Restriction
-from conveyor.ingress.router_link import LOAD_TIMEOUT_S, RouterLink
+from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.repository_files import read_text
 
@@ -110,7 +110,7 @@ def model_location(url: str) -> tuple[str, str]:
 class _Base:
     api = "model-repository"
 
-    def __init__(self, link: RouterLink, loaded: LoadedModels, model_root: str = DEFAULT_MODEL_ROOT) -> None:
+    def __init__(self, link: RouterClient, loaded: LoadedModels, model_root: str = DEFAULT_MODEL_ROOT) -> None:
         self._link = link
         self._loaded = loaded
         self._model_root = model_root
@@ -122,7 +122,7 @@ class Models(_Base):
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         rows: list[dict[str, str]] = []
         for name, model in list(self._loaded.items()):
-            if await self._link.control("model_ready", model=model.target, version=""):
+            if await self._link.model_ready(model.target):
                 rows.append({"modelName": name, "modelUrl": model.repository})
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({"models": rows})
@@ -142,11 +142,11 @@ class Models(_Base):
         target = req.get_header(TARGET_MODEL) or name
         repository, subdir = model_location(url)
         log.info("Loading SageMaker TargetModel: %s from %s", target, url)
-        await self._link.control("repository_register", root=repository, mapping={subdir: target})
+        await self._link.repository_register(repository, {subdir: target})
         try:
-            await self._link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=target, config="", files={})
+            await self._link.repository_load(target, "", {})
         except ConveyorError:
-            await self._link.control("repository_unregister", root=repository)
+            await self._link.repository_unregister(repository)
             raise
         self._loaded[name] = LoadedModel(target, repository)
         resp.status = 200
@@ -169,9 +169,9 @@ class Model(_Base):
             resp.status = 404
             return
         log.info("Unloading SageMaker TargetModel: %s", model.target)
-        await self._link.control("repository_unload", model=model.target, unload_dependents=True)
+        await self._link.repository_unload(model.target, unload_dependents=True)
         del self._loaded[name]
-        await self._link.control("repository_unregister", root=model.repository)
+        await self._link.repository_unregister(model.repository)
         resp.status = 200
 
 
@@ -194,7 +194,7 @@ async def _render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | N
     resp.data = error_body(message)
 
 
-def build_multi_model_app(link: RouterLink, loaded: LoadedModels, restricted: dict[str, Restriction] | None = None,
+def build_multi_model_app(link: RouterClient, loaded: LoadedModels, restricted: dict[str, Restriction] | None = None,
                           model_root: str = DEFAULT_MODEL_ROOT) -> falcon.asgi.App:
     app = CategorizedApp(middleware=[RestrictedApis(restricted)] if restricted else [])
     app.add_error_handler([Exception, falcon.HTTPError], _render_error)

@@ -20,7 +20,7 @@ def test_an_integer_past_64_bits_is_the_clients_mistake(number: int) -> None:
 
     async def run() -> None:
         with pytest.raises(ConveyorError) as err:
-            await link.control("trace_settings", model="", settings={"trace_rate": number})
+            await link.trace_settings("", {"trace_rate": number})
         assert err.value.status is Status.INVALID_ARG
         assert "64-bit" in str(err.value)
         assert not link._calls._controls  # nothing left waiting for an answer

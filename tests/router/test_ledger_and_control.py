@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from conveyor.proto import messages as m
+from conveyor.proto.control import Args, NoArgs
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router import user_readiness
-from conveyor.router.control_table import Args, ControlTable, Deferred, NoArgs, Op
+from conveyor.router.control_table import ControlTable, Deferred, Op
 from conveyor.router.ledger import Ledger, Running
 from conveyor.router.models import build_entry
 from conveyor.router.pending import Pending

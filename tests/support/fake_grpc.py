@@ -10,6 +10,7 @@ import numpy as np
 
 from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor, SendTurn
 from conveyor.ingress.limits import IngressLimits
+from conveyor.proto.control import ControlCalls
 from conveyor.proto.datatypes import serialize_bytes
 from conveyor.proto.errors import invalid_arg, not_found, unavailable
 
@@ -22,7 +23,7 @@ METADATA = {
 }
 
 
-class FakeLink:
+class FakeLink(ControlCalls):
     def __init__(self) -> None:
         self.ready: bool | None = True  # None: the router does not answer
         self.tracing = False
@@ -31,27 +32,40 @@ class FakeLink:
     def ngh2_failed(self) -> None:
         self.ngh2_failures += 1
 
-    async def control(self, op: str, **args: Any) -> Any:
-        if op == "server_ready":
-            if self.ready is None:
-                raise unavailable("the router did not answer in time")
-            return self.ready
-        if op == "model_ready":
-            return args["model"] == "echo"
-        if op == "log_settings":
-            level = int(args["settings"].get("log_verbose_level", 0))
-            return {"log_file": "", "log_info": True, "log_verbose_level": level}
-        if op == "trace_settings":
-            return {"trace_level": args["settings"].get("trace_level") or ["OFF"], "trace_rate": "1000"}
-        if args.get("model") not in ("echo", ""):
-            raise not_found(f"Request for unknown model: '{args['model']}' is not found")
-        if op == "model_metadata":
-            return METADATA
-        if op == "model_config":
-            return {"name": "echo", "max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32"}]}
-        if op == "model_stats":
-            return {"model_stats": [{"name": "echo", "version": "1", "inference_count": 3}]}
-        raise AssertionError(op)
+    async def server_ready(self) -> bool:
+        if self.ready is None:
+            raise unavailable("the router did not answer in time")
+        return self.ready
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        return model == "echo"
+
+    async def log_settings(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        level = int((settings or {}).get("log_verbose_level", 0))
+        return {"log_file": "", "log_info": True, "log_verbose_level": level}
+
+    async def trace_settings(self, model: str = "", settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"trace_level": (settings or {}).get("trace_level") or ["OFF"], "trace_rate": "1000"}
+
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        _known(model)
+        return METADATA
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        _known(model)
+        return {"name": "echo", "max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32"}]}
+
+    async def model_stats(self, model: str = "", version: str = "") -> dict[str, Any]:
+        _known(model)
+        return {"model_stats": [{"name": "echo", "version": "1", "inference_count": 3}]}
+
+    async def _control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+        raise AssertionError(op)  # an op the servicer's tests do not reach
+
+
+def _known(model: str) -> None:
+    if model not in ("echo", ""):
+        raise not_found(f"Request for unknown model: '{model}' is not found")
 
 
 class FakeDataPlane:

@@ -10,15 +10,19 @@ import numpy as np
 from conveyor.ingress.dataplane import InferCall, InferResult, OutputTensor
 from conveyor.ingress.limits import IngressLimits
 from conveyor.proto import messages as m
+from conveyor.proto.control import ControlCalls
 from conveyor.proto.datatypes import serialize_bytes
 
 
-class FakeLink:
+class FakeLink(ControlCalls):
+    """Each op answered from ``answers`` (an exception: raised); ``calls``: the ops and their
+    arguments as they would go to the router."""
+
     def __init__(self, answers: dict[str, Any]) -> None:
         self.answers = answers
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    async def control(self, op: str, **args: Any) -> Any:
+    async def _control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
         self.calls.append((op, args))
         answer = self.answers[op]
         if isinstance(answer, BaseException):

@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.ingress.dataplane import DataPlane, InferCall
 from conveyor.ingress.limits import IngressLimits
 from conveyor.proto import messages as m
+from conveyor.proto.control import ControlCalls, SignatureReply
 from conveyor.proto.errors import unsupported
 from conveyor.proto.signature import ModelSignature
 from conveyor.shm.arena import Arena
@@ -40,7 +41,7 @@ GENERATION = 1  # the repository generation, as the router stamps its answers: t
 INPUT_TYPES = {t["name"]: t["datatype"] for t in SIGNATURE["inputs"]}
 
 
-class FakeRouterLink:
+class FakeRouterLink(ControlCalls):
     """Answers ``signature`` control calls and every inference with an empty success."""
 
     def __init__(self) -> None:
@@ -56,11 +57,13 @@ class FakeRouterLink:
     def next_id(self) -> int:
         return next(self._ids)
 
-    async def control(self, op: str, **args: Any) -> Any:
-        if op == "signature":
-            return {"generation": GENERATION, "signature": SIGNATURE}
-        if op == "server_ready":
-            return True
+    async def signature(self, model: str, version: str = "") -> SignatureReply:
+        return SignatureReply(GENERATION, SIGNATURE)
+
+    async def server_ready(self) -> bool:
+        return True
+
+    async def _control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
         raise unsupported(f"the fake router does not do '{op}'")
 
     async def infer(self, request: m.InferRequest) -> m.InferResponse:

@@ -12,7 +12,9 @@ from typing import Any
 import zmq
 
 from conveyor.deploy import example_repo
+from conveyor.ingress.router_link import error_from
 from conveyor.proto import messages as m
+from conveyor.proto.control import ControlCalls
 from conveyor.router.ledger import Ledger
 from conveyor.router.server import Router
 
@@ -125,6 +127,26 @@ class RouterCore:
 
     def responses(self) -> list[m.InferResponse]:
         return [msg for msg in self.to_ingress() if isinstance(msg, m.InferResponse)]
+
+
+class CoreClient(ControlCalls):
+    """``RouterClient`` over a ``RouterCore``, in this process: each op goes in as the ingress's
+    ``ControlRequest`` and its reply is read back after that turn, over the real sockets (the wire
+    as it is). An op the repository agent answers from its thread (the index, a registration, a
+    system region) is not answered within the turn: it fails here."""
+
+    def __init__(self, core: RouterCore) -> None:
+        self._core = core
+        self._ids = itertools.count(1)
+
+    async def _control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+        cid = next(self._ids)
+        self._core.from_ingress(m.ControlRequest(cid, op, args))
+        replies = [r for r in self._core.to_ingress() if isinstance(r, m.ControlReply) and r.id == cid]
+        assert replies, f"'{op}' was not answered within the turn"
+        if replies[0].error is not None:
+            raise error_from(replies[0].error)
+        return replies[0].result
 
 
 def _received(sock: zmq.Socket[bytes]) -> list[bytes]:

@@ -23,6 +23,7 @@ from conveyor.ingress.http.app import build_app
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.router_link import error_from
 from conveyor.proto import messages as m
+from conveyor.proto.control import ControlCalls
 from conveyor.proto.errors import ConveyorError, Status, http_status
 from conveyor.router.control_ops import shm_ops
 from conveyor.router.control_table import Caller, ControlTable
@@ -44,7 +45,7 @@ def segment() -> Any:
     shm.unlink()
 
 
-class RegistryLink:
+class RegistryLink(ControlCalls):
     """A router link whose shared-memory control ops run on a real registry, keys opened on a
     real repository agent's thread as in the router."""
 
@@ -57,7 +58,7 @@ class RegistryLink:
         err = None if error is None else m.ErrorInfo(int(error.status), error.message)
         self.answers.append(m.ControlReply(caller[1], error=err))
 
-    async def control(self, op: str, **args: Any) -> Any:
+    async def _control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
         reply = self.ops.handle(b"ingress", m.ControlRequest(1, op, args))
         if reply is None:  # answered once the agent opened the key
             self.agent.wait(30.0)
