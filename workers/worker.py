@@ -64,8 +64,7 @@ class Worker:
         self.devices = DeviceMap(gpus, os.environ)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.systemd = Notifier()
-        self.router = RouterSession(self.ctx, config.router_endpoint, self.devices, gpu_backends(gpus),
-                                    config.exit_timeout_s, self.systemd)
+        self.router = RouterSession(self.ctx, config, self.devices, gpu_backends(gpus), self.systemd)
         self.mailbox = Mailbox()
         self.replies = ReplyLinks(self.ctx)
         self.arena = Arena(segment_name(config.group, "worker"), config.arena_bytes)
