@@ -81,6 +81,8 @@ LATE_TICK_S = 3 * HEARTBEAT_INTERVAL_S
 
 class Router:
     def __init__(self, config: RouterConfig) -> None:
+        """``config``: everything the router reads (router/config.py), handed on as slices: each collaborator
+        built here takes the part it reads. ``deploy/compose.py`` builds it from ``conveyor router``'s flags."""
         self.config = config
         models = config.models
         self.spin_s = spin_seconds() if config.spin_s is None else config.spin_s

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
+        """``config``: everything the worker reads (workers/config.py); ``deploy/compose.py`` builds it from
+        ``conveyor worker``'s flags."""
         self.config = config
         self.spin_s = spin_seconds() if config.spin_s is None else config.spin_s
         gpus = local_gpu_count()
