@@ -373,57 +373,34 @@ def _start_actor(settings: EveryProcess, command: str) -> None:
 
 
 def _router(args: RouterSettings) -> int:
+    from conveyor.deploy.compose import router_config
     from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
     from conveyor.deploy.options import run_dir
-    from conveyor.deploy.runtime.polling import spin_seconds
-    from conveyor.router.lifecycle import ControlMode
     from conveyor.router.observability.histograms import configure_summaries
-    from conveyor.router.repository.backend_config import BackendConfig
-    from conveyor.router.response_cache import parse_cache_config
-    from conveyor.router.scheduling.rate_limiter import RateLimiter, ResourceLimit
     from conveyor.router.server import Router
-    from conveyor.router.startup import StartupOptions
     from conveyor.shm.naming import sweep_orphans
 
-    group = args.group or DEFAULT_GROUP
-    ingress_ep, worker_ep = default_endpoints(group)
-    os.makedirs(run_dir(group), exist_ok=True)
+    config = router_config(args)
+    os.makedirs(run_dir(config.group), exist_ok=True)
     try:
-        lock = GroupLock(group, "router")  # held until this process exits
+        lock = GroupLock(config.group, "router")  # held until this process exits
     except GroupBusy as exc:
         log.error("%s", exc)
         return GROUP_BUSY_CODE
-    sweep_orphans(group)
+    sweep_orphans(config.group)
     configure_summaries(metrics_config(args))
-    trace = parse_trace_config(args.trace_config)
-    limiter = None
-    if args.rate_limit == "execution_count":
-        limiter = RateLimiter([ResourceLimit.parse(r) for r in args.rate_limit_resource])
-    router = Router(args.model_repository, args.ingress_endpoint or ingress_ep,
-                    args.worker_endpoint or worker_ep, queue_cap=args.max_queue_size,
-                    allow_client_shm=args.allow_client_shm, control_mode=ControlMode(args.model_control_mode),
-                    load_models=args.load_model, strict_config=args.strict_model_config,
-                    poll_secs=args.repository_poll_secs, group=group,
-                    cache_bytes=parse_cache_config(args.cache_config),
-                    max_client_shm_regions=args.max_client_shm_regions,
-                    trace=trace, rate_limiter=limiter, spin_s=spin_seconds(args.spin_us),
-                    startup=StartupOptions(args.exit_on_error, args.strict_readiness, args.model_config_name,
-                                           args.model_load_retry_count, BackendConfig.parse(args.backend_config),
-                                           args.model_namespacing, args.model_load_thread_count))
-    router.run(args.exit_timeout_secs, args.drain_grace_secs)
+    router = Router(config)
+    router.run()
     lock.release()
     exit_now(router.exit_code)  # each actor leaves once its own cleanup is done (lifeline.py)
     return router.exit_code
 
 
 def _worker(args: WorkerSettings) -> int:
-    from conveyor.deploy.runtime.polling import spin_seconds
+    from conveyor.deploy.compose import worker_config
     from conveyor.workers.worker import Worker
 
-    group = args.group or DEFAULT_GROUP
-    ingress_ep, worker_ep = default_endpoints(group)
-    worker = Worker(args.router or worker_ep, group, args.arena_size, args.ingress_endpoint or ingress_ep,
-                    args.exit_timeout_secs, spin_seconds(args.spin_us))
+    worker = Worker(worker_config(args))
     worker.run()
     exit_now(worker.exit_code)  # ENGINE_DIED_CODE: an engine died, restart (workers/stopping.py)
     return worker.exit_code

@@ -38,7 +38,7 @@ from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
-from conveyor.router.startup import CREATE_FAILED_CODE
+from conveyor.router.config import CREATE_FAILED_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 

@@ -36,6 +36,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, triton_line
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.router.admission import Admission
+from conveyor.router.config import CREATE_FAILED_CODE, RouterConfig
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
 from conveyor.router.control_ops import router_ops
@@ -45,7 +46,6 @@ from conveyor.router.ensembles.self_link import SelfLink
 from conveyor.router.ledger import Ledger
 from conveyor.router.lifecycle import ControlMode, ModelLifecycle
 from conveyor.router.observability.otlp_export import otlp_sink
-from conveyor.router.observability.trace_settings import TraceConfig
 from conveyor.router.observability.tracing import Tracer
 from conveyor.router.pool import HEARTBEAT_INTERVAL_S, WorkerPool
 from conveyor.router.registry import ModelRegistry
@@ -55,13 +55,11 @@ from conveyor.router.repository.cloud import RepositoryRoots
 from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
 from conveyor.router.runtime_lora import RuntimeLora
-from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.scheduling.rate_limiter import RateLimiter
 from conveyor.router.settings_hub import SettingsHub
-from conveyor.router.shared_memory.client_regions import DEFAULT_MAX_REGIONS, ClientShmRegistry, look_all
+from conveyor.router.shared_memory.client_regions import ClientShmRegistry, look_all
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
-from conveyor.router.startup import CREATE_FAILED_CODE, StartupOptions
 from conveyor.router.user_readiness import UserReadiness
 from conveyor.router.worker_pool.membership import WorkerMembership
 from conveyor.router.worker_pool.placement import Placement
@@ -82,26 +80,16 @@ LATE_TICK_S = 3 * HEARTBEAT_INTERVAL_S
 
 
 class Router:
-    def __init__(
-        self, repositories: list[str], ingress_endpoint: str, worker_endpoint: str, *,
-        queue_cap: int = DEFAULT_QUEUE_CAP, allow_client_shm: bool = False,
-        control_mode: ControlMode = ControlMode.NONE, load_models: list[str] | None = None,
-        strict_config: bool = False, poll_secs: float = 15.0, group: str = "default", cache_bytes: int = 0,
-        max_client_shm_regions: int = DEFAULT_MAX_REGIONS,
-        trace: TraceConfig | None = None,
-        rate_limiter: RateLimiter | None = None,
-        spin_s: float | None = None,
-        startup: StartupOptions | None = None,
-    ) -> None:
-        """``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
-        startup = startup or StartupOptions()
-        self.startup = startup
-        self.repositories = repositories
-        self.spin_s = spin_seconds() if spin_s is None else spin_s
+    def __init__(self, config: RouterConfig) -> None:
+        """``config``: everything the router reads (router/config.py), handed on as slices: each collaborator
+        built here takes the part it reads. ``deploy/compose.py`` builds it from ``conveyor router``'s flags."""
+        self.config = config
+        models = config.models
+        self.spin_s = spin_seconds() if config.spin_s is None else config.spin_s
         self.zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.front_sock = self.zmq.socket(zmq.ROUTER)
         self.back_sock = self.zmq.socket(zmq.ROUTER)
-        for sock, endpoint in ((self.front_sock, ingress_endpoint), (self.back_sock, worker_endpoint)):
+        for sock, endpoint in ((self.front_sock, config.ingress_endpoint), (self.back_sock, config.worker_endpoint)):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes its identity back
             # A ROUTER socket silently drops what exceeds its high-water mark: a reply must
@@ -111,44 +99,43 @@ class Router:
         # Everything a loop turn sends leaves at the end of the turn, one message per peer.
         self.front = PeerOutbox(self.front_sock)
         self.back = PeerOutbox(self.back_sock)
-        self.registry = ModelRegistry(queue_cap)
+        self.registry = ModelRegistry(config.scheduling.queue_cap)
         self.pool = WorkerPool()
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
         self.shutdown = DrainClock()
         self.control = ControlHandler(self.registry, self.pool, self.shutdown)
-        self.control.strict_readiness = startup.strict_readiness
-        self.roots = RepositoryRoots(repositories)  # s3://, gs://, as:// roots become local mirrors
+        self.control.strict_readiness = models.strict_readiness
+        self.roots = RepositoryRoots(list(config.repositories))  # s3://, gs://, as:// roots become local mirrors
         # Disks, networks, child processes and model files: on the agent's threads, never in this loop.
-        self.agent = RepositoryAgent(startup.load_threads)
-        self.lifecycle = ModelLifecycle(self.registry, self.roots.local, control_mode, load_models, strict_config,
-                                        startup.config_name, startup.backend_config, startup.namespacing,
-                                        self.agent, self.roots.sync if self.roots.remote else None,
-                                        self.roots.check)
+        self.agent = RepositoryAgent(models.load_threads)
+        self.lifecycle = ModelLifecycle(self.registry, self.roots.local, models, self.agent,
+                                        self.roots.sync if self.roots.remote else None, self.roots.check)
         self.control.starting = lambda: self.lifecycle.starting
         self._announced_ready = False  # systemd's READY, once start-up's loads settled
-        self._startup_pending = startup.exit_on_error  # --exit-on-error: checked until every load settled
-        self._poll_secs = poll_secs
-        self._next_poll = time.monotonic() + poll_secs
+        self._startup_pending = models.exit_on_error  # --exit-on-error: checked until every load settled
+        self._poll_secs = models.poll_secs
+        self._next_poll = time.monotonic() + models.poll_secs
         self._last_tick = time.monotonic()
-        self.shm = ClientShmRegistry(allow_client_shm, max_client_shm_regions)
+        self.shm = ClientShmRegistry(config.client_shm)
         self._next_shm_sweep = 0.0
         self._shm_sweeping = False  # a periodic check of the registered segments is on the agent's thread
         # Log and trace settings (observability extensions): kept here, pushed to every process.
         self._ingress_peers: dict[bytes, int] = {}  # identity -> pid
         self._announced_generation = self.registry.generation  # the last RepositoryChanged sent
-        trace = trace or TraceConfig()
-        self.settings = SettingsHub(trace, self._broadcast_settings)
+        self.settings = SettingsHub(config.trace, self._broadcast_settings)
         self._stopping = False
         self.exit_code = 0
         self.systemd = Notifier()
-        self.group = group
+        self.group = group = config.group
         regions = RegionCache()  # other processes' arenas: flags to write, condition tensors to read
         holds = HeldBlocks(regions)  # blocks the router keeps alive (ensembles, cache), lent with loans
+        scheduling = config.scheduling
         self.ctx = ctx = RouterContext(
             front=self.front, back=self.back, registry=self.registry, pool=self.pool, ledger=Ledger(),
-            replies=Replies(self.front, self.registry), tracer=Tracer(self.settings.trace, otlp_sink(trace)),
-            holds=holds, loans=Loans(segment_name(group, "router"), holds), limiter=rate_limiter,
-            cache=ResponseCache(cache_bytes, holds) if cache_bytes > 0 else None,
+            replies=Replies(self.front, self.registry), tracer=Tracer(self.settings.trace, otlp_sink(config.trace)),
+            holds=holds, loans=Loans(segment_name(group, "router"), holds),
+            limiter=RateLimiter(list(scheduling.rate_limit_resources)) if scheduling.rate_limit else None,
+            cache=ResponseCache(scheduling.cache_bytes, holds) if scheduling.cache_bytes > 0 else None,
         )
         self.replies, self.tracer, self.holds, self.loans = ctx.replies, ctx.tracer, ctx.holds, ctx.loans
         self.control.trace_export = self.tracer.export_stats
@@ -162,7 +149,7 @@ class Router:
         self.placement = Placement(ctx, self.lifecycle)
         self.results = Results(ctx, self.dispatcher, self.placement.settle)
         self.membership = WorkerMembership(ctx, self.dispatcher, self.results, self.placement, self.settings,
-                                           self.shm, self.control.custom_metrics, group, startup.load_retries)
+                                           self.shm, self.control.custom_metrics, group, models.load_retries)
         self.worker_drain = self.membership.drain
         self.user_readiness = UserReadiness(self.registry, self.control, self.front, self.back)
         self.runtime_lora = RuntimeLora(self.registry, self.front, self.back)
@@ -204,8 +191,9 @@ class Router:
         self.exit_code = CREATE_FAILED_CODE
         self.stop()
 
-    def run(self, exit_timeout_s: float = 30.0, drain_grace_s: float = 0.0) -> None:
-        self.shutdown.grace_s, self.shutdown.exit_timeout_s = drain_grace_s, exit_timeout_s
+    def run(self) -> None:
+        self.shutdown.grace_s, self.shutdown.exit_timeout_s = self.config.stop.drain_grace_s, \
+            self.config.stop.exit_timeout_s
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         sys.setswitchinterval(SWITCH_INTERVAL_S)

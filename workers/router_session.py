@@ -16,6 +16,7 @@ from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.framing import Outbox
 from conveyor.workers.backends.python.pb_utils import metrics as pb_metrics
+from conveyor.workers.config import WorkerConfig
 from conveyor.workers.devices import DeviceMap
 
 log = logging.getLogger("conveyor.workers.worker")  # the name the worker's log lines always had
@@ -37,16 +38,17 @@ HEARTBEAT_S = 1.0
 
 
 class RouterSession:
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, devices: DeviceMap,
-                 gpu_backends: list[str], exit_timeout_s: float, systemd: Notifier) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: WorkerConfig, devices: DeviceMap,
+                 gpu_backends: list[str], systemd: Notifier) -> None:
+        """Reads ``config``'s router endpoint and exit timeout."""
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
+        self.sock.connect(config.router_endpoint)
         # What this loop turn sends, flushed at its end: one message per peer.
         self.out = Outbox(self.sock)
         self.devices = devices
         self.gpu_backends = gpu_backends
-        self.exit_timeout_s = exit_timeout_s
+        self.exit_timeout_s = config.exit_timeout_s
         self.systemd = systemd
         self.registered = False
         self._last_heard = time.monotonic()

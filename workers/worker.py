@@ -35,6 +35,7 @@ from conveyor.workers.batch_io import OutputWriter, TensorViews
 from conveyor.workers.batch_runner import BatchRunner
 from conveyor.workers.bls_link import BlsLink
 from conveyor.workers.client_regions import ClientRegionMaps
+from conveyor.workers.config import DEFAULT_ARENA_BYTES, WorkerConfig
 from conveyor.workers.devices import DeviceMap, gpu_backends, local_gpu_count
 from conveyor.workers.instances import (
     InstanceKey,
@@ -50,37 +51,32 @@ from conveyor.workers.reply_links import ReplyLinks
 from conveyor.workers.router_session import RouterSession
 from conveyor.workers.stopping import ENGINE_DIED_CODE, FINALIZE_WAIT_S, UNLOAD_NOW_SIGNAL, set_fatal_exit
 
-__all__ = ["DEFAULT_ARENA_BYTES", "LoadedInstance", "Worker"]
+__all__ = ["DEFAULT_ARENA_BYTES", "LoadedInstance", "Worker", "WorkerConfig"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ARENA_BYTES = 256 << 20
-
 
 class Worker:
-    def __init__(
-        self, router_endpoint: str, group: str, arena_bytes: int = DEFAULT_ARENA_BYTES, bls_endpoint: str = "",
-        exit_timeout_s: float = 30.0, spin_s: float | None = None,
-    ) -> None:
-        """``bls_endpoint``: the router's ingress endpoint, for models' BLS requests ("" = no BLS);
-        ``spin_s``: how long to spin on the sockets before each blocking poll (None: ``spin_seconds()``)."""
-        self.spin_s = spin_seconds() if spin_s is None else spin_s
+    def __init__(self, config: WorkerConfig) -> None:
+        """``config``: everything the worker reads (workers/config.py); ``deploy/compose.py`` builds it from
+        ``conveyor worker``'s flags."""
+        self.config = config
+        self.spin_s = spin_seconds() if config.spin_s is None else config.spin_s
         gpus = local_gpu_count()
         self.devices = DeviceMap(gpus, os.environ)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.systemd = Notifier()
-        self.router = RouterSession(self.ctx, router_endpoint, self.devices, gpu_backends(gpus), exit_timeout_s,
-                                    self.systemd)
+        self.router = RouterSession(self.ctx, config, self.devices, gpu_backends(gpus), self.systemd)
         self.mailbox = Mailbox()
         self.replies = ReplyLinks(self.ctx)
-        self.arena = Arena(segment_name(group, "worker"), arena_bytes)
+        self.arena = Arena(segment_name(config.group, "worker"), config.arena_bytes)
         self.regions = RegionCache()
         self.client_regions = ClientRegionMaps()
         self.views = TensorViews(self.regions, self.client_regions)
         self.writer = OutputWriter(self.arena, self.views)
         self.bls: BlsLink | None = None
-        if bls_endpoint:
-            self.bls = BlsLink(self.ctx, bls_endpoint, self.arena, self.writer.lock, self.mailbox.wake)
+        if config.bls_endpoint:
+            self.bls = BlsLink(self.ctx, config.bls_endpoint, self.arena, self.writer.lock, self.mailbox.wake)
             pb_bls.set_executor(BlsClient(self.bls, self.regions))
         pb_metrics.REGISTRY.on_dirty = self.mailbox.wake  # a model's metric change leaves within METRICS_FLUSH_S
         self.instances: dict[InstanceKey, LoadedInstance] = {}

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 from conveyor.router.lifecycle.calls import RepositoryCalls, check_model_name
 from conveyor.router.lifecycle.polling import StartupAndPolling
-from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Settled, Why
+from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, ModelControlConfig, Prep, Settled, Why
 from conveyor.router.lifecycle.settling import Settling
 
 __all__ = [
-    "Answer", "ControlMode", "LoadWaiter", "ModelLifecycle", "Prep", "Settled", "Why", "check_model_name",
+    "Answer", "ControlMode", "LoadWaiter", "ModelControlConfig", "ModelLifecycle", "Prep", "Settled", "Why",
+    "check_model_name",
 ]
 
 

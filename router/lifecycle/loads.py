@@ -19,10 +19,9 @@ from conveyor.proto import migration
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.lifecycle.entry_state import problem_of, serving
-from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
+from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
-from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.cloud.roots import UnusableRepository
 from conveyor.router.repository.config_unused import log_unused_fields
 from conveyor.router.repository.default_groups import filled_config
@@ -49,28 +48,25 @@ class ModelLoads:
         self,
         registry: ModelRegistry,
         repositories: list[str],
-        mode: ControlMode = ControlMode.NONE,
-        load_at_start: list[str] | None = None,
-        strict_config: bool = False,
-        config_name: str = "",
-        backend_config: BackendConfig | None = None,
-        namespacing: bool = False,
+        control: ModelControlConfig | None = None,
         agent: RepositoryAgent | None = None,
         sync: Callable[[], None] | None = None,
         check: Callable[[], None] | None = None,
     ) -> None:
-        """``sync``: refreshes the remote repositories' mirrors (None: every repository is local);
-        ``check``: raises ``UnusableRepository`` for a root the server cannot start with (run first at
-        start-up, on the agent: it may list a bucket)."""
+        """``repositories``: the local roots (remote ones' mirrors); ``control``: the model control settings
+        (the loading half is read here); ``sync``: refreshes the remote repositories' mirrors (None: every
+        repository is local); ``check``: raises ``UnusableRepository`` for a root the server cannot start
+        with (run first at start-up, on the agent: it may list a bucket)."""
+        control = control or ModelControlConfig()
         self.registry = registry
         # --model-namespacing: models are keyed as router/spec/namespaces.py says.
-        self.namespacing = registry.namespacing = namespacing
+        self.namespacing = registry.namespacing = control.namespacing
         self.repositories = repositories
-        self.mode = mode
-        self.load_at_start = load_at_start or []
-        self.strict_config = strict_config
-        self.config_name = config_name  # --model-config-name
-        self.backend_config = backend_config or BackendConfig()
+        self.mode = control.mode
+        self.load_at_start = control.load_at_start
+        self.strict_config = control.strict_config
+        self.config_name = control.config_name  # --model-config-name
+        self.backend_config = control.backend_config
         self.agent = agent or RepositoryAgent()
         self._sync = sync
         self._check = check

@@ -1,6 +1,6 @@
-"""The records the lifecycle's parts pass each other: the control mode, a load to
-prepare (``Prep``) and why, a load call waiting for its model (``LoadWaiter``), and the
-answers ``settle`` hands the router."""
+"""The records the lifecycle's parts pass each other: the control mode and the model control settings
+(``ModelControlConfig``), a load to prepare (``Prep``) and why, a load call waiting for its model
+(``LoadWaiter``), and the answers ``settle`` hands the router."""
 
 from __future__ import annotations
 
@@ -11,12 +11,34 @@ from typing import Any
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.models import Instance
+from conveyor.router.repository.agent import DEFAULT_LOAD_THREADS
+from conveyor.router.repository.backend_config import BackendConfig
 
 
 class ControlMode(enum.Enum):
     NONE = "none"
     POLL = "poll"
     EXPLICIT = "explicit"
+
+
+@dataclass(frozen=True)
+class ModelControlConfig:
+    """What the router loads, when, from which files, and what a failed load means (the model control
+    flags, parsed: ``--model-control-mode``, ``--load-model``, ...; deploy/compose.py builds it). The
+    lifecycle reads the loading half; the router its poll interval and ``exit_on_error``, the control handler
+    ``strict_readiness``, the repository agent ``load_threads``, worker membership ``load_retries``."""
+
+    mode: ControlMode = ControlMode.NONE
+    load_at_start: tuple[str, ...] = ()  # --load-model (explicit mode; "*": every model)
+    strict_config: bool = False  # never complete a config from the model file
+    config_name: str = ""  # --model-config-name
+    backend_config: BackendConfig = field(default_factory=BackendConfig)
+    namespacing: bool = False  # --model-namespacing (router/spec/namespaces.py)
+    poll_secs: float = 15.0  # poll mode's rescan interval
+    exit_on_error: bool = False  # a failed start-up load stops the router (CREATE_FAILED_CODE)
+    strict_readiness: bool = False  # ready only while every model is
+    load_retries: int = 0  # --model-load-retry-count
+    load_threads: int = DEFAULT_LOAD_THREADS  # --model-load-thread-count (router/repository/agent.py)
 
 
 @dataclass(eq=False)

@@ -75,10 +75,18 @@ def _nothing_in_use() -> set[int]:
     return set()
 
 
+@dataclass(frozen=True)
+class ClientShmConfig:
+    """The client shared-memory flags, parsed (``--allow-client-shm``, ``--max-client-shm-regions``)."""
+
+    allow: bool = False  # off by default, as in Triton: a client may name any segment the server's user can open
+    max_regions: int = DEFAULT_MAX_REGIONS  # 0: no limit
+
+
 class ClientShmRegistry:
-    def __init__(self, allow: bool, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
-        self.allow = allow
-        self.max_regions = max_regions  # 0: no limit
+    def __init__(self, config: ClientShmConfig) -> None:
+        self.allow = config.allow
+        self.max_regions = config.max_regions  # 0: no limit
         self.cuda_devices: set[int] = set()  # GPUs some worker has; kept current by the router
         self._by_name: dict[str, Registration] = {}
         self._ids = itertools.count(1)

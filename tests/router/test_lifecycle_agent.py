@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
+from conveyor.router.lifecycle import Answer, ControlMode, ModelControlConfig, ModelLifecycle
 from conveyor.router.registry import ModelRegistry
 from tests.support.router_core import write_model
 
@@ -26,7 +26,8 @@ def repo(tmp_path: Path) -> Path:
 
 
 def _lifecycle(repo: Path, mode: ControlMode, load: list[str] | None = None) -> Iterator[ModelLifecycle]:
-    lifecycle = ModelLifecycle(ModelRegistry(), [str(repo)], mode, load, strict_config=True)
+    control = ModelControlConfig(mode, tuple(load or ()), strict_config=True)
+    lifecycle = ModelLifecycle(ModelRegistry(), [str(repo)], control)
     yield lifecycle
     lifecycle.agent.close()
 

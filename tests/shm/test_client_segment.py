@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.shared_memory.client_regions import ClientShmRegistry, look_all
+from conveyor.router.shared_memory.client_regions import ClientShmConfig, ClientShmRegistry, look_all
 from conveyor.shm.client_segment import open_segment, segment_identity
 from tests.support.shm_entries import ShmEntries
 
@@ -67,7 +67,7 @@ def test_anything_but_a_segment_is_refused_at_once(entries: ShmEntries) -> None:
                 os.close(fd)
                 raise AssertionError(f"{what} opened")
         # The client gets Triton's words with its own key, never a path of the server.
-        registry = ClientShmRegistry(allow=True)
+        registry = ClientShmRegistry(ClientShmConfig(allow=True))
         with pytest.raises(ConveyorError) as err:
             registry.register_system("r", key, 0, 1)
         assert (err.value.status, err.value.message) == (
@@ -76,7 +76,7 @@ def test_anything_but_a_segment_is_refused_at_once(entries: ShmEntries) -> None:
 
 
 def test_the_periodic_check_drops_a_segment_replaced_by_a_fifo(entries: ShmEntries) -> None:
-    registry = ClientShmRegistry(allow=True)
+    registry = ClientShmRegistry(ClientShmConfig(allow=True))
     kept, replaced = entries.segment(64), entries.segment(64)
     registry.register_system("kept", kept, 0, 64)
     registry.register_system("replaced", replaced, 0, 64)
@@ -90,7 +90,7 @@ def test_the_periodic_check_drops_a_segment_replaced_by_a_fifo(entries: ShmEntri
 
 def test_a_region_registered_again_during_the_check_is_kept(entries: ShmEntries) -> None:
     """The check runs off the loop: what it found for an old registration must not drop a new one."""
-    registry = ClientShmRegistry(allow=True)
+    registry = ClientShmRegistry(ClientShmConfig(allow=True))
     key = entries.segment(64)
     registry.register_system("r", key, 0, 64)
     keys = registry.system_keys()

@@ -15,7 +15,9 @@ from conveyor.deploy import example_repo
 from conveyor.ingress.router_link import error_from
 from conveyor.proto import messages as m
 from conveyor.proto.control import ControlCalls
+from conveyor.router.config import RouterConfig
 from conveyor.router.ledger import Ledger
+from conveyor.router.lifecycle import ModelControlConfig
 from conveyor.router.server import Router
 
 INGRESS = b"ingress-1"
@@ -44,8 +46,8 @@ class RouterCore:
     def __init__(self, repo: Path) -> None:
         n = next(_endpoints)
         front, back = f"inproc://test-router-ingress-{os.getpid()}-{n}", f"inproc://test-router-workers-{n}"
-        self.router = Router([str(repo)], front, back, strict_config=True, group=f"test-core-{os.getpid()}-{n}",
-                             spin_s=0)
+        self.router = Router(RouterConfig((str(repo),), front, back, group=f"test-core-{os.getpid()}-{n}", spin_s=0,
+                                          models=ModelControlConfig(strict_config=True)))
         self.router.load_repository()
         self.ledger: Ledger = self.router.ctx.ledger
         self._zmq = self.router.zmq

@@ -22,7 +22,7 @@ from conveyor.shm.naming import segment_name
 from conveyor.shm.regions import RegionCache
 from conveyor.workers import router_session
 from conveyor.workers import worker as worker_module
-from conveyor.workers.worker import Worker
+from conveyor.workers.worker import Worker, WorkerConfig
 from tests.support.python_specs import RECORDING_MODEL, write
 from tests.support.router_end import RouterEnd
 from tests.support.waiting import eventually
@@ -41,7 +41,7 @@ class Running:
 
     def __init__(self, tmp: Path, group: str) -> None:
         self.router = RouterEnd(f"ipc://{tmp}/router-workers.sock")
-        self.worker = Worker(self.router.endpoint, group, arena_bytes=1 << 20, spin_s=0.0)
+        self.worker = Worker(WorkerConfig(self.router.endpoint, group, arena_bytes=1 << 20, spin_s=0.0))
         self.inputs = Arena(segment_name(group, "ingress"), 1 << 16)
         self.regions = RegionCache()
         self.thread = threading.Thread(target=self.worker.run, daemon=True)

@@ -28,7 +28,7 @@ from conveyor.proto.errors import ConveyorError, Status, http_status
 from conveyor.router.control_ops import shm_ops
 from conveyor.router.control_table import Caller, ControlTable
 from conveyor.router.repository.agent import RepositoryAgent
-from conveyor.router.shared_memory.client_regions import ClientShmRegistry
+from conveyor.router.shared_memory.client_regions import ClientShmConfig, ClientShmRegistry
 from tests.support.fuzz import bounded, tried
 
 LEVEL = "unit"
@@ -88,7 +88,7 @@ region_names = st.sampled_from(["r", "r", "s", "a%2Fb", "%00", "x" * 200])
                           bodies | st.binary(max_size=16)), min_size=1, max_size=4))
 def test_http_register_bodies(calls: list[tuple[str, str, Any]]) -> None:
     tried("shm HTTP register body")
-    registry = ClientShmRegistry(allow=True, max_regions=2)
+    registry = ClientShmRegistry(ClientShmConfig(allow=True, max_regions=2))
     dataplane = SimpleNamespace(limits=IngressLimits())  # the infer route reads its limits when built
     link = RegistryLink(registry)
     ctx = type("Ctx", (), {"link": link, "dataplane": dataplane, "drain": IngressDrain()})()
@@ -121,7 +121,7 @@ def test_registry_values_and_requests_naming_regions(
     registrations: list[tuple[str, str, int, int]], tensors: list[tuple[str, int, int]]
 ) -> None:
     tried("shm registry values")
-    registry = ClientShmRegistry(allow=True, max_regions=3)
+    registry = ClientShmRegistry(ClientShmConfig(allow=True, max_regions=3))
     for name, key, offset, byte_size in registrations:
         try:
             registry.register_system(name, key, offset, byte_size)
@@ -146,7 +146,7 @@ def test_registry_values_and_requests_naming_regions(
 
 
 def test_registrations_past_the_limit_are_unavailable() -> None:
-    registry = ClientShmRegistry(allow=True, max_regions=2)
+    registry = ClientShmRegistry(ClientShmConfig(allow=True, max_regions=2))
     registry.register_system("a", SEGMENT, 0, 16)
     registry.register_system("b", SEGMENT, 0, 16)
     with pytest.raises(ConveyorError, match="--max-client-shm-regions") as err:
@@ -158,7 +158,7 @@ def test_registrations_past_the_limit_are_unavailable() -> None:
 
 def test_a_key_with_a_nul_character_is_refused_not_a_crash() -> None:
     # Found by the fuzzing above: posix_ipc segfaults on such a name, which took the router down.
-    registry = ClientShmRegistry(allow=True)
+    registry = ClientShmRegistry(ClientShmConfig(allow=True))
     with pytest.raises(ConveyorError, match="Unable to open shared memory region") as err:
         registry.register_system("r", "/a\0b", 0, 16)
     assert err.value.status == Status.CLIENT_MISTAKE

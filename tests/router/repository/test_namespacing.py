@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.lifecycle import ControlMode, ModelLifecycle
+from conveyor.router.lifecycle import ControlMode, ModelControlConfig, ModelLifecycle
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.scan import scan
 from conveyor.router.spec.namespaces import assign_keys, step_key
@@ -62,7 +62,8 @@ def test_keys_and_steps(tmp_path: Path) -> None:
 def test_registry_refuses_the_ambiguous_name(tmp_path: Path) -> None:
     a, b = build(tmp_path)
     registry = ModelRegistry()
-    lifecycle = ModelLifecycle(registry, [a, b], ControlMode.EXPLICIT, ["m", "only_a"], namespacing=True)
+    lifecycle = ModelLifecycle(registry, [a, b],
+                               ModelControlConfig(ControlMode.EXPLICIT, ("m", "only_a"), namespacing=True))
     lifecycle.startup()
     assert sorted(registry.models) == sorted([f"{a}/m", f"{b}/m", "only_a"])  # --load-model m: both
     with pytest.raises(ConveyorError) as info:
@@ -147,7 +148,7 @@ def test_poll_rekeys_when_a_second_repository_gains_the_name(tmp_path: Path) -> 
     ensemble(a, "ens_a", ["IN"], ["OUT"], [_step("m", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})])
     os.makedirs(b)
     registry = ModelRegistry()
-    lifecycle = ModelLifecycle(registry, [a, b], ControlMode.POLL, namespacing=True)
+    lifecycle = ModelLifecycle(registry, [a, b], ModelControlConfig(ControlMode.POLL, namespacing=True))
     lifecycle.startup()
     assert sorted(registry.models) == ["ens_a", "m"]
     assert _steps(registry, "ens_a") == ["m"]

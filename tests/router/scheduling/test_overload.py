@@ -18,7 +18,7 @@ from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import Status
 from conveyor.proto.metric_series import OverloadReason
-from conveyor.router.lifecycle import Answer, ControlMode, ModelLifecycle
+from conveyor.router.lifecycle import Answer, ControlMode, ModelControlConfig, ModelLifecycle
 from conveyor.router.models import InstanceState, VersionState
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.default_groups import filled_config
@@ -305,7 +305,8 @@ def test_metrics_show_the_waiting_count_and_the_refusals_by_reason(core: RouterC
 
 
 def _serving_lifecycle(repo: Path) -> ModelLifecycle:
-    lifecycle = ModelLifecycle(ModelRegistry(), [str(repo)], ControlMode.EXPLICIT, ["limited"], strict_config=True)
+    lifecycle = ModelLifecycle(ModelRegistry(), [str(repo)],
+                               ModelControlConfig(ControlMode.EXPLICIT, ("limited",), strict_config=True))
     lifecycle.startup()
     for inst in lifecycle.registry.models["limited"].versions[1].instances:  # what its worker's ModelLoaded does
         inst.state, inst.worker = InstanceState.READY, W1
