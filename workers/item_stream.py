@@ -53,6 +53,7 @@ class ItemStream:
         writer: OutputWriter,
         post: Callable[[list[tuple[str, bytes]]], None],
         on_close: Callable[[ItemStream], None],
+        holding: bool = False,
     ) -> None:
         self.batch = msg.batch
         self.index = index
@@ -74,8 +75,8 @@ class ItemStream:
         # Orders one request's responses when several threads send them.
         self._lock = threading.Lock()
         self._closed = False
-        # hold(): what is sent before the batch's result left waits for it (release()).
-        self._holding = False
+        # hold() (or ``holding``): what is sent before the batch's result left waits for it (release()).
+        self._holding = holding
         self._held: list[tuple[str, bytes]] = []
 
     @property
