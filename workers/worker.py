@@ -134,6 +134,8 @@ class Worker:
         more = False  # a drain stopped at its cap: poll without waiting
         # What every turn uses, looked up once (the loop turns once or twice per request).
         beat, mailbox, replies, bls, out = self.systemd.beat, self.mailbox, self.replies, self.bls, router.out
+        watchdog = self.systemd.interval is not None  # no watchdog (the usual case): no beat call per turn
+        posted = mailbox.results.empty  # asked here first: ``take`` is a call per turn for the rare turn with posts
         wake_rx, router_sock, decode, on_message = mailbox.wake_rx, router.sock, m.worker_inbox_decoder.decode, \
             self._on_message
         # The sockets known to hold no message behind a quiet descriptor (``Poller.poll``'s ``quiet``, as in the
@@ -142,13 +144,15 @@ class Worker:
         quiet: list[Any] = []
         try:
             while not self._stopping:
-                beat()
+                if watchdog:
+                    beat()
                 ready = poller.poll(0 if more else router.poll_ms(), quiet)
                 more = False
                 quiet.clear()
                 if wake_rx in ready:
                     mailbox.woken()
-                mailbox.take(out, replies)
+                if not posted():
+                    mailbox.take(out, replies)
                 if bls is not None:
                     sent = bls.flush()
                     if bls.sock in ready:
