@@ -104,16 +104,18 @@ class Outbox:
     def send(self, payload: bytes) -> None:
         self._frames.append(payload)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Send what accumulated as one message (never blocks: the sockets have no high-water mark
-        that could refuse it, or a refused message is dropped because its peer is gone)."""
+        that could refuse it, or a refused message is dropped because its peer is gone). True when it
+        sent (a poll then asks the socket again: ``deploy/runtime/polling.py``)."""
         if not self._frames:
-            return
+            return False
         frames, self._frames = self._frames, []
         try:
             send_frames(self.sock, frames)
         except zmq.Again:
             log.warning("dropped %d descriptor(s): the peer is not taking messages", len(frames))
+        return True
 
 
 class PeerOutbox:

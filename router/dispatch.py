@@ -200,7 +200,8 @@ class Dispatcher:
         direct = 0
         for p in batch:
             waited = now - p.arrival_ns
-            queue.add(waited)
+            queue.count += 1  # ``Duration.add``, inlined: per request
+            queue.ns += waited
             if p.ensemble_stats is not None:
                 p.ensemble_stats.queue.add(waited)
             queued(waited)

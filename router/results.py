@@ -89,7 +89,8 @@ class Results:
             error = item.error or result.error
             took = now - p.arrival_ns
             if error is None:
-                success.add(took)
+                success.count += 1  # ``Duration.add``, inlined: per request
+                success.ns += took
                 succeeded(took)
                 if p.ensemble_stats is not None:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)

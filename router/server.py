@@ -209,8 +209,10 @@ class Router:
         # them since. A send may take in the socket's pending commands (a message's arrival among them), so
         # a socket this turn sent on is asked again; so is one whose drain stopped at its cap.
         quiet: list[Any] = []
+        watchdog = self.systemd.interval is not None  # no watchdog (the usual case): no beat call per turn
         while True:
-            self.systemd.beat()
+            if watchdog:
+                self.systemd.beat()
             if self._stopping:
                 self.shutdown.begin()
                 self.systemd.stopping("draining")

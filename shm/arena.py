@@ -136,7 +136,9 @@ class Arena:
         header = (consumers + ALIGN - 1) // ALIGN * ALIGN
         if len(self._pending) >= self._reclaim_at or self._since_reclaim >= RECLAIM_BYTES:
             self.reclaim()
-        start = self.alloc(header + nbytes)  # looks anyway when the arena is full (a new ``_pending``)
+        start = self._alloc.alloc(header + nbytes)
+        if start is None:  # ``alloc`` looks anyway when the arena is full (a new ``_pending``), or refuses
+            start = self.alloc(header + nbytes)
         self._since_reclaim += header + nbytes
         if consumers == 1:
             self._mmap[start] = OUTSTANDING  # the usual one flag: no bytes object to make

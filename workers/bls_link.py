@@ -118,16 +118,17 @@ class BlsLink:
 
     # --- the main thread -------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Send what the model threads handed over, as one message. (Called every loop turn: ``empty`` asks
-        without the exception an empty ``get_nowait`` raises; this thread alone takes from the queue.)"""
+    def flush(self) -> bool:
+        """Send what the model threads handed over, as one message; True when it sent. (Called every loop
+        turn: ``empty`` asks without the exception an empty ``get_nowait`` raises; this thread alone takes
+        from the queue.)"""
         outbox, out = self._outbox, self._out
         if outbox.empty():
-            return  # nothing handed over, nothing in ``out``: only this method fills it, and flushes it
+            return False  # nothing handed over, nothing in ``out``: only this method fills it, and flushes it
         get = outbox.get_nowait
         while not outbox.empty():
             out.send(get())
-        out.flush()
+        return out.flush()
 
     def drain(self) -> bool:
         """Deliver every reply waiting; True if more may wait."""

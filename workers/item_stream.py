@@ -40,9 +40,9 @@ class ItemStream:
 
     # One per request of every Python batch: slots make it cheaper to build and to read.
     __slots__ = (
-        "_cancel_hooks", "_closed", "_counts", "_direct", "_exec", "_held", "_holding", "_last_ns", "_lock",
+        "_cancel_hooks", "_closed", "_counts", "_direct", "_exec", "_held", "_last_ns", "_lock",
         "_loop_replies", "_noted", "_noted_ns", "_on_close", "_plan", "_post", "_writer", "batch", "cancelled",
-        "index", "item", "key",
+        "holding", "index", "item", "key",
     )
 
     def __init__(
@@ -53,6 +53,7 @@ class ItemStream:
         writer: OutputWriter,
         post: Callable[[list[tuple[str, bytes]]], None],
         on_close: Callable[[ItemStream], None],
+        holding: bool = False,
     ) -> None:
         self.batch = msg.batch
         self.index = index
@@ -74,8 +75,9 @@ class ItemStream:
         # Orders one request's responses when several threads send them.
         self._lock = threading.Lock()
         self._closed = False
-        # hold(): what is sent before the batch's result left waits for it (release()).
-        self._holding = False
+        # hold() (or ``holding``): what is sent before the batch's result left waits for it (release()).
+        # A plain attribute, read once per request by the runner.
+        self.holding = holding
         self._held: list[tuple[str, bytes]] = []
 
     @property
@@ -106,21 +108,17 @@ class ItemStream:
         """Keep what is sent until ``release``: a request of a model that is not decoupled
         may be answered after execute (``AnsweredLater``) by another thread, before the
         batch's ``BatchResult`` (which tells the router to wait for that answer) has left."""
-        self._holding = True
-
-    @property
-    def holding(self) -> bool:
-        return self._holding
+        self.holding = True
 
     def release(self) -> None:
         """The batch's result has been posted: send what was held, and from now on at once."""
         with self._lock:
-            held, self._held, self._holding = self._held, [], False
+            held, self._held, self.holding = self._held, [], False
         if held:
             self._post(held)
 
     def _post_or_hold(self, out: list[tuple[str, bytes]]) -> None:
-        if self._holding:
+        if self.holding:
             self._held.extend(out)
         else:
             self._post(out)
@@ -197,8 +195,9 @@ class ItemStream:
     def close(self) -> None:
         """End it without a word to the router (which has ended it itself)."""
         with self._lock:
-            if not self._closed:
-                self._close()
+            if not self._closed:  # ``_close``, inlined: once per request
+                self._closed = True
+                self._on_close(self)
 
     def _close(self) -> None:
         self._closed = True

@@ -129,22 +129,39 @@ class Worker:
         more = False  # a drain stopped at its cap: poll without waiting
         # What every turn uses, looked up once (the loop turns once or twice per request).
         beat, mailbox, replies, bls, out = self.systemd.beat, self.mailbox, self.replies, self.bls, router.out
+        watchdog = self.systemd.interval is not None  # no watchdog (the usual case): no beat call per turn
+        posted = mailbox.results.empty  # asked here first: ``take`` is a call per turn for the rare turn with posts
         wake_rx, router_sock, decode, on_message = mailbox.pipe.fd, router.sock, m.worker_inbox_decoder.decode, \
             self._on_message
+        # The sockets known to hold no message behind a quiet descriptor (``Poller.poll``'s ``quiet``, as in the
+        # router's loop): the poll found them empty or their drain ended on a question that did, and nothing
+        # was sent on them since (a send may take in the commands that announced a message).
+        quiet: list[Any] = []
         try:
             while not self._stopping:
-                beat()
-                ready = poller.poll(0 if more else router.poll_ms())
+                if watchdog:
+                    beat()
+                ready = poller.poll(0 if more else router.poll_ms(), quiet)
                 more = False
+                quiet.clear()
                 if wake_rx in ready:
                     mailbox.woken()
-                mailbox.take(out, replies)
+                if not posted():
+                    mailbox.take(out, replies)
                 if bls is not None:
-                    bls.flush()
+                    sent = bls.flush()
                     if bls.sock in ready:
-                        more |= bls.drain()
+                        capped = bls.drain()
+                        more |= capped
+                        if not capped:
+                            quiet.append(bls.sock)
+                    elif not sent:
+                        quiet.append(bls.sock)
+                router_quiet = True
                 if router_sock in ready:
-                    more |= drain(router_sock, decode, on_message, "the router")
+                    capped = drain(router_sock, decode, on_message, "the router")
+                    more |= capped
+                    router_quiet = not capped
                 now = time.monotonic()
                 if self._heard:
                     self._heard = False
@@ -155,7 +172,8 @@ class Worker:
                 router.heartbeat(now)
                 # The responses first: they are on the clients' latency path, the router's copy is not.
                 replies.flush()
-                out.flush()
+                if not out.flush() and router_quiet:
+                    quiet.append(router_sock)
         finally:
             set_fatal_exit(None)
             unwake()

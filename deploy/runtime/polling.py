@@ -16,10 +16,11 @@ polls every descriptor without waiting, asks every socket's ``ZMQ_EVENTS``
 again, also those whose descriptor did not fire. Here a socket is asked before
 the wait unless the caller knows it quiet (what a socket holds does not always
 show on its edge-triggered descriptor: a send, or a receive, may take in the
-command that announced a message), and after the wait only where a descriptor
-fired: a socket nothing touched in between cannot have changed. Every
-descriptor is looked at on every call, waiting or not, so a busy socket never
-hides the others or the plain descriptors.
+command that announced a message), and not after the wait: a socket whose
+descriptor fired is answered ready, and the receive that follows takes in its
+commands (a message's arrival among them) as a ZMQ_EVENTS question would have.
+Every descriptor is looked at on every call, waiting or not, so a busy socket
+never hides the others or the plain descriptors.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ class Poller:
         self._items: list[tuple[Any, int]] = []  # for the spin's zmq_poll
         self._sockets: list[zmq.Socket[Any]] = []
         self._by_fd: dict[int, Any] = {}
-        self._socket_fds: set[int] = set()
         self._all = select.poll()  # every descriptor: the wait
         for source in sources:
             self.register(source)
@@ -78,7 +78,6 @@ class Poller:
         if isinstance(source, zmq.Socket):
             fd = cast(int, source.get(_FD))
             self._sockets.append(source)
-            self._socket_fds.add(fd)
         else:
             fd = source if isinstance(source, int) else source.fileno()
         self._by_fd[fd] = source
@@ -86,9 +85,11 @@ class Poller:
 
     def poll(self, timeout_ms: int, quiet: Container[Any] = ()) -> dict[Any, int]:
         """The sources ready to read, as a dict (``in`` asks), waiting up to ``timeout_ms`` (0: not at
-        all; negative: for ever). ``quiet``: sockets the caller knows hold no message behind a quiet
-        descriptor (the last thing done with each was a ZMQ_EVENTS question, or a receive, that found
-        none): they are not asked before the wait; a message that comes later fires their descriptor."""
+        all; negative: for ever). A socket whose descriptor fired may hold no message after all (only
+        other commands came): its first receive raises ``zmq.Again``, as every drain expects. ``quiet``:
+        sockets the caller knows hold no message behind a quiet descriptor (the last thing done with each
+        was a ZMQ_EVENTS question, or a receive, that found none): they are not asked before the wait; a
+        message that comes later fires their descriptor."""
         if self.spin_s and timeout_ms != 0:
             until = time.perf_counter() + self.spin_s
             while True:
@@ -101,23 +102,10 @@ class Poller:
         for sock in self._sockets:
             if sock not in quiet and _getsockopt(sock, _EVENTS) & _POLLIN:
                 ready[sock] = _POLLIN
-        if ready:
-            timeout_ms = 0  # still one look at every descriptor: nothing waits behind a busy socket
-        deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else 0.0
-        by_fd, socket_fds = self._by_fd, self._socket_fds
-        while True:
-            fired = self._all.poll(timeout_ms)
-            for fd, _ in fired:
-                source = by_fd[fd]
-                # A socket's descriptor only says its commands changed: ZMQ_EVENTS says whether a message
-                # waits (and asking re-arms the descriptor).
-                if fd not in socket_fds:
-                    ready[source] = _POLLIN
-                elif source not in ready and _getsockopt(source, _EVENTS) & _POLLIN:
-                    ready[source] = _POLLIN
-            if ready or not fired or timeout_ms == 0:
-                return ready
-            if deadline:  # only commands came (a peer connected, a pipe was activated): wait out the rest
-                timeout_ms = int((deadline - time.monotonic()) * 1000)
-                if timeout_ms <= 0:
-                    return ready
+        by_fd = self._by_fd
+        # A socket's descriptor only says its commands changed, a message's arrival nearly always: such a
+        # socket is answered ready without a ZMQ_EVENTS question (about 1.3 µs), since the drain that follows
+        # takes the commands in with its first receive, which raises ``zmq.Again`` when only commands came.
+        for fd, _ in self._all.poll(0 if ready else timeout_ms):
+            ready[by_fd[fd]] = _POLLIN
+        return ready

@@ -46,7 +46,10 @@ class HeaderTemplates:
         if not 0 < end <= min(MAX_HEADER_BYTES, len(body)):
             return parse_infer_request(body, model, version, header_length)  # with the codec's error, if any
         view = memoryview(body)
-        key = body if end == len(body) and isinstance(body, bytes) else bytes(view[:end])
+        if isinstance(body, bytes):  # the usual body: a slice is one copy, no memoryview of the header made first
+            key = body if end == len(body) else body[:end]
+        else:
+            key = bytes(view[:end])
         template = self._cache.get(key)
         if template is not None and template.body_bytes == view.nbytes:
             return template.request(view, model, version)

@@ -139,7 +139,9 @@ class LatencyMetrics:
         self.summaries: dict[str, Summary] | None = {k: Summary() for k in kinds} if SummaryConfig.enabled else None
 
     def succeeded(self, request_ns: int) -> None:
-        self.request.observe(request_ns)
+        h = self.request  # ``Histogram.observe``, inlined here, in ``queued`` and in ``computed``: per request
+        h.counts[bisect_left(h.bounds_ns, request_ns)] += 1
+        h.sum_ns += request_ns
         if self.summaries is not None:
             request = self.summaries.get("request")
             if request is not None:
@@ -154,12 +156,16 @@ class LatencyMetrics:
                 summary.observe(ns)
 
     def queued(self, queue_ns: int) -> None:
-        self.queue.observe(queue_ns)
+        h = self.queue
+        h.counts[bisect_left(h.bounds_ns, queue_ns)] += 1
+        h.sum_ns += queue_ns
         if self.summaries is not None:
             self.summaries["queue"].observe(queue_ns)
 
     def computed(self, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        self.compute.observe(input_ns + infer_ns + output_ns, requests)
+        h, ns = self.compute, input_ns + infer_ns + output_ns
+        h.counts[bisect_left(h.bounds_ns, ns)] += requests
+        h.sum_ns += ns * requests
         s = self.summaries
         if s is not None:
             for _ in range(requests):

@@ -66,7 +66,7 @@ class DynamicBatcher:
         self.take_expired: Callable[[int], Expired] = queues.take_expired
 
     def __len__(self) -> int:
-        return len(self.queues)
+        return self.queues.size  # asked several times per request: not through ``PriorityQueues.__len__``
 
     @property
     def next_expiry_ns(self) -> int:

@@ -40,12 +40,12 @@ class PriorityQueues:
         self.policy = policy
         self.levels = [LevelQueue(p) for p in policy.levels]
         self.cap = cap  # server-wide safety cap on the total; 0 = none
-        self._size = 0
+        self.size = 0  # queued requests (``DynamicBatcher.__len__`` reads it: one call, not two, per len)
         self._timed = 0  # queued requests that can expire: 0 skips every scan
         self._next_expiry = 0  # no queued request expires before this (a lower bound)
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def push(self, item: Pending) -> None:
         """Queue ``item`` at the level its ``priority`` parameter picks; raises
@@ -56,9 +56,9 @@ class PriorityQueues:
         limit = level.policy.max_queue_size
         if limit and len(level) >= limit:
             raise unavailable(request_prefix(item.request.request_id) + "Exceeds maximum queue size")
-        if self.cap and self._size >= self.cap:
+        if self.cap and self.size >= self.cap:
             raise unavailable(
-                f"Exceeds maximum queue size: {self._size} requests already wait for this model "
+                f"Exceeds maximum queue size: {self.size} requests already wait for this model "
                 "(the server's --max-queue-size)"
             )
         item.level = index
@@ -69,7 +69,7 @@ class PriorityQueues:
             if not expires or timeout < expires:
                 expires = timeout
         level.ready.append(item)
-        self._size += 1
+        self.size += 1
         if expires:
             if not self._timed or expires < self._next_expiry:
                 self._next_expiry = expires
@@ -96,7 +96,7 @@ class PriorityQueues:
         """The first ``count`` requests in service order."""
         ready = self.levels[0].ready
         if len(ready) >= count and not self._timed:  # the common case: one plain FIFO
-            self._size -= count
+            self.size -= count
             return [ready.popleft() for _ in range(count)]
         return [self.pop() for _ in range(count)]
 
@@ -111,7 +111,7 @@ class PriorityQueues:
         return None
 
     def _left(self, item: Pending) -> None:
-        self._size -= 1
+        self.size -= 1
         if self._timed and (item.request.deadline_ns or item.timeout_ns):
             self._timed -= 1
 
@@ -161,7 +161,7 @@ class PriorityQueues:
                 if deadline and (not next_expiry or deadline < next_expiry):
                     next_expiry = deadline
             level.delayed = still
-        self._size -= len(gone)
+        self.size -= len(gone)
         self._timed -= len(gone)
         self._next_expiry = next_expiry
         return gone

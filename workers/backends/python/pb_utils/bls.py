@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
@@ -56,9 +56,9 @@ def executor() -> BlsExecutor:
     return _executor
 
 
-def enter_execute(requests: Sequence[InferenceRequest] | None) -> None:
-    """The calling thread runs ``execute`` for ``requests`` (None: it is done)."""
-    _scope.set(requests)
+# ``enter_execute(requests)``: the calling thread runs ``execute`` for ``requests`` (None: it is done). The
+# context variable's own ``set``, not a function around it: it is called twice per batch.
+enter_execute: Callable[[Sequence[InferenceRequest] | None], object] = _scope.set
 
 
 def current_requests() -> Sequence[InferenceRequest] | None:

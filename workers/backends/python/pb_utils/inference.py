@@ -424,7 +424,7 @@ def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
     parameters when it has some), or its error."""
     if response is None:
         return internal("the model sent no response for this request")
-    error = response.error()
+    error = response._error  # its fields, not its methods: once per request
     if error is not None:
         try:
             status = Status(error.code())
@@ -432,7 +432,7 @@ def response_outcome(response: InferenceResponse | None) -> RequestOutcome:
             status = Status.INTERNAL
         return ConveyorError(status, error.message())
     outputs: dict[str, Any] = ParameterizedOutputs(response._parameters) if response._parameters else {}
-    for tensor in response.output_tensors():
+    for tensor in response._outputs:
         if type(tensor) is Tensor and not tensor._bf16:  # the usual tensor: what the general path reads, directly
             outputs[tensor._name] = tensor._array
             continue
