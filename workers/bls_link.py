@@ -24,9 +24,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 from conveyor.proto import messages as m
+from conveyor.proto.control import (
+    CONTROL_TIMEOUT_S,
+    LOAD_TIMEOUT_S,
+    Args,
+    ModelVersion,
+    RepositoryLoad,
+    RepositoryUnload,
+    SignatureReply,
+)
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.framing import Outbox, drain
 from conveyor.proto.pending_calls import OnReply, OnResponse, PendingCalls
@@ -34,8 +44,6 @@ from conveyor.shm.arena import Arena
 
 log = logging.getLogger(__name__)
 
-# Model loads answer once the model is ready: BLS callers of load_model pass their own.
-CONTROL_TIMEOUT_S = 30.0
 
 
 class BlsLink:
@@ -116,6 +124,23 @@ class BlsLink:
             raise ConveyorError(Status(reply.error.status), reply.error.message)
         return reply.result
 
+    # --- the control ops a model makes: typed by proto/control.py's structs, as the ingress's ---------------
+
+    def signature(self, model: str, version: str = "") -> SignatureReply:
+        reply = self.call("signature", _args(ModelVersion(model, version)))
+        return SignatureReply(int(reply["generation"]), reply["signature"])
+
+    def model_ready(self, model: str, version: str = "", timeout_s: float = CONTROL_TIMEOUT_S) -> bool:
+        return bool(self.call("model_ready", _args(ModelVersion(model, version)), timeout_s))
+
+    def repository_load(self, model: str, config: str = "", files: dict[str, bytes] | None = None,
+                        timeout_s: float = LOAD_TIMEOUT_S) -> None:
+        self.call("repository_load", _args(RepositoryLoad(model, config, files)), timeout_s)
+
+    def repository_unload(self, model: str, unload_dependents: bool = False,
+                          timeout_s: float = CONTROL_TIMEOUT_S) -> None:
+        self.call("repository_unload", _args(RepositoryUnload(model, unload_dependents)), timeout_s)
+
     # --- the main thread -------------------------------------------------------------------
 
     def flush(self) -> bool:
@@ -155,3 +180,7 @@ class BlsLink:
 
     def close(self) -> None:
         self.sock.close(0)
+
+
+def _args(args: Args) -> dict[str, Any]:
+    return msgspec.structs.asdict(args)

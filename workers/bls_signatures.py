@@ -39,12 +39,12 @@ class BlsSignatures:
         return None if old is not None and self._generation == generation else sig
 
     def _fetch(self, model: str, version: str) -> ModelSignature:
-        reply = self._link.call("signature", {"model": model, "version": version})
-        generation = int(reply["generation"])
+        reply = self._link.signature(model, version)
+        generation = reply.generation
         if generation != self._generation:
             self._cache.clear()
             self._generation = generation
         self._link.generation = generation  # until a response says otherwise
-        sig = ModelSignature.from_wire(reply["signature"])
+        sig = ModelSignature.from_wire(reply.signature)
         self._cache[(model, version)] = sig
         return sig

@@ -103,9 +103,17 @@ class BlsClient:
         await asyncio.get_running_loop().run_in_executor(None, iterator.prefetch)
         return iterator
 
-    def control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
+    def model_ready(self, model: str, version: str) -> bool:
         InlineSwitch.refuse_on_main_thread("model-management call")
-        return self.link.call(op, args, timeout_s)
+        return self.link.model_ready(model, version)
+
+    def repository_load(self, model: str, config: str, files: dict[str, bytes] | None) -> None:
+        InlineSwitch.refuse_on_main_thread("model-management call")
+        self.link.repository_load(model, config, files)
+
+    def repository_unload(self, model: str, unload_dependents: bool) -> None:
+        InlineSwitch.refuse_on_main_thread("model-management call")
+        self.link.repository_unload(model, unload_dependents)
 
     # --- descriptors ---------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from conveyor.workers.backends.python.pb_utils.errors import TritonModelException
 
@@ -31,9 +31,12 @@ class BlsExecutor(Protocol):
 
     async def stream_async(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
 
-    def control(self, op: str, args: dict[str, Any], timeout_s: float) -> Any:
-        """A control call to the router (model readiness, load, unload) on the model's behalf."""
-        ...
+    # Control calls to the router on the model's behalf (proto/control.py's ops of those names).
+    def model_ready(self, model: str, version: str) -> bool: ...
+
+    def repository_load(self, model: str, config: str, files: dict[str, bytes] | None) -> None: ...
+
+    def repository_unload(self, model: str, unload_dependents: bool) -> None: ...
 
 
 _executor: BlsExecutor | None = None
