@@ -53,11 +53,13 @@ class RepositoryLoad(Args, frozen=True):
     model: str = ""
     config: str = ""  # a model config (JSON) overriding the repository's
     files: dict[str, bytes] | None = None  # "<version>/<name>" -> contents, with ``config``
+    frontend: bool = False  # Triton's OpenAI frontend's load: refused for a model loaded (lifecycle/calls.py)
 
 
 class RepositoryUnload(Args, frozen=True):
     model: str = ""
     unload_dependents: bool = False  # the ensembles using it too
+    frontend: bool = False  # Triton's OpenAI frontend's unload: refused for a model not loaded
 
 
 class RepositoryRegister(Args, frozen=True):
@@ -114,8 +116,9 @@ def router_ops(r: Router) -> ControlTable:
         # (the repository agent reads the disk: the index and a registration answer once it did)
         "repository_index": Deferred(RepositoryIndex, lambda a, caller: r.lifecycle.request_index(a.ready, caller)),
         "repository_load": Deferred(RepositoryLoad, lambda a, caller: r.placement.load(
-            a.model, a.config, a.files, caller)),
-        "repository_unload": Op(RepositoryUnload, lambda a: r.placement.unload(a.model, a.unload_dependents)),
+            a.model, a.config, a.files, caller, a.frontend)),
+        "repository_unload": Op(RepositoryUnload, lambda a: r.placement.unload(
+            a.model, a.unload_dependents, a.frontend)),
         "repository_register": Deferred(RepositoryRegister, lambda a, caller: r.lifecycle.register(
             a.root, a.mapping, caller)),
         "repository_unregister": Op(RepositoryUnregister, lambda a: r.lifecycle.unregister(a.root)),

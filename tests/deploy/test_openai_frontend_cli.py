@@ -5,10 +5,12 @@ runs unchanged against a real group."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -138,6 +140,12 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
         answer = client.completions.create(model="fake_llm", prompt="one two three", max_tokens=2)
         assert answer.choices[0].text == " one two"
         assert _get(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200  # --enable-kserve-frontends
+        # Triton's frontend's model management needs explicit mode (this is main.py's default, none).
+        refused = urllib.request.Request(f"http://127.0.0.1:{openai_port}/v1/models/fake_llm/unload", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(refused, timeout=10)
+        assert (err.value.code, json.loads(err.value.read())) == (
+            400, {"detail": "Model load/unload requires --model-control-mode=explicit"})
     finally:
         abandon(proc)
     _, err = proc.communicate()

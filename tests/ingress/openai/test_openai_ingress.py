@@ -8,6 +8,7 @@ tests/ingress/openai/test_openai_vllm_e2e.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import openai
 import pytest
 
+from conveyor.deploy.example_repo import identity
 from conveyor.deploy.ports import free_port
 from tests.support import openai_models, text_models
 from tests.support.group import Server, _listening, start_server
@@ -27,6 +29,7 @@ from tests.support.metrics import metrics_text
 MODEL = "fake_llm"
 LIMITED = "fake_llm_limited"  # MAX_WAITING_REQUESTS 1
 SEP = "_lora_"
+OTHER = "identity_fp32"  # a model that is not generative (ONNX)
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +38,14 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, in
     openai_models.build(repo)
     openai_models.build(repo, LIMITED)
     text_models.build(repo)
+    identity(repo, OTHER)
     with open(os.path.join(repo, LIMITED, "config.pbtxt"), "a") as f:
         f.write('parameters { key: "MAX_WAITING_REQUESTS" value: { string_value: "1" } }\n')
     port = free_port()
+    # Explicit mode (every model loaded at start): Triton's frontend's load and unload are allowed.
     srv = start_server(repo, f"oa{os.getpid()}", "--workers", "1", "--openai-port", str(port),
-                       "--openai-address", "127.0.0.1", "--lora-separator", SEP, grpc=False)
+                       "--openai-address", "127.0.0.1", "--lora-separator", SEP, "--model-control-mode", "explicit",
+                       "--load-model", "*", grpc=False)
     deadline = time.monotonic() + 30
     while not _listening(port):
         assert time.monotonic() < deadline, "the OpenAI ingress did not listen"
@@ -56,9 +62,15 @@ def client(group: tuple[Server, int]) -> openai.OpenAI:
 
 def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
+    # Every ready model, as Triton's frontend lists them: one that is not generative too.
     assert ids == [text_models.PLAIN, text_models.STREAMING, MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet",
-                   LIMITED, f"{LIMITED}{SEP}sql", f"{LIMITED}{SEP}poet"]
+                   LIMITED, f"{LIMITED}{SEP}sql", f"{LIMITED}{SEP}poet", OTHER]
     assert client.models.retrieve(f"{MODEL}{SEP}sql").id == f"{MODEL}{SEP}sql"
+    card = client.models.retrieve(OTHER).to_dict()
+    assert (card["id"], card["owned_by"], card["root"], card["parent"]) == (OTHER, "Triton Inference Server", OTHER,
+                                                                            None)
+    with pytest.raises(openai.BadRequestError, match=f"`{OTHER}` is not a text generation model"):
+        client.completions.create(model=OTHER, prompt="a")
 
 
 def test_completion(client: openai.OpenAI) -> None:
@@ -396,3 +408,44 @@ def test_tokenize_detokenize_version_and_health_answer_as_vllms(group: tuple[Ser
     assert status == 200 and re.fullmatch(r"\d+\.\d+\.\d+.*", doc["version"])
     status, r, _ = _call(port, "GET", "/health", headers={"X-Request-Id": "h"})
     assert status == 200 and r.getheader("X-Request-Id") == "h"
+
+
+def _post(port: int, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path)
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, json.loads(data) if r.getheader("Content-Type") == "application/json" else data
+    finally:
+        conn.close()
+
+
+def test_tritons_frontend_loads_and_unloads_models(group: tuple[Server, int], client: openai.OpenAI) -> None:
+    """``POST /v1/models/{name}/load|unload``: Triton's frontend's statuses and words (its FastAPI ``detail``)."""
+    port = group[1]
+    assert _post(port, f"/v1/models/{LIMITED}/load") == (400, {"detail": f"Model '{LIMITED}' is already loaded"})
+    assert _post(port, f"/v1/models/{LIMITED}/unload") == (200, {"status": "success", "model": LIMITED})
+    assert LIMITED not in [m.id for m in client.models.list()]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model=LIMITED, prompt="a", max_tokens=1)  # at once: not from before the unload
+    assert _post(port, f"/v1/models/{LIMITED}/unload") == (400, {"detail": f"Unknown model: {LIMITED}"})
+    status, card = _post(port, f"/v1/models/{LIMITED}/load")
+    assert status == 200 and (card["id"], card["object"], card["owned_by"]) == (LIMITED, "model",
+                                                                                 "Triton Inference Server")
+    assert card["created"] > 0
+    assert client.completions.create(model=LIMITED, prompt="a b", max_tokens=2).choices[0].text == " a b"
+    # A model that is not generative loads and unloads the same; of concurrent loads one loads, as Triton's lock.
+    assert _post(port, f"/v1/models/{OTHER}/unload")[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = sorted(s for s, _ in pool.map(lambda _: _post(port, f"/v1/models/{OTHER}/load"), range(4)))
+    assert codes == [200, 400, 400, 400] and OTHER in [m.id for m in client.models.list()]
+    status, doc = _post(port, "/v1/models/nowhere/load")
+    assert (status, doc) == (500, {"detail": "Failed to load model 'nowhere': failed to load 'nowhere', failed to "
+                                             "poll from model repository"})
+    assert _post(port, "/v1/models/nowhere/unload") == (400, {"detail": "Unknown model: nowhere"})
+    # Triton's test_load_unload_invalid_model_name: path traversal and blank names are its 400, other paths 404.
+    for name, expected in (("..", 400), ("%20%20", 400), ("%0A%09", 400), ("", 404), ("model/", 404),
+                           ("../../etc", 404), ("model/subdir", 404)):
+        for call in ("load", "unload"):
+            assert _post(port, f"/v1/models/{name}/{call}")[0] == expected, (name, call)

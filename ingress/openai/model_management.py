@@ -1,0 +1,82 @@
+"""Triton's OpenAI frontend's model management: ``POST /v1/models/{name}/load`` and
+``POST /v1/models/{name}/unload`` (``--model-control-mode=explicit`` only).
+
+Each is the router's ``repository_load`` / ``repository_unload`` (the KServe ``/v2/repository`` calls),
+asked with Triton's frontend's rules (``router/lifecycle/calls.py``: ``check_frontend_call``): a load of a
+model loaded or loading, an unload of a model not loaded, and a call in another mode are refused. A load
+answers once the model is ready, with its model card; an unload at once, ``{"status": "success", "model"}``.
+A failure is answered as Triton's FastAPI routes answer it, ``{"detail": message}``: 400 for what its
+engine calls a client's error (those refusals, and what the server refuses as an invalid argument, as a
+name with path traversal), with its "Failed to load model '<name>': " before the server's words; 500 for
+the rest (a model the repository does not hold: Triton's "failed to poll from model repository").
+"""
+
+from __future__ import annotations
+
+import falcon
+import falcon.asgi
+import orjson
+
+from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.openai.catalog import Catalog
+from conveyor.ingress.router_link import LOAD_TIMEOUT_S
+from conveyor.proto.errors import ConveyorError, Status
+
+# The router's answers that are Triton's frontend's own refusals, in its words as they are.
+_REFUSALS = (Status.UNSUPPORTED, Status.ALREADY_EXISTS, Status.NOT_FOUND)
+
+
+def _detail(resp: falcon.asgi.Response, status: int, message: str) -> None:
+    resp.status = status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = orjson.dumps({"detail": message})
+
+
+def _route(name: str) -> None:
+    """``/v1/models//load`` is no route of Triton's (its path parameter is never empty): a 404 as any other."""
+    if not name:
+        raise falcon.HTTPNotFound()
+
+
+def _failed(resp: falcon.asgi.Response, what: str, name: str, error: ConveyorError) -> None:
+    if error.status in _REFUSALS:
+        _detail(resp, 400, error.message)
+    else:
+        status = 400 if error.status is Status.INVALID_ARG else 500
+        _detail(resp, status, f"Failed to {what} model '{name}': {error.message}")
+
+
+class LoadModel:
+    def __init__(self, dataplane: DataPlane, catalog: Catalog) -> None:
+        self._dataplane = dataplane
+        self._catalog = catalog
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        _route(name)
+        try:
+            await self._dataplane.link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=name,
+                                               frontend=True)
+        except ConveyorError as exc:
+            _failed(resp, "load", name, exc)
+            return
+        finally:
+            self._dataplane.models.forget(name)
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps((await self._catalog.card(name)).doc())
+
+
+class UnloadModel:
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        _route(name)
+        try:
+            await self._dataplane.link.control("repository_unload", model=name, frontend=True)
+        except ConveyorError as exc:
+            _failed(resp, "unload", name, exc)
+            return
+        finally:
+            self._dataplane.models.forget(name)
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = orjson.dumps({"status": "success", "model": name})
