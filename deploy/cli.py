@@ -60,12 +60,14 @@ from conveyor.deploy.triton_flags import log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
 
 log = logging.getLogger("conveyor.cli")
 OPENAI_FRONTEND = "openai-frontend"
+# Triton's refusal of --load-model '*' beside other names (its ModelRepositoryManager::Create).
+WILDCARD_ALONE = "Wildcard model name '*' must be the ONLY startup model if specified at all."
 
 
 def _limits(args: RequestLimits, forward_pattern: str = "") -> IngressLimits:
@@ -203,6 +205,9 @@ def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, no
         return 1
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
+    if "*" in args.load_model and len(args.load_model) > 1:
+        print(triton_line("creating server", invalid_arg(WILDCARD_ALONE)), file=sys.stderr)
+        return 1
     _fold_triton_aliases(parser, args)
     settings = ServeSettings.of(args)
     _check_serve(parser, settings)

@@ -22,6 +22,7 @@ from conveyor.deploy.openai_frontend import (
     HTTP_DEFAULT_MAX_INPUT_SIZE,
     build_frontend_parser,
     check,
+    frontend_main,
     serve_argv,
 )
 from conveyor.deploy.ports import free_ports
@@ -105,6 +106,15 @@ def test_main_py_refusals_in_its_words(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         build_frontend_parser().parse_args(["--model-repository", "/m", "--http-max-input-size", "0"])
     assert "value must be greater than 0" in capsys.readouterr().err
+
+
+def test_main_py_start_up_refusals_in_tritons_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """What Triton's in-process server refuses at its creation, before any process of the group starts."""
+    args = build_frontend_parser().parse_args(["--model-repository", "/models", "--model-control-mode", "explicit",
+                                               "--load-model", "*", "--load-model", "llm"])
+    assert frontend_main(args, False) == 1
+    assert capsys.readouterr().err == ("error: creating server: Invalid argument - Wildcard model name '*' must be "
+                                       "the ONLY startup model if specified at all.\n")
 
 
 def _get(url: str) -> int:

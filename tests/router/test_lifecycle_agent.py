@@ -143,3 +143,11 @@ def test_the_openai_frontends_calls_need_explicit_mode(repo: Path) -> None:
                      lambda: lifecycle.unload("a", frontend=True)):
             assert _refused(call) == (Status.UNSUPPORTED, "Model load/unload requires --model-control-mode=explicit")
 
+
+def test_a_start_up_model_no_repository_holds_is_named_in_tritons_words(
+        repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for lifecycle in _lifecycle(repo, ControlMode.EXPLICIT, ["nowhere"]):
+        lifecycle.startup()
+        message = "failed to poll model 'nowhere': model not found in any model repository"
+        assert lifecycle.startup_outcome() == message  # --exit-on-error's reason
+        assert f"{message}." in caplog.messages  # and Triton's log line
