@@ -93,8 +93,8 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/models", Models(catalog), ("model-repository", "metadata")),
         ("/v1/models/{name}", Model(catalog), ("model-repository", "metadata")),
         # Triton's OpenAI frontend's model management (model_management.py)
-        ("/v1/models/{name}/load", LoadModel(ctx.dataplane, catalog), ("model-repository",)),
-        ("/v1/models/{name}/unload", UnloadModel(ctx.dataplane), ("model-repository",)),
+        ("/v1/models/{name}/load", LoadModel(ctx.dataplane, catalog, options.max_body_bytes), ("model-repository",)),
+        ("/v1/models/{name}/unload", UnloadModel(ctx.dataplane, options.max_body_bytes), ("model-repository",)),
         ("/v1/completions", Completions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit), ("inference",)),

@@ -18,6 +18,7 @@ import falcon.asgi
 import orjson
 
 from conveyor.ingress.dataplane import DataPlane
+from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S
 from conveyor.proto.errors import ConveyorError, Status
@@ -47,12 +48,14 @@ def _failed(resp: falcon.asgi.Response, what: str, name: str, error: ConveyorErr
 
 
 class LoadModel:
-    def __init__(self, dataplane: DataPlane, catalog: Catalog) -> None:
+    def __init__(self, dataplane: DataPlane, catalog: Catalog, max_body_bytes: int) -> None:
         self._dataplane = dataplane
         self._catalog = catalog
+        self._max_body_bytes = max_body_bytes
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         _route(name)
+        await read_body(req, resp, self._max_body_bytes)  # none is taken; one over the limit is a 413, as Triton's
         try:
             await self._dataplane.link.control("repository_load", timeout_s=LOAD_TIMEOUT_S, model=name,
                                                frontend=True)
@@ -66,11 +69,13 @@ class LoadModel:
 
 
 class UnloadModel:
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
         self._dataplane = dataplane
+        self._max_body_bytes = max_body_bytes
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         _route(name)
+        await read_body(req, resp, self._max_body_bytes)
         try:
             await self._dataplane.link.control("repository_unload", model=name, frontend=True)
         except ConveyorError as exc:

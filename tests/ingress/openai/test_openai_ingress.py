@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,7 @@ MODEL = "fake_llm"
 LIMITED = "fake_llm_limited"  # MAX_WAITING_REQUESTS 1
 SEP = "_lora_"
 OTHER = "identity_fp32"  # a model that is not generative (ONNX)
+LIMIT_BYTES = 1 << 20  # the group's --http-max-input-size
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, in
     # Explicit mode (every model loaded at start): Triton's frontend's load and unload are allowed.
     srv = start_server(repo, f"oa{os.getpid()}", "--workers", "1", "--openai-port", str(port),
                        "--openai-address", "127.0.0.1", "--lora-separator", SEP, "--model-control-mode", "explicit",
-                       "--load-model", "*", grpc=False)
+                       "--load-model", "*", "--http-max-input-size", str(LIMIT_BYTES), grpc=False)
     deadline = time.monotonic() + 30
     while not _listening(port):
         assert time.monotonic() < deadline, "the OpenAI ingress did not listen"
@@ -449,3 +451,32 @@ def test_tritons_frontend_loads_and_unloads_models(group: tuple[Server, int], cl
                            ("../../etc", 404), ("model/subdir", 404)):
         for call in ("load", "unload"):
             assert _post(port, f"/v1/models/{name}/{call}")[0] == expected, (name, call)
+
+
+def _too_large(port: int, path: str, head: bytes, body: bytes) -> tuple[int, Any]:
+    """Send the whole request, as an HTTP client does, then read the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: t\r\n%s\r\n" % (path.encode(), head) + body)
+        reply = b""
+        while chunk := sock.recv(1 << 16):
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_body_over_the_limit_is_tritons_413_and_the_client_reads_it(group: tuple[Server, int]) -> None:
+    """Triton's frontend's 413 ``content_too_large`` on every POST route, for a Content-Length over the limit
+    (refused before a byte is read) and a chunked body crossing it; the client, still sending when refused,
+    gets to read it: 32 MiB is past what the sockets' buffers hold, and a connection closed with them
+    unread is reset."""
+    port, over = group[1], 32 << 20
+    message = (f"Request size of {{}} bytes exceeds the maximum allowed input size of {LIMIT_BYTES} bytes. Use "
+               "--http-max-input-size to increase the limit.")
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", f"/v1/models/{OTHER}/load"):
+        status, doc = _too_large(port, path, b"Content-Length: %d\r\n" % over, b"x" * over)
+        assert (status, doc) == (413, {"error": {"message": message.format(over), "type": "invalid_request_error",
+                                                 "code": "content_too_large"}}), path
+        chunks = b"%x\r\n%s\r\n1\r\nx\r\n0\r\n\r\n" % (LIMIT_BYTES, b"x" * LIMIT_BYTES)
+        status, doc = _too_large(port, path, b"Transfer-Encoding: chunked\r\n", chunks)
+        assert (status, doc["error"]["code"]) == (413, "content_too_large"), path
+        assert doc["error"]["message"] == message.format(LIMIT_BYTES + 1), path
