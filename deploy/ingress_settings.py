@@ -10,6 +10,7 @@ from conveyor.deploy.flag_types import (
     RestrictedGroup,
     restricted_group,
     restricted_text,
+    tool_parser,
     triton_bool,
     triton_bool_int,
 )
@@ -236,3 +237,7 @@ class OpenAiDefaults(Settings):
     default_max_tokens: int = setting(
         ("--default-max-tokens",), "max_tokens of a request that sets none (default 16, as Triton's OpenAI "
         "frontend)", kind=int, default=16, section=OPENAI_SECTION)
+    tool_call_parser: str = setting(
+        ("--tool-call-parser",), "the tool-call parser of a model whose config names none in its TOOL_CALL_PARSER "
+        "parameter (Triton's OpenAI frontend's flag; vLLM's parser names, and Triton's llama3; default: none)",
+        kind=tool_parser, default="", metavar="NAME", section=OPENAI_SECTION)

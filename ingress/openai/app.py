@@ -42,6 +42,7 @@ class OpenAiOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # category -> the header it needs (--openai-restricted-api with --http-restricted-api: ingress/restricted.py)
     restricted: dict[str, Restriction] = field(default_factory=dict)
+    tool_call_parser: str = ""  # a model's parser when its config names none (--tool-call-parser); "": none
 
 
 class Models:
@@ -83,7 +84,7 @@ class Version:
 
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
-    catalog = Catalog(ctx.dataplane, options.lora_separator)
+    catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser)
     json_limit = ctx.dataplane.limits.max_json_bytes
     endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens)
     # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own

@@ -104,9 +104,10 @@ def model_not_found(name: str) -> ConveyorError:
 
 
 class Catalog:
-    def __init__(self, dataplane: DataPlane, lora_separator: str = "") -> None:
+    def __init__(self, dataplane: DataPlane, lora_separator: str = "", tool_call_parser: str = "") -> None:
         self._dataplane = dataplane
         self._separator = lora_separator
+        self._tool_call_parser = tool_call_parser  # --tool-call-parser: a model's when its config names none
         self._models: dict[str, LlmModel] = {}
         self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
         self._tokenizers: dict[str, asyncio.Task[Tokenizer | None]] = {}  # the same
@@ -167,7 +168,7 @@ class Catalog:
         reply = await self._dataplane.link.control("model_directory", model=name)
         config = await self._dataplane.link.control("model_config", model=name)
         model = _read_model(name, sig, contract, str(reply["path"]))
-        model.tool_parser = _parameter(config, PARSER_PARAMETER)
+        model.tool_parser = _parameter(config, PARSER_PARAMETER) or self._tool_call_parser
         model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
                                                {k: _parameter(config, k) for k in PARAMETERS})
         model.runtime_lora = _parameter(config, RUNTIME_PARAMETER).lower() in ("true", "1", "on")

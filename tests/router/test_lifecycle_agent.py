@@ -137,11 +137,11 @@ def test_the_openai_frontends_calls_load_what_is_not_loaded_and_unload_what_is(e
 
 
 def test_the_openai_frontends_calls_need_explicit_mode(repo: Path) -> None:
-    for lifecycle in _lifecycle(repo, ControlMode.NONE):
-        lifecycle.startup()
-        for call in (lambda: lifecycle.load("a", "caller", frontend=True),
-                     lambda: lifecycle.unload("a", frontend=True)):
-            assert _refused(call) == (Status.UNSUPPORTED, "Model load/unload requires --model-control-mode=explicit")
+    for none in _lifecycle(repo, ControlMode.NONE):
+        none.startup()
+        refusal = (Status.UNSUPPORTED, "Model load/unload requires --model-control-mode=explicit")
+        assert _refused(lambda: none.load("a", "caller", frontend=True)) == refusal  # noqa: B023 (called at once)
+        assert _refused(lambda: none.unload("a", frontend=True)) == refusal  # noqa: B023
 
 
 def test_a_start_up_model_no_repository_holds_is_named_in_tritons_words(
