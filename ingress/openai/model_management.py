@@ -25,6 +25,9 @@ from conveyor.proto.errors import ConveyorError, Status
 
 # The router's answers that are Triton's frontend's own refusals, in its words as they are.
 _REFUSALS = (Status.UNSUPPORTED, Status.ALREADY_EXISTS, Status.NOT_FOUND)
+# Client errors besides (400): what the server refuses as an invalid argument, and a load cancelled by an
+# unload of the same model (Triton's frontend, whose lock lets the load finish first, never meets this).
+_CLIENT_ERRORS = (Status.INVALID_ARG, Status.CANCELLED)
 
 
 def _detail(resp: falcon.asgi.Response, status: int, message: str) -> None:
@@ -43,7 +46,7 @@ def _failed(resp: falcon.asgi.Response, what: str, name: str, error: ConveyorErr
     if error.status in _REFUSALS:
         _detail(resp, 400, error.message)
     else:
-        status = 400 if error.status is Status.INVALID_ARG else 500
+        status = 400 if error.status in _CLIENT_ERRORS else 500
         _detail(resp, status, f"Failed to {what} model '{name}': {error.message}")
 
 
