@@ -69,13 +69,14 @@ class HttpEdge(Settings):
     ACTORS = _INGRESS
     http_max_body_bytes: int = setting(
         ("--http-max-body-bytes",), "largest HTTP request body, after decompression (a body that is all JSON: "
-        f"--max-json-bytes too) (default {DEFAULT_MAX_BODY_BYTES})",
+        f"--max-json-bytes too); more is 400, 413 on the OpenAI port (default {DEFAULT_MAX_BODY_BYTES})",
         kind=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES")
     # Folded into the two limits it stands for as it is parsed (options.fold_http_max_input_size): nothing
     # left to pass on.
     http_max_input_size: int | None = setting(
         ("--http-max-input-size",), "Triton's flag: the largest HTTP request JSON and request body (decompressed "
-        "included); more is refused with 400. Sets --max-json-bytes and --http-max-body-bytes, each where left "
+        "included); more is refused with 400 (413 on the OpenAI port, as Triton's frontend). Sets --max-json-bytes "
+        "and --http-max-body-bytes, each where left "
         f"at its default (unset: those two, {DEFAULT_MAX_JSON_BYTES} and {DEFAULT_MAX_BODY_BYTES})",
         kind=int, metavar="BYTES", triton=True)
     # What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each).
