@@ -13,13 +13,15 @@ the rest (a model the repository does not hold: Triton's "failed to poll from mo
 
 from __future__ import annotations
 
+import time
+
 import falcon
 import falcon.asgi
 import orjson
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import read_body
-from conveyor.ingress.openai.catalog import Catalog
+from conveyor.ingress.openai.catalog import Card, Catalog
 from conveyor.ingress.router_link import LOAD_TIMEOUT_S
 from conveyor.proto.errors import ConveyorError, Status
 
@@ -67,8 +69,12 @@ class LoadModel:
             return
         finally:
             self._dataplane.models.forget(name)
+        try:
+            card = await self._catalog.card(name)
+        except ConveyorError:  # unloaded again meanwhile (a concurrent unload): the card of the load done
+            card = Card(name, int(time.time()), name)
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = orjson.dumps((await self._catalog.card(name)).doc())
+        resp.data = orjson.dumps(card.doc())
 
 
 class UnloadModel:

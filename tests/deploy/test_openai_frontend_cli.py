@@ -159,13 +159,13 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
         # --tool-call-parser llama3: the parser of a model whose config names none ("auto" is refused without).
         tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         hi: Any = [{"role": "user", "content": "hi"}]
-        answer = client.chat.completions.create(model=text_models.STREAMING, messages=hi, tools=tools, max_tokens=2)
-        assert answer.choices[0].message.tool_calls is None  # the model's text holds no call: an answer in text
+        chat = client.chat.completions.create(model=text_models.STREAMING, messages=hi, tools=tools, max_tokens=2)
+        assert chat.choices[0].message.tool_calls is None  # the model's text holds no call: an answer in text
         # Triton's frontend's model management needs explicit mode (this is main.py's default, none).
         refused = urllib.request.Request(f"http://127.0.0.1:{openai_port}/v1/models/fake_llm/unload", method="POST")
-        with pytest.raises(urllib.error.HTTPError) as err:
+        with pytest.raises(urllib.error.HTTPError) as http_error:
             urllib.request.urlopen(refused, timeout=10)
-        assert (err.value.code, json.loads(err.value.read())) == (
+        assert (http_error.value.code, json.loads(http_error.value.read())) == (
             400, {"detail": "Model load/unload requires --model-control-mode=explicit"})
     finally:
         abandon(proc)

@@ -12,7 +12,7 @@ import falcon.testing
 from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.openai.errors import render_error
 from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import ConveyorError, Status, not_found
 from tests.support.fake_http import FakeLink
 
 
@@ -45,8 +45,14 @@ def test_a_client_mistake_has_no_retry_after() -> None:
 
 def _management(answer: object, call: str = "load") -> falcon.testing.Result:
     """``POST /v1/models/m/<call>`` with the router's ``answer`` (a result, or an error it raises)."""
-    link = FakeLink({"repository_load": answer, "repository_unload": answer})
-    dataplane: Any = SimpleNamespace(link=link, models=SimpleNamespace(forget=lambda name: None))
+    link = FakeLink({"repository_load": answer, "repository_unload": answer, "lora_adapters": {"adapters": {},
+                                                                                               "generation": 0}})
+
+    async def gone(model: str, version: str) -> None:
+        raise not_found(f"Request for unknown model: '{model}' is not found")  # unloaded again at once
+
+    models = SimpleNamespace(forget=lambda name: None, get=gone, generation=0)
+    dataplane: Any = SimpleNamespace(link=link, models=models)
     app = falcon.asgi.App()
     app.add_error_handler(Exception, render_error)
     app.add_route("/v1/models/{name}/load", LoadModel(dataplane, Catalog(dataplane), 1 << 20))
@@ -71,3 +77,7 @@ def test_model_management_answers_as_tritons_fastapi_routes() -> None:
     r = _management(ConveyorError(Status.NOT_FOUND, "Unknown model: m"), "unload")
     assert (r.status_code, r.json) == (400, {"detail": "Unknown model: m"})
     assert _management(None, "unload").json == {"status": "success", "model": "m"}
+    # A load done, then an unload of the model before its card is read (Triton's stress test): the load's card.
+    r = _management(None)
+    assert r.status_code == 200 and (r.json["id"], r.json["object"], r.json["owned_by"]) == (
+        "m", "model", "Triton Inference Server")
