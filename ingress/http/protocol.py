@@ -126,7 +126,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         cycle = self.cycle
         # (``fast_protocol.py``'s cycles have no ``more_body``: they close as before.)
         if (self._linger_left is not None or cycle is None or not getattr(cycle, "more_body", False)
-                or not cycle.response_complete):
+                or not cycle.response_complete or not self.transport.can_write_eof()):  # TLS: no half-close
             return False
         self._linger_left = LINGER_BYTES
         self.edge.waiting.pop(self, None)
