@@ -238,6 +238,10 @@ class OpenAiDefaults(Settings):
     default_max_tokens: int = setting(
         ("--default-max-tokens",), "max_tokens of a request that sets none (default 16, as Triton's OpenAI "
         "frontend)", kind=int, default=16, section=OPENAI_SECTION)
+    tokenizer: str = setting(
+        ("--tokenizer",), "the tokenizer folder (Hugging Face files, and its chat template) of a model that names "
+        "none (Triton's OpenAI frontend's flag, a folder here: no download; default: none)", default="",
+        metavar="FOLDER", section=OPENAI_SECTION)
     tool_call_parser: str = setting(
         ("--tool-call-parser",), "the tool-call parser of a model whose config names none in its TOOL_CALL_PARSER "
         "parameter (Triton's OpenAI frontend's flag; vLLM's parser names, and Triton's llama3; default: none)",

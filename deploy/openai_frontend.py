@@ -78,8 +78,6 @@ class FrontendFlag:
         object.__setattr__(self, "dest", self.flag.lstrip("-").replace("-", "_"))
 
 
-_TOKENIZER = ("each model's tokenizer (and its chat template) is the one its engine reads: the folder its "
-              "model.json names in 'tokenizer' or 'model', or the model's own folder")
 _BACKEND = ("each model's request format is read from its config.pbtxt (its backend, inputs and outputs): "
             "vLLM and Python models are told apart without an override")
 _CHAT_TEMPLATE = ("each model's chat template is its tokenizer's (chat_template.jinja or tokenizer_config.json "
@@ -96,7 +94,7 @@ FRONTEND_FLAGS: tuple[FrontendFlag, ...] = (
         _same("--model-repository")),
     FrontendFlag("--tokenizer", _GROUP_TRITON, dict(
         type=str, default=None, help="HuggingFace ID or local folder path of the Tokenizer to use for chat "
-        "templates"), unused=_TOKENIZER),
+        "templates"), _same("--tokenizer")),
     FrontendFlag("--backend", _GROUP_TRITON, dict(
         type=str, default=None, choices=["vllm", "tensorrtllm"],
         help="Manual override of Triton backend request format (inputs/output names) to use for inference"),

@@ -43,6 +43,7 @@ class OpenAiOptions:
     # category -> the header it needs (--openai-restricted-api with --http-restricted-api: ingress/restricted.py)
     restricted: dict[str, Restriction] = field(default_factory=dict)
     tool_call_parser: str = ""  # a model's parser when its config names none (--tool-call-parser); "": none
+    tokenizer: str = ""  # a model's tokenizer folder when it names none (--tokenizer); "": none
 
 
 class Models:
@@ -84,7 +85,7 @@ class Version:
 
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
-    catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser)
+    catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser, options.tokenizer)
     json_limit = ctx.dataplane.limits.max_json_bytes
     endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens)
     # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own

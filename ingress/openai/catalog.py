@@ -104,10 +104,12 @@ def model_not_found(name: str) -> ConveyorError:
 
 
 class Catalog:
-    def __init__(self, dataplane: DataPlane, lora_separator: str = "", tool_call_parser: str = "") -> None:
+    def __init__(self, dataplane: DataPlane, lora_separator: str = "", tool_call_parser: str = "",
+                 tokenizer: str = "") -> None:
         self._dataplane = dataplane
         self._separator = lora_separator
         self._tool_call_parser = tool_call_parser  # --tool-call-parser: a model's when its config names none
+        self._tokenizer = tokenizer or None  # --tokenizer: the tokenizer folder of a model that names none
         self._models: dict[str, LlmModel] = {}
         self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
         self._tokenizers: dict[str, asyncio.Task[Tokenizer | None]] = {}  # the same
@@ -170,7 +172,7 @@ class Catalog:
         model = _read_model(name, sig, contract, str(reply["path"]))
         model.tool_parser = _parameter(config, PARSER_PARAMETER) or self._tool_call_parser
         model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
-                                               {k: _parameter(config, k) for k in PARAMETERS})
+                                               {k: _parameter(config, k) for k in PARAMETERS}) or self._tokenizer
         model.runtime_lora = _parameter(config, RUNTIME_PARAMETER).lower() in ("true", "1", "on")
         model.max_migrations = _max_migrations(config, sig)
         model.steps = config.get("backend") == "vllm"

@@ -71,6 +71,7 @@ def test_every_flag_of_main_py_is_taken_in_its_order() -> None:
 def test_each_flag_becomes_the_setting_that_does_the_same() -> None:
     settings, notes = _serve(_command_line())
     assert settings.model_repository == ["/models"]
+    assert settings.tokenizer == "meta-llama/Meta-Llama-3.1-8B-Instruct"
     assert settings.lora_separator == "_lora_" and settings.default_max_tokens == 32
     assert settings.tool_call_parser == "llama3_json"  # Triton's name for vLLM's parser
     assert settings.log_verbose == 1
@@ -86,7 +87,7 @@ def test_each_flag_becomes_the_setting_that_does_the_same() -> None:
     assert settings.allow_metrics is False
     # Each flag with no work to do here is named once, with its reason.
     named = [note.split("=")[0] for note in notes]
-    assert named == ["--tokenizer", "--backend", "--max-tool-call-parse-bytes",
+    assert named == ["--backend", "--max-tool-call-parse-bytes",
                      "--chat-template", "--uvicorn-log-level"]
     assert all("accepted, not used by Conveyor because" in note for note in notes)
 
@@ -134,11 +135,13 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
     """conftest.py's ``server`` fixture: main.py's flags, the KServe frontends on; its OpenAI client works."""
     repo = os.path.join(str(tmp_path), "models")
     openai_models.build(repo)
-    text_models.build(repo)  # models whose configs name no tool-call parser
+    text_models.build(repo)  # models whose configs name no tool-call parser; PLAIN names no tokenizer either
+    # conftest.py's tokenizer is $TEST_TOKENIZER (a Hugging Face id by default; a folder here: no download)
+    tokenizer = os.path.join(repo, text_models.STREAMING, "tokenizer")
     openai_port, http_port, grpc_port = free_ports(3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.deploy.cli", "openai-frontend", "--model-repository", repo,
-         "--tokenizer", "meta-llama/Meta-Llama-3.1-8B-Instruct", "--backend", "vllm", "--tool-call-parser",
+         "--tokenizer", tokenizer, "--backend", "vllm", "--tool-call-parser",
          "llama3", "--enable-kserve-frontends", "--host", "127.0.0.1", "--openai-port", str(openai_port),
          "--kserve-http-port", str(http_port), "--kserve-grpc-port", str(grpc_port)],
         stderr=subprocess.PIPE, text=True)
@@ -161,6 +164,12 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
         hi: Any = [{"role": "user", "content": "hi"}]
         chat = client.chat.completions.create(model=text_models.STREAMING, messages=hi, tools=tools, max_tokens=2)
         assert chat.choices[0].message.tool_calls is None  # the model's text holds no call: an answer in text
+        # --tokenizer: the tokenizer of a model that names none (PLAIN: without, /tokenize is a 400).
+        body = json.dumps({"model": text_models.PLAIN, "prompt": "hello world"}).encode()
+        tokenize = urllib.request.Request(f"http://127.0.0.1:{openai_port}/tokenize", method="POST", data=body,
+                                          headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(tokenize, timeout=10) as r:
+            assert json.loads(r.read())["tokens"] == [1, 5, 6]
         # Triton's frontend's model management needs explicit mode (this is main.py's default, none).
         refused = urllib.request.Request(f"http://127.0.0.1:{openai_port}/v1/models/fake_llm/unload", method="POST")
         with pytest.raises(urllib.error.HTTPError) as http_error:
