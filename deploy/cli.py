@@ -60,12 +60,14 @@ from conveyor.deploy.triton_flags import log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
 
 log = logging.getLogger("conveyor.cli")
 OPENAI_FRONTEND = "openai-frontend"
+# Triton's refusal of --load-model '*' beside other names (its ModelRepositoryManager::Create).
+WILDCARD_ALONE = "Wildcard model name '*' must be the ONLY startup model if specified at all."
 
 
 def _limits(args: RequestLimits, forward_pattern: str = "") -> IngressLimits:
@@ -203,6 +205,9 @@ def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, no
         return 1
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
+    if "*" in args.load_model and len(args.load_model) > 1:
+        print(triton_line("creating server", invalid_arg(WILDCARD_ALONE)), file=sys.stderr)
+        return 1
     _fold_triton_aliases(parser, args)
     settings = ServeSettings.of(args)
     _check_serve(parser, settings)
@@ -278,13 +283,15 @@ def _cloud_ingress(args: CloudIngressSettings, router: str) -> None:
 def _openai_ingress(args: OpenAiIngressSettings, router: str) -> None:
     from conveyor.ingress.http.server import serve as serve_http
     from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
+    from conveyor.ingress.openai.errors import body_refusal
 
     openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes,
-                           openai_rules(args))
+                           openai_rules(args), args.tool_call_parser, args.tokenizer)
     serve_http(router, args.group or DEFAULT_GROUP, args.openai_address or args.http_address, args.openai_port,
                arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes, limits=_limits(args),
-               app_factory=lambda ctx: build_openai_app(ctx, openai), edge=http_edge(args))
+               app_factory=lambda ctx: build_openai_app(ctx, openai), edge=http_edge(args),
+               body_refusal=body_refusal)
 
 
 def _http_ingress(args: HttpIngressSettings, router: str) -> None:

@@ -122,6 +122,18 @@ class OpenAiRestrictedGroup(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), group])
 
 
+def tool_parser(text: str) -> str:
+    """``--tool-call-parser``: one of the OpenAI endpoint's tool-call parsers (vLLM's names, and Triton's
+    frontend's ``llama3`` for ``llama3_json``). Imported only when the flag is given."""
+    from conveyor.ingress.openai.tools import PARSERS, TRITON_PARSERS
+
+    name = TRITON_PARSERS.get(text, text)
+    if name and name not in PARSERS:  # "": none (argparse passes the default through too)
+        raise argparse.ArgumentTypeError(f"'{text}' is not a tool-call parser: {', '.join(sorted(PARSERS))} "
+                                         f"(or {', '.join(TRITON_PARSERS)})")
+    return name
+
+
 def port_range(text: str) -> tuple[int, int]:
     low, sep, high = text.partition("-")
     try:

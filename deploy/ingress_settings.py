@@ -10,6 +10,7 @@ from conveyor.deploy.flag_types import (
     RestrictedGroup,
     restricted_group,
     restricted_text,
+    tool_parser,
     triton_bool,
     triton_bool_int,
 )
@@ -68,13 +69,14 @@ class HttpEdge(Settings):
     ACTORS = _INGRESS
     http_max_body_bytes: int = setting(
         ("--http-max-body-bytes",), "largest HTTP request body, after decompression (a body that is all JSON: "
-        f"--max-json-bytes too) (default {DEFAULT_MAX_BODY_BYTES})",
+        f"--max-json-bytes too); more is 400, 413 on the OpenAI port (default {DEFAULT_MAX_BODY_BYTES})",
         kind=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES")
     # Folded into the two limits it stands for as it is parsed (options.fold_http_max_input_size): nothing
     # left to pass on.
     http_max_input_size: int | None = setting(
         ("--http-max-input-size",), "Triton's flag: the largest HTTP request JSON and request body (decompressed "
-        "included); more is refused with 400. Sets --max-json-bytes and --http-max-body-bytes, each where left "
+        "included); more is refused with 400 (413 on the OpenAI port, as Triton's frontend). Sets --max-json-bytes "
+        "and --http-max-body-bytes, each where left "
         f"at its default (unset: those two, {DEFAULT_MAX_JSON_BYTES} and {DEFAULT_MAX_BODY_BYTES})",
         kind=int, metavar="BYTES", triton=True)
     # What one HTTP client may hold of an ingress process (ingress/http/edge.py says why each).
@@ -236,3 +238,11 @@ class OpenAiDefaults(Settings):
     default_max_tokens: int = setting(
         ("--default-max-tokens",), "max_tokens of a request that sets none (default 16, as Triton's OpenAI "
         "frontend)", kind=int, default=16, section=OPENAI_SECTION)
+    tokenizer: str = setting(
+        ("--tokenizer",), "the tokenizer folder (Hugging Face files, and its chat template) of a model that names "
+        "none (Triton's OpenAI frontend's flag, a folder here: no download; default: none)", default="",
+        metavar="FOLDER", section=OPENAI_SECTION)
+    tool_call_parser: str = setting(
+        ("--tool-call-parser",), "the tool-call parser of a model whose config names none in its TOOL_CALL_PARSER "
+        "parameter (Triton's OpenAI frontend's flag; vLLM's parser names, and Triton's llama3; default: none)",
+        kind=tool_parser, default="", metavar="NAME", section=OPENAI_SECTION)

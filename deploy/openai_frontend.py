@@ -78,12 +78,8 @@ class FrontendFlag:
         object.__setattr__(self, "dest", self.flag.lstrip("-").replace("-", "_"))
 
 
-_TOKENIZER = ("each model's tokenizer (and its chat template) is the one its engine reads: the folder its "
-              "model.json names in 'tokenizer' or 'model', or the model's own folder")
 _BACKEND = ("each model's request format is read from its config.pbtxt (its backend, inputs and outputs): "
             "vLLM and Python models are told apart without an override")
-_PARSER = ("the tool-call parser is each model's TOOL_CALL_PARSER parameter in its config.pbtxt (vLLM's "
-           "parser names: llama3_json, mistral, hermes, ...)")
 _CHAT_TEMPLATE = ("each model's chat template is its tokenizer's (chat_template.jinja or tokenizer_config.json "
                   "in its tokenizer folder): put the template there")
 _PARSE_BYTES = ("a streamed answer's tool-call text is bounded by the request's max_tokens and the model's "
@@ -98,7 +94,7 @@ FRONTEND_FLAGS: tuple[FrontendFlag, ...] = (
         _same("--model-repository")),
     FrontendFlag("--tokenizer", _GROUP_TRITON, dict(
         type=str, default=None, help="HuggingFace ID or local folder path of the Tokenizer to use for chat "
-        "templates"), unused=_TOKENIZER),
+        "templates"), _same("--tokenizer")),
     FrontendFlag("--backend", _GROUP_TRITON, dict(
         type=str, default=None, choices=["vllm", "tensorrtllm"],
         help="Manual override of Triton backend request format (inputs/output names) to use for inference"),
@@ -112,7 +108,7 @@ FRONTEND_FLAGS: tuple[FrontendFlag, ...] = (
         type=str, default="0.0.0.0", help="Address/host of frontends (default: '0.0.0.0')"), _host),
     FrontendFlag("--tool-call-parser", _GROUP_TRITON, dict(
         type=str, default=None, help="Specify the parser for handling tool calling related response text. "
-        "Options include: 'llama3' and 'mistral'."), unused=_PARSER),
+        "Options include: 'llama3' and 'mistral'."), _same("--tool-call-parser")),
     FrontendFlag("--max-tool-call-parse-bytes", _GROUP_TRITON, dict(
         type=int, default=DEFAULT_MAX_TOOL_CALL_PARSE_BYTES, help="Maximum accumulated output (in bytes) that "
         "the streaming tool-call parser will process per request. "

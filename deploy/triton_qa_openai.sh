@@ -15,6 +15,9 @@
 # The vLLM models the tests download (meta-llama/Meta-Llama-3.1-8B-Instruct, mistral-nemo, all-MiniLM)
 # are stood in for by the tiny Llama of tests/support/tiny_llama.py, written into each model.json (and
 # TEST_TOKENIZER); the tests then see a model of the same name with a tiny vocabulary.
+# The async tests share one event loop per file (pytest-asyncio's asyncio_default_test_loop_scope): their
+# class-scoped AsyncOpenAI clients keep connections of the loop they were made in, which pytest-asyncio 1.x
+# closes after each test by default ("Event loop is closed"; Triton pins pytest-asyncio 0.23 and openai 1.x).
 # Everything runs in a network namespace of its own (`unshare -rn`): the fixture's fixed ports
 # (9000, 8000, 8001) disturb nothing else on the host.
 #
@@ -68,6 +71,8 @@ for model_json in Path(sys.argv[2]).glob("vllm*/*/1/model.json"):
     args.update(model=str(tiny.model_dir), enforce_eager=True, dtype="float32", max_model_len=256,
                 max_num_seqs=16, kv_cache_memory_bytes=64 << 20)
     args.pop("gpu_memory_utilization", None)
+    if model_json.parts[-4] == "vllm_embedding_models":
+        args["runner"] = "pooling"  # all-MiniLM is an embedding model: the tiny Llama pools in its place
     model_json.write_text(json.dumps(args, indent=2))
 print(tiny.model_dir)
 EOF
@@ -81,7 +86,8 @@ for f in "${FILES[@]}"; do
     name=${f%.py}
     echo "=== $f"
     (cd "$WORK/openai" && unshare -rn bash -c 'ip link set lo up 2>/dev/null || true; exec "$@"' _ \
-        "$PY" -m pytest -p no:cacheprovider -q "tests/$f" --junitxml="$WORK/logs/$name.xml" \
+        "$PY" -m pytest -p no:cacheprovider -q -o asyncio_default_test_loop_scope=module "tests/$f" \
+        --junitxml="$WORK/logs/$name.xml" \
         >"$WORK/logs/$name.log" 2>&1) || status=1
     tail -1 "$WORK/logs/$name.log"
 done

@@ -45,6 +45,12 @@ class ModelSignatureCache:
         """The router's repository generation the cache holds (-1: none seen yet)."""
         return self._generation
 
+    def forget(self, model: str) -> None:
+        """Drop what is kept of ``model``: this ingress had it loaded or unloaded, and its next request must
+        not be answered from before (the router's announcement of the change may come after its answer)."""
+        for key in [key for key in self._cache if key[0] == model]:
+            del self._cache[key]
+
     def observe_generation(self, generation: int) -> None:
         """Drop everything when the router's repository has changed."""
         if generation != self._generation:

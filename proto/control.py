@@ -61,11 +61,13 @@ class RepositoryLoad(Args, frozen=True):
     model: str = ""
     config: str = ""  # a model config (JSON) overriding the repository's
     files: dict[str, bytes] | None = None  # "<version>/<name>" -> contents, with ``config``
+    frontend: bool = False  # Triton's OpenAI frontend's load: refused for a model loaded (lifecycle/calls.py)
 
 
 class RepositoryUnload(Args, frozen=True):
     model: str = ""
     unload_dependents: bool = False  # the ensembles using it too
+    frontend: bool = False  # Triton's OpenAI frontend's unload: refused for a model not loaded
 
 
 class RepositoryRegister(Args, frozen=True):
@@ -149,9 +151,10 @@ class RouterClient(Protocol):
     async def repository_index(self, ready: bool = False) -> list[dict[str, Any]]: ...
 
     async def repository_load(self, model: str = "", config: str = "",
-                              files: dict[str, bytes] | None = None) -> None: ...
+                              files: dict[str, bytes] | None = None, frontend: bool = False) -> None: ...
 
-    async def repository_unload(self, model: str = "", unload_dependents: bool = False) -> None: ...
+    async def repository_unload(self, model: str = "", unload_dependents: bool = False,
+                                frontend: bool = False) -> None: ...
     async def repository_register(self, root: str, mapping: dict[str, str]) -> None: ...
     async def repository_unregister(self, root: str) -> None: ...
     async def lora_load(self, model: str, name: str, path: str, inplace: bool = False) -> LoraAnswer: ...
@@ -221,14 +224,20 @@ class ControlCalls:
     async def repository_index(self, ready: bool = False) -> list[dict[str, Any]]:
         return await self._control("repository_index", {"ready": ready}, CONTROL_TIMEOUT_S)
 
-    async def repository_load(self, model: str = "", config: str = "", files: dict[str, bytes] | None = None) -> None:
+    async def repository_load(self, model: str = "", config: str = "", files: dict[str, bytes] | None = None,
+                              frontend: bool = False) -> None:
         args: dict[str, Any] = {"model": model, "config": config}
         if files is not None:
             args["files"] = files
+        if frontend:
+            args["frontend"] = True
         await self._control("repository_load", args, LOAD_TIMEOUT_S)
 
-    async def repository_unload(self, model: str = "", unload_dependents: bool = False) -> None:
-        args = {"model": model, "unload_dependents": unload_dependents}
+    async def repository_unload(self, model: str = "", unload_dependents: bool = False,
+                                frontend: bool = False) -> None:
+        args: dict[str, Any] = {"model": model, "unload_dependents": unload_dependents}
+        if frontend:
+            args["frontend"] = True
         await self._control("repository_unload", args, CONTROL_TIMEOUT_S)
 
     async def repository_register(self, root: str, mapping: dict[str, str]) -> None:

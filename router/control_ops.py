@@ -62,8 +62,9 @@ def router_ops(r: Router) -> ControlTable:
         # (the repository agent reads the disk: the index and a registration answer once it did)
         "repository_index": Deferred(RepositoryIndex, lambda a, caller: r.lifecycle.request_index(a.ready, caller)),
         "repository_load": Deferred(RepositoryLoad, lambda a, caller: r.placement.load(
-            a.model, a.config, a.files, caller)),
-        "repository_unload": Op(RepositoryUnload, lambda a: r.placement.unload(a.model, a.unload_dependents)),
+            a.model, a.config, a.files, caller, a.frontend)),
+        "repository_unload": Op(RepositoryUnload, lambda a: r.placement.unload(
+            a.model, a.unload_dependents, a.frontend)),
         "repository_register": Deferred(RepositoryRegister, lambda a, caller: r.lifecycle.register(
             a.root, a.mapping, caller)),
         "repository_unregister": Op(RepositoryUnregister, lambda a: r.lifecycle.unregister(a.root)),

@@ -110,9 +110,10 @@ class Router:
         self.agent = RepositoryAgent(models.load_threads)
         self.lifecycle = ModelLifecycle(self.registry, self.roots.local, models, self.agent,
                                         self.roots.sync if self.roots.remote else None, self.roots.check)
-        self.control.starting = lambda: self.lifecycle.starting
+        self.control.starting = self._starting
         self._announced_ready = False  # systemd's READY, once start-up's loads settled
         self._startup_pending = models.exit_on_error  # --exit-on-error: checked until every load settled
+        self._startup_failed = False  # --exit-on-error found a start-up load failed: exiting, never ready
         self._poll_secs = models.poll_secs
         self._next_poll = time.monotonic() + models.poll_secs
         self._last_tick = time.monotonic()
@@ -171,6 +172,14 @@ class Router:
     def stop(self, *_: Any) -> None:
         self._stopping = True
 
+    def _starting(self) -> bool:
+        """Not ready for start-up's sake: its loads are not all in, or with --exit-on-error one failed and the
+        router exits at its next tick (as Triton's server, which is never ready when its creation fails; a
+        client polling readiness must not see it ready in between)."""
+        if self.lifecycle.starting or self._startup_failed:
+            return True
+        return self._startup_pending and bool(self.lifecycle.startup_outcome())
+
     def _check_startup(self) -> None:
         """--exit-on-error: once every start-up load settled, stop if one failed (as Triton's
         'failed to load all models'); the exit code tells the supervisor not to restart us."""
@@ -179,6 +188,7 @@ class Router:
             return
         self._startup_pending = False
         if outcome:
+            self._startup_failed = True
             log.error("error: creating server: Internal - failed to load all models (%s); "
                       "exiting (--exit-on-error=true)", outcome)
             self.exit_code = CREATE_FAILED_CODE

@@ -19,7 +19,7 @@ import falcon.asgi
 from conveyor.ingress.http.compression import Inflater, request_coding
 from conveyor.ingress.http.errors import RETRY_AFTER, error_body
 from conveyor.ingress.limits import json_too_large
-from conveyor.proto.errors import ConveyorError, http_status, invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, http_status
 from conveyor.shm.arena import arena_full
 
 Receive = Callable[[], Awaitable[Any]]
@@ -29,13 +29,28 @@ Send = Callable[[Any], Awaitable[None]]
 OFFLOAD_BYTES = 1 << 20
 
 
+class BodyTooLarge(ConveyorError):
+    """A body over the limit (``size`` bytes read so far, or its ``Content-Length``): INVALID_ARG in
+    Triton's words for its one input-size limit, here the body's (--http-max-body-bytes); the OpenAI
+    port answers it as Triton's frontend does (``ingress/openai/errors.py``: 413)."""
+
+    def __init__(self, size: int, limit: int, *, at_least: bool = False) -> None:
+        qualifier = "at least " if at_least else ""
+        super().__init__(Status.INVALID_ARG,
+                         f"request size of {qualifier}{size} bytes exceeds the maximum allowed input size of "
+                         f"{limit} bytes. Use --http-max-input-size to increase the limit. (conveyor serve: "
+                         "--http-max-body-bytes)")
+        self.size = size
+        self.limit = limit
+
+
+# The answer to a body whose Content-Length is over the limit, before the app sees it: (status, JSON body)
+# of (Content-Length, limit); None: KServe's.
+Refusal = Callable[[int, int], tuple[int, bytes]]
+
+
 def _too_large(size: int, limit: int, *, at_least: bool = False) -> ConveyorError:
-    # Triton's wording for its one input-size limit; here the body's (--http-max-body-bytes).
-    qualifier = "at least " if at_least else ""
-    return invalid_arg(
-        f"request size of {qualifier}{size} bytes exceeds the maximum allowed input size of {limit} bytes. "
-        "Use --http-max-input-size to increase the limit. (conveyor serve: --http-max-body-bytes)"
-    )
+    return BodyTooLarge(size, limit, at_least=at_least)
 
 
 async def read_body(req: falcon.asgi.Request, resp: falcon.asgi.Response, limit: int,
@@ -96,9 +111,11 @@ class BodyLimit:
     it is going to refuse: the connection closes after the 400.
     """
 
-    def __init__(self, app: falcon.asgi.App, limit: int, arena_bytes: int | None = None) -> None:
+    def __init__(self, app: falcon.asgi.App, limit: int, arena_bytes: int | None = None,
+                 refusal: Refusal | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.refusal = refusal
         # The ingress arena's size: binary inputs larger than it could never be taken in, and are
         # refused in its words (those Triton's QA expects of a body past the pool's size).
         self.arena_bytes = arena_bytes
@@ -117,6 +134,9 @@ class BodyLimit:
                     header_length = value
             if length is not None:
                 if length.isdigit() and int(length) > self.limit:
+                    if self.refusal is not None:
+                        await self._answer(send, *self.refusal(int(length), self.limit))
+                        return
                     error = self._too_large(int(length), None if json_only else header_length)
                     await self._refuse(send, error)
                     return
@@ -137,13 +157,15 @@ class BodyLimit:
         return _too_large(size, self.limit)
 
     async def _refuse(self, send: Send, error: ConveyorError) -> None:
-        body = error_body(error.message)
+        await self._answer(send, http_status(error.status), error_body(error.message))
+
+    @staticmethod
+    async def _answer(send: Send, status: int, body: bytes) -> None:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
-        status = http_status(error.status)
         if status == 503:
             headers.append((b"retry-after", RETRY_AFTER.encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -11,18 +11,21 @@ copying the body.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 
 class CorkedTransport:
     """Wraps a transport: ``write`` collects, the loop's next turn flushes; the rest passes through."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_loop", "_transport", "on_close")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes | bytearray | memoryview] = []
+        # Asked on close(): True when the protocol closes later itself (``protocol.py``'s lingering close).
+        self.on_close: Callable[[], bool] | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held:
@@ -62,6 +65,8 @@ class CorkedTransport:
 
     def close(self) -> None:
         self.flush()  # what was written before close() still goes out, as with a plain transport
+        if self.on_close is not None and self.on_close():
+            return
         self._transport.close()
 
     def write_eof(self) -> None:

@@ -28,6 +28,14 @@ from conveyor.ingress.http.errors import RETRY_AFTER_LINE
 log = logging.getLogger(__name__)
 
 
+# A request answered (and its connection closing) while its body still arrives, a refused body over the
+# limit most often: its rest is read and dropped, for at most this long and this much, before the connection
+# closes (RFC 9112 9.6). Closed at once with those bytes unread, the kernel resets the connection and the
+# client, still sending, never reads the answer (Triton's frontend's clients expect its 413).
+LINGER_S = 2.0
+LINGER_BYTES = 64 << 20  # a body just over Triton's default 64 MiB limit is read to its end
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request refused at the edge."""
 
@@ -74,13 +82,17 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._messages = 0  # requests begun on this connection
         self._refusal: tuple[int, str] | None = None
         self._idle_since: float | None = None  # loop time the connection last went idle; None: not idle
+        self._linger_left: int | None = None  # bytes still to drop while lingering; None: not lingering
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     # --- the connection -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = _BackpressureFlow(transport)
-        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
+        corked = CorkedTransport(transport, self.loop)
+        corked.on_close = self._linger
+        self.transport = corked  # type: ignore[assignment]
         now = self.loop.time()
         self._last_read = now
         self.expect_head()
@@ -107,12 +119,32 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def _linger(self) -> bool:
+        """``transport.close()`` after the answer to a request whose body still arrives: send the answer
+        and end our side (FIN), then drop what comes until the client is done, ``LINGER_BYTES`` or
+        ``LINGER_S`` (``_linger_end``). False: close now (nothing more to read, or lingering already)."""
+        cycle = self.cycle
+        # (``fast_protocol.py``'s cycles have no ``more_body``: they close as before.)
+        if (self._linger_left is not None or cycle is None or not getattr(cycle, "more_body", False)
+                or not cycle.response_complete or not self.transport.can_write_eof()):  # TLS: no half-close
+            return False
+        self._linger_left = LINGER_BYTES
+        self.edge.waiting.pop(self, None)
+        self.transport.write_eof()
+        self.flow.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_S, self._linger_end)
+        return True
+
+    def _linger_end(self) -> None:
+        self._linger_timer = None
+        self.transport.close()  # lingering already: closes
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.edge.waiting.pop(self, None)
-        for timer in (self._read_timer, self._write_timer, self.timeout_keep_alive_task):
+        for timer in (self._read_timer, self._write_timer, self.timeout_keep_alive_task, self._linger_timer):
             if timer is not None:
                 timer.cancel()
-        self._read_timer = self._write_timer = self.timeout_keep_alive_task = None
+        self._read_timer = self._write_timer = self.timeout_keep_alive_task = self._linger_timer = None
         super().connection_lost(exc)
 
     # --- reading: the head's size, its fields, the time it and the body take --------------
@@ -120,6 +152,11 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # uvicorn's, but a head is fed at most its room at a time: httptools buffers a header
         # field until it ends, so a field without end would otherwise grow without bound.
+        if self._linger_left is not None:  # the rest of an answered body: dropped
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self._linger_end()
+            return
         self._idle_since = None  # uvicorn's ``_unset_keepalive_if_required`` (see ``_keep_alive_due``)
         self._last_read = self.loop.time()
         if self._in_head and len(data) > self._head_room:
@@ -211,7 +248,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
     def on_response_complete(self) -> None:
         # uvicorn's, but the keep-alive wait costs a timer per idle spell, not per response (``_keep_alive_due``).
         self.server_state.total_requests += 1
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._linger_left is not None:
             return
         self.flow.resume_reading()
         if self.pipeline:
@@ -265,7 +302,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         """The read deadline, checked when due (not moved on every read: that would cost a timer
         per chunk): a head not in by its time, or a body silent too long, ends the connection."""
         self._read_timer = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._linger_left is not None:
             return
         now = self.loop.time()
         limits = self.edge.limits

@@ -28,7 +28,7 @@ import uvloop
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.ingress.context import IngressContext
 from conveyor.ingress.http.app import Infer, build_app
-from conveyor.ingress.http.body import BodyLimit
+from conveyor.ingress.http.body import BodyLimit, Refusal
 from conveyor.ingress.http.edge import KEEP_ALIVE_S, EdgeLimits, EdgeState, fit_open_files
 from conveyor.ingress.http.fast_protocol import fast_protocol_class
 from conveyor.ingress.http.protocol import CaseKeepingProtocol, HttpToolsProtocol
@@ -145,6 +145,7 @@ def serve(
     ssl_cert: str = "",
     ssl_key: str = "",
     edge: EdgeLimits | None = None,
+    body_refusal: Refusal | None = None,
 ) -> None:
     """Serve HTTP on ``host:port`` for the router at ``router`` until SIGTERM/SIGINT.
 
@@ -152,6 +153,7 @@ def serve(
     app; the metrics endpoint passes its own). ``restricted`` maps API categories
     to the header each needs; ``ssl_cert``/``ssl_key`` (PEM files) serve HTTPS.
     ``edge``: what one client may hold of this process (``edge.py``; default its defaults).
+    ``body_refusal``: the answer to a Content-Length over ``max_body_bytes`` (default: KServe's).
     Blocking; returns once in-flight requests are done and the context is closed.
     """
     signals = _Signals()
@@ -175,6 +177,7 @@ def serve(
                 ssl_cert=ssl_cert,
                 ssl_key=ssl_key,
                 edge=edge or EdgeLimits(),
+                body_refusal=body_refusal,
             )
         )
     finally:
@@ -199,6 +202,7 @@ async def _serve(
     ssl_cert: str,
     ssl_key: str,
     edge: EdgeLimits,
+    body_refusal: Refusal | None,
 ) -> None:
     # The context's ZeroMQ socket and futures belong to this loop: create it here.
     ctx = await IngressContext.create(router, group, arena_bytes, drain_grace_s=drain_grace_s,
@@ -219,7 +223,7 @@ async def _serve(
         # This process's limits and connections: every connection's protocol enforces them.
         fit_open_files(edge)
         protocol = type(f"Edge{protocol.__name__}", (protocol,), {"edge": EdgeState(edge)})
-        app = BodyLimit(inner, max_body_bytes, ctx.dataplane.arena.capacity)
+        app = BodyLimit(inner, max_body_bytes, ctx.dataplane.arena.capacity, body_refusal)
         config = uvicorn.Config(
             app,
             loop="uvloop",

@@ -1,5 +1,6 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, ``POST /v1/embeddings`` (``embeddings.py``), and vLLM's own routes:
+``POST /v1/chat/completions``, ``POST /v1/embeddings`` (``embeddings.py``), Triton's frontend's
+``POST /v1/models/{name}/load`` and ``/unload`` (``model_management.py``), and vLLM's own routes:
 ``GET /health`` (ready), ``GET /version``, ``POST /tokenize`` and ``POST /detokenize``,
 ``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (``adapters.py``); every answer carries
 ``X-Request-Id`` (``request_id.py``).
@@ -21,19 +22,17 @@ from conveyor.ingress.context import IngressContext
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.metrics import MetricsOptions, MetricsResource
 from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
-from conveyor.ingress.openai.catalog import Catalog, Listed, LlmModel
+from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import render_error
+from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
 from conveyor.ingress.openai.request_id import RequestIds
 from conveyor.ingress.openai.restricted import OpenAiRestrictions
 from conveyor.ingress.openai.tokenization import Detokenize, Tokenize
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_version
-
-# Triton's OpenAI frontend's owner of every model card (its clients and tests read it).
-OWNER = "Triton Inference Server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +42,8 @@ class OpenAiOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # category -> the header it needs (--openai-restricted-api with --http-restricted-api: ingress/restricted.py)
     restricted: dict[str, Restriction] = field(default_factory=dict)
-
-
-def _card(row: Listed) -> dict[str, object]:
-    """vLLM's model card: an adapter names its base model in ``parent`` and its folder in ``root``;
-    a model's ``root`` is its weights (``model.json``'s ``model``)."""
-    return {"id": row.id, "object": "model", "created": row.model.created, "owned_by": OWNER,
-            "root": row.root or _weights(row.model), "parent": row.parent}
-
-
-def _weights(model: LlmModel) -> str:
-    return str(model.engine_args.get("model") or model.name)
+    tool_call_parser: str = ""  # a model's parser when its config names none (--tool-call-parser); "": none
+    tokenizer: str = ""  # a model's tokenizer folder when it names none (--tokenizer); "": none
 
 
 class Models:
@@ -61,7 +51,7 @@ class Models:
         self._catalog = catalog
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        rows = [_card(row) for row in await self._catalog.listed()]
+        rows = [card.doc() for card in await self._catalog.cards()]
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({"object": "list", "data": rows})
 
@@ -71,15 +61,8 @@ class Model:
         self._catalog = catalog
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
-        target = await self._catalog.target(name)
-        model, adapter = target.model, target.adapter
-        if adapter is None:
-            row = Listed(name, model)
-        else:
-            runtime = (await self._catalog.runtime_adapters()).get(adapter)
-            row = Listed(name, model, model.name, runtime.path if runtime is not None else model.adapters[adapter])
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = orjson.dumps(_card(row))
+        resp.data = orjson.dumps((await self._catalog.card(name)).doc())
 
 
 class Health:
@@ -102,7 +85,7 @@ class Version:
 
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
-    catalog = Catalog(ctx.dataplane, options.lora_separator)
+    catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser, options.tokenizer)
     json_limit = ctx.dataplane.limits.max_json_bytes
     endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens)
     # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own
@@ -111,6 +94,9 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     routes: list[tuple[str, object, tuple[str, ...]]] = [
         ("/v1/models", Models(catalog), ("model-repository", "metadata")),
         ("/v1/models/{name}", Model(catalog), ("model-repository", "metadata")),
+        # Triton's OpenAI frontend's model management (model_management.py)
+        ("/v1/models/{name}/load", LoadModel(ctx.dataplane, catalog, options.max_body_bytes), ("model-repository",)),
+        ("/v1/models/{name}/unload", UnloadModel(ctx.dataplane, options.max_body_bytes), ("model-repository",)),
         ("/v1/completions", Completions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit), ("inference",)),

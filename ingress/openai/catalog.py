@@ -27,16 +27,19 @@ from typing import Any
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.openai.chat_template import PLAIN, ChatTemplate, Renderer, load_chat_template
-from conveyor.ingress.openai.contract import IDS_INPUT, Contract, contract_of
+from conveyor.ingress.openai.contract import IDS_INPUT, TEXT_INPUT, TEXT_OUTPUT, Contract, contract_of
 from conveyor.ingress.openai.errors import unreadable
 from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokenizer, tokenizer_folder
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
-from conveyor.proto.errors import ConveyorError, Status, not_found
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
 from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
 from conveyor.proto.migration import PARAMETER as MIGRATIONS_PARAMETER
 from conveyor.proto.migration import max_migrations_of
 from conveyor.proto.repository_files import read_text
 from conveyor.proto.signature import ModelSignature
+
+# Triton's OpenAI frontend's owner of every model card (its clients and tests read it).
+OWNER = "Triton Inference Server"
 
 
 @dataclass
@@ -76,6 +79,21 @@ class Listed:
 
 
 @dataclass(frozen=True, slots=True)
+class Card:
+    """One model card of ``/v1/models``: ``root`` is a model's weights or an adapter's folder, ``parent``
+    an adapter's model (vLLM's fields); ``created``, when this ingress first saw that load of it."""
+
+    id: str
+    created: int
+    root: str
+    parent: str | None = None
+
+    def doc(self) -> dict[str, object]:
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": OWNER, "root": self.root,
+                "parent": self.parent}
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeAdapter:
     model: str
     path: str
@@ -86,14 +104,19 @@ def model_not_found(name: str) -> ConveyorError:
 
 
 class Catalog:
-    def __init__(self, dataplane: DataPlane, lora_separator: str = "") -> None:
+    def __init__(self, dataplane: DataPlane, lora_separator: str = "", tool_call_parser: str = "",
+                 tokenizer: str = "") -> None:
         self._dataplane = dataplane
         self._separator = lora_separator
+        self._tool_call_parser = tool_call_parser  # --tool-call-parser: a model's when its config names none
+        self._tokenizer = tokenizer or None  # --tokenizer: the tokenizer folder of a model that names none
         self._models: dict[str, LlmModel] = {}
         self._templates: dict[str, asyncio.Task[ChatTemplate]] = {}  # by tokenizer folder: reloads reuse it
         self._tokenizers: dict[str, asyncio.Task[Tokenizer | None]] = {}  # the same
         self._runtime: dict[str, RuntimeAdapter] = {}  # adapters loaded at run time, by name
         self._runtime_generation = -2  # the router's generation they belong to (-2: not read)
+        # The ready models that are not generative, listed too: the signature of the load seen, and when.
+        self._others: dict[str, tuple[ModelSignature, int]] = {}
 
     async def target(self, name: str) -> Target:
         """The model (and adapter) ``name`` designates: a model, an adapter loaded at run time (by its
@@ -140,41 +163,89 @@ class Catalog:
             return known
         contract = contract_of(sig)
         if contract is None:
-            raise model_not_found(shown or name)
+            # Listed (every ready model is), but no text goes in or out of it.
+            raise invalid_arg(f"The model `{shown or name}` is not a text generation model: it has no BYTES "
+                              f"'{TEXT_INPUT}' input and '{TEXT_OUTPUT}' output")
         directory = await self._dataplane.link.model_directory(name)
         config = await self._dataplane.link.model_config(name)
         model = _read_model(name, sig, contract, directory.path)
-        model.tool_parser = _parameter(config, PARSER_PARAMETER)
+        model.tool_parser = _parameter(config, PARSER_PARAMETER) or self._tool_call_parser
         model.tokenizer_dir = tokenizer_folder(model.directory, model.engine_args,
-                                               {k: _parameter(config, k) for k in PARAMETERS})
+                                               {k: _parameter(config, k) for k in PARAMETERS}) or self._tokenizer
         model.runtime_lora = _parameter(config, RUNTIME_PARAMETER).lower() in ("true", "1", "on")
         model.max_migrations = _max_migrations(config, sig)
         model.steps = config.get("backend") == "vllm"
         self._models[name] = model
         return model
 
+    async def _ready(self) -> list[str]:
+        index = await self._dataplane.link.repository_index(ready=True)
+        return sorted({str(row["name"]) for row in index})
+
     async def models(self) -> list[LlmModel]:
         """Every ready generative model, by name."""
-        index = await self._dataplane.link.repository_index(ready=True)
         out: list[LlmModel] = []
-        for name in sorted({str(row["name"]) for row in index}):
+        for name in await self._ready():
             try:
                 out.append(await self.model(name))
             except ConveyorError:
                 continue
         return out
 
+    async def cards(self) -> list[Card]:
+        """``/v1/models``: every ready model, by name, as Triton's frontend lists each (a model that is not
+        generative too: its clients and tests count them), each generative one followed by its adapters."""
+        runtime = await self.runtime_adapters()
+        out: list[Card] = []
+        for name in await self._ready():
+            try:
+                model = await self.model(name)
+            except ConveyorError:
+                card = await self._other(name)
+                out += [card] if card is not None else []
+                continue
+            out += [_model_card(row) for row in self._rows(model, runtime)]
+        return out
+
+    async def card(self, name: str) -> Card:
+        """``/v1/models/{name}``: the card of a model (generative or not) or of an adapter (by its name)."""
+        try:
+            target = await self.target(name)
+        except ConveyorError as exc:
+            card = await self._other(name) if exc.status in (Status.NOT_FOUND, Status.INVALID_ARG) else None
+            if card is None:
+                raise
+            return card
+        model, adapter = target.model, target.adapter
+        if adapter is None:
+            return _model_card(Listed(name, model))
+        runtime = (await self.runtime_adapters()).get(adapter)
+        return _model_card(Listed(name, model, model.name,
+                                  runtime.path if runtime is not None else model.adapters[adapter]))
+
+    async def _other(self, name: str) -> Card | None:
+        """A ready model that is not generative; None if ``name`` names no ready model."""
+        try:
+            sig = await self._dataplane.models.get(name, "")
+        except ConveyorError:
+            return None
+        seen = self._others.get(name)
+        if seen is None or seen[0] is not sig:
+            seen = self._others[name] = (sig, int(time.time()))
+        return Card(name, seen[1], name)
+
     async def listed(self) -> list[Listed]:
         """Every ready generative model, then each of its repository's adapters
         (``<model><separator><adapter>``, with a separator) and those loaded at run time (by name)."""
-        out: list[Listed] = []
         runtime = await self.runtime_adapters()
-        for model in await self.models():
-            out.append(Listed(model.name, model))
-            if self._separator:
-                out += [Listed(f"{model.name}{self._separator}{a}", model, model.name, path)
-                        for a, path in model.adapters.items()]
-            out += [Listed(n, model, model.name, a.path) for n, a in runtime.items() if a.model == model.name]
+        return [row for model in await self.models() for row in self._rows(model, runtime)]
+
+    def _rows(self, model: LlmModel, runtime: dict[str, RuntimeAdapter]) -> list[Listed]:
+        out = [Listed(model.name, model)]
+        if self._separator:
+            out += [Listed(f"{model.name}{self._separator}{a}", model, model.name, path)
+                    for a, path in model.adapters.items()]
+        out += [Listed(n, model, model.name, a.path) for n, a in runtime.items() if a.model == model.name]
         return out
 
     async def chat_template(self, model: LlmModel) -> Renderer:
@@ -202,6 +273,13 @@ class Catalog:
                 self._tokenizers[source] = task
             model.tokenizer = task
         return await model.tokenizer
+
+
+def _model_card(row: Listed) -> Card:
+    """vLLM's card: an adapter names its base model in ``parent`` and its folder in ``root``; a model's
+    ``root`` is its weights (``model.json``'s ``model``)."""
+    return Card(row.id, row.model.created, row.root or str(row.model.engine_args.get("model") or row.model.name),
+                row.parent)
 
 
 def _read_model(name: str, sig: ModelSignature, contract: Contract, directory: str) -> LlmModel:

@@ -1,6 +1,7 @@
 """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with the
 status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and
-adapter), 503 when the group cannot serve now, 500 otherwise. Every failure of the
+adapter), 413 for a body over --http-max-input-size (Triton's frontend's ``content_too_large``),
+503 when the group cannot serve now, 500 otherwise. Every failure of the
 app goes through ``render_error``; a failure after a stream started is an event.
 """
 
@@ -14,6 +15,7 @@ import falcon
 import falcon.asgi
 import orjson
 
+from conveyor.ingress.http.body import BodyTooLarge
 from conveyor.ingress.http.errors import RETRY_AFTER
 from conveyor.proto.errors import ConveyorError, Status, http_status, internal
 
@@ -48,11 +50,26 @@ def _doc(status: int, message: str, param: str | None = None) -> dict[str, Any]:
                       "param": param, "code": code}}
 
 
+def too_large_doc(size: int, limit: int) -> dict[str, Any]:
+    """A body over --http-max-input-size, as Triton's frontend answers it (its RequestSizeLimitMiddleware):
+    413, code ``content_too_large``, its words."""
+    return {"error": {"message": f"Request size of {size} bytes exceeds the maximum allowed input size of {limit} "
+                                 "bytes. Use --http-max-input-size to increase the limit.",
+                      "type": "invalid_request_error", "code": "content_too_large"}}
+
+
+def body_refusal(size: int, limit: int) -> tuple[int, bytes]:
+    """The answer to a Content-Length over the limit, before the app reads anything (``BodyLimit``)."""
+    return 413, orjson.dumps(too_large_doc(size, limit))
+
+
 async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
                        params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
     if resp is None:
         return
-    if isinstance(error, ConveyorError):
+    if isinstance(error, BodyTooLarge):
+        status, doc = 413, too_large_doc(error.size, error.limit)
+    elif isinstance(error, ConveyorError):
         status, doc = status_of(error), error_doc(error)
     elif isinstance(error, falcon.HTTPError):
         status = error.status_code

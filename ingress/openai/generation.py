@@ -153,15 +153,16 @@ def _ids_input(sig: ModelSignature, ids: list[int], model: str) -> InferInput:
         raise invalid_arg(f"model '{model}' cannot take a prompt of token ids: it declares no INT32 "
                           f"'{IDS_INPUT}' input")
     data = np.array(ids, dtype=np.int32 if spec.datatype == "INT32" else np.int64)
-    shape = [1, len(ids)] if sig.max_batch_size > 0 else [len(ids)]
+    shape = ([1] if sig.max_batch_size > 0 else []) + [1] * (len(spec.dims) - 1) + [len(ids)]
     return InferInput(IDS_INPUT, spec.datatype, shape, data)
 
 
 def scalar_input(sig: ModelSignature, name: str, value: object) -> InferInput:
-    """One element (BYTES, or BOOL) as the input ``name`` of the model, batched or not."""
+    """One element (BYTES, or BOOL) as the input ``name`` of the model, batched or not, in as many
+    dimensions as it declares (``[1, 1]`` unbatched: Triton's TensorRT-LLM-shaped Python models)."""
     spec = sig.inputs[name]
     data = np.array([value], dtype=object if spec.datatype == "BYTES" else bool)
-    shape = [1, 1] if sig.max_batch_size > 0 else [1]
+    shape = ([1] if sig.max_batch_size > 0 else []) + [1] * max(len(spec.dims), 1)
     return InferInput(name, spec.datatype, shape, data)
 
 

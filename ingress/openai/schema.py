@@ -279,7 +279,7 @@ def logprobs_asked(req: Sampling) -> int | None:
     completions with ``logprobs: N``."""
     if isinstance(req, ChatRequest):
         if req.top_logprobs is not None and not req.logprobs:
-            raise invalid_arg("`top_logprobs` needs `logprobs` set to true")
+            raise invalid_arg("`top_logprobs` can only be used when `logprobs` is True")  # Triton's words
         if req.logprobs in (None, False):
             return None
         if not isinstance(req.logprobs, bool):

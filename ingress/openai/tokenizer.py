@@ -11,7 +11,8 @@ The tokenizer folder (Hugging Face files: ``tokenizer.json``, ``tokenizer_config
 3. the version directory itself, when it holds one of those files beside ``model.py``.
 
 A relative path is looked up in the version directory, then in the model's directory. None of these:
-the model has no tokenizer (chat then writes a plain transcript, ``chat_template.py``).
+``--tokenizer``'s folder (Triton's OpenAI frontend's flag: its one tokenizer) if given, else the model has
+no tokenizer (chat then writes a plain transcript, ``chat_template.py``).
 
 Only the ``tokenizers`` library is loaded, from ``tokenizer.json`` (a "fast" tokenizer), on first use
 and in a thread: ``transformers`` would cost every ingress process seconds and hundreds of MiB. A

@@ -32,6 +32,9 @@ from conveyor.proto.errors import internal, invalid_arg
 
 # The model config parameter naming the model's tool-call parser (``auto`` needs one).
 PARSER_PARAMETER = "TOOL_CALL_PARSER"
+# Triton's OpenAI frontend's parser names (its --tool-call-parser) that vLLM names otherwise.
+TRITON_PARSERS = {"llama3": "llama3_json"}
+_WHERE = f"here: --tool-call-parser, or the model's '{PARSER_PARAMETER}' parameter in its config.pbtxt"
 # OpenAI's rule for a function's name.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
@@ -105,7 +108,7 @@ def plan(req: ChatRequest, parser: str) -> ToolPlan | None:
     if not parser:
         # vLLM's words, then where Conveyor's model names its parser
         raise invalid_arg(f"\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
-                          f"(here: the model's '{PARSER_PARAMETER}' parameter in its config.pbtxt)")
+                          f"({_WHERE})")
     if parser not in PARSERS:
         raise internal(f"the model's {PARSER_PARAMETER} '{parser}' is not a tool-call parser this server has "
                        f"({', '.join(sorted(PARSERS))})")
@@ -129,8 +132,7 @@ def check_tools(tools: list[ToolDefinition]) -> None:
 def _needs_parser(parser: str, choice: str) -> None:
     """vLLM's refusal of a forced call on a model without a tool-call parser, in its words."""
     if not parser:
-        raise invalid_arg(f"tool_choice={choice} requires --tool-call-parser to be set (here: the model's "
-                          f"'{PARSER_PARAMETER}' parameter in its config.pbtxt)")
+        raise invalid_arg(f"tool_choice={choice} requires --tool-call-parser to be set ({_WHERE})")
 
 
 def _checked(i: int, tool: ToolDefinition) -> str:

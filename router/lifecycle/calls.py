@@ -13,6 +13,7 @@ from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
+from conveyor.router.lifecycle.entry_state import loading, serving
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
 from conveyor.router.repository.agent import Lane
@@ -55,15 +56,46 @@ def check_override_files(name: str, config: mc.ModelConfig) -> None:
                               "file inside the model's directory")
 
 
+# Triton's OpenAI frontend (POST /v1/models/{name}/load|unload) keeps its own list of the models it
+# serves: it loads only a model not on it and unloads only one that is, refusing in its own words (its
+# ClientError: the OpenAI ingress answers 400). Checked here, where the calls are ordered, so that of
+# concurrent calls on any ingress process one is done and the others refused, as its lock makes them.
+FRONTEND_MODE = "Model load/unload requires --model-control-mode=explicit"
+
+
 class RepositoryCalls(ModelLoads):
+    def check_frontend_call(self, name: str, load: bool) -> None:
+        """A call of Triton's OpenAI frontend: its mode (UNSUPPORTED), a load of a model loaded or loading
+        (ALREADY_EXISTS), an unload of one that is neither (NOT_FOUND)."""
+        if self.mode is not ControlMode.EXPLICIT:
+            raise ConveyorError(Status.UNSUPPORTED, FRONTEND_MODE)
+        held = self._frontend_holds(name)
+        if load and held:
+            raise ConveyorError(Status.ALREADY_EXISTS, f"Model '{name}' is already loaded")
+        if not load and not held:
+            raise ConveyorError(Status.NOT_FOUND, f"Unknown model: {name}")
+
+    def _frontend_holds(self, name: str) -> bool:
+        """On the frontend's list: serving, or on its way (a load call not answered yet, or being prepared)."""
+        if any(name_of(w.name) == name for w in self._waiters):
+            return True
+        for key in [name, *self.registry.namespaced.get(name, ())]:
+            entry = self.registry.models.get(key)
+            if key in self._preparing or (entry is not None and (serving(entry) or loading(entry))):
+                return True
+        return False
+
     def check_control_allowed(self) -> None:
         if self.mode is not ControlMode.EXPLICIT:
             # Triton's words, whatever the mode (NONE too); --model-control-mode=explicit allows it.
             raise ConveyorError(Status.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
 
-    def load(self, name: str, reply_to: Any, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
+    def load(self, name: str, reply_to: Any, config_json: str = "", files: dict[str, bytes] | None = None,
+             frontend: bool = False) -> None:
         """Start loading ``name``; ``reply_to`` is answered from ``settle`` once it settled. What is
         wrong with the call itself is raised at once."""
+        if frontend:
+            self.check_frontend_call(name, load=True)
         self.check_control_allowed()
         check_model_name(name)
         if files and not config_json:
@@ -107,7 +139,9 @@ class RepositoryCalls(ModelLoads):
             copy = None if override is None else mc.ModelConfig.FromString(override.SerializeToString())
             self._prepare(Prep(other, outcome[other], Why.LOAD, copy, None, waiter))
 
-    def unload(self, name: str, unload_dependents: bool = False) -> None:
+    def unload(self, name: str, unload_dependents: bool = False, frontend: bool = False) -> None:
+        if frontend:
+            self.check_frontend_call(name, load=False)
         self.check_control_allowed()
         if unload_dependents:
             for dependent in self._ensembles_using(name):

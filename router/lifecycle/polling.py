@@ -16,6 +16,11 @@ from conveyor.router.spec.namespaces import assign_keys, duplicated
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
 
 
+def not_found_at_start(name: str) -> str:
+    """A --load-model name that no repository holds, in Triton's words (what its fixtures look for)."""
+    return f"failed to poll model '{name}': model not found in any model repository"
+
+
 class StartupAndPolling(ModelLoads):
     @property
     def starting(self) -> bool:
@@ -55,7 +60,7 @@ class StartupAndPolling(ModelLoads):
             for name in self.load_at_start:
                 keys = self._keys(name, names)
                 if not keys:
-                    log.error("--load-model %s: no such model in the repositories", name)
+                    log.error("%s.", not_found_at_start(name))
                 for key in keys:
                     self._prepare(Prep(key, names[key], Why.STARTUP))
             return
@@ -88,7 +93,7 @@ class StartupAndPolling(ModelLoads):
                 problems.append(f"failed to load '{name}': {problem}")
         for name in self.load_at_start:
             if name != "*" and name not in self.registry.models and name not in self.registry.namespaced:
-                problems.append(f"failed to load '{name}': no such model in the repositories")
+                problems.append(not_found_at_start(name))
         return "; ".join(problems)
 
     def poll(self) -> None:

@@ -27,14 +27,15 @@ class Placement:
         self.limiter = ctx.limiter
         self.lifecycle = lifecycle
 
-    def load(self, name: str, config: str, files: dict[str, bytes] | None, caller: Caller) -> None:
+    def load(self, name: str, config: str, files: dict[str, bytes] | None, caller: Caller,
+             frontend: bool = False) -> None:
         """``repository_load``: the repository agent looks at the repository afresh and prepares
         the model; ``caller`` is answered once the model settled (``settle``)."""
-        self.lifecycle.load(name, caller, config, files or None)
+        self.lifecycle.load(name, caller, config, files or None, frontend)
 
-    def unload(self, name: str, dependents: bool) -> None:
+    def unload(self, name: str, dependents: bool, frontend: bool = False) -> None:
         """``repository_unload``: answered at once."""
-        self.lifecycle.unload(name, dependents)
+        self.lifecycle.unload(name, dependents, frontend)
         self.place()
         self.settle()
 

@@ -5,11 +5,14 @@ runs unchanged against a real group."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from typing import Any
 
 import openai
 import pytest
@@ -20,11 +23,12 @@ from conveyor.deploy.openai_frontend import (
     HTTP_DEFAULT_MAX_INPUT_SIZE,
     build_frontend_parser,
     check,
+    frontend_main,
     serve_argv,
 )
 from conveyor.deploy.ports import free_ports
 from conveyor.deploy.settings import ServeSettings
-from tests.support import openai_models
+from tests.support import openai_models, text_models
 from tests.support.group import abandon
 
 LEVEL = "e2e"
@@ -69,7 +73,9 @@ def test_every_flag_of_main_py_is_taken_in_its_order() -> None:
 def test_each_flag_becomes_the_setting_that_does_the_same() -> None:
     settings, notes = _serve(_command_line())
     assert settings.model_repository == ["/models"]
+    assert settings.tokenizer == "meta-llama/Meta-Llama-3.1-8B-Instruct"
     assert settings.lora_separator == "_lora_" and settings.default_max_tokens == 32
+    assert settings.tool_call_parser == "llama3_json"  # Triton's name for vLLM's parser
     assert settings.log_verbose == 1
     assert (settings.openai_address, settings.http_address, settings.grpc_address) == ("127.0.0.1",) * 3
     assert settings.model_control_mode == "explicit" and settings.load_model == ["llm"]
@@ -83,7 +89,7 @@ def test_each_flag_becomes_the_setting_that_does_the_same() -> None:
     assert settings.allow_metrics is False
     # Each flag with no work to do here is named once, with its reason.
     named = [note.split("=")[0] for note in notes]
-    assert named == ["--tokenizer", "--backend", "--tool-call-parser", "--max-tool-call-parse-bytes",
+    assert named == ["--backend", "--max-tool-call-parse-bytes",
                      "--chat-template", "--uvicorn-log-level"]
     assert all("accepted, not used by Conveyor because" in note for note in notes)
 
@@ -105,6 +111,18 @@ def test_main_py_refusals_in_its_words(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         build_frontend_parser().parse_args(["--model-repository", "/m", "--http-max-input-size", "0"])
     assert "value must be greater than 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a parser this server has not: refused at start, not at the first request
+        build_tritonserver_parser().parse_args(["--model-repository", "/m", "--tool-call-parser", "llama2"])
+    assert "'llama2' is not a tool-call parser: granite, hermes" in capsys.readouterr().err
+
+
+def test_main_py_start_up_refusals_in_tritons_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """What Triton's in-process server refuses at its creation, before any process of the group starts."""
+    args = build_frontend_parser().parse_args(["--model-repository", "/models", "--model-control-mode", "explicit",
+                                               "--load-model", "*", "--load-model", "llm"])
+    assert frontend_main(args, False) == 1
+    assert capsys.readouterr().err == ("error: creating server: Invalid argument - Wildcard model name '*' must be "
+                                       "the ONLY startup model if specified at all.\n")
 
 
 def _get(url: str) -> int:
@@ -119,10 +137,13 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
     """conftest.py's ``server`` fixture: main.py's flags, the KServe frontends on; its OpenAI client works."""
     repo = os.path.join(str(tmp_path), "models")
     openai_models.build(repo)
+    text_models.build(repo)  # models whose configs name no tool-call parser; PLAIN names no tokenizer either
+    # conftest.py's tokenizer is $TEST_TOKENIZER (a Hugging Face id by default; a folder here: no download)
+    tokenizer = os.path.join(repo, text_models.STREAMING, "tokenizer")
     openai_port, http_port, grpc_port = free_ports(3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.deploy.cli", "openai-frontend", "--model-repository", repo,
-         "--tokenizer", "meta-llama/Meta-Llama-3.1-8B-Instruct", "--backend", "vllm", "--tool-call-parser",
+         "--tokenizer", tokenizer, "--backend", "vllm", "--tool-call-parser",
          "llama3", "--enable-kserve-frontends", "--host", "127.0.0.1", "--openai-port", str(openai_port),
          "--kserve-http-port", str(http_port), "--kserve-grpc-port", str(grpc_port)],
         stderr=subprocess.PIPE, text=True)
@@ -132,18 +153,35 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{openai_port}/v1", api_key="EMPTY")
-        [card] = client.models.list().data
-        assert (card.id, card.owned_by) == ("fake_llm", "Triton Inference Server")  # Triton's model card
+        cards = {card.id: card for card in client.models.list().data}
+        assert cards["fake_llm"].owned_by == "Triton Inference Server"  # Triton's model card
         # Triton's frontend serves the server's metrics on the OpenAI port (no metrics port of its own).
         with urllib.request.urlopen(f"http://127.0.0.1:{openai_port}/metrics", timeout=10) as r:
             assert "nv_cpu_utilization" in r.read().decode()
         answer = client.completions.create(model="fake_llm", prompt="one two three", max_tokens=2)
         assert answer.choices[0].text == " one two"
         assert _get(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200  # --enable-kserve-frontends
+        # --tool-call-parser llama3: the parser of a model whose config names none ("auto" is refused without).
+        tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        hi: Any = [{"role": "user", "content": "hi"}]
+        chat = client.chat.completions.create(model=text_models.STREAMING, messages=hi, tools=tools, max_tokens=2)
+        assert chat.choices[0].message.tool_calls is None  # the model's text holds no call: an answer in text
+        # --tokenizer: the tokenizer of a model that names none (PLAIN: without, /tokenize is a 400).
+        body = json.dumps({"model": text_models.PLAIN, "prompt": "hello world"}).encode()
+        tokenize = urllib.request.Request(f"http://127.0.0.1:{openai_port}/tokenize", method="POST", data=body,
+                                          headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(tokenize, timeout=10) as r:
+            assert json.loads(r.read())["tokens"] == [1, 5, 6]
+        # Triton's frontend's model management needs explicit mode (this is main.py's default, none).
+        refused = urllib.request.Request(f"http://127.0.0.1:{openai_port}/v1/models/fake_llm/unload", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as http_error:
+            urllib.request.urlopen(refused, timeout=10)
+        assert (http_error.value.code, json.loads(http_error.value.read())) == (
+            400, {"detail": "Model load/unload requires --model-control-mode=explicit"})
     finally:
         abandon(proc)
     _, err = proc.communicate()
-    assert "--tool-call-parser=llama3: accepted, not used by Conveyor because" in err
+    assert "--backend=vllm: accepted, not used by Conveyor because" in err
 
 
 def test_help_lists_main_py_groups(capsys: pytest.CaptureFixture[str]) -> None:

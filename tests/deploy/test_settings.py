@@ -58,6 +58,7 @@ _SAMPLES = {
     "--trace-config": "rate=9", "--trace-level": "TENSORS", "--trace-file": "/tmp/t.json",
     "--backend-config": "onnxruntime,intra_op_thread_count=2", "--sagemaker-safe-port-range": "8000-8002",
     "--load-model": "simple", "--model-config-name": "h100", "--model-load-thread-count": "2",
+    "--tool-call-parser": "hermes",
 }
 
 

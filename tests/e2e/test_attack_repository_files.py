@@ -69,7 +69,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory, fifos: Fifos) -> Path:
     # Generative models of the text_input / text_output contract for the OpenAI ingress, the second with a
     # model.json FIFO where a vLLM model keeps its engine arguments (the ingress reads it for any such model).
     for name in (text_models.PLAIN, "text_fifo"):
-        write_model(root, name, text_models.CONFIG.format(name=name, batch=4, policy="", parameters=""),
+        config = text_models.CONFIG.format(name=name, batch=4, policy="", parameters="", one="1", many="-1")
+        write_model(root, name, config,
                     {"model.py": textwrap.dedent(text_models.MODEL)})
     fifos.make(root / "text_fifo" / "1" / "model.json")
     return root

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -133,3 +134,27 @@ def test_a_model_that_decides_its_readiness_is_asked(tmp_path: Path) -> None:
         assert core.to_ingress() == []
     finally:
         core.close()
+
+
+def test_a_start_up_that_failed_under_exit_on_error_is_never_ready(tmp_path: Path) -> None:
+    """As Triton's server, whose creation fails: between the failed start-up load and the router's exit (its
+    next tick), readiness says no; a client polling it (Triton's OpenAI fixture) sees the exit, not a start."""
+    from conveyor.router.config import RouterConfig
+    from conveyor.router.lifecycle import ControlMode, ModelControlConfig
+    from conveyor.router.server import Router
+
+    n = os.getpid()
+    models = ModelControlConfig(mode=ControlMode.EXPLICIT, load_at_start=("nowhere",), exit_on_error=True)
+    router = Router(RouterConfig((str(tmp_path),), f"inproc://test-exit-front-{n}", f"inproc://test-exit-back-{n}",
+                                 group=f"test-exit-{n}", spin_s=0, models=models))
+    try:
+        router.load_repository()
+        assert not router.control.server_ready()  # no model at all, but the one asked for is missing
+        router._check_startup()
+        assert router.exit_code != 0 and not router.control.server_ready()
+    finally:
+        router.self_link.close()
+        router.front_sock.close(0)
+        router.back_sock.close(0)
+        router.loans.close()
+        router.agent.close()

@@ -5,7 +5,7 @@ back (start-up, a load, an unload that cancels a load, the index, a registration
 from __future__ import annotations
 
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -112,3 +112,45 @@ def test_a_registration_is_checked_on_the_agent(explicit: ModelLifecycle, tmp_pa
     explicit.load("c", "load")
     explicit.agent.wait(30)
     assert "c" in explicit.registry.models
+
+
+def _refused(call: Callable[[], None]) -> tuple[Status, str]:
+    with pytest.raises(ConveyorError) as refused:
+        call()
+    return refused.value.status, refused.value.message
+
+
+def test_the_openai_frontends_calls_load_what_is_not_loaded_and_unload_what_is(explicit: ModelLifecycle) -> None:
+    """Triton's OpenAI frontend's load/unload (``frontend``): refused at once, in its words, for a model on
+    its list (loaded or loading) and one not on it; the KServe calls are not (a load reloads)."""
+    explicit.startup()
+    assert _refused(lambda: explicit.load("a", "dup", frontend=True)) == (
+        Status.ALREADY_EXISTS, "Model 'a' is already loaded")
+    explicit.load("b", "first", frontend=True)
+    assert _refused(lambda: explicit.load("b", "second", frontend=True)) == (
+        Status.ALREADY_EXISTS, "Model 'b' is already loaded")  # on its way: of concurrent loads one loads
+    explicit.unload("b", frontend=True)  # a model loading is on the list: its load is cancelled
+    assert _refused(lambda: explicit.unload("b", frontend=True)) == (Status.NOT_FOUND, "Unknown model: b")
+    assert _refused(lambda: explicit.unload("nope", frontend=True)) == (Status.NOT_FOUND, "Unknown model: nope")
+    assert _refused(lambda: explicit.load("..", "dots", frontend=True))[0] is Status.INVALID_ARG  # Triton's check
+    explicit.load("a", "kserve")  # not refused: Triton's KServe load of a loaded model reloads it
+    answers = _answers(explicit)
+    assert answers["first"].error is not None and answers["first"].error.status is Status.CANCELLED
+    assert "dup" not in answers and "second" not in answers  # refused, not answered later too
+
+
+def test_the_openai_frontends_calls_need_explicit_mode(repo: Path) -> None:
+    for none in _lifecycle(repo, ControlMode.NONE):
+        none.startup()
+        refusal = (Status.UNSUPPORTED, "Model load/unload requires --model-control-mode=explicit")
+        assert _refused(lambda: none.load("a", "caller", frontend=True)) == refusal  # noqa: B023 (called at once)
+        assert _refused(lambda: none.unload("a", frontend=True)) == refusal  # noqa: B023
+
+
+def test_a_start_up_model_no_repository_holds_is_named_in_tritons_words(
+        repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for lifecycle in _lifecycle(repo, ControlMode.EXPLICIT, ["nowhere"]):
+        lifecycle.startup()
+        message = "failed to poll model 'nowhere': model not found in any model repository"
+        assert lifecycle.startup_outcome() == message  # --exit-on-error's reason
+        assert f"{message}." in caplog.messages  # and Triton's log line

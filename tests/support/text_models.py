@@ -5,8 +5,9 @@ one word per "token" (the first bare, the others after a space), at most ``max_t
 before a word in ``stop_words``: deterministic, and it shows the prompt the model received.
 
 * ``STREAMING``: decoupled, one response per word when ``stream`` is true (else one with the whole
-  text); its tokenizer (a word-level one with a chat template) lies in ``<model>/tokenizer``, named by
-  the config's ``tokenizer`` parameter.
+  text); unbatched, its inputs in two dimensions (``[1, 1]``, ``[1, -1]``: Triton's tool_stream_py's
+  shapes); its tokenizer (a word-level one with a chat template) lies in ``<model>/tokenizer``, named
+  by the config's ``tokenizer`` parameter.
 * ``PLAIN``: not decoupled, batched (``max_batch_size`` 4): one answer per request; no tokenizer, so chat
   writes a plain transcript and there is no ``usage``.
 """
@@ -75,11 +76,11 @@ backend: "python"
 max_batch_size: {batch}
 {policy}
 input [
-  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
-  {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }},
-  {{ name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
-  {{ name: "stop_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }}
+  {{ name: "text_input" data_type: TYPE_STRING dims: [ {one} ] }},
+  {{ name: "stream" data_type: TYPE_BOOL dims: [ {one} ] optional: true }},
+  {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ {one} ] optional: true }},
+  {{ name: "temperature" data_type: TYPE_FP32 dims: [ {one} ] optional: true }},
+  {{ name: "stop_words" data_type: TYPE_STRING dims: [ {many} ] optional: true }}
 ]
 output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
@@ -103,9 +104,9 @@ def write_word_tokenizer(path: str) -> None:
 
 def build(repo: str) -> None:
     streaming = write_model(repo, STREAMING, CONFIG.format(
-        name=STREAMING, batch=0, policy="model_transaction_policy { decoupled: true }",
+        name=STREAMING, batch=0, policy="model_transaction_policy { decoupled: true }", one="1, 1", many="1, -1",
         parameters='parameters { key: "tokenizer" value: { string_value: "tokenizer" } }'),
         {"model.py": textwrap.dedent(MODEL)})
     write_word_tokenizer(os.path.join(streaming, "tokenizer"))  # beside the config: the model's directory
-    write_model(repo, PLAIN, CONFIG.format(name=PLAIN, batch=4, policy="", parameters=""),
+    write_model(repo, PLAIN, CONFIG.format(name=PLAIN, batch=4, policy="", parameters="", one="1", many="-1"),
                 {"model.py": textwrap.dedent(MODEL)})

@@ -8,10 +8,12 @@ tests/ingress/openai/test_openai_vllm_e2e.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import openai
 import pytest
 
+from conveyor.deploy.example_repo import identity
 from conveyor.deploy.ports import free_port
 from tests.support import openai_models, text_models
 from tests.support.group import Server, _listening, start_server
@@ -29,6 +32,8 @@ LEVEL = "e2e"
 MODEL = "fake_llm"
 LIMITED = "fake_llm_limited"  # MAX_WAITING_REQUESTS 1
 SEP = "_lora_"
+OTHER = "identity_fp32"  # a model that is not generative (ONNX)
+LIMIT_BYTES = 1 << 20  # the group's --http-max-input-size
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +42,14 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, in
     openai_models.build(repo)
     openai_models.build(repo, LIMITED)
     text_models.build(repo)
+    identity(repo, OTHER)
     with open(os.path.join(repo, LIMITED, "config.pbtxt"), "a") as f:
         f.write('parameters { key: "MAX_WAITING_REQUESTS" value: { string_value: "1" } }\n')
     port = free_port()
+    # Explicit mode (every model loaded at start): Triton's frontend's load and unload are allowed.
     srv = start_server(repo, f"oa{os.getpid()}", "--workers", "1", "--openai-port", str(port),
-                       "--openai-address", "127.0.0.1", "--lora-separator", SEP, grpc=False)
+                       "--openai-address", "127.0.0.1", "--lora-separator", SEP, "--model-control-mode", "explicit",
+                       "--load-model", "*", "--http-max-input-size", str(LIMIT_BYTES), grpc=False)
     deadline = time.monotonic() + 30
     while not _listening(port):
         assert time.monotonic() < deadline, "the OpenAI ingress did not listen"
@@ -58,9 +66,15 @@ def client(group: tuple[Server, int]) -> openai.OpenAI:
 
 def test_models_lists_the_model_and_its_adapters(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
+    # Every ready model, as Triton's frontend lists them: one that is not generative too.
     assert ids == [text_models.PLAIN, text_models.STREAMING, MODEL, f"{MODEL}{SEP}sql", f"{MODEL}{SEP}poet",
-                   LIMITED, f"{LIMITED}{SEP}sql", f"{LIMITED}{SEP}poet"]
+                   LIMITED, f"{LIMITED}{SEP}sql", f"{LIMITED}{SEP}poet", OTHER]
     assert client.models.retrieve(f"{MODEL}{SEP}sql").id == f"{MODEL}{SEP}sql"
+    card = client.models.retrieve(OTHER).to_dict()
+    assert (card["id"], card["owned_by"], card["root"], card["parent"]) == (OTHER, "Triton Inference Server", OTHER,
+                                                                            None)
+    with pytest.raises(openai.BadRequestError, match=f"`{OTHER}` is not a text generation model"):
+        client.completions.create(model=OTHER, prompt="a")
 
 
 def test_completion(client: openai.OpenAI) -> None:
@@ -398,3 +412,73 @@ def test_tokenize_detokenize_version_and_health_answer_as_vllms(group: tuple[Ser
     assert status == 200 and re.fullmatch(r"\d+\.\d+\.\d+.*", doc["version"])
     status, r, _ = _call(port, "GET", "/health", headers={"X-Request-Id": "h"})
     assert status == 200 and r.getheader("X-Request-Id") == "h"
+
+
+def _post(port: int, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path)
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, json.loads(data) if r.getheader("Content-Type") == "application/json" else data
+    finally:
+        conn.close()
+
+
+def test_tritons_frontend_loads_and_unloads_models(group: tuple[Server, int], client: openai.OpenAI) -> None:
+    """``POST /v1/models/{name}/load|unload``: Triton's frontend's statuses and words (its FastAPI ``detail``)."""
+    port = group[1]
+    assert _post(port, f"/v1/models/{LIMITED}/load") == (400, {"detail": f"Model '{LIMITED}' is already loaded"})
+    assert _post(port, f"/v1/models/{LIMITED}/unload") == (200, {"status": "success", "model": LIMITED})
+    assert LIMITED not in [m.id for m in client.models.list()]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model=LIMITED, prompt="a", max_tokens=1)  # at once: not from before the unload
+    assert _post(port, f"/v1/models/{LIMITED}/unload") == (400, {"detail": f"Unknown model: {LIMITED}"})
+    status, card = _post(port, f"/v1/models/{LIMITED}/load")
+    assert status == 200 and (card["id"], card["object"], card["owned_by"]) == (LIMITED, "model",
+                                                                                 "Triton Inference Server")
+    assert card["created"] > 0
+    assert client.completions.create(model=LIMITED, prompt="a b", max_tokens=2).choices[0].text == " a b"
+    # A model that is not generative loads and unloads the same; of concurrent loads one loads, as Triton's lock.
+    assert _post(port, f"/v1/models/{OTHER}/unload")[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = sorted(s for s, _ in pool.map(lambda _: _post(port, f"/v1/models/{OTHER}/load"), range(4)))
+    assert codes == [200, 400, 400, 400] and OTHER in [m.id for m in client.models.list()]
+    status, doc = _post(port, "/v1/models/nowhere/load")
+    assert (status, doc) == (500, {"detail": "Failed to load model 'nowhere': failed to load 'nowhere', failed to "
+                                             "poll from model repository"})
+    assert _post(port, "/v1/models/nowhere/unload") == (400, {"detail": "Unknown model: nowhere"})
+    # Triton's test_load_unload_invalid_model_name: path traversal and blank names are its 400, other paths 404.
+    for name, expected in (("..", 400), ("%20%20", 400), ("%0A%09", 400), ("", 404), ("model/", 404),
+                           ("../../etc", 404), ("model/subdir", 404)):
+        for call in ("load", "unload"):
+            assert _post(port, f"/v1/models/{name}/{call}")[0] == expected, (name, call)
+
+
+def _too_large(port: int, path: str, head: bytes, body: bytes) -> tuple[int, Any]:
+    """Send the whole request, as an HTTP client does, then read the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: t\r\n%s\r\n" % (path.encode(), head) + body)
+        reply = b""
+        while chunk := sock.recv(1 << 16):
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_body_over_the_limit_is_tritons_413_and_the_client_reads_it(group: tuple[Server, int]) -> None:
+    """Triton's frontend's 413 ``content_too_large`` on every POST route, for a Content-Length over the limit
+    (refused before a byte is read) and a chunked body crossing it; the client, still sending when refused,
+    gets to read it: 32 MiB is past what the sockets' buffers hold, and a connection closed with them
+    unread is reset."""
+    port, over = group[1], 32 << 20
+    message = (f"Request size of {{}} bytes exceeds the maximum allowed input size of {LIMIT_BYTES} bytes. Use "
+               "--http-max-input-size to increase the limit.")
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", f"/v1/models/{OTHER}/load"):
+        status, doc = _too_large(port, path, b"Content-Length: %d\r\n" % over, b"x" * over)
+        assert (status, doc) == (413, {"error": {"message": message.format(over), "type": "invalid_request_error",
+                                                 "code": "content_too_large"}}), path
+        chunks = b"%x\r\n%s\r\n1\r\nx\r\n0\r\n\r\n" % (LIMIT_BYTES, b"x" * LIMIT_BYTES)
+        status, doc = _too_large(port, path, b"Transfer-Encoding: chunked\r\n", chunks)
+        assert (status, doc["error"]["code"]) == (413, "content_too_large"), path
+        assert doc["error"]["message"] == message.format(LIMIT_BYTES + 1), path

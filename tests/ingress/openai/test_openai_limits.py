@@ -67,6 +67,8 @@ def test_stop_strings_and_logprobs_are_bounded() -> None:
         "Requested sample logprobs of 21, which is greater than max allowed: 20")
     chat = _chat(logprobs=True, top_logprobs=21)
     assert "greater than max allowed: 20" in _refused(sampling_parameters, chat, 16)
+    assert _refused(sampling_parameters, _chat(top_logprobs=5), 16) == (
+        "`top_logprobs` can only be used when `logprobs` is True")  # Triton's frontend's words
 
 
 def test_vllms_sampling_fields_reach_the_engine() -> None:

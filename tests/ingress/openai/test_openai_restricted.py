@@ -36,6 +36,8 @@ ROUTES = [
     ("GET", "/version", {"metadata"}),
     ("POST", "/v1/load_lora_adapter", {"model-repository"}),
     ("POST", "/v1/unload_lora_adapter", {"model-repository"}),
+    ("POST", "/v1/models/m/load", {"model-repository"}),  # Triton's "POST /v1/models/"
+    ("POST", "/v1/models/m/unload", {"model-repository"}),
 ]
 
 
