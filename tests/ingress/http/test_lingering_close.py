@@ -22,6 +22,8 @@ from conveyor.ingress.http.protocol import HttpToolsProtocol
 from conveyor.ingress.http.server import bind_socket
 from tests.support.certs import Certs, make_certs
 
+LEVEL = "unit"
+
 LIMIT = 1 << 20
 SENT = 32 << 20  # past what the two sockets' buffers hold: closed at once, the connection would be reset
 
