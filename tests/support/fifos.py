@@ -14,8 +14,32 @@ import contextlib
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
+from google.protobuf import text_format
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.proto.errors import ConveyorError
+
+FIFO = "a FIFO, not a regular file"  # the reason in a refusal's words
+
+
+def unreadable(path: str | Path) -> str:
+    """A refusal of a FIFO where a text file belongs, in Triton's words."""
+    return f"failed to open text file for read {path}: {FIFO}"
+
+
+def config(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def refused(call: Callable[[], Any]) -> ConveyorError:
+    with pytest.raises(ConveyorError) as err:
+        call()
+    return err.value
 
 
 class Fifos:

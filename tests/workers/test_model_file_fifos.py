@@ -7,43 +7,23 @@ bound only so that a regression fails instead of hanging."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from google.protobuf import text_format
 
-from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import Status
 from conveyor.workers.classification import load_labels
 from conveyor.workers.sequence_state import SequenceSlots
 from conveyor.workers.warmup import sample_inputs
-from tests.support.fifos import Fifos, checked
+from tests.support.fifos import FIFO, Fifos, checked, config, refused, unreadable
 
 LEVEL = "unit"
 
 RELEASE_S = 20.0  # a bound, never a measure
-FIFO = "a FIFO, not a regular file"
-
-
-def unreadable(path: str | Path) -> str:
-    return f"failed to open text file for read {path}: {FIFO}"
-
-
-def config(text: str) -> mc.ModelConfig:
-    return text_format.Parse(text, mc.ModelConfig())
-
-
 @pytest.fixture
 def fifos() -> Iterator[Fifos]:
     yield from checked(RELEASE_S)
-
-
-def refused(call: Callable[[], Any]) -> ConveyorError:
-    with pytest.raises(ConveyorError) as err:
-        call()
-    return err.value
 
 
 def test_a_label_file_fifo(tmp_path: Path, fifos: Fifos) -> None:

@@ -4,40 +4,20 @@ the frameworks' imports take seconds (and torch's runs ldconfig)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from google.protobuf import text_format
 
-from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import ConveyorError, Status
-from tests.support.fifos import Fifos, checked
+from conveyor.proto.errors import Status
+from tests.support.fifos import Fifos, checked, config, refused, unreadable
 
 LEVEL = "slow"
 
 RELEASE_S = 20.0  # a bound, never a measure
-FIFO = "a FIFO, not a regular file"
-
-
-def unreadable(path: str | Path) -> str:
-    return f"failed to open text file for read {path}: {FIFO}"
-
-
-def config(text: str) -> mc.ModelConfig:
-    return text_format.Parse(text, mc.ModelConfig())
-
-
 @pytest.fixture
 def fifos() -> Iterator[Fifos]:
     yield from checked(RELEASE_S)
-
-
-def refused(call: Callable[[], Any]) -> ConveyorError:
-    with pytest.raises(ConveyorError) as err:
-        call()
-    return err.value
 
 
 def test_framework_model_file_fifos(tmp_path: Path, fifos: Fifos) -> None:
