@@ -4,18 +4,14 @@ sending requests, for longer than the timeout in all, is not. A real uvicorn ser
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
-from conveyor.ingress.http.protocol import HttpToolsProtocol
-from conveyor.ingress.http.server import bind_socket
+from tests.support.threaded_server import serve
 
 LEVEL = "unit"
 
@@ -31,19 +27,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    sock = bind_socket("127.0.0.1", 0)
-    config = uvicorn.Config(_app, http=HttpToolsProtocol, loop="uvloop", lifespan="off", ws="none",
-                            timeout_keep_alive=KEEP_ALIVE_S, log_config=None, access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield sock.getsockname()[1]
-    server.should_exit = True
-    thread.join(30)
+    yield from serve(_app, timeout_keep_alive=KEEP_ALIVE_S)
 
 
 def _ask(conn: socket.socket) -> None:

@@ -5,22 +5,17 @@ connection just closes after the answer. A real uvicorn server over loopback, no
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from conveyor.ingress.http.body import BodyLimit
-from conveyor.ingress.http.protocol import HttpToolsProtocol
-from conveyor.ingress.http.server import bind_socket
 from tests.support.certs import Certs, make_certs
+from tests.support.threaded_server import serve
 
 LEVEL = "unit"
 
@@ -34,19 +29,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def _serve(**tls: Any) -> Iterator[int]:
-    sock = bind_socket("127.0.0.1", 0)
-    config = uvicorn.Config(BodyLimit(_app, LIMIT), http=HttpToolsProtocol, loop="uvloop",  # type: ignore[arg-type]
-                            lifespan="off", ws="none", log_config=None, access_log=False, **tls)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield sock.getsockname()[1]
-    server.should_exit = True
-    thread.join(30)
+    yield from serve(BodyLimit(_app, LIMIT), **tls)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
