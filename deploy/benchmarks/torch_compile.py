@@ -1,7 +1,9 @@
-"""Per-batch latency of a small TorchScript model on the CPU, uncompiled and compiled
-(``conveyor.torch_compile`` with aot_eager, and inductor where a C++ compiler is),
-measured at the backend (``TorchScriptBackend.execute``: numpy in, numpy out), on
-one intra-op thread as a worker runs it. Not a test: ``python -m conveyor.deploy.benchmarks.torch_compile``.
+"""Per-batch latency of a small model on the CPU as TorchScript, uncompiled and compiled
+(``conveyor.torch_compile`` with aot_eager, and inductor where a C++ compiler is), and as a
+PyTorch 2 package (``platform: "torch_aoti"``: torch.export + AOTInductor, where a C++ compiler is),
+measured at the backend (its ``execute``: numpy in, numpy out), on one intra-op thread as a worker
+runs it, the variants taking turns call by call. Not a test:
+``python -m conveyor.deploy.benchmarks.torch_compile``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from conveyor.proto.model_config import parse_text
 from conveyor.workers.backends import load_backend
-from tests.support.torch_models import compile_parameters, save
+from tests.support.torch_models import compile_parameters, export_pt2, save
 
 
 class Small(torch.nn.Module):
@@ -53,6 +55,8 @@ max_batch_size: 64
 input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]
 output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {out} ] }} ]
 """
+PT2 = "PyTorch 2 package (.pt2)"
+PT2_CONFIG = CONFIG.replace('platform: "pytorch_libtorch"', 'platform: "torch_aoti"')
 # name -> (module, input width, output width)
 MODELS: dict[str, tuple[type[torch.nn.Module], int, int]] = {"mlp": (Small, 64, 10), "pointwise": (Pointwise, 256, 256)}
 
@@ -93,7 +97,8 @@ def main() -> None:
     repo = tempfile.mkdtemp()
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, 1 intra-op thread\n")
     for model, (cls, width, out) in MODELS.items():
-        script = torch.jit.script(cls().eval())
+        module = cls().eval()
+        script = torch.jit.script(module)
         backends, load_s = {}, {}
         for i, (name, parameters) in enumerate(variants.items()):
             text = CONFIG.format(width=width, out=out) + parameters
@@ -101,12 +106,21 @@ def main() -> None:
             t = time.perf_counter()
             backends[name] = load_backend("pytorch", path, parse_text(text), "cpu")
             load_s[name] = time.perf_counter() - t
+        if "inductor" in variants:  # AOTInductor compiles C++ as inductor does
+            t = time.perf_counter()
+            path = export_pt2(module, os.path.join(repo, f"{model}_pt2", "1", "model.pt2"), 64, quick=False,
+                              width=width)
+            backends[PT2] = load_backend("pytorch", path, parse_text(PT2_CONFIG.format(width=width, out=out)), "cpu")
+            load_s[PT2] = time.perf_counter() - t  # export and compile (once, ahead of serving) and load
         results = {rows: measure(backends, rows, width, args.seconds) for rows in (1, 8, 64)}
         print(f"{model} (load average {os.getloadavg()[0]:.1f})\n")
-        print("| variant | load (s) | " + " | ".join(f"batch {b}: median / p90 (µs)" for b in results) + " |")
+        print("| variant | load (s) | " + " | ".join(f"batch {b}: median / p90 (µs), ÷ TorchScript" for b in results)
+              + " |")
         print("|---|---|---|---|---|")
+        base = next(iter(backends))
         for name in backends:
-            cells = [f"{results[rows][name][0]:.0f} / {results[rows][name][1]:.0f}" for rows in results]
+            cells = [f"{results[rows][name][0]:.0f} / {results[rows][name][1]:.0f}, "
+                     f"{results[rows][name][0] / results[rows][base][0]:.2f}" for rows in results]
             print(f"| {name} | {load_s[name]:.1f} | " + " | ".join(cells) + " |")
         print()
 

@@ -35,6 +35,7 @@ _BACKENDS = {
     "python": "python",
     "pytorch_libtorch": "pytorch",
     "pytorch": "pytorch",
+    "torch_aoti": "pytorch",  # PyTorch 2: torch.export + AOTInductor, <version>/model.pt2
     "tensorrt_plan": "tensorrt",
     "tensorrt": "tensorrt",
     "vllm": "vllm",  # Triton's vllm_backend layout: <version>/model.json (router/repository/vllm_autocomplete.py)
@@ -48,11 +49,13 @@ _DEFAULT_FILENAME = {
 # The platform Triton reports for a backend given by name alone.
 _PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
 # Model files Triton recognises a backend by when the config names none.
-_MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".plan": "tensorrt", **frameworks.MODEL_FILE_BACKEND}
-# Why a config without inputs/outputs cannot be completed, for backends that cannot do it.
+_MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".pt2": "pytorch", ".plan": "tensorrt",
+                       **frameworks.MODEL_FILE_BACKEND}
+# Why a config without inputs/outputs cannot be completed, for backends (or platforms) that cannot do it.
 _NOT_COMPLETED = {
     "pytorch": "a TorchScript model's config must declare its inputs and outputs: Triton cannot read them "
                "from the model file either",
+    "torch_aoti": "a PyTorch 2 package (.pt2) does not record its tensors' names: declare the inputs and outputs",
     "tensorrt": "Conveyor does not complete TensorRT configs from the engine yet: declare the inputs and outputs",
     **frameworks.NOT_COMPLETED,
 }
@@ -152,6 +155,8 @@ def load_spec(
             what = config.platform or config.backend or "(none given)"
             spec.error = f"model '{name}': platform/backend '{what}' is not supported"
             return spec
+    if not config.platform and spec.backend == "pytorch" and _is_pt2(config, path):
+        config.platform = "torch_aoti"
     if not config.platform and spec.backend in _PLATFORM:
         config.platform = _PLATFORM[spec.backend]
     if not config.platform and spec.backend == "tensorflow":  # savedmodel or graphdef, by its files
@@ -184,8 +189,9 @@ def load_spec(
     problem = validate(config)
     if not problem and spec.backend == "ensemble":
         problem = ensemble_problem(config)
-    if problem and spec.backend in _NOT_COMPLETED and (not config.input or not config.output):
-        problem = f"{problem} ({_NOT_COMPLETED[spec.backend]})"
+    why = _NOT_COMPLETED.get(config.platform) or _NOT_COMPLETED.get(spec.backend)
+    if problem and why and (not config.input or not config.output):
+        problem = f"{problem} ({why})"
     if problem:
         spec.error = f"model '{name}': {problem}"
         return spec
@@ -208,11 +214,36 @@ def _guess_backend(path: str) -> str:
     return ""
 
 
+def _is_pt2(config: mc.ModelConfig, path: str) -> bool:
+    """A PyTorch model without a platform is a PyTorch 2 package (torch_aoti) when its file is named
+    ``*.pt2``, or when it names none and a version holds ``model.pt2`` but no ``model.pt`` (Triton's
+    rule; where Triton would load a named ``.pt2`` as TorchScript, which cannot work, this says AOTI)."""
+    if config.default_model_filename:
+        return config.default_model_filename.endswith(".pt2")
+    for _, version in _version_dirs(path):
+        files = set(os.listdir(version))
+        if "model.pt" in files:
+            return False
+        if "model.pt2" in files:
+            return True
+    return False
+
+
+def _version_dirs(path: str) -> list[tuple[int, str]]:
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return []
+    return sorted((int(e), os.path.join(path, e)) for e in entries
+                  if e.isdigit() and os.path.isdir(os.path.join(path, e)))
+
+
 def _fill_defaults(config: mc.ModelConfig) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if not config.default_model_filename:
         config.default_model_filename = (frameworks.default_filename(config)
+                                         or ("model.pt2" if config.platform == "torch_aoti" else "")
                                          or _DEFAULT_FILENAME.get(config.backend, "model"))
     if config.HasField("sequence_batching"):  # Triton's defaults, shown by /config
         sb = config.sequence_batching

@@ -174,3 +174,29 @@ def build_compiled(repo: str) -> None:
         save(loop, repo, name, LOOP_CONFIG.format(name=name, extra=compile_parameters(when)))
     save(loop, repo, "torch_compile_bad_backend", LOOP_CONFIG.format(
         name="torch_compile_bad_backend", extra=compile_parameters(backend="no_such_backend")))
+
+
+PT2_CONFIG = """name: "{name}"
+platform: "torch_aoti"
+max_batch_size: {max_batch}
+input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+output [
+  {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {out0} ] }},
+  {{ name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ {out1} ] }}
+]
+{extra}
+"""
+
+
+def export_pt2(module: torch.nn.Module, path: str, max_batch: int, quick: bool = True, width: int = 4) -> str:
+    """``module`` (taking one ``[batch, width]`` tensor ``x``) exported with a batch dimension of 1..max_batch
+    and compiled by AOTInductor into the package ``path``, as docs/BACKENDS.md shows. ``quick``: the C++
+    built without optimisation (a test's package: it compiles in about half the time)."""
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    options = {"aot_inductor.compile_wrapper_opt_level": "O0"} if quick else {}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # Without it export and AOTInductor specialise sizes 0 and 1, and the package refuses a batch of one.
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        program = torch.export.export(module.eval(), (torch.randn(2, width),), dynamic_shapes={"x": {0: batch}})
+        return str(torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=options))
+

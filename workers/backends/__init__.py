@@ -26,6 +26,10 @@ def load_backend(
         from conveyor.workers.backends.python.backend import PythonBackend
 
         return PythonBackend(path, config, device, instance, instance_name)
+    if backend == "pytorch" and config.platform == "torch_aoti":
+        from conveyor.workers.backends.pytorch.aoti import AotiBackend
+
+        return AotiBackend(path, config, device)
     if backend == "pytorch":
         from conveyor.workers.backends.pytorch.backend import TorchScriptBackend
 

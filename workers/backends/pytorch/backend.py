@@ -216,7 +216,7 @@ class TorchScriptBackend:
         value = value.detach()
         if value.dtype == torch.bfloat16:
             value = value.view(torch.int16)  # numpy and the wire have no bfloat16: its raw 2-byte words
-        arr = _device_array(value) if value.device.type == "cuda" else value.numpy()
+        arr = device_array(value) if value.device.type == "cuda" else value.numpy()
         return arr.view(np.uint16) if expected == mc.TYPE_BF16 else arr
 
     def close(self) -> None:
@@ -232,7 +232,7 @@ def _unloaded(*args: Any) -> Any:
     raise internal("the model instance was unloaded")
 
 
-def _device_array(value: Any) -> Any:
+def device_array(value: Any) -> Any:
     """A cupy array over a CUDA tensor's memory (DLPack keeps the tensor alive); a host copy without cupy."""
     try:
         import cupy
