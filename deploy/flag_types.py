@@ -122,6 +122,18 @@ class OpenAiRestrictedGroup(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), group])
 
 
+class FlagsOverDefault(argparse.Action):
+    """Several values after one flag, the flag repeatable (vLLM's ``--api-key a b``); the values given replace
+    the default (one the environment decided) rather than add to it, as argparse's ``extend`` would."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        given = [values] if isinstance(values, str) else [str(v) for v in values or ()]
+        current = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, [*(current if current is not None and current is not self.default else []),
+                                       *given])
+
+
 def tool_parser(text: str) -> str:
     """``--tool-call-parser``: one of the OpenAI endpoint's tool-call parsers (vLLM's names, and Triton's
     frontend's ``llama3`` for ``llama3_json``). Imported only when the flag is given."""

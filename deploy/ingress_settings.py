@@ -3,9 +3,11 @@ requests, the HTTP edge and the gRPC server, access control and TLS, and the ans
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from conveyor.deploy.flag_types import (
+    FlagsOverDefault,
     OpenAiRestrictedGroup,
     RestrictedGroup,
     restricted_group,
@@ -172,6 +174,30 @@ class OpenAiAccess(Settings):
         "metrics and OpenAI port that serves it, each port taking its own flag's header where both name it",
         default=[], repeatable=True, nargs="+", action=OpenAiRestrictedGroup,
         metavar="<api>,... <key> <value>", to_text=restricted_text, section=OPENAI_SECTION)
+
+
+# The keys, separated by white space (a bearer token has none): how the supervisor hands them to the OpenAI ingress.
+API_KEYS_ENV = "CONVEYOR_API_KEYS"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's variable for one key, which its users set
+
+
+def _api_keys_from_environment() -> list[str]:
+    keys = os.environ.get(API_KEYS_ENV) or os.environ.get(VLLM_API_KEY_ENV) or ""
+    return keys.split()
+
+
+class OpenAiKeys(Settings):
+    """API keys on the OpenAI port (vLLM's --api-key)."""
+
+    ACTORS = _INGRESS
+    api_key: list[str] = setting(
+        ("--api-key",), "requests to the OpenAI port's model routes need one of these keys (vLLM's flag; "
+        "repeatable, or several after one flag): 'Authorization: Bearer <key>' (the Anthropic routes also take "
+        "'x-api-key: <key>'), else 401 in the route's own error form; health, metrics and /version stay open. "
+        f"Default: the keys in {API_KEYS_ENV} (separated by spaces), else {VLLM_API_KEY_ENV}; prefer the environment, "
+        "which other users of the host cannot read as they can a command line. Keys are never logged nor handed "
+        "on a command line", default=[], nargs="+", action=FlagsOverDefault, metavar="KEY",
+        default_from=_api_keys_from_environment, secret_env=API_KEYS_ENV, section=OPENAI_SECTION)
 
 
 class GrpcAccess(Settings):

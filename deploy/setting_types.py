@@ -69,6 +69,9 @@ class Setting:
     unused: str = ""  # a Triton flag accepted and not used: why it changes nothing
     grpc_option: str = ""  # the grpc core channel argument it sets (Triton's grpc_server.cc)
     to_text: Callable[[Any], str] = _text  # a value back to the flag's text, for a child's command line
+    # A secret (an API key): never on a child's command line, which every user of the host can read in
+    # /proc; handed to the children in this environment variable instead (``secret_text`` of the value).
+    secret_env: str = ""
 
     @property
     def commands(self) -> frozenset[str]:
@@ -115,9 +118,15 @@ class Setting:
             kwargs["required"] = True
         p.add_argument(*self.flags, **kwargs)
 
+    def environment(self, value: Any) -> dict[str, str]:
+        """A secret's value in a child's environment (one item a line); nothing for another setting."""
+        if not self.secret_env or not value:
+            return {}
+        return {self.secret_env: "\n".join(value) if self.repeatable or isinstance(value, list) else str(value)}
+
     def argv(self, value: Any) -> list[str]:
         """The flag and its value(s) on a child's command line; nothing for an unset value."""
-        if value is None:
+        if value is None or self.secret_env:
             return []
         if self.switch:
             return [self.flags[0]] if value else []

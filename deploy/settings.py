@@ -37,6 +37,7 @@ from conveyor.deploy.ingress_settings import (
     HttpEdge,
     OpenAiAccess,
     OpenAiDefaults,
+    OpenAiKeys,
     RequestLimits,
 )
 from conveyor.deploy.instances import INGRESS_PROTOCOLS
@@ -344,7 +345,7 @@ class GrpcIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimit
 
 
 class OpenAiIngressSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, HttpAccess, OpenAiAccess,
-                            Answers, OpenAiDefaults, IngressProcess):
+                            OpenAiKeys, Answers, OpenAiDefaults, IngressProcess):
     """``conveyor ingress --protocol openai``: the OpenAI-compatible endpoint."""
 
 
@@ -365,16 +366,16 @@ class IngressSettings(HttpIngressSettings, GrpcIngressSettings, OpenAiIngressSet
 
 
 class ServeSettings(EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess,
-                    OpenAiAccess, GrpcAccess, Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling,
-                    ModelControl, ClientSharedMemory, Tracing, Metrics, GroupShape, TritonUnused):
+                    OpenAiAccess, OpenAiKeys, GrpcAccess, Answers, CloudDefaults, OpenAiDefaults, Repository,
+                    Scheduling, ModelControl, ClientSharedMemory, Tracing, Metrics, GroupShape, TritonUnused):
     """``conveyor serve`` and ``tritonserver``: what the supervisor reads and what it hands its children."""
 
 
 # Every declaring class, in --help's order.
 DECLARED: tuple[type[Settings], ...] = (
-    EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess, OpenAiAccess, GrpcAccess,
-    Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl, ClientSharedMemory, Tracing, Metrics,
-    GroupShape, TritonUnused, RouterProcess, IngressProcess, WorkerProcess)
+    EveryProcess, Draining, Listening, Arena, RequestLimits, HttpEdge, GrpcServer, HttpAccess, OpenAiAccess, OpenAiKeys,
+    GrpcAccess, Answers, CloudDefaults, OpenAiDefaults, Repository, Scheduling, ModelControl, ClientSharedMemory,
+    Tracing, Metrics, GroupShape, TritonUnused, RouterProcess, IngressProcess, WorkerProcess)
 SETTINGS: tuple[Setting, ...] = tuple(s for cls in DECLARED for s in cls.declared())
 
 
@@ -403,6 +404,15 @@ def handoff(a: Settings | argparse.Namespace, actor: str, overrides: Mapping[str
     for s in SETTINGS:
         if actor in s.actors and SERVE in s.commands:
             out += s.argv(overrides[s.name] if s.name in overrides else getattr(a, s.name))
+    return out
+
+
+def handoff_environment(a: Settings | argparse.Namespace, actor: str) -> dict[str, str]:
+    """The secrets a child of ``actor`` gets in its environment (``Setting.secret_env``), not on its command line."""
+    out: dict[str, str] = {}
+    for s in SETTINGS:
+        if s.secret_env and actor in s.actors and SERVE in s.commands:
+            out.update(s.environment(getattr(a, s.name)))
     return out
 
 

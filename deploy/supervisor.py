@@ -36,7 +36,7 @@ from conveyor.deploy.lifeline import child_environment, kill_orphans
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
-from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff
+from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
 from conveyor.router.config import CREATE_FAILED_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
@@ -62,10 +62,12 @@ class Child:
     # Started with the group: a failure to listen on its first run stops the start.
     initial: bool = False
     group: str = ""  # what it starts carries it (lifeline.kill_orphans)
+    secrets: dict[str, str] = field(default_factory=dict)  # settings handed in its environment (API keys)
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
         env.update(child_environment(self.group))
+        env.update(self.secrets)
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
@@ -125,7 +127,7 @@ class Supervisor:
 
     def _ingress_child(self, role: str, protocol: str) -> Child:
         return Child(role, ["ingress", "--protocol", protocol, *handoff(self.args, INGRESS)], initial=self._starting,
-                     group=self.group)
+                     group=self.group, secrets=handoff_environment(self.args, INGRESS))
 
     def _new_child(self, role: str) -> Child:
         n = next(self._serials[role])

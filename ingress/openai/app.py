@@ -22,6 +22,7 @@ from conveyor.ingress.context import IngressContext
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.metrics import MetricsOptions, MetricsResource
 from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
+from conveyor.ingress.openai.api_keys import OPENAI_FORM, ApiKeys
 from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
@@ -34,6 +35,9 @@ from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_version
 
+# Open whatever --api-key says, as vLLM leaves them: a load balancer's probes and Prometheus carry no key.
+OPEN_ROUTES = frozenset({"/health", "/health/ready", "/metrics", "/version"})
+
 
 @dataclass(frozen=True, slots=True)
 class OpenAiOptions:
@@ -44,6 +48,7 @@ class OpenAiOptions:
     restricted: dict[str, Restriction] = field(default_factory=dict)
     tool_call_parser: str = ""  # a model's parser when its config names none (--tool-call-parser); "": none
     tokenizer: str = ""  # a model's tokenizer folder when it names none (--tokenizer); "": none
+    api_keys: tuple[str, ...] = ()  # a model route needs one (--api-key); (): open
 
 
 class Models:
@@ -113,10 +118,13 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/unload_lora_adapter", UnloadLoraAdapter(ctx.dataplane, catalog), ("model-repository",)),
     ]
     guard = OpenAiRestrictions()
-    for _, resource, categories in routes:
+    keys = ApiKeys(options.api_keys)
+    for path, resource, categories in routes:
         guard.guard(resource, categories, options.restricted)
-    # The restriction first, before any other middleware reads the request; none at all unless something is.
-    app = falcon.asgi.App(cors_enable=False, middleware=[guard, RequestIds()] if guard else [RequestIds()])
+        if path not in OPEN_ROUTES:
+            keys.guard(resource, OPENAI_FORM)
+    # The key and the restriction first, before any other middleware reads the request; none at all unless set.
+    app = falcon.asgi.App(cors_enable=False, middleware=[m for m in (keys, guard) if m] + [RequestIds()])
     app.req_options.strip_url_path_trailing_slash = True
     for path, resource, _ in routes:
         app.add_route(path, resource)

@@ -7,6 +7,7 @@ parser, and found there; a setting no one uses, or one a child uses but is never
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import types
 import typing
@@ -97,13 +98,24 @@ def _child_namespaces(a: argparse.Namespace) -> dict[str, argparse.Namespace]:
     """Each child's settings, as it parses the command line the supervisor starts it with."""
     a.group = a.group or "default"  # the supervisor names the group before it starts any child
     supervisor = Supervisor(ServeSettings.of(a))
-    argvs = {ROUTER: supervisor._router_child(_repos(a)).argv,
-             WORKER: supervisor._new_child("workers").argv, INGRESS: supervisor._new_child("http-ingress").argv}
+    started = {ROUTER: supervisor._router_child(_repos(a)), WORKER: supervisor._new_child("workers"),
+               INGRESS: supervisor._new_child("http-ingress")}
     out = {}
-    for actor, argv in argvs.items():
+    for actor, started_child in started.items():
+        argv = started_child.argv
         assert argv[0] == actor
-        parser = build_parser()
-        child = parser.parse_args(argv)
+        # The secrets a child is handed in its environment (Setting.secret_env), as its parser reads them.
+        saved = {k: os.environ.get(k) for k in started_child.secrets}
+        os.environ.update(started_child.secrets)
+        try:
+            parser = build_parser()
+            child = parser.parse_args(argv)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         _fold_triton_aliases(parser, child)
         out[actor] = child
     return out
