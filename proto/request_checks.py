@@ -2,14 +2,15 @@
 model's signature, then written once into a shared-memory arena.
 
 Transport-free and process-free: the ingress runs these for its clients'
-requests (``ingress/dataplane.py``) and a worker for its models' BLS requests
-(``workers/backends/python/bls.py``), so a bad request fails the same way,
-with the same message, wherever it comes from. Messages follow Triton's.
+requests (``ingress/dataplane.py``), a worker for its models' BLS requests
+(``workers/backends/python/bls.py``) and the router for an ensemble's steps
+(``check_step_inputs``), so a bad request fails the same way, with the same
+message, wherever it comes from. Messages follow Triton's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +76,51 @@ def check_inputs(
     the inputs in its ``std::unordered_map``'s order, the reverse of the request's
     (libstdc++ puts each new node first), which decides which of two wrong inputs it
     names: so does this walk."""
+    seen = _check_names_and_batch(sig, inputs, request_id)
+    # Pass 2: each input's datatype, shape and bytes.
+    batching = sig.max_batch_size > 0
+    checked: list[tuple[InferInput, int]] = []
+    for inp in reversed(inputs):
+        _check_type_and_shape(sig, inp, batching, request_id)
+        if max_elements and (count := element_count(inp.shape)) > max_elements:
+            raise too_many_elements(inp.name, count, max_elements)
+        if inp.shm is not None:
+            checked.append((inp, _shm_byte_size(sig, inp, inp.shm, request_id)))
+            continue
+        if inp.data is None:
+            raise invalid_arg(f"input '{inp.name}' has no data")
+        if inp.from_json and inp.datatype != "BYTES" and inp.data.size != element_count(inp.shape):  # type: ignore[union-attr]
+            # Triton's HTTP server's words and status (INTERNAL, 500)
+            raise client_mistake("Unable to parse 'data': Shape does not match true shape of 'data' field")
+        checked.append((inp, _byte_size(inp, sig.name, request_id)))
+    _refuse_missing(sig, inputs, seen, request_id)
+    checked.reverse()  # the request's order again
+    return checked
+
+
+class Shaped(Protocol):
+    """What the name, type and shape checks read of an input: a client's ``InferInput``, or the
+    ``TensorRef`` an ensemble hands its step."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+def check_step_inputs(sig: ModelSignature, inputs: Sequence[Shaped], request_id: str = "") -> None:
+    """The checks ``check_inputs`` makes of a client's request, but the bytes, for a request an ensemble
+    makes of one of its steps (its tensors are in shared memory already, sized by the step before), as
+    Triton's core checks every request it is given, an ensemble's steps' too."""
+    seen = _check_names_and_batch(sig, inputs, request_id)
+    batching = sig.max_batch_size > 0
+    for inp in reversed(inputs):
+        _check_type_and_shape(sig, inp, batching, request_id)
+    _refuse_missing(sig, inputs, seen, request_id)
+
+
+def _check_names_and_batch(sig: ModelSignature, inputs: Sequence[Shaped], request_id: str) -> set[str]:
+    """Pass 1, as Triton's: a repeated input and the count, then the names, the batch dimension of each
+    input and the batch size. The names seen."""
     n = len(inputs)
     if n > len(sig.inputs) or n < sig.required_inputs:
         # Triton refuses a repeated input as it is added, so before the count.
@@ -82,7 +128,6 @@ def check_inputs(
         got = [inp.name for inp in reversed(inputs)]
         raise missing_inputs(sig, got, [k for k, s in sig.inputs.items() if k not in got and not s.optional],
                              request_id)
-    # Pass 1, as Triton's: names, then the batch dimension of each input and the batch size.
     seen: set[str] = set()
     batch: int | None = None
     batching = sig.max_batch_size > 0
@@ -110,44 +155,35 @@ def check_inputs(
             f"{request_prefix(request_id)}inference request batch-size must be <= {sig.max_batch_size} "
             f"for '{sig.name}'"
         )
-    # Pass 2: each input's datatype, shape and bytes.
-    checked: list[tuple[InferInput, int]] = []
-    for inp in reversed(inputs):
-        spec = sig.inputs[inp.name]
-        if inp.datatype != spec.datatype:
-            raise invalid_arg(
-                f"{request_prefix(request_id)}inference input '{inp.name}' data-type is '{inp.datatype}', "
-                f"but model '{sig.name}' expects '{spec.datatype}'"
-            )
-        if any(d < 0 for d in inp.shape):
-            raise invalid_arg(
-                f"{request_prefix(request_id)}All input dimensions should be specified for input '{inp.name}' "
-                f"for model '{sig.name}', got {_fmt(inp.shape)}"
-            )
-        if not spec.accepts(inp.shape[1:] if batching else inp.shape):
-            expected = ([-1] if batching else []) + list(spec.dims)
-            raise invalid_arg(
-                f"{request_prefix(request_id)}unexpected shape for input '{inp.name}' for model '{sig.name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. {_BATCH_NOTE if batching else ''}"
-            )
-        if max_elements and (count := element_count(inp.shape)) > max_elements:
-            raise too_many_elements(inp.name, count, max_elements)
-        if inp.shm is not None:
-            checked.append((inp, _shm_byte_size(sig, inp, inp.shm, request_id)))
-            continue
-        if inp.data is None:
-            raise invalid_arg(f"input '{inp.name}' has no data")
-        if inp.from_json and inp.datatype != "BYTES" and inp.data.size != element_count(inp.shape):  # type: ignore[union-attr]
-            # Triton's HTTP server's words and status (INTERNAL, 500)
-            raise client_mistake("Unable to parse 'data': Shape does not match true shape of 'data' field")
-        checked.append((inp, _byte_size(inp, sig.name, request_id)))
+    return seen
+
+
+def _check_type_and_shape(sig: ModelSignature, inp: Shaped, batching: bool, request_id: str) -> None:
+    spec = sig.inputs[inp.name]
+    if inp.datatype != spec.datatype:
+        raise invalid_arg(
+            f"{request_prefix(request_id)}inference input '{inp.name}' data-type is '{inp.datatype}', "
+            f"but model '{sig.name}' expects '{spec.datatype}'"
+        )
+    if any(d < 0 for d in inp.shape):
+        raise invalid_arg(
+            f"{request_prefix(request_id)}All input dimensions should be specified for input '{inp.name}' "
+            f"for model '{sig.name}', got {_fmt(inp.shape)}"
+        )
+    if not spec.accepts(inp.shape[1:] if batching else inp.shape):
+        expected = ([-1] if batching else []) + list(spec.dims)
+        raise invalid_arg(
+            f"{request_prefix(request_id)}unexpected shape for input '{inp.name}' for model '{sig.name}'. "
+            f"Expected {_fmt(expected)}, got {_fmt(inp.shape)}. {_BATCH_NOTE if batching else ''}"
+        )
+
+
+def _refuse_missing(sig: ModelSignature, inputs: Sequence[Shaped], seen: set[str], request_id: str) -> None:
     # Only with optional inputs can the count be right and a required input missing (Triton
     # lets such a request reach the backend): refused here, in the words of the count check.
     missing = [name for name, spec in sig.inputs.items() if name not in seen and not spec.optional]
     if missing:
         raise missing_inputs(sig, [inp.name for inp in reversed(inputs)], missing, request_id)
-    checked.reverse()  # the request's order again
-    return checked
 
 
 _BATCH_NOTE = (
@@ -157,7 +193,7 @@ _BATCH_NOTE = (
 )
 
 
-def _refuse_repeated(inputs: list[InferInput], request_id: str) -> None:
+def _refuse_repeated(inputs: Sequence[Shaped], request_id: str) -> None:
     seen: set[str] = set()
     for inp in inputs:
         if inp.name in seen:

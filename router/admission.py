@@ -10,11 +10,13 @@ from functools import partial
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.migration import MIGRATION
+from conveyor.proto.request_checks import check_step_inputs
+from conveyor.proto.signature import ModelSignature
 from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.scheduler import EnsembleScheduler
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.models import VersionState
+from conveyor.router.models import VersionState, signature
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import Pending
 from conveyor.router.replies import count_failure
@@ -80,6 +82,15 @@ class Admission:
         if isinstance(state, EnsembleVersion):
             self.ensembles.start(identity, req, state)
             return
+        if ensemble_stats is not None:  # an ensemble's step: checked as a client's request is at its ingress
+            try:
+                sig = state.step_signature
+                if sig is None:
+                    sig = state.step_signature = ModelSignature.from_wire(signature(state))
+                check_step_inputs(sig, req.inputs, req.request_id)
+            except ConveyorError as exc:
+                self._reply_error(identity, req.id, state.model, state.label, exc)
+                return
         if req.cache_key and self._answer_from_cache(identity, req, state):
             return
         batched = state.config.max_batch_size > 0

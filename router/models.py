@@ -17,6 +17,7 @@ from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
+from conveyor.proto.signature import ModelSignature
 from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import equal_shapes
@@ -142,6 +143,8 @@ class VersionState:
     label: str = field(init=False, default="")
     # ``decoupled``, read once from the config (``_version_state``): each batch the dispatcher sends asks.
     runs_decoupled: bool = False
+    # What an ensemble's step request to this version is checked against (``Admission``), made at the first.
+    step_signature: ModelSignature | None = None
 
     def __post_init__(self) -> None:
         self.label = str(self.version)

@@ -151,8 +151,10 @@ class EnsembleScheduler:
         deep = False
         if response.error is not None or run.error is not None:
             self._release(response.release)
-            if response.error is not None:
-                self._fail(run, response.error)
+            if response.error is not None:  # named, as Triton's FinishEnsemble names it, nested ones too
+                error = response.error
+                self._fail(run, m.ErrorInfo(error.status, f"in ensemble '{run.state.model}', {error.message}",
+                                            error.worker_lost))
         elif not step.decoupled:
             self._hold(branch.take(response.outputs, step.step.outputs, response.release))
             deep = branch.level in run.levels.feeds_below  # a nested branch may wait for these

@@ -114,6 +114,14 @@ def build(repo: str) -> None:
         _step("simple", ADD_SUB, {"OUTPUT0": "sum"}),
         _step("py_fail", {"INPUT0": "sum"}, {"OUTPUT0": "OUT"}),
     ])
+    # An ensemble input of any length feeding ident's [16]: it loads (the dims agree where both are fixed),
+    # and a request of another length is refused at the step, in Triton's words.
+    write_model(repo, "ens_loose", '''name: "ens_loose"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ ''' + _step("ident", {"INPUT0": "A"}, {"OUTPUT0": "OUT"}) + " ] }\n")
     # Conditional steps (a Conveyor extension): if / else on the sign of sum(A) ...
     gate(repo)
     ensemble(repo, "ens_if_else", ["A"], ["POS", "NEG"], [

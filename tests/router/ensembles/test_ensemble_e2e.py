@@ -87,10 +87,31 @@ def test_concurrent_requests_keep_their_own_tensors(ens_server: Server) -> None:
 
 def test_a_failing_step_fails_the_request_with_its_message(client: Client, protocol: Any) -> None:
     a, b = sample()
-    with pytest.raises(InferenceServerException, match="step exploded on purpose"):
+    with pytest.raises(InferenceServerException) as failed:
         client.infer("ens_fails", ab_inputs(protocol, a, b))
+    assert failed.value.message() == "in ensemble 'ens_fails', step exploded on purpose"  # as Triton names it
     # The ensemble keeps serving after a failure.
     np.testing.assert_array_equal(client.infer("ens_chain", ab_inputs(protocol, a, b)).as_numpy("SUM"), a + b)
+
+
+def test_a_step_is_checked_as_a_clients_request_is(client: Client, protocol: Any) -> None:
+    """Triton's core checks every request, an ensemble's steps' too: a tensor the step's model cannot
+    take is a 400 in its words, named by the ensemble, not the backend's failure."""
+    short = protocol.InferInput("A", [1, 3], "INT32")
+    short.set_data_from_numpy(np.arange(3, dtype=np.int32).reshape(1, 3))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("ens_loose", [short])
+    assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert refused.value.message() == (
+        "in ensemble 'ens_loose', [request id: <id_unknown>] unexpected shape for input 'INPUT0' for model "
+        "'ident'. Expected [-1,16], got [1,3]. NOTE: Setting a non-zero max_batch_size in the model config "
+        "requires a batch dimension to be prepended to each input shape. If you want to specify the full shape "
+        "including the batch dim in your input dims config, try setting max_batch_size to zero. See the model "
+        "configuration docs for more info on max_batch_size.")
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    fits = protocol.InferInput("A", [1, 16], "INT32")
+    fits.set_data_from_numpy(a)
+    np.testing.assert_array_equal(client.infer("ens_loose", [fits]).as_numpy("OUT"), a)
 
 
 def test_a_batching_ensemble_runs_a_non_batching_step(client: Client, protocol: Any) -> None:

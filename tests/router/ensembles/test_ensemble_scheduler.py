@@ -141,7 +141,7 @@ def test_a_failed_step_answers_once_the_running_ones_did(harness: Harness) -> No
     assert harness.replies == []  # "right" may still read the inputs: wait for it
     right = harness.answer("right")
     (reply,) = harness.replies
-    assert reply.error is not None and reply.error.message == "left broke"
+    assert reply.error is not None and reply.error.message == "in ensemble 'diamond', left broke"
     assert reply.release == []
     assert harness.flag(mid) == RELEASED and harness.flag(right) == RELEASED
     assert not any(r.model == "last" for r in harness.submitted)
@@ -269,7 +269,7 @@ def test_a_failed_step_mid_stream_is_sent_at_once_and_ends_the_request(stream: H
     made = post(stream, 2)  # made but not sent (its turn comes after the second's)
     post(stream, 1, error="post broke")
     assert [(r.error is None, r.final) for r in stream.replies] == [(True, False), (False, False)]
-    assert stream.replies[1].error is not None and stream.replies[1].error.message == "post broke"
+    assert stream.replies[1].error is not None and stream.replies[1].error.message == "in ensemble 'stream', post broke"
     assert stream.cancelled == [stream.step("gen").id]  # the stream is asked to stop
     late = send(stream)  # it may still send: dropped at once
     assert late is not None and stream.flag(late) == RELEASED
