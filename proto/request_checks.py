@@ -100,11 +100,16 @@ def check_inputs(
 
 class Shaped(Protocol):
     """What the name, type and shape checks read of an input: a client's ``InferInput``, or the
-    ``TensorRef`` an ensemble hands its step."""
+    ``TensorRef`` an ensemble hands its step (read only)."""
 
-    name: str
-    datatype: str
-    shape: list[int]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def datatype(self) -> str: ...
+
+    @property
+    def shape(self) -> list[int]: ...
 
 
 def check_step_inputs(sig: ModelSignature, inputs: Sequence[Shaped], request_id: str = "") -> None:
