@@ -344,11 +344,11 @@ def structured_outputs(req: Sampling) -> dict[str, Any] | None:
 
 
 def check_completion(req: CompletionRequest) -> None:
-    """What a completion request asks that no engine here does."""
+    """What a completion request asks that no engine here does, in Triton's frontend's words."""
     if req.suffix:
-        raise invalid_arg("suffix is not supported")
+        raise invalid_arg("suffix is not currently supported")
     if req.best_of not in (None, 1):
-        raise invalid_arg("best_of is not supported")
+        raise invalid_arg("best_of is no longer supported in vLLM backend, removed from vLLM V1 engine")
 
 
 def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
