@@ -41,7 +41,7 @@ from conveyor.ingress.openai.schema import (
 )
 from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, finish_reason, read_whole
 from conveyor.ingress.openai.tools import ToolPlan, plan
-from conveyor.ingress.openai.triton_schema import decoder, schema_first
+from conveyor.ingress.openai.triton_schema import decoder, engine_refusals, schema_first
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
@@ -303,6 +303,8 @@ class Completions(_Endpoint):
     async def _parse(self, body: bytes) -> Parsed:
         request = self._decode(body, CompletionRequest)
         check_completion(request)
+        if self._triton:
+            engine_refusals(request)
         params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         prompts = read_prompts(request.prompt, "prompt")
         llm_limits.check_choices(request.n, len(prompts))
@@ -354,6 +356,8 @@ class ChatCompletions(_Endpoint):
 
     async def _parse(self, body: bytes) -> Parsed:
         request = self._decode(body, ChatRequest)
+        if self._triton:
+            engine_refusals(request)
         params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         messages = chat_messages(request)
         target = await self._catalog.target(request.model)

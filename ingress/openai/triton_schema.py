@@ -42,12 +42,13 @@ from conveyor.ingress.openai.schema import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
+    Sampling,
     SchemaError,
     decode,
     decode_as,
 )
 from conveyor.proto import llm_limits
-from conveyor.proto.errors import ConveyorError
+from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.proto.llm_limits import INT64_MAX, INT64_MIN
 
 T = TypeVar("T")
@@ -273,6 +274,19 @@ def decode_triton(body: bytes, kind: type[T]) -> T:
             return cast(T, msgspec.json.decode(body, type=triton, strict=False))
         except (msgspec.ValidationError, msgspec.DecodeError):
             raise exc from None
+
+
+def engine_refusals(request: Sampling) -> None:
+    """What Triton's frontend refuses of a request its model takes, which Conveyor serves as vLLM's server does
+    (its ``_validate_completion_request`` / ``_validate_chat_request``), in its words: any ``best_of`` (its vLLM
+    backend), ``n`` above 1, ``logit_bias``."""
+    completion = isinstance(request, CompletionRequest)
+    if completion and request.best_of is not None:
+        raise invalid_arg("best_of is no longer supported in vLLM backend, removed from vLLM V1 engine")
+    if request.n > 1:
+        raise invalid_arg(f"Received n={request.n}, but only single choice (n=1) is currently supported")
+    if request.logit_bias is not None:
+        raise invalid_arg("logit bias is not supported" if completion else "logit bias is not currently supported")
 
 
 def schema_first(error: ConveyorError, kind: type, body: bytes) -> ConveyorError:

@@ -168,6 +168,19 @@ def test_tritons_refusals_are_its_detail_and_status() -> None:
         assert (status, doc["error"]["message"]) == (400, message)
     assert _post(triton, "/v1/chat/completions", {"model": "m", "messages": USER, "top_logprobs": 2}) == (
         400, {"detail": "`top_logprobs` can only be used when `logprobs` is True"})
+    # What Triton's engine refuses and Conveyor serves as vLLM's server does (OpenAI's form: on to the model).
+    for path, body, message in [
+            ("/v1/completions", {"prompt": "a", "model": "m", "n": 2, "best_of": 1},
+             "best_of is no longer supported in vLLM backend, removed from vLLM V1 engine"),
+            ("/v1/completions", {"prompt": "a", "model": "m", "n": 2},
+             "Received n=2, but only single choice (n=1) is currently supported"),
+            ("/v1/chat/completions", {"messages": USER, "model": "m", "n": 3},
+             "Received n=3, but only single choice (n=1) is currently supported"),
+            ("/v1/completions", {"prompt": "a", "model": "m", "logit_bias": {"0": 0}}, "logit bias is not supported"),
+            ("/v1/chat/completions", {"messages": USER, "model": "m", "logit_bias": {"0": 0}},
+             "logit bias is not currently supported")]:
+        assert _post(triton, path, body) == (400, {"detail": message})
+        assert _post(openai, path, body)[0] == 404  # the model, unknown here, is asked for
     # Starlette's answers for a route or a method there is none of.
     r = triton.simulate_get("/v1/nothing")
     assert (r.status_code, r.json) == (404, {"detail": "Not Found"})
