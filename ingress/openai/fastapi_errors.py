@@ -4,8 +4,8 @@ pydantic v2 validates the body in its lax mode and words each (``type``, ``loc``
 
 A schema is written here in a few node types (``Str``, ``Int``, ``Float``, ``Bool``, ``Enum``, ``Literal``,
 ``List``, ``Dict``, ``Union``, ``Model``, ...) that validate as pydantic's do, so that Triton's frontend's
-request models (``triton_schema.py``) read as its ``schemas/openai.py`` does; ``from_msgspec`` writes one for
-a msgspec type (Conveyor's own fields). None of this runs on a request that decodes: only a body msgspec
+request models (``triton_schema.py``) read as its ``schemas/openai.py`` does; ``struct_node`` writes one for
+a msgspec Struct (Conveyor's own fields). None of this runs on a request that decodes: only a body msgspec
 refused is validated again here, to say what is wrong with it in pydantic's words.
 """
 
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import msgspec
 import msgspec.inspect as mi
 
 Loc = tuple[str | int, ...]
@@ -385,7 +384,7 @@ _AT = re.compile(r" - at `\$(.*)`$")
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
-def fallback(message: str, body: bytes) -> Errors:
+def fallback(message: str) -> Errors:
     """One entry for a refusal the schema here does not explain (msgspec's words, where it found the error)."""
     match = _AT.search(message)
     loc: list[str | int] = ["body"]
@@ -395,13 +394,9 @@ def fallback(message: str, body: bytes) -> Errors:
     return [_entry("value_error", tuple(loc), message, None)]
 
 
-def from_msgspec(kind: Any) -> Node:
-    """The node of a msgspec type (a Struct's fields in order, unknown names ignored unless it forbids them)."""
-    return _node(mi.type_info(kind))
-
-
 @cache
-def _struct(cls: type) -> Model:
+def struct_node(cls: type) -> Model:
+    """A msgspec Struct as a model: its fields in order, other names ignored unless it forbids them."""
     info = mi.type_info(cls)
     assert isinstance(info, mi.StructType)
     return Model(cls.__name__, tuple((f.encode_name, _node(f.type), f.required) for f in info.fields),
@@ -426,13 +421,9 @@ def _node(t: mi.Type) -> Node:
     if isinstance(t, mi.LiteralType):
         return Choice(tuple(t.values))
     if isinstance(t, mi.StructType):
-        return _struct(t.cls)
+        return struct_node(t.cls)
     if isinstance(t, mi.UnionType):
         members = tuple(_node(m) for m in t.types if not isinstance(m, mi.NoneType))
         inner = members[0] if len(members) == 1 else Union(members)
         return Optional(inner) if t.includes_none else inner
     return AnyValue()
-
-
-def struct_node(kind: type[msgspec.Struct]) -> Model:
-    return _struct(kind)

@@ -7,8 +7,10 @@ a completion's ``logprobs`` 0 to 5, ``messages`` not empty, ...) and unknown fie
 msgspec pass, no work more per request. When msgspec refuses a body, ``detail`` validates it again with the
 models below, written in ``fastapi_errors.py``'s nodes as Triton's are in pydantic, and says what FastAPI's
 422 says: each error as pydantic words it. Fields Conveyor takes beyond Triton's models (vLLM's ``top_k``,
-``structured_outputs``, ...) are taken here too, with their own types (``from_msgspec``), and values Triton's
-models refuse but Conveyor's types take (a list of prompts, ``n`` > 1) are served as Conveyor serves them.
+``structured_outputs``, ...) are taken here too, with their own types (``struct_node``), and values Triton's
+models refuse but Conveyor's types take (a list of prompts, a ``json_schema`` response format) are served as
+Conveyor serves them. What Triton's engine refuses of a request its models take (``n`` > 1, ``logit_bias``,
+``best_of``) is refused in its words (``engine_refusals``).
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ def detail(kind: type, body: bytes, message: str) -> list[dict[str, Any]] | None
     could not read the body at all."""
     errors = fe.body_errors(schema_of(kind), body)
     if errors == []:  # refused here, taken by Triton's model: msgspec's own words, where it found the error
-        return fe.fallback(message, body)
+        return fe.fallback(message)
     return errors
 
 
