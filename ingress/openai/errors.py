@@ -116,6 +116,7 @@ async def render_triton_error(req: falcon.asgi.Request, resp: falcon.asgi.Respon
     if isinstance(error, BodyTooLarge):
         _answer(resp, 413, orjson.dumps(too_large_doc(error.size, error.limit)))
         return
+    doc: dict[str, Any]
     if isinstance(error, SchemaError):
         found = detail(error.kind, error.body, error.message)
         if found is None:  # FastAPI's words for a body it cannot read as text

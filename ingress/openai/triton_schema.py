@@ -203,7 +203,7 @@ def _bounded(annotation: Any, node: Node) -> Any:
     inner = node.inner if isinstance(node, Optional) else node
     assert isinstance(inner, (Int, Float))
     args = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
-    bounded = Annotated[args[0], msgspec.Meta(ge=inner.ge, le=inner.le)]
+    bounded = cast(Any, Annotated)[args[0], msgspec.Meta(ge=inner.ge, le=inner.le)]
     return (bounded | None) if type(None) in get_args(annotation) else bounded
 
 
@@ -270,7 +270,7 @@ def decode_triton(body: bytes, kind: type[T]) -> T:
     try:
         return cast(T, decode_as(body, triton, kind))
     except SchemaError as exc:
-        if fe.body_errors(schema_of(kind), body) != []:
+        if fe.body_errors(schema_of(cast(type, kind)), body) != []:
             raise
         try:
             return cast(T, msgspec.json.decode(body, type=triton, strict=False))
@@ -283,7 +283,7 @@ def engine_refusals(request: Sampling) -> None:
     (its ``_validate_completion_request`` / ``_validate_chat_request``), in its words: any ``best_of`` (its vLLM
     backend), ``n`` above 1, ``logit_bias``."""
     completion = isinstance(request, CompletionRequest)
-    if completion and request.best_of is not None:
+    if isinstance(request, CompletionRequest) and request.best_of is not None:
         raise invalid_arg("best_of is no longer supported in vLLM backend, removed from vLLM V1 engine")
     if request.n > 1:
         raise invalid_arg(f"Received n={request.n}, but only single choice (n=1) is currently supported")

@@ -198,8 +198,9 @@ def test_a_value_pydantics_lax_mode_takes_is_taken() -> None:
 def test_the_decoder_refuses_what_the_schema_says_it_refuses() -> None:
     """The two halves of triton_schema.py agree: each bound of Triton's models is a bound of the request's
     decoding, and a value one past it is a 422 that names the field."""
-    bodies = {CompletionRequest: {"model": "m", "prompt": "x"}, ChatRequest: {"model": "m", "messages": USER},
-              EmbeddingRequest: {"model": "m", "input": "x"}}
+    bodies: dict[type, dict[str, Any]] = {CompletionRequest: {"model": "m", "prompt": "x"},
+                                          ChatRequest: {"model": "m", "messages": USER},
+                                          EmbeddingRequest: {"model": "m", "input": "x"}}
     seen = 0
     for kind, model in _MODELS.items():
         for name, node, _ in model.fields:
