@@ -286,7 +286,8 @@ def _openai_ingress(args: OpenAiIngressSettings, router: str) -> None:
     from conveyor.ingress.openai.errors import body_refusal
 
     openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes,
-                           openai_rules(args), args.tool_call_parser, args.tokenizer, tuple(args.api_key))
+                           openai_rules(args), args.tool_call_parser, args.tokenizer, tuple(args.api_key),
+                           args.openai_error_form)
     serve_http(router, args.group or DEFAULT_GROUP, args.openai_address or args.http_address, args.openai_port,
                arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes, limits=_limits(args),

@@ -31,6 +31,7 @@ from conveyor.ingress.limits import (
     DEFAULT_MAX_INPUT_ELEMENTS,
     DEFAULT_MAX_JSON_BYTES,
 )
+from conveyor.ingress.openai.forms import ERROR_FORMS, OPENAI
 from conveyor.ingress.sagemaker.multi_model import DEFAULT_MODEL_ROOT
 
 _INGRESS = frozenset({INGRESS})
@@ -272,3 +273,9 @@ class OpenAiDefaults(Settings):
         ("--tool-call-parser",), "the tool-call parser of a model whose config names none in its TOOL_CALL_PARSER "
         "parameter (Triton's OpenAI frontend's flag; vLLM's parser names, and Triton's llama3; default: none)",
         kind=tool_parser, default="", metavar="NAME", section=OPENAI_SECTION)
+    openai_error_form: str = setting(
+        ("--openai-error-form",), "how the OpenAI port answers a refused request: openai (OpenAI's API's and "
+        "vLLM's: 400 and {\"error\": {...}}; the default) or triton (Triton's OpenAI frontend's: a body outside "
+        "its request schema is 422 with pydantic's {\"detail\": [...]}, other refusals {\"detail\": message}, an "
+        "unknown model 400 'Unknown model: <name>'; the default of conveyor openai-frontend)",
+        default=OPENAI, choices=ERROR_FORMS, section=OPENAI_SECTION)

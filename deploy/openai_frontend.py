@@ -6,7 +6,9 @@ Triton's frontend is one Python process: an in-process Triton server, its OpenAI
 becomes the ``tritonserver`` flags (deploy/settings.py) that do the same (``FRONTEND_FLAGS``); a flag with
 no work to do in Conveyor's design is accepted and logged once at start with the reason, as
 ``tritonserver``'s unused flags are (deploy/triton_flags.py). ``tests/deploy/test_openai_frontend_cli.py``
-keeps a copy of main.py's flag list and fails when the two disagree.
+keeps a copy of main.py's flag list and fails when the two disagree. Conveyor's own flags the command takes
+besides (``EXTENSION_FLAGS``) default to what Triton's frontend does: its error answers
+(``--openai-error-form triton``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.ingress.openai.forms import ERROR_FORMS, TRITON
+
 # main.py's defaults (openai_frontend/utils/utils.py, engine/utils/tool_call_parsers/utils.py).
 HTTP_DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, as Triton's src/common.h
 DEFAULT_MAX_TOOL_CALL_PARSE_BYTES = 128 * 1024
@@ -25,6 +29,7 @@ DEFAULT_OPENAI_PORT = 9000
 _GROUP_TRITON = "Triton Inference Server"
 _GROUP_OPENAI = "Triton OpenAI-Compatible Frontend"
 _GROUP_KSERVE = "Triton KServe Frontend"
+_GROUP_CONVEYOR = "Conveyor's own (not main.py's)"
 
 
 def _positive_int(value: str) -> int:
@@ -146,6 +151,15 @@ FRONTEND_FLAGS: tuple[FrontendFlag, ...] = (
         type=int, default=8001, help="KServe Predict v2 GRPC port (default: 8001)"), _same("--grpc-port")),
 )
 
+# Conveyor's flags beyond main.py's, with the defaults that answer as Triton's frontend does.
+EXTENSION_FLAGS: tuple[FrontendFlag, ...] = (
+    FrontendFlag("--openai-error-form", _GROUP_CONVEYOR, dict(
+        type=str, default=TRITON, choices=list(ERROR_FORMS), help="how the OpenAI port answers a refused "
+        "request: triton (Triton's frontend's: 422 with pydantic's detail for a body outside its schema, "
+        "{\"detail\": message} otherwise; the default here) or openai (OpenAI's API's and vLLM's {\"error\": "
+        "{...}}, conveyor serve's default)"), _same("--openai-error-form")),
+)
+
 # What main.py's in-process server does not serve: Triton's metrics port (its /metrics is on the OpenAI
 # port, as here the group's own on --metrics-port is off).
 FIXED_SERVE_ARGS = ("--allow-metrics", "false")
@@ -153,7 +167,7 @@ FIXED_SERVE_ARGS = ("--allow-metrics", "false")
 
 def add_frontend_flags(parser: argparse.ArgumentParser) -> None:
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in FRONTEND_FLAGS:
+    for f in FRONTEND_FLAGS + EXTENSION_FLAGS:
         if f.group not in groups:
             groups[f.group] = parser.add_argument_group(f.group)
         groups[f.group].add_argument(f.flag, **f.options)
@@ -169,7 +183,7 @@ def serve_argv(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The tritonserver command line ``args`` stands for, and one line for each flag given that is not used."""
     argv: list[str] = list(FIXED_SERVE_ARGS)
     notes: list[str] = []
-    for f in FRONTEND_FLAGS:
+    for f in FRONTEND_FLAGS + EXTENSION_FLAGS:
         value = getattr(args, f.dest)
         if f.to_serve is not None:
             argv += f.to_serve(value)

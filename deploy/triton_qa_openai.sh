@@ -22,7 +22,11 @@
 # (9000, 8000, 8001) disturb nothing else on the host.
 #
 # PYTHON (default: python) runs pytest; CONVEYOR_OPENAI_FRONTEND (default: `$PYTHON -m conveyor.deploy.cli
-# openai-frontend`) is the program the fixture starts. Per-file logs and JUnit XML land in WORK_DIR/logs.
+# openai-frontend`) is the program the fixture starts. TESTS_PYTHONPATH: folders put first on the path of the
+# tests' process only, not the group's: Triton pins openai 1.107.3 (python/openai/requirements.txt), whose
+# errors' text holds the whole body the tests look into (openai 2 and later write only `error.message`),
+# while vLLM in the group needs the openai its own version requires. Per-file logs and JUnit XML land in
+# WORK_DIR/logs.
 set -euo pipefail
 TRITON=$(realpath "$1")
 WORK=$(realpath -m "${2:-$(mktemp -d)}")
@@ -78,8 +82,9 @@ print(tiny.model_dir)
 EOF
 
 export TEST_TOKENIZER=$TINY/model
-export CONVEYOR_OPENAI_FRONTEND=${CONVEYOR_OPENAI_FRONTEND:-"$PY -m conveyor.deploy.cli openai-frontend"}
-export PYTHONPATH=$WORK/stubs${PYTHONPATH:+:$PYTHONPATH}
+GROUP_PATH=${PYTHONPATH:-}
+export CONVEYOR_OPENAI_FRONTEND=${CONVEYOR_OPENAI_FRONTEND:-"env PYTHONPATH=$GROUP_PATH $PY -m conveyor.deploy.cli openai-frontend"}
+export PYTHONPATH=${TESTS_PYTHONPATH:+$TESTS_PYTHONPATH:}$WORK/stubs${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_TARGET_DEVICE=${VLLM_TARGET_DEVICE:-cpu}
 status=0
 for f in "${FILES[@]}"; do

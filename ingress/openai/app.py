@@ -26,7 +26,8 @@ from conveyor.ingress.openai.api_keys import OPENAI_FORM, ApiKeys
 from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
-from conveyor.ingress.openai.errors import render_error
+from conveyor.ingress.openai.errors import error_handler
+from conveyor.ingress.openai.forms import OPENAI
 from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
 from conveyor.ingress.openai.request_id import RequestIds
 from conveyor.ingress.openai.restricted import OpenAiRestrictions
@@ -49,6 +50,7 @@ class OpenAiOptions:
     tool_call_parser: str = ""  # a model's parser when its config names none (--tool-call-parser); "": none
     tokenizer: str = ""  # a model's tokenizer folder when it names none (--tokenizer); "": none
     api_keys: tuple[str, ...] = ()  # a model route needs one (--api-key); (): open
+    error_form: str = OPENAI  # --openai-error-form: OpenAI's error bodies, or Triton's frontend's (forms.py)
 
 
 class Models:
@@ -92,7 +94,7 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     options = options or OpenAiOptions()
     catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser, options.tokenizer)
     json_limit = ctx.dataplane.limits.max_json_bytes
-    endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens)
+    endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens, options.error_form)
     # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own
     # routes (completions, chat and embeddings are inference, /v1/models model-repository), and the KServe
     # category of what it shows (the model list and cards are metadata too, /version the server's).
@@ -104,7 +106,8 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/models/{name}/unload", UnloadModel(ctx.dataplane, options.max_body_bytes), ("model-repository",)),
         ("/v1/completions", Completions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
-        ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit), ("inference",)),
+        ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit, options.error_form),
+         ("inference",)),
         ("/health", Health(ctx.link, ctx), ("health",)),
         # Triton's OpenAI frontend's readiness route (vLLM's is /health): the same answer.
         ("/health/ready", Health(ctx.link, ctx), ("health",)),
@@ -128,6 +131,7 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     app.req_options.strip_url_path_trailing_slash = True
     for path, resource, _ in routes:
         app.add_route(path, resource)
-    app.add_error_handler(Exception, render_error)
-    app.add_error_handler(falcon.HTTPError, render_error)
+    render = error_handler(options.error_form)
+    app.add_error_handler(Exception, render)
+    app.add_error_handler(falcon.HTTPError, render)
     return app

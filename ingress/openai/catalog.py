@@ -28,10 +28,10 @@ from typing import Any
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.openai.chat_template import PLAIN, ChatTemplate, Renderer, load_chat_template
 from conveyor.ingress.openai.contract import IDS_INPUT, TEXT_INPUT, TEXT_OUTPUT, Contract, contract_of
-from conveyor.ingress.openai.errors import unreadable
+from conveyor.ingress.openai.errors import UnknownModel, unreadable
 from conveyor.ingress.openai.tokenizer import PARAMETERS, Tokenizer, load_tokenizer, tokenizer_folder
 from conveyor.ingress.openai.tools import PARSER_PARAMETER
-from conveyor.proto.errors import ConveyorError, Status, invalid_arg, not_found
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.proto.lora import RUNTIME_PARAMETER, repository_adapters
 from conveyor.proto.migration import PARAMETER as MIGRATIONS_PARAMETER
 from conveyor.proto.migration import max_migrations_of
@@ -100,7 +100,7 @@ class RuntimeAdapter:
 
 
 def model_not_found(name: str) -> ConveyorError:
-    return not_found(f"The model `{name}` does not exist.")
+    return UnknownModel(name)
 
 
 class Catalog:
@@ -135,8 +135,9 @@ class Catalog:
         model = await self.model(base, shown=name)
         known = [*model.adapters, *(n for n, a in self._runtime.items() if a.model == base)]
         if adapter not in known:
-            raise not_found(f"The model `{name}` does not exist: '{base}' has no LoRA adapter '{adapter}'"
-                            + (f" (it has {', '.join(known)})" if known else ""))
+            raise UnknownModel(name, f"The model `{name}` does not exist: '{base}' has no LoRA adapter '{adapter}'"
+                               + (f" (it has {', '.join(known)})" if known else ""),
+                               triton=f"Unknown LoRA: {adapter}; for model: {name}")
         return Target(model, adapter)
 
     async def runtime_adapters(self) -> dict[str, RuntimeAdapter]:

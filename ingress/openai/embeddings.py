@@ -28,7 +28,6 @@ from typing import Any
 
 import falcon
 import falcon.asgi
-import msgspec
 import numpy as np
 import orjson
 
@@ -36,10 +35,12 @@ from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, Stream
 from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai.catalog import Catalog, LlmModel
 from conveyor.ingress.openai.contract import EMBEDDING_INPUT, TEXT_INPUT, TEXT_OUTPUT, api_refused, task_refused
+from conveyor.ingress.openai.forms import OPENAI, TRITON
 from conveyor.ingress.openai.generation import scalar_input
 from conveyor.ingress.openai.prompts import read_prompts
 from conveyor.ingress.openai.request_id import request_id
-from conveyor.ingress.openai.schema import decode
+from conveyor.ingress.openai.schema import EmbeddingRequest
+from conveyor.ingress.openai.triton_schema import decoder, schema_first
 from conveyor.proto.errors import ConveyorError, internal, invalid_arg
 
 API = "Embeddings"
@@ -48,19 +49,6 @@ API = "Embeddings"
 MAX_INPUTS = 2048
 _RETURNS = ("return_num_input_tokens", "return_num_output_tokens")
 _ORDER = {"native": "<" if sys.byteorder == "little" else ">", "little": "<", "big": ">"}
-
-
-class EmbeddingRequest(msgspec.Struct, kw_only=True):
-    model: str
-    input: str | list[Any]
-    encoding_format: str = "float"
-    dimensions: int | None = None
-    user: str | None = None  # OpenAI's; accepted and ignored, as vLLM does
-    # vLLM's extensions
-    request_id: str | None = None
-    use_activation: bool | None = None
-    embed_dtype: str = "float32"
-    endianness: str = "native"
 
 
 @dataclass(slots=True)
@@ -117,25 +105,25 @@ def read_answer(result: InferResult) -> Embedded:
 
 
 class Embeddings:
-    def __init__(self, dataplane: DataPlane, catalog: Catalog, max_body_bytes: int, max_json_bytes: int = 0) -> None:
+    def __init__(self, dataplane: DataPlane, catalog: Catalog, max_body_bytes: int, max_json_bytes: int = 0,
+                 error_form: str = OPENAI) -> None:
         self._dataplane = dataplane
         self._catalog = catalog
         self._max_body_bytes = max_body_bytes
         self._max_json_bytes = max_json_bytes
+        self._decode = decoder(error_form)  # --openai-error-form triton: within Triton's schema too
+        self._triton = error_form == TRITON
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         body = await read_body(req, resp, self._max_body_bytes, self._max_json_bytes)
         self._dataplane.drain.admit()
-        request = decode(body, EmbeddingRequest)
-        dtype = encoder(request)
-        texts = prompts(request.input)
-        target = await self._catalog.target(request.model)
-        model = target.model
-        if target.adapter is not None:
-            raise invalid_arg(f"`{request.model}` names a LoRA adapter: embeddings are served by base models only")
-        spec = model.signature.inputs.get(EMBEDDING_INPUT)
-        if spec is None or spec.datatype != "BYTES":
-            raise api_refused(API)
+        try:
+            request, dtype, texts, model = await self._read(body)
+        except ConveyorError as exc:
+            refusal = schema_first(exc, EmbeddingRequest, body) if self._triton else exc
+            if refusal is exc:
+                raise
+            raise refusal from None  # Triton's frontend validates the body with its schema before anything else
         pooling: dict[str, Any] = {}
         if request.dimensions is not None:
             pooling["dimensions"] = [request.dimensions]  # Triton's frontend's form
@@ -157,6 +145,19 @@ class Embeddings:
             "id": f"embd-{rid}", "object": "list", "created": int(time.time()), "model": request.model,
             "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def _read(self, body: bytes) -> tuple[EmbeddingRequest, str, list[str | list[int]], LlmModel]:
+        """The request, the dtype its vectors are written in, its prompts and its model."""
+        request = self._decode(body, EmbeddingRequest)
+        dtype = encoder(request)
+        texts = prompts(request.input)
+        target = await self._catalog.target(request.model)
+        if target.adapter is not None:
+            raise invalid_arg(f"`{request.model}` names a LoRA adapter: embeddings are served by base models only")
+        spec = target.model.signature.inputs.get(EMBEDDING_INPUT)
+        if spec is None or spec.datatype != "BYTES":
+            raise api_refused(API)
+        return request, dtype, texts, target.model
 
     async def _all(self, model: LlmModel, calls: list[InferCall]) -> list[Embedded]:
         """Every prompt's vector, in order; the first failure (by index) raises, once the others are

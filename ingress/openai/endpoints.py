@@ -26,6 +26,7 @@ from conveyor.ingress.http.body import read_body
 from conveyor.ingress.openai import load_report, migration
 from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
+from conveyor.ingress.openai.forms import OPENAI, TRITON
 from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
 from conveyor.ingress.openai.load_report import asked_format
 from conveyor.ingress.openai.prompts import Prompt, merged, read_prompts
@@ -36,11 +37,11 @@ from conveyor.ingress.openai.schema import (
     Sampling,
     chat_messages,
     check_completion,
-    decode,
     sampling_parameters,
 )
 from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, finish_reason, read_whole
 from conveyor.ingress.openai.tools import ToolPlan, plan
+from conveyor.ingress.openai.triton_schema import decoder, engine_refusals, schema_first
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
@@ -70,6 +71,7 @@ class EndpointOptions:
     max_body_bytes: int
     max_json_bytes: int = 0  # --max-json-bytes: an OpenAI body is JSON whole, bounded plain or inflated
     default_max_tokens: int = 16  # Triton's OpenAI frontend's default
+    error_form: str = OPENAI  # --openai-error-form: "triton" decodes within Triton's schema too
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class Parsed:
 
 
 class _Endpoint:
+    kind: type[Sampling] = Sampling
     chat: bool = False
     api = ""  # vLLM's name of the API, in its refusal when the model does not generate
     object_name = ""
@@ -109,11 +112,19 @@ class _Endpoint:
         self._dataplane = dataplane
         self._catalog = catalog
         self._options = options
+        self._decode = decoder(options.error_form)
+        self._triton = options.error_form == TRITON
 
     async def on_post(self, req: Request, resp: Response) -> None:
         body = await read_body(req, resp, self._options.max_body_bytes, self._options.max_json_bytes)
         self._dataplane.drain.admit()
-        parsed = await self._parse(body)
+        try:
+            parsed = await self._parse(body)
+        except ConveyorError as exc:
+            refusal = schema_first(exc, self.kind, body) if self._triton else exc
+            if refusal is exc:
+                raise
+            raise refusal from None  # Triton's frontend validates the body with its schema before anything else
         request, prompts, params = parsed.request, parsed.prompts, parsed.params
         if parsed.tools is not None:
             parsed.tools.apply(params)
@@ -284,13 +295,16 @@ def _merged(calls: list[CallDelta]) -> list[CallDelta]:
 
 
 class Completions(_Endpoint):
+    kind = CompletionRequest
     api = "Completions"
     object_name = "text_completion"
     chunk_object = "text_completion"
 
     async def _parse(self, body: bytes) -> Parsed:
-        request = decode(body, CompletionRequest)
+        request = self._decode(body, CompletionRequest)
         check_completion(request)
+        if self._triton:
+            engine_refusals(request)
         params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         prompts = read_prompts(request.prompt, "prompt")
         llm_limits.check_choices(request.n, len(prompts))
@@ -334,13 +348,16 @@ class Completions(_Endpoint):
 
 
 class ChatCompletions(_Endpoint):
+    kind = ChatRequest
     chat = True
     api = "Chat Completions"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
     async def _parse(self, body: bytes) -> Parsed:
-        request = decode(body, ChatRequest)
+        request = self._decode(body, ChatRequest)
+        if self._triton:
+            engine_refusals(request)
         params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         messages = chat_messages(request)
         target = await self._catalog.target(request.model)

@@ -1,14 +1,27 @@
-"""OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with the
-status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and
-adapter), 413 for a body over --http-max-input-size (Triton's frontend's ``content_too_large``),
-503 when the group cannot serve now, 500 otherwise. Every failure of the
-app goes through ``render_error``; a failure after a stream started is an event.
+"""The OpenAI port's error answers, in the form ``--openai-error-form`` names (``forms.py``).
+
+``openai`` (``render_error``): OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with
+the status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and adapter), 413 for a body
+over --http-max-input-size (Triton's frontend's ``content_too_large``), 503 when the group cannot serve now,
+500 otherwise.
+
+``triton`` (``render_triton_error``): what Triton's OpenAI frontend (FastAPI) answers. A body outside the
+request's schema (``SchemaError``) is 422 ``{"detail": [...]}``, pydantic's account of each error
+(``triton_schema.detail``); every other refusal is ``{"detail": message}`` with the same status as above,
+but for an unknown model, which Triton's routes refuse with 400 ``Unknown model: <name>`` (404 from
+``GET /v1/models/{name}``), and a route or method there is none of, FastAPI's ``Not Found`` / ``Method Not
+Allowed``. The 413 is OpenAI's body in both (Triton's middleware answers so).
+
+Every failure of the app goes through one of the two; a failure after a stream started is an event in OpenAI's
+form, as vLLM's (Triton's frontend ends the stream without one).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from http import HTTPStatus
 from typing import Any
 
 import falcon
@@ -17,6 +30,9 @@ import orjson
 
 from conveyor.ingress.http.body import BodyTooLarge
 from conveyor.ingress.http.errors import RETRY_AFTER
+from conveyor.ingress.openai.forms import TRITON
+from conveyor.ingress.openai.schema import SchemaError
+from conveyor.ingress.openai.triton_schema import detail
 from conveyor.proto.errors import ConveyorError, Status, http_status, internal
 
 log = logging.getLogger(__name__)
@@ -25,6 +41,15 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate
           503: "service_unavailable", 413: "invalid_request_error"}
 _STATUS = {Status.INVALID_ARG: 400, Status.NOT_FOUND: 404, Status.UNAVAILABLE: 503, Status.UNSUPPORTED: 400,
            Status.INTERNAL: 500, Status.CLIENT_MISTAKE: 400}  # not Triton's API: a client's mistake is a 400
+
+
+class UnknownModel(ConveyorError):
+    """NOT_FOUND: a model name that names no model (or adapter) served; ``triton``: Triton's frontend's words."""
+
+    def __init__(self, name: str, message: str = "", triton: str = "") -> None:
+        super().__init__(Status.NOT_FOUND, message or f"The model `{name}` does not exist.")
+        self.name = name
+        self.triton = triton or f"Unknown model: {name}"
 
 
 def unreadable(path: str, exc: Exception) -> ConveyorError:
@@ -65,6 +90,7 @@ def body_refusal(size: int, limit: int) -> tuple[int, bytes]:
 
 async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
                        params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
+    """``--openai-error-form openai``."""
     if resp is None:
         return
     if isinstance(error, BodyTooLarge):
@@ -77,12 +103,61 @@ async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | No
         if error.headers:
             resp.set_headers(error.headers)
     else:
-        log.exception("unhandled error serving %s %s", req.method, req.path)
         status = 500
-        doc = _doc(500, f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else ""))
+        doc = _doc(500, _unhandled(req, error))
+    _answer(resp, status, orjson.dumps(doc))
+
+
+async def render_triton_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
+                              params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
+    """``--openai-error-form triton``: Triton's frontend's statuses and FastAPI's bodies."""
+    if resp is None:
+        return
+    if isinstance(error, BodyTooLarge):
+        _answer(resp, 413, orjson.dumps(too_large_doc(error.size, error.limit)))
+        return
+    doc: dict[str, Any]
+    if isinstance(error, SchemaError):
+        found = detail(error.kind, error.body, error.message)
+        if found is None:  # FastAPI's words for a body it cannot read as text
+            status, doc = 400, {"detail": "There was an error parsing the body"}
+        else:
+            status, doc = 422, {"detail": found}
+    elif isinstance(error, UnknownModel):
+        # Triton's frontend: its model card route answers 404, its inference routes 400 (a client error).
+        status, doc = (404 if req.method == "GET" else 400), {"detail": error.triton}
+    elif isinstance(error, ConveyorError):
+        status, doc = status_of(error), {"detail": error.message}
+    elif isinstance(error, falcon.HTTPError):
+        status = error.status_code
+        doc = {"detail": error.description or HTTPStatus(status).phrase}
+        if error.headers:
+            resp.set_headers(error.headers)
+    else:
+        status, doc = 500, {"detail": _unhandled(req, error)}
+    _answer(resp, status, _dumps(doc))
+
+
+def error_handler(form: str) -> Any:
+    return render_triton_error if form == TRITON else render_error
+
+
+def _unhandled(req: falcon.asgi.Request, error: Exception) -> str:
+    log.exception("unhandled error serving %s %s", req.method, req.path)
+    return f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else "")
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(doc)
+    except TypeError:  # an integer past 64 bits, echoed back in a 422's ``input``: Python's json writes it
+        return json.dumps(doc).encode()
+
+
+def _answer(resp: falcon.asgi.Response, status: int, data: bytes) -> None:
     resp.sse = None
     resp.status = status
     if status == 503:
         resp.set_header("Retry-After", RETRY_AFTER)  # the openai client's retries wait as told
     resp.content_type = falcon.MEDIA_JSON
-    resp.data = orjson.dumps(doc)
+    resp.data = data

@@ -36,7 +36,7 @@ def read_prompts(value: str | list[Any], field: str, limit: int = MAX_PROMPTS) -
     if isinstance(value, str):
         return [value]
     if not value:
-        raise invalid_arg(f"`{field}` must not be empty")
+        raise invalid_arg(f"{field} must be non-empty")  # Triton's frontend's words of an empty prompt
     if not _integer(value[0]):
         check_prompts(len(value), field, limit)
     if all(isinstance(v, str) for v in value):

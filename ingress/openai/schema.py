@@ -29,7 +29,7 @@ import msgspec
 import orjson
 
 from conveyor.proto import llm_limits
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class JsonSchema(msgspec.Struct):
 
 
 class ResponseFormat(msgspec.Struct):
-    type: str
+    type: str = "text"  # OpenAI's default; Triton's model leaves it out too
     json_schema: JsonSchema | None = None
 
 
@@ -177,6 +177,32 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[int]
 
 
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """``/v1/embeddings`` (``embeddings.py``)."""
+
+    model: str
+    input: str | list[Any]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None  # OpenAI's; accepted and ignored, as vLLM does
+    # vLLM's extensions
+    request_id: str | None = None
+    use_activation: bool | None = None
+    embed_dtype: str = "float32"
+    endianness: str = "native"
+
+
+class SchemaError(ConveyorError):
+    """INVALID_ARG: a body its request type refuses (not JSON, a field missing or of the wrong type or value). It
+    keeps the body and the type, for the answer that is the schema's own account of the body
+    (``--openai-error-form triton``: FastAPI's 422, ``triton_schema.detail``)."""
+
+    def __init__(self, message: str, kind: type, body: bytes) -> None:
+        super().__init__(Status.INVALID_ARG, message)
+        self.kind = kind
+        self.body = body
+
+
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
            "repetition_penalty", "ignore_eos", "min_tokens", "logit_bias", "stop_token_ids", "bad_words",
            "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens")
@@ -199,26 +225,29 @@ def decode(body: bytes, kind: type[T]) -> T:
         strict = _STRICT[kind] = type(kind.__name__, (kind,), {}, forbid_unknown_fields=True)
     llm_limits.check_body_values(body)  # before any value is decoded
     try:
-        return cast(T, msgspec.json.decode(body, type=strict))
-    except msgspec.ValidationError as exc:
-        if not str(exc).startswith(_UNKNOWN):
-            raise invalid_arg(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise invalid_arg(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:  # msgspec's decoder recurses into nested arrays and objects
-        raise _too_deep() from None
-    try:
-        out = msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise invalid_arg(f"invalid request: {exc}") from None
-    except RecursionError:
-        raise _too_deep() from None
+        return cast(T, decode_as(body, strict, kind))
+    except SchemaError as exc:
+        if not exc.message.startswith(_INVALID + _UNKNOWN):
+            raise
+    out = cast(T, decode_as(body, kind, kind))
     _log_unknown(body, kind)
     return out
 
 
-def _too_deep() -> Exception:
-    return invalid_arg("the request body is nested too deeply to decode")
+_INVALID = "invalid request: "
+
+
+def decode_as(body: bytes, decoded: type, kind: type) -> Any:
+    """The body as ``decoded`` (``kind`` or a type made of it); a refusal is a ``SchemaError`` of ``kind``. The
+    caller has checked the body's count of values (``llm_limits.check_body_values``)."""
+    try:
+        return msgspec.json.decode(body, type=decoded)
+    except msgspec.ValidationError as exc:
+        raise SchemaError(f"{_INVALID}{exc}", kind, body) from None
+    except msgspec.DecodeError as exc:
+        raise SchemaError(f"the request body is not valid JSON: {exc}", kind, body) from None
+    except RecursionError:  # msgspec's decoder recurses into nested arrays and objects
+        raise SchemaError("the request body is nested too deeply to decode", kind, body) from None
 
 
 def _log_unknown(body: bytes, kind: type) -> None:
@@ -315,11 +344,11 @@ def structured_outputs(req: Sampling) -> dict[str, Any] | None:
 
 
 def check_completion(req: CompletionRequest) -> None:
-    """What a completion request asks that no engine here does."""
+    """What a completion request asks that no engine here does, in Triton's frontend's words."""
     if req.suffix:
-        raise invalid_arg("suffix is not supported")
+        raise invalid_arg("suffix is not currently supported")
     if req.best_of not in (None, 1):
-        raise invalid_arg("best_of is not supported")
+        raise invalid_arg("best_of is no longer supported in vLLM backend, removed from vLLM V1 engine")
 
 
 def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:

@@ -97,6 +97,8 @@ def test_each_flag_becomes_the_setting_that_does_the_same() -> None:
 def test_main_py_defaults() -> None:
     settings, notes = _serve(["--model-repository", "/models"])
     assert notes == []
+    assert settings.openai_error_form == "triton"  # Conveyor's own flag, defaulting to Triton's frontend's answers
+    assert _serve(["--model-repository", "/models", "--openai-error-form", "openai"])[0].openai_error_form == "openai"
     assert settings.openai_port == 9000 and settings.default_max_tokens == 16
     assert (settings.allow_http, settings.allow_grpc, settings.allow_metrics) == (False, False, False)
     assert settings.http_max_body_bytes == HTTP_DEFAULT_MAX_INPUT_SIZE
@@ -178,6 +180,13 @@ def test_the_command_line_of_tritons_fixture_runs_a_group(tmp_path: object) -> N
             urllib.request.urlopen(refused, timeout=10)
         assert (http_error.value.code, json.loads(http_error.value.read())) == (
             400, {"detail": "Model load/unload requires --model-control-mode=explicit"})
+        # Triton's frontend's error answers are the command's default (--openai-error-form triton).
+        empty = urllib.request.Request(f"http://127.0.0.1:{openai_port}/v1/completions", method="POST", data=b"{}",
+                                       headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as http_error:
+            urllib.request.urlopen(empty, timeout=10)
+        assert (http_error.value.code, json.loads(http_error.value.read())["detail"][0]["msg"]) == (
+            422, "Field required")
     finally:
         abandon(proc)
     _, err = proc.communicate()

@@ -213,7 +213,15 @@ def test_unknown_model_and_adapter_are_404(client: openai.OpenAI) -> None:
     assert "no LoRA adapter 'nope'" in err.value.message and "sql, poet" in err.value.message
 
 
-def test_bad_requests_are_400(client: openai.OpenAI) -> None:
+def test_bad_requests_are_400(group: tuple[Server, int], client: openai.OpenAI) -> None:
+    # serve's default --openai-error-form: OpenAI's and vLLM's 400, not Triton's frontend's 422 (its test:
+    # test_openai_error_forms_e2e.py).
+    conn = http.client.HTTPConnection("127.0.0.1", group[1], timeout=30)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "a"}))
+    r = conn.getresponse()
+    assert (r.status, json.loads(r.read())) == (400, {"error": {
+        "message": "invalid request: Object missing required field `model`", "type": "invalid_request_error",
+        "param": None, "code": 400}})
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="a", max_tokens="many")  # type: ignore[call-overload]
     assert "max_tokens" in err.value.message

@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from conveyor.ingress.dataplane import DataPlane, InferCall, InferResult, OutputTensor, StreamError
-from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, Job
+from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions, Job
 from conveyor.ingress.openai.generation import Step, TokenLogprob, _step, joined, steps
 from conveyor.proto.stream_steps import STEP
 from conveyor.workers.backends.base import WireTensor
@@ -178,8 +178,8 @@ def _shown(chunks: list[dict[str, Any]], key: str) -> tuple[str, list[str | None
 
 def test_a_joined_chunk_shows_the_same_text_and_usage() -> None:
     texts = [" once", " upon", " a", " time"]
-    for endpoint, key in ((ChatCompletions(cast(Any, None), cast(Any, None), cast(Any, None)), "delta"),
-                          (Completions(cast(Any, None), cast(Any, None), cast(Any, None)), "text")):
+    for endpoint, key in ((ChatCompletions(cast(Any, None), cast(Any, None), EndpointOptions(1 << 20)), "delta"),
+                          (Completions(cast(Any, None), cast(Any, None), EndpointOptions(1 << 20)), "text")):
         job = Job("id", "llm", 0, 1, None, include_usage=True, logprobs=False, continuous_usage=True)
         one_each = _chunks(endpoint, job, _steps_of(texts))
         together = _chunks(endpoint, job, [_steps_of(texts)[0], joined(_steps_of(texts)[1:])])
@@ -202,8 +202,8 @@ def test_a_token_without_text_still_streams_its_logprob() -> None:
             step.logprobs = [[TokenLogprob(name, -0.5, [(name, -0.5)], [(name, -0.5)])]]
         return out
 
-    for endpoint, key in ((ChatCompletions(cast(Any, None), cast(Any, None), cast(Any, None)), "delta"),
-                          (Completions(cast(Any, None), cast(Any, None), cast(Any, None)), "text")):
+    for endpoint, key in ((ChatCompletions(cast(Any, None), cast(Any, None), EndpointOptions(1 << 20)), "delta"),
+                          (Completions(cast(Any, None), cast(Any, None), EndpointOptions(1 << 20)), "text")):
         tokens = joined(found()).logprobs
         assert tokens is not None
         whole = endpoint._logprobs(tokens[0], 0)
