@@ -2,13 +2,15 @@
 task-free way and its task, falcon's), generate and generate_stream, the OpenAI routes (streamed or
 not, and embeddings), SageMaker's ``/invocations`` and Vertex AI's predict route.
 
-One group serves them all, with one Python model (``waiter``) of the ``text_input`` / ``text_output``
-contract, so every route reaches it. It has one instance and dynamic batching, so a request waits in the
-router's queue while another runs. It records each request it starts and, for a prompt holding ``hold``,
-waits in small steps until ``request.is_cancelled()`` (a bound far above any test's wait), then records
-that it saw it. For each route: client A's ``hold`` request runs; client B's request queues behind it and
-B closes its socket: B never reaches ``execute`` and counts as CANCELED; A closes its socket: the model
-sees ``is_cancelled()`` (counted CANCELED too: it answers CANCELLED); client C is served.
+One group serves them all, with one Python model of the ``text_input`` / ``text_output`` contract, so
+every route reaches it, twice: ``waiter`` answers from ``execute``, ``waiter_decoupled`` through its
+response sender. Each has one instance and dynamic batching, so a request waits in the router's queue
+while another runs. It records each request it starts and, for a prompt holding ``hold``, waits in small
+steps until ``request.is_cancelled()`` (a bound far above any test's wait), then records that it saw it
+and answers CANCELLED. For each route: client A's ``hold`` request runs; client B's request queues
+behind it and B closes its socket: B never reaches ``execute`` and counts as CANCELED; A closes its
+socket: the model sees ``is_cancelled()`` (its CANCELLED answer counts as CANCELED too); client C is
+served.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from tests.support.metrics import metrics_text
 LEVEL = "e2e"
 
 WAIT_S = 30.0  # a bound, only reached when something is broken
-MODEL_NAME = "waiter"
 PREDICT = "/v1/endpoints/e/deployedModels/m:predict"
 
 MODEL = '''
@@ -57,6 +58,7 @@ def _text(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         self.record = os.path.join(args["model_repository"], args["model_version"], "record")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
 
     def _note(self, line):
         with open(self.record, "a") as f:
@@ -81,14 +83,19 @@ class TritonPythonModel:
             text = "[1.5]" if embedding else "echo:" + tag
             out = pb_utils.Tensor("text_output", np.array([[text.encode()]], dtype=object))
             responses.append(pb_utils.InferenceResponse([out]))
-        return responses
+        if not self.decoupled:
+            return responses
+        for request, response in zip(requests, responses):
+            request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
 '''
 
-CONFIG = f'''
-name: "{MODEL_NAME}"
+CONFIG = '''
+name: "{name}"
 backend: "python"
 max_batch_size: 4
 dynamic_batching {{ }}
+{policy}
 input [
   {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
   {{ name: "embedding_request" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
@@ -96,6 +103,8 @@ input [
 output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 '''
+MODEL_NAME = "waiter"
+DECOUPLED = "waiter_decoupled"  # the same model, answering through its response sender
 
 
 @dataclass
@@ -103,13 +112,10 @@ class Group:
     server: Server
     ports: dict[str, int]  # "http", "openai", "sagemaker", "vertex"
 
-    @property
-    def record(self) -> str:
-        return os.path.join(self.server.repo, MODEL_NAME, "1", "record")
-
-    def seen(self) -> list[str]:
+    def seen(self, model: str) -> list[str]:
+        """What ``model`` recorded: ``start <tag>``, ``cancelled <tag>``."""
         try:
-            with open(self.record) as f:
+            with open(os.path.join(self.server.repo, model, "1", "record")) as f:
                 return f.read().split("\n")
         except FileNotFoundError:
             return []
@@ -118,14 +124,17 @@ class Group:
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     repo = str(tmp_path_factory.mktemp("waiter"))
-    write_model(repo, MODEL_NAME, CONFIG, {"model.py": MODEL})
+    write_model(repo, MODEL_NAME, CONFIG.format(name=MODEL_NAME, policy=""), {"model.py": MODEL})
+    write_model(repo, DECOUPLED, CONFIG.format(name=DECOUPLED, policy="model_transaction_policy { decoupled: true }"),
+                {"model.py": MODEL})
     openai, sagemaker, vertex = free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIP_", "SAGEMAKER_"))}
-    env.update(AIP_PREDICT_ROUTE=PREDICT, AIP_HEALTH_ROUTE="/health")
+    env.update(AIP_PREDICT_ROUTE=PREDICT, AIP_HEALTH_ROUTE="/health", SAGEMAKER_TRITON_DEFAULT_MODEL_NAME=MODEL_NAME)
     srv = start_server(repo, f"cl{os.getpid()}", "--workers", "1", "--http-ingress", "1",
                        "--openai-port", str(openai), "--openai-address", "127.0.0.1",
                        "--allow-sagemaker", "true", "--sagemaker-port", str(sagemaker),
-                       "--allow-vertex-ai", "true", "--vertex-ai-port", str(vertex), env=env)
+                       "--allow-vertex-ai", "true", "--vertex-ai-port", str(vertex),
+                       "--vertex-ai-default-model", MODEL_NAME, env=env)
     try:
         deadline = time.monotonic() + WAIT_S
         while not all(_listening(p) for p in (openai, sagemaker, vertex)):
@@ -137,7 +146,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     assert srv.shm_segments() == []
 
 
-# --- the routes: each makes the request bytes for a prompt, and says where it goes ----------------------
+# --- the routes: each makes the request bytes for a model and a prompt, and says where they go -------------
 
 
 def _http(path: str, body: bytes, extra: str = "", *, chunked: bool = False) -> bytes:
@@ -152,19 +161,23 @@ def _kserve(text: str) -> bytes:
                                    "data": [text]}]}).encode()
 
 
-def _binary(path: str, text: str) -> bytes:
+def _binary(model: str, text: str) -> bytes:
     """perf_analyzer's form: the same JSON header every time (every prompt is as long), the bytes behind it.
     The header seen once, such a request goes from the parser's callback, without a task."""
     data = text.encode()
     header = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1],
                                      "parameters": {"binary_data_size": 4 + len(data)}}]}).encode()
-    return _http(path, header + struct.pack("<I", len(data)) + data,
+    return _http(f"/v2/models/{model}/infer", header + struct.pack("<I", len(data)) + data,
                  f"Inference-Header-Content-Length: {len(header)}\r\n")
 
 
-def _openai(path: str, **fields: object) -> Callable[[str], bytes]:
-    def make(text: str) -> bytes:
-        doc = {"model": MODEL_NAME, **fields}
+def _generate(suffix: str) -> Callable[[str, str], bytes]:
+    return lambda model, text: _http(f"/v2/models/{model}/{suffix}", json.dumps({"text_input": text}).encode())
+
+
+def _openai(path: str, **fields: object) -> Callable[[str, str], bytes]:
+    def make(model: str, text: str) -> bytes:
+        doc = {"model": model, **fields}
         if path.endswith("chat/completions"):
             doc["messages"] = [{"role": "user", "content": text}]
         elif path.endswith("embeddings"):
@@ -175,21 +188,30 @@ def _openai(path: str, **fields: object) -> Callable[[str], bytes]:
     return make
 
 
-INFER = f"/v2/models/{MODEL_NAME}/infer"
-ROUTES: dict[str, tuple[str, Callable[[str], bytes]]] = {
-    "infer (task-free)": ("http", lambda t: _binary(INFER, t)),
-    "infer (task)": ("http", lambda t: _http(INFER, _kserve(t))),
-    "infer (falcon)": ("http", lambda t: _http(f"/v2/models/{MODEL_NAME}/versions/1/infer", _kserve(t), chunked=True)),
-    "generate": ("http", lambda t: _http(f"/v2/models/{MODEL_NAME}/generate", json.dumps({"text_input": t}).encode())),
-    "generate_stream": ("http", lambda t: _http(f"/v2/models/{MODEL_NAME}/generate_stream",
-                                                json.dumps({"text_input": t}).encode())),
-    "completions": ("openai", _openai("/v1/completions", max_tokens=4)),
-    "completions (stream)": ("openai", _openai("/v1/completions", max_tokens=4, stream=True)),
-    "chat": ("openai", _openai("/v1/chat/completions", max_tokens=4)),
-    "chat (stream)": ("openai", _openai("/v1/chat/completions", max_tokens=4, stream=True)),
-    "embeddings": ("openai", _openai("/v1/embeddings")),
-    "sagemaker": ("sagemaker", lambda t: _http("/invocations", _kserve(t))),
-    "vertex": ("vertex", lambda t: _http(PREDICT, _kserve(t))),
+@dataclass
+class Route:
+    port: str  # which ingress
+    make: Callable[[str, str], bytes]  # (model, prompt) -> the request
+    model: str = MODEL_NAME
+
+
+ROUTES = {
+    "infer (task-free)": Route("http", _binary),
+    "infer (task)": Route("http", lambda model, t: _http(f"/v2/models/{model}/infer", _kserve(t))),
+    "infer (falcon)": Route("http", lambda model, t: _http(f"/v2/models/{model}/versions/1/infer", _kserve(t),
+                                                           chunked=True)),
+    "generate": Route("http", _generate("generate")),
+    "generate_stream": Route("http", _generate("generate_stream")),
+    "generate (decoupled)": Route("http", _generate("generate"), DECOUPLED),
+    "generate_stream (decoupled)": Route("http", _generate("generate_stream"), DECOUPLED),
+    "completions": Route("openai", _openai("/v1/completions", max_tokens=4)),
+    "completions (stream)": Route("openai", _openai("/v1/completions", max_tokens=4, stream=True)),
+    "completions (decoupled)": Route("openai", _openai("/v1/completions", max_tokens=4), DECOUPLED),
+    "chat": Route("openai", _openai("/v1/chat/completions", max_tokens=4)),
+    "chat (stream, decoupled)": Route("openai", _openai("/v1/chat/completions", max_tokens=4, stream=True), DECOUPLED),
+    "embeddings": Route("openai", _openai("/v1/embeddings")),
+    "sagemaker": Route("sagemaker", lambda model, t: _http("/invocations", _kserve(t))),
+    "vertex": Route("vertex", lambda model, t: _http(PREDICT, _kserve(t))),
 }
 
 
@@ -198,9 +220,9 @@ def _tag(word: str) -> str:
 
 
 def _send(group: Group, route: str, text: str) -> socket.socket:
-    port, make = ROUTES[route]
-    sock = socket.create_connection(("127.0.0.1", group.ports[port]), timeout=WAIT_S)
-    sock.sendall(make(text))
+    r = ROUTES[route]
+    sock = socket.create_connection(("127.0.0.1", group.ports[r.port]), timeout=WAIT_S)
+    sock.sendall(r.make(r.model, text))
     return sock
 
 
@@ -221,12 +243,12 @@ def _metric(group: Group, name: str, labels: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _pending(group: Group) -> int:
-    return _metric(group, "nv_inference_pending_request_count", f'model="{MODEL_NAME}",version="1"')
+def _pending(group: Group, model: str) -> int:
+    return _metric(group, "nv_inference_pending_request_count", f'model="{model}",version="1"')
 
 
-def _cancelled(group: Group) -> int:
-    return _metric(group, "nv_inference_request_failure", f'model="{MODEL_NAME}",reason="CANCELED",version="1"')
+def _cancelled(group: Group, model: str) -> int:
+    return _metric(group, "nv_inference_request_failure", f'model="{model}",reason="CANCELED",version="1"')
 
 
 def _until(check: Callable[[], bool], what: str) -> None:
@@ -238,23 +260,24 @@ def _until(check: Callable[[], bool], what: str) -> None:
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_a_client_that_leaves_takes_its_request_with_it(group: Group, route: str) -> None:
+    model = ROUTES[route].model
     _served(group, route)  # the ingress knows the model (and the binary route's header) from here on
-    before = _cancelled(group)
+    before = _cancelled(group, model)
     held = _tag("hold")
     running = _send(group, route, held)
-    _until(lambda: f"start {held}" in group.seen(), f"{route}: the held request never started")
+    _until(lambda: f"start {held}" in group.seen(model), f"{route}: the held request never started")
 
     queued_tag = _tag("pass")
     queued = _send(group, route, queued_tag)
-    _until(lambda: _pending(group) == 1, f"{route}: the second request never queued")
+    _until(lambda: _pending(group, model) == 1, f"{route}: the second request never queued")
     queued.close()  # B leaves while queued
-    _until(lambda: _pending(group) == 0, f"{route}: the queued request stayed queued")
-    assert _cancelled(group) == before + 1
+    _until(lambda: _pending(group, model) == 0, f"{route}: the queued request stayed queued")
+    assert _cancelled(group, model) == before + 1
 
     running.close()  # A leaves while its model runs it
-    _until(lambda: f"cancelled {held}" in group.seen(), f"{route}: the model never saw is_cancelled()")
-    _until(lambda: _cancelled(group) == before + 2, f"{route}: the running request's cancellation not counted")
+    _until(lambda: f"cancelled {held}" in group.seen(model), f"{route}: the model never saw is_cancelled()")
+    _until(lambda: _cancelled(group, model) == before + 2, f"{route}: the running request's cancellation not counted")
 
     served = _served(group, route)  # the next client is served, by the same instance
-    seen = group.seen()
+    seen = group.seen(model)
     assert f"start {served}" in seen and f"start {queued_tag}" not in seen
