@@ -27,6 +27,9 @@ Send = Callable[[Any], Awaitable[None]]
 
 # Below this, compressing a response inline is cheaper than a hop to a thread.
 OFFLOAD_BYTES = 1 << 20
+# Set in an ASGI request's scope by the protocol (``protocol.py``) when its client went away and its
+# task was cancelled for it: ``BodyLimit`` ends that task quietly (uvicorn would log an error).
+CLIENT_LEFT = "conveyor.client_left"
 
 
 class BodyTooLarge(ConveyorError):
@@ -109,6 +112,9 @@ class BodyLimit:
     that sends the headers and waits (or expects ``100 Continue``) would never
     hear from ``read_body``. Answering here also spares the server reading a body
     it is going to refuse: the connection closes after the 400.
+
+    In front of every app, it is also where a request cancelled because its client went
+    away (``CLIENT_LEFT``) ends: a normal end, nobody to answer.
     """
 
     def __init__(self, app: falcon.asgi.App, limit: int, arena_bytes: int | None = None,
@@ -144,7 +150,11 @@ class BodyLimit:
                     # Both framings (accepted as Triton accepts them, chunked wins: RFC 9112 6.3):
                     # a sign of request smuggling, so this connection ends after the answer.
                     send = _closing(send)
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not scope.get(CLIENT_LEFT):
+                raise  # the server's own cancellation (shutdown past its grace)
 
     def _too_large(self, size: int, header_length: bytes | None) -> ConveyorError:
         """The refusal of a body of ``size`` bytes; ``header_length``: its JSON part's, None when

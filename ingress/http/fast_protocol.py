@@ -217,11 +217,13 @@ class FastInferProtocol(HttpToolsProtocol):
             task = self.loop.create_task(self._serve(fast, request))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
+            self.running = (fast, task)  # cancelled if the client goes away (``connection_lost``)
             return
         # Nothing waits but the router's answer: no task, the answer's callback responds (``_Awaiting``).
         assert request is not None
         awaiting = _Awaiting(self, fast, request, sent.id)
         self.tasks.add(awaiting)  # type: ignore[arg-type]
+        self.running = (fast, awaiting)
         infer.dataplane.link.submit(sent, awaiting.answered)
 
     def _parse(self, cycle: FastCycle) -> HttpInferRequest | None:
@@ -306,8 +308,9 @@ class _Awaiting:
     """A request sent without a task (``FastInferProtocol.on_message_complete``), until its answer.
 
     It stands in the server's task set as the task would: uvicorn's shutdown waits for it, and
-    past its grace ``cancel``s it, which abandons the request as cancelling the task did (the
-    router is told; the answer, when it comes, only frees its memory)."""
+    past its grace ``cancel``s it, as the protocol does when the client goes away; that abandons
+    the request as cancelling the task did (the router is told; the answer, when it comes, only
+    frees its memory)."""
 
     __slots__ = ("cycle", "done", "protocol", "request", "rid")
 

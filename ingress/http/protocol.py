@@ -3,16 +3,23 @@
 ``HttpToolsProtocol`` serves every connection (``fast_protocol.py`` builds on it);
 ``CaseKeepingProtocol`` only when headers are forwarded to models.
 
+A client that goes away (its connection closed or reset) while its request runs takes the
+request with it: ``connection_lost`` cancels what serves it (the ASGI task, or the fast path's
+task or ``_Awaiting``), which tells the router (``RouterLink.abandon``): still queued, it never
+runs and counts as CANCELED; running, its model sees ``is_cancelled()``. uvicorn alone only marks
+the cycle disconnected, which a falcon responder that has read its body never looks at, so the
+work would run to its end for nobody (as in Triton's HTTP frontend).
+
 Built on uvicorn's private protocol class and its attributes (``cycle``, ``flow``,
-``pipeline``, ``server_state``, ...): pyproject pins uvicorn to the minor version this was
-written against.
+``pipeline``, ``server_state``, ``_start_asgi_task``, ...): pyproject pins uvicorn to the minor
+version this was written against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 import orjson
@@ -21,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
 
 from conveyor.ingress.header_forward import RAW_HEADERS
+from conveyor.ingress.http.body import CLIENT_LEFT
 from conveyor.ingress.http.corked_transport import CorkedTransport
 from conveyor.ingress.http.edge import EdgeState
 from conveyor.ingress.http.errors import RETRY_AFTER_LINE
@@ -34,6 +42,12 @@ log = logging.getLogger(__name__)
 # client, still sending, never reads the answer (Triton's frontend's clients expect its 413).
 LINGER_S = 2.0
 LINGER_BYTES = 64 << 20  # a body just over Triton's default 64 MiB limit is read to its end
+
+
+class Abandonable(Protocol):
+    """What serves a running request: its task, or the fast path's ``_Awaiting``."""
+
+    def cancel(self, msg: Any = None) -> bool: ...
 
 
 class _Refused(Exception):
@@ -84,6 +98,9 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._idle_since: float | None = None  # loop time the connection last went idle; None: not idle
         self._linger_left: int | None = None  # bytes still to drop while lingering; None: not lingering
         self._linger_timer: asyncio.TimerHandle | None = None
+        # The request running now (its cycle, what serves it) until its response is complete: cancelled
+        # when the client goes away. Not ``self.cycle``, which is the newest one (pipelined: not running).
+        self.running: tuple[Any, Abandonable] | None = None
 
     # --- the connection -----------------------------------------------------------------
 
@@ -140,6 +157,15 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self.transport.close()  # lingering already: closes
 
     def connection_lost(self, exc: Exception | None) -> None:
+        running = self.running
+        if running is not None:  # the client left before its answer: the work goes too
+            self.running = None
+            cycle, work = running
+            cycle.disconnected = True  # (uvicorn marks only ``self.cycle``)
+            scope = getattr(cycle, "scope", None)  # an ASGI request's: ``BodyLimit`` ends it quietly
+            if scope is not None:
+                scope[CLIENT_LEFT] = True
+            work.cancel()
         self.edge.waiting.pop(self, None)
         for timer in (self._read_timer, self._write_timer, self.timeout_keep_alive_task, self._linger_timer):
             if timer is not None:
@@ -245,8 +271,16 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self.expect_head()
         super().on_message_complete()
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        # uvicorn's (without ``reset_contextvars``, which ``server.py`` leaves off), keeping the task to cancel.
+        task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        self.running = (cycle, task)
+
     def on_response_complete(self) -> None:
         # uvicorn's, but the keep-alive wait costs a timer per idle spell, not per response (``_keep_alive_due``).
+        self.running = None
         self.server_state.total_requests += 1
         if self.transport.is_closing() or self._linger_left is not None:
             return

@@ -1,7 +1,7 @@
 """The vLLM backend on the real engine (vLLM's CPU build), a tiny Llama built on the fly: a Triton
 vllm_backend repository served as is; greedy outputs token for token those of vLLM's own
 ``LLM.generate`` through the gRPC stream and HTTP generate/generate_stream; plain infer; LoRA
-adapters; a cancelled request (gRPC cancel, an HTTP generate_stream client gone) aborted in the
+adapters; a cancelled request (gRPC cancel, an HTTP generate or generate_stream client gone) aborted in the
 engine, in Triton's log lines; the engine's ``vllm:`` metrics on /metrics (only where the config
 asks); the backend's error words; vllm_backend's CI ensemble (batching) over the model (not
 batching); a dead engine unloaded, its shared memory unlinked."""
@@ -367,14 +367,22 @@ def test_engine_metrics_only_where_the_model_asks(served: tuple[Server, Any], se
     assert not [line for line in text.splitlines() if line.startswith("vllm:") and f'model="{EMBED_MODEL}"' in line]
 
 
-def test_a_generate_stream_client_that_goes_away_is_aborted_in_the_engine(served: tuple[Server, Any]) -> None:
+@pytest.mark.parametrize("route", ["generate_stream", "generate"])
+def test_an_http_client_that_goes_away_is_aborted_in_the_engine(served: tuple[Server, Any], route: str) -> None:
+    """A stream's client leaves after its first event; ``generate``'s before its one answer, once the engine
+    is making tokens for it."""
     srv, _ = served
     before = metrics(srv).get("vllm:generation_tokens_total", 0.0)
     conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=60)
-    conn.request("POST", f"/v2/models/{MODEL}/generate_stream",
-                 body=json.dumps({"text_input": "the quick", "stream": True, "sampling_parameters": json.dumps(LONG)}))
-    r = conn.getresponse()
-    assert r.status == 200 and r.readline().startswith(b"data:")
+    stream = route == "generate_stream"
+    body = {"text_input": "the quick", "stream": stream, "sampling_parameters": json.dumps(LONG)}
+    conn.request("POST", f"/v2/models/{MODEL}/{route}", body=json.dumps(body))
+    if stream:
+        r = conn.getresponse()
+        assert r.status == 200 and r.readline().startswith(b"data:")
+    else:
+        eventually(lambda: metrics(srv).get("vllm:generation_tokens_total", 0.0) > before, 30,
+                   what="the engine never began", interval=0.02)
     conn.close()
     assert_aborted(srv, before)
 
