@@ -3,6 +3,13 @@ status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and
 adapter), 413 for a body over --http-max-input-size (Triton's frontend's ``content_too_large``),
 503 when the group cannot serve now, 500 otherwise. Every failure of the
 app goes through ``render_error``; a failure after a stream started is an event.
+
+Anthropic's routes (``/v1/messages``, ``messages.py``) answer in Anthropic's form,
+``{"type": "error", "error": {"type", "message"}, "request_id"}``, with the statuses Anthropic documents:
+400 ``invalid_request_error``, 401 ``authentication_error``, 403 ``permission_error``, 404
+``not_found_error``, 413 ``request_too_large``, 429 ``rate_limit_error``, 500 ``api_error``, and 529
+``overloaded_error`` where the OpenAI routes answer 503 (the group cannot serve now; the ``anthropic``
+client retries it, after ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,14 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate
           503: "service_unavailable", 413: "invalid_request_error"}
 _STATUS = {Status.INVALID_ARG: 400, Status.NOT_FOUND: 404, Status.UNAVAILABLE: 503, Status.UNSUPPORTED: 400,
            Status.INTERNAL: 500, Status.CLIENT_MISTAKE: 400}  # not Triton's API: a client's mistake is a 400
+
+
+# Anthropic's routes: their errors are in Anthropic's form (``render_error``), whatever raised them.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    529: "overloaded_error"}
+OVERLOADED = 529  # Anthropic's status where the OpenAI routes answer 503
 
 
 def unreadable(path: str, exc: Exception) -> ConveyorError:
@@ -50,6 +65,26 @@ def _doc(status: int, message: str, param: str | None = None) -> dict[str, Any]:
                       "param": param, "code": code}}
 
 
+def anthropic_status(status: int) -> int:
+    return OVERLOADED if status == 503 else status
+
+
+def anthropic_doc(error: ConveyorError, request_id: str | None = None) -> dict[str, Any]:
+    return _anthropic(anthropic_status(status_of(error)), error.message, request_id)
+
+
+def _anthropic(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    doc: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    if request_id:
+        doc["request_id"] = request_id
+    return doc
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
 def too_large_doc(size: int, limit: int) -> dict[str, Any]:
     """A body over --http-max-input-size, as Triton's frontend answers it (its RequestSizeLimitMiddleware):
     413, code ``content_too_large``, its words."""
@@ -58,9 +93,12 @@ def too_large_doc(size: int, limit: int) -> dict[str, Any]:
                       "type": "invalid_request_error", "code": "content_too_large"}}
 
 
-def body_refusal(size: int, limit: int) -> tuple[int, bytes]:
+def body_refusal(size: int, limit: int, path: str = "") -> tuple[int, bytes]:
     """The answer to a Content-Length over the limit, before the app reads anything (``BodyLimit``)."""
-    return 413, orjson.dumps(too_large_doc(size, limit))
+    doc = too_large_doc(size, limit)
+    if is_anthropic(path):
+        doc = _anthropic(413, doc["error"]["message"])
+    return 413, orjson.dumps(doc)
 
 
 async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
@@ -81,8 +119,11 @@ async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | No
         status = 500
         doc = _doc(500, f"internal error: {type(error).__name__}" + (f": {error}" if str(error) else ""))
     resp.sse = None
+    if is_anthropic(req.path):
+        status = anthropic_status(status)
+        doc = _anthropic(status, doc["error"]["message"], req.context.get("request_id"))
     resp.status = status
-    if status == 503:
+    if status in (503, OVERLOADED):
         resp.set_header("Retry-After", RETRY_AFTER)  # the openai client's retries wait as told
     resp.content_type = falcon.MEDIA_JSON
     resp.data = orjson.dumps(doc)
