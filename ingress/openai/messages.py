@@ -134,7 +134,7 @@ class Messages(ChatCompletions):
             if report:
                 await self._load_report(resp, report, parsed.target.model.name)
             resp.content_type = "text/event-stream; charset=utf-8"
-            resp.sse = self._message_events(job, first, found)
+            resp.sse = message_events(job, first, found)
             return
         text = ""
         finish: str | None = None
@@ -166,40 +166,42 @@ class Messages(ChatCompletions):
                                   "content": content or [_EMPTY_TEXT], "stop_reason": reason,
                                   "stop_sequence": sequence, "usage": usage_doc(usage)})
 
-    async def _message_events(self, job: Job, first: Step,
-                              rest: AsyncGenerator[Step, None]) -> AsyncIterator[falcon.asgi.SSEvent]:
-        usage = Usage()
+
+async def message_events(job: Job, first: Step,
+                         rest: AsyncGenerator[Step, None]) -> AsyncIterator[falcon.asgi.SSEvent]:
+    """A streamed answer's events, from its first step (read before the status line) and the rest."""
+    usage = Usage()
+    blocks = _Blocks(job.tools.reader() if job.tools else None)
+    finish: str | None = None
+    stop: str | None = None
+    try:
         usage.add(first)
-        blocks = _Blocks(job.tools.reader() if job.tools else None)
         start = usage_doc(usage)
         start["output_tokens"] = 0  # the answer's tokens come with the deltas; message_delta says how many
         yield Event("message_start", {"type": "message_start", "message": {
             "id": job.id, "type": "message", "role": "assistant", "model": job.model, "content": [],
             "stop_reason": None, "stop_sequence": None, "usage": start}})
         yield PING
-        finish: str | None = None
-        stop: str | None = None
-        try:
-            step: Step | None = first
-            while step is not None:
-                if step is not first:
-                    usage.add(step)
-                for event in blocks.feed(step.texts[0] if step.texts else ""):
-                    yield event
-                finish = (step.finish[0] if step.finish else None) or finish
-                stop = (step.stops[0] if step.stops else None) or stop
-                step = await anext(rest, None)
-            for event in blocks.end():
+        step: Step | None = first
+        while step is not None:
+            if step is not first:
+                usage.add(step)
+            for event in blocks.feed(step.texts[0] if step.texts else ""):
                 yield event
-            reason, sequence = stop_reason(finish, blocks.whole_calls(), stop)
-            yield Event("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": usage_doc(usage)})
-            yield MESSAGE_STOP
-        except ConveyorError as exc:  # the status line is sent already: the error is an event
-            yield Event("error", anthropic_doc(exc))
-        finally:
-            await rest.aclose()  # ends the model's request if the client went away
+            finish = (step.finish[0] if step.finish else None) or finish
+            stop = (step.stops[0] if step.stops else None) or stop
+            step = await anext(rest, None)
+        for event in blocks.end():
+            yield event
+        reason, sequence = stop_reason(finish, blocks.whole_calls(), stop)
+        yield Event("message_delta", {"type": "message_delta",
+                                      "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                      "usage": usage_doc(usage)})
+        yield MESSAGE_STOP
+    except ConveyorError as exc:  # the status line is sent already: the error is an event
+        yield Event("error", anthropic_doc(exc))
+    finally:
+        await rest.aclose()  # ends the model's request if the client went away
 
 
 class _Blocks:
