@@ -45,7 +45,6 @@ from conveyor.ingress.openai.errors import anthropic_doc
 from conveyor.ingress.openai.generation import Step, Usage
 from conveyor.ingress.openai.load_report import asked_format
 from conveyor.ingress.openai.messages_schema import CountTokensRequest, MessagesRequest, chat_request
-from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import chat_messages, decode
 from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, read_whole
 from conveyor.ingress.openai.tools import plan
@@ -53,7 +52,6 @@ from conveyor.proto.errors import ConveyorError, invalid_arg
 
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
-REQUEST_ID_HEADER = "request-id"  # Anthropic's; the client's ``_request_id`` reads it
 
 
 class Event(falcon.asgi.SSEvent):
@@ -126,7 +124,6 @@ class Messages(ChatCompletions):
         request = decode(body, MessagesRequest)
         parsed = await self._prepare(chat_request(request))
         job, found = await self._start(req, parsed)
-        resp.set_header(REQUEST_ID_HEADER, request_id(req))
         report = asked_format(req.get_header(load_report.FORMAT_HEADER))
         if request.stream:
             # The status line waits for the model's first answer: an error before it is a plain 4xx/5xx.
@@ -301,6 +298,5 @@ class CountTokens:
         # As the prompt's tokens are counted in a Messages answer's usage: by the engine where it counts them
         # (vLLM tokenizes a text prompt with its special tokens), by this tokenizer as a chat prompt otherwise.
         count = tokenizer.count(prompt, add_special_tokens=model.contract.counts_tokens)
-        resp.set_header(REQUEST_ID_HEADER, request_id(req))
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({"input_tokens": count})

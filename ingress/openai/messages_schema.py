@@ -23,7 +23,7 @@ What each field becomes, as vLLM's Anthropic server (``vllm/entrypoints/anthropi
   other than ``custom``: web search, code execution, ...) are a 400: nothing here runs them.
 * ``output_config.format`` (``json_schema``) is ``response_format`` ``json_schema``: structured outputs.
 * ``metadata.user_id`` is the chat request's ``user``.
-* ``thinking``, ``output_config.effort``, ``service_tier``, ``cache_control`` (on any block or tool) and
+* ``thinking``, ``output_config.effort``, ``service_tier``, ``cache_control`` (on the request, any block or tool) and
   the ``anthropic-version`` / ``anthropic-beta`` headers are accepted and have no effect: the engines have
   no thinking budget nor service tiers, and their prefix cache needs no marks. ``container`` and
   ``mcp_servers`` (tools run by Anthropic's servers) are a 400. Other unknown fields are ignored and logged
@@ -129,6 +129,7 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
     thinking: dict[str, Any] | None = None  # no effect (module docstring)
+    cache_control: Any = None  # no effect: the engine's prefix cache needs no marks
     mcp_servers: list[Any] | None = None  # refused when given
 
 

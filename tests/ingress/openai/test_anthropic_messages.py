@@ -27,6 +27,7 @@ from conveyor.ingress.openai.messages_schema import (
     MessagesRequest,
     chat_request,
 )
+from conveyor.ingress.openai.request_id import RequestIds
 from conveyor.ingress.openai.schema import ChatRequest, NamedToolChoice, chat_messages, decode
 from conveyor.ingress.openai.tools import ToolPlan
 from conveyor.proto import llm_limits
@@ -291,7 +292,7 @@ class _Refusing:
 
 
 def _answer(error: Exception, path: str = "/v1/messages", method: str = "POST") -> falcon.testing.Result:
-    app = falcon.asgi.App()
+    app = falcon.asgi.App(middleware=[RequestIds()])
     app.add_error_handler(Exception, render_error)
     app.add_error_handler(falcon.HTTPError, render_error)
     app.add_route(path, _Refusing(error))
@@ -311,9 +312,11 @@ def test_errors_on_anthropics_routes_are_in_its_form(error: Exception, status: i
         r = _answer(error, path)
         assert r.status_code == status and r.json["type"] == "error", path
         assert r.json["error"]["type"] == kind and r.json["error"]["message"]
+        assert r.json["request_id"] == r.headers["request-id"] == r.headers["x-request-id"]  # Anthropic's name too
         # The anthropic client retries an overload after the Retry-After it is given, as openai's a 503.
         assert ("Retry-After" in r.headers) == (status == 529)
-    assert "type" not in _answer(error, "/v1/chat/completions").json  # the OpenAI routes keep OpenAI's form
+    openai = _answer(error, "/v1/chat/completions")
+    assert "type" not in openai.json and "request-id" not in openai.headers  # the OpenAI routes keep OpenAI's form
 
 
 def test_a_method_the_route_does_not_take_is_in_anthropics_form() -> None:

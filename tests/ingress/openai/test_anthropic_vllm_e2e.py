@@ -35,8 +35,11 @@ WEATHER: Any = {"name": "get_weather", "description": "the weather in a city", "
 CLOCK: Any = {"name": "get_time", "input_schema": {
     "type": "object", "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}}, "required": ["zone"],
     "additionalProperties": False}}
+# This client's ``messages.create`` has no sampling arguments: they go in the body as Anthropic's API takes them.
+GREEDY: Any = {"extra_body": {"temperature": 0}}
 TOOL_TOKENS = 48  # room for the forced JSON: a dozen tokens or so
 SYSTEM = "you are a tiny model"
+LONG: Any = [{"role": "user", "content": tiny_llama.LINES[0]}]  # a line the tiny model learnt: a longer answer
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +62,18 @@ def chat(group: VllmGroup) -> openai.OpenAI:
 
 
 def _chat(chat: openai.OpenAI, messages: Any, **fields: Any) -> Any:
+    return _completion(chat, messages, **fields).choices[0]
+
+
+def _completion(chat: openai.OpenAI, messages: Any, **fields: Any) -> Any:
     return chat.chat.completions.create(model=fields.pop("model", MODEL), messages=messages, temperature=0,
-                                        **fields).choices[0]
+                                        **fields)
 
 
 def test_a_message_is_the_chat_completion_of_the_conversation(group: VllmGroup, client: anthropic.Anthropic,
                                                               chat: openai.OpenAI) -> None:
     text, n_out, n_in = group.ref.chat[None]  # vLLM's own greedy answer on the model's template
-    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=CHAT,
+    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT,
                                  metadata={"user_id": "u1"})
     assert out.id.startswith("msg_") and out.type == "message" and out.role == "assistant" and out.model == MODEL
     assert [b.type for b in out.content] == ["text"]
@@ -81,24 +88,26 @@ def test_a_message_is_the_chat_completion_of_the_conversation(group: VllmGroup, 
 def test_the_system_prompt_and_earlier_turns_are_the_chats(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
     turns: Any = [*CHAT, {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
                   {"role": "user", "content": [{"type": "text", "text": "the quick"}, {"type": "text", "text": "fox"}]}]
-    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=turns,
+    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=turns,
                                  system=[{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}])
-    same = _chat(chat, [{"role": "system", "content": SYSTEM}, *CHAT, {"role": "assistant", "content": "hello"},
-                        {"role": "user", "content": "the quick\nfox"}], max_tokens=MAX_TOKENS)
-    assert out.content[0].text == same.message.content  # type: ignore[union-attr]
-    plain = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=turns)
-    assert plain.content[0].text != same.message.content  # type: ignore[union-attr]  # the system prompt counts
+    same = _completion(chat, [{"role": "system", "content": SYSTEM}, *CHAT, {"role": "assistant", "content": "hello"},
+                              {"role": "user", "content": "the quick\nfox"}], max_tokens=MAX_TOKENS)
+    assert out.content[0].text == same.choices[0].message.content  # type: ignore[union-attr]
+    # The same prompt, token for token in number: the system prompt and every turn are in it.
+    assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == same.usage.prompt_tokens
+    plain = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=turns)
+    assert plain.usage.input_tokens + (plain.usage.cache_read_input_tokens or 0) < same.usage.prompt_tokens
 
 
 def test_an_adapter_answers_through_the_model_name(group: VllmGroup, client: anthropic.Anthropic) -> None:
-    out = client.messages.create(model=f"{MODEL}{SEP}alpha", max_tokens=MAX_TOKENS, temperature=0, messages=CHAT)
+    out = client.messages.create(model=f"{MODEL}{SEP}alpha", max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT)
     assert out.content[0].text == group.ref.chat["alpha"][0] != group.ref.chat[None][0]  # type: ignore[union-attr]
     assert out.model == f"{MODEL}{SEP}alpha"
 
 
 def test_a_stream_is_anthropics_events_of_the_same_answer(group: VllmGroup, client: anthropic.Anthropic) -> None:
     text, n_out, n_in = group.ref.chat[None]
-    with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=CHAT) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == text and final.content[0].text == text  # type: ignore[union-attr]
@@ -140,18 +149,18 @@ def _events(group: VllmGroup, body: dict[str, Any]) -> tuple[int, list[tuple[str
     return r.status, out
 
 
-def test_a_stop_sequence_ends_the_answer_and_is_named(group: VllmGroup, client: anthropic.Anthropic) -> None:
-    text = group.ref.chat[None][0]
-    words = text.split()
-    assert len(words) > 2, text
-    stop = words[2]  # a word in the middle of the greedy answer
-    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=CHAT,
-                                 stop_sequences=["zzz", stop])
+def test_a_stop_sequence_ends_the_answer_and_is_named(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
+    text = _chat(chat, LONG, max_tokens=MAX_TOKENS).message.content
+    assert len(text) >= 6, text  # the tiny model's greedy answer to one of the lines it learnt
+    stop = text[len(text) // 2:len(text) // 2 + 2]  # a stop string in the middle of the greedy answer
+    cut = text[:text.index(stop)]  # the stop string left out, as Anthropic leaves it out
+    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=LONG,
+                                 stop_sequences=["\x00", stop])
     assert out.stop_reason == "stop_sequence" and out.stop_sequence == stop
-    assert out.content[0].text == text[:text.index(stop)]  # type: ignore[union-attr]  # the stop string left out
-    with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=CHAT,
+    assert out.content[0].text == cut  # type: ignore[union-attr]
+    with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=LONG,
                                 stop_sequences=[stop]) as stream:
-        assert "".join(stream.text_stream) == text[:text.index(stop)]
+        assert "".join(stream.text_stream) == cut
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
 
@@ -159,7 +168,7 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(group: VllmGroup, client: 
 def test_a_tool_round_trip(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
     """A forced call (``tool_choice`` ``tool``: guided decoding on its schema) is a ``tool_use`` block; its
     result in the next turn is the chat's tool message: the answer is the chat's to the same history."""
-    out = client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, temperature=0, messages=CHAT,
+    out = client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, **GREEDY, messages=CHAT,
                                  tools=[WEATHER, CLOCK], tool_choice={"type": "tool", "name": "get_weather"})
     assert out.stop_reason == "tool_use", out
     assert [b.type for b in out.content] == ["tool_use"]
@@ -169,13 +178,13 @@ def test_a_tool_round_trip(client: anthropic.Anthropic, chat: openai.OpenAI) -> 
     streamed = _streamed_call(client, tools=[WEATHER, CLOCK], tool_choice={"type": "tool", "name": "get_weather"})
     assert streamed == call.input  # greedy: the same call
     # ``any``: one of the tools
-    anyone = client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS + 16, temperature=0, messages=CHAT,
+    anyone = client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS + 16, **GREEDY, messages=CHAT,
                                     tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert anyone.stop_reason == "tool_use" and [b.type for b in anyone.content] == ["tool_use"]
     history: Any = [*CHAT, {"role": "assistant", "content": out.content},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "rain"},
                                                  {"type": "text", "text": "and now"}]}]
-    after = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, messages=history,
+    after = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=history,
                                    tools=[WEATHER], tool_choice={"type": "none"})
     assert after.content[0].type == "text" and after.stop_reason in ("end_turn", "max_tokens")
     same = _chat(chat, [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
@@ -188,7 +197,7 @@ def test_a_tool_round_trip(client: anthropic.Anthropic, chat: openai.OpenAI) -> 
 
 
 def _streamed_call(client: anthropic.Anthropic, **fields: Any) -> Any:
-    events = list(client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, temperature=0, messages=CHAT,
+    events = list(client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, **GREEDY, messages=CHAT,
                                          stream=True, **fields))
     types = [e.type for e in events]
     assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
@@ -206,7 +215,7 @@ def _streamed_call(client: anthropic.Anthropic, **fields: Any) -> Any:
 def test_count_tokens_counts_the_prompt_the_answer_counts(client: anthropic.Anthropic) -> None:
     for fields in ({}, {"system": SYSTEM}, {"tools": [WEATHER], "tool_choice": {"type": "none"}}):
         counted = client.messages.count_tokens(model=MODEL, messages=CHAT, **fields)
-        out = client.messages.create(model=MODEL, max_tokens=1, temperature=0, messages=CHAT, **fields)
+        out = client.messages.create(model=MODEL, max_tokens=1, **GREEDY, messages=CHAT, **fields)
         assert counted.input_tokens == out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0), fields
     assert client.messages.count_tokens(model=MODEL, messages=CHAT, system=SYSTEM).input_tokens > \
         client.messages.count_tokens(model=MODEL, messages=CHAT).input_tokens
@@ -215,7 +224,7 @@ def test_count_tokens_counts_the_prompt_the_answer_counts(client: anthropic.Anth
 def test_the_prompt_the_prefix_cache_held_is_read_from_the_cache(client: anthropic.Anthropic) -> None:
     words = " ".join(tiny_llama.LINES).replace(",", "").split()
     prompt = " ".join(words[(i + 5) % len(words)] for i in range(48))  # a whole 128-token CPU block and more
-    first, second = (client.messages.create(model=MODEL, max_tokens=1, temperature=0,
+    first, second = (client.messages.create(model=MODEL, max_tokens=1, **GREEDY,
                                             messages=[{"role": "user", "content": prompt}]).usage for _ in range(2))
     assert (second.cache_read_input_tokens or 0) >= 128 > (first.cache_read_input_tokens or 0)
     assert first.input_tokens + (first.cache_read_input_tokens or 0) == \
