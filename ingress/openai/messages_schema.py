@@ -9,7 +9,9 @@ What each field becomes, as vLLM's Anthropic server (``vllm/entrypoints/anthropi
   joined by newlines, as a chat message's text parts are. A block that starts ``x-anthropic-billing-header``
   (Claude Code's, a hash that changes with every request) is left out, as vLLM leaves it out: it would
   change the prompt's first tokens and miss the prefix cache on every turn.
-* ``messages``: ``user`` and ``assistant`` turns, a string or blocks: ``text`` blocks (joined by newlines),
+* ``messages``: ``user`` and ``assistant`` turns, the last a ``user`` one (a last ``assistant`` turn, Anthropic's
+  prefill of the answer, is a 400: the template would close it, and the answer would be a new turn, not its
+  continuation), a string or blocks: ``text`` blocks (joined by newlines),
   an assistant's ``tool_use`` blocks (its ``tool_calls``, ``input`` as the arguments object), a user's
   ``tool_result`` blocks (each a ``tool`` message answering its ``tool_use_id``, before the turn's text), and
   an assistant's ``thinking`` / ``redacted_thinking`` blocks, accepted and left out (the template has no
@@ -186,6 +188,10 @@ def _check_counts(req: CountTokensRequest) -> None:
     if not req.messages:
         raise invalid_arg("messages: at least one message is required")
     llm_limits.check_messages(len(req.messages))
+    if req.messages[-1].role == "assistant":
+        # The template would close that turn and open a new one: the answer would not continue it.
+        raise invalid_arg("a last message of role 'assistant' (a prefill of the answer) is not supported: the "
+                          "conversation must end with a 'user' message")
     blocks = len(req.system) if isinstance(req.system, list) else 0
     for msg in req.messages:
         if isinstance(msg.content, list):

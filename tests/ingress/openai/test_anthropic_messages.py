@@ -143,6 +143,7 @@ def test_what_has_no_meaning_here_is_a_400() -> None:
     _refused("`container` is not supported", container="c")
     _refused("output_config.format.type", output_config={"format": {"type": "regex"}})
     _refused("at least one message", messages=[])
+    _refused("a prefill of the answer", messages=[*HELLO, {"role": "assistant", "content": "The answer is"}])
 
 
 def test_counts_are_bounded_before_anything_is_made_per_item() -> None:
