@@ -30,7 +30,7 @@ Errors are Anthropic's (``errors.py``): ``{"type": "error", "error": {"type", "m
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import falcon
@@ -165,7 +165,7 @@ class Messages(ChatCompletions):
 
 
 async def message_events(job: Job, first: Step,
-                         rest: AsyncGenerator[Step, None]) -> AsyncIterator[falcon.asgi.SSEvent]:
+                         rest: AsyncGenerator[Step, None]) -> AsyncGenerator[falcon.asgi.SSEvent, None]:
     """A streamed answer's events, from its first step (read before the status line) and the rest."""
     usage = Usage()
     blocks = _Blocks(job.tools.reader() if job.tools else None)

@@ -39,7 +39,8 @@ CLOCK: Any = {"name": "get_time", "input_schema": {
 GREEDY: Any = {"extra_body": {"temperature": 0}}
 TOOL_TOKENS = 48  # room for the forced JSON: a dozen tokens or so
 SYSTEM = "you are a tiny model"
-LONG: Any = [{"role": "user", "content": tiny_llama.LINES[0]}]  # a line the tiny model learnt: a longer answer
+# A line the tiny model learnt, to which its greedy answer is longer than a token or two (most are "g").
+LONG: Any = [{"role": "user", "content": tiny_llama.LINES[5]}]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,12 @@ def client(group: VllmGroup) -> anthropic.Anthropic:
     # The client sends anthropic-version (and an x-api-key header, which the ingress does not read).
     return anthropic.Anthropic(base_url=f"http://127.0.0.1:{group.openai_port}", api_key="none", max_retries=0,
                                timeout=120)
+
+
+@pytest.fixture(scope="module")
+def messages(client: anthropic.Anthropic) -> Any:
+    """The client's Messages resource, untyped: its typed arguments name Anthropic's own models and messages."""
+    return client.messages
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +77,14 @@ def _completion(chat: openai.OpenAI, messages: Any, **fields: Any) -> Any:
                                         **fields)
 
 
-def test_a_message_is_the_chat_completion_of_the_conversation(group: VllmGroup, client: anthropic.Anthropic,
+def test_a_message_is_the_chat_completion_of_the_conversation(group: VllmGroup, messages: Any,
                                                               chat: openai.OpenAI) -> None:
     text, n_out, n_in = group.ref.chat[None]  # vLLM's own greedy answer on the model's template
-    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT,
+    out = messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT,
                                  metadata={"user_id": "u1"})
     assert out.id.startswith("msg_") and out.type == "message" and out.role == "assistant" and out.model == MODEL
     assert [b.type for b in out.content] == ["text"]
-    assert out.content[0].text == text  # type: ignore[union-attr]
+    assert out.content[0].text == text
     assert _chat(chat, CHAT, max_tokens=MAX_TOKENS).message.content == text
     assert out.stop_reason == ("max_tokens" if n_out == MAX_TOKENS else "end_turn") and out.stop_sequence is None
     assert out.usage.output_tokens == n_out
@@ -85,32 +92,32 @@ def test_a_message_is_the_chat_completion_of_the_conversation(group: VllmGroup, 
     assert out.usage.cache_read_input_tokens is not None  # the engine reports what its prefix cache held
 
 
-def test_the_system_prompt_and_earlier_turns_are_the_chats(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
+def test_the_system_prompt_and_earlier_turns_are_the_chats(messages: Any, chat: openai.OpenAI) -> None:
     turns: Any = [*CHAT, {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
                   {"role": "user", "content": [{"type": "text", "text": "the quick"}, {"type": "text", "text": "fox"}]}]
-    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=turns,
+    out = messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=turns,
                                  system=[{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}])
     same = _completion(chat, [{"role": "system", "content": SYSTEM}, *CHAT, {"role": "assistant", "content": "hello"},
                               {"role": "user", "content": "the quick\nfox"}], max_tokens=MAX_TOKENS)
-    assert out.content[0].text == same.choices[0].message.content  # type: ignore[union-attr]
+    assert out.content[0].text == same.choices[0].message.content
     # The same prompt, token for token in number: the system prompt and every turn are in it.
     assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == same.usage.prompt_tokens
-    plain = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=turns)
+    plain = messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=turns)
     assert plain.usage.input_tokens + (plain.usage.cache_read_input_tokens or 0) < same.usage.prompt_tokens
 
 
-def test_an_adapter_answers_through_the_model_name(group: VllmGroup, client: anthropic.Anthropic) -> None:
-    out = client.messages.create(model=f"{MODEL}{SEP}alpha", max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT)
-    assert out.content[0].text == group.ref.chat["alpha"][0] != group.ref.chat[None][0]  # type: ignore[union-attr]
+def test_an_adapter_answers_through_the_model_name(group: VllmGroup, messages: Any) -> None:
+    out = messages.create(model=f"{MODEL}{SEP}alpha", max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT)
+    assert out.content[0].text == group.ref.chat["alpha"][0] != group.ref.chat[None][0]
     assert out.model == f"{MODEL}{SEP}alpha"
 
 
-def test_a_stream_is_anthropics_events_of_the_same_answer(group: VllmGroup, client: anthropic.Anthropic) -> None:
+def test_a_stream_is_anthropics_events_of_the_same_answer(group: VllmGroup, messages: Any) -> None:
     text, n_out, n_in = group.ref.chat[None]
-    with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT) as stream:
+    with messages.stream(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=CHAT) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert streamed == text and final.content[0].text == text  # type: ignore[union-attr]
+    assert streamed == text and final.content[0].text == text
     assert final.id.startswith("msg_") and final.model == MODEL
     assert final.stop_reason == ("max_tokens" if n_out == MAX_TOKENS else "end_turn")
     assert final.usage.output_tokens == n_out
@@ -149,42 +156,42 @@ def _events(group: VllmGroup, body: dict[str, Any]) -> tuple[int, list[tuple[str
     return r.status, out
 
 
-def test_a_stop_sequence_ends_the_answer_and_is_named(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
+def test_a_stop_sequence_ends_the_answer_and_is_named(messages: Any, chat: openai.OpenAI) -> None:
     text = _chat(chat, LONG, max_tokens=MAX_TOKENS).message.content
-    assert len(text) >= 6, text  # the tiny model's greedy answer to one of the lines it learnt
+    assert len(text) >= 6, text
     stop = text[len(text) // 2:len(text) // 2 + 2]  # a stop string in the middle of the greedy answer
     cut = text[:text.index(stop)]  # the stop string left out, as Anthropic leaves it out
-    out = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=LONG,
+    out = messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=LONG,
                                  stop_sequences=["\x00", stop])
     assert out.stop_reason == "stop_sequence" and out.stop_sequence == stop
-    assert out.content[0].text == cut  # type: ignore[union-attr]
-    with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=LONG,
+    assert out.content[0].text == cut
+    with messages.stream(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=LONG,
                                 stop_sequences=[stop]) as stream:
         assert "".join(stream.text_stream) == cut
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
 
 
-def test_a_tool_round_trip(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
+def test_a_tool_round_trip(messages: Any, chat: openai.OpenAI) -> None:
     """A forced call (``tool_choice`` ``tool``: guided decoding on its schema) is a ``tool_use`` block; its
     result in the next turn is the chat's tool message: the answer is the chat's to the same history."""
-    out = client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, **GREEDY, messages=CHAT,
+    out = messages.create(model=MODEL, max_tokens=TOOL_TOKENS, **GREEDY, messages=CHAT,
                                  tools=[WEATHER, CLOCK], tool_choice={"type": "tool", "name": "get_weather"})
     assert out.stop_reason == "tool_use", out
     assert [b.type for b in out.content] == ["tool_use"]
     call = out.content[0]
     assert call.type == "tool_use" and call.name == "get_weather" and call.id.startswith("toolu_")
     jsonschema.validate(call.input, WEATHER["input_schema"])
-    streamed = _streamed_call(client, tools=[WEATHER, CLOCK], tool_choice={"type": "tool", "name": "get_weather"})
+    streamed = _streamed_call(messages, tools=[WEATHER, CLOCK], tool_choice={"type": "tool", "name": "get_weather"})
     assert streamed == call.input  # greedy: the same call
     # ``any``: one of the tools
-    anyone = client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS + 16, **GREEDY, messages=CHAT,
+    anyone = messages.create(model=MODEL, max_tokens=TOOL_TOKENS + 16, **GREEDY, messages=CHAT,
                                     tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert anyone.stop_reason == "tool_use" and [b.type for b in anyone.content] == ["tool_use"]
     history: Any = [*CHAT, {"role": "assistant", "content": out.content},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "rain"},
                                                  {"type": "text", "text": "and now"}]}]
-    after = client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=history,
+    after = messages.create(model=MODEL, max_tokens=MAX_TOKENS, **GREEDY, messages=history,
                                    tools=[WEATHER], tool_choice={"type": "none"})
     assert after.content[0].type == "text" and after.stop_reason in ("end_turn", "max_tokens")
     same = _chat(chat, [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
@@ -193,11 +200,11 @@ def test_a_tool_round_trip(client: anthropic.Anthropic, chat: openai.OpenAI) -> 
         max_tokens=MAX_TOKENS, tools=[{"type": "function", "function": {
             "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["input_schema"]}}],
         tool_choice="none")
-    assert after.content[0].text == same.message.content  # type: ignore[union-attr]
+    assert after.content[0].text == same.message.content
 
 
-def _streamed_call(client: anthropic.Anthropic, **fields: Any) -> Any:
-    events = list(client.messages.create(model=MODEL, max_tokens=TOOL_TOKENS, **GREEDY, messages=CHAT,
+def _streamed_call(messages: Any, **fields: Any) -> Any:
+    events = list(messages.create(model=MODEL, max_tokens=TOOL_TOKENS, **GREEDY, messages=CHAT,
                                          stream=True, **fields))
     types = [e.type for e in events]
     assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
@@ -212,43 +219,43 @@ def _streamed_call(client: anthropic.Anthropic, **fields: Any) -> Any:
     return json.loads("".join(pieces))
 
 
-def test_count_tokens_counts_the_prompt_the_answer_counts(client: anthropic.Anthropic) -> None:
+def test_count_tokens_counts_the_prompt_the_answer_counts(messages: Any) -> None:
     for fields in ({}, {"system": SYSTEM}, {"tools": [WEATHER], "tool_choice": {"type": "none"}}):
-        counted = client.messages.count_tokens(model=MODEL, messages=CHAT, **fields)
-        out = client.messages.create(model=MODEL, max_tokens=1, **GREEDY, messages=CHAT, **fields)
+        counted = messages.count_tokens(model=MODEL, messages=CHAT, **fields)
+        out = messages.create(model=MODEL, max_tokens=1, **GREEDY, messages=CHAT, **fields)
         assert counted.input_tokens == out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0), fields
-    assert client.messages.count_tokens(model=MODEL, messages=CHAT, system=SYSTEM).input_tokens > \
-        client.messages.count_tokens(model=MODEL, messages=CHAT).input_tokens
+    assert messages.count_tokens(model=MODEL, messages=CHAT, system=SYSTEM).input_tokens > \
+        messages.count_tokens(model=MODEL, messages=CHAT).input_tokens
 
 
-def test_the_prompt_the_prefix_cache_held_is_read_from_the_cache(client: anthropic.Anthropic) -> None:
+def test_the_prompt_the_prefix_cache_held_is_read_from_the_cache(messages: Any) -> None:
     words = " ".join(tiny_llama.LINES).replace(",", "").split()
     prompt = " ".join(words[(i + 5) % len(words)] for i in range(48))  # a whole 128-token CPU block and more
-    first, second = (client.messages.create(model=MODEL, max_tokens=1, **GREEDY,
+    first, second = (messages.create(model=MODEL, max_tokens=1, **GREEDY,
                                             messages=[{"role": "user", "content": prompt}]).usage for _ in range(2))
     assert (second.cache_read_input_tokens or 0) >= 128 > (first.cache_read_input_tokens or 0)
     assert first.input_tokens + (first.cache_read_input_tokens or 0) == \
         second.input_tokens + (second.cache_read_input_tokens or 0)  # the same prompt
 
 
-def test_errors_are_anthropics(group: VllmGroup, client: anthropic.Anthropic) -> None:
+def test_errors_are_anthropics(group: VllmGroup, client: anthropic.Anthropic, messages: Any) -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.post("/v1/messages", body={"model": MODEL, "messages": CHAT}, cast_to=object)
     assert bad.value.status_code == 400 and "max_tokens" in bad.value.message
     assert isinstance(bad.value.body, dict) and bad.value.body["type"] == "error"
     assert bad.value.body["error"]["type"] == "invalid_request_error"
     with pytest.raises(anthropic.NotFoundError) as missing:
-        client.messages.create(model="nope", max_tokens=4, messages=CHAT)
+        messages.create(model="nope", max_tokens=4, messages=CHAT)
     assert isinstance(missing.value.body, dict) and missing.value.body["error"]["type"] == "not_found_error"
     assert missing.value.body["request_id"] == missing.value.response.headers["request-id"]
     with pytest.raises(anthropic.NotFoundError):
-        client.messages.count_tokens(model="nope", messages=CHAT)
+        messages.count_tokens(model="nope", messages=CHAT)
     with pytest.raises(anthropic.BadRequestError, match="content blocks of type 'image' are not supported"):
-        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+        messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}]}])
     with pytest.raises(anthropic.BadRequestError, match="not supported: this server runs no server tools"):
-        client.messages.create(model=MODEL, max_tokens=4, messages=CHAT,
+        messages.create(model=MODEL, max_tokens=4, messages=CHAT,
                                tools=[{"type": "web_search_20250305", "name": "web_search"}])
     # A stop sequence past the route's count, as on the chat route.
     with pytest.raises(anthropic.BadRequestError, match="stop"):
-        client.messages.create(model=MODEL, max_tokens=4, messages=CHAT, stop_sequences=["a", "b", "c", "d", "e"])
+        messages.create(model=MODEL, max_tokens=4, messages=CHAT, stop_sequences=["a", "b", "c", "d", "e"])
