@@ -24,4 +24,7 @@ PROMPT_TOKENS = 3  # int | None
 CACHED_TOKENS = 4  # int | None: the prompt's tokens the engine's prefix cache held
 LOGPROBS = 5  # list[str] | None: each sequence's new tokens' logprobs, the backend's JSON ("null": none)
 PROMPT_LOGPROBS = 6  # str | None: the prompt's logprobs as JSON, in the first response that has them
-FIELDS = 7
+# list[str | None] | None: each sequence's stop string, where it finished on one (vLLM's ``stop_reason``, the
+# Anthropic ingress's ``stop_sequence``); None when none did. A step from an older backend has no such entry.
+STOP_STRINGS = 7
+FIELDS = 8

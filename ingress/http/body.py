@@ -48,8 +48,8 @@ class BodyTooLarge(ConveyorError):
 
 
 # The answer to a body whose Content-Length is over the limit, before the app sees it: (status, JSON body)
-# of (Content-Length, limit); None: KServe's.
-Refusal = Callable[[int, int], tuple[int, bytes]]
+# of (Content-Length, limit, the request's path: an app may answer each API in its own form); None: KServe's.
+Refusal = Callable[[int, int, str], tuple[int, bytes]]
 
 
 def _too_large(size: int, limit: int, *, at_least: bool = False) -> ConveyorError:
@@ -141,7 +141,7 @@ class BodyLimit:
             if length is not None:
                 if length.isdigit() and int(length) > self.limit:
                     if self.refusal is not None:
-                        await self._answer(send, *self.refusal(int(length), self.limit))
+                        await self._answer(send, *self.refusal(int(length), self.limit, scope.get("path", "")))
                         return
                     error = self._too_large(int(length), None if json_only else header_length)
                     await self._refuse(send, error)

@@ -1,5 +1,6 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, ``POST /v1/embeddings`` (``embeddings.py``), Triton's frontend's
+``POST /v1/chat/completions``, ``POST /v1/embeddings`` (``embeddings.py``), Anthropic's
+``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (``messages.py``), Triton's frontend's
 ``POST /v1/models/{name}/load`` and ``/unload`` (``model_management.py``), and vLLM's own routes:
 ``GET /health`` (ready), ``GET /version``, ``POST /tokenize`` and ``POST /detokenize``,
 ``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (``adapters.py``); every answer carries
@@ -22,12 +23,13 @@ from conveyor.ingress.context import IngressContext
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES
 from conveyor.ingress.metrics import MetricsOptions, MetricsResource
 from conveyor.ingress.openai.adapters import LoadLoraAdapter, UnloadLoraAdapter
-from conveyor.ingress.openai.api_keys import OPENAI_FORM, ApiKeys
+from conveyor.ingress.openai.api_keys import ANTHROPIC_FORM, OPENAI_FORM, ApiKeys
 from conveyor.ingress.openai.catalog import Catalog
 from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
-from conveyor.ingress.openai.errors import error_handler
+from conveyor.ingress.openai.errors import error_handler, is_anthropic
 from conveyor.ingress.openai.forms import OPENAI
+from conveyor.ingress.openai.messages import CountTokens, Messages
 from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
 from conveyor.ingress.openai.request_id import RequestIds
 from conveyor.ingress.openai.restricted import OpenAiRestrictions
@@ -106,6 +108,9 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         ("/v1/models/{name}/unload", UnloadModel(ctx.dataplane, options.max_body_bytes), ("model-repository",)),
         ("/v1/completions", Completions(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/chat/completions", ChatCompletions(ctx.dataplane, catalog, endpoint), ("inference",)),
+        # Anthropic's Messages API, on the chat path (messages.py)
+        ("/v1/messages", Messages(ctx.dataplane, catalog, endpoint), ("inference",)),
+        ("/v1/messages/count_tokens", CountTokens(catalog, endpoint), ("inference",)),
         ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit, options.error_form),
          ("inference",)),
         ("/health", Health(ctx.link, ctx), ("health",)),
@@ -123,9 +128,10 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     guard = OpenAiRestrictions()
     keys = ApiKeys(options.api_keys)
     for path, resource, categories in routes:
-        guard.guard(resource, categories, options.restricted)
+        anthropic = is_anthropic(path)  # Anthropic's routes refuse in Anthropic's form, and take x-api-key
+        guard.guard(resource, categories, options.restricted, anthropic=anthropic)
         if path not in OPEN_ROUTES:
-            keys.guard(resource, OPENAI_FORM)
+            keys.guard(resource, ANTHROPIC_FORM if anthropic else OPENAI_FORM)
     # The key and the restriction first, before any other middleware reads the request; none at all unless set.
     app = falcon.asgi.App(cors_enable=False, middleware=[m for m in (keys, guard) if m] + [RequestIds()])
     app.req_options.strip_url_path_trailing_slash = True

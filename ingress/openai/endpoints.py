@@ -105,6 +105,7 @@ class _Endpoint:
     kind: type[Sampling] = Sampling
     chat: bool = False
     api = ""  # vLLM's name of the API, in its refusal when the model does not generate
+    id_prefix = ""  # the answer's id: this, then the request's id
     object_name = ""
     chunk_object = ""
 
@@ -125,35 +126,9 @@ class _Endpoint:
             if refusal is exc:
                 raise
             raise refusal from None  # Triton's frontend validates the body with its schema before anything else
-        request, prompts, params = parsed.request, parsed.prompts, parsed.params
-        if parsed.tools is not None:
-            parsed.tools.apply(params)
-        rid = request_id(req, request.request_id)
-        # Each prompt its own engine request; several get vLLM's ids for them, the request's and an index.
-        calls = [engine_call(parsed.target, prompt, params, request.stream, rid if len(prompts) == 1 else f"{rid}-{i}")
-                 for i, prompt in enumerate(prompts)]
-        options = request.stream_options
-        include_usage = bool(options and options.include_usage)
-        continuous = bool(include_usage and options and options.continuous_usage_stats)
-        top = params.get("logprobs")
-        n = request.n
-        echoes = None if parsed.echoes is None else [text for text in parsed.echoes for _ in range(n)]
-        job = Job(f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}", request.model, int(time.time()),
-                  n * len(prompts), echoes, include_usage, top is not None, continuous, parsed.tools)
+        request = parsed.request
+        job, found = await self._start(req, parsed)
         model = parsed.target.model
-        # Each request marked for being sent again if its worker dies (migration.py).
-        resumes = [migration.plan(parsed.target, prompt, params, request.stream, call)
-                   for call, prompt in zip(calls, prompts, strict=True)]
-        each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api,
-                      resume, join_waiting=model.steps)
-                for call, resume in zip(calls, resumes, strict=True)]
-        if not model.contract.counts_tokens:
-            tokenizer = await self._catalog.tokenizer(model)
-            if tokenizer is not None:  # usage from the tokenizer; without one, there is none
-                # A chat template writes the special tokens itself (vLLM adds none to a chat prompt).
-                each = [counted(found, tokenizer, prompt, add_special_tokens=not self.chat)
-                        for found, prompt in zip(each, prompts, strict=True)]
-        found = merged(each, n)
         report = asked_format(req.get_header(load_report.FORMAT_HEADER))
         if request.stream:
             # A model that is not decoupled streams too: its one answer is the stream's one chunk.
@@ -189,6 +164,38 @@ class _Endpoint:
                         for i in range(job.n)],
             "usage": usage.wire(), "system_fingerprint": None,
         })
+
+    async def _start(self, req: Request, parsed: Parsed) -> tuple[Job, AsyncGenerator[Step, None]]:
+        """The engine requests of a parsed request, on their way: the answer's record and its steps."""
+        request, prompts, params = parsed.request, parsed.prompts, parsed.params
+        if parsed.tools is not None:
+            parsed.tools.apply(params)
+        rid = request_id(req, request.request_id)
+        # Each prompt its own engine request; several get vLLM's ids for them, the request's and an index.
+        calls = [engine_call(parsed.target, prompt, params, request.stream, rid if len(prompts) == 1 else f"{rid}-{i}")
+                 for i, prompt in enumerate(prompts)]
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(include_usage and options and options.continuous_usage_stats)
+        top = params.get("logprobs")
+        n = request.n
+        echoes = None if parsed.echoes is None else [text for text in parsed.echoes for _ in range(n)]
+        job = Job(f"{self.id_prefix}{rid}", request.model, int(time.time()),
+                  n * len(prompts), echoes, include_usage, top is not None, continuous, parsed.tools)
+        model = parsed.target.model
+        # Each request marked for being sent again if its worker dies (migration.py).
+        resumes = [migration.plan(parsed.target, prompt, params, request.stream, call)
+                   for call, prompt in zip(calls, prompts, strict=True)]
+        each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api,
+                      resume, join_waiting=model.steps)
+                for call, resume in zip(calls, resumes, strict=True)]
+        if not model.contract.counts_tokens:
+            tokenizer = await self._catalog.tokenizer(model)
+            if tokenizer is not None:  # usage from the tokenizer; without one, there is none
+                # A chat template writes the special tokens itself (vLLM adds none to a chat prompt).
+                each = [counted(found, tokenizer, prompt, add_special_tokens=not self.chat)
+                        for found, prompt in zip(each, prompts, strict=True)]
+        return job, merged(each, n)
 
     async def _parse(self, body: bytes) -> Parsed:
         raise NotImplementedError
@@ -297,6 +304,7 @@ def _merged(calls: list[CallDelta]) -> list[CallDelta]:
 class Completions(_Endpoint):
     kind = CompletionRequest
     api = "Completions"
+    id_prefix = "cmpl-"
     object_name = "text_completion"
     chunk_object = "text_completion"
 
@@ -351,6 +359,7 @@ class ChatCompletions(_Endpoint):
     kind = ChatRequest
     chat = True
     api = "Chat Completions"
+    id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
@@ -358,6 +367,10 @@ class ChatCompletions(_Endpoint):
         request = self._decode(body, ChatRequest)
         if self._triton:
             engine_refusals(request)
+        return await self._prepare(request)
+
+    async def _prepare(self, request: ChatRequest) -> Parsed:
+        """A chat request decoded (or made from another API's, ``messages.py``) as the engine request."""
         params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
         messages = chat_messages(request)
         target = await self._catalog.target(request.model)

@@ -14,6 +14,13 @@ Allowed``. The 413 is OpenAI's body in both (Triton's middleware answers so).
 
 Every failure of the app goes through one of the two; a failure after a stream started is an event in OpenAI's
 form, as vLLM's (Triton's frontend ends the stream without one).
+
+Anthropic's routes (``/v1/messages``, ``messages.py``) answer in Anthropic's form in either, since Triton's
+frontend has no such route: ``{"type": "error", "error": {"type", "message"}, "request_id"}``, with the
+statuses Anthropic documents: 400 ``invalid_request_error``, 401 ``authentication_error``, 403
+``permission_error``, 404 ``not_found_error``, 413 ``request_too_large``, 429 ``rate_limit_error``, 500
+``api_error``, and 529 ``overloaded_error`` where the OpenAI routes answer 503 (the group cannot serve now;
+the ``anthropic`` client retries it, after ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,14 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate
           503: "service_unavailable", 413: "invalid_request_error"}
 _STATUS = {Status.INVALID_ARG: 400, Status.NOT_FOUND: 404, Status.UNAVAILABLE: 503, Status.UNSUPPORTED: 400,
            Status.INTERNAL: 500, Status.CLIENT_MISTAKE: 400}  # not Triton's API: a client's mistake is a 400
+
+
+# Anthropic's routes: their errors are in Anthropic's form, whatever raised them and whatever the error form.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    529: "overloaded_error"}
+OVERLOADED = 529  # Anthropic's status where the OpenAI routes answer 503
 
 
 class UnknownModel(ConveyorError):
@@ -75,6 +90,26 @@ def _doc(status: int, message: str, param: str | None = None) -> dict[str, Any]:
                       "param": param, "code": code}}
 
 
+def anthropic_status(status: int) -> int:
+    return OVERLOADED if status == 503 else status
+
+
+def anthropic_doc(error: ConveyorError, request_id: str | None = None) -> dict[str, Any]:
+    return _anthropic(anthropic_status(status_of(error)), error.message, request_id)
+
+
+def _anthropic(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    doc: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    if request_id:
+        doc["request_id"] = request_id
+    return doc
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
 def too_large_doc(size: int, limit: int) -> dict[str, Any]:
     """A body over --http-max-input-size, as Triton's frontend answers it (its RequestSizeLimitMiddleware):
     413, code ``content_too_large``, its words."""
@@ -83,15 +118,21 @@ def too_large_doc(size: int, limit: int) -> dict[str, Any]:
                       "type": "invalid_request_error", "code": "content_too_large"}}
 
 
-def body_refusal(size: int, limit: int) -> tuple[int, bytes]:
+def body_refusal(size: int, limit: int, path: str = "") -> tuple[int, bytes]:
     """The answer to a Content-Length over the limit, before the app reads anything (``BodyLimit``)."""
-    return 413, orjson.dumps(too_large_doc(size, limit))
+    doc = too_large_doc(size, limit)
+    if is_anthropic(path):
+        doc = _anthropic(413, doc["error"]["message"])
+    return 413, orjson.dumps(doc)
 
 
 async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
                        params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
     """``--openai-error-form openai``."""
     if resp is None:
+        return
+    if is_anthropic(req.path):
+        _render_anthropic(req, resp, error)
         return
     if isinstance(error, BodyTooLarge):
         status, doc = 413, too_large_doc(error.size, error.limit)
@@ -112,6 +153,9 @@ async def render_triton_error(req: falcon.asgi.Request, resp: falcon.asgi.Respon
                               params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
     """``--openai-error-form triton``: Triton's frontend's statuses and FastAPI's bodies."""
     if resp is None:
+        return
+    if is_anthropic(req.path):
+        _render_anthropic(req, resp, error)
         return
     if isinstance(error, BodyTooLarge):
         _answer(resp, 413, orjson.dumps(too_large_doc(error.size, error.limit)))
@@ -138,6 +182,21 @@ async def render_triton_error(req: falcon.asgi.Request, resp: falcon.asgi.Respon
     _answer(resp, status, _dumps(doc))
 
 
+def _render_anthropic(req: falcon.asgi.Request, resp: falcon.asgi.Response, error: Exception) -> None:
+    if isinstance(error, BodyTooLarge):
+        status, message = 413, too_large_doc(error.size, error.limit)["error"]["message"]
+    elif isinstance(error, ConveyorError):
+        status, message = status_of(error), error.message
+    elif isinstance(error, falcon.HTTPError):
+        status, message = error.status_code, error.description or error.title or str(error.status_code)
+        if error.headers:
+            resp.set_headers(error.headers)
+    else:
+        status, message = 500, _unhandled(req, error)
+    status = anthropic_status(status)
+    _answer(resp, status, orjson.dumps(_anthropic(status, message, req.context.get("request_id"))))
+
+
 def error_handler(form: str) -> Any:
     return render_triton_error if form == TRITON else render_error
 
@@ -157,7 +216,7 @@ def _dumps(doc: dict[str, Any]) -> bytes:
 def _answer(resp: falcon.asgi.Response, status: int, data: bytes) -> None:
     resp.sse = None
     resp.status = status
-    if status == 503:
-        resp.set_header("Retry-After", RETRY_AFTER)  # the openai client's retries wait as told
+    if status in (503, OVERLOADED):
+        resp.set_header("Retry-After", RETRY_AFTER)  # the openai and anthropic clients' retries wait as told
     resp.content_type = falcon.MEDIA_JSON
     resp.data = data

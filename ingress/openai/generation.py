@@ -80,6 +80,8 @@ class Step:
     # choice ``span[0]``'s); None: all.
     span: tuple[int, int] | None = None
     cached_tokens: int | None = None  # the prompt's tokens the engine's prefix cache held (None: not reported)
+    # per choice, the stop string it finished on, in the step where it finished (None: none, or not reported)
+    stops: list[str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -272,6 +274,13 @@ def joined(found: list[Step]) -> Step:
             out.prompt_tokens = step.prompt_tokens
         if step.cached_tokens is not None:
             out.cached_tokens = step.cached_tokens
+        if step.stops is not None:
+            if out.stops is None:
+                out.stops = list(step.stops)
+            else:
+                out.stops += [None] * (len(step.stops) - len(out.stops))
+                for i, stop in enumerate(step.stops):
+                    out.stops[i] = stop or out.stops[i]
         out.output_tokens += step.output_tokens
         out.final = step.final
     return out
@@ -360,7 +369,9 @@ def _carried(step: list[Any], final: bool, n: int, top: int) -> Step:
                 step[stream_steps.OUTPUT_TOKENS] or 0, final,
                 None if logprobs is None else [_token_logprobs(raw, top) for raw in logprobs],
                 None if prompt_logprobs is None else [prompt_logprobs] * n,
-                cached_tokens=step[stream_steps.CACHED_TOKENS])
+                cached_tokens=step[stream_steps.CACHED_TOKENS],
+                # a step of an older backend has no stop strings
+                stops=step[stream_steps.STOP_STRINGS] if len(step) > stream_steps.STOP_STRINGS else None)
 
 
 def _token_logprobs(raw: bytes | str, top: int) -> list[TokenLogprob]:

@@ -123,4 +123,5 @@ def _placed(step: Step, index: int, n: int, prompt_tokens: int | None) -> Step:
         texts=step.texts[:n], finish=step.finish[:n], prompt_tokens=prompt_tokens, output_tokens=step.output_tokens,
         final=False, logprobs=None if step.logprobs is None else step.logprobs[:n],
         prompt_logprobs=None if step.prompt_logprobs is None else step.prompt_logprobs[:n], span=(at, at + n),
+        stops=None if step.stops is None else step.stops[:n],
     )

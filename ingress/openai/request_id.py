@@ -3,8 +3,9 @@
 bodies), else a fresh id, is the request's id (a completion's ``id`` is
 ``cmpl-<it>``, a chat completion's ``chatcmpl-<it>``, and the model's request carries it, so the
 group's logs and traces name it) and comes back as the response's ``X-Request-Id``, on every route,
-errors too. vLLM echoes the header only when started with that flag; here it always does: a header
-costs nothing, and a proxy that correlates requests needs no server flag to be set.
+errors too (and as ``request-id`` on Anthropic's routes, as Anthropic names it). vLLM echoes the header
+only when started with that flag; here it always does: a header costs nothing, and a proxy that correlates
+requests needs no server flag to be set.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from typing import Any
 
 import falcon.asgi
 
+from conveyor.ingress.openai.errors import is_anthropic
+
 HEADER = "X-Request-Id"
+ANTHROPIC_HEADER = "request-id"  # Anthropic's routes: its header too, which its client reads (``_request_id``)
 
 
 def request_id(req: falcon.asgi.Request, body_id: str | None = None) -> str:
@@ -36,3 +40,5 @@ class RequestIds:
         rid = req.context.get("request_id")
         if rid:
             resp.set_header(HEADER, rid)
+            if is_anthropic(req.path):
+                resp.set_header(ANTHROPIC_HEADER, rid)

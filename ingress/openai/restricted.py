@@ -22,14 +22,22 @@ def refusal_body(rule: Restriction) -> bytes:
                                    "code": "invalid_auth"}})
 
 
+def anthropic_refusal_body(rule: Restriction) -> bytes:
+    """The same refusal on Anthropic's routes, in Anthropic's form."""
+    return orjson.dumps({"type": "error", "error": {"type": "authentication_error", "message": openai_refusal(rule)}})
+
+
 class OpenAiRestrictions:
     def __init__(self) -> None:
         # id(resource) -> the restrictions its requests meet, with their refusals (made once)
         self._by_resource: dict[int, tuple[tuple[Restriction, bytes], ...]] = {}
 
-    def guard(self, resource: object, categories: Iterable[str], rules: dict[str, Restriction]) -> None:
-        """``resource``'s requests need the header of each of its ``categories`` that ``rules`` restricts."""
-        needed = tuple((rule, refusal_body(rule)) for c in categories if (rule := rules.get(c)) is not None)
+    def guard(self, resource: object, categories: Iterable[str], rules: dict[str, Restriction],
+              anthropic: bool = False) -> None:
+        """``resource``'s requests need the header of each of its ``categories`` that ``rules`` restricts;
+        ``anthropic``: it is one of Anthropic's routes, refused in Anthropic's form."""
+        body = anthropic_refusal_body if anthropic else refusal_body
+        needed = tuple((rule, body(rule)) for c in categories if (rule := rules.get(c)) is not None)
         if needed:
             self._by_resource[id(resource)] = needed
 

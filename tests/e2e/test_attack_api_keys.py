@@ -1,6 +1,7 @@
 """``--api-key`` on a real group: the official ``openai`` client without a key, with a wrong one and with each
-of the keys; the keys given on serve's command line reach the OpenAI ingress in its environment, never on its
-command line (which every user of the host can read), and appear in no log line."""
+of the keys, and the ``anthropic`` client with its ``x-api-key``; the keys given on serve's command line reach
+the OpenAI ingress in its environment, never on its command line (which every user of the host can read), and
+appear in no log line."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -64,6 +67,24 @@ def test_only_a_key_opens_the_models(keyed: tuple[Server, int, Path]) -> None:
     for key in KEYS:
         assert client(port, key).completions.create(model=MODEL, prompt="a b", max_tokens=2).choices[0].text
         assert [m.id for m in client(port, key).models.list()] == [MODEL]
+
+
+def test_the_anthropic_client_sends_its_key_as_x_api_key(keyed: tuple[Server, int, Path]) -> None:
+    """Anthropic's routes take the key where its clients put it (``x-api-key``) and refuse in its form."""
+    _, port, _ = keyed
+
+    def messages(key: str) -> Any:  # untyped: its typed arguments name Anthropic's own models
+        return anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key=key, max_retries=0,
+                                   timeout=30).messages
+
+    for key in ("wrong", KEYS[0][:-1]):
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            messages(key).create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "a b"}])
+        assert isinstance(refused.value.body, dict) and refused.value.body["error"]["type"] == "authentication_error"
+    for key in KEYS:
+        out = messages(key).create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "a b"}])
+        assert out.content[0].text and out.stop_reason == "max_tokens"
+        assert messages(key).count_tokens(model=MODEL, messages=[{"role": "user", "content": "a b"}]).input_tokens
 
 
 def test_the_keys_travel_in_the_environment_and_are_never_logged(keyed: tuple[Server, int, Path]) -> None:

@@ -178,7 +178,7 @@ def _generate(suffix: str) -> Callable[[str, str], bytes]:
 def _openai(path: str, **fields: object) -> Callable[[str, str], bytes]:
     def make(model: str, text: str) -> bytes:
         doc = {"model": model, **fields}
-        if path.endswith("chat/completions"):
+        if path.endswith(("chat/completions", "/v1/messages")):
             doc["messages"] = [{"role": "user", "content": text}]
         elif path.endswith("embeddings"):
             doc["input"] = text
@@ -210,6 +210,9 @@ ROUTES = {
     "chat": Route("openai", _openai("/v1/chat/completions", max_tokens=4)),
     "chat (stream, decoupled)": Route("openai", _openai("/v1/chat/completions", max_tokens=4, stream=True), DECOUPLED),
     "embeddings": Route("openai", _openai("/v1/embeddings")),
+    "anthropic messages": Route("openai", _openai("/v1/messages", max_tokens=4)),
+    "anthropic messages (stream, decoupled)": Route("openai", _openai("/v1/messages", max_tokens=4, stream=True),
+                                                    DECOUPLED),
     "sagemaker": Route("sagemaker", lambda model, t: _http("/invocations", _kserve(t))),
     "vertex": Route("vertex", lambda model, t: _http(PREDICT, _kserve(t))),
 }

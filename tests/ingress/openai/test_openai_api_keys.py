@@ -31,17 +31,26 @@ def app_client(keys: tuple[str, ...] = KEYS) -> falcon.testing.TestClient:
     return falcon.testing.TestClient(build_openai_app(ctx, OpenAiOptions(api_keys=keys)))  # type: ignore[arg-type]
 
 
+# Anthropic's routes (/v1/messages): its form, and its clients' x-api-key header besides the bearer.
+ANTHROPIC_REFUSAL = {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}
+
+
 @pytest.mark.parametrize(("method", "path"), [(m, p) for m, p, _ in ROUTES if p not in OPEN_ROUTES])
 def test_every_model_route_needs_a_key(method: str, path: str) -> None:
     client = app_client()
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "first-key"},
-                    {"Authorization": "Basic first-key"}, {"x-api-key": "first-key"}):
+    anthropic = path.startswith("/v1/messages")
+    wrong: list[dict[str, str]] = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "first-key"},
+                                   {"Authorization": "Basic first-key"}, {"x-api-key": "wrong"}]
+    if not anthropic:
+        wrong.append({"x-api-key": "first-key"})
+    for headers in wrong:
         refused = client.simulate_request(method, path, headers=headers, json={})
-        assert (refused.status_code, refused.json) == (401, REFUSAL), headers
+        assert (refused.status_code, refused.json) == (401, ANTHROPIC_REFUSAL if anthropic else REFUSAL), headers
     for key in KEYS:
-        for scheme in ("Bearer", "bearer"):
-            passed = client.simulate_request(method, path, headers={"Authorization": f"{scheme} {key}"}, json={})
-            assert passed.status_code != 401, (scheme, key)
+        for headers in ({"Authorization": f"Bearer {key}"}, {"Authorization": f"bearer {key}"},
+                        *([{"x-api-key": key}] if anthropic else [])):
+            passed = client.simulate_request(method, path, headers=headers, json={})
+            assert passed.status_code != 401, (headers, key)
 
 
 def test_health_metrics_and_version_stay_open() -> None:

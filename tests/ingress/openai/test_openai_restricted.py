@@ -29,6 +29,8 @@ ROUTES = [
     ("GET", "/v1/models/m", {"model-repository", "metadata"}),
     ("POST", "/v1/completions", {"inference"}),
     ("POST", "/v1/chat/completions", {"inference"}),
+    ("POST", "/v1/messages", {"inference"}),  # Anthropic's: refused in its form
+    ("POST", "/v1/messages/count_tokens", {"inference"}),
     ("POST", "/v1/embeddings", {"inference"}),
     ("POST", "/tokenize", {"inference"}),
     ("POST", "/detokenize", {"inference"}),
@@ -41,9 +43,11 @@ ROUTES = [
 ]
 
 
-def refusal(header: str) -> dict[str, object]:
-    return {"error": {"message": f"This API is restricted, expecting header '{header}' with valid value",
-                      "type": "authentication_error", "code": "invalid_auth"}}
+def refusal(header: str, path: str = "") -> dict[str, object]:
+    message = f"This API is restricted, expecting header '{header}' with valid value"
+    if path.startswith("/v1/messages"):
+        return {"type": "error", "error": {"type": "authentication_error", "message": message}}
+    return {"error": {"message": message, "type": "authentication_error", "code": "invalid_auth"}}
 
 
 def app_client(rules: dict[str, Restriction]) -> falcon.testing.TestClient:
@@ -94,7 +98,7 @@ def test_every_route_of_a_restricted_category_needs_the_header(category: str) ->
     for method, path, categories in ROUTES:
         refused = client.simulate_request(method, path, headers={"k": "wrong"})
         if category in categories:
-            assert (refused.status_code, refused.json) == (401, refusal("k")), path
+            assert (refused.status_code, refused.json) == (401, refusal("k", path)), path
             assert refused.headers.get("x-request-id")  # every answer carries one
             assert client.simulate_request(method, path, headers={"K": "v"}).status_code != 401, path
         else:

@@ -37,7 +37,7 @@ def _engine_outputs() -> list[SimpleNamespace]:
     def seq(index: int, text: str, ids: list[int], finish: str | None = None) -> SimpleNamespace:
         logprobs = [{t: _lp(-0.5 * (k + 1), 1, f"t{t}"), 99: _lp(-3.0, 2, "alt")} for k, t in enumerate(ids)]
         return SimpleNamespace(index=index, text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish,
-                               cumulative_logprob=-1.0)
+                               stop_reason=None, cumulative_logprob=-1.0)
 
     prompt_lp = [None, {7: _lp(-1.25, 1, "b")}]
 
@@ -107,6 +107,33 @@ def test_the_backend_answers_the_openai_ingress_without_tensors() -> None:
 def _steps_of(texts: list[str], finish: str = "length") -> list[Step]:
     return [Step([t], [finish if i == len(texts) - 1 else None], 5, 1, i == len(texts) - 1)
             for i, t in enumerate(texts)]
+
+
+def test_the_backend_says_which_stop_string_ended_a_sequence() -> None:
+    """vLLM's ``stop_reason`` where it is a string (the Anthropic ingress's ``stop_sequence``), in the step where
+    the sequence finished; a stop token id is no stop string."""
+    from conveyor.workers.backends.vllm.backend import VllmBackend
+
+    def seq(index: int, text: str, ids: list[int], finish: str | None = None,
+            stop: str | int | None = None) -> SimpleNamespace:
+        return SimpleNamespace(index=index, text=text, token_ids=ids, logprobs=None, finish_reason=finish,
+                               stop_reason=stop, cumulative_logprob=0.0)
+
+    state = outputs.ResponseState(2)
+    engine = [[seq(0, "a", [4]), seq(1, "b", [5])], [seq(0, "a", [4], "stop", "END")],
+              [seq(1, "b c", [5, 6], "stop", 2)]]
+    found = []
+    for i, seqs in enumerate(engine):
+        state.merge(SimpleNamespace(prompt="p", prompt_token_ids=[3], prompt_logprobs=None, num_cached_tokens=0,
+                                    outputs=seqs))
+        sent = VllmBackend._steps(state, False, RETURNS, False)
+        found.append(_step(_step_result(sent, i == len(engine) - 1), 2, 0))
+    assert [s.stops for s in found] == [None, ["END", None], None]
+    assert joined(found).stops == ["END", None]
+    # A step of an older backend (no such entry) has none.
+    older = InferResult("llm", "1", "rid", [], {STEP: [["x"], ["stop"], 1, 2, 0, None, None]}, [], cast(Any, None),
+                        True)
+    assert _step(older, 1, 0).stops is None
 
 
 def test_joined_steps_keep_every_token_in_order() -> None:

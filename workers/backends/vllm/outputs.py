@@ -107,7 +107,8 @@ def step(state: ResponseState, prepend_prompt: bool, returns: frozenset[str]) ->
     out: list[Any] = [None] * steps.FIELDS
     out[steps.TEXTS] = _new_texts(state, prepend_prompt)
     if "return_finish_reason" in returns:
-        out[steps.FINISH] = _finish_reasons(state)
+        reasons = out[steps.FINISH] = _finish_reasons(state)
+        out[steps.STOP_STRINGS] = _stop_strings(state, reasons)
     if "return_num_output_tokens" in returns:
         out[steps.OUTPUT_TOKENS] = sum(_new_counts(state))
     if "return_num_input_tokens" in returns:
@@ -161,6 +162,14 @@ def _finish_reasons(state: ResponseState) -> list[str | None]:
         reasons.append(str(s.finish_reason) if done and not state.finished[i] else None)
         state.finished[i] = state.finished[i] or done
     return reasons
+
+
+def _stop_strings(state: ResponseState, reasons: list[str | None]) -> list[str | None] | None:
+    """The stop string each sequence finishing now stopped on (vLLM's ``stop_reason`` when it is a string:
+    a token id or None is no stop string); None when none did, as most steps."""
+    stops = [s.stop_reason if reason is not None and isinstance(s.stop_reason, str) else None
+             for s, reason in zip(state.seqs, reasons, strict=True)]
+    return stops if any(stop is not None for stop in stops) else None
 
 
 def _logprobs(state: ResponseState) -> list[str]:
