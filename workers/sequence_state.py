@@ -115,7 +115,7 @@ class SequenceSlots:
     def add_request_inputs(self, requests: list[RequestItem], items: list[m.BatchItem]) -> None:
         shape = (1, 1) if self.batched else (1,)
         for request, item in zip(requests, items, strict=True):
-            step = _step(item)
+            request.sequence = step = _step(item)
             for control, pick in self.flags:
                 request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
             if self.corrid is not None:
