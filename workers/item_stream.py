@@ -177,7 +177,7 @@ class ItemStream:
             out.append((self._direct, response))
         now = time.monotonic_ns()
         self._counts.append(m.ResponseCount(now - self._last_ns, output_ns, error.status if error else 0,
-                                            bool(outputs or parameters or produced)))
+                                            bool(outputs or parameters or produced), error is not None))
         self._last_ns = now
         if final or not self._noted or now - self._noted_ns >= NOTE_INTERVAL_NS:
             note = m.ItemResponsesSent(self.batch, self.index, self._counts, final, error if final else None)

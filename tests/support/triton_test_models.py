@@ -10,8 +10,8 @@ LONG_IDLE_US = 60_000_000
 # Long enough that a batch waits for its preferred size however slowly its requests arrive.
 BATCH_WAIT_US = 30_000_000
 IDENTITY_DELAY_MS = 300
-SQUARE_INFER_NS = 60_000_000
-SQUARE_OUTPUT_NS = 40_000_000
+SQUARE_INFER_NS = 50_000_000
+SQUARE_OUTPUT_NS = 300_000_000
 
 _CONTROL = 'control_input [ {{ name: "{name}" control [ {{ kind: {kind} {values} }} ] }} ]'
 
@@ -44,7 +44,7 @@ def build(repo: str) -> None:
     identity(repo, "identity_bf16", "TYPE_BF16", 8)
     identity(repo, "identity_nobatch_int8", "TYPE_INT8", 0)
     identity(repo, "identity_uint32", "TYPE_UINT32", 8,
-             f"dynamic_batching {{ preferred_batch_size: [ 4 ] max_queue_delay_microseconds: {BATCH_WAIT_US} }}")
+             f"dynamic_batching {{ preferred_batch_size: [ 8 ] max_queue_delay_microseconds: {BATCH_WAIT_US} }}")
     identity(repo, "identity_delay", "TYPE_INT32", 8,
              f'parameters [ {{ key: "execute_delay_ms" value: {{ string_value: "{IDENTITY_DELAY_MS}" }} }} ]')
     write(repo, "identity_optional", """
@@ -62,15 +62,16 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """)
-    write(repo, "repeat_int32", """
+    for name, decoupled in (("repeat_int32", True), ("repeat_nondecoupled", False)):
+        write(repo, name, f"""
 backend: "repeat"
 max_batch_size: 0
-model_transaction_policy { decoupled: True }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
-        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
-        { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU } ]
+model_transaction_policy {{ decoupled: {decoupled} }}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }},
+        {{ name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] }},
+        {{ name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
 """)
     write(repo, "square_int32", f"""
 backend: "square"
@@ -112,3 +113,12 @@ sequence_batching {{
                      ("CORRID", "CONTROL_SEQUENCE_CORRID", f"data_type: {corrid}"))}
 }}
 {io}""")
+    write(repo, "iterative_sequence", """
+backend: "iterative_sequence"
+max_batch_size: 1
+model_transaction_policy { decoupled: true }
+sequence_batching { iterative_sequence: true }
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU } ]
+""")
