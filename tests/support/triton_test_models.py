@@ -113,12 +113,15 @@ sequence_batching {{
                      ("CORRID", "CONTROL_SEQUENCE_CORRID", f"data_type: {corrid}"))}
 }}
 {io}""")
-    write(repo, "iterative_sequence", """
+    # As L0_iterative_sequence: the model under the scheduler it needs, and under one that cannot reschedule.
+    for name, scheduler in (("iterative_sequence", "iterative_sequence: true"),
+                            ("iterative_direct", f"max_sequence_idle_microseconds: {LONG_IDLE_US} direct {{ }}")):
+        write(repo, name, f"""
 backend: "iterative_sequence"
 max_batch_size: 1
-model_transaction_policy { decoupled: true }
-sequence_batching { iterative_sequence: true }
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU } ]
+model_transaction_policy {{ decoupled: true }}
+sequence_batching {{ {scheduler} }}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
 """)

@@ -245,3 +245,20 @@ def test_iterative_sequence_counts_down_to_its_final_response(served: Server) ->
         stream.close()
     assert [r.as_numpy("OUTPUT").tolist() for r, _ in replies] == [[[2]], [[1]], [[0]]]
     assert [final_flag(r) for r, _ in replies] == [False, False, True]
+
+
+def test_iterative_sequence_without_its_scheduler_cannot_go_on(served: Server) -> None:
+    stream = Stream(served)
+    try:
+        # Each a whole sequence: the model's one slot frees for the next.
+        stream.send("iterative_direct", {"INPUT": np.array([[1]], np.int32)}, "one", sequence_id=5,
+                    sequence_start=True, sequence_end=True)
+        (done, error), = stream.take(1)  # one response needs no second execution
+        stream.send("iterative_direct", {"INPUT": np.array([[2]], np.int32)}, "two", sequence_id=6,
+                    sequence_start=True, sequence_end=True)
+        (_, refused), = stream.take(1)
+    finally:
+        stream.close()
+    assert error is None and done.as_numpy("OUTPUT").tolist() == [[0]] and final_flag(done)
+    assert "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured " \
+           "to handle such a flag." in str(refused)
