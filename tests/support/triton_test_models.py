@@ -55,6 +55,14 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU } ]
 """)
+    # As the nop_tunnel_out models of Triton's QA ensembles: the model's [4] is the client's [2, 2].
+    write(repo, "identity_reshape", """
+backend: "identity"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2, 2 ] reshape { shape: [ 4 ] } } ]
+instance_group [ { kind: KIND_CPU } ]
+""")
     # Triton's identity refuses a config whose tensors do not follow its naming.
     write(repo, "identity_misnamed", """
 backend: "identity"

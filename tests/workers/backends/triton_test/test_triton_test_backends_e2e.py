@@ -135,6 +135,13 @@ def test_identity_optional_input_left_out_answers_zeros(served: Server) -> None:
     assert got.as_numpy("OUTPUT0").tolist() == [[0.0]] and got.as_numpy("OUTPUT1").tolist() == [[2.5]]
 
 
+def test_identity_output_reshape_gives_the_configs_dims(served: Server) -> None:
+    client = httpclient.InferenceServerClient(served.http_url)
+    array = np.arange(8, dtype=np.int32).reshape(2, 4)
+    got = client.infer("identity_reshape", http_inputs({"INPUT0": array})).as_numpy("OUTPUT0")
+    assert got.shape == (2, 2, 2) and got.reshape(2, 4).tolist() == array.tolist()
+
+
 def test_a_config_the_backend_refuses_is_unavailable_in_tritons_words(served: Server) -> None:
     index = httpclient.InferenceServerClient(served.http_url).get_model_repository_index()
     row = next(r for r in index if r["name"] == "identity_misnamed")
