@@ -40,7 +40,7 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class ParameterizedOutputs(dict[str, np.ndarray]):
+class ParameterizedOutputs(dict[str, "np.ndarray | WireTensor"]):
     """A request's outputs plus the response parameters the model set for it; only
     built for a response that has parameters, so the others cost nothing."""
 

@@ -75,7 +75,7 @@ def _validate(config: mc.ModelConfig) -> None:
     need(config.max_batch_size == 0, "repeat backend only supports models with max_batch_size == 0")
     need(len(config.input) == 3, f"expected 3 inputs, got {len(config.input)}")
     need(len(config.output) == 2, f"expected 2 outputs, got {len(config.output)}")
-    tensors = [*config.input, *config.output]
+    tensors: list[mc.ModelInput | mc.ModelOutput] = [*config.input, *config.output]
     for tensor, name, what in zip(tensors, ("IN", "DELAY", "WAIT", "OUT", "IDX"),
                                   ("first input", "second input", "third input", "first output", "second output"),
                                   strict=True):

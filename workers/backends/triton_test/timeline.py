@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 
 from conveyor.deploy.runtime.dispatch_cpu import release_thread
 from conveyor.proto.errors import ConveyorError, internal, unavailable
@@ -21,7 +21,7 @@ from conveyor.proto.errors import ConveyorError, internal, unavailable
 log = logging.getLogger(__name__)
 
 # A schedule: the seconds to wait before each next step; its body sends the responses.
-Schedule = Iterator[float]
+Schedule = Generator[float, None, None]
 OnError = Callable[[ConveyorError], None]
 
 
