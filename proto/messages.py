@@ -401,12 +401,14 @@ class ItemResponse(msgspec.Struct, tag="iresp", array_like=True):
 class ResponseCount(msgspec.Struct, array_like=True):
     """What the router counts of one response a worker sent straight to the ingress:
     ``took_ns`` since the previous response (or since the batch reached the worker),
-    ``output_ns`` of it spent writing the outputs, ``status`` 0 for a success."""
+    ``output_ns`` of it spent writing the outputs, ``status`` 0 for a success (``failed``: an error
+    response, whatever its status)."""
 
     took_ns: int
     output_ns: int = 0
     status: int = 0
     has_outputs: bool = True
+    failed: bool = False  # an error response: its ``status`` may be UNKNOWN, which is 0 too
 
 
 class ItemResponsesSent(msgspec.Struct, tag="isent", array_like=True):

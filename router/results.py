@@ -158,7 +158,8 @@ class Results:
         state = run.instance.version
         record = state.stats.record_response
         for count in msg.counts:
-            record(p.responses, count.took_ns, count.status or None, count.has_outputs, count.output_ns)
+            status = count.status if count.failed or count.status else None
+            record(p.responses, count.took_ns, status, count.has_outputs, count.output_ns)
             p.responses += 1
         now = time.monotonic_ns()
         p.last_response_ns = now
@@ -166,7 +167,7 @@ class Results:
             p.responded = True
             self.ledger.responded(p, run.instance)
             first = state.latency.first_response
-            if first is not None and not msg.counts[0].status:
+            if first is not None and not (msg.counts[0].status or msg.counts[0].failed):
                 first.histogram.observe(now - p.arrival_ns)
         if msg.final:
             self._close_item(msg.batch, run, msg.index, msg.error)

@@ -264,7 +264,7 @@ def plan_request_outputs(
     does), or its error."""
     if len(outcomes) != len(items):
         raise internal(f"the backend returned {len(outcomes)} outcomes for {len(items)} requests")
-    batched, labels = plan.batched, plan.labels
+    batched, labels, out_reshape = plan.batched, plan.labels, plan.out_reshape
     planned: list[list[PlannedOutput] | ConveyorError] = []
     for item, outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, ConveyorError):
@@ -276,6 +276,8 @@ def plan_request_outputs(
                 value = outcome.get(spec.name)
                 if value is None:  # an output the model did not produce is left out, as in Triton
                     continue
+                if out_reshape and spec.name in out_reshape:  # the model's shape back to the config's dims
+                    value = _reshaped(value, out_reshape[spec.name], batched)
                 if type(value) is np.ndarray and not spec.classification:
                     datatype = _DATATYPE_OF.get(value.dtype)
                     if datatype is not None:  # a number array: what ``_plan_output`` would make of it
@@ -293,6 +295,25 @@ def plan_request_outputs(
             continue
         planned.append(mine)
     return planned
+
+
+def _reshaped(value: Any, dims: list[int], batched: bool) -> Any:
+    """An output with ``reshape`` as the client sees it: its ``dims`` behind the request's batch
+    size, as Triton's core turns every backend's output back (INVALID_ARG when it cannot)."""
+    shape = list(value.shape)
+    to = ([shape[0]] if batched and shape else []) + dims
+    if type(value) is WireTensor:
+        known = math.prod(d for d in to if d != -1)
+        count = math.prod(shape)
+        if to.count(-1) == 1 and known and count % known == 0:
+            to = [count // known if d == -1 else d for d in to]
+        if math.prod(to) != count or -1 in to:
+            raise invalid_arg(f"output shape {shape} cannot be reshaped to {to}")
+        return WireTensor(value.datatype, to, value.data)
+    try:
+        return value.reshape(to)
+    except ValueError:
+        raise invalid_arg(f"output shape {shape} cannot be reshaped to {to}") from None
 
 
 class OutputWriter:

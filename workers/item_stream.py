@@ -123,8 +123,9 @@ class ItemStream:
         else:
             self._post(out)
 
-    def send(self, outcome: RequestOutcome | None, final: bool) -> None:
-        """Send one response (``None``: no response, only the final flag).
+    def send(self, outcome: RequestOutcome | None, final: bool, output_ns: int = 0) -> None:
+        """Send one response (``None``: no response, only the final flag); ``output_ns``: the model's
+        own time producing its outputs (``ResponseChannel.send``), counted with the time writing them.
 
         Raises ``ConveyorError`` once the request has ended."""
         with self._lock:
@@ -133,7 +134,7 @@ class ItemStream:
             outputs: list[m.TensorRef] = []
             release: list[m.Release] = []
             error: m.ErrorInfo | None = None
-            output_ns = 0
+            model_ns = output_ns
             if isinstance(outcome, ConveyorError):
                 # WorkerLost: not the request's fault (its engine died): an ingress may move it (ingress/migration.py)
                 error = m.ErrorInfo(int(outcome.status), outcome.message, isinstance(outcome, WorkerLost))
@@ -142,10 +143,10 @@ class ItemStream:
                 planned = plan_request_outputs([self.item], [outcome], self._plan)
                 result = self._writer.write(planned)[0]
                 outputs, error, release = result.outputs, result.error, result.release
-                output_ns = time.monotonic_ns() - start
+                output_ns += time.monotonic_ns() - start
             parameters = outcome_parameters(outcome) if error is None else None
             if self._direct:
-                self._answer(outputs, error, release, final, parameters, output_ns)
+                self._answer(outputs, error, release, final, parameters, output_ns, model_ns > 0)
             else:
                 response = m.ItemResponse(self.batch, self.index, outputs, error, release, final)
                 if parameters is not None:
@@ -162,8 +163,10 @@ class ItemStream:
         final: bool,
         parameters: dict[str, object] | None,
         output_ns: int,
+        produced: bool = False,
     ) -> None:
-        """One response straight to the ingress, and the router's note when one is due."""
+        """One response straight to the ingress, and the router's note when one is due; ``produced``:
+        the model timed producing outputs for it (a failed response that did counts as one with outputs)."""
         msg = self._exec
         response = m.encode(m.InferResponse(self.item.id, msg.model, msg.version, outputs, error, release, final,
                                             parameters or {}, msg.generation))
@@ -174,7 +177,7 @@ class ItemStream:
             out.append((self._direct, response))
         now = time.monotonic_ns()
         self._counts.append(m.ResponseCount(now - self._last_ns, output_ns, error.status if error else 0,
-                                            bool(outputs or parameters)))
+                                            bool(outputs or parameters or produced), error is not None))
         self._last_ns = now
         if final or not self._noted or now - self._noted_ns >= NOTE_INTERVAL_NS:
             note = m.ItemResponsesSent(self.batch, self.index, self._counts, final, error if final else None)

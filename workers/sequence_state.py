@@ -115,7 +115,7 @@ class SequenceSlots:
     def add_request_inputs(self, requests: list[RequestItem], items: list[m.BatchItem]) -> None:
         shape = (1, 1) if self.batched else (1,)
         for request, item in zip(requests, items, strict=True):
-            step = _step(item)
+            request.sequence = step = _step(item)
             for control, pick in self.flags:
                 request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
             if self.corrid is not None:
@@ -124,8 +124,11 @@ class SequenceSlots:
                 request.inputs[spec.input_name] = self._state(step, spec.input_name)
 
     def keep_request_states(self, items: list[m.BatchItem], outcomes: list[RequestOutcome]) -> None:
-        for item, outcome in zip(items, outcomes, strict=True):
+        """A decoupled model returns no outcomes (it answers through its streams): its END slots still
+        let their state go."""
+        for i, item in enumerate(items):
             step = _step(item)
+            outcome = outcomes[i] if i < len(outcomes) else None
             if step.end:
                 self.slots.pop(step.slot, None)
             elif isinstance(outcome, dict) and self.states:

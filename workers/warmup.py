@@ -49,7 +49,7 @@ class _Collect:
     def closed(self) -> bool:
         return self._closed
 
-    def send(self, outcome: Any, final: bool) -> None:
+    def send(self, outcome: Any, final: bool, output_ns: int = 0) -> None:
         if isinstance(outcome, ConveyorError):
             self._errors.append(outcome.message)
         self._closed = self._closed or final

@@ -16,6 +16,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.model_config import parse_text
 from conveyor.proto.repository_files import read_text, unreadable
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US
+from conveyor.proto.triton_test_backends import NAMES as TRITON_TEST_BACKENDS
 from conveyor.router.repository import frameworks
 from conveyor.router.repository.backend_config import BackendConfig
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
@@ -41,6 +42,8 @@ _BACKENDS = {
     "vllm": "vllm",  # Triton's vllm_backend layout: <version>/model.json (router/repository/vllm_autocomplete.py)
     "ensemble": "ensemble",  # run by the router itself (router/ensembles/scheduler.py)
     **frameworks.BACKENDS,  # fil, openvino, tensorflow (router/repository/frameworks.py)
+    # Triton's test backends, built in (workers/backends/triton_test/): no model file, no default file name.
+    **{name: name for name in TRITON_TEST_BACKENDS},
 }
 _DEFAULT_FILENAME = {
     "onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt", "tensorrt": "model.plan", "ensemble": "",
@@ -241,7 +244,7 @@ def _version_dirs(path: str) -> list[tuple[int, str]]:
 def _fill_defaults(config: mc.ModelConfig) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.default_model_filename:
+    if not config.default_model_filename and config.backend not in TRITON_TEST_BACKENDS:  # Triton leaves it ''
         config.default_model_filename = (frameworks.default_filename(config)
                                          or ("model.pt2" if config.platform == "torch_aoti" else "")
                                          or _DEFAULT_FILENAME.get(config.backend, "model"))
@@ -275,6 +278,11 @@ def _find_versions(spec: ModelSpec) -> None:
     filename = spec.config.default_model_filename
     if spec.backend == "ensemble":  # an ensemble's version directory holds no file
         spec.versions = {v: os.path.join(spec.path, str(v)) for v in chosen}
+        return
+    if spec.backend in TRITON_TEST_BACKENDS:  # built in: the version directory is enough, whatever it holds
+        # (the path keeps its file part, '' when none is named, so the worker finds the model's directory as
+        # for any backend: two levels up)
+        spec.versions = {v: os.path.join(spec.path, str(v), filename) for v in chosen}
         return
     for v in chosen:
         file_path = os.path.join(spec.path, str(v), filename)

@@ -7,10 +7,14 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.batch_shapes import batch_shapes_problem
 from conveyor.proto.migration import migration_problem
 from conveyor.proto.sequence_config import sequence_problem
+from conveyor.proto.triton_test_backends import NAMES as TRITON_TEST_BACKENDS
 from conveyor.router.spec.adaptive import adaptive_problem
 from conveyor.router.spec.engine_placement import placement_problem
 from conveyor.router.spec.overload import overload_problem
 from conveyor.router.spec.queue_policy import scheduling_problem
+
+# The backends that answer through a response stream: Python models, vLLM, Triton's test backends.
+_DECOUPLED = frozenset({"python", "vllm", *TRITON_TEST_BACKENDS})
 
 
 def validate(config: mc.ModelConfig) -> str:
@@ -33,8 +37,9 @@ def validate(config: mc.ModelConfig) -> str:
                 return f"{kind} '{t.name}' has an invalid dimension in {list(t.dims)}"
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         return "dynamic batching needs max_batch_size > 0"
-    if config.model_transaction_policy.decoupled and config.backend not in ("python", "vllm"):
-        return "decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend"
+    if config.model_transaction_policy.decoupled and config.backend not in _DECOUPLED:
+        return ("decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend "
+                "(or one of Triton's test backends)")
     return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
             or batch_shapes_problem(config) or overload_problem(config) or placement_problem(config)
             or migration_problem(config))

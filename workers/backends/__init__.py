@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import unsupported
+from conveyor.proto.triton_test_backends import NAMES as TRITON_TEST_BACKENDS
 from conveyor.workers.backends.base import Backend, RequestBackend
 
 
@@ -54,4 +55,8 @@ def load_backend(
         from conveyor.workers.backends.tensorflow.backend import TensorFlowBackend
 
         return TensorFlowBackend(path, config, device)
+    if backend in TRITON_TEST_BACKENDS:
+        from conveyor.workers.backends.triton_test import load_test_backend
+
+        return load_test_backend(backend, path, config, device, instance_name)
     raise unsupported(f"backend '{backend}' is not supported by this worker")

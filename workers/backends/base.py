@@ -22,6 +22,7 @@ from conveyor.proto.datatypes import deserialize_bytes, element_count, numpy_dty
 from conveyor.proto.errors import ConveyorError, Status
 
 if TYPE_CHECKING:
+    from conveyor.proto.messages import SequenceStep
     from conveyor.workers.loop_replies import LoopReplies
 
 
@@ -39,7 +40,7 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class ParameterizedOutputs(dict[str, np.ndarray]):
+class ParameterizedOutputs(dict[str, "np.ndarray | WireTensor"]):
     """A request's outputs plus the response parameters the model set for it; only
     built for a response that has parameters, so the others cost nothing."""
 
@@ -108,7 +109,11 @@ class ResponseChannel(Protocol):
         makes every later ``send`` (``workers/loop_replies.py``)."""
         ...
 
-    def send(self, outcome: RequestOutcome | None, final: bool) -> None: ...
+    def send(self, outcome: RequestOutcome | None, final: bool, output_ns: int = 0) -> None:
+        """``output_ns``: the time the model itself spent producing this response's outputs, which a
+        backend that times it may give (Triton's test backend ``square`` does): the response statistics
+        count it as ``compute_output``, and a failed response that took it as one that had outputs."""
+        ...
 
     def fail(self, error: ConveyorError) -> None: ...
 
@@ -122,6 +127,8 @@ class RequestItem:
     outputs: list[str]  # the outputs the client asked for
     parameters: dict[str, Any]
     channel: ResponseChannel | None = None
+    # A sequence-batching model's request: its slot, flags and correlation id (``workers/sequence_state.py``).
+    sequence: SequenceStep | None = None
 
 
 @runtime_checkable

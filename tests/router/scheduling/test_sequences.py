@@ -14,6 +14,7 @@ from conveyor.proto.sequence_config import SequenceConfig, sequence_batched, seq
 from conveyor.router.models import Instance, InstanceState
 from conveyor.router.pending import Pending, shape_key
 from conveyor.router.scheduling.sequences import SequenceBatcher
+from conveyor.workers.backends.base import RequestItem
 from conveyor.workers.sequence_state import SequenceSlots
 
 LEVEL = "unit"
@@ -310,6 +311,20 @@ def test_worker_controls_and_state_of_a_model_without_batching(tmp_path: Any) ->
     slots.add_batch_inputs(inputs, [item(0)])
     assert inputs["STATE"].tolist() == [1.0, 2.0]
 
+
+
+def test_worker_sequence_of_a_decoupled_request_backend(tmp_path: Any) -> None:
+    """A decoupled request backend answers through its streams and returns no outcomes: the
+    requests get their steps and controls, and an END slot still lets its state go."""
+    slots = SequenceSlots(config(_STATEFUL.replace('data_file: "init"', "zero_data: true")), str(tmp_path))
+    first, last = item(0, start=True), item(0, end=True)
+    requests = [RequestItem("", {}, [], {}) for _ in range(2)]
+    slots.add_request_inputs(requests, [first, last])
+    assert [r.sequence for r in requests] == [first.sequence, last.sequence]
+    assert requests[0].inputs["START"].tolist() == [[True]]
+    slots.slots[0] = {"STATE": np.ones((1, 2), np.float32)}
+    slots.keep_request_states([first, last], [])
+    assert slots.slots == {}
 
 def test_the_delay_hooks_hold_every_slot_until_the_slots_and_the_backlog_hold_their_counts() -> None:
     b = batcher(max_batch_size=1)  # one slot: a second sequence waits in the backlog

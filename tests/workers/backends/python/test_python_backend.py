@@ -213,7 +213,7 @@ class FakeChannel:
 
     def reply_from(self, replies: object) -> None: ...
 
-    def send(self, outcome: object, final: bool) -> None:
+    def send(self, outcome: object, final: bool, output_ns: int = 0) -> None:
         self.sent.append((outcome, final))
         self.arrived.set()
 
