@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conveyor.deploy import example_repo
+from conveyor.ingress import prometheus
 from conveyor.ingress.prefix_key import prefix_key
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
@@ -260,6 +261,13 @@ def test_a_sessions_turns_stay_on_one_engine_whatever_their_prompts(core: Router
     assert all(len(engines) == 1 for engines in homes.values()), homes
     assert len(set.union(*homes.values())) == 2, homes  # new sessions spread as new prefixes do
     assert _counted(core) == {"hit": 9, "miss": 0, "new": 3}
+    rows = [line.rsplit(" ", 1) for line in prometheus.render(core.router.control.metrics()).splitlines()
+            if line.startswith("conveyor_engine_session_placements_total{")]
+    names = sorted(inst.name for inst in _state(core, "prefix").instances)
+    assert [key for key, _ in rows] == [
+        f'conveyor_engine_session_placements_total{{engine="{name}",model="prefix",outcome="{outcome}",version="1"}}'
+        for name in names for outcome in ("hit", "miss", "new")]  # every outcome of each engine, the other model's none
+    assert sum(float(n) for key, n in rows if 'outcome="hit"' in key) == 9
     # Without a session the same order splits the turns: what keeps them together is the key.
     spread = {_send(core, "prefix", [9000 + turn]) for turn in range(3)}
     _finish_all(core)
