@@ -83,7 +83,7 @@ SESSION_OUTCOMES = ("hit", "miss", "new")
 
 
 class EnginePlacement:
-    """One model version's placement across its engines, and its record of the prefixes sent."""
+    """One model version's placement across its engines, and its record of the prefixes and sessions sent."""
 
     __slots__ = ("_turn", "by_prefix", "evictions", "reported", "sessions", "sessions_counted", "where")
 
