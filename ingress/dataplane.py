@@ -103,6 +103,7 @@ class InferCall:
     # outputs and id: the signature checks' verdict on one holds for all (a ``call_templates.CallTemplate``).
     # None: checked each time.
     shape_key: Hashable | None = None
+    session: int = 0  # the client's session key, hashed (proto/prefix_keys.session_key): its engine; 0: none
 
 
 @dataclass(slots=True)
@@ -403,6 +404,7 @@ class DataPlane:
             request.cache_key = request_hash(refs, self.arena.view, call.parameters)
         if sig.prefix_placed:
             request.prefix = prefix_key(refs, self.arena.view, call.parameters)
+            request.session = call.session
         self._blocks[request.id] = block
         return request
 

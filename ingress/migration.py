@@ -83,7 +83,7 @@ class Migration:
     """One engine request's record for sending it again: what it was, and what came of it so far."""
 
     __slots__ = ("answered", "blocker", "generated", "limit", "model", "moves", "params", "prompt_ids",
-                 "request_id", "resumed", "retry_s", "sent", "stream", "wait_until")
+                 "request_id", "resumed", "retry_s", "sent", "session", "stream", "wait_until")
 
     def __init__(self, model: str, request_id: str, params: dict[str, Any], stream: bool, limit: int) -> None:
         self.model = model
@@ -92,6 +92,7 @@ class Migration:
         self.stream = stream
         self.limit = limit  # MAX_MIGRATIONS
         self.blocker = blocker(params)  # why it cannot continue once it has answered (None: it can)
+        self.session = 0  # the call's session key's hash: a moved request stays in its session
         self.prompt_ids: list[int] | None = None  # the engine's, from its first response
         self.generated: list[int] = []
         self.answered = False  # a response reached the reader: sending it as it was would repeat it
@@ -152,6 +153,7 @@ class Migration:
         call = self.call(*self.sent)
         call.parameters.update(self.marks())
         call.parameters[MIGRATION] = self.moves  # the router counts it (conveyor_request_migrations_total)
+        call.session = self.session
         return call
 
     async def wait_back(self, error: ConveyorError) -> bool:

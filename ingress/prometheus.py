@@ -120,6 +120,7 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
     _render_overload(lines, model_stats, snapshot.get("overload", {}))
     _render_migrations(lines, model_stats, snapshot.get("migrations", {}))
     _render_prefix_evictions(lines, model_stats, snapshot.get("prefix_evictions", {}))
+    _render_session_placements(lines, model_stats, snapshot.get("session_placements", {}))
     adaptive: dict[str, int] = snapshot.get("adaptive_delay_ns", {})
     if adaptive:
         _header(lines, "conveyor_adaptive_queue_delay_us",
@@ -187,6 +188,23 @@ def _render_prefix_evictions(lines: list[str], model_stats: list[dict[str, Any]]
             "no longer held them (KV-cache events)", "counter")
     for s, by_engine in rows:
         lines += [f'{name}{{engine="{engine}",{_labels(s)}}} {count}' for engine, count in sorted(by_engine.items())]
+
+
+def _render_session_placements(lines: list[str], model_stats: list[dict[str, Any]],
+                               counted: dict[str, dict[str, dict[str, int]]]) -> None:
+    """Requests that named a session (``x-session-id``, ``prompt_cache_key``), per engine they went to and
+    outcome: ``hit`` (the engine of the session's previous turn), ``miss`` (moved off it: not ready or too
+    loaded), ``new`` (a session not in the record): only the versions that had some."""
+    rows = [(s, counted[_id(s)]) for s in model_stats if counted.get(_id(s))]
+    if not rows:
+        return
+    name = "conveyor_engine_session_placements_total"
+    _header(lines, name, "Requests of a session placed by engine placement: on its previous turn's engine (hit), "
+            "moved off it (miss), or a session not in its record (new)", "counter")
+    for s, by_engine in rows:
+        labels = f'model="{s["name"]}",{_namespace(s)}'  # Triton's order: by name, version last
+        lines += [f'{name}{{engine="{engine}",{labels}outcome="{outcome}",version="{s["version"]}"}} {count}'
+                  for engine, outcomes in sorted(by_engine.items()) for outcome, count in outcomes.items()]
 
 
 def _le(bound: float) -> str:

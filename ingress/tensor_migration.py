@@ -88,6 +88,7 @@ def plan(call: InferCall, sig: ModelSignature) -> TensorMigration | None:
     values = None if stream is None else _values(stream)
     resume = TensorMigration(call, sig, sampling[0], bool(values and values[0]), sampling[1])
     call.parameters.update(resume.marks())
+    resume.session = call.session
     return resume
 
 

@@ -35,7 +35,8 @@ import msgspec
 # 7: ``ErrorInfo.worker_lost`` (a request whose worker exited, which the OpenAI ingress may send again).
 # 8: ``PrefixesEvicted`` (what a vLLM engine's cache evicted, from its KV-cache events), announced in
 #    ``ModelLoaded.reports_evictions``.
-PROTOCOL_VERSION = 8
+# 9: ``InferRequest.session`` (a session key's hash, to keep a session's turns on one engine).
+PROTOCOL_VERSION = 9
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -144,6 +145,9 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     # A prompt's chained block hashes (proto/prefix_keys.py), for models placed by prefix across their
     # engines (router/scheduling/engine_placement.py); [] for every other model.
     prefix: list[int] = []
+    # The hash of the client's session key (``x-session-id``, OpenAI's ``prompt_cache_key``;
+    # proto/prefix_keys.session_key), for the same models: its turns go to one engine; 0: none.
+    session: int = 0
 
 
 # ``InferRequest.flags`` bits.

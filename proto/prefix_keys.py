@@ -11,10 +11,15 @@ text under the same adapter; a CRC collision costs a worse placement, never a wr
 whole blocks, as an engine caches only whole blocks. A vLLM worker computes the same keys for the
 requests it runs, to tell the router which ones its engine evicted
 (workers/backends/vllm/cached_prefixes.py).
+
+A session key (the ``x-session-id`` header, OpenAI's ``prompt_cache_key``) names an agent's or a chat's
+turns: the router keeps them on the engine that ran the session's previous turn, whose cache holds its
+history, while that engine is ready and not overloaded. The ingress sends its 63-bit hash (``session_key``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 
 # ~16 tokens of English text: the block size of vLLM's GPU engines, so a key stands for about one
@@ -41,3 +46,13 @@ def block_keys(data: bytes | memoryview, adapter: str) -> list[int]:
         h = zlib.crc32(data[end - PREFIX_BLOCK_BYTES:end], h)
         keys.append(h)
     return keys
+
+
+SESSION_HEADER = "x-session-id"  # the header that names a request's session, on the OpenAI and generate routes
+
+
+def session_key(key: str) -> int:
+    """The descriptor's hash of a session key (never 0, which means none). 64 bits, not CRC-32: a
+    collision puts two sessions on one engine, and a busy group sees many thousands of sessions."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 1) or 1  # within msgpack's signed range

@@ -121,6 +121,8 @@ class ControlHandler:
             "migrations": {f"{s.model}:{s.label}": s.migrations for s in states},
             "prefix_evictions": {f"{s.model}:{s.label}": dict(s.placement.evictions) for s in states
                                  if s.placement is not None and s.placement.evictions},
+            "session_placements": {f"{s.model}:{s.label}": {e: dict(c) for e, c in s.placement.sessions_counted.items()}
+                                   for s in states if s.placement is not None and s.placement.sessions_counted},
         }
         exported = self.trace_export()
         if exported is not None:

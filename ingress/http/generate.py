@@ -46,6 +46,7 @@ from conveyor.ingress.http.json_tensors import array_from_json
 from conveyor.ingress.limits import check_json_size
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.prefix_keys import SESSION_HEADER, session_key
 from conveyor.proto.request_checks import InferInput
 from conveyor.proto.signature import ModelSignature
 
@@ -78,6 +79,9 @@ class Generate:
             check_sampling(doc)
         call = generate_call(doc, sig, model, version)
         call.timeout_s = parse_timeout(req.get_header(TIMEOUT_HEADER))  # the router ends it queued past it
+        session = req.get_header(SESSION_HEADER)
+        if session:  # its turns on one engine (router/scheduling/engine_placement.py)
+            call.session = session_key(session)
         resume = tensor_migration.plan(call, sig)  # a vLLM model's request moves if its worker dies
         if self._stream:
             # As Triton, a request refused before any response (bad inputs, a full queue)

@@ -44,6 +44,7 @@ from conveyor.ingress.openai.tools import ToolPlan, plan
 from conveyor.ingress.openai.triton_schema import decoder, engine_refusals, schema_first
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.prefix_keys import SESSION_HEADER, session_key
 
 MIN_LOGPROB = -9999.0  # vLLM's floor of a logprob it shows (JSON has no -inf)
 Request = falcon.asgi.Request
@@ -174,6 +175,11 @@ class _Endpoint:
         # Each prompt its own engine request; several get vLLM's ids for them, the request's and an index.
         calls = [engine_call(parsed.target, prompt, params, request.stream, rid if len(prompts) == 1 else f"{rid}-{i}")
                  for i, prompt in enumerate(prompts)]
+        session = req.get_header(SESSION_HEADER) or request.prompt_cache_key
+        if session:  # its turns on one engine (router/scheduling/engine_placement.py)
+            key = session_key(session)
+            for call in calls:
+                call.session = key
         options = request.stream_options
         include_usage = bool(options and options.include_usage)
         continuous = bool(include_usage and options and options.continuous_usage_stats)

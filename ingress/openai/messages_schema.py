@@ -24,7 +24,8 @@ What each field becomes, as vLLM's Anthropic server (``vllm/entrypoints/anthropi
   and ``none``; ``disable_parallel_tool_use`` is ``parallel_tool_calls`` false. Server tools (a ``type``
   other than ``custom``: web search, code execution, ...) are a 400: nothing here runs them.
 * ``output_config.format`` (``json_schema``) is ``response_format`` ``json_schema``: structured outputs.
-* ``metadata.user_id`` is the chat request's ``user``.
+* ``metadata.user_id`` is the chat request's ``user``, and its session (``prompt_cache_key``): an agent's
+  turns go to one engine (router/scheduling/engine_placement.py), unless ``x-session-id`` names another.
 * ``thinking``, ``output_config.effort``, ``service_tier``, ``cache_control`` (on the request, any block or tool) and
   the ``anthropic-version`` / ``anthropic-beta`` headers are accepted and have no effect: the engines have
   no thinking budget nor service tiers, and their prefix cache needs no marks. ``container`` and
@@ -180,6 +181,7 @@ def chat_request(req: CountTokensRequest) -> ChatRequest:
         chat.top_p = req.top_p
         chat.top_k = req.top_k
         chat.user = user
+        chat.prompt_cache_key = user  # Anthropic's user keeps its turns on one engine (x-session-id wins)
     return chat
 
 

@@ -58,4 +58,5 @@ def plan(target: Target, prompt: Prompt, params: dict[str, Any], stream: bool, c
         return None
     resume = Resume(target, prompt, params, stream, call.id, model.max_migrations)
     call.parameters.update(resume.marks())
+    resume.session = call.session
     return resume

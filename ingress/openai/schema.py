@@ -79,6 +79,8 @@ class Sampling(msgspec.Struct, kw_only=True):
     request_id: str | None = None  # vLLM's: the request's id when no X-Request-Id header gives one
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # OpenAI's: the request's session, kept on one engine as the ``x-session-id`` header (which wins)
+    prompt_cache_key: str | None = None
     # vLLM's extensions, passed to the engine's SamplingParams
     stop_token_ids: list[int] | None = None
     bad_words: list[str] | None = None

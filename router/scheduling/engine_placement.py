@@ -27,6 +27,17 @@ once (``evicted``), and a request whose head its engine no longer holds goes whe
 while every engine of the model reports so, the record keeps a key until its engine evicts it, up to
 ``REPORTED_PREFIX_TTL_S`` (``trust``). An engine that starts again (its worker replaced) starts with an
 empty cache, and its keys go too.
+
+A request may name its session (the ingress's hash of ``x-session-id`` or OpenAI's ``prompt_cache_key``,
+proto/prefix_keys.py): an agent's or a chat's turns, each of which resends the history its previous turn's
+engine holds. Under ``prefix`` placement it goes to the engine that ran the session's previous turn while
+that engine can take a request now (ready, within its rate limits) and is not out of balance with the least
+loaded one (as above); otherwise it is placed by prefix and load, and the session stays with the engine it
+went to. The record keeps each session's engine, at most ``MAX_SESSIONS``, the least recently used out
+first; an engine that starts again (or whose cache was cleared) drops its sessions, whose next turns are
+placed anew and stay together there. ``sessions_counted`` counts each session request's outcome by engine:
+``hit`` (its previous turn's engine), ``miss`` (moved: that engine was not ready or too loaded), ``new`` (a
+session not in the record).
 """
 
 from __future__ import annotations
@@ -64,12 +75,17 @@ CACHE_SHARE = 0.5
 # a CPU engine runs far fewer sequences at once (max_num_seqs 32 here).
 BALANCE_REQUESTS = 16
 BALANCE_RATIO = 1.5
+# Sessions remembered per model version (~200 bytes each: ~6 MiB at most), the least recently used out
+# first: a session pushed out only has its next turn placed by prefix and load, and recorded again.
+MAX_SESSIONS = 1 << 15
+# ``sessions_counted``'s outcomes, each shown on /metrics (conveyor_engine_session_placements_total).
+SESSION_OUTCOMES = ("hit", "miss", "new")
 
 
 class EnginePlacement:
-    """One model version's placement across its engines, and its record of the prefixes sent."""
+    """One model version's placement across its engines, and its record of the prefixes and sessions sent."""
 
-    __slots__ = ("_turn", "by_prefix", "evictions", "reported", "where")
+    __slots__ = ("_turn", "by_prefix", "evictions", "reported", "sessions", "sessions_counted", "where")
 
     def __init__(self, by_prefix: bool) -> None:
         self.by_prefix = by_prefix
@@ -79,6 +95,10 @@ class EnginePlacement:
         # Keys taken out of the record because their engine evicted them, by the engine's name (/metrics).
         self.evictions: dict[str, int] = {}
         self.reported = False  # every engine says what it evicts (``trust``)
+        # Session hash -> the engine of its latest turn, least recently sent first.
+        self.sessions: dict[int, Instance] = {}
+        # Session requests by the engine they went to and their outcome (``SESSION_OUTCOMES``), for /metrics.
+        self.sessions_counted: dict[str, dict[str, int]] = {}
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> EnginePlacement:
@@ -97,7 +117,11 @@ class EnginePlacement:
         rotated = [engines[(start + i) % n] for i in range(n)]
         least = min(rotated, key=_load)
         best = least
-        if matched and not _out_of_balance(engines):
+        session = item.request.session
+        held = self.sessions.get(session) if session else None
+        if held is not None and held in engines and not _ahead(held, least):
+            best = held  # the session's previous turn's engine: its history is cached there
+        elif matched and not _out_of_balance(engines):
             cached = max(rotated, key=lambda e: (matched.get(id(e), 0), -e.open_requests))
             if matched.get(id(cached), 0) >= CACHE_SHARE * len(keys):
                 best = cached
@@ -105,9 +129,14 @@ class EnginePlacement:
         return best
 
     def sent(self, engine: Instance, item: Pending) -> None:
-        """``item`` went to ``engine``: its prefix is there now."""
+        """``item`` went to ``engine``: its prefix is there now, and its session's turns go there next."""
+        if not self.by_prefix:
+            return
+        session = item.request.session
+        if session:
+            self._session_sent(session, engine)
         keys = item.request.prefix
-        if not keys or not self.by_prefix:
+        if not keys:
             return
         where = self.where
         now = time.monotonic_ns()
@@ -125,6 +154,16 @@ class EnginePlacement:
         if len(where) > MAX_PREFIX_KEYS:
             for key in list(itertools.islice(where, len(where) - MAX_PREFIX_KEYS)):
                 del where[key]
+
+    def _session_sent(self, session: int, engine: Instance) -> None:
+        sessions = self.sessions
+        held = sessions.pop(session, None)  # re-inserted last: the most recently used
+        sessions[session] = engine
+        if len(sessions) > MAX_SESSIONS:
+            del sessions[next(iter(sessions))]
+        outcome = "new" if held is None else "hit" if held is engine else "miss"
+        counted = self.sessions_counted.setdefault(engine.name, dict.fromkeys(SESSION_OUTCOMES, 0))
+        counted[outcome] += 1
 
     def evicted(self, engine: Instance, keys: list[int]) -> None:
         """``engine`` evicted the blocks of ``keys``: those it was recorded for leave the record."""
@@ -154,6 +193,10 @@ class EnginePlacement:
             del where[key]
         if keys:
             self.evictions[engine.name] = self.evictions.get(engine.name, 0) + len(keys)
+        # Its sessions' history is gone with its cache: their next turns are placed anew (and stay there).
+        sessions = self.sessions
+        for session in [session for session, held in sessions.items() if held is engine]:
+            del sessions[session]
 
     def _matched(self, keys: list[int]) -> dict[int, int]:
         """``id()`` of each engine -> how many of the prompt's leading blocks it holds, by the record."""
@@ -169,6 +212,12 @@ class EnginePlacement:
 
 def _load(engine: Instance) -> tuple[int, int]:
     return engine.open_requests, engine.prefill_blocks
+
+
+def _ahead(engine: Instance, least: Instance) -> bool:
+    """``engine`` runs so many more requests than ``least`` that they are out of balance (as ``_out_of_balance``)."""
+    high, low = engine.open_requests, least.open_requests
+    return high - low >= BALANCE_REQUESTS and high >= BALANCE_RATIO * low
 
 
 def _out_of_balance(engines: Sequence[Instance]) -> bool:

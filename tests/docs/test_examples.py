@@ -85,6 +85,7 @@ CONDITIONAL = {
     GPU_METRICS: "a GPU, through NVML",
     r"conveyor_request_migrations_total": "a request moved after its worker died (vLLM)",
     r"conveyor_engine_prefix_evictions_total": "evictions reported by vLLM engines",
+    r"conveyor_engine_session_placements_total": "requests that name a session, on a vLLM model of several engines",
     r"conveyor_adaptive_queue_delay_us": "adaptive batching (conveyor.latency_target_us)",
     r"conveyor_trace_spans_\w+_total": "--trace-config mode=opentelemetry",
 }

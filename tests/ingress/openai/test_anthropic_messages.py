@@ -331,3 +331,10 @@ def test_a_body_refused_before_the_app_is_in_the_routes_form() -> None:
     assert status == 413 and doc["type"] == "error" and doc["error"]["type"] == "request_too_large"
     assert "exceeds the maximum allowed input size of 5 bytes" in doc["error"]["message"]
     assert orjson.loads(body_refusal(10, 5, "/v1/chat/completions")[1])["error"]["code"] == "content_too_large"
+
+
+def test_the_user_id_is_the_session_of_its_turns() -> None:
+    """Anthropic's ``metadata.user_id`` keeps an agent's turns on one engine, as ``prompt_cache_key`` does."""
+    chat = _chat(metadata={"user_id": "agent-7"})
+    assert (chat.user, chat.prompt_cache_key) == ("agent-7", "agent-7")
+    assert _chat().prompt_cache_key is None

@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 
 from conveyor.deploy import example_repo
+from conveyor.ingress import prometheus
 from conveyor.ingress.prefix_key import prefix_key
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.datatypes import serialize_bytes
-from conveyor.proto.prefix_keys import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_BYTES
-from conveyor.router.models import VersionState
+from conveyor.proto.prefix_keys import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_BYTES, session_key
+from conveyor.router.models import InstanceState, VersionState
 from conveyor.router.scheduling import engine_placement
-from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS
+from conveyor.router.scheduling.engine_placement import MAX_PREFIX_KEYS, MAX_SESSIONS
 from conveyor.router.scheduling.overload import limits_only_change
 from conveyor.router.spec.engine_placement import placement_problem
 from tests.support.router_core import RouterCore
@@ -62,10 +63,11 @@ def core(tmp_path: Path) -> Iterator[RouterCore]:
 _ids = iter(range(1, 1 << 30))
 
 
-def _send(core: RouterCore, model: str, prefix: list[int]) -> int:
-    """A request whose prompt has these keys; the engine (instance index) it was sent to."""
+def _send(core: RouterCore, model: str, prefix: list[int], session: str = "") -> int:
+    """A request whose prompt has these keys (of this session); the engine (instance index) it was sent to."""
     tensor = m.TensorRef("text_input", "BYTES", [1], "conveyor.test.ingress", 0, 8)
-    core.from_ingress(m.InferRequest(next(_ids), model, "", [tensor], [], prefix=prefix))
+    core.from_ingress(m.InferRequest(next(_ids), model, "", [tensor], [], prefix=prefix,
+                                     session=session_key(session) if session else 0))
     (batch,) = core.batches(W1)
     core.from_worker(W1, m.BatchResult(batch.batch, [m.ItemResult(batch.items[0].id, pending=True)]))
     _sent.append(batch)
@@ -234,6 +236,121 @@ def test_a_bad_placement_refuses_the_load_and_the_choice_changes_in_place() -> N
     other.CopyFrom(config)
     other.parameters["ENGINE_PLACEMENT"].string_value = "round_robin"
     assert limits_only_change(config, other)
+
+
+# --- sessions (x-session-id, prompt_cache_key) ------------------------------------------------
+
+
+def _counted(core: RouterCore, model: str = "prefix") -> dict[str, int]:
+    """The session outcomes on /metrics' snapshot, summed over the engines."""
+    total = dict.fromkeys(("hit", "miss", "new"), 0)
+    for outcomes in core.router.control.metrics().get("session_placements", {}).get(f"{model}:1", {}).values():
+        for outcome, count in outcomes.items():
+            total[outcome] += count
+    return total
+
+
+def test_a_sessions_turns_stay_on_one_engine_whatever_their_prompts(core: RouterCore) -> None:
+    """Three sessions (odd: the engines in turn would split each one's turns), every turn a prompt of its own
+    (no shared head): each session's turns on the engine of its first, and the sessions spread."""
+    homes: dict[str, set[int]] = {}
+    for turn in range(4):
+        for s in ("a", "b", "c"):
+            homes.setdefault(s, set()).add(_send(core, "prefix", [turn * 100 + ord(s)], session=s))
+            _finish_all(core)
+    assert all(len(engines) == 1 for engines in homes.values()), homes
+    assert len(set.union(*homes.values())) == 2, homes  # new sessions spread as new prefixes do
+    assert _counted(core) == {"hit": 9, "miss": 0, "new": 3}
+    rows = [line.rsplit(" ", 1) for line in prometheus.render(core.router.control.metrics()).splitlines()
+            if line.startswith("conveyor_engine_session_placements_total{")]
+    names = sorted(inst.name for inst in _state(core, "prefix").instances)
+    assert [key for key, _ in rows] == [
+        f'conveyor_engine_session_placements_total{{engine="{name}",model="prefix",outcome="{outcome}",version="1"}}'
+        for name in names for outcome in ("hit", "miss", "new")]  # every outcome of each engine, the other model's none
+    assert sum(float(n) for key, n in rows if 'outcome="hit"' in key) == 9
+    # Without a session the same order splits the turns: what keeps them together is the key.
+    spread = {_send(core, "prefix", [9000 + turn]) for turn in range(3)}
+    _finish_all(core)
+    assert len(spread) == 2
+
+
+def test_a_session_outweighs_a_prefix_held_elsewhere(core: RouterCore) -> None:
+    away = _send(core, "prefix", [1, 2, 3, 4])
+    _finish_all(core)
+    home = _send(core, "prefix", [50], session="agent")
+    _finish_all(core)
+    assert home != away
+    assert _send(core, "prefix", [1, 2, 3, 4], session="agent") == home  # its history is there
+    _finish_all(core)
+
+
+def test_a_session_leaves_an_engine_that_is_not_ready_and_stays_where_it_went(core: RouterCore) -> None:
+    state = _state(core, "prefix")
+    home = _send(core, "prefix", [], session="s1")
+    _finish_all(core)
+    engine = next(inst for inst in state.instances if inst.index == home)
+    engine.state = InstanceState.LOADING  # as while its worker is replaced
+    try:
+        moved = _send(core, "prefix", [], session="s1")
+        _finish_all(core)
+    finally:
+        engine.state = InstanceState.READY
+    assert moved != home
+    assert [_send(core, "prefix", [], session="s1") for _ in range(3)] == [moved] * 3  # together there
+    _finish_all(core)
+    assert _counted(core) == {"hit": 3, "miss": 1, "new": 1}
+
+
+def test_a_session_leaves_an_engine_out_of_balance(core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_placement, "BALANCE_REQUESTS", 3)
+    home = _send(core, "prefix", [], session="busy")  # each left running: its engine loads up
+    places = [_send(core, "prefix", [], session="busy") for _ in range(3)]
+    # Home runs 3 more than the idle engine after the second: the third goes there, and the session with it.
+    assert places == [home, home, places[2]] and places[2] != home, (home, places)
+    _finish_all(core)
+    assert _send(core, "prefix", [], session="busy") == places[2]
+    _finish_all(core)
+    assert _counted(core) == {"hit": 3, "miss": 1, "new": 1}
+
+
+def test_a_new_engine_drops_its_sessions_which_are_placed_anew(core: RouterCore) -> None:
+    placement = _state(core, "prefix").placement
+    assert placement is not None
+    home = _send(core, "prefix", [], session="s")
+    _finish_all(core)
+    core.from_worker(W1, m.ModelLoaded("prefix", "1", home))  # its engine started again: the history is gone
+    assert placement.sessions == {}
+    _send(core, "prefix", [], session="s")
+    _finish_all(core)
+    assert _counted(core) == {"hit": 0, "miss": 0, "new": 2}
+
+
+def test_the_session_record_stays_bounded(core: RouterCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_placement, "MAX_SESSIONS", 8)
+    placement = _state(core, "prefix").placement
+    assert placement is not None
+    for i in range(20):
+        _send(core, "prefix", [], session=f"s{i}")
+        _finish_all(core)
+        assert len(placement.sessions) <= 8
+    _send(core, "prefix", [], session="s19")  # the most recent: still recorded
+    _send(core, "prefix", [], session="s0")  # the least recent: pushed out, a new session again
+    _finish_all(core)
+    assert _counted(core) == {"hit": 1, "miss": 0, "new": 21}
+    assert MAX_SESSIONS == 1 << 15  # the module's own bound, unchanged by the test's patch
+
+
+def test_round_robin_is_blind_to_sessions(core: RouterCore) -> None:
+    engines = [_send(core, "turns", [], session="s") for _ in range(2)]
+    _finish_all(core)
+    assert engines[0] != engines[1]
+    assert "turns:1" not in core.router.control.metrics()["session_placements"]  # nor counted
+
+
+def test_a_session_keys_hash_is_stable_and_never_none() -> None:
+    assert session_key("agent-1") == session_key("agent-1") != session_key("agent-2")
+    for key in ("", "x", "\udcff", "k" * 10_000):
+        assert 0 < session_key(key) < 1 << 63  # msgpack's signed range; 0 is "no session"
 
 
 # --- the ingress's keys ---------------------------------------------------------------------

@@ -3,8 +3,10 @@ build, placed by prefix and then round-robin (changed at run time, in place). A 
 long system prompts, each followed by several short user turns, sent through Triton's generate
 endpoint: the prompt tokens the engines have to compute (their own prefix-cache counters, per
 engine on /metrics) are far fewer when each system prompt goes back to the engine that has it,
-and both engines serve. Then (each kills a worker) a request survives the death of its engine's worker
-(``kill -9``; ingress/migration.py, ingress/openai/migration.py, ingress/tensor_migration.py), on every path
+and both engines serve. Sessions (``x-session-id`` on the OpenAI and generate routes, OpenAI's
+``prompt_cache_key``) keep each session's turns on one engine though their prompts share nothing.
+Then (each kills a worker) a request survives the death of its engine's worker (``kill -9``;
+ingress/migration.py, ingress/openai/migration.py, ingress/tensor_migration.py), on every path
 it moves by at once: OpenAI completions and chat, streamed and not, Triton's generate and generate_stream
 (sampling parameters as the input and as the request's parameters), gRPC's ModelStreamInfer; killed
 mid-stream; and before the first token (its engine stopped while it holds them), then again mid-stream on the
@@ -159,6 +161,80 @@ def test_prefix_placement_computes_far_fewer_prompt_tokens_than_round_robin(
     print(f"prompt tokens computed: by prefix {by_prefix}, round-robin {by_turns}")  # shown with -s
     assert sum(by_turns.values()) >= 1.5 * sum(by_prefix.values()), (by_prefix, by_turns)
 
+# --- Sessions kept together (x-session-id, prompt_cache_key) ----------------------------------------------------
+#
+# An agent's turns name their session; each turn's prompt here shares no head with any other (its first block is
+# its own), so prefix placement alone would take the engines in turn and split every session's turns (an odd
+# number of sessions, sent turn by turn). The session key keeps each session's turns on one engine.
+
+SESSIONS = 5  # odd: the engines in turn would put a session's consecutive turns on alternate engines
+SESSION_TURNS = 3
+SESSION_PLACEMENTS = "conveyor_engine_session_placements_total"
+
+
+def _session_counts(srv: Server) -> dict[tuple[str, str], float]:
+    """The model's session placements on /metrics: (engine, outcome) -> count."""
+    pattern = re.compile(SESSION_PLACEMENTS + r'\{engine="([^"]+)",model="' + MODEL
+                         + r'",outcome="(\w+)",version="1"\}')
+    return {(found[1], found[2]): value for key, value in scrape(srv).items() if (found := pattern.fullmatch(key))}
+
+
+def _session_turn(srv: Server, port: int, session: int, turn: int) -> int:
+    """Session ``session``'s turn ``turn`` (sessions 0 and 1: completions with ``x-session-id``; 2: chat with
+    ``prompt_cache_key``; 3 and 4: Triton's generate with ``x-session-id``); the prompt tokens it had."""
+    text = f"{turn}.{session} {tiny_llama.LINES[(session + turn) % len(tiny_llama.LINES)]} {tiny_llama.LINES[turn]}"
+    key = f"agent-{session}"
+    if session < 3:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        args: dict[str, Any] = {"model": MODEL, "max_tokens": 1, "temperature": 0}
+        made: Any = (client.completions.create(prompt=text, extra_headers={"x-session-id": key}, **args) if session < 2
+                     else client.chat.completions.create(messages=[{"role": "user", "content": text}],
+                                                         extra_body={"prompt_cache_key": key}, **args))
+        return int(made.usage.prompt_tokens)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=60)
+    try:
+        conn.request("POST", f"/v2/models/{MODEL}/generate", headers={"x-session-id": key}, body=json.dumps(
+            {"text_input": text, "return_num_input_tokens": True, "parameters": {"max_tokens": 1, "temperature": 0}}))
+        r = conn.getresponse()
+        body = r.read()
+        assert r.status == 200, body
+        return int(json.loads(body)["num_input_tokens"])
+    finally:
+        conn.close()
+
+
+def test_a_sessions_turns_land_on_one_engine(server: Server, openai_port: int) -> None:
+    """Each session's turns on one engine (the router's record, on /metrics, per request), the sessions on both
+    engines; the engines' own prefix-cache counters agree: each computed the prompts of the turns sent to it."""
+    _place(server, "prefix")
+    deadline = time.monotonic() + 30
+    while not _listening(openai_port):
+        assert time.monotonic() < deadline, "the OpenAI ingress did not listen"
+        time.sleep(0.1)
+    queried = _settled(server)
+    before = _session_counts(server)
+    homes: dict[int, set[str]] = {}
+    prompt_tokens: dict[str, int] = {}
+    for turn in range(SESSION_TURNS):
+        for session in range(SESSIONS):
+            counts = _session_counts(server)
+            tokens = _session_turn(server, openai_port, session, turn)
+            grew = [engine for (engine, outcome), n in _session_counts(server).items()
+                    if n > counts.get((engine, outcome), 0.0)]
+            assert len(grew) == 1, (session, turn, grew)  # counted as the router sent it, before its answer
+            homes.setdefault(session, set()).add(grew[0])
+            prompt_tokens[grew[0]] = prompt_tokens.get(grew[0], 0) + tokens
+    assert all(len(engines) == 1 for engines in homes.values()), homes
+    assert len(set.union(*homes.values())) == 2, homes  # new sessions spread over the engines
+    after = _session_counts(server)
+    outcomes = dict.fromkeys(("hit", "miss", "new"), 0.0)
+    for (engine, outcome), n in after.items():
+        outcomes[outcome] += n - before.get((engine, outcome), 0.0)
+    assert outcomes == {"hit": SESSIONS * (SESSION_TURNS - 1), "miss": 0, "new": SESSIONS}, outcomes
+    computed = {engine: n - queried.get(engine, 0.0) for engine, n in _settled(server).items()}
+    assert computed == prompt_tokens, (computed, prompt_tokens)
+
+
 # --- A request that survives its engine's worker (ingress/migration.py) ---------------------------------------
 #
 # Every path a request moves by, at once, on one engine: the prompts share a head of whole 64-byte blocks (the
@@ -218,11 +294,13 @@ class _Answer:
     tokens: list[str] = field(default_factory=list)  # an OpenAI answer's: each token's, also those shown as ""
 
 
-def _openai_job(port: int, i: int, chat: bool, stream: bool, out: _Answer, shown: Callable[[], None]) -> None:
+def _openai_job(port: int, i: int, chat: bool, stream: bool, out: _Answer, shown: Callable[[], None],
+                session: str = "") -> None:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                            timeout=STREAM_TIMEOUT_S)
     args: dict[str, Any] = {"model": MODEL, "max_tokens": TOKENS, "temperature": 0, "extra_body": {"ignore_eos": True},
-                            "extra_headers": {"X-Request-Id": f"path{i}"}, "logprobs": True if chat else 0}
+                            "extra_headers": {"X-Request-Id": f"path{i}", **_session_header(session)},
+                            "logprobs": True if chat else 0}
     if stream:
         args.update(stream=True, stream_options={"include_usage": True})
     made: Any = (client.chat.completions.create(messages=[{"role": "user", "content": _content(i)}], **args) if chat
@@ -242,7 +320,7 @@ def _openai_job(port: int, i: int, chat: bool, stream: bool, out: _Answer, shown
 
 
 def _generate_job(srv: Server, i: int, stream: bool, sampling: dict[str, Any], as_parameters: bool, out: _Answer,
-                  shown: Callable[[], None]) -> None:
+                  shown: Callable[[], None], session: str = "") -> None:
     body: dict[str, Any] = {"id": f"path{i}", "text_input": _prompt(i), "stream": stream,
                             "exclude_input_in_output": True, "return_finish_reason": True,
                             "return_num_input_tokens": True, "return_num_output_tokens": True}
@@ -252,7 +330,8 @@ def _generate_job(srv: Server, i: int, stream: bool, sampling: dict[str, Any], a
         body["sampling_parameters"] = json.dumps(sampling)
     conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=STREAM_TIMEOUT_S)
     try:
-        conn.request("POST", f"/v2/models/{MODEL}/{'generate_stream' if stream else 'generate'}", body=json.dumps(body))
+        conn.request("POST", f"/v2/models/{MODEL}/{'generate_stream' if stream else 'generate'}", body=json.dumps(body),
+                     headers=_session_header(session))
         r = conn.getresponse()
         events = (line[len(b"data: "):] for line in r if line.startswith(b"data: ")) if stream else [r.read()]
         output_tokens = 0
@@ -303,20 +382,22 @@ def _grpc_job(srv: Server, i: int, out: _Answer, shown: Callable[[], None]) -> N
         client.close()
 
 
-def _round(srv: Server, port: int, blocked: bool = False) -> tuple[list[_Answer], _Progress, list[threading.Thread]]:
-    """Every path's request at once (and, ``blocked``, a generate_stream with stop strings), in threads."""
+def _round(srv: Server, port: int, blocked: bool = False,
+           session: str = "") -> tuple[list[_Answer], _Progress, list[threading.Thread]]:
+    """Every path's request at once (and, ``blocked``, a generate_stream with stop strings), in threads; those
+    of the OpenAI and generate routes of this session (``x-session-id``), if one."""
     paths: list[Callable[[_Answer, Callable[[], None]], None]] = [
-        lambda out, shown: _openai_job(port, 0, False, True, out, shown),
-        lambda out, shown: _openai_job(port, 1, False, False, out, shown),
-        lambda out, shown: _openai_job(port, 2, True, True, out, shown),
-        lambda out, shown: _openai_job(port, 3, True, False, out, shown),
-        lambda out, shown: _generate_job(srv, 4, False, SAMPLING, True, out, shown),
-        lambda out, shown: _generate_job(srv, 5, True, SAMPLING, False, out, shown),
-        lambda out, shown: _generate_job(srv, 6, True, SAMPLING, True, out, shown),
+        lambda out, shown: _openai_job(port, 0, False, True, out, shown, session),
+        lambda out, shown: _openai_job(port, 1, False, False, out, shown, session),
+        lambda out, shown: _openai_job(port, 2, True, True, out, shown, session),
+        lambda out, shown: _openai_job(port, 3, True, False, out, shown, session),
+        lambda out, shown: _generate_job(srv, 4, False, SAMPLING, True, out, shown, session),
+        lambda out, shown: _generate_job(srv, 5, True, SAMPLING, False, out, shown, session),
+        lambda out, shown: _generate_job(srv, 6, True, SAMPLING, True, out, shown, session),
         lambda out, shown: _grpc_job(srv, 7, out, shown),
     ]
     if blocked:
-        paths.append(lambda out, shown: _generate_job(srv, 8, True, BLOCKED, False, out, shown))
+        paths.append(lambda out, shown: _generate_job(srv, 8, True, BLOCKED, False, out, shown, session))
     answers = [_Answer() for _ in paths]
     progress = _Progress(len(paths))
 
@@ -330,6 +411,10 @@ def _round(srv: Server, port: int, blocked: bool = False) -> tuple[list[_Answer]
     for t in threads:
         t.start()
     return answers, progress, threads
+
+
+def _session_header(session: str) -> dict[str, str]:
+    return {"x-session-id": session} if session else {}
 
 
 def _joined(threads: list[threading.Thread]) -> None:
@@ -446,9 +531,14 @@ def test_every_path_survives_the_death_of_its_engines_worker(
     text (or, ``before the first token``, while its engine is stopped and holds them all); ``then mid-stream``:
     the engine that took them killed too once a stream shows text, before the first is back, so they wait for
     it. Every answer is the undisturbed run's, token for token, its counts the same; the model's migration
-    counter counts each move."""
+    counter counts each move. The round's requests are one session's (``x-session-id``, but for gRPC's): moved,
+    they stay that session's, off its killed engine, and its next turn goes where they went."""
     _configure(server, max_migrations)
     victim = _engine_of_the_head(server, openai_port)
+    rows = [r for r in router_control(server.group, "instances") if r["model"] == MODEL]
+    survivor = next(r["name"] for r in rows if r["worker_pid"] != victim)  # the engine not killed first
+    session = f"kill-{max_migrations}"
+    sessions_before = _session_counts(server)
     engine = descendants(victim)  # its engine core and the engine's model worker
     segments = mapped_shm(engine, "psm_")  # vLLM's queues between them, which vLLM leaves behind
     before = scrape(server).get(MIGRATIONS, 0.0)
@@ -460,7 +550,7 @@ def test_every_path_survives_the_death_of_its_engines_worker(
     stopped = list(engine)
     for pid in engine:
         os.kill(pid, signal.SIGSTOP)  # the worker takes the requests; its engine answers none
-    answers, progress, threads = _round(server, openai_port, blocked=when == "mid-stream")
+    answers, progress, threads = _round(server, openai_port, blocked=when == "mid-stream", session=session)
     try:
         eventually(lambda: router_control(server.group, "model_load", model=MODEL)["num_requests_running"]
                    == len(threads), 60, what="every request placed")
@@ -500,3 +590,13 @@ def test_every_path_survives_the_death_of_its_engines_worker(
     # Each path's request once per kill: all of them were on the killed engine.
     assert moves == len(PATHS) * (2 if twice else 1), moves
     wait_all_instances_ready(server.group, MODEL, 2, LOAD_TIMEOUT_S)  # the killed worker back, for what follows
+    # Each move placed as the session's, off the engine it was on (a miss); the killed engine is back, and the
+    # session's next turn (a prompt sharing nothing with the round's) goes where its requests went.
+    moved = _session_counts(server)
+    missed = {e for (e, o), n in moved.items() if o == "miss" and n > sessions_before.get((e, o), 0.0)}
+    assert missed and (twice or missed == {survivor}), (missed, moved)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{openai_port}/v1", api_key="none", max_retries=0, timeout=60)
+    client.completions.create(model=MODEL, prompt=f"{session}: {tiny_llama.LINES[1]}", max_tokens=1,
+                              extra_headers=_session_header(session))
+    grew = [(e, o) for (e, o), n in _session_counts(server).items() if n > moved.get((e, o), 0.0)]
+    assert len(grew) == 1 and grew[0][1] == "hit" and (twice or grew[0][0] == survivor), (grew, missed)
