@@ -228,13 +228,14 @@ if [ "${KIND_GPU_AS_CPU:-0}" = 1 ]; then
     rm -rf "$DATA_ROOT" && cp -r "$WORK/data" "$DATA_ROOT"
     find "$DATA_ROOT" -name config.pbtxt -exec sed -i 's/KIND_GPU/KIND_CPU/g' {} +
 fi
-rm -rf "$WORK/qa"
-cp -r "$TRITON/qa" "$WORK/qa"
+# qa/ once; each suite's folder afresh before it runs (so that two runs of other suites can share WORK_DIR).
+[ -d "$WORK/qa" ] || cp -r "$TRITON/qa" "$WORK/qa"
 
 ROWS=()
 for suite in "${SUITES[@]}"; do
     dir=$WORK/qa/$suite
-    [ -f "$dir/test.sh" ] || { echo "unknown suite: $suite" >&2; exit 2; }
+    [ -f "$TRITON/qa/$suite/test.sh" ] || { echo "unknown suite: $suite" >&2; exit 2; }
+    rm -rf "$dir" && cp -r "$TRITON/qa/$suite" "$dir"
     out=$WORK/logs/$suite.log  # outside the folder: test.sh removes its *.log
     if skip_suite "$suite"; then
         ROWS+=("| $suite | 0 | 0 | not run | $(left_out "$suite") |")

@@ -70,7 +70,8 @@ def sequence_inputs(config: mc.ModelConfig) -> dict[str, int]:
     if not config.HasField("sequence_batching"):
         return {}
     sb = config.sequence_batching
-    extra = {ci.name: ci.control[0].data_type if ci.control else mc.TYPE_INVALID for ci in sb.control_input}
+    extra: dict[str, int] = {ci.name: ci.control[0].data_type if ci.control else mc.TYPE_INVALID
+                             for ci in sb.control_input}
     extra.update({s.input_name: s.data_type for s in sb.state})
     return extra
 
