@@ -32,6 +32,8 @@
 # MODEL_TRIALS, ... set by the caller pass through to test.sh as in Triton's CI; unset, BACKENDS is each suite's
 # own default less what cannot be made here (plan). SUITE_TIMEOUT (seconds, default 14400) bounds one suite.
 # Needs the triton-qa extra (tritonclient, onnx, torch, numpy), jq, curl, and user namespaces.
+# The whole script is one block, read before it runs: editing the file during a run (hours) does not change it.
+{
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 TRITON=$(realpath "$1")
@@ -190,7 +192,7 @@ left_out() {
         L0_batcher) echo "plan models (TensorRT); instance_queue_test (a C++ unit test binary of Triton's build)" ;;
         L0_sequence_batcher) echo "plan models (TensorRT); the GPU and shared-memory variants (TEST_*_SHARED_MEMORY)" ;;
         L0_dyna_sequence_batcher) echo "plan models (TensorRT)" ;;
-        L0_sequence_corrid_batcher) echo "plan_dyna_sequence_int32 (TensorRT)" ;;
+        L0_sequence_corrid_batcher) echo "test_skip_batch's first trial is plan, hard-coded (TensorRT)" ;;
         L0_priority) echo "all: its models are TensorRT plans, whose CUDA stream priority it checks" ;;
         *) echo "plan models (TensorRT), GPU-only tests" ;;
     esac
@@ -276,3 +278,5 @@ echo
 echo "| suite | tests run | passed | test.sh | not run here, and why |"
 echo "|---|---|---|---|---|"
 printf '%s\n' "${ROWS[@]}" | tee -a "$WORK/logs/summary.md"
+exit
+}
