@@ -5,7 +5,11 @@ requests of its sequence.
 
 * Control tensors are [1] per row ([rows, 1] for a batching model), from the
   request's ``SequenceStep``; READY is true on every row, since Conveyor runs
-  only the rows that hold a request (router/scheduling/sequences.py).
+  only the rows that hold a request (router/scheduling/sequences.py), unless
+  the router asks for Triton's padded batch (``--sequence-slot-padding``,
+  ``pad_batch``): each empty slot below the highest one in use is a row of
+  zero inputs with READY, START and END false, CORRID 0 and the initial state
+  (Triton's null request), and its outputs are dropped (``unpad``).
 * State: a START request (or a slot without state) is fed the initial state —
   ``initial_state`` zeros or its ``data_file``, else zeros shaped as the state's
   dims with 1 for each variable dimension. After the run, the model's
@@ -19,6 +23,7 @@ Only the instance's own thread touches this object.
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -32,6 +37,8 @@ from conveyor.proto.sequence_config import FlagControl, SequenceConfig, StateSpe
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
 
 INITIAL_STATE_DIR = "initial_state"  # Triton's folder for data_file, under the model directory
+# An empty slot's row in a padded batch: not ready, not START nor END, CORRID 0, the initial state.
+NULL_STEP = m.SequenceStep(-1, False, False, 0)
 
 
 class SequenceSlots:
@@ -40,7 +47,7 @@ class SequenceSlots:
         self.batched = config.max_batch_size > 0
         self.flags = [
             (control, pick) for control, pick in (
-                (seq.start, _is_start), (seq.end, _is_end), (seq.ready, _always),
+                (seq.start, _is_start), (seq.end, _is_end), (seq.ready, _is_ready),
             ) if control is not None
         ]
         self.corrid = (seq.corrid_name, numpy_dtype(seq.corrid_datatype)) if seq.corrid_name else None
@@ -69,9 +76,41 @@ class SequenceSlots:
 
     # --- array backends: one call on the batch's rows --------------------------------------
 
-    def add_batch_inputs(self, inputs: dict[str, Any], items: list[m.BatchItem]) -> None:
-        """Add the control and state inputs of a batch, one row per item, in order."""
+    def pad_batch(self, inputs: dict[str, Any], items: list[m.BatchItem], rows: int) -> list[int] | None:
+        """Spread the batch's rows over ``rows`` rows, each item at its slot's row, zeros in the others (Triton's
+        null requests). Returns the items' rows; None (the batch runs as it is) where a batch cannot be padded:
+        a model without batching, inputs that are not one host array row per item, slots out of order."""
+        if not self.batched or rows <= len(items):
+            return None
+        slots = [_step(item).slot for item in items]
+        if any(b <= a for a, b in pairwise(slots)) or not 0 <= slots[0] or slots[-1] >= rows:
+            return None
+        for arr in inputs.values():
+            if type(arr) is not np.ndarray or arr.ndim == 0 or arr.shape[0] != len(items):
+                return None
+        for name, arr in list(inputs.items()):
+            full = np.zeros((rows, *arr.shape[1:]), arr.dtype) if arr.dtype.kind != "O" else \
+                np.full((rows, *arr.shape[1:]), b"", dtype=np.object_)
+            full[slots] = arr
+            inputs[name] = full
+        return slots
+
+    @staticmethod
+    def unpad(outputs: dict[str, Any], slots: list[int], rows: int) -> dict[str, Any]:
+        """The items' rows of a padded batch's outputs."""
+        return {name: arr[slots] if type(arr) is np.ndarray and arr.ndim and arr.shape[0] == rows else arr
+                for name, arr in outputs.items()}
+
+    def add_batch_inputs(self, inputs: dict[str, Any], items: list[m.BatchItem], slots: list[int] | None = None,
+                         rows: int = 0) -> None:
+        """Add the control and state inputs of a batch, one row per item, in order; with ``slots`` (a padded
+        batch of ``rows`` rows) each item at its slot's row, a not-ready row in the others."""
         steps = [_step(item) for item in items]
+        if slots is not None:
+            padded = [NULL_STEP] * rows
+            for slot, step in zip(slots, steps, strict=True):
+                padded[slot] = step
+            steps = padded
         shape = (len(steps), 1) if self.batched else (1,)
         for control, pick in self.flags:
             inputs[control.name] = _flag_tensor(control, [pick(s) for s in steps], shape)
@@ -152,7 +191,7 @@ class SequenceSlots:
         assert self.corrid is not None
         dtype = self.corrid[1]
         if dtype.kind == "O":  # STRING: the id's bytes (an integer id as its digits)
-            ids = [str(s.correlation_id).encode() for s in steps]
+            ids = [str(s.correlation_id).encode() if s is not NULL_STEP else b"" for s in steps]
             return np.array(ids, dtype=np.object_).reshape(shape)
         return np.array([s.correlation_id for s in steps], dtype=dtype).reshape(shape)
 
@@ -171,8 +210,8 @@ def _is_end(step: m.SequenceStep) -> bool:
     return step.end
 
 
-def _always(step: m.SequenceStep) -> bool:
-    return True
+def _is_ready(step: m.SequenceStep) -> bool:
+    return step is not NULL_STEP
 
 
 def _flag_tensor(control: FlagControl, flags: list[bool], shape: tuple[int, ...]) -> np.ndarray:

@@ -20,7 +20,10 @@ As Triton's sequence batcher:
   first), in slot order. Unlike Triton, empty slots are not padded with
   not-ready rows: state lives per slot in the worker, not in the rows, so the
   position of a row means nothing to any Conveyor backend and padding would
-  only cost compute. With ``max_queue_delay_microseconds`` and
+  only cost compute. ``--sequence-slot-padding`` pads them as Triton does
+  (``padded_rows``: the worker runs a not-ready row in each empty slot below
+  the highest one in use, and the statistics count those rows in the batch
+  size, as Triton's). With ``max_queue_delay_microseconds`` and
   ``minimum_slot_utilization`` set, a batch waits for that share of slots.
   ``oldest``: the candidate sequences' next requests by age, formed like the
   dynamic batcher (preferred sizes, queue delay).
@@ -82,9 +85,12 @@ class SequenceBatcher:
     held_until = 0
     backlog_held_until = 0
 
-    def __init__(self, model: str, config: SequenceConfig, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
+    def __init__(self, model: str, config: SequenceConfig, queue_cap: int = DEFAULT_QUEUE_CAP,
+                 slot_padding: bool = False) -> None:
         self.model = model
         self.config = config
+        # --sequence-slot-padding: a direct batch of a batching model runs every slot up to its highest one.
+        self.pads = slot_padding and not config.oldest and config.max_batch_size > 0
         self.max_batch = max(config.max_batch_size, 1)
         self.preferred = config.preferred or frozenset({self.max_batch})
         self.max_preferred = max(self.preferred)
@@ -258,6 +264,18 @@ class SequenceBatcher:
         if self.config.oldest:
             return self._oldest(home, now_ns)
         return self._direct(home, now_ns)
+
+    def padded_rows(self, batch: list[Pending]) -> int:
+        """The rows ``batch`` runs as: with ``--sequence-slot-padding``, every slot up to the highest one in it
+        (Triton's direct batch; the others run as not-ready rows); else 0, its own rows."""
+        if not self.pads:
+            return 0
+        top = 0
+        for item in batch:
+            step = item.sequence
+            if step is not None and step.slot >= top:
+                top = step.slot + 1
+        return top if top > len(batch) else 0
 
     def _held(self) -> bool:
         """Whether the test hooks still hold every instance's batches (Triton's DelayScheduler)."""
