@@ -28,7 +28,8 @@
 # sequence suites stop at their first server here. Groups that a test.sh itself writes stay as it writes them.
 #
 # TRITONSERVER (default: the tritonserver beside $PYTHON, running this checkout's build/src) is the server
-# command. REPO_VERSION (default: the checkout's TRITON_VERSION) names the data folder. BACKENDS, ENSEMBLES,
+# command; every server it starts also gets CONVEYOR_FLAGS (default --sequence-slot-padding=true: the flags that
+# give Triton's behaviour where Conveyor's default differs and a suite asserts Triton's). REPO_VERSION (default: the checkout's TRITON_VERSION) names the data folder. BACKENDS, ENSEMBLES,
 # MODEL_TRIALS, ... set by the caller pass through to test.sh as in Triton's CI; unset, BACKENDS is each suite's
 # own default less what cannot be made here (plan). SUITE_TIMEOUT (seconds, default 14400) bounds one suite.
 # Needs the triton-qa extra (tritonclient, onnx, torch, numpy), jq, curl, and user namespaces.
@@ -121,7 +122,11 @@ make_models() {  # gen_qa_model_repository's ONNX, PyTorch and OpenVINO steps, l
 
 # Triton's install: TRITON_DIR/bin/tritonserver (Conveyor's) and TRITON_DIR/backends (--backend-directory).
 mkdir -p "$WORK/triton/bin" "$WORK/triton/backends" "$WORK/bin" "$WORK/root"
-ln -sfn "$SERVER" "$WORK/triton/bin/tritonserver"
+rm -f "$WORK/triton/bin/tritonserver"
+# exec: test.sh's kill $SERVER_PID reaches the server itself.
+printf '#!/bin/sh\nexec %q %s "$@"\n' "$SERVER" "${CONVEYOR_FLAGS---sequence-slot-padding=true}" \
+    > "$WORK/triton/bin/tritonserver"
+chmod +x "$WORK/triton/bin/tritonserver"
 
 # Stand-ins for what this host lacks, first on PATH.
 # nvidia-smi: there is no GPU (and no driver); it answers as the real one does without a driver, so a test.sh that
