@@ -194,11 +194,14 @@ backends_for() {
 # valgrind, and test binaries that Triton's build makes and its qa/ does not hold).
 left_out() {
     case $1 in
-        L0_batcher) echo "plan models (TensorRT); instance_queue_test (a C++ unit test binary of Triton's build)" ;;
+        L0_batcher) echo "plan models (TensorRT); the custom_zero_1_float32 tests (test.sh gives it KIND_GPU);" \
+            "instance_queue_test (a C++ unit test binary of Triton's build)" ;;
         L0_sequence_batcher) echo "plan models (TensorRT); the GPU and shared-memory variants (TEST_*_SHARED_MEMORY)" ;;
         L0_dyna_sequence_batcher) echo "plan models (TensorRT)" ;;
         L0_sequence_corrid_batcher) echo "test_skip_batch's first trial is plan, hard-coded (TensorRT)" ;;
         L0_priority) echo "all: its models are TensorRT plans, whose CUDA stream priority it checks" ;;
+        L0_model_queue) echo "plan models (TensorRT)" ;;
+        L0_rate_limiter) echo "all but the load checks: test.sh gives its models KIND_GPU instance groups" ;;
         *) echo "plan models (TensorRT), GPU-only tests" ;;
     esac
 }

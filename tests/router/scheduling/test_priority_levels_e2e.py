@@ -34,7 +34,7 @@ def test_a_high_priority_request_is_served_first_among_as_many_levels_as_a_uint6
     def send(name: str, rows: int, priority: int) -> None:
         data = grpcclient.InferInput("INPUT0", [rows, 1], "INT32")
         data.set_data_from_numpy(np.ones((rows, 1), np.int32))
-        answers[name] = box = queue.Queue()
+        answers[name] = box = queue.Queue[object]()
         client.async_infer(MODEL, [data], lambda result, error: box.put(error or result.as_numpy("OUTPUT0")),
                            priority=priority)
 
