@@ -259,11 +259,16 @@ for suite in "${SUITES[@]}"; do
         b=$(backends_for "$suite")
         [ -n "$b" ] && env_args+=(BACKENDS="$b")
     fi
+    # Conveyor's group folders (IPC sockets, the group-name locks) default to /tmp, which every namespace shares:
+    # each suite gets its own, so its servers neither meet nor rename themselves after another run's.
+    rundir=$(mktemp -d /tmp/cqa.XXXXXX)  # short: unix socket paths are at most 107 bytes
+    env_args+=(CONVEYOR_RUN_DIR="$rundir")
     echo "=== $suite (log: $out)"
     start=$SECONDS
     rc=0
     timeout -k 30 "$SUITE_TIMEOUT" unshare -rnmpf --kill-child env DATA_ROOT="$DATA_ROOT" "${env_args[@]}" \
         bash "$WORK/ns.sh" "$dir" bash -x test.sh "$REPO_VERSION" > "$out" 2>&1 || rc=$?
+    rm -rf "$rundir"
     read -r ran passed < <(count "$dir")
     verdict="exit $rc"
     grep -q '^\*\*\* Test Passed' "$out" && verdict="Test Passed"
