@@ -121,10 +121,17 @@ class BatchRunner:
                 requests = gather_requests(msg.items, self.views, inst.plan)
                 for request, stream in zip(requests, streams, strict=True):
                     request.channel = stream
+                run = requests
                 if sequences is not None:
                     sequences.add_request_inputs(requests, msg.items)
+                    if msg.pad_to and not inst.decoupled:
+                        grown = sequences.pad_requests(requests, msg.items, msg.pad_to)
+                        if grown is not None:
+                            run, padded = grown
                 t1 = time.monotonic_ns()
-                outcomes = cast(RequestBackend, backend).execute_requests(requests)
+                outcomes = cast(RequestBackend, backend).execute_requests(run)
+                if padded is not None:
+                    outcomes = [outcomes[row] for row in padded]  # the not-ready requests' answers go nowhere
                 t2 = time.monotonic_ns()
                 if sequences is not None:
                     sequences.keep_request_states(msg.items, outcomes)

@@ -9,7 +9,10 @@ requests of its sequence.
   the router asks for Triton's padded batch (``--sequence-slot-padding``,
   ``pad_batch``): each empty slot below the highest one in use is a row of
   zero inputs with READY, START and END false, CORRID 0 and the initial state
-  (Triton's null request), and its outputs are dropped (``unpad``).
+  (Triton's null request), and its outputs are dropped (``unpad``); a request
+  backend (Python) gets a not-ready request of zeros in each empty slot
+  (``pad_requests``), and its answers go nowhere. Decoupled models are not
+  padded.
 * State: a START request (or a slot without state) is fed the initial state —
   ``initial_state`` zeros or its ``data_file``, else zeros shaped as the state's
   dims with 1 for each variable dimension. After the run, the model's
@@ -152,15 +155,42 @@ class SequenceSlots:
     # --- request backends: one request at a time -------------------------------------------
 
     def add_request_inputs(self, requests: list[RequestItem], items: list[m.BatchItem]) -> None:
-        shape = (1, 1) if self.batched else (1,)
         for request, item in zip(requests, items, strict=True):
-            step = _step(item)
-            for control, pick in self.flags:
-                request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
-            if self.corrid is not None:
-                request.inputs[self.corrid[0]] = self._corrid_tensor([step], shape)
-            for spec in self.states:
-                request.inputs[spec.input_name] = self._state(step, spec.input_name)
+            self._request_controls(request, _step(item))
+
+    def _request_controls(self, request: RequestItem, step: m.SequenceStep) -> None:
+        shape = (1, 1) if self.batched else (1,)
+        for control, pick in self.flags:
+            request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
+        if self.corrid is not None:
+            request.inputs[self.corrid[0]] = self._corrid_tensor([step], shape)
+        for spec in self.states:
+            request.inputs[spec.input_name] = self._state(step, spec.input_name)
+
+    def pad_requests(self, requests: list[RequestItem], items: list[m.BatchItem],
+                     rows: int) -> tuple[list[RequestItem], list[int]] | None:
+        """A padded batch for a request backend (``pad_batch``'s, one request per row): a not-ready request, the
+        first request's inputs as zeros, in each empty slot's row; and the items' rows. None: nothing to pad, or
+        inputs that are not host arrays. ``add_request_inputs`` has run on ``requests``."""
+        if not self.batched or rows <= len(items) or not requests:
+            return None
+        slots = [_step(item).slot for item in items]
+        if any(b <= a for a, b in pairwise(slots)) or not 0 <= slots[0] or slots[-1] >= rows:
+            return None
+        first = requests[0]
+        if any(type(a) is not np.ndarray for a in first.inputs.values()):
+            return None
+        at = dict(zip(slots, requests, strict=True))
+        full = []
+        for row in range(rows):
+            request = at.get(row)
+            if request is None:
+                request = RequestItem("", {name: np.zeros_like(a) if a.dtype.kind != "O" else np.full(a.shape, b"",
+                                                                                                      np.object_)
+                                           for name, a in first.inputs.items()}, list(first.outputs), {})
+                self._request_controls(request, NULL_STEP)
+            full.append(request)
+        return full, slots
 
     def keep_request_states(self, items: list[m.BatchItem], outcomes: list[RequestOutcome]) -> None:
         for item, outcome in zip(items, outcomes, strict=True):

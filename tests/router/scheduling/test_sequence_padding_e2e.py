@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.support.group import start_server
-from tests.support.sequence_models import accumulator
+from tests.support.sequence_models import accumulator, python_accumulator
 
 LEVEL = "e2e"
 
@@ -20,12 +20,15 @@ MODEL = "acc"
 WAIT_S = 60.0  # generous: only reached when something is broken
 
 
-@pytest.mark.parametrize("padding", [True, False])
-def test_a_sequence_alone_in_a_higher_slot_runs_with_the_empty_slots_below_it(tmp_path: object,
-                                                                              padding: bool) -> None:
+@pytest.mark.parametrize(("padding", "python"), [(True, False), (False, False), (True, True)])
+def test_a_sequence_alone_in_a_higher_slot_runs_with_the_empty_slots_below_it(tmp_path: object, padding: bool,
+                                                                              python: bool) -> None:
     repo = os.path.join(str(tmp_path), "repo")
-    accumulator(repo, MODEL, "direct { }", instances=1)  # OUTPUT = INPUT + STATE, 4 slots
-    server = start_server(repo, f"sp{os.getpid()}{int(padding)}", "--workers", "1",
+    if python:  # a request backend: a not-ready request of its own in each empty slot, as Triton's null request
+        python_accumulator(repo, MODEL)  # its running sums by correlation id
+    else:
+        accumulator(repo, MODEL, "direct { }", instances=1)  # OUTPUT = INPUT + STATE (implicit state), 4 slots
+    server = start_server(repo, f"sp{os.getpid()}{int(padding)}{int(python)}", "--workers", "1",
                           f"--sequence-slot-padding={str(padding).lower()}")
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=WAIT_S)
 
