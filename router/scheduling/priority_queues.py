@@ -59,6 +59,7 @@ class PriorityQueues:
         params = item.request.parameters
         number = self.policy.level_of(params.get("priority")) if params else self.policy.default_level
         level = self._at.get(number)
+        new = level is None
         if level is None:
             level = LevelQueue(self.policy.policy_of(number), number, False)
         limit = level.policy.max_queue_size
@@ -69,7 +70,7 @@ class PriorityQueues:
                 f"Exceeds maximum queue size: {self.size} requests already wait for this model "
                 "(the server's --max-queue-size)"
             )
-        if number not in self._at:  # a level's first request: its queue, in its place
+        if new:  # a level's first request: its queue, in its place
             insort(self.levels, level, key=_number)
             self._at[number] = level
         item.level = number
