@@ -91,6 +91,7 @@ class SequenceBatcher:
         self.config = config
         # --sequence-slot-padding: a direct batch of a batching model runs every slot up to its highest one.
         self.pads = slot_padding and not config.oldest and config.max_batch_size > 0
+        self._top = 0  # the last direct batch's padded rows (``padded_rows``)
         self.max_batch = max(config.max_batch_size, 1)
         self.preferred = config.preferred or frozenset({self.max_batch})
         self.max_preferred = max(self.preferred)
@@ -266,16 +267,12 @@ class SequenceBatcher:
         return self._direct(home, now_ns)
 
     def padded_rows(self, batch: list[Pending]) -> int:
-        """The rows ``batch`` runs as: with ``--sequence-slot-padding``, every slot up to the highest one in it
-        (Triton's direct batch; the others run as not-ready rows); else 0, its own rows."""
+        """The rows ``batch`` (the last one ``next_batch`` formed) runs as: with ``--sequence-slot-padding``,
+        every slot up to the highest one holding a request, in the batch or not (another shape: it waits),
+        as Triton's direct batch; the others run as not-ready rows. Else 0: its own rows."""
         if not self.pads:
             return 0
-        top = 0
-        for item in batch:
-            step = item.sequence
-            if step is not None and step.slot >= top:
-                top = step.slot + 1
-        return top if top > len(batch) else 0
+        return self._top if self._top > len(batch) else 0
 
     def _held(self) -> bool:
         """Whether the test hooks still hold every instance's batches (Triton's DelayScheduler)."""
@@ -289,9 +286,11 @@ class SequenceBatcher:
         key: tuple[object, ...] | None = None
         count = 0
         oldest = 0
-        for seq in home.bound:
+        top = 0  # past the highest slot with a request, whatever its shape: a padded batch's rows, as Triton's
+        for slot, seq in enumerate(home.bound):
             if seq is None or not seq.queue:
                 continue
+            top = slot + 1
             head = seq.queue[0]
             if key is None:
                 key, oldest = head.shape_key, head.arrival_ns
@@ -311,6 +310,7 @@ class SequenceBatcher:
         for slot, seq in enumerate(home.bound):
             if seq is not None and seq.queue and seq.queue[0].shape_key == key:
                 batch.append(self._take(home, slot, seq, now_ns))
+        self._top = top
         return batch
 
     def _oldest(self, home: InstanceSlots, now_ns: int) -> list[Pending] | int | None:

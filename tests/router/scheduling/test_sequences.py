@@ -327,6 +327,13 @@ def test_the_router_asks_for_padding_only_when_told_and_only_for_direct_batches_
         b.push(request(2))
         batch = b.next_batch(home, 0)
         assert isinstance(batch, list) and b.padded_rows(batch) == want
+    # A higher slot whose request has another shape waits for the next batch, and still counts in this one's rows.
+    b = SequenceBatcher("m", SequenceConfig.from_config(config("")), slot_padding=True)
+    b.sync([instance(b"w")], 0)
+    b.push(request(1, start=True))
+    b.push(request(2, start=True, width=3))
+    batch = b.next_batch(only_home(b), 0)
+    assert steps(batch) == [(1, 0, True, False)] and isinstance(batch, list) and b.padded_rows(batch) == 2
 
 
 def test_worker_refuses_a_missing_initial_state_file(tmp_path: Any) -> None:
