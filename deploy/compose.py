@@ -32,6 +32,7 @@ def router_config(s: RouterSettings) -> RouterConfig:
         load_threads=s.model_load_thread_count)
     scheduling = SchedulingConfig(
         queue_cap=s.max_queue_size, cache_bytes=parse_cache_config(s.cache_config),
+        sequence_slot_padding=s.sequence_slot_padding,
         rate_limit=s.rate_limit == "execution_count",
         rate_limit_resources=tuple(ResourceLimit.parse(r) for r in s.rate_limit_resource))
     return RouterConfig(

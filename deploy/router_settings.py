@@ -55,6 +55,11 @@ class Scheduling(Settings):
         ("--max-queue-size",), "requests one model version may hold queued before new ones are refused with "
         "'Exceeds maximum queue size' (503 / UNAVAILABLE), whatever its config says; 0: no cap "
         f"(default {DEFAULT_QUEUE_CAP})", kind=int, default=DEFAULT_QUEUE_CAP, metavar="N")
+    sequence_slot_padding: bool = setting(
+        ("--sequence-slot-padding",), "true: a direct sequence batch runs as Triton's does, one row per slot up "
+        "to the highest slot in use, the empty ones as not-ready rows (READY false, zero inputs), which count "
+        "in the batch-size statistics; false: only the slots that hold a request run (less compute)",
+        kind=triton_bool, default=False, metavar="BOOL")
     rate_limit: str = setting(
         ("--rate-limit",), "execution_count: an instance runs only when the resources its instance_group's "
         "rate_limiter lists are free (Triton's rate limiter); off: ignore rate_limiter",

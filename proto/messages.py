@@ -347,6 +347,9 @@ class ExecBatch(msgspec.Struct, tag="exec", array_like=True):
     items: list[BatchItem]
     regions: list[ClientRegion] = []  # the client regions the items' refs name
     generation: int = 0  # the router's repository generation, for the direct replies
+    # A direct sequence batch under --sequence-slot-padding: run as this many rows, a not-ready row in each
+    # slot below it that has no item (Triton's null requests); 0: the items' rows.
+    pad_to: int = 0
 
 
 class ForgetRegions(msgspec.Struct, tag="forget", array_like=True):
@@ -387,6 +390,7 @@ class BatchResult(msgspec.Struct, tag="result", array_like=True):
     error: ErrorInfo | None = None
     # Traced items only: wall-clock COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END.
     trace_ns: list[int] = []
+    padded: int = 0  # not-ready rows the worker ran besides the items' (ExecBatch.pad_to)
 
 
 class ItemResponse(msgspec.Struct, tag="iresp", array_like=True):

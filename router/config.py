@@ -21,10 +21,11 @@ CREATE_FAILED_CODE = 3
 @dataclass(frozen=True)
 class SchedulingConfig:
     """The queues, the response cache and the rate limiter (``--max-queue-size``, ``--cache-config``,
-    ``--rate-limit``, ``--rate-limit-resource``)."""
+    ``--sequence-slot-padding``, ``--rate-limit``, ``--rate-limit-resource``)."""
 
     queue_cap: int = DEFAULT_QUEUE_CAP  # queued requests per model version; 0: no cap
     cache_bytes: int = 0  # the response cache's size; 0: no cache
+    sequence_slot_padding: bool = False  # direct sequence batches pad their empty slots, as Triton's
     rate_limit: bool = False  # --rate-limit execution_count
     rate_limit_resources: tuple[ResourceLimit, ...] = ()  # explicit counts; the rest: what instances ask for
 

@@ -185,9 +185,10 @@ class Dispatcher:
             if isinstance(batch, int):
                 self._wake_at(state, batch)
             elif batch:
-                self._dispatch(state, home.instance, batch, now)
+                self._dispatch(state, home.instance, batch, now, batcher.padded_rows(batch))
 
-    def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int) -> None:
+    def _dispatch(self, state: VersionState, instance: Instance, batch: list[Pending], now: int,
+                  pad_to: int = 0) -> None:
         bid = next(self._batch_ids)
         items = []
         regions: list[m.ClientRegion] = []
@@ -228,7 +229,8 @@ class Dispatcher:
             self.limiter.acquire(instance)
         opened = [True] * len(batch) if state.runs_decoupled else None
         self.ledger.started(bid, Running(instance, batch, now, open=opened))
-        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions, self.registry.generation)
+        msg = m.ExecBatch(bid, state.model, state.label, instance.index, items, regions, self.registry.generation,
+                          pad_to)
         assert instance.worker is not None
         self.back.send(instance.worker, m.encode(msg))
 

@@ -194,18 +194,20 @@ class ModelEntry:
 
 
 def build_entry(
-    spec: ModelSpec, queue_cap: int = DEFAULT_QUEUE_CAP, next_index: Callable[[], int] | None = None
+    spec: ModelSpec, queue_cap: int = DEFAULT_QUEUE_CAP, next_index: Callable[[], int] | None = None,
+    slot_padding: bool = False,
 ) -> ModelEntry:
     """``next_index`` numbers instances: unique per router, so a reloaded model's new
-    instances never collide with the old ones still finishing on the same worker."""
+    instances never collide with the old ones still finishing on the same worker. ``slot_padding``:
+    ``--sequence-slot-padding``."""
     entry = ModelEntry(spec)
     config = spec.config
     number = next_index or itertools.count().__next__
     key = spec.registry_key
     for v, path in sorted(spec.versions.items()):
-        entry.versions[v] = _version_state(key, v, path, config, queue_cap, number, spec.name)
+        entry.versions[v] = _version_state(key, v, path, config, queue_cap, number, spec.name, slot_padding)
     for v, err in spec.version_errors.items():
-        state = _version_state(key, v, "", config, queue_cap, number, spec.name)
+        state = _version_state(key, v, "", config, queue_cap, number, spec.name, slot_padding)
         state.error = err
         entry.versions[v] = state
     return entry
@@ -213,7 +215,7 @@ def build_entry(
 
 def _version_state(
     name: str, v: int, path: str, config: mc.ModelConfig, queue_cap: int, next_index: Callable[[], int],
-    shown: str,
+    shown: str, slot_padding: bool = False,
 ) -> VersionState:
     """``name``: the registry key; ``shown``: the model's name, which statistics report."""
     db = config.dynamic_batching
@@ -221,7 +223,7 @@ def _version_state(
     target_ns = latency_target_ns(config) if config.max_batch_size > 0 and config.HasField("dynamic_batching") else 0
     batcher: DynamicBatcher | SequenceBatcher
     if sequence_batched(config):
-        batcher = SequenceBatcher(name, SequenceConfig.from_config(config), queue_cap)
+        batcher = SequenceBatcher(name, SequenceConfig.from_config(config), queue_cap, slot_padding)
     elif target_ns:
         batcher = AdaptiveBatcher(config.max_batch_size, target_ns, policy, queue_cap)
     else:

@@ -21,7 +21,7 @@ class Pending:
     arrival_ns: int
     rows: int
     shape_key: tuple[object, ...]
-    level: int = 0  # priority level index, 0 = highest
+    level: int = 0  # its priority level: 1 is the highest; 0 for a model without levels
     timeout_ns: int = 0  # when its queue policy times it out (absolute, monotonic); 0 = never
     ticket: int = 0  # its place in the response order (preserve_ordering)
     sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)

@@ -23,7 +23,7 @@ class ModelRegistry:
     ``retiring`` holds replaced or unloaded entries finishing their queued and
     running requests before their instances are unloaded."""
 
-    def __init__(self, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
+    def __init__(self, queue_cap: int = DEFAULT_QUEUE_CAP, slot_padding: bool = False) -> None:
         self.models: dict[str, ModelEntry] = {}
         self.staging: dict[str, ModelEntry] = {}
         self.retiring: list[ModelEntry] = []
@@ -33,6 +33,7 @@ class ModelRegistry:
         self.namespacing = False
         self.namespaced: dict[str, list[str]] = {}
         self.queue_cap = queue_cap  # per model version; 0 = none
+        self.slot_padding = slot_padding  # --sequence-slot-padding
         self.waiting = WaitingBook()  # each version's waiting requests, across its reloads
         self.next_index = itertools.count().__next__
         # Starts from the clock so a restarted router never repeats a generation
@@ -44,7 +45,7 @@ class ModelRegistry:
         if spec.backend == "ensemble" and not spec.error:
             entry = build_ensemble_entry(spec, self)
         else:
-            entry = build_entry(spec, self.queue_cap, self.next_index)
+            entry = build_entry(spec, self.queue_cap, self.next_index, self.slot_padding)
         for state in entry.versions.values():
             state.waiting = self.waiting.of(state.model, state.version)
             if self.namespacing:

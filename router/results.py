@@ -60,7 +60,8 @@ class Results:
             rows = 0
             for p in run.items:  # a plain loop: no generator per batch
                 rows += p.rows
-            stats.record_batch(rows, len(run.items), result.input_ns, result.infer_ns, result.output_ns)
+            stats.record_batch(rows + result.padded, len(run.items), result.input_ns, result.infer_ns,
+                               result.output_ns, result.padded)
             state.latency.computed(len(run.items), result.input_ns, result.infer_ns, result.output_ns)
             adaptive = state.batcher.adaptive
             if adaptive is not None:

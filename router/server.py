@@ -99,7 +99,7 @@ class Router:
         # Everything a loop turn sends leaves at the end of the turn, one message per peer.
         self.front = PeerOutbox(self.front_sock)
         self.back = PeerOutbox(self.back_sock)
-        self.registry = ModelRegistry(config.scheduling.queue_cap)
+        self.registry = ModelRegistry(config.scheduling.queue_cap, config.scheduling.sequence_slot_padding)
         self.pool = WorkerPool()
         # SIGTERM: not ready, then refuse new requests, then exit once in-flight ones are done.
         self.shutdown = DrainClock()

@@ -114,16 +114,24 @@ class BatchRunner:
         assert backend is not None
         sequences = inst.sequences
         t0 = time.monotonic_ns()
+        padded: list[int] | None = None  # the items' rows in a padded sequence batch (ExecBatch.pad_to)
         planned: Sequence[list[PlannedOutput] | ConveyorError]
         try:
             if inst.per_request:
                 requests = gather_requests(msg.items, self.views, inst.plan)
                 for request, stream in zip(requests, streams, strict=True):
                     request.channel = stream
+                run = requests
                 if sequences is not None:
                     sequences.add_request_inputs(requests, msg.items)
+                    if msg.pad_to and not inst.decoupled:
+                        grown = sequences.pad_requests(requests, msg.items, msg.pad_to)
+                        if grown is not None:
+                            run, padded = grown
                 t1 = time.monotonic_ns()
-                outcomes = cast(RequestBackend, backend).execute_requests(requests)
+                outcomes = cast(RequestBackend, backend).execute_requests(run)
+                if padded is not None:
+                    outcomes = [outcomes[row] for row in padded]  # the not-ready requests' answers go nowhere
                 t2 = time.monotonic_ns()
                 if sequences is not None:
                     sequences.keep_request_states(msg.items, outcomes)
@@ -135,12 +143,16 @@ class BatchRunner:
                     inputs = host_inputs(inputs)
                 wanted = inst.plan.wanted(msg.items)
                 if sequences is not None:
-                    sequences.add_batch_inputs(inputs, msg.items)
+                    if msg.pad_to:
+                        padded = sequences.pad_batch(inputs, msg.items, msg.pad_to)
+                    sequences.add_batch_inputs(inputs, msg.items, padded, msg.pad_to)
                     wanted = sequences.wanted(wanted)
                 t1 = time.monotonic_ns()
                 outputs = cast(Backend, backend).execute(inputs, wanted)
                 t2 = time.monotonic_ns()
                 if sequences is not None:
+                    if padded is not None:
+                        outputs = sequences.unpad(outputs, padded, msg.pad_to)
                     sequences.keep_batch_states(msg.items, outputs)
                 planned = plan_batch_outputs(msg.items, rows, outputs, inst.plan, inst.layout)
             results = self.writer.write(planned) if planned else []
@@ -148,6 +160,8 @@ class BatchRunner:
                 finish_request_results(results, outcomes)
             t3 = time.monotonic_ns()
             reply = m.BatchResult(msg.batch, results, t1 - t0, t2 - t1, t3 - t2)
+            if padded is not None:
+                reply.padded = msg.pad_to - len(padded)
             for item in msg.items:
                 if item.traced:  # wall-clock stamps, comparable across processes
                     wall = time.time_ns() - time.monotonic_ns()

@@ -5,7 +5,14 @@ requests of its sequence.
 
 * Control tensors are [1] per row ([rows, 1] for a batching model), from the
   request's ``SequenceStep``; READY is true on every row, since Conveyor runs
-  only the rows that hold a request (router/scheduling/sequences.py).
+  only the rows that hold a request (router/scheduling/sequences.py), unless
+  the router asks for Triton's padded batch (``--sequence-slot-padding``,
+  ``pad_batch``): each empty slot below the highest one in use is a row of
+  zero inputs with READY, START and END false, CORRID 0 and the initial state
+  (Triton's null request), and its outputs are dropped (``unpad``); a request
+  backend (Python) gets a not-ready request of zeros in each empty slot
+  (``pad_requests``), and its answers go nowhere. Decoupled models are not
+  padded.
 * State: a START request (or a slot without state) is fed the initial state —
   ``initial_state`` zeros or its ``data_file``, else zeros shaped as the state's
   dims with 1 for each variable dimension. After the run, the model's
@@ -19,6 +26,7 @@ Only the instance's own thread touches this object.
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -32,6 +40,8 @@ from conveyor.proto.sequence_config import FlagControl, SequenceConfig, StateSpe
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
 
 INITIAL_STATE_DIR = "initial_state"  # Triton's folder for data_file, under the model directory
+# An empty slot's row in a padded batch: not ready, not START nor END, CORRID 0, the initial state.
+NULL_STEP = m.SequenceStep(-1, False, False, 0)
 
 
 class SequenceSlots:
@@ -40,7 +50,7 @@ class SequenceSlots:
         self.batched = config.max_batch_size > 0
         self.flags = [
             (control, pick) for control, pick in (
-                (seq.start, _is_start), (seq.end, _is_end), (seq.ready, _always),
+                (seq.start, _is_start), (seq.end, _is_end), (seq.ready, _is_ready),
             ) if control is not None
         ]
         self.corrid = (seq.corrid_name, numpy_dtype(seq.corrid_datatype)) if seq.corrid_name else None
@@ -69,9 +79,41 @@ class SequenceSlots:
 
     # --- array backends: one call on the batch's rows --------------------------------------
 
-    def add_batch_inputs(self, inputs: dict[str, Any], items: list[m.BatchItem]) -> None:
-        """Add the control and state inputs of a batch, one row per item, in order."""
+    def pad_batch(self, inputs: dict[str, Any], items: list[m.BatchItem], rows: int) -> list[int] | None:
+        """Spread the batch's rows over ``rows`` rows, each item at its slot's row, zeros in the others (Triton's
+        null requests). Returns the items' rows; None (the batch runs as it is) where a batch cannot be padded:
+        a model without batching, inputs that are not one host array row per item, slots out of order."""
+        if not self.batched or rows <= len(items):
+            return None
+        slots = [_step(item).slot for item in items]
+        if any(b <= a for a, b in pairwise(slots)) or not 0 <= slots[0] or slots[-1] >= rows:
+            return None
+        for arr in inputs.values():
+            if type(arr) is not np.ndarray or arr.ndim == 0 or arr.shape[0] != len(items):
+                return None
+        for name, arr in list(inputs.items()):
+            full = np.zeros((rows, *arr.shape[1:]), arr.dtype) if arr.dtype.kind != "O" else \
+                np.full((rows, *arr.shape[1:]), b"", dtype=np.object_)
+            full[slots] = arr
+            inputs[name] = full
+        return slots
+
+    @staticmethod
+    def unpad(outputs: dict[str, Any], slots: list[int], rows: int) -> dict[str, Any]:
+        """The items' rows of a padded batch's outputs."""
+        return {name: arr[slots] if type(arr) is np.ndarray and arr.ndim and arr.shape[0] == rows else arr
+                for name, arr in outputs.items()}
+
+    def add_batch_inputs(self, inputs: dict[str, Any], items: list[m.BatchItem], slots: list[int] | None = None,
+                         rows: int = 0) -> None:
+        """Add the control and state inputs of a batch, one row per item, in order; with ``slots`` (a padded
+        batch of ``rows`` rows) each item at its slot's row, a not-ready row in the others."""
         steps = [_step(item) for item in items]
+        if slots is not None:
+            padded = [NULL_STEP] * rows
+            for slot, step in zip(slots, steps, strict=True):
+                padded[slot] = step
+            steps = padded
         shape = (len(steps), 1) if self.batched else (1,)
         for control, pick in self.flags:
             inputs[control.name] = _flag_tensor(control, [pick(s) for s in steps], shape)
@@ -113,15 +155,43 @@ class SequenceSlots:
     # --- request backends: one request at a time -------------------------------------------
 
     def add_request_inputs(self, requests: list[RequestItem], items: list[m.BatchItem]) -> None:
-        shape = (1, 1) if self.batched else (1,)
         for request, item in zip(requests, items, strict=True):
             request.sequence = step = _step(item)
-            for control, pick in self.flags:
-                request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
-            if self.corrid is not None:
-                request.inputs[self.corrid[0]] = self._corrid_tensor([step], shape)
-            for spec in self.states:
-                request.inputs[spec.input_name] = self._state(step, spec.input_name)
+            self._request_controls(request, step)
+
+    def _request_controls(self, request: RequestItem, step: m.SequenceStep) -> None:
+        shape = (1, 1) if self.batched else (1,)
+        for control, pick in self.flags:
+            request.inputs[control.name] = _flag_tensor(control, [pick(step)], shape)
+        if self.corrid is not None:
+            request.inputs[self.corrid[0]] = self._corrid_tensor([step], shape)
+        for spec in self.states:
+            request.inputs[spec.input_name] = self._state(step, spec.input_name)
+
+    def pad_requests(self, requests: list[RequestItem], items: list[m.BatchItem],
+                     rows: int) -> tuple[list[RequestItem], list[int]] | None:
+        """A padded batch for a request backend (``pad_batch``'s, one request per row): a not-ready request, the
+        first request's inputs as zeros, in each empty slot's row; and the items' rows. None: nothing to pad, or
+        inputs that are not host arrays. ``add_request_inputs`` has run on ``requests``."""
+        if not self.batched or rows <= len(items) or not requests:
+            return None
+        slots = [_step(item).slot for item in items]
+        if any(b <= a for a, b in pairwise(slots)) or not 0 <= slots[0] or slots[-1] >= rows:
+            return None
+        first = requests[0]
+        if any(type(a) is not np.ndarray for a in first.inputs.values()):
+            return None
+        at = dict(zip(slots, requests, strict=True))
+        full = []
+        for row in range(rows):
+            request = at.get(row)
+            if request is None:
+                request = RequestItem("", {name: np.zeros_like(a) if a.dtype.kind != "O" else np.full(a.shape, b"",
+                                                                                                      np.object_)
+                                           for name, a in first.inputs.items()}, list(first.outputs), {})
+                self._request_controls(request, NULL_STEP)
+            full.append(request)
+        return full, slots
 
     def keep_request_states(self, items: list[m.BatchItem], outcomes: list[RequestOutcome]) -> None:
         """A decoupled model returns no outcomes (it answers through its streams): its END slots still
@@ -155,7 +225,7 @@ class SequenceSlots:
         assert self.corrid is not None
         dtype = self.corrid[1]
         if dtype.kind == "O":  # STRING: the id's bytes (an integer id as its digits)
-            ids = [str(s.correlation_id).encode() for s in steps]
+            ids = [str(s.correlation_id).encode() if s is not NULL_STEP else b"" for s in steps]
             return np.array(ids, dtype=np.object_).reshape(shape)
         return np.array([s.correlation_id for s in steps], dtype=dtype).reshape(shape)
 
@@ -174,8 +244,8 @@ def _is_end(step: m.SequenceStep) -> bool:
     return step.end
 
 
-def _always(step: m.SequenceStep) -> bool:
-    return True
+def _is_ready(step: m.SequenceStep) -> bool:
+    return step is not NULL_STEP
 
 
 def _flag_tensor(control: FlagControl, flags: list[bool], shape: tuple[int, ...]) -> np.ndarray:

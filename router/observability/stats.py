@@ -107,13 +107,15 @@ class ModelStats:
         else:
             r.empty_response.add(took_ns)
 
-    def record_batch(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """One execution of ``batch_size`` rows serving ``requests`` requests.
+    def record_batch(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int,
+                     padding: int = 0) -> None:
+        """One execution of ``batch_size`` rows serving ``requests`` requests, ``padding`` of the rows not-ready
+        ones (a padded sequence batch): as Triton's null requests, counted in the batch size, not as inferences.
 
         As in Triton, each request is charged the whole batch's compute times.
         """
         self.execution_count += 1
-        self.inference_count += batch_size
+        self.inference_count += batch_size - padding
         self.last_inference_ms = time.time_ns() // 1_000_000
         # ``Duration.add`` inlined (six calls per batch on the router's hot path).
         d = self.compute_input

@@ -11,7 +11,11 @@ Policy, as Triton's:
   variable dims: ``conveyor.pad_batching``), whose shapes the worker
   reconciles.
 * If a preferred batch size (``preferred_batch_size``; default
-  ``max_batch_size``) can be formed, the largest such batch leaves at once.
+  ``max_batch_size``) can be formed, the largest such batch leaves at once;
+  so does the batch that the next request would push past the largest
+  preferred size (Triton's ``GetDynamicBatch`` marks it as a preferred one:
+  a batch of 3 then 4 with preferred [2, 6] runs as 3, the 4 waits its own
+  delay).
 * Otherwise the batch leaves when it cannot grow (the next request does not
   fit or match, or it reached the largest preferred size), or when its oldest
   request has waited ``max_queue_delay_microseconds``; until then the batcher
@@ -96,6 +100,8 @@ class DynamicBatcher:
         blocked = rows >= self.max_batch_size
         if not blocked:
             for item in items:
+                if not best and rows + item.rows > self.max_preferred:
+                    best = count  # the batch before it outgrows every preferred size: it leaves as one
                 if item.shape_key != head.shape_key or rows + item.rows > self.max_batch_size:
                     blocked = True
                     break

@@ -8,6 +8,7 @@ Triton's per-level queues do.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Iterator
 from itertools import chain
@@ -24,10 +25,12 @@ Expired = list[tuple[Pending, ConveyorError]]
 
 
 class LevelQueue:
-    __slots__ = ("delayed", "policy", "ready")
+    __slots__ = ("delayed", "level", "permanent", "policy", "ready")
 
-    def __init__(self, policy: QueuePolicy) -> None:
+    def __init__(self, policy: QueuePolicy, level: int, permanent: bool) -> None:
         self.policy = policy
+        self.level = level
+        self.permanent = permanent  # the default level, or one with a policy of its own: kept when empty
         self.ready: deque[Pending] = deque()
         self.delayed: deque[Pending] = deque()  # timed out under DELAY: served after `ready`
 
@@ -38,7 +41,10 @@ class LevelQueue:
 class PriorityQueues:
     def __init__(self, policy: SchedulingPolicy, cap: int) -> None:
         self.policy = policy
-        self.levels = [LevelQueue(p) for p in policy.levels]
+        kept = {policy.default_level, *policy.policies}
+        # The levels that hold requests (and the kept ones), highest first; ``_at``: the same by number.
+        self.levels = [LevelQueue(policy.policy_of(n), n, True) for n in sorted(kept)]
+        self._at = {q.level: q for q in self.levels}
         self.cap = cap  # server-wide safety cap on the total; 0 = none
         self.size = 0  # queued requests (``DynamicBatcher.__len__`` reads it: one call, not two, per len)
         self._timed = 0  # queued requests that can expire: 0 skips every scan
@@ -51,8 +57,11 @@ class PriorityQueues:
         """Queue ``item`` at the level its ``priority`` parameter picks; raises
         UNAVAILABLE when that level, or the model, is full."""
         params = item.request.parameters
-        index = self.policy.level_index(params.get("priority")) if params else self.policy.default_index
-        level = self.levels[index]
+        number = self.policy.level_of(params.get("priority")) if params else self.policy.default_level
+        level = self._at.get(number)
+        new = level is None
+        if level is None:
+            level = LevelQueue(self.policy.policy_of(number), number, False)
         limit = level.policy.max_queue_size
         if limit and len(level) >= limit:
             raise unavailable(request_prefix(item.request.request_id) + "Exceeds maximum queue size")
@@ -61,7 +70,10 @@ class PriorityQueues:
                 f"Exceeds maximum queue size: {self.size} requests already wait for this model "
                 "(the server's --max-queue-size)"
             )
-        item.level = index
+        if new:  # a level's first request: its queue, in its place
+            insort(self.levels, level, key=_number)
+            self._at[number] = level
+        item.level = number
         timeout = level.policy.timeout_ns(params.get("timeout")) if params else level.policy.default_timeout_ns
         expires = item.request.deadline_ns
         if timeout:
@@ -74,6 +86,12 @@ class PriorityQueues:
             if not self._timed or expires < self._next_expiry:
                 self._next_expiry = expires
             self._timed += 1
+
+    def _drop_if_empty(self, level: LevelQueue) -> None:
+        """A level made for its requests goes when they have: clients cannot grow the router with priorities."""
+        if not level.permanent and not level.ready and not level.delayed:
+            self.levels.remove(level)
+            del self._at[level.level]
 
     def in_order(self) -> Iterator[Pending]:
         """Every queued request, in service order (no copy)."""
@@ -89,15 +107,21 @@ class PriorityQueues:
             if queue:
                 item = queue.popleft()
                 self._left(item)
+                if not level.permanent:
+                    self._drop_if_empty(level)
                 return item
         raise IndexError("pop from empty PriorityQueues")
 
     def take(self, count: int) -> list[Pending]:
         """The first ``count`` requests in service order."""
-        ready = self.levels[0].ready
+        first = self.levels[0]
+        ready = first.ready
         if len(ready) >= count and not self._timed:  # the common case: one plain FIFO
             self.size -= count
-            return [ready.popleft() for _ in range(count)]
+            taken = [ready.popleft() for _ in range(count)]
+            if not first.permanent:
+                self._drop_if_empty(first)
+            return taken
         return [self.pop() for _ in range(count)]
 
     def remove(self, ingress: bytes, request_id: int) -> Pending | None:
@@ -107,6 +131,7 @@ class PriorityQueues:
                     if item.request.id == request_id and item.ingress == ingress:
                         queue.remove(item)
                         self._left(item)
+                        self._drop_if_empty(level)
                         return item
         return None
 
@@ -161,7 +186,13 @@ class PriorityQueues:
                 if deadline and (not next_expiry or deadline < next_expiry):
                     next_expiry = deadline
             level.delayed = still
+        for level in [q for q in self.levels if not q.permanent and not q.ready and not q.delayed]:
+            self._drop_if_empty(level)
         self.size -= len(gone)
         self._timed -= len(gone)
         self._next_expiry = next_expiry
         return gone
+
+
+def _number(level: LevelQueue) -> int:
+    return level.level

@@ -3,7 +3,10 @@ read once per model version, plus the checks Triton applies to them at load.
 
 * ``priority_levels`` N > 0 gives levels 1 (highest) .. N; a request's
   ``priority`` parameter picks one. 0, or a value above N, means
-  ``default_priority_level`` (Triton does the same: no error).
+  ``default_priority_level`` (Triton does the same: no error). N may be as
+  large as 2^64 - 1 (Triton's qa/L0_model_queue uses that): the levels are
+  numbers, and a level's queue exists only while it holds requests (or has
+  a policy of its own), as Triton's map of queues.
 * Each level has a ``QueuePolicy``: ``priority_queue_policy[level]`` or else
   ``default_queue_policy``.
 * A request's ``timeout`` parameter (microseconds) counts only when the policy
@@ -13,7 +16,8 @@ read once per model version, plus the checks Triton applies to them at load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from conveyor.proto import model_config_pb2 as mc
 
@@ -51,25 +55,29 @@ class QueuePolicy:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingPolicy:
-    """The priority levels of one model version, index 0 being the highest."""
+    """The priority levels of one model version, by number: 1 is the highest; 0 is the one level of a model
+    without ``priority_levels``."""
 
-    levels: tuple[QueuePolicy, ...] = (QueuePolicy(),)
-    default_index: int = 0
+    default: QueuePolicy = QueuePolicy()  # default_queue_policy: every level without a policy of its own
+    count: int = 0  # priority_levels
+    default_level: int = 0  # default_priority_level (0 without levels)
+    policies: Mapping[int, QueuePolicy] = field(default_factory=dict)  # priority_queue_policy, by level
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> SchedulingPolicy:
         db = config.dynamic_batching
         default = QueuePolicy.from_config(db.default_queue_policy)
         if db.priority_levels == 0:
-            return cls((default,), 0)
-        levels = tuple(
-            QueuePolicy.from_config(db.priority_queue_policy[level]) if level in db.priority_queue_policy else default
-            for level in range(1, db.priority_levels + 1)
-        )
-        return cls(levels, db.default_priority_level - 1)
+            return cls(default)
+        policies = {level: QueuePolicy.from_config(p) for level, p in db.priority_queue_policy.items()
+                    if 0 < level <= db.priority_levels}
+        return cls(default, db.priority_levels, db.default_priority_level, policies)
 
-    def level_index(self, priority: object) -> int:
-        """The queue a request with this ``priority`` parameter waits in."""
-        if type(priority) is int and 0 < priority <= len(self.levels):
-            return priority - 1
-        return self.default_index
+    def level_of(self, priority: object) -> int:
+        """The level a request with this ``priority`` parameter waits at."""
+        if type(priority) is int and 0 < priority <= self.count:
+            return priority
+        return self.default_level
+
+    def policy_of(self, level: int) -> QueuePolicy:
+        return self.policies.get(level, self.default)

@@ -20,7 +20,10 @@ As Triton's sequence batcher:
   first), in slot order. Unlike Triton, empty slots are not padded with
   not-ready rows: state lives per slot in the worker, not in the rows, so the
   position of a row means nothing to any Conveyor backend and padding would
-  only cost compute. With ``max_queue_delay_microseconds`` and
+  only cost compute. ``--sequence-slot-padding`` pads them as Triton does
+  (``padded_rows``: the worker runs a not-ready row in each empty slot below
+  the highest one in use, and the statistics count those rows in the batch
+  size, as Triton's). With ``max_queue_delay_microseconds`` and
   ``minimum_slot_utilization`` set, a batch waits for that share of slots.
   ``oldest``: the candidate sequences' next requests by age, formed like the
   dynamic batcher (preferred sizes, queue delay).
@@ -82,9 +85,13 @@ class SequenceBatcher:
     held_until = 0
     backlog_held_until = 0
 
-    def __init__(self, model: str, config: SequenceConfig, queue_cap: int = DEFAULT_QUEUE_CAP) -> None:
+    def __init__(self, model: str, config: SequenceConfig, queue_cap: int = DEFAULT_QUEUE_CAP,
+                 slot_padding: bool = False) -> None:
         self.model = model
         self.config = config
+        # --sequence-slot-padding: a direct batch of a batching model runs every slot up to its highest one.
+        self.pads = slot_padding and not config.oldest and config.max_batch_size > 0
+        self._top = 0  # the last direct batch's padded rows (``padded_rows``)
         self.max_batch = max(config.max_batch_size, 1)
         self.preferred = config.preferred or frozenset({self.max_batch})
         self.max_preferred = max(self.preferred)
@@ -259,6 +266,14 @@ class SequenceBatcher:
             return self._oldest(home, now_ns)
         return self._direct(home, now_ns)
 
+    def padded_rows(self, batch: list[Pending]) -> int:
+        """The rows ``batch`` (the last one ``next_batch`` formed) runs as: with ``--sequence-slot-padding``,
+        every slot up to the highest one holding a request, in the batch or not (another shape: it waits),
+        as Triton's direct batch; the others run as not-ready rows. Else 0: its own rows."""
+        if not self.pads:
+            return 0
+        return self._top if self._top > len(batch) else 0
+
     def _held(self) -> bool:
         """Whether the test hooks still hold every instance's batches (Triton's DelayScheduler)."""
         backlogged = sum(len(seq.queue) for seq in self.backlog)
@@ -271,9 +286,11 @@ class SequenceBatcher:
         key: tuple[object, ...] | None = None
         count = 0
         oldest = 0
-        for seq in home.bound:
+        top = 0  # past the highest slot with a request, whatever its shape: a padded batch's rows, as Triton's
+        for slot, seq in enumerate(home.bound):
             if seq is None or not seq.queue:
                 continue
+            top = slot + 1
             head = seq.queue[0]
             if key is None:
                 key, oldest = head.shape_key, head.arrival_ns
@@ -293,6 +310,7 @@ class SequenceBatcher:
         for slot, seq in enumerate(home.bound):
             if seq is not None and seq.queue and seq.queue[0].shape_key == key:
                 batch.append(self._take(home, slot, seq, now_ns))
+        self._top = top
         return batch
 
     def _oldest(self, home: InstanceSlots, now_ns: int) -> list[Pending] | int | None:

@@ -81,6 +81,7 @@ class Placement:
         pending = [i for s in self.registry.live_versions() if not s.error for i in s.instances]
         if self.limiter is not None:
             self._register_limits(pending)
+            pending = [i for i in pending if not i.version.error]
         for inst in self.pool.place(pending):
             st = inst.version
             assert inst.worker is not None
@@ -89,13 +90,18 @@ class Placement:
             self.back.send(inst.worker, m.encode(load))
 
     def _register_limits(self, instances: list[Instance]) -> None:
-        """Rate limiting: an instance whose resources can never be met fails to load (Triton's rule)."""
+        """Rate limiting: an instance whose resources can never be met fails its model version's load, its
+        other instances with it (Triton's rule: the model does not load)."""
         assert self.limiter is not None
         for inst in instances:
-            if inst.state is InstanceState.UNPLACED:
+            if inst.state is InstanceState.UNPLACED and not inst.version.error:
                 try:
                     self.limiter.register(inst)
                 except ConveyorError as exc:
-                    inst.state, inst.error = InstanceState.FAILED, exc.message
-                    log.error("model '%s' version %s cannot load: %s", inst.version.model, inst.version.label,
-                              exc.message)
+                    version = inst.version
+                    version.error = exc.message
+                    for other in version.instances:
+                        if other.state is InstanceState.UNPLACED:
+                            self.limiter.unregister(other)
+                            other.state, other.error = InstanceState.FAILED, exc.message
+                    log.error("model '%s' version %s cannot load: %s", version.model, version.label, exc.message)

@@ -35,7 +35,11 @@ instance_group [ {{ count: {count} kind: KIND_CPU rate_limiter {{ resources [ {r
 
 def build(repo: str) -> None:
     """``rl_a`` (2 instances) and ``rl_b`` share one copy of R; ``rl_big`` needs
-    more of "big" than the server is given."""
+    more of "big" than the server is given, and so does one of ``rl_half``'s two instances."""
     write_model(repo, "rl_a", INTERVAL_MODEL, _config("rl_a", '{ name: "R" count: 1 }', count=2))
     write_model(repo, "rl_b", INTERVAL_MODEL, _config("rl_b", '{ name: "R" count: 1 }'))
     write_model(repo, "rl_big", INTERVAL_MODEL, _config("rl_big", '{ name: "big" count: 3 global: true }'))
+    # One instance group that fits, one that does not: the model does not load (Triton's rule).
+    write_model(repo, "rl_half", INTERVAL_MODEL, _config("rl_half", '{ name: "big" count: 1 global: true }') +
+                'instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ '
+                '{ name: "big" count: 3 global: true } ] } } ]\n')

@@ -38,6 +38,14 @@ class Upper(torch.nn.Module):
         return [w.upper() for w in words]
 
 
+class Flags(torch.nn.Module):
+    """A sequence model whose forward() takes the sequence batcher's control tensors after its input, as Triton's
+    libtorch sequence models do (qa/common/gen_qa_dyna_sequence_models.py): INPUT + 100 * START + 10 * READY."""
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor, ready: torch.Tensor) -> torch.Tensor:
+        return x + 100 * start + 10 * ready
+
+
 class DictSum(torch.nn.Module):
     """One Dict[str, Tensor] argument: inputs arrive under their config names."""
 
@@ -145,6 +153,20 @@ def compile_parameters(when: str = "true", backend: str = "aot_eager", **more: s
                                        for k, v in pairs.items()) + "]"
 
 
+FLAGS_CONFIG = """name: "torch_sequence_flags"
+platform: "pytorch_libtorch"
+max_batch_size: 2
+input [ { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START__1" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY__2" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
 NO_INPUTS_CONFIG = """name: "torch_no_inputs"
 platform: "pytorch_libtorch"
 max_batch_size: 0
@@ -162,6 +184,7 @@ def build(repo: str) -> None:
     save(torch.jit.trace(Doubler(), torch.ones(2, 4)), repo, "torch_batched", DOUBLER_CONFIG)
     save(torch.jit.script(Upper()), repo, "torch_strings", UPPER_CONFIG)
     save(torch.jit.script(AddSub()), repo, "torch_no_inputs", NO_INPUTS_CONFIG)
+    save(torch.jit.script(Flags()), repo, "torch_sequence_flags", FLAGS_CONFIG)
 
 
 def build_compiled(repo: str) -> None:

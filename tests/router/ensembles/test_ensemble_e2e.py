@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support import ensemble_models
 from tests.support.group import Server, start_server
+from tests.support.metrics import scrape
 
 LEVEL = "e2e"
 
@@ -85,11 +86,15 @@ def test_concurrent_requests_keep_their_own_tensors(ens_server: Server) -> None:
     client.close()
 
 
-def test_a_failing_step_fails_the_request_with_its_message(client: Client, protocol: Any) -> None:
+def test_a_failing_step_fails_the_request_with_its_message(ens_server: Server, client: Client, protocol: Any) -> None:
     a, b = sample()
+    failures = 'nv_inference_request_failure{model="ens_fails",reason="OTHER",version="1"}'
+    before = scrape(ens_server).get(failures, 0)
     with pytest.raises(InferenceServerException) as failed:
         client.infer("ens_fails", ab_inputs(protocol, a, b))
     assert failed.value.message() == "in ensemble 'ens_fails', step exploded on purpose"  # as Triton names it
+    # Counted as Triton counts an ensemble's failure: reason OTHER, whatever its step's (qa/L0_model_queue).
+    assert scrape(ens_server)[failures] == before + 1
     # The ensemble keeps serving after a failure.
     np.testing.assert_array_equal(client.infer("ens_chain", ab_inputs(protocol, a, b)).as_numpy("SUM"), a + b)
 

@@ -53,6 +53,35 @@ def test_preferred_size_leaves_at_once() -> None:
     assert isinstance(batch, list) and [p.request.id for p in batch] == [1, 2]
 
 
+def test_the_batch_the_next_request_would_push_past_every_preferred_size_leaves_at_once() -> None:
+    # Triton's qa/L0_batcher test_multi_batch_sum_gt_max_preferred: preferred [2, 6], 3 rows then 4 rows run as
+    # two batches, the 3 at once and the 4 after its own queue delay.
+    b = DynamicBatcher(8, [2, 6], 10**9, enabled=True)
+    b.push(pending(1, rows=3, at=0))
+    b.push(pending(2, rows=4, at=10))
+    batch = b.next_batch(20)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1]
+    assert b.next_batch(30) == 10 + 10**9
+    batch = b.next_batch(10 + 10**9)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [2]
+
+
+def test_a_first_request_over_every_preferred_size_leaves_alone() -> None:
+    b = DynamicBatcher(8, [2, 6], 10**9, enabled=True)
+    b.push(pending(1, rows=7))
+    b.push(pending(2, rows=1))
+    batch = b.next_batch(0)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1]
+
+
+def test_past_the_queue_delay_the_whole_batch_leaves_beyond_the_preferred_sizes() -> None:
+    b = DynamicBatcher(8, [2, 6], 1000, enabled=True)
+    b.push(pending(1, rows=3, at=0))
+    b.push(pending(2, rows=4, at=0))
+    batch = b.next_batch(1000)
+    assert isinstance(batch, list) and [p.request.id for p in batch] == [1, 2]
+
+
 def test_different_shapes_do_not_batch_together() -> None:
     b = DynamicBatcher(8, [], 10**9, enabled=True)
     b.push(pending(1, width=16))

@@ -47,8 +47,20 @@ def test_higher_priority_is_served_first_fifo_within_a_level() -> None:
 def test_priority_zero_or_out_of_range_means_the_default_level() -> None:
     # Triton does the same (InferenceRequest::SetPriority): no error.
     policy = policy_of("priority_levels: 2 default_priority_level: 2")
-    assert policy.level_index(0) == 1 and policy.level_index(7) == 1 and policy.level_index(None) == 1
-    assert policy.level_index(1) == 0 and policy.level_index(True) == 1
+    assert policy.level_of(0) == 2 and policy.level_of(7) == 2 and policy.level_of(None) == 2
+    assert policy.level_of(1) == 1 and policy.level_of(True) == 2
+
+
+def test_as_many_levels_as_a_uint64_holds_cost_only_the_levels_in_use() -> None:
+    # Triton's qa/L0_model_queue test_max_priority_levels: 2^64 - 1 levels, the default one past 2^32.
+    q = PriorityQueues(policy_of(f"priority_levels: {2**64 - 1} default_priority_level: {2**32}"), cap=0)
+    q.push(request(1))  # level 2^32
+    q.push(request(2, priority=2**63))
+    q.push(request(3, priority=1))
+    assert ids(q) == [3, 1, 2]
+    assert len(q.levels) == 3
+    assert [q.pop().request.id for _ in range(3)] == [3, 1, 2]
+    assert [level.level for level in q.levels] == [2**32]  # the levels made for requests went with them
 
 
 def test_level_max_queue_size_refuses_at_once_with_tritons_words() -> None:

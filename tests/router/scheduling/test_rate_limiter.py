@@ -147,4 +147,7 @@ def test_an_instance_needing_more_than_the_server_has_fails_to_load(limited_serv
     assert index["rl_big"]["state"] == "UNAVAILABLE"
     assert index["rl_big"]["reason"] == ('Resource count for "big" is limited to 2 which will prevent scheduling '
                                          "of one or more model instances, the minimum required count is 3")
+    # One instance that can never run fails the whole model, its other instance with it (qa/L0_rate_limiter:
+    # the server does not start with --exit-on-error).
+    assert index["rl_half"]["state"] == "UNAVAILABLE" and "is limited to 2" in index["rl_half"]["reason"]
     assert client.is_model_ready("rl_a") and client.is_model_ready("rl_b")

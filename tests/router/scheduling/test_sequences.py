@@ -293,6 +293,50 @@ def test_worker_feeds_the_initial_state_then_each_slots_own(tmp_path: Any) -> No
     assert slots.slots == {}
 
 
+def test_a_padded_batch_runs_a_not_ready_row_in_each_empty_slot_and_hands_back_only_its_items(tmp_path: Any) -> None:
+    # --sequence-slot-padding: Triton's null requests, in the rows of the empty slots below the highest in use.
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "init").write_bytes(np.array([1.0, 2.0], np.float32).tobytes())
+    ready = '{ name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },'
+    slots = SequenceSlots(config(_STATEFUL.replace("control_input [ ", "control_input [ " + ready), 4), str(tmp_path))
+    batch = [item(1, start=True, sid=8), item(3, start=True, sid=9)]
+    inputs: dict[str, Any] = {"INPUT": np.array([[5], [6]], np.int32), "TEXT": np.array([[b"a"], [b"b"]], object)}
+    rows = slots.pad_batch(inputs, batch, 4)
+    assert rows == [1, 3]
+    slots.add_batch_inputs(inputs, batch, rows, 4)
+    assert inputs["INPUT"].tolist() == [[0], [5], [0], [6]]
+    assert inputs["TEXT"].tolist() == [[b""], [b"a"], [b""], [b"b"]]
+    assert inputs["READY"].tolist() == [[0], [1], [0], [1]] and inputs["START"].tolist() == [[False], [True]] * 2
+    assert inputs["CORRID"].tolist() == [[0], [8], [0], [9]] and inputs["STATE"].shape == (4, 2)
+    out = slots.unpad({"OUT": np.arange(4), "NEW_STATE": np.arange(8, dtype=np.float32).reshape(4, 2)}, rows, 4)
+    assert out["OUT"].tolist() == [1, 3]
+    slots.keep_batch_states(batch, out)
+    assert slots.slots[3]["STATE"].tolist() == [[6.0, 7.0]]
+    # Nothing to pad (the items fill the rows), or slots the batch cannot be spread over: it runs as it is.
+    assert slots.pad_batch({"INPUT": np.zeros((2, 1))}, batch, 2) is None
+    assert slots.pad_batch({"INPUT": np.zeros((2, 1))}, [item(3), item(1)], 4) is None
+
+
+def test_the_router_asks_for_padding_only_when_told_and_only_for_direct_batches_with_a_gap() -> None:
+    for padding, strategy, want in ((True, "", 2), (False, "", 0), (True, "oldest { max_candidate_sequences: 2 }", 0)):
+        b = SequenceBatcher("m", SequenceConfig.from_config(config(strategy)), slot_padding=padding)
+        b.sync([instance(b"w")], 0)
+        b.push(request(1, start=True))
+        b.push(request(2, start=True))
+        home = only_home(b)
+        b.next_batch(home, 0)  # both slots' first requests
+        b.push(request(2))
+        batch = b.next_batch(home, 0)
+        assert isinstance(batch, list) and b.padded_rows(batch) == want
+    # A higher slot whose request has another shape waits for the next batch, and still counts in this one's rows.
+    b = SequenceBatcher("m", SequenceConfig.from_config(config("")), slot_padding=True)
+    b.sync([instance(b"w")], 0)
+    b.push(request(1, start=True))
+    b.push(request(2, start=True, width=3))
+    batch = b.next_batch(only_home(b), 0)
+    assert steps(batch) == [(1, 0, True, False)] and isinstance(batch, list) and b.padded_rows(batch) == 2
+
+
 def test_worker_refuses_a_missing_initial_state_file(tmp_path: Any) -> None:
     with pytest.raises(ConveyorError) as exc:
         SequenceSlots(config(_STATEFUL), str(tmp_path))

@@ -63,6 +63,19 @@ def check_config(config: mc.ModelConfig) -> None:
                                   f"(TorchScript has no such tensor type)")
 
 
+def sequence_inputs(config: mc.ModelConfig) -> dict[str, int]:
+    """The tensors a sequence batcher adds to each request, which forward() takes as inputs too (as Triton's
+    backend counts them): its control inputs (a flag's type is the int/fp32/bool of its values; only CORRID's is
+    declared, and only a STRING one matters here) and its implicit states. Name: config type."""
+    if not config.HasField("sequence_batching"):
+        return {}
+    sb = config.sequence_batching
+    extra: dict[str, int] = {ci.name: ci.control[0].data_type if ci.control else mc.TYPE_INVALID
+                             for ci in sb.control_input}
+    extra.update({s.input_name: s.data_type for s in sb.state})
+    return extra
+
+
 def forward_arguments(module: Any) -> list[tuple[str, str]]:
     """``forward``'s arguments as (name, type kind), without ``self``."""
     args = [(a.name, a.type.kind()) for a in module.forward.schema.arguments]
@@ -103,7 +116,8 @@ class TorchScriptBackend:
             arguments = forward_arguments(self.module)
         except Exception as exc:
             raise unavailable(f"torch could not load TorchScript model '{path}': {exc}") from None
-        names = [i.name for i in config.input]
+        extra = sequence_inputs(config)
+        names = [i.name for i in config.input] + list(extra)
         # A single Dict[str, Tensor] argument takes every input by its config name.
         self.dict_input = len(arguments) == 1 and arguments[0][1] == "DictType"
         if not self.dict_input:
@@ -120,7 +134,7 @@ class TorchScriptBackend:
                               f"{len(arguments)} arguments")
         self.output_positions = output_positions([o.name for o in config.output])
         self.output_types = {o.name: o.data_type for o in config.output}
-        self.input_types = {i.name: i.data_type for i in config.input}
+        self.input_types = {**extra, **{i.name: i.data_type for i in config.input}}
 
     def _load(self, path: str) -> Any:
         try:  # torch opens it by name again: a name swapped after this check is not seen

@@ -60,6 +60,18 @@ def test_forward_argument_names(client: Client, protocol: Any) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), image * -2)
 
 
+def test_a_sequence_models_forward_takes_the_control_tensors(client: Client, protocol: Any) -> None:
+    # forward(INPUT__0, START__1, READY__2): the config declares one input, the sequence batcher adds the two
+    # controls, and they are forward()'s arguments as Triton's libtorch backend counts them.
+    got = []
+    for i, (start, end) in enumerate(((True, False), (False, True))):
+        x = infer_input(protocol, "INPUT__0", np.array([[i + 1]], dtype=np.int32), "INT32")
+        result = client.infer("torch_sequence_flags", [x], sequence_id=4242 + (protocol is grpcclient),
+                              sequence_start=start, sequence_end=end)
+        got.append(int(result.as_numpy("OUTPUT__0").reshape(-1)[0]))
+    assert got == [1 + 100 + 10, 2 + 10]
+
+
 def test_strings_as_list_of_str(client: Client, protocol: Any) -> None:
     words = np.array([b"conveyor", b"torch"], dtype=np.object_)
     result = client.infer("torch_strings", [infer_input(protocol, "INPUT__0", words, "BYTES")])
