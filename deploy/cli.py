@@ -345,12 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         _check_metrics(parser, router)
         _check_trace(parser, router)
         _start_actor(router, ROUTER)
-        pin_dispatch(dispatch_cpu(router.dispatch_cpu))  # before the first socket: the I/O thread inherits the pin
         return _router(router)
     if args.command == "worker":
         worker = WorkerSettings.of(args)
         _start_actor(worker, WORKER)
-        pin_dispatch(dispatch_cpu(worker.dispatch_cpu))
         keep_freed_heap()  # the actors that build tensors: megabyte buffers stay warm (deploy/runtime/heap.py)
         return _worker(worker)
     ingress = IngressSettings.of(args)
@@ -397,6 +395,9 @@ def _router(args: RouterSettings) -> int:
         return GROUP_BUSY_CODE
     sweep_orphans(config.group)
     configure_summaries(metrics_config(args))
+    # Pinned once its modules are imported, so that the router and the workers do not import them all on one
+    # core (a group's start-up), and before its first socket: the I/O thread inherits the pin.
+    pin_dispatch(dispatch_cpu(args.dispatch_cpu))
     router = Router(config)
     router.run()
     lock.release()
@@ -408,6 +409,7 @@ def _worker(args: WorkerSettings) -> int:
     from conveyor.deploy.compose import worker_config
     from conveyor.workers.worker import Worker
 
+    pin_dispatch(dispatch_cpu(args.dispatch_cpu))  # as the router's, once imported, before the first socket
     worker = Worker(worker_config(args))
     worker.run()
     exit_now(worker.exit_code)  # ENGINE_DIED_CODE: an engine died, restart (workers/stopping.py)

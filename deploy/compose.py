@@ -6,22 +6,30 @@ cannot import deploy/'s settings classes (the import contracts), so each declare
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from conveyor.deploy.group_lock import DEFAULT_GROUP
 from conveyor.deploy.options import default_endpoints
 from conveyor.deploy.runtime.polling import spin_seconds
 from conveyor.deploy.settings import RouterSettings, WorkerSettings
-from conveyor.router.config import RouterConfig, SchedulingConfig, StopConfig
-from conveyor.router.lifecycle import ControlMode, ModelControlConfig
-from conveyor.router.observability.trace_settings import parse_trace_config
-from conveyor.router.repository.backend_config import BackendConfig
-from conveyor.router.response_cache import parse_cache_config
-from conveyor.router.scheduling.rate_limiter import ResourceLimit
-from conveyor.router.shared_memory.client_regions import ClientShmConfig
 from conveyor.workers.config import WorkerConfig
+
+if TYPE_CHECKING:
+    from conveyor.router.config import RouterConfig
 
 
 def router_config(s: RouterSettings) -> RouterConfig:
     """What ``conveyor router`` runs with."""
+    # Imported here: a worker imports this module too, and the router's modules (its lifecycle, numpy, onnx)
+    # were a tenth of a second of each worker's start-up CPU.
+    from conveyor.router.config import RouterConfig, SchedulingConfig, StopConfig
+    from conveyor.router.lifecycle import ControlMode, ModelControlConfig
+    from conveyor.router.observability.trace_settings import parse_trace_config
+    from conveyor.router.repository.backend_config import BackendConfig
+    from conveyor.router.response_cache import parse_cache_config
+    from conveyor.router.scheduling.rate_limiter import ResourceLimit
+    from conveyor.router.shared_memory.client_regions import ClientShmConfig
+
     group = s.group or DEFAULT_GROUP
     ingress_ep, worker_ep = default_endpoints(group)
     models = ModelControlConfig(

@@ -32,7 +32,7 @@ from conveyor.ingress.limits import (
     DEFAULT_MAX_JSON_BYTES,
 )
 from conveyor.ingress.openai.forms import ERROR_FORMS, OPENAI
-from conveyor.ingress.sagemaker.multi_model import DEFAULT_MODEL_ROOT
+from conveyor.ingress.sagemaker import DEFAULT_MODEL_ROOT
 
 _INGRESS = frozenset({INGRESS})
 # The --help sections of the endpoints that are off unless asked for.

@@ -38,7 +38,6 @@ from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
-from conveyor.router.config import CREATE_FAILED_CODE
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 
@@ -321,6 +320,10 @@ class Supervisor:
     def _restart(self, child: Child) -> None:
         assert child.proc is not None
         code = child.proc.returncode
+        # Imported here, not at the top: router/config.py brings the router's lifecycle (numpy, onnx), a fifth
+        # of a second of the supervisor's start-up CPU, for one constant that only a restart reads.
+        from conveyor.router.config import CREATE_FAILED_CODE
+
         if child is self.router and code == CREATE_FAILED_CODE:
             # A repository it cannot use, or a model failed with --exit-on-error: a new router would fail the same way.
             self._fail(START_FAILED_CODE, "the router stopped: it could not create the server (above)")

@@ -12,21 +12,27 @@ onnx.proto's (ModelProto.graph 7; GraphProto.initializer 5, input 11, output 12;
 TensorProto.name 8, external_data 13).
 
 Where an initializer's weights are in external data, the files it names are kept too
-(``external_files``): the ONNX Runtime worker checks them before its session opens them.
+(``external_files``): the ONNX Runtime worker checks them before its session opens them. That reader
+builds no ``onnx`` message, so a worker does not import onnx (a tenth of a second of its start-up on a
+busy host, for a package ONNX Runtime does not need).
 """
 
 from __future__ import annotations
 
+import io
 import os
-from typing import BinaryIO
-
-import onnx
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 from conveyor.proto.repository_files import open_binary
+
+if TYPE_CHECKING:
+    import onnx
 
 _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 5, 11, 12
 _TENSOR_NAME, _TENSOR_EXTERNAL_DATA = 8, 13
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2  # StringStringEntryProto
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _MAX_SMALL = 64 << 20  # a value info or a name larger than this is no ONNX model
 
@@ -84,18 +90,27 @@ class _Fields:
         return data
 
 
+def _graphs(f: BinaryIO) -> Iterator[_Fields]:
+    """The fields of each graph of the model in ``f`` (several are merged, as protobuf does); the caller
+    reads each to its end before asking for the next."""
+    model = _Fields(f, os.fstat(f.fileno()).st_size)
+    for field, wire, length in model:
+        if field == _MODEL_GRAPH and wire == _LEN:
+            yield _Fields(f, f.tell() + length)
+        else:
+            model.skip(wire, length)
+
+
 def read_signature(path: str) -> onnx.GraphProto:
     """The graph of the ONNX model in ``path`` with only its ``input``, ``output`` and each
     ``initializer``'s name and ``external_data`` filled in; ``ValueError`` (or ``OSError``) when it
     is no ONNX model."""
+    import onnx  # here: only the router's config completion builds the messages (see the module's text)
+
     graph = onnx.GraphProto()
     with open_binary(path) as f:  # never a FIFO or a device (proto/repository_files.py)
-        model = _Fields(f, os.fstat(f.fileno()).st_size)
-        for field, wire, length in model:
-            if field == _MODEL_GRAPH and wire == _LEN:
-                _read_graph(_Fields(f, f.tell() + length), graph)  # several are merged, as protobuf does
-            else:
-                model.skip(wire, length)
+        for fields in _graphs(f):
+            _read_graph(fields, graph)
     return graph
 
 
@@ -124,5 +139,34 @@ def external_files(path: str) -> list[str]:
     """The files the initializers of the ONNX model in ``path`` keep their weights in (their
     ``location``, relative to the model's folder, as ONNX Runtime reads them); errors as ``read_signature``."""
     folder = os.path.dirname(path)
-    return sorted({os.path.join(folder, entry.value) for tensor in read_signature(path).initializer
-                   for entry in tensor.external_data if entry.key == "location"})
+    found: set[str] = set()
+    with open_binary(path) as f:
+        for fields in _graphs(f):
+            for field, wire, length in fields:
+                if not (wire == _LEN and field == _GRAPH_INITIALIZER):
+                    fields.skip(wire, length)
+                    continue
+                end = f.tell() + length
+                tensor = _Fields(f, end)
+                for tfield, twire, tlength in tensor:
+                    if tfield == _TENSOR_EXTERNAL_DATA and twire == _LEN:
+                        key, value = _entry(tensor.read(tlength))
+                        if key == "location":
+                            found.add(os.path.join(folder, value))
+                    else:
+                        tensor.skip(twire, tlength)
+                f.seek(end)
+    return sorted(found)
+
+
+def _entry(data: bytes) -> tuple[str, str]:
+    """A ``StringStringEntryProto``'s key and value (the last of each, as protobuf merges them)."""
+    key = value = ""
+    fields = _Fields(io.BytesIO(data), len(data))
+    for field, wire, length in fields:
+        if wire == _LEN and field in (_ENTRY_KEY, _ENTRY_VALUE):
+            text = fields.read(length).decode("utf-8")
+            key, value = (text, value) if field == _ENTRY_KEY else (key, text)
+        else:
+            fields.skip(wire, length)
+    return key, value

@@ -19,7 +19,7 @@ from typing import NoReturn
 import pytest
 
 from tests.support import fuzz, models, vllm_group
-from tests.support.group import Server, start_server
+from tests.support.group import Server, SharedGroups, start_server
 
 # Bytecode is cached, whatever the environment says (PYTHONDONTWRITEBYTECODE=1 on the development and CI
 # hosts): every group the suite starts runs 5-8 Python processes, and each compiled Conveyor's modules
@@ -39,6 +39,29 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> str:
     repo = str(tmp_path_factory.mktemp("models"))
     models.build_test_repository(repo)
     return repo
+
+
+@pytest.fixture(scope="session")
+def light_repo(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``model_repo`` but for its TorchScript models, for the groups of tests that serve none of them."""
+    repo = str(tmp_path_factory.mktemp("light_models"))
+    models.build_test_repository(repo, torch=False)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def shared_groups() -> Iterator[SharedGroups]:
+    """Groups shared by the modules that ask with the same repository and flags (tests/support/group.py)."""
+    groups = SharedGroups(f"sg{os.getpid()}x")
+    yield groups
+    groups.stop()
+
+
+@pytest.fixture(scope="session")
+def client_shm_server(light_repo: str, shared_groups: SharedGroups) -> Server:
+    """One worker, clients' shared memory allowed: the group of the tests that register regions (each test
+    unregisters what it registered)."""
+    return shared_groups.get(light_repo, "--workers", "1", "--allow-client-shm", "true")
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,8 @@ from conveyor.ingress.default_model import DefaultModel
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.http.errors import error_body
 from conveyor.ingress.restricted import Restriction, http_refusal
-from conveyor.ingress.sagemaker.multi_model import DEFAULT_MODEL_ROOT, LoadedModels, build_multi_model_app, is_oom
+from conveyor.ingress.sagemaker import DEFAULT_MODEL_ROOT
+from conveyor.ingress.sagemaker.multi_model import LoadedModels, build_multi_model_app, is_oom
 
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DEFAULT_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"

@@ -24,6 +24,7 @@ import orjson
 from conveyor.ingress.http.errors import error_body
 from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.restricted import Restriction
+from conveyor.ingress.sagemaker import DEFAULT_MODEL_ROOT
 from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import ConveyorError, Status
 from conveyor.proto.repository_files import read_text
@@ -31,7 +32,6 @@ from conveyor.proto.repository_files import read_text
 log = logging.getLogger(__name__)
 
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
-DEFAULT_MODEL_ROOT = "/opt/ml/models"  # where SageMaker unpacks a multi-model endpoint's archives
 # Never a repository, however spelled (``//proc``, ``/./sys``, ``/x/../dev``, a symlink): the kernel's own trees.
 _FORBIDDEN_ROOTS = ("/dev", "/proc", "/sys")
 _HASH = r"[0-9A-Za-z._]+"  # a path segment as Triton's model_path_regex_ takes it

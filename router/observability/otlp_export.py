@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.request
 from collections import deque
 
 from conveyor.router.observability.otel_options import OtelOptions
@@ -107,6 +106,10 @@ class OtlpExporter:
                 return
 
     def _export(self, batch: list[TraceRecord]) -> None:
+        # Imported here: urllib.request (http.client, ssl) was a hundredth of a second of every router's start-up,
+        # and only an exporter, in OpenTelemetry mode, sends anything.
+        import urllib.request
+
         spans = sum(r.span_count() for r in batch)
         try:
             body = self._encode(batch, self.options.resource)

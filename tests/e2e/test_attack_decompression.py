@@ -45,9 +45,9 @@ TRITON_WORDS = "Decompressed data size exceeds the maximum allowed value of {} b
 
 
 @pytest.fixture(scope="module")
-def group(model_repo: str) -> Iterator[tuple[Server, int]]:
+def group(light_repo: str) -> Iterator[tuple[Server, int]]:
     port = free_port()
-    srv = start_server(model_repo, f"bomb{os.getpid()}", "--workers", "1",
+    srv = start_server(light_repo, f"bomb{os.getpid()}", "--workers", "1",
                        "--http-max-body-bytes", str(BODY_LIMIT), "--max-json-bytes", str(JSON_LIMIT),
                        "--grpc-max-connection-buffer-bytes", str(GRPC_LIMIT),
                        "--openai-port", str(port), "--openai-address", "127.0.0.1")

@@ -24,7 +24,7 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from conveyor.router.server import SHM_SWEEP_INTERVAL_S
-from tests.support.group import Server, start_server
+from tests.support.group import Server
 from tests.support.shm_entries import ShmEntries
 
 LEVEL = "e2e"
@@ -39,11 +39,8 @@ CHECK_ROUNDS = int(4 * SHM_SWEEP_INTERVAL_S / 0.2)
 
 
 @pytest.fixture(scope="module")
-def srv(model_repo: str) -> Iterator[Server]:
-    server = start_server(model_repo, f"k{os.getpid()}", "--workers", "1", "--allow-client-shm", "true")
-    yield server
-    assert server.stop() == 0
-    assert server.shm_segments() == []
+def srv(client_shm_server: Server) -> Server:
+    return client_shm_server  # shared with test_client_shm.py (tests/conftest.py)
 
 
 @pytest.fixture

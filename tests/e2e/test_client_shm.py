@@ -25,7 +25,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.runtime.procs import children
-from tests.support.group import Server, start_server
+from tests.support.group import Server
 from tests.support.waiting import eventually
 
 LEVEL = "e2e"
@@ -35,11 +35,8 @@ NBYTES = 16 * 4  # the 'simple' model's INT32 [1, 16] tensors
 
 
 @pytest.fixture(scope="module")
-def shm_server(model_repo: str) -> Iterator[Server]:
-    srv = start_server(model_repo, f"s{os.getpid()}", "--workers", "1", "--allow-client-shm", "true")
-    yield srv
-    assert srv.stop() == 0
-    assert srv.shm_segments() == []
+def shm_server(client_shm_server: Server) -> Server:
+    return client_shm_server  # shared with test_attack_shm_keys.py (tests/conftest.py)
 
 
 @pytest.fixture

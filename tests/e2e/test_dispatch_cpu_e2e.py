@@ -85,9 +85,9 @@ def test_router_and_worker_dispatch_threads_share_a_core_and_models_keep_every_c
         assert srv.stop() == 0
 
 
-def test_dispatch_cpu_off_pins_nothing(model_repo: str) -> None:
+def test_dispatch_cpu_off_pins_nothing(light_repo: str) -> None:
     every = os.sched_getaffinity(0)
-    srv = start_server(model_repo, f"dcpuoff{os.getpid()}", "--dispatch-cpu", "off", "--workers", "1", grpc=False)
+    srv = start_server(light_repo, f"dcpuoff{os.getpid()}", "--dispatch-cpu", "off", "--workers", "1", grpc=False)
     try:
         for pid, argv in children(srv.proc.pid).items():
             if actor_role(argv) in ("router", "worker"):
@@ -96,11 +96,11 @@ def test_dispatch_cpu_off_pins_nothing(model_repo: str) -> None:
         assert srv.stop() == 0
 
 
-def test_a_cpu_the_host_does_not_have_is_refused_at_the_command_line(model_repo: str) -> None:
+def test_a_cpu_the_host_does_not_have_is_refused_at_the_command_line(light_repo: str) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", model_repo,
+    out = subprocess.run([sys.executable, "-m", "conveyor.deploy.cli", "serve", "--model-repository", light_repo,
                           "--dispatch-cpu", "4096"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "argument --dispatch-cpu: CPU 4096 is not one this process may run on" in out.stderr

@@ -34,10 +34,10 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 
 @pytest.fixture(scope="module")
-def hardened(model_repo: str, certs: Certs) -> Iterator[Server]:
+def hardened(light_repo: str, certs: Certs) -> Iterator[Server]:
     https = ssl.create_default_context(cafile=certs.ca)
     srv = start_server(
-        model_repo, f"sec{os.getpid()}", "--workers", "1",
+        light_repo, f"sec{os.getpid()}", "--workers", "1",
         "--grpc-use-ssl-mutual", "true", "--grpc-server-cert", certs.server_cert,
         "--grpc-server-key", certs.server_key, "--grpc-root-cert", certs.ca,
         "--http-ssl-cert", certs.server_cert, "--http-ssl-key", certs.server_key,

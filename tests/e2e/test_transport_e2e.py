@@ -130,10 +130,10 @@ def test_every_actor_runs_its_zeromq_io_thread_as_sched_batch(server: Server) ->
         assert set(policies) == {os.SCHED_BATCH}, f"{role}: {policies}"
 
 
-def test_io_sched_normal_keeps_the_default_policy(model_repo: str) -> None:
+def test_io_sched_normal_keeps_the_default_policy(light_repo: str) -> None:
     with pytest.raises(ValueError, match="batch, normal"):
         io_sched_policy("fifo")
-    srv = start_server(model_repo, f"ios{os.getpid()}", "--io-sched", "normal", "--workers", "1", grpc=False)
+    srv = start_server(light_repo, f"ios{os.getpid()}", "--io-sched", "normal", "--workers", "1", grpc=False)
     try:
         seen = set()
         for pid, argv in children(srv.proc.pid).items():

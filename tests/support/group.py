@@ -93,6 +93,29 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: s
     return Server(proc, group, http_port, grpc_port, metrics_port, repo)
 
 
+class SharedGroups:
+    """Groups started once for the session, one per repository and flags (tests/conftest.py ``shared_groups``):
+    modules whose tests leave a group as they found it (nothing loaded, unloaded, killed or set that they do not
+    undo) ask for theirs here rather than start their own. Each is stopped when the session ends, and must then
+    exit cleanly and leave no shared memory behind, as a module's own group does."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._live: dict[tuple[str, ...], Server] = {}
+
+    def get(self, repo: str, *extra: str) -> Server:
+        key = (repo, *extra)
+        if key not in self._live:
+            self._live[key] = start_server(repo, f"{self._prefix}{len(self._live)}", *extra)
+        return self._live[key]
+
+    def stop(self) -> None:
+        live, self._live = list(self._live.values()), {}
+        for srv in live:
+            assert srv.stop() == 0
+            assert srv.shm_segments() == [], "shared memory left behind after shutdown"
+
+
 def abandon(proc: subprocess.Popen[Any]) -> None:
     """Stop a group that did not come up. SIGTERM first: a SIGKILLed supervisor cannot stop its
     children, whose shared-memory segments would then stay in /dev/shm."""

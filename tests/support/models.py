@@ -12,7 +12,9 @@ from tests.support import python_bls_models, python_models, sequence_models, war
 LABELS = [f"label_{i}" for i in range(10)]
 
 
-def build_test_repository(repo: str) -> None:
+def build_test_repository(repo: str, torch: bool = True) -> None:
+    """Every kind of model the e2e tests serve; without ``torch`` no TorchScript model (a group that serves
+    none starts without importing torch in its workers: seconds of each one's start-up)."""
     add_sub(repo, "simple", 8, "dynamic_batching { max_queue_delay_microseconds: 2000 }")
     add_sub(repo, "simple_nobatch", 0)
     identity(repo, "identity_fp32", "FP32", 0, "-1")
@@ -39,6 +41,8 @@ def build_test_repository(repo: str) -> None:
     build_scheduling_models(repo)
     sequence_models.build(repo)
     warmup_models.build(repo)
+    if not torch:
+        return
     try:
         from tests.support import torch_models
     except ImportError:  # torch is an optional extra: its tests skip without it

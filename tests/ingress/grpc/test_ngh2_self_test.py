@@ -78,14 +78,14 @@ async def test_a_passing_self_test_serves_on_ngh2(caplog: pytest.LogCaptureFixtu
         await server.stop(None)
 
 
-def test_a_group_whose_self_test_fails_counts_it_on_metrics_and_serves(model_repo: str) -> None:
+def test_a_group_whose_self_test_fails_counts_it_on_metrics_and_serves(light_repo: str) -> None:
     """The failure the self-test exists for: another libnghttp2 loaded in the process before ngh2
     (LD_PRELOAD, which would make ngh2 crash). A real group serves gRPC on h2, and its /metrics says
     so; an ingress joined to it whose self-test passes is not counted."""
     system = ctypes.util.find_library("nghttp2")
     if system is None:
         pytest.skip("no system libnghttp2 to preload")
-    group = start_group(model_repo, f"selftest{os.getpid()}", "--workers", "1",
+    group = start_group(light_repo, f"selftest{os.getpid()}", "--workers", "1",
                         env={**os.environ, "LD_PRELOAD": system})
     try:
         client = grpcclient.InferenceServerClient(group.grpc_url)

@@ -12,9 +12,9 @@ import pytest
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.onnx_graph import read_signature
+from conveyor.proto.onnx_graph import external_files, read_signature
 from conveyor.router.repository.onnx_autocomplete import complete_onnx
-from tests.support.external_data_models import big_embedding, model_directory
+from tests.support.external_data_models import big_embedding, model_directory, scale_shift
 
 LEVEL = "unit"
 
@@ -67,3 +67,25 @@ def test_what_is_no_model_says_so(tmp_path: Path, content: bytes) -> None:
         assert problem.startswith(f"cannot read '{path}' to complete its config"), problem
     else:
         assert problem == ""
+
+
+def _onnx_locations(path: str) -> list[str]:
+    folder = os.path.dirname(path)
+    graph = onnx.load(path, load_external_data=False).graph
+    return sorted({os.path.join(folder, entry.value) for tensor in graph.initializer
+                   for entry in tensor.external_data if entry.key == "location"})
+
+
+@pytest.mark.parametrize("one_file", [True, False])
+def test_the_external_files_are_the_locations_onnx_reads(tmp_path: Path, one_file: bool) -> None:
+    """The worker checks these files before ONNX Runtime opens them; it reads them without onnx's messages."""
+    path = str(tmp_path / "model.onnx")
+    onnx.save_model(scale_shift(), path, save_as_external_data=True, all_tensors_to_one_file=one_file,
+                    location="weights.bin", size_threshold=0)
+    assert external_files(path) == _onnx_locations(path)
+    assert len(external_files(path)) == (1 if one_file else 2)
+    add_sub(str(tmp_path), "simple", 8)  # weights inside the graph: none
+    assert external_files(str(tmp_path / "simple" / "1" / "model.onnx")) == []
+    (tmp_path / "bad.onnx").write_bytes(b"\x3a\x05\x5a\x10abc")
+    with pytest.raises(ValueError):
+        external_files(str(tmp_path / "bad.onnx"))
