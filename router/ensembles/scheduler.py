@@ -44,7 +44,6 @@ from conveyor.router.ensembles.branch import Branch, block_key
 from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
 from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.observability.stats import ModelStats
-from conveyor.router.replies import count_failure
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.spec.ensemble_conditions import Condition
@@ -451,8 +450,10 @@ class EnsembleScheduler:
             state.stats.record_ensemble(rows, duration)
             self._reply(run.ingress, last)
             return
-        # Triton's ensemble failures carry no reason of their own: OTHER, whatever its step's was.
-        count_failure(state, "OTHER", duration)
+        # Triton's ensemble failures carry no reason of their own: OTHER, whatever its step's was. Counted as
+        # replies.count_failure counts (which the ensembles may not import: it is a layer above them).
+        state.stats.fail.add(duration)
+        state.latency.failed("OTHER")
         error = None if run.error_sent else run.error
         self._reply(run.ingress, m.InferResponse(run.request.id, state.model, state.label, error=error,
                                                  generation=self._generation()))
