@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 from google.protobuf import text_format
 
@@ -164,7 +165,7 @@ def load_spec(
         complete_vllm(config)
     if autocomplete and completable and (spec.backend == "python" or not config.input or not config.output):
         _fill_defaults(config)
-        _find_versions(spec)
+        _find_versions(spec, quiet=True)
         if spec.versions:
             newest = spec.versions[max(spec.versions)]
             problem = ""
@@ -222,24 +223,54 @@ def _fill_defaults(config: mc.ModelConfig) -> None:
             sb.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
-def _find_versions(spec: ModelSpec) -> None:
-    available = sorted(
-        int(e) for e in os.listdir(spec.path) if e.isdigit() and os.path.isdir(os.path.join(spec.path, e))
-    )
+# Folders of a model directory that are never versions (Triton's kWarmupDataFolder, kInitialStateFolder,
+# kModelConfigFolder).
+_NOT_VERSIONS = ("warmup", "initial_state", "configs")
+_LEADING_INTEGER = re.compile(r"\s*[+-]?\d+")
+
+
+def version_dirs(path: str, quiet: bool = False) -> list[int]:
+    """The version numbers of ``path``'s folders, as Triton's VersionsToLoad reads them: a name with a
+    leading zero is ignored, as is one that does not start with a number (its std::stoll); each with
+    Triton's warning (unless ``quiet``)."""
+    versions: set[int] = set()
+    for entry in sorted(os.listdir(path)):
+        if entry in _NOT_VERSIONS or not os.path.isdir(os.path.join(path, entry)):
+            continue
+        if len(entry) > 1 and entry.startswith("0"):
+            if not quiet:
+                log.warning("ignore version directory '%s' which contains leading zeros in its directory name",
+                            entry)
+            continue
+        number = _LEADING_INTEGER.match(entry)
+        if number is None:
+            if not quiet:
+                log.warning("ignore version directory '%s' which fails to convert to integral number", entry)
+            continue
+        versions.add(int(number.group()))
+    return sorted(versions)
+
+
+def _find_versions(spec: ModelSpec, quiet: bool = False) -> None:
+    """The versions ``spec``'s version policy loads, with their model files (Triton's VersionsToLoad: a
+    version the policy names that has no folder is only logged)."""
+    available = version_dirs(spec.path, quiet)
     policy = spec.config.version_policy
     which = policy.WhichOneof("policy_choice")
     if which == "all":
         chosen = available
     elif which == "specific":
-        chosen = [v for v in available if v in set(policy.specific.versions)]
-        missing = set(policy.specific.versions) - set(available)
-        for v in missing:
-            spec.version_errors[v] = f"version {v} of model '{spec.name}' is not in the repository"
+        chosen = sorted(v for v in set(policy.specific.versions) if v in available)
+        if not quiet:
+            for v in policy.specific.versions:
+                if v not in available:
+                    log.error("version %d is specified for model '%s', but the version directory is not present",
+                              v, spec.name)
     else:
-        n = max(policy.latest.num_versions, 1)
-        chosen = available[-n:]
-    if not chosen and not spec.version_errors:
-        spec.error = f"model '{spec.name}' has no version directory (e.g. '{spec.name}/1/')"
+        n = policy.latest.num_versions
+        chosen = available[-n:] if n > 0 else []
+    if not chosen:
+        spec.error = f"at least one version must be available under the version policy of model '{spec.name}'"
         return
     filename = spec.config.default_model_filename
     if spec.backend == "ensemble":  # an ensemble's version directory holds no file
