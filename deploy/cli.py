@@ -61,6 +61,7 @@ from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
+from conveyor.router.config import TRITON_CLI_ENV
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
 
@@ -211,6 +212,7 @@ def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, no
     _fold_triton_aliases(parser, args)
     settings = ServeSettings.of(args)
     _check_serve(parser, settings)
+    os.environ[TRITON_CLI_ENV] = "1"  # the group follows Triton where the commands differ (router/config.py)
     return _serve(settings, command_line, notes)
 
 

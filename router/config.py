@@ -4,6 +4,7 @@ tracing to the tracer and the settings hub). ``deploy/compose.py`` builds one fr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from conveyor.router.lifecycle import ModelControlConfig
@@ -16,6 +17,15 @@ from conveyor.router.shared_memory.client_regions import ClientShmConfig
 # repository root it cannot use, or a model that failed to load with --exit-on-error. The supervisor then
 # stops the whole group with a failure instead of restarting the router (which would fail again).
 CREATE_FAILED_CODE = 3
+# Set by the ``tritonserver`` command for its group (its children inherit it): there, as in Triton, a
+# repository root the server cannot use with --exit-on-error=false leaves it running, neither live nor
+# ready (SERVER_FAILED_TO_INITIALIZE). ``conveyor serve`` stops its start whatever --exit-on-error says.
+TRITON_CLI_ENV = "CONVEYOR_TRITON_CLI"
+
+
+def keeps_running_when_unusable(exit_on_error: bool) -> bool:
+    """Whether a root the server cannot use leaves it running (Triton's --exit-on-error=false)."""
+    return not exit_on_error and os.environ.get(TRITON_CLI_ENV) == "1"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from conveyor.proto import migration
 from conveyor.proto.config_parameters import parameter_text
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import ConveyorError, Status, client_mistake
 from conveyor.router.lifecycle.entry_state import problem_of, serving
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
 from conveyor.router.registry import ModelRegistry
@@ -85,6 +85,11 @@ class ModelLoads:
         self._polling = False
         self._listing_at_start = False
         self._startup_left = 0  # start-up preparations not applied yet
+        # Models entered in place whose versions have not all settled yet: once they have, a version that
+        # failed unloads the others (``Settling._all_or_none``).
+        self._fresh: set[str] = set()
+        # Models whose last look failed Triton's poll (ModelSpec.poll_failed), with why: never added.
+        self.poll_failures: dict[str, str] = {}
 
     # --- what the agent is given ----------------------------------------------------------
 
@@ -161,6 +166,10 @@ class ModelLoads:
             if done.written:
                 self._overrides[key] = done.written
         self._prints[key] = done.print
+        if spec.poll_failed:
+            self._poll_failed(prep, spec.error)
+            return
+        self.poll_failures.pop(key, None)
         if self._retuned(key, spec):
             return
         entry = registry.build(spec)
@@ -176,6 +185,7 @@ class ModelLoads:
                 registry.retiring.append(old_entry)
             registry.models[key] = entry
             registry.generation += 1
+            self._fresh.add(key)
         if spec.error:
             log.error("model '%s' is not available: %s", key, spec.error)
         else:
@@ -184,6 +194,16 @@ class ModelLoads:
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
             self._load_composing(key, prep.waiter)
+
+    def _poll_failed(self, prep: Prep, error: str) -> None:
+        """Triton's poll failure: the model is not added (one that serves keeps serving, as it was), and a
+        load call fails as Triton's does."""
+        key = prep.key
+        log.error("Poll failed for model directory '%s': %s", name_of(key), error)
+        self.poll_failures[key] = error
+        if prep.waiter is not None:
+            self._fail(prep.waiter, client_mistake(
+                f"failed to load '{name_of(prep.waiter.name)}', failed to poll from model repository"))
 
     def _retuned(self, key: str, spec: ModelSpec) -> bool:
         """Apply ``spec`` in place when it changes only the serving entry's overload limits
@@ -242,6 +262,7 @@ class ModelLoads:
                 registry.retiring.append(entry)
         registry.unloaded[name] = "unloaded"
         self._prints.pop(name, None)
+        self.poll_failures.pop(name, None)
         registry.generation += 1
 
     def _cancel(self, key: str) -> None:

@@ -91,8 +91,11 @@ class StartupAndPolling(ModelLoads):
             problem = problem_of(entry)
             if problem:
                 problems.append(f"failed to load '{name}': {problem}")
+        for name, error in sorted(self.poll_failures.items()):
+            problems.append(f"Poll failed for model directory '{name}': {error}")
         for name in self.load_at_start:
-            if name != "*" and name not in self.registry.models and name not in self.registry.namespaced:
+            if (name != "*" and name not in self.registry.models and name not in self.registry.namespaced
+                    and name not in self.poll_failures):
                 problems.append(not_found_at_start(name))
         return "; ".join(problems)
 

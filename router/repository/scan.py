@@ -128,14 +128,14 @@ def load_spec(
         try:
             text = read_text(config_path)
             spec.config = parse_text(text)
-        except FileNotFoundError:
-            pass  # completed from the model file below, as Triton does
+        except FileNotFoundError as exc:
+            if not autocomplete:  # Triton reads it or fails the poll (its ReadTextProto's words)
+                return _poll_failure(spec, f"failed to open text file for read {config_path}: {exc.strerror}")
+            # else completed from the model file below, as Triton does
         except OSError as exc:  # a FIFO, a device, a directory, a file too large, permissions
-            spec.error = unreadable(config_path, exc)
-            return spec
+            return _poll_failure(spec, unreadable(config_path, exc))
         except (text_format.ParseError, UnicodeDecodeError) as exc:
-            spec.error = f"failed to parse {config_path}: {exc}"
-            return spec
+            return _poll_failure(spec, f"failed to parse {config_path}: {exc}")
     config = spec.config
     if not config.name:
         config.name = name
@@ -143,8 +143,8 @@ def load_spec(
         spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
         return spec
     elif config.name != name:
-        spec.error = f"config name '{config.name}' does not match the model directory name '{name}'"
-        return spec
+        return _poll_failure(spec, f"unexpected directory name '{name}' for model '{config.name}', directory name "
+                                   "must equal model name")
     spec.backend = _BACKENDS.get(config.platform or config.backend, "")
     if not spec.backend:
         if not config.platform and not config.backend:
@@ -183,16 +183,26 @@ def load_spec(
         spec.versions.clear()
         spec.version_errors.clear()
     problem = validate(config)
+    # Triton checks a config's inputs and outputs at its poll only under --strict-model-config; otherwise a
+    # config without them fails its load (the backend completes it, or fails).
+    incomplete = not config.input or not config.output
+    poll_failed = bool(problem) and not (autocomplete and incomplete)
     if not problem and spec.backend == "ensemble":
         problem = ensemble_problem(config)
-    if problem and spec.backend in _NOT_COMPLETED and (not config.input or not config.output):
+    if problem and spec.backend in _NOT_COMPLETED and incomplete:
         problem = f"{problem} ({_NOT_COMPLETED[spec.backend]})"
     if problem:
         spec.error = f"model '{name}': {problem}"
+        spec.poll_failed = poll_failed
         return spec
     _fill_defaults(config)
     backend_config.apply(spec.backend, config)
     _find_versions(spec)
+    return spec
+
+
+def _poll_failure(spec: ModelSpec, error: str) -> ModelSpec:
+    spec.error, spec.poll_failed = error, True
     return spec
 
 

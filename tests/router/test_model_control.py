@@ -133,7 +133,8 @@ def test_load_with_a_config_override(explicit: Server) -> None:
     override = {
         "name": "identity_fp32", "platform": "onnxruntime_onnx", "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        # The model's output is [-1]: a config's output dims must be the model's (Triton's exact compare).
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
     }
     http.load_model("identity_fp32", config=json.dumps(override))
     assert http.get_model_config("identity_fp32")["input"][0]["dims"] == [4]

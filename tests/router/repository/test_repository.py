@@ -67,7 +67,7 @@ def test_bad_models_say_why(tmp_path: Path) -> None:
     specs = scan([str(tmp_path)])
     assert "failed to parse" in specs["broken"].error
     assert "no outputs" in specs["noconfig"].error  # an empty model.onnx completes to nothing
-    assert "does not match" in specs["wrongname"].error
+    assert "directory name must equal model name" in specs["wrongname"].error and specs["wrongname"].poll_failed
     assert "no outputs" in specs["noinputs"].error  # no inputs is allowed, as Triton
     assert "not supported" in specs["caffe2"].error
 
