@@ -90,6 +90,13 @@ class ModelLoads:
         self._fresh: set[str] = set()
         # Models whose last look failed Triton's poll (ModelSpec.poll_failed), with why: never added.
         self.poll_failures: dict[str, str] = {}
+        # EXPLICIT mode's start-up: what the repositories held, where --load-model's ensembles find the models
+        # they are made of (loaded with them); emptied once start-up settled.
+        self._startup_disk: dict[str, str] = {}
+        self.twice: frozenset[str] = frozenset()  # names several repositories hold, as last looked at
+        # Models loaded by their own name (a load call, --load-model, any model in POLL or NONE mode) rather than
+        # for an ensemble: an ensemble's unload with unload_dependents leaves them loaded.
+        self._explicit: set[str] = set()
 
     # --- what the agent is given ----------------------------------------------------------
 
@@ -150,6 +157,8 @@ class ModelLoads:
             self._apply(prep, outcome)
         if prep.why is Why.STARTUP:
             self._startup_left -= 1
+            if self._startup_left == 0:
+                self._startup_disk = {}
         queued = self._preparing[prep.key]
         if queued:
             self._submit(queued.popleft())
@@ -169,6 +178,8 @@ class ModelLoads:
         if spec.poll_failed:
             self._poll_failed(prep, spec.error)
             return
+        if not prep.composing and prep.why is not Why.COMPOSING:
+            self._explicit.add(key)
         self.poll_failures.pop(key, None)
         if self._retuned(key, spec):
             return
@@ -194,6 +205,8 @@ class ModelLoads:
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
             self._load_composing(key, prep.waiter)
+        elif prep.why is Why.STARTUP and self._startup_disk:
+            self._load_composing_at_start(key)
 
     def _poll_failed(self, prep: Prep, error: str) -> None:
         """Triton's poll failure: the model is not added (one that serves keeps serving, as it was), and a
@@ -250,6 +263,17 @@ class ModelLoads:
             elif model in waiter.on_disk:
                 self._prepare(Prep(model, waiter.on_disk[model], Why.COMPOSING, waiter=waiter))
 
+    def _load_composing_at_start(self, key: str) -> None:
+        """--load-model of an ensemble: its composing models load with it at start-up, as Triton's."""
+        entry = self.registry.models.get(key)
+        if entry is None:
+            return
+        for step in entry.spec.config.ensemble_scheduling.step:
+            model = step_key(entry.spec.path, step.model_name, self.registry.namespaced)
+            if model in self.registry.models or model in self._preparing or model not in self._startup_disk:
+                continue
+            self._prepare(Prep(model, self._startup_disk[model], Why.STARTUP, composing=True))
+
     def _unload(self, name: str) -> None:
         self._cancel(name)
         registry = self.registry
@@ -263,6 +287,7 @@ class ModelLoads:
         registry.unloaded[name] = "unloaded"
         self._prints.pop(name, None)
         self.poll_failures.pop(name, None)
+        self._explicit.discard(name)
         registry.generation += 1
 
     def _cancel(self, key: str) -> None:

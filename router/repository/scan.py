@@ -76,7 +76,7 @@ def scan(repositories: list[str], autocomplete: bool = True, *, config_name: str
     found: dict[str, ModelSpec] = {}
     for entry, path in model_dirs(repositories):
         if entry in found:
-            found[entry].error = f"model '{entry}' appears in more than one model repository"
+            found[entry].error = "model appears in two or more repositories"  # Triton's index reason
             continue
         found[entry] = load_spec(entry, path, autocomplete=autocomplete, config_name=config_name,
                                  backend_config=backend_config)

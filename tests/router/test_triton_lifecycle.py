@@ -5,10 +5,12 @@ server whose repository root cannot be used (--exit-on-error=false) runs neither
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.ports import free_ports
+from tests.support.ensemble_models import ADD_SUB, _step, ensemble
 from tests.support.group import Server, _listening, abandon, start_server
 from tests.support.waiting import eventually
 
@@ -52,17 +55,28 @@ def _versions(repo: str, name: str, good: tuple[int, ...], broken: tuple[int, ..
         f.write("version_policy { all { } }\n")
 
 
+def _sum(repo: str, name: str, composing: str) -> None:
+    ensemble(repo, name, ["A", "B"], ["SUM"], [_step(composing, ADD_SUB, {"OUTPUT0": "SUM"})])
+
+
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("lifecycle"))
+    second = str(tmp_path_factory.mktemp("second"))
     _versions(repo, "half_broken", (1,), (2,))
     _versions(repo, "growing", (1,))
     add_sub(repo, "other_name", 8)
     os.rename(os.path.join(repo, "other_name"), os.path.join(repo, "misnamed"))
     add_sub(repo, "no_version", 8)
     shutil.rmtree(os.path.join(repo, "no_version", "1"))
-    srv = start_server(repo, f"lc{os.getpid()}", "--workers", "1", "--grpc-ingress", "0",
-                       "--model-control-mode", "explicit", grpc=False)
+    for composing, ens in (("at_start", "ens_at_start"), ("implicit", "ens_implicit"), ("named", "ens_named")):
+        add_sub(repo, composing, 8)
+        _sum(repo, ens, composing)
+    add_sub(repo, "twice", 8)
+    add_sub(second, "twice", 8)
+    srv = start_server(repo, f"lc{os.getpid()}", "--model-repository", second, "--workers", "1",
+                       "--grpc-ingress", "0", "--model-control-mode", "explicit", "--load-model", "ens_at_start",
+                       grpc=False)
     yield srv
     assert srv.stop() == 0
 
@@ -116,6 +130,35 @@ def test_a_version_a_reload_dropped_is_kept_as_unloaded(explicit: Server) -> Non
     rows = {r.get("version"): r for r in http.get_model_repository_index() if r["name"] == "growing"}
     assert (rows["1"]["state"], rows["1"]["reason"]) == ("UNAVAILABLE", "unloaded")
     assert rows["2"]["state"] == "READY"
+
+
+def test_an_ensemble_loads_and_unloads_with_what_it_is_made_of(explicit: Server) -> None:
+    """--load-model of an ensemble loads its composing model; unload_dependents unloads the composing models
+    it loaded, not one loaded by its own name (Triton's cascading removal)."""
+    http = th.InferenceServerClient(explicit.http_url)
+    assert http.is_model_ready("ens_at_start") and http.is_model_ready("at_start")
+    http.load_model("named")
+    for ens in ("ens_implicit", "ens_named"):
+        http.load_model(ens)
+        http.unload_model(ens, unload_dependents=True)
+    eventually(lambda: not http.is_model_ready("implicit"), what="the composing model unloaded")
+    assert http.is_model_ready("named")
+    http.unload_model("ens_at_start")  # without unload_dependents: what it is made of stays
+    assert http.is_model_ready("at_start")
+
+
+def test_a_name_two_repositories_hold_loads_from_neither(explicit: Server) -> None:
+    http = th.InferenceServerClient(explicit.http_url)
+    with pytest.raises(InferenceServerException,
+                       match="failed to load 'twice', failed to poll from model repository"):
+        http.load_model("twice")
+    for ready_only in (False, True):  # listed even among the ready ones, as Triton does
+        request = urllib.request.Request(f"http://{explicit.http_url}/v2/repository/index",
+                                         json.dumps({"ready": ready_only}).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            rows = [r for r in json.loads(answer.read()) if r["name"] == "twice"]
+        assert [(r["state"], r["reason"]) for r in rows] == [
+            ("UNAVAILABLE", "model appears in two or more repositories")]
 
 
 def test_a_repository_root_that_cannot_be_used_leaves_the_server_neither_live_nor_ready(tmp_path: Path) -> None:
