@@ -99,7 +99,10 @@ class RepositoryCalls(ModelLoads):
         self.check_control_allowed()
         check_model_name(name)
         if files and not config_json:
-            raise invalid_arg(f"failed to load '{name}': file overrides ('file:' parameters) need a 'config' too")
+            # Triton reads the overrides' folder for a config.pbtxt, finds none: its poll failure.
+            log.error("Poll failed for model directory '%s': file overrides ('file:' parameters) need a 'config' "
+                      "too", name)
+            raise client_mistake(f"failed to load '{name}', failed to poll from model repository")
         override = None
         if config_json:
             override = mc.ModelConfig()

@@ -97,6 +97,9 @@ class ModelLoads:
         # Models loaded by their own name (a load call, --load-model, any model in POLL or NONE mode) rather than
         # for an ensemble: an ensemble's unload with unload_dependents leaves them loaded.
         self._explicit: set[str] = set()
+        # Models loaded with a config override, and their directory's fingerprint then: a load without one
+        # keeps the override while the files are unchanged (Triton: the model is unmodified).
+        self._override_prints: dict[str, str] = {}
 
     # --- what the agent is given ----------------------------------------------------------
 
@@ -174,6 +177,8 @@ class ModelLoads:
                 self._remove(old)  # back to the repository's files, or newer ones: instances hold what they need
             if done.written:
                 self._overrides[key] = done.written
+        if prep.why is Why.LOAD and self._keeps_override(prep, done):
+            return
         self._prints[key] = done.print
         if spec.poll_failed:
             self._poll_failed(prep, spec.error)
@@ -207,6 +212,22 @@ class ModelLoads:
             self._load_composing(key, prep.waiter)
         elif prep.why is Why.STARTUP and self._startup_disk:
             self._load_composing_at_start(key)
+
+    def _keeps_override(self, prep: Prep, done: Prepared) -> bool:
+        """A load without a config of a model a config override loaded, whose files have not changed since:
+        Triton finds the model unmodified and keeps it as it is. Any other load forgets the override."""
+        key = prep.key
+        if prep.override is not None or prep.files:
+            if prep.files or done.spec.error:  # file overrides: the next load reloads (Triton's oldest mtime)
+                self._override_prints.pop(key, None)
+            else:
+                self._override_prints[key] = done.print
+            return False
+        if self._override_prints.get(key) == done.print and key in self.registry.models:
+            log.info("model '%s' is unmodified since its load with a config override: kept as loaded", key)
+            return True
+        self._override_prints.pop(key, None)
+        return False
 
     def _poll_failed(self, prep: Prep, error: str) -> None:
         """Triton's poll failure: the model is not added (one that serves keeps serving, as it was), and a
@@ -288,6 +309,7 @@ class ModelLoads:
         self._prints.pop(name, None)
         self.poll_failures.pop(name, None)
         self._explicit.discard(name)
+        self._override_prints.pop(name, None)
         registry.generation += 1
 
     def _cancel(self, key: str) -> None:

@@ -46,11 +46,11 @@ def _versions(repo: str, name: str, good: tuple[int, ...], broken: tuple[int, ..
     for v in good:
         if v != 1:
             shutil.copytree(model / "1", model / str(v))
+    if 1 not in good:
+        shutil.rmtree(model / "1")
     for v in broken:
         (model / str(v)).mkdir()
         (model / str(v) / "model.onnx").write_bytes(b"not an onnx model")
-    if 1 not in good:
-        shutil.rmtree(model / "1")
     with open(model / "config.pbtxt", "a", encoding="utf-8") as f:
         f.write("version_policy { all { } }\n")
 
@@ -74,7 +74,10 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         _sum(repo, ens, composing)
     add_sub(repo, "twice", 8)
     add_sub(second, "twice", 8)
-    srv = start_server(repo, f"lc{os.getpid()}", "--model-repository", second, "--workers", "1",
+    _versions(repo, "overridden", (2,), (1,))
+    # The first repository given twice is one repository (Triton's set of paths): its models are no duplicates.
+    srv = start_server(repo, f"lc{os.getpid()}", "--model-repository", second, "--model-repository", repo,
+                       "--workers", "1",
                        "--grpc-ingress", "0", "--model-control-mode", "explicit", "--load-model", "ens_at_start",
                        grpc=False)
     yield srv
@@ -159,6 +162,21 @@ def test_a_name_two_repositories_hold_loads_from_neither(explicit: Server) -> No
             rows = [r for r in json.loads(answer.read()) if r["name"] == "twice"]
         assert [(r["state"], r["reason"]) for r in rows] == [
             ("UNAVAILABLE", "model appears in two or more repositories")]
+
+
+def test_a_config_override_stays_until_the_files_change(explicit: Server) -> None:
+    http = th.InferenceServerClient(explicit.http_url)
+    with pytest.raises(InferenceServerException, match="load failed for model 'overridden'"):
+        http.load_model("overridden")  # its version 1 holds no model
+    http.load_model("overridden", config=json.dumps({"backend": "onnxruntime",
+                                                     "version_policy": {"specific": {"versions": [2]}}}))
+    assert http.is_model_ready("overridden", "2")
+    http.load_model("overridden")  # unmodified since: kept as loaded, as Triton
+    assert http.is_model_ready("overridden", "2")
+    with pytest.raises(InferenceServerException,
+                       match="failed to load 'overridden', failed to poll from model repository"):
+        http.load_model("overridden", files={"file:2/model.onnx": b"no config with it"})
+    assert http.is_model_ready("overridden", "2")
 
 
 def test_a_repository_root_that_cannot_be_used_leaves_the_server_neither_live_nor_ready(tmp_path: Path) -> None:
