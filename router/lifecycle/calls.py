@@ -13,6 +13,7 @@ from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
+from conveyor.proto.model_config import parse_json_config
 from conveyor.router.lifecycle.entry_state import loading, serving
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
@@ -105,9 +106,8 @@ class RepositoryCalls(ModelLoads):
             raise client_mistake(f"failed to load '{name}', failed to poll from model repository")
         override = None
         if config_json:
-            override = mc.ModelConfig()
             try:
-                json_format.Parse(config_json, override)
+                override = parse_json_config(config_json)
             except json_format.ParseError as exc:
                 # Triton logs the parse error and answers its poll failure (500 / INTERNAL, its status by default).
                 log.error("failed to poll model '%s': the 'config' parameter: %s", name, exc)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.lifecycle.entry_state import load_failed, loading, problem_of
+from conveyor.router.lifecycle.entry_state import failure_of, load_failed, loading, problem_of
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, Settled
 from conveyor.router.models import UNLOADED, ModelEntry, add_dropped_versions
@@ -87,11 +87,13 @@ class Settling(ModelLoads):
             self._fresh.discard(key)
             if entry is None or entry.spec.error:
                 continue
-            ready = [s for s in entry.versions.values() if s.ready]
-            if not ready or len(ready) == len(entry.versions):
+            failures = {v: failure_of(s) for v, s in entry.versions.items()}
+            if not any(failures.values()):
                 continue
-            for state in ready:
-                state.error = UNLOADED
+            for v, state in entry.versions.items():
+                if not state.ready:
+                    continue
+                state.error = failures[v] or UNLOADED  # a version with a failed instance keeps its reason
                 out.unload += [i for i in state.instances if i.worker is not None]
                 state.instances = []
             self.registry.generation += 1

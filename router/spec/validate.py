@@ -17,7 +17,9 @@ def validate(config: mc.ModelConfig) -> str:
     """The first problem Triton would reject this config for, or ''."""
     if config.max_batch_size < 0:
         return "max_batch_size must be >= 0"
-    if not config.output:
+    # A Python model may declare no outputs, as in Triton (which requires none of any backend); other
+    # backends here serve only the outputs a config declares.
+    if not config.output and config.backend != "python":
         return "the config declares no outputs"
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names: set[str] = set()

@@ -194,7 +194,7 @@ def test_load_with_file_overrides(explicit: Server, tmp_path: object) -> None:
     np.testing.assert_array_equal(http.infer("identity_fp32", [x]).as_numpy("OUTPUT0"), [4, 5])
     with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
         http.load_model("identity_fp32", config=json.dumps(config), files={"file:model.onnx": onnx_bytes})
-    with pytest.raises(InferenceServerException, match="need a 'config'"):
+    with pytest.raises(InferenceServerException, match="failed to load 'identity_fp32', failed to poll"):
         grpc = tg.InferenceServerClient(explicit.grpc_url)
         grpc.load_model("identity_fp32", files={"file:1/model.onnx": base64.b64encode(onnx_bytes)})
     http.load_model("identity_fp32")  # back to the repository's own files
