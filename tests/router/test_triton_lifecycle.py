@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.ports import free_ports
+from tests.support import python_models
 from tests.support.ensemble_models import ADD_SUB, _step, ensemble
 from tests.support.group import Server, _listening, abandon, start_server
 from tests.support.waiting import eventually
@@ -55,6 +56,17 @@ def _versions(repo: str, name: str, good: tuple[int, ...], broken: tuple[int, ..
         f.write("version_policy { all { } }\n")
 
 
+_SECOND_INSTANCE_FAILS = """
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_instance_name"].endswith("_1"):
+            raise RuntimeError("this instance does not load")
+
+    def execute(self, requests):
+        return []
+"""
+
+
 def _sum(repo: str, name: str, composing: str) -> None:
     ensemble(repo, name, ["A", "B"], ["SUM"], [_step(composing, ADD_SUB, {"OUTPUT0": "SUM"})])
 
@@ -75,6 +87,10 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     add_sub(repo, "twice", 8)
     add_sub(second, "twice", 8)
     _versions(repo, "overridden", (2,), (1,))
+    python_models.write_model(repo, "one_instance_fails", _SECOND_INSTANCE_FAILS,
+                              'backend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\n'
+                              'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n'
+                              'instance_group [{ count: 2 kind: KIND_CPU }]\n')
     # The first repository given twice is one repository (Triton's set of paths): its models are no duplicates.
     srv = start_server(repo, f"lc{os.getpid()}", "--model-repository", second, "--model-repository", repo,
                        "--workers", "1",
@@ -98,6 +114,17 @@ def test_a_load_succeeds_for_every_version_or_for_none(explicit: Server) -> None
     with pytest.raises(InferenceServerException,
                        match="Request for unknown model: 'half_broken' has no available versions"):
         http.infer("half_broken", _inputs())
+
+
+def test_a_load_fails_when_one_instance_fails(explicit: Server) -> None:
+    """Triton loads a version's instances all, or fails it: the instance that loaded goes too."""
+    http = th.InferenceServerClient(explicit.http_url)
+    with pytest.raises(InferenceServerException) as failed:
+        http.load_model("one_instance_fails")
+    assert failed.value.message().startswith("load failed for model 'one_instance_fails': version 1 is at "
+                                             "UNAVAILABLE state: ")
+    assert "this instance does not load" in failed.value.message()
+    assert not http.is_model_ready("one_instance_fails")
 
 
 def test_a_config_that_fails_the_poll_adds_no_model(explicit: Server) -> None:
