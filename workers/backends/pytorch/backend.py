@@ -104,6 +104,9 @@ class TorchScriptBackend:
         except Exception as exc:
             raise unavailable(f"torch could not load TorchScript model '{path}': {exc}") from None
         names = [i.name for i in config.input]
+        if config.HasField("sequence_batching"):  # the sequence batcher's controls and states are inputs too
+            batching = config.sequence_batching
+            names += [c.name for c in batching.control_input] + [st.input_name for st in batching.state]
         # A single Dict[str, Tensor] argument takes every input by its config name.
         self.dict_input = len(arguments) == 1 and arguments[0][1] == "DictType"
         if not self.dict_input:
