@@ -205,8 +205,8 @@ class ModelLoads:
         if spec.error:
             log.error("model '%s' is not available: %s", key, spec.error)
         else:
-            if prep.why is Why.STARTUP:
-                log.info("model '%s' versions %s", key, sorted(spec.versions))
+            for version in sorted({*spec.versions, *spec.version_errors}):
+                log.info("loading: %s:%d", name_of(key), version)  # Triton's line per version it loads
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
             self._load_composing(key, prep.waiter)

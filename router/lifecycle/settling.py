@@ -37,6 +37,7 @@ class Settling(ModelLoads):
             problem = problem_of(entry)
             if problem:
                 log.error("reloading model '%s' failed, the loaded one keeps serving: %s", name, problem)
+                log.info("failed to load '%s'", name_of(name))
                 registry.retiring.append(entry)
                 self._answer(out, name, load_failed(name, problem))
                 continue
@@ -46,7 +47,7 @@ class Settling(ModelLoads):
             if old is not None:
                 add_dropped_versions(entry, old, registry.queue_cap, registry.next_index)
                 registry.retiring.append(old)
-            log.info("model '%s' reloaded: the new versions serve", name)
+            log.info("successfully loaded '%s'", name_of(name))  # Triton's line (the new versions serve)
             self._answer(out, name, None)
         for waiter in list(self._waiters):
             if not self._answerable(waiter) or waiter.name in registry.staging:
@@ -89,6 +90,8 @@ class Settling(ModelLoads):
                 continue
             failures = {v: failure_of(s) for v, s in entry.versions.items()}
             if not any(failures.values()):
+                if entry.versions:
+                    log.info("successfully loaded '%s'", name_of(key))  # Triton's line
                 continue
             for v, state in entry.versions.items():
                 if not state.ready:
@@ -97,7 +100,7 @@ class Settling(ModelLoads):
                 out.unload += [i for i in state.instances if i.worker is not None]
                 state.instances = []
             self.registry.generation += 1
-            log.info("failed to load '%s'", key)
+            log.info("failed to load '%s'", name_of(key))
 
     def _answerable(self, waiter: LoadWaiter) -> bool:
         """Nothing its answer depends on is still being prepared."""

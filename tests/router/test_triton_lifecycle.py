@@ -67,6 +67,9 @@ class TritonPythonModel:
 """
 
 
+LOG: list[str] = []  # the explicit group's log file
+
+
 def _sum(repo: str, name: str, composing: str) -> None:
     ensemble(repo, name, ["A", "B"], ["SUM"], [_step(composing, ADD_SUB, {"OUTPUT0": "SUM"})])
 
@@ -92,8 +95,9 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                               'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n'
                               'instance_group [{ count: 2 kind: KIND_CPU }]\n')
     # The first repository given twice is one repository (Triton's set of paths): its models are no duplicates.
+    LOG[:] = [str(tmp_path_factory.mktemp("log") / "server.log")]
     srv = start_server(repo, f"lc{os.getpid()}", "--model-repository", second, "--model-repository", repo,
-                       "--workers", "1",
+                       "--log-file", LOG[0], "--workers", "1",
                        "--grpc-ingress", "0", "--model-control-mode", "explicit", "--load-model", "ens_at_start",
                        grpc=False)
     yield srv
@@ -160,6 +164,11 @@ def test_a_version_a_reload_dropped_is_kept_as_unloaded(explicit: Server) -> Non
     rows = {r.get("version"): r for r in http.get_model_repository_index() if r["name"] == "growing"}
     assert (rows["1"]["state"], rows["1"]["reason"]) == ("UNAVAILABLE", "unloaded")
     assert rows["2"]["state"] == "READY"
+    # Triton's log lines for the loads and the unload (its QA counts them).
+    eventually(lambda: "successfully unloaded 'growing' version 1" in Path(LOG[0]).read_text(), 30,
+               what="the old version's unload logged")
+    log = Path(LOG[0]).read_text()
+    assert log.count("successfully loaded 'growing'") == 2 and "loading: growing:2" in log
 
 
 def test_an_ensemble_loads_and_unloads_with_what_it_is_made_of(explicit: Server) -> None:
