@@ -12,14 +12,17 @@ from conveyor.router.spec.engine_placement import placement_problem
 from conveyor.router.spec.overload import overload_problem
 from conveyor.router.spec.queue_policy import scheduling_problem
 
+# The backends whose outputs are the ones a config declares (a config without any serves nothing).
+_DECLARED_OUTPUTS = frozenset({"onnxruntime", "pytorch", "tensorrt", "openvino", "tensorflow", "fil"})
+
 
 def validate(config: mc.ModelConfig) -> str:
     """The first problem Triton would reject this config for, or ''."""
     if config.max_batch_size < 0:
         return "max_batch_size must be >= 0"
-    # A Python model may declare no outputs, as in Triton (which requires none of any backend); other
-    # backends here serve only the outputs a config declares.
-    if not config.output and config.backend != "python":
+    # Triton requires no outputs of any backend; the frameworks here serve only the outputs a config declares
+    # (a Python model, or one of Triton's test backends, makes its own).
+    if not config.output and config.backend in _DECLARED_OUTPUTS:
         return "the config declares no outputs"
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names: set[str] = set()
