@@ -25,7 +25,7 @@ _ONNX_NAME = {
     "tensor(uint64)": "UINT64", "tensor(bfloat16)": "BFLOAT16",
 }
 # The config's datatypes ORT holds (ModelConfigDataTypeToOnnxDataType), as ORT's Python type names.
-_CONFIG = {
+_CONFIG: dict[int, str] = {
     mc.TYPE_BOOL: "tensor(bool)", mc.TYPE_UINT8: "tensor(uint8)", mc.TYPE_UINT16: "tensor(uint16)",
     mc.TYPE_UINT32: "tensor(uint32)", mc.TYPE_UINT64: "tensor(uint64)", mc.TYPE_INT8: "tensor(int8)",
     mc.TYPE_INT16: "tensor(int16)", mc.TYPE_INT32: "tensor(int32)", mc.TYPE_INT64: "tensor(int64)",
@@ -134,18 +134,18 @@ def check_session(session: Any, config: mc.ModelConfig) -> None:
             _scalar(model, tensor.name, dims)
     outputs = {o.name: o for o in session.get_outputs()}
     batch_outputs = {name for b in config.batch_output for name in b.target_name}
-    for tensor in config.output:
-        found = outputs.get(tensor.name)
+    for output in config.output:
+        found = outputs.get(output.name)
         if found is None:
-            raise _allowed("output", tensor.name, outputs)
-        _datatype(model, "output", tensor.name, tensor.data_type, found.type)
-        if tensor.name in batch_outputs:
+            raise _allowed("output", output.name, outputs)
+        _datatype(model, "output", output.name, output.data_type, found.type)
+        if output.name in batch_outputs:
             continue
-        dims, shape = _tensor_dims(tensor), _dims(found.shape)
+        dims, shape = _tensor_dims(output), _dims(found.shape)
         if shape:
-            compare_dims(model, tensor.name, shape, dims, batch, exact=True)
+            compare_dims(model, output.name, shape, dims, batch, exact=True)
         else:
-            _scalar(model, tensor.name, dims)
+            _scalar(model, output.name, dims)
     if config.HasField("sequence_batching"):
         for state in config.sequence_batching.state:
             found = outputs.get(state.output_name)

@@ -143,9 +143,9 @@ def test_outputs_with_a_fixed_batch_run_with_the_static_batch(ovm: Any, tmp_path
               '{ name: "INPUT1" data_type: TYPE_FP32 dims: [16] }] '
               'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [16] }] ')
     one = {"INPUT0": np.arange(16, dtype=np.float32).reshape(1, 16), "INPUT1": np.ones((1, 16), np.float32)}
-    padded = load_backend("openvino", path, mlp_config(
+    padded: Any = load_backend("openvino", path, mlp_config(
         config + 'parameters { key: "ENABLE_BATCH_PADDING" value { string_value: "YES" } }'), "cpu")
     assert padded.execute(dict(one), ["OUTPUT0"])["OUTPUT0"].tolist() == [list(range(1, 17))]
-    unpadded = load_backend("openvino", path, mlp_config(config), "cpu")
+    unpadded: Any = load_backend("openvino", path, mlp_config(config), "cpu")
     with pytest.raises(ConveyorError, match="expected requests with batch size '8', got '1'"):
         unpadded.execute(dict(one), ["OUTPUT0"])
