@@ -56,11 +56,12 @@ from conveyor.deploy.settings import (
     WorkerSettings,
     build_options,
 )
-from conveyor.deploy.triton_flags import log_unused
+from conveyor.deploy.triton_flags import gpu_limit_problem, log_unused
 from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
+from conveyor.proto.triton_cli import TRITON_CLI_ENV
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
 
@@ -194,11 +195,28 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     return run_tritonserver(build_tritonserver_parser(), argv, [], argv is None)
 
 
+def getopt_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with each value that starts with '-' joined to its flag (``--flag -1:0.6`` as ``--flag=-1:0.6``):
+    Triton's getopt_long takes the word after a flag that needs a value as that value, whatever it starts
+    with, where argparse would take it for a flag."""
+    takes_value = {flag for action in parser._actions if action.nargs is None and action.option_strings
+                   for flag in action.option_strings}
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word in takes_value:
+            value = next(words, None)
+            out.append(word if value is None else f"{word}={value}")
+        else:
+            out.append(word)
+    return out
+
+
 def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, notes: list[str],
                      command_line: bool) -> int:
     """Parse ``argv`` with ``tritonserver``'s parser and run the group; ``notes``: lines logged at start with
     the unused flags' (``conveyor openai-frontend``'s flags that change nothing)."""
-    args = parser.parse_args(argv)
+    args = parser.parse_args(getopt_values(parser, sys.argv[1:] if argv is None else argv))
     fold_storage_uri(args)
     if not args.model_repository:
         print("error: creating server: Invalid argument - --model-repository must be specified", file=sys.stderr)
@@ -211,6 +229,11 @@ def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, no
     _fold_triton_aliases(parser, args)
     settings = ServeSettings.of(args)
     _check_serve(parser, settings)
+    problem = gpu_limit_problem(settings.unused_model_load_gpu_limit)
+    if problem:  # as Triton's main: "Failed to build Triton option:", its error, exit 1
+        print(f"Failed to build Triton option:\n{problem}", file=sys.stderr)
+        return 1
+    os.environ[TRITON_CLI_ENV] = "1"  # the group follows Triton where the commands differ (proto/triton_cli.py)
     return _serve(settings, command_line, notes)
 
 

@@ -38,6 +38,7 @@ from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
+from conveyor.proto.triton_cli import keeps_running_when_unusable
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 
@@ -277,13 +278,16 @@ class Supervisor:
     def _unusable_repository(self) -> int:
         """A ``--model-repository`` root the group cannot serve, said before anything starts, as the exit
         code (0: none). A scheme Conveyor does not read: 2. A local root Triton would refuse (missing, not a
-        folder): Triton's own line on stderr and its exit code 1, whatever --exit-on-error says. Remote
-        roots are the router's to check (it lists them at start-up, and exits the same way)."""
+        folder): Triton's own line on stderr and its exit code 1; but ``tritonserver --exit-on-error=false``
+        starts, and its router holds the group in Triton's SERVER_FAILED_TO_INITIALIZE state (never live,
+        never ready; it logs the error). Remote roots are the router's to check (it lists them at start-up)."""
         from conveyor.router.repository.cloud import RepositoryRoots, UnusableRepository
 
         try:
             RepositoryRoots(list(self.args.model_repository)).check(remote=False)
         except UnusableRepository as problem:
+            if keeps_running_when_unusable(self.args.exit_on_error):
+                return 0
             print(triton_line("creating server", problem), file=sys.stderr, flush=True)
             return START_FAILED_CODE
         except ConveyorError as exc:

@@ -147,6 +147,8 @@ class RouterLink(ControlCalls):
         self._silent_since: float | None = None  # when the router's current silence began
         # Whether any tracing is on (the router's SettingsUpdate): only then are requests stamped.
         self.tracing = False
+        # Whether the server is live (the router's SettingsUpdate): false once it failed to initialize.
+        self.live = True
         self._ngh2_failed = False  # said in every hello (``ngh2_failed``)
 
     async def start(self) -> None:
@@ -386,6 +388,7 @@ class RouterLink(ControlCalls):
         if isinstance(msg, m.SettingsUpdate):
             ProcessLog.apply_wire(msg.log)
             self.tracing = msg.tracing
+            self.live = msg.live
             return
         if isinstance(msg, m.RepositoryChanged):
             if self.on_repository_change is not None:

@@ -83,7 +83,19 @@ _LENGTH = struct.Struct("<I")
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Flatten an object/bytes/str array into the length-prefixed wire form."""
-    return pack_bytes([item.encode("utf-8") if isinstance(item, str) else bytes(item) for item in array.reshape(-1)])
+    return pack_bytes([_element_bytes(item) for item in array.reshape(-1)])
+
+
+def _element_bytes(item: object) -> bytes:
+    """One BYTES element: bytes as they are, text in UTF-8, anything else as its text (a number: its digits), as
+    Triton's Python backend serializes an object array (``str(x).encode()``; ``bytes(1)`` would be a zero byte)."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, (bytearray, memoryview)):
+        return bytes(item)
+    return str(item).encode("utf-8")
 
 
 def pack_bytes(elements: list[bytes]) -> bytes:

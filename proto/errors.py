@@ -114,6 +114,11 @@ def triton_line(what: str, err: ConveyorError) -> str:
     return f"error: {what}: {_TRITON_CODE_NAME.get(err.status, '<invalid code>')} - {err.message}"
 
 
+def triton_status_text(err: ConveyorError) -> str:
+    """An error as Triton's ``Status::AsString`` writes it in a log line: ``Internal: failed to stat file /m``."""
+    return f"{_TRITON_CODE_NAME.get(err.status, '<invalid code>')}: {err.message}"
+
+
 def triton_code(status: int) -> int:
     """The TRITONSERVER_Error_Code a Python model's ``TritonError.code()`` shows for ``status``."""
     return int(Status.INTERNAL) if status == Status.CLIENT_MISTAKE else status

@@ -210,10 +210,13 @@ class Refused(msgspec.Struct, tag="refused", array_like=True):
 
 class SettingsUpdate(msgspec.Struct, tag="settings", array_like=True):
     """Router to every ingress and worker, on hello and on each change: the group's log
-    settings (the logging extension) and whether any tracing is on (ingress stamps requests)."""
+    settings (the logging extension), whether any tracing is on (ingress stamps requests),
+    and whether the server is live (false once it failed to initialize: a repository root it
+    cannot use, with --exit-on-error=false, as Triton's SERVER_FAILED_TO_INITIALIZE)."""
 
     log: dict[str, Any] = {}
     tracing: bool = False
+    live: bool = True
 
 
 class RepositoryChanged(msgspec.Struct, tag="repo", array_like=True):

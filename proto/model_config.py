@@ -7,6 +7,7 @@ would quote them; tritonclient users index into these dicts).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf import json_format, text_format
@@ -78,3 +79,42 @@ def _unquote_int64(desc: Any, d: dict[str, Any]) -> None:
                     _unquote_int64(sub, v)
             else:
                 _unquote_int64(sub, value)
+
+
+def parse_json_config(text: str) -> mc.ModelConfig:
+    """A load request's ``config`` parameter, read as Triton's JsonToModelConfig reads it (protobuf's C++
+    JSON parser): a single value where a repeated field wants a list is one element, enum names in any
+    case; an unknown field or a wrong value is ``json_format.ParseError``."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise json_format.ParseError(f"Failed to load JSON: {exc}") from None
+    if isinstance(doc, dict):
+        _lenient(mc.ModelConfig.DESCRIPTOR, doc)
+    return json_format.ParseDict(doc, mc.ModelConfig())
+
+
+def _lenient(desc: Any, doc: dict[str, Any]) -> None:
+    fields = {**{f.json_name: f for f in desc.fields}, **{f.name: f for f in desc.fields}}
+    for key, value in doc.items():
+        field = fields.get(key)
+        if field is None:
+            continue  # ParseDict names it
+        is_map = field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry
+        if is_map:
+            entry = field.message_type.fields_by_name["value"]
+            if entry.type == FieldDescriptor.TYPE_MESSAGE and isinstance(value, dict):
+                for item in value.values():
+                    if isinstance(item, dict):
+                        _lenient(entry.message_type, item)
+            continue
+        if field.is_repeated and not isinstance(value, list):
+            value = doc[key] = [value]
+        for item in value if isinstance(value, list) else [value]:
+            if field.type == FieldDescriptor.TYPE_MESSAGE and isinstance(item, dict):
+                _lenient(field.message_type, item)
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            if isinstance(value, list):
+                doc[key] = [v.upper() if isinstance(v, str) else v for v in value]
+            elif isinstance(value, str):
+                doc[key] = value.upper()

@@ -17,7 +17,7 @@ from conveyor.router.dispatch import Dispatcher
 from conveyor.router.ensembles.scheduler import EnsembleScheduler
 from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.models import VersionState, signature
-from conveyor.router.observability.stats import ModelStats
+from conveyor.router.observability.stats import EnsembleRequestStats
 from conveyor.router.pending import Pending
 from conveyor.router.replies import count_failure
 from conveyor.router.response_cache import cache_key
@@ -65,7 +65,8 @@ class Admission:
                     used.update(r.id for r in p.request.regions)
         return used
 
-    def on_infer(self, identity: bytes, req: m.InferRequest, ensemble_stats: ModelStats | None = None) -> None:
+    def on_infer(self, identity: bytes, req: m.InferRequest,
+                 ensemble_stats: EnsembleRequestStats | None = None) -> None:
         try:
             state = self.registry.resolve(req.model, req.version)
         except ConveyorError as exc:

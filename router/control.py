@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.deploy.runtime.drain import DrainClock
-from conveyor.proto.errors import invalid_arg
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.models import VersionState, metadata, parse_version, signature
+from conveyor.router.models import UNLOADED, VersionState, metadata, parse_version, signature
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
 from conveyor.router.pool import WorkerPool
 from conveyor.router.registry import ModelRegistry
@@ -29,10 +29,18 @@ class ControlHandler:
         self.response_cache = False  # the server has a response cache (--cache-config)
         self.strict_readiness = False  # --strict-readiness
         self.starting: Callable[[], bool] = lambda: False  # start-up's loads not all settled yet
+        # The server failed to initialize (a repository root it cannot use, --exit-on-error=false): Triton's
+        # SERVER_FAILED_TO_INITIALIZE, never ready, every model call refused (``check_initialized``).
+        self.failed = False
         # OpenTelemetry mode: spans exported, dropped and failed (router/observability/otlp_export.py).
         self.trace_export: Callable[[], dict[str, int] | None] = lambda: None
         # gRPC ingress links (identity) whose ngh2 engine failed its self-test, serving on h2 (their hello says so).
         self.ngh2_failures: set[bytes] = set()
+
+    def check_initialized(self) -> None:
+        """Triton's answer to a model call of a server that failed to initialize."""
+        if self.failed:
+            raise ConveyorError(Status.UNAVAILABLE, "Server not ready")
 
     def ping(self) -> list[int]:
         """This router's boot id (a change tells the ingress the router restarted) and its pid
@@ -48,7 +56,7 @@ class ControlHandler:
         A draining router is not ready, so every ingress says so at once; nor is one whose
         start-up loads are still being prepared.
         """
-        if self.shutdown.draining or self.starting():
+        if self.shutdown.draining or self.starting() or self.failed:
             return False
         versions = self.registry.versions()
         if versions and not self.pool.workers:
@@ -56,7 +64,8 @@ class ControlHandler:
         if self.strict_readiness:
             if any(entry.spec.error for entry in self.registry.models.values()):
                 return False
-            return all(v.state == "READY" for v in versions)
+            # As Triton: a version that is not ready because it was unloaded does not count.
+            return all(v.state == "READY" or v.error == UNLOADED for v in versions)
         return all(v.state != "LOADING" for v in versions)
 
     def model_ready(self, model: str, version: str = "") -> bool:

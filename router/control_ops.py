@@ -41,7 +41,38 @@ if TYPE_CHECKING:
     from conveyor.router.server import Router
 
 
+# The ops a server that failed to initialize refuses with UNAVAILABLE "Server not ready", as Triton's
+# (every call that needs its model manager); health, metadata, settings and shared memory still answer.
+MODEL_OPS = ("model_ready", "model_metadata", "model_config", "model_stats", "signature", "repository_index",
+             "repository_load", "repository_unload")
+
+
 def router_ops(r: Router) -> ControlTable:
+    table = _router_ops(r)
+    for name in MODEL_OPS:
+        table.ops[name] = _initialized_only(r.control.check_initialized, table.ops[name])
+    return table
+
+
+def _initialized_only(check: Callable[[], None], op: Op[Any] | Deferred[Any]) -> Op[Any] | Deferred[Any]:
+    if isinstance(op, Deferred):
+        deferred = op.run
+
+        def run_deferred(args: Any, caller: Caller) -> None:
+            check()
+            deferred(args, caller)
+
+        return Deferred(op.args, run_deferred)
+    run = op.run
+
+    def run_now(args: Any) -> object:
+        check()
+        return run(args)
+
+    return Op(op.args, run_now)
+
+
+def _router_ops(r: Router) -> ControlTable:
     c = r.control
     return ControlTable({
         # health, metadata, statistics (router/control.py)

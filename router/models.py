@@ -33,6 +33,8 @@ from conveyor.router.scheduling.shape_keys import BatchKey, batch_key, unbatched
 from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import name_of
 
+UNLOADED = "unloaded"  # a version's reason once unloaded, as Triton's index shows it
+
 
 class InstanceState(enum.Enum):
     UNPLACED = "UNPLACED"
@@ -211,6 +213,21 @@ def build_entry(
         state.error = err
         entry.versions[v] = state
     return entry
+
+
+def add_dropped_versions(entry: ModelEntry, old: ModelEntry, queue_cap: int, next_index: Callable[[], int]) -> None:
+    """The versions ``old`` served that its reload ``entry`` lacks (gone from the repository or the version
+    policy), recorded UNAVAILABLE "unloaded" as Triton keeps them: a request naming one is told it is not at
+    ready state rather than not found, and the index lists it."""
+    if entry.spec.backend == "ensemble":
+        return
+    for v, state in old.versions.items():
+        if v in entry.versions or not state.ready:
+            continue
+        dropped = _version_state(entry.spec.registry_key, v, "", entry.spec.config, queue_cap, next_index,
+                                 entry.spec.name)
+        dropped.error, dropped.instances = UNLOADED, []
+        entry.versions[v] = dropped
 
 
 def _version_state(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conveyor.proto import messages as m
-from conveyor.router.observability.stats import ModelStats
+from conveyor.router.observability.stats import EnsembleRequestStats, ModelStats
 from conveyor.router.observability.tracing import TraceRecord
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class Pending:
     ticket: int = 0  # its place in the response order (preserve_ordering)
     sequence: m.SequenceStep | None = None  # its sequence, slot and flags (sequence batching)
     # A step of an ensemble request: its queue and compute times count for the ensemble too, as in Triton.
-    ensemble_stats: ModelStats | None = None
+    ensemble_stats: ModelStats | EnsembleRequestStats | None = None
     trace: TraceRecord | None = None  # sampled for a trace (router/observability/tracing.py)
     responded: bool = False  # a decoupled request has had its first response
     responses: int = 0  # a decoupled request's responses so far: the next one's response_stats index

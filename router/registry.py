@@ -103,8 +103,10 @@ class ModelRegistry:
         entry = self.models.get(model)
         if entry is None:
             entry = self._miss(model)
-        if entry.spec.error:
-            raise unavailable(f"Request for unknown model: '{model}' is not ready: {entry.spec.error}")
+        if entry.spec.error:  # its load failed: Triton's model with no version, and why
+            if version:
+                raise not_found(f"Request for unknown model: '{model}' version {version} is not found")
+            raise unavailable(f"Request for unknown model: '{model}' has no available versions: {entry.spec.error}")
         if version:
             state = entry.versions.get(number)
             if state is None:

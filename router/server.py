@@ -33,8 +33,9 @@ from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.proto import messages as m
-from conveyor.proto.errors import ConveyorError, Status, triton_line
+from conveyor.proto.errors import ConveyorError, Status, triton_line, triton_status_text
 from conveyor.proto.framing import PeerOutbox, drain_peers
+from conveyor.proto.triton_cli import keeps_running_when_unusable
 from conveyor.router.admission import Admission
 from conveyor.router.config import CREATE_FAILED_CODE, RouterConfig
 from conveyor.router.context import RouterContext
@@ -114,6 +115,7 @@ class Router:
         self._announced_ready = False  # systemd's READY, once start-up's loads settled
         self._startup_pending = models.exit_on_error  # --exit-on-error: checked until every load settled
         self._startup_failed = False  # --exit-on-error found a start-up load failed: exiting, never ready
+        self._keep_running = keeps_running_when_unusable(models.exit_on_error)  # a root it cannot use
         self._poll_secs = models.poll_secs
         self._next_poll = time.monotonic() + models.poll_secs
         self._last_tick = time.monotonic()
@@ -196,7 +198,15 @@ class Router:
 
     def _cannot_create(self, err: ConveyorError) -> None:
         """A repository root the server cannot start with: Triton's line on stderr (as its ``tritonserver``
-        prints it, whatever --exit-on-error says), and an exit the supervisor does not restart. Never ready."""
+        prints it) and an exit the supervisor does not restart. ``tritonserver --exit-on-error=false``:
+        Triton's SERVER_FAILED_TO_INITIALIZE instead, once: its error logged, the server neither live nor
+        ready, every model call answered UNAVAILABLE "Server not ready" (``control.failed``), no model loaded."""
+        if self._keep_running:
+            if not self.control.failed:
+                self.control.failed = True
+                log.error("%s", triton_status_text(err))
+                self.settings.not_live()
+            return
         print(triton_line("creating server", err), file=sys.stderr, flush=True)
         self.exit_code = CREATE_FAILED_CODE
         self.stop()
@@ -376,7 +386,8 @@ class Router:
         for state in self.registry.every_version():
             if len(state.batcher):
                 self.dispatcher.schedule(state)
-        if self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll and not self.lifecycle.starting:
+        if (self.lifecycle.mode is ControlMode.POLL and now >= self._next_poll and not self.lifecycle.starting
+                and not self.control.failed):
             self._next_poll = now + self._poll_secs
             self.lifecycle.begin_poll()  # applied when the agent has looked
         self.placement.settle()

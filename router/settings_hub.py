@@ -25,9 +25,15 @@ class SettingsHub:
     def __init__(self, trace: TraceConfig, broadcast: Callable[[bytes], None]) -> None:
         self.trace = TraceSettingsStore(trace.settings, trace.mode, trace.otel)
         self._broadcast = broadcast
+        self.live = True  # false once the server failed to initialize (router/server.py)
 
     def message(self) -> bytes:
-        return m.encode(m.SettingsUpdate(ProcessLog.settings.wire(), self.trace.any_on))
+        return m.encode(m.SettingsUpdate(ProcessLog.settings.wire(), self.trace.any_on, self.live))
+
+    def not_live(self) -> None:
+        """The server failed to initialize: every ingress answers its liveness probes 'not live'."""
+        self.live = False
+        self._broadcast(self.message())
 
     def log_settings(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
         """GET (no ``settings``) or POST ``/v2/logging``: apply here, then everywhere."""

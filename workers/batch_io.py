@@ -199,7 +199,7 @@ def _plan_output(
 ) -> PlannedOutput:
     if spec.classification > 0:
         named = label_file(spec.labels_path) if spec.labels_path else labels.get(spec.name)
-        cls = classify(to_host(part), spec.classification, named, batched)
+        cls = classify(to_host(part), spec.classification, named, batched, datatype)
         return (spec, "BYTES", list(cls.shape), serialize_bytes(cls))
     if datatype == "BYTES":
         return (spec, datatype, list(part.shape), serialize_bytes(to_host(part)))

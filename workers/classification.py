@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import unavailable
+from conveyor.proto.errors import invalid_arg, unavailable
 from conveyor.proto.repository_files import read_text, unreadable
 
 
@@ -41,8 +41,20 @@ def _read_labels(path: str) -> list[str]:
     return [line.rstrip("\n") for line in io.StringIO(read_text(path), newline=None)]
 
 
-def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:
-    """Top ``k`` of each row (each batch entry) as BYTES strings, best first."""
+# The datatypes Triton ranks (its TopkClassifications): integers, FP32 and FP64.
+CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"})
+# Triton's bound on an output ranked for classification (kMaxClassificationElements): ranking costs its
+# size in time and memory, whatever class_count asks.
+MAX_CLASSIFICATION_ELEMENTS = 1_000_000
+
+
+def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool, datatype: str) -> np.ndarray:
+    """Top ``k`` of each row (each batch entry) as BYTES strings, best first; Triton's INVALID_ARG for an output
+    of a datatype it does not rank, or one too large."""
+    if datatype not in CLASSIFIABLE:
+        raise invalid_arg(f"class result not available for output due to unsupported type '{datatype}'")
+    if array.size > MAX_CLASSIFICATION_ELEMENTS:
+        raise invalid_arg("classification output tensor too large")
     rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
     k = min(k, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=np.object_)

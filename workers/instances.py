@@ -103,7 +103,7 @@ def begin_load(msg: m.LoadModel, devices: DeviceMap, post: Post) -> LoadedInstan
                 inst.layout = BatchLayout(shapes)
             if config.model_warmup:
                 try:
-                    warm_up(backend, config, model_dir, inst.per_request, inst.layout)
+                    warm_up(backend, config, model_dir, inst.per_request, inst.layout, msg.name)
                 except BaseException:
                     backend.close()  # a failed warmup fails the instance, as in Triton
                     raise

@@ -70,17 +70,22 @@ class _Collect:
 
 def warm_up(
     backend: Backend | RequestBackend, config: mc.ModelConfig, model_dir: str, per_request: bool,
-    layout: BatchLayout | None = None,
+    layout: BatchLayout | None = None, instance: str = "",
 ) -> None:
     """Run every warmup sample on ``backend``; raises the first failure (INVALID_ARG, as Triton).
-    ``layout``: the batch is assembled as the model's requests' are (ragged, padded, batch inputs)."""
+    ``layout``: the batch is assembled as the model's requests' are (ragged, padded, batch inputs);
+    ``instance``: the instance's name, which Triton's verbose log lines name."""
     for sample in config.model_warmup:
         if sample.batch_size == 0:
             continue
         rows = [sample_inputs(sample, config, model_dir) for _ in range(sample.batch_size)]
-        for _ in range(max(sample.count, 1)):
+        for iteration in range(1, max(sample.count, 1) + 1):
+            log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d", config.name,
+                      instance, sample.name, iteration)
             errors = _run(backend, config, rows, per_request, layout)
             if errors:
+                log.debug("model '%s' instance %s failed to run warmup sample '%s'", config.name, instance,
+                          sample.name)
                 raise ConveyorError(
                     Status.INVALID_ARG, f"failed to run warmup sample '{sample.name}': " + "".join(
                         f"{e}; " for e in errors)

@@ -201,8 +201,9 @@ class InferenceServicer:
 
     @_unary
     async def ServerLive(self, request: Any, context: Any) -> Any:
-        # This process answering is the liveness; it must not depend on models loading.
-        return pb.ServerLiveResponse(live=True)
+        # This process answering is the liveness; it must not depend on models loading. A server that
+        # failed to initialize is not live (the router's SettingsUpdate).
+        return pb.ServerLiveResponse(live=self._link.live)
 
     @_unary
     async def ServerReady(self, request: Any, context: Any) -> Any:

@@ -41,6 +41,7 @@ from conveyor.ingress.http.restricted import CategorizedApp, RestrictedApis
 from conveyor.ingress.http.shared_memory import add_shared_memory_routes
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, check_json_size
 from conveyor.ingress.restricted import Restriction
+from conveyor.ingress.router_link import RouterLink
 from conveyor.ingress.server_metadata import server_metadata
 from conveyor.proto import messages as m
 from conveyor.proto.control import RouterClient
@@ -69,8 +70,12 @@ def _status(resp: Response, ok: bool) -> None:
 class Live:
     api = "health"
 
+    def __init__(self, link: RouterLink) -> None:
+        self._link = link
+
     async def on_get(self, req: Request, resp: Response) -> None:
-        resp.status = 200
+        # This process answering is the liveness, unless the server failed to initialize (Triton's 400).
+        _status(resp, self._link.live)
 
 
 class ServerReady:
@@ -263,7 +268,7 @@ def build_app(
     app.add_error_handler([Exception, falcon.HTTPError], render_error)
 
     link = ctx.link
-    app.add_route("/v2/health/live", Live())
+    app.add_route("/v2/health/live", Live(link))
     app.add_route("/v2/health/ready", ServerReady(link, ctx.drain))
     app.add_route("/v2", ServerMetadata())
 

@@ -26,6 +26,9 @@ class Branch:
     parent: Branch | None
     waiting: list[Step]  # steps of this level not started yet
     tensors: dict[str, m.TensorRef] = field(default_factory=dict)  # made at this level
+    # Known to be absent: an optional ensemble input the request left out, or an output a step did not
+    # produce (Triton's empty placeholder): a step that reads one runs without that input.
+    absent: set[str] = field(default_factory=set)
     blocks: dict[str, m.Release] = field(default_factory=dict)  # tensor -> the held block it lies in
     held: dict[tuple[str, int], m.Release] = field(default_factory=dict)  # blocks this branch holds
     running_plain: int = 0  # steps on a worker that answer once
@@ -51,9 +54,10 @@ class Branch:
         return None
 
     def has(self, tensor: str) -> bool:
+        """``tensor`` was made (or is known to be absent) here or in an enclosing branch."""
         branch: Branch | None = self
         while branch is not None:
-            if tensor in branch.tensors:
+            if tensor in branch.tensors or tensor in branch.absent:
                 return True
             branch = branch.parent
         return False
@@ -62,13 +66,16 @@ class Branch:
         """A step's outputs become this branch's tensors (renamed by ``names``, composing ->
         ensemble); returns the flags it must hold (one block per response)."""
         block = release[0] if release else None
+        made: set[str] = set()
         for ref in outputs:
             tensor = names.get(ref.name)
             if tensor is None:
                 continue
+            made.add(tensor)
             self.tensors[tensor] = m.TensorRef(tensor, ref.datatype, ref.shape, ref.region, ref.offset, ref.nbytes)
             if block is not None:
                 self.blocks[tensor] = block
+        self.absent.update(t for t in names.values() if t not in made)
         for flag in release:
             self.held[block_key(flag)] = flag
         return release

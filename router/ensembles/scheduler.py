@@ -43,7 +43,7 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.ensembles.branch import Branch, block_key
 from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.observability.stats import ModelStats
+from conveyor.router.observability.stats import EnsembleRequestStats
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.spec.ensemble_conditions import Condition
@@ -52,7 +52,7 @@ from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
 
-Submit = Callable[[m.InferRequest, ModelStats], None]  # enqueue a step (answered on the self link)
+Submit = Callable[[m.InferRequest, EnsembleRequestStats], None]  # enqueue a step (answered on the self link)
 CancelStep = Callable[[int], None]
 Reply = Callable[[bytes, m.InferResponse], None]
 
@@ -83,6 +83,7 @@ class EnsembleRun:
     root: Branch
     wanted: dict[str, m.OutputSpec]  # requested ensemble outputs by name
     running: dict[int, StepInFlight] = field(default_factory=dict)  # step request id -> the step
+    steps: EnsembleRequestStats | None = None  # what its steps add to the ensemble's statistics
     open: set[Branch] = field(default_factory=set)  # branches not done, for the cleanup of a failure
     unsent: set[Branch] = field(default_factory=set)  # branches holding a response (and its loan)
     error: m.ErrorInfo | None = None
@@ -118,8 +119,9 @@ class EnsembleScheduler:
         levels = state.levels or build_levels(state.plan)
         root = Branch(REQUEST, None, list(levels.steps_at.get(REQUEST, ())))
         root.tensors = {ref.name: ref for ref in request.inputs}
+        root.absent = {name for name in state.optional_inputs if name not in root.tensors}
         run = EnsembleRun(ingress, request, state, levels, time.monotonic_ns(), root,
-                          {o.name: o for o in request.outputs}, open={root})
+                          {o.name: o for o in request.outputs}, open={root}, steps=EnsembleRequestStats(state.stats))
         self._runs[(ingress, request.id)] = run
         self._update(run, root, deep=False)
 
@@ -258,7 +260,8 @@ class EnsembleScheduler:
         reshapes = dims.steps.get(step.index) if dims is not None else None
         for name, tensor in step.inputs.items():
             found = branch.find(tensor)
-            assert found is not None
+            if found is None:  # absent (Branch.absent): the step runs without it, as Triton's
+                continue
             ref, block = found
             renamed = _renamed(ref, name)
             if reshapes is not None and name in reshapes:  # its model batches otherwise than the tensor
@@ -289,7 +292,7 @@ class EnsembleScheduler:
         self._submit(
             m.InferRequest(step_id, step.model, step.version, inputs, outputs, req.parameters, req.deadline_ns,
                            0, req.regions, req.request_id),
-            run.state.stats,
+            run.steps or EnsembleRequestStats(run.state.stats),
         )
 
     def _nest(self, run: EnsembleRun, branch: Branch, step: Step, response: m.InferResponse) -> Branch:
@@ -447,7 +450,7 @@ class EnsembleScheduler:
             req = run.request
             batched = state.config.max_batch_size > 0
             rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
-            state.stats.record_ensemble(rows, duration)
+            state.stats.record_ensemble(rows, duration, run.steps)
             self._reply(run.ingress, last)
             return
         # Triton's ensemble failures carry no reason of their own: OTHER, whatever its step's was. Counted as

@@ -41,6 +41,7 @@ class EnsembleVersion(VersionState):
     levels: Levels | None = None  # where decoupled steps' responses flow (set by the check)
     batch_dims: BatchDims | None = None  # where steps batch otherwise than the ensemble (set by the check)
     label_files: dict[str, str] = field(default_factory=dict)  # output -> its label_filename's path
+    optional_inputs: frozenset[str] = frozenset()  # the inputs a request may leave out (set at build)
     _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
     _checking: bool = field(default=False)  # re-entered: ensembles that contain each other
 
@@ -189,5 +190,6 @@ def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry
         )
         state.error = spec.version_errors.get(v, "")
         state.label_files = label_files
+        state.optional_inputs = frozenset(t.name for t in spec.config.input if t.optional)
         entry.versions[v] = state
     return entry

@@ -13,11 +13,12 @@ from google.protobuf import json_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid_arg
+from conveyor.proto.model_config import parse_json_config
 from conveyor.router.lifecycle.entry_state import loading, serving
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
 from conveyor.router.repository.agent import Lane
-from conveyor.router.repository.prepare import listing, on_disk, registration_check
+from conveyor.router.repository.prepare import Listing, listing, registration_check
 from conveyor.router.spec.namespaces import name_of
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
@@ -99,12 +100,14 @@ class RepositoryCalls(ModelLoads):
         self.check_control_allowed()
         check_model_name(name)
         if files and not config_json:
-            raise invalid_arg(f"failed to load '{name}': file overrides ('file:' parameters) need a 'config' too")
+            # Triton reads the overrides' folder for a config.pbtxt, finds none: its poll failure.
+            log.error("Poll failed for model directory '%s': file overrides ('file:' parameters) need a 'config' "
+                      "too", name)
+            raise client_mistake(f"failed to load '{name}', failed to poll from model repository")
         override = None
         if config_json:
-            override = mc.ModelConfig()
             try:
-                json_format.Parse(config_json, override)
+                override = parse_json_config(config_json)
             except json_format.ParseError as exc:
                 # Triton logs the parse error and answers its poll failure (500 / INTERNAL, its status by default).
                 log.error("failed to poll model '%s': the 'config' parameter: %s", name, exc)
@@ -114,16 +117,21 @@ class RepositoryCalls(ModelLoads):
         self._waiters.append(waiter)
         repos = self._repos()
         # As Triton, a load looks at the repository afresh: remote ones are mirrored again first.
-        self.agent.submit(self._listing_lane(), lambda: listing(repos, sync=True).on_disk,
+        self.agent.submit(self._listing_lane(), lambda: listing(repos, sync=True),
                           lambda outcome: self._resolved(waiter, override, files, outcome))
 
     def _resolved(self, waiter: LoadWaiter, override: mc.ModelConfig | None, files: dict[str, bytes] | None,
-                  outcome: dict[str, str] | Exception) -> None:
+                  looked: Listing | Exception) -> None:
         if waiter not in self._waiters:
             return  # answered meanwhile: an unload of that name
         name = waiter.name
-        if isinstance(outcome, Exception):
-            log.error("failed to poll model '%s': %s", name, outcome)
+        if isinstance(looked, Exception):
+            log.error("failed to poll model '%s': %s", name, looked)
+            self._fail(waiter, client_mistake(f"failed to load '{name}', failed to poll from model repository"))
+            return
+        outcome, self.twice = looked.on_disk, looked.twice
+        if name in looked.twice and not files:  # Triton's poll of a name two repositories hold
+            log.error("failed to poll model '%s': not unique across all model repositories", name)
             self._fail(waiter, client_mistake(f"failed to load '{name}', failed to poll from model repository"))
             return
         # With --model-namespacing a name several repositories hold loads from each (as Triton).
@@ -143,15 +151,33 @@ class RepositoryCalls(ModelLoads):
         if frontend:
             self.check_frontend_call(name, load=False)
         self.check_control_allowed()
+        upstream: list[str] = []
         if unload_dependents:
             for dependent in self._ensembles_using(name):
                 self._unload(dependent)
+            upstream = self._composing_models(name)
         for key in [name, *self.registry.namespaced.get(name, ())]:
             if key in self.registry.models or key in self.registry.staging or key in self._preparing:
                 self._unload(key)  # listed as unloaded, as after Triton's load then unload
             else:
                 self._cancel(key)  # a load whose look at the repository has not come back
+        self._unload_unused(upstream)
         # as Triton: unloading what is not loaded succeeds
+
+    def _composing_models(self, name: str) -> list[str]:
+        entry = self.registry.models.get(name)
+        return [] if entry is None else [step.model_name for step in entry.spec.config.ensemble_scheduling.step]
+
+    def _unload_unused(self, models: list[str]) -> None:
+        """Triton's cascading removal (unload_dependents): the models an unloaded ensemble was made of go too,
+        unless loaded by their own name or still used by another loaded ensemble; so do theirs."""
+        while models:
+            model = models.pop()
+            if (model not in self.registry.models or model in self._explicit
+                    or self._ensembles_using(model)):
+                continue
+            models += self._composing_models(model)
+            self._unload(model)
 
     def _ensembles_using(self, name: str) -> list[str]:
         return [
@@ -165,18 +191,21 @@ class RepositoryCalls(ModelLoads):
         """The repository index, answered once the agent has looked at the repositories."""
         repos = self._repos()
 
-        def indexed(outcome: dict[str, str] | Exception) -> None:
+        def indexed(outcome: Listing | Exception) -> None:
             if isinstance(outcome, Exception):
                 error = ConveyorError(Status.INTERNAL, f"failed to read the model repositories: {outcome}")
                 self._answers.append(Answer(reply_to, error))
             else:
-                self._answers.append(Answer(reply_to, result=self.index_rows(ready_only, outcome)))
+                self.twice = outcome.twice
+                self._answers.append(Answer(reply_to, result=self.index_rows(ready_only, outcome.on_disk)))
 
-        self.agent.submit(Lane.SCAN, lambda: on_disk(repos), indexed)
+        self.agent.submit(Lane.SCAN, lambda: listing(repos), indexed)
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
         """The index, reading the repositories in the caller's thread (tests and tools)."""
-        return self.index_rows(ready_only, on_disk(self._repos()))
+        looked = listing(self._repos())
+        self.twice = looked.twice
+        return self.index_rows(ready_only, looked.on_disk)
 
     def index_rows(self, ready_only: bool, found: dict[str, str]) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -193,6 +222,10 @@ class RepositoryCalls(ModelLoads):
 
         for key in sorted(keys, key=order):
             name = name_of(key)
+            if key in self.twice and key in found:  # Triton's index: a name two repositories hold (ready or not)
+                rows.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                             "reason": "model appears in two or more repositories"})
+                continue
             entry = self.registry.models.get(key)
             if entry is None:
                 if not ready_only:

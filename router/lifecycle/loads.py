@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from conveyor.proto import migration
 from conveyor.proto.config_parameters import parameter_text
-from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.errors import ConveyorError, Status, client_mistake
 from conveyor.router.lifecycle.entry_state import problem_of, serving
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
 from conveyor.router.registry import ModelRegistry
@@ -85,6 +85,21 @@ class ModelLoads:
         self._polling = False
         self._listing_at_start = False
         self._startup_left = 0  # start-up preparations not applied yet
+        # Models entered in place whose versions have not all settled yet: once they have, a version that
+        # failed unloads the others (``Settling._all_or_none``).
+        self._fresh: set[str] = set()
+        # Models whose last look failed Triton's poll (ModelSpec.poll_failed), with why: never added.
+        self.poll_failures: dict[str, str] = {}
+        # EXPLICIT mode's start-up: what the repositories held, where --load-model's ensembles find the models
+        # they are made of (loaded with them); emptied once start-up settled.
+        self._startup_disk: dict[str, str] = {}
+        self.twice: frozenset[str] = frozenset()  # names several repositories hold, as last looked at
+        # Models loaded by their own name (a load call, --load-model, any model in POLL or NONE mode) rather than
+        # for an ensemble: an ensemble's unload with unload_dependents leaves them loaded.
+        self._explicit: set[str] = set()
+        # Models loaded with a config override, and their directory's fingerprint then: a load without one
+        # keeps the override while the files are unchanged (Triton: the model is unmodified).
+        self._override_prints: dict[str, str] = {}
 
     # --- what the agent is given ----------------------------------------------------------
 
@@ -145,6 +160,8 @@ class ModelLoads:
             self._apply(prep, outcome)
         if prep.why is Why.STARTUP:
             self._startup_left -= 1
+            if self._startup_left == 0:
+                self._startup_disk = {}
         queued = self._preparing[prep.key]
         if queued:
             self._submit(queued.popleft())
@@ -160,7 +177,15 @@ class ModelLoads:
                 self._remove(old)  # back to the repository's files, or newer ones: instances hold what they need
             if done.written:
                 self._overrides[key] = done.written
+        if prep.why is Why.LOAD and self._keeps_override(prep, done):
+            return
         self._prints[key] = done.print
+        if spec.poll_failed:
+            self._poll_failed(prep, spec.error)
+            return
+        if not prep.composing and prep.why is not Why.COMPOSING:
+            self._explicit.add(key)
+        self.poll_failures.pop(key, None)
         if self._retuned(key, spec):
             return
         entry = registry.build(spec)
@@ -176,14 +201,43 @@ class ModelLoads:
                 registry.retiring.append(old_entry)
             registry.models[key] = entry
             registry.generation += 1
+            self._fresh.add(key)
         if spec.error:
             log.error("model '%s' is not available: %s", key, spec.error)
         else:
-            if prep.why is Why.STARTUP:
-                log.info("model '%s' versions %s", key, sorted(spec.versions))
+            for version in sorted({*spec.versions, *spec.version_errors}):
+                log.info("loading: %s:%d", name_of(key), version)  # Triton's line per version it loads
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
             self._load_composing(key, prep.waiter)
+        elif prep.why is Why.STARTUP and self._startup_disk:
+            self._load_composing_at_start(key)
+
+    def _keeps_override(self, prep: Prep, done: Prepared) -> bool:
+        """A load without a config of a model a config override loaded, whose files have not changed since:
+        Triton finds the model unmodified and keeps it as it is. Any other load forgets the override."""
+        key = prep.key
+        if prep.override is not None or prep.files:
+            if prep.files or done.spec.error:  # file overrides: the next load reloads (Triton's oldest mtime)
+                self._override_prints.pop(key, None)
+            else:
+                self._override_prints[key] = done.print
+            return False
+        if self._override_prints.get(key) == done.print and key in self.registry.models:
+            log.info("model '%s' is unmodified since its load with a config override: kept as loaded", key)
+            return True
+        self._override_prints.pop(key, None)
+        return False
+
+    def _poll_failed(self, prep: Prep, error: str) -> None:
+        """Triton's poll failure: the model is not added (one that serves keeps serving, as it was), and a
+        load call fails as Triton's does."""
+        key = prep.key
+        log.error("Poll failed for model directory '%s': %s", name_of(key), error)
+        self.poll_failures[key] = error
+        if prep.waiter is not None:
+            self._fail(prep.waiter, client_mistake(
+                f"failed to load '{name_of(prep.waiter.name)}', failed to poll from model repository"))
 
     def _retuned(self, key: str, spec: ModelSpec) -> bool:
         """Apply ``spec`` in place when it changes only the serving entry's overload limits
@@ -230,6 +284,17 @@ class ModelLoads:
             elif model in waiter.on_disk:
                 self._prepare(Prep(model, waiter.on_disk[model], Why.COMPOSING, waiter=waiter))
 
+    def _load_composing_at_start(self, key: str) -> None:
+        """--load-model of an ensemble: its composing models load with it at start-up, as Triton's."""
+        entry = self.registry.models.get(key)
+        if entry is None:
+            return
+        for step in entry.spec.config.ensemble_scheduling.step:
+            model = step_key(entry.spec.path, step.model_name, self.registry.namespaced)
+            if model in self.registry.models or model in self._preparing or model not in self._startup_disk:
+                continue
+            self._prepare(Prep(model, self._startup_disk[model], Why.STARTUP, composing=True))
+
     def _unload(self, name: str) -> None:
         self._cancel(name)
         registry = self.registry
@@ -242,6 +307,9 @@ class ModelLoads:
                 registry.retiring.append(entry)
         registry.unloaded[name] = "unloaded"
         self._prints.pop(name, None)
+        self.poll_failures.pop(name, None)
+        self._explicit.discard(name)
+        self._override_prints.pop(name, None)
         registry.generation += 1
 
     def _cancel(self, key: str) -> None:

@@ -56,8 +56,13 @@ class StartupAndPolling(ModelLoads):
         names = outcome.on_disk
         if self.namespacing:
             self.registry.namespaced = duplicated(names)
+        self.twice = outcome.twice
         if self.mode is ControlMode.EXPLICIT and "*" not in self.load_at_start:
+            self._startup_disk = {k: p for k, p in names.items() if k not in outcome.twice}
             for name in self.load_at_start:
+                if name in outcome.twice:
+                    self._not_unique(name)
+                    continue
                 keys = self._keys(name, names)
                 if not keys:
                     log.error("%s.", not_found_at_start(name))
@@ -68,16 +73,18 @@ class StartupAndPolling(ModelLoads):
             for key, path in assign_keys(outcome.dirs).items():
                 self._prepare(Prep(key, path, Why.STARTUP))
             return
-        first: dict[str, str] = {}
-        twice: set[str] = set()
-        for entry, path in outcome.dirs:
-            if entry in first:
-                twice.add(entry)
+        for entry, path in names.items():
+            if entry in outcome.twice:
+                self._not_unique(entry)
             else:
-                first[entry] = path
-        for entry, path in first.items():
-            error = f"model '{entry}' appears in more than one model repository" if entry in twice else ""
-            self._prepare(Prep(entry, path, Why.STARTUP, error=error))
+                self._prepare(Prep(entry, path, Why.STARTUP))
+
+    def _not_unique(self, name: str) -> None:
+        """A name several repositories hold: Triton loads neither (its poll failure), and unloads one it had."""
+        log.error("failed to poll model '%s': not unique across all model repositories", name)
+        self.poll_failures[name] = "not unique across all model repositories"
+        if name in self.registry.models or name in self.registry.staging or name in self._preparing:
+            self._unload(name)
 
     def startup_outcome(self) -> str | None:
         """After start-up: None while a model still loads, else why not every model is ready
@@ -91,8 +98,11 @@ class StartupAndPolling(ModelLoads):
             problem = problem_of(entry)
             if problem:
                 problems.append(f"failed to load '{name}': {problem}")
+        for name, error in sorted(self.poll_failures.items()):
+            problems.append(f"Poll failed for model directory '{name}': {error}")
         for name in self.load_at_start:
-            if name != "*" and name not in self.registry.models and name not in self.registry.namespaced:
+            if (name != "*" and name not in self.registry.models and name not in self.registry.namespaced
+                    and name not in self.poll_failures):
                 problems.append(not_found_at_start(name))
         return "; ".join(problems)
 
@@ -115,6 +125,7 @@ class StartupAndPolling(ModelLoads):
             log.error("polling the model repositories failed: %s", outcome)
             return
         names = outcome.on_disk
+        self.twice = outcome.twice
         if self.namespacing:
             namespaced = duplicated(names)
             if namespaced != self.registry.namespaced:
@@ -124,6 +135,10 @@ class StartupAndPolling(ModelLoads):
                     if entry.spec.backend == "ensemble":
                         self._prints.pop(key, None)
         for name, path in sorted(names.items()):
+            if name in outcome.twice:
+                if name not in self.poll_failures:
+                    self._not_unique(name)
+                continue
             if (self._prints.get(name) != outcome.prints.get(name) and name not in self.registry.staging
                     and name not in self._preparing):
                 log.info("model '%s' changed on disk: reloading", name)

@@ -86,3 +86,4 @@ class Prep:
     waiter: LoadWaiter | None = None
     error: str = ""  # known unavailable already (a name two repositories hold): only fingerprinted
     epoch: int = 0  # the model's epoch when asked: an unload since makes the result stale
+    composing: bool = False  # loaded for an ensemble that uses it, not by its own name (Triton's explicitly_load_)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.lifecycle.entry_state import load_failed, loading, problem_of
+from conveyor.router.lifecycle.entry_state import failure_of, load_failed, loading, problem_of
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, Settled
-from conveyor.router.models import ModelEntry
+from conveyor.router.models import UNLOADED, ModelEntry, add_dropped_versions
 from conveyor.router.spec.namespaces import name_of
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
@@ -21,7 +21,7 @@ class Settling(ModelLoads):
     @property
     def busy(self) -> bool:
         """Anything for ``settle`` to do (checked on the router's hot path)."""
-        return bool(self._waiters or self._answers or self.registry.staging or self.registry.retiring)
+        return bool(self._waiters or self._answers or self.registry.staging or self.registry.retiring or self._fresh)
 
     def settle(self, running_instances: set[int]) -> Settled:
         """Swap staged entries that are ready, drop those that failed, answer the
@@ -37,6 +37,7 @@ class Settling(ModelLoads):
             problem = problem_of(entry)
             if problem:
                 log.error("reloading model '%s' failed, the loaded one keeps serving: %s", name, problem)
+                log.info("failed to load '%s'", name_of(name))
                 registry.retiring.append(entry)
                 self._answer(out, name, load_failed(name, problem))
                 continue
@@ -44,8 +45,9 @@ class Settling(ModelLoads):
             registry.models[name] = entry
             registry.generation += 1
             if old is not None:
+                add_dropped_versions(entry, old, registry.queue_cap, registry.next_index)
                 registry.retiring.append(old)
-            log.info("model '%s' reloaded: the new versions serve", name)
+            log.info("successfully loaded '%s'", name_of(name))  # Triton's line (the new versions serve)
             self._answer(out, name, None)
         for waiter in list(self._waiters):
             if not self._answerable(waiter) or waiter.name in registry.staging:
@@ -62,6 +64,7 @@ class Settling(ModelLoads):
                 problem = problem_of(current)
                 error = load_failed(waiter.name, problem) if problem else None
             out.answers.append(Answer(waiter.reply_to, error))
+        self._all_or_none(out)
         keep: list[ModelEntry] = []
         for entry in registry.retiring:
             states = list(entry.versions.values())
@@ -73,6 +76,31 @@ class Settling(ModelLoads):
             out.unload += [i for s in states for i in s.instances if i.worker is not None]
         registry.retiring = keep
         return out
+
+    def _all_or_none(self, out: Settled) -> None:
+        """A model loaded in place whose versions all settled: if one failed, the others are unloaded
+        (Triton's load tracker: a load succeeds for every version or for none). After the calls are
+        answered: their answer names only the versions that failed, as Triton's."""
+        for key in list(self._fresh):
+            entry = self.registry.models.get(key)
+            if entry is not None and not entry.spec.error and loading(entry):
+                continue
+            self._fresh.discard(key)
+            if entry is None or entry.spec.error:
+                continue
+            failures = {v: failure_of(s) for v, s in entry.versions.items()}
+            if not any(failures.values()):
+                if entry.versions:
+                    log.info("successfully loaded '%s'", name_of(key))  # Triton's line
+                continue
+            for v, state in entry.versions.items():
+                if not state.ready:
+                    continue
+                state.error = failures[v] or UNLOADED  # a version with a failed instance keeps its reason
+                out.unload += [i for i in state.instances if i.worker is not None]
+                state.instances = []
+            self.registry.generation += 1
+            log.info("failed to load '%s'", name_of(key))
 
     def _answerable(self, waiter: LoadWaiter) -> bool:
         """Nothing its answer depends on is still being prepared."""

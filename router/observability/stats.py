@@ -146,12 +146,19 @@ class ModelStats:
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
 
-    def record_ensemble(self, rows: int, duration_ns: int) -> None:
-        """An ensemble request succeeded (its steps were counted by their own models)."""
+    def record_ensemble(self, rows: int, duration_ns: int, steps: EnsembleRequestStats | None = None) -> None:
+        """An ensemble request succeeded (its steps were counted by their own models): one execution of its
+        batch size, with its steps' compute times, as Triton's ensemble scheduler counts it."""
         self.success.add(duration_ns)
         self.inference_count += rows
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+        b = self.batches.get(max(1, rows))
+        if b is None:
+            b = self.batches[max(1, rows)] = BatchSizeStats()
+        b.compute_input.add(steps.input_ns if steps is not None else 0)
+        b.compute_infer.add(steps.infer_ns if steps is not None else 0)
+        b.compute_output.add(steps.output_ns if steps is not None else 0)
 
     def record_cache_hit(self, lookup_ns: int, duration_ns: int) -> None:
         """A request answered from the response cache: a success with no execution, as in Triton."""
@@ -189,3 +196,21 @@ class ModelStats:
             ],
             "memory_usage": [u.wire() for u in self.memory],
         }
+
+
+class EnsembleRequestStats:
+    """One ensemble request's share of its ensemble's statistics: its steps' queue and compute times go to the
+    ensemble's totals (``stats``), and their compute times are kept for the request's own batch statistics."""
+
+    __slots__ = ("infer_ns", "input_ns", "output_ns", "queue", "stats")
+
+    def __init__(self, stats: ModelStats) -> None:
+        self.stats = stats
+        self.queue = stats.queue  # a step's wait in its queue counts for the ensemble's
+        self.input_ns = self.infer_ns = self.output_ns = 0
+
+    def record_composing(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.stats.record_composing(input_ns, infer_ns, output_ns)
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns

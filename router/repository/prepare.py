@@ -57,6 +57,7 @@ class Listing:
     dirs: list[tuple[str, str]]  # (name, directory), repository by repository
     on_disk: dict[str, str]  # registry key -> model directory
     prints: dict[str, str] = field(default_factory=dict)  # key -> fingerprint (polls only)
+    twice: frozenset[str] = frozenset()  # names more than one repository holds (Triton loads none of them)
 
 
 @dataclass
@@ -74,7 +75,17 @@ def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, qu
         repos.sync()
     dirs = model_dirs(list(repos.roots), quiet=quiet)
     found = on_disk(repos, dirs)
-    return Listing(dirs, found, {key: fingerprint(path) for key, path in found.items()} if prints else {})
+    twice = frozenset() if repos.namespacing else duplicated_names(dirs)
+    return Listing(dirs, found, {key: fingerprint(path) for key, path in found.items()} if prints else {}, twice)
+
+
+def duplicated_names(dirs: list[tuple[str, str]]) -> frozenset[str]:
+    """The model names that more than one repository holds (without --model-namespacing)."""
+    seen: set[str] = set()
+    twice: set[str] = set()
+    for name, _ in dirs:
+        (twice if name in seen else seen).add(name)
+    return frozenset(twice)
 
 
 def on_disk(repos: Repositories, dirs: list[tuple[str, str]] | None = None) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 from google.protobuf import text_format
 
@@ -81,7 +82,7 @@ def scan(repositories: list[str], autocomplete: bool = True, *, config_name: str
     found: dict[str, ModelSpec] = {}
     for entry, path in model_dirs(repositories):
         if entry in found:
-            found[entry].error = f"model '{entry}' appears in more than one model repository"
+            found[entry].error = "model appears in two or more repositories"  # Triton's index reason
             continue
         found[entry] = load_spec(entry, path, autocomplete=autocomplete, config_name=config_name,
                                  backend_config=backend_config)
@@ -133,14 +134,14 @@ def load_spec(
         try:
             text = read_text(config_path)
             spec.config = parse_text(text)
-        except FileNotFoundError:
-            pass  # completed from the model file below, as Triton does
+        except FileNotFoundError as exc:
+            if not autocomplete:  # Triton reads it or fails the poll (its ReadTextProto's words)
+                return _poll_failure(spec, f"failed to open text file for read {config_path}: {exc.strerror}")
+            # else completed from the model file below, as Triton does
         except OSError as exc:  # a FIFO, a device, a directory, a file too large, permissions
-            spec.error = unreadable(config_path, exc)
-            return spec
+            return _poll_failure(spec, unreadable(config_path, exc))
         except (text_format.ParseError, UnicodeDecodeError) as exc:
-            spec.error = f"failed to parse {config_path}: {exc}"
-            return spec
+            return _poll_failure(spec, f"failed to parse {config_path}: {exc}")
     config = spec.config
     if not config.name:
         config.name = name
@@ -148,8 +149,8 @@ def load_spec(
         spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
         return spec
     elif config.name != name:
-        spec.error = f"config name '{config.name}' does not match the model directory name '{name}'"
-        return spec
+        return _poll_failure(spec, f"unexpected directory name '{name}' for model '{config.name}', directory name "
+                                   "must equal model name")
     spec.backend = _BACKENDS.get(config.platform or config.backend, "")
     if not spec.backend:
         if not config.platform and not config.backend:
@@ -172,7 +173,7 @@ def load_spec(
         complete_vllm(config)
     if autocomplete and completable and (spec.backend == "python" or not config.input or not config.output):
         _fill_defaults(config)
-        _find_versions(spec)
+        _find_versions(spec, quiet=True)
         if spec.versions:
             newest = spec.versions[max(spec.versions)]
             problem = ""
@@ -190,17 +191,27 @@ def load_spec(
         spec.versions.clear()
         spec.version_errors.clear()
     problem = validate(config)
+    # Triton checks a config's inputs and outputs at its poll only under --strict-model-config; otherwise a
+    # config without them fails its load (the backend completes it, or fails).
+    incomplete = not config.input or not config.output
+    poll_failed = bool(problem) and not (autocomplete and incomplete)
     if not problem and spec.backend == "ensemble":
         problem = ensemble_problem(config)
     why = _NOT_COMPLETED.get(config.platform) or _NOT_COMPLETED.get(spec.backend)
-    if problem and why and (not config.input or not config.output):
+    if problem and why and incomplete:
         problem = f"{problem} ({why})"
     if problem:
         spec.error = f"model '{name}': {problem}"
+        spec.poll_failed = poll_failed
         return spec
     _fill_defaults(config)
     backend_config.apply(spec.backend, config)
     _find_versions(spec)
+    return spec
+
+
+def _poll_failure(spec: ModelSpec, error: str) -> ModelSpec:
+    spec.error, spec.poll_failed = error, True
     return spec
 
 
@@ -256,24 +267,54 @@ def _fill_defaults(config: mc.ModelConfig) -> None:
             sb.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
-def _find_versions(spec: ModelSpec) -> None:
-    available = sorted(
-        int(e) for e in os.listdir(spec.path) if e.isdigit() and os.path.isdir(os.path.join(spec.path, e))
-    )
+# Folders of a model directory that are never versions (Triton's kWarmupDataFolder, kInitialStateFolder,
+# kModelConfigFolder).
+_NOT_VERSIONS = ("warmup", "initial_state", "configs")
+_LEADING_INTEGER = re.compile(r"\s*[+-]?\d+")
+
+
+def version_dirs(path: str, quiet: bool = False) -> list[int]:
+    """The version numbers of ``path``'s folders, as Triton's VersionsToLoad reads them: a name with a
+    leading zero is ignored, as is one that does not start with a number (its std::stoll); each with
+    Triton's warning (unless ``quiet``)."""
+    versions: set[int] = set()
+    for entry in sorted(os.listdir(path)):
+        if entry in _NOT_VERSIONS or not os.path.isdir(os.path.join(path, entry)):
+            continue
+        if len(entry) > 1 and entry.startswith("0"):
+            if not quiet:
+                log.warning("ignore version directory '%s' which contains leading zeros in its directory name",
+                            entry)
+            continue
+        number = _LEADING_INTEGER.match(entry)
+        if number is None:
+            if not quiet:
+                log.warning("ignore version directory '%s' which fails to convert to integral number", entry)
+            continue
+        versions.add(int(number.group()))
+    return sorted(versions)
+
+
+def _find_versions(spec: ModelSpec, quiet: bool = False) -> None:
+    """The versions ``spec``'s version policy loads, with their model files (Triton's VersionsToLoad: a
+    version the policy names that has no folder is only logged)."""
+    available = version_dirs(spec.path, quiet)
     policy = spec.config.version_policy
     which = policy.WhichOneof("policy_choice")
     if which == "all":
         chosen = available
     elif which == "specific":
-        chosen = [v for v in available if v in set(policy.specific.versions)]
-        missing = set(policy.specific.versions) - set(available)
-        for v in missing:
-            spec.version_errors[v] = f"version {v} of model '{spec.name}' is not in the repository"
+        chosen = sorted(v for v in set(policy.specific.versions) if v in available)
+        if not quiet:
+            for v in policy.specific.versions:
+                if v not in available:
+                    log.error("version %d is specified for model '%s', but the version directory is not present",
+                              v, spec.name)
     else:
-        n = max(policy.latest.num_versions, 1)
-        chosen = available[-n:]
-    if not chosen and not spec.version_errors:
-        spec.error = f"model '{spec.name}' has no version directory (e.g. '{spec.name}/1/')"
+        n = policy.latest.num_versions
+        chosen = available[-n:] if n > 0 else []
+    if not chosen:
+        spec.error = f"at least one version must be available under the version policy of model '{spec.name}'"
         return
     filename = spec.config.default_model_filename
     if spec.backend == "ensemble":  # an ensemble's version directory holds no file

@@ -15,13 +15,17 @@ from conveyor.router.spec.queue_policy import scheduling_problem
 
 # The backends that answer through a response stream: Python models, vLLM, Triton's test backends.
 _DECOUPLED = frozenset({"python", "vllm", *TRITON_TEST_BACKENDS})
+# The backends whose outputs are the ones a config declares (a config without any serves nothing).
+_DECLARED_OUTPUTS = frozenset({"onnxruntime", "pytorch", "tensorrt", "openvino", "tensorflow", "fil"})
 
 
 def validate(config: mc.ModelConfig) -> str:
     """The first problem Triton would reject this config for, or ''."""
     if config.max_batch_size < 0:
         return "max_batch_size must be >= 0"
-    if not config.output:
+    # Triton requires no outputs of any backend; the frameworks here serve only the outputs a config declares
+    # (a Python model, or one of Triton's test backends, makes its own).
+    if not config.output and config.backend in _DECLARED_OUTPUTS:
         return "the config declares no outputs"
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names: set[str] = set()

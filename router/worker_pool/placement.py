@@ -13,6 +13,7 @@ from conveyor.router.control_table import Caller
 from conveyor.router.lifecycle import ModelLifecycle
 from conveyor.router.models import Instance, InstanceState, default_instance_name
 from conveyor.router.repository.default_groups import backend_gpus, resolve
+from conveyor.router.spec.namespaces import name_of
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class Placement:
             error = answer.error
             err = None if error is None else m.ErrorInfo(int(error.status), error.message)
             self.front.send(identity, m.encode(m.ControlReply(cid, result=answer.result, error=err)))
+        for model, label in dict.fromkeys((i.version.model, i.version.label) for i in out.unload):
+            log.info("successfully unloaded '%s' version %s", name_of(model), label)  # Triton's line
         for inst in out.unload:
             worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
             if worker is not None:

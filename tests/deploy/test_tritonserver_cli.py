@@ -172,6 +172,17 @@ def test_http_max_input_size_sets_the_limits_it_stands_for(entry: str, capsys: p
         assert "Error: --http-max-input-size must be greater than 0." in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("limit", "words"), [
+    ("-1:0.6", "Invalid argument - expects device ID >= 0, got -1"),
+    ("0:-0.4", "Invalid argument - expects limit fraction to be in range [0.0, 1.0], got -0.400000"),
+])
+def test_a_gpu_limit_triton_refuses_stops_the_start(limit: str, words: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """L0_lifecycle's test_load_gpu_limit: Triton checks the values though Conveyor does not use them."""
+    assert tritonserver_main(["--model-repository=/models", "--model-load-gpu-limit", limit]) == 1
+    assert f"error: setting model load GPU limit: {words}" in capsys.readouterr().err
+
+
 def test_triton_refusals() -> None:
     assert tritonserver_main([]) == 1  # Triton: "--model-repository must be specified"
     with pytest.raises(SystemExit):
@@ -244,7 +255,12 @@ def _repo(root: str, broken: bool = False) -> str:
     os.makedirs(repo, exist_ok=True)
     add_sub(repo, "simple", 8)
     if broken:
+        # A config Triton cannot read fails its poll (the model is never added); a model file it cannot load
+        # fails the load (the model is there, not ready).
         write_model(repo, "bad_config", 'platform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
+        write_model(repo, "bad_model", 'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+                    'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\n'
+                    'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n', {"model.onnx": b"no model"})
     return repo
 
 

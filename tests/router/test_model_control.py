@@ -133,7 +133,8 @@ def test_load_with_a_config_override(explicit: Server) -> None:
     override = {
         "name": "identity_fp32", "platform": "onnxruntime_onnx", "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        # The model's output is [-1]: a config's output dims must be the model's (Triton's exact compare).
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
     }
     http.load_model("identity_fp32", config=json.dumps(override))
     assert http.get_model_config("identity_fp32")["input"][0]["dims"] == [4]
@@ -193,7 +194,7 @@ def test_load_with_file_overrides(explicit: Server, tmp_path: object) -> None:
     np.testing.assert_array_equal(http.infer("identity_fp32", [x]).as_numpy("OUTPUT0"), [4, 5])
     with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
         http.load_model("identity_fp32", config=json.dumps(config), files={"file:model.onnx": onnx_bytes})
-    with pytest.raises(InferenceServerException, match="need a 'config'"):
+    with pytest.raises(InferenceServerException, match="failed to load 'identity_fp32', failed to poll"):
         grpc = tg.InferenceServerClient(explicit.grpc_url)
         grpc.load_model("identity_fp32", files={"file:1/model.onnx": base64.b64encode(onnx_bytes)})
     http.load_model("identity_fp32")  # back to the repository's own files

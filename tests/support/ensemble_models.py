@@ -90,9 +90,42 @@ ensemble_scheduling {{ step [ {", ".join(steps)} ] }}
 
 ADD_SUB = {"INPUT0": "A", "INPUT1": "B"}
 
+# OUTPUT0 = the sum of whichever of its optional inputs the request carries.
+_OPTIONAL_SUM = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            total = np.zeros(16, np.int32)
+            for name in ("INPUT0", "INPUT1"):
+                given = pb_utils.get_input_tensor_by_name(request, name)
+                if given is not None:
+                    total = total + given.as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", total)]))
+        return responses
+'''
+
+
+def optional_inputs(repo: str) -> None:
+    """An ensemble whose inputs a request may leave out, over a model whose inputs are optional too
+    (Triton's L0_optional_input): a step runs without the input the request did not give."""
+    optional = ('input [{ name: "%s" data_type: TYPE_INT32 dims: [ 16 ] optional: true }, '
+                '{ name: "%s" data_type: TYPE_INT32 dims: [ 16 ] optional: true }]\n')
+    python_models.write_model(repo, "py_optional_sum", _OPTIONAL_SUM, 'backend: "python"\nmax_batch_size: 0\n'
+                              + optional % ("INPUT0", "INPUT1")
+                              + 'output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }]\n')
+    write_model(repo, "ens_optional", 'name: "ens_optional"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+                + optional % ("A", "B") + 'output [{ name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] }]\n'
+                + f'ensemble_scheduling {{ step [ {_step("py_optional_sum", ADD_SUB, {"OUTPUT0": "OUT"})} ] }}\n')
+
 
 def build(repo: str) -> None:
     add_sub(repo, "simple", 8, "dynamic_batching { }")
+    optional_inputs(repo)
     identity_int32(repo, "ident")
     identity_int32(repo, "negate", op="Neg")
     python_models.write_model(repo, "py_fail", _FAILING_STEP,

@@ -24,6 +24,8 @@ METADATA = {
 
 
 class FakeLink(ControlCalls):
+    live = True  # RouterLink.live: the server is live (its router says so)
+
     def __init__(self) -> None:
         self.ready: bool | None = True  # None: the router does not answer
         self.tracing = False

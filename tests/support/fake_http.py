@@ -18,6 +18,8 @@ class FakeLink(ControlCalls):
     """Each op answered from ``answers`` (an exception: raised); ``calls``: the ops and their
     arguments as they would go to the router."""
 
+    live = True  # RouterLink.live: the server is live (its router says so)
+
     def __init__(self, answers: dict[str, Any]) -> None:
         self.answers = answers
         self.calls: list[tuple[str, dict[str, Any]]] = []

@@ -44,6 +44,8 @@ INPUT_TYPES = {t["name"]: t["datatype"] for t in SIGNATURE["inputs"]}
 class FakeRouterLink(ControlCalls):
     """Answers ``signature`` control calls and every inference with an empty success."""
 
+    live = True  # RouterLink.live: the server is live (its router says so)
+
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self.on_orphan: Any = None

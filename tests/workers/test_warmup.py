@@ -48,11 +48,15 @@ model_warmup [ { name: "s" batch_size: 3 count: 2
   inputs { key: "X" value: { data_type: TYPE_FP32 dims: [ 2 ] random_data: true } } } ]"""
 
 
-def test_a_batched_sample_is_one_execution_of_batch_size_rows_count_times() -> None:
+def test_a_batched_sample_is_one_execution_of_batch_size_rows_count_times(caplog: pytest.LogCaptureFixture) -> None:
     backend = Recorder()
-    warm_up(backend, config(BATCHED), "/nonexistent", per_request=False)
+    with caplog.at_level("DEBUG", logger="conveyor.workers.warmup"):
+        warm_up(backend, config('name: "m" ' + BATCHED), "/nonexistent", per_request=False, instance="m_0_0")
     assert len(backend.calls) == 2
     assert all(c["X"].shape == (3, 2) and c["X"].dtype == np.float32 for c in backend.calls)
+    # Triton's verbose lines, which L0_warmup looks for in the server's log (--log-verbose=1).
+    for iteration in (1, 2):
+        assert f"model 'm' instance m_0_0 is running warmup sample 's' for iteration {iteration}" in caplog.text
 
 
 def test_batch_size_zero_is_skipped_and_count_zero_runs_once() -> None:

@@ -52,10 +52,10 @@ class RepositoryRoots:
 
     def __init__(self, roots: list[str], cache_dir: str = "") -> None:
         cache = cache_dir or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "conveyor-repo-cache")
-        self.roots = list(roots)  # as given
+        self.roots = list(dict.fromkeys(roots))  # as given; one given twice is one root (Triton's set of paths)
         self.remote: list[ObjectMirror] = []
         self.local: list[str] = []
-        for root in roots:
+        for root in self.roots:
             if not is_remote(root):
                 self.local.append(root)
                 continue

@@ -147,6 +147,22 @@ def test_classification(client: httpclient.InferenceServerClient) -> None:
     assert top == [f"0.900000:1:{LABELS[1]}", f"0.800000:9:{LABELS[9]}", f"0.700000:7:{LABELS[7]}"]
 
 
+@pytest.mark.parametrize(("model", "data", "words"), [
+    ("simple_string", np.array([[b"x"] * 16], dtype=object),
+     "class result not available for output due to unsupported type 'BYTES'"),
+    ("identity_fp16", np.ones(4, np.float16), "class result not available for output due to unsupported type 'FP16'"),
+    ("identity_fp32", np.ones(1_000_001, np.float32), "classification output tensor too large"),
+])
+def test_classification_refused_as_triton(client: httpclient.InferenceServerClient, model: str, data: np.ndarray,
+                                          words: str) -> None:
+    """Triton ranks integers, FP32 and FP64 outputs of at most 1,000,000 elements (L0_parameters' class_count)."""
+    inp = httpclient.InferInput("INPUT0", list(data.shape), np_to_triton_dtype(data.dtype))
+    inp.set_data_from_numpy(data)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer(model, [inp], outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=5)])
+    assert words in refused.value.message() and refused.value.status() == "400"
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compression(server: Server, algorithm: str) -> None:
     c = httpclient.InferenceServerClient(server.http_url)

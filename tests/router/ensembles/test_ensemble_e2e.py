@@ -186,9 +186,25 @@ def test_statistics_of_the_ensemble_and_its_composing_models(ens_server: Server)
     assert grew("ens_chain", "queue.count") == 6
     assert grew("ens_chain", "compute_infer.count") == 6
     assert grew("ens_chain", "compute_infer.ns") > 0
+    # One execution of its batch size per request, with its steps' compute times (Triton's batch_stats).
+    sizes = {b["batch_size"]: b for b in after["ens_chain"]["batch_stats"]}
+    old = {b["batch_size"]: b for b in before["ens_chain"]["batch_stats"]}
+    assert sizes[1]["compute_infer"]["count"] - (old[1]["compute_infer"]["count"] if 1 in old else 0) == 3
+    assert sizes[1]["compute_infer"]["ns"] > 0
     grpc = grpcclient.InferenceServerClient(ens_server.grpc_url)
     stats = grpc.get_inference_statistics("ens_chain", as_json=True)["model_stats"][0]
     assert int(stats["inference_stats"]["success"]["count"]) >= 3
+
+
+def test_a_request_may_leave_out_an_optional_input(client: Client, protocol: Any) -> None:
+    """Triton's L0_optional_input: the step gets only the inputs the request gave."""
+    a = np.arange(16, dtype=np.int32)
+    only_a = protocol.InferInput("A", [16], "INT32")
+    only_a.set_data_from_numpy(a)
+    assert client.infer("ens_optional", [only_a]).as_numpy("OUT").tolist() == a.tolist()
+    both = [only_a, protocol.InferInput("B", [16], "INT32")]
+    both[1].set_data_from_numpy(a)
+    assert client.infer("ens_optional", both).as_numpy("OUT").tolist() == (2 * a).tolist()
 
 
 def test_conditional_steps_run_one_branch(ens_server: Server, client: Client, protocol: Any) -> None:

@@ -56,7 +56,7 @@ def test_keys_and_steps(tmp_path: Path) -> None:
     assert sorted(specs) == sorted([f"{a}/m", f"{b}/m", "ens_a", "ens_b", "only_a"])
     assert specs[f"{b}/m"].name == "m" and specs[f"{b}/m"].config.name == "m" and not specs[f"{b}/m"].error
     # Without the flag: the old rule, the name is unavailable.
-    assert "appears in more than one model repository" in scan([a, b])["m"].error
+    assert scan([a, b])["m"].error == "model appears in two or more repositories"
 
 
 def test_registry_refuses_the_ambiguous_name(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_without_the_flag_the_name_is_unavailable(repos: tuple[str, str]) -> Non
         client = httpclient.InferenceServerClient(srv.http_url)
         rows = {r["name"]: r for r in client.get_model_repository_index()}
         assert rows["m"]["state"] == "UNAVAILABLE"
-        assert "appears in more than one model repository" in rows["m"]["reason"]
+        assert rows["m"]["reason"] == "model appears in two or more repositories"  # Triton's words
         assert not client.is_model_ready("ens_a") and client.is_model_ready("only_a")
     finally:
         assert srv.stop() == 0

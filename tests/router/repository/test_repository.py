@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from conveyor.deploy.example_repo import add_sub
 from conveyor.proto.model_config import parse_text, to_json
 from conveyor.router.repository.scan import scan
@@ -17,7 +19,7 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def test_scan_finds_versions_by_policy(tmp_path: Path) -> None:
+def test_scan_finds_versions_by_policy(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     add_sub(str(tmp_path), "m", 8)
     for v in (2, 3):
         os.makedirs(tmp_path / "m" / str(v))
@@ -29,7 +31,29 @@ def test_scan_finds_versions_by_policy(tmp_path: Path) -> None:
     assert list(scan([str(tmp_path)])["m"].versions) == [1, 2, 3]
     (tmp_path / "m" / "config.pbtxt").write_text(cfg + "\nversion_policy { specific { versions: [1, 7] } }\n")
     spec = scan([str(tmp_path)])["m"]
-    assert list(spec.versions) == [1] and "version 7" in spec.version_errors[7]
+    # As Triton's VersionsToLoad: a version the policy names without a folder is only logged, not a failure.
+    assert list(spec.versions) == [1] and not spec.version_errors and not spec.error
+    assert "version 7 is specified for model 'm', but the version directory is not present" in caplog.text
+    (tmp_path / "m" / "config.pbtxt").write_text(cfg + "\nversion_policy { specific { versions: [7] } }\n")
+    assert scan([str(tmp_path)])["m"].error == ("at least one version must be available under the version "
+                                                 "policy of model 'm'")
+
+
+def test_version_folders_as_triton_reads_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A folder with a leading zero or that is no number is no version, with Triton's warnings (L0_lifecycle's
+    test_parse_ignore_zero_prefixed_version and test_parse_ignore_non_intergral_version grep them)."""
+    add_sub(str(tmp_path), "m", 8)
+    os.rename(tmp_path / "m" / "1", tmp_path / "m" / "003")
+    for folder in ("abc", "warmup", "configs", "2"):
+        os.makedirs(tmp_path / "m" / folder)
+    (tmp_path / "m" / "2" / "model.onnx").write_bytes((tmp_path / "m" / "003" / "model.onnx").read_bytes())
+    cfg = (tmp_path / "m" / "config.pbtxt").read_text()
+    (tmp_path / "m" / "config.pbtxt").write_text(cfg + "\nversion_policy { all { } }\n")
+    spec = scan([str(tmp_path)])["m"]
+    assert list(spec.versions) == [2] and not spec.version_errors
+    assert "ignore version directory '003' which contains leading zeros in its directory name" in caplog.text
+    assert "ignore version directory 'abc' which fails to convert to integral number" in caplog.text
+    assert "'warmup'" not in caplog.text and "'configs'" not in caplog.text
 
 
 def test_bad_models_say_why(tmp_path: Path) -> None:
@@ -43,7 +67,7 @@ def test_bad_models_say_why(tmp_path: Path) -> None:
     specs = scan([str(tmp_path)])
     assert "failed to parse" in specs["broken"].error
     assert "no outputs" in specs["noconfig"].error  # an empty model.onnx completes to nothing
-    assert "does not match" in specs["wrongname"].error
+    assert "directory name must equal model name" in specs["wrongname"].error and specs["wrongname"].poll_failed
     assert "no outputs" in specs["noinputs"].error  # no inputs is allowed, as Triton
     assert "not supported" in specs["caffe2"].error
 

@@ -16,11 +16,12 @@ import numpy as np
 import onnxruntime as ort
 
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.errors import internal, unavailable
+from conveyor.proto.errors import ConveyorError, internal, unavailable
 from conveyor.proto.onnx_graph import external_files
 from conveyor.proto.repository_files import check_regular, unreadable
 from conveyor.workers.backends.onnxruntime.providers import INSTALL, execution_providers
 from conveyor.workers.backends.onnxruntime.settings import run_options, session_options
+from conveyor.workers.backends.onnxruntime.validate import check_session
 from conveyor.workers.client_regions import is_device_array
 
 # ORT's element type names for the numeric types a device tensor can have.
@@ -87,6 +88,11 @@ class OnnxRuntimeBackend:
             del self.session
             raise unavailable(f"onnxruntime could not start {', '.join(missing)} for '{path}' (its warning in the "
                               f"worker's log says why): {'; '.join(INSTALL.get(m, '') for m in missing)}")
+        try:
+            check_session(self.session, config)  # Triton's checks of the config against the model
+        except ConveyorError:
+            del self.session
+            raise
         self._string_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
 
     def execute(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:

@@ -154,6 +154,8 @@ class OpenVinoBackend:
                         "dynamic batch dimension serves with SKIP_OV_DYNAMIC_BATCHSIZE: YES)")
                 raise invalid_arg(f"model '{config.name}': OpenVINO cannot reshape its inputs to "
                                   f"{ {n: str(s) for n, s in shapes.items()} }{hint}: {_one_line(exc)}") from None
+            if batched and not self.static_batch and _fixed_batch_outputs(model):
+                self._static_after_all(model, config, shapes)
         outputs = {name: port for port in model.outputs for name in port.get_names()}
         for out in config.output:
             port = outputs.get(out.name)
@@ -172,6 +174,21 @@ class OpenVinoBackend:
             side = ppp.input(io.name) if kind == "input" else ppp.output(io.name)
             side.tensor().set_element_type(element)
         return ppp.build()
+
+    def _static_after_all(self, model: Any, config: mc.ModelConfig, shapes: dict[str, Any]) -> None:
+        """A model whose outputs keep a fixed batch dimension with dynamic inputs (a Reshape to a constant
+        shape, as Triton's QA models have) would read past a smaller batch's input: it gets Triton's static
+        batch of ``max_batch_size`` instead, smaller batches padded when ``ENABLE_BATCH_PADDING`` says so."""
+        self.static_batch = True
+        static = {name: ov.PartialShape([ov.Dimension(config.max_batch_size), *list(shape)[1:]])
+                  for name, shape in shapes.items()}
+        try:
+            model.reshape(static)
+        except Exception as exc:
+            raise invalid_arg(f"model '{config.name}': OpenVINO cannot reshape its inputs to "
+                              f"{ {n: str(s) for n, s in static.items()} }: {_one_line(exc)}") from None
+        log.warning("model '%s': its outputs keep a fixed batch dimension, so it runs with a static batch of %d "
+                    "(as with SKIP_OV_DYNAMIC_BATCHSIZE: YES)", config.name, config.max_batch_size)
 
     def _compare(self, name: str, model_shape: Any, dims: list[int], batched: bool, inputs: bool) -> None:
         """Triton's CompareDimsSupported: the config's shape (after the batch dimension) must fit the model's."""
@@ -223,6 +240,17 @@ class OpenVinoBackend:
     def close(self) -> None:
         del self.request
         del self.compiled
+
+
+def _fixed_batch_outputs(model: Any) -> bool:
+    """Some output's first dimension stays static while the inputs' batch is dynamic."""
+    for port in model.outputs:
+        shape = port.get_partial_shape()
+        if shape.rank.is_dynamic:
+            continue
+        if len(shape) == 0 or shape[0].is_static:
+            return True
+    return False
 
 
 def _one_line(exc: BaseException) -> str:

@@ -153,3 +153,26 @@ def test_missing_external_data_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConveyorError) as err:
         OnnxRuntimeBackend(path, parse_text(ext.CONFIG), "cpu")
     assert err.value.status is Status.UNAVAILABLE and "weights.bin" in err.value.message
+
+
+@pytest.mark.parametrize(("config", "reason"), [
+    # L0_lifecycle's test_init_error_modelfail renames the outputs: the load fails, as in Triton.
+    (ext.CONFIG.replace('"Y"', '"_Y"'), "unexpected inference output '_Y', allowed outputs are: Y"),
+    (ext.CONFIG.replace('"X"', '"W"'), "unexpected inference input 'W', allowed inputs are: X"),
+    (ext.CONFIG.replace("TYPE_FP32 dims: [4] }]\noutput", "TYPE_INT32 dims: [4] }]\noutput"),
+     "unable to load model 'm', configuration expects datatype TYPE_INT32 for input 'X', model provides TYPE_FP32"),
+    (ext.CONFIG.replace('"Y" data_type: TYPE_FP32 dims: [4]', '"Y" data_type: TYPE_FP32 dims: [5]'),
+     "model 'm', tensor 'Y': the model expects 2 dimensions (shape [-1,4]) but the model configuration specifies "
+     "2 dimensions (an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, "
+     "making complete shape [-1,5])"),
+    (ext.CONFIG.replace("max_batch_size: 8", "max_batch_size: 0"),
+     "model 'm', tensor 'X': the model expects 2 dimensions (shape [-1,4]) but the model configuration specifies "
+     "1 dimensions (shape [4])"),
+    (ext.CONFIG + 'input [{ name: "Z" data_type: TYPE_FP32 dims: [1] }]',
+     "unable to load model 'm', configuration expects 2 inputs, model provides 1"),
+])
+def test_config_checked_against_the_model(tmp_path: Path, config: str, reason: str) -> None:
+    path = ext.model_file_beside_data(str(tmp_path), "m", ext.CONFIG)
+    with pytest.raises(ConveyorError) as err:
+        OnnxRuntimeBackend(path, parse_text('name: "m"\n' + config), "cpu")
+    assert err.value.message == reason and err.value.status is Status.INVALID_ARG

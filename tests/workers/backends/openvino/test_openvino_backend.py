@@ -123,3 +123,29 @@ def test_completion_without_batch_layout_keeps_the_whole_shape(ovm: Any, tmp_pat
     done = complete({"config": to_json(parse_text('backend: "openvino" max_batch_size: 16')), "model_path": path})
     assert done["max_batch_size"] == 16 and "dynamic_batching" in done
     assert [(o["name"], o["data_type"], o["dims"]) for o in done["output"]] == [("Y", "TYPE_FP32", [3])]
+
+
+def test_outputs_with_a_fixed_batch_run_with_the_static_batch(ovm: Any, tmp_path: Path) -> None:
+    """Triton's QA models (gen_qa_models.py --openvino) reshape their sums to a constant [8, 16]: with a
+    dynamic batch OpenVINO would read 8 rows of a 1-row input. Such a model gets Triton's static batch:
+    a smaller batch padded with ENABLE_BATCH_PADDING (L0_lifecycle sets it), else Triton's refusal."""
+    import numpy as np
+    import openvino as ov
+
+    x, y = ov.opset1.parameter([8, 16], ov.Type.f32, "INPUT0"), ov.opset1.parameter([8, 16], ov.Type.f32, "INPUT1")
+    total = ov.opset1.reshape(ov.opset1.add(x, y), [8, 16], special_zero=False)
+    model = ov.Model([ov.opset1.convert(total, destination_type="f32", name="OUTPUT0")], [x, y], "m")
+    for port, name in ((x.output(0), "INPUT0"), (y.output(0), "INPUT1"), (model.outputs[0], "OUTPUT0")):
+        port.get_tensor().set_names({name})
+    path = str(tmp_path / "model.xml")
+    ov.save_model(model, path)
+    config = ('max_batch_size: 8 input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [16] }, '
+              '{ name: "INPUT1" data_type: TYPE_FP32 dims: [16] }] '
+              'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [16] }] ')
+    one = {"INPUT0": np.arange(16, dtype=np.float32).reshape(1, 16), "INPUT1": np.ones((1, 16), np.float32)}
+    padded: Any = load_backend("openvino", path, mlp_config(
+        config + 'parameters { key: "ENABLE_BATCH_PADDING" value { string_value: "YES" } }'), "cpu")
+    assert padded.execute(dict(one), ["OUTPUT0"])["OUTPUT0"].tolist() == [list(range(1, 17))]
+    unpadded: Any = load_backend("openvino", path, mlp_config(config), "cpu")
+    with pytest.raises(ConveyorError, match="expected requests with batch size '8', got '1'"):
+        unpadded.execute(dict(one), ["OUTPUT0"])

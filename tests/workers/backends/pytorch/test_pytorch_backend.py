@@ -236,3 +236,20 @@ def test_weight_sharing_loads_a_model_once_per_device(tmp_path: Path, torch_mode
     assert len(SHARED) == 1  # the second instance still uses it
     second.close()
     assert len(SHARED) == 0
+
+
+def test_sequence_controls_are_forward_arguments(tmp_path: Path, torch_models: Any) -> None:
+    """Triton's QA sequence models (gen_qa_sequence_models.py --libtorch) take their controls as arguments
+    (INPUT__0, START__1, READY__2): the sequence batcher's control tensors count as the model's inputs."""
+    import torch
+
+    config = """max_batch_size: 0
+input [{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] }]
+output [{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 1 ] }]
+sequence_batching { control_input [{ name: "START__1"
+  control [{ kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] }] }] }
+"""
+    backend = _load(tmp_path, torch.jit.script(torch_models.AddSub()), config)
+    out = backend.execute({"INPUT__0": np.array([2], np.float32), "START__1": np.array([1], np.float32)},
+                          ["OUTPUT__0", "OUTPUT__1"])
+    assert out["OUTPUT__0"].tolist() == [3.0] and out["OUTPUT__1"].tolist() == [1.0]

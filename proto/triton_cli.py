@@ -1,0 +1,16 @@
+"""Which command started the group, where ``tritonserver`` and ``conveyor serve`` differ: read by the
+supervisor and the router alike (so it lives here, light: no actor's modules)."""
+
+from __future__ import annotations
+
+import os
+
+# Set by the ``tritonserver`` command for its group (its children inherit it): there, as in Triton, a
+# repository root the server cannot use with --exit-on-error=false leaves it running, neither live nor
+# ready (SERVER_FAILED_TO_INITIALIZE). ``conveyor serve`` stops its start whatever --exit-on-error says.
+TRITON_CLI_ENV = "CONVEYOR_TRITON_CLI"
+
+
+def keeps_running_when_unusable(exit_on_error: bool) -> bool:
+    """Whether a root the server cannot use leaves it running (Triton's --exit-on-error=false)."""
+    return not exit_on_error and os.environ.get(TRITON_CLI_ENV) == "1"
