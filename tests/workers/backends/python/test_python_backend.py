@@ -454,7 +454,7 @@ def test_an_instance_unloads_while_another_thread_imports(tmp_path: Path) -> Non
     thread = threading.Thread(target=churn, daemon=True)
     thread.start()
     try:
-        for _ in range(20):
+        for _ in range(200):
             PythonBackend(path, config, "cpu").close()
     finally:
         stop.set()
