@@ -144,5 +144,7 @@ def forget_module(model_class: type[Any]) -> None:
 def _forget_package(package_name: str) -> None:
     """Under ``_lock``."""
     prefix = package_name + "."
-    for name in [n for n in sys.modules if n == package_name or n.startswith(prefix)]:
+    # A copy first, in one step: other threads import meanwhile (another instance's load), and iterating
+    # sys.modules itself failed with "dictionary changed size during iteration".
+    for name in [n for n in list(sys.modules) if n == package_name or n.startswith(prefix)]:
         sys.modules.pop(name, None)

@@ -431,3 +431,32 @@ def test_an_instance_name_with_shell_characters_is_refused(tmp_path: Path) -> No
     with pytest.raises(ConveyorError, match="Invalid stub name: contains invalid characters"):
         PythonBackend(path, config, "cpu", 0, "model;test_0")
     PythonBackend(path, config, "cpu", 0, "model-with-hyphens_0").close()
+
+
+def test_an_instance_unloads_while_another_thread_imports(tmp_path: Path) -> None:
+    """Instances load and unload on their own threads while others import (a TorchScript model's torch, a
+    model's own packages): dropping an unloaded model's modules must not fail on ``sys.modules`` changing
+    under it. It did ("RuntimeError: dictionary changed size during iteration" as a model's load error)."""
+    path, config = write(tmp_path, "brief", "class TritonPythonModel:\n    def execute(self, r):\n        return None")
+    stop = threading.Event()
+    placeholder = type(sys)("_conveyor_test_churn")
+
+    def churn() -> None:  # what an import does to sys.modules, as fast as it goes
+        names = [f"_conveyor_test_churn_{i}" for i in range(64)]
+        while not stop.is_set():
+            for name in names:
+                sys.modules[name] = placeholder
+            for name in names:
+                sys.modules.pop(name, None)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch at nearly every chance: the race, every time
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            PythonBackend(path, config, "cpu").close()
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
