@@ -21,7 +21,7 @@ import numpy as np
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
 from conveyor.proto.repository_files import check_regular, unreadable
-from conveyor.workers.backends.pytorch.backend import device_array
+from conveyor.workers.backends.pytorch.backend import TORCH_DTYPES, device_array, torch_device
 from conveyor.workers.backends.pytorch.naming import input_positions, output_positions
 from conveyor.workers.backends.pytorch.settings import TorchSettings
 from conveyor.workers.client_regions import is_device_array
@@ -37,11 +37,6 @@ log = logging.getLogger(__name__)
 # comparisons per input; without them a batch outside the exported range is undefined behaviour.
 os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
 
-_DTYPES: dict[int, Any] = {
-    mc.TYPE_BOOL: torch.bool, mc.TYPE_UINT8: torch.uint8, mc.TYPE_INT8: torch.int8, mc.TYPE_INT16: torch.int16,
-    mc.TYPE_INT32: torch.int32, mc.TYPE_INT64: torch.int64, mc.TYPE_FP16: torch.float16,
-    mc.TYPE_FP32: torch.float32, mc.TYPE_FP64: torch.float64, mc.TYPE_BF16: torch.bfloat16,
-}
 
 # AOTInductor's names of the CPU features a package was compiled for (its AOTI_CPU_ISA metadata), as
 # /proc/cpuinfo spells them: a package for features this CPU lacks would die of SIGILL on its first call.
@@ -58,7 +53,7 @@ def check_config(config: mc.ModelConfig) -> None:
                           "(a .pt2 package does not record their names)")
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for t in tensors:
-            if t.data_type not in _DTYPES:
+            if t.data_type not in TORCH_DTYPES:
                 raise unavailable(f"unsupported datatype {mc.DataType.Name(t.data_type)} for {kind} '{t.name}' "
                                   f"(an exported program takes and returns tensors only)")
 
@@ -104,11 +99,8 @@ def argument_count(call_spec: list[str]) -> int | None:
 class AotiBackend:
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
         check_config(config)
-        self.device = torch.device(device if device.startswith("cuda") else "cpu")
+        self.device = torch_device(device)
         self.accepts_device_arrays = self.device.type == "cuda"
-        if self.accepts_device_arrays and not torch.cuda.is_available():
-            raise unavailable(f"the config asks for a GPU instance ({device}) but torch {torch.__version__} "
-                              f"sees no CUDA device (a CPU build, or no GPU)")
         self.settings = TorchSettings.from_config(config)
         self.settings.apply_threads(torch)
         try:  # torch opens it by name again: a name swapped after this check is not seen
@@ -135,7 +127,7 @@ class AotiBackend:
                               f"{len(names)} arguments")
         self.names_by_position = {p: n for n, p in self.positions.items()}
         self.output_positions = output_positions([o.name for o in config.output])
-        self.output_types = {o.name: _DTYPES[o.data_type] for o in config.output}
+        self.output_types = {o.name: TORCH_DTYPES[o.data_type] for o in config.output}
         self.bf16_inputs = {i.name for i in config.input if i.data_type == mc.TYPE_BF16}
         self.bf16_outputs = {o.name for o in config.output if o.data_type == mc.TYPE_BF16}
 

@@ -36,7 +36,7 @@ except ImportError:  # this module is imported only to load a model: say why it 
 log = logging.getLogger(__name__)
 
 # Triton's config types that TorchScript tensors can hold (TYPE_STRING is a List[str] instead).
-_TORCH_DTYPES: dict[int, Any] = {
+TORCH_DTYPES: dict[int, Any] = {
     mc.TYPE_BOOL: torch.bool, mc.TYPE_UINT8: torch.uint8, mc.TYPE_INT8: torch.int8, mc.TYPE_INT16: torch.int16,
     mc.TYPE_INT32: torch.int32, mc.TYPE_INT64: torch.int64, mc.TYPE_FP16: torch.float16,
     mc.TYPE_FP32: torch.float32, mc.TYPE_FP64: torch.float64, mc.TYPE_BF16: torch.bfloat16,
@@ -58,7 +58,7 @@ def check_config(config: mc.ModelConfig) -> None:
                 if len(dims) + batched > 1:
                     raise unavailable(f"{kind} '{t.name}': TorchScript takes strings as a 1-dimensional "
                                       f"List[str] only, and its shape has {len(dims) + batched} dimensions")
-            elif t.data_type not in _TORCH_DTYPES:
+            elif t.data_type not in TORCH_DTYPES:
                 raise unavailable(f"unsupported datatype {mc.DataType.Name(t.data_type)} for {kind} '{t.name}' "
                                   f"(TorchScript has no such tensor type)")
 
@@ -82,14 +82,20 @@ def forward_arguments(module: Any) -> list[tuple[str, str]]:
     return args[1:] if args and args[0][1] == "ClassType" else args
 
 
+def torch_device(device: str) -> Any:
+    """The torch device of an instance's ``device`` (``cpu`` or ``cuda:N``); UNAVAILABLE for a GPU torch cannot see."""
+    found = torch.device(device if device.startswith("cuda") else "cpu")
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise unavailable(f"the config asks for a GPU instance ({device}) but torch {torch.__version__} "
+                          f"sees no CUDA device (a CPU build, or no GPU)")
+    return found
+
+
 class TorchScriptBackend:
     def __init__(self, path: str, config: mc.ModelConfig, device: str) -> None:
         check_config(config)
-        self.device = torch.device(device if device.startswith("cuda") else "cpu")
+        self.device = torch_device(device)
         self.accepts_device_arrays = self.device.type == "cuda"
-        if self.accepts_device_arrays and not torch.cuda.is_available():
-            raise unavailable(f"the config asks for a GPU instance ({device}) but torch {torch.__version__} "
-                              f"sees no CUDA device (a CPU build, or no GPU)")
         self.settings = TorchSettings.from_config(config)
         self.compile_settings = CompileSettings.from_config(config)
         if self.compile_settings.enabled:  # importing dynamo takes a while: only for a model that compiles
@@ -156,7 +162,7 @@ class TorchScriptBackend:
                                     f"(a List[str] in TorchScript)")
             self.run = compile_module(
                 torch, self.module, s,
-                lambda size: self._arguments(sample_tensors(torch, config, _TORCH_DTYPES, self.device, size)),
+                lambda size: self._arguments(sample_tensors(torch, config, TORCH_DTYPES, self.device, size)),
                 self._call, self.device.type == "cuda")
             self.compiled = True
         except CompileFailed as exc:
@@ -224,7 +230,7 @@ class TorchScriptBackend:
         if not isinstance(value, torch.Tensor):
             raise internal(f"output '{name}': the model returned {type(value).__name__}, "
                            f"not a Tensor or List[str]")
-        if expected is not None and _TORCH_DTYPES.get(expected) != value.dtype:
+        if expected is not None and TORCH_DTYPES.get(expected) != value.dtype:
             raise internal(f"configuration expects datatype {mc.DataType.Name(expected)} for output '{name}', "
                            f"model provides {value.dtype}")
         value = value.detach()
