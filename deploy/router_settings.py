@@ -58,8 +58,9 @@ class Scheduling(Settings):
     sequence_slot_padding: bool = setting(
         ("--sequence-slot-padding",), "true: a direct sequence batch runs as Triton's does, one row per slot up "
         "to the highest slot in use, the empty ones as not-ready rows (READY false, zero inputs), which count "
-        "in the batch-size statistics; false: only the slots that hold a request run (less compute)",
-        kind=triton_bool, default=False, metavar="BOOL")
+        "in the batch-size statistics; false: only the slots that hold a request run (less compute) (default "
+        "false for 'conveyor serve', true for 'tritonserver', as Triton)",
+        kind=triton_bool, default=False, triton_default=True, metavar="BOOL")
     rate_limit: str = setting(
         ("--rate-limit",), "execution_count: an instance runs only when the resources its instance_group's "
         "rate_limiter lists are free (Triton's rate limiter); off: ignore rate_limiter",

@@ -28,8 +28,8 @@
 # sequence suites stop at their first server here. Groups that a test.sh itself writes stay as it writes them.
 #
 # TRITONSERVER (default: the tritonserver beside $PYTHON, running this checkout's build/src) is the server
-# command; every server it starts also gets CONVEYOR_FLAGS (default --sequence-slot-padding=true: the flags that
-# give Triton's behaviour where Conveyor's default differs and a suite asserts Triton's). REPO_VERSION (default: the checkout's TRITON_VERSION) names the data folder. BACKENDS, ENSEMBLES,
+# command (it has Triton's defaults where `conveyor serve`'s differ); every server it starts also gets CONVEYOR_FLAGS
+# (default none). REPO_VERSION (default: the checkout's TRITON_VERSION) names the data folder. BACKENDS, ENSEMBLES,
 # MODEL_TRIALS, ... set by the caller pass through to test.sh as in Triton's CI; unset, BACKENDS is each suite's
 # own default less what cannot be made here (plan). SUITE_TIMEOUT (seconds, default 14400) bounds one suite.
 # Needs the triton-qa extra (tritonclient, onnx, torch, numpy), jq, curl, and user namespaces.
@@ -124,7 +124,7 @@ make_models() {  # gen_qa_model_repository's ONNX, PyTorch and OpenVINO steps, l
 mkdir -p "$WORK/triton/bin" "$WORK/triton/backends" "$WORK/bin" "$WORK/root"
 rm -f "$WORK/triton/bin/tritonserver"
 # exec: test.sh's kill $SERVER_PID reaches the server itself.
-printf '#!/bin/sh\nexec %q %s "$@"\n' "$SERVER" "${CONVEYOR_FLAGS---sequence-slot-padding=true}" \
+printf '#!/bin/sh\nexec %q %s "$@"\n' "$SERVER" "${CONVEYOR_FLAGS-}" \
     > "$WORK/triton/bin/tritonserver"
 chmod +x "$WORK/triton/bin/tritonserver"
 

@@ -109,6 +109,9 @@ def test_tritonserver_takes_tritons_defaults() -> None:
     assert (a.http_port, a.grpc_port, a.metrics_port, a.exit_timeout_secs) == (8000, 8001, 8002, 30)
     assert a.drain_grace_secs == 0  # SIGTERM refuses at once, as Triton (conveyor serve: 5 s)
     assert build_parser().parse_args(["serve"]).drain_grace_secs == 5
+    # Triton pads a direct sequence batch's empty slots (qa/L0_sequence_batcher asserts its batch sizes)
+    assert a.sequence_slot_padding is True
+    assert build_parser().parse_args(["serve"]).sequence_slot_padding is False
 
 
 def test_repeatable_flags_keep_every_value() -> None:
