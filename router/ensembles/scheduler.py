@@ -52,6 +52,10 @@ from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
 
+# A failed ensemble request counts this many failures (statistics and nv_inference_request_failure), as
+# Triton's core counts it: once when it answers the error, once when the request's tracker ends.
+ENSEMBLE_FAILURE_COUNTS = 2
+
 Submit = Callable[[m.InferRequest, EnsembleRequestStats], None]  # enqueue a step (answered on the self link)
 CancelStep = Callable[[int], None]
 Reply = Callable[[bytes, m.InferResponse], None]
@@ -454,9 +458,12 @@ class EnsembleScheduler:
             self._reply(run.ingress, last)
             return
         # Triton's ensemble failures carry no reason of their own: OTHER, whatever its step's was. Counted as
-        # replies.count_failure counts (which the ensembles may not import: it is a layer above them).
-        state.stats.fail.add(duration)
-        state.latency.failed("OTHER")
+        # replies.count_failure counts (which the ensembles may not import: it is a layer above them), and
+        # twice, as Triton's core counts it (qa/L0_model_queue asserts it: an ensemble's failures "reflect
+        # the failure counts of their composing models as well as the parent model").
+        for _ in range(ENSEMBLE_FAILURE_COUNTS):
+            state.stats.fail.add(duration)
+            state.latency.failed("OTHER")
         error = None if run.error_sent else run.error
         self._reply(run.ingress, m.InferResponse(run.request.id, state.model, state.label, error=error,
                                                  generation=self._generation()))

@@ -145,7 +145,7 @@ def test_a_failed_step_answers_once_the_running_ones_did(harness: Harness) -> No
     assert reply.release == []
     assert harness.flag(mid) == RELEASED and harness.flag(right) == RELEASED
     assert not any(r.model == "last" for r in harness.submitted)
-    assert harness.state.stats.fail.count == 1
+    assert harness.state.stats.fail.count == 2  # as Triton counts a failed ensemble (ENSEMBLE_FAILURE_COUNTS)
 
 
 def test_a_client_cancel_stops_the_run(harness: Harness) -> None:
@@ -279,7 +279,7 @@ def test_a_failed_step_mid_stream_is_sent_at_once_and_ends_the_request(stream: H
     give_back_loans(stream)
     assert all(stream.flag(f) == RELEASED for f in (first, second, third))
     assert len(stream.loans) == 0 and len(stream.scheduler) == 0
-    assert stream.state.stats.fail.count == 1
+    assert stream.state.stats.fail.count == 2  # as Triton counts a failed ensemble
 
 
 def test_a_client_cancel_stops_the_decoupled_step(stream: Harness) -> None:
