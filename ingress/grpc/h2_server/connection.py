@@ -570,7 +570,8 @@ class GrpcConnection(asyncio.Protocol):
         if self._streams.pop(stream.id, None) is None:
             return
         task = stream.task
-        if task is not None and not task.done() and task is not asyncio.current_task():
+        # current_task(loop): without the loop it asks for the running loop, a getpid() syscall per call.
+        if task is not None and not task.done() and task is not asyncio.current_task(self._loop):
             task.cancel()
         if stream.inbox is not None:
             stream.inbox.end()
