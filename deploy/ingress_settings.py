@@ -285,8 +285,7 @@ class OpenAiDefaults(Settings):
         f"(default {FETCH_TIMEOUT_S:g})", kind=float, default=FETCH_TIMEOUT_S, metavar="S", section=OPENAI_SECTION)
     allowed_local_media_path: str = setting(
         ("--allowed-local-media-path",), "the folder a chat request's file: image URLs may name (vLLM's flag; "
-        "links resolved, nothing outside it; default: none)", default="", metavar="FOLDER",
-        to_text=path_text, section=OPENAI_SECTION)
+        "links resolved, nothing outside it; default: none)", default="", metavar="FOLDER", section=OPENAI_SECTION)
     openai_error_form: str = setting(
         ("--openai-error-form",), "how the OpenAI port answers a refused request: openai (OpenAI's API's and "
         "vLLM's: 400 and {\"error\": {...}}; the default) or triton (Triton's OpenAI frontend's: a body outside "

@@ -117,16 +117,71 @@ def image_png(seed: int, size: int = IMAGE_SIZE) -> bytes:
     return buf.getvalue()
 
 
+# The engine's arguments, in model.json and in vLLM's own run alike.
+_ENGINE: dict[str, object] = {
+    "enforce_eager": True,
+    "dtype": "float32",
+    "max_model_len": 256,
+    "max_num_seqs": 8,
+    "kv_cache_memory_bytes": 64 << 20,  # on CPU the default reserves 92% of the memory
+    "limit_mm_per_prompt": {"image": 1},  # BLIP-2 takes one image a prompt
+}
+
+
 def write_repository(repo: Path, model_dir: Path, name: str = "vlm_model", **engine: object) -> Path:
     """A Triton vLLM backend repository for the tiny VLM: the sample config.pbtxt, 1/model.json."""
-    model_json = {
-        "model": str(model_dir),
-        "enforce_eager": True,
-        "dtype": "float32",
-        "max_model_len": 256,
-        "max_num_seqs": 8,
-        "kv_cache_memory_bytes": 64 << 20,
-        "limit_mm_per_prompt": {"image": 1},  # BLIP-2 takes one image a prompt
-        **engine,
-    }
+    model_json = {"model": str(model_dir), **_ENGINE, **engine}
     return Path(write_model(repo, name, SAMPLE_CONFIG, {"model.json": json.dumps(model_json, indent=2)}))
+
+
+# --- vLLM's own answers, for the tests that compare Conveyor with it (tests/workers/backends/vllm/test_vlm_e2e.py)
+
+PROMPT = "the quick brown"
+MAX_TOKENS = 8
+IMAGE_SEEDS = (1, 2)  # two images, two answers: the image reaches the model
+
+
+def data_url(seed: int) -> str:
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(image_png(seed)).decode()
+
+
+def chat_messages(url: str) -> list[dict[str, object]]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": PROMPT}]}]
+
+
+def reference(model_dir: Path) -> dict[str, str]:
+    """vLLM's greedy answers, computed in a child process (this module run as a script, its engine gone with
+    it): ``generate:<seed>``, PROMPT with image ``seed``; ``chat:<seed>``, ``LLM.chat`` of ``chat_messages``."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", __name__, str(model_dir)], capture_output=True, text=True,
+                         timeout=600, check=True, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    answers: dict[str, str] = json.loads(out.stdout.splitlines()[-1])
+    return answers
+
+
+def _vllm_answers(model_dir: str) -> dict[str, str]:
+    from PIL import Image
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, **_ENGINE)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    out = {}
+    for seed in IMAGE_SEEDS:
+        image = Image.open(io.BytesIO(image_png(seed))).convert("RGB")
+        (gen,) = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, params, use_tqdm=False)
+        out[f"generate:{seed}"] = gen.outputs[0].text
+        (chat,) = llm.chat(chat_messages(data_url(seed)), params, use_tqdm=False)  # type: ignore[arg-type]
+        out[f"chat:{seed}"] = chat.outputs[0].text
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(_vllm_answers(sys.argv[1])))
