@@ -307,7 +307,6 @@ def _openai_ingress(args: OpenAiIngressSettings, router: str) -> None:
     from conveyor.ingress.http.server import serve as serve_http
     from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
     from conveyor.ingress.openai.errors import body_refusal
-
     from conveyor.ingress.openai.media import MediaOptions
 
     media = MediaOptions(args.openai_fetch_remote_media, args.openai_media_fetch_timeout_secs,

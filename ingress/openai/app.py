@@ -29,7 +29,7 @@ from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import error_handler, is_anthropic
 from conveyor.ingress.openai.forms import OPENAI
-from conveyor.ingress.openai.media import MediaOptions
+from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions
 from conveyor.ingress.openai.messages import CountTokens, Messages
 from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
 from conveyor.ingress.openai.request_id import RequestIds
@@ -54,7 +54,7 @@ class OpenAiOptions:
     tokenizer: str = ""  # a model's tokenizer folder when it names none (--tokenizer); "": none
     api_keys: tuple[str, ...] = ()  # a model route needs one (--api-key); (): open
     error_form: str = OPENAI  # --openai-error-form: OpenAI's error bodies, or Triton's frontend's (forms.py)
-    media: MediaOptions = MediaOptions()  # where a chat request's image_url may point (media.py)
+    media: MediaOptions = NO_MEDIA_OPTIONS  # where a chat request's image_url may point (media.py)
 
 
 class Models:

@@ -29,7 +29,7 @@ from conveyor.ingress.openai.errors import error_doc
 from conveyor.ingress.openai.forms import OPENAI, TRITON
 from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
 from conveyor.ingress.openai.load_report import asked_format
-from conveyor.ingress.openai.media import MediaOptions
+from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions
 from conveyor.ingress.openai.prompts import Prompt, merged, read_prompts
 from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import (
@@ -74,7 +74,7 @@ class EndpointOptions:
     max_json_bytes: int = 0  # --max-json-bytes: an OpenAI body is JSON whole, bounded plain or inflated
     default_max_tokens: int = 16  # Triton's OpenAI frontend's default
     error_form: str = OPENAI  # --openai-error-form: "triton" decodes within Triton's schema too
-    media: MediaOptions = MediaOptions()  # where an image_url may point (media.py)
+    media: MediaOptions = NO_MEDIA_OPTIONS  # where an image_url may point (media.py)
 
 
 @dataclass(slots=True)

@@ -37,6 +37,9 @@ class MediaOptions:
     local_path: str = ""  # --allowed-local-media-path: "" reads no local file
 
 
+NO_MEDIA_OPTIONS = MediaOptions()  # the defaults: data: URLs only
+
+
 def count(urls: list[str]) -> None:
     llm_limits.check_media_items(len(urls), "`messages`")
 

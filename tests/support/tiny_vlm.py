@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 from conveyor.deploy.example_repo import write_model
-
 from tests.support.tiny_llama import CHAT_TEMPLATE, LINES, SAMPLE_CONFIG
 
 IMAGE_TOKEN = "<image>"
@@ -176,7 +175,7 @@ def _vllm_answers(model_dir: str) -> dict[str, str]:
         image = Image.open(io.BytesIO(image_png(seed))).convert("RGB")
         (gen,) = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, params, use_tqdm=False)
         out[f"generate:{seed}"] = gen.outputs[0].text
-        (chat,) = llm.chat(chat_messages(data_url(seed)), params, use_tqdm=False)  # type: ignore[arg-type]
+        (chat,) = llm.chat(chat_messages(data_url(seed)), params, use_tqdm=False)
         out[f"chat:{seed}"] = chat.outputs[0].text
     return out
 

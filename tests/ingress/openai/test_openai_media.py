@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from conveyor.ingress.openai.media import MediaOptions, count, image_b64
+from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions, count, image_b64
 from conveyor.ingress.openai.schema import ChatRequest, TokenizeRequest, chat_messages, decode
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, Status
@@ -29,11 +29,11 @@ B64 = base64.b64encode(PNG)
 DATA_URL = "data:image/png;base64," + B64.decode()
 
 
-def _read(url: str, options: MediaOptions = MediaOptions()) -> bytes:
+def _read(url: str, options: MediaOptions = NO_MEDIA_OPTIONS) -> bytes:
     return asyncio.run(image_b64(url, options))
 
 
-def _refused(url: str, match: str, options: MediaOptions = MediaOptions()) -> None:
+def _refused(url: str, match: str, options: MediaOptions = NO_MEDIA_OPTIONS) -> None:
     with pytest.raises(ConveyorError, match=match) as err:
         _read(url, options)
     assert err.value.status == Status.INVALID_ARG
@@ -81,7 +81,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
     release = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             asked.append(self.path)
             if self.path == "/slow":
                 release.wait(30)

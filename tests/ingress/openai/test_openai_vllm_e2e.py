@@ -95,7 +95,8 @@ def test_completions_are_vllms_greedy_outputs(group: VllmGroup, client: openai.O
 def test_an_image_to_a_text_only_model_is_a_400_and_the_next_chat_is_served(group: VllmGroup,
                                                                             client: openai.OpenAI) -> None:
     png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # 1x1
-    image: Any = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+    url = f"data:image/png;base64,{png}"
+    image: Any = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                                {"type": "text", "text": "hello world"}]}]
     with pytest.raises(openai.BadRequestError, match=f"model '{MODEL}' does not take images"):
         client.chat.completions.create(model=MODEL, messages=image, max_tokens=MAX_TOKENS, temperature=0)

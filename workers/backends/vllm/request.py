@@ -144,8 +144,8 @@ def engine_prompt(prompt: str | list[int], pictures: list[Any] | None = None) ->
 
     mm = {"multi_modal_data": {"image": pictures}} if pictures else {}
     if isinstance(prompt, str):
-        return TextPrompt(prompt=prompt, **mm)  # type: ignore[typeddict-item]
-    return TokensPrompt(prompt_token_ids=prompt, **mm)  # type: ignore[typeddict-item]
+        return TextPrompt(prompt=prompt, **mm)
+    return TokensPrompt(prompt_token_ids=prompt, **mm)
 
 
 def sampling_params(values: dict[str, Any], final_only: bool) -> Any:

@@ -140,13 +140,14 @@ def test_bad_images_are_400s_and_the_engine_serves_the_next_request(served: Serv
         with pytest.raises(openai.BadRequestError) as err:
             _chat(served, url)
         assert err.value.status_code == 400 and why in err.value.message
-        assert isinstance(err.value.body, dict) and err.value.body.get("type") == "invalid_request_error"  # OpenAI's form
+        body = err.value.body
+        assert isinstance(body, dict) and body.get("type") == "invalid_request_error"  # OpenAI's error form
     two: Any = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": tiny_vlm.data_url(1)}},
                                              {"type": "image_url", "image_url": {"url": tiny_vlm.data_url(2)}},
                                              {"type": "text", "text": tiny_vlm.PROMPT}]}]
     with pytest.raises(openai.BadRequestError, match="At most 1 image"):  # the engine's limit_mm_per_prompt
         served.client.chat.completions.create(model=MODEL, messages=two, max_tokens=2)
-    for images, why in [(["!!!"], "not valid base64"), ([bad_png], "is not an image"),
+    for images, why in [(["not base64!"], "not valid base64"), ([bad_png], "is not an image"),
                         ([_b64(1), _b64(2)], "At most 1 image")]:
         for route in ("generate", "generate_stream"):
             status, doc = _generate(served, route, images)
