@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import zlib
 from typing import Any
 
 import numpy as np
@@ -80,9 +79,3 @@ def media_bytes(items: list[bytes]) -> list[bytes]:
     then its bytes), so that the ingress and this worker compute the same keys."""
     return [len(item).to_bytes(_LENGTH, "little") + item for item in items]
 
-
-def crc(items: list[bytes]) -> int:
-    h = 0
-    for item in media_bytes(items):
-        h = zlib.crc32(item, h)
-    return h
