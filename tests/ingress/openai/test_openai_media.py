@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
+from conveyor.ingress.openai.catalog import LlmModel, Target
+from conveyor.ingress.openai.contract import Contract
+from conveyor.ingress.openai.generation import engine_call
 from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions, count, image_b64
 from conveyor.ingress.openai.schema import ChatRequest, TokenizeRequest, chat_messages, decode
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.signature import ModelSignature, TensorSpec
 
 LEVEL = "unit"
 
@@ -114,10 +119,10 @@ def test_remote_urls_are_fetched_only_when_allowed_within_size_and_time(served: 
     base, asked = served
     _refused(f"{base}/small", "fetches no remote media")
     assert asked == []  # off by default: nothing was fetched
-    allowed = MediaOptions(fetch_remote=True, fetch_timeout_s=1.0)
+    allowed = MediaOptions(fetch_remote=True, fetch_timeout_s=60.0)
     assert _read(f"{base}/small", allowed) == B64
     _refused(f"{base}/large", f"larger than {llm_limits.MAX_MEDIA_BYTES} bytes", allowed)
-    _refused(f"{base}/slow", "took more than 1 s", allowed)
+    _refused(f"{base}/slow", "took more than 1 s", MediaOptions(fetch_remote=True, fetch_timeout_s=1.0))
 
 
 def test_a_local_file_is_read_only_under_the_allowed_folder(tmp_path: Path) -> None:
@@ -137,3 +142,20 @@ def test_a_local_file_is_read_only_under_the_allowed_folder(tmp_path: Path) -> N
     _refused(f"file://{allowed}/missing.png", "cannot be read", options)
     _refused(f"file://{allowed}/big.png", "larger than", options)
     _refused(f"file://elsewhere{allowed}/a.png", "must name a local path", options)
+
+
+def _target(inputs: dict[str, str]) -> Target:
+    sig = ModelSignature("m", 0, {n: TensorSpec(n, dt, (-1,)) for n, dt in inputs.items()},
+                         {"text_output": TensorSpec("text_output", "BYTES", (-1,))}, decoupled=True)
+    return Target(LlmModel("m", sig, Contract(True, True, True), "/m", {}, 0), None)
+
+
+def test_the_images_go_in_the_models_image_input_and_a_model_without_it_refuses() -> None:
+    target = _target({"text_input": "BYTES", "sampling_parameters": "BYTES", "image": "BYTES"})
+    call = engine_call(target, "what is this?", {"n": 1}, False, "", [B64, B64])
+    (image,) = [i for i in call.inputs if i.name == "image"]
+    assert (image.datatype, image.shape) == ("BYTES", [2])
+    assert isinstance(image.data, np.ndarray) and image.data.tolist() == [B64, B64]
+    assert "image" not in {i.name for i in engine_call(target, "hi", {"n": 1}, False).inputs}  # none: no input
+    with pytest.raises(ConveyorError, match="model 'm' does not take images"):
+        engine_call(_target({"text_input": "BYTES", "sampling_parameters": "BYTES"}), "a", {"n": 1}, False, "", [B64])
