@@ -32,6 +32,7 @@ from conveyor.ingress.limits import (
     DEFAULT_MAX_JSON_BYTES,
 )
 from conveyor.ingress.openai.forms import ERROR_FORMS, OPENAI
+from conveyor.ingress.openai.media import FETCH_TIMEOUT_S
 from conveyor.ingress.sagemaker import DEFAULT_MODEL_ROOT
 
 _INGRESS = frozenset({INGRESS})
@@ -273,6 +274,18 @@ class OpenAiDefaults(Settings):
         ("--tool-call-parser",), "the tool-call parser of a model whose config names none in its TOOL_CALL_PARSER "
         "parameter (Triton's OpenAI frontend's flag; vLLM's parser names, and Triton's llama3; default: none)",
         kind=tool_parser, default="", metavar="NAME", section=OPENAI_SECTION)
+    # Where a chat request's image_url may point besides a data: URL (ingress/openai/media.py): off by default,
+    # as a server that fetches or reads what its clients name reaches what they cannot.
+    openai_fetch_remote_media: bool = setting(
+        ("--openai-fetch-remote-media",), "fetch a chat request's http(s) image URLs (each within 20 MiB and "
+        "--openai-media-fetch-timeout-secs; default false: only data: URLs, and file: URLs under "
+        "--allowed-local-media-path)", kind=triton_bool, default=False, metavar="BOOL", section=OPENAI_SECTION)
+    openai_media_fetch_timeout_secs: float = setting(
+        ("--openai-media-fetch-timeout-secs",), "the longest fetch of one remote image, connection to last byte "
+        f"(default {FETCH_TIMEOUT_S:g})", kind=float, default=FETCH_TIMEOUT_S, metavar="S", section=OPENAI_SECTION)
+    allowed_local_media_path: str = setting(
+        ("--allowed-local-media-path",), "the folder a chat request's file: image URLs may name (vLLM's flag; "
+        "links resolved, nothing outside it; default: none)", default="", metavar="FOLDER", section=OPENAI_SECTION)
     openai_error_form: str = setting(
         ("--openai-error-form",), "how the OpenAI port answers a refused request: openai (OpenAI's API's and "
         "vLLM's: 400 and {\"error\": {...}}; the default) or triton (Triton's OpenAI frontend's: a body outside "

@@ -103,6 +103,21 @@ MAX_CHOICE_OPTIONS = MAX_SCHEMA_ENUM_VALUES
 # strings, ~40 MB). Four million: a million-token prompt of ids four times over.
 MAX_BODY_VALUES = 1 << 22
 
+# Conveyor's, on the images of one request (the vLLM backend's ``image`` input, the OpenAI chat route's
+# ``image_url`` parts), checked before anything is decoded or reaches an engine (the engine then applies its own
+# ``limit_mm_per_prompt``). Items: each is decoded, resized and run through the vision tower.
+MAX_MEDIA_ITEMS = 16
+# The encoded bytes of one image (a photo's JPEG is a few MB; the whole request stays in shared memory).
+MAX_MEDIA_BYTES = 20 << 20
+# Its base64 text: 4 characters for every 3 bytes.
+MAX_MEDIA_B64_CHARS = (MAX_MEDIA_BYTES + 2) // 3 * 4
+# Pixels of one decoded image (a 1-KB PNG can declare 10^9 pixels: gigabytes once decoded); 8,192 x 4,096, well
+# past any vision tower's input, which the processor resizes to (Pillow's own bomb check starts at 89 M).
+MAX_IMAGE_PIXELS = 1 << 25
+# The formats an image may be in: the common ones Pillow decodes natively; the rarer ones (PSD, ICNS, FITS, ...)
+# are more parser surface than any client needs.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
 _CHECKS: dict[str, Callable[[str, Any], None]] = {}
 
 
@@ -403,3 +418,15 @@ _CHECKS.update({
                                  "stream_interval", "thinking_token_budget")},
 })
 
+
+
+def check_media_items(count: int, field: str) -> None:
+    if count > MAX_MEDIA_ITEMS:
+        raise invalid_arg(f"{field}: {count} images; at most {MAX_MEDIA_ITEMS} are taken per request")
+
+
+def check_media_b64(chars: int, field: str) -> None:
+    """One item's base64 text, before it is decoded."""
+    if chars > MAX_MEDIA_B64_CHARS:
+        raise invalid_arg(f"{field}: an image of {chars} base64 characters; at most {MAX_MEDIA_B64_CHARS} "
+                          f"({MAX_MEDIA_BYTES} bytes) are taken")

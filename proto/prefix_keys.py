@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Sequence
 
 # ~16 tokens of English text: the block size of vLLM's GPU engines, so a key stands for about one
 # cached block. (A CPU engine's blocks are larger; the keys are then finer than its blocks, which
@@ -36,11 +37,16 @@ KEYED_BYTES = MAX_PREFIX_BLOCKS * PREFIX_BLOCK_BYTES
 IDS_PER_KEY = PREFIX_BLOCK_BYTES // 4
 
 
-def block_keys(data: bytes | memoryview, adapter: str) -> list[int]:
+def block_keys(data: bytes | memoryview, adapter: str, media: Sequence[bytes | memoryview] = ()) -> list[int]:
     """The keys of ``data``'s whole blocks (at most ``MAX_PREFIX_BLOCKS``), in order: a prompt's UTF-8
-    text, or its INT32 token ids' bytes; ``adapter``: the LoRA adapter's name, "" for the base model."""
+    text, or its INT32 token ids' bytes; ``adapter``: the LoRA adapter's name, "" for the base model;
+    ``media``: the request's images as its ``image`` tensor holds them (each element's 4-byte length, then its
+    bytes), hashed into every key: the same prompt with another image shares no cached block, with the same
+    image it finds its cached prefix."""
     blocks = min(len(data) // PREFIX_BLOCK_BYTES, MAX_PREFIX_BLOCKS)
     h = zlib.crc32(adapter.encode() + b"\0") if adapter else 0
+    for part in media:
+        h = zlib.crc32(part, h)
     keys = []
     for end in range(PREFIX_BLOCK_BYTES, (blocks + 1) * PREFIX_BLOCK_BYTES, PREFIX_BLOCK_BYTES):
         h = zlib.crc32(data[end - PREFIX_BLOCK_BYTES:end], h)

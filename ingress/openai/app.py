@@ -29,6 +29,7 @@ from conveyor.ingress.openai.embeddings import Embeddings
 from conveyor.ingress.openai.endpoints import ChatCompletions, Completions, EndpointOptions
 from conveyor.ingress.openai.errors import error_handler, is_anthropic
 from conveyor.ingress.openai.forms import OPENAI
+from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions
 from conveyor.ingress.openai.messages import CountTokens, Messages
 from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
 from conveyor.ingress.openai.request_id import RequestIds
@@ -53,6 +54,7 @@ class OpenAiOptions:
     tokenizer: str = ""  # a model's tokenizer folder when it names none (--tokenizer); "": none
     api_keys: tuple[str, ...] = ()  # a model route needs one (--api-key); (): open
     error_form: str = OPENAI  # --openai-error-form: OpenAI's error bodies, or Triton's frontend's (forms.py)
+    media: MediaOptions = NO_MEDIA_OPTIONS  # where a chat request's image_url may point (media.py)
 
 
 class Models:
@@ -96,7 +98,8 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
     options = options or OpenAiOptions()
     catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser, options.tokenizer)
     json_limit = ctx.dataplane.limits.max_json_bytes
-    endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens, options.error_form)
+    endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens, options.error_form,
+                               options.media)
     # Each route, its resource and the API categories it serves: Triton's OpenAI frontend's for its own
     # routes (completions, chat and embeddings are inference, /v1/models model-repository), and the KServe
     # category of what it shows (the model list and cards are metadata too, /version the server's).

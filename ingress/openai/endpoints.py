@@ -23,12 +23,13 @@ import orjson
 
 from conveyor.ingress.dataplane import DataPlane
 from conveyor.ingress.http.body import read_body
-from conveyor.ingress.openai import load_report, migration
+from conveyor.ingress.openai import load_report, media, migration
 from conveyor.ingress.openai.catalog import Catalog, Target
 from conveyor.ingress.openai.errors import error_doc
 from conveyor.ingress.openai.forms import OPENAI, TRITON
 from conveyor.ingress.openai.generation import Step, TokenLogprob, Usage, counted, engine_call, steps
 from conveyor.ingress.openai.load_report import asked_format
+from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions
 from conveyor.ingress.openai.prompts import Prompt, merged, read_prompts
 from conveyor.ingress.openai.request_id import request_id
 from conveyor.ingress.openai.schema import (
@@ -73,6 +74,7 @@ class EndpointOptions:
     max_json_bytes: int = 0  # --max-json-bytes: an OpenAI body is JSON whole, bounded plain or inflated
     default_max_tokens: int = 16  # Triton's OpenAI frontend's default
     error_form: str = OPENAI  # --openai-error-form: "triton" decodes within Triton's schema too
+    media: MediaOptions = NO_MEDIA_OPTIONS  # where an image_url may point (media.py)
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class Parsed:
     prompts: list[Prompt]
     echoes: list[str] | None = None  # ``echo``: each prompt's text
     tools: ToolPlan | None = None
+    images: list[bytes] | None = None  # chat: the ``image_url`` parts' images, base64 (media.py)
 
 
 class _Endpoint:
@@ -173,7 +176,8 @@ class _Endpoint:
             parsed.tools.apply(params)
         rid = request_id(req, request.request_id)
         # Each prompt its own engine request; several get vLLM's ids for them, the request's and an index.
-        calls = [engine_call(parsed.target, prompt, params, request.stream, rid if len(prompts) == 1 else f"{rid}-{i}")
+        calls = [engine_call(parsed.target, prompt, params, request.stream, rid if len(prompts) == 1 else f"{rid}-{i}",
+                             parsed.images)
                  for i, prompt in enumerate(prompts)]
         session = req.get_header(SESSION_HEADER) or request.prompt_cache_key
         if session:  # its turns on one engine (router/scheduling/engine_placement.py)
@@ -190,7 +194,8 @@ class _Endpoint:
                   n * len(prompts), echoes, include_usage, top is not None, continuous, parsed.tools)
         model = parsed.target.model
         # Each request marked for being sent again if its worker dies (migration.py).
-        resumes = [migration.plan(parsed.target, prompt, params, request.stream, call)
+        # (Not one with images: a resumed prompt of token ids would need them placed again.)
+        resumes = [None if parsed.images else migration.plan(parsed.target, prompt, params, request.stream, call)
                    for call, prompt in zip(calls, prompts, strict=True)]
         each = [steps(self._dataplane, call, n, top if isinstance(top, int) else 0, model.contract.decoupled, self.api,
                       resume, join_waiting=model.steps)
@@ -378,12 +383,15 @@ class ChatCompletions(_Endpoint):
     async def _prepare(self, request: ChatRequest) -> Parsed:
         """A chat request decoded (or made from another API's, ``messages.py``) as the engine request."""
         params = sampling_parameters(request, self._max_tokens(request))  # first: n, stop, ... bounded
-        messages = chat_messages(request)
+        urls: list[str] = []
+        messages = chat_messages(request, urls)
+        media.count(urls)  # before any is read
         target = await self._catalog.target(request.model)
         tools = plan(request, target.model.tool_parser)
         template = await self._catalog.chat_template(target.model)
         prompt = template.prompt(messages, tools=tools.template_tools if tools else None)
-        return Parsed(request, params, target, [prompt], tools=tools)
+        images = [await media.image_b64(url, self._options.media) for url in urls]
+        return Parsed(request, params, target, [prompt], tools=tools, images=images or None)
 
     def _max_tokens(self, request: Sampling) -> int:
         assert isinstance(request, ChatRequest)

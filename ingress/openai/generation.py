@@ -34,6 +34,7 @@ from conveyor.ingress.openai.contract import (
     task_refused,
     tensor_inputs,
 )
+from conveyor.ingress.openai.media import IMAGE_INPUT
 from conveyor.ingress.openai.tokenizer import Tokenizer
 from conveyor.proto import stream_steps
 from conveyor.proto.errors import ConveyorError, WorkerLost, invalid_arg
@@ -110,9 +111,10 @@ class Usage:
 
 
 def engine_call(target: Target, prompt: str | list[int], params: dict[str, object], stream: bool,
-                request_id: str = "") -> InferCall:
+                request_id: str = "", images: list[bytes] | None = None) -> InferCall:
     """The model's request; ``request_id``: the client's (``X-Request-Id``), the request's id in the
-    group's logs and traces, as in every Triton request that carries one. ``prompt``: text, or token ids."""
+    group's logs and traces, as in every Triton request that carries one. ``prompt``: text, or token ids;
+    ``images``: base64 texts, the model's ``image`` input (media.py)."""
     model = target.model
     sig = model.signature
     if target.adapter is not None:
@@ -140,6 +142,8 @@ def engine_call(target: Target, prompt: str | list[int], params: dict[str, objec
     inputs = [scalar_input(sig, name, value) for name, value in values.items() if name in sig.inputs]
     if ids is not None:
         inputs.append(ids)
+    if images:
+        inputs.append(_images_input(sig, images, model.name))
     if not json_params:
         inputs += tensor_inputs(sig, {k: v for k, v in params.items() if k != "logprobs"} if "logprobs" in params
                                 else params, model.name)
@@ -157,6 +161,14 @@ def _ids_input(sig: ModelSignature, ids: list[int], model: str) -> InferInput:
     data = np.array(ids, dtype=np.int32 if spec.datatype == "INT32" else np.int64)
     shape = ([1] if sig.max_batch_size > 0 else []) + [1] * (len(spec.dims) - 1) + [len(ids)]
     return InferInput(IDS_INPUT, spec.datatype, shape, data)
+
+
+def _images_input(sig: ModelSignature, images: list[bytes], model: str) -> InferInput:
+    spec = sig.inputs.get(IMAGE_INPUT)
+    if spec is None or spec.datatype != "BYTES":
+        raise invalid_arg(f"model '{model}' does not take images: it declares no BYTES '{IMAGE_INPUT}' input")
+    shape = ([1] if sig.max_batch_size > 0 else []) + [1] * (len(spec.dims) - 1) + [len(images)]
+    return InferInput(IMAGE_INPUT, "BYTES", shape, np.array(images, dtype=object))
 
 
 def scalar_input(sig: ModelSignature, name: str, value: object) -> InferInput:

@@ -102,9 +102,21 @@ class CompletionRequest(Sampling, kw_only=True):
     best_of: int | None = None
 
 
+class ImageUrl(msgspec.Struct):
+    url: str
+    detail: str | None = None  # OpenAI's "auto" / "low" / "high": the engine's processor decides the size
+
+
+class InputAudio(msgspec.Struct):
+    data: str
+    format: str
+
+
 class ContentPart(msgspec.Struct):
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
+    input_audio: InputAudio | None = None
 
 
 class CalledFunction(msgspec.Struct):
@@ -353,10 +365,12 @@ def check_completion(req: CompletionRequest) -> None:
         raise invalid_arg("best_of is no longer supported in vLLM backend, removed from vLLM V1 engine")
 
 
-def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
+def chat_messages(req: ChatRequest | TokenizeRequest, images: list[str] | None = None) -> list[dict[str, Any]]:
     """The conversation as a chat template reads it: text parts joined by newlines, as vLLM does; an
     assistant turn's ``tool_calls`` with their arguments as objects, as transformers' tool-use templates
-    expect them (vLLM parses them so too), and a tool message's ``tool_call_id``."""
+    expect them (vLLM parses them so too), and a tool message's ``tool_call_id``. ``images``: where the
+    ``image_url`` parts' URLs go, in order (None: a route that takes none refuses them); their place in the
+    text is the engine's (it puts an image's tokens where its model wants them)."""
     if not req.messages:
         raise invalid_arg("messages must be non-empty")
     llm_limits.check_messages(len(req.messages))  # first: the count alone, before any message is read
@@ -366,9 +380,7 @@ def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
     for i, msg in enumerate(req.messages):
         content = msg.content
         if isinstance(content, list):
-            if any(part.type != "text" for part in content):
-                raise invalid_arg("only text content parts are supported")
-            content = "\n".join(part.text or "" for part in content)
+            content = "\n".join(_texts(content, images))
         entry: dict[str, Any] = {"role": msg.role, "content": content or ""}
         if msg.name:
             entry["name"] = msg.name
@@ -382,6 +394,23 @@ def chat_messages(req: ChatRequest | TokenizeRequest) -> list[dict[str, Any]]:
             entry["tool_call_id"] = msg.tool_call_id
         out.append(entry)
     return out
+
+
+def _texts(parts: list[ContentPart], images: list[str] | None) -> list[str]:
+    """The text parts' texts; an ``image_url`` part's URL goes to ``images`` (None: refused)."""
+    texts = []
+    for part in parts:
+        if part.type == "text":
+            texts.append(part.text or "")
+        elif part.type == "image_url" and images is not None:
+            if part.image_url is None:
+                raise invalid_arg("a content part of type 'image_url' needs `image_url`")
+            images.append(part.image_url.url)
+        elif images is None:
+            raise invalid_arg("only text content parts are supported")
+        else:  # input_audio: no Triton vLLM contract carries audio
+            raise invalid_arg(f"content parts of type '{part.type}' are not supported")
+    return texts
 
 
 def _history_call(i: int, call: MessageToolCall) -> dict[str, Any]:

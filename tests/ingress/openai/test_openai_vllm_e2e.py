@@ -92,6 +92,19 @@ def test_completions_are_vllms_greedy_outputs(group: VllmGroup, client: openai.O
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == n_out
 
 
+def test_an_image_to_a_text_only_model_is_a_400_and_the_next_chat_is_served(group: VllmGroup,
+                                                                            client: openai.OpenAI) -> None:
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # 1x1
+    url = f"data:image/png;base64,{png}"
+    image: Any = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": "hello world"}]}]
+    with pytest.raises(openai.BadRequestError, match=f"model '{MODEL}' does not take images"):
+        client.chat.completions.create(model=MODEL, messages=image, max_tokens=MAX_TOKENS, temperature=0)
+    out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                                         temperature=0)
+    assert out.choices[0].message.content == group.ref.chat[None][0]
+
+
 @pytest.mark.parametrize("adapter", [None, *tiny_llama.ADAPTERS])
 def test_chat_is_vllms_greedy_output_on_the_template(group: VllmGroup, client: openai.OpenAI,
                                                     adapter: str | None) -> None:

@@ -32,7 +32,7 @@ from conveyor.workers.backends.base import (
     ResponseChannel,
     WireTensor,
 )
-from conveyor.workers.backends.vllm import embedding, kv_events, outputs
+from conveyor.workers.backends.vllm import embedding, kv_events, media, outputs
 from conveyor.workers.backends.vllm.cached_prefixes import CachedPrefixes
 from conveyor.workers.backends.vllm.engine import EngineLoop
 from conveyor.workers.backends.vllm.lora import LoraRepository
@@ -130,6 +130,10 @@ class VllmBackend:
             log.exception("the vLLM engine of '%s' failed to start", self.name)
             why = f"{type(exc).__name__}: {exc}"
             raise unavailable(f"failed to start the vLLM engine of '{self.name}': {why}") from None
+        # The images one prompt may hold: the engine's limit_mm_per_prompt; 0 for a text-only model.
+        model_config = self.engine.engine.model_config
+        mm = model_config.multimodal_config if model_config.is_multimodal_model else None
+        self.image_limit: int = mm.get_limit_per_prompt("image") if mm is not None else 0
         # Tokens leave from the engine's thread, an engine step's worth per message (not via the main loop).
         self.replies = LoopReplies(self.engine.loop)
         if events is not None and post is not None:
@@ -176,6 +180,9 @@ class VllmBackend:
                     args = parse(item)
                     if args.lora_name is not None:
                         self.loras.check(args.lora_name)
+                    if args.images:
+                        media.check_engine(len(args.images), self.image_limit, self.name)
+                        args.pictures = media.decode(args.images)
                     keys = prefix_keys(item, args) if self.prefixes is not None else None
                     work = functools.partial(self._generate, args, channel, keys)
             except ConveyorError as exc:
@@ -230,7 +237,7 @@ class VllmBackend:
         params = sampling_params(args.sampling, final_only=not args.stream)
         state = outputs.ResponseState(params.n, self._decode)
         lora = self.loras.request(args.lora_name) if args.lora_name is not None else None
-        prompt = engine_prompt(args.prompt)
+        prompt = engine_prompt(args.prompt, args.pictures)
         resumable = args.stream and args.token_ids and params.n == 1
         answer = self._steps if args.steps else self._tensors
         request_id = uuid.uuid4().hex

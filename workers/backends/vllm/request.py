@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from conveyor.proto.migration import MIGRATION, RESUMABLE
 from conveyor.proto.prefix_keys import KEYED_BYTES, PREFIX_BLOCK_BYTES, block_keys
 from conveyor.proto.stream_steps import STEPS
 from conveyor.workers.backends.base import RequestItem
+from conveyor.workers.backends.vllm import media
 
 RETURNS = (
     "return_finish_reason", "return_cumulative_logprob", "return_logprobs",
@@ -55,6 +56,10 @@ class GenerateArgs:
     # The OpenAI ingress reads each response from its parameters, not its tensors (proto/stream_steps.py).
     steps: bool = False
     priority: int = 0  # vLLM's: the engine's scheduling priority (lower first, with its "priority" policy)
+    # Triton's ``image`` input: base64 elements, counted and sized (media.py); decoded once the engine's
+    # limits are checked (``pictures``).
+    images: list[bytes] = field(default_factory=list)
+    pictures: list[Any] = field(default_factory=list)
 
 
 def _first(inputs: dict[str, np.ndarray], name: str) -> Any:
@@ -73,8 +78,6 @@ def parse(item: RequestItem) -> GenerateArgs:
     prompt = _first(inputs, "text_input")
     if prompt is None:
         raise invalid_arg("input 'text_input' is required")
-    if "image" in inputs:
-        raise invalid_arg("the vllm backend serves text here: 'image' is not supported")
     stream = bool(_first(inputs, "stream") or False)
     exclude = _first(inputs, "exclude_input_in_output")
     # Triton: the prompt is prepended unless excluded, and a stream excludes it by default.
@@ -104,7 +107,8 @@ def parse(item: RequestItem) -> GenerateArgs:
             raise invalid_arg(f"input '{IDS_INPUT}' is empty")
         text = [int(t) for t in ids.reshape(-1)]
     return GenerateArgs(text, stream, prepend, sampling, None if lora is None else str(lora), returns,
-                        bool(item.parameters.get(RESUMABLE)), bool(item.parameters.get(STEPS)), priority)
+                        bool(item.parameters.get(RESUMABLE)), bool(item.parameters.get(STEPS)), priority,
+                        media.elements(inputs))
 
 
 def _priority(value: Any) -> int:
@@ -123,20 +127,25 @@ def prefix_keys(item: RequestItem, args: GenerateArgs) -> tuple[list[int], bool]
     are keys of token ids (``input_ids`` of INT32) rather than of the text."""
     named = item.parameters.get("lora_name")  # the ingress reads the parameter before the sampling JSON
     adapter = named if isinstance(named, str) else (args.lora_name or "")
+    images = media.media_bytes(args.images)
     ids = item.inputs.get(IDS_INPUT)
     if ids is not None and ids.dtype == np.int32 and ids.nbytes >= PREFIX_BLOCK_BYTES:
-        return block_keys(np.ascontiguousarray(ids).reshape(-1)[:KEYED_BYTES // 4].tobytes(), adapter), True
+        return block_keys(np.ascontiguousarray(ids).reshape(-1)[:KEYED_BYTES // 4].tobytes(), adapter, images), True
     prompt = _first(item.inputs, "text_input")
     text = prompt.encode() if isinstance(prompt, str) else prompt or b""
-    return block_keys(text[:KEYED_BYTES], adapter), False
+    return block_keys(text[:KEYED_BYTES], adapter, images), False
 
 
-def engine_prompt(prompt: str | list[int]) -> Any:
-    if isinstance(prompt, str):
+def engine_prompt(prompt: str | list[int], pictures: list[Any] | None = None) -> Any:
+    """The engine's prompt: text or token ids, with the request's decoded images as ``multi_modal_data``."""
+    if isinstance(prompt, str) and not pictures:
         return prompt
-    from vllm.inputs import TokensPrompt
+    from vllm.inputs import TextPrompt, TokensPrompt
 
-    return TokensPrompt(prompt_token_ids=prompt)
+    mm = {"multi_modal_data": {"image": pictures}} if pictures else {}
+    if isinstance(prompt, str):
+        return TextPrompt(prompt=prompt, **mm)
+    return TokensPrompt(prompt_token_ids=prompt, **mm)
 
 
 def sampling_params(values: dict[str, Any], final_only: bool) -> Any:

@@ -312,6 +312,18 @@ def test_exclude_input_in_output_false_in_a_stream_is_the_backends_error(served:
         "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed.")
 
 
+def test_an_image_to_a_text_only_model_is_a_400_and_the_engine_serves_the_next(served: tuple[Server, Any]) -> None:
+    """Triton's ``image`` input (base64) on the tiny Llama, which takes no images: refused before its engine."""
+    srv, ref = served
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # 1x1
+    for route in ("generate", "generate_stream"):
+        status, raw = post(srv, route, {"text_input": "the quick", "image": [png], "sampling_parameters": sampling("")})
+        assert status == 400 and f"model '{MODEL}' does not take images" in json.loads(raw)["error"]
+    status, raw = post(srv, "generate", {"text_input": "the quick", "sampling_parameters": sampling(""),
+                                         "exclude_input_in_output": True})
+    assert status == 200 and json.loads(raw)["text_output"] == ref[""][0]["text"]
+
+
 # vllm_backend's ci/L0_backend_vllm/vllm_backend/ensemble_config.pbtxt: a batching ensemble over the
 # non-batching vLLM model.
 ENSEMBLE = "vllm_ensemble"
