@@ -26,8 +26,11 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+from conveyor.proto.errors import unavailable
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,18 @@ DELETE FROM responses WHERE id IN (
 """
 
 
+T = TypeVar("T")
+
+
+async def _run(call: Callable[[Any], T], arg: Any) -> T:
+    """``call(arg)`` in a thread; a file that cannot be read or written is the group's fault, said as a 503."""
+    try:
+        return await asyncio.to_thread(call, arg)
+    except sqlite3.Error as exc:
+        log.error("the responses store: %s", exc)
+        raise unavailable(f"the stored responses cannot be reached: {exc}") from None
+
+
 class SqliteStore:
     """The group's store: one SQLite file that every OpenAI ingress process of the group opens."""
 
@@ -193,13 +208,13 @@ class SqliteStore:
             return int(self._connection().execute("SELECT COUNT(*) FROM responses").fetchone()[0])
 
     async def put(self, record: StoredResponse) -> bool:
-        return await asyncio.to_thread(self._put, record)
+        return await _run(self._put, record)
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        return await asyncio.to_thread(self._get, response_id)
+        return await _run(self._get, response_id)
 
     async def delete(self, response_id: str) -> bool:
-        return await asyncio.to_thread(self._delete, response_id)
+        return await _run(self._delete, response_id)
 
     def close(self) -> None:
         with self._lock:

@@ -391,6 +391,13 @@ def test_two_stores_on_one_file_share_it_and_a_new_one_finds_what_was_stored(tmp
     again.close()
 
 
+def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path))  # a folder: no database opens there
+    with pytest.raises(ConveyorError, match="the stored responses cannot be reached") as err:
+        asyncio.run(store.get("resp_a"))
+    assert err.value.status is Status.UNAVAILABLE
+
+
 # ------------------------------------------------------------------------------------------------ the errors
 
 
