@@ -111,6 +111,8 @@ class MemoryStore:
         return self._records.pop(response_id, None) is not None
 
 
+# The records, and their count and bytes kept up to date by triggers: a write reads two numbers to know whether
+# it must evict, rather than sum the table.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
@@ -121,16 +123,34 @@ CREATE TABLE IF NOT EXISTS responses (
     session TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
+CREATE TABLE IF NOT EXISTS totals (id INTEGER PRIMARY KEY CHECK (id = 0), count INTEGER NOT NULL,
+                                   bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO totals VALUES (0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS responses_added AFTER INSERT ON responses BEGIN
+    UPDATE totals SET count = count + 1, bytes = bytes + NEW.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS responses_removed AFTER DELETE ON responses BEGIN
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE id = 0;
+END;
 """
-# The newest first, a running count and byte sum: every record past either bound is evicted in one statement.
-_EVICT = """
-DELETE FROM responses WHERE id IN (
-    SELECT id FROM (
-        SELECT id, ROW_NUMBER() OVER newest AS n, SUM(size) OVER newest AS bytes FROM responses
-        WINDOW newest AS (ORDER BY created DESC, rowid DESC)
-    ) WHERE n > ? OR bytes > ?
-)
-"""
+EVICT_BATCH = 64  # the oldest records read at once while a write makes room: one, at the bounds, is the usual
+
+
+def _evict(db: sqlite3.Connection, limits: StoreLimits) -> None:
+    """The oldest records deleted until the rest are within the count and the bytes (in the caller's
+    transaction)."""
+    count, size = db.execute("SELECT count, bytes FROM totals").fetchone()
+    while count > limits.max_count or size > limits.max_bytes:
+        doomed = []
+        for rid, each in db.execute("SELECT id, size FROM responses ORDER BY created, rowid LIMIT ?",
+                                    (EVICT_BATCH,)):
+            if count <= limits.max_count and size <= limits.max_bytes:
+                break
+            doomed.append((rid,))
+            count, size = count - 1, size - each
+        if not doomed:
+            return
+        db.executemany("DELETE FROM responses WHERE id = ?", doomed)
 
 
 T = TypeVar("T")
@@ -179,10 +199,11 @@ class SqliteStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute("DELETE FROM responses WHERE created < ?", (time.time() - limits.max_age_s,))
-                db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+                db.execute("DELETE FROM responses WHERE id = ?", (record.id,))
+                db.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",
                            (record.id, record.created, record.size, record.response, record.conversation,
                             record.session))
-                db.execute(_EVICT, (limits.max_count, limits.max_bytes))
+                _evict(db, limits)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -203,9 +224,11 @@ class SqliteStore:
             cursor = self._connection().execute("DELETE FROM responses WHERE id = ?", (response_id,))
         return cursor.rowcount > 0
 
-    def count(self) -> int:
+    def totals(self) -> tuple[int, int]:
+        """The records' count and bytes."""
         with self._lock:
-            return int(self._connection().execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+            count, size = self._connection().execute("SELECT count, bytes FROM totals").fetchone()
+        return int(count), int(size)
 
     async def put(self, record: StoredResponse) -> bool:
         return await _run(self._put, record)

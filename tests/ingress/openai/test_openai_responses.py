@@ -23,7 +23,7 @@ from conveyor.ingress.openai.endpoints import Job
 from conveyor.ingress.openai.errors import UnknownResponse, render_error, render_triton_error
 from conveyor.ingress.openai.generation import Step
 from conveyor.ingress.openai.request_id import RequestIds
-from conveyor.ingress.openai.response_store import MemoryStore, SqliteStore, StoredResponse, StoreLimits
+from conveyor.ingress.openai.response_store import EVICT_BATCH, MemoryStore, SqliteStore, StoredResponse, StoreLimits
 from conveyor.ingress.openai.responses import Answer, response_events
 from conveyor.ingress.openai.responses_schema import (
     MAX_METADATA_KEY_CHARS,
@@ -387,8 +387,23 @@ def test_two_stores_on_one_file_share_it_and_a_new_one_finds_what_was_stored(tmp
     first.close()
     second.close()
     again = SqliteStore(path)
-    assert asyncio.run(again.get("resp_b")) is not None and again.count() == 1
+    assert asyncio.run(again.get("resp_b")) is not None and again.totals() == (1, _record("resp_b").size)
     again.close()
+
+
+def test_a_lower_bound_after_a_restart_evicts_the_oldest_down_to_it(tmp_path: Path) -> None:
+    """More records than one batch of eviction reads (EVICT_BATCH) go at the next write."""
+    path = str(tmp_path / "responses.sqlite3")
+    wide = SqliteStore(path, StoreLimits(max_count=1000))
+    for i in range(3 * EVICT_BATCH):
+        assert wide._put(_record(f"r{i}"))
+    wide.close()
+    narrow = SqliteStore(path, StoreLimits(max_count=10))
+    assert asyncio.run(narrow.put(_record("last")))
+    assert narrow.totals() == (10, 10 * _record("last").size)
+    assert asyncio.run(narrow.get("last")) is not None and asyncio.run(narrow.get(f"r{3 * EVICT_BATCH - 10}")) is None
+    assert asyncio.run(narrow.get(f"r{3 * EVICT_BATCH - 9}")) is not None
+    narrow.close()
 
 
 def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
