@@ -38,12 +38,13 @@ def group(served_llm: VllmGroup) -> VllmGroup:
 
 
 @pytest.fixture(scope="module")
-def client(group: VllmGroup) -> openai.OpenAI:
+def client(group: VllmGroup) -> Any:
+    """The client, untyped: its typed arguments and answers are unions of every kind of item and tool."""
     return openai.OpenAI(base_url=f"http://127.0.0.1:{group.openai_port}/v1", api_key="none", max_retries=0,
                          timeout=120)
 
 
-def test_a_response_is_the_chat_completion_of_its_input(group: VllmGroup, client: openai.OpenAI) -> None:
+def test_a_response_is_the_chat_completion_of_its_input(group: VllmGroup, client: Any) -> None:
     text, n_out, n_in = group.ref.chat[None]  # vLLM's own greedy answer on the model's template
     out = client.responses.create(model=MODEL, input=CHAT[0]["content"], temperature=0,
                                   max_output_tokens=MAX_TOKENS)
@@ -59,7 +60,7 @@ def test_a_response_is_the_chat_completion_of_its_input(group: VllmGroup, client
     assert final.usage is not None and final.usage.output_tokens == n_out
 
 
-def test_a_forced_call_and_its_output_continue_the_stored_conversation(client: openai.OpenAI) -> None:
+def test_a_forced_call_and_its_output_continue_the_stored_conversation(client: Any) -> None:
     out = client.responses.create(model=MODEL, input=CHAT, temperature=0, max_output_tokens=TOOL_TOKENS,
                                   tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"})
     (call,) = out.output
@@ -79,7 +80,7 @@ def test_a_forced_call_and_its_output_continue_the_stored_conversation(client: o
     assert follow.usage.input_tokens == whole.usage.input_tokens
 
 
-def test_text_format_is_structured_output(client: openai.OpenAI) -> None:
+def test_text_format_is_structured_output(client: Any) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["oslo", "rome"]}},
               "required": ["city"], "additionalProperties": False}
     out = client.responses.create(model=MODEL, input=CHAT, temperature=0, max_output_tokens=TOOL_TOKENS,
