@@ -1,9 +1,9 @@
 """The OpenAI port's error answers, in the form ``--openai-error-form`` names (``forms.py``).
 
 ``openai`` (``render_error``): OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with
-the status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and adapter), 413 for a body
-over --http-max-input-size (Triton's frontend's ``content_too_large``), 503 when the group cannot serve now,
-500 otherwise.
+the status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and adapter) or stored
+response (``UnknownResponse``, the Responses API's), 413 for a body over --http-max-input-size (Triton's
+frontend's ``content_too_large``), 503 when the group cannot serve now, 500 otherwise.
 
 ``triton`` (``render_triton_error``): what Triton's OpenAI frontend (FastAPI) answers. A body outside the
 request's schema (``SchemaError``) is 422 ``{"detail": [...]}``, pydantic's account of each error
