@@ -55,6 +55,7 @@ from conveyor.ingress.openai.responses_schema import ResponsesRequest, chat_requ
 from conveyor.ingress.openai.schema import CalledFunction, ChatMessage, ChatRequest, MessageToolCall, decode
 from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, read_whole
 from conveyor.proto.errors import ConveyorError, invalid_arg
+from conveyor.proto.prefix_keys import SESSION_HEADER
 
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
@@ -162,7 +163,9 @@ class Responses(ChatCompletions):
             history = _HISTORY.decode(previous.conversation)
             session = previous.session  # the conversation's engine
         response_id = _new_id("resp_")
-        chat = chat_request(request, history, request.prompt_cache_key or session or response_id)
+        # The conversation's session, kept with it: its follow-ups go where its prefix is, whoever names none.
+        session = req.get_header(SESSION_HEADER) or request.prompt_cache_key or session or response_id
+        chat = chat_request(request, history, session)
         answer = Answer(request, chat, response_id)
         parsed = await self._prepare(chat)
         job, found = await self._start(req, parsed)
