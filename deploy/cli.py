@@ -304,16 +304,22 @@ def _cloud_ingress(args: CloudIngressSettings, router: str) -> None:
 
 
 def _openai_ingress(args: OpenAiIngressSettings, router: str) -> None:
+    from conveyor.deploy.options import run_dir
     from conveyor.ingress.http.server import serve as serve_http
     from conveyor.ingress.openai.app import OpenAiOptions, build_openai_app
     from conveyor.ingress.openai.errors import body_refusal
     from conveyor.ingress.openai.media import MediaOptions
+    from conveyor.ingress.openai.response_store import STORE_FILE, StoreLimits
 
     media = MediaOptions(args.openai_fetch_remote_media, args.openai_media_fetch_timeout_secs,
                          args.allowed_local_media_path)
+    # Every OpenAI ingress process of the group opens the same file: a stored response outlives the process.
+    store = args.responses_store or os.path.join(run_dir(args.group or DEFAULT_GROUP), STORE_FILE)
+    limits = StoreLimits(args.responses_store_max_count, args.responses_store_max_bytes,
+                         args.responses_store_max_age_secs)
     openai = OpenAiOptions(args.lora_separator, args.default_max_tokens, args.http_max_body_bytes,
                            openai_rules(args), args.tool_call_parser, args.tokenizer, tuple(args.api_key),
-                           args.openai_error_form, media)
+                           args.openai_error_form, media, store, limits)
     serve_http(router, args.group or DEFAULT_GROUP, args.openai_address or args.http_address, args.openai_port,
                arena_bytes=args.arena_size, log_level=_log_level(args), exit_timeout_s=args.exit_timeout_secs,
                drain_grace_s=args.drain_grace_secs, max_body_bytes=args.http_max_body_bytes, limits=_limits(args),

@@ -33,6 +33,12 @@ from conveyor.ingress.limits import (
 )
 from conveyor.ingress.openai.forms import ERROR_FORMS, OPENAI
 from conveyor.ingress.openai.media import FETCH_TIMEOUT_S
+from conveyor.ingress.openai.response_store import (
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_COUNT,
+    STORE_FILE,
+)
 from conveyor.ingress.sagemaker import DEFAULT_MODEL_ROOT
 
 _INGRESS = frozenset({INGRESS})
@@ -292,3 +298,21 @@ class OpenAiDefaults(Settings):
         "its request schema is 422 with pydantic's {\"detail\": [...]}, other refusals {\"detail\": message}, an "
         "unknown model 400 'Unknown model: <name>'; the default of conveyor openai-frontend)",
         default=OPENAI, choices=ERROR_FORMS, section=OPENAI_SECTION)
+    # The Responses API's stored responses (ingress/openai/response_store.py): one file every OpenAI ingress
+    # process of the group opens, bounded three ways so that no client can fill the disk.
+    responses_store: str = setting(
+        ("--responses-store",), "the SQLite file of the Responses API's stored responses (store, "
+        "previous_response_id), which every OpenAI ingress process of the group shares (default: "
+        f"{STORE_FILE} in the group's run folder, which goes with the group)", default="", metavar="FILE",
+        to_text=path_text, section=OPENAI_SECTION)
+    responses_store_max_count: int = setting(
+        ("--responses-store-max-count",), "stored responses kept; past it the oldest goes (default "
+        f"{DEFAULT_MAX_COUNT})", kind=int, default=DEFAULT_MAX_COUNT, metavar="N", section=OPENAI_SECTION)
+    responses_store_max_bytes: int = setting(
+        ("--responses-store-max-bytes",), "bytes of stored responses and their conversations kept; past it the "
+        f"oldest go, and a larger response is not stored (default {DEFAULT_MAX_BYTES})", kind=int,
+        default=DEFAULT_MAX_BYTES, metavar="BYTES", section=OPENAI_SECTION)
+    responses_store_max_age_secs: int = setting(
+        ("--responses-store-max-age-secs",), "a stored response older than this is gone: 404, as an unknown "
+        f"id (default {DEFAULT_MAX_AGE_S}: 30 days, as OpenAI keeps them)", kind=int, default=DEFAULT_MAX_AGE_S,
+        metavar="SECONDS", section=OPENAI_SECTION)

@@ -1,6 +1,8 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions``, ``POST /v1/embeddings`` (``embeddings.py``), Anthropic's
-``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (``messages.py``), Triton's frontend's
+``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (``messages.py``), OpenAI's Responses API
+(``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``:
+``responses.py``), Triton's frontend's
 ``POST /v1/models/{name}/load`` and ``/unload`` (``model_management.py``), and vLLM's own routes:
 ``GET /health`` (ready), ``GET /version``, ``POST /tokenize`` and ``POST /detokenize``,
 ``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (``adapters.py``); every answer carries
@@ -33,6 +35,8 @@ from conveyor.ingress.openai.media import NO_MEDIA_OPTIONS, MediaOptions
 from conveyor.ingress.openai.messages import CountTokens, Messages
 from conveyor.ingress.openai.model_management import LoadModel, UnloadModel
 from conveyor.ingress.openai.request_id import RequestIds
+from conveyor.ingress.openai.response_store import MemoryStore, ResponseStore, SqliteStore, StoreLimits
+from conveyor.ingress.openai.responses import CancelResponse, Responses, StoredResponses
 from conveyor.ingress.openai.restricted import OpenAiRestrictions
 from conveyor.ingress.openai.tokenization import Detokenize, Tokenize
 from conveyor.ingress.restricted import Restriction
@@ -55,6 +59,10 @@ class OpenAiOptions:
     api_keys: tuple[str, ...] = ()  # a model route needs one (--api-key); (): open
     error_form: str = OPENAI  # --openai-error-form: OpenAI's error bodies, or Triton's frontend's (forms.py)
     media: MediaOptions = NO_MEDIA_OPTIONS  # where a chat request's image_url may point (media.py)
+    # the Responses API's stored responses: a file every ingress process of the group opens (--responses-store);
+    # "": this process's memory alone (an app without a group)
+    responses_store: str = ""
+    responses_limits: StoreLimits = field(default_factory=StoreLimits)
 
 
 class Models:
@@ -96,6 +104,8 @@ class Version:
 
 def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) -> falcon.asgi.App:
     options = options or OpenAiOptions()
+    store: ResponseStore = (SqliteStore(options.responses_store, options.responses_limits)
+                            if options.responses_store else MemoryStore(options.responses_limits))
     catalog = Catalog(ctx.dataplane, options.lora_separator, options.tool_call_parser, options.tokenizer)
     json_limit = ctx.dataplane.limits.max_json_bytes
     endpoint = EndpointOptions(options.max_body_bytes, json_limit, options.default_max_tokens, options.error_form,
@@ -114,6 +124,10 @@ def build_openai_app(ctx: IngressContext, options: OpenAiOptions | None = None) 
         # Anthropic's Messages API, on the chat path (messages.py)
         ("/v1/messages", Messages(ctx.dataplane, catalog, endpoint), ("inference",)),
         ("/v1/messages/count_tokens", CountTokens(catalog, endpoint), ("inference",)),
+        # OpenAI's Responses API, on the chat path too (responses.py), its stored responses in the group's store
+        ("/v1/responses", Responses(ctx.dataplane, catalog, endpoint, store), ("inference",)),
+        ("/v1/responses/{response_id}", StoredResponses(store), ("inference",)),
+        ("/v1/responses/{response_id}/cancel", CancelResponse(store), ("inference",)),
         ("/v1/embeddings", Embeddings(ctx.dataplane, catalog, options.max_body_bytes, json_limit, options.error_form),
          ("inference",)),
         ("/health", Health(ctx.link, ctx), ("health",)),

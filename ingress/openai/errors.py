@@ -1,9 +1,9 @@
 """The OpenAI port's error answers, in the form ``--openai-error-form`` names (``forms.py``).
 
 ``openai`` (``render_error``): OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with
-the status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and adapter), 413 for a body
-over --http-max-input-size (Triton's frontend's ``content_too_large``), 503 when the group cannot serve now,
-500 otherwise.
+the status the OpenAI API uses: 400 for a bad request, 404 for an unknown model (and adapter) or stored
+response (``UnknownResponse``, the Responses API's), 413 for a body over --http-max-input-size (Triton's
+frontend's ``content_too_large``), 503 when the group cannot serve now, 500 otherwise.
 
 ``triton`` (``render_triton_error``): what Triton's OpenAI frontend (FastAPI) answers. A body outside the
 request's schema (``SchemaError``) is 422 ``{"detail": [...]}``, pydantic's account of each error
@@ -67,6 +67,15 @@ class UnknownModel(ConveyorError):
         self.triton = triton or f"Unknown model: {name}"
 
 
+class UnknownResponse(ConveyorError):
+    """NOT_FOUND: a response id no stored response has (never stored, deleted, evicted or expired): OpenAI's 404,
+    in vLLM's words, ``param`` the field that named it."""
+
+    def __init__(self, response_id: str, param: str) -> None:
+        super().__init__(Status.NOT_FOUND, f"Response with id '{response_id}' not found.")
+        self.param = param
+
+
 def unreadable(path: str, exc: Exception) -> ConveyorError:
     """A model's file (tokenizer, template, config) that cannot be read: the server logs where it is,
     the client learns which file of the model, not the server's folders."""
@@ -80,6 +89,8 @@ def status_of(error: ConveyorError) -> int:
 
 
 def error_doc(error: ConveyorError) -> dict[str, Any]:
+    if isinstance(error, UnknownResponse):
+        return _doc(404, error.message, error.param)
     return _doc(status_of(error), error.message, "model" if error.status is Status.NOT_FOUND else None)
 
 

@@ -54,6 +54,7 @@ _SAMPLES = {
     "--http-header-forward-pattern": "-x-.*", "--sagemaker-model-root": "/srv/ml/models",
     "--grpc-server-cert": "/etc/c.pem", "--grpc-server-key": "/etc/k.pem", "--grpc-root-cert": "/etc/ca.pem",
     "--http-ssl-cert": "/etc/h.pem", "--http-ssl-key": "/etc/hk.pem", "--model-repository": "/models",
+    "--responses-store": "/srv/responses.sqlite3",
     "--cache-config": "local,size=4096", "--rate-limit-resource": "R1:2:0",
     "--metrics-config": "summary_latencies=true",
     "--trace-config": "rate=9", "--trace-level": "TENSORS", "--trace-file": "/tmp/t.json",

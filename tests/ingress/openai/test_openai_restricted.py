@@ -31,6 +31,10 @@ ROUTES = [
     ("POST", "/v1/chat/completions", {"inference"}),
     ("POST", "/v1/messages", {"inference"}),  # Anthropic's: refused in its form
     ("POST", "/v1/messages/count_tokens", {"inference"}),
+    ("POST", "/v1/responses", {"inference"}),  # OpenAI's Responses API and its stored responses
+    ("GET", "/v1/responses/resp_1", {"inference"}),
+    ("DELETE", "/v1/responses/resp_1", {"inference"}),
+    ("POST", "/v1/responses/resp_1/cancel", {"inference"}),
     ("POST", "/v1/embeddings", {"inference"}),
     ("POST", "/tokenize", {"inference"}),
     ("POST", "/detokenize", {"inference"}),
