@@ -120,7 +120,8 @@ for suite in "${SUITES[@]}"; do
         bash -c 'ip link set lo up; vllm-overlay; exec bash -ex test.sh' > "$out" 2>&1) || rc=$?
     ran=0 passed=0
     case $suite in
-        L0_check_health_vllm) logs=("$dir"/health_check_*.log) ;;
+        L0_check_health_vllm) logs=(); for log in "$dir"/health_check_*.log; do  # each test's, not its server's
+            [[ $log == *.server.log ]] || logs+=("$log"); done ;;
         L0_additional_outputs_vllm) logs=("$out") ;;
         *) logs=("$dir"/*_client.log) ;;
     esac
