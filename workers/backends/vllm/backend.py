@@ -188,7 +188,7 @@ class VllmBackend:
             begins.append(self._start(work, channel))
             channels.append(channel)
         if self.health_check:  # Triton's backend asks the engine before each batch, whatever the batch holds
-            self.engine.run(self._check_health(begins, channels))
+            self.engine.run(self._check_health(begins, channels)).add_done_callback(_log_failure)
         elif begins:
             self.engine.call(lambda: _begin_all(begins))
         return []
@@ -389,6 +389,12 @@ def _cancel(task: asyncio.Task[None]) -> None:
     if not task.done():
         log.info(CANCELLING_LOG)
         task.cancel()
+
+
+def _log_failure(done: concurrent.futures.Future[None]) -> None:
+    """What went wrong in a batch's start on the engine's loop, logged as the loop logs a failed callback."""
+    if not done.cancelled() and done.exception() is not None:
+        log.error("starting a batch of vLLM requests failed", exc_info=done.exception())
 
 
 def _begin_all(begins: list[Callable[[], None]]) -> None:
