@@ -24,7 +24,7 @@ class ForkedModelWorkers(MultiprocExecutor):
     """vLLM's multiprocess executor, started by an engine core that forks its model workers."""
 
     def _init_executor(self) -> None:
-        # In the engine core process only (the executor is made there): its workers inherit "fork", which
-        # they never use (they start no processes).
+        # In the engine core process (the executor is made there), not the worker's: what it forks inherits
+        # "fork" too, vLLM's default everywhere.
         os.environ[METHOD_ENV] = "fork"
         super()._init_executor()
