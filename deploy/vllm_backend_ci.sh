@@ -20,9 +20,14 @@
 # their own (`unshare -rn`: the suites use the fixed ports 8000-8002, and nothing is downloaded), with the
 # engine's CPU KV cache at VLLM_CPU_KVCACHE_SPACE GiB (default 1: several engines share a small host).
 #
+# They also run in a mount namespace of their own (`unshare -m`), where vLLM's package is an overlay of this
+# environment's (its changes go to WORK_DIR/overlay and are seen only there), and where Triton's container path
+# to it, /usr/local/lib/python3.12/dist-packages/vllm, leads to it: L0_check_health_vllm's test.sh mocks vLLM's
+# check_health() by editing that path's v1/engine/async_llm.py, and the servers it starts then run the mock.
+#
 # TRITONSERVER (default: the tritonserver beside $PYTHON, running this checkout's build/src) is the server
 # command. Needs the vllm extra and
-# pytest, tritonclient[grpc], jq and curl.
+# pytest, tritonclient[grpc], jq and curl; a kernel that mounts overlayfs in a user namespace (Linux 5.11+).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VB=$(realpath "$1")
@@ -69,6 +74,23 @@ EOF
 printf '#!/bin/sh\necho "pip3 $*: provided by the environment"\n' > "$WORK/bin/pip3"
 chmod +x "$WORK/bin/wget" "$WORK/bin/pip3"
 
+# Run in the suites' namespaces (as their root): vLLM's package writable through an overlay, and at Triton's path.
+VLLM_DIR=$("$PY" -c 'import importlib.util as u, os; print(os.path.realpath(u.find_spec("vllm").submodule_search_locations[0]))')
+TRITON_VLLM=/usr/local/lib/python3.12/dist-packages/vllm  # L0_check_health_vllm's VLLM_INSTALL_PATH
+cat > "$WORK/bin/vllm-overlay" <<EOF
+#!/bin/bash
+set -e
+ov="$WORK/overlay"
+rm -rf "\$ov" && mkdir -p "\$ov/vllm/upper" "\$ov/vllm/work" "\$ov/lib/upper" "\$ov/lib/work"
+mount -t overlay overlay -o "lowerdir=$VLLM_DIR,upperdir=\$ov/vllm/upper,workdir=\$ov/vllm/work" "$VLLM_DIR"
+if [ "\$(realpath -m "$TRITON_VLLM")" != "$VLLM_DIR" ]; then
+    mkdir -p "\$ov/lib/upper/python3.12/dist-packages"
+    ln -s "$VLLM_DIR" "\$ov/lib/upper/python3.12/dist-packages/vllm"
+    mount -t overlay overlay -o "lowerdir=/usr/local/lib,upperdir=\$ov/lib/upper,workdir=\$ov/lib/work" /usr/local/lib
+fi
+EOF
+chmod +x "$WORK/bin/vllm-overlay"
+
 # count LOG: "run passed" of one unittest (-v) or pytest (-v) log.
 count() {
     local log=$1
@@ -92,13 +114,14 @@ for suite in "${SUITES[@]}"; do
     [ -d "$dir" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     echo "=== $suite"
     rc=0
-    (cd "$dir" && unshare -rn env PATH="$WORK/bin:$(dirname "$PY"):$PATH" TRITON_DIR="$WORK/triton" SERVER="$WORK/triton/bin/tritonserver" \
+    (cd "$dir" && unshare -rmn env PATH="$WORK/bin:$(dirname "$PY"):$PATH" TRITON_DIR="$WORK/triton" SERVER="$WORK/triton/bin/tritonserver" \
         PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}" HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-        bash -c 'ip link set lo up; exec bash -ex test.sh' > "$out" 2>&1) || rc=$?
+        bash -c 'ip link set lo up; vllm-overlay; exec bash -ex test.sh' > "$out" 2>&1) || rc=$?
     ran=0 passed=0
     case $suite in
-        L0_check_health_vllm) logs=("$dir"/health_check_*.log) ;;
+        L0_check_health_vllm) logs=(); for log in "$dir"/health_check_*.log; do  # each test's, not its server's
+            [[ $log == *.server.log ]] || logs+=("$log"); done ;;
         L0_additional_outputs_vllm) logs=("$out") ;;
         *) logs=("$dir"/*_client.log) ;;
     esac

@@ -87,7 +87,7 @@ def start_server(repo: str, group: str, *extra: str, grpc: bool = True, https: s
     try:
         wait_ready(http_port, proc, (grpc_port, metrics_port) if grpc else (metrics_port,), timeout=ready_timeout,
                    https=https)
-    except Exception:
+    except BaseException:  # pytest-timeout's Failed too: a group left starting would outlive the session
         abandon(proc)
         raise
     return Server(proc, group, http_port, grpc_port, metrics_port, repo)

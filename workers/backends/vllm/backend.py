@@ -13,6 +13,8 @@ import functools
 import json
 import logging
 import os
+import threading
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -161,11 +163,13 @@ class VllmBackend:
         return self.prefixes is not None
 
     def execute_requests(self, items: list[RequestItem]) -> list[RequestOutcome]:
-        if self.health_check and not self._check_health():
+        if self.health_check and not self.healthy:
             for item in items:
                 assert item.channel is not None
                 item.channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
             return []
+        begins: list[Callable[[], None]] = []
+        channels: list[ResponseChannel] = []
         for item in items:
             channel = item.channel
             assert channel is not None  # decoupled: every request has one
@@ -188,7 +192,12 @@ class VllmBackend:
             except ConveyorError as exc:
                 channel.fail(exc)
                 continue
-            self._start(work, channel)
+            begins.append(self._start(work, channel))
+            channels.append(channel)
+        if self.health_check:  # Triton's backend asks the engine before each batch, whatever the batch holds
+            self.engine.run(self._check_health(begins, channels)).add_done_callback(_log_failure)
+        elif begins:
+            self.engine.call(lambda: _begin_all(begins))
         return []
 
     def _check_task(self, task: str) -> None:
@@ -197,13 +206,37 @@ class VllmBackend:
         if task not in self.engine.supported_tasks:
             raise embedding.task_refused(self.name, task)
 
-    def _check_health(self) -> bool:
-        """ENABLE_VLLM_HEALTH_CHECK, as Triton's vllm_backend: before each batch, whether the engine is
-        alive (its death is mostly seen sooner, as its core process ends: ``_engine_died``)."""
-        if self.healthy and self.engine.errored:
-            self.healthy = False
-            self.engine.died(self.engine.dead_reason)
-        return self.healthy
+    async def _check_health(self, begins: list[Callable[[], None]], channels: list[ResponseChannel]) -> None:
+        """ENABLE_VLLM_HEALTH_CHECK, as Triton's vllm_backend: before each batch, the engine's ``check_health()``
+        (on the engine's loop, where Triton's backend waits for it on the thread of its ``execute``: the
+        worker's loop never waits). The batch's requests start once it returned; if it raised, they fail as
+        UNAVAILABLE in Triton's words and the model is unloaded (``_unhealthy``). An engine that died (its
+        core process ended) is mostly seen sooner: ``_engine_died``."""
+        try:
+            if self.healthy:
+                await self.engine.engine.check_health()
+        except Exception:
+            if self.engine.dead:  # logged, and the model unloaded, by ``_engine_died``
+                self.healthy = False
+                self.engine.died(self.engine.dead_reason)
+            else:
+                self._unhealthy(traceback.format_exc().rstrip())
+        if not self.healthy:
+            for channel in channels:
+                channel.reply_from(self.replies)  # answered from this loop, as ``_serve`` answers
+                channel.fail(ConveyorError(Status.UNAVAILABLE, UNHEALTHY))
+            return
+        _begin_all(begins)
+
+    def _unhealthy(self, why: str) -> None:
+        """The engine's ``check_health()`` failed (its engine alive): the model is unloaded, as Triton's
+        backend unloads it, on a thread of its own (the unload waits for the router); until then, and for
+        good where the control mode lets no model unload, its requests fail as UNAVAILABLE."""
+        if not self.healthy:
+            return
+        self.healthy = False
+        log.error("[vllm] Engine is not healthy and model will be unloaded: %s", why)
+        threading.Thread(target=_unload, args=(self.name,), name=f"vllm-unload-{self.name}", daemon=True).start()
 
     def _engine_died(self, why: str) -> None:
         """The engine died while serving (``EngineLoop.died``; on a thread of its own). Its model must not
@@ -218,7 +251,8 @@ class VllmBackend:
                 return
         fatal_exit(f"the vLLM engine of '{self.name}' died: {why}")
 
-    def _start(self, work: Callable[[], Awaitable[None]], channel: ResponseChannel) -> None:
+    def _start(self, work: Callable[[], Awaitable[None]], channel: ResponseChannel) -> Callable[[], None]:
+        """What starts the request on the engine's loop (called there); its cancel hook set now."""
         holder: list[asyncio.Task[None]] = []
 
         def cancel() -> None:  # on the worker's main thread
@@ -229,7 +263,7 @@ class VllmBackend:
             holder.append(self.engine.loop.create_task(self._serve(work, channel)))
 
         channel.add_cancel_hook(cancel)
-        self.engine.call(begin)
+        return begin
 
     async def _generate(self, args: GenerateArgs, channel: ResponseChannel,
                         keys: tuple[list[int], bool] | None) -> None:
@@ -362,6 +396,17 @@ def _cancel(task: asyncio.Task[None]) -> None:
     if not task.done():
         log.info(CANCELLING_LOG)
         task.cancel()
+
+
+def _log_failure(done: concurrent.futures.Future[None]) -> None:
+    """What went wrong in a batch's start on the engine's loop, logged as the loop logs a failed callback."""
+    if not done.cancelled() and done.exception() is not None:
+        log.error("starting a batch of vLLM requests failed", exc_info=done.exception())
+
+
+def _begin_all(begins: list[Callable[[], None]]) -> None:
+    for begin in begins:
+        begin()
 
 
 def _refused_by_engine(exc: Exception) -> bool:

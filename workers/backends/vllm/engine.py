@@ -1,8 +1,8 @@
 """vLLM's ``AsyncLLM`` on an event loop of its own, on a thread of the worker process.
 
 The engine core runs in a process vLLM starts (spawned, so the worker's threads and sockets are not
-forked with it); this thread feeds it requests and turns its outputs into responses, while the
-worker's main loop keeps serving.
+forked with it; it forks its model worker, ``model_workers.py``); this thread feeds it requests and turns
+its outputs into responses, while the worker's main loop keeps serving.
 
 vLLM's CPU build binds its model workers' compute threads to some cores and leaves the others to
 the server around it. The worker then keeps all its threads, this one included, off those cores
@@ -43,6 +43,10 @@ VLLM_SHM_PREFIX = "psm_"  # Python's multiprocessing.shared_memory names, which 
 # may be reaping it at that moment): long enough for the kernel, short of holding the death's handling up.
 EXIT_STATUS_WAIT_S = 1.0
 
+
+START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+# The start method the operator asked of vLLM, if any: then every process of the engine starts that way.
+_OPERATORS_START_METHOD = os.environ.get(START_METHOD_ENV)
 
 # The engines of this worker that start with an environment of their own (a GPU engine's
 # CUDA_VISIBLE_DEVICES, which the engine core process inherits) start one at a time; the others at once.
@@ -105,7 +109,7 @@ class EngineLoop:
         engine core process inherits it); ``on_death(why)``: called once, on a thread of its own, when the
         engine dies while it serves (``died``)."""
         # A forked engine process would inherit the worker's ZeroMQ sockets and threads.
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        os.environ.setdefault(START_METHOD_ENV, "spawn")
         self.name = name
         self._on_death = on_death
         self._death = threading.Lock()
@@ -149,15 +153,29 @@ class EngineLoop:
                      environment: dict[str, str]) -> Any:
         from vllm import envs
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.executor.abstract import Executor
+        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
         loggers = engine_loggers(engine_args, stat_loggers)
+        args = AsyncEngineArgs(**engine_args)
         with _ENVIRONMENT if environment else contextlib.nullcontext():
             os.environ.update(environment)
             # Another engine of this worker may have frozen vLLM's view of the environment: this one
             # starts with the environment as it is now.
             envs.disable_envs_cache()
-            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=loggers)
+            # AsyncLLM.from_engine_args, but for the executor class: an engine core of its own (not one run
+            # in this threaded process) forks its model workers unless the operator chose a method.
+            config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+            executor = Executor.get_class(config)
+            if (executor is MultiprocExecutor and _OPERATORS_START_METHOD is None
+                    and envs.VLLM_ENABLE_V1_MULTIPROCESSING):
+                from conveyor.workers.backends.vllm.model_workers import ForkedModelWorkers
+
+                executor = ForkedModelWorkers
+            engine = AsyncLLM(vllm_config=config, executor_class=executor, log_requests=args.enable_log_requests,
+                              log_stats=not args.disable_log_stats, stat_loggers=loggers)
         # vLLM reads some settings from the environment per token (``envs.VLLM_COMPUTE_NANS_IN_LOGITS``
         # in each output's statistics): frozen once the engine is up, as vLLM does in its engine core.
         envs.enable_envs_cache()

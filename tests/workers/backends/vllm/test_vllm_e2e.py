@@ -510,6 +510,31 @@ def test_the_engine_core_runs_beside_its_model_on_a_small_host(served: tuple[Ser
     assert all((cpus <= cores) is small for cpus in threads), (sorted(cores), threads)
 
 
+def _exec_image(pid: int) -> bytes:
+    """The auxiliary vector the kernel gave ``pid``'s program when it was exec'd (ASLR's addresses in it): a
+    forked process has its parent's, a spawned one (a new interpreter) its own."""
+    with open(f"/proc/{pid}/auxv", "rb") as f:
+        return f.read()
+
+
+def test_each_engine_core_forks_its_model_worker(served: tuple[Server, Any]) -> None:
+    """The worker spawns each engine core (its own threads and sockets must not be copied into it); the engine
+    core forks its model worker, as vLLM does by default, rather than start a third interpreter that imports
+    vLLM again (on this host a third of an engine's start)."""
+    with open("/proc/sys/kernel/randomize_va_space") as f:
+        if f.read().strip() == "0":
+            pytest.skip("no ASLR here: a spawned process's auxiliary vector may equal its parent's")
+    srv, _ = served
+    (worker,) = pids_of(srv, "worker")
+    engine_cores = [pid for pid, argv in children(worker).items() if argv and argv[0].startswith("VLLM::EngineCore")]
+    assert len(engine_cores) == 2, children(worker)  # vllm_model's and vllm_embed's
+    for core in engine_cores:
+        assert _exec_image(core) != _exec_image(worker)  # spawned
+        models = [pid for pid, argv in children(core).items() if argv and argv[0].startswith("VLLM::Worker")]
+        assert models, children(core)
+        assert all(_exec_image(pid) == _exec_image(core) for pid in models)  # forked
+
+
 def test_a_dead_engine_fails_requests_and_unloads_the_model(served: tuple[Server, Any],
                                                             served_llm: VllmGroup) -> None:
     """ENABLE_VLLM_HEALTH_CHECK, as Triton's L0_check_health_vllm: the engine core process killed mid-stream,
