@@ -20,10 +20,12 @@
 # their own (`unshare -rn`: the suites use the fixed ports 8000-8002, and nothing is downloaded), with the
 # engine's CPU KV cache at VLLM_CPU_KVCACHE_SPACE GiB (default 1: several engines share a small host).
 #
-# They also run in a mount namespace of their own (`unshare -m`), where vLLM's package is an overlay of this
-# environment's (its changes go to WORK_DIR/overlay and are seen only there), and where Triton's container path
-# to it, /usr/local/lib/python3.12/dist-packages/vllm, leads to it: L0_check_health_vllm's test.sh mocks vLLM's
+# L0_check_health_vllm also runs in a mount namespace of its own (`unshare -m`), where vLLM's package is an
+# overlay of this environment's (its changes go to WORK_DIR/overlay and are seen only there), and where Triton's
+# container path to it, /usr/local/lib/python3.12/dist-packages/vllm, leads to it: its test.sh mocks vLLM's
 # check_health() by editing that path's v1/engine/async_llm.py, and the servers it starts then run the mock.
+# (Only that suite: a server's start kills what a killed server of its group left running only in its own
+# mount namespace, lifeline.kill_orphans.)
 #
 # TRITONSERVER (default: the tritonserver beside $PYTHON, running this checkout's build/src) is the server
 # command. Needs the vllm extra and
@@ -113,11 +115,12 @@ for suite in "${SUITES[@]}"; do
     out=$WORK/logs/${suite//\//.}.log  # outside the folder: L0_check_health_vllm's test.sh removes its *.log
     [ -d "$dir" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     echo "=== $suite"
-    rc=0
-    (cd "$dir" && unshare -rmn env PATH="$WORK/bin:$(dirname "$PY"):$PATH" TRITON_DIR="$WORK/triton" SERVER="$WORK/triton/bin/tritonserver" \
+    rc=0 ns=-rn overlay=:
+    [ "$suite" = L0_check_health_vllm ] && ns=-rmn overlay=vllm-overlay
+    (cd "$dir" && unshare $ns env PATH="$WORK/bin:$(dirname "$PY"):$PATH" TRITON_DIR="$WORK/triton" SERVER="$WORK/triton/bin/tritonserver" \
         PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}" HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-        bash -c 'ip link set lo up; vllm-overlay; exec bash -ex test.sh' > "$out" 2>&1) || rc=$?
+        bash -c "ip link set lo up; $overlay; exec bash -ex test.sh" > "$out" 2>&1) || rc=$?
     ran=0 passed=0
     case $suite in
         L0_check_health_vllm) logs=(); for log in "$dir"/health_check_*.log; do  # each test's, not its server's
