@@ -171,12 +171,9 @@ def generate_call(doc: dict[str, Any], sig: ModelSignature, model: str, version:
         spec = sig.inputs.get(key)
         if key in _RESERVED or spec is None:
             continue
-        flat = value if isinstance(value, list) else [value]
-        shape = list(np.shape(value)) or [1]
-        data = array_from_json(key, spec.datatype, _flatten(flat))
-        if sig.max_batch_size > 0:
-            shape = [1, *shape]
-        inputs.append(InferInput(key, spec.datatype, shape, data))
+        flat = _flatten(value) if isinstance(value, list) else [value]
+        shape = _shape(key, spec.dims, sig.max_batch_size > 0, len(flat))
+        inputs.append(InferInput(key, spec.datatype, shape, array_from_json(key, spec.datatype, flat)))
     request_id = doc.get("id", "")
     return InferCall(model=model, version=version, inputs=inputs, outputs=None,
                      id=request_id if isinstance(request_id, str) else "", parameters=dict(params))
@@ -204,6 +201,25 @@ def render(result: InferResult) -> dict[str, Any]:
         return doc
     finally:
         result.release()
+
+
+def _shape(name: str, dims: tuple[int, ...], batched: bool, count: int) -> list[int]:
+    """The shape of an input of ``count`` elements, as Triton's generate endpoint makes it from the model's
+    shape (its metadata's: a batched model's starts with -1): the fixed dimensions take their share of the
+    elements, the innermost -1 the rest, every other -1 is 1; elements that do not fit are refused."""
+    shape = [-1, *dims] if batched else list(dims)
+    rest = count
+    for dim in shape:
+        if dim != -1:
+            if dim <= 0 or rest % dim:
+                raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+            rest //= dim
+    for at in range(len(shape) - 1, -1, -1):
+        if shape[at] == -1:
+            shape[at], rest = rest, 1
+    if rest != 1:
+        raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
 
 
 def _flatten(values: list[Any]) -> list[Any]:

@@ -24,6 +24,7 @@ import re
 from conveyor.ingress.asgi_rewrite import (
     App,
     Message,
+    MisplacedBinaryMime,
     Receive,
     Scope,
     Send,
@@ -109,7 +110,11 @@ class SageMakerApp:
         return True
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, model: str) -> None:
-        length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
+        try:
+            length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
+        except MisplacedBinaryMime as error:
+            await reply(send, 400, error_body(str(error)))
+            return
         inner = readdressed(scope, f"/v2/models/{model}/infer", drop=_IGNORED, add=(length,) if length else ())
         await self._kserve(inner, receive, _sagemaker_status(binary_content_type(send, BINARY_MIME)))
 
