@@ -84,7 +84,8 @@ class TritonPythonModel:
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             dims = pb_utils.Tensor("DIMS", np.array(x.shape, dtype=np.int64))
-            out.append(pb_utils.InferenceResponse([dims]))
+            params = pb_utils.Tensor("PARAMS", np.array([request.parameters().encode()], dtype=np.object_))
+            out.append(pb_utils.InferenceResponse([dims, params]))
         return out
 """
 
@@ -92,7 +93,8 @@ class TritonPythonModel:
 SHAPED_CONFIG = json.dumps({
     "backend": "python", "max_batch_size": 0,
     "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [2, -1]}],
-    "output": [{"name": "DIMS", "data_type": "TYPE_INT64", "dims": [-1]}],
+    "output": [{"name": "DIMS", "data_type": "TYPE_INT64", "dims": [-1]},
+               {"name": "PARAMS", "data_type": "TYPE_STRING", "dims": [1]}],
 })
 
 
@@ -264,7 +266,7 @@ def test_a_body_that_cannot_be_read_for_a_model_not_there_is_answered_as_the_unk
     assert status == 400 and json.loads(body)["error"].startswith("failed to parse the request JSON")
 
 
-def test_generate_shapes_a_value_as_tritons_generate_endpoint(cloud: Cloud) -> None:
+def test_generate_reads_a_request_as_tritons_generate_endpoint(cloud: Cloud) -> None:
     # Fixed dimensions take their share of the elements, the innermost -1 the rest (Triton's two passes).
     generate = "/v2/models/shaped/generate"
     client = httpclient.InferenceServerClient(cloud.server.http_url)
@@ -278,5 +280,14 @@ def test_generate_shapes_a_value_as_tritons_generate_endpoint(cloud: Cloud) -> N
         status, _, body = call(cloud.server.http_port, generate, json.dumps({"X": [1, 2, 3]}).encode())
         assert status == 400
         assert json.loads(body) == {"error": "The schema can not convert input 'X' to tensor with proper shape"}
+        # A key that names no input is a request parameter (qa/L0_sagemaker's REPETITION), unless not a scalar.
+        doc = {"X": [1, 2], "REPETITION": 3, "STREAM": True, "parameters": {"p": "q"}}
+        status, _, body = call(cloud.server.http_port, generate, json.dumps(doc).encode())
+        assert status == 200, body
+        assert json.loads(json.loads(body)["PARAMS"]) == {"REPETITION": 3, "STREAM": True, "p": "q"}
+        status, _, body = call(cloud.server.http_port, generate, json.dumps({"X": [1, 2], "R": [3]}).encode())
+        assert status == 400
+        assert json.loads(body) == {"error": "parameter 'R' has invalid type. It should be either 'int', 'bool', "
+                                             "or 'string'."}
     finally:
         client.unload_model("shaped")
