@@ -257,8 +257,10 @@ for suite in "${SUITES[@]}"; do
         echo "${ROWS[-1]}"
         continue
     fi
+    # TRITON_SERVER_CPU_ONLY: what Triton's CPU-only CI sets (L0_infer then runs its CPU target only, and
+    # infer_test.py leaves its GPU cases).
     env_args=(TRITON_DIR=/opt/tritonserver DATADIR="/data/inferenceserver/$REPO_VERSION" TEST_WINDOWS=0 TEST_JETSON=0
-              TEST_VALGRIND=0 TEST_SYSTEM_SHARED_MEMORY=0 TEST_CUDA_SHARED_MEMORY=0
+              TEST_VALGRIND=0 TEST_SYSTEM_SHARED_MEMORY=0 TEST_CUDA_SHARED_MEMORY=0 TRITON_SERVER_CPU_ONLY=1
               PATH="$WORK/bin:/opt/tritonserver/bin:$(dirname "$PY"):$PATH" PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}")
     if [ -z "${BACKENDS+set}" ]; then
         b=$(backends_for "$suite")
