@@ -291,3 +291,36 @@ def test_generate_reads_a_request_as_tritons_generate_endpoint(cloud: Cloud) -> 
                                              "or 'string'."}
     finally:
         client.unload_model("shaped")
+
+
+ENSEMBLE_CONFIG = """name: "pipeline"
+platform: "ensemble"
+max_batch_size: 0
+input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }]
+output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }]
+ensemble_scheduling { step [{
+  model_name: "adder" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" }
+}] }
+"""
+
+
+def test_sagemaker_multi_model_loads_an_ensemble_archive_with_its_steps(cloud: Cloud) -> None:
+    # qa/L0_sagemaker test_sm_6_ensemble_model: the archive holds the ensemble and its steps; the ensemble is
+    # served under the target name, its steps by their own (the registered repository is a repository).
+    url = os.path.join(cloud.tmp, "opt-ml-models", "ens1", "model")
+    add_sub(url, "adder", 0)
+    os.makedirs(os.path.join(url, "pipeline", "1"))
+    with open(os.path.join(url, "pipeline", "config.pbtxt"), "w") as f:
+        f.write(ENSEMBLE_CONFIG)
+    load = json.dumps({"model_name": "ens1", "url": url}).encode()
+    status, _, body = call(cloud.sagemaker, "/models", load, headers={"X-Amzn-SageMaker-Target-Model": "ens1"})
+    assert status == 200, body
+    try:
+        status, headers, body = call(cloud.sagemaker, "/models/ens1/invoke", json_request(),
+                                     headers={"X-Amzn-SageMaker-Target-Model": "ens1"})
+        assert status == 200, body
+        assert output0(body, headers["content-type"], SM_MIME) == EXPECTED
+    finally:
+        assert call(cloud.sagemaker, "/models/ens1", method="DELETE")[0] == 200
