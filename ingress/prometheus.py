@@ -226,7 +226,7 @@ def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], 
         for le, n in zip([*map(_le, hist["buckets_ms"]), "+Inf"], hist["counts"], strict=True):
             total += n
             lines.append(f'{name}_bucket{{{labels},le="{le}"}} {total}')
-        lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] / 1e6!r}")
+        lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] // 1_000_000}")  # whole ms, as Triton's
         lines.append(f"{name}_count{{{labels}}} {total}")
 
 

@@ -138,7 +138,7 @@ class Results:
             self.ledger.responded(p, run.instance)
             first = state.latency.first_response
             if first is not None and msg.error is None:
-                first.histogram.observe(now - p.arrival_ns)
+                first.observe(now - p.arrival_ns)
         resp = m.InferResponse(
             p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
             msg.parameters, self.registry.generation,
@@ -169,7 +169,7 @@ class Results:
             self.ledger.responded(p, run.instance)
             first = state.latency.first_response
             if first is not None and not (msg.counts[0].status or msg.counts[0].failed):
-                first.histogram.observe(now - p.arrival_ns)
+                first.observe(now - p.arrival_ns)
         if msg.final:
             self._close_item(msg.batch, run, msg.index, msg.error)
 
