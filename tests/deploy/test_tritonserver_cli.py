@@ -445,5 +445,11 @@ def test_sagemaker_without_a_default_model_name_serves_tritons_unspecified_name(
         status, _, body = call(sagemaker, "/invocations", b"dummy")
         assert (status, json.loads(body)) == (400, {
             "error": "Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is not found"})
+        # Triton's lines for the endpoints started (qa/L0_vertex_ai and L0_sagemaker grep them).
+        out = server.output()
+        for line in (f"Started HTTPService at 127.0.0.1:{server.http}",
+                     f"Started GRPCInferenceService at 127.0.0.1:{server.grpc}",
+                     f"Started Sagemaker HTTPService at 127.0.0.1:{sagemaker}"):
+            assert line in out
     finally:
         assert server.stop() == 0
