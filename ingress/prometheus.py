@@ -213,7 +213,7 @@ def _le(bound: float) -> str:
 
 
 def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
-    """Triton's time to first response of decoupled models, in ms, with the model's own buckets."""
+    """Triton's time to first response of every model, in ms, with the model's own buckets."""
     rows = [(s, latency[_id(s)]["first_response"]) for s in model_stats
             if "first_response" in latency.get(_id(s), {})]
     if not rows:

@@ -262,8 +262,8 @@ def _version_state(
     state.limits = OverloadLimits.from_config(config)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     state.runs_decoupled = decoupled
-    if decoupled or cached:
-        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
+    # Every model's time to first response, as Triton's (kept only with --metrics-config histogram_latencies=true).
+    state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics), cached)
     state.instances = [
         Instance(state, next_index(), dev, name=name)
         for dev, name in zip(instance_devices(config), instance_names(config), strict=True)

@@ -124,8 +124,8 @@ CACHE_SUMMARY_KINDS = ("cache_hit", "cache_miss")
 
 
 class LatencyMetrics:
-    """One model version's histograms, failure reasons and (opt-in) summaries; a decoupled
-    model's also its time to first response (``first_response``, else None)."""
+    """One model version's histograms, failure reasons and (opt-in) summaries; with histograms on, also its
+    time to first response (``first_response``, else None), as Triton keeps for every model."""
 
     __slots__ = ("compute", "failures", "first_response", "queue", "request", "summaries")
 

@@ -290,6 +290,7 @@ def _first_responses(srv: Server, model: str) -> int:
 def test_an_ensembles_first_responses_are_in_its_histogram(srv: Server) -> None:
     # As Triton's histogram of every model (qa/L0_metrics histogram_metrics_test test_ensemble_decoupled).
     before = _first_responses(srv, "ens_stream")
+    steps_before = _first_responses(srv, "times_ten")  # a step that is not decoupled has its histogram too
     stream = Stream(srv)
     try:
         stream.send("ens_stream", 2, "h1")
@@ -299,3 +300,4 @@ def test_an_ensembles_first_responses_are_in_its_histogram(srv: Server) -> None:
         stream.close()
     assert [e for _, e in replies] == [None] * 5
     assert _first_responses(srv, "ens_stream") - before == 2  # one first response per request
+    assert _first_responses(srv, "times_ten") - steps_before == 5  # it ran once per streamed response
