@@ -324,3 +324,10 @@ def test_sagemaker_multi_model_loads_an_ensemble_archive_with_its_steps(cloud: C
         assert output0(body, headers["content-type"], SM_MIME) == EXPECTED
     finally:
         assert call(cloud.sagemaker, "/models/ens1", method="DELETE")[0] == 200
+
+
+def test_a_multi_model_load_that_is_not_json_is_refused_in_rapidjsons_words(cloud: Cloud) -> None:
+    # qa/L0_sagemaker test_chunked_at_max_chunks: Triton's parser (RapidJSON) names the error and its offset.
+    for body, words in ((b"A" * 100, "Invalid value. at 0"), (b"  \n x", "Invalid value. at 4")):
+        status, _, answer = call(cloud.sagemaker, "/models", body)
+        assert (status, json.loads(answer)) == (400, {"error": f"failed to parse the request JSON buffer: {words}"})
