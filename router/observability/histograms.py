@@ -47,9 +47,12 @@ FIRST_RESPONSE_BUCKETS_MS: tuple[float, ...] = (100.0, 500.0, 2000.0, 5000.0)
 
 
 class HistogramConfig:
-    """``--metrics-config histogram_latencies`` (Triton's flag); on by default here, off with ``false``."""
+    """``--metrics-config histogram_latencies`` (Triton's flag); on by default here, off with ``false``.
+    ``every_model``: given as true, Triton's opt-in: the time to first response of every model, ensembles
+    included (Triton keeps one per model); else of decoupled models only, which pay nothing per request more."""
 
     enabled = True
+    every_model = False
 
 
 def first_response_buckets_ms(model_metrics: Any) -> tuple[float, ...]:
@@ -124,8 +127,8 @@ CACHE_SUMMARY_KINDS = ("cache_hit", "cache_miss")
 
 
 class LatencyMetrics:
-    """One model version's histograms, failure reasons and (opt-in) summaries; with histograms on, also its
-    time to first response (``first_response``, else None), as Triton keeps for every model."""
+    """One model version's histograms, failure reasons and (opt-in) summaries; a decoupled model's (every
+    model's with ``HistogramConfig.every_model``) also its time to first response (``first_response``, else None)."""
 
     __slots__ = ("compute", "failures", "first_response", "queue", "request", "summaries")
 
@@ -206,5 +209,6 @@ def configure_summaries(config: dict[str, str]) -> None:
     before any model loads."""
     SummaryConfig.enabled = config.get("summary_latencies", "false").lower() in ("1", "true", "yes", "on")
     HistogramConfig.enabled = config.get("histogram_latencies", "true").lower() in ("1", "true", "yes", "on")
+    HistogramConfig.every_model = "histogram_latencies" in config and HistogramConfig.enabled
     if "summary_quantiles" in config:
         SummaryConfig.quantiles = parse_quantiles(config["summary_quantiles"])
