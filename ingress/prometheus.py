@@ -99,9 +99,14 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
     pending: dict[str, int] = snapshot.get("pending", {})
     latency: dict[str, dict[str, Any]] = snapshot.get("latency", {})
     lines: list[str] = []
+    # Cache families only for response-cache models, and not at all without one (as Triton's reporter).
+    cached = [s for s in model_stats if latency.get(_id(s), {}).get("cached")]
     for name, help_text, path in _COUNTERS + (_LATENCY_COUNTERS if counter_latencies else []):
+        rows = cached if name.startswith("nv_cache_") else model_stats
+        if not rows and rows is cached:
+            continue
         _header(lines, name, help_text, "counter")
-        lines += [f"{name}{{{_labels(s)}}} {_value(s, path)}" for s in model_stats]
+        lines += [f"{name}{{{_labels(s)}}} {_value(s, path)}" for s in rows]
     _header(lines, "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter")
     for s in model_stats:
         failures = latency.get(_id(s), {}).get("failures", {})

@@ -130,12 +130,13 @@ class LatencyMetrics:
     """One model version's histograms, failure reasons and (opt-in) summaries; a decoupled model's (every
     model's with ``HistogramConfig.every_model``) also its time to first response (``first_response``, else None)."""
 
-    __slots__ = ("compute", "failures", "first_response", "queue", "request", "summaries")
+    __slots__ = ("cached", "compute", "failures", "first_response", "queue", "request", "summaries")
 
     def __init__(self, first_response_ms: tuple[float, ...] | None = None, cached: bool = False) -> None:
         self.first_response = (
             FirstResponse(first_response_ms) if first_response_ms is not None and HistogramConfig.enabled else None
         )
+        self.cached = cached  # a response-cache model: the only ones with cache metrics, as in Triton
         self.request = Histogram()
         self.queue = Histogram()
         self.compute = Histogram()
@@ -192,6 +193,8 @@ class LatencyMetrics:
             doc["summaries"] = {k: s.wire(SummaryConfig.quantiles) for k, s in self.summaries.items()}
         if self.first_response is not None:
             doc["first_response"] = self.first_response.wire()
+        if self.cached:
+            doc["cached"] = True
         return doc
 
 
