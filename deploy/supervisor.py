@@ -252,6 +252,15 @@ class Supervisor:
         log.info("serving: HTTP %s, gRPC %s, OpenAI %s, %d worker(s); scale with 'conveyor scale --group %s'",
                  a.http_port if a.allow_http else "off", a.grpc_port if a.allow_grpc else "off",
                  a.openai_port or "off", a.workers, a.group)
+        # Triton's lines for the endpoints started (scripts and Triton's QA grep the log for them).
+        for allowed, service, address, port in (
+                (a.allow_grpc, "GRPCInferenceService", a.grpc_address, a.grpc_port),
+                (a.allow_http, "HTTPService", a.http_address, a.http_port),
+                (a.allow_sagemaker, "Sagemaker HTTPService", a.http_address, a.sagemaker_port),
+                (a.allow_vertex_ai, "Vertex AI HTTPService", a.http_address, a.vertex_ai_port),
+                (a.allow_metrics, "Metrics Service", a.metrics_address, a.metrics_port)):
+            if allowed:
+                log.info("Started %s at %s:%d", service, address, port)
         with selectors.DefaultSelector() as selector:
             selector.register(control, selectors.EVENT_READ)
             selector.register(wake.fd, selectors.EVENT_READ)

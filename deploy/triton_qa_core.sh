@@ -144,6 +144,11 @@ printf '#!/bin/sh\nexit 0\n' > "$WORK/bin/ldconfig"
 printf '#!/bin/sh\necho "pip $*: provided by the environment"\n' > "$WORK/bin/pip3"
 cp "$WORK/bin/pip3" "$WORK/bin/pip"
 chmod +x "$WORK/bin/nvidia-smi" "$WORK/bin/ldconfig" "$WORK/bin/pip3" "$WORK/bin/pip"
+# serve: Triton's SageMaker entry script (docker/sagemaker/serve, /usr/bin/serve in Triton's image), unchanged;
+# L0_sagemaker starts most of its servers through it. It runs `tritonserver` from PATH: /opt/tritonserver/bin is
+# on PATH, as in Triton's image.
+cp "$TRITON/docker/sagemaker/serve" "$WORK/bin/serve"
+chmod +x "$WORK/bin/serve"
 
 # The namespace's root: every top-level entry of / bound as it is, but /data (WORK/data) and /opt (its entries,
 # and tritonserver: WORK/triton); then a proc of the new pid namespace and a /dev/shm of its own. Runs as the
@@ -252,9 +257,11 @@ for suite in "${SUITES[@]}"; do
         echo "${ROWS[-1]}"
         continue
     fi
+    # TRITON_SERVER_CPU_ONLY: what Triton's CPU-only CI sets (L0_infer then runs its CPU target only, and
+    # infer_test.py leaves its GPU cases).
     env_args=(TRITON_DIR=/opt/tritonserver DATADIR="/data/inferenceserver/$REPO_VERSION" TEST_WINDOWS=0 TEST_JETSON=0
-              TEST_VALGRIND=0 TEST_SYSTEM_SHARED_MEMORY=0 TEST_CUDA_SHARED_MEMORY=0
-              PATH="$WORK/bin:$(dirname "$PY"):$PATH" PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}")
+              TEST_VALGRIND=0 TEST_SYSTEM_SHARED_MEMORY=0 TEST_CUDA_SHARED_MEMORY=0 TRITON_SERVER_CPU_ONLY=1
+              PATH="$WORK/bin:/opt/tritonserver/bin:$(dirname "$PY"):$PATH" PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}")
     if [ -z "${BACKENDS+set}" ]; then
         b=$(backends_for "$suite")
         [ -n "$b" ] && env_args+=(BACKENDS="$b")

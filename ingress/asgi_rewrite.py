@@ -42,13 +42,27 @@ def readdressed(scope: Scope, path: str, method: str | None = None, *, drop: tup
     return out
 
 
+class MisplacedBinaryMime(ValueError):
+    """A content type that holds the platform's binary MIME type anywhere but at its start: Triton's
+    SageMaker and Vertex AI servers refuse it (INVALID_ARG, 400) in these words."""
+
+    def __init__(self, mime: str, content_type: str) -> None:
+        super().__init__(f"expect MIME type for binary data starts with '{mime}', got: {content_type}")
+
+
 def binary_header_length(content_type: str | None, mime: str) -> tuple[bytes, bytes] | None:
     """The platform's ``<mime><N>`` content type as an Inference-Header-Content-Length
     header; None when the body is plain JSON. A malformed value is passed on as it is:
-    the HTTP codec refuses it with Triton's words."""
-    if not content_type or mime not in content_type:
+    the HTTP codec refuses it with Triton's words. Raises MisplacedBinaryMime when the
+    type is there but not first."""
+    if not content_type:
         return None
-    return HEADER_LENGTH, content_type[content_type.index(mime) + len(mime):].strip().encode()
+    at = content_type.find(mime)
+    if at < 0:
+        return None
+    if at:
+        raise MisplacedBinaryMime(mime, content_type)
+    return HEADER_LENGTH, content_type[len(mime):].strip().encode()
 
 
 async def reply(send: Send, status: int, body: bytes = b"", content_type: bytes = b"application/json") -> None:

@@ -99,9 +99,14 @@ def render(snapshot: dict[str, Any], *, counter_latencies: bool = True) -> str:
     pending: dict[str, int] = snapshot.get("pending", {})
     latency: dict[str, dict[str, Any]] = snapshot.get("latency", {})
     lines: list[str] = []
+    # Cache families only for response-cache models, and not at all without one (as Triton's reporter).
+    cached = [s for s in model_stats if latency.get(_id(s), {}).get("cached")]
     for name, help_text, path in _COUNTERS + (_LATENCY_COUNTERS if counter_latencies else []):
+        rows = cached if name.startswith("nv_cache_") else model_stats
+        if not rows and rows is cached:
+            continue
         _header(lines, name, help_text, "counter")
-        lines += [f"{name}{{{_labels(s)}}} {_value(s, path)}" for s in model_stats]
+        lines += [f"{name}{{{_labels(s)}}} {_value(s, path)}" for s in rows]
     _header(lines, "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter")
     for s in model_stats:
         failures = latency.get(_id(s), {}).get("failures", {})
@@ -213,7 +218,7 @@ def _le(bound: float) -> str:
 
 
 def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], latency: dict[str, Any]) -> None:
-    """Triton's time to first response of decoupled models, in ms, with the model's own buckets."""
+    """Triton's time to first response of every model, in ms, with the model's own buckets."""
     rows = [(s, latency[_id(s)]["first_response"]) for s in model_stats
             if "first_response" in latency.get(_id(s), {})]
     if not rows:
@@ -226,7 +231,7 @@ def _render_first_response(lines: list[str], model_stats: list[dict[str, Any]], 
         for le, n in zip([*map(_le, hist["buckets_ms"]), "+Inf"], hist["counts"], strict=True):
             total += n
             lines.append(f'{name}_bucket{{{labels},le="{le}"}} {total}')
-        lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] / 1e6!r}")
+        lines.append(f"{name}_sum{{{labels}}} {hist['sum_ns'] // 1_000_000}")  # whole ms, as Triton's
         lines.append(f"{name}_count{{{labels}}} {total}")
 
 

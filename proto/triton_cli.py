@@ -14,3 +14,10 @@ TRITON_CLI_ENV = "CONVEYOR_TRITON_CLI"
 def keeps_running_when_unusable(exit_on_error: bool) -> bool:
     """Whether a root the server cannot use leaves it running (Triton's --exit-on-error=false)."""
     return not exit_on_error and os.environ.get(TRITON_CLI_ENV) == "1"
+
+
+def picks_the_only_model() -> bool:
+    """Whether SageMaker's ``/invocations`` without SAGEMAKER_TRITON_DEFAULT_MODEL_NAME serves the repository's
+    only model (``conveyor serve``: what Triton's ``serve`` script does before it starts the server). Triton's
+    server itself, the ``tritonserver`` command's, names the model 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME'."""
+    return os.environ.get(TRITON_CLI_ENV) != "1"

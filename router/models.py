@@ -18,7 +18,7 @@ from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
 from conveyor.proto.signature import ModelSignature
-from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
+from conveyor.router.observability.histograms import HistogramConfig, LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import equal_shapes
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
@@ -262,8 +262,9 @@ def _version_state(
     state.limits = OverloadLimits.from_config(config)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     state.runs_decoupled = decoupled
-    if decoupled or cached:
-        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
+    if decoupled or cached or HistogramConfig.every_model:
+        first = decoupled or HistogramConfig.every_model  # every model's when asked, as Triton's
+        state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if first else None, cached)
     state.instances = [
         Instance(state, next_index(), dev, name=name)
         for dev, name in zip(instance_devices(config), instance_names(config), strict=True)

@@ -83,6 +83,7 @@ class Results:
         items = result.items
         answered = len(items)
         success, succeeded = stats.success, state.latency.succeeded
+        first = state.latency.first_response  # None unless histograms are on (as Triton, every model's)
         for i, p in enumerate(run.items):
             item = items[i] if i < answered else m.ItemResult(i, error=result.error)
             if item.pending:
@@ -93,6 +94,8 @@ class Results:
                 success.count += 1  # ``Duration.add``, inlined: per request
                 success.ns += took
                 succeeded(took)
+                if first is not None:
+                    first.observe(took)
                 if p.ensemble_stats is not None:
                     p.ensemble_stats.record_composing(result.input_ns, result.infer_ns, result.output_ns)
             else:
@@ -138,7 +141,7 @@ class Results:
             self.ledger.responded(p, run.instance)
             first = state.latency.first_response
             if first is not None and msg.error is None:
-                first.histogram.observe(now - p.arrival_ns)
+                first.observe(now - p.arrival_ns)
         resp = m.InferResponse(
             p.request.id, state.model, state.label, msg.outputs, msg.error, msg.release, msg.final,
             msg.parameters, self.registry.generation,
@@ -169,7 +172,7 @@ class Results:
             self.ledger.responded(p, run.instance)
             first = state.latency.first_response
             if first is not None and not (msg.counts[0].status or msg.counts[0].failed):
-                first.histogram.observe(now - p.arrival_ns)
+                first.observe(now - p.arrival_ns)
         if msg.final:
             self._close_item(msg.batch, run, msg.index, msg.error)
 

@@ -50,7 +50,7 @@ class SettingsHub:
                        known: Callable[[str], bool] | None = None) -> dict[str, Any]:
         """GET or POST ``/v2[/models/{m}]/trace/setting``."""
         if model and known is not None and not known(model):
-            raise invalid_arg(f"Request for unknown model : '{model}'")
+            raise invalid_arg(f"Request for unknown model : {model}")  # Triton's words: no quotes
         if settings:
             refuse_trace_file(settings)
             was_on = self.trace.any_on

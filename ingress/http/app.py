@@ -163,7 +163,10 @@ class Infer:
         except ConveyorError as exc:  # counted as the model's REJECTED failure
             self.dataplane.refused(model, version, exc)
             raise
-        request = await self.parse(body, model, version, header_length)
+        try:
+            request = await self.parse(body, model, version, header_length)
+        except ConveyorError as exc:
+            raise await self.model_first(exc, model, version) from None
         del body  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         forwarded: Iterable[tuple[str, Any]] = ()
         if self.forward is not None:
@@ -185,6 +188,18 @@ class Infer:
         except ConveyorError as exc:
             self.dataplane.refused(model, version, exc)
             raise
+
+    async def model_first(self, refusal: ConveyorError, model: str, version: str) -> ConveyorError:
+        """The answer to a request whose body was refused: Triton looks the model up before it reads the
+        body (TRITONSERVER_InferenceRequestNew), so a model that is not there, or not ready, is the answer
+        ("Request for unknown model: ..."). Only a refused request of a model not known here asks the router."""
+        if self.dataplane.models.cached(model, version) is not None:
+            return refusal
+        try:
+            await self.dataplane.models.get(model, version)
+        except ConveyorError as missing:
+            return missing
+        return refusal
 
     def parse_json(self, body: bytes, model: str, version: str, header_length: int | None) -> HttpInferRequest:
         """``parse`` for a body with a JSON header (``header_length`` None or positive): nothing to wait for."""

@@ -63,6 +63,15 @@ class _Event:
 _NO_EVENT = _Event()
 
 
+class _LookUpFirst(Exception):
+    """A refused JSON body of a model this ingress has not looked up: answered after the lookup
+    (``Infer.model_first``), off the parse."""
+
+    def __init__(self, refusal: ConveyorError) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
 class FastCycle:
     """One plain infer request: its head as read, its body's chunks; the attributes
     uvicorn's protocol reads from a cycle (``response_complete``, ``keep_alive``,
@@ -210,6 +219,12 @@ class FastInferProtocol(HttpToolsProtocol):
                 call = request.call
                 call.traceparent = fast.traceparent
                 sent = infer.dataplane.start(call)
+        except _LookUpFirst as refused:
+            task = self.loop.create_task(self._fail_model_first(fast, refused.refusal))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            self.running = (fast, task)
+            return
         except Exception as exc:
             self._fail(fast, exc)
             return
@@ -236,7 +251,12 @@ class FastInferProtocol(HttpToolsProtocol):
             raise
         if header_length == 0:
             return None
-        request = infer.parse_json(cycle.body(), cycle.model, cycle.version, header_length)
+        try:
+            request = infer.parse_json(cycle.body(), cycle.model, cycle.version, header_length)
+        except ConveyorError as exc:
+            if infer.dataplane.models.cached(cycle.model, cycle.version) is None:
+                raise _LookUpFirst(exc) from None  # the model may not be there: its error is the answer
+            raise
         cycle.chunks = []  # a JSON-only body is garbage now; binary inputs keep their views of it alive
         return request
 
@@ -252,6 +272,10 @@ class FastInferProtocol(HttpToolsProtocol):
             self._fail(cycle, exc)
             return
         self._succeed(cycle, answer)
+
+    async def _fail_model_first(self, cycle: FastCycle, refusal: ConveyorError) -> None:
+        """Answer a refused body of a model not known here with the model's own error, if it has one."""
+        self._fail(cycle, await self.infer.model_first(refusal, cycle.model, cycle.version))
 
     def _fail(self, cycle: FastCycle, exc: Exception) -> None:
         status, message = error_status(exc, "POST", cycle.path.decode("latin-1"))

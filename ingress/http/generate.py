@@ -1,9 +1,11 @@
 """Triton's generate extension: ``POST .../generate`` and ``.../generate_stream``.
 
 A flat JSON object in, a flat JSON object out. Each key of the request that names
-a model input becomes that input (a scalar is a one-element tensor, a list keeps
-its shape, the model's datatype decides the dtype, a batched model gets a batch
-of one); ``parameters`` are the request parameters; other keys are ignored.
+a model input becomes that input (its elements shaped by the model's dims as
+Triton does: fixed dimensions first, the innermost -1 takes the rest, a batched
+model gets a batch of one; the model's datatype decides the dtype); ``parameters``
+are the request parameters, and so is every other key with a string, number or
+bool value (any other value is refused), as in Triton.
 Each output becomes a key of the response: one element as a scalar, more as a
 (nested) list, BYTES as text; so does each response parameter (an output of the
 same name wins).
@@ -75,9 +77,9 @@ class Generate:
         if not isinstance(doc, dict):
             raise invalid_arg("the generate request must be a JSON object")
         sig = await self._dataplane.models.get(model, version)
-        if SAMPLING in sig.inputs:
-            check_sampling(doc)
         call = generate_call(doc, sig, model, version)
+        if SAMPLING in sig.inputs:
+            check_sampling(doc, call.parameters)
         call.timeout_s = parse_timeout(req.get_header(TIMEOUT_HEADER))  # the router ends it queued past it
         session = req.get_header(SESSION_HEADER)
         if session:  # its turns on one engine (router/scheduling/engine_placement.py)
@@ -144,10 +146,10 @@ class Generate:
             yield falcon.asgi.SSEvent(data=orjson.dumps({"error": exc.message}))
 
 
-def check_sampling(doc: dict[str, Any]) -> None:
+def check_sampling(doc: dict[str, Any], parameters: dict[str, Any]) -> None:
     """The sampling parameters of a request to an LLM (the backend reads ``sampling_parameters`` when given,
-    else the request's parameters) within ``proto/llm_limits.py``'s bounds; what cannot be read as an object
-    is left to the backend's refusal."""
+    else the request's ``parameters``: the object's and the top-level keys that name no input) within
+    ``proto/llm_limits.py``'s bounds; what cannot be read as an object is left to the backend's refusal."""
     values: Any = doc.get(SAMPLING)
     if isinstance(values, str):
         try:
@@ -157,7 +159,7 @@ def check_sampling(doc: dict[str, Any]) -> None:
                 raise invalid_arg(f"'{SAMPLING}' is nested too deeply to decode") from None
             return  # not JSON: the backend refuses it in its words
     elif values is None:
-        values = doc.get("parameters")
+        values = parameters
     if isinstance(values, dict):
         llm_limits.check_sampling(values)
 
@@ -166,20 +168,24 @@ def generate_call(doc: dict[str, Any], sig: ModelSignature, model: str, version:
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
         raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+    params = dict(params)
     inputs: list[InferInput] = []
     for key, value in doc.items():
-        spec = sig.inputs.get(key)
-        if key in _RESERVED or spec is None:
+        if key in _RESERVED:
             continue
-        flat = value if isinstance(value, list) else [value]
-        shape = list(np.shape(value)) or [1]
-        data = array_from_json(key, spec.datatype, _flatten(flat))
-        if sig.max_batch_size > 0:
-            shape = [1, *shape]
-        inputs.append(InferInput(key, spec.datatype, shape, data))
+        spec = sig.inputs.get(key)
+        if spec is None:  # as Triton's generate: a key that names no input is a request parameter
+            if not isinstance(value, (str, int, float)):  # bool is an int
+                raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
+                                  "'string'.")
+            params.setdefault(key, value)
+            continue
+        flat = _flatten(value) if isinstance(value, list) else [value]
+        shape = _shape(key, spec.dims, sig.max_batch_size > 0, len(flat))
+        inputs.append(InferInput(key, spec.datatype, shape, array_from_json(key, spec.datatype, flat)))
     request_id = doc.get("id", "")
     return InferCall(model=model, version=version, inputs=inputs, outputs=None,
-                     id=request_id if isinstance(request_id, str) else "", parameters=dict(params))
+                     id=request_id if isinstance(request_id, str) else "", parameters=params)
 
 
 def render(result: InferResult) -> dict[str, Any]:
@@ -204,6 +210,25 @@ def render(result: InferResult) -> dict[str, Any]:
         return doc
     finally:
         result.release()
+
+
+def _shape(name: str, dims: tuple[int, ...], batched: bool, count: int) -> list[int]:
+    """The shape of an input of ``count`` elements, as Triton's generate endpoint makes it from the model's
+    shape (its metadata's: a batched model's starts with -1): the fixed dimensions take their share of the
+    elements, the innermost -1 the rest, every other -1 is 1; elements that do not fit are refused."""
+    shape = [-1, *dims] if batched else list(dims)
+    rest = count
+    for dim in shape:
+        if dim != -1:
+            if dim <= 0 or rest % dim:
+                raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+            rest //= dim
+    for at in range(len(shape) - 1, -1, -1):
+        if shape[at] == -1:
+            shape[at], rest = rest, 1
+    if rest != 1:
+        raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
 
 
 def _flatten(values: list[Any]) -> list[Any]:

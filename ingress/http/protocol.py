@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 # client, still sending, never reads the answer (Triton's frontend's clients expect its 413).
 LINGER_S = 2.0
 LINGER_BYTES = 64 << 20  # a body just over Triton's default 64 MiB limit is read to its end
+# Non-empty chunks one chunked request body may have (Triton's kMaxChunkedChunks): each costs the parser a
+# callback and the body a piece, so a body of one-byte chunks is bounded in work, not only in bytes.
+MAX_CHUNKED_CHUNKS = 1 << 16
+CHUNKS_REFUSAL = (f"Chunked request body exceeds maximum of {MAX_CHUNKED_CHUNKS} non-empty chunks. Send fewer or "
+                  "larger HTTP chunks.")
 
 
 class Abandonable(Protocol):
@@ -89,6 +94,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._in_head = True  # reading a request head (or waiting for one)
         self._head_room = 0  # head bytes still allowed
         self._fields_left = 0  # header fields still allowed
+        self._chunks_left = 0  # chunks the body being read may still have (``expect_head`` sets it)
         self._head_started: float | None = None  # loop time of the head's start; None: not begun
         self._last_read = 0.0  # loop time of the last bytes received
         self._read_timer: asyncio.TimerHandle | None = None
@@ -232,6 +238,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._head_room = self.edge.limits.max_head_bytes or (1 << 62)
         self._fields_left = self.edge.limits.max_headers or (1 << 62)
         self._head_started = None
+        self._chunks_left = MAX_CHUNKED_CHUNKS + 1  # the last chunk, empty, ends the body and counts here too
 
     def on_message_begin(self) -> None:
         self.begin_message()
@@ -255,6 +262,13 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         self.headers.append((name, value))
+
+    def on_chunk_header(self) -> None:
+        self._chunks_left -= 1
+        if self._chunks_left < 0:  # the body goes on past the limit: refused as Triton refuses it, 400
+            self._refusal = (400, CHUNKS_REFUSAL)
+            self._refuse(400, CHUNKS_REFUSAL, reading=True)
+            raise _Refused
 
     def on_headers_complete(self) -> None:
         self.head_complete()

@@ -24,6 +24,7 @@ import re
 from conveyor.ingress.asgi_rewrite import (
     App,
     Message,
+    MisplacedBinaryMime,
     Receive,
     Scope,
     Send,
@@ -40,6 +41,7 @@ from conveyor.ingress.http.errors import error_body
 from conveyor.ingress.restricted import Restriction, http_refusal
 from conveyor.ingress.sagemaker import DEFAULT_MODEL_ROOT
 from conveyor.ingress.sagemaker.multi_model import LoadedModels, build_multi_model_app, is_oom
+from conveyor.proto.triton_cli import picks_the_only_model
 
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DEFAULT_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
@@ -109,7 +111,11 @@ class SageMakerApp:
         return True
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, model: str) -> None:
-        length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
+        try:
+            length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
+        except MisplacedBinaryMime as error:
+            await reply(send, 400, error_body(str(error)))
+            return
         inner = readdressed(scope, f"/v2/models/{model}/infer", drop=_IGNORED, add=(length,) if length else ())
         await self._kserve(inner, receive, _sagemaker_status(binary_content_type(send, BINARY_MIME)))
 
@@ -137,7 +143,8 @@ def build_sagemaker_app(ctx: IngressContext, *, max_body_bytes: int,
                         model_root: str = DEFAULT_MODEL_ROOT) -> SageMakerApp:
     """``restricted``: category -> the header it needs; ``model_root``: where multi-model loads' urls lie."""
     loaded = LoadedModels()
-    default = DefaultModel(ctx.link, os.environ.get(DEFAULT_MODEL_ENV, ""), _UNSPECIFIED)
+    name = os.environ.get(DEFAULT_MODEL_ENV, "") or ("" if picks_the_only_model() else _UNSPECIFIED)
+    default = DefaultModel(ctx.link, name, _UNSPECIFIED)
     return SageMakerApp(
         build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
         build_multi_model_app(ctx.link, loaded, restricted, model_root), loaded, default,

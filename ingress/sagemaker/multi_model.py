@@ -107,6 +107,21 @@ def model_location(url: str) -> tuple[str, str]:
     return url, chosen
 
 
+_VALUE_STARTS = frozenset(b'{["-0123456789tfn')
+
+
+def _parse_error(raw: bytes, exc: orjson.JSONDecodeError) -> str:
+    """Why ``raw`` is not JSON, in RapidJSON's words (Triton's parser) where the first value cannot start:
+    ``The document is empty. at N`` / ``Invalid value. at N``; else orjson's."""
+    text = raw.lstrip(b" \t\r\n")
+    at = len(raw) - len(text)
+    if not text:
+        return f"The document is empty. at {at}"
+    if text[0] not in _VALUE_STARTS:
+        return f"Invalid value. at {at}"
+    return str(exc)
+
+
 class _Base:
     api = "model-repository"
 
@@ -132,7 +147,8 @@ class Models(_Base):
         try:
             body: Any = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
-            raise ConveyorError(Status.INVALID_ARG, f"failed to parse the load model request JSON: {exc}") from None
+            raise ConveyorError(Status.INVALID_ARG,
+                                f"failed to parse the request JSON buffer: {_parse_error(raw, exc)}") from None
         if not isinstance(body, dict):
             raise ConveyorError(Status.INVALID_ARG, "the load model request must be a JSON object")
         name, url = body.get("model_name", ""), body.get("url", "")

@@ -22,6 +22,7 @@ import orjson
 
 from conveyor.ingress.asgi_rewrite import (
     App,
+    MisplacedBinaryMime,
     Receive,
     Scope,
     Send,
@@ -74,7 +75,7 @@ class VertexApp:
             if not model:
                 await reply(send, 400, orjson.dumps({"error": _NO_DEFAULT}))
                 return
-            await self._kserve(self._infer_scope(scope, f"/v2/models/{model}/infer"), receive, send)
+            await self._redirect(scope, receive, send, f"/v2/models/{model}/infer")
             return
         if scope["method"] != "POST":
             await reply(send, 405)
@@ -86,14 +87,18 @@ class VertexApp:
             await reply(send, 400)
         elif target == "/v2" or target.startswith("/v2/"):
             method = "POST" if target.endswith(_POST_SUFFIXES) else "GET"
-            await self._kserve(self._infer_scope(scope, target, method), receive, send)
+            await self._redirect(scope, receive, send, target, method)
         else:
             await reply(send, 400)
 
-    @staticmethod
-    def _infer_scope(scope: Scope, path: str, method: str | None = None) -> Scope:
-        length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
-        return readdressed(scope, path, method, drop=_IGNORED, add=(length,) if length else ())
+    async def _redirect(self, scope: Scope, receive: Receive, send: Send, path: str, method: str | None = None) -> None:
+        try:
+            length = binary_header_length(header(scope, b"content-type"), BINARY_MIME)
+        except MisplacedBinaryMime as error:
+            await reply(send, 400, orjson.dumps({"error": str(error)}))
+            return
+        inner = readdressed(scope, path, method, drop=_IGNORED, add=(length,) if length else ())
+        await self._kserve(inner, receive, send)
 
 
 def build_vertex_app(ctx: IngressContext, *, predict_route: str, health_route: str, default_model: str,

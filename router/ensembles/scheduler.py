@@ -92,6 +92,7 @@ class EnsembleRun:
     unsent: set[Branch] = field(default_factory=set)  # branches holding a response (and its loan)
     error: m.ErrorInfo | None = None
     error_sent: bool = False  # a streaming run told its client already; the final flag follows
+    responded: bool = False  # its first response is sent (nv_inference_first_response_histogram_ms)
 
     @property
     def conditional(self) -> bool:
@@ -432,6 +433,7 @@ class EnsembleScheduler:
             return
         if run.error is None:
             for response in self._ready(run):
+                _first_response(run)
                 self._reply(run.ingress, response)
         elif not run.error_sent:
             run.error_sent = True
@@ -455,6 +457,7 @@ class EnsembleScheduler:
             batched = state.config.max_batch_size > 0
             rows = req.inputs[0].shape[0] if batched and req.inputs and req.inputs[0].shape else 1
             state.stats.record_ensemble(rows, duration, run.steps)
+            _first_response(run)
             self._reply(run.ingress, last)
             return
         # Triton's ensemble failures carry no reason of their own: OTHER, whatever its step's was. Counted as
@@ -467,6 +470,15 @@ class EnsembleScheduler:
         error = None if run.error_sent else run.error
         self._reply(run.ingress, m.InferResponse(run.request.id, state.model, state.label, error=error,
                                                  generation=self._generation()))
+
+
+def _first_response(run: EnsembleRun) -> None:
+    """Count the run's first successful response in its time-to-first-response histogram (when kept)."""
+    if not run.responded:
+        run.responded = True
+        first = run.state.latency.first_response
+        if first is not None:
+            first.observe(time.monotonic_ns() - run.arrival_ns)
 
 
 def _stop(branch: Branch) -> None:

@@ -24,6 +24,7 @@ from conveyor.proto.errors import ConveyorError
 from conveyor.router.ensembles.batch_dims import BatchDims, batch_dims
 from conveyor.router.ensembles.levels import Levels, build_levels
 from conveyor.router.models import ModelEntry, VersionState
+from conveyor.router.observability.histograms import HistogramConfig, LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.spec.ensemble_plan import EnsemblePlan, Step, build_plan
@@ -188,6 +189,8 @@ def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry
             spec.registry_key, v, path, spec.config, ModelStats(spec.name, str(v)),
             DynamicBatcher(0, [], 0, enabled=False), plan=plan, registry=registry, levels=build_levels(plan),
         )
+        if HistogramConfig.every_model:  # its time to first response, as Triton's histogram of every model
+            state.latency = LatencyMetrics(first_response_buckets_ms(spec.config.model_metrics))
         state.error = spec.version_errors.get(v, "")
         state.label_files = label_files
         state.optional_inputs = frozenset(t.name for t in spec.config.input if t.optional)

@@ -47,9 +47,12 @@ FIRST_RESPONSE_BUCKETS_MS: tuple[float, ...] = (100.0, 500.0, 2000.0, 5000.0)
 
 
 class HistogramConfig:
-    """``--metrics-config histogram_latencies`` (Triton's flag); on by default here, off with ``false``."""
+    """``--metrics-config histogram_latencies`` (Triton's flag); on by default here, off with ``false``.
+    ``every_model``: given as true, Triton's opt-in: the time to first response of every model, ensembles
+    included (Triton keeps one per model); else of decoupled models only, which pay nothing per request more."""
 
     enabled = True
+    every_model = False
 
 
 def first_response_buckets_ms(model_metrics: Any) -> tuple[float, ...]:
@@ -68,6 +71,10 @@ class FirstResponse:
     def __init__(self, buckets_ms: tuple[float, ...]) -> None:
         self.buckets_ms = buckets_ms
         self.histogram = Histogram([round(b * 1e6) for b in buckets_ms])
+
+    def observe(self, ns: int) -> None:
+        """As Triton, whole milliseconds ((now - start) / NANOS_PER_MILLIS): its buckets and sum are of those."""
+        self.histogram.observe(ns - ns % 1_000_000)
 
     def wire(self) -> dict[str, Any]:
         return {**self.histogram.wire(), "buckets_ms": list(self.buckets_ms)}
@@ -120,15 +127,16 @@ CACHE_SUMMARY_KINDS = ("cache_hit", "cache_miss")
 
 
 class LatencyMetrics:
-    """One model version's histograms, failure reasons and (opt-in) summaries; a decoupled
-    model's also its time to first response (``first_response``, else None)."""
+    """One model version's histograms, failure reasons and (opt-in) summaries; a decoupled model's (every
+    model's with ``HistogramConfig.every_model``) also its time to first response (``first_response``, else None)."""
 
-    __slots__ = ("compute", "failures", "first_response", "queue", "request", "summaries")
+    __slots__ = ("cached", "compute", "failures", "first_response", "queue", "request", "summaries")
 
     def __init__(self, first_response_ms: tuple[float, ...] | None = None, cached: bool = False) -> None:
         self.first_response = (
             FirstResponse(first_response_ms) if first_response_ms is not None and HistogramConfig.enabled else None
         )
+        self.cached = cached  # a response-cache model: the only ones with cache metrics, as in Triton
         self.request = Histogram()
         self.queue = Histogram()
         self.compute = Histogram()
@@ -185,6 +193,8 @@ class LatencyMetrics:
             doc["summaries"] = {k: s.wire(SummaryConfig.quantiles) for k, s in self.summaries.items()}
         if self.first_response is not None:
             doc["first_response"] = self.first_response.wire()
+        if self.cached:
+            doc["cached"] = True
         return doc
 
 
@@ -202,5 +212,6 @@ def configure_summaries(config: dict[str, str]) -> None:
     before any model loads."""
     SummaryConfig.enabled = config.get("summary_latencies", "false").lower() in ("1", "true", "yes", "on")
     HistogramConfig.enabled = config.get("histogram_latencies", "true").lower() in ("1", "true", "yes", "on")
+    HistogramConfig.every_model = "histogram_latencies" in config and HistogramConfig.enabled
     if "summary_quantiles" in config:
         SummaryConfig.quantiles = parse_quantiles(config["summary_quantiles"])

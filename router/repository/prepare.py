@@ -73,10 +73,20 @@ def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, qu
     """Mirror the remote roots first with ``sync``; fingerprint every model with ``prints``."""
     if sync and repos.sync is not None:
         repos.sync()
-    dirs = model_dirs(list(repos.roots), quiet=quiet)
+    dirs = all_model_dirs(repos, quiet=quiet)
     found = on_disk(repos, dirs)
     twice = frozenset() if repos.namespacing else duplicated_names(dirs)
     return Listing(dirs, found, {key: fingerprint(path) for key, path in found.items()} if prints else {}, twice)
+
+
+def all_model_dirs(repos: Repositories, *, quiet: bool) -> list[tuple[str, str]]:
+    """(name, directory) of every model the roots hold, and of those a registered repository holds in a
+    directory its mapping does not name: as in Triton, a registered repository is a repository, its mapped
+    directories renamed (SageMaker's ensemble archives: the ensemble mapped, its steps by their own names)."""
+    dirs = model_dirs(list(repos.roots), quiet=quiet)
+    for root, mapping in repos.registered.items():
+        dirs += [(entry, path) for entry, path in model_dirs([root], quiet=True) if entry not in mapping]
+    return dirs
 
 
 def duplicated_names(dirs: list[tuple[str, str]]) -> frozenset[str]:
@@ -96,7 +106,7 @@ def on_disk(repos: Repositories, dirs: list[tuple[str, str]] | None = None) -> d
             if os.path.isdir(os.path.join(root, subdir)):
                 found.setdefault(name, os.path.join(root, subdir))
     if dirs is None:
-        dirs = model_dirs(list(repos.roots), quiet=True)
+        dirs = all_model_dirs(repos, quiet=True)
     if repos.namespacing:  # registered repositories keep Triton's global names
         for key, path in assign_keys(dirs).items():
             found.setdefault(key, path)

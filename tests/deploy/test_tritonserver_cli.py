@@ -427,3 +427,32 @@ def test_config_fields_read_but_not_acted_on_are_named_once_per_load(caplog: pyt
     for field in ("model_repository_agents", "instance_group.passive", "instance_group.host_policy",
                   "optimization.cuda", "optimization.priority"):
         assert field in lines[0]
+
+
+def test_sagemaker_without_a_default_model_name_serves_tritons_unspecified_name(run_dir: str) -> None:
+    """Triton's server names the model 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' when the variable is
+    unset (its ``serve`` script picks the only model, not the server): qa/L0_sagemaker's ecs/eks case."""
+    import json
+
+    from tests.support.cloud_http import call
+
+    sagemaker = free_port()
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SAGEMAKER_")}
+    try:
+        server = Triton(f"tritonserver --model-repository=/models --allow-sagemaker=true "
+                        f"--sagemaker-port={sagemaker}", _repo(run_dir), run_dir)
+    finally:
+        os.environ.update(saved)
+    try:
+        wait_ready(server.http, server.proc, (sagemaker,))
+        status, _, body = call(sagemaker, "/invocations", b"dummy")
+        assert (status, json.loads(body)) == (400, {
+            "error": "Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is not found"})
+        # Triton's lines for the endpoints started (qa/L0_vertex_ai and L0_sagemaker grep them).
+        out = server.output()
+        for line in (f"Started HTTPService at 127.0.0.1:{server.http}",
+                     f"Started GRPCInferenceService at 127.0.0.1:{server.grpc}",
+                     f"Started Sagemaker HTTPService at 127.0.0.1:{sagemaker}"):
+            assert line in out
+    finally:
+        assert server.stop() == 0

@@ -82,6 +82,7 @@ GPU_METRICS = r"nv_gpu_\w+|nv_energy_consumption"  # served by the example group
 CONDITIONAL = {
     r"nv_inference_\w+_summary_us|nv_cache_\w+_summary_per_model": "--metrics-config summary_latencies=true",
     r"nv_inference_first_response_histogram_ms": "a decoupled model (the example repository has none)",
+    r"nv_cache_num_\w+_per_model|nv_cache_\w+_duration_per_model": "a response-cache model (as Triton)",
     GPU_METRICS: "a GPU, through NVML",
     r"conveyor_request_migrations_total": "a request moved after its worker died (vLLM)",
     r"conveyor_engine_prefix_evictions_total": "evictions reported by vLLM engines",

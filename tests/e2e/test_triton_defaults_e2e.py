@@ -197,6 +197,8 @@ def test_cache_summaries_for_a_response_cache_model(server: Server) -> None:
     # As Triton: no request summary for a cache model, no cache summaries for the others.
     assert f"nv_inference_request_summary_us_count{{{labels}}}" not in metrics
     assert 'nv_inference_request_summary_us_count{model="py_identity",version="1"}' in metrics
+    # Cache counters only for cache models, as Triton's reporter (qa/L0_metrics test_cache_counters_missing).
+    assert 'nv_cache_num_hits_per_model{model="py_identity",version="1"}' not in metrics
     assert 'nv_cache_hit_summary_per_model_count{model="py_identity",version="1"}' not in metrics
 
 

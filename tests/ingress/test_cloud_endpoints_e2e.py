@@ -73,6 +73,31 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     assert srv.shm_segments() == []
 
 
+SHAPED_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            dims = pb_utils.Tensor("DIMS", np.array(x.shape, dtype=np.int64))
+            params = pb_utils.Tensor("PARAMS", np.array([request.parameters().encode()], dtype=np.object_))
+            out.append(pb_utils.InferenceResponse([dims, params]))
+        return out
+"""
+
+
+SHAPED_CONFIG = json.dumps({
+    "backend": "python", "max_batch_size": 0,
+    "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [2, -1]}],
+    "output": [{"name": "DIMS", "data_type": "TYPE_INT64", "dims": [-1]},
+               {"name": "PARAMS", "data_type": "TYPE_STRING", "dims": [1]}],
+})
+
+
 def json_request(binary_output: bool = False) -> bytes:
     doc: dict[str, object] = {"inputs": [
         {"name": "INPUT0", "datatype": "INT32", "shape": [16], "data": A},
@@ -204,7 +229,7 @@ def test_refused_requests_count_as_rejected(cloud: Cloud) -> None:
     status, _, _ = call(cloud.server.http_port, "/v2/models/simple/infer", b"{bad json")
     assert status == 400
     status, _, _ = call(cloud.server.http_port, "/v2/models/nope/infer", b"{bad json")  # no model to count on
-    assert status == 400
+    assert status == 404  # looked up first, as Triton
     # The descriptors are fire and forget: the statistics call after them sees them counted.
     after = _failures(cloud, "simple")
     assert after == (before[0] + 3, before[1] + 3)
@@ -213,3 +238,96 @@ def test_refused_requests_count_as_rejected(cloud: Cloud) -> None:
         inp.set_data_from_numpy(np.ones(16, dtype=np.int32))
     http.infer("simple", ok)
     assert _failures(cloud, "simple") == after  # a success counts nothing
+
+
+def test_a_binary_mime_type_not_first_in_the_content_type_is_refused_in_tritons_words(cloud: Cloud) -> None:
+    # qa/L0_sagemaker test_malformed_binary_header: Triton's GetInferenceHeaderLength wants the type first.
+    data, n = binary_request()
+    for port, path, mime in ((cloud.sagemaker, "/invocations", SM_MIME), (cloud.vertex, PREDICT, VX_MIME)):
+        content_type = f"additional-string/{mime}{n}"
+        status, _, body = call(port, path, data, headers={"Content-Type": content_type})
+        assert status == 400, body
+        assert json.loads(body) == {"error": f"expect MIME type for binary data starts with '{mime}', got: "
+                                             f"{content_type}"}
+
+
+def test_a_body_that_cannot_be_read_for_a_model_not_there_is_answered_as_the_unknown_model(cloud: Cloud) -> None:
+    # Triton looks the model up before it reads the body (qa/L0_sagemaker greps this answer to b'dummy').
+    unknown = "Request for unknown model: 'nope' is not found"
+    http = cloud.server.http_port
+    status, _, body = call(http, "/v2/models/nope/infer", json_request())
+    assert json.loads(body) == {"error": unknown}
+    for port, path, headers in ((http, "/v2/models/nope/infer", {}),
+                                (cloud.vertex, PREDICT, {"X-Vertex-Ai-Triton-Redirect": "v2/models/nope/infer"})):
+        got, _, body = call(port, path, b"dummy", headers=headers)
+        assert (got, json.loads(body)) == (status, {"error": unknown})
+    # A model that is there still gets the body's refusal.
+    status, _, body = call(http, "/v2/models/simple/infer", b"dummy")
+    assert status == 400 and json.loads(body)["error"].startswith("failed to parse the request JSON")
+
+
+def test_generate_reads_a_request_as_tritons_generate_endpoint(cloud: Cloud) -> None:
+    # Fixed dimensions take their share of the elements, the innermost -1 the rest (Triton's two passes).
+    generate = "/v2/models/shaped/generate"
+    client = httpclient.InferenceServerClient(cloud.server.http_url)
+    # ``shaped``: a Python model whose input has a fixed and a variable dimension, answering its shape; loaded
+    # from the request alone, so that the cloud endpoints' default model stays the repository's only one.
+    client.load_model("shaped", config=SHAPED_CONFIG, files={"file:1/model.py": SHAPED_MODEL.encode()})
+    try:
+        status, _, body = call(cloud.server.http_port, generate, json.dumps({"X": [1, 2, 3, 4]}).encode())
+        assert status == 200, body
+        assert json.loads(body)["DIMS"] == [2, 2]
+        status, _, body = call(cloud.server.http_port, generate, json.dumps({"X": [1, 2, 3]}).encode())
+        assert status == 400
+        assert json.loads(body) == {"error": "The schema can not convert input 'X' to tensor with proper shape"}
+        # A key that names no input is a request parameter (qa/L0_sagemaker's REPETITION), unless not a scalar.
+        doc = {"X": [1, 2], "REPETITION": 3, "STREAM": True, "parameters": {"p": "q"}}
+        status, _, body = call(cloud.server.http_port, generate, json.dumps(doc).encode())
+        assert status == 200, body
+        assert json.loads(json.loads(body)["PARAMS"]) == {"REPETITION": 3, "STREAM": True, "p": "q"}
+        status, _, body = call(cloud.server.http_port, generate, json.dumps({"X": [1, 2], "R": [3]}).encode())
+        assert status == 400
+        assert json.loads(body) == {"error": "parameter 'R' has invalid type. It should be either 'int', 'bool', "
+                                             "or 'string'."}
+    finally:
+        client.unload_model("shaped")
+
+
+ENSEMBLE_CONFIG = """name: "pipeline"
+platform: "ensemble"
+max_batch_size: 0
+input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }]
+output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }]
+ensemble_scheduling { step [{
+  model_name: "adder" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" }
+}] }
+"""
+
+
+def test_sagemaker_multi_model_loads_an_ensemble_archive_with_its_steps(cloud: Cloud) -> None:
+    # qa/L0_sagemaker test_sm_6_ensemble_model: the archive holds the ensemble and its steps; the ensemble is
+    # served under the target name, its steps by their own (the registered repository is a repository).
+    url = os.path.join(cloud.tmp, "opt-ml-models", "ens1", "model")
+    add_sub(url, "adder", 0)
+    os.makedirs(os.path.join(url, "pipeline", "1"))
+    with open(os.path.join(url, "pipeline", "config.pbtxt"), "w") as f:
+        f.write(ENSEMBLE_CONFIG)
+    load = json.dumps({"model_name": "ens1", "url": url}).encode()
+    status, _, body = call(cloud.sagemaker, "/models", load, headers={"X-Amzn-SageMaker-Target-Model": "ens1"})
+    assert status == 200, body
+    try:
+        status, headers, body = call(cloud.sagemaker, "/models/ens1/invoke", json_request(),
+                                     headers={"X-Amzn-SageMaker-Target-Model": "ens1"})
+        assert status == 200, body
+        assert output0(body, headers["content-type"], SM_MIME) == EXPECTED
+    finally:
+        assert call(cloud.sagemaker, "/models/ens1", method="DELETE")[0] == 200
+
+
+def test_a_multi_model_load_that_is_not_json_is_refused_in_rapidjsons_words(cloud: Cloud) -> None:
+    # qa/L0_sagemaker test_chunked_at_max_chunks: Triton's parser (RapidJSON) names the error and its offset.
+    for body, words in ((b"A" * 100, "Invalid value. at 0"), (b"  \n x", "Invalid value. at 4")):
+        status, _, answer = call(cloud.sagemaker, "/models", body)
+        assert (status, json.loads(answer)) == (400, {"error": f"failed to parse the request JSON buffer: {words}"})

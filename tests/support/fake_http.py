@@ -46,6 +46,13 @@ class FakeRegions:
         return np.zeros(64, np.uint8)
 
 
+class KnownModels:
+    """Every model is known (the ingress's signature cache, as ``Infer.model_first`` asks it)."""
+
+    def cached(self, model: str, version: str) -> object:
+        return model
+
+
 class EchoPlane:
     """Each input comes back as output ``<name>_OUT``, via 'shared memory' (a copy)."""
 
@@ -55,6 +62,7 @@ class EchoPlane:
         self.error: Exception | None = None
         self.limits = IngressLimits()
         self.refusals: list[str] = []
+        self.models = KnownModels()
 
     def refused(self, model: str, version: str, exc: Exception) -> None:
         self.refusals.append(model)

@@ -117,3 +117,31 @@ def test_client_that_never_reads_its_answers(edge_server: Server) -> None:
     attack = NoRead(HOST, edge_server.http_port, 2, request, count=200)
     _under_attack(edge_server, attack, rss_bound=32 * MIB, answers=set())
     assert attack.requests_sent < 50  # the server stopped reading once its answers were not read
+
+
+def _chunked(port: int, chunks: int) -> bytes:
+    """POST an infer body of ``chunks`` one-byte chunks; the answer's bytes (the server may stop reading early)."""
+    import socket
+
+    head = (b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Connection: close\r\n\r\n")
+    with socket.create_connection((HOST, port), timeout=60) as s:
+        try:
+            s.sendall(head + b"1\r\nA\r\n" * chunks + b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_chunked_body_of_more_chunks_than_tritons_limit_is_refused(edge_server: Server) -> None:
+    # Triton's kMaxChunkedChunks (qa/L0_sagemaker and L0_http request_many_chunks): at it the body is read
+    # (and refused as JSON); one chunk more is a 400 in Triton's words.
+    from conveyor.ingress.http.protocol import CHUNKS_REFUSAL, MAX_CHUNKED_CHUNKS
+
+    at = _chunked(edge_server.http_port, MAX_CHUNKED_CHUNKS)
+    assert at.startswith(b"HTTP/1.1 400 ") and b"failed to parse the request JSON" in at, at[:300]
+    over = _chunked(edge_server.http_port, MAX_CHUNKED_CHUNKS + 1)
+    assert over.startswith(b"HTTP/1.1 400 ") and CHUNKS_REFUSAL.encode() in over, over[:300]

@@ -34,7 +34,7 @@ WAIT_S = 30.0
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = str(tmp_path_factory.mktemp("ensemble_streams"))
     ensemble_stream_models.build(repo)
-    server = start_server(repo, f"d{os.getpid()}", "--workers", "2")
+    server = start_server(repo, f"d{os.getpid()}", "--workers", "2", "--metrics-config", "histogram_latencies=true")
     yield server
     assert server.stop() == 0
     assert server.shm_segments() == [], "shared memory left behind after shutdown"
@@ -275,3 +275,29 @@ def test_statistics_of_the_ensemble_and_its_steps(srv: Server) -> None:
     # One queue and compute count per step run: the decoupled step once, each ONNX step per response.
     assert grew("ens_stream", "queue.count") == 7
     assert grew("ens_stream", "compute_infer.count") == 7
+
+
+def _first_responses(srv: Server, model: str) -> int:
+    """``nv_inference_first_response_histogram_ms_count`` of ``model`` (0 when absent)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    key = f'nv_inference_first_response_histogram_ms_count{{model="{model}",version="1"}} '
+    return next((int(line[len(key):]) for line in text.splitlines() if line.startswith(key)), 0)
+
+
+def test_an_ensembles_first_responses_are_in_its_histogram(srv: Server) -> None:
+    # As Triton's histogram of every model (qa/L0_metrics histogram_metrics_test test_ensemble_decoupled).
+    before = _first_responses(srv, "ens_stream")
+    steps_before = _first_responses(srv, "times_ten")  # a step that is not decoupled has its histogram too
+    stream = Stream(srv)
+    try:
+        stream.send("ens_stream", 2, "h1")
+        stream.send("ens_stream", 3, "h2")
+        replies = stream.take(5)
+    finally:
+        stream.close()
+    assert [e for _, e in replies] == [None] * 5
+    assert _first_responses(srv, "ens_stream") - before == 2  # one first response per request
+    assert _first_responses(srv, "times_ten") - steps_before == 5  # it ran once per streamed response

@@ -115,13 +115,15 @@ def test_first_response_buckets_from_model_metrics_and_rendered_in_ms(monkeypatc
     assert h.first_response_buckets_ms(parse_text('name: "d"').model_metrics) == (100.0, 500.0, 2000.0, 5000.0)
     lat = h.LatencyMetrics(buckets)
     assert lat.first_response is not None
-    lat.first_response.histogram.observe(2_000_000)  # 2 ms
-    lat.first_response.histogram.observe(50_000_000)  # 50 ms: beyond the last bucket
+    lat.first_response.observe(2_999_999)  # 2 ms, as Triton counts whole milliseconds
+    lat.first_response.observe(50_000_000)  # 50 ms: beyond the last bucket
+    lat.first_response.observe(999_999)  # 0 ms: in the first bucket
     text = render({"model_stats": [ModelStats("m", "1").wire()], "latency": {"m:1": lat.wire()}})
     family = "nv_inference_first_response_histogram_ms"
-    assert f'{family}_bucket{{model="m",version="1",le="1"}} 0' in text
-    assert f'{family}_bucket{{model="m",version="1",le="2.5"}} 1' in text
-    assert f'{family}_bucket{{model="m",version="1",le="+Inf"}} 2' in text
-    assert f'{family}_sum{{model="m",version="1"}} 52.0' in text
+    assert f'{family}_bucket{{model="m",version="1",le="1"}} 1' in text
+    assert f'{family}_bucket{{model="m",version="1",le="2.5"}} 2' in text
+    assert f'{family}_bucket{{model="m",version="1",le="+Inf"}} 3' in text
+    # An integer, as Triton's (qa/L0_metrics histogram_metrics_test reads every value with int()).
+    assert f'{family}_sum{{model="m",version="1"}} 52\n' in text
     monkeypatch.setattr(h.HistogramConfig, "enabled", False)  # --metrics-config histogram_latencies=false
     assert h.LatencyMetrics(buckets).first_response is None

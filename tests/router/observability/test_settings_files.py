@@ -65,4 +65,4 @@ def test_an_unknown_model_is_refused_before_the_file(hub: tuple[SettingsHub, lis
     # Triton's order: the model's readiness, then the settings.
     with pytest.raises(ConveyorError) as err:
         hub[0].trace_settings("nope", {"trace_file": "/tmp/x"}, known=lambda name: False)
-    assert (err.value.status, err.value.message) == (Status.INVALID_ARG, "Request for unknown model : 'nope'")
+    assert (err.value.status, err.value.message) == (Status.INVALID_ARG, "Request for unknown model : nope")

@@ -204,5 +204,5 @@ def test_first_response_histogram_counts_each_decoupled_request_once(server: Ser
     assert all(error is None for _, error in replies)
     after = first_response_histogram(server, "py_repeat")
     assert after["count"] - before["count"] == 3 == after["+Inf"] - before["+Inf"]
-    assert after["sum"] > before["sum"]
-    assert first_response_histogram(server, "simple") == {}  # not decoupled: no such histogram
+    assert after["sum"] >= before["sum"] and after["sum"] == int(after["sum"])  # whole ms, as Triton's
+    assert first_response_histogram(server, "simple") == {}  # not decoupled, histogram_latencies not given
