@@ -229,7 +229,7 @@ class RepositoryCalls(ModelLoads):
             entry = self.registry.models.get(key)
             if entry is None:
                 if not ready_only:
-                    reason = self.registry.unloaded.get(key, "")
+                    reason = self.poll_failures.get(key) or self.registry.unloaded.get(key, "")
                     rows.append({"name": name, "version": "", "state": "UNAVAILABLE" if reason else "",
                                  "reason": reason})
                 continue

@@ -231,13 +231,13 @@ class ModelLoads:
 
     def _poll_failed(self, prep: Prep, error: str) -> None:
         """Triton's poll failure: the model is not added (one that serves keeps serving, as it was), and a
-        load call fails as Triton's does."""
+        load call fails as Triton's does. The index still lists it with the reason (Triton's shows the name only)."""
         key = prep.key
         log.error("Poll failed for model directory '%s': %s", name_of(key), error)
         self.poll_failures[key] = error
-        if prep.waiter is not None:
+        if prep.waiter is not None:  # Triton's words, and why (Triton says it in its log only)
             self._fail(prep.waiter, client_mistake(
-                f"failed to load '{name_of(prep.waiter.name)}', failed to poll from model repository"))
+                f"failed to load '{name_of(prep.waiter.name)}', failed to poll from model repository: {error}"))
 
     def _retuned(self, key: str, spec: ModelSpec) -> bool:
         """Apply ``spec`` in place when it changes only the serving entry's overload limits
