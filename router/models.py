@@ -69,6 +69,9 @@ class Instance:
     # Triton's instance name, <group name>_<index in the group> (instance_names); models see it
     # (a Python model's args["model_instance_name"]) and error messages name it.
     name: str = ""
+    # Its group's settings but name and count (Triton's InstanceConfigSignature), once an instance update
+    # has matched it (router/lifecycle/instance_update.py); b"": not yet, its place in the config says.
+    signature: bytes = b""
 
     @property
     def busy(self) -> bool:

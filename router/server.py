@@ -357,6 +357,9 @@ class Router:
             self.membership.on_loaded(worker, msg)
         elif isinstance(msg, m.WorkerLeaving):
             self.membership.on_leaving(worker)
+        elif isinstance(msg, m.InstanceClosed):
+            self.lifecycle.closed(msg.model, msg.version, msg.instance)
+            self.placement.settle()
         elif isinstance(msg, m.CustomMetrics):
             self.control.custom_metrics.update(identity, msg.metrics)
             self.registry.waiting.kv_reported(identity, msg.metrics)  # MAX_KV_CACHE_USAGE reads it

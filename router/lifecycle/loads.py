@@ -18,8 +18,11 @@ from collections.abc import Callable
 from conveyor.proto import migration
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status, client_mistake
-from conveyor.router.lifecycle.entry_state import problem_of, serving
+from conveyor.router.lifecycle import instance_update
+from conveyor.router.lifecycle.entry_state import loading, problem_of, serving
+from conveyor.router.lifecycle.instance_update import InstanceUpdate, needs_no_reload
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
+from conveyor.router.models import Instance
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.cloud.roots import UnusableRepository
@@ -100,6 +103,14 @@ class ModelLoads:
         # Models loaded with a config override, and their directory's fingerprint then: a load without one
         # keeps the override while the files are unchanged (Triton: the model is unmodified).
         self._override_prints: dict[str, str] = {}
+        self._contents: dict[str, str] = {}  # model -> fingerprint of its files but the configs, as loaded
+        # Models whose instances a load changes in place (instance_update.py), until its call is answered.
+        self._updating: dict[str, InstanceUpdate] = {}
+        # Instances an update removed (or an undone update added), not yet unloaded: they go once idle.
+        self._leaving: list[Instance] = []
+        # Those unloaded, until their worker says they are closed (InstanceClosed): (model, version, index) ->
+        # their worker. An update's call is answered once none of its removed instances is left here.
+        self._closing: dict[tuple[str, str, int], bytes] = {}
 
     # --- what the agent is given ----------------------------------------------------------
 
@@ -180,6 +191,7 @@ class ModelLoads:
         if prep.why is Why.LOAD and self._keeps_override(prep, done):
             return
         self._prints[key] = done.print
+        content, self._contents[key] = self._contents.get(key, ""), done.content
         if spec.poll_failed:
             self._poll_failed(prep, spec.error)
             return
@@ -187,6 +199,8 @@ class ModelLoads:
             self._explicit.add(key)
         self.poll_failures.pop(key, None)
         if self._retuned(key, spec):
+            return
+        if content and content == done.content and self._updated_in_place(key, spec):
             return
         entry = registry.build(spec)
         registry.unloaded.pop(key, None)
@@ -270,6 +284,28 @@ class ModelLoads:
                  migration.max_migrations_of(parameter_text(spec.config, migration.PARAMETER)))
         return True
 
+    def _updated_in_place(self, key: str, spec: ModelSpec) -> bool:
+        """Triton's instance update (instance_update.py): the model's files are unchanged but for a config
+        that differs from the serving one in its instance groups at most, every version of which serves."""
+        registry = self.registry
+        current = registry.models.get(key)
+        if (
+            current is None or key in registry.staging or key in self._updating or spec.error
+            or spec.backend == "ensemble" or spec.version_errors or current.spec.version_errors
+            or problem_of(current) or loading(current)
+            or current.spec.path != spec.path or current.spec.versions != spec.versions
+            or not needs_no_reload(current.spec.config, spec.config)
+        ):
+            return False
+        update = instance_update.begin(current, spec, registry.next_index)
+        self._updating[key] = update
+        registry.generation += 1  # the config endpoint shows the new groups
+        added = sum(len(v.added) for v in update.versions)
+        removed = sum(len(v.removed) for v in update.versions)
+        log.info("model '%s': instances updated in place: %d added, %d removed, %d kept", name_of(key), added,
+                 removed, sum(len(v.kept) for v in update.versions))
+        return True
+
     def _load_composing(self, key: str, waiter: LoadWaiter) -> None:
         """An ensemble's composing models load with it (as in Triton), unless already loaded."""
         entry = self.registry.models.get(key) or self.registry.staging.get(key)
@@ -307,6 +343,8 @@ class ModelLoads:
                 registry.retiring.append(entry)
         registry.unloaded[name] = "unloaded"
         self._prints.pop(name, None)
+        self._contents.pop(name, None)
+        self._updating.pop(name, None)  # its entry retires whole; instances it removed leave as planned
         self.poll_failures.pop(name, None)
         self._explicit.discard(name)
         self._override_prints.pop(name, None)

@@ -65,6 +65,9 @@ class Answer:
 class Settled:
     answers: list[Answer] = field(default_factory=list)
     unload: list[Instance] = field(default_factory=list)
+    # Instances an update in place removes from a version that stays loaded: unloaded without Triton's
+    # "successfully unloaded" line, and their worker says when they are closed.
+    shrink: list[Instance] = field(default_factory=list)
 
 
 class Why(enum.Enum):

@@ -67,6 +67,7 @@ class Prepared:
     spec: ModelSpec
     print: str  # the directory's fingerprint when it was read
     written: str = ""  # the directory this load wrote its file overrides into ("" none)
+    content: str = ""  # the fingerprint of its files but the configs ("" unknown)
 
 
 def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, quiet: bool = True) -> Listing:
@@ -106,9 +107,19 @@ def on_disk(repos: Repositories, dirs: list[tuple[str, str]] | None = None) -> d
     return found
 
 
+_PYCACHE = os.sep + "__pycache__" + os.sep  # in a relative path made to start with os.sep
+
+
 def fingerprint(path: str) -> str:
     """Changes when any file under a model directory is added, removed or modified."""
-    h = hashlib.sha1()
+    return fingerprints(path)[0]
+
+
+def fingerprints(path: str) -> tuple[str, str]:
+    """``fingerprint``, and the same of every file but the configs (``config.pbtxt``, ``configs/``) and the
+    bytecode Python writes beside a model's modules (``__pycache__``): a load whose files are unchanged but for
+    its config may apply in place (Triton's instance update)."""
+    whole, content = hashlib.sha1(), hashlib.sha1()
     for root, dirs, files in os.walk(path):
         dirs.sort()
         for f in sorted(files):
@@ -117,8 +128,12 @@ def fingerprint(path: str) -> str:
                 st = os.stat(full)
             except OSError:
                 continue
-            h.update(f"{os.path.relpath(full, path)}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
-    return h.hexdigest()
+            rel = os.path.relpath(full, path)
+            line = f"{rel}\0{st.st_mtime_ns}\0{st.st_size}\n".encode()
+            whole.update(line)
+            if rel != "config.pbtxt" and not rel.startswith("configs" + os.sep) and _PYCACHE not in os.sep + rel:
+                content.update(line)
+    return whole.hexdigest(), content.hexdigest()
 
 
 def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[str, bytes] | None,
@@ -129,7 +144,7 @@ def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[st
     written = ""
     if files:
         path = written = write_override(name_of(key), files)
-    print_ = fingerprint(path)
+    print_, content = fingerprints(path)
     if error:
         return Prepared(failed_spec(key, path, error, whole=True), print_)
     try:
@@ -137,7 +152,7 @@ def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[st
     except Exception as exc:  # a model file that breaks a reader: that model is unavailable, no other
         log.exception("reading model '%s' failed", key)
         spec = failed_spec(key, path, f"cannot be read: {exc}")
-    return Prepared(spec, print_, written)
+    return Prepared(spec, print_, written, content)
 
 
 def failed_spec(key: str, path: str, error: str, whole: bool = False) -> ModelSpec:
