@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.models import Instance, InstanceState, ModelEntry, VersionState, instance_devices, instance_names
+from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.spec.model_spec import ModelSpec
 
 
@@ -66,7 +67,7 @@ class InstanceUpdate:
     old_spec: ModelSpec
     versions: list[VersionUpdate]
     committed: bool = False  # every added instance is ready: the removed ones are leaving
-    closing: set[int] = field(default_factory=set)  # id() of removed instances not yet closed by their worker
+    gone: list[Instance] = field(default_factory=list)  # removed ones leaving now: the call waits for them
     error: str = ""  # why the update was undone ("" it was not)
 
     def adding(self) -> bool:
@@ -112,14 +113,18 @@ def begin(entry: ModelEntry, spec: ModelSpec, next_index: Callable[[], int]) -> 
     return update
 
 
-def commit(update: InstanceUpdate) -> list[Instance]:
-    """Every added instance is ready: the removed ones take no more batches. Returns them, to unload."""
+def commit(update: InstanceUpdate) -> tuple[list[Instance], list[Instance]]:
+    """Every added instance is ready: the removed ones take no more batches. Returns those to unload now,
+    and those that stay until the sequences they hold end (Triton's removed sequence instances)."""
     update.committed = True
-    gone: list[Instance] = []
+    lingering: list[Instance] = []
     for v in update.versions:
-        v.state.instances = [i for i in v.state.instances if i not in v.removed]
-        gone += v.removed
-    return gone
+        batcher = v.state.batcher
+        if isinstance(batcher, SequenceBatcher):
+            lingering += [i for i in v.removed if batcher.retire(i)]
+        v.state.instances = [i for i in v.state.instances if i not in v.removed or i in lingering]
+        update.gone += [i for i in v.removed if i not in lingering]
+    return update.gone, lingering
 
 
 def undo(update: InstanceUpdate) -> list[Instance]:

@@ -108,6 +108,8 @@ class ModelLoads:
         self._updating: dict[str, InstanceUpdate] = {}
         # Instances an update removed (or an undone update added), not yet unloaded: they go once idle.
         self._leaving: list[Instance] = []
+        # Those an update removed that hold sequences: they serve them to their end, then leave.
+        self._lingering: list[Instance] = []
         # Those unloaded, until their worker says they are closed (InstanceClosed): (model, version, index) ->
         # their worker. An update's call is answered once none of its removed instances is left here.
         self._closing: dict[tuple[str, str, int], bytes] = {}

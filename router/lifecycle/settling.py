@@ -14,6 +14,7 @@ from conveyor.router.lifecycle.entry_state import failure_of, load_failed, loadi
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, Settled
 from conveyor.router.models import UNLOADED, Instance, ModelEntry, add_dropped_versions
+from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.spec.namespaces import name_of
 
 log = logging.getLogger("conveyor.router.lifecycle")  # one name for all the lifecycle's log lines, as before
@@ -24,7 +25,7 @@ class Settling(ModelLoads):
     def busy(self) -> bool:
         """Anything for ``settle`` to do (checked on the router's hot path)."""
         return bool(self._waiters or self._answers or self.registry.staging or self.registry.retiring or self._fresh
-                    or self._updating or self._leaving)
+                    or self._updating or self._leaving or self._lingering)
 
     def settle(self, running_instances: set[int], workers: Collection[bytes] | None = None) -> Settled:
         """Swap staged entries that are ready, drop those that failed, answer the
@@ -34,7 +35,7 @@ class Settling(ModelLoads):
         out = Settled(self._answers)
         self._answers = []
         registry = self.registry
-        if self._updating or self._leaving or self._closing:
+        if self._updating or self._leaving or self._closing or self._lingering:
             self._settle_updates(out, running_instances, workers)
         for name, entry in list(registry.staging.items()):
             if loading(entry):
@@ -99,7 +100,9 @@ class Settling(ModelLoads):
                 continue
             failure = update.failure()
             if not failure:
-                self._leaving += instance_update.commit(update)
+                gone, lingering = instance_update.commit(update)
+                self._leaving += gone
+                self._lingering += lingering
                 continue
             self._leaving += instance_update.undo(update)
             del self._updating[key]
@@ -107,6 +110,14 @@ class Settling(ModelLoads):
             log.error("updating the instances of model '%s' failed, it serves as it was: %s", key, failure)
             self._answer(out, key, ConveyorError(
                 Status.INVALID_ARG, f"load failed for model '{name_of(key)}': {failure}\n"))
+        for inst in list(self._lingering):  # removed with sequences: they leave once those end
+            state = inst.version
+            if inst not in state.instances:  # its version went whole (unloaded, replaced)
+                self._lingering.remove(inst)
+            elif not (isinstance(state.batcher, SequenceBatcher) and state.batcher.holds(inst)):
+                self._lingering.remove(inst)
+                state.instances = [i for i in state.instances if i is not inst]
+                self._leaving.append(inst)
         keep: list[Instance] = []
         for inst in self._leaving:
             if inst.running or id(inst) in running:
@@ -119,7 +130,7 @@ class Settling(ModelLoads):
         for key, update in list(self._updating.items()):
             if update.committed and not any(
                     i in self._leaving or (i.version.model, i.version.label, i.index) in self._closing
-                    for v in update.versions for i in v.removed):
+                    for i in update.gone):
                 del self._updating[key]
                 log.info("successfully loaded '%s'", name_of(key))  # Triton's line for the load call
                 self._answer(out, key, None)

@@ -61,12 +61,12 @@ class TritonPythonModel:
 '''
 
 
-def config(groups: str) -> str:
+def config(groups: str, more: str = "") -> str:
     return (f'name: "{NAME}"\nbackend: "python"\n'
             'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
             'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }, '
             '{ name: "WHO" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
-            f"instance_group [ {groups} ]\n")
+            f"instance_group [ {groups} ]\n{more}")
 
 
 def cpu(count: int) -> str:
@@ -112,11 +112,11 @@ def counts(repo: Path) -> tuple[int, int]:
     return sum(w == "init" for w, _ in seen), sum(w == "fini" for w, _ in seen)
 
 
-def infer(client: th.InferenceServerClient) -> str:
+def infer(client: th.InferenceServerClient, **sequence: int | bool) -> str:
     data = np.arange(4, dtype=np.float32)
     inp = th.InferInput("IN", [4], "FP32")
     inp.set_data_from_numpy(data)
-    result = client.infer(NAME, [inp])
+    result = client.infer(NAME, [inp], **sequence)  # type: ignore[arg-type]
     np.testing.assert_array_equal(result.as_numpy("OUT"), data)
     who = result.as_numpy("WHO")
     assert who is not None
@@ -156,9 +156,15 @@ class Drive:
             t.join(CALL_TIMEOUT_S)
 
 
-def reload(repo: Path, client: th.InferenceServerClient, groups: str) -> None:
-    (repo / NAME / "config.pbtxt").write_text(config(groups))
+def reload(repo: Path, client: th.InferenceServerClient, groups: str, more: str = "") -> None:
+    (repo / NAME / "config.pbtxt").write_text(config(groups, more))
     client.load_model(NAME)
+
+
+def unload(repo: Path, client: th.InferenceServerClient) -> None:
+    client.unload_model(NAME)
+    while counts(repo)[1] < counts(repo)[0]:  # an unload is answered at once; its finalizes follow
+        threading.Event().wait(0.1)
 
 
 def test_instance_count_changes_in_place_while_serving(srv: Server, repo: Path,
@@ -184,9 +190,7 @@ def test_instance_count_changes_in_place_while_serving(srv: Server, repo: Path,
     fini = {ident for w, ident in events(repo) if w == "fini"}
     assert len(first - fini) == 1
     assert infer(client)
-    client.unload_model(NAME)
-    while counts(repo)[1] < 6:  # an unload is answered at once; its finalizes follow
-        threading.Event().wait(0.1)
+    unload(repo, client)
     assert counts(repo) == (6, 6)
 
 
@@ -203,7 +207,7 @@ def test_an_added_instance_that_fails_undoes_the_update(srv: Server, repo: Path,
     assert infer(client)
     config_now = client.get_model_config(NAME)
     assert [g["count"] for g in config_now["instance_group"]] == [2]  # the config that serves
-    client.unload_model(NAME)
+    unload(repo, client)
 
 
 def test_a_changed_model_file_reloads_every_instance(srv: Server, repo: Path,
@@ -214,4 +218,29 @@ def test_a_changed_model_file_reloads_every_instance(srv: Server, repo: Path,
         f.write("\n# changed\n")
     reload(repo, client, cpu(3))
     assert counts(repo)[0] == before[0] + 3  # Triton's reload: every instance made anew
-    client.unload_model(NAME)
+    unload(repo, client)
+
+
+def test_a_removed_instance_runs_its_sequences_to_their_end(srv: Server, repo: Path,
+                                                          client: th.InferenceServerClient) -> None:
+    """As Triton's: an instance an update removes while it holds a sequence serves it to its end, then goes;
+    the update's call does not wait for it."""
+    direct = "sequence_batching { direct { } max_sequence_idle_microseconds: 60000000 }\n"
+    reload(repo, client, cpu(3), direct)
+    inits, finis = counts(repo)
+    first = infer(client, sequence_id=1, sequence_start=True)
+    second = infer(client, sequence_id=2, sequence_start=True)
+    assert first != second  # each sequence has an instance of its own
+    # One instance is kept: the one that holds no sequence goes at once, a removed one holding a sequence stays.
+    reload(repo, client, cpu(1), direct)
+    assert counts(repo) == (inits, finis + 1)
+    assert infer(client, sequence_id=1) == first
+    assert infer(client, sequence_id=2) == second
+    assert counts(repo) == (inits, finis + 1)
+    assert infer(client, sequence_id=2, sequence_end=True) == second
+    assert infer(client, sequence_id=1, sequence_end=True) == first
+    while counts(repo)[1] < finis + 2:  # its sequence ended: it goes
+        threading.Event().wait(0.1)
+    assert infer(client, sequence_id=3, sequence_start=True, sequence_end=True) in (first, second)
+    assert counts(repo) == (inits, finis + 2)
+    unload(repo, client)
