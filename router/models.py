@@ -218,6 +218,14 @@ def build_entry(
     return entry
 
 
+def without_shared(entry: ModelEntry, other: ModelEntry | None) -> ModelEntry:
+    """``entry`` less the versions it shares with ``other`` (a reload kept them: they are ``other``'s now), to
+    retire: what the two share keeps serving."""
+    if other is None or not any(other.versions.get(v) is s for v, s in entry.versions.items()):
+        return entry
+    return ModelEntry(entry.spec, {v: s for v, s in entry.versions.items() if other.versions.get(v) is not s})
+
+
 def add_dropped_versions(entry: ModelEntry, old: ModelEntry, queue_cap: int, next_index: Callable[[], int]) -> None:
     """The versions ``old`` served that its reload ``entry`` lacks (gone from the repository or the version
     policy), recorded UNAVAILABLE "unloaded" as Triton keeps them: a request naming one is told it is not at

@@ -36,6 +36,16 @@ def needs_no_reload(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
     return a == b
 
 
+def same_but_version_policy(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
+    """The configs differ in ``version_policy`` at most: a reload keeps the versions whose files are unchanged."""
+    a, b = mc.ModelConfig(), mc.ModelConfig()
+    a.CopyFrom(old)
+    b.CopyFrom(new)
+    a.ClearField("version_policy")
+    b.ClearField("version_policy")
+    return a == b
+
+
 def _signatures(config: mc.ModelConfig) -> list[bytes]:
     """One per instance ``instance_devices`` lists, in its order: the group's settings but its name and count
     (core's InstanceConfigSignature); the device is compared beside it."""

@@ -20,9 +20,9 @@ from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status, client_mistake
 from conveyor.router.lifecycle import instance_update
 from conveyor.router.lifecycle.entry_state import loading, problem_of, serving
-from conveyor.router.lifecycle.instance_update import InstanceUpdate, needs_no_reload
+from conveyor.router.lifecycle.instance_update import InstanceUpdate, needs_no_reload, same_but_version_policy
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
-from conveyor.router.models import Instance
+from conveyor.router.models import Instance, ModelEntry, without_shared
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.cloud.roots import UnusableRepository
@@ -103,7 +103,7 @@ class ModelLoads:
         # Models loaded with a config override, and their directory's fingerprint then: a load without one
         # keeps the override while the files are unchanged (Triton: the model is unmodified).
         self._override_prints: dict[str, str] = {}
-        self._contents: dict[str, str] = {}  # model -> fingerprint of its files but the configs, as loaded
+        self._contents: dict[str, dict[str, str]] = {}  # model -> ``Prepared.content`` as loaded
         # Models whose instances a load changes in place (instance_update.py), until its call is answered.
         self._updating: dict[str, InstanceUpdate] = {}
         # Instances an update removed (or an undone update added), not yet unloaded: they go once idle.
@@ -193,7 +193,7 @@ class ModelLoads:
         if prep.why is Why.LOAD and self._keeps_override(prep, done):
             return
         self._prints[key] = done.print
-        content, self._contents[key] = self._contents.get(key, ""), done.content
+        content, self._contents[key] = self._contents.get(key), done.content
         if spec.poll_failed:
             self._poll_failed(prep, spec.error)
             return
@@ -202,14 +202,17 @@ class ModelLoads:
         self.poll_failures.pop(key, None)
         if self._retuned(key, spec):
             return
-        if content and content == done.content and self._updated_in_place(key, spec):
+        if content is not None and content == done.content and self._updated_in_place(key, spec):
             return
         entry = registry.build(spec)
         registry.unloaded.pop(key, None)
         previous = registry.staging.pop(key, None)
-        if previous is not None:
-            registry.retiring.append(previous)  # a newer load supersedes a reload still loading
+        if previous is not None:  # a newer load supersedes a reload still loading
+            registry.retiring.append(without_shared(previous, registry.models.get(key)))
+        kept: set[int] = set()
         if key in registry.models and not registry.models[key].spec.error and serving(registry.models[key]):
+            if content is not None:
+                kept = self._keep_unchanged_versions(registry.models[key], entry, content, done.content)
             registry.staging[key] = entry
         else:
             old_entry = registry.models.get(key)
@@ -221,7 +224,7 @@ class ModelLoads:
         if spec.error:
             log.error("model '%s' is not available: %s", key, spec.error)
         else:
-            for version in sorted({*spec.versions, *spec.version_errors}):
+            for version in sorted({*spec.versions, *spec.version_errors} - kept):
                 log.info("loading: %s:%d", name_of(key), version)  # Triton's line per version it loads
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
@@ -286,6 +289,25 @@ class ModelLoads:
                  migration.max_migrations_of(parameter_text(spec.config, migration.PARAMETER)))
         return True
 
+    @staticmethod
+    def _keep_unchanged_versions(current: ModelEntry, entry: ModelEntry, before: dict[str, str],
+                                 now: dict[str, str]) -> set[int]:
+        """Triton's per-version reload: when the files every version shares and the config (its version policy
+        aside) are unchanged, a version of the reload whose own files are unchanged is the serving one, moved
+        into the staged entry untouched (its instances, queue and statistics); the others load. Returns those."""
+        if (current.spec.backend == "ensemble" or problem_of(current) or loading(current)
+                or current.spec.path != entry.spec.path or before.get("") != now.get("")
+                or not same_but_version_policy(current.spec.config, entry.spec.config)):
+            return set()
+        kept: set[int] = set()
+        for v, state in entry.versions.items():
+            old = current.versions.get(v)
+            if (old is not None and old.ready and not state.error and before.get(str(v)) is not None
+                    and before.get(str(v)) == now.get(str(v)) and current.spec.versions.get(v) == state.path):
+                entry.versions[v] = old
+                kept.add(v)
+        return kept
+
     def _updated_in_place(self, key: str, spec: ModelSpec) -> bool:
         """Triton's instance update (instance_update.py): the model's files are unchanged but for a config
         that differs from the serving one in its instance groups at most, every version of which serves."""
@@ -339,10 +361,12 @@ class ModelLoads:
         override = self._overrides.pop(name, None)
         if override:
             self._remove(override)
-        for source in (registry.staging, registry.models):
-            entry = source.pop(name, None)
-            if entry is not None:
-                registry.retiring.append(entry)
+        staged = registry.staging.pop(name, None)
+        if staged is not None:
+            registry.retiring.append(without_shared(staged, registry.models.get(name)))
+        entry = registry.models.pop(name, None)
+        if entry is not None:
+            registry.retiring.append(entry)
         registry.unloaded[name] = "unloaded"
         self._prints.pop(name, None)
         self._contents.pop(name, None)

@@ -13,7 +13,7 @@ from conveyor.router.lifecycle import instance_update
 from conveyor.router.lifecycle.entry_state import failure_of, load_failed, loading, problem_of
 from conveyor.router.lifecycle.loads import ModelLoads
 from conveyor.router.lifecycle.records import Answer, LoadWaiter, Settled
-from conveyor.router.models import UNLOADED, Instance, ModelEntry, add_dropped_versions
+from conveyor.router.models import UNLOADED, Instance, ModelEntry, add_dropped_versions, without_shared
 from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.spec.namespaces import name_of
 
@@ -45,7 +45,7 @@ class Settling(ModelLoads):
             if problem:
                 log.error("reloading model '%s' failed, the loaded one keeps serving: %s", name, problem)
                 log.info("failed to load '%s'", name_of(name))
-                registry.retiring.append(entry)
+                registry.retiring.append(without_shared(entry, registry.models.get(name)))
                 self._answer(out, name, load_failed(name, problem))
                 continue
             old = registry.models.get(name)
@@ -53,7 +53,7 @@ class Settling(ModelLoads):
             registry.generation += 1
             if old is not None:
                 add_dropped_versions(entry, old, registry.queue_cap, registry.next_index)
-                registry.retiring.append(old)
+                registry.retiring.append(without_shared(old, entry))
             log.info("successfully loaded '%s'", name_of(name))  # Triton's line (the new versions serve)
             self._answer(out, name, None)
         for waiter in list(self._waiters):

@@ -13,6 +13,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf import text_format
 
@@ -67,7 +68,8 @@ class Prepared:
     spec: ModelSpec
     print: str  # the directory's fingerprint when it was read
     written: str = ""  # the directory this load wrote its file overrides into ("" none)
-    content: str = ""  # the fingerprint of its files but the configs ("" unknown)
+    # ``fingerprints``' parts: its files but the configs, per version folder and "" for the shared ones ({}: unknown).
+    content: dict[str, str] = field(default_factory=dict)
 
 
 def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, quiet: bool = True) -> Listing:
@@ -115,11 +117,13 @@ def fingerprint(path: str) -> str:
     return fingerprints(path)[0]
 
 
-def fingerprints(path: str) -> tuple[str, str]:
-    """``fingerprint``, and the same of every file but the configs (``config.pbtxt``, ``configs/``) and the
-    bytecode Python writes beside a model's modules (``__pycache__``): a load whose files are unchanged but for
-    its config may apply in place (Triton's instance update)."""
-    whole, content = hashlib.sha1(), hashlib.sha1()
+def fingerprints(path: str) -> tuple[str, dict[str, str]]:
+    """``fingerprint``, and the same of the files but the configs (``config.pbtxt``, ``configs/``) and the bytecode
+    Python writes beside a model's modules (``__pycache__``), in parts: one per top-level folder whose name is a
+    number (a version's files), and "" for the rest (what every version shares). Triton reloads a version whose
+    own files changed, every version when a shared one did, and none for a config change of instance groups."""
+    whole = hashlib.sha1()
+    parts: dict[str, Any] = {}  # part -> its sha1
     for root, dirs, files in os.walk(path):
         dirs.sort()
         for f in sorted(files):
@@ -132,8 +136,12 @@ def fingerprints(path: str) -> tuple[str, str]:
             line = f"{rel}\0{st.st_mtime_ns}\0{st.st_size}\n".encode()
             whole.update(line)
             if rel != "config.pbtxt" and not rel.startswith("configs" + os.sep) and _PYCACHE not in os.sep + rel:
-                content.update(line)
-    return whole.hexdigest(), content.hexdigest()
+                top = rel.split(os.sep, 1)[0] if os.sep in rel else ""
+                part = top if top.isdigit() else ""
+                if part not in parts:
+                    parts[part] = hashlib.sha1()
+                parts[part].update(line)
+    return whole.hexdigest(), {part: h.hexdigest() for part, h in parts.items()}
 
 
 def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[str, bytes] | None,

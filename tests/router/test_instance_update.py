@@ -104,7 +104,8 @@ def events(repo: Path) -> list[tuple[str, str]]:
     log = repo.parent / "lifecycle.log"
     if not log.exists():
         return []
-    return [(w, ident) for w, _, ident in (line.split() for line in log.read_text().splitlines())]
+    return [(w, ident) for w, name, ident in (line.split() for line in log.read_text().splitlines())
+            if name.startswith(NAME)]
 
 
 def counts(repo: Path) -> tuple[int, int]:
@@ -244,3 +245,49 @@ def test_a_removed_instance_runs_its_sequences_to_their_end(srv: Server, repo: P
     assert infer(client, sequence_id=3, sequence_start=True, sequence_end=True) in (first, second)
     assert counts(repo) == (inits, finis + 2)
     unload(repo, client)
+
+
+VERSIONED = "versioned"
+
+
+def versioned_config(versions: str) -> str:
+    return config(cpu(1)).replace(f'name: "{NAME}"', f'name: "{VERSIONED}"') + (
+        f"version_policy: {{ specific: {{ versions: [ {versions} ] }} }}\n")
+
+
+def version_events(repo: Path) -> list[tuple[str, str, str]]:
+    """(init|fini, version, the instance's id) of the versioned model's lines."""
+    log = repo.parent / "lifecycle.log"
+    return [(w, name.rsplit("@", 1)[1], ident) for w, name, ident in (line.split() for line in
+                                                                    log.read_text().splitlines())
+            if name.startswith(VERSIONED)]
+
+
+def test_a_reload_loads_only_the_versions_whose_files_changed(srv: Server, repo: Path,
+                                                             client: th.InferenceServerClient) -> None:
+    """Triton's per-version reload (L0_lifecycle's load_new_model_version): a version whose own files are unchanged
+    keeps serving untouched, a changed or new one loads; a changed file every version shares reloads them all."""
+    model = repo / VERSIONED
+    tagged = MODEL.replace("LOG_PATH", repr(str(repo.parent / "lifecycle.log"))).replace(
+        "args['model_instance_name']", "args['model_instance_name'] + '@' + args['model_version']")
+    for v in (1, 2, 3):
+        (model / str(v)).mkdir(parents=True)
+        (model / str(v) / "model.py").write_text(tagged)
+    (model / "config.pbtxt").write_text(versioned_config("1, 2"))
+    client.load_model(VERSIONED)
+    assert sorted(v for w, v, _ in version_events(repo) if w == "init") == ["1", "2"]
+    first = {v: ident for _, v, ident in version_events(repo)}
+    os.utime(model / "2" / "model.py", ns=(1, 1))  # version 2's file changed
+    (model / "4").mkdir()
+    (model / "4" / "model.py").write_text(tagged)
+    (model / "config.pbtxt").write_text(versioned_config("1, 2, 3, 4"))
+    client.load_model(VERSIONED)
+    assert all(client.is_model_ready(VERSIONED, str(v)) for v in (1, 2, 3, 4))
+    inits = [v for w, v, _ in version_events(repo) if w == "init"]
+    assert sorted(inits) == ["1", "2", "2", "3", "4"]  # version 1 was never loaded again
+    assert ("fini", "1", first["1"]) not in version_events(repo)
+    (model / "dummy_dependency.py").write_text("# what every version imports\n")
+    client.load_model(VERSIONED)
+    assert sorted(v for w, v, _ in version_events(repo) if w == "init") == ["1", "1", "2", "2", "2", "3", "3",
+                                                                             "4", "4"]
+    client.unload_model(VERSIONED)
