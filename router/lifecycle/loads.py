@@ -21,7 +21,7 @@ from conveyor.proto.errors import ConveyorError, Status, client_mistake
 from conveyor.router.lifecycle import instance_update
 from conveyor.router.lifecycle.entry_state import loading, problem_of, serving
 from conveyor.router.lifecycle.instance_update import InstanceUpdate, needs_no_reload, same_but_version_policy
-from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
+from conveyor.router.lifecycle.records import Answer, DeferredUnload, LoadWaiter, ModelControlConfig, Prep, Why
 from conveyor.router.models import Instance, ModelEntry, without_shared
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
@@ -69,6 +69,8 @@ class ModelLoads:
         self.load_at_start = control.load_at_start
         self.strict_config = control.strict_config
         self.config_name = control.config_name  # --model-config-name
+        self.unload_waits = control.unload_waits_for_load
+        self._deferred: list[DeferredUnload] = []  # unloads waiting for their model's loads in progress
         self.backend_config = control.backend_config
         self.agent = agent or RepositoryAgent()
         self._sync = sync
@@ -375,6 +377,16 @@ class ModelLoads:
         self._explicit.discard(name)
         self._override_prints.pop(name, None)
         registry.generation += 1
+
+    def _load_in_flight(self, key: str) -> bool:
+        """A load of ``key`` is being prepared, staged, updating instances in place or loading in place."""
+        registry = self.registry
+        current = registry.models.get(key)
+        return (key in self._preparing or key in registry.staging or key in self._updating
+                or (current is not None and loading(current)))
+
+    def _apply_deferred(self) -> None:
+        """Unloads waiting for loads in progress (``RepositoryCalls`` applies them)."""
 
     def _cancel(self, key: str) -> None:
         """No load of ``key`` asked for so far will apply: what is being prepared is dropped

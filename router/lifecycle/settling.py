@@ -25,7 +25,7 @@ class Settling(ModelLoads):
     def busy(self) -> bool:
         """Anything for ``settle`` to do (checked on the router's hot path)."""
         return bool(self._waiters or self._answers or self.registry.staging or self.registry.retiring or self._fresh
-                    or self._updating or self._leaving or self._lingering)
+                    or self._updating or self._leaving or self._lingering or self._deferred)
 
     def settle(self, running_instances: set[int], workers: Collection[bytes] | None = None) -> Settled:
         """Swap staged entries that are ready, drop those that failed, answer the
@@ -72,6 +72,8 @@ class Settling(ModelLoads):
                 error = load_failed(waiter.name, problem) if problem else None
             out.answers.append(Answer(waiter.reply_to, error))
         self._all_or_none(out)
+        if self._deferred:
+            self._apply_deferred()
         keep: list[ModelEntry] = []
         for entry in registry.retiring:
             states = list(entry.versions.values())
