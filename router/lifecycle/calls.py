@@ -170,11 +170,12 @@ class RepositoryCalls(ModelLoads):
             self._unload_call(deferred.name, deferred.dependents)
 
     def _unload_call(self, name: str, unload_dependents: bool) -> None:
-        upstream: list[str] = []
-        if unload_dependents:
-            for dependent in self._ensembles_using(name):
-                self._unload(dependent)
-            upstream = self._composing_models(name)
+        # An ensemble that uses the model can no longer run: unloaded, with Triton's error line (its dependency
+        # graph finds it invalid and unloads it, unload_dependents or not).
+        for dependent in self._ensembles_using(name):
+            log.error("ensemble %s contains models that are not available or ambiguous: %s", dependent, name)
+            self._unload(dependent)
+        upstream = self._composing_models(name) if unload_dependents else []
         for key in [name, *self.registry.namespaced.get(name, ())]:
             if key in self.registry.models or key in self.registry.staging or key in self._preparing:
                 self._unload(key)  # listed as unloaded, as after Triton's load then unload

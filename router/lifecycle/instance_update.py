@@ -100,6 +100,8 @@ def begin(entry: ModelEntry, spec: ModelSpec, next_index: Callable[[], int]) -> 
     config = spec.config
     wanted = list(zip(instance_devices(config), instance_names(config), _signatures(config), strict=True))
     for state in entry.versions.values():
+        if state.error:  # a version a reload dropped, listed "unloaded": nothing runs
+            continue
         if any(not i.signature for i in state.instances):  # never updated: in the order its config lists them
             for inst, sig in zip(state.instances, _signatures(state.config), strict=False):
                 inst.signature = inst.signature or sig

@@ -19,7 +19,7 @@ from conveyor.proto import migration
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status, client_mistake
 from conveyor.router.lifecycle import instance_update
-from conveyor.router.lifecycle.entry_state import loading, problem_of, serving
+from conveyor.router.lifecycle.entry_state import fully_serving, loading, problem_of, serving
 from conveyor.router.lifecycle.instance_update import InstanceUpdate, needs_no_reload, same_but_version_policy
 from conveyor.router.lifecycle.records import Answer, DeferredUnload, LoadWaiter, ModelControlConfig, Prep, Why
 from conveyor.router.models import Instance, ModelEntry, without_shared
@@ -297,7 +297,7 @@ class ModelLoads:
         """Triton's per-version reload: when the files every version shares and the config (its version policy
         aside) are unchanged, a version of the reload whose own files are unchanged is the serving one, moved
         into the staged entry untouched (its instances, queue and statistics); the others load. Returns those."""
-        if (current.spec.backend == "ensemble" or problem_of(current) or loading(current)
+        if (current.spec.backend == "ensemble" or not fully_serving(current)
                 or current.spec.path != entry.spec.path or before.get("") != now.get("")
                 or not same_but_version_policy(current.spec.config, entry.spec.config)):
             return set()
@@ -318,7 +318,7 @@ class ModelLoads:
         if (
             current is None or key in registry.staging or key in self._updating or spec.error
             or spec.backend == "ensemble" or spec.version_errors or current.spec.version_errors
-            or problem_of(current) or loading(current)
+            or not fully_serving(current)
             or current.spec.path != spec.path or current.spec.versions != spec.versions
             or not needs_no_reload(current.spec.config, spec.config)
         ):
@@ -397,6 +397,10 @@ class ModelLoads:
             self._startup_left -= sum(1 for p in queued if p.why is Why.STARTUP)
             queued.clear()
         for waiter in [w for w in self._waiters if w.name == key or key in w.keys]:
+            if self.unload_waits:  # tritonserver: what Triton answers a load an unload overtook
+                self._fail(waiter, ConveyorError(
+                    Status.INTERNAL, f"failed to load '{name_of(waiter.name)}', unexpected miss in global map"))
+                continue
             self._fail(waiter, ConveyorError(
                 Status.CANCELLED,
                 f"failed to load '{name_of(waiter.name)}': '{name_of(key)}' was unloaded while it was loading"))
