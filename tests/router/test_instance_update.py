@@ -117,7 +117,7 @@ def infer(client: th.InferenceServerClient, **sequence: int | bool) -> str:
     data = np.arange(4, dtype=np.float32)
     inp = th.InferInput("IN", [4], "FP32")
     inp.set_data_from_numpy(data)
-    result = client.infer(NAME, [inp], **sequence)  # type: ignore[arg-type]
+    result = client.infer(NAME, [inp], **sequence)
     np.testing.assert_array_equal(result.as_numpy("OUT"), data)
     who = result.as_numpy("WHO")
     assert who is not None
