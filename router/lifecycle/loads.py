@@ -373,6 +373,7 @@ class ModelLoads:
         self._prints.pop(name, None)
         self._contents.pop(name, None)
         self._updating.pop(name, None)  # its entry retires whole; instances it removed leave as planned
+        self._lingering = [i for i in self._lingering if i.version.model != name]  # they retire with it
         self.poll_failures.pop(name, None)
         self._explicit.discard(name)
         self._override_prints.pop(name, None)
