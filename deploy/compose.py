@@ -12,6 +12,7 @@ from conveyor.deploy.group_lock import DEFAULT_GROUP
 from conveyor.deploy.options import default_endpoints
 from conveyor.deploy.runtime.polling import spin_seconds
 from conveyor.deploy.settings import RouterSettings, WorkerSettings
+from conveyor.proto.triton_cli import unload_waits_for_load
 from conveyor.workers.config import WorkerConfig
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def router_config(s: RouterSettings) -> RouterConfig:
         config_name=s.model_config_name, backend_config=BackendConfig.parse(s.backend_config),
         namespacing=s.model_namespacing, poll_secs=s.repository_poll_secs, exit_on_error=s.exit_on_error,
         strict_readiness=s.strict_readiness, load_retries=s.model_load_retry_count,
-        load_threads=s.model_load_thread_count)
+        load_threads=s.model_load_thread_count, unload_waits_for_load=unload_waits_for_load())
     scheduling = SchedulingConfig(
         queue_cap=s.max_queue_size, cache_bytes=parse_cache_config(s.cache_config),
         sequence_slot_padding=s.sequence_slot_padding,

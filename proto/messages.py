@@ -15,6 +15,7 @@ Flows (see ARCHITECTURE.md)::
     router  --InferResponse/ControlReply/SettingsUpdate/RepositoryChanged--> ingress
     router  --LoadModel/UnloadModel/ExecBatch/Rehello/CancelItem/LeaveGranted--> worker
     worker  --WorkerHello/Heartbeat/ModelLoaded/BatchResult/ItemResponse/WorkerLeaving/CustomMetrics--> router
+    worker  --InstanceClosed--> router (an unloaded instance's model closed)
     router  --LoraUpdate--> worker, worker --LoraUpdated--> router (runtime LoRA adapters)
     worker  --ItemResponsesSent--> router (a decoupled request's responses it sent straight to the ingress)
     worker  --InferRequest/Cancel--> router (as an ingress: BLS calls from models)
@@ -36,7 +37,8 @@ import msgspec
 # 8: ``PrefixesEvicted`` (what a vLLM engine's cache evicted, from its KV-cache events), announced in
 #    ``ModelLoaded.reports_evictions``.
 # 9: ``InferRequest.session`` (a session key's hash, to keep a session's turns on one engine).
-PROTOCOL_VERSION = 9
+# 10: ``InstanceClosed`` (an unloaded instance's model closed: an instance update in place waits for it).
+PROTOCOL_VERSION = 10
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -283,6 +285,14 @@ class ModelLoaded(msgspec.Struct, tag="loaded", array_like=True):
     reports_evictions: bool = False  # its engine says what its cache evicts (PrefixesEvicted)
 
 
+class InstanceClosed(msgspec.Struct, tag="closed", array_like=True):
+    """Worker to router: an instance ``UnloadModel`` named is closed (a Python model's ``finalize`` returned)."""
+
+    model: str
+    version: str
+    instance: int
+
+
 class ReadyCheck(msgspec.Struct, tag="rcheck", array_like=True):
     """Router to worker: run the instance's own readiness check (a Python model's
     ``is_ready()``) and answer ``ReadyChecked`` with ``check``."""
@@ -505,7 +515,7 @@ RouterToWorker = (
 )
 WorkerToRouter = (
     WorkerHello | Heartbeat | ModelLoaded | BatchResult | ItemResponse | ItemResponsesSent | WorkerLeaving
-    | CustomMetrics | ReadyChecked | LoraUpdated | PrefixesEvicted
+    | CustomMetrics | ReadyChecked | LoraUpdated | PrefixesEvicted | InstanceClosed
 )
 
 encoder = msgspec.msgpack.Encoder()

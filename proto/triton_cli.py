@@ -8,7 +8,14 @@ import os
 # Set by the ``tritonserver`` command for its group (its children inherit it): there, as in Triton, a
 # repository root the server cannot use with --exit-on-error=false leaves it running, neither live nor
 # ready (SERVER_FAILED_TO_INITIALIZE). ``conveyor serve`` stops its start whatever --exit-on-error says.
+# And an unload waits for a load of its model in progress (``unload_waits_for_load``).
 TRITON_CLI_ENV = "CONVEYOR_TRITON_CLI"
+
+
+def unload_waits_for_load() -> bool:
+    """Whether an unload that arrives while its model loads waits for that load to settle (Triton's order: both
+    calls succeed, then the model is unloaded). ``conveyor serve`` cancels the load instead (CANCELLED)."""
+    return os.environ.get(TRITON_CLI_ENV) == "1"
 
 
 def keeps_running_when_unusable(exit_on_error: bool) -> bool:

@@ -69,6 +69,9 @@ class Instance:
     # Triton's instance name, <group name>_<index in the group> (instance_names); models see it
     # (a Python model's args["model_instance_name"]) and error messages name it.
     name: str = ""
+    # Its group's settings but name and count (Triton's InstanceConfigSignature), once an instance update
+    # has matched it (router/lifecycle/instance_update.py); b"": not yet, its place in the config says.
+    signature: bytes = b""
 
     @property
     def busy(self) -> bool:
@@ -213,6 +216,14 @@ def build_entry(
         state.error = err
         entry.versions[v] = state
     return entry
+
+
+def without_shared(entry: ModelEntry, other: ModelEntry | None) -> ModelEntry:
+    """``entry`` less the versions it shares with ``other`` (a reload kept them: they are ``other``'s now), to
+    retire: what the two share keeps serving."""
+    if other is None or not any(other.versions.get(v) is s for v, s in entry.versions.items()):
+        return entry
+    return ModelEntry(entry.spec, {v: s for v, s in entry.versions.items() if other.versions.get(v) is not s})
 
 
 def add_dropped_versions(entry: ModelEntry, old: ModelEntry, queue_cap: int, next_index: Callable[[], int]) -> None:

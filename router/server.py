@@ -275,6 +275,7 @@ class Router:
                 quiet.append(front)
             if own_quiet:
                 quiet.append(own)
+        self._log_unloads()
         self.agent.close()
         self.lifecycle.remove_overrides()
         wake.close()
@@ -283,6 +284,14 @@ class Router:
         self.front_sock.close(0)
         self.back_sock.close(0)
         self.loans.close()
+
+    def _log_unloads(self) -> None:
+        """Triton's line for each version it unloads as it stops (its UnloadAllModels): those loaded still."""
+        entries = [*self.registry.models.values(), *self.registry.retiring]
+        for entry in entries:
+            for state in entry.versions.values():
+                if not state.error and (state.load_duration_ns or entry.spec.backend == "ensemble"):
+                    log.info("successfully unloaded '%s' version %s", entry.spec.name, state.label)
 
     def _poll_timeout_ms(self, next_tick: float) -> int:
         wait_s = max(0.0, next_tick - time.monotonic())
@@ -348,6 +357,9 @@ class Router:
             self.membership.on_loaded(worker, msg)
         elif isinstance(msg, m.WorkerLeaving):
             self.membership.on_leaving(worker)
+        elif isinstance(msg, m.InstanceClosed):
+            self.lifecycle.closed(msg.model, msg.version, msg.instance)
+            self.placement.settle()
         elif isinstance(msg, m.CustomMetrics):
             self.control.custom_metrics.update(identity, msg.metrics)
             self.registry.waiting.kv_reported(identity, msg.metrics)  # MAX_KV_CACHE_USAGE reads it

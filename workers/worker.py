@@ -200,7 +200,7 @@ class Worker:
         elif isinstance(msg, m.LoraUpdate):
             update_adapter(self.instances.get((msg.model, msg.version, msg.instance)), msg, self.mailbox.post)
         elif isinstance(msg, m.UnloadModel):
-            self._unload((msg.model, msg.version, msg.instance))
+            self._unload((msg.model, msg.version, msg.instance), confirm=True)
         elif isinstance(msg, m.LeaveGranted):
             self._stopping = True
         elif isinstance(msg, m.SettingsUpdate):
@@ -233,14 +233,21 @@ class Worker:
             else:
                 self.router.out.send(payload)
 
-    def _unload(self, key: InstanceKey) -> None:
+    def _unload(self, key: InstanceKey, confirm: bool = False) -> None:
+        """``confirm``: the router asked; it is told once the model is closed (``InstanceClosed``)."""
         inst = self.instances.pop(key, None)
         if inst is None:
+            if confirm:
+                self.mailbox.post(m.encode(m.InstanceClosed(*key)))
             return
         self.batches.fail_streams(
             key, ConveyorError(Status.UNAVAILABLE, f"model instance '{key[0]}' version {key[1]} was unloaded"))
         self._closing = [f for f in self._closing if not f.done()]
-        self._closing.append(close_instance(inst))
+        closed = close_instance(inst)
+        if confirm:
+            post, said = self.mailbox.post, m.encode(m.InstanceClosed(*key))
+            closed.add_done_callback(lambda _: post(said))
+        self._closing.append(closed)
 
     def close(self) -> None:
         if self.exit_code:

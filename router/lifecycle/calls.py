@@ -16,7 +16,7 @@ from conveyor.proto.errors import ConveyorError, Status, client_mistake, invalid
 from conveyor.proto.model_config import parse_json_config
 from conveyor.router.lifecycle.entry_state import loading, serving
 from conveyor.router.lifecycle.loads import ModelLoads
-from conveyor.router.lifecycle.records import Answer, ControlMode, LoadWaiter, Prep, Why
+from conveyor.router.lifecycle.records import Answer, ControlMode, DeferredUnload, LoadWaiter, Prep, Why
 from conveyor.router.repository.agent import Lane
 from conveyor.router.repository.prepare import Listing, listing, registration_check
 from conveyor.router.spec.namespaces import name_of
@@ -151,11 +151,31 @@ class RepositoryCalls(ModelLoads):
         if frontend:
             self.check_frontend_call(name, load=False)
         self.check_control_allowed()
-        upstream: list[str] = []
-        if unload_dependents:
-            for dependent in self._ensembles_using(name):
-                self._unload(dependent)
-            upstream = self._composing_models(name)
+        if self.unload_waits:
+            waiting = [w for w in self._waiters if w.name == name or name in w.keys]
+            if waiting or self._load_in_flight(name):
+                log.info("model '%s' is unloaded once the load in progress settles", name)
+                self._deferred.append(DeferredUnload(name, unload_dependents, waiting))
+                return
+        self._unload_call(name, unload_dependents)
+
+    def _apply_deferred(self) -> None:
+        """Unloads that waited for their model's loads in progress: applied once those settled (their calls
+        answered), as Triton's; a load asked after the unload is cancelled by it."""
+        for deferred in list(self._deferred):
+            if any(w in self._waiters for w in deferred.waiters) or (
+                    not deferred.waiters and self._load_in_flight(deferred.name)):
+                continue
+            self._deferred.remove(deferred)
+            self._unload_call(deferred.name, deferred.dependents)
+
+    def _unload_call(self, name: str, unload_dependents: bool) -> None:
+        # An ensemble that uses the model can no longer run: unloaded, with Triton's error line (its dependency
+        # graph finds it invalid and unloads it, unload_dependents or not).
+        for dependent in self._ensembles_using(name):
+            log.error("ensemble %s contains models that are not available or ambiguous: %s", dependent, name)
+            self._unload(dependent)
+        upstream = self._composing_models(name) if unload_dependents else []
         for key in [name, *self.registry.namespaced.get(name, ())]:
             if key in self.registry.models or key in self.registry.staging or key in self._preparing:
                 self._unload(key)  # listed as unloaded, as after Triton's load then unload
@@ -229,7 +249,7 @@ class RepositoryCalls(ModelLoads):
             entry = self.registry.models.get(key)
             if entry is None:
                 if not ready_only:
-                    reason = self.registry.unloaded.get(key, "")
+                    reason = self.poll_failures.get(key) or self.registry.unloaded.get(key, "")
                     rows.append({"name": name, "version": "", "state": "UNAVAILABLE" if reason else "",
                                  "reason": reason})
                 continue

@@ -9,7 +9,7 @@ serving when an instance fails later, on a worker that joined after the load."""
 from __future__ import annotations
 
 from conveyor.proto.errors import ConveyorError, Status
-from conveyor.router.models import Instance, InstanceState, ModelEntry, VersionState
+from conveyor.router.models import UNLOADED, Instance, InstanceState, ModelEntry, VersionState
 
 NO_VERSION = "no version is available"
 
@@ -48,6 +48,13 @@ def problem_of(entry: ModelEntry) -> str:
     # Triton's load tracker: one "version N is at STATE state: reason;" per version that failed.
     return "".join(f"version {s.label} is at UNAVAILABLE state: {failure};"
                    for s in entry.versions.values() for failure in [failure_of(s)] if failure)
+
+
+def fully_serving(entry: ModelEntry) -> bool:
+    """Settled, and every version serves but those a reload dropped (UNAVAILABLE "unloaded", kept for the index):
+    a load may keep what serves (an instance update, a per-version reload)."""
+    return (not entry.spec.error and not loading(entry) and any(s.ready for s in entry.versions.values())
+            and all((s.ready and not failure_of(s)) or s.error == UNLOADED for s in entry.versions.values()))
 
 
 def load_failed(name: str, problem: str) -> ConveyorError:

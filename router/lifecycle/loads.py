@@ -18,8 +18,11 @@ from collections.abc import Callable
 from conveyor.proto import migration
 from conveyor.proto.config_parameters import parameter_text
 from conveyor.proto.errors import ConveyorError, Status, client_mistake
-from conveyor.router.lifecycle.entry_state import problem_of, serving
-from conveyor.router.lifecycle.records import Answer, LoadWaiter, ModelControlConfig, Prep, Why
+from conveyor.router.lifecycle import instance_update
+from conveyor.router.lifecycle.entry_state import fully_serving, loading, problem_of, serving
+from conveyor.router.lifecycle.instance_update import InstanceUpdate, needs_no_reload, same_but_version_policy
+from conveyor.router.lifecycle.records import Answer, DeferredUnload, LoadWaiter, ModelControlConfig, Prep, Why
+from conveyor.router.models import Instance, ModelEntry, without_shared
 from conveyor.router.registry import ModelRegistry
 from conveyor.router.repository.agent import Lane, RepositoryAgent, logged
 from conveyor.router.repository.cloud.roots import UnusableRepository
@@ -66,6 +69,8 @@ class ModelLoads:
         self.load_at_start = control.load_at_start
         self.strict_config = control.strict_config
         self.config_name = control.config_name  # --model-config-name
+        self.unload_waits = control.unload_waits_for_load
+        self._deferred: list[DeferredUnload] = []  # unloads waiting for their model's loads in progress
         self.backend_config = control.backend_config
         self.agent = agent or RepositoryAgent()
         self._sync = sync
@@ -100,6 +105,16 @@ class ModelLoads:
         # Models loaded with a config override, and their directory's fingerprint then: a load without one
         # keeps the override while the files are unchanged (Triton: the model is unmodified).
         self._override_prints: dict[str, str] = {}
+        self._contents: dict[str, dict[str, str]] = {}  # model -> ``Prepared.content`` as loaded
+        # Models whose instances a load changes in place (instance_update.py), until its call is answered.
+        self._updating: dict[str, InstanceUpdate] = {}
+        # Instances an update removed (or an undone update added), not yet unloaded: they go once idle.
+        self._leaving: list[Instance] = []
+        # Those an update removed that hold sequences: they serve them to their end, then leave.
+        self._lingering: list[Instance] = []
+        # Those unloaded, until their worker says they are closed (InstanceClosed): (model, version, index) ->
+        # their worker. An update's call is answered once none of its removed instances is left here.
+        self._closing: dict[tuple[str, str, int], bytes] = {}
 
     # --- what the agent is given ----------------------------------------------------------
 
@@ -180,6 +195,7 @@ class ModelLoads:
         if prep.why is Why.LOAD and self._keeps_override(prep, done):
             return
         self._prints[key] = done.print
+        content, self._contents[key] = self._contents.get(key), done.content
         if spec.poll_failed:
             self._poll_failed(prep, spec.error)
             return
@@ -188,12 +204,17 @@ class ModelLoads:
         self.poll_failures.pop(key, None)
         if self._retuned(key, spec):
             return
+        if content is not None and content == done.content and self._updated_in_place(key, spec):
+            return
         entry = registry.build(spec)
         registry.unloaded.pop(key, None)
         previous = registry.staging.pop(key, None)
-        if previous is not None:
-            registry.retiring.append(previous)  # a newer load supersedes a reload still loading
+        if previous is not None:  # a newer load supersedes a reload still loading
+            registry.retiring.append(without_shared(previous, registry.models.get(key)))
+        kept: set[int] = set()
         if key in registry.models and not registry.models[key].spec.error and serving(registry.models[key]):
+            if content is not None:
+                kept = self._keep_unchanged_versions(registry.models[key], entry, content, done.content)
             registry.staging[key] = entry
         else:
             old_entry = registry.models.get(key)
@@ -205,7 +226,7 @@ class ModelLoads:
         if spec.error:
             log.error("model '%s' is not available: %s", key, spec.error)
         else:
-            for version in sorted({*spec.versions, *spec.version_errors}):
+            for version in sorted({*spec.versions, *spec.version_errors} - kept):
                 log.info("loading: %s:%d", name_of(key), version)  # Triton's line per version it loads
             log_unused_fields(key, spec.config)
         if prep.waiter is not None and prep.waiter in self._waiters:
@@ -231,13 +252,13 @@ class ModelLoads:
 
     def _poll_failed(self, prep: Prep, error: str) -> None:
         """Triton's poll failure: the model is not added (one that serves keeps serving, as it was), and a
-        load call fails as Triton's does."""
+        load call fails as Triton's does. The index still lists it with the reason (Triton's shows the name only)."""
         key = prep.key
         log.error("Poll failed for model directory '%s': %s", name_of(key), error)
         self.poll_failures[key] = error
-        if prep.waiter is not None:
+        if prep.waiter is not None:  # Triton's words, and why (Triton says it in its log only)
             self._fail(prep.waiter, client_mistake(
-                f"failed to load '{name_of(prep.waiter.name)}', failed to poll from model repository"))
+                f"failed to load '{name_of(prep.waiter.name)}', failed to poll from model repository: {error}"))
 
     def _retuned(self, key: str, spec: ModelSpec) -> bool:
         """Apply ``spec`` in place when it changes only the serving entry's overload limits
@@ -268,6 +289,47 @@ class ModelLoads:
                  "ENGINE_PLACEMENT %s, MAX_MIGRATIONS %d)", key, limits.max_waiting or "unset",
                  limits.max_kv_usage or "unset", "prefix" if by_prefix else "round_robin",
                  migration.max_migrations_of(parameter_text(spec.config, migration.PARAMETER)))
+        return True
+
+    @staticmethod
+    def _keep_unchanged_versions(current: ModelEntry, entry: ModelEntry, before: dict[str, str],
+                                 now: dict[str, str]) -> set[int]:
+        """Triton's per-version reload: when the files every version shares and the config (its version policy
+        aside) are unchanged, a version of the reload whose own files are unchanged is the serving one, moved
+        into the staged entry untouched (its instances, queue and statistics); the others load. Returns those."""
+        if (current.spec.backend == "ensemble" or not fully_serving(current)
+                or current.spec.path != entry.spec.path or before.get("") != now.get("")
+                or not same_but_version_policy(current.spec.config, entry.spec.config)):
+            return set()
+        kept: set[int] = set()
+        for v, state in entry.versions.items():
+            old = current.versions.get(v)
+            if (old is not None and old.ready and not state.error and before.get(str(v)) is not None
+                    and before.get(str(v)) == now.get(str(v)) and current.spec.versions.get(v) == state.path):
+                entry.versions[v] = old
+                kept.add(v)
+        return kept
+
+    def _updated_in_place(self, key: str, spec: ModelSpec) -> bool:
+        """Triton's instance update (instance_update.py): the model's files are unchanged but for a config
+        that differs from the serving one in its instance groups at most, every version of which serves."""
+        registry = self.registry
+        current = registry.models.get(key)
+        if (
+            current is None or key in registry.staging or key in self._updating or spec.error
+            or spec.backend == "ensemble" or spec.version_errors or current.spec.version_errors
+            or not fully_serving(current)
+            or current.spec.path != spec.path or current.spec.versions != spec.versions
+            or not needs_no_reload(current.spec.config, spec.config)
+        ):
+            return False
+        update = instance_update.begin(current, spec, registry.next_index)
+        self._updating[key] = update
+        registry.generation += 1  # the config endpoint shows the new groups
+        added = sum(len(v.added) for v in update.versions)
+        removed = sum(len(v.removed) for v in update.versions)
+        log.info("model '%s': instances updated in place: %d added, %d removed, %d kept", name_of(key), added,
+                 removed, sum(len(v.kept) for v in update.versions))
         return True
 
     def _load_composing(self, key: str, waiter: LoadWaiter) -> None:
@@ -301,16 +363,31 @@ class ModelLoads:
         override = self._overrides.pop(name, None)
         if override:
             self._remove(override)
-        for source in (registry.staging, registry.models):
-            entry = source.pop(name, None)
-            if entry is not None:
-                registry.retiring.append(entry)
+        staged = registry.staging.pop(name, None)
+        if staged is not None:
+            registry.retiring.append(without_shared(staged, registry.models.get(name)))
+        entry = registry.models.pop(name, None)
+        if entry is not None:
+            registry.retiring.append(entry)
         registry.unloaded[name] = "unloaded"
         self._prints.pop(name, None)
+        self._contents.pop(name, None)
+        self._updating.pop(name, None)  # its entry retires whole; instances it removed leave as planned
+        self._lingering = [i for i in self._lingering if i.version.model != name]  # they retire with it
         self.poll_failures.pop(name, None)
         self._explicit.discard(name)
         self._override_prints.pop(name, None)
         registry.generation += 1
+
+    def _load_in_flight(self, key: str) -> bool:
+        """A load of ``key`` is being prepared, staged, updating instances in place or loading in place."""
+        registry = self.registry
+        current = registry.models.get(key)
+        return (key in self._preparing or key in registry.staging or key in self._updating
+                or (current is not None and loading(current)))
+
+    def _apply_deferred(self) -> None:
+        """Unloads waiting for loads in progress (``RepositoryCalls`` applies them)."""
 
     def _cancel(self, key: str) -> None:
         """No load of ``key`` asked for so far will apply: what is being prepared is dropped
@@ -321,6 +398,10 @@ class ModelLoads:
             self._startup_left -= sum(1 for p in queued if p.why is Why.STARTUP)
             queued.clear()
         for waiter in [w for w in self._waiters if w.name == key or key in w.keys]:
+            if self.unload_waits:  # tritonserver: what Triton answers a load an unload overtook
+                self._fail(waiter, ConveyorError(
+                    Status.INTERNAL, f"failed to load '{name_of(waiter.name)}', unexpected miss in global map"))
+                continue
             self._fail(waiter, ConveyorError(
                 Status.CANCELLED,
                 f"failed to load '{name_of(waiter.name)}': '{name_of(key)}' was unloaded while it was loading"))

@@ -39,6 +39,8 @@ class ModelControlConfig:
     strict_readiness: bool = False  # ready only while every model is
     load_retries: int = 0  # --model-load-retry-count
     load_threads: int = DEFAULT_LOAD_THREADS  # --model-load-thread-count (router/repository/agent.py)
+    # An unload waits for a load of its model in progress (tritonserver, as Triton); else it cancels the load.
+    unload_waits_for_load: bool = False
 
 
 @dataclass(eq=False)
@@ -50,6 +52,15 @@ class LoadWaiter:
     resolved: bool = False  # the repository was looked at: the keys it loads are known
     keys: set[str] = field(default_factory=set)  # every model whose preparation the answer waits for
     on_disk: dict[str, str] = field(default_factory=dict)  # what it found: its ensemble's composing models
+
+
+@dataclass(eq=False)
+class DeferredUnload:
+    """An unload that waits for the loads of its model in progress when it came (``unload_waits_for_load``)."""
+
+    name: str
+    dependents: bool
+    waiters: list[LoadWaiter]  # the load calls it waits for ([]: a load without a call, a poll's)
 
 
 @dataclass(slots=True)
@@ -65,6 +76,9 @@ class Answer:
 class Settled:
     answers: list[Answer] = field(default_factory=list)
     unload: list[Instance] = field(default_factory=list)
+    # Instances an update in place removes from a version that stays loaded: unloaded without Triton's
+    # "successfully unloaded" line, and their worker says when they are closed.
+    shrink: list[Instance] = field(default_factory=list)
 
 
 class Why(enum.Enum):

@@ -13,6 +13,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf import text_format
 
@@ -67,6 +68,8 @@ class Prepared:
     spec: ModelSpec
     print: str  # the directory's fingerprint when it was read
     written: str = ""  # the directory this load wrote its file overrides into ("" none)
+    # ``fingerprints``' parts: its files but the configs, per version folder and "" for the shared ones ({}: unknown).
+    content: dict[str, str] = field(default_factory=dict)
 
 
 def listing(repos: Repositories, *, sync: bool = False, prints: bool = False, quiet: bool = True) -> Listing:
@@ -116,9 +119,21 @@ def on_disk(repos: Repositories, dirs: list[tuple[str, str]] | None = None) -> d
     return found
 
 
+_PYCACHE = os.sep + "__pycache__" + os.sep  # in a relative path made to start with os.sep
+
+
 def fingerprint(path: str) -> str:
     """Changes when any file under a model directory is added, removed or modified."""
-    h = hashlib.sha1()
+    return fingerprints(path)[0]
+
+
+def fingerprints(path: str) -> tuple[str, dict[str, str]]:
+    """``fingerprint``, and the same of the files but the configs (``config.pbtxt``, ``configs/``) and the bytecode
+    Python writes beside a model's modules (``__pycache__``), in parts: one per top-level folder whose name is a
+    number (a version's files), and "" for the rest (what every version shares). Triton reloads a version whose
+    own files changed, every version when a shared one did, and none for a config change of instance groups."""
+    whole = hashlib.sha1()
+    parts: dict[str, Any] = {}  # part -> its sha1
     for root, dirs, files in os.walk(path):
         dirs.sort()
         for f in sorted(files):
@@ -127,8 +142,16 @@ def fingerprint(path: str) -> str:
                 st = os.stat(full)
             except OSError:
                 continue
-            h.update(f"{os.path.relpath(full, path)}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
-    return h.hexdigest()
+            rel = os.path.relpath(full, path)
+            line = f"{rel}\0{st.st_mtime_ns}\0{st.st_size}\n".encode()
+            whole.update(line)
+            if rel != "config.pbtxt" and not rel.startswith("configs" + os.sep) and _PYCACHE not in os.sep + rel:
+                top = rel.split(os.sep, 1)[0] if os.sep in rel else ""
+                part = top if top.isdigit() else ""
+                if part not in parts:
+                    parts[part] = hashlib.sha1()
+                parts[part].update(line)
+    return whole.hexdigest(), {part: h.hexdigest() for part, h in parts.items()}
 
 
 def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[str, bytes] | None,
@@ -139,7 +162,7 @@ def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[st
     written = ""
     if files:
         path = written = write_override(name_of(key), files)
-    print_ = fingerprint(path)
+    print_, content = fingerprints(path)
     if error:
         return Prepared(failed_spec(key, path, error, whole=True), print_)
     try:
@@ -147,7 +170,7 @@ def prepare(key: str, path: str, override: mc.ModelConfig | None, files: dict[st
     except Exception as exc:  # a model file that breaks a reader: that model is unavailable, no other
         log.exception("reading model '%s' failed", key)
         spec = failed_spec(key, path, f"cannot be read: {exc}")
-    return Prepared(spec, print_, written)
+    return Prepared(spec, print_, written, content)
 
 
 def failed_spec(key: str, path: str, error: str, whole: bool = False) -> ModelSpec:

@@ -24,6 +24,8 @@ no limiter and pays nothing.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from conveyor.router.models import Instance, VersionState
 
 GLOBAL = -1  # the device key of global resources
+
+log = logging.getLogger(__name__)
 ALL_DEVICES = -2  # a --rate-limit-resource without a device
 
 Key = tuple[int, str]  # (device or GLOBAL, resource name)
@@ -104,9 +108,12 @@ class RateLimiter:
         if inst in self._needs:
             return
         version = inst.version
-        limiters = instance_limiters(version.config)
-        position = version.instances.index(inst)
-        config = limiters[position] if position < len(limiters) else mc.ModelRateLimiter()
+        if inst.signature:  # matched by an instance update: its group travels with it, its place says nothing
+            config = mc.ModelInstanceGroup.FromString(inst.signature).rate_limiter
+        else:
+            limiters = instance_limiters(version.config)
+            position = version.instances.index(inst)
+            config = limiters[position] if position < len(limiters) else mc.ModelRateLimiter()
         device = device_index(inst.load_device)
         needs: dict[Key, int] = {}
         for r in config.resources:
@@ -114,14 +121,27 @@ class RateLimiter:
             needs[key] = needs.get(key, 0) + r.count
         self._needs[inst] = _Needs(needs, config.priority or 1)
         try:
-            self._limits = self._compute_limits()
+            self._set_limits(self._compute_limits())
         except ConveyorError:
             del self._needs[inst]
             raise
 
     def unregister(self, inst: Instance) -> None:
         if self._needs.pop(inst, None) is not None:
-            self._limits = self._compute_limits()
+            self._set_limits(self._compute_limits())
+
+    def _set_limits(self, limits: dict[Key, int]) -> None:
+        """New limits, and Triton's verbose map of them when they change (its ParseAndValidateResources
+        line, escaped as Triton's log escapes a message: L0_model_update greps it)."""
+        changed = limits != self._limits
+        self._limits = limits
+        if changed and limits and log.isEnabledFor(logging.DEBUG):
+            text = "\nMax Resource Map===>\n"
+            for device in sorted({d for d, _ in limits}):
+                text += f"\tDevice: {'GLOBAL' if device == GLOBAL else device}\n"
+                text += "".join(f"\t\tResource: {name}\t Count: {count}\n"
+                                for (d, name), count in sorted(limits.items()) if d == device)
+            log.debug("%s", json.dumps(text))
 
     def _compute_limits(self) -> dict[Key, int]:
         required: dict[Key, int] = {}

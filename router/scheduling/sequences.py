@@ -76,6 +76,8 @@ class InstanceSlots:
     bound: list[Sequence | None]
     free: list[int]  # a heap: the lowest free slot is used first
     released: list[int] = field(default_factory=list)  # idled out: the worker must drop their state
+    # Removed by an instance update while it held sequences: it takes no new one and leaves once they end.
+    closing: bool = False
 
 
 class SequenceBatcher:
@@ -191,13 +193,30 @@ class SequenceBatcher:
 
     def _release(self, home: InstanceSlots, slot: int) -> None:
         """``slot`` is done with its sequence: it goes to the oldest one in the backlog."""
-        if self.backlog:
+        if home.closing:
+            home.bound[slot] = None
+        elif self.backlog:
             home.bound[slot] = self.backlog.popleft()
         else:
             home.bound[slot] = None
             heapq.heappush(home.free, slot)
 
     # --- instances -------------------------------------------------------------------------
+
+    def retire(self, instance: Instance) -> bool:
+        """An instance update removes ``instance``: True when it holds sequences, which it then runs to their
+        end (as Triton's removed instances do) without taking a new one; False when it may go now."""
+        home = self.homes.get(instance)
+        if home is None or not self.holds(instance):
+            return False
+        home.closing = True
+        home.free.clear()
+        return True
+
+    def holds(self, instance: Instance) -> bool:
+        """``instance`` has a sequence bound to one of its slots."""
+        home = self.homes.get(instance)
+        return home is not None and any(seq is not None for seq in home.bound)
 
     def sync(self, instances: list[Instance], now: int) -> Expired:
         """Follow the version's instances: a new serving instance brings free slots;

@@ -61,7 +61,7 @@ class Placement:
         repository agent answers); unload retired instances that have nothing left to do."""
         if not self.lifecycle.busy:
             return
-        out = self.lifecycle.settle(self.ledger.busy_instances())
+        out = self.lifecycle.settle(self.ledger.busy_instances(), self.pool.workers.keys())
         for answer in out.answers:
             identity, cid = answer.reply_to
             error = answer.error
@@ -69,7 +69,7 @@ class Placement:
             self.front.send(identity, m.encode(m.ControlReply(cid, result=answer.result, error=err)))
         for model, label in dict.fromkeys((i.version.model, i.version.label) for i in out.unload):
             log.info("successfully unloaded '%s' version %s", name_of(model), label)  # Triton's line
-        for inst in out.unload:
+        for inst in out.unload + out.shrink:
             worker = self.pool.workers.get(inst.worker) if inst.worker is not None else None
             if worker is not None:
                 if inst in worker.instances:

@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.example_repo import add_sub, identity, write_model
 from conveyor.deploy.ports import free_port
+from conveyor.proto.repository_files import MAX_TEXT_BYTES
 from tests.support import text_models
 from tests.support.fifos import Fifos
 from tests.support.group import Server, _listening, start_server
@@ -134,19 +135,21 @@ def serves(srv: Server) -> None:
     assert {o["name"]: o["data"] for o in doc["outputs"]}["OUTPUT0"] == (2 * a).ravel().tolist()
 
 
-def poll_failed(name: str) -> tuple[int, str]:
-    """Triton's answer to the load of a model whose config its poll could not read: 500, the reason logged
-    (``Poll failed for model directory '<name>': ...``), as docs/ERRORS.md's table says."""
-    return 500, f"failed to load '{name}', failed to poll from model repository"
+def poll_failed(name: str, why: str) -> tuple[int, str]:
+    """Triton's answer to the load of a model whose config its poll could not read: 500 and its words, with the
+    reason appended (Triton only logs it: ``Poll failed for model directory '<name>': ...``)."""
+    return 500, f"failed to load '{name}', failed to poll from model repository: {why}"
 
 
 def test_a_config_fifo_at_start_leaves_that_model_unloaded(srv: Server, repo: Path) -> None:
-    # As Triton's poll: a config it cannot read adds no model (listed, never loaded), and the FIFO is never opened.
-    row = index_row(srv, "config_fifo_at_start")
-    assert row.get("state", "") == ""
+    # As Triton's poll: a config it cannot read adds no model, and the FIFO is never opened. The index lists the
+    # name UNAVAILABLE with the reason (Triton's shows the name only).
+    why = unreadable(repo / "config_fifo_at_start" / "config.pbtxt")
+    assert index_row(srv, "config_fifo_at_start") == {
+        "name": "config_fifo_at_start", "version": "", "state": "UNAVAILABLE", "reason": why}
     serves(srv)
     # Loaded again explicitly: refused the same way, at once.
-    assert load(srv, "config_fifo_at_start") == poll_failed("config_fifo_at_start")
+    assert load(srv, "config_fifo_at_start") == poll_failed("config_fifo_at_start", why)
     serves(srv)
 
 
@@ -155,7 +158,7 @@ def test_a_config_fifo_made_later_is_refused_by_its_load(srv: Server, repo: Path
     config = repo / "config_fifo_later" / "config.pbtxt"
     os.unlink(config)
     fifos.make(config)
-    status, expected = poll_failed("config_fifo_later")
+    status, expected = poll_failed("config_fifo_later", unreadable(config))
     assert load(srv, "config_fifo_later") == (status, expected)
     serves(srv)
     client = tg.InferenceServerClient(srv.grpc_url)
@@ -165,7 +168,8 @@ def test_a_config_fifo_made_later_is_refused_by_its_load(srv: Server, repo: Path
         assert (str(err.value.status()), err.value.message()) == ("StatusCode.INTERNAL", expected)
     finally:
         client.close()
-    assert index_row(srv, "config_fifo_later").get("state", "") == ""
+    row = index_row(srv, "config_fifo_later")
+    assert (row["state"], row["reason"]) == ("UNAVAILABLE", unreadable(config))
     serves(srv)
 
 
@@ -174,7 +178,9 @@ def test_a_config_past_its_bound_is_refused_unread(srv: Server, repo: Path) -> N
     identity(str(repo), "huge_config")
     config = repo / "huge_config" / "config.pbtxt"
     os.truncate(config, 8 << 30)
-    assert load(srv, "huge_config") == poll_failed("huge_config")  # the reason (its size) is logged
+    assert load(srv, "huge_config") == poll_failed(
+        "huge_config", f"failed to open text file for read {config}: {8 << 30} bytes, more than the "
+                       f"{MAX_TEXT_BYTES} a file of its kind may hold")
     serves(srv)
 
 

@@ -212,3 +212,18 @@ def test_unload_dependents(explicit: Server) -> None:
     assert rows["ens_chain"]["reason"] == "unloaded"
     http.load_model("ens_chain")  # loads its composing model too, as Triton does
     assert http.is_model_ready("simple") and http.is_model_ready("ens_chain")
+
+
+def test_unloading_a_composing_model_unloads_its_ensembles(explicit: Server) -> None:
+    """Triton's dependency graph: an ensemble whose composing model is unloaded is invalid and unloaded too
+    (unload_dependents or not), so strict readiness does not wait on it (L0_lifecycle's
+    concurrent_model_load_unload)."""
+    http = th.InferenceServerClient(explicit.http_url)
+    http.load_model("simple")
+    http.load_model("ens_chain")
+    assert http.is_model_ready("ens_chain")
+    http.unload_model("simple")
+    eventually(lambda: not http.is_model_ready("ens_chain") and not http.is_model_ready("simple"))
+    rows = {r["name"]: r for r in http.get_model_repository_index()}
+    assert rows["ens_chain"]["reason"] == "unloaded"
+    assert http.is_server_ready()

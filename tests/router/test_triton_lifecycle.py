@@ -102,6 +102,8 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                        grpc=False)
     yield srv
     assert srv.stop() == 0
+    # As Triton's as it stops: a line for each version it unloads (L0_lifecycle counts them).
+    assert "successfully unloaded 'at_start' version 1" in Path(LOG[0]).read_text()
 
 
 def test_a_load_succeeds_for_every_version_or_for_none(explicit: Server) -> None:

@@ -203,9 +203,11 @@ def test_wrong_dtype_and_shape(client: httpclient.InferenceServerClient) -> None
 def test_broken_models_say_why_and_others_serve(client: httpclient.InferenceServerClient) -> None:
     assert not client.is_model_ready("bad_config")
     assert not client.is_model_ready("missing_file")
-    # A config Triton's poll cannot parse adds no model (the reason is logged): unknown, as in Triton.
+    # A config Triton cannot read adds no model (its poll failure); the index says why.
     expect_error(client, lambda: client.get_model_metadata("bad_config"),
                  "Request for unknown model: 'bad_config' is not found")
+    bad = [r for r in client.get_model_repository_index() if r["name"] == "bad_config"]
+    assert bad[0]["state"] == "UNAVAILABLE" and "failed to parse" in bad[0]["reason"]
     expect_error(client, lambda: client.get_model_metadata("missing_file"), "does not exist")
     assert client.is_model_ready("simple")
 

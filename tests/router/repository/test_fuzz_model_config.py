@@ -115,4 +115,4 @@ def test_a_model_directory_with_any_config_is_listed_with_a_reason(text: str, fi
         with open(os.path.join(repo, "m", "1", filename), "wb") as f:
             f.write(b"not a model")
         spec = load_spec("m", os.path.join(repo, "m"), autocomplete=False)
-    assert spec.error or spec.versions
+    assert spec.error or spec.versions or spec.version_errors

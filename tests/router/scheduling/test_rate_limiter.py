@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
+from conveyor.router.lifecycle import instance_update
 from conveyor.router.models import Instance, VersionState, build_entry
 from conveyor.router.scheduling.rate_limiter import ALL_DEVICES, RateLimiter, ResourceLimit
 from conveyor.router.spec.model_spec import ModelSpec
@@ -96,6 +97,30 @@ def test_one_name_cannot_be_global_and_per_device() -> None:
     with pytest.raises(ConveyorError, match='Resource "R" is present as both global and device-specific'):
         registered(limiter, version("b", group('{ name: "R" count: 1 global: true }')))
     limiter.unregister(Instance(version("c", ""), 0, "cpu"))  # unknown instances are ignored
+
+
+def test_an_instance_update_registers_each_instance_with_its_own_group(caplog: pytest.LogCaptureFixture) -> None:
+    """Triton's instance update (router/lifecycle/instance_update.py): an added instance sits after the kept ones,
+    not where its group is in the config; it needs its own group's resources, and the default limit follows the
+    instances there are (L0_model_update's resource increase and decrease, and its verbose map line)."""
+    caplog.set_level("DEBUG", logger="conveyor.router.scheduling.rate_limiter")
+    limiter = RateLimiter([])
+    state = version("m", group('{ name: "R1" count: 4 }'))
+    (old,) = registered(limiter, state)
+    changed = text_format.Parse('name: "m" ' + group('{ name: "R1" count: 3 }'), mc.ModelConfig())
+    spec = ModelSpec("m", "/x", changed, versions={1: "/x/1/m"})
+    entry = build_entry(ModelSpec("m", "/x", state.config, versions={1: "/x/1/m"}))
+    entry.versions[1] = state
+    update = instance_update.begin(entry, spec, iter(range(100, 200)).__next__)
+    (added,) = update.versions[0].added
+    assert update.versions[0].removed == [old]
+    limiter.register(added)
+    limiter.acquire(added)
+    assert not limiter.free(old)  # 3 of the 4 taken: old needs 4
+    limiter.release(added)
+    limiter.unregister(old)  # the largest need left is 3
+    assert limiter.free(added)
+    assert '\\t\\tResource: R1\\t Count: 3\\n' in caplog.text  # Triton's escaped log line
 
 
 def test_waiting_versions_are_served_by_turn_lower_priority_values_first() -> None:

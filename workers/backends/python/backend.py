@@ -55,6 +55,19 @@ def initialize_args(path: str, config: mc.ModelConfig, device: str, instance_nam
     }
 
 
+# One lock per model name: its instances' ``initialize`` and ``finalize`` in this worker run one at a time.
+# Triton runs each instance in a stub process of its own; here they are threads of one process, where a
+# model's own cross-process exclusion (POSIX record locks, ``fcntl.lockf``, as Triton's QA models count their
+# instances with) does not hold between them. ``execute`` is not serialized.
+_LIFECYCLE_LOCKS: dict[str, threading.Lock] = {}
+_LIFECYCLE_LOCKS_GUARD = threading.Lock()
+
+
+def lifecycle_lock(model: str) -> threading.Lock:
+    with _LIFECYCLE_LOCKS_GUARD:
+        return _LIFECYCLE_LOCKS.setdefault(model, threading.Lock())
+
+
 class PythonBackend:
     """One instance of a ``TritonPythonModel``: ``initialize`` at load,
     ``execute`` per batch, ``finalize`` at unload."""
@@ -85,7 +98,7 @@ class PythonBackend:
                 raise unavailable(f"'{path}': TritonPythonModel does not define execute(requests)")
             initialize = getattr(self.model, "initialize", None)
             if callable(initialize):
-                with bls.refused(), running(self._class):
+                with lifecycle_lock(self.name), bls.refused(), running(self._class):
                     initialize(args)
         except ConveyorError:
             forget_module(self._class)
@@ -305,7 +318,7 @@ class PythonBackend:
         finalize = getattr(self.model, "finalize", None)
         try:
             if callable(finalize):
-                with bls.refused():
+                with lifecycle_lock(self.name), bls.refused():
                     finalize()
         except Exception:
             log.exception("finalize of python model '%s' failed", self.name)
