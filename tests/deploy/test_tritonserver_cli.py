@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -338,6 +339,24 @@ def test_exit_on_error_is_tritons_default(run_dir: str) -> None:
     assert "failed to load all models" in server.output() and "bad_config" in server.output()
     # It exits then, as Triton: its workers do not wait out the exit timeout for a router that is gone.
     assert "Exit timeout expired" not in server.output() and "did not stop in time" not in server.output()
+
+
+def test_a_refused_config_is_logged_as_triton_logs_it(run_dir: str) -> None:
+    """Triton's L0_model_config greps the server log for ``^E[0-9][0-9][0-9][0-9].*<Triton's message>``: the
+    glog-like line (level letter, MMDD, time, pid, file:line]) with the message as a JSON string."""
+    repo = _repo(run_dir)
+    write_model(repo, "reshape_elementcount0", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+                'input [{ name: "input" data_type: TYPE_FP32 dims: [4, 4] reshape: { shape: [ 2, 2 ] } }]\n'
+                'output [{ name: "output" data_type: TYPE_FP32 dims: [16] }]\n')
+    server = Triton("tritonserver --model-repository=/models --strict-model-config=true", repo, run_dir)
+    try:
+        assert server.proc.wait(60) == 1
+    finally:
+        server.stop()
+    wanted = "model input 'input' has different size for dims and reshape for reshape_elementcount0"
+    grep = subprocess.run(["grep", f"^E[0-9][0-9][0-9][0-9].*{wanted}", server.log], capture_output=True, text=True)
+    assert grep.returncode == 0, server.output()
+    assert re.match(r'E\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \w+\.py:\d+\] ".*"$', grep.stdout.splitlines()[0])
 
 
 def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(run_dir: str) -> None:

@@ -1,0 +1,242 @@
+"""Triton's own checks of a model config, in its order and words (core's model_config_utils.cc:
+ValidateModelConfig, ValidateModelIOConfig, the sequence controls' Get*SequenceControlProperties, and
+ValidateInstanceGroup's CPU-host rules). ``router/spec/validate.py`` runs them before Conveyor's own checks,
+so that a config Triton refuses is refused with Triton's message (its QA greps the server log for it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from conveyor.proto import model_config_pb2 as mc
+from conveyor.router.spec.queue_policy import scheduling_problem
+
+# Triton's -1: a variable-size dimension (triton::common::WILDCARD_DIM).
+WILDCARD_DIM = -1
+_CONTROL = mc.ModelSequenceBatching.Control
+_BOOLEAN_CONTROLS = (_CONTROL.CONTROL_SEQUENCE_START, _CONTROL.CONTROL_SEQUENCE_END, _CONTROL.CONTROL_SEQUENCE_READY)
+_CORRID_TYPES = (mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32, mc.TYPE_STRING)
+_ONE_SOURCE_BATCH_INPUTS = frozenset({
+    mc.BatchInput.BATCH_ELEMENT_COUNT, mc.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT,
+    mc.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, mc.BatchInput.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE,
+    mc.BatchInput.BATCH_ITEM_SHAPE, mc.BatchInput.BATCH_ITEM_SHAPE_FLATTEN})
+_TENSORRT_PLAN = "tensorrt_plan"
+_ENSEMBLE = "ensemble"
+
+
+def config_problem(config: mc.ModelConfig) -> str:
+    """ValidateModelConfig's first refusal (less its platform/backend pairing, which the repository scan
+    decides), or ''."""
+    name = config.name
+    if config.platform == _ENSEMBLE and config.backend:
+        return (f"Ensemble model '{name}' must have platform type '{config.platform}' and empty backend type")
+    if config.max_batch_size < 0:
+        return f"'max_batch_size' must be non-negative value for {name}"
+    problem = scheduling_problem(config)  # dynamic_batching's checks
+    if problem:
+        return problem
+    if config.HasField("sequence_batching"):
+        problem = _sequence_batching_problem(config)
+        if problem:
+            return problem
+    if config.HasField("ensemble_scheduling"):
+        if config.platform != _ENSEMBLE:
+            return f"ensemble scheduling cannot be set for model '{name}' whose platform is not {_ENSEMBLE}"
+        if config.instance_group:
+            return f"instance group should not be specified for ensemble '{name}'"
+        if config.HasField("optimization"):
+            return f"optimization should not be specified for ensemble '{name}'"
+        if config.model_warmup:
+            return f"model_warmup can not be specified for ensemble '{name}'"
+        if not config.ensemble_scheduling.step:
+            return f"must specify 'step' for ensemble '{name}'"
+    elif config.platform == _ENSEMBLE:
+        return f"ensemble scheduling must be set for ensemble {name} whose platform is {_ENSEMBLE}"
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        return (f"Response Cache does not currently support model {name} with 'decoupled' transaction policy. "
+                "Please disable the response cache.")
+    return ""
+
+
+def io_problem(config: mc.ModelConfig) -> str:
+    """ValidateModelIOConfig's first refusal (each input, each output, the batch inputs and outputs, each
+    with " for <model>"), or ''."""
+    for prefix, tensors in (("model input ", config.input), ("model output ", config.output)):
+        for io in tensors:
+            problem = _io_shape_problem(io, config.max_batch_size, prefix)
+            if not problem and isinstance(io, mc.ModelInput) and io.format in (
+                    mc.ModelInput.FORMAT_NHWC, mc.ModelInput.FORMAT_NCHW) and len(io.dims) != 3:
+                problem = "model input NHWC/NCHW require 3 dims"
+            if not problem and io.is_shape_tensor and config.platform != _TENSORRT_PLAN:
+                problem = "shape tensors are only supported for TensorRT platform"
+            if problem:
+                return f"{problem} for {config.name}"
+    problem = _batch_io_problem(config)
+    return f"{problem} for {config.name}" if problem else ""
+
+
+def instance_group_problem(config: mc.ModelConfig) -> str:
+    """ValidateInstanceGroup's first refusal that holds on any host (the group named as Triton's normalization
+    names it: ``<model>_<index>``), or ''. A GPU that no worker has is the pool's to say (router/pool.py)."""
+    if config.HasField("ensemble_scheduling"):
+        return ""
+    for index, group in enumerate(config.instance_group):
+        label = f"instance group {group.name or f'{config.name}_{index}'} of model {config.name}"
+        if group.kind == mc.ModelInstanceGroup.KIND_MODEL and group.gpus:
+            return f"{label} has kind KIND_MODEL but specifies one or more GPUs"
+        if group.kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
+            return f"{label} has kind KIND_CPU but specifies one or more GPUs"
+    return ""
+
+
+def _sequence_batching_problem(config: mc.ModelConfig) -> str:
+    sb, name = config.sequence_batching, config.name
+    if config.response_cache.enable:
+        return (f"Response Cache does not currently support model {name} with sequence batching scheduler. "
+                "Please disable the response cache.")
+    for kind in _BOOLEAN_CONTROLS:
+        problem = _control_problem(sb, name, kind, boolean=True)
+        if problem:
+            return problem
+    problem = _control_problem(sb, name, _CONTROL.CONTROL_SEQUENCE_CORRID, boolean=False)
+    if problem:
+        return problem
+    if sb.HasField("oldest"):
+        for size in sb.oldest.preferred_batch_size:
+            if size <= 0:
+                return f"sequence batching preferred batch size must be positive for {name}"
+            if size > config.max_batch_size:
+                return f"sequence batching preferred batch size must be <= max batch size for {name}"
+    if sb.HasField("direct") and not 0.0 <= sb.direct.minimum_slot_utilization <= 1.0:
+        return f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {name}"
+    return ""
+
+
+def _control_problem(sb: mc.ModelSequenceBatching, name: str, kind: int, boolean: bool) -> str:
+    """Get{Boolean,Typed}SequenceControlProperties' refusals for one control kind."""
+    kind_name = _CONTROL.Kind.Name(kind)
+    seen_tensors: set[str] = set()
+    seen_control = False
+    for ci in sb.control_input:
+        if not ci.name:
+            return f"sequence batching control tensor must have a name for {name}"
+        if ci.name in seen_tensors:
+            return f"sequence batching control tensor '{ci.name}' is specified for multiple control kinds for {name}"
+        seen_tensors.add(ci.name)
+        for c in ci.control:
+            if c.kind != kind:
+                continue
+            if seen_control:
+                return f"sequence batching specifies multiple {kind_name} tensors for {name}"
+            seen_control = True
+            given = [len(v) for v in (c.int32_false_true, c.fp32_false_true, c.bool_false_true) if len(v)]
+            if boolean:
+                if not given:
+                    return ("sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
+                            f"'bool_false_true' for {kind_name} for {name}")
+                if len(given) > 1:
+                    return ("sequence batching specifies more than one from 'int32_false_true', "
+                            f"'fp32_false_true' and 'bool_false_true' for {kind_name} for {name}")
+                field = ("int32_false_true" if len(c.int32_false_true) else "fp32_false_true"
+                         if len(c.fp32_false_true) else "bool_false_true")
+                if given[0] != 2:
+                    return (f"sequence batching control '{field}' must have exactly 2 entries for {kind_name} "
+                            f"for {name}")
+            else:
+                if given:
+                    return ("sequence batching must not specify either 'int32_false_true', 'fp32_false_true' or "
+                            f"'bool_false_true' for {kind_name} for {name}")
+                if c.data_type not in _CORRID_TYPES:
+                    return (f"unexpected data type for control {kind_name} for {name}. Allowed data types are "
+                            "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING")
+    return ""
+
+
+def _io_shape_problem(io: mc.ModelInput | mc.ModelOutput, max_batch_size: int, prefix: str) -> str:
+    """ValidateIOShape."""
+    if not io.name:
+        return f"{prefix}must specify 'name'"
+    named = f"{prefix}'{io.name}' "
+    if io.data_type == mc.TYPE_INVALID:
+        return f"{named}must specify 'data_type'"
+    if not io.dims:
+        return f"{named}must specify 'dims'"
+    has_reshape = io.HasField("reshape")
+    if has_reshape and not io.reshape.shape and max_batch_size == 0:
+        return f"{named}cannot have empty reshape for non-batching model as scalar tensors are not supported"
+    if _bad_dims(io.dims):
+        return f"{named}dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
+    if not has_reshape:
+        return ""
+    if _bad_dims(io.reshape.shape):
+        return f"{named}reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension"
+    dims_size, reshape_size = _element_count(io.dims), _element_count(io.reshape.shape)
+    if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
+        return f"{named}has different size for dims and reshape"
+    if dims_size == WILDCARD_DIM:
+        dims_runs, reshape_runs = _runs(io.dims), _runs(io.reshape.shape)
+        if len(dims_runs) != len(reshape_runs):
+            return f"{named}has different number of variable-size dimensions for dims and reshape"
+        if dims_runs != reshape_runs:
+            return f"{named}has different size for dims and reshape"
+    return ""
+
+
+def _bad_dims(dims: Iterable[int]) -> bool:
+    return any(d < 1 and d != WILDCARD_DIM for d in dims)
+
+
+def _element_count(dims: Iterable[int]) -> int:
+    """GetElementCount: -1 when any dimension is variable, 0 for no dimensions."""
+    count, any_dim = 1, False
+    for d in dims:
+        any_dim = True
+        if d == WILDCARD_DIM:
+            return WILDCARD_DIM
+        count *= d
+    return count if any_dim else 0
+
+
+def _runs(dims: Iterable[int]) -> list[int]:
+    """The element counts of the runs between variable-size dimensions."""
+    out, current = [], 1
+    for d in dims:
+        if d == WILDCARD_DIM:
+            out.append(current)
+            current = 1
+        else:
+            current *= d
+    return [*out, current]
+
+
+def _batch_io_problem(config: mc.ModelConfig) -> str:
+    """ValidateBatchIO."""
+    inputs = {io.name for io in config.input}
+    outputs = {io.name for io in config.output}
+    for bi in config.batch_input:
+        kind = mc.BatchInput.Kind.Name(bi.kind)
+        if bi.kind not in _ONE_SOURCE_BATCH_INPUTS:
+            return f"unknown batch input kind '{kind}'"
+        if len(bi.source_input) != 1:
+            return f"batch input kind '{kind}' expects 1 source input, got {len(bi.source_input)}"
+        if bi.data_type not in (mc.TYPE_INT32, mc.TYPE_FP32):
+            return "batch input data type must be TYPE_INT32 or TYPE_FP32"
+        for source in bi.source_input:
+            if source not in inputs:
+                return f"unknown source input name '{source}'"
+    for bo in config.batch_output:
+        kind = mc.BatchOutput.Kind.Name(bo.kind)
+        if bo.kind != mc.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE:
+            return f"unknown batch output kind '{kind}'"
+        if len(bo.source_input) != 1:
+            return f"batch output kind '{kind}' expects 1 source input, got {len(bo.source_input)}"
+        for source in bo.source_input:
+            if source not in inputs:
+                return f"unknown source input name '{source}'"
+        targets: set[str] = set()
+        for target in bo.target_name:
+            if target not in outputs:
+                return f"unknown target output name '{target}'"
+            if target in targets:
+                return f"target output name '{target}' can only be specified once"
+            targets.add(target)
+    return ""

@@ -1,0 +1,81 @@
+"""Triton's config checks (core's model_config_utils.cc) in its words, as Triton's L0_model_config expects them in
+the server log (its noautofill_platform and ensemble cases)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.proto.model_config import parse_text
+from conveyor.router.spec.triton_rules import config_problem, instance_group_problem, io_problem
+from conveyor.router.spec.validate import validate
+
+LEVEL = "unit"
+
+_IO = ('input [{ name: "input" data_type: TYPE_FP32 dims: [ 4 ] }]\n'
+       'output [{ name: "output" data_type: TYPE_FP32 dims: [ 4 ] }]\n')
+
+
+def _config(text: str, io: str = _IO) -> str:
+    return f'name: "m"\nplatform: "onnxruntime_onnx"\nbackend: "onnxruntime"\n{text}\n{io}'
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("max_batch_size: -1", "'max_batch_size' must be non-negative value for m"),
+    ("max_batch_size: 4\ndynamic_batching { priority_levels: 3 }",
+     "default priority level must be in range [1, 3] for m"),
+    ("ensemble_scheduling { step [{ model_name: 'a' model_version: -1 }] }",
+     "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble"),
+    ('sequence_batching { control_input [{ name: "S" control [{ kind: CONTROL_SEQUENCE_READY }] }] }',
+     "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or 'bool_false_true' for "
+     "CONTROL_SEQUENCE_READY for m"),
+    ('sequence_batching { control_input [{ name: "S" control [{ kind: CONTROL_SEQUENCE_START int32_false_true: '
+     '[0, 1] }] }, { name: "S" control [{ kind: CONTROL_SEQUENCE_END int32_false_true: [0, 1] }] }] }',
+     "sequence batching control tensor 'S' is specified for multiple control kinds for m"),
+    ('sequence_batching { control_input [{ name: "C" control [{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 '
+     '}] }] }', "unexpected data type for control CONTROL_SEQUENCE_CORRID for m. Allowed data types are TYPE_UINT64, "
+     "TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING"),
+    ("max_batch_size: 0", ""),
+])
+def test_config_problem(text: str, problem: str) -> None:
+    assert config_problem(parse_text(_config(text))) == problem
+
+
+def test_an_ensemble_needs_its_scheduling() -> None:
+    config = parse_text('name: "e"\nplatform: "ensemble"')
+    assert config_problem(config) == "ensemble scheduling must be set for ensemble e whose platform is ensemble"
+    config.backend = "onnxruntime"
+    assert config_problem(config) == "Ensemble model 'e' must have platform type 'ensemble' and empty backend type"
+
+
+@pytest.mark.parametrize(("io", "problem"), [
+    ('input [{ name: "input" dims: [ 4 ] }]', "model input 'input' must specify 'data_type' for m"),
+    ('output [{ name: "output" data_type: TYPE_FP32 dims: [ 1, 0 ] }]',
+     "model output 'output' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ('input [{ name: "input" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape { shape: [ 2, 2 ] } }]',
+     "model input 'input' has different size for dims and reshape for m"),
+    ('input [{ name: "input" data_type: TYPE_FP32 dims: [ 2, -1 ] reshape { shape: [ -1, 2, -1 ] } }]',
+     "model input 'input' has different number of variable-size dimensions for dims and reshape for m"),
+    ('input [{ name: "input" data_type: TYPE_FP32 dims: [ 2, -1, 3 ] reshape { shape: [ 1, 2, -1, 3 ] } }]', ""),
+    ('output [{ name: "output" data_type: TYPE_FP32 dims: [ 1 ] reshape { shape: [ ] } }]',
+     "model output 'output' cannot have empty reshape for non-batching model as scalar tensors are not supported "
+     "for m"),
+    ('input [{ name: "input" data_type: TYPE_FP32 dims: [ 1 ] reshape { shape: [ 0 ] } }]',
+     "model input 'input' reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension "
+     "for m"),
+    ('input [{ name: "input" data_type: TYPE_FP32 dims: [ 1 ] }]\nbatch_input [{ kind: BATCH_ELEMENT_COUNT '
+     'target_name: "b" data_type: TYPE_FP32 }]', "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source input, "
+     "got 0 for m"),
+])
+def test_io_problem(io: str, problem: str) -> None:
+    config = parse_text(_config("", io))
+    assert io_problem(config) == problem
+
+
+def test_a_cpu_group_with_gpus_is_refused_by_its_normalized_name() -> None:
+    config = parse_text(_config("instance_group [{ kind: KIND_CPU }, { kind: KIND_CPU gpus: [ 0 ] }]"))
+    assert instance_group_problem(config) == ("instance group m_1 of model m has kind KIND_CPU but specifies one or "
+                                              "more GPUs")
+
+
+def test_validate_says_tritons_words_first() -> None:
+    assert validate(parse_text(_config("max_batch_size: -2"))) == "'max_batch_size' must be non-negative value for m"
