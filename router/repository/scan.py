@@ -26,6 +26,7 @@ from conveyor.router.repository.vllm_autocomplete import complete_vllm
 from conveyor.router.spec.ensemble_plan import ensemble_problem
 from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import assign_keys, name_of
+from conveyor.router.spec.triton_rules import config_problem
 from conveyor.router.spec.validate import validate
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,10 @@ def load_spec(
     if not text and not _guess_backend(path):
         spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
         return spec
-    elif config.name != name:
+    problem = config_problem(config) if text else ""
+    if problem:  # Triton validates a config it read before it compares its name with the directory's
+        return _poll_failure(spec, f"model '{name}': {problem}")
+    if config.name != name:
         return _poll_failure(spec, f"unexpected directory name '{name}' for model '{config.name}', directory name "
                                    "must equal model name")
     spec.backend = _BACKENDS.get(config.platform or config.backend, "")

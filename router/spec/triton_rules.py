@@ -6,6 +6,7 @@ so that a config Triton refuses is refused with Triton's message (its QA greps t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.spec.queue_policy import scheduling_problem
@@ -49,6 +50,9 @@ def config_problem(config: mc.ModelConfig) -> str:
             return f"model_warmup can not be specified for ensemble '{name}'"
         if not config.ensemble_scheduling.step:
             return f"must specify 'step' for ensemble '{name}'"
+        problem = _ensemble_graph_problem(config)
+        if problem:
+            return problem
     elif config.platform == _ENSEMBLE:
         return f"ensemble scheduling must be set for ensemble {name} whose platform is {_ENSEMBLE}"
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
@@ -86,6 +90,86 @@ def instance_group_problem(config: mc.ModelConfig) -> str:
         if group.kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
             return f"{label} has kind KIND_CPU but specifies one or more GPUs"
     return ""
+
+
+@dataclass(eq=False)
+class _Tensor:
+    """An ensemble tensor in Triton's data-flow graph (model_config_utils.cc EnsembleTensor)."""
+
+    name: str
+    is_output: bool
+    ready: bool = False
+    prev: list[_Tensor] = field(default_factory=list)
+    next: list[_Tensor] = field(default_factory=list)
+
+
+def _ensemble_graph_problem(config: mc.ModelConfig) -> str:
+    """BuildEnsembleGraph and ValidateEnsembleSchedulingConfig's data-flow checks (steps counted from 0, as
+    Triton counts them; tensors visited in the order the steps name them)."""
+    name = config.name
+    tensors: dict[str, _Tensor] = {}
+    for index, step in enumerate(config.ensemble_scheduling.step):
+        for field_name, given in (("model_name", step.model_name), ("input_map", step.input_map),
+                                  ("output_map", step.output_map)):
+            if not given:
+                return f"must specify '{field_name}' in step {index} of ensemble '{name}'"
+        written: list[_Tensor] = []
+        for tensor_name in step.output_map.values():
+            node = tensors.get(tensor_name)
+            if node is None:
+                node = tensors[tensor_name] = _Tensor(tensor_name, True)
+            elif node.is_output:
+                return (f"ensemble tensor '{tensor_name}' can appear in an output map only once for ensemble "
+                        f"'{name}' step {index}")
+            else:
+                node.is_output = True
+            written.append(node)
+        for tensor_name in step.input_map.values():  # a map: each model input once
+            node = tensors.setdefault(tensor_name, _Tensor(tensor_name, False))
+            for out in written:
+                out.prev.append(node)
+                node.next.append(out)
+    queue: list[_Tensor] = []
+    for io in config.input:
+        node = tensors.get(io.name)
+        if node is None:
+            return f"ensemble input '{io.name}' for ensemble {name}' is not used"
+        node.ready = True
+        queue.append(node)
+    while queue:
+        for after in queue.pop(0).next:
+            if not after.ready and all(before.ready for before in after.prev):
+                after.ready = True
+                queue.append(after)
+    outputs: set[str] = set()
+    for io in config.output:
+        node = tensors.get(io.name)
+        if node is None:
+            return f"ensemble output '{io.name}' for ensemble {name}' is not used"
+        if not node.ready:
+            return _not_written(node, name)
+        outputs.add(io.name)
+    for tensor_name, node in tensors.items():
+        if tensor_name not in outputs and (not node.ready or not node.next):
+            return f"ensemble tensor '{tensor_name}' is unused in ensemble '{name}'"
+    return ""
+
+
+def _not_written(node: _Tensor, ensemble: str) -> str:
+    """Triton's message for an ensemble output no step can write: with the first tensor upstream of it that is
+    not connected, when there is one."""
+    message = f"output '{node.name}' for ensemble '{ensemble}' is not written"
+    last, prev, seen = node, node.prev, set()
+    while prev:
+        nodes, prev = prev, []
+        for before in nodes:
+            if not before.ready and before.name not in seen:
+                seen.add(before.name)
+                last, prev = before, before.prev
+                break
+    if last is not node:
+        message += f": at least one of its depending tensors, '{last.name}', is not connected"
+    return message
 
 
 def _sequence_batching_problem(config: mc.ModelConfig) -> str:

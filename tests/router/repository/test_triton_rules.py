@@ -79,3 +79,35 @@ def test_a_cpu_group_with_gpus_is_refused_by_its_normalized_name() -> None:
 
 def test_validate_says_tritons_words_first() -> None:
     assert validate(parse_text(_config("max_batch_size: -2"))) == "'max_batch_size' must be non-negative value for m"
+
+
+def _ensemble(steps: str, inputs: str = "data", outputs: str = "prob") -> str:
+    return ('name: "e"\nplatform: "ensemble"\nmax_batch_size: 4\n'
+            + "".join(f'input [{{ name: "{n}" data_type: TYPE_FP32 dims: [ 1 ] }}]\n' for n in inputs.split())
+            + "".join(f'output [{{ name: "{n}" data_type: TYPE_FP32 dims: [ 1 ] }}]\n' for n in outputs.split())
+            + f"ensemble_scheduling {{ step [ {steps} ] }}")
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    ins = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    outs = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
+
+
+@pytest.mark.parametrize(("steps", "inputs", "outputs", "problem"), [
+    (f'{_step("a", {"X": "data"}, {"Y": "prob"})}, {{ model_name: "b" }}', "data", "prob",
+     "must specify 'input_map' in step 1 of ensemble 'e'"),
+    (f'{_step("a", {"X": "data"}, {"Y": "t"})}, {_step("b", {"X": "t"}, {"Y": "t"})}', "data", "t",
+     "ensemble tensor 't' can appear in an output map only once for ensemble 'e' step 1"),
+    (_step("a", {"X": "data"}, {"Y": "prob"}), "data data_2", "prob",
+     "ensemble input 'data_2' for ensemble e' is not used"),
+    (_step("a", {"X": "data"}, {"Y": "prob"}), "data", "prob prob_2",
+     "ensemble output 'prob_2' for ensemble e' is not used"),
+    (f'{_step("a", {"X": "data"}, {"Y": "prob"})}, {_step("b", {"X": "w"}, {"Y": "prob_2"})}', "data", "prob prob_2",
+     "output 'prob_2' for ensemble 'e' is not written: at least one of its depending tensors, 'w', is not connected"),
+    (_step("a", {"X": "data"}, {"Y": "prob", "Z": "extra"}), "data", "prob",
+     "ensemble tensor 'extra' is unused in ensemble 'e'"),
+    (_step("a", {"X": "data"}, {"Y": "prob"}), "data", "prob", ""),
+])
+def test_ensemble_graph_in_tritons_words(steps: str, inputs: str, outputs: str, problem: str) -> None:
+    assert config_problem(parse_text(_ensemble(steps, inputs, outputs))) == problem
