@@ -41,7 +41,6 @@ from conveyor.deploy.ingress_settings import (
     RequestLimits,
 )
 from conveyor.deploy.instances import INGRESS_PROTOCOLS
-from conveyor.deploy.runtime.log_settings import FORMATS
 from conveyor.deploy.router_settings import (
     ClientSharedMemory,
     Metrics,
@@ -50,6 +49,7 @@ from conveyor.deploy.router_settings import (
     Scheduling,
     Tracing,
 )
+from conveyor.deploy.runtime.log_settings import FORMATS
 from conveyor.deploy.setting_types import (
     CHILDREN,
     INGRESS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,11 @@ from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
 from conveyor.proto.signature import ModelSignature
-from conveyor.router.observability.histograms import LatencyMetrics, first_response_buckets_ms
+from conveyor.router.observability.histograms import (
+    LatencyMetrics,
+    first_response_buckets_ms,
+    uncustomizable_families,
+)
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import equal_shapes
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
@@ -34,6 +39,8 @@ from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import name_of
 
 UNLOADED = "unloaded"  # a version's reason once unloaded, as Triton's index shows it
+
+log = logging.getLogger(__name__)
 
 
 class InstanceState(enum.Enum):
@@ -262,6 +269,8 @@ def _version_state(
     state.limits = OverloadLimits.from_config(config)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     state.runs_decoupled = decoupled
+    for family in uncustomizable_families(config.model_metrics):
+        log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric in Triton core.", family)
     if decoupled or cached:
         state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if decoupled else None, cached)
     state.instances = [

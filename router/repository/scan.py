@@ -53,6 +53,11 @@ _DEFAULT_FILENAME = {
 }
 # The platform Triton reports for a backend given by name alone.
 _PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
+# The backend Triton's normalization names by a config's default_model_filename (AutoCompleteBackendFields).
+_FILENAME_BACKEND = {"model.plan": "tensorrt", "model.onnx": "onnxruntime", "model.xml": "openvino",
+                     "model.pt": "pytorch", "model.py": "python"}
+# The backends whose platforms Triton knows (GetBackendType); any other backend may name any platform.
+_TYPED_BACKENDS = frozenset({"tensorflow", "tensorrt", "onnxruntime", "pytorch"})
 # Model files Triton recognises a backend by when the config names none.
 _MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".pt2": "pytorch", ".plan": "tensorrt",
                        **frameworks.MODEL_FILE_BACKEND}
@@ -156,6 +161,9 @@ def load_spec(
         return _poll_failure(spec, f"unexpected directory name '{name}' for model '{config.name}', directory name "
                                    "must equal model name")
     spec.backend = _BACKENDS.get(config.platform or config.backend, "")
+    pair = _pair_problem(config)
+    if pair:
+        return _poll_failure(spec, pair)
     if not spec.backend:
         if not config.platform and not config.backend:
             spec.backend = _guess_backend(path)
@@ -211,7 +219,43 @@ def load_spec(
     _fill_defaults(config)
     backend_config.apply(spec.backend, config)
     _find_versions(spec)
+    if config.runtime:
+        for v in list(spec.versions):
+            problem = runtime_problem(config, spec.path, v)
+            if problem:
+                del spec.versions[v]
+                spec.version_errors[v] = problem
     return spec
+
+
+def runtime_problem(config: mc.ModelConfig, path: str, version: int) -> str:
+    """Triton's refusal of a config's ``runtime`` library (backend_model.cc GetBackendLibraryProperties) that no
+    version or model directory holds, or that lies outside the directory it is found in. One found is not loaded
+    (Conveyor runs no backend libraries): the backend named runs the model."""
+    if config.runtime in ("model.py", f"libtriton_{config.backend}.so"):  # the backend's own (Triton's directory)
+        return ""
+    search = [os.path.join(path, str(version)), path]
+    found = next((d for d in search if os.path.isfile(os.path.join(d, config.runtime))), "")
+    if not found:
+        where = "".join(f"'{d}' " for d in search)
+        return f"unable to find backend library '{config.runtime}' for model '{config.name}', searched: {where}"
+    library = os.path.realpath(os.path.join(found, config.runtime))
+    if os.path.commonpath([library, os.path.realpath(found)]) != os.path.realpath(found):
+        return (f"backend library name '{config.runtime}' escapes backend directory '{found}', for model "
+                f"'{config.name}', check model config runtime field")
+    return ""
+
+
+def _pair_problem(config: mc.ModelConfig) -> str:
+    """Triton's refusal of a platform that is not its backend's (ValidateModelConfig): the backend given, or the
+    one Triton's normalization names by the default model file when the platform is one it does not know."""
+    backend = config.backend or (_FILENAME_BACKEND.get(config.default_model_filename, "")
+                                 if config.platform not in _BACKENDS else "")
+    if not config.platform or backend not in _TYPED_BACKENDS or config.platform == "ensemble":
+        return ""
+    if _BACKENDS.get(config.platform) != _BACKENDS[backend]:
+        return f"unexpected 'platform' and 'backend' pair, got:{config.platform}, {backend}"
+    return ""
 
 
 def _poll_failure(spec: ModelSpec, error: str) -> ModelSpec:

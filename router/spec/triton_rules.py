@@ -58,6 +58,20 @@ def config_problem(config: mc.ModelConfig) -> str:
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
         return (f"Response Cache does not currently support model {name} with 'decoupled' transaction policy. "
                 "Please disable the response cache.")
+    return _metrics_problem(config.model_metrics) if config.HasField("model_metrics") else ""
+
+
+def _metrics_problem(metrics: mc.ModelMetrics) -> str:
+    """ValidateModelMetrics."""
+    for control in metrics.metric_control:
+        if not control.HasField("metric_identifier"):
+            return "metric control must specify 'metric_identifier'"
+        if not control.metric_identifier.family:
+            return "metric identifier must specify non-empty 'family'"
+        if not control.HasField("histogram_options"):
+            return "metric control must specify 'histogram_options'"
+        if not control.histogram_options.buckets:
+            return "histogram options must specify non-empty 'buckets'"
     return ""
 
 

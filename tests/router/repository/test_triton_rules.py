@@ -3,9 +3,14 @@ the server log (its noautofill_platform and ensemble cases)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from conveyor.deploy.cli import strict_config_warnings
 from conveyor.proto.model_config import parse_text
+from conveyor.router.observability.histograms import uncustomizable_families
+from conveyor.router.repository.scan import load_spec
 from conveyor.router.spec.triton_rules import config_problem, instance_group_problem, io_problem
 from conveyor.router.spec.validate import validate
 
@@ -111,3 +116,66 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
 ])
 def test_ensemble_graph_in_tritons_words(steps: str, inputs: str, outputs: str, problem: str) -> None:
     assert config_problem(parse_text(_ensemble(steps, inputs, outputs))) == problem
+
+
+@pytest.mark.parametrize(("metrics", "problem"), [
+    ("metric_control [{ histogram_options { buckets: [ 1 ] } }]", "metric control must specify 'metric_identifier'"),
+    ('metric_control [{ metric_identifier { family: "" } histogram_options { buckets: [ 1 ] } }]',
+     "metric identifier must specify non-empty 'family'"),
+    ('metric_control [{ metric_identifier { family: "f" } }]', "metric control must specify 'histogram_options'"),
+    ('metric_control [{ metric_identifier { family: "f" } histogram_options { } }]',
+     "histogram options must specify non-empty 'buckets'"),
+    ('metric_control [{ metric_identifier { family: "f" } histogram_options { buckets: [ 1 ] } }]', ""),
+])
+def test_model_metrics_in_tritons_words(metrics: str, problem: str) -> None:
+    assert config_problem(parse_text(_config(f"model_metrics {{ {metrics} }}"))) == problem
+
+
+def test_only_the_first_response_histogram_is_customizable() -> None:
+    config = parse_text(_config('model_metrics { metric_control [{ metric_identifier { family: "nv_inference_first_'
+                                'response_histogram_ms" } }, { metric_identifier { family: "nv_inference_request_'
+                                'success" } }] }'))
+    assert uncustomizable_families(config.model_metrics) == ["nv_inference_request_success"]
+
+
+def _model(tmp_path: Path, config: str, files: dict[str, str]) -> str:
+    path = tmp_path / "m"
+    (path / "1").mkdir(parents=True)
+    (path / "config.pbtxt").write_text(config)
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    return str(path)
+
+
+def test_a_platform_that_is_not_its_backends_is_refused_at_the_poll(tmp_path: Path) -> None:
+    # Triton names the backend by the default model file when it does not know the platform.
+    spec = load_spec("m", _model(tmp_path, _config("").replace('backend: "onnxruntime"\n', "").replace(
+        "onnxruntime_onnx", "onnxruntim") + 'default_model_filename: "model.onnx"', {"1/model.onnx": "x"}),
+        autocomplete=False)
+    assert spec.poll_failed and spec.error == "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime"
+
+
+@pytest.mark.parametrize(("runtime", "files", "problem"), [
+    ("__invalid__", {}, "unable to find backend library '__invalid__' for model 'm', searched: '{m}/1' '{m}' "),
+    ("../lib/libtriton_identity.so", {"lib/libtriton_identity.so": ""},
+     "backend library name '../lib/libtriton_identity.so' escapes backend directory '{m}/1', for model 'm', check "
+     "model config runtime field"),
+    ("libtriton_onnxruntime.so", {}, ""),
+])
+def test_a_runtime_library_is_found_as_triton_finds_it(tmp_path: Path, runtime: str, files: dict[str, str],
+                                                       problem: str) -> None:
+    path = _model(tmp_path, _config(f'runtime: "{runtime}"'), {"1/model.onnx": "x", **files})
+    spec = load_spec("m", path, autocomplete=False)
+    assert spec.version_errors.get(1, "") == problem.format(m=path)
+
+
+def test_strict_model_config_warnings_are_tritons() -> None:
+    deprecated = ("Warning: '--strict-model-config' has been deprecated! Please use '--disable-auto-complete-config' "
+                  "instead.")
+    overridden = ("Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+                  "'--disable-auto-complete-config'!")
+    assert strict_config_warnings(["--strict-model-config=true"], True, False) == [deprecated]
+    assert strict_config_warnings(["--strict-model-config=false", "--disable-auto-complete-config"], False,
+                                  True) == [deprecated, overridden]
+    assert strict_config_warnings(["--disable-auto-complete-config"], False, True) == []
