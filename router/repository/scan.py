@@ -151,9 +151,11 @@ def load_spec(
     config = spec.config
     if not config.name:
         config.name = name
-    if not text and not _guess_backend(path):
-        spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
-        return spec
+    if not config.platform and not config.backend and not config.default_model_filename and not _guess_backend(path):
+        # Triton's last resort (AutoCompleteBackendFields): the backend is the model name's part after its first '.'
+        problem = _custom_backend(config, name)
+        if problem:  # at Triton's poll (its config normalization)
+            return _poll_failure(spec, problem)
     problem = config_problem(config) if text else ""
     if problem:  # Triton validates a config it read before it compares its name with the directory's
         return _poll_failure(spec, f"model '{name}': {problem}")
@@ -167,7 +169,10 @@ def load_spec(
     if not spec.backend:
         if not config.platform and not config.backend:
             spec.backend = _guess_backend(path)
-        if not spec.backend:
+        if not spec.backend and config.backend:  # Triton looks for its library, and says so
+            spec.error = (f"Invalid argument: unable to find backend library for backend '{config.backend}', try "
+                          "specifying runtime on the model configuration.")
+        elif not spec.backend:
             what = config.platform or config.backend or "(none given)"
             spec.error = f"model '{name}': platform/backend '{what}' is not supported"
             return spec
@@ -243,6 +248,18 @@ def runtime_problem(config: mc.ModelConfig, path: str, version: int) -> str:
     if os.path.commonpath([library, os.path.realpath(found)]) != os.path.realpath(found):
         return (f"backend library name '{config.runtime}' escapes backend directory '{found}', for model "
                 f"'{config.name}', check model config runtime field")
+    return ""
+
+
+def _custom_backend(config: mc.ModelConfig, name: str) -> str:
+    """Triton's rule for a config that names no backend, platform or model file and a model directory without a
+    model file it knows: ``<anything>.<backend>`` names the backend (and ``model.<backend>`` its file); '' when it
+    does, else Triton's words."""
+    if "." not in name:
+        return (f"Invalid model name: Could not determine backend for model '{name}' with no backend in model "
+                "configuration. Expected model name of the form 'model.<backend_name>'.")
+    config.backend = name.split(".", 1)[1]
+    config.default_model_filename = f"model.{config.backend}"
     return ""
 
 

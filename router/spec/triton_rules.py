@@ -21,6 +21,7 @@ _ONE_SOURCE_BATCH_INPUTS = frozenset({
     mc.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, mc.BatchInput.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE,
     mc.BatchInput.BATCH_ITEM_SHAPE, mc.BatchInput.BATCH_ITEM_SHAPE_FLATTEN})
 _TENSORRT_PLAN = "tensorrt_plan"
+_CONDITION_PREFIX = ("conveyor.step.", "conveyor.exit_when")
 _ENSEMBLE = "ensemble"
 
 
@@ -50,7 +51,7 @@ def config_problem(config: mc.ModelConfig) -> str:
             return f"model_warmup can not be specified for ensemble '{name}'"
         if not config.ensemble_scheduling.step:
             return f"must specify 'step' for ensemble '{name}'"
-        problem = _ensemble_graph_problem(config)
+        problem = "" if conditional(config) else _ensemble_graph_problem(config)
         if problem:
             return problem
     elif config.platform == _ENSEMBLE:
@@ -337,4 +338,161 @@ def _batch_io_problem(config: mc.ModelConfig) -> str:
             if target in targets:
                 return f"target output name '{target}' can only be specified once"
             targets.add(target)
+    return ""
+
+
+@dataclass(eq=False)
+class _Node:
+    """An ensemble tensor as Triton's ValidateEnsembleConfig infers it (ensemble_utils.cc TensorNode)."""
+
+    model: str
+    data_type: int = 0
+    dims: tuple[int, ...] = ()
+    full_dims: tuple[int, ...] = ()
+    decoupled: bool = False
+    label: int = 0
+    visited: bool = False
+    prev: list[_Node] = field(default_factory=list)
+    next: list[_Node] = field(default_factory=list)
+    sibling: _Node | None = None
+
+
+def _node(model: str, batching: bool, data_type: int, dims: Iterable[int]) -> _Node:
+    shape = tuple(dims)
+    return _Node(model, data_type, shape, ((WILDCARD_DIM,) if batching else ()) + shape)
+
+
+def _same_dims(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or WILDCARD_DIM in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def _dims_text(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _consistency(lhs: _Node, rhs: _Node, prefix: str) -> str:
+    if lhs.data_type != rhs.data_type:
+        return (f"{prefix}inconsistent data type: {mc.DataType.Name(lhs.data_type)} is inferred from model "
+                f"{lhs.model} while {mc.DataType.Name(rhs.data_type)} is inferred from model {rhs.model}")
+    if not _same_dims(lhs.dims, rhs.dims) and not _same_dims(lhs.full_dims, rhs.full_dims):
+        return (f"{prefix}inconsistent shape: {_dims_text(lhs.full_dims)} is inferred from model {lhs.model} while "
+                f"{_dims_text(rhs.full_dims)} is inferred from model {rhs.model}")
+    return ""
+
+
+def ensemble_models_problem(name: str, config: mc.ModelConfig, step_configs: list[mc.ModelConfig]) -> str:
+    """ValidateEnsembleConfig: each step against its composing model's (completed) config, in Triton's words: the
+    batch size, the tensor mapping, each ensemble tensor's type and shape. Its rule for decoupled steps' branches
+    is ``ensemble_branches_problem``'s (Conveyor runs more of them than Triton: router/ensembles/levels.py)."""
+    return _ensemble_tensors(name, config, step_configs)[0]
+
+
+def ensemble_branches_problem(name: str, config: mc.ModelConfig, step_configs: list[mc.ModelConfig]) -> str:
+    """Triton's refusal of a step that takes inputs that came through different decoupled steps, or ''."""
+    problem, tensors = _ensemble_tensors(name, config, step_configs)
+    return "" if problem or conditional(config) else _branches_problem(name, config, tensors)
+
+
+def _ensemble_tensors(name: str, config: mc.ModelConfig,
+                      step_configs: list[mc.ModelConfig]) -> tuple[str, dict[str, _Node]]:
+    batching = config.max_batch_size > 0
+    tensors: dict[str, _Node] = {}
+    for io in config.input:
+        tensors[io.name] = _node(name, batching, io.data_type, io.reshape.shape if io.HasField("reshape") else io.dims)
+    sink = _Node(name)
+    for io in config.output:
+        out = tensors.setdefault(io.name, _node(name, batching, io.data_type,
+                                                io.reshape.shape if io.HasField("reshape") else io.dims))
+        sink.prev.append(out)
+        out.next.append(sink)
+    for step, step_config in zip(config.ensemble_scheduling.step, step_configs, strict=True):
+        model = step.model_name
+        if step_config.max_batch_size != 0 and step_config.max_batch_size < config.max_batch_size:
+            return (f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "
+                    f"{model} which only allows maximum batch size to be {step_config.max_batch_size}"), tensors
+        problem = _mapping_problem(name, step, step_config, tensors)
+        if problem:
+            return problem, tensors
+    return "", tensors
+
+
+def conditional(config: mc.ModelConfig) -> bool:
+    """An ensemble with Conveyor's conditional steps (``conveyor.step.N.when``, ``conveyor.exit_when``): a tensor
+    may feed only a condition and an output may be written by one branch of several, which Triton's data-flow
+    checks would refuse; Conveyor's own plan checks them (router/spec/ensemble_plan.py)."""
+    return any(key.startswith(_CONDITION_PREFIX) for key in config.parameters)
+
+
+def _mapping_problem(name: str, step: mc.ModelEnsembling.Step, config: mc.ModelConfig,
+                     tensors: dict[str, _Node]) -> str:
+    """ValidateTensorMapping."""
+    model, batching = step.model_name, config.max_batch_size > 0
+    inputs = {io.name for io in config.input}
+    for key, tensor in step.input_map.items():
+        if key not in inputs:
+            return (f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input {key} in model "
+                    f"{model}")
+    for io in config.input:
+        tensor = step.input_map.get(io.name)
+        if tensor is None:
+            if io.optional:
+                continue
+            return f"in ensemble {name}, input {io.name} in model {model} is not mapped to any ensemble tensors"
+        node = _node(model, batching, io.data_type, io.dims)
+        if tensor in tensors:
+            problem = _consistency(tensors[tensor], node, f"in ensemble {name}, ensemble tensor {tensor}: ")
+            if problem:
+                return problem
+        else:
+            tensors[tensor] = node
+    outputs = {io.name: io for io in config.output}
+    for key, tensor in step.output_map.items():
+        if key not in outputs:
+            return (f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output {key} in model "
+                    f"{model}")
+    sibling = _Node(model)
+    for key, tensor in step.output_map.items():
+        io = outputs[key]
+        node = _node(model, batching, io.data_type, io.dims)
+        if tensor in tensors:
+            problem = _consistency(tensors[tensor], node, f"in ensemble {name}, ensemble tensor {tensor}: ")
+            if problem:
+                return problem
+        else:
+            tensors[tensor] = node
+        tensors[tensor].sibling = sibling
+    for tensor in step.output_map.values():
+        node = tensors[tensor]
+        node.decoupled = config.model_transaction_policy.decoupled
+        for source in step.input_map.values():
+            node.prev.append(tensors[source])
+            tensors[source].next.append(node)
+    return ""
+
+
+def _branches_problem(name: str, config: mc.ModelConfig, tensors: dict[str, _Node]) -> str:
+    """ValidateEnsembleConfig's walk: a step may not take inputs that came through different decoupled steps."""
+    labels = 0
+    queue = []
+    for io in config.input:
+        tensors[io.name].visited = True
+        queue.append(tensors[io.name])
+    while queue:
+        for after in queue.pop(0).next:
+            if after.visited or not all(before.visited for before in after.prev):
+                continue
+            label = after.prev[0].label
+            if any(before.label != label for before in after.prev):
+                return (f"in ensemble {name}, step of model '{after.model}' receives inputs originated from "
+                        "different decoupled models")
+            if after.sibling is not None and after.sibling.visited:
+                after.label = after.sibling.label
+            else:
+                if after.decoupled:
+                    labels += 1
+                after.label = labels if after.decoupled else label
+                if after.sibling is not None:
+                    after.sibling.label, after.sibling.visited = after.label, True
+            after.visited = True
+            queue.append(after)
     return ""

@@ -59,7 +59,7 @@ def test_version_folders_as_triton_reads_them(tmp_path: Path, caplog: pytest.Log
 def test_bad_models_say_why(tmp_path: Path) -> None:
     write(tmp_path / "broken" / "config.pbtxt", "max_batch_size: [")
     write(tmp_path / "noconfig" / "1" / "model.onnx", "")
-    write(tmp_path / "wrongname" / "config.pbtxt", 'name: "other"')
+    write(tmp_path / "wrongname" / "config.pbtxt", 'name: "other"\nbackend: "python"')
     write(tmp_path / "noinputs" / "config.pbtxt", 'platform: "onnxruntime_onnx"')
     write(tmp_path / "caffe2" / "config.pbtxt",  # a platform Triton dropped: no Conveyor backend serves it
           'platform: "caffe2_netdef" input [{name: "a" data_type: TYPE_FP32 dims: [1]}] '

@@ -179,3 +179,40 @@ def test_strict_model_config_warnings_are_tritons() -> None:
     assert strict_config_warnings(["--strict-model-config=false", "--disable-auto-complete-config"], False,
                                   True) == [deprecated, overridden]
     assert strict_config_warnings(["--disable-auto-complete-config"], False, True) == []
+
+
+@pytest.mark.parametrize(("name", "backend", "problem"), [
+    ("plain", "", "Invalid model name: Could not determine backend for model 'plain' with no backend in model "
+                  "configuration. Expected model name of the form 'model.<backend_name>'."),
+    ("m.identity", "identity", ""),
+    ("m.unknown", "unknown", "Invalid argument: unable to find backend library for backend 'unknown', try "
+                             "specifying runtime on the model configuration."),
+])
+def test_a_config_without_backend_or_model_file_takes_it_from_the_name(tmp_path: Path, name: str, backend: str,
+                                                                       problem: str) -> None:
+    path = tmp_path / name
+    (path / "1").mkdir(parents=True)
+    (path / "config.pbtxt").write_text('max_batch_size: 4\ninput [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }]'
+                                       '\noutput [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }]')
+    spec = load_spec(name, str(path))
+    assert spec.error == problem and spec.config.backend == backend
+    assert spec.poll_failed == (backend == "")
+
+
+def test_a_batch_size_for_an_onnx_model_without_a_batch_dimension_is_refused(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from conveyor.deploy.example_repo import IR_VERSION, OPSET
+
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "g",
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.INT32, [16])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, [16])])
+    model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", OPSET)])
+    path = tmp_path / "bad_max_batch_size"
+    (path / "1").mkdir(parents=True)
+    onnx.save(model, str(path / "1" / "model.onnx"))
+    (path / "config.pbtxt").write_text('max_batch_size: 1\ninput [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }]')
+    spec = load_spec("bad_max_batch_size", str(path))
+    assert spec.error == ("model 'bad_max_batch_size': autofill failed for model 'bad_max_batch_size': model does not "
+                          "support batching while non-zero max_batch_size is specified")
