@@ -212,7 +212,8 @@ def test_a_batch_size_for_an_onnx_model_without_a_batch_dimension_is_refused(tmp
     path = tmp_path / "bad_max_batch_size"
     (path / "1").mkdir(parents=True)
     onnx.save(model, str(path / "1" / "model.onnx"))
-    (path / "config.pbtxt").write_text('max_batch_size: 1\ninput [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }]')
+    (path / "config.pbtxt").write_text('max_batch_size: 1\n'
+                                       'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }]')
     spec = load_spec("bad_max_batch_size", str(path))
     assert spec.error == ("model 'bad_max_batch_size': autofill failed for model 'bad_max_batch_size': model does not "
                           "support batching while non-zero max_batch_size is specified")
