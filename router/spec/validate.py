@@ -27,7 +27,7 @@ def validate(config: mc.ModelConfig) -> str:
     # Triton requires no outputs of any backend; the frameworks here serve only the outputs a config declares
     # (a Python model, or one of Triton's test backends, makes its own).
     if not config.output and config.backend in _DECLARED_OUTPUTS:
-        return "the config declares no outputs"
+        return "model configuration must contain at least one output, none were specified"  # Triton's backends' words
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names: set[str] = set()
         for t in tensors:
