@@ -37,6 +37,7 @@ from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.scheduling.shape_keys import BatchKey, batch_key, unbatched
 from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import name_of
+from conveyor.router.spec.triton_rules import default_count
 
 UNLOADED = "unloaded"  # a version's reason once unloaded, as Triton's index shows it
 
@@ -298,7 +299,7 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
     """
     devices: list[str] = []
     for group in config.instance_group:
-        count = group.count if group.count > 0 else 1
+        count = group.count if group.count > 0 else default_count(group.kind, config.backend)
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             if not group.gpus:
                 devices += ["cuda"] * count
@@ -320,7 +321,7 @@ def instance_names(config: mc.ModelConfig) -> list[str]:
     several GPUs share it, as in Triton."""
     names: list[str] = []
     for g, group in enumerate(config.instance_group):
-        count = group.count if group.count > 0 else 1
+        count = group.count if group.count > 0 else default_count(group.kind, config.backend)
         prefix = group.name or f"{config.name}_{g}"
         on_gpus = group.kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
         copies = len(group.gpus) if on_gpus and group.gpus else 1  # instance_devices: count per listed GPU

@@ -135,6 +135,7 @@ class EnsembleVersion(VersionState):
                     or f"in ensemble '{self.model}', {exc.message}")
         self.batch_dims = batch_dims(self.config, self.plan, configs)
         policy = self.config.model_transaction_policy
+        policy.SetInParent()  # Triton sets it, false too: its config shows the field
         if policy.decoupled != self.levels.streaming:  # Triton sets it the same way
             policy.decoupled = self.levels.streaming
         return ""

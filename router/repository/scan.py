@@ -320,7 +320,8 @@ def _version_dirs(path: str) -> list[tuple[int, str]]:
 def _fill_defaults(config: mc.ModelConfig) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.default_model_filename and config.backend not in TRITON_TEST_BACKENDS:  # Triton leaves it ''
+    ensemble = config.platform == "ensemble"  # Triton names no file for an ensemble, nor for its test backends
+    if not config.default_model_filename and config.backend not in TRITON_TEST_BACKENDS and not ensemble:
         config.default_model_filename = (frameworks.default_filename(config)
                                          or ("model.pt2" if config.platform == "torch_aoti" else "")
                                          or _DEFAULT_FILENAME.get(config.backend, "model"))

@@ -25,6 +25,19 @@ _CONDITION_PREFIX = ("conveyor.step.", "conveyor.exit_when")
 _ENSEMBLE = "ensemble"
 
 
+# Triton's default count of a KIND_CPU group that gives none, for the backends that opt in (SetDefaultInstanceCount:
+# their sessions run well side by side); 1 for every other group.
+_CPU_COUNT_BACKENDS = frozenset({"onnxruntime", "tensorflow"})
+DEFAULT_CPU_COUNT = 2
+
+
+def default_count(kind: int, backend: str) -> int:
+    """The instances a group without ``count`` has (core's SetDefaultInstanceCount)."""
+    if kind == mc.ModelInstanceGroup.KIND_CPU and backend in _CPU_COUNT_BACKENDS:
+        return DEFAULT_CPU_COUNT
+    return 1
+
+
 def config_problem(config: mc.ModelConfig) -> str:
     """ValidateModelConfig's first refusal (less its platform/backend pairing, which the repository scan
     decides), or ''."""
