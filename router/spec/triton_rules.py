@@ -92,7 +92,9 @@ def _metrics_problem(metrics: mc.ModelMetrics) -> str:
 def io_problem(config: mc.ModelConfig) -> str:
     """ValidateModelIOConfig's first refusal (each input, each output, the batch inputs and outputs, each
     with " for <model>"), or ''."""
-    for prefix, tensors in (("model input ", config.input), ("model output ", config.output)):
+    both: tuple[tuple[str, Iterable[mc.ModelInput | mc.ModelOutput]], ...] = (
+        ("model input ", config.input), ("model output ", config.output))
+    for prefix, tensors in both:
         for io in tensors:
             problem = _io_shape_problem(io, config.max_batch_size, prefix)
             if not problem and isinstance(io, mc.ModelInput) and io.format in (
@@ -170,13 +172,13 @@ def _ensemble_graph_problem(config: mc.ModelConfig) -> str:
                 after.ready = True
                 queue.append(after)
     outputs: set[str] = set()
-    for io in config.output:
-        node = tensors.get(io.name)
+    for out in config.output:
+        node = tensors.get(out.name)
         if node is None:
-            return f"ensemble output '{io.name}' for ensemble {name}' is not used"
+            return f"ensemble output '{out.name}' for ensemble {name}' is not used"
         if not node.ready:
             return _not_written(node, name)
-        outputs.add(io.name)
+        outputs.add(out.name)
     for tensor_name, node in tensors.items():
         if tensor_name not in outputs and (not node.ready or not node.next):
             return f"ensemble tensor '{tensor_name}' is unused in ensemble '{name}'"
@@ -413,9 +415,9 @@ def _ensemble_tensors(name: str, config: mc.ModelConfig,
     for io in config.input:
         tensors[io.name] = _node(name, batching, io.data_type, io.reshape.shape if io.HasField("reshape") else io.dims)
     sink = _Node(name)
-    for io in config.output:
-        out = tensors.setdefault(io.name, _node(name, batching, io.data_type,
-                                                io.reshape.shape if io.HasField("reshape") else io.dims))
+    for output in config.output:
+        shape = output.reshape.shape if output.HasField("reshape") else output.dims
+        out = tensors.setdefault(output.name, _node(name, batching, output.data_type, shape))
         sink.prev.append(out)
         out.next.append(sink)
     for step, step_config in zip(config.ensemble_scheduling.step, step_configs, strict=True):
@@ -446,18 +448,18 @@ def _mapping_problem(name: str, step: mc.ModelEnsembling.Step, config: mc.ModelC
             return (f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input {key} in model "
                     f"{model}")
     for io in config.input:
-        tensor = step.input_map.get(io.name)
-        if tensor is None:
+        mapped = step.input_map.get(io.name)
+        if mapped is None:
             if io.optional:
                 continue
             return f"in ensemble {name}, input {io.name} in model {model} is not mapped to any ensemble tensors"
         node = _node(model, batching, io.data_type, io.dims)
-        if tensor in tensors:
-            problem = _consistency(tensors[tensor], node, f"in ensemble {name}, ensemble tensor {tensor}: ")
+        if mapped in tensors:
+            problem = _consistency(tensors[mapped], node, f"in ensemble {name}, ensemble tensor {mapped}: ")
             if problem:
                 return problem
         else:
-            tensors[tensor] = node
+            tensors[mapped] = node
     outputs = {io.name: io for io in config.output}
     for key, tensor in step.output_map.items():
         if key not in outputs:
@@ -465,8 +467,8 @@ def _mapping_problem(name: str, step: mc.ModelEnsembling.Step, config: mc.ModelC
                     f"{model}")
     sibling = _Node(model)
     for key, tensor in step.output_map.items():
-        io = outputs[key]
-        node = _node(model, batching, io.data_type, io.dims)
+        declared = outputs[key]
+        node = _node(model, batching, declared.data_type, declared.dims)
         if tensor in tensors:
             problem = _consistency(tensors[tensor], node, f"in ensemble {name}, ensemble tensor {tensor}: ")
             if problem:
