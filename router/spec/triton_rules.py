@@ -119,6 +119,10 @@ def instance_group_problem(config: mc.ModelConfig) -> str:
             return f"{label} has kind KIND_MODEL but specifies one or more GPUs"
         if group.kind == mc.ModelInstanceGroup.KIND_CPU and group.gpus:
             return f"{label} has kind KIND_CPU but specifies one or more GPUs"
+        negative = [g for g in group.gpus if g < 0]
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and negative:  # no host has it
+            return (f"{label} specifies invalid or unsupported gpu id {negative[0]}. GPUs with at least the minimum "
+                    "required CUDA compute compatibility have ids from 0")
     return ""
 
 
