@@ -221,6 +221,6 @@ def test_a_batch_size_for_an_onnx_model_without_a_batch_dimension_is_refused(tmp
 
 def test_a_negative_gpu_id_is_refused_on_any_host() -> None:
     config = parse_text(_config("instance_group [{ kind: KIND_GPU gpus: [ 0 ] }, { kind: KIND_GPU gpus: [ -1 ] }]"))
-    assert instance_group_problem(config) == ("instance group m_1 of model m specifies invalid or unsupported gpu id -1. "
-                                              "GPUs with at least the minimum required CUDA compute compatibility "
-                                              "have ids from 0")
+    assert instance_group_problem(config) == (
+        "instance group m_1 of model m specifies invalid or unsupported gpu id -1. GPUs with at least the minimum "
+        "required CUDA compute compatibility have ids from 0")
