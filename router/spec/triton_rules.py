@@ -176,13 +176,13 @@ def _ensemble_graph_problem(config: mc.ModelConfig) -> str:
                 after.ready = True
                 queue.append(after)
     outputs: set[str] = set()
-    for out in config.output:
-        node = tensors.get(out.name)
+    for output in config.output:
+        node = tensors.get(output.name)
         if node is None:
-            return f"ensemble output '{out.name}' for ensemble {name}' is not used"
+            return f"ensemble output '{output.name}' for ensemble {name}' is not used"
         if not node.ready:
             return _not_written(node, name)
-        outputs.add(out.name)
+        outputs.add(output.name)
     for tensor_name, node in tensors.items():
         if tensor_name not in outputs and (not node.ready or not node.next):
             return f"ensemble tensor '{tensor_name}' is unused in ensemble '{name}'"
