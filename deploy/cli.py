@@ -195,6 +195,18 @@ def tritonserver_main(argv: list[str] | None = None) -> int:
     return run_tritonserver(build_tritonserver_parser(), argv, [], argv is None)
 
 
+def strict_config_warnings(words: list[str], strict: bool, disable_auto_complete: bool) -> list[str]:
+    """Triton's command line's warnings (command_line_parser.cc) for its deprecated --strict-model-config, given as
+    ``words`` (``getopt_values``' form), and for one that --disable-auto-complete-config overrides."""
+    given = [w for w in words if w == "--strict-model-config" or w.startswith("--strict-model-config=")]
+    out = ["Warning: '--strict-model-config' has been deprecated! Please use '--disable-auto-complete-config' "
+           "instead."] * len(given)
+    if given and disable_auto_complete and not strict:
+        out.append("Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+                   "'--disable-auto-complete-config'!")
+    return out
+
+
 def getopt_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``argv`` with each value that starts with '-' joined to its flag (``--flag -1:0.6`` as ``--flag=-1:0.6``):
     Triton's getopt_long takes the word after a flag that needs a value as that value, whatever it starts
@@ -216,7 +228,10 @@ def run_tritonserver(parser: argparse.ArgumentParser, argv: list[str] | None, no
                      command_line: bool) -> int:
     """Parse ``argv`` with ``tritonserver``'s parser and run the group; ``notes``: lines logged at start with
     the unused flags' (``conveyor openai-frontend``'s flags that change nothing)."""
-    args = parser.parse_args(getopt_values(parser, sys.argv[1:] if argv is None else argv))
+    words = getopt_values(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(words)
+    for line in strict_config_warnings(words, args.strict_model_config, args.disable_auto_complete_config):
+        print(line, file=sys.stderr)
     fold_storage_uri(args)
     if not args.model_repository:
         print("error: creating server: Invalid argument - --model-repository must be specified", file=sys.stderr)

@@ -49,6 +49,7 @@ from conveyor.deploy.router_settings import (
     Scheduling,
     Tracing,
 )
+from conveyor.deploy.runtime.log_settings import FORMATS
 from conveyor.deploy.setting_types import (
     CHILDREN,
     INGRESS,
@@ -115,8 +116,9 @@ class EveryProcess(Settings):
     log_file: str = setting(
         ("--log-file",), "append the log here instead of stderr (every process of the group)", default="", triton=True)
     log_format: str = setting(
-        ("--log-format",), "the log line's layout: default (Triton's glog-like lines) or ISO8601 timestamps",
-        default="default", choices=("default", "ISO8601"), triton=True)
+        ("--log-format",), "the log line's layout: default or ISO8601 (Triton's lines, each message a JSON string "
+        "unless $TRITON_SERVER_ESCAPE_LOG_MESSAGES=0), or conveyor (Conveyor's: time, role[pid], level, logger)",
+        default="conveyor", triton_default="default", choices=FORMATS, triton=True)
     spin_us: str | None = setting(
         ("--spin-us",), "router and workers spin this long on their sockets before sleeping (0 = never); "
         "default auto: 50 on hosts with 8 or more cores, else 0 (deploy/runtime/polling.py)",

@@ -120,8 +120,10 @@ make_models() {  # gen_qa_model_repository's ONNX, PyTorch and OpenVINO steps, l
 
 # --- the layout test.sh expects ------------------------------------------------------------------------------------
 
-# Triton's install: TRITON_DIR/bin/tritonserver (Conveyor's) and TRITON_DIR/backends (--backend-directory).
+# Triton's install: TRITON_DIR/bin/tritonserver (Conveyor's), TRITON_DIR/backends (--backend-directory) and, as in
+# Triton's QA container, TRITON_DIR/qa (L0_model_config copies its Python models from /opt/tritonserver/qa).
 mkdir -p "$WORK/triton/bin" "$WORK/triton/backends" "$WORK/bin" "$WORK/root"
+ln -sfn "$WORK/qa" "$WORK/triton/qa"
 rm -f "$WORK/triton/bin/tritonserver"
 # exec: test.sh's kill $SERVER_PID reaches the server itself.
 printf '#!/bin/sh\nexec %q %s "$@"\n' "$SERVER" "${CONVEYOR_FLAGS-}" \

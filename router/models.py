@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,12 @@ from conveyor.proto.datatypes import config_to_datatype
 from conveyor.proto.errors import invalid_arg
 from conveyor.proto.sequence_config import SequenceConfig, sequence_batched
 from conveyor.proto.signature import ModelSignature
-from conveyor.router.observability.histograms import HistogramConfig, LatencyMetrics, first_response_buckets_ms
+from conveyor.router.observability.histograms import (
+    HistogramConfig,
+    LatencyMetrics,
+    first_response_buckets_ms,
+    uncustomizable_families,
+)
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.pending import equal_shapes
 from conveyor.router.scheduling.adaptive import AdaptiveBatcher, latency_target_ns
@@ -32,8 +38,11 @@ from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.scheduling.shape_keys import BatchKey, batch_key, unbatched
 from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import name_of
+from conveyor.router.spec.triton_rules import default_count
 
 UNLOADED = "unloaded"  # a version's reason once unloaded, as Triton's index shows it
+
+log = logging.getLogger(__name__)
 
 
 class InstanceState(enum.Enum):
@@ -273,6 +282,8 @@ def _version_state(
     state.limits = OverloadLimits.from_config(config)
     decoupled, cached = config.model_transaction_policy.decoupled, config.response_cache.enable
     state.runs_decoupled = decoupled
+    for family in uncustomizable_families(config.model_metrics):
+        log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric in Triton core.", family)
     if decoupled or cached or HistogramConfig.every_model:
         first = decoupled or HistogramConfig.every_model  # every model's when asked, as Triton's
         state.latency = LatencyMetrics(first_response_buckets_ms(config.model_metrics) if first else None, cached)
@@ -301,7 +312,7 @@ def instance_devices(config: mc.ModelConfig) -> list[str]:
     """
     devices: list[str] = []
     for group in config.instance_group:
-        count = group.count if group.count > 0 else 1
+        count = group.count if group.count > 0 else default_count(group.kind, config.backend)
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             if not group.gpus:
                 devices += ["cuda"] * count
@@ -323,7 +334,7 @@ def instance_names(config: mc.ModelConfig) -> list[str]:
     several GPUs share it, as in Triton."""
     names: list[str] = []
     for g, group in enumerate(config.instance_group):
-        count = group.count if group.count > 0 else 1
+        count = group.count if group.count > 0 else default_count(group.kind, config.backend)
         prefix = group.name or f"{config.name}_{g}"
         on_gpus = group.kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
         copies = len(group.gpus) if on_gpus and group.gpus else 1  # instance_devices: count per listed GPU

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -16,7 +17,17 @@ from typing import Any
 
 from conveyor.proto.errors import invalid_arg
 
-FORMATS = ("default", "ISO8601")
+# Triton's two layouts (--log-format default|ISO8601: common's logging.cc LogPreamble) and Conveyor's own line,
+# which names the process's role ('conveyor serve''s default; tritonserver's is Triton's "default").
+FORMATS = ("default", "ISO8601", "conveyor")
+TRITON_FORMATS = ("default", "ISO8601")
+# Triton escapes each message as a JSON string unless this is "0" (common's Logger::ESCAPE_ENVIRONMENT_VARIABLE).
+ESCAPE_ENV = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+# Triton's level letters (Logger::LEVEL_NAMES); verbose lines are info lines there.
+_LETTER = {logging.CRITICAL: "E", logging.ERROR: "E", logging.WARNING: "W"}
+# rapidjson's escapes (TritonJson::SerializeString): the quote, the backslash, and the control characters.
+_JSON_ESCAPES = {**{c: f"\\u{c:04X}" for c in range(0x20)}, 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n",
+                 0x0C: "\\f", 0x0D: "\\r", 0x22: '\\"', 0x5C: "\\\\"}
 # syslog(3) priorities of the logging levels.
 _PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
@@ -28,7 +39,7 @@ class LogSettings:
     log_warning: bool = True
     log_error: bool = True
     log_verbose_level: int = 0
-    log_format: str = "default"
+    log_format: str = "conveyor"
 
     def wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,9 +77,33 @@ class _LevelSwitch(logging.Filter):
         return record.levelno not in self._off
 
 
-class _Iso8601Formatter(logging.Formatter):
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+def json_string(text: str) -> str:
+    """``text`` as Triton's log escapes a message: a JSON string, as rapidjson writes it."""
+    return f'"{text.translate(_JSON_ESCAPES)}"'
+
+
+class TritonFormatter(logging.Formatter):
+    """Triton's log line (common's logging.cc): ``E1207 19:29:00.123456 <pid> <file>:<line>] "<message>"`` for
+    "default", ``2026-12-07T19:29:00Z E <pid> <file>:<line>] "<message>"`` for ISO8601 (UTC, as Triton's
+    gmtime_r); the message, with any traceback, escaped as one JSON string unless $TRITON_SERVER_ESCAPE_LOG_MESSAGES
+    is "0"."""
+
+    def __init__(self, iso8601: bool) -> None:
+        super().__init__()
+        self._iso8601 = iso8601
+        self._escape = os.environ.get(ESCAPE_ENV) != "0"  # read once, as Triton's Logger reads it at start
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if self._escape:
+            message = json_string(message)
+        letter = _LETTER.get(record.levelno, "I")
+        t = time.gmtime(record.created)
+        place = f"{record.process} {record.filename}:{record.lineno}] "
+        if self._iso8601:
+            return f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', t)} {letter} {place}{message}"
+        micros = int(record.created * 1_000_000) % 1_000_000
+        return f"{letter}{time.strftime('%m%d %H:%M:%S', t)}.{micros:06d} {place}{message}"
 
 
 class JournalFormatter(logging.Formatter):
@@ -90,9 +125,10 @@ def make_handler(settings: LogSettings, role: str, journal: bool) -> logging.Han
     if journal:
         # journald adds the time, the unit and the pid: keep the line to what only we know.
         handler.setFormatter(JournalFormatter(f"{role} %(levelname)s %(name)s: %(message)s"))
+    elif settings.log_format in TRITON_FORMATS:
+        handler.setFormatter(TritonFormatter(iso8601=settings.log_format == "ISO8601"))
     else:
-        fmt = f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s"
-        handler.setFormatter(_Iso8601Formatter(fmt) if settings.log_format == "ISO8601" else logging.Formatter(fmt))
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_LevelSwitch(settings))
     return handler
 

@@ -30,6 +30,7 @@ from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.spec.ensemble_plan import EnsemblePlan, Step, build_plan
 from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import step_key
+from conveyor.router.spec.triton_rules import ensemble_branches_problem, ensemble_models_problem
 
 if TYPE_CHECKING:
     from conveyor.router.registry import ModelRegistry
@@ -88,7 +89,15 @@ class EnsembleVersion(VersionState):
         return "READY", ""
 
     def _structural_problem(self) -> str:
-        assert self.plan is not None
+        assert self.plan is not None and self.registry is not None
+        name = self.config.name
+        problem = self._cycle(self.model, self.model, set())
+        if problem:
+            return problem
+        raw = self.config.ensemble_scheduling.step
+        missing = sorted({raw[s.index].model_name for s in self.plan.steps if s.model not in self.registry.models})
+        if missing:  # Triton's dependency graph's words
+            return f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}"
         types: dict[str, int] = {t.name: int(t.data_type) for t in self.config.input}
         configs: list[mc.ModelConfig] = []
         for step in self.plan.steps:  # first what each step makes, so any step order works
@@ -96,6 +105,11 @@ class EnsembleVersion(VersionState):
             if isinstance(found, str):
                 return found
             configs.append(found)
+        if len(configs) == len(raw):  # Triton's checks of the steps against their models, in its words
+            problem = ensemble_models_problem(name, self.config, configs)
+            if problem:
+                return problem
+        for step, found in zip(self.plan.steps, configs, strict=True):
             declared_out = {t.name: t for t in found.output}
             for key, tensor in step.outputs.items():
                 if key not in declared_out:
@@ -117,12 +131,32 @@ class EnsembleVersion(VersionState):
                      if c.model_transaction_policy.decoupled]
         try:
             self.levels = build_levels(self.plan, decoupled)
-        except ConveyorError as exc:
-            return f"in ensemble '{self.model}', {exc.message}"
+        except ConveyorError as exc:  # in Triton's words where Triton refuses it too
+            return (ensemble_branches_problem(self.config.name, self.config, configs)
+                    or f"in ensemble '{self.model}', {exc.message}")
         self.batch_dims = batch_dims(self.config, self.plan, configs)
         policy = self.config.model_transaction_policy
+        policy.SetInParent()  # Triton sets it, false too: its config shows the field
         if policy.decoupled != self.levels.streaming:  # Triton sets it the same way
             policy.decoupled = self.levels.streaming
+        return ""
+
+    def _cycle(self, start: str, current: str, seen: set[str]) -> str:
+        """Triton's circular dependency check, upstream from ``current``: its words when a chain of ensembles
+        leads back to ``start``."""
+        assert self.registry is not None
+        entry = self.registry.models.get(current)
+        if entry is None or not entry.spec.config.HasField("ensemble_scheduling"):
+            return ""
+        for step in entry.spec.config.ensemble_scheduling.step:
+            upstream = step.model_name
+            if upstream == start:
+                return f"circular dependency between ensembles: {start} -> ... -> {current} -> {start}"
+            if upstream not in seen:
+                seen.add(upstream)
+                problem = self._cycle(start, upstream, seen)
+                if problem:
+                    return problem
         return ""
 
     def _step_config(self, step: Step) -> mc.ModelConfig | str:
@@ -134,8 +168,9 @@ class EnsembleVersion(VersionState):
             return f"{where}: composing model '{step.model}' is not found"
         if entry.spec.error:
             return f"{where}: composing model '{step.model}' is not available: {entry.spec.error}"
-        if step.version and int(step.version) not in entry.versions:
-            return f"{where}: version {step.version} of composing model '{step.model}' is not found"
+        if step.version and int(step.version) not in entry.versions:  # Triton's words
+            return (f"ensemble '{self.config.name}' depends on '{step.model}' whose required version {step.version} "
+                    "is not loaded.")
         for version in entry.versions.values():
             if isinstance(version, EnsembleVersion):
                 version.composing()  # a nested ensemble: whether it is decoupled is known after its check
@@ -143,8 +178,8 @@ class EnsembleVersion(VersionState):
         ours = self.config.max_batch_size
         # Triton's rule: a non-batching model (0) fits any ensemble, its requests reshaped (batch_dims.py).
         if config.max_batch_size != 0 and config.max_batch_size < ours:
-            return (f"ensemble '{self.model}' allows maximum batch size {ours}, but it contains model "
-                    f"'{step.model}' which only allows maximum batch size to be {config.max_batch_size}")
+            return (f"ensemble {self.config.name} allows maximum batch size {ours}, but it contains model "
+                    f"{step.model} which only allows maximum batch size to be {config.max_batch_size}")
         return config
 
 

@@ -63,6 +63,13 @@ def first_response_buckets_ms(model_metrics: Any) -> tuple[float, ...]:
     return FIRST_RESPONSE_BUCKETS_MS
 
 
+def uncustomizable_families(model_metrics: Any) -> list[str]:
+    """The ``model_metrics`` families whose buckets Triton's core cannot set (it warns of each and loads the
+    model: only the first-response histogram is customizable)."""
+    return [c.metric_identifier.family for c in model_metrics.metric_control
+            if c.metric_identifier.family != FIRST_RESPONSE_FAMILY]
+
+
 class FirstResponse:
     """Time from a decoupled request's arrival in the router to its first response."""
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.models import Instance, InstanceState, VersionState
+from conveyor.router.spec.triton_rules import default_count
 
 if TYPE_CHECKING:
     from conveyor.router.pool import WorkerInfo
@@ -114,6 +115,10 @@ def filled_config(config: mc.ModelConfig, state: VersionState | None) -> mc.Mode
     out = mc.ModelConfig()
     out.CopyFrom(config)
     G = mc.ModelInstanceGroup
+    # Triton's defaults (NormalizeModelConfig), shown as Triton shows them: Conveyor stages no tensor in pinned memory.
+    for field in ("input_pinned_memory", "output_pinned_memory"):
+        if not out.optimization.HasField(field):
+            getattr(out.optimization, field).enable = True
     if not out.instance_group:
         gpus = state.auto_gpus or []
         if gpus:
@@ -125,7 +130,7 @@ def filled_config(config: mc.ModelConfig, state: VersionState | None) -> mc.Mode
         if not g.name:
             g.name = f"{state.model}_{i}"
         if g.count < 1:
-            g.count = 1
+            g.count = default_count(g.kind, config.backend)
         if g.kind == G.KIND_AUTO and state.auto_gpus is not None:
             on_gpu = bool(state.auto_gpus) and all(x in state.auto_gpus for x in g.gpus)
             g.kind = G.KIND_GPU if on_gpu else G.KIND_CPU

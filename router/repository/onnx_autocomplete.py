@@ -73,6 +73,9 @@ def complete_onnx(config: mc.ModelConfig, model_path: str, max_batch_size_given:
             config.max_batch_size = default_max_batch_size
             if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
                 config.dynamic_batching.SetInParent()
+    elif batched and not all(_dims(v)[:1] == [-1] for v in tensors):  # Triton's onnxruntime backend's words
+        return (f"autofill failed for model '{config.name}': model does not support batching while non-zero "
+                "max_batch_size is specified")
     for values, declared in ((inputs, config.input), (outputs, config.output)):
         if len(declared):
             continue

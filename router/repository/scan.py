@@ -26,6 +26,7 @@ from conveyor.router.repository.vllm_autocomplete import complete_vllm
 from conveyor.router.spec.ensemble_plan import ensemble_problem
 from conveyor.router.spec.model_spec import ModelSpec
 from conveyor.router.spec.namespaces import assign_keys, name_of
+from conveyor.router.spec.triton_rules import config_problem
 from conveyor.router.spec.validate import validate
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ _DEFAULT_FILENAME = {
 }
 # The platform Triton reports for a backend given by name alone.
 _PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch", "tensorrt": "tensorrt_plan"}
+# The backend Triton's normalization names by a config's default_model_filename (AutoCompleteBackendFields).
+_FILENAME_BACKEND = {"model.plan": "tensorrt", "model.onnx": "onnxruntime", "model.xml": "openvino",
+                     "model.pt": "pytorch", "model.py": "python"}
+# The backends whose platforms Triton knows (GetBackendType); any other backend may name any platform.
+_TYPED_BACKENDS = frozenset({"tensorflow", "tensorrt", "onnxruntime", "pytorch"})
 # Model files Triton recognises a backend by when the config names none.
 _MODEL_FILE_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".pt2": "pytorch", ".plan": "tensorrt",
                        **frameworks.MODEL_FILE_BACKEND}
@@ -145,17 +151,28 @@ def load_spec(
     config = spec.config
     if not config.name:
         config.name = name
-    if not text and not _guess_backend(path):
-        spec.error = f"model '{name}' has no config.pbtxt and no model file its config could be completed from"
-        return spec
-    elif config.name != name:
+    if not config.platform and not config.backend and not config.default_model_filename and not _guess_backend(path):
+        # Triton's last resort (AutoCompleteBackendFields): the backend is the model name's part after its first '.'
+        problem = _custom_backend(config, name)
+        if problem:  # at Triton's poll (its config normalization)
+            return _poll_failure(spec, problem)
+    problem = config_problem(config) if text else ""
+    if problem:  # Triton validates a config it read before it compares its name with the directory's
+        return _poll_failure(spec, f"model '{name}': {problem}")
+    if config.name != name:
         return _poll_failure(spec, f"unexpected directory name '{name}' for model '{config.name}', directory name "
                                    "must equal model name")
     spec.backend = _BACKENDS.get(config.platform or config.backend, "")
+    pair = _pair_problem(config)
+    if pair:
+        return _poll_failure(spec, pair)
     if not spec.backend:
         if not config.platform and not config.backend:
             spec.backend = _guess_backend(path)
-        if not spec.backend:
+        if not spec.backend and config.backend:  # Triton looks for its library, and says so
+            spec.error = (f"Invalid argument: unable to find backend library for backend '{config.backend}', try "
+                          "specifying runtime on the model configuration.")
+        elif not spec.backend:
             what = config.platform or config.backend or "(none given)"
             spec.error = f"model '{name}': platform/backend '{what}' is not supported"
             return spec
@@ -207,7 +224,55 @@ def load_spec(
     _fill_defaults(config)
     backend_config.apply(spec.backend, config)
     _find_versions(spec)
+    if config.runtime:
+        for v in list(spec.versions):
+            problem = runtime_problem(config, spec.path, v)
+            if problem:
+                del spec.versions[v]
+                spec.version_errors[v] = problem
     return spec
+
+
+def runtime_problem(config: mc.ModelConfig, path: str, version: int) -> str:
+    """Triton's refusal of a config's ``runtime`` library (backend_model.cc GetBackendLibraryProperties) that no
+    version or model directory holds, or that lies outside the directory it is found in. One found is not loaded
+    (Conveyor runs no backend libraries): the backend named runs the model."""
+    if config.runtime in ("model.py", f"libtriton_{config.backend}.so"):  # the backend's own (Triton's directory)
+        return ""
+    search = [os.path.join(path, str(version)), path]
+    found = next((d for d in search if os.path.isfile(os.path.join(d, config.runtime))), "")
+    if not found:
+        where = "".join(f"'{d}' " for d in search)
+        return f"unable to find backend library '{config.runtime}' for model '{config.name}', searched: {where}"
+    library = os.path.realpath(os.path.join(found, config.runtime))
+    if os.path.commonpath([library, os.path.realpath(found)]) != os.path.realpath(found):
+        return (f"backend library name '{config.runtime}' escapes backend directory '{found}', for model "
+                f"'{config.name}', check model config runtime field")
+    return ""
+
+
+def _custom_backend(config: mc.ModelConfig, name: str) -> str:
+    """Triton's rule for a config that names no backend, platform or model file and a model directory without a
+    model file it knows: ``<anything>.<backend>`` names the backend (and ``model.<backend>`` its file); '' when it
+    does, else Triton's words."""
+    if "." not in name:
+        return (f"Invalid model name: Could not determine backend for model '{name}' with no backend in model "
+                "configuration. Expected model name of the form 'model.<backend_name>'.")
+    config.backend = name.split(".", 1)[1]
+    config.default_model_filename = f"model.{config.backend}"
+    return ""
+
+
+def _pair_problem(config: mc.ModelConfig) -> str:
+    """Triton's refusal of a platform that is not its backend's (ValidateModelConfig): the backend given, or the
+    one Triton's normalization names by the default model file when the platform is one it does not know."""
+    backend = config.backend or (_FILENAME_BACKEND.get(config.default_model_filename, "")
+                                 if config.platform not in _BACKENDS else "")
+    if not config.platform or backend not in _TYPED_BACKENDS or config.platform == "ensemble":
+        return ""
+    if _BACKENDS.get(config.platform) != _BACKENDS[backend]:
+        return f"unexpected 'platform' and 'backend' pair, got:{config.platform}, {backend}"
+    return ""
 
 
 def _poll_failure(spec: ModelSpec, error: str) -> ModelSpec:
@@ -255,7 +320,8 @@ def _version_dirs(path: str) -> list[tuple[int, str]]:
 def _fill_defaults(config: mc.ModelConfig) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.default_model_filename and config.backend not in TRITON_TEST_BACKENDS:  # Triton leaves it ''
+    ensemble = config.platform == "ensemble"  # Triton names no file for an ensemble, nor for its test backends
+    if not config.default_model_filename and config.backend not in TRITON_TEST_BACKENDS and not ensemble:
         config.default_model_filename = (frameworks.default_filename(config)
                                          or ("model.pt2" if config.platform == "torch_aoti" else "")
                                          or _DEFAULT_FILENAME.get(config.backend, "model"))

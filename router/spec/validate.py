@@ -11,7 +11,7 @@ from conveyor.proto.triton_test_backends import NAMES as TRITON_TEST_BACKENDS
 from conveyor.router.spec.adaptive import adaptive_problem
 from conveyor.router.spec.engine_placement import placement_problem
 from conveyor.router.spec.overload import overload_problem
-from conveyor.router.spec.queue_policy import scheduling_problem
+from conveyor.router.spec.triton_rules import config_problem, instance_group_problem, io_problem
 
 # The backends that answer through a response stream: Python models, vLLM, Triton's test backends.
 _DECOUPLED = frozenset({"python", "vllm", *TRITON_TEST_BACKENDS})
@@ -21,12 +21,13 @@ _DECLARED_OUTPUTS = frozenset({"onnxruntime", "pytorch", "tensorrt", "openvino",
 
 def validate(config: mc.ModelConfig) -> str:
     """The first problem Triton would reject this config for, or ''."""
-    if config.max_batch_size < 0:
-        return "max_batch_size must be >= 0"
+    problem = config_problem(config) or io_problem(config) or instance_group_problem(config)
+    if problem:  # Triton's own checks, in its words
+        return problem
     # Triton requires no outputs of any backend; the frameworks here serve only the outputs a config declares
     # (a Python model, or one of Triton's test backends, makes its own).
     if not config.output and config.backend in _DECLARED_OUTPUTS:
-        return "the config declares no outputs"
+        return "model configuration must contain at least one output, none were specified"  # Triton's backends' words
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names: set[str] = set()
         for t in tensors:
@@ -44,7 +45,7 @@ def validate(config: mc.ModelConfig) -> str:
     if config.model_transaction_policy.decoupled and config.backend not in _DECOUPLED:
         return ("decoupled models (model_transaction_policy { decoupled: true }) need the python or vllm backend "
                 "(or one of Triton's test backends)")
-    return (scheduling_problem(config) or sequence_problem(config) or adaptive_problem(config)
+    return (sequence_problem(config) or adaptive_problem(config)
             or batch_shapes_problem(config) or overload_problem(config) or placement_problem(config)
             or migration_problem(config))
 

@@ -6,6 +6,7 @@ listen; an idle ``tritonserver`` stops at once; the actors die with their superv
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -120,10 +121,11 @@ def test_a_port_another_program_holds_stops_the_start_with_one_line(repo: str, k
         proc = subprocess.run(_command(kind, repo, group, ports), capture_output=True, text=True, timeout=60)
         took = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and errors[0].endswith(
-        f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:{ports[1]}' already in use "
-        "(change --grpc-port or stop what holds it)"), proc.stderr
+    # conveyor serve's own lines say ERROR; tritonserver's are Triton's (E<MMDD> ..., the message a JSON string).
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line or re.match(r"E\d{4} ", line)]
+    wanted = (f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:{ports[1]}' already in use "
+              "(change --grpc-port or stop what holds it)")
+    assert len(errors) == 1 and errors[0].endswith(wanted if kind == "serve" else f'{wanted}"'), proc.stderr
     assert "Traceback" not in proc.stderr and "serving:" not in proc.stderr
     assert took < 30  # nothing was started: no restarts, no waiting
     assert _running(group) == [] and _segments(group) == []

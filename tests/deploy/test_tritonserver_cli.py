@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -341,6 +342,52 @@ def test_exit_on_error_is_tritons_default(run_dir: str) -> None:
     assert "failed to load all models" in server.output() and "bad_config" in server.output()
     # It exits then, as Triton: its workers do not wait out the exit timeout for a router that is gone.
     assert "Exit timeout expired" not in server.output() and "did not stop in time" not in server.output()
+
+
+def test_a_refused_config_is_logged_as_triton_logs_it(run_dir: str) -> None:
+    """Triton's L0_model_config greps the server log for ``^E[0-9][0-9][0-9][0-9].*<Triton's message>``: the
+    glog-like line (level letter, MMDD, time, pid, file:line]) with the message as a JSON string."""
+    repo = _repo(run_dir)
+    write_model(repo, "reshape_elementcount0", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+                'input [{ name: "input" data_type: TYPE_FP32 dims: [4, 4] reshape: { shape: [ 2, 2 ] } }]\n'
+                'output [{ name: "output" data_type: TYPE_FP32 dims: [16] }]\n')
+    server = Triton("tritonserver --model-repository=/models --strict-model-config=true", repo, run_dir)
+    try:
+        assert server.proc.wait(60) == 1
+    finally:
+        server.stop()
+    wanted = "model input 'input' has different size for dims and reshape for reshape_elementcount0"
+    grep = subprocess.run(["grep", f"^E[0-9][0-9][0-9][0-9].*{wanted}", server.log], capture_output=True, text=True)
+    assert grep.returncode == 0, server.output()
+    assert re.match(r'E\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \w+\.py:\d+\] ".*"$', grep.stdout.splitlines()[0])
+
+
+def test_config_shows_tritons_cpu_defaults(run_dir: str) -> None:
+    """Triton's normalized config on a CPU host (L0_model_config's onnx/cpu_instance): a KIND_CPU group without count
+    runs Triton's default 2 instances of an ONNX model, and the pinned-memory defaults show."""
+    import tritonclient.http as httpclient
+    from onnx import TensorProto, helper
+
+    from conveyor.deploy.example_repo import IR_VERSION, OPSET
+
+    repo = _repo(run_dir)
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "g",
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT16, [-1, -1, -1])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT16, [-1, -1, -1])])
+    model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", OPSET)])
+    write_model(repo, "cpu_instance", 'name: "cpu_instance"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+                'instance_group { name: "cpu_instance" kind: KIND_CPU }', {"model.onnx": model.SerializeToString()})
+    server = Triton("tritonserver --model-repository=/models --strict-model-config=false", repo, run_dir)
+    try:
+        wait_ready(server.http, server.proc, (server.grpc, server.metrics))
+        config = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}").get_model_config("cpu_instance")
+        (group,) = config["instance_group"]
+        assert (group["name"], group["kind"], group["count"]) == ("cpu_instance", "KIND_CPU", 2)
+        optimization = config["optimization"]
+        assert optimization["input_pinned_memory"] == optimization["output_pinned_memory"] == {"enable": True}
+        assert config["default_model_filename"] == "model.onnx" and config["backend"] == "onnxruntime"
+    finally:
+        assert server.stop() == 0
 
 
 def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(run_dir: str) -> None:

@@ -188,7 +188,10 @@ ensemble_scheduling { step [ ''' + _step("ident", {"INPUT0": "A"}, {"OUTPUT0": "
     python_models.write_model(repo, "py_repeat", REPEAT_MODEL, REPEAT_CONFIG)
     # Two decoupled steps whose responses cannot be paired (a streaming ensemble is fine: see
     # tests/router/ensembles/test_ensemble_decoupled_e2e.py).
-    ensemble(repo, "ens_two_streams", ["A"], ["OUT", "OUT2"], [
-        _step("py_repeat", {"IN": "A"}, {"OUT": "OUT"}), _step("py_repeat", {"IN": "A"}, {"OUT": "OUT2"}),
-    ], max_batch_size=0)
+    write_model(repo, "ens_two_streams", 'name: "ens_two_streams"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+                'input [ { name: "A" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+                'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, '
+                '{ name: "OUT2" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+                'ensemble_scheduling { step [ ' + _step("py_repeat", {"IN": "A"}, {"OUT": "OUT"}) + ", "
+                + _step("py_repeat", {"IN": "A"}, {"OUT": "OUT2"}) + " ] }\n")
     ensemble(repo, "ens_bad_tensor", ["A"], ["OUT"], [_step("ident", {"NOPE": "A"}, {"OUTPUT0": "OUT"})])

@@ -55,7 +55,7 @@ def test_log_settings_reach_the_worker(observed: Server, files: Path) -> None:
     before = client.get_log_settings()
     log_file = files / "conveyor.log"
     assert before == {"log_file": str(log_file), "log_info": True, "log_warning": True, "log_error": True,
-                      "log_verbose_level": 0, "log_format": "default"}
+                      "log_verbose_level": 0, "log_format": "conveyor"}
     after = client.update_log_settings({"log_verbose_level": 1})
     assert after["log_verbose_level"] == 1 and after["log_file"] == str(log_file)
     # Each process says so at DEBUG once its new settings are in place: the worker too.

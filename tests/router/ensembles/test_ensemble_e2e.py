@@ -132,13 +132,15 @@ def test_a_batching_ensemble_runs_a_non_batching_step(client: Client, protocol: 
 
 
 @pytest.mark.parametrize(("model", "reason"), [
-    ("ens_missing_model", "composing model 'no_such_model' is not found"),
-    ("ens_cycle", "cycle"),
-    ("ens_too_big", "allows maximum batch size 16, but it contains model 'ident' which only allows maximum "
-                    "batch size to be 8"),
-    ("ens_bad_tensor", "composing model 'ident' has no input 'NOPE'"),
-    ("ens_two_streams", "in ensemble 'ens_two_streams', the ensemble's outputs come from different decoupled "
-                        "models ('py_repeat' (step 0) and 'py_repeat' (step 1))"),
+    # Triton's words (its dependency graph's, then ValidateEnsembleConfig's)
+    ("ens_missing_model", "ensemble ens_missing_model contains models that are not available or ambiguous: "
+                          "no_such_model"),
+    ("ens_too_big", "ensemble ens_too_big allows maximum batch size 16, but it contains model ident which only "
+                    "allows maximum batch size to be 8"),
+    ("ens_bad_tensor", "in ensemble ens_bad_tensor, ensemble tensor A is mapping to non-existing input NOPE in model "
+                       "ident"),
+    ("ens_two_streams", "in ensemble ens_two_streams, step of model 'ens_two_streams' receives inputs originated "
+                        "from different decoupled models"),
     ("ens_bad_condition", "parameter 'conveyor.step.0.when': condition 'A is big': expected '<tensor> <op> <value>'"),
 ])
 def test_invalid_ensembles_are_unavailable_with_the_reason(ens_server: Server, model: str, reason: str) -> None:
@@ -151,6 +153,15 @@ def test_invalid_ensembles_are_unavailable_with_the_reason(ens_server: Server, m
         http.infer(model, ab_inputs(httpclient, *sample())[:1])
     assert reason in str(err.value)
     assert http.is_server_ready()
+
+
+def test_an_ensemble_triton_refuses_at_its_poll_is_listed_without_a_state(ens_server: Server) -> None:
+    """Steps in a cycle: Triton's data-flow check refuses the config as it reads the repository ("ensemble tensor
+    'y' is unused in ensemble 'ens_cycle'" in the log): listed as Triton lists a model its poll failed."""
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    assert not http.is_model_ready("ens_cycle")
+    row = {r["name"]: r for r in http.get_model_repository_index()}["ens_cycle"]
+    assert row == {"name": "ens_cycle", "version": "", "state": "", "reason": ""}
 
 
 def test_metadata_and_readiness(ens_server: Server) -> None:

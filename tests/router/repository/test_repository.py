@@ -59,16 +59,16 @@ def test_version_folders_as_triton_reads_them(tmp_path: Path, caplog: pytest.Log
 def test_bad_models_say_why(tmp_path: Path) -> None:
     write(tmp_path / "broken" / "config.pbtxt", "max_batch_size: [")
     write(tmp_path / "noconfig" / "1" / "model.onnx", "")
-    write(tmp_path / "wrongname" / "config.pbtxt", 'name: "other"')
+    write(tmp_path / "wrongname" / "config.pbtxt", 'name: "other"\nbackend: "python"')
     write(tmp_path / "noinputs" / "config.pbtxt", 'platform: "onnxruntime_onnx"')
     write(tmp_path / "caffe2" / "config.pbtxt",  # a platform Triton dropped: no Conveyor backend serves it
           'platform: "caffe2_netdef" input [{name: "a" data_type: TYPE_FP32 dims: [1]}] '
           'output [{name: "b" data_type: TYPE_FP32 dims: [1]}]')
     specs = scan([str(tmp_path)])
     assert "failed to parse" in specs["broken"].error
-    assert "no outputs" in specs["noconfig"].error  # an empty model.onnx completes to nothing
+    assert "at least one output" in specs["noconfig"].error  # an empty model.onnx completes to nothing
     assert "directory name must equal model name" in specs["wrongname"].error and specs["wrongname"].poll_failed
-    assert "no outputs" in specs["noinputs"].error  # no inputs is allowed, as Triton
+    assert "at least one output" in specs["noinputs"].error  # no inputs is allowed, as Triton
     assert "not supported" in specs["caffe2"].error
 
 
@@ -109,7 +109,7 @@ def test_torchscript_and_tensorrt_configs_are_not_completed(tmp_path: Path) -> N
     specs = scan([str(tmp_path)])
     for name in ("pt_noconfig", "pt_noinputs"):
         assert specs[name].backend == "pytorch"  # recognised by its model.pt, as Triton does
-        assert "no outputs" in specs[name].error and "must declare its inputs and outputs" in specs[name].error
+        assert "at least one output" in specs[name].error and "must declare its inputs and outputs" in specs[name].error
     assert "does not complete TensorRT configs" in specs["plan_noinputs"].error
 
 

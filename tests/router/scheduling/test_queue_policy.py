@@ -179,17 +179,17 @@ def test_responses_leave_in_dispatch_order() -> None:
 @pytest.mark.parametrize(
     ("dynamic_batching", "problem"),
     [
-        ("preferred_batch_size: [ 16 ]", "dynamic batching preferred size must be <= max batch size"),
-        ("priority_levels: 2", "default priority level must be in range [1, 2]"),
+        ("preferred_batch_size: [ 16 ]", "dynamic batching preferred size must be <= max batch size for m"),
+        ("priority_levels: 2", "default priority level must be in range [1, 2] for m"),
         ("priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value: { } }",
-         "priority queue policy must have priority level in range [1, 2]"),
+         "priority queue policy must have priority level in range [1, 2] for m"),
         ("preserve_ordering: true priority_levels: 2 default_priority_level: 1",
-         "Only one priority level is allowed when 'preserve_ordering' is true"),
+         "Only one priority level is allowed when 'preserve_ordering' is true for m"),
         ("preserve_ordering: true default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5 }",
-         "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"),
+         "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m"),
         ("priority_levels: 2 default_priority_level: 2 preferred_batch_size: [ 2, 8 ]", ""),
     ],
 )
 def test_config_checks_match_tritons(dynamic_batching: str, problem: str) -> None:
-    config = parse_text(f"max_batch_size: 8\ndynamic_batching {{ {dynamic_batching} }}")
+    config = parse_text(f'name: "m"\nmax_batch_size: 8\ndynamic_batching {{ {dynamic_batching} }}')
     assert scheduling_problem(config) == problem

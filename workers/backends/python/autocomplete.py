@@ -28,9 +28,11 @@ def complete(model_path: str, config_json: str) -> str:
     hook = getattr(model_class, "auto_complete_config", None)
     if hook is None:
         return config_json
-    completed = hook(ModelConfig(config_json))
-    if not isinstance(completed, ModelConfig):
-        raise TypeError(f"auto_complete_config returned a {type(completed).__name__}, not a pb_utils.ModelConfig")
+    config = ModelConfig(config_json)
+    completed = hook(config)
+    if not isinstance(completed, ModelConfig):  # Triton's words (pb_stub.cc)
+        raise TypeError(f"auto_complete_config function in model '{config._name}' must return a valid "
+                        "pb.ModelConfig object.")
     return json.dumps(completed.as_dict())
 
 

@@ -44,12 +44,12 @@ TORCH_DTYPES: dict[int, Any] = {
 
 
 def check_config(config: mc.ModelConfig) -> None:
-    """What Triton's PyTorch backend refuses at load: no inputs or outputs (it cannot
-    complete a config from a TorchScript file), a type torch has no tensor of, or a
-    string tensor of more than one dimension (strings travel as ``List[str]``)."""
-    if not config.input or not config.output:
-        raise unavailable("a TorchScript model's config must declare its inputs and outputs "
-                          "(they cannot be read from the model file)")
+    """What Triton's PyTorch backend refuses at load: no outputs (it cannot complete a
+    config from a TorchScript file; too few inputs are forward()'s to count), a type torch
+    has no tensor of, or a string tensor of more than one dimension (strings travel as
+    ``List[str]``)."""
+    if not config.output:
+        raise unavailable("model configuration must contain at least one output, none were specified")
     batched = config.max_batch_size > 0
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for t in tensors:
@@ -131,9 +131,9 @@ class TorchScriptBackend:
             if odd:
                 raise unavailable(f"forward() takes {', '.join(odd)}; only Tensor and List[str] arguments, "
                                   f"or one Dict[str, Tensor], are supported")
-            if len(arguments) != len(names):
-                raise unavailable(f"the config declares {len(names)} inputs, the model's forward() "
-                                  f"takes {len(arguments)}")
+            if len(arguments) != len(names):  # Triton's libtorch backend's words
+                raise unavailable(f"unable to load model '{config.name}', configuration expects {len(names)} "
+                                  f"inputs, model provides {len(arguments)}")
         self.positions = input_positions(names, [n for n, _ in arguments])
         if not self.dict_input and sorted(self.positions.values()) != list(range(len(names))):
             raise unavailable(f"input names {names} do not map one to one onto forward()'s "

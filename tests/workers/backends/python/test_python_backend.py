@@ -460,3 +460,19 @@ def test_an_instance_unloads_while_another_thread_imports(tmp_path: Path) -> Non
         stop.set()
         thread.join(10)
         sys.setswitchinterval(interval)
+
+
+def test_auto_complete_config_refusals_are_in_tritons_words() -> None:
+    # triton_python_backend_utils.py's messages, which Triton's L0_model_config greps.
+    config = pb_utils.ModelConfig({"name": "m"})
+    with pytest.raises(ValueError) as err:
+        config.add_input({"data_type": "TYPE_FP32", "dims": [1]})
+    assert str(err.value) == "input in auto-complete-config function for model 'm' is missing 'name' property."
+    with pytest.raises(ValueError) as err:
+        config.add_input({"name": "I", "data_type": "TYPE_FP32", "dims": [1], "shape": [1]})
+    assert str(err.value) == ("input 'I' in auto-complete-config function for model 'm' contains property other than "
+                              "'name', 'data_type', 'dims' and 'optional'.")
+    with pytest.raises(ValueError) as err:
+        config.add_output({"name": "O", "data_type": "TYPE_FP32", "dims": [1], "optional": True})
+    assert str(err.value) == ("output 'O' in auto-complete-config function for model 'm' contains property other "
+                              "than 'name', 'data_type' and 'dims'.")

@@ -130,9 +130,10 @@ def test_load_errors_say_why(tmp_path: Path, torch_models: Any) -> None:
     base = torch_models.ADD_SUB_CONFIG.format(name="m", extra="")
     cases = {
         base.replace("TYPE_FP32", "TYPE_UINT32"): "unsupported datatype TYPE_UINT32 for input 'INPUT__0'",
-        base.replace(',\n  { name: "INPUT__1" data_type: TYPE_FP32 dims: [ 16 ] }', ""): "declares 1 inputs",
+        base.replace(',\n  { name: "INPUT__1" data_type: TYPE_FP32 dims: [ 16 ] }', ""):
+            "configuration expects 1 inputs, model provides 2",
         base.replace("INPUT__1", "INPUT__5"): "do not map one to one",
-        'platform: "pytorch_libtorch"': "must declare its inputs and outputs",
+        'platform: "pytorch_libtorch"': "model configuration must contain at least one output",
         torch_models.UPPER_CONFIG.replace("dims: [ -1 ] } ]\noutput", "dims: [ 2, 2 ] } ]\noutput"):
             "1-dimensional List",
     }

@@ -82,15 +82,19 @@ class ModelConfig:
 
     def _add(self, kind: str, tensor: dict[str, Any], allowed: tuple[str, ...]) -> None:
         extra = set(tensor) - set(allowed)
-        if extra:
+        if extra:  # Triton's words (triton_python_backend_utils.py): "'a', 'b' and 'c'"
+            names = [repr(a) for a in allowed]
             raise ValueError(
                 f"{kind} '{tensor.get('name')}' in auto-complete-config function for model '{self._name}' "
-                f"contains property other than {', '.join(repr(a) for a in allowed)}."
+                f"contains property other than {', '.join(names[:-1])} and {names[-1]}."
             )
-        for required in ("name", "data_type", "dims"):
+        if "name" not in tensor:
+            raise ValueError(f"{kind} in auto-complete-config function for model '{self._name}' is missing 'name' "
+                             "property.")
+        for required in ("data_type", "dims"):
             if required not in tensor:
                 raise ValueError(
-                    f"{kind} '{tensor.get('name', '')}' in auto-complete-config function for model "
+                    f"{kind} '{tensor['name']}' in auto-complete-config function for model "
                     f"'{self._name}' is missing '{required}' property."
                 )
         name = tensor["name"]
