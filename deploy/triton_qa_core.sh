@@ -25,7 +25,8 @@
 # KIND_GPU_AS_CPU=1 (a CPU host's check of the schedulers, not Triton's run): the generated models' KIND_GPU
 # instance groups become KIND_CPU, in a copy (WORK_DIR/data-cpu) that /data shows instead. Triton's generators give
 # every sequence model KIND_GPU, and Triton (as Conveyor) refuses KIND_GPU without a GPU, so without it the
-# sequence suites stop at their first server here. Groups that a test.sh itself writes stay as it writes them.
+# sequence suites stop at their first server here. The suite's own config.pbtxt files (in its copy) get the same;
+# groups that a test.sh itself writes stay as it writes them.
 #
 # TRITONSERVER (default: the tritonserver beside $PYTHON, running this checkout's build/src) is the server
 # command; every server it starts also gets CONVEYOR_FLAGS (default --sequence-slot-padding=true: the flags that
@@ -246,6 +247,9 @@ for suite in "${SUITES[@]}"; do
     dir=$WORK/qa/$suite
     [ -f "$TRITON/qa/$suite/test.sh" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     rm -rf "$dir" && cp -r "$TRITON/qa/$suite" "$dir"
+    # KIND_GPU_AS_CPU: the suite's own model configs too (L0_implicit_state's growable_memory is KIND_GPU, and a
+    # model that cannot load stops the server); what test.sh writes later stays as it writes it.
+    [ "${KIND_GPU_AS_CPU:-0}" = 1 ] && find "$dir" -name config.pbtxt -exec sed -i 's/KIND_GPU/KIND_CPU/g' {} +
     out=$WORK/logs/$suite.log  # outside the folder: test.sh removes its *.log
     if skip_suite "$suite"; then
         ROWS+=("| $suite | 0 | 0 | not run | $(left_out "$suite") |")
