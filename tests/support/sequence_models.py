@@ -18,6 +18,7 @@ def build(repo: str) -> None:
     accumulator(repo, "seq_oldest", "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 1000 }",
                 instances=1, with_initial_state=False)
     accumulator(repo, "seq_idle", "direct { }", instances=1, max_batch_size=1, idle_us=SHORT_IDLE_US)
+    accumulator(repo, "seq_single", "direct { }", instances=1, max_batch_size=1)  # one slot, a long idle timeout
     controls(repo, "seq_controls", "TYPE_UINT64")
     controls(repo, "seq_controls_string", "TYPE_STRING")
     python_accumulator(repo, "seq_python")

@@ -191,6 +191,29 @@ def test_an_idle_sequence_frees_its_slot_for_the_backlog_and_needs_start_again(s
     assert total(http_step(server, "seq_idle", 702, 2, end=True)) == 3  # B's own state, not A's
 
 
+BACKLOG_TIMEOUT_US = 300_000  # the waiting sequence's requests' timeout: far below seq_single's idle timeout
+
+
+def test_a_sequence_waiting_for_a_slot_expires_at_its_requests_timeout(server: Server) -> None:
+    # seq_single's one slot holds A, which never idles out here: B waits in the backlog until its timeout.
+    assert total(http_step(server, "seq_single", 751, 4, start=True)) == 4
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        inp = grpcclient.InferInput("INPUT", [1, 1], "INT32").set_data_from_numpy(np.ones((1, 1), np.int32))
+        with pytest.raises(InferenceServerException) as exc:
+            client.infer("seq_single", [inp], sequence_id=752, sequence_start=True, timeout=BACKLOG_TIMEOUT_US,
+                         client_timeout=WAIT_S)
+    finally:
+        client.close()
+    assert exc.value.status() == "StatusCode.UNAVAILABLE"
+    assert exc.value.message() == "timeout of the corresponding sequence has been expired"
+    with pytest.raises(InferenceServerException) as exc:
+        http_step(server, "seq_single", 752, 1, end=True)  # the sequence is gone: it must START again
+    assert exc.value.message() == START_ERROR.format(sid=752, model="seq_single")
+    assert total(http_step(server, "seq_single", 751, 1, end=True)) == 5
+    assert total(grpc_step(server, "seq_single", 752, 2, start=True, end=True)) == 2
+
+
 def test_sequence_answers_name_the_host_for_sticky_routing(server: Server) -> None:
     body = json.dumps({
         "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}],
