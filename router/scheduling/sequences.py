@@ -33,6 +33,9 @@ As Triton's sequence batcher:
   ("timeout of the corresponding sequence has been expired") and the sequence
   is gone (a later request of it must START again). Once it has a slot, the
   timeouts no longer apply.
+* Cancelling a queued request cancels its whole sequence, as Triton's: its
+  other queued requests fail CANCELLED too, the sequence ends and its slot
+  frees (``remove_sequence``).
 * A sequence with nothing queued for ``max_sequence_idle_microseconds`` since
   its last request arrived or was sent to the instance is ended: its slot
   frees and the worker is told to drop its state.
@@ -414,6 +417,37 @@ class SequenceBatcher:
                 self._left(item)
                 return item
         raise IndexError("pop from empty SequenceBatcher")
+
+    def remove_sequence(self, ingress: bytes, request_id: int) -> list[Pending]:
+        """Cancel a queued request with its whole sequence, as Triton's sequence batcher: the request first, then
+        the sequence's other queued requests; the sequence ends (its slot frees, its state goes, a later request
+        of it must START again). Empty: no such queued request."""
+        for home in self.homes.values():
+            for slot, seq in enumerate(home.bound):
+                if seq is not None and self._holds(seq, ingress, request_id):
+                    gone = self._cancel(seq, ingress, request_id)
+                    home.released.append(slot)
+                    self._released = True
+                    self._release(home, slot)
+                    return gone
+        for seq in self.backlog:
+            if self._holds(seq, ingress, request_id):
+                self.backlog.remove(seq)
+                return self._cancel(seq, ingress, request_id)
+        return []
+
+    @staticmethod
+    def _holds(seq: Sequence, ingress: bytes, request_id: int) -> bool:
+        return any(item.request.id == request_id and item.ingress == ingress for item in seq.queue)
+
+    def _cancel(self, seq: Sequence, ingress: bytes, request_id: int) -> list[Pending]:
+        first = [item for item in seq.queue if item.request.id == request_id and item.ingress == ingress]
+        gone = first + [item for item in seq.queue if item is not first[0]]
+        for item in gone:
+            self._left(item)
+        seq.queue.clear()
+        self._close(seq)
+        return gone
 
     def remove(self, ingress: bytes, request_id: int) -> Pending | None:
         for seq in self._sequences():

@@ -16,6 +16,7 @@ import socket
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,9 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, start_server, wait_all_instances_ready
+from tests.support.metrics import scrape
 from tests.support.sequence_models import accumulator
+from tests.support.waiting import eventually
 
 LEVEL = "e2e"
 
@@ -212,6 +215,34 @@ def test_a_sequence_waiting_for_a_slot_expires_at_its_requests_timeout(server: S
     assert exc.value.message() == START_ERROR.format(sid=752, model="seq_single")
     assert total(http_step(server, "seq_single", 751, 1, end=True)) == 5
     assert total(grpc_step(server, "seq_single", 752, 2, start=True, end=True)) == 2
+
+
+def answer_to(answer: Future[Any], result: Any, error: Any) -> None:
+    answer.set_result(error)
+
+
+def test_cancelling_a_request_of_a_waiting_sequence_cancels_the_whole_sequence(server: Server) -> None:
+    # seq_single's one slot holds A: B's two requests wait in the backlog; cancelling the second cancels both.
+    assert total(http_step(server, "seq_single", 761, 4, start=True)) == 4
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: list[Future[Any]] = [Future(), Future()]
+    try:
+        calls = []
+        pending = 'nv_inference_pending_request_count{model="seq_single",version="1"}'
+        for i, answer in enumerate(answers):  # one at a time: the second must not overtake the START
+            inp = grpcclient.InferInput("INPUT", [1, 1], "INT32").set_data_from_numpy(np.ones((1, 1), np.int32))
+            calls.append(client.async_infer("seq_single", [inp], partial(answer_to, answer), sequence_id=762,
+                                            sequence_start=i == 0))
+            eventually(lambda n=i + 1: scrape(server).get(pending) == n, WAIT_S, what="B's requests in the backlog")
+        calls[1].cancel()
+        errors = [answer.result(WAIT_S) for answer in answers]
+    finally:
+        client.close()
+    assert [e.status() for e in errors] == ["StatusCode.CANCELLED"] * 2
+    with pytest.raises(InferenceServerException) as exc:
+        http_step(server, "seq_single", 762, 1, end=True)  # the sequence is gone: it must START again
+    assert exc.value.message() == START_ERROR.format(sid=762, model="seq_single")
+    assert total(http_step(server, "seq_single", 761, 1, end=True)) == 5
 
 
 def test_sequence_answers_name_the_host_for_sticky_routing(server: Server) -> None:

@@ -243,6 +243,28 @@ def test_a_backlog_sequence_that_gets_a_slot_no_longer_expires() -> None:
     assert steps(b.next_batch(home, 10_000)) == [(2, 0, True, False)]
 
 
+def test_cancelling_a_queued_request_cancels_its_sequence_and_frees_its_slot_as_tritons() -> None:
+    b = batcher(max_batch_size=1)
+    b.push(request(1, start=True))
+    home = only_home(b)
+    assert steps(b.next_batch(home, 0)) == [(1, 0, True, False)]  # running
+    queued = [request(1), request(1)]
+    for item in queued:
+        b.push(item)
+    b.push(request(2, start=True))  # backlog
+    start3 = request(3, start=True)
+    b.push(start3)
+    assert b.remove_sequence(b"i", queued[1].request.id) == [queued[1], queued[0]]
+    assert b.take_released() == [(home.instance, [0])]  # the worker drops the sequence's state
+    with pytest.raises(ConveyorError, match="must specify the START flag"):
+        b.push(request(1))
+    assert steps(b.next_batch(home, 0)) == [(2, 0, True, False)]  # the slot went to the backlog
+    waiting = request(3)
+    b.push(waiting)
+    assert b.remove_sequence(b"i", waiting.request.id) == [waiting, start3]  # from the backlog
+    assert len(b) == 0 and b.remove_sequence(b"i", 12345) == []
+
+
 def test_cancel_removes_a_queued_request() -> None:
     b = batcher()
     b.push(request(1, start=True))
