@@ -217,6 +217,19 @@ def test_a_sequence_waiting_for_a_slot_expires_at_its_requests_timeout(server: S
     assert total(grpc_step(server, "seq_single", 752, 2, start=True, end=True)) == 2
 
 
+def test_a_string_state_starts_empty_and_carries_each_requests_strings(server: Server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        got = []
+        for i, words in enumerate([[b"a", b"bc"], [b"", b"def"], [b"g", b"h"]]):
+            inp = grpcclient.InferInput("INPUT", [1, 2], "BYTES").set_data_from_numpy(np.array([words], np.object_))
+            got.append(client.infer("seq_string_state", [inp], sequence_id=771, sequence_start=i == 0,
+                                    sequence_end=i == 2).as_numpy("OUTPUT").tolist())
+    finally:
+        client.close()
+    assert got == [[[b"", b""]], [[b"a", b"bc"]], [[b"", b"def"]]]
+
+
 def answer_to(answer: Future[Any], result: Any, error: Any) -> None:
     answer.set_result(error)
 
