@@ -213,9 +213,29 @@ skip_suite() {  # SUITE: nothing of it can run here (its reason is left_out's)
 
 # --- counting ------------------------------------------------------------------------------------------------------
 
-# count DIR: "run passed" over the client logs in DIR: each unittest run's "Ran N tests" less its
+# nested SUITE: the other suites its test.sh runs itself (L0_implicit_state ends with L0_sequence_batcher's test.sh,
+# in IMPLICIT_STATE mode): each is copied afresh with it and counted in its row.
+nested() {
+    case $1 in L0_implicit_state) echo L0_sequence_batcher ;; esac
+}
+
+# count DIR...: "run passed" over the client logs in each DIR: each unittest run's "Ran N tests" less its
 # "FAILED (failures=F, errors=E)" (capped at N), each pytest run's "N passed, M failed"; server logs hold neither.
+# A DIR whose logs hold none of these (its test.sh sent the client's unittest report to its own output) counts its
+# test_results.txt, the last client's own count (qa/common/test_util.py TestResultCollector).
 count() {
+    local d r p total=0 ok=0
+    for d in "$@"; do
+        read -r r p < <(count_logs "$d")
+        if [ "$r" = 0 ] && [ -f "$d/test_results.txt" ]; then
+            r=$(jq -r '.total // 0' "$d/test_results.txt" 2> /dev/null || echo 0)
+            p=$(( r - $(jq -r '(.errors // 0) + (.failures // 0)' "$d/test_results.txt" 2> /dev/null || echo 0) ))
+        fi
+        total=$(( total + r )) ok=$(( ok + p ))
+    done
+    echo "$total $ok"
+}
+count_logs() {
     find "$1" -maxdepth 1 -type f \( -name '*.log' -o -name '*.txt' \) ! -name '*server.log' -exec cat {} + \
         | awk '
             /^Ran [0-9]+ test/ { ran += $2; last = $2 }
@@ -247,6 +267,11 @@ for suite in "${SUITES[@]}"; do
     dir=$WORK/qa/$suite
     [ -f "$TRITON/qa/$suite/test.sh" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     rm -rf "$dir" && cp -r "$TRITON/qa/$suite" "$dir"
+    counted=("$dir")
+    for n in $(nested "$suite"); do
+        rm -rf "$WORK/qa/$n" && cp -r "$TRITON/qa/$n" "$WORK/qa/$n"
+        counted+=("$WORK/qa/$n")
+    done
     # KIND_GPU_AS_CPU: the suite's own model configs too (L0_implicit_state's growable_memory is KIND_GPU, and a
     # model that cannot load stops the server); what test.sh writes later stays as it writes it.
     [ "${KIND_GPU_AS_CPU:-0}" = 1 ] && find "$dir" -name config.pbtxt -exec sed -i 's/KIND_GPU/KIND_CPU/g' {} +
@@ -256,7 +281,10 @@ for suite in "${SUITES[@]}"; do
         echo "${ROWS[-1]}"
         continue
     fi
-    env_args=(TRITON_DIR=/opt/tritonserver DATADIR="/data/inferenceserver/$REPO_VERSION" TEST_WINDOWS=0 TEST_JETSON=0
+    # NVIDIA_TRITON_SERVER_VERSION: as in Triton's container; a test.sh that runs another suite's test.sh without
+    # arguments (L0_implicit_state) gives that one its REPO_VERSION through it.
+    env_args=(NVIDIA_TRITON_SERVER_VERSION="$REPO_VERSION" TRITON_DIR=/opt/tritonserver
+              DATADIR="/data/inferenceserver/$REPO_VERSION" TEST_WINDOWS=0 TEST_JETSON=0
               TEST_VALGRIND=0 TEST_SYSTEM_SHARED_MEMORY=0 TEST_CUDA_SHARED_MEMORY=0
               PATH="$WORK/bin:$(dirname "$PY"):$PATH" PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}")
     if [ -z "${BACKENDS+set}" ]; then
@@ -273,7 +301,7 @@ for suite in "${SUITES[@]}"; do
     timeout -k 30 "$SUITE_TIMEOUT" unshare -rnmpf --kill-child env DATA_ROOT="$DATA_ROOT" "${env_args[@]}" \
         bash "$WORK/ns.sh" "$dir" bash -x test.sh "$REPO_VERSION" > "$out" 2>&1 || rc=$?
     rm -rf "$rundir"
-    read -r ran passed < <(count "$dir")
+    read -r ran passed < <(count "${counted[@]}")
     verdict="exit $rc"
     grep -q '^\*\*\* Test Passed' "$out" && verdict="Test Passed"
     grep -q '^\*\*\* Test FAILED' "$out" && verdict="Test FAILED"
