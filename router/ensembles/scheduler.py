@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
@@ -55,6 +56,15 @@ log = logging.getLogger(__name__)
 Submit = Callable[[m.InferRequest, EnsembleRequestStats], None]  # enqueue a step (answered on the self link)
 CancelStep = Callable[[int], None]
 Reply = Callable[[bytes, m.InferResponse], None]
+
+
+def sequence_parameters(request: dict[str, Any]) -> dict[str, Any]:
+    """The sequence an ensemble's response belongs to, as Triton's ensemble scheduler adds it to every response:
+    the request's ``sequence_id`` (0 without one) and its START and END flags."""
+    sid = request.get("sequence_id", 0) if request else 0
+    return {"sequence_id": sid if type(sid) is str else int(sid or 0),
+            "sequence_start": request.get("sequence_start") is True if request else False,
+            "sequence_end": request.get("sequence_end") is True if request else False}
 
 
 def _renamed(ref: m.TensorRef, name: str) -> m.TensorRef:
@@ -381,11 +391,9 @@ class EnsembleScheduler:
         branch.answered = True
         state = run.state
         found = {t: branch.find(t) for t in run.wanted}
-        missing = [t for t, where in found.items() if where is None]
-        if missing and not run.conditional:
-            self._fail(run, m.ErrorInfo(int(Status.INTERNAL),
-                                        f"in ensemble '{state.model}', no step produced output '{missing[0]}'"))
-            return
+        for t, where in found.items():
+            if where is None:  # Triton answers without it (a step may leave an output out)
+                log.debug("Composing models did not output tensor %s", t)
         outputs = [where[0] for where in found.values() if where is not None]
         dims = state.batch_dims
         if dims is not None and dims.outputs:  # made by a step that batches otherwise than the ensemble
@@ -399,7 +407,8 @@ class EnsembleScheduler:
                 self._fail(run, m.ErrorInfo(int(exc.status), exc.message))
                 return
         branch.response = m.InferResponse(run.request.id, state.model, state.label, outputs, release=release,
-                                          final=False, generation=self._generation())
+                                          final=False, generation=self._generation(),
+                                          parameters=sequence_parameters(run.request.parameters))
         run.unsent.add(branch)
 
     def _ready(self, run: EnsembleRun) -> list[m.InferResponse]:
