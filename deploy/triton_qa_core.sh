@@ -213,6 +213,19 @@ skip_suite() {  # SUITE: nothing of it can run here (its reason is left_out's)
 
 # --- counting ------------------------------------------------------------------------------------------------------
 
+# prepare SUITE DIR: what Triton's Dockerfile.QA adds to the suite's folder (DIR) from the server checkout before its
+# CI runs it: L0_simple_ensemble's `simple` versions 1 and 2 are docs/examples' simple/1/model.onnx.
+prepare() {
+    case $1 in
+        L0_simple_ensemble)
+            local v
+            for v in 1 2; do
+                mkdir -p "$2/models/simple/$v"
+                cp "$TRITON/docs/examples/model_repository/simple/1/model.onnx" "$2/models/simple/$v/"
+            done ;;
+    esac
+}
+
 # nested SUITE: the other suites its test.sh runs itself (L0_implicit_state ends with L0_sequence_batcher's test.sh,
 # in IMPLICIT_STATE mode): each is copied afresh with it and counted in its row.
 nested() {
@@ -267,6 +280,7 @@ for suite in "${SUITES[@]}"; do
     dir=$WORK/qa/$suite
     [ -f "$TRITON/qa/$suite/test.sh" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     rm -rf "$dir" && cp -r "$TRITON/qa/$suite" "$dir"
+    prepare "$suite" "$dir"
     counted=("$dir")
     for n in $(nested "$suite"); do
         rm -rf "$WORK/qa/$n" && cp -r "$TRITON/qa/$n" "$WORK/qa/$n"
