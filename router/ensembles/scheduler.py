@@ -48,10 +48,14 @@ from conveyor.router.observability.stats import EnsembleRequestStats
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.spec.ensemble_conditions import Condition
-from conveyor.router.spec.ensemble_plan import Step
+from conveyor.router.spec.ensemble_plan import Step, unneeded_steps
 from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
+
+# Requested-output sets whose unneeded steps an ensemble version remembers: a client asking for ever new subsets of
+# many outputs cannot grow it without bound (past it, each such request works them out again).
+MAX_OUTPUT_SETS = 64
 
 Submit = Callable[[m.InferRequest, EnsembleRequestStats], None]  # enqueue a step (answered on the self link)
 CancelStep = Callable[[int], None]
@@ -96,6 +100,7 @@ class EnsembleRun:
     steps: EnsembleRequestStats | None = None  # what its steps add to the ensemble's statistics
     open: set[Branch] = field(default_factory=set)  # branches not done, for the cleanup of a failure
     unsent: set[Branch] = field(default_factory=set)  # branches holding a response (and its loan)
+    skip: frozenset[int] = frozenset()  # steps none of the requested outputs need: never run
     error: m.ErrorInfo | None = None
     error_sent: bool = False  # a streaming run told its client already; the final flag follows
 
@@ -127,13 +132,29 @@ class EnsembleScheduler:
     def start(self, ingress: bytes, request: m.InferRequest, state: EnsembleVersion) -> None:
         assert state.plan is not None
         levels = state.levels or build_levels(state.plan)
-        root = Branch(REQUEST, None, list(levels.steps_at.get(REQUEST, ())))
+        wanted = {o.name: o for o in request.outputs}
+        skip = self._unneeded(state, wanted) if len(wanted) < len(state.plan.outputs) else frozenset()
+        root = Branch(REQUEST, None, [s for s in levels.steps_at.get(REQUEST, ()) if s.index not in skip])
         root.tensors = {ref.name: ref for ref in request.inputs}
         root.absent = {name for name in state.optional_inputs if name not in root.tensors}
-        run = EnsembleRun(ingress, request, state, levels, time.monotonic_ns(), root,
-                          {o.name: o for o in request.outputs}, open={root}, steps=EnsembleRequestStats(state.stats))
+        run = EnsembleRun(ingress, request, state, levels, time.monotonic_ns(), root, wanted, open={root},
+                          steps=EnsembleRequestStats(state.stats), skip=skip)
         self._runs[(ingress, request.id)] = run
         self._update(run, root, deep=False)
+
+    @staticmethod
+    def _unneeded(state: EnsembleVersion, wanted: dict[str, m.OutputSpec]) -> frozenset[int]:
+        """The steps a request for only ``wanted`` skips (none where a step's condition decides what runs)."""
+        plan = state.plan
+        if plan is None or plan.conditional:
+            return frozenset()
+        key = frozenset(wanted)
+        skip = state.unneeded.get(key)
+        if skip is None:
+            skip = unneeded_steps(plan, key)
+            if len(state.unneeded) < MAX_OUTPUT_SETS:
+                state.unneeded[key] = skip
+        return skip
 
     def cancel(self, ingress: bytes, request_id: int) -> bool:
         """The client went away: stop the run (once its running steps answered)."""
@@ -309,7 +330,8 @@ class EnsembleScheduler:
         """One response of a decoupled step: a branch of its own for the steps that read it."""
         levels = run.levels
         level = step.index + 1
-        child = Branch(level, branch, list(levels.steps_at.get(level, ())), stopped=branch.stopped)
+        child = Branch(level, branch, [s for s in levels.steps_at.get(level, ()) if s.index not in run.skip],
+                       stopped=branch.stopped)
         self._hold(child.take(response.outputs, step.outputs, response.release))
         branch.children.append(child)
         if levels.encloses(level, levels.response):

@@ -205,6 +205,23 @@ def test_a_response_carries_the_requests_sequence_as_tritons_ensembles(ens_serve
             for p in params] == [(9, True, False), (0, False, False)]
 
 
+def test_a_request_for_some_outputs_runs_only_the_steps_they_need(ens_server: Server) -> None:
+    # ens_chain: simple makes DIFF (and sum), ident makes SUM from sum: asking for DIFF alone never runs ident.
+    client = httpclient.InferenceServerClient(ens_server.http_url)
+
+    def ident_runs() -> int:
+        stats = client.get_inference_statistics("ident")["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"])
+
+    a, b = sample()
+    before = ident_runs()
+    only = client.infer("ens_chain", ab_inputs(httpclient, a, b), outputs=[httpclient.InferRequestedOutput("DIFF")])
+    np.testing.assert_array_equal(only.as_numpy("DIFF"), a - b)
+    assert ident_runs() == before
+    client.infer("ens_chain", ab_inputs(httpclient, a, b))
+    assert ident_runs() == before + 1
+
+
 def test_an_output_no_step_produced_is_left_out_of_the_response(client: Client, protocol: Any) -> None:
     a, b = sample()
     result = client.infer("ens_partial", ab_inputs(protocol, a, b),
