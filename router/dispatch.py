@@ -75,8 +75,8 @@ class Dispatcher:
             for item in gone[1:]:
                 self.ledger.unqueued(item.ingress, item.request.id)
         else:
-            item = batcher.remove(identity, request_id)
-            gone = [] if item is None else [item]
+            one = batcher.remove(identity, request_id)
+            gone = [] if one is None else [one]
         now = time.monotonic_ns()
         for item in gone:
             release(item)

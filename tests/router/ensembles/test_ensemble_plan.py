@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.model_config import parse_text
 from conveyor.router.ensembles.scheduler import MAX_OUTPUT_SETS, EnsembleScheduler
@@ -100,5 +101,6 @@ def test_an_ensemble_remembers_at_most_max_output_sets() -> None:
                             plan=plan)
     subsets = [frozenset(o for i, o in enumerate(outputs) if mask >> i & 1) for mask in range(1, 2 ** 7)]
     for wanted in subsets:  # 127 sets, each asked for: the cache stops growing at its bound
-        assert EnsembleScheduler._unneeded(state, dict.fromkeys(wanted)) == unneeded_steps(plan, wanted)
+        specs = {o: m.OutputSpec(o) for o in wanted}
+        assert EnsembleScheduler._unneeded(state, specs) == unneeded_steps(plan, wanted)
     assert len(state.unneeded) == MAX_OUTPUT_SETS

@@ -230,6 +230,10 @@ def test_a_string_state_starts_empty_and_carries_each_requests_strings(server: S
     assert got == [[[b"", b""]], [[b"a", b"bc"]], [[b"", b"def"]]]
 
 
+def backlogged(server: Server, metric: str, count: int) -> bool:
+    return scrape(server).get(metric) == count
+
+
 def answer_to(answer: Future[Any], result: Any, error: Any) -> None:
     answer.set_result(error)
 
@@ -246,7 +250,7 @@ def test_cancelling_a_request_of_a_waiting_sequence_cancels_the_whole_sequence(s
             inp = grpcclient.InferInput("INPUT", [1, 1], "INT32").set_data_from_numpy(np.ones((1, 1), np.int32))
             calls.append(client.async_infer("seq_single", [inp], partial(answer_to, answer), sequence_id=762,
                                             sequence_start=i == 0))
-            eventually(lambda n=i + 1: scrape(server).get(pending) == n, WAIT_S, what="B's requests in the backlog")
+            eventually(partial(backlogged, server, pending, i + 1), WAIT_S, what="B's requests in the backlog")
         calls[1].cancel()
         errors = [answer.result(WAIT_S) for answer in answers]
     finally:
