@@ -203,6 +203,17 @@ left_out() {
         L0_priority) echo "all: its models are TensorRT plans, whose CUDA stream priority it checks" ;;
         L0_model_queue) echo "plan models (TensorRT)" ;;
         L0_rate_limiter) echo "all but the load checks: test.sh gives its models KIND_GPU instance groups" ;;
+        L0_implicit_state) echo "plan models (TensorRT); without KIND_GPU_AS_CPU=1 no server starts (its" \
+            "growable_memory model is KIND_GPU)" ;;
+        L0_request_cancellation) echo "request_cancellation_test and grpc_cancellation_test (C++ binaries of" \
+            "Triton's build); 4 grpc_cancellation_test.py cases drive Triton's gRPC frontend through its" \
+            "TRITONSERVER_DELAY_GRPC_* hooks and count its handler log lines, as test.sh does after each case" ;;
+        L0_response_cache) echo "Redis (no redis-server here: test.sh stops at its first start_redis, before" \
+            "the ensemble tests; Conveyor has only the local cache); response_cache_test (a C++ unit binary);" \
+            "the valgrind/perf_analyzer memory test" ;;
+        L0_large_payload) echo "plan models (TensorRT); its 3 GB and 1.9 GB tensors need ~10 GB of client memory" ;;
+        L0_simple_ensemble) echo "test.sh's checks of ensemble_scheduling.max_inflight_requests (read, not acted" \
+            "on: no 'configured with max_inflight_requests' line; its invalid values load)" ;;
         *) echo "plan models (TensorRT), GPU-only tests" ;;
     esac
 }
