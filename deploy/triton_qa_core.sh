@@ -212,8 +212,9 @@ left_out() {
             "the ensemble tests; Conveyor has only the local cache); response_cache_test (a C++ unit binary);" \
             "the valgrind/perf_analyzer memory test" ;;
         L0_large_payload) echo "plan models (TensorRT); its 3 GB and 1.9 GB tensors need ~10 GB of client memory" ;;
-        L0_simple_ensemble) echo "test.sh's checks of ensemble_scheduling.max_inflight_requests (read, not acted" \
-            "on: no 'configured with max_inflight_requests' line; its invalid values load)" ;;
+        L0_simple_ensemble) echo "test.sh's log checks of ensemble_scheduling.max_inflight_requests (read, not" \
+            "acted on: no 'configured with max_inflight_requests' line; an invalid value fails the load in Python" \
+            "protobuf's words, not C++ protobuf's 'Expected integer, got: -')" ;;
         *) echo "plan models (TensorRT), GPU-only tests" ;;
     esac
 }
