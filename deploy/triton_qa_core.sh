@@ -25,7 +25,8 @@
 # KIND_GPU_AS_CPU=1 (a CPU host's check of the schedulers, not Triton's run): the generated models' KIND_GPU
 # instance groups become KIND_CPU, in a copy (WORK_DIR/data-cpu) that /data shows instead. Triton's generators give
 # every sequence model KIND_GPU, and Triton (as Conveyor) refuses KIND_GPU without a GPU, so without it the
-# sequence suites stop at their first server here. Groups that a test.sh itself writes stay as it writes them.
+# sequence suites stop at their first server here. The suite's own config.pbtxt files (in its copy) get the same;
+# groups that a test.sh itself writes stay as it writes them.
 #
 # TRITONSERVER (default: the tritonserver beside $PYTHON, running this checkout's build/src) is the server
 # command (it has Triton's defaults where `conveyor serve`'s differ); every server it starts also gets CONVEYOR_FLAGS
@@ -209,6 +210,18 @@ left_out() {
         L0_priority) echo "all: its models are TensorRT plans, whose CUDA stream priority it checks" ;;
         L0_model_queue) echo "plan models (TensorRT)" ;;
         L0_rate_limiter) echo "all but the load checks: test.sh gives its models KIND_GPU instance groups" ;;
+        L0_implicit_state) echo "plan models (TensorRT); without KIND_GPU_AS_CPU=1 no server starts (its" \
+            "growable_memory model is KIND_GPU)" ;;
+        L0_request_cancellation) echo "request_cancellation_test and grpc_cancellation_test (C++ binaries of" \
+            "Triton's build); 4 grpc_cancellation_test.py cases drive Triton's gRPC frontend through its" \
+            "TRITONSERVER_DELAY_GRPC_* hooks and count its handler log lines, as test.sh does after each case" ;;
+        L0_response_cache) echo "Redis (no redis-server here: test.sh stops at its first start_redis, before" \
+            "the ensemble tests; Conveyor has only the local cache); response_cache_test (a C++ unit binary);" \
+            "the valgrind/perf_analyzer memory test" ;;
+        L0_large_payload) echo "plan models (TensorRT); its 3 GB and 1.9 GB tensors need ~10 GB of client memory" ;;
+        L0_simple_ensemble) echo "test.sh's log checks of ensemble_scheduling.max_inflight_requests (read, not" \
+            "acted on: no 'configured with max_inflight_requests' line; an invalid value fails the load in Python" \
+            "protobuf's words, not C++ protobuf's 'Expected integer, got: -')" ;;
         *) echo "plan models (TensorRT), GPU-only tests" ;;
     esac
 }
@@ -219,9 +232,42 @@ skip_suite() {  # SUITE: nothing of it can run here (its reason is left_out's)
 
 # --- counting ------------------------------------------------------------------------------------------------------
 
-# count DIR: "run passed" over the client logs in DIR: each unittest run's "Ran N tests" less its
+# prepare SUITE DIR: what Triton's Dockerfile.QA adds to the suite's folder (DIR) from the server checkout before its
+# CI runs it: L0_simple_ensemble's `simple` versions 1 and 2 are docs/examples' simple/1/model.onnx.
+prepare() {
+    case $1 in
+        L0_simple_ensemble)
+            local v
+            for v in 1 2; do
+                mkdir -p "$2/models/simple/$v"
+                cp "$TRITON/docs/examples/model_repository/simple/1/model.onnx" "$2/models/simple/$v/"
+            done ;;
+    esac
+}
+
+# nested SUITE: the other suites its test.sh runs itself (L0_implicit_state ends with L0_sequence_batcher's test.sh,
+# in IMPLICIT_STATE mode): each is copied afresh with it and counted in its row.
+nested() {
+    case $1 in L0_implicit_state) echo L0_sequence_batcher ;; esac
+}
+
+# count DIR...: "run passed" over the client logs in each DIR: each unittest run's "Ran N tests" less its
 # "FAILED (failures=F, errors=E)" (capped at N), each pytest run's "N passed, M failed"; server logs hold neither.
+# A DIR whose logs hold none of these (its test.sh sent the client's unittest report to its own output) counts its
+# test_results.txt, the last client's own count (qa/common/test_util.py TestResultCollector).
 count() {
+    local d r p total=0 ok=0
+    for d in "$@"; do
+        read -r r p < <(count_logs "$d")
+        if [ "$r" = 0 ] && [ -f "$d/test_results.txt" ]; then
+            r=$(jq -r '.total // 0' "$d/test_results.txt" 2> /dev/null || echo 0)
+            p=$(( r - $(jq -r '(.errors // 0) + (.failures // 0)' "$d/test_results.txt" 2> /dev/null || echo 0) ))
+        fi
+        total=$(( total + r )) ok=$(( ok + p ))
+    done
+    echo "$total $ok"
+}
+count_logs() {
     find "$1" -maxdepth 1 -type f \( -name '*.log' -o -name '*.txt' \) ! -name '*server.log' -exec cat {} + \
         | awk '
             /^Ran [0-9]+ test/ { ran += $2; last = $2 }
@@ -253,15 +299,26 @@ for suite in "${SUITES[@]}"; do
     dir=$WORK/qa/$suite
     [ -f "$TRITON/qa/$suite/test.sh" ] || { echo "unknown suite: $suite" >&2; exit 2; }
     rm -rf "$dir" && cp -r "$TRITON/qa/$suite" "$dir"
+    prepare "$suite" "$dir"
+    counted=("$dir")
+    for n in $(nested "$suite"); do
+        rm -rf "$WORK/qa/$n" && cp -r "$TRITON/qa/$n" "$WORK/qa/$n"
+        counted+=("$WORK/qa/$n")
+    done
+    # KIND_GPU_AS_CPU: the suite's own model configs too (L0_implicit_state's growable_memory is KIND_GPU, and a
+    # model that cannot load stops the server); what test.sh writes later stays as it writes it.
+    [ "${KIND_GPU_AS_CPU:-0}" = 1 ] && find "$dir" -name config.pbtxt -exec sed -i 's/KIND_GPU/KIND_CPU/g' {} +
     out=$WORK/logs/$suite.log  # outside the folder: test.sh removes its *.log
     if skip_suite "$suite"; then
         ROWS+=("| $suite | 0 | 0 | not run | $(left_out "$suite") |")
         echo "${ROWS[-1]}"
         continue
     fi
-    # TRITON_SERVER_CPU_ONLY: what Triton's CPU-only CI sets (L0_infer then runs its CPU target only, and
-    # infer_test.py leaves its GPU cases).
-    env_args=(TRITON_DIR=/opt/tritonserver DATADIR="/data/inferenceserver/$REPO_VERSION" TEST_WINDOWS=0 TEST_JETSON=0
+    # NVIDIA_TRITON_SERVER_VERSION: as in Triton's container; a test.sh that runs another suite's test.sh without
+    # arguments (L0_implicit_state) gives that one its REPO_VERSION through it. TRITON_SERVER_CPU_ONLY: what
+    # Triton's CPU-only CI sets (L0_infer then runs its CPU target only, and infer_test.py leaves its GPU cases).
+    env_args=(NVIDIA_TRITON_SERVER_VERSION="$REPO_VERSION" TRITON_DIR=/opt/tritonserver
+              DATADIR="/data/inferenceserver/$REPO_VERSION" TEST_WINDOWS=0 TEST_JETSON=0
               TEST_VALGRIND=0 TEST_SYSTEM_SHARED_MEMORY=0 TEST_CUDA_SHARED_MEMORY=0 TRITON_SERVER_CPU_ONLY=1
               PATH="$WORK/bin:/opt/tritonserver/bin:$(dirname "$PY"):$PATH" PYTHONPATH="$HERE/build/src${PYTHONPATH:+:$PYTHONPATH}")
     if [ -z "${BACKENDS+set}" ]; then
@@ -278,7 +335,7 @@ for suite in "${SUITES[@]}"; do
     timeout -k 30 "$SUITE_TIMEOUT" unshare -rnmpf --kill-child env DATA_ROOT="$DATA_ROOT" "${env_args[@]}" \
         bash "$WORK/ns.sh" "$dir" bash -x test.sh "$REPO_VERSION" > "$out" 2>&1 || rc=$?
     rm -rf "$rundir"
-    read -r ran passed < <(count "$dir")
+    read -r ran passed < <(count "${counted[@]}")
     verdict="exit $rc"
     grep -q '^\*\*\* Test Passed' "$out" && verdict="Test Passed"
     grep -q '^\*\*\* Test FAILED' "$out" && verdict="Test FAILED"

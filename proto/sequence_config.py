@@ -172,8 +172,8 @@ def _state(state: mc.ModelSequenceBatching.State) -> StateSpec:
     name = state.input_name
     if not name or not state.output_name:
         raise ValueError("sequence batching state must have an input_name and an output_name")
-    if state.data_type in (mc.TYPE_INVALID, mc.TYPE_STRING):
-        raise ValueError(f"state '{name}': data_type must be a numeric type (TYPE_STRING states are not supported)")
+    if state.data_type == mc.TYPE_INVALID:
+        raise ValueError(f"state '{name}': data_type must be set")
     if len(state.initial_state) > 1:
         raise ValueError(
             f"initial_state field for state input '{name}' must contain exactly one or zero element. "

@@ -14,4 +14,5 @@ NAMES = frozenset({
     "sequence",  # server/src/test/sequence: an accumulator per sequence slot (START, READY)
     "dyna_sequence",  # server/src/test/dyna_sequence: an accumulator per sequence (START, END, READY, CORRID)
     "iterative_sequence",  # server/src/test/iterative_sequence: decoupled countdown, a response every 0.5 s
+    "implicit_state",  # server/src/test/implicit_state: the backend API's implicit state, by TEST_CASE
 })

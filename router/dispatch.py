@@ -69,14 +69,21 @@ class Dispatcher:
             if run is not None and run.instance.worker is not None:
                 self.back.send(run.instance.worker, m.encode(m.CancelItem(*where)))
             return True
-        item = state.batcher.remove(identity, request_id)
-        if item is not None:
+        batcher = state.batcher
+        if isinstance(batcher, SequenceBatcher):  # Triton: a cancelled request cancels its whole sequence
+            gone = batcher.remove_sequence(identity, request_id)
+            for item in gone[1:]:
+                self.ledger.unqueued(item.ingress, item.request.id)
+        else:
+            one = batcher.remove(identity, request_id)
+            gone = [] if one is None else [one]
+        now = time.monotonic_ns()
+        for item in gone:
             release(item)
-            count_failure(state, "CANCELED", time.monotonic_ns() - item.arrival_ns)
-            self._reply_error(
-                identity, request_id, state.model, state.label,
-                ConveyorError(Status.CANCELLED, "request cancelled by the client"),
-            )
+            count_failure(state, "CANCELED", now - item.arrival_ns)
+            self._reply_error(item.ingress, item.request.id, state.model, state.label, CANCELLED)
+        if gone and isinstance(batcher, SequenceBatcher):
+            self.schedule(state)  # the slot it freed may go to a sequence of the backlog
         return True
 
     # --- timers -------------------------------------------------------------------------
@@ -245,6 +252,7 @@ class Dispatcher:
 
 
 _READY = InstanceState.READY
+CANCELLED = ConveyorError(Status.CANCELLED, "request cancelled by the client")  # a queued request the client cancelled
 
 
 def _takes(inst: Instance, depth: int, limiter: RateLimiter | None) -> bool:

@@ -14,7 +14,7 @@ requests of its sequence.
   (``pad_requests``), and its answers go nowhere. Decoupled models are not
   padded.
 * State: a START request (or a slot without state) is fed the initial state —
-  ``initial_state`` zeros or its ``data_file``, else zeros shaped as the state's
+  ``initial_state`` zeros (empty strings for TYPE_STRING) or its ``data_file``, else zeros shaped as the state's
   dims with 1 for each variable dimension. After the run, the model's
   ``output_name`` tensor becomes the slot's state for the next request. The
   state is dropped once the END request ran, or when the router says the
@@ -33,8 +33,8 @@ import numpy as np
 
 from conveyor.proto import messages as m
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.datatypes import numpy_dtype
-from conveyor.proto.errors import internal, invalid_arg, unavailable
+from conveyor.proto.datatypes import deserialize_bytes, numpy_dtype
+from conveyor.proto.errors import ConveyorError, internal, invalid_arg, unavailable
 from conveyor.proto.repository_files import read_bytes
 from conveyor.proto.sequence_config import FlagControl, SequenceConfig, StateSpec
 from conveyor.workers.backends.base import RequestItem, RequestOutcome
@@ -62,14 +62,21 @@ class SequenceSlots:
     def _initial(self, spec: StateSpec, model_dir: str) -> np.ndarray:
         dtype = numpy_dtype(spec.datatype)
         shape = ((1,) if self.batched else ()) + spec.initial_dims
+        strings = dtype.kind == "O"  # TYPE_STRING: Triton's zero state is empty strings
         if not spec.data_file:
-            return np.zeros(shape, dtype)
+            return np.full(shape, b"", np.object_) if strings else np.zeros(shape, dtype)
         path = os.path.join(model_dir, INITIAL_STATE_DIR, spec.data_file)
         try:
             data = read_bytes(path, limit=None)  # never a FIFO's wait, nor a device's endless read
         except OSError as exc:
             raise unavailable(f"initial_state data_file for state '{spec.input_name}': {exc}") from None
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        count = int(np.prod(shape, dtype=np.int64))
+        if strings:  # the file holds the elements length-prefixed, as a request's BYTES tensor
+            try:
+                return deserialize_bytes(data, count).reshape(shape)
+            except ConveyorError as exc:
+                raise unavailable(f"initial_state data_file for state '{spec.input_name}': {exc.message}") from None
+        need = count * dtype.itemsize
         if len(data) < need:
             raise unavailable(
                 f"initial_state setting expects {need} bytes, but the data provided from {spec.data_file} "

@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
@@ -47,7 +48,7 @@ from conveyor.router.observability.stats import EnsembleRequestStats
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.spec.ensemble_conditions import Condition
-from conveyor.router.spec.ensemble_plan import Step
+from conveyor.router.spec.ensemble_plan import Step, unneeded_steps
 from conveyor.shm.regions import RegionCache
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,22 @@ log = logging.getLogger(__name__)
 # A failed ensemble request counts this many failures (statistics and nv_inference_request_failure), as
 # Triton's core counts it: once when it answers the error, once when the request's tracker ends.
 ENSEMBLE_FAILURE_COUNTS = 2
+# Requested-output sets whose unneeded steps an ensemble version remembers: a client asking for ever new subsets of
+# many outputs cannot grow it without bound (past it, each such request works them out again).
+MAX_OUTPUT_SETS = 64
 
 Submit = Callable[[m.InferRequest, EnsembleRequestStats], None]  # enqueue a step (answered on the self link)
 CancelStep = Callable[[int], None]
 Reply = Callable[[bytes, m.InferResponse], None]
+
+
+def sequence_parameters(request: dict[str, Any]) -> dict[str, Any]:
+    """The sequence an ensemble's response belongs to, as Triton's ensemble scheduler adds it to every response:
+    the request's ``sequence_id`` (0 without one) and its START and END flags."""
+    sid = request.get("sequence_id", 0) if request else 0
+    return {"sequence_id": sid if type(sid) is str else int(sid or 0),
+            "sequence_start": request.get("sequence_start") is True if request else False,
+            "sequence_end": request.get("sequence_end") is True if request else False}
 
 
 def _renamed(ref: m.TensorRef, name: str) -> m.TensorRef:
@@ -90,6 +103,7 @@ class EnsembleRun:
     steps: EnsembleRequestStats | None = None  # what its steps add to the ensemble's statistics
     open: set[Branch] = field(default_factory=set)  # branches not done, for the cleanup of a failure
     unsent: set[Branch] = field(default_factory=set)  # branches holding a response (and its loan)
+    skip: frozenset[int] = frozenset()  # steps none of the requested outputs need: never run
     error: m.ErrorInfo | None = None
     error_sent: bool = False  # a streaming run told its client already; the final flag follows
     responded: bool = False  # its first response is sent (nv_inference_first_response_histogram_ms)
@@ -122,13 +136,29 @@ class EnsembleScheduler:
     def start(self, ingress: bytes, request: m.InferRequest, state: EnsembleVersion) -> None:
         assert state.plan is not None
         levels = state.levels or build_levels(state.plan)
-        root = Branch(REQUEST, None, list(levels.steps_at.get(REQUEST, ())))
+        wanted = {o.name: o for o in request.outputs}
+        skip = self._unneeded(state, wanted) if len(wanted) < len(state.plan.outputs) else frozenset()
+        root = Branch(REQUEST, None, [s for s in levels.steps_at.get(REQUEST, ()) if s.index not in skip])
         root.tensors = {ref.name: ref for ref in request.inputs}
         root.absent = {name for name in state.optional_inputs if name not in root.tensors}
-        run = EnsembleRun(ingress, request, state, levels, time.monotonic_ns(), root,
-                          {o.name: o for o in request.outputs}, open={root}, steps=EnsembleRequestStats(state.stats))
+        run = EnsembleRun(ingress, request, state, levels, time.monotonic_ns(), root, wanted, open={root},
+                          steps=EnsembleRequestStats(state.stats), skip=skip)
         self._runs[(ingress, request.id)] = run
         self._update(run, root, deep=False)
+
+    @staticmethod
+    def _unneeded(state: EnsembleVersion, wanted: dict[str, m.OutputSpec]) -> frozenset[int]:
+        """The steps a request for only ``wanted`` skips (none where a step's condition decides what runs)."""
+        plan = state.plan
+        if plan is None or plan.conditional:
+            return frozenset()
+        key = frozenset(wanted)
+        skip = state.unneeded.get(key)
+        if skip is None:
+            skip = unneeded_steps(plan, key)
+            if len(state.unneeded) < MAX_OUTPUT_SETS:
+                state.unneeded[key] = skip
+        return skip
 
     def cancel(self, ingress: bytes, request_id: int) -> bool:
         """The client went away: stop the run (once its running steps answered)."""
@@ -304,7 +334,8 @@ class EnsembleScheduler:
         """One response of a decoupled step: a branch of its own for the steps that read it."""
         levels = run.levels
         level = step.index + 1
-        child = Branch(level, branch, list(levels.steps_at.get(level, ())), stopped=branch.stopped)
+        child = Branch(level, branch, [s for s in levels.steps_at.get(level, ()) if s.index not in run.skip],
+                       stopped=branch.stopped)
         self._hold(child.take(response.outputs, step.outputs, response.release))
         branch.children.append(child)
         if levels.encloses(level, levels.response):
@@ -386,11 +417,9 @@ class EnsembleScheduler:
         branch.answered = True
         state = run.state
         found = {t: branch.find(t) for t in run.wanted}
-        missing = [t for t, where in found.items() if where is None]
-        if missing and not run.conditional:
-            self._fail(run, m.ErrorInfo(int(Status.INTERNAL),
-                                        f"in ensemble '{state.model}', no step produced output '{missing[0]}'"))
-            return
+        for t, where in found.items():
+            if where is None:  # Triton answers without it (a step may leave an output out)
+                log.debug("Composing models did not output tensor %s", t)
         outputs = [where[0] for where in found.values() if where is not None]
         dims = state.batch_dims
         if dims is not None and dims.outputs:  # made by a step that batches otherwise than the ensemble
@@ -404,7 +433,8 @@ class EnsembleScheduler:
                 self._fail(run, m.ErrorInfo(int(exc.status), exc.message))
                 return
         branch.response = m.InferResponse(run.request.id, state.model, state.label, outputs, release=release,
-                                          final=False, generation=self._generation())
+                                          final=False, generation=self._generation(),
+                                          parameters=sequence_parameters(run.request.parameters))
         run.unsent.add(branch)
 
     def _ready(self, run: EnsembleRun) -> list[m.InferResponse]:

@@ -44,6 +44,8 @@ class EnsembleVersion(VersionState):
     batch_dims: BatchDims | None = None  # where steps batch otherwise than the ensemble (set by the check)
     label_files: dict[str, str] = field(default_factory=dict)  # output -> its label_filename's path
     optional_inputs: frozenset[str] = frozenset()  # the inputs a request may leave out (set at build)
+    # Requested outputs (fewer than all) -> the steps they do not need, made once per set (``unneeded_steps``).
+    unneeded: dict[frozenset[str], frozenset[int]] = field(default_factory=dict)
     _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
     _checking: bool = field(default=False)  # re-entered: ensembles that contain each other
 

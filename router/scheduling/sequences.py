@@ -27,6 +27,15 @@ As Triton's sequence batcher:
   ``minimum_slot_utilization`` set, a batch waits for that share of slots.
   ``oldest``: the candidate sequences' next requests by age, formed like the
   dynamic batcher (preferred sizes, queue delay).
+* A sequence waiting in the backlog expires at the earliest of its requests'
+  ``timeout`` parameters (microseconds, from each one's arrival), as Triton's
+  reaper expires a backlog queue: every request it holds fails UNAVAILABLE
+  ("timeout of the corresponding sequence has been expired") and the sequence
+  is gone (a later request of it must START again). Once it has a slot, the
+  timeouts no longer apply.
+* Cancelling a queued request cancels its whole sequence, as Triton's: its
+  other queued requests fail CANCELLED too, the sequence ends and its slot
+  frees (``remove_sequence``).
 * A sequence with nothing queued for ``max_sequence_idle_microseconds`` since
   its last request arrived or was sent to the instance is ended: its slot
   frees and the worker is told to drop its state.
@@ -46,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conveyor.proto import messages as m
-from conveyor.proto.errors import invalid_arg, unavailable
+from conveyor.proto.errors import ConveyorError, Status, invalid_arg, unavailable
 from conveyor.proto.sequence_config import SequenceConfig
 from conveyor.router.pending import Pending
 from conveyor.router.scheduling.priority_queues import DEADLINE_PASSED, Expired
@@ -59,12 +68,17 @@ log = logging.getLogger(__name__)
 
 SequenceId = int | str
 
+# What the requests of a backlog sequence whose timeout passed are answered with (Triton's words and status).
+SEQUENCE_TIMEOUT = ConveyorError(Status.UNAVAILABLE, "timeout of the corresponding sequence has been expired")
+
 
 @dataclass(slots=True, eq=False)
 class Sequence:
     id: SequenceId
     last_ns: int  # when its latest request arrived or left for the instance: the idle clock
     queue: deque[Pending] = field(default_factory=deque)
+    waiting: bool = False  # in the backlog: its requests' ``timeout`` parameters apply
+    expires_ns: int = 0  # while waiting: the earliest of its requests' timeouts (absolute); 0 = never
 
 
 @dataclass(slots=True, eq=False)
@@ -160,6 +174,8 @@ class SequenceBatcher:
                 self.lost.pop(sid, None)
             seq = Sequence(sid, now)
             self._bind(seq)
+            if seq.waiting and params:
+                self._backlog_timeout(seq, params.get("timeout"), now)
             if not end:
                 self.open[sid] = seq
         else:
@@ -171,6 +187,8 @@ class SequenceBatcher:
                     "sequence start; it is terminated early", sid, self.model,
                 )
             seq.last_ns = now
+            if seq.waiting and params:
+                self._backlog_timeout(seq, params.get("timeout"), now)
             if end:
                 del self.open[sid]
         item.sequence = m.SequenceStep(-1, start, end, sid)
@@ -187,16 +205,32 @@ class SequenceBatcher:
             if home.free and (best is None or len(home.free) > len(best.free)):
                 best = home
         if best is None:
+            seq.waiting = True
             self.backlog.append(seq)
         else:
             best.bound[heapq.heappop(best.free)] = seq
+
+    def _backlog_timeout(self, seq: Sequence, timeout_us: object, now: int) -> None:
+        """A request with a ``timeout`` (microseconds) joined ``seq`` in the backlog: it expires by then."""
+        if type(timeout_us) is not int or timeout_us <= 0:
+            return
+        when = now + timeout_us * 1000
+        if not seq.expires_ns or when < seq.expires_ns:
+            seq.expires_ns = when
+            self._note_expiry(when)
+
+    def _unwait(self) -> Sequence:
+        """The oldest sequence of the backlog, which gets a slot: its timeouts no longer apply."""
+        seq = self.backlog.popleft()
+        seq.waiting, seq.expires_ns = False, 0
+        return seq
 
     def _release(self, home: InstanceSlots, slot: int) -> None:
         """``slot`` is done with its sequence: it goes to the oldest one in the backlog."""
         if home.closing:
             home.bound[slot] = None
         elif self.backlog:
-            home.bound[slot] = self.backlog.popleft()
+            home.bound[slot] = self._unwait()
         else:
             home.bound[slot] = None
             heapq.heappush(home.free, slot)
@@ -237,7 +271,7 @@ class SequenceBatcher:
             slots = self.config.slots
             homes[inst] = home = InstanceSlots(inst, inst.worker, [None] * slots, list(range(slots)))
             while home.free and self.backlog:
-                home.bound[heapq.heappop(home.free)] = self.backlog.popleft()
+                home.bound[heapq.heappop(home.free)] = self._unwait()
         if len(homes) != serving:  # some home's instance stopped serving or was removed
             for inst in [i for i in homes if not i.serving or i not in instances]:
                 self._lose(homes.pop(inst), now, gone)
@@ -403,6 +437,37 @@ class SequenceBatcher:
                 return item
         raise IndexError("pop from empty SequenceBatcher")
 
+    def remove_sequence(self, ingress: bytes, request_id: int) -> list[Pending]:
+        """Cancel a queued request with its whole sequence, as Triton's sequence batcher: the request first, then
+        the sequence's other queued requests; the sequence ends (its slot frees, its state goes, a later request
+        of it must START again). Empty: no such queued request."""
+        for home in self.homes.values():
+            for slot, seq in enumerate(home.bound):
+                if seq is not None and self._holds(seq, ingress, request_id):
+                    gone = self._cancel(seq, ingress, request_id)
+                    home.released.append(slot)
+                    self._released = True
+                    self._release(home, slot)
+                    return gone
+        for seq in self.backlog:
+            if self._holds(seq, ingress, request_id):
+                self.backlog.remove(seq)
+                return self._cancel(seq, ingress, request_id)
+        return []
+
+    @staticmethod
+    def _holds(seq: Sequence, ingress: bytes, request_id: int) -> bool:
+        return any(item.request.id == request_id and item.ingress == ingress for item in seq.queue)
+
+    def _cancel(self, seq: Sequence, ingress: bytes, request_id: int) -> list[Pending]:
+        first = [item for item in seq.queue if item.request.id == request_id and item.ingress == ingress]
+        gone = first + [item for item in seq.queue if item is not first[0]]
+        for item in gone:
+            self._left(item)
+        seq.queue.clear()
+        self._close(seq)
+        return gone
+
     def remove(self, ingress: bytes, request_id: int) -> Pending | None:
         for seq in self._sequences():
             for item in seq.queue:
@@ -436,9 +501,17 @@ class SequenceBatcher:
         if self.backlog:
             waiting: deque[Sequence] = deque()
             for seq in self.backlog:
-                if self._idle(seq, now_ns, gone):
+                if seq.expires_ns and seq.expires_ns <= now_ns:
+                    gone.extend((item, SEQUENCE_TIMEOUT) for item in seq.queue)
+                    for item in seq.queue:
+                        self._left(item)
+                    seq.queue.clear()
+                    self._close(seq)
+                elif self._idle(seq, now_ns, gone):
                     self._close(seq)
                 else:
+                    if seq.expires_ns:
+                        self._note_expiry(seq.expires_ns)
                     waiting.append(seq)
             self.backlog = waiting
         idle = self.config.max_idle_ns

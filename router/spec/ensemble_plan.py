@@ -14,6 +14,7 @@ once its condition holds (see ``ensemble_conditions.py`` and docs/ENSEMBLES.md).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from conveyor.proto import model_config_pb2 as mc
@@ -147,3 +148,18 @@ def ensemble_problem(config: mc.ModelConfig) -> str:
     except ConveyorError as exc:
         return exc.message
     return ""
+
+
+def unneeded_steps(plan: EnsemblePlan, wanted: Iterable[str]) -> frozenset[int]:
+    """The steps that make none of ``wanted`` (requested outputs), directly or through the tensors the others
+    read: Triton's ensemble runs only the steps a request's outputs need."""
+    steps = {s.index: s for s in plan.steps}
+    used: set[int] = set()
+    todo = list(wanted)
+    while todo:
+        index = plan.producers.get(todo.pop())
+        if index is None or index in used:
+            continue
+        used.add(index)
+        todo += steps[index].reads()
+    return frozenset(i for i in steps if i not in used)

@@ -18,6 +18,8 @@ def build(repo: str) -> None:
     accumulator(repo, "seq_oldest", "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 1000 }",
                 instances=1, with_initial_state=False)
     accumulator(repo, "seq_idle", "direct { }", instances=1, max_batch_size=1, idle_us=SHORT_IDLE_US)
+    accumulator(repo, "seq_single", "direct { }", instances=1, max_batch_size=1)  # one slot, a long idle timeout
+    string_echo(repo, "seq_string_state")
     controls(repo, "seq_controls", "TYPE_UINT64")
     controls(repo, "seq_controls_string", "TYPE_STRING")
     python_accumulator(repo, "seq_python")
@@ -63,6 +65,30 @@ sequence_batching {{
     input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: [ 1 ]
     {_ZERO_STATE if with_initial_state else ""}
   }} ]
+}}
+""")
+
+
+def string_echo(repo: str, name: str) -> None:
+    """A TYPE_STRING state: OUTPUT = the state (the previous request's INPUT; empty strings at first), the new
+    state = INPUT."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT_STATE"], ["OUTPUT"]), helper.make_node("Identity", ["INPUT"],
+                                                                                        ["OUTPUT_STATE"])],
+        name, [vi("INPUT", TensorProto.STRING, ["B", 2]), vi("INPUT_STATE", TensorProto.STRING, ["B", 2])],
+        [vi("OUTPUT", TensorProto.STRING, ["B", 2]), vi("OUTPUT_STATE", TensorProto.STRING, ["B", 2])])
+    save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), repo, name, f"""
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_STRING dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_STRING dims: [ 2 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {LONG_IDLE_US}
+  state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_STRING dims: [ 2 ]
+            initial_state {{ data_type: TYPE_STRING dims: [ 2 ] zero_data: true name: "empty" }} }} ]
 }}
 """)
 

@@ -46,6 +46,16 @@ class Flags(torch.nn.Module):
         return x + 100 * start + 10 * ready
 
 
+class Accumulate(torch.nn.Module):
+    """An implicit state as Triton's libtorch sequence models keep one (qa/L0_request_cancellation's
+    implicit_state_model): forward(INPUT__0, STATE_IN__1) returns (OUTPUT__0, STATE_OUT__1), the state an output
+    that the config does not declare; each answer is the running sum."""
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + state
+        return total, total
+
+
 class DictSum(torch.nn.Module):
     """One Dict[str, Tensor] argument: inputs arrive under their config names."""
 
@@ -167,6 +177,18 @@ sequence_batching {
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
+STATE_CONFIG = """name: "torch_sequence_state"
+platform: "pytorch_libtorch"
+max_batch_size: 2
+input [ { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "STATE_IN__1" output_name: "STATE_OUT__1" data_type: TYPE_INT32 dims: [ 1 ]
+            initial_state { name: "zero" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } ]
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
 NO_INPUTS_CONFIG = """name: "torch_no_inputs"
 platform: "pytorch_libtorch"
 max_batch_size: 0
@@ -185,6 +207,7 @@ def build(repo: str) -> None:
     save(torch.jit.script(Upper()), repo, "torch_strings", UPPER_CONFIG)
     save(torch.jit.script(AddSub()), repo, "torch_no_inputs", NO_INPUTS_CONFIG)
     save(torch.jit.script(Flags()), repo, "torch_sequence_flags", FLAGS_CONFIG)
+    save(torch.jit.script(Accumulate()), repo, "torch_sequence_state", STATE_CONFIG)
 
 
 def build_compiled(repo: str) -> None:

@@ -1,5 +1,5 @@
-"""Models of Triton's test backends (identity, repeat, square, sequence, dyna_sequence), as Triton's
-QA writes them: a ``config.pbtxt`` and an empty version directory, no model file."""
+"""Models of Triton's test backends (identity, repeat, square, sequence, dyna_sequence, implicit_state), as
+Triton's QA writes them: a ``config.pbtxt`` and an empty version directory, no model file."""
 
 from __future__ import annotations
 
@@ -132,4 +132,33 @@ sequence_batching {{ {scheduler} }}
 input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 instance_group [ {{ kind: KIND_CPU }} ]
+""")
+    # As qa/L0_implicit_state's models: without a state, with one (zero initial state), and a growing one.
+    fp32_flags = "fp32_false_true: [ 0, 1 ]"
+    controls = sequence_controls(("START", "CONTROL_SEQUENCE_START", fp32_flags),
+                                 ("READY", "CONTROL_SEQUENCE_READY", fp32_flags),
+                                 ("END", "CONTROL_SEQUENCE_END", fp32_flags))
+    states = {
+        "implicit_no_state": "",
+        "implicit_state_int32": 'state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" '
+                                'data_type: TYPE_INT32 dims: 1 '
+                                'initial_state: { name: "zero" data_type: TYPE_INT32 dims: 1 zero_data: true } } ]',
+        "implicit_growable": 'state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT8 '
+                             'dims: [ 1024, 1024 ] use_same_buffer_for_input_output: true '
+                             'use_growable_memory: true } ]',
+    }
+    for name, state in states.items():
+        state_output = ', { name: "OUTPUT_STATE" data_type: TYPE_INT8 dims: [ 1 ] }' if "growable" in name else ""
+        write(repo, name, f"""
+backend: "implicit_state"
+max_batch_size: 0
+sequence_batching {{
+  max_sequence_idle_microseconds: {LONG_IDLE_US}
+  {controls}
+  {state}
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+        {{ name: "TEST_CASE" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} {state_output} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """)

@@ -208,6 +208,40 @@ def test_statistics_of_the_ensemble_and_its_composing_models(ens_server: Server)
     assert int(stats["inference_stats"]["success"]["count"]) >= 3
 
 
+def test_a_response_carries_the_requests_sequence_as_tritons_ensembles(ens_server: Server) -> None:
+    a, b = sample()
+    with grpcclient.InferenceServerClient(ens_server.grpc_url) as client:
+        params = [client.infer("ens_chain", ab_inputs(grpcclient, a, b), **kwargs).get_response().parameters
+                  for kwargs in ({"sequence_id": 9, "sequence_start": True}, {})]
+    assert [(p["sequence_id"].int64_param, p["sequence_start"].bool_param, p["sequence_end"].bool_param)
+            for p in params] == [(9, True, False), (0, False, False)]
+
+
+def test_a_request_for_some_outputs_runs_only_the_steps_they_need(ens_server: Server) -> None:
+    # ens_chain: simple makes DIFF (and sum), ident makes SUM from sum: asking for DIFF alone never runs ident.
+    client = httpclient.InferenceServerClient(ens_server.http_url)
+
+    def ident_runs() -> int:
+        stats = client.get_inference_statistics("ident")["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"])
+
+    a, b = sample()
+    before = ident_runs()
+    only = client.infer("ens_chain", ab_inputs(httpclient, a, b), outputs=[httpclient.InferRequestedOutput("DIFF")])
+    np.testing.assert_array_equal(only.as_numpy("DIFF"), a - b)
+    assert ident_runs() == before
+    client.infer("ens_chain", ab_inputs(httpclient, a, b))
+    assert ident_runs() == before + 1
+
+
+def test_an_output_no_step_produced_is_left_out_of_the_response(client: Client, protocol: Any) -> None:
+    a, b = sample()
+    result = client.infer("ens_partial", ab_inputs(protocol, a, b),
+                          outputs=[protocol.InferRequestedOutput("SUM"), protocol.InferRequestedOutput("DIFF")])
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+    assert result.as_numpy("DIFF") is None
+
+
 def test_a_request_may_leave_out_an_optional_input(client: Client, protocol: Any) -> None:
     """Triton's L0_optional_input: the step gets only the inputs the request gave."""
     a = np.arange(16, dtype=np.int32)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.model_config import parse_text
+from conveyor.router.ensembles.scheduler import MAX_OUTPUT_SETS, EnsembleScheduler
+from conveyor.router.ensembles.state import EnsembleVersion
+from conveyor.router.observability.stats import ModelStats
+from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.spec.ensemble_conditions import Condition
-from conveyor.router.spec.ensemble_plan import EnsemblePlan, build_plan
+from conveyor.router.spec.ensemble_plan import EnsemblePlan, build_plan, unneeded_steps
 
 LEVEL = "unit"
 
@@ -72,3 +77,30 @@ def test_condition_values() -> None:
     assert Condition.parse("x != FALSE").value == 0.0
     with pytest.raises(ConveyorError, match="not a number"):
         Condition.parse("x == maybe")
+
+
+def test_the_steps_a_requested_output_set_does_not_need() -> None:
+    two_outputs = HEAD.replace('output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]',
+                               'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, '
+                               '{ name: "T" data_type: TYPE_INT32 dims: [ 1 ] } ]')
+    # m: A -> t; n: t -> OUT; o: A -> T.
+    plan = build_plan(parse_text(two_outputs + f"ensemble_scheduling {{ step [ {step('m', 'A', 't')}, "
+                                               f"{step('n', 't', 'OUT')}, {step('o', 'A', 'T')} ] }}"))
+    assert unneeded_steps(plan, ["OUT"]) == {2}
+    assert unneeded_steps(plan, ["T"]) == {0, 1}
+    assert unneeded_steps(plan, ["OUT", "T"]) == set()
+
+
+def test_an_ensemble_remembers_at_most_max_output_sets() -> None:
+    outputs = [f"O{i}" for i in range(8)]
+    head = HEAD.replace('output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]', "output [ " + ", ".join(
+        f'{{ name: "{o}" data_type: TYPE_INT32 dims: [ 1 ] }}' for o in outputs) + " ]")
+    plan = build_plan(parse_text(head + "ensemble_scheduling { step [ " + ", ".join(
+        step("m", "A", o) for o in outputs) + " ] }"))
+    state = EnsembleVersion("e", 1, "", parse_text(head), ModelStats("e", "1"), DynamicBatcher(0, [], 0, False),
+                            plan=plan)
+    subsets = [frozenset(o for i, o in enumerate(outputs) if mask >> i & 1) for mask in range(1, 2 ** 7)]
+    for wanted in subsets:  # 127 sets, each asked for: the cache stops growing at its bound
+        specs = {o: m.OutputSpec(o) for o in wanted}
+        assert EnsembleScheduler._unneeded(state, specs) == unneeded_steps(plan, wanted)
+    assert len(state.unneeded) == MAX_OUTPUT_SETS

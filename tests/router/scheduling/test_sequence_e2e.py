@@ -16,6 +16,7 @@ import socket
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,9 @@ from tritonclient.utils import InferenceServerException
 
 from conveyor.deploy.runtime.procs import actor_role, children
 from tests.support.group import Server, start_server, wait_all_instances_ready
+from tests.support.metrics import scrape
 from tests.support.sequence_models import accumulator
+from tests.support.waiting import eventually
 
 LEVEL = "e2e"
 
@@ -189,6 +192,74 @@ def test_an_idle_sequence_frees_its_slot_for_the_backlog_and_needs_start_again(s
         http_step(server, "seq_idle", 701, 1)
     assert exc.value.message() == START_ERROR.format(sid=701, model="seq_idle")
     assert total(http_step(server, "seq_idle", 702, 2, end=True)) == 3  # B's own state, not A's
+
+
+BACKLOG_TIMEOUT_US = 300_000  # the waiting sequence's requests' timeout: far below seq_single's idle timeout
+
+
+def test_a_sequence_waiting_for_a_slot_expires_at_its_requests_timeout(server: Server) -> None:
+    # seq_single's one slot holds A, which never idles out here: B waits in the backlog until its timeout.
+    assert total(http_step(server, "seq_single", 751, 4, start=True)) == 4
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        inp = grpcclient.InferInput("INPUT", [1, 1], "INT32").set_data_from_numpy(np.ones((1, 1), np.int32))
+        with pytest.raises(InferenceServerException) as exc:
+            client.infer("seq_single", [inp], sequence_id=752, sequence_start=True, timeout=BACKLOG_TIMEOUT_US,
+                         client_timeout=WAIT_S)
+    finally:
+        client.close()
+    assert exc.value.status() == "StatusCode.UNAVAILABLE"
+    assert exc.value.message() == "timeout of the corresponding sequence has been expired"
+    with pytest.raises(InferenceServerException) as exc:
+        http_step(server, "seq_single", 752, 1, end=True)  # the sequence is gone: it must START again
+    assert exc.value.message() == START_ERROR.format(sid=752, model="seq_single")
+    assert total(http_step(server, "seq_single", 751, 1, end=True)) == 5
+    assert total(grpc_step(server, "seq_single", 752, 2, start=True, end=True)) == 2
+
+
+def test_a_string_state_starts_empty_and_carries_each_requests_strings(server: Server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        got = []
+        for i, words in enumerate([[b"a", b"bc"], [b"", b"def"], [b"g", b"h"]]):
+            inp = grpcclient.InferInput("INPUT", [1, 2], "BYTES").set_data_from_numpy(np.array([words], np.object_))
+            got.append(client.infer("seq_string_state", [inp], sequence_id=771, sequence_start=i == 0,
+                                    sequence_end=i == 2).as_numpy("OUTPUT").tolist())
+    finally:
+        client.close()
+    assert got == [[[b"", b""]], [[b"a", b"bc"]], [[b"", b"def"]]]
+
+
+def backlogged(server: Server, metric: str, count: int) -> bool:
+    return scrape(server).get(metric) == count
+
+
+def answer_to(answer: Future[Any], result: Any, error: Any) -> None:
+    answer.set_result(error)
+
+
+def test_cancelling_a_request_of_a_waiting_sequence_cancels_the_whole_sequence(server: Server) -> None:
+    # seq_single's one slot holds A: B's two requests wait in the backlog; cancelling the second cancels both.
+    assert total(http_step(server, "seq_single", 761, 4, start=True)) == 4
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: list[Future[Any]] = [Future(), Future()]
+    try:
+        calls = []
+        pending = 'nv_inference_pending_request_count{model="seq_single",version="1"}'
+        for i, answer in enumerate(answers):  # one at a time: the second must not overtake the START
+            inp = grpcclient.InferInput("INPUT", [1, 1], "INT32").set_data_from_numpy(np.ones((1, 1), np.int32))
+            calls.append(client.async_infer("seq_single", [inp], partial(answer_to, answer), sequence_id=762,
+                                            sequence_start=i == 0))
+            eventually(partial(backlogged, server, pending, i + 1), WAIT_S, what="B's requests in the backlog")
+        calls[1].cancel()
+        errors = [answer.result(WAIT_S) for answer in answers]
+    finally:
+        client.close()
+    assert [e.status() for e in errors] == ["StatusCode.CANCELLED"] * 2
+    with pytest.raises(InferenceServerException) as exc:
+        http_step(server, "seq_single", 762, 1, end=True)  # the sequence is gone: it must START again
+    assert exc.value.message() == START_ERROR.format(sid=762, model="seq_single")
+    assert total(http_step(server, "seq_single", 761, 1, end=True)) == 5
 
 
 def test_sequence_answers_name_the_host_for_sticky_routing(server: Server) -> None:

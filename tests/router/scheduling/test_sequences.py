@@ -41,8 +41,10 @@ _ids = iter(range(1, 10**6))
 
 
 def request(sid: int | str | None, start: bool = False, end: bool = False, at: int = 0, width: int = 1,
-            deadline: int = 0) -> Pending:
+            deadline: int = 0, timeout_us: int = 0) -> Pending:
     params: dict[str, Any] = {} if sid is None else {"sequence_id": sid, "sequence_start": start, "sequence_end": end}
+    if timeout_us:
+        params["timeout"] = timeout_us
     req = m.InferRequest(next(_ids), "m", "", [m.TensorRef("INPUT", "INT32", [1, width], "r", 0, 4 * width)], [],
                          params, deadline_ns=deadline)
     return Pending(b"i", req, at, 1, shape_key(req, True))
@@ -211,6 +213,56 @@ def test_deadline_passes_in_the_sequence_queue() -> None:
     b.next_batch(only_home(b), 0)
     gone = b.take_expired(500)
     assert [e.status for _, e in gone] == [Status.DEADLINE_EXCEEDED] and len(b) == 0
+
+
+def test_a_backlog_sequence_expires_at_its_earliest_request_timeout_as_tritons() -> None:
+    b = batcher(max_batch_size=1)
+    b.push(request(1, start=True, timeout_us=1))  # has a slot: its timeout never applies
+    b.push(request(2, start=True, at=1_000, timeout_us=5))  # backlog: expires at 6_000
+    b.push(request(2, at=2_000, timeout_us=3))  # 5_000: the earliest
+    b.push(request(2, at=2_500, timeout_us=100))
+    assert b.next_expiry_ns == 5_000
+    assert b.take_expired(4_999) == []
+    gone = b.take_expired(5_000)
+    assert [(e.status, e.message) for _, e in gone] == \
+        [(Status.UNAVAILABLE, "timeout of the corresponding sequence has been expired")] * 3
+    assert len(b) == 1  # sequence 1's request, whose timeout passed long ago, still runs
+    with pytest.raises(ConveyorError, match="must specify the START flag"):
+        b.push(request(2, end=True, at=6_000))  # the sequence is gone
+    assert steps(b.next_batch(only_home(b), 6_000)) == [(1, 0, True, False)]
+
+
+def test_a_backlog_sequence_that_gets_a_slot_no_longer_expires() -> None:
+    b = batcher(max_batch_size=1)
+    b.push(request(1, start=True, end=True))
+    b.push(request(2, start=True, timeout_us=5))
+    home = only_home(b)
+    assert steps(b.next_batch(home, 0)) == [(1, 0, True, True)]  # its END frees the slot for 2
+    b.push(request(2, at=1_000, timeout_us=1))
+    assert b.take_expired(10_000) == [] and len(b) == 2
+    assert steps(b.next_batch(home, 10_000)) == [(2, 0, True, False)]
+
+
+def test_cancelling_a_queued_request_cancels_its_sequence_and_frees_its_slot_as_tritons() -> None:
+    b = batcher(max_batch_size=1)
+    b.push(request(1, start=True))
+    home = only_home(b)
+    assert steps(b.next_batch(home, 0)) == [(1, 0, True, False)]  # running
+    queued = [request(1), request(1)]
+    for item in queued:
+        b.push(item)
+    b.push(request(2, start=True))  # backlog
+    start3 = request(3, start=True)
+    b.push(start3)
+    assert b.remove_sequence(b"i", queued[1].request.id) == [queued[1], queued[0]]
+    assert b.take_released() == [(home.instance, [0])]  # the worker drops the sequence's state
+    with pytest.raises(ConveyorError, match="must specify the START flag"):
+        b.push(request(1))
+    assert steps(b.next_batch(home, 0)) == [(2, 0, True, False)]  # the slot went to the backlog
+    waiting = request(3)
+    b.push(waiting)
+    assert b.remove_sequence(b"i", waiting.request.id) == [waiting, start3]  # from the backlog
+    assert len(b) == 0 and b.remove_sequence(b"i", 12345) == []
 
 
 def test_cancel_removes_a_queued_request() -> None:

@@ -138,8 +138,12 @@ class TorchScriptBackend:
         if not self.dict_input and sorted(self.positions.values()) != list(range(len(names))):
             raise unavailable(f"input names {names} do not map one to one onto forward()'s "
                               f"{len(arguments)} arguments")
-        self.output_positions = output_positions([o.name for o in config.output])
+        # The implicit states' outputs are returned values too, numbered as the config's outputs are (Triton's
+        # backend maps both), after them; a state output that is also a declared output is one value.
         self.output_types = {o.name: o.data_type for o in config.output}
+        for state in config.sequence_batching.state:
+            self.output_types.setdefault(state.output_name, state.data_type)
+        self.output_positions = output_positions(list(self.output_types))
         self.input_types = {**extra, **{i.name: i.data_type for i in config.input}}
 
     def _load(self, path: str) -> Any:

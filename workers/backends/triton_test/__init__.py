@@ -1,5 +1,5 @@
 """Triton's small C++ test backends, written again in Python and built in: ``identity``,
-``repeat``, ``square``, ``sequence``, ``dyna_sequence``, ``iterative_sequence``
+``repeat``, ``square``, ``sequence``, ``dyna_sequence``, ``iterative_sequence``, ``implicit_state``
 (``conveyor.proto.triton_test_backends.NAMES``). Triton's QA suites serve their models with
 these; a config names one with ``backend: "<name>"`` and needs no model file.
 
@@ -41,4 +41,8 @@ def load_test_backend(backend: str, path: str, config: mc.ModelConfig, device: s
         from conveyor.workers.backends.triton_test.iterative_sequence import IterativeSequenceBackend
 
         return IterativeSequenceBackend(config, device)
+    if backend == "implicit_state":
+        from conveyor.workers.backends.triton_test.implicit_state import ImplicitStateBackend
+
+        return ImplicitStateBackend(config)
     raise unsupported(f"backend '{backend}' is not supported by this worker")

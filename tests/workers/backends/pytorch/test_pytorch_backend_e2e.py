@@ -72,6 +72,17 @@ def test_a_sequence_models_forward_takes_the_control_tensors(client: Client, pro
     assert got == [1 + 100 + 10, 2 + 10]
 
 
+def test_a_sequence_models_state_is_a_returned_value_it_does_not_declare(client: Client, protocol: Any) -> None:
+    # forward(INPUT__0, STATE_IN__1) -> (OUTPUT__0, STATE_OUT__1): the state output is the second value.
+    got = []
+    for i, value in enumerate((5, 7, 1)):
+        x = infer_input(protocol, "INPUT__0", np.array([[value]], dtype=np.int32), "INT32")
+        result = client.infer("torch_sequence_state", [x], sequence_id=5252 + (protocol is grpcclient),
+                              sequence_start=i == 0, sequence_end=i == 2)
+        got.append(int(result.as_numpy("OUTPUT__0").reshape(-1)[0]))
+    assert got == [5, 12, 13]
+
+
 def test_strings_as_list_of_str(client: Client, protocol: Any) -> None:
     words = np.array([b"conveyor", b"torch"], dtype=np.object_)
     result = client.infer("torch_strings", [infer_input(protocol, "INPUT__0", words, "BYTES")])

@@ -184,3 +184,15 @@ output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]""")
     first, second = backend.execute_requests([request(b"7 apples", 1), request(b"apples", 1)])
     assert isinstance(first, dict) and first["OUTPUT"].tolist() == [[8]]  # 1 + the id 7
     assert str(second) == "dyna sequence backend expects correlation ID to be decodable into an integer"
+
+
+def test_implicit_state_needs_its_three_control_inputs() -> None:
+    text = """name: "i" backend: "implicit_state" max_batch_size: 0
+sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START
+                                                               fp32_false_true: [ 0, 1 ] } ] } ] }
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "TEST_CASE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]"""
+    message = "'START', 'END, and 'READY' must be configured as the control inputs"
+    assert load_error("implicit_state", text) == message
+    without = text.replace(text[text.index("sequence_batching"):text.index("\ninput [")], "")
+    assert load_error("implicit_state", without) == message

@@ -269,3 +269,44 @@ def test_iterative_sequence_without_its_scheduler_cannot_go_on(served: Server) -
     assert error is None and done.as_numpy("OUTPUT").tolist() == [[0]] and final_flag(done)
     assert "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured " \
            "to handle such a flag." in str(refused)
+
+
+
+def implicit_infer(server: Server, model: str, case: int, sid: int, value: int = 1, *, start: bool = False,
+                   end: bool = False) -> httpclient.InferResult:
+    """One request of qa/L0_implicit_state's kind: INPUT and the TEST_CASE that picks what the backend does."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs = [httpclient.InferInput("INPUT", [1], "INT32"), httpclient.InferInput("TEST_CASE", [1], "INT32")]
+    inputs[0].set_data_from_numpy(np.array([value], np.int32))
+    inputs[1].set_data_from_numpy(np.array([case], np.int32))
+    return client.infer(model, inputs, sequence_id=sid, sequence_start=start, sequence_end=end)
+
+
+def test_implicit_state_refuses_an_undeclared_state_in_tritons_words(served: Server) -> None:
+    with pytest.raises(InferenceServerException) as missing:
+        implicit_infer(served, "implicit_no_state", 0, 1, start=True)
+    assert "unable to add state 'undefined_state'. State configuration is missing for model " \
+           "'implicit_no_state'." in str(missing.value)
+    assert missing.value.status() == "400"
+    with pytest.raises(InferenceServerException, match="state 'undefined_state' is not a valid state name"):
+        implicit_infer(served, "implicit_state_int32", 0, 2, start=True)
+
+
+def test_implicit_state_left_unupdated_stays_the_initial_state(served: Server) -> None:
+    outputs = [implicit_infer(served, "implicit_state_int32", 1, 3, 5, start=True)]
+    outputs += [implicit_infer(served, "implicit_state_int32", 1, 3, 5) for _ in range(3)]
+    outputs.append(implicit_infer(served, "implicit_state_int32", 1, 3, 5, end=True))
+    assert [o.as_numpy("OUTPUT").tolist() for o in outputs] == [[5]] * 5
+    implicit_infer(served, "implicit_state_int32", 2, 4, start=True)  # the shared buffer: nothing written
+    assert implicit_infer(served, "implicit_state_int32", 2, 4, end=True).get_response().get("outputs", []) == []
+
+
+def test_implicit_state_grows_by_a_block_per_request(served: Server) -> None:
+    block = 1024 * 1024
+    got = [implicit_infer(served, "implicit_growable", 3, 5, start=True).as_numpy("OUTPUT_STATE")]
+    got += [implicit_infer(served, "implicit_growable", 3, 5).as_numpy("OUTPUT_STATE") for _ in range(2)]
+    assert [g.shape for g in got] == [(block,), (2 * block,), (3 * block,)]
+    np.testing.assert_equal(got[2], np.repeat(np.arange(3, dtype=np.int8), block))
+    # START again: the initial state, whatever the sequence left.
+    restarted = implicit_infer(served, "implicit_growable", 3, 5, start=True, end=True).as_numpy("OUTPUT_STATE")
+    np.testing.assert_equal(restarted, np.zeros(block, np.int8))
