@@ -137,17 +137,24 @@ def body_refusal(size: int, limit: int, path: str = "") -> tuple[int, bytes]:
     return 413, orjson.dumps(doc)
 
 
+def _answered_alike(req: falcon.asgi.Request, resp: falcon.asgi.Response, error: Exception) -> bool:
+    """What both error forms answer the same way, answered: Anthropic's routes in Anthropic's form, a body over
+    the limit as Triton's frontend answers it. False: the form's own answer is needed."""
+    if is_anthropic(req.path):
+        _render_anthropic(req, resp, error)
+        return True
+    if isinstance(error, BodyTooLarge):
+        _answer(resp, 413, orjson.dumps(too_large_doc(error.size, error.limit)))
+        return True
+    return False
+
+
 async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
                        params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
     """``--openai-error-form openai``."""
-    if resp is None:
+    if resp is None or _answered_alike(req, resp, error):
         return
-    if is_anthropic(req.path):
-        _render_anthropic(req, resp, error)
-        return
-    if isinstance(error, BodyTooLarge):
-        status, doc = 413, too_large_doc(error.size, error.limit)
-    elif isinstance(error, ConveyorError):
+    if isinstance(error, ConveyorError):
         status, doc = status_of(error), error_doc(error)
     elif isinstance(error, falcon.HTTPError):
         status = error.status_code
@@ -163,13 +170,7 @@ async def render_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | No
 async def render_triton_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, error: Exception,
                               params: dict[str, Any], *, ws: falcon.asgi.WebSocket | None = None) -> None:
     """``--openai-error-form triton``: Triton's frontend's statuses and FastAPI's bodies."""
-    if resp is None:
-        return
-    if is_anthropic(req.path):
-        _render_anthropic(req, resp, error)
-        return
-    if isinstance(error, BodyTooLarge):
-        _answer(resp, 413, orjson.dumps(too_large_doc(error.size, error.limit)))
+    if resp is None or _answered_alike(req, resp, error):
         return
     doc: dict[str, Any]
     if isinstance(error, SchemaError):
