@@ -137,7 +137,8 @@ class EnsembleScheduler:
         assert state.plan is not None
         levels = state.levels or build_levels(state.plan)
         wanted = {o.name: o for o in request.outputs}
-        skip = self._unneeded(state, wanted) if len(wanted) < len(state.plan.outputs) else frozenset()
+        # No outputs named is every output (Triton's rule): only a proper subset skips steps.
+        skip = self._unneeded(state, wanted) if 0 < len(wanted) < len(state.plan.outputs) else frozenset()
         root = Branch(REQUEST, None, [s for s in levels.steps_at.get(REQUEST, ()) if s.index not in skip])
         root.tensors = {ref.name: ref for ref in request.inputs}
         root.absent = {name for name in state.optional_inputs if name not in root.tensors}
