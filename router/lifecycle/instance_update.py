@@ -106,7 +106,11 @@ def begin(entry: ModelEntry, spec: ModelSpec, next_index: Callable[[], int]) -> 
             for inst, sig in zip(state.instances, _signatures(state.config), strict=False):
                 inst.signature = inst.signature or sig
         by_device: dict[tuple[str, bytes], list[Instance]] = {}
-        for inst in state.instances:  # failed ones are replaced, as Triton makes them anew
+        batcher = state.batcher
+        # Kept first: an instance holding sequences, so that fewer removed ones linger until their sequences end.
+        holders = sorted(state.instances, key=lambda i: not batcher.holds(i)) if isinstance(
+            batcher, SequenceBatcher) else state.instances
+        for inst in holders:  # failed ones are replaced, as Triton makes them anew
             if inst.state is not InstanceState.FAILED and not (inst.state is InstanceState.UNPLACED and inst.error):
                 by_device.setdefault((inst.device, inst.signature), []).append(inst)
         kept: list[Instance] = []
