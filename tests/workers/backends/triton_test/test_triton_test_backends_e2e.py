@@ -289,7 +289,8 @@ def test_implicit_state_refuses_an_undeclared_state_in_tritons_words(served: Ser
            "'implicit_no_state'." in str(missing.value)
     assert missing.value.status() == "400"
     with pytest.raises(InferenceServerException, match="state 'undefined_state' is not a valid state name"):
-        implicit_infer(served, "implicit_state_int32", 0, 2, start=True)
+        # A whole sequence: one left open would hold the instance's one slot until its idle timeout.
+        implicit_infer(served, "implicit_state_int32", 0, 2, start=True, end=True)
 
 
 def test_implicit_state_left_unupdated_stays_the_initial_state(served: Server) -> None:
