@@ -2,8 +2,8 @@
 ``POST /v1/messages/count_tokens``.
 
 A Messages request is read as the chat request it means (``messages_schema.py``) and runs as one
-(``ChatCompletions._prepare`` and ``_start``): the same template, tools, structured outputs, adapters,
-placement and migration; only the answer is written in Anthropic's shapes:
+(``chat_translation.py``): the same template, tools, structured outputs, adapters, placement and migration;
+only the answer is written in Anthropic's shapes:
 
 * a message: ``{"id": "msg_<request id>", "type": "message", "role": "assistant", "model", "content",
   "stop_reason", "stop_sequence", "usage"}``; ``content`` is the text (a ``text`` block, left out when empty)
@@ -38,32 +38,19 @@ import falcon.asgi
 import orjson
 
 from conveyor.ingress.http.body import read_body
-from conveyor.ingress.openai import load_report
 from conveyor.ingress.openai.catalog import Catalog
-from conveyor.ingress.openai.endpoints import ChatCompletions, EndpointOptions, Job
+from conveyor.ingress.openai.chat_translation import Event, Pieces, Tally, TranslatedChat
+from conveyor.ingress.openai.endpoints import EndpointOptions, Job
 from conveyor.ingress.openai.errors import anthropic_doc
 from conveyor.ingress.openai.generation import Step, Usage
-from conveyor.ingress.openai.load_report import asked_format
 from conveyor.ingress.openai.messages_schema import CountTokensRequest, MessagesRequest, chat_request
 from conveyor.ingress.openai.schema import chat_messages, decode
-from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, read_whole
+from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader
 from conveyor.ingress.openai.tools import plan
 from conveyor.proto.errors import ConveyorError, invalid_arg
 
 Request = falcon.asgi.Request
 Response = falcon.asgi.Response
-
-
-class Event(falcon.asgi.SSEvent):
-    """One of Anthropic's server-sent events, its wire form made once (``endpoints.Chunk``)."""
-
-    __slots__ = ("_wire",)
-
-    def __init__(self, name: str, doc: dict[str, Any]) -> None:  # no super().__init__: serialize() is all falcon reads
-        self._wire = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
-
-    def serialize(self, handler: Any = None) -> bytes:
-        return self._wire
 
 
 PING = Event("ping", {"type": "ping"})
@@ -112,68 +99,37 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-class Messages(ChatCompletions):
+class Messages(TranslatedChat):
     """``POST /v1/messages``."""
 
     api = "Messages"  # vLLM's words when the model does not generate: "The model does not support Messages API"
     id_prefix = "msg_"
 
     async def on_post(self, req: Request, resp: Response) -> None:
-        body = await read_body(req, resp, self._options.max_body_bytes, self._options.max_json_bytes)
-        self._dataplane.drain.admit()
-        request = decode(body, MessagesRequest)
-        parsed = await self._prepare(chat_request(request))
-        job, found = await self._start(req, parsed)
-        report = asked_format(req.get_header(load_report.FORMAT_HEADER))
-        if request.stream:
-            # The status line waits for the model's first answer: an error before it is a plain 4xx/5xx.
-            first = await anext(found)
-            if report:
-                await self._load_report(resp, report, parsed.target.model.name)
-            resp.content_type = "text/event-stream; charset=utf-8"
-            resp.sse = message_events(job, first, found)
+        request = await self._body(req, resp, MessagesRequest)
+        whole = await self._run(req, resp, chat_request(request), request.stream, message_events)
+        if whole is None:
             return
-        text = ""
-        finish: str | None = None
-        stop: str | None = None
-        usage = Usage()
-        async for step in found:  # one choice: its lists hold one element
-            usage.add(step)
-            if step.texts:
-                text += step.texts[0]
-            finish = (step.finish[0] if step.finish else None) or finish
-            stop = (step.stops[0] if step.stops else None) or stop
-        if report:
-            await self._load_report(resp, report, parsed.target.model.name)
-        content: list[dict[str, Any]] = []
-        called = False
-        reader = job.tools.reader() if job.tools else None
-        if reader is not None and job.tools is not None:
-            answer = read_whole(reader, text, job.tools.mode)
-            if answer.content:
-                content.append({"type": "text", "text": answer.content})
-            content += [{"type": "tool_use", "id": tool_use_id(), "name": call.name,
-                         "input": _arguments(call.arguments)} for call in answer.calls]
-            called = bool(answer.calls)
-        elif text:
-            content.append({"type": "text", "text": text})
-        reason, sequence = stop_reason(finish, called, stop)
+        content: list[dict[str, Any]] = [{"type": "text", "text": whole.content}] if whole.content else []
+        content += [{"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": _arguments(call.arguments)}
+                    for call in whole.calls]
+        reason, sequence = stop_reason(whole.tally.finish, bool(whole.calls), whole.tally.stop)
+        job = whole.job
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({"id": job.id, "type": "message", "role": "assistant", "model": job.model,
                                   "content": content or [_EMPTY_TEXT], "stop_reason": reason,
-                                  "stop_sequence": sequence, "usage": usage_doc(usage)})
+                                  "stop_sequence": sequence, "usage": usage_doc(whole.tally.usage)})
 
 
 async def message_events(job: Job, first: Step,
                          rest: AsyncGenerator[Step, None]) -> AsyncGenerator[falcon.asgi.SSEvent, None]:
     """A streamed answer's events, from its first step (read before the status line) and the rest."""
-    usage = Usage()
+    tally = Tally()
     blocks = _Blocks(job.tools.reader() if job.tools else None)
-    finish: str | None = None
-    stop: str | None = None
     try:
-        usage.add(first)
-        start = usage_doc(usage)
+        counted = Usage()
+        counted.add(first)
+        start = usage_doc(counted)
         start["output_tokens"] = 0  # the answer's tokens come with the deltas; message_delta says how many
         yield Event("message_start", {"type": "message_start", "message": {
             "id": job.id, "type": "message", "role": "assistant", "model": job.model, "content": [],
@@ -181,19 +137,15 @@ async def message_events(job: Job, first: Step,
         yield PING
         step: Step | None = first
         while step is not None:
-            if step is not first:
-                usage.add(step)
-            for event in blocks.feed(step.texts[0] if step.texts else ""):
+            for event in blocks.feed(tally.add(step)):
                 yield event
-            finish = (step.finish[0] if step.finish else None) or finish
-            stop = (step.stops[0] if step.stops else None) or stop
             step = await anext(rest, None)
         for event in blocks.end():
             yield event
-        reason, sequence = stop_reason(finish, blocks.whole_calls(), stop)
+        reason, sequence = stop_reason(tally.finish, blocks.whole_calls(), tally.stop)
         yield Event("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                      "usage": usage_doc(usage)})
+                                      "usage": usage_doc(tally.usage)})
         yield MESSAGE_STOP
     except ConveyorError as exc:  # the status line is sent already: the error is an event
         yield Event("error", anthropic_doc(exc))
@@ -201,30 +153,21 @@ async def message_events(job: Job, first: Step,
         await rest.aclose()  # ends the model's request if the client went away
 
 
-class _Blocks:
-    """The content blocks of one streamed answer, opened and closed as its text and calls come: text in a
-    ``text`` block, each call in a ``tool_use`` block of its own, its arguments as ``input_json_delta``s."""
+class _Blocks(Pieces):
+    """The content blocks of one streamed answer: text in a ``text`` block, each call in a ``tool_use`` block of
+    its own, its arguments as ``input_json_delta``s."""
 
     def __init__(self, reader: CallReader | None) -> None:
-        self._reader = reader
+        super().__init__(reader)
         self._index = -1  # the open block's (or the last one's)
         self._open = ""  # the open block's type; "": none
         self._calls: dict[int, int] = {}  # a call's index -> its block's
         self._arguments = ""  # the last call's arguments so far
 
-    def feed(self, text: str) -> list[Event]:
-        if self._reader is None:
-            return self._text(text)
-        piece = self._reader.feed(text)
-        return self._text(piece.content) + [e for call in piece.calls for e in self._call(call)]
-
     def end(self) -> list[Event]:
         """The text is over: what the reader held back, the last block closed (an empty ``text`` block when
         there was none, as the answer that does not stream has one)."""
-        out: list[Event] = []
-        if self._reader is not None:
-            tail = self._reader.end()
-            out += self._text(tail.content) + [e for call in tail.calls for e in self._call(call)]
+        out = self._held()
         if self._index < 0:
             out.append(self._start(dict(_EMPTY_TEXT), "text"))
         return out + self._close()
@@ -239,7 +182,7 @@ class _Blocks:
             return False
         return True
 
-    def _text(self, text: str) -> list[Event]:
+    def _texts(self, text: str) -> list[Event]:
         if not text:
             return []
         out = [] if self._open == "text" else [*self._close(), self._start(dict(_EMPTY_TEXT), "text")]

@@ -1,7 +1,8 @@
 """The request bodies of Anthropic's ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, decoded
 (msgspec, as every body of this ingress) and made into the chat request they mean (``schema.ChatRequest``),
 which then takes the chat path whole: the model's chat template, tools and their parser, structured outputs,
-adapters, placement and migration (``endpoints.py``), so that the two APIs answer alike.
+adapters, placement and migration (``endpoints.py``), so that the two APIs answer alike (what both share:
+``translated_request.py``).
 
 What each field becomes, as vLLM's Anthropic server (``vllm/entrypoints/anthropic``) translates it:
 
@@ -43,18 +44,24 @@ from typing import Any
 
 import msgspec
 
+from conveyor.ingress.openai import translated_request
 from conveyor.ingress.openai.schema import (
     CalledFunction,
     ChatMessage,
     ChatRequest,
     ContentPart,
     FunctionDefinition,
-    JsonSchema,
     MessageToolCall,
     NamedToolChoice,
     ResponseFormat,
-    ToolChoiceFunction,
     ToolDefinition,
+)
+from conveyor.ingress.openai.translated_request import (
+    check_tools,
+    joined,
+    named_tool,
+    sampled,
+    schema_format,
 )
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import invalid_arg
@@ -102,9 +109,7 @@ class Tool(msgspec.Struct):
     type: str | None = None  # None or "custom": a client tool; anything else a server tool
 
 
-class ToolChoice(msgspec.Struct):
-    type: str
-    name: str | None = None
+class ToolChoice(translated_request.ToolChoice):
     disable_parallel_tool_use: bool | None = None
 
 
@@ -174,14 +179,11 @@ def chat_request(req: CountTokensRequest) -> ChatRequest:
         user = req.metadata.user_id if req.metadata is not None else None
         if user is not None and len(user) > MAX_USER_ID_CHARS:
             raise invalid_arg(f"metadata.user_id: String should have at most {MAX_USER_ID_CHARS} characters")
-        chat.max_tokens = req.max_tokens
+        # Anthropic's user keeps its turns on one engine (x-session-id wins).
+        sampled(chat, max_tokens=req.max_tokens, stream=req.stream, temperature=req.temperature, top_p=req.top_p,
+                user=user, session=user)
         chat.stop = req.stop_sequences
-        chat.stream = req.stream
-        chat.temperature = req.temperature
-        chat.top_p = req.top_p
         chat.top_k = req.top_k
-        chat.user = user
-        chat.prompt_cache_key = user  # Anthropic's user keeps its turns on one engine (x-session-id wins)
     return chat
 
 
@@ -201,8 +203,7 @@ def _check_counts(req: CountTokensRequest) -> None:
             blocks += sum(len(b.content) for b in msg.content if isinstance(b.content, list))
     if blocks > MAX_BLOCKS:
         raise invalid_arg(f"the request holds {blocks} content blocks; at most {MAX_BLOCKS} are taken per request")
-    if req.tools and len(req.tools) > llm_limits.MAX_TOOLS:
-        raise invalid_arg(f"tools: {len(req.tools)} tools; at most {llm_limits.MAX_TOOLS} are taken per request")
+    check_tools(req.tools)
 
 
 def _system(system: str | list[Block] | None) -> str | None:
@@ -214,7 +215,7 @@ def _system(system: str | list[Block] | None) -> str | None:
             raise invalid_arg(f"system.{i}: only text blocks are supported in `system`, got '{block.type}'")
         if block.text and not block.text.startswith(BILLING_HEADER):
             texts.append(block.text)
-    return "\n".join(texts) or None
+    return joined(texts) or None
 
 
 def _turn(i: int, msg: Message) -> list[ChatMessage]:
@@ -258,7 +259,7 @@ def _result_text(where: str, content: str | list[InnerBlock] | None) -> str:
         if block.type != "text":
             raise invalid_arg(f"{where}: `tool_result` content blocks of type '{block.type}' are not supported: "
                               "text is")
-    return "\n".join(block.text or "" for block in content)
+    return joined(block.text or "" for block in content)
 
 
 def _tool(i: int, tool: Tool) -> ToolDefinition:
@@ -274,7 +275,7 @@ def _choice(choice: ToolChoice) -> str | NamedToolChoice:
     if choice.type == "tool":
         if not choice.name:
             raise invalid_arg("tool_choice.name: Field required when tool_choice.type is 'tool'")
-        return NamedToolChoice(ToolChoiceFunction(choice.name))
+        return named_tool(choice.name)
     found = _CHOICES.get(choice.type)
     if found is None:
         raise invalid_arg(f"tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none', got '{choice.type}'")
@@ -289,4 +290,4 @@ def _format(config: OutputConfig | None) -> ResponseFormat | None:
         raise invalid_arg(f"output_config.format.type: Input should be 'json_schema', got '{fmt.type}'")
     if fmt.schema is None:
         raise invalid_arg("output_config.format.schema: Field required")
-    return ResponseFormat("json_schema", JsonSchema(schema=fmt.schema))
+    return schema_format(fmt.schema)

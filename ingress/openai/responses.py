@@ -2,9 +2,9 @@
 ``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``.
 
 A Responses request is read as the chat request it means (``responses_schema.py``), after the stored
-conversation its ``previous_response_id`` names, and runs as one (``ChatCompletions._prepare`` and ``_start``):
-the same template, tools, structured outputs, adapters, placement and migration; only the answer is written in
-the Responses API's shapes (those the official ``openai`` client parses, ``openai.types.responses``):
+conversation its ``previous_response_id`` names, and runs as one (``chat_translation.py``): the same template,
+tools, structured outputs, adapters, placement and migration; only the answer is written in the Responses API's
+shapes (those the official ``openai`` client parses, ``openai.types.responses``):
 
 * a response: ``{"id": "resp_...", "object": "response", "created_at", "status", "model", "output", "usage",
   ...}`` echoing the request's settings; ``output`` is a ``message`` item (its text as one ``output_text``
@@ -42,18 +42,15 @@ import msgspec
 import orjson
 
 from conveyor.ingress.dataplane import DataPlane
-from conveyor.ingress.http.body import read_body
-from conveyor.ingress.openai import load_report
 from conveyor.ingress.openai.catalog import Catalog
-from conveyor.ingress.openai.endpoints import ChatCompletions, EndpointOptions, Job
+from conveyor.ingress.openai.chat_translation import Event, Pieces, Tally, TranslatedChat
+from conveyor.ingress.openai.endpoints import EndpointOptions, Job
 from conveyor.ingress.openai.errors import UnknownResponse, error_doc
 from conveyor.ingress.openai.generation import Step, Usage
-from conveyor.ingress.openai.load_report import asked_format
-from conveyor.ingress.openai.messages import Event
 from conveyor.ingress.openai.response_store import ResponseStore, StoredResponse
 from conveyor.ingress.openai.responses_schema import ResponsesRequest, chat_request, check, conversation
-from conveyor.ingress.openai.schema import CalledFunction, ChatMessage, ChatRequest, MessageToolCall, decode
-from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader, read_whole
+from conveyor.ingress.openai.schema import CalledFunction, ChatMessage, ChatRequest, MessageToolCall
+from conveyor.ingress.openai.tool_parsers.base import CallDelta, CallReader
 from conveyor.proto.errors import ConveyorError, invalid_arg
 from conveyor.proto.prefix_keys import SESSION_HEADER
 
@@ -138,7 +135,7 @@ class Answer:
                               self.chat.prompt_cache_key or self.id)
 
 
-class Responses(ChatCompletions):
+class Responses(TranslatedChat):
     """``POST /v1/responses``."""
 
     api = "Responses"  # vLLM's words when the model does not generate
@@ -150,9 +147,7 @@ class Responses(ChatCompletions):
         self._store = store
 
     async def on_post(self, req: Request, resp: Response) -> None:
-        body = await read_body(req, resp, self._options.max_body_bytes, self._options.max_json_bytes)
-        self._dataplane.drain.admit()
-        request = decode(body, ResponsesRequest)
+        request = await self._body(req, resp, ResponsesRequest)
         check(request)
         history: list[ChatMessage] = []
         session: str | None = None
@@ -167,38 +162,16 @@ class Responses(ChatCompletions):
         session = req.get_header(SESSION_HEADER) or request.prompt_cache_key or session or response_id
         chat = chat_request(request, history, session)
         answer = Answer(request, chat, response_id)
-        parsed = await self._prepare(chat)
-        job, found = await self._start(req, parsed)
-        report = asked_format(req.get_header(load_report.FORMAT_HEADER))
-        if request.stream:
-            # The status line waits for the model's first answer: an error before it is a plain 4xx/5xx.
-            first = await anext(found)
-            if report:
-                await self._load_report(resp, report, parsed.target.model.name)
-            resp.content_type = "text/event-stream; charset=utf-8"
-            resp.sse = response_events(answer, job, first, found, self._store)
+        whole = await self._run(req, resp, chat, request.stream,
+                                lambda job, first, rest: response_events(answer, job, first, rest, self._store))
+        if whole is None:
             return
-        text = ""
-        finish: str | None = None
-        usage = Usage()
-        async for step in found:  # one choice: its lists hold one element
-            usage.add(step)
-            if step.texts:
-                text += step.texts[0]
-            finish = (step.finish[0] if step.finish else None) or finish
-        if report:
-            await self._load_report(resp, report, parsed.target.model.name)
+        finish = whole.tally.finish
         status = "incomplete" if finish == "length" else "completed"
-        content, calls = text, []
-        if job.tools is not None:
-            reader = job.tools.reader()
-            if reader is not None:
-                whole = read_whole(reader, text, job.tools.mode)
-                content, calls = whole.content or "", whole.calls
-        output = [] if calls and not content else [message_item(_new_id("msg_"), content, status)]
+        output = [] if whole.calls and not whole.content else [message_item(_new_id("msg_"), whole.content, status)]
         output += [call_item(_new_id("fc_"), _new_id("call_"), call.name, call.arguments, "completed")
-                   for call in calls]
-        doc = answer.doc(output, usage, finish)
+                   for call in whole.calls]
+        doc = answer.doc(output, whole.tally.usage, finish)
         if request.store:
             await self._store.put(answer.record(doc, output))
         resp.content_type = falcon.MEDIA_JSON
@@ -208,24 +181,20 @@ class Responses(ChatCompletions):
 async def response_events(answer: Answer, job: Job, first: Step, rest: AsyncGenerator[Step, None],
                           store: ResponseStore) -> AsyncGenerator[falcon.asgi.SSEvent, None]:
     """A streamed response's events, from its first step (read before the status line) and the rest."""
-    usage = Usage()
+    tally = Tally()
     items = _Items(job.tools.reader() if job.tools else None)
-    finish: str | None = None
     try:
         yield items.event({"type": "response.created", "response": answer.doc([], None, None, "in_progress")})
         yield items.event({"type": "response.in_progress",
                            "response": answer.doc([], None, None, "in_progress")})
         step: Step | None = first
         while step is not None:
-            usage.add(step)
-            for event in items.feed(step.texts[0] if step.texts else ""):
+            for event in items.feed(tally.add(step)):
                 yield event
-            finish = (step.finish[0] if step.finish else None) or finish
             step = await anext(rest, None)
-        status = "incomplete" if finish == "length" else "completed"
-        for event in items.end(status):
+        for event in items.end("incomplete" if tally.finish == "length" else "completed"):
             yield event
-        doc = answer.doc(items.output, usage, finish)
+        doc = answer.doc(items.output, tally.usage, tally.finish)
         if answer.request.store:  # before the last event: a follow-up may come as soon as it is read
             await store.put(answer.record(doc, items.output))
         yield items.event({"type": f"response.{doc['status']}", "response": doc})
@@ -237,12 +206,12 @@ async def response_events(answer: Answer, job: Job, first: Step, rest: AsyncGene
         await rest.aclose()  # ends the model's request if the client went away
 
 
-class _Items:
-    """The output items of one streamed response, opened and closed as its text and calls come: text in a
-    ``message`` item, each call in a ``function_call`` item of its own, its arguments as deltas."""
+class _Items(Pieces):
+    """The output items of one streamed response: text in a ``message`` item, each call in a ``function_call``
+    item of its own, its arguments as deltas."""
 
     def __init__(self, reader: CallReader | None) -> None:
-        self._reader = reader
+        super().__init__(reader)
         self._sequence = 0
         self.output: list[dict[str, Any]] = []  # the items, each whole once closed
         self._open = ""  # the open item's type; "": none
@@ -254,19 +223,10 @@ class _Items:
         self._sequence += 1
         return Event(doc["type"], doc)
 
-    def feed(self, text: str) -> list[Event]:
-        if self._reader is None:
-            return self._texts(text)
-        piece = self._reader.feed(text)
-        return self._texts(piece.content) + [e for call in piece.calls for e in self._call(call)]
-
     def end(self, status: str) -> list[Event]:
         """The text is over: what the reader held back, the last item closed (an empty message when there was
         no item, as the response that does not stream has one)."""
-        out: list[Event] = []
-        if self._reader is not None:
-            tail = self._reader.end()
-            out += self._texts(tail.content) + [e for call in tail.calls for e in self._call(call)]
+        out = self._held()
         if not self.output:
             out += self._open_message()
         return out + self._close(status)

@@ -1,7 +1,8 @@
 """The request body of OpenAI's ``POST /v1/responses``, decoded (msgspec, as every body of this ingress) and
 made into the chat request it means (``schema.ChatRequest``), which then takes the chat path whole: the
 model's chat template, tools and their parser, structured outputs, adapters, placement and migration
-(``endpoints.py``), as ``messages_schema.py`` does for Anthropic's API.
+(``endpoints.py``), as ``messages_schema.py`` does for Anthropic's API (what both share:
+``translated_request.py``).
 
 What each field becomes, as vLLM's Responses server (``vllm/entrypoints/openai/responses``) translates it:
 
@@ -44,12 +45,18 @@ from conveyor.ingress.openai.schema import (
     ChatMessage,
     ChatRequest,
     FunctionDefinition,
-    JsonSchema,
     MessageToolCall,
     NamedToolChoice,
     ResponseFormat,
-    ToolChoiceFunction,
     ToolDefinition,
+)
+from conveyor.ingress.openai.translated_request import (
+    ToolChoice,
+    check_tools,
+    joined,
+    named_tool,
+    sampled,
+    schema_format,
 )
 from conveyor.proto import llm_limits
 from conveyor.proto.errors import invalid_arg
@@ -92,11 +99,6 @@ class Tool(msgspec.Struct):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-
-
-class ToolChoice(msgspec.Struct):
-    type: str
-    name: str | None = None
 
 
 class TextFormat(msgspec.Struct):
@@ -160,8 +162,7 @@ def check(req: ResponsesRequest) -> None:
                                            for item in req.input))
     elif not req.input and req.previous_response_id is None:
         raise invalid_arg("input: must be non-empty")
-    if req.tools and len(req.tools) > llm_limits.MAX_TOOLS:
-        raise invalid_arg(f"tools: {len(req.tools)} tools; at most {llm_limits.MAX_TOOLS} are taken per request")
+    check_tools(req.tools)
     _check_metadata(req.metadata)
 
 
@@ -226,7 +227,7 @@ def _text(where: str, content: str | list[Part] | None) -> str:
             raise invalid_arg(f"{where}[{j}]: content parts of type '{part.type}' are not supported: input_text "
                               "and output_text are")
         texts.append(part.text if part.text is not None else part.refusal or "")
-    return "\n".join(texts)
+    return joined(texts)
 
 
 def chat_request(req: ResponsesRequest, history: list[ChatMessage], session: str | None) -> ChatRequest:
@@ -241,13 +242,8 @@ def chat_request(req: ResponsesRequest, history: list[ChatMessage], session: str
     tools = [_tool(i, tool) for i, tool in enumerate(req.tools)] if req.tools else None
     chat = ChatRequest(model=req.model, messages=messages, tools=tools, tool_choice=_choice(req.tool_choice),
                        parallel_tool_calls=req.parallel_tool_calls, response_format=_format(req.text))
-    chat.max_tokens = req.max_output_tokens
-    chat.stream = req.stream
-    chat.temperature = req.temperature
-    chat.top_p = req.top_p
-    chat.user = req.user
-    chat.prompt_cache_key = session
-    return chat
+    return sampled(chat, max_tokens=req.max_output_tokens, stream=req.stream, temperature=req.temperature,
+                   top_p=req.top_p, user=req.user, session=session)
 
 
 def conversation(chat: ChatRequest) -> list[ChatMessage]:
@@ -274,7 +270,7 @@ def _choice(choice: str | ToolChoice | None) -> str | NamedToolChoice | None:
         raise invalid_arg(f"tool_choice: a choice of type '{choice.type}' is not supported: 'function' is")
     if not choice.name:
         raise invalid_arg("tool_choice.name: Field required")
-    return NamedToolChoice(ToolChoiceFunction(choice.name))
+    return named_tool(choice.name)
 
 
 def _format(text: TextConfig | None) -> ResponseFormat | None:
@@ -286,5 +282,5 @@ def _format(text: TextConfig | None) -> ResponseFormat | None:
     if fmt.type == "json_schema":
         if fmt.schema is None:
             raise invalid_arg("text.format.schema: Field required")
-        return ResponseFormat("json_schema", JsonSchema(fmt.name, fmt.schema, fmt.strict, fmt.description))
+        return schema_format(fmt.schema, fmt.name, fmt.strict, fmt.description)
     raise invalid_arg(f"text.format.type: Input should be 'text', 'json_object' or 'json_schema', got '{fmt.type}'")

@@ -246,3 +246,20 @@ def export_pt2(module: torch.nn.Module, path: str, max_batch: int, quick: bool =
         program = torch.export.export(module.eval(), (torch.randn(2, width),), dynamic_shapes={"x": {0: batch}})
         return str(torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=options))
 
+
+def export_pt2_state(path: str, max_batch: int) -> str:
+    """``Accumulate`` (``forward(x, state)``, two ``[batch, 1]`` INT32 tensors) as a package, as
+    ``export_pt2`` makes one: a sequence model whose implicit state is an argument and a returned value."""
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    example = (torch.ones(2, 1, dtype=torch.int32), torch.ones(2, 1, dtype=torch.int32))
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        program = torch.export.export(Accumulate().eval(), example, dynamic_shapes={"x": {0: batch},
+                                                                                     "state": {0: batch}})
+        return str(torch._inductor.aoti_compile_and_package(
+            program, package_path=path, inductor_configs={"aot_inductor.compile_wrapper_opt_level": "O0"}))
+
+
+# STATE_CONFIG's model as a PyTorch 2 package.
+PT2_STATE_CONFIG = STATE_CONFIG.replace("torch_sequence_state", "pt2_sequence_state").replace(
+    'platform: "pytorch_libtorch"', 'platform: "torch_aoti"')

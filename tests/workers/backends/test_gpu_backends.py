@@ -69,7 +69,7 @@ def test_torch_kind_gpu_uses_device_arrays_in_place(tmp_path: Path) -> None:
     assert isinstance(out["OUTPUT__0"], cupy.ndarray)
     np.testing.assert_array_equal(out["OUTPUT__0"].get(), a + b)
     da, db = cupy.asarray(a), cupy.asarray(b)
-    assert backend._to_torch("INPUT__0", da).data_ptr() == da.data.ptr  # DLPack: no copy
+    assert backend.tensors.to_torch("INPUT__0", da).data_ptr() == da.data.ptr  # DLPack: no copy
     out = backend.execute({"INPUT__0": da, "INPUT__1": db}, ["OUTPUT__0", "OUTPUT__1"])
     assert all(isinstance(v, cupy.ndarray) for v in out.values())
     np.testing.assert_array_equal(out["OUTPUT__1"].get(), a - b)

@@ -5,7 +5,9 @@ A package holds compiled code for one device kind (and, on the CPU, one instruct
 nothing of its tensors' names, so the config declares them and Triton's naming rules
 (``naming``) give each one's position. The package's own checks of every input (dtype, each
 dimension against its exported range) are switched on (``AOTI_RUNTIME_CHECK_INPUTS``): without them
-a shape outside the exported range runs compiled code on memory it was not compiled for.
+a shape outside the exported range runs compiled code on memory it was not compiled for. A sequence
+model's control inputs and implicit states are arguments and returned values as a TorchScript model's are
+(``tensors``).
 """
 
 from __future__ import annotations
@@ -16,15 +18,11 @@ import os
 import re
 from typing import Any
 
-import numpy as np
-
 from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import internal, invalid_arg, unavailable
-from conveyor.proto.repository_files import check_regular, unreadable
-from conveyor.workers.backends.pytorch.backend import TORCH_DTYPES, device_array, torch_device
-from conveyor.workers.backends.pytorch.naming import input_positions, output_positions
+from conveyor.workers.backends.pytorch.naming import input_positions
 from conveyor.workers.backends.pytorch.settings import TorchSettings
-from conveyor.workers.client_regions import is_device_array
+from conveyor.workers.backends.pytorch.tensors import TORCH_DTYPES, Tensors, check_file, check_one_to_one, torch_device
 
 try:
     import torch
@@ -103,10 +101,7 @@ class AotiBackend:
         self.accepts_device_arrays = self.device.type == "cuda"
         self.settings = TorchSettings.from_config(config)
         self.settings.apply_threads(torch)
-        try:  # torch opens it by name again: a name swapped after this check is not seen
-            check_regular(path)
-        except OSError as exc:  # a FIFO would hold the instance's thread for ever (proto/repository_files.py)
-            raise unavailable(unreadable(path, exc)) from None
+        check_file(path)
         try:
             index = self.device.index if self.device.index is not None else -1
             self.package = torch._inductor.aoti_load_package(path, device_index=index)
@@ -117,37 +112,25 @@ class AotiBackend:
         problem = device_problem(metadata, str(self.device), cpu_flags())
         if problem:
             raise unavailable(f"'{path}': {problem}")
-        names = [i.name for i in config.input]
+        self.tensors = Tensors(config, self.device)
+        names = self.tensors.input_names
         takes = argument_count(call_spec)
         if takes is not None and takes != len(names):
             raise unavailable(f"the config declares {len(names)} inputs, the exported program takes {takes}")
         self.positions = input_positions(names, [])
-        if sorted(self.positions.values()) != list(range(len(names))):
-            raise unavailable(f"input names {names} do not map one to one onto the exported program's "
-                              f"{len(names)} arguments")
+        check_one_to_one(self.positions, names, f"the exported program's {len(names)} arguments")
         self.names_by_position = {p: n for n, p in self.positions.items()}
-        self.output_positions = output_positions([o.name for o in config.output])
-        self.output_types = {o.name: TORCH_DTYPES[o.data_type] for o in config.output}
-        self.bf16_inputs = {i.name for i in config.input if i.data_type == mc.TYPE_BF16}
-        self.bf16_outputs = {o.name for o in config.output if o.data_type == mc.TYPE_BF16}
 
     def execute(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
         args: list[Any] = [None] * len(self.positions)
         for name, arr in inputs.items():
-            args[self.positions[name]] = self._to_torch(name, arr)
+            args[self.positions[name]] = self.tensors.to_torch(name, arr)
         try:
             with torch.inference_mode():
                 result = self.package(*args)
         except RuntimeError as exc:
             raise self._call_error(exc) from None
-        values = list(result) if isinstance(result, (tuple, list)) else [result]
-        out = {}
-        for name in outputs:
-            index = self.output_positions.get(name, -1)
-            if not 0 <= index < len(values):
-                raise internal(f"output '{name}' is at position {index} but the model returned {len(values)} values")
-            out[name] = self._from_torch(name, values[index])
-        return out
+        return self.tensors.outputs(list(result) if isinstance(result, (tuple, list)) else [result], outputs)
 
     def _call_error(self, exc: RuntimeError) -> Exception:
         """An input the package's checks refused is the client's mistake (400), named by the config."""
@@ -156,29 +139,6 @@ class AotiBackend:
             name = self.names_by_position.get(int(found.group(1)), f"#{found.group(1)}")
             return invalid_arg(f"input '{name}' is outside what the model was exported for: {found.group(2).strip()}")
         return internal(f"PyTorch execute failure: {_first_line(exc)}")
-
-    def _to_torch(self, name: str, arr: Any) -> Any:
-        if is_device_array(arr):
-            t = torch.from_dlpack(arr)
-        else:
-            if not arr.flags.writeable:  # a client segment mapped read-only; torch tensors are writable
-                arr = arr.copy()
-            t = torch.from_numpy(arr)
-        if name in self.bf16_inputs:  # travels as raw 2-byte words
-            t = t.view(torch.bfloat16)
-        return t.to(self.device)
-
-    def _from_torch(self, name: str, value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            raise internal(f"output '{name}': the model returned {type(value).__name__}, not a Tensor")
-        if self.output_types[name] != value.dtype:
-            raise internal(f"configuration expects datatype {self.output_types[name]} for output '{name}', "
-                           f"model provides {value.dtype}")
-        value = value.detach()
-        if value.dtype == torch.bfloat16:
-            value = value.view(torch.int16)  # numpy and the wire have no bfloat16: its raw 2-byte words
-        arr = device_array(value) if value.device.type == "cuda" else value.numpy()
-        return arr.view(np.uint16) if name in self.bf16_outputs else arr
 
     def close(self) -> None:
         self.package = None

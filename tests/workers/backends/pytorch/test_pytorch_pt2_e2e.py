@@ -1,6 +1,7 @@
 """PyTorch 2 packages (``platform: "torch_aoti"``, ``model.pt2``: torch.export + AOTInductor) served by a
 real group: batched through the dynamic batcher, answers equal to the module's own, a shape outside the
-exported range refused with the package's reason, a broken package failing its model alone."""
+exported range refused with the package's reason, a broken package failing its model alone, a sequence
+model's implicit state carried from request to request."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def pt2_server(tmp_path_factory: pytest.TempPathFactory, mlp: Any) -> Iterator[S
     for name in ("pt2_mlp", "pt2_rows", "pt2_bare"):
         shutil.copy(package, repo / name / "1" / "model.pt2")
     (repo / "pt2_broken" / "1" / "model.pt2").write_bytes(b"PK\x03\x04 not a package")
+    # A sequence model with an implicit state (forward(x, state) -> (total, total)), batched up to 2.
+    state = write_model(str(repo), "pt2_sequence_state", torch_models.PT2_STATE_CONFIG)
+    torch_models.export_pt2_state(os.path.join(state, "1", "model.pt2"), 2)
     server = start_server(str(repo), f"pt2{os.getpid()}", "--workers", "1")
     yield server
     assert server.stop() == 0
@@ -94,6 +98,20 @@ def test_a_shape_outside_the_exported_range_is_refused_with_the_packages_reason(
     inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     assert client.infer("pt2_rows", [inp]).as_numpy("OUTPUT__0").shape == (MAX_BATCH, 3)
+
+
+def test_a_sequence_packages_state_is_an_argument_and_a_returned_value(pt2_server: Server) -> None:
+    # The state is forward()'s argument after the declared input and its second returned value, which the config
+    # does not declare (as a TorchScript model's): each answer is the running sum of the sequence's inputs.
+    client = httpclient.InferenceServerClient(pt2_server.http_url)
+    got = []
+    for i, value in enumerate((5, 7, 1)):
+        inp = httpclient.InferInput("INPUT__0", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        result = client.infer("pt2_sequence_state", [inp], sequence_id=6262, sequence_start=i == 0,
+                              sequence_end=i == 2)
+        got.append(int(result.as_numpy("OUTPUT__0").reshape(-1)[0]))
+    assert got == [5, 12, 13]
 
 
 def test_a_broken_package_or_a_bare_one_fails_its_model_alone(pt2_server: Server) -> None:
