@@ -30,6 +30,7 @@ from conveyor.ingress.grpc.h2_server.limits import (
     MAX_HEADER_LIST_SIZE,
     STREAM_WINDOW,
 )
+from conveyor.ingress.grpc.h2_server.metadata import RequestHead
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -48,7 +49,7 @@ class Sink(Protocol):
     @property
     def dead(self) -> bool: ...  # the connection is over: the rest of what was fed is dropped
 
-    def on_request(self, sid: int, headers: Headers, ended: bool) -> None: ...
+    def on_request(self, sid: int, head: RequestHead, ended: bool) -> None: ...
     def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None: ...
     def on_end(self, sid: int) -> None: ...
     def on_reset(self, sid: int, remote: bool) -> None: ...
@@ -136,7 +137,8 @@ class H2Engine:
         self.data_to_send = h2c.data_to_send
         self.send = h2c.send_data
         self._dispatch: dict[type, Callable[[Any], None]] = {
-            h2.events.RequestReceived: lambda e: sink.on_request(e.stream_id, e.headers, e.stream_ended is not None),
+            h2.events.RequestReceived: lambda e: sink.on_request(
+                e.stream_id, RequestHead(e.headers), e.stream_ended is not None),
             h2.events.DataReceived: lambda e: sink.on_data(
                 e.stream_id, e.data, e.flow_controlled_length, e.stream_ended is not None),
             h2.events.StreamEnded: lambda e: sink.on_end(e.stream_id),

@@ -25,6 +25,12 @@ MAX_CONCURRENT_STREAMS = 256
 FEED_FRAMES = 64
 FEED_MIN_BYTES = 1 << 10
 FEED_MAX_BYTES = 1 << 16
+# Request heads (parsed request headers) one connection on the ngh2 engine keeps, by their header list: a client's
+# calls repeat the same few lists, each then parsed once. At most this many, each of a list of at most
+# HEAD_CACHE_BYTES (RFC 9113's accounting; a larger one is parsed every time): a client sending ever new lists
+# makes the connection hold no more than their product, and costs it a parse per call as without the cache.
+HEAD_CACHE_ENTRIES = 16
+HEAD_CACHE_BYTES = 4096
 # h2 treats a stream over its own limit as a connection error (TooManyStreamsError, GOAWAY
 # PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error, and it opens every stream of
 # what it is fed before the server sees one. Its limit is set above ours by as many streams as

@@ -26,9 +26,10 @@ class Outbound:
         self._loop = loop
         self._closed = closed  # told when a stream's answer is complete
         self.transport: asyncio.Transport | None = None
-        self._blocked: dict[int, Stream] = {}  # streams waiting for the client's window, by id
+        self.blocked: dict[int, Stream] = {}  # streams waiting for the client's window, by id
         self._flush_pending = False
         self.paused: asyncio.Future[None] | None = None  # the transport's buffer is full
+        self._collected = b""  # the engine's output taken by collect(), written first at the next flush
         self.extra = b""  # bytes the engine does not know of, written after its own (a graceful GOAWAY)
         # Headers, a message or trailers were written since the connection last looked (its ping policies).
         self.data_sent = False
@@ -41,9 +42,19 @@ class Outbound:
             self._flush_pending = True
             self._loop.call_soon(self.flush)
 
+    def collect(self) -> None:
+        """Take what the engine queued now (it may end the connection only as its GOAWAY is taken: ``alive``), to be
+        written at the end of this loop turn with what the calls answer meanwhile: one write, not two."""
+        data = self._engine.data_to_send()
+        if data:
+            self._collected += data
+        self.soon()
+
     def flush(self) -> None:
         self._flush_pending = False
         data = self._engine.data_to_send()
+        if self._collected:
+            data, self._collected = self._collected + data, b""
         if self.extra:
             data, self.extra = data + self.extra, b""
         if data and self.transport is not None and not self.transport.is_closing():
@@ -63,16 +74,16 @@ class Outbound:
         """The client's WINDOW_UPDATE (``stream_id`` 0: the connection's) or a larger
         SETTINGS_INITIAL_WINDOW_SIZE (-1: every stream's)."""
         if stream_id > 0:
-            stream = self._blocked.pop(stream_id, None)
+            stream = self.blocked.pop(stream_id, None)
             if stream is not None:
                 self.pump(stream)
             return
-        blocked, self._blocked = self._blocked, {}
+        blocked, self.blocked = self.blocked, {}
         for stream in blocked.values():
             self.pump(stream)
 
     def forget(self, stream: Stream) -> None:
-        self._blocked.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
 
     async def drained(self, stream: Stream) -> None:
         """Wait while a streaming call has too much queued for the client."""
@@ -136,7 +147,7 @@ class Outbound:
             while backlog:
                 allowed = engine.window(sid)
                 if allowed <= 0:
-                    self._blocked[sid] = stream
+                    self.blocked[sid] = stream
                     break
                 chunk = backlog[0]
                 if len(chunk) <= allowed:
