@@ -385,10 +385,11 @@ class GrpcConnection(asyncio.Protocol):
         # The engine has taken the frame whole: with END_STREAM its stream is half-closed already
         # (on_end, called next, does the rest).
         stream.remote_closed = ended
-        refusal = self._refusal(stream)
-        if refusal is not None or handler is None:
-            self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
-            return
+        if handler is None or head.encoding or head.path in self._server.restrictions:  # else nothing refuses it
+            refusal = self._refusal(stream)
+            if refusal is not None:
+                self._out.finish(stream, *refusal)
+                return
         deadline = stream.ctx.deadline
         if deadline is not None:
             stream.timer = self._loop.call_at(deadline, self._expire, stream)

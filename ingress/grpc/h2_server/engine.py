@@ -30,7 +30,7 @@ from conveyor.ingress.grpc.h2_server.limits import (
     MAX_HEADER_LIST_SIZE,
     STREAM_WINDOW,
 )
-from conveyor.ingress.grpc.h2_server.metadata import RequestHead
+from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, RequestHead
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -82,6 +82,9 @@ class Engine(Protocol):
     def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None: ...  # nothing if gone
     def trailers(self, sid: int, headers: Headers) -> None: ...  # nothing on a stream gone
     def send(self, sid: int, data: bytes | memoryview) -> None: ...  # raises ``gone`` on a stream gone
+    # A unary call's whole answer, as respond(RESPONSE_HEAD), send(message), trailers(OK_TRAILERS) in one call: when
+    # the client's windows take ``message`` in one piece now (True), else nothing is sent (False). Raises ``gone``.
+    def answer(self, sid: int, message: bytes) -> bool: ...
     def window(self, sid: int) -> int: ...  # DATA bytes ``sid`` may send now, in one piece; raises ``gone``
     def acknowledge(self, credit: int, sid: int) -> None: ...
     def reset(self, sid: int, code: int) -> None: ...  # nothing on a stream already closed
@@ -187,6 +190,15 @@ class H2Engine:
             self._h2.send_headers(sid, headers, end_stream=True)
         except h2.exceptions.ProtocolError:  # gone (see ``gone``)
             pass
+
+    def answer(self, sid: int, message: bytes) -> bool:
+        h2c = self._h2
+        if len(message) > min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size):
+            return False
+        self.respond(sid, RESPONSE_HEAD)
+        h2c.send_data(sid, message)
+        self.trailers(sid, OK_TRAILERS)
+        return True
 
     def window(self, sid: int) -> int:
         h2c = self._h2

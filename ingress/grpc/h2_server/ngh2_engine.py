@@ -237,6 +237,23 @@ class Ngh2Engine:
         except _GONE:
             pass
 
+    def answer(self, sid: int, message: bytes) -> bool:
+        c = self._c
+        size = len(message)  # what ``window`` allows, below
+        if size > c.stream_remote_window_size(sid) - c.queued_body_size(sid) or (
+                size > c.remote_window_size - c.queued_body_size()):
+            return False
+        try:
+            c.send_response(sid, RESPONSE_HEAD)
+        except _GONE:  # as respond: then send_data raises it too
+            pass
+        c.send_data(sid, message)
+        try:
+            c.send_trailers(sid, OK_TRAILERS)
+        except _GONE:  # as trailers
+            pass
+        return True
+
     def window(self, sid: int) -> int:
         # nghttp2 takes from the windows as it writes DATA, not as it is queued: what is queued counts.
         c = self._c

@@ -7,10 +7,11 @@ and the engine's output written once per loop turn
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 
 from conveyor.ingress.grpc.h2_server.engine import NO_ERROR, Engine
-from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, Headers, trailers
+from conveyor.ingress.grpc.h2_server.metadata import RESPONSE_HEAD, Headers, trailers
 from conveyor.ingress.grpc.h2_server.stream import Stream
 
 OK = 0
@@ -107,10 +108,7 @@ class Outbound:
         sid = stream.id
         self.data_sent = True
         try:
-            if size <= JOIN_BYTES and size <= engine.window(sid):
-                engine.respond(sid, RESPONSE_HEAD)
-                engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
-                engine.trailers(sid, OK_TRAILERS)
+            if size <= JOIN_BYTES and engine.answer(sid, b"\0" + (size - 5).to_bytes(4, "big") + body):
                 self.soon()
                 self.closed_locally(stream)
                 return
@@ -128,11 +126,14 @@ class Outbound:
             self._engine.respond(stream.id, RESPONSE_HEAD)
         prefix = b"\0" + len(body).to_bytes(4, "big")
         self.data_sent = True
+        backlog = stream.backlog
+        if backlog is None:
+            backlog = stream.backlog = deque()
         if len(body) <= JOIN_BYTES:  # one piece, so that it leaves in one frame
-            stream.backlog.append(memoryview(prefix + body))
+            backlog.append(memoryview(prefix + body))
         else:  # large: not copied here
-            stream.backlog.append(memoryview(prefix))
-            stream.backlog.append(memoryview(body))
+            backlog.append(memoryview(prefix))
+            backlog.append(memoryview(body))
         stream.backlog_bytes += len(body) + 5
         self.pump(stream)
 
@@ -143,6 +144,8 @@ class Outbound:
         engine = self._engine
         sid = stream.id
         backlog = stream.backlog
+        if backlog is None:  # nothing was ever queued (send_message makes it)
+            return
         try:
             while backlog:
                 allowed = engine.window(sid)
