@@ -33,7 +33,6 @@ from conveyor.ingress.grpc.h2_server.context import CallContext
 from conveyor.ingress.grpc.h2_server.engine import BDP_PING, KEEPALIVE_PING, REFUSED_STREAM, EngineError
 from conveyor.ingress.grpc.h2_server.limits import (
     CLOSE_TIMEOUT_S,
-    FEED_FRAMES,
     FEED_MAX_BYTES,
     FEED_MIN_BYTES,
     INDUCED_BURST,
@@ -317,9 +316,10 @@ class GrpcConnection(asyncio.Protocol):
         if not self._engine.alive:  # it ended the connection itself (its GOAWAY was just collected)
             self._end("HTTP/2 connection error")
             return
-        if count > FEED_FRAMES:
-            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * FEED_FRAMES // count)
-        elif count < FEED_FRAMES // 2 and len(data) >= self._feed_size:
+        frames = self._engine.feed_frames
+        if count > frames:
+            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * frames // count)
+        elif count < frames // 2 and len(data) >= self._feed_size:
             self._feed_size = min(FEED_MAX_BYTES, 2 * self._feed_size)
 
     def _end(self, why: str) -> None:

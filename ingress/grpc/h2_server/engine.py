@@ -24,6 +24,7 @@ from hyperframe.frame import GoAwayFrame
 from conveyor.ingress.grpc.h2_server.limits import (
     CLOSED_STREAMS_REMEMBERED,
     CONNECTION_WINDOW,
+    FEED_FRAMES,
     H2_STREAM_CEILING,
     MAX_CONCURRENT_STREAMS,
     MAX_FRAME_SIZE,
@@ -73,6 +74,8 @@ class Engine(Protocol):
     # the server writing (``connection._reset_ping_clock``): a connection WINDOW_UPDATE (``acknowledge``), or an
     # answer of its own (ngh2's refusal of metadata over the limit).
     wrote: bool
+    # Events of one piece of a read past which the next pieces are smaller (limits.FEED_FRAMES, NGH2_FEED_FRAMES).
+    feed_frames: int
 
     def start(self) -> None: ...  # the server's preface (SETTINGS) and the connection's window
     def feed(self, data: bytes | memoryview) -> int: ...  # events handled; raises EngineError
@@ -129,6 +132,7 @@ class H2Engine:
     # (or on a connection closed) raises one of these ProtocolErrors (StreamClosedError, …).
     gone: tuple[type[Exception], ...] = (h2.exceptions.ProtocolError,)
     wrote = False
+    feed_frames = FEED_FRAMES
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink

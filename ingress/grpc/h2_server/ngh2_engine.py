@@ -39,6 +39,7 @@ from conveyor.ingress.grpc.h2_server.limits import (
     MAX_CONCURRENT_STREAMS,
     MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
+    NGH2_FEED_FRAMES,
     NGH2_HEADER_LIST_SIZE,
     NGH2_MAX_CONTINUATIONS,
     NGH2_MAX_OUTBOUND_ACK,
@@ -98,6 +99,7 @@ class Ngh2Engine:
     name = "ngh2"
     gone: tuple[type[Exception], ...] = _GONE
     wrote = False
+    feed_frames = NGH2_FEED_FRAMES
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
