@@ -75,6 +75,7 @@ class GrpcConnection(asyncio.Protocol):
         engine = self._engine = server.engine(self)
         self._streams: dict[int, Stream] = {}
         self._budget = ByteBudget(server.connection_buffer_bytes)
+        self._shared = server.budget  # the process's
         self._message_limit = min(MAX_MESSAGE_BYTES, server.connection_buffer_bytes or MAX_MESSAGE_BYTES)
         now = self._loop.time()
         self._resets = TokenBucket(RESET_BURST, RESET_RATE_PER_S, now)
@@ -444,25 +445,28 @@ class GrpcConnection(asyncio.Protocol):
             self._message(stream, flag, message)
 
     def _charge(self, stream: Stream, size: int) -> bool:
-        """Hold ``size`` more bytes for ``stream``; past a budget, end it RESOURCE_EXHAUSTED."""
-        if not self._budget.take(size):
+        """Hold ``size`` more bytes for ``stream``; past a budget, end it RESOURCE_EXHAUSTED. (ByteBudget.take of
+        both budgets, written out: it runs for every DATA frame.)"""
+        budget, shared = self._budget, self._shared
+        if budget.limit and budget.used + size > budget.limit:
             self._out.finish(stream, _RESOURCE_EXHAUSTED, (
-                f"request messages not yet taken on this connection would exceed {self._budget.limit} bytes "
+                f"request messages not yet taken on this connection would exceed {budget.limit} bytes "
                 "(--grpc-max-connection-buffer-bytes)"))
             return False
-        if not self._server.budget.take(size):
-            self._budget.give(size)
+        if shared.limit and shared.used + size > shared.limit:
             self._out.finish(stream, _RESOURCE_EXHAUSTED, (
-                f"request messages not yet taken in this server process would exceed {self._server.budget.limit} "
+                f"request messages not yet taken in this server process would exceed {shared.limit} "
                 "bytes (--grpc-max-buffer-bytes); retry later"))
             return False
+        budget.used += size
+        shared.used += size
         stream.held += size
         return True
 
     def _release(self, stream: Stream, size: int) -> None:
         stream.held -= size
-        self._budget.give(size)
-        self._server.budget.give(size)
+        self._budget.used -= size  # ByteBudget.give of both, written out as in _charge
+        self._shared.used -= size
 
     def _taken(self, stream: Stream, held: int) -> None:
         """A streaming call's handler took a message that held ``held`` bytes."""
