@@ -580,7 +580,8 @@ class GrpcConnection(asyncio.Protocol):
             stream.inbox.end()
         if stream.drained is not None and not stream.drained.done():
             stream.drained.set_result(None)
-        self._out.forget(stream)
+        if self._out.blocked:  # a stream waiting for the client's window (rare)
+            self._out.forget(stream)
         if stream.held:
             self._release(stream, stream.held)
         if stream.deferred and not self.dead:
