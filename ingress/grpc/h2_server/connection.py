@@ -388,8 +388,8 @@ class GrpcConnection(asyncio.Protocol):
         stream.remote_closed = ended
         if handler is None or head.encoding or head.path in self._server.restrictions:  # else nothing refuses it
             refusal = self._refusal(stream)
-            if refusal is not None:
-                self._out.finish(stream, *refusal)
+            if refusal is not None or handler is None:
+                self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
                 return
         deadline = stream.ctx.deadline
         if deadline is not None:
