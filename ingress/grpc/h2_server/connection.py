@@ -30,10 +30,9 @@ from conveyor.ingress.grpc.h2_server.bdp import BdpEstimator
 from conveyor.ingress.grpc.h2_server.calls import run_call
 from conveyor.ingress.grpc.h2_server.compression import WBITS, Undecodable, inflated
 from conveyor.ingress.grpc.h2_server.context import CallContext
-from conveyor.ingress.grpc.h2_server.engine import BDP_PING, KEEPALIVE_PING, REFUSED_STREAM, EngineError, Headers
+from conveyor.ingress.grpc.h2_server.engine import BDP_PING, KEEPALIVE_PING, REFUSED_STREAM, EngineError
 from conveyor.ingress.grpc.h2_server.limits import (
     CLOSE_TIMEOUT_S,
-    FEED_FRAMES,
     FEED_MAX_BYTES,
     FEED_MIN_BYTES,
     INDUCED_BURST,
@@ -76,6 +75,7 @@ class GrpcConnection(asyncio.Protocol):
         engine = self._engine = server.engine(self)
         self._streams: dict[int, Stream] = {}
         self._budget = ByteBudget(server.connection_buffer_bytes)
+        self._shared = server.budget  # the process's
         self._message_limit = min(MAX_MESSAGE_BYTES, server.connection_buffer_bytes or MAX_MESSAGE_BYTES)
         now = self._loop.time()
         self._resets = TokenBucket(RESET_BURST, RESET_RATE_PER_S, now)
@@ -85,7 +85,9 @@ class GrpcConnection(asyncio.Protocol):
         self._feed_size = 4 * FEED_MIN_BYTES  # shrinks while pieces hold many frames, grows while few
         self._closing = False  # a graceful GOAWAY was sent: new streams are refused
         self._lingering = False  # the FIN is sent: reading only to drop what the peer still sends
-        self._dead = False  # the connection is over (an error, the client's GOAWAY, lost)
+        # The connection is over (an error, the client's GOAWAY, lost). A plain attribute, not a property: the
+        # engine reads it after every event it hands on.
+        self.dead = False
         self._out = Outbound(engine, self._loop, self._forget)
         # Keepalive and age (limits.Keepalive): one timer at a time per connection, nothing per call.
         self._keepalive = server.keepalive
@@ -95,10 +97,6 @@ class GrpcConnection(asyncio.Protocol):
         self._pings = PingPolicy(server.keepalive)
         # Receive windows that grow with the link: gRPC core's BDP estimator (bdp.py).
         self._bdp = BdpEstimator(window_cap(server.connection_buffer_bytes, server.budget.limit))
-
-    @property
-    def dead(self) -> bool:
-        return self._dead
 
     # --- transport -------------------------------------------------------------------
 
@@ -111,7 +109,7 @@ class GrpcConnection(asyncio.Protocol):
                 # As gRPC core's server: a TLS client that did not negotiate h2 is not a gRPC client
                 # (OpenSSL completes a handshake whose ALPN found no match; the check is ours).
                 log.debug("gRPC: closing a TLS connection that did not negotiate ALPN h2")
-                self._dead = True
+                self.dead = True
                 self._transport.abort()
                 return
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
@@ -127,7 +125,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
-        self._dead = True
+        self.dead = True
         self._stop_timers()
         self._transport = self._out.transport = None
         for stream in list(self._streams.values()):
@@ -160,7 +158,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def goaway(self) -> None:
         """Refuse new calls; close once the running ones are done."""
-        if self._closing or self._dead or self._transport is None:
+        if self._closing or self.dead or self._transport is None:
             return
         self._closing = True
         self._out.extra = self._engine.graceful_goaway()
@@ -173,7 +171,7 @@ class GrpcConnection(asyncio.Protocol):
         if transport is None or transport.is_closing() or self._lingering:
             return
         self._out.flush()
-        self._dead = True  # what arrives now is dropped unread by h2
+        self.dead = True  # what arrives now is dropped unread by h2
         self._unfed = None
         self._out.transport = None  # and nothing more is written after the FIN
         self._loop.call_later(CLOSE_TIMEOUT_S, transport.abort)  # a no-op once it has closed
@@ -220,7 +218,7 @@ class GrpcConnection(asyncio.Protocol):
     def _keepalive_ping(self) -> None:
         """keepalive_time is up: PING (where calls run, or permit_without_calls) and wait keepalive_timeout
         for its ACK."""
-        if self._dead:
+        if self.dead:
             return
         keepalive = self._keepalive
         self._reset_ping_clock()
@@ -235,7 +233,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _keepalive_timeout(self) -> None:
         self._timer = None
-        if not self._dead:
+        if not self.dead:
             self._end("keepalive watchdog timeout: no PING ACK within --grpc-keepalive-timeout")
 
     def on_ping_ack(self, data: bytes) -> None:
@@ -250,7 +248,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _probe(self) -> None:
         """BDP_PROBE_BYTES arrived since the last probe: PING, unless one is out or it is too soon."""
-        if not self._dead and self._bdp.probe(self._loop.time()):
+        if not self.dead and self._bdp.probe(self._loop.time()):
             self._engine.ping(BDP_PING)  # written with what this read queued
 
     def _probe_done(self) -> None:
@@ -263,16 +261,16 @@ class GrpcConnection(asyncio.Protocol):
     def _too_old(self) -> None:
         """max_connection_age is up: GOAWAY NO_ERROR, the running calls finish (for up to the grace)."""
         self._age_timer = None
-        if self._dead:
+        if self.dead:
             return
         self.goaway()
         grace = self._keepalive.max_age_grace_s
-        if grace is not None and not self._dead:
+        if grace is not None and not self.dead:
             self._age_timer = self._loop.call_later(grace, self._grace_over)
 
     def _grace_over(self) -> None:
         self._age_timer = None
-        if not self._dead:
+        if not self.dead:
             self._end("max connection age and its grace are over")
 
     def _close_if_done(self) -> None:
@@ -282,7 +280,7 @@ class GrpcConnection(asyncio.Protocol):
     # --- reading ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._dead:
+        if self.dead:
             return
         if len(data) > self._feed_size:
             self._unfed = memoryview(data)
@@ -295,12 +293,12 @@ class GrpcConnection(asyncio.Protocol):
         """The next piece of a large read; the rest on a later loop turn (not while the client
         is not reading what this connection writes)."""
         unfed = self._unfed
-        if unfed is None or self._dead or self._paused & _WRITING:
+        if unfed is None or self.dead or self._paused & _WRITING:
             return
         size = self._feed_size
         self._unfed = unfed[size:] if len(unfed) > size else None
         self._feed(unfed[:size])
-        if self._dead:
+        if self.dead:
             return
         if self._unfed is not None:
             self._loop.call_soon(self._feed_more)
@@ -313,21 +311,22 @@ class GrpcConnection(asyncio.Protocol):
         except EngineError as err:  # flow control, too many streams or CONTINUATION, a bad frame
             self._end(str(err))  # the engine's GOAWAY (queued) leaves
             return
-        if self._dead:
+        if self.dead:
             return
-        self._out.flush()
-        if not self._engine.alive:  # it ended the connection itself (its GOAWAY was just written)
+        self._out.collect()
+        if not self._engine.alive:  # it ended the connection itself (its GOAWAY was just collected)
             self._end("HTTP/2 connection error")
             return
-        if count > FEED_FRAMES:
-            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * FEED_FRAMES // count)
-        elif count < FEED_FRAMES // 2 and len(data) >= self._feed_size:
+        frames = self._engine.feed_frames
+        if count > frames:
+            self._feed_size = max(FEED_MIN_BYTES, self._feed_size * frames // count)
+        elif count < frames // 2 and len(data) >= self._feed_size:
             self._feed_size = min(FEED_MAX_BYTES, 2 * self._feed_size)
 
     def _end(self, why: str) -> None:
         """The connection is over: what the engine queued (its GOAWAY) leaves, every call stops."""
         log.debug("gRPC connection closed: %s", why)
-        self._dead = True
+        self.dead = True
         self._unfed = None
         self._stop_timers()
         for stream in list(self._streams.values()):
@@ -346,7 +345,8 @@ class GrpcConnection(asyncio.Protocol):
         self._end("the client sent GOAWAY")
 
     def on_window(self, sid: int) -> None:
-        self._out.window_opened(sid)
+        if self._out.blocked:  # a client's WINDOW_UPDATEs mostly find no stream waiting
+            self._out.window_opened(sid)
 
     def on_settings(self, window_changed: bool) -> None:
         if not self._induced.spend(self._loop.time()):
@@ -368,7 +368,7 @@ class GrpcConnection(asyncio.Protocol):
         if not self._resets.spend(self._loop.time()):
             self._calm("too many streams reset or refused")
 
-    def on_request(self, sid: int, headers: Headers, ended: bool) -> None:
+    def on_request(self, sid: int, head: RequestHead, ended: bool) -> None:
         if self._closing:
             self._engine.reset(sid, REFUSED_STREAM)
             return
@@ -376,7 +376,6 @@ class GrpcConnection(asyncio.Protocol):
             self._engine.reset(sid, REFUSED_STREAM)
             self._spend_reset()
             return
-        head = RequestHead(headers)
         if not head.content_type.startswith("application/grpc"):
             # gRPC over HTTP/2: a request that is not gRPC gets HTTP's 415, not a gRPC status.
             self._out.reject(sid, UNSUPPORTED_MEDIA_TYPE, end_stream=ended)
@@ -387,10 +386,11 @@ class GrpcConnection(asyncio.Protocol):
         # The engine has taken the frame whole: with END_STREAM its stream is half-closed already
         # (on_end, called next, does the rest).
         stream.remote_closed = ended
-        refusal = self._refusal(stream)
-        if refusal is not None or handler is None:
-            self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
-            return
+        if handler is None or head.encoding or head.path in self._server.restrictions:  # else nothing refuses it
+            refusal = self._refusal(stream)
+            if refusal is not None or handler is None:
+                self._out.finish(stream, *(refusal or (_UNIMPLEMENTED, "")))
+                return
         deadline = stream.ctx.deadline
         if deadline is not None:
             stream.timer = self._loop.call_at(deadline, self._expire, stream)
@@ -445,25 +445,28 @@ class GrpcConnection(asyncio.Protocol):
             self._message(stream, flag, message)
 
     def _charge(self, stream: Stream, size: int) -> bool:
-        """Hold ``size`` more bytes for ``stream``; past a budget, end it RESOURCE_EXHAUSTED."""
-        if not self._budget.take(size):
+        """Hold ``size`` more bytes for ``stream``; past a budget, end it RESOURCE_EXHAUSTED. (ByteBudget.take of
+        both budgets, written out: it runs for every DATA frame.)"""
+        budget, shared = self._budget, self._shared
+        if budget.limit and budget.used + size > budget.limit:
             self._out.finish(stream, _RESOURCE_EXHAUSTED, (
-                f"request messages not yet taken on this connection would exceed {self._budget.limit} bytes "
+                f"request messages not yet taken on this connection would exceed {budget.limit} bytes "
                 "(--grpc-max-connection-buffer-bytes)"))
             return False
-        if not self._server.budget.take(size):
-            self._budget.give(size)
+        if shared.limit and shared.used + size > shared.limit:
             self._out.finish(stream, _RESOURCE_EXHAUSTED, (
-                f"request messages not yet taken in this server process would exceed {self._server.budget.limit} "
+                f"request messages not yet taken in this server process would exceed {shared.limit} "
                 "bytes (--grpc-max-buffer-bytes); retry later"))
             return False
+        budget.used += size
+        shared.used += size
         stream.held += size
         return True
 
     def _release(self, stream: Stream, size: int) -> None:
         stream.held -= size
-        self._budget.give(size)
-        self._server.budget.give(size)
+        self._budget.used -= size  # ByteBudget.give of both, written out as in _charge
+        self._shared.used -= size
 
     def _taken(self, stream: Stream, held: int) -> None:
         """A streaming call's handler took a message that held ``held`` bytes."""
@@ -471,7 +474,7 @@ class GrpcConnection(asyncio.Protocol):
             return  # the stream is over: what it held was given back then
         self._release(stream, held)
         inbox = stream.inbox
-        if stream.deferred and not inbox and not self._dead:
+        if stream.deferred and not inbox and not self.dead:
             self._engine.acknowledge(stream.deferred, stream.id)
             stream.deferred = 0
             self._out.soon()
@@ -577,10 +580,11 @@ class GrpcConnection(asyncio.Protocol):
             stream.inbox.end()
         if stream.drained is not None and not stream.drained.done():
             stream.drained.set_result(None)
-        self._out.forget(stream)
+        if self._out.blocked:  # a stream waiting for the client's window (rare)
+            self._out.forget(stream)
         if stream.held:
             self._release(stream, stream.held)
-        if stream.deferred and not self._dead:
+        if stream.deferred and not self.dead:
             # The connection's share of the credit (the engine gives none to a closed stream).
             self._engine.acknowledge(stream.deferred, stream.id)
             stream.deferred = 0

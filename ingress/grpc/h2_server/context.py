@@ -13,25 +13,20 @@ from conveyor.ingress.grpc.h2_server.metadata import RequestHead
 
 
 class CallContext:
-    __slots__ = ("_deadline", "_head", "_loop", "code", "details")
+    __slots__ = ("_head", "_loop", "code", "deadline", "details")
 
     def __init__(self, head: RequestHead, loop: asyncio.AbstractEventLoop) -> None:
         self._head = head
         self._loop = loop
         timeout = head.timeout_s
-        self._deadline = None if timeout is None else loop.time() + timeout
+        self.deadline = None if timeout is None else loop.time() + timeout  # the client's, on the loop's clock
         self.code: grpc.StatusCode | None = None  # set by abort() or set_code()
         self.details = ""
 
-    @property
-    def deadline(self) -> float | None:
-        """The client's deadline on the loop's clock."""
-        return self._deadline
-
     def time_remaining(self) -> float | None:
-        if self._deadline is None:
+        if self.deadline is None:
             return None
-        return max(0.0, self._deadline - self._loop.time())
+        return max(0.0, self.deadline - self._loop.time())
 
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._head.metadata()

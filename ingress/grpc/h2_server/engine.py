@@ -24,12 +24,14 @@ from hyperframe.frame import GoAwayFrame
 from conveyor.ingress.grpc.h2_server.limits import (
     CLOSED_STREAMS_REMEMBERED,
     CONNECTION_WINDOW,
+    FEED_FRAMES,
     H2_STREAM_CEILING,
     MAX_CONCURRENT_STREAMS,
     MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
     STREAM_WINDOW,
 )
+from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, RequestHead
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -48,7 +50,7 @@ class Sink(Protocol):
     @property
     def dead(self) -> bool: ...  # the connection is over: the rest of what was fed is dropped
 
-    def on_request(self, sid: int, headers: Headers, ended: bool) -> None: ...
+    def on_request(self, sid: int, head: RequestHead, ended: bool) -> None: ...
     def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None: ...
     def on_end(self, sid: int) -> None: ...
     def on_reset(self, sid: int, remote: bool) -> None: ...
@@ -72,6 +74,8 @@ class Engine(Protocol):
     # the server writing (``connection._reset_ping_clock``): a connection WINDOW_UPDATE (``acknowledge``), or an
     # answer of its own (ngh2's refusal of metadata over the limit).
     wrote: bool
+    # Events of one piece of a read past which the next pieces are smaller (limits.FEED_FRAMES, NGH2_FEED_FRAMES).
+    feed_frames: int
 
     def start(self) -> None: ...  # the server's preface (SETTINGS) and the connection's window
     def feed(self, data: bytes | memoryview) -> int: ...  # events handled; raises EngineError
@@ -81,6 +85,9 @@ class Engine(Protocol):
     def respond(self, sid: int, headers: Headers, end_stream: bool = False) -> None: ...  # nothing if gone
     def trailers(self, sid: int, headers: Headers) -> None: ...  # nothing on a stream gone
     def send(self, sid: int, data: bytes | memoryview) -> None: ...  # raises ``gone`` on a stream gone
+    # A unary call's whole answer, as respond(RESPONSE_HEAD), send(message), trailers(OK_TRAILERS) in one call: when
+    # the client's windows take ``message`` in one piece now (True), else nothing is sent (False). Raises ``gone``.
+    def answer(self, sid: int, message: bytes) -> bool: ...
     def window(self, sid: int) -> int: ...  # DATA bytes ``sid`` may send now, in one piece; raises ``gone``
     def acknowledge(self, credit: int, sid: int) -> None: ...
     def reset(self, sid: int, code: int) -> None: ...  # nothing on a stream already closed
@@ -125,6 +132,7 @@ class H2Engine:
     # (or on a connection closed) raises one of these ProtocolErrors (StreamClosedError, …).
     gone: tuple[type[Exception], ...] = (h2.exceptions.ProtocolError,)
     wrote = False
+    feed_frames = FEED_FRAMES
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -136,7 +144,8 @@ class H2Engine:
         self.data_to_send = h2c.data_to_send
         self.send = h2c.send_data
         self._dispatch: dict[type, Callable[[Any], None]] = {
-            h2.events.RequestReceived: lambda e: sink.on_request(e.stream_id, e.headers, e.stream_ended is not None),
+            h2.events.RequestReceived: lambda e: sink.on_request(
+                e.stream_id, RequestHead(e.headers), e.stream_ended is not None),
             h2.events.DataReceived: lambda e: sink.on_data(
                 e.stream_id, e.data, e.flow_controlled_length, e.stream_ended is not None),
             h2.events.StreamEnded: lambda e: sink.on_end(e.stream_id),
@@ -185,6 +194,15 @@ class H2Engine:
             self._h2.send_headers(sid, headers, end_stream=True)
         except h2.exceptions.ProtocolError:  # gone (see ``gone``)
             pass
+
+    def answer(self, sid: int, message: bytes) -> bool:
+        h2c = self._h2
+        if len(message) > min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size):
+            return False
+        self.respond(sid, RESPONSE_HEAD)
+        h2c.send_data(sid, message)
+        self.trailers(sid, OK_TRAILERS)
+        return True
 
     def window(self, sid: int) -> int:
         h2c = self._h2

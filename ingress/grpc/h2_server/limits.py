@@ -23,8 +23,18 @@ MAX_CONCURRENT_STREAMS = 256
 # h2's time; fed whole, every other client on the process would wait that long. Large DATA frames
 # still go through in pieces of FEED_MAX_BYTES.
 FEED_FRAMES = 64
+# The same bound on the ngh2 engine, in its events (about five per unary call): nghttp2 parses in C and an event
+# costs the connection a few µs of Python where a frame costs h2 some tens, so a piece of this many takes no longer
+# than one of FEED_FRAMES on h2, and a read of 16 calls is handled in one piece (one loop turn, one write).
+NGH2_FEED_FRAMES = 4 * FEED_FRAMES
 FEED_MIN_BYTES = 1 << 10
 FEED_MAX_BYTES = 1 << 16
+# Request heads (parsed request headers) one connection on the ngh2 engine keeps, by their header list: a client's
+# calls repeat the same few lists, each then parsed once. At most this many, each of a list of at most
+# HEAD_CACHE_BYTES (RFC 9113's accounting; a larger one is parsed every time): a client sending ever new lists
+# makes the connection hold no more than their product, and costs it a parse per call as without the cache.
+HEAD_CACHE_ENTRIES = 16
+HEAD_CACHE_BYTES = 4096
 # h2 treats a stream over its own limit as a connection error (TooManyStreamsError, GOAWAY
 # PROTOCOL_ERROR) where RFC 9113 §5.1.2 asks for a stream error, and it opens every stream of
 # what it is fed before the server sees one. Its limit is set above ours by as many streams as

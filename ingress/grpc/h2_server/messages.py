@@ -44,8 +44,15 @@ class MessageReader:
     def feed(self, data: bytes) -> list[tuple[int, Any]]:
         """The messages ``data`` (one DATA frame's payload) completes, as (flag, bytes-like).
         Raises ``MessageTooLarge`` for a prefix over the limit (the reader is then spent)."""
+        end = len(data)
+        if end >= 5 and self._pieces is None and not self._head:  # the usual case: one frame, one whole message
+            size = int.from_bytes(data[1:5], "big")
+            if size + 5 == end and size < VIEW_BYTES:
+                if size > self._limit:
+                    raise MessageTooLarge(size, self._limit)
+                return [(data[0], data[5:])]
         out: list[tuple[int, Any]] = []
-        pos, end = 0, len(data)
+        pos = 0
         while pos < end:
             if self._pieces is None:  # at a message's prefix
                 if self._head:

@@ -34,16 +34,19 @@ from conveyor.ingress.grpc.h2_server.engine import (
 )
 from conveyor.ingress.grpc.h2_server.limits import (
     CONNECTION_WINDOW,
+    HEAD_CACHE_BYTES,
+    HEAD_CACHE_ENTRIES,
     MAX_CONCURRENT_STREAMS,
     MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
+    NGH2_FEED_FRAMES,
     NGH2_HEADER_LIST_SIZE,
     NGH2_MAX_CONTINUATIONS,
     NGH2_MAX_OUTBOUND_ACK,
     NGH2_RESET_RATE,
     STREAM_WINDOW,
 )
-from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, trailers
+from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, RequestHead, trailers
 
 _RESOURCE_EXHAUSTED = 8
 # What a sending call raises when the stream (the client's RST_STREAM in the same read as the frame being
@@ -71,6 +74,10 @@ _SETTINGS = {
     Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
 }
 
+# The events of every call, dispatched on their type (module globals: one lookup each, not two).
+_DataReceived, _RequestReceived = ngh2.DataReceived, ngh2.RequestReceived
+_WindowUpdated, _StreamClosed = ngh2.WindowUpdated, ngh2.StreamClosed
+
 _GOAWAY_HEAD = struct.Struct(">I B B I I I")  # length(24 of 32) type flags stream last-stream-id code
 _INITIAL_WINDOW_SIZE = int(Setting.INITIAL_WINDOW_SIZE)
 
@@ -92,6 +99,7 @@ class Ngh2Engine:
     name = "ngh2"
     gone: tuple[type[Exception], ...] = _GONE
     wrote = False
+    feed_frames = NGH2_FEED_FRAMES
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -99,6 +107,9 @@ class Ngh2Engine:
         self._last = 0  # the highest stream the client opened (for a GOAWAY built here)
         self._fatal: bytes | None = None  # ngh2 failed: the GOAWAY built here, then nothing
         self._done: list[int] = []  # streams answered whole, reset NO_ERROR once the answer is written
+        # Request heads by their header list (limits.HEAD_CACHE_ENTRIES): a client repeats the same few lists, each
+        # parsed and its size summed once. A head is never changed once made, so calls may share it.
+        self._heads: dict[tuple[tuple[bytes, bytes], ...], RequestHead] = {}
         self._stream_window = STREAM_WINDOW  # what the SETTINGS sent last advertise
         self._connection_window = CONNECTION_WINDOW
         self.send = c.send_data
@@ -112,7 +123,7 @@ class Ngh2Engine:
         c = self._c
         try:
             c.receive_data(data)
-            events: list[Any] = c.events()  # dispatched on their exact type, below
+            events: list[Any] = c.events()  # dispatched on their exact type, below (the most frequent first)
         except ngh2.DenialOfServiceError as err:  # a limit: CONTINUATION, PING/SETTINGS acks, header list
             self._fail(ENHANCE_YOUR_CALM, str(err))
         except ngh2.ProtocolError as err:
@@ -122,25 +133,29 @@ class Ngh2Engine:
         sink = self._sink
         for event in events:
             kind = type(event)
-            if kind is ngh2.DataReceived:
+            if kind is _DataReceived:
                 sid = event.stream_id
-                sink.on_data(sid, event.data, len(event.data), event.end_stream)  # nghttp2 credits padding
-                if event.end_stream and not sink.dead:
+                chunk = event.data
+                ended = event.end_stream
+                sink.on_data(sid, chunk, len(chunk), ended)  # nghttp2 credits padding
+                if ended and not sink.dead:
                     sink.on_end(sid)
-            elif kind is ngh2.RequestReceived:
+            elif kind is _RequestReceived:
                 sid = self._last = event.stream_id
+                ended = event.end_stream
                 headers = event.headers
-                size = 32 * len(headers) + sum([len(n) + len(v) for n, v in headers])  # RFC 9113 §6.5.2
-                if size > MAX_HEADER_LIST_SIZE:
-                    self._too_large(sid, size, event.end_stream)
-                    continue
-                sink.on_request(sid, headers, event.end_stream)
-                if event.end_stream and not sink.dead:
+                head = self._heads.get(headers)
+                if head is None:
+                    head = self._head(sid, headers, ended)
+                    if head is None:  # over MAX_HEADER_LIST_SIZE: answered
+                        continue
+                sink.on_request(sid, head, ended)
+                if ended and not sink.dead:
                     sink.on_end(sid)
-            elif kind is ngh2.StreamClosed:
-                sink.on_reset(event.stream_id, False)  # nothing once the call is over
-            elif kind is ngh2.WindowUpdated:
+            elif kind is _WindowUpdated:
                 sink.on_window(event.stream_id)
+            elif kind is _StreamClosed:
+                sink.on_reset(event.stream_id, False)  # nothing once the call is over
             elif kind is ngh2.TrailersReceived:
                 sink.on_end(event.stream_id)
             elif kind is ngh2.StreamReset:
@@ -158,6 +173,20 @@ class Ngh2Engine:
             if sink.dead:
                 break
         return len(events)
+
+    def _head(self, sid: int, headers: tuple[tuple[bytes, bytes], ...], ended: bool) -> RequestHead | None:
+        """A header list not in the cache: parsed (and kept when small), or answered when over MAX_HEADER_LIST_SIZE."""
+        size = 32 * len(headers) + sum([len(n) + len(v) for n, v in headers])  # RFC 9113 §6.5.2
+        if size > MAX_HEADER_LIST_SIZE:
+            self._too_large(sid, size, ended)
+            return None
+        head = RequestHead(headers)
+        if size <= HEAD_CACHE_BYTES:
+            heads = self._heads
+            if len(heads) >= HEAD_CACHE_ENTRIES:
+                heads.clear()
+            heads[headers] = head
+        return head
 
     def _too_large(self, sid: int, size: int, ended: bool) -> None:
         """A call whose metadata is over MAX_HEADER_LIST_SIZE: RESOURCE_EXHAUSTED, the call never runs (what
@@ -209,6 +238,23 @@ class Ngh2Engine:
             self._c.send_trailers(sid, headers)
         except _GONE:
             pass
+
+    def answer(self, sid: int, message: bytes) -> bool:
+        c = self._c
+        size = len(message)  # what ``window`` allows, below
+        if size > c.stream_remote_window_size(sid) - c.queued_body_size(sid) or (
+                size > c.remote_window_size - c.queued_body_size()):
+            return False
+        try:
+            c.send_response(sid, RESPONSE_HEAD)
+        except _GONE:  # as respond: then send_data raises it too
+            pass
+        c.send_data(sid, message)
+        try:
+            c.send_trailers(sid, OK_TRAILERS)
+        except _GONE:  # as trailers
+            pass
+        return True
 
     def window(self, sid: int) -> int:
         # nghttp2 takes from the windows as it writes DATA, not as it is queued: what is queued counts.
@@ -269,8 +315,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple[Any, ...]] = []
 
-    def on_request(self, sid: int, headers: Headers, ended: bool) -> None:
-        self.seen.append(("request", sid, dict(headers).get(b":path"), ended))
+    def on_request(self, sid: int, head: RequestHead, ended: bool) -> None:
+        self.seen.append(("request", sid, head.path, ended))
 
     def on_data(self, sid: int, data: bytes, credit: int, ended: bool) -> None:
         self.seen.append(("data", sid, bytes(data), ended))
@@ -337,7 +383,7 @@ def self_test() -> str:
                                (b"te", b"trailers")])
     client.send_data(sid, b"\0\0\0\0\0", end_stream=True)
     server.feed(client.data_to_send())
-    if recorder.seen != [("request", sid, path, False), ("data", sid, b"\0\0\0\0\0", True), ("end", sid)]:
+    if recorder.seen != [("request", sid, path.decode(), False), ("data", sid, b"\0\0\0\0\0", True), ("end", sid)]:
         return f"the server saw {recorder.seen}"
     server.acknowledge(5, sid)
     server.respond(sid, RESPONSE_HEAD)

@@ -7,10 +7,11 @@ and the engine's output written once per loop turn
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 
 from conveyor.ingress.grpc.h2_server.engine import NO_ERROR, Engine
-from conveyor.ingress.grpc.h2_server.metadata import OK_TRAILERS, RESPONSE_HEAD, Headers, trailers
+from conveyor.ingress.grpc.h2_server.metadata import RESPONSE_HEAD, Headers, trailers
 from conveyor.ingress.grpc.h2_server.stream import Stream
 
 OK = 0
@@ -26,9 +27,10 @@ class Outbound:
         self._loop = loop
         self._closed = closed  # told when a stream's answer is complete
         self.transport: asyncio.Transport | None = None
-        self._blocked: dict[int, Stream] = {}  # streams waiting for the client's window, by id
+        self.blocked: dict[int, Stream] = {}  # streams waiting for the client's window, by id
         self._flush_pending = False
         self.paused: asyncio.Future[None] | None = None  # the transport's buffer is full
+        self._collected = b""  # the engine's output taken by collect(), written first at the next flush
         self.extra = b""  # bytes the engine does not know of, written after its own (a graceful GOAWAY)
         # Headers, a message or trailers were written since the connection last looked (its ping policies).
         self.data_sent = False
@@ -41,9 +43,19 @@ class Outbound:
             self._flush_pending = True
             self._loop.call_soon(self.flush)
 
+    def collect(self) -> None:
+        """Take what the engine queued now (it may end the connection only as its GOAWAY is taken: ``alive``), to be
+        written at the end of this loop turn with what the calls answer meanwhile: one write, not two."""
+        data = self._engine.data_to_send()
+        if data:
+            self._collected += data
+        self.soon()
+
     def flush(self) -> None:
         self._flush_pending = False
         data = self._engine.data_to_send()
+        if self._collected:
+            data, self._collected = self._collected + data, b""
         if self.extra:
             data, self.extra = data + self.extra, b""
         if data and self.transport is not None and not self.transport.is_closing():
@@ -63,16 +75,16 @@ class Outbound:
         """The client's WINDOW_UPDATE (``stream_id`` 0: the connection's) or a larger
         SETTINGS_INITIAL_WINDOW_SIZE (-1: every stream's)."""
         if stream_id > 0:
-            stream = self._blocked.pop(stream_id, None)
+            stream = self.blocked.pop(stream_id, None)
             if stream is not None:
                 self.pump(stream)
             return
-        blocked, self._blocked = self._blocked, {}
+        blocked, self.blocked = self.blocked, {}
         for stream in blocked.values():
             self.pump(stream)
 
     def forget(self, stream: Stream) -> None:
-        self._blocked.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
 
     async def drained(self, stream: Stream) -> None:
         """Wait while a streaming call has too much queued for the client."""
@@ -96,10 +108,7 @@ class Outbound:
         sid = stream.id
         self.data_sent = True
         try:
-            if size <= JOIN_BYTES and size <= engine.window(sid):
-                engine.respond(sid, RESPONSE_HEAD)
-                engine.send(sid, b"\0" + (size - 5).to_bytes(4, "big") + body)
-                engine.trailers(sid, OK_TRAILERS)
+            if size <= JOIN_BYTES and engine.answer(sid, b"\0" + (size - 5).to_bytes(4, "big") + body):
                 self.soon()
                 self.closed_locally(stream)
                 return
@@ -117,11 +126,14 @@ class Outbound:
             self._engine.respond(stream.id, RESPONSE_HEAD)
         prefix = b"\0" + len(body).to_bytes(4, "big")
         self.data_sent = True
+        backlog = stream.backlog
+        if backlog is None:
+            backlog = stream.backlog = deque()
         if len(body) <= JOIN_BYTES:  # one piece, so that it leaves in one frame
-            stream.backlog.append(memoryview(prefix + body))
+            backlog.append(memoryview(prefix + body))
         else:  # large: not copied here
-            stream.backlog.append(memoryview(prefix))
-            stream.backlog.append(memoryview(body))
+            backlog.append(memoryview(prefix))
+            backlog.append(memoryview(body))
         stream.backlog_bytes += len(body) + 5
         self.pump(stream)
 
@@ -132,11 +144,13 @@ class Outbound:
         engine = self._engine
         sid = stream.id
         backlog = stream.backlog
+        if backlog is None:  # nothing was ever queued (send_message makes it)
+            return
         try:
             while backlog:
                 allowed = engine.window(sid)
                 if allowed <= 0:
-                    self._blocked[sid] = stream
+                    self.blocked[sid] = stream
                     break
                 chunk = backlog[0]
                 if len(chunk) <= allowed:

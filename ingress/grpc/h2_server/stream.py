@@ -102,7 +102,8 @@ class Stream:
         self.reader = MessageReader(limit)
         self.held = 0  # bytes of request messages held for this call, charged to the budgets
         self.deferred = 0  # bytes received and not yet credited back (a streaming call's handler is behind)
-        self.backlog: deque[memoryview] = deque()  # DATA waiting for the client's flow-control window
+        self.backlog: deque[memoryview] | None = None  # DATA waiting for the client's flow-control window (made by
+        # the first message that waits: a unary answer sent whole needs none)
         self.backlog_bytes = 0
         self.trailer: Headers | None = None  # trailers waiting behind the backlog
         self.headers_sent = False
