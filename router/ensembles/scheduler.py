@@ -45,6 +45,7 @@ from conveyor.router.ensembles.branch import Branch, block_key
 from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
 from conveyor.router.ensembles.state import EnsembleVersion
 from conveyor.router.observability.stats import EnsembleRequestStats
+from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.spec.ensemble_conditions import Condition
@@ -107,6 +108,7 @@ class EnsembleRun:
     error: m.ErrorInfo | None = None
     error_sent: bool = False  # a streaming run told its client already; the final flag follows
     responded: bool = False  # its first response is sent (nv_inference_first_response_histogram_ms)
+    cached: tuple[list[m.TensorRef], list[m.Release]] | None = None  # its response, for the response cache
 
     @property
     def conditional(self) -> bool:
@@ -117,7 +119,7 @@ class EnsembleRun:
 class EnsembleScheduler:
     def __init__(
         self, submit: Submit, cancel: CancelStep, reply: Reply, holds: HeldBlocks, loans: Loans,
-        generation: Callable[[], int], regions: RegionCache | None = None,
+        generation: Callable[[], int], regions: RegionCache | None = None, cache: ResponseCache | None = None,
     ) -> None:
         self._submit = submit
         self._cancel = cancel
@@ -126,6 +128,7 @@ class EnsembleScheduler:
         self._loans = loans
         self._generation = generation
         self._regions = regions if regions is not None else RegionCache()  # to read condition tensors
+        self._cache = cache  # --cache-config: a run whose request has a cache_key leaves its response there
         self._runs: dict[tuple[bytes, int], EnsembleRun] = {}
         self._steps: dict[int, EnsembleRun] = {}  # step request id -> its run
         self._ids = itertools.count(1)
@@ -433,6 +436,8 @@ class EnsembleScheduler:
             except ConveyorError as exc:
                 self._fail(run, m.ErrorInfo(int(exc.status), exc.message))
                 return
+        if run.request.cache_key and all(w is not None and w[1] is not None for w in found.values()):
+            run.cached = (outputs, list(blocks.values()))  # not one of the client's own inputs passed through
         branch.response = m.InferResponse(run.request.id, state.model, state.label, outputs, release=release,
                                           final=False, generation=self._generation(),
                                           parameters=sequence_parameters(run.request.parameters))
@@ -474,6 +479,8 @@ class EnsembleScheduler:
     def _finish(self, run: EnsembleRun) -> None:
         del self._runs[(run.ingress, run.request.id)]
         state = run.state
+        if run.cached is not None and run.error is None and self._cache is not None:
+            self._cache_response(run)  # before the run's holds go: the cache holds the blocks now
         for branch in list(run.open):
             self._drop_holds(run, branch)
         duration = time.monotonic_ns() - run.arrival_ns
@@ -501,6 +508,16 @@ class EnsembleScheduler:
         error = None if run.error_sent else run.error
         self._reply(run.ingress, m.InferResponse(run.request.id, state.model, state.label, error=error,
                                                  generation=self._generation()))
+
+
+    def _cache_response(self, run: EnsembleRun) -> None:
+        """Triton's top-level ensemble cache: the response of a run that succeeded is inserted (the lookup
+        counted the miss; the insertion adds to its time, as Triton counts both in it)."""
+        assert self._cache is not None and run.cached is not None
+        start = time.monotonic_ns()
+        state = run.state
+        self._cache.put(cache_key(state.model, state.label, run.request), *run.cached)
+        state.stats.cache_miss.add(time.monotonic_ns() - start, 0)
 
 
 def _first_response(run: EnsembleRun) -> None:
