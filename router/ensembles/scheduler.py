@@ -44,6 +44,7 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.ensembles.branch import Branch, block_key
 from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
 from conveyor.router.ensembles.state import EnsembleVersion
+from conveyor.router.ensembles.step_limits import StepLimit
 from conveyor.router.observability.stats import EnsembleRequestStats
 from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
@@ -189,6 +190,8 @@ class EnsembleScheduler:
                 branch.running_streams -= 1
             else:
                 branch.running_plain -= 1
+            if run.state.step_limits:
+                self._step_done(run.state.step_limits[step.step.index])
         deep = False
         if response.error is not None or run.error is not None:
             self._release(response.release)
@@ -328,11 +331,40 @@ class EnsembleScheduler:
             branch.running_plain += 1
         self._steps[step_id] = run
         # flags=0: client regions were resolved for the ensemble request already (``regions``).
-        self._submit(
-            m.InferRequest(step_id, step.model, step.version, inputs, outputs, req.parameters, req.deadline_ns,
-                           0, req.regions, req.request_id),
-            run.steps or EnsembleRequestStats(run.state.stats),
-        )
+        request = m.InferRequest(step_id, step.model, step.version, inputs, outputs, req.parameters,
+                                 req.deadline_ns, 0, req.regions, req.request_id)
+        stats = run.steps or EnsembleRequestStats(run.state.stats)
+        limits = run.state.step_limits
+        if limits:  # max_inflight_requests: it runs when its step has a slot (it counts as running meanwhile)
+            limit = limits[step.index]
+            if limit.inflight >= limit.limit:
+                limit.waiting.append((step_id, request, stats))
+                return
+            limit.inflight += 1
+        self._submit(request, stats)
+
+    def _step_done(self, limit: StepLimit) -> None:
+        """A step's final response freed its slot: the next waiting step of a run still going takes it."""
+        limit.inflight -= 1
+        while limit.waiting and limit.inflight < limit.limit:
+            step_id, request, stats = limit.waiting.popleft()
+            if step_id in self._steps:
+                limit.inflight += 1
+                self._submit(request, stats)
+
+    def _unqueue(self, run: EnsembleRun) -> None:
+        """A failed run's steps still waiting for a slot never run: they are done now."""
+        for limit in run.state.step_limits:
+            for entry in [e for e in limit.waiting if e[0] in run.running]:
+                limit.waiting.remove(entry)
+                step = run.running.pop(entry[0])
+                del self._steps[entry[0]]
+                for flag in step.reads:
+                    self._holds.drop(flag)
+                if step.decoupled:
+                    step.branch.running_streams -= 1
+                else:
+                    step.branch.running_plain -= 1
 
     def _nest(self, run: EnsembleRun, branch: Branch, step: Step, response: m.InferResponse) -> Branch:
         """One response of a decoupled step: a branch of its own for the steps that read it."""
@@ -374,6 +406,8 @@ class EnsembleScheduler:
         if run.error is not None:
             return
         run.error = error
+        if run.state.step_limits:
+            self._unqueue(run)
         for step_id in list(run.running):
             self._cancel(step_id)
         for branch in list(run.open):
