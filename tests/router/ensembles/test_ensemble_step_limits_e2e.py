@@ -1,6 +1,7 @@
 """``ensemble_scheduling.max_inflight_requests`` on the real process group: at most that many requests
 of each step in flight over all the ensemble's requests (Triton's back-pressure, qa/L0_simple_ensemble),
-logged at load as Triton logs it; a cancelled request's waiting steps never run."""
+logged at load as Triton logs it; an invalid value fails the load (tests/router/repository/test_cpp_parse_words.py
+has the words Triton's protobuf parser logs for it)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ DELAY_US = 1_000_000  # the step's batcher waits this long for a batch of REQUES
 WAIT_S = 60.0
 
 
-def limited_ensemble(repo: str, name: str, limit: int) -> None:
+# qa/L0_simple_ensemble's invalid values.
+INVALID = {"ens_negative": "-5", "ens_string": '"invalid_value"', "ens_too_large": "12345678901"}
+
+
+def limited_ensemble(repo: str, name: str, limit: int | str) -> None:
     write_model(repo, name, f'''name: "{name}"
 platform: "ensemble"
 max_batch_size: 8
@@ -48,6 +53,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     add_sub(repo, "batched_step", 8, f"dynamic_batching {{ preferred_batch_size: [ {REQUESTS} ] "
             f"max_queue_delay_microseconds: {DELAY_US} }}\ninstance_group [ {{ count: 1 kind: KIND_CPU }} ]")
     limited_ensemble(repo, "ens_limit_1", 1)
+    for name, value in INVALID.items():
+        limited_ensemble(repo, name, value)  # type: ignore[arg-type]
     server = start_server(repo, f"sl{os.getpid()}", "--workers", "1", "--log-file", os.path.join(repo, "server.log"))
     yield server
     assert server.stop() == 0
@@ -56,6 +63,13 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_the_limit_is_logged_at_load(srv: Server) -> None:
     log = (Path(srv.repo) / "server.log").read_text()
     assert "Ensemble model 'ens_limit_1' configured with max_inflight_requests: 1" in log
+
+
+def test_invalid_values_fail_the_load(srv: Server) -> None:
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+    for name in INVALID:
+        assert index[name].get("state") == "UNAVAILABLE" and "failed to parse" in index[name]["reason"]
 
 
 def test_one_step_request_in_flight_at_a_time(srv: Server) -> None:
