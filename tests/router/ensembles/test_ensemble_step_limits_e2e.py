@@ -54,7 +54,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             f"max_queue_delay_microseconds: {DELAY_US} }}\ninstance_group [ {{ count: 1 kind: KIND_CPU }} ]")
     limited_ensemble(repo, "ens_limit_1", 1)
     for name, value in INVALID.items():
-        limited_ensemble(repo, name, value)  # type: ignore[arg-type]
+        limited_ensemble(repo, name, value)
     server = start_server(repo, f"sl{os.getpid()}", "--workers", "1", "--log-file", os.path.join(repo, "server.log"))
     yield server
     assert server.stop() == 0
