@@ -94,7 +94,7 @@ class Admission:
                 if sig is None:
                     sig = state.step_signature = ModelSignature.from_wire(signature(state))
                 check_step_inputs(sig, req.inputs, req.request_id)
-                if state.config.response_cache.enable and self.cache is not None:
+                if self.cache is not None and state.config.response_cache.enable:  # no cache: one test
                     self._step_cache_key(req)
             except ConveyorError as exc:
                 self._reply_error(identity, req.id, state.model, state.label, exc)
