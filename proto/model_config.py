@@ -8,6 +8,7 @@ would quote them; tritonclient users index into these dicts).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from google.protobuf import json_format, text_format
@@ -39,6 +40,48 @@ def parse_text(text: str) -> mc.ModelConfig:
         # ("data_type: 2147483648"): the caller's "bad config" path must see them too.
         raise text_format.ParseError(str(exc)) from None
     return config
+
+
+def _unsigned_fields(descriptor: Any, seen: set[str] | None = None) -> set[str]:
+    """The names of the unsigned integer fields of ``descriptor`` and the messages in it."""
+    seen = set() if seen is None else seen
+    names: set[str] = set()
+    if descriptor.full_name in seen:
+        return names
+    seen.add(descriptor.full_name)
+    for f in descriptor.fields:
+        if f.type in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED32,
+                      FieldDescriptor.TYPE_FIXED64):
+            names.add(f.name)
+        elif f.message_type is not None:
+            names |= _unsigned_fields(f.message_type, seen)
+    return names
+
+
+_UNSIGNED = _unsigned_fields(mc.ModelConfig.DESCRIPTOR)
+# Python protobuf's words for an integer it cannot take, after the line it quotes ('  name: value').
+_PY_INTEGER_ERROR = re.compile(r"'\s*(\w+)\s*:.*': (Couldn't parse (?:unsigned )?integer|Value out of range): (\S+)$")
+
+
+def cpp_parse_error(exc: text_format.ParseError) -> str:
+    """``exc`` in C++ protobuf's words (Triton's text-format parser), ``LINE:COL: words``, for the integer a field
+    cannot take (qa/L0_simple_ensemble greps them); other errors keep Python protobuf's words."""
+    message = str(exc)
+    line, column = exc.GetLine(), exc.GetColumn()
+    found = _PY_INTEGER_ERROR.search(message)
+    if line is None or column is None or found is None:
+        return re.sub(r"^(\d+):(\d+) : ", r"\1:\2: ", message)
+    field, kind, token = found.groups()
+    if kind != "Value out of range":
+        words = f"Expected integer, got: {token}"  # not an integer token at all
+    elif token.startswith("-") and field in _UNSIGNED:
+        words = "Expected integer, got: -"  # C++ reads '-' as a symbol where only an unsigned integer may be
+    elif token.startswith("-"):
+        column += 1  # C++ reports the number after the '-'
+        words = f"Integer out of range ({token[1:]})"
+    else:
+        words = f"Integer out of range ({token})"
+    return f"{line}:{column}: {words}"
 
 
 def to_json(config: mc.ModelConfig) -> dict[str, Any]:

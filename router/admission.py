@@ -11,6 +11,7 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.migration import MIGRATION
 from conveyor.proto.request_checks import check_step_inputs
+from conveyor.proto.request_hash import hash_request
 from conveyor.proto.signature import ModelSignature
 from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
@@ -45,10 +46,11 @@ class Admission:
         self.dispatcher = dispatcher
         self._schedule = dispatcher.schedule
         self.ingress_pids = ingress_pids
+        self._regions = regions
         registry = ctx.registry
         self.ensembles = EnsembleScheduler(
             partial(self.on_infer, ensemble_link), partial(self.cancel, ensemble_link), ctx.replies.send,
-            ctx.holds, ctx.loans, lambda: registry.generation, regions,
+            ctx.holds, ctx.loans, lambda: registry.generation, regions, ctx.cache,
         )
         shm.in_use = self.regions_in_use
 
@@ -81,6 +83,9 @@ class Admission:
         if not req.outputs:  # a BLS request that names no outputs gets them all, as in Triton
             req.outputs = [m.OutputSpec(o.name) for o in state.config.output]
         if isinstance(state, EnsembleVersion):
+            # Triton looks its whole response up first (core's ensemble_scheduler.cc); cached when it ends.
+            if req.cache_key and self._answer_from_cache(identity, req, state):
+                return
             self.ensembles.start(identity, req, state)
             return
         if ensemble_stats is not None:  # an ensemble's step: checked as a client's request is at its ingress
@@ -89,6 +94,8 @@ class Admission:
                 if sig is None:
                     sig = state.step_signature = ModelSignature.from_wire(signature(state))
                 check_step_inputs(sig, req.inputs, req.request_id)
+                if self.cache is not None and state.config.response_cache.enable:  # no cache: one test
+                    self._step_cache_key(req)
             except ConveyorError as exc:
                 self._reply_error(identity, req.id, state.model, state.label, exc)
                 return
@@ -131,6 +138,15 @@ class Admission:
         it, or stop its ensemble run."""
         if not self.dispatcher.cancel(identity, request_id):
             self.ensembles.cancel(identity, request_id)
+
+    def _step_cache_key(self, req: m.InferRequest) -> None:
+        """An ensemble's step to a model that caches its responses: keyed as the ingress keys a client's
+        request to it (Triton looks each step up in its model's cache), from the bytes the steps before it
+        wrote. Not a step that reads or writes a client's region (the ingress keys no such request)."""
+        if req.regions or any(o.region for o in req.outputs):
+            return
+        view = self._regions.view
+        req.cache_key = hash_request(req.inputs, lambda r: view(r.region, r.offset, r.nbytes), req.parameters)
 
     def _answer_from_cache(self, identity: bytes, req: m.InferRequest, state: VersionState) -> bool:
         """Answer a cache hit at once (the cached block lent to the ingress). On a miss the

@@ -143,9 +143,9 @@ class ControlHandler:
         state = self.registry.resolve(model, version)
         sig = signature(state)
         config = state.config
-        # The ingress hashes the inputs of these requests only (the router keys its cache on that).
-        sig["response_cache"] = (self.response_cache and config.response_cache.enable and not sig["decoupled"]
-                                 and config.platform != "ensemble")
+        # The ingress hashes the inputs of these requests only (the router keys its cache on that); an
+        # ensemble's too: Triton caches its whole response (core's ensemble_scheduler.cc).
+        sig["response_cache"] = self.response_cache and config.response_cache.enable and not sig["decoupled"]
         return {"generation": self.registry.generation, "signature": sig}
 
     def model_directory(self, model: str, version: str = "") -> dict[str, Any]:

@@ -4,8 +4,11 @@
 A cached response stays where its worker wrote it: the cache holds the
 response's block (``HeldBlocks``), and each hit lends it to the ingress with a
 loan (``Loans``), so an entry evicted while a hit is still being copied out
-stays alive until that copy is done. The size bound counts the bytes of the
-outputs the entries keep alive.
+stays alive until that copy is done. The size bound counts an entry as Triton's
+local cache does (its serialized form: each output's name, datatype, shape and
+bytes, with their lengths), so that a ``--cache-config local,size=N`` holds what it
+holds in Triton; an entry larger than the whole cache is not kept, and logged in
+Triton's words.
 
 The key is (model, version, the ingress's hash of the inputs and parameters,
 the requested outputs); see ``ingress/request_hash.py``.
@@ -13,6 +16,7 @@ the requested outputs); see ``ingress/request_hash.py``.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -20,7 +24,20 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 
+log = logging.getLogger(__name__)
+
 CacheKey = tuple[str, str, bytes, tuple[tuple[str, int], ...]]
+
+# Triton's serialized entry (core's cache_entry.cc): a uint32 output count, then per output a uint64
+# size, uint32-prefixed name, datatype and shape (int64 each), and a uint64-prefixed buffer.
+_ENTRY_HEADER = 4
+_OUTPUT_HEADER = 8 + 4 + 4 + 4 + 8
+
+
+def entry_size(outputs: list[m.TensorRef]) -> int:
+    """The bytes Triton's local cache takes for a response with these outputs."""
+    return _ENTRY_HEADER + sum(_OUTPUT_HEADER + len(t.name.encode()) + len(t.datatype) + 8 * len(t.shape) + t.nbytes
+                               for t in outputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +48,8 @@ class CachedResponse:
 
 
 def cache_key(model: str, version: str, request: m.InferRequest) -> CacheKey:
-    return (model, version, request.cache_key, tuple((o.name, o.classification) for o in request.outputs))
+    # In name order: an ensemble's step names its outputs in its own order, a client in another.
+    return (model, version, request.cache_key, tuple(sorted((o.name, o.classification) for o in request.outputs)))
 
 
 class ResponseCache:
@@ -52,8 +70,13 @@ class ResponseCache:
 
     def put(self, key: CacheKey, outputs: list[m.TensorRef], blocks: list[m.Release]) -> bool:
         """Keep this response (holding its blocks); False when it is not kept (too big, or there already)."""
-        nbytes = sum(t.nbytes for t in outputs)
-        if key in self._entries or nbytes > self.capacity or not blocks:
+        if key in self._entries or not blocks:
+            return False
+        nbytes = entry_size(outputs)
+        if nbytes > self.capacity:
+            # Triton's words (core's dynamic_batch_scheduler.cc, ensemble_scheduler.cc; the local cache's).
+            log.error("Failed to insert key [%s] into response cache: Cache entry is larger than total cache size",
+                      key[2].hex())
             return False
         while self.used + nbytes > self.capacity:
             self._evict()

@@ -8,8 +8,9 @@ requests of its sequence.
   only the rows that hold a request (router/scheduling/sequences.py), unless
   the router asks for Triton's padded batch (``--sequence-slot-padding``,
   ``pad_batch``): each empty slot below the highest one in use is a row of
-  zero inputs with READY, START and END false, CORRID 0 and the initial state
-  (Triton's null request), and its outputs are dropped (``unpad``); a request
+  zero inputs with READY, START and END false, CORRID 0 and a zeroed state shaped
+  as the batch's first request's (Triton's null request: a variable-shaped state may
+  have grown past the initial one's shape), and its outputs are dropped (``unpad``); a request
   backend (Python) gets a not-ready request of zeros in each empty slot
   (``pad_requests``), and its answers go nowhere. Decoupled models are not
   padded.
@@ -126,8 +127,13 @@ class SequenceSlots:
             inputs[control.name] = _flag_tensor(control, [pick(s) for s in steps], shape)
         if self.corrid is not None:
             inputs[self.corrid[0]] = self._corrid_tensor(steps, shape)
+        first = next(step for step in steps if step is not NULL_STEP) if slots is not None else None
         for spec in self.states:
             arrays = [self._state(step, spec.input_name) for step in steps]
+            if first is not None:  # Triton's null request: a zeroed copy of the batch's first request's state
+                model = self._state(first, spec.input_name)
+                null = np.zeros_like(model) if model.dtype.kind != "O" else np.full(model.shape, b"", np.object_)
+                arrays = [null if step is NULL_STEP else a for step, a in zip(steps, arrays, strict=True)]
             if len(arrays) == 1:
                 inputs[spec.input_name] = arrays[0]
             elif any(a.shape != arrays[0].shape for a in arrays):

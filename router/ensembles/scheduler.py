@@ -44,7 +44,9 @@ from conveyor.proto.errors import ConveyorError, Status
 from conveyor.router.ensembles.branch import Branch, block_key
 from conveyor.router.ensembles.levels import REQUEST, Levels, build_levels
 from conveyor.router.ensembles.state import EnsembleVersion
+from conveyor.router.ensembles.step_limits import StepLimit
 from conveyor.router.observability.stats import EnsembleRequestStats
+from conveyor.router.response_cache import ResponseCache, cache_key
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.router.shared_memory.loans import Loans
 from conveyor.router.spec.ensemble_conditions import Condition
@@ -107,6 +109,7 @@ class EnsembleRun:
     error: m.ErrorInfo | None = None
     error_sent: bool = False  # a streaming run told its client already; the final flag follows
     responded: bool = False  # its first response is sent (nv_inference_first_response_histogram_ms)
+    cached: tuple[list[m.TensorRef], list[m.Release]] | None = None  # its response, for the response cache
 
     @property
     def conditional(self) -> bool:
@@ -117,7 +120,7 @@ class EnsembleRun:
 class EnsembleScheduler:
     def __init__(
         self, submit: Submit, cancel: CancelStep, reply: Reply, holds: HeldBlocks, loans: Loans,
-        generation: Callable[[], int], regions: RegionCache | None = None,
+        generation: Callable[[], int], regions: RegionCache | None = None, cache: ResponseCache | None = None,
     ) -> None:
         self._submit = submit
         self._cancel = cancel
@@ -126,6 +129,7 @@ class EnsembleScheduler:
         self._loans = loans
         self._generation = generation
         self._regions = regions if regions is not None else RegionCache()  # to read condition tensors
+        self._cache = cache  # --cache-config: a run whose request has a cache_key leaves its response there
         self._runs: dict[tuple[bytes, int], EnsembleRun] = {}
         self._steps: dict[int, EnsembleRun] = {}  # step request id -> its run
         self._ids = itertools.count(1)
@@ -186,6 +190,8 @@ class EnsembleScheduler:
                 branch.running_streams -= 1
             else:
                 branch.running_plain -= 1
+            if run.state.step_limits:
+                self._step_done(run.state.step_limits[step.step.index])
         deep = False
         if response.error is not None or run.error is not None:
             self._release(response.release)
@@ -325,11 +331,40 @@ class EnsembleScheduler:
             branch.running_plain += 1
         self._steps[step_id] = run
         # flags=0: client regions were resolved for the ensemble request already (``regions``).
-        self._submit(
-            m.InferRequest(step_id, step.model, step.version, inputs, outputs, req.parameters, req.deadline_ns,
-                           0, req.regions, req.request_id),
-            run.steps or EnsembleRequestStats(run.state.stats),
-        )
+        request = m.InferRequest(step_id, step.model, step.version, inputs, outputs, req.parameters,
+                                 req.deadline_ns, 0, req.regions, req.request_id)
+        stats = run.steps or EnsembleRequestStats(run.state.stats)
+        limits = run.state.step_limits
+        if limits:  # max_inflight_requests: it runs when its step has a slot (it counts as running meanwhile)
+            limit = limits[step.index]
+            if limit.inflight >= limit.limit:
+                limit.waiting.append((step_id, request, stats))
+                return
+            limit.inflight += 1
+        self._submit(request, stats)
+
+    def _step_done(self, limit: StepLimit) -> None:
+        """A step's final response freed its slot: the next waiting step of a run still going takes it."""
+        limit.inflight -= 1
+        while limit.waiting and limit.inflight < limit.limit:
+            step_id, request, stats = limit.waiting.popleft()
+            if step_id in self._steps:
+                limit.inflight += 1
+                self._submit(request, stats)
+
+    def _unqueue(self, run: EnsembleRun) -> None:
+        """A failed run's steps still waiting for a slot never run: they are done now."""
+        for limit in run.state.step_limits:
+            for entry in [e for e in limit.waiting if e[0] in run.running]:
+                limit.waiting.remove(entry)
+                step = run.running.pop(entry[0])
+                del self._steps[entry[0]]
+                for flag in step.reads:
+                    self._holds.drop(flag)
+                if step.decoupled:
+                    step.branch.running_streams -= 1
+                else:
+                    step.branch.running_plain -= 1
 
     def _nest(self, run: EnsembleRun, branch: Branch, step: Step, response: m.InferResponse) -> Branch:
         """One response of a decoupled step: a branch of its own for the steps that read it."""
@@ -371,6 +406,8 @@ class EnsembleScheduler:
         if run.error is not None:
             return
         run.error = error
+        if run.state.step_limits:
+            self._unqueue(run)
         for step_id in list(run.running):
             self._cancel(step_id)
         for branch in list(run.open):
@@ -433,6 +470,8 @@ class EnsembleScheduler:
             except ConveyorError as exc:
                 self._fail(run, m.ErrorInfo(int(exc.status), exc.message))
                 return
+        if run.request.cache_key and all(w is not None and w[1] is not None for w in found.values()):
+            run.cached = (outputs, list(blocks.values()))  # not one of the client's own inputs passed through
         branch.response = m.InferResponse(run.request.id, state.model, state.label, outputs, release=release,
                                           final=False, generation=self._generation(),
                                           parameters=sequence_parameters(run.request.parameters))
@@ -474,6 +513,8 @@ class EnsembleScheduler:
     def _finish(self, run: EnsembleRun) -> None:
         del self._runs[(run.ingress, run.request.id)]
         state = run.state
+        if run.cached is not None and run.error is None and self._cache is not None:
+            self._cache_response(run)  # before the run's holds go: the cache holds the blocks now
         for branch in list(run.open):
             self._drop_holds(run, branch)
         duration = time.monotonic_ns() - run.arrival_ns
@@ -501,6 +542,16 @@ class EnsembleScheduler:
         error = None if run.error_sent else run.error
         self._reply(run.ingress, m.InferResponse(run.request.id, state.model, state.label, error=error,
                                                  generation=self._generation()))
+
+
+    def _cache_response(self, run: EnsembleRun) -> None:
+        """Triton's top-level ensemble cache: the response of a run that succeeded is inserted (the lookup
+        counted the miss; the insertion adds to its time, as Triton counts both in it)."""
+        assert self._cache is not None and run.cached is not None
+        start = time.monotonic_ns()
+        state = run.state
+        self._cache.put(cache_key(state.model, state.label, run.request), *run.cached)
+        state.stats.cache_miss.add(time.monotonic_ns() - start, 0)
 
 
 def _first_response(run: EnsembleRun) -> None:

@@ -23,6 +23,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.proto.errors import ConveyorError
 from conveyor.router.ensembles.batch_dims import BatchDims, batch_dims
 from conveyor.router.ensembles.levels import Levels, build_levels
+from conveyor.router.ensembles.step_limits import StepLimit, step_limits
 from conveyor.router.models import ModelEntry, VersionState
 from conveyor.router.observability.histograms import HistogramConfig, LatencyMetrics, first_response_buckets_ms
 from conveyor.router.observability.stats import ModelStats
@@ -44,6 +45,7 @@ class EnsembleVersion(VersionState):
     batch_dims: BatchDims | None = None  # where steps batch otherwise than the ensemble (set by the check)
     label_files: dict[str, str] = field(default_factory=dict)  # output -> its label_filename's path
     optional_inputs: frozenset[str] = frozenset()  # the inputs a request may leave out (set at build)
+    step_limits: list[StepLimit] = field(default_factory=list)  # max_inflight_requests, by step index (none: 0)
     # Requested outputs (fewer than all) -> the steps they do not need, made once per set (``unneeded_steps``).
     unneeded: dict[frozenset[str], frozenset[int]] = field(default_factory=dict)
     _checked: tuple[int, str] = (-1, "")  # (registry generation, structural problem)
@@ -231,5 +233,6 @@ def build_ensemble_entry(spec: ModelSpec, registry: ModelRegistry) -> ModelEntry
         state.error = spec.version_errors.get(v, "")
         state.label_files = label_files
         state.optional_inputs = frozenset(t.name for t in spec.config.input if t.optional)
+        state.step_limits = step_limits(spec.config)  # each version's own, as Triton's scheduler of each
         entry.versions[v] = state
     return entry

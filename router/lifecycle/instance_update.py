@@ -17,6 +17,7 @@ from conveyor.proto import model_config_pb2 as mc
 from conveyor.router.models import Instance, InstanceState, ModelEntry, VersionState, instance_devices, instance_names
 from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.spec.model_spec import ModelSpec
+from conveyor.router.spec.triton_rules import default_count
 
 
 def needs_no_reload(old: mc.ModelConfig, new: mc.ModelConfig) -> bool:
@@ -54,7 +55,7 @@ def _signatures(config: mc.ModelConfig) -> list[bytes]:
         normal = mc.ModelInstanceGroup()
         normal.CopyFrom(group)
         normal.name, normal.count = "[Normalized]", 1
-        count = group.count if group.count > 0 else 1
+        count = group.count if group.count > 0 else default_count(group.kind, config.backend)  # as instance_devices
         on_gpus = group.kind == mc.ModelInstanceGroup.KIND_GPU and group.gpus
         out += [normal.SerializeToString(deterministic=True)] * (count * (len(group.gpus) if on_gpus else 1))
     return out

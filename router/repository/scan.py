@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 
 from google.protobuf import text_format
 
+from conveyor.deploy.runtime.log_settings import TRITON_FORMATS, ProcessLog
 from conveyor.proto import model_config_pb2 as mc
-from conveyor.proto.model_config import parse_text
+from conveyor.proto.model_config import cpp_parse_error, parse_text
 from conveyor.proto.repository_files import read_text, unreadable
 from conveyor.proto.sequence_config import IDLE_DEFAULT_US
 from conveyor.proto.triton_test_backends import NAMES as TRITON_TEST_BACKENDS
@@ -30,6 +32,8 @@ from conveyor.router.spec.triton_rules import config_problem
 from conveyor.router.spec.validate import validate
 
 log = logging.getLogger(__name__)
+
+LIBPROTOBUF_ERROR = "[libprotobuf ERROR google/protobuf/text_format.cc:337]"  # its log line's head in Triton
 
 # platform / backend names Triton uses, mapped to the worker backend that runs them.
 _BACKENDS = {
@@ -147,6 +151,11 @@ def load_spec(
         except OSError as exc:  # a FIFO, a device, a directory, a file too large, permissions
             return _poll_failure(spec, unreadable(config_path, exc))
         except (text_format.ParseError, UnicodeDecodeError) as exc:
+            if isinstance(exc, text_format.ParseError) and ProcessLog.settings.log_format in TRITON_FORMATS:
+                # Triton's output has its protobuf parser's own line, on stderr as libprotobuf writes it
+                # (tritonserver's log format only: Conveyor's says it in the load failure below).
+                sys.stderr.write(f"{LIBPROTOBUF_ERROR} Error parsing text-format inference.ModelConfig: "
+                                 f"{cpp_parse_error(exc)}\n")
             return _poll_failure(spec, f"failed to parse {config_path}: {exc}")
     config = spec.config
     if not config.name:

@@ -19,6 +19,7 @@ import pytest
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
+from conveyor.deploy.example_repo import add_sub
 from tests.support.group import Server, start_server
 from tests.support.python_models import write_model
 
@@ -291,3 +292,19 @@ def test_a_reload_loads_only_the_versions_whose_files_changed(srv: Server, repo:
     assert sorted(v for w, v, _ in version_events(repo) if w == "init") == ["1", "1", "2", "2", "2", "3", "3",
                                                                              "4", "4"]
     client.unload_model(VERSIONED)
+
+
+def test_a_group_without_count_loads_again_unchanged(srv: Server, repo: Path,
+                                                    client: th.InferenceServerClient) -> None:
+    """An onnxruntime model's KIND_CPU group without a count is two instances (Triton's default count); loading
+    it again unchanged (qa/L0_response_cache loads an ensemble, then its composing model) keeps them serving."""
+    add_sub(str(repo), "default_count", 8, "instance_group [ { kind: KIND_CPU } ]")
+    for _ in range(2):
+        client.load_model("default_count")
+        assert client.is_model_ready("default_count")
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [th.InferInput("INPUT0", [1, 16], "INT32"), th.InferInput("INPUT1", [1, 16], "INT32")]
+    for inp in inputs:
+        inp.set_data_from_numpy(a)
+    np.testing.assert_array_equal(client.infer("default_count", inputs).as_numpy("OUTPUT0"), a + a)
+    client.unload_model("default_count")

@@ -29,7 +29,7 @@ def test_cache_config_syntax() -> None:
 def test_entries_hold_their_blocks_until_evicted() -> None:
     arena = Arena(segment_name(f"u{os.getpid()}", "worker"), 4096)
     try:
-        cache = ResponseCache(100, HeldBlocks())
+        cache = ResponseCache(200, HeldBlocks())  # an entry takes 108 bytes (Triton's size)
 
         def entry(i: int) -> tuple[list[m.TensorRef], list[m.Release]]:
             return [m.TensorRef("OUT", "INT32", [15], arena.name, 64 * (i + 1), 60)], [m.Release(arena.name, i)]
@@ -40,11 +40,28 @@ def test_entries_hold_their_blocks_until_evicted() -> None:
         assert not cache.put(keys[0], *entry(0))  # there already
         assert arena.array[0] == HELD
         assert cache.get(keys[0]) is not None and cache.get(keys[1]) is None
-        assert cache.put(keys[1], *entry(1))  # 120 bytes > 100: the oldest goes
+        assert cache.put(keys[1], *entry(1))  # 216 bytes > 200: the oldest goes
         assert cache.get(keys[0]) is None and arena.array[0] == RELEASED
-        assert arena.array[1] == HELD and cache.used == 60
+        assert arena.array[1] == HELD and cache.used == 108
         big = [m.TensorRef("OUT", "INT32", [50], arena.name, 256, 200)]
         assert not cache.put(keys[2], big, [m.Release(arena.name, 2)])  # larger than the whole cache
         assert arena.array[2] == OUTSTANDING
+    finally:
+        arena.close()
+
+
+def test_an_entry_larger_than_the_cache_is_logged_in_tritons_words(caplog: pytest.LogCaptureFixture) -> None:
+    """qa/L0_response_cache's test_ensemble_cache_insertion_failure (a 200-byte cache): two FP32 [1, 16]
+    outputs take 242 bytes in Triton's entry (128 of data), so they are not kept, and the log says so."""
+    arena = Arena(segment_name(f"v{os.getpid()}", "worker"), 4096)
+    try:
+        cache = ResponseCache(200, HeldBlocks())
+        outputs = [m.TensorRef(f"OUTPUT{i}", "FP32", [1, 16], arena.name, 64 + 64 * i, 64) for i in range(2)]
+        key = cache_key("ens", "1", m.InferRequest(0, "ens", "", [], [], cache_key=b"\x01\x02"))
+        with caplog.at_level("ERROR"):
+            assert not cache.put(key, outputs, [m.Release(arena.name, 0)])
+        assert "Failed to insert key [0102] into response cache: Cache entry is larger than total cache size" \
+            in caplog.text
+        assert arena.array[0] == OUTSTANDING and len(cache) == 0
     finally:
         arena.close()

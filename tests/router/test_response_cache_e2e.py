@@ -1,5 +1,6 @@
 """Triton's response cache end to end: hits and misses in the statistics and the
-metrics, identical outputs, eviction by size, and no cache unless configured."""
+metrics, identical outputs, eviction by size, no cache unless configured, and an
+ensemble's (its whole response, and its steps' in their models' caches)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conveyor.deploy.example_repo import add_sub, identity
+from tests.support.ensemble_models import ADD_SUB, _step, ensemble
 from tests.support.group import Server, start_server
 from tests.support.metrics import metrics_text
 
@@ -27,6 +29,14 @@ def build_repo(repo: str) -> None:
     add_sub(repo, "simple_cached", 8, "dynamic_batching { }\nresponse_cache { enable: true }")
     add_sub(repo, "simple", 8, "dynamic_batching { }")  # no response_cache: never cached
     identity(repo, "big_cached", "FP32", 0, "-1", "response_cache { enable: true }")
+    # An ensemble caching its whole response over a model that does not; one that does not over one that does.
+    add_sub(repo, "simple_uncached_step", 8, "dynamic_batching { }")
+    ensemble(repo, "ens_cached", ["A", "B"], ["SUM", "DIFF"],
+             [_step("simple_uncached_step", ADD_SUB, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})],
+             extra="response_cache { enable: true }")
+    add_sub(repo, "simple_cached_step", 8, "dynamic_batching { }\nresponse_cache { enable: true }")
+    ensemble(repo, "ens_over_cached", ["A", "B"], ["SUM", "DIFF"],
+             [_step("simple_cached_step", ADD_SUB, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})])
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +140,50 @@ def test_cache_metrics(cache_server: Server) -> None:
     assert f"nv_cache_num_hits_per_model{labels} {hits}" in text
     assert f"nv_cache_num_misses_per_model{labels} {misses}" in text
     assert "nv_cache_hit_duration_per_model" in text and "nv_cache_miss_duration_per_model" in text
+
+
+def ensemble_inputs(seed: int) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a, b = (rng.integers(-1000, 1000, (1, 16), dtype=np.int32) for _ in range(2))
+    inputs = [grpcclient.InferInput("A", [1, 16], "INT32"), grpcclient.InferInput("B", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs, a, b
+
+
+def run_twice(server: Server, model: str, seed: int) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs, a, b = ensemble_inputs(seed)
+    for _ in range(2):
+        result = client.infer(model, inputs)
+        np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("DIFF"), a - b)
+
+
+def test_an_ensemble_with_the_cache_caches_its_whole_response(cache_server: Server) -> None:
+    """qa/L0_response_cache's test_ensemble_top_level_response_cache: the second request is answered from
+    the ensemble's cache, and its step runs once."""
+    run_twice(cache_server, "ens_cached", 7)
+    hits, misses, successes, _ = counts(stats(cache_server, "ens_cached"))
+    assert (hits, misses, successes) == (1, 1, 2)
+    step = counts(stats(cache_server, "simple_uncached_step"))
+    assert step == (0, 0, 1, 1)
+
+
+def test_an_ensembles_step_is_looked_up_in_its_models_cache(cache_server: Server) -> None:
+    """qa/L0_response_cache's test_ensemble_composing_model_cache_enabled: the step's model has the cache
+    (keyed on the inputs its step got, as a client's request to it is), the ensemble has none."""
+    run_twice(cache_server, "ens_over_cached", 8)
+    assert counts(stats(cache_server, "ens_over_cached"))[:3] == (0, 0, 2)
+    assert counts(stats(cache_server, "simple_cached_step")) == (1, 1, 2, 1)
+    # A client's own request with the same inputs is the same entry.
+    client = grpcclient.InferenceServerClient(cache_server.grpc_url)
+    _, a, b = ensemble_inputs(8)
+    inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    np.testing.assert_array_equal(client.infer("simple_cached_step", inputs).as_numpy("OUTPUT0"), a + b)
+    assert counts(stats(cache_server, "simple_cached_step"))[:2] == (2, 1)
 
 
 def test_no_cache_without_cache_config(repo: str) -> None:

@@ -69,6 +69,37 @@ sequence_batching {{
 """)
 
 
+def variable_accumulator(repo: str, name: str) -> None:
+    """qa/L0_sequence_batcher's variable-shaped implicit-state model: INPUT and the state INT32 [-1], no initial
+    state (a first request's is [1] zeros), OUTPUT = INPUT + STATE * (1 - START) (broadcast: the state takes the
+    input's shape after the first request); the new STATE is OUTPUT. One instance, 4 slots, direct."""
+    vi = helper.make_tensor_value_info
+    inputs = [vi("INPUT", TensorProto.INT32, ["B", "N"]), vi("INPUT_STATE", TensorProto.INT32, ["B", "S"]),
+              vi("START", TensorProto.INT32, ["B", 1])]
+    nodes = [
+        helper.make_node("Sub", ["one", "START"], ["keep"]),
+        helper.make_node("Mul", ["INPUT_STATE", "keep"], ["kept"]),
+        helper.make_node("Add", ["INPUT", "kept"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"]),
+    ]
+    outputs = [vi("OUTPUT", TensorProto.INT32, ["B", "N"]), vi("OUTPUT_STATE", TensorProto.INT32, ["B", "N"])]
+    graph = helper.make_graph(nodes, name, inputs, outputs, [helper.make_tensor("one", TensorProto.INT32, [], [1])])
+    save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), repo, name, f"""
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {LONG_IDLE_US}
+  direct {{ }}
+  {_START_INT32}
+  state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+}}
+""")
+
+
 def string_echo(repo: str, name: str) -> None:
     """A TYPE_STRING state: OUTPUT = the state (the previous request's INPUT; empty strings at first), the new
     state = INPUT."""

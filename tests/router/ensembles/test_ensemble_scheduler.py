@@ -14,6 +14,7 @@ from conveyor.proto.model_config import parse_text
 from conveyor.router.ensembles.levels import build_levels
 from conveyor.router.ensembles.scheduler import EnsembleScheduler
 from conveyor.router.ensembles.state import EnsembleVersion
+from conveyor.router.ensembles.step_limits import StepLimit
 from conveyor.router.observability.stats import ModelStats
 from conveyor.router.scheduling.batcher import DynamicBatcher
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
@@ -156,6 +157,26 @@ def test_a_client_cancel_stops_the_run(harness: Harness) -> None:
     (reply,) = harness.replies
     assert reply.error is not None and "cancelled" in reply.error.message
     assert len(harness.scheduler) == 0
+
+
+
+def test_max_inflight_requests_holds_a_step_until_its_step_has_a_slot(harness: Harness) -> None:
+    """A limit of 1: a second request's first step waits for the first request's; a cancelled request's waiting
+    step never runs (its run ends at once), and the slot goes to the next one waiting."""
+    harness.state.step_limits = [StepLimit(1) for _ in range(4)]
+    ref = m.TensorRef("A", "INT32", [1, 4], "/ingress", 0, 16)
+    for rid in (7, 8, 9):
+        harness.scheduler.start(b"ingress", m.InferRequest(rid, "diamond", "", [ref], [m.OutputSpec("OUT")]),
+                                harness.state)
+    assert [r.model for r in harness.submitted] == ["first"]  # requests 8 and 9 wait for the slot
+    assert harness.scheduler.cancel(b"ingress", 8)
+    (cancelled,) = harness.replies
+    assert cancelled.id == 8 and cancelled.error is not None and "cancelled" in cancelled.error.message
+    assert harness.cancelled == []  # nothing of it ran: nothing to stop
+    harness.answer("first")  # request 7's: request 9's first step takes the slot
+    assert sorted(r.model for r in harness.submitted) == ["first", "first", "left", "right"]
+    assert harness.state.step_limits[0].inflight == 1 and not harness.state.step_limits[0].waiting
+    assert len(harness.scheduler) == 2
 
 
 # --- a decoupled step: "gen" streams, "post" runs once per response --------------------------
