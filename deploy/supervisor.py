@@ -38,7 +38,7 @@ from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
-from conveyor.proto.triton_cli import keeps_running_when_unusable
+from conveyor.proto.triton_cli import RESTART_ENV, START_REFUSED_CODE, keeps_running_when_unusable
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 
@@ -68,6 +68,8 @@ class Child:
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
         env.update(child_environment(self.group))
         env.update(self.secrets)
+        if self.restarts:
+            env[RESTART_ENV] = str(self.restarts)  # Triton's start-up checks are not made again (proto/triton_cli.py)
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
@@ -343,6 +345,10 @@ class Supervisor:
             return
         if child is self.router and code == GROUP_BUSY_CODE:
             self._fail(GROUP_BUSY_CODE, "the router could not take the group's lock (above)")
+            return
+        if code == START_REFUSED_CODE:
+            # An endpoint refused the start as Triton's StartEndpoints does (the Vertex AI default model): Triton exits.
+            self._fail(START_FAILED_CODE, f"{child.role} refused to start (above)")
             return
         if code == listen.LISTEN_FAILED_CODE and child.initial and child.restarts == 0:
             # Something took the port between the check in run() and this child's bind: as the

@@ -28,3 +28,17 @@ def picks_the_only_model() -> bool:
     only model (``conveyor serve``: what Triton's ``serve`` script does before it starts the server). Triton's
     server itself, the ``tritonserver`` command's, names the model 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME'."""
     return os.environ.get(TRITON_CLI_ENV) != "1"
+
+
+# Set by the supervisor in the environment of a child it restarts: the checks Triton makes once, as its server
+# starts, are not made again by a restarted actor (a group that had started is not refused afterwards).
+RESTART_ENV = "CONVEYOR_RESTART"
+# The exit code of an actor that refuses the group's start as Triton's ``tritonserver`` refuses to start an
+# endpoint (StartEndpoints fails: Triton exits 1): the supervisor stops the group rather than restarting it.
+START_REFUSED_CODE = 5
+
+
+def checks_endpoints_at_start() -> bool:
+    """Whether an endpoint makes Triton's start-up checks (the Vertex AI default model): under ``tritonserver``,
+    on an actor's first start. ``conveyor serve`` answers each request instead (a 400 with Triton's message)."""
+    return os.environ.get(TRITON_CLI_ENV) == "1" and RESTART_ENV not in os.environ

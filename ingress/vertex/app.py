@@ -16,6 +16,8 @@ statuses; any other route is a 400 with no body. As in Triton.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 
 import orjson
@@ -36,6 +38,11 @@ from conveyor.ingress.default_model import DefaultModel
 from conveyor.ingress.http.app import build_app
 from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
 from conveyor.ingress.restricted import Restriction
+from conveyor.proto.control import RouterClient
+from conveyor.proto.errors import ConveyorError, Status, triton_log_line
+from conveyor.proto.triton_cli import START_REFUSED_CODE, checks_endpoints_at_start
+
+log = logging.getLogger(__name__)
 
 BINARY_MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 REDIRECT = b"x-vertex-ai-triton-redirect"
@@ -48,6 +55,10 @@ _POST_SUFFIXES = ("/infer", "/register", "/unregister", "/index", "/load", "/unl
 # extensions, answered like any other unknown route.
 _NOT_REDIRECTED = re.compile(r"/v2/(?:logging|trace/setting|models/[^/]+(?:/versions/[^/]+)?/trace/setting)/?")
 _NO_DEFAULT = "Expect the model repository contains only a single model if default model is not specified"
+_START_CHECKS: set[asyncio.Task[None]] = set()
+# How often the start-up check asks the router whether its start-up loads have settled (one control call each):
+# Triton starts its endpoints once they have, and checks the default model then.
+_START_POLL_S = 0.2
 
 
 class VertexApp:
@@ -101,10 +112,45 @@ class VertexApp:
         await self._kserve(inner, receive, send)
 
 
+async def _ready(link: RouterClient) -> bool:
+    try:
+        return await link.server_ready()
+    except ConveyorError:
+        return False  # a router still starting (or restarting): asked again
+
+
+async def default_model_problem(link: RouterClient, name: str) -> str:
+    """Triton's check of the default model as its Vertex AI endpoint starts (VertexAiAPIServer::Create), once the
+    router is ready: the model named must be in the index of ready models, or, none named, that index must hold
+    exactly one entry. The message Triton refuses with; '' when the endpoint may start."""
+    while not await _ready(link):
+        await asyncio.sleep(_START_POLL_S)
+    rows = await link.repository_index(True)
+    if not name:
+        return "" if len(rows) == 1 else _NO_DEFAULT
+    return "" if any(row["name"] == name for row in rows) else f"Expect the default model '{name}' is loaded"
+
+
+async def _refuse_start_without_default(link: RouterClient, name: str) -> None:
+    from conveyor.deploy.lifeline import exit_now
+
+    problem = await default_model_problem(link, name)
+    if problem:
+        refusal = ConveyorError(Status.INVALID_ARG, problem)
+        log.error("%s", triton_log_line("failed to start Vertex AI service", refusal))
+        exit_now(START_REFUSED_CODE)  # the supervisor stops the group: Triton's tritonserver exits 1
+
+
 def build_vertex_app(ctx: IngressContext, *, predict_route: str, health_route: str, default_model: str,
                      max_body_bytes: int, restricted: dict[str, Restriction] | None = None,
                      metrics_restricted: dict[str, Restriction] | None = None) -> VertexApp:
-    """``restricted``: the KServe routes' restrictions; ``metrics_restricted``: the redirect to ``metrics``'s."""
+    """``restricted``: the KServe routes' restrictions; ``metrics_restricted``: the redirect to ``metrics``'s.
+    Under ``tritonserver`` the endpoint refuses the group's start as Triton's does when the default model is
+    missing or ambiguous (``default_model_problem``); ``conveyor serve`` answers each prediction 400 instead."""
+    if checks_endpoints_at_start():
+        check = asyncio.get_running_loop().create_task(_refuse_start_without_default(ctx.link, default_model))
+        _START_CHECKS.add(check)  # held: the loop keeps only a weak reference to a task
+        check.add_done_callback(_START_CHECKS.discard)
     return VertexApp(
         build_app(ctx, max_body_bytes=max_body_bytes, restricted=restricted),
         build_metrics_app(ctx, MetricsOptions(allow_cpu=False, allow_gpu=False), metrics_restricted),

@@ -503,3 +503,48 @@ def test_sagemaker_without_a_default_model_name_serves_tritons_unspecified_name(
             assert line in out
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize(("default", "second_model", "words"), [
+    ("subadd", False, "Expect the default model 'subadd' is loaded"),
+    ("", True, "Expect the model repository contains only a single model if default model is not specified"),
+])
+def test_vertex_ai_without_its_default_model_refuses_to_start(default: str, second_model: bool, words: str,
+                                                               run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's VertexAiAPIServer::Create checks the default model once the models are loaded: one that is not
+    ready, or none named and not exactly one model, and ``tritonserver`` exits 1 (qa/L0_vertex_ai's two "Expect
+    failed to start" checks grep these lines)."""
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
+    repo = _repo(run_dir)
+    if second_model:
+        add_sub(repo, "simple2", 8)
+    flag = f" --vertex-ai-default-model={default}" if default else ""
+    server = Triton(f"tritonserver --model-repository=/models --allow-vertex-ai=true "
+                    f"--vertex-ai-port={free_port()}{flag}", repo, run_dir)
+    try:
+        code = server.proc.wait(90)
+    finally:
+        server.stop()
+    out = server.output()
+    assert code == 1, out
+    assert f"failed to start Vertex AI service: Invalid argument - {words}" in out
+    assert "did not stop in time" not in out
+
+
+def test_vertex_ai_with_its_default_model_loaded_starts(run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.cloud_http import call
+
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
+    repo = _repo(run_dir)
+    add_sub(repo, "simple2", 8)
+    vertex = free_port()
+    server = Triton(f"tritonserver --model-repository=/models --allow-vertex-ai=true --vertex-ai-port={vertex} "
+                    "--vertex-ai-default-model=simple2", repo, run_dir)
+    try:
+        wait_ready(server.http, server.proc, (vertex,))
+        assert call(vertex, "/health")[0] == 200
+        assert server.proc.poll() is None and "failed to start Vertex AI service" not in server.output()
+    finally:
+        assert server.stop() == 0
