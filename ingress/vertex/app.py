@@ -6,7 +6,8 @@
 * ``AIP_PREDICT_ROUTE`` with ``X-Vertex-Ai-Triton-Redirect: <route>`` (POST): the
   KServe v2 / Triton route ``/<route>`` (``v2/models/m/infer``, ``v2/models/m/config``,
   ``v2/repository/index``, ``metrics``, ...), with the method that route expects,
-  since Vertex AI only sends POST; not the trace and logging routes
+  since Vertex AI only sends POST; not the trace and logging routes; shared-memory
+  registration and model load/unload are a 403 whatever the restricted-API headers say
 
 Binary tensor data in a request is announced in the content type,
 ``application/vnd.vertex-ai-triton.binary+json;json-header-size=<N>``; answers are
@@ -54,6 +55,10 @@ _POST_SUFFIXES = ("/infer", "/register", "/unregister", "/index", "/load", "/unl
 # Routes Triton's Vertex AI server does not redirect to (vertex_ai_server.cc): the trace and logging
 # extensions, answered like any other unknown route.
 _NOT_REDIRECTED = re.compile(r"/v2/(?:logging|trace/setting|models/[^/]+(?:/versions/[^/]+)?/trace/setting)/?")
+# Redirected routes Triton's Vertex AI server refuses with a 403 and no body, whatever the restricted-API headers
+# say: shared-memory registration and model load/unload (only their status and the index are redirected).
+_FORBIDDEN = re.compile(r"/v2/(?:(?:system|cuda)sharedmemory(?:/region/[^/]+)?/(?:register|unregister)"
+                        r"|repository(?:/[^/]+)?/models/[^/]+/(?:load|unload))")
 _NO_DEFAULT = "Expect the model repository contains only a single model if default model is not specified"
 _START_CHECKS: set[asyncio.Task[None]] = set()
 # How often the start-up check asks the router whether its start-up loads have settled (one control call each):
@@ -96,6 +101,9 @@ class VertexApp:
             await self._metrics(readdressed(scope, target, "GET"), receive, send)
         elif _NOT_REDIRECTED.fullmatch(target):
             await reply(send, 400)
+        elif _FORBIDDEN.fullmatch(target):
+            log.debug("Vertex AI redirect blocked: %s", target)
+            await reply(send, 403)
         elif target == "/v2" or target.startswith("/v2/"):
             method = "POST" if target.endswith(_POST_SUFFIXES) else "GET"
             await self._redirect(scope, receive, send, target, method)
