@@ -42,3 +42,10 @@ def checks_endpoints_at_start() -> bool:
     """Whether an endpoint makes Triton's start-up checks (the Vertex AI default model): under ``tritonserver``,
     on an actor's first start. ``conveyor serve`` answers each request instead (a 400 with Triton's message)."""
     return os.environ.get(TRITON_CLI_ENV) == "1" and RESTART_ENV not in os.environ
+
+
+def stops_listening_at_once(drain_grace_s: float) -> bool:
+    """Whether a gRPC ingress that is told to stop closes its listener and sends GOAWAY at once, its running calls
+    finishing within the exit timeout (Triton's GracefulStop: a new call is "Connection refused"). ``conveyor
+    serve``, and a drain grace, keep the port open and answer new calls UNAVAILABLE while the calls drain."""
+    return drain_grace_s <= 0 and os.environ.get(TRITON_CLI_ENV) == "1"

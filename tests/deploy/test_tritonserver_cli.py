@@ -22,6 +22,7 @@ from conveyor.deploy.settings import ServeSettings
 from conveyor.deploy.triton_flags import unused_given
 from conveyor.router.repository.backend_config import BackendConfig, parse_setting
 from tests.support.group import wait_ready
+from tests.support.waiting import eventually
 
 LEVEL = "e2e"
 
@@ -548,3 +549,50 @@ def test_vertex_ai_with_its_default_model_loaded_starts(run_dir: str, monkeypatc
         assert server.proc.poll() is None and "failed to start Vertex AI service" not in server.output()
     finally:
         assert server.stop() == 0
+
+
+def test_a_stop_closes_the_grpc_port_at_once_and_lets_running_calls_finish(run_dir: str) -> None:
+    """Triton's GracefulStop (qa/L0_lifecycle test_shutdown_dynamic): after SIGINT a new call, even on a channel
+    already connected, finds the port closed ("Connection refused"), the call running finishes, and the log counts
+    the connection each second as Triton's does."""
+    import signal
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.support.triton_test_models import identity
+
+    repo = os.path.join(run_dir, "models")
+    identity(repo, "slow", "TYPE_FP32", 4, 'parameters [ { key: "execute_delay_ms" value: { string_value: "3000" } } ]',
+             dims="[ 1 ]")
+    server = Triton("tritonserver --model-repository=/models", repo, run_dir)
+    client = None
+    try:
+        wait_ready(server.http, server.proc, (server.grpc,))
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+        row = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        row.set_data_from_numpy(np.full((1, 1), 7, np.float32))
+        answers: list[object] = []
+        client.async_infer("slow", [row], lambda result, error: answers.append(error or result))
+        eventually(lambda: _running(client), 30, what="the call running")
+        server.proc.send_signal(signal.SIGINT)
+        eventually(lambda: "gRPC service connections and inference handlers" in server.output(), 30,
+                   what="Triton's stop line")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("slow", [row])
+        assert "Connection refused" in str(refused.value), refused.value
+        eventually(lambda: bool(answers), 30, what="the running call's answer")
+        assert isinstance(answers[0], grpcclient.InferResult), answers[0]
+        assert answers[0].as_numpy("OUTPUT0").tolist() == [[7.0]]
+        assert server.proc.wait(60) == 0
+        assert re.search(r"Timeout \d+: Found 1 gRPC service connections and inference handlers", server.output())
+    finally:
+        if client is not None:
+            client.close()
+        server.stop()
+
+
+def _running(client: object) -> bool:
+    stats = client.get_inference_statistics("slow")  # type: ignore[attr-defined]
+    return bool(stats.model_stats[0].inference_stats.queue.count)
