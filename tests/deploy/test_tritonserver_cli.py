@@ -327,6 +327,9 @@ def test_doc_command_lines_serve(line: str, run_dir: str) -> None:
         meta = grpc.get_server_metadata()
         assert meta.name == "triton" and "model_repository(unload_dependents)" in meta.extensions
         assert grpc.get_model_metadata("simple").name == "simple"
+        # Closed first: as Triton's, a stopping tritonserver serves open HTTP connections until the exit timeout.
+        http.close()
+        grpc.close()
     finally:
         assert server.stop() == 0
 
@@ -381,7 +384,9 @@ def test_config_shows_tritons_cpu_defaults(run_dir: str) -> None:
     server = Triton("tritonserver --model-repository=/models --strict-model-config=false", repo, run_dir)
     try:
         wait_ready(server.http, server.proc, (server.grpc, server.metrics))
-        config = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}").get_model_config("cpu_instance")
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
+        config = client.get_model_config("cpu_instance")
+        client.close()
         (group,) = config["instance_group"]
         assert (group["name"], group["kind"], group["count"]) == ("cpu_instance", "KIND_CPU", 2)
         optimization = config["optimization"]
@@ -406,6 +411,7 @@ def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(ru
         time.sleep(1.0)
         assert not client.is_server_ready()
         assert client.get_server_metadata()["name"] == "edge-7"
+        client.close()
     finally:
         assert server.stop() == 0
 
@@ -596,3 +602,39 @@ def test_a_stop_closes_the_grpc_port_at_once_and_lets_running_calls_finish(run_d
 def _running(client: object) -> bool:
     stats = client.get_inference_statistics("slow")  # type: ignore[attr-defined]
     return bool(stats.model_stats[0].inference_stats.queue.count)
+
+
+def test_a_stop_serves_open_http_connections_and_refuses_new_ones(run_dir: str) -> None:
+    """Triton's HTTPServer::Stop (qa/L0_lifecycle test_shutdown_with_live_connection): after SIGINT a keep-alive
+    connection is still served while new connections are refused; once it closes, the stop goes on."""
+    import http.client
+    import json
+    import signal
+
+    server = Triton("tritonserver --model-repository=/models", _repo(run_dir), run_dir)
+    body = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                                  for n in ("INPUT0", "INPUT1")]})
+    conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=30)
+    try:
+        wait_ready(server.http, server.proc)
+
+        def infer() -> int:
+            conn.request("POST", "/v2/models/simple/infer", body, {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            return answer.status
+
+        assert infer() == 200
+        server.proc.send_signal(signal.SIGINT)
+        eventually(lambda: "Timeout 10: Found 1 HTTP service connections" in server.output(), 30,
+                   what="Triton's stop line")
+        assert infer() == 200  # the open connection is served
+        with pytest.raises(ConnectionRefusedError):
+            http.client.HTTPConnection("127.0.0.1", server.http, timeout=5).request("GET", "/v2/health/live")
+        conn.close()
+        assert server.proc.wait(60) == 0
+        out = server.output()
+        assert "Waiting for in-flight requests to complete." in out and out.count("Timeout 10: ") == 1
+    finally:
+        conn.close()
+        server.stop()
