@@ -62,8 +62,10 @@ _FORBIDDEN = re.compile(r"/v2/(?:(?:system|cuda)sharedmemory(?:/region/[^/]+)?/(
 _NO_DEFAULT = "Expect the model repository contains only a single model if default model is not specified"
 _START_CHECKS: set[asyncio.Task[None]] = set()
 # How often the start-up check asks the router whether its start-up loads have settled (one control call each):
-# Triton starts its endpoints once they have, and checks the default model then.
+# Triton starts its endpoints once they have, and checks the default model then. The wait doubles up to the
+# longest, so a server that never gets ready (a failed model under --strict-readiness) is asked seldom.
 _START_POLL_S = 0.2
+_START_POLL_MAX_S = 2.0
 
 
 class VertexApp:
@@ -131,8 +133,10 @@ async def default_model_problem(link: RouterClient, name: str) -> str:
     """Triton's check of the default model as its Vertex AI endpoint starts (VertexAiAPIServer::Create), once the
     router is ready: the model named must be in the index of ready models, or, none named, that index must hold
     exactly one entry. The message Triton refuses with; '' when the endpoint may start."""
+    wait = _START_POLL_S
     while not await _ready(link):
-        await asyncio.sleep(_START_POLL_S)
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, _START_POLL_MAX_S)
     rows = await link.repository_index(True)
     if not name:
         return "" if len(rows) == 1 else _NO_DEFAULT
