@@ -105,6 +105,16 @@ def test_booleans_parse_as_triton_parses_them() -> None:
     assert parser.parse_args(["--log-verbose=true"]).log_verbose == 1
 
 
+def test_modes_are_read_in_any_case_as_triton_reads_them() -> None:
+    """Triton lowercases --model-control-mode and --rate-limit (qa/L0_iterative_sequence starts its server with
+    --model-control-mode=EXPLICIT)."""
+    parser = build_tritonserver_parser()
+    args = parser.parse_args(["--model-control-mode=EXPLICIT", "--rate-limit=Execution_Count"])
+    assert (args.model_control_mode, args.rate_limit) == ("explicit", "execution_count")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-control-mode=sometimes"])
+
+
 def test_tritonserver_takes_tritons_defaults() -> None:
     a = build_tritonserver_parser().parse_args(["--model-repository=/models"])
     assert (a.exit_on_error, a.strict_readiness, a.allow_client_shm, a.server_id) == (True, True, True, "triton")
