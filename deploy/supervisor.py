@@ -39,6 +39,7 @@ from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
 from conveyor.proto.triton_cli import (
+    CORE_STOP_SIGNAL,
     RESTART_ENV,
     START_REFUSED_CODE,
     keeps_running_when_unusable,
@@ -390,9 +391,14 @@ class Supervisor:
         unloaded: list[str] = []  # workers told at the deadline to unload with requests open
         for wave in waves:
             live = [child for child in wave if child.proc is not None]
-            if wave is self.pools["workers"] and stops_listening_at_once(a.drain_grace_secs):
-                # Triton's core stop begins once its endpoints have stopped (the ingress wave, here).
-                log.info("Waiting for in-flight requests to complete.")
+            if wave is self.pools["workers"]:
+                if stops_listening_at_once(a.drain_grace_secs):
+                    # Triton's core stop begins once its endpoints have stopped (the ingress wave, here).
+                    log.info("Waiting for in-flight requests to complete.")
+                if self.router is not None:
+                    # Before the workers' SIGTERM: the router moves no instance to a worker that leaves too
+                    # (and under tritonserver logs Triton's in-flight lines).
+                    self.router.signal(CORE_STOP_SIGNAL)
             if wave is self.pools["workers"] and live and not (self.router and self.router.alive()):
                 # No router (it stopped first: --exit-on-error, or it died): nothing can take their work
                 # back or grant their leave, so they unload now instead of waiting out the exit timeout

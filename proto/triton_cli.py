@@ -4,6 +4,7 @@ supervisor and the router alike (so it lives here, light: no actor's modules).""
 from __future__ import annotations
 
 import os
+import signal
 
 # Set by the ``tritonserver`` command for its group (its children inherit it): there, as in Triton, a
 # repository root the server cannot use with --exit-on-error=false leaves it running, neither live nor
@@ -49,3 +50,14 @@ def stops_listening_at_once(drain_grace_s: float) -> bool:
     finishing within the exit timeout (Triton's GracefulStop: a new call is "Connection refused"). ``conveyor
     serve``, and a drain grace, keep the port open and answer new calls UNAVAILABLE while the calls drain."""
     return drain_grace_s <= 0 and os.environ.get(TRITON_CLI_ENV) == "1"
+
+
+# Sent by the supervisor to its router as the workers' stop begins (Triton's core stop, after its endpoints'): a
+# leaving worker's instances are not moved to the others (they leave too), and under ``tritonserver`` the router
+# logs Triton's lines of the in-flight inferences per model version once.
+CORE_STOP_SIGNAL = signal.SIGUSR2
+
+
+def is_triton_cli() -> bool:
+    """Whether the ``tritonserver`` command started this group."""
+    return os.environ.get(TRITON_CLI_ENV) == "1"
