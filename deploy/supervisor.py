@@ -18,6 +18,7 @@ supervisor however it dies (``deploy/lifeline.py``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -42,6 +43,7 @@ from conveyor.proto.triton_cli import (
     CORE_STOP_SIGNAL,
     RESTART_ENV,
     START_REFUSED_CODE,
+    STOP_DEADLINE_FILE,
     keeps_running_when_unusable,
     stops_listening_at_once,
 )
@@ -397,7 +399,10 @@ class Supervisor:
                     log.info("Waiting for in-flight requests to complete.")
                 if self.router is not None:
                     # Before the workers' SIGTERM: the router moves no instance to a worker that leaves too
-                    # (and under tritonserver logs Triton's in-flight lines).
+                    # (and under tritonserver logs Triton's in-flight lines, with the time left).
+                    with contextlib.suppress(OSError):
+                        with open(os.path.join(run_dir(self.group), STOP_DEADLINE_FILE), "w") as f:
+                            f.write(repr(deadline))
                     self.router.signal(CORE_STOP_SIGNAL)
             if wave is self.pools["workers"] and live and not (self.router and self.router.alive()):
                 # No router (it stopped first: --exit-on-error, or it died): nothing can take their work

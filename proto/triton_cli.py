@@ -61,3 +61,7 @@ CORE_STOP_SIGNAL = signal.SIGUSR2
 def is_triton_cli() -> bool:
     """Whether the ``tritonserver`` command started this group."""
     return os.environ.get(TRITON_CLI_ENV) == "1"
+
+# In the group's run folder: the stop's deadline (time.monotonic(), one clock for the whole host), written by the
+# supervisor before CORE_STOP_SIGNAL, so the router's lines count down what is left of the exit timeout, as Triton's.
+STOP_DEADLINE_FILE = "stop-deadline"

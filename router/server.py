@@ -21,6 +21,7 @@ the periodic tick. The handlers live in their own modules:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -29,13 +30,19 @@ from typing import Any
 import zmq
 
 from conveyor.deploy.runtime.drain import DrainClock, Phase
+from conveyor.deploy.runtime.group_paths import run_dir
 from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, triton_line, triton_status_text
 from conveyor.proto.framing import PeerOutbox, drain_peers
-from conveyor.proto.triton_cli import CORE_STOP_SIGNAL, is_triton_cli, keeps_running_when_unusable
+from conveyor.proto.triton_cli import (
+    CORE_STOP_SIGNAL,
+    STOP_DEADLINE_FILE,
+    is_triton_cli,
+    keeps_running_when_unusable,
+)
 from conveyor.router.admission import Admission
 from conveyor.router.config import CREATE_FAILED_CODE, RouterConfig
 from conveyor.router.context import RouterContext
@@ -189,6 +196,11 @@ class Router:
                 counts[state] = counts.get(state, 0) + len(state.batcher.open)
         busy = sorted(((s.model, s.version, n) for s, n in counts.items() if n), key=lambda row: row[:2])
         timeout = int(self.config.stop.exit_timeout_s)
+        try:  # what is left of the exit timeout: the supervisor's deadline (Triton counts down from there)
+            with open(os.path.join(run_dir(self.group), STOP_DEADLINE_FILE)) as f:
+                timeout = max(0, int(float(f.read()) - time.monotonic()))
+        except (OSError, ValueError):
+            pass
         log.info("Timeout %d: Found %d model versions that have in-flight inferences", timeout, len(busy))
         for model, version, n in busy:
             log.info("Model '%s' (version %d) has %d in-flight inferences", model, version, n)

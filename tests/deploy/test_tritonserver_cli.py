@@ -648,3 +648,34 @@ def test_a_stop_serves_open_http_connections_and_refuses_new_ones(run_dir: str) 
     finally:
         conn.close()
         server.stop()
+
+
+def test_a_stop_logs_the_sequences_still_open_as_tritons_core_stop(run_dir: str) -> None:
+    """Triton's core stop counts a sequence model's open sequences as in-flight inferences (qa/L0_lifecycle
+    test_shutdown_sequence greps "Model 'custom_sequence_int32' (version 1) has 2 in-flight inferences")."""
+    import signal
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from tests.support.triton_test_models import build
+
+    repo = os.path.join(run_dir, "models")
+    build(repo)
+    server = Triton("tritonserver --model-repository=/models --model-control-mode=explicit "
+                    "--load-model=sequence_int32", repo, run_dir)
+    try:
+        wait_ready(server.http, server.proc, (server.grpc,))
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}") as client:
+            row = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            row.set_data_from_numpy(np.ones((1, 1), np.int32))
+            for sequence in (1, 2):  # started, not ended
+                client.infer("sequence_int32", [row], sequence_id=sequence, sequence_start=True)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0
+        out = server.output()
+        assert "Waiting for in-flight requests to complete." in out
+        assert re.search(r"Timeout \d+: Found 1 model versions that have in-flight inferences", out), out
+        assert "Model 'sequence_int32' (version 1) has 2 in-flight inferences" in out
+    finally:
+        server.stop()
