@@ -388,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(serve, argv is None)  # the supervisor picks the group name when none was given
     args.group = args.group or DEFAULT_GROUP
     if args.command == "router":
+        import signal
+
+        from conveyor.proto.triton_cli import CORE_STOP_SIGNAL
+
+        signal.signal(CORE_STOP_SIGNAL, signal.SIG_IGN)  # until the router's loop takes it: never the default's exit
         router = RouterSettings.of(args)
         _check_metrics(parser, router)
         _check_trace(parser, router)

@@ -64,7 +64,7 @@ class Scheduling(Settings):
     rate_limit: str = setting(
         ("--rate-limit",), "execution_count: an instance runs only when the resources its instance_group's "
         "rate_limiter lists are free (Triton's rate limiter); off: ignore rate_limiter",
-        default="off", choices=("off", "execution_count"), triton=True)
+        default="off", choices=("off", "execution_count"), kind=str.lower, triton=True)  # any case, as Triton
     rate_limit_resource: list[str] = setting(
         ("--rate-limit-resource",), "copies of a rate-limiter resource (repeatable; no DEVICE: on every "
         "device); by default the largest count any instance asks for",
@@ -78,7 +78,7 @@ class ModelControl(Settings):
     model_control_mode: str = setting(
         ("--model-control-mode",), "none: load every model at start; poll: also follow repository changes; "
         "explicit: load what --load-model names and what the load API asks for",
-        default="none", choices=("none", "poll", "explicit"), triton=True)
+        default="none", choices=("none", "poll", "explicit"), kind=str.lower, triton=True)  # any case, as Triton
     repository_poll_secs: float = setting(
         ("--repository-poll-secs",), "how often poll mode rescans the repositories", kind=float, default=15.0,
         triton=True)

@@ -18,6 +18,7 @@ supervisor however it dies (``deploy/lifeline.py``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -38,7 +39,14 @@ from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
-from conveyor.proto.triton_cli import keeps_running_when_unusable
+from conveyor.proto.triton_cli import (
+    CORE_STOP_SIGNAL,
+    RESTART_ENV,
+    START_REFUSED_CODE,
+    STOP_DEADLINE_FILE,
+    keeps_running_when_unusable,
+    stops_listening_at_once,
+)
 from conveyor.shm.naming import group_segments, shm_preflight, sweep_orphans
 from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 
@@ -68,6 +76,8 @@ class Child:
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_ONLY}
         env.update(child_environment(self.group))
         env.update(self.secrets)
+        if self.restarts:
+            env[RESTART_ENV] = str(self.restarts)  # Triton's start-up checks are not made again (proto/triton_cli.py)
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.cli", *self.argv], env=env)
         self.started = time.monotonic()
 
@@ -344,6 +354,10 @@ class Supervisor:
         if child is self.router and code == GROUP_BUSY_CODE:
             self._fail(GROUP_BUSY_CODE, "the router could not take the group's lock (above)")
             return
+        if code == START_REFUSED_CODE:
+            # An endpoint refused the start as Triton's StartEndpoints does (the Vertex AI default model): Triton exits.
+            self._fail(START_FAILED_CODE, f"{child.role} refused to start (above)")
+            return
         if code == listen.LISTEN_FAILED_CODE and child.initial and child.restarts == 0:
             # Something took the port between the check in run() and this child's bind: as the
             # check would have, fail the start. A restart (it had served) backs off instead.
@@ -379,6 +393,17 @@ class Supervisor:
         unloaded: list[str] = []  # workers told at the deadline to unload with requests open
         for wave in waves:
             live = [child for child in wave if child.proc is not None]
+            if wave is self.pools["workers"]:
+                if stops_listening_at_once(a.drain_grace_secs):
+                    # Triton's core stop begins once its endpoints have stopped (the ingress wave, here).
+                    log.info("Waiting for in-flight requests to complete.")
+                if self.router is not None:
+                    # Before the workers' SIGTERM: the router moves no instance to a worker that leaves too
+                    # (and under tritonserver logs Triton's in-flight lines, with the time left).
+                    with contextlib.suppress(OSError):
+                        with open(os.path.join(run_dir(self.group), STOP_DEADLINE_FILE), "w") as f:
+                            f.write(repr(deadline))
+                    self.router.signal(CORE_STOP_SIGNAL)
             if wave is self.pools["workers"] and live and not (self.router and self.router.alive()):
                 # No router (it stopped first: --exit-on-error, or it died): nothing can take their work
                 # back or grant their leave, so they unload now instead of waiting out the exit timeout

@@ -111,7 +111,13 @@ _TRITON_CODE_NAME = {
 def triton_line(what: str, err: ConveyorError) -> str:
     """An error as Triton's ``tritonserver`` prints one it exits on (``FAIL_IF_ERR`` in its main.cc):
     ``error: creating server: Internal - failed to stat file /models``."""
-    return f"error: {what}: {_TRITON_CODE_NAME.get(err.status, '<invalid code>')} - {err.message}"
+    return f"error: {triton_log_line(what, err)}"
+
+
+def triton_log_line(what: str, err: ConveyorError) -> str:
+    """An error as Triton's ``LOG_TRITONSERVER_ERROR`` logs it:
+    ``failed to start Vertex AI service: Invalid argument - Expect the default model 'm' is loaded``."""
+    return f"{what}: {_TRITON_CODE_NAME.get(err.status, '<invalid code>')} - {err.message}"
 
 
 def triton_status_text(err: ConveyorError) -> str:

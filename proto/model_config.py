@@ -131,10 +131,46 @@ def parse_json_config(text: str) -> mc.ModelConfig:
     try:
         doc = json.loads(text)
     except ValueError as exc:
-        raise json_format.ParseError(f"Failed to load JSON: {exc}") from None
+        try:
+            doc = json.loads(_quote_bare_keys(text))  # only for what strict JSON refused: nothing more on the rest
+        except ValueError:
+            raise json_format.ParseError(f"Failed to load JSON: {exc}") from None
     if isinstance(doc, dict):
         _lenient(mc.ModelConfig.DESCRIPTOR, doc)
     return json_format.ParseDict(doc, mc.ModelConfig())
+
+
+def _quote_bare_keys(text: str) -> str:
+    """``text`` with each unquoted object key (an identifier before ``:``) quoted, as protobuf's C++ JSON parser
+    reads such a key (qa/L0_iterative_sequence loads ``direct: {...}``); strings are left as they are."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    expect_key = False  # after '{' or ',' (outside strings): a key may start here
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i, expect_key = j + 1, False
+            continue
+        if expect_key and (c.isalpha() or c == "_"):
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            k = j
+            while k < n and text[k].isspace():
+                k += 1
+            if k < n and text[k] == ":":
+                out.append(f'"{text[i:j]}"')
+                i, expect_key = j, False
+                continue
+        if not c.isspace():
+            expect_key = c in "{,"
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _lenient(desc: Any, doc: dict[str, Any]) -> None:

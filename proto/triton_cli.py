@@ -4,6 +4,7 @@ supervisor and the router alike (so it lives here, light: no actor's modules).""
 from __future__ import annotations
 
 import os
+import signal
 
 # Set by the ``tritonserver`` command for its group (its children inherit it): there, as in Triton, a
 # repository root the server cannot use with --exit-on-error=false leaves it running, neither live nor
@@ -28,3 +29,39 @@ def picks_the_only_model() -> bool:
     only model (``conveyor serve``: what Triton's ``serve`` script does before it starts the server). Triton's
     server itself, the ``tritonserver`` command's, names the model 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME'."""
     return os.environ.get(TRITON_CLI_ENV) != "1"
+
+
+# Set by the supervisor in the environment of a child it restarts: the checks Triton makes once, as its server
+# starts, are not made again by a restarted actor (a group that had started is not refused afterwards).
+RESTART_ENV = "CONVEYOR_RESTART"
+# The exit code of an actor that refuses the group's start as Triton's ``tritonserver`` refuses to start an
+# endpoint (StartEndpoints fails: Triton exits 1): the supervisor stops the group rather than restarting it.
+START_REFUSED_CODE = 5
+
+
+def checks_endpoints_at_start() -> bool:
+    """Whether an endpoint makes Triton's start-up checks (the Vertex AI default model): under ``tritonserver``,
+    on an actor's first start. ``conveyor serve`` answers each request instead (a 400 with Triton's message)."""
+    return os.environ.get(TRITON_CLI_ENV) == "1" and RESTART_ENV not in os.environ
+
+
+def stops_listening_at_once(drain_grace_s: float) -> bool:
+    """Whether a gRPC ingress that is told to stop closes its listener and sends GOAWAY at once, its running calls
+    finishing within the exit timeout (Triton's GracefulStop: a new call is "Connection refused"). ``conveyor
+    serve``, and a drain grace, keep the port open and answer new calls UNAVAILABLE while the calls drain."""
+    return drain_grace_s <= 0 and os.environ.get(TRITON_CLI_ENV) == "1"
+
+
+# Sent by the supervisor to its router as the workers' stop begins (Triton's core stop, after its endpoints'): a
+# leaving worker's instances are not moved to the others (they leave too), and under ``tritonserver`` the router
+# logs Triton's lines of the in-flight inferences per model version once.
+CORE_STOP_SIGNAL = signal.SIGUSR2
+
+
+def is_triton_cli() -> bool:
+    """Whether the ``tritonserver`` command started this group."""
+    return os.environ.get(TRITON_CLI_ENV) == "1"
+
+# In the group's run folder: the stop's deadline (time.monotonic(), one clock for the whole host), written by the
+# supervisor before CORE_STOP_SIGNAL, so the router's lines count down what is left of the exit timeout, as Triton's.
+STOP_DEADLINE_FILE = "stop-deadline"

@@ -12,7 +12,7 @@ from conveyor.deploy.runtime.drain import DrainClock
 from conveyor.proto.errors import ConveyorError, Status, invalid_arg
 from conveyor.proto.model_config import to_json
 from conveyor.router.ensembles.state import EnsembleVersion
-from conveyor.router.models import UNLOADED, VersionState, metadata, parse_version, signature
+from conveyor.router.models import ENGINE_IN_FLIGHT, UNLOADED, VersionState, metadata, parse_version, signature
 from conveyor.router.observability.custom_metrics import CustomMetricsStore
 from conveyor.router.pool import WorkerPool
 from conveyor.router.registry import ModelRegistry
@@ -119,7 +119,7 @@ class ControlHandler:
         states = sorted((s for s in self.registry.versions() if s.ready), key=lambda s: (s.model, s.version))
         doc: dict[str, Any] = {
             "model_stats": [_metric_stats(s) for s in states],
-            "pending": {f"{s.model}:{s.label}": len(s.batcher) for s in states},
+            "pending": {f"{s.model}:{s.label}": _pending(s) for s in states},
             "latency": {f"{s.model}:{s.label}": s.latency.wire() for s in states},
             "adaptive_delay_ns": {f"{s.model}:{s.label}": s.batcher.adaptive.delay_ns
                                   for s in states if s.batcher.adaptive is not None},
@@ -165,6 +165,18 @@ class ControlHandler:
             for s in sorted(self.registry.versions(), key=lambda s: (s.model, s.version))
             for i in s.instances
         ]
+
+
+def _pending(state: VersionState) -> int:
+    """``nv_inference_pending_request_count``: requests not executing yet, as Triton counts them (its scheduler's
+    queue). A model without dynamic batching also sends its next requests to an instance's worker while one runs
+    (``VersionState.pipeline_depth``): those wait there, one request per batch, and are pending too. A vLLM
+    engine's requests in flight run together: none of them waits."""
+    waiting = len(state.batcher)
+    if 1 < state.pipeline_depth < ENGINE_IN_FLIGHT:
+        for inst in state.instances:
+            waiting += max(inst.running - 1, 0)
+    return waiting
 
 
 def _metric_stats(state: VersionState) -> dict[str, Any]:

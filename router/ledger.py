@@ -152,6 +152,16 @@ class Ledger:
         """The versions with a request of the router queued."""
         return set(self._queued.values())
 
+    def in_flight(self) -> dict[VersionState, int]:
+        """Requests queued or on a worker, per version (Triton's shutdown lines count them)."""
+        counts: dict[VersionState, int] = {}
+        for state in self._queued.values():
+            counts[state] = counts.get(state, 0) + 1
+        for run in self._batches.values():
+            state = run.instance.version
+            counts[state] = counts.get(state, 0) + len(run.items)
+        return counts
+
     def running_requests(self) -> Iterator[Pending]:
         """Every request on a worker."""
         for run in self._batches.values():

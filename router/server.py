@@ -21,6 +21,7 @@ the periodic tick. The handlers live in their own modules:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -29,13 +30,19 @@ from typing import Any
 import zmq
 
 from conveyor.deploy.runtime.drain import DrainClock, Phase
+from conveyor.deploy.runtime.group_paths import run_dir
 from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, triton_line, triton_status_text
 from conveyor.proto.framing import PeerOutbox, drain_peers
-from conveyor.proto.triton_cli import keeps_running_when_unusable
+from conveyor.proto.triton_cli import (
+    CORE_STOP_SIGNAL,
+    STOP_DEADLINE_FILE,
+    is_triton_cli,
+    keeps_running_when_unusable,
+)
 from conveyor.router.admission import Admission
 from conveyor.router.config import CREATE_FAILED_CODE, RouterConfig
 from conveyor.router.context import RouterContext
@@ -57,6 +64,7 @@ from conveyor.router.response_cache import ResponseCache
 from conveyor.router.results import Results
 from conveyor.router.runtime_lora import RuntimeLora
 from conveyor.router.scheduling.rate_limiter import RateLimiter
+from conveyor.router.scheduling.sequences import SequenceBatcher
 from conveyor.router.settings_hub import SettingsHub
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry, look_all
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
@@ -127,6 +135,7 @@ class Router:
         self._announced_generation = self.registry.generation  # the last RepositoryChanged sent
         self.settings = SettingsHub(config.trace, self._broadcast_settings)
         self._stopping = False
+        self._report_in_flight = False  # CORE_STOP_SIGNAL arrived: log Triton's in-flight lines
         self.exit_code = 0
         self.systemd = Notifier()
         self.group = group = config.group
@@ -174,6 +183,28 @@ class Router:
     def stop(self, *_: Any) -> None:
         self._stopping = True
 
+    def _core_stop(self, *_: Any) -> None:
+        self.worker_drain.group_stopping = True  # set here: before any worker of the stop says it leaves
+        self._report_in_flight = is_triton_cli()  # logged by the loop (``_log_in_flight``), not in the handler
+
+    def _log_in_flight(self) -> None:
+        """Triton's core-stop lines (InferenceServer::Stop): the versions with inferences in flight, each with
+        its count: requests queued or running, and a sequence model's sequences still open."""
+        counts = self.ctx.ledger.in_flight()
+        for state in self.registry.versions():
+            if isinstance(state.batcher, SequenceBatcher) and state.batcher.open:
+                counts[state] = counts.get(state, 0) + len(state.batcher.open)
+        busy = sorted(((s.model, s.version, n) for s, n in counts.items() if n), key=lambda row: row[:2])
+        timeout = int(self.config.stop.exit_timeout_s)
+        try:  # what is left of the exit timeout: the supervisor's deadline (Triton counts down from there)
+            with open(os.path.join(run_dir(self.group), STOP_DEADLINE_FILE)) as f:
+                timeout = max(0, int(float(f.read()) - time.monotonic()))
+        except (OSError, ValueError):
+            pass
+        log.info("Timeout %d: Found %d model versions that have in-flight inferences", timeout, len(busy))
+        for model, version, n in busy:
+            log.info("Model '%s' (version %d) has %d in-flight inferences", model, version, n)
+
     def _starting(self) -> bool:
         """Not ready for start-up's sake: its loads are not all in, or with --exit-on-error one failed and the
         router exits at its next tick (as Triton's server, which is never ready when its creation fails; a
@@ -216,6 +247,7 @@ class Router:
             self.config.stop.exit_timeout_s
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        signal.signal(CORE_STOP_SIGNAL, self._core_stop)
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         # Bound (in __init__): workers and ingress can come while the agent reads the repository.
         self.lifecycle.begin_startup()
@@ -233,6 +265,9 @@ class Router:
         while True:
             if watchdog:
                 self.systemd.beat()
+            if self._report_in_flight:
+                self._report_in_flight = False
+                self._log_in_flight()
             if self._stopping:
                 self.shutdown.begin()
                 self.systemd.stopping("draining")

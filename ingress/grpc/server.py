@@ -28,8 +28,12 @@ from conveyor.ingress.grpc.tls import GrpcTls
 from conveyor.ingress.limits import DEFAULT_GRPC_BUFFER_BYTES, DEFAULT_GRPC_CONNECTION_BUFFER_BYTES, IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
+from conveyor.proto.triton_cli import stops_listening_at_once
 
 log = logging.getLogger(__name__)
+
+# How often a stop as Triton's logs what it still waits for (Triton's WaitForConnectionsToClose: once a second).
+TRITON_STOP_LOG_S = 1.0
 
 # Triton accepts tensors up to protobuf's own 2 GiB message limit.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
@@ -142,16 +146,45 @@ async def run(
         log.info("gRPC ingress listening on %s%s (%s)", _address(host, bound), " (TLS)" if tls else "", engine)
         systemd = Notifier()
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: True, systemd))
+        stopped = False
         try:
             await stop.wait()
             systemd.stopping("draining")
+            if stops_listening_at_once(drain_grace_s):
+                await _stop_as_triton(server, ctx, exit_timeout_s)
+                stopped = True
             await ctx.drain.run(lambda: ctx.link.in_flight)
         finally:
             announce.cancel()
-            # GOAWAY: clients reconnect elsewhere; calls not yet at the router get what time is left.
-            await server.stop(grace=max(1.0, ctx.drain.clock.time_left()))
+            if not stopped:
+                # GOAWAY: clients reconnect elsewhere; calls not yet at the router get what time is left.
+                await server.stop(grace=max(1.0, ctx.drain.clock.time_left()))
     finally:
         await ctx.close()
+
+
+async def _stop_as_triton(server: Any, ctx: IngressContext, exit_timeout_s: float) -> None:
+    """Triton's GracefulStop: the listener closed and GOAWAY sent at once (a new call is "Connection refused"), the
+    running calls given the exit timeout, and Triton's line each second while some run. What it counts: the
+    connections with calls running (the event loop's server), or the calls at the router (grpc.aio)."""
+    ctx.drain.clock.begin()  # a call that still reaches the data plane is refused
+    stopping = asyncio.create_task(server.stop(grace=exit_timeout_s))
+    connections = getattr(server, "connections", None)
+
+    def busy() -> int:
+        if connections is not None:
+            return sum(1 for conn in list(connections) if not conn.idle)
+        return int(ctx.link.in_flight)
+
+    left = int(exit_timeout_s)
+    while not stopping.done() and left > 0:
+        found = busy()
+        if not found:
+            break
+        log.info("Timeout %d: Found %d gRPC service connections and inference handlers", left, found)
+        await asyncio.wait([stopping], timeout=TRITON_STOP_LOG_S)
+        left -= 1
+    await stopping
 
 
 def serve(

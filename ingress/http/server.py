@@ -14,6 +14,7 @@ this process's shared-memory arena. A second signal skips the drain.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import signal
 import socket
@@ -35,10 +36,15 @@ from conveyor.ingress.http.protocol import CaseKeepingProtocol, HttpToolsProtoco
 from conveyor.ingress.limits import DEFAULT_MAX_BODY_BYTES, IngressLimits
 from conveyor.ingress.restricted import Restriction
 from conveyor.ingress.sd_ready import notify_when_serving
+from conveyor.proto.triton_cli import stops_listening_at_once
+
+log = logging.getLogger(__name__)
 
 AppFactory = Callable[[IngressContext], Any]
 
 BACKLOG = 2048
+# How often a stop as Triton's logs the connections it still waits for (Triton's HTTPServer::Stop: once a second).
+TRITON_STOP_LOG_S = 1.0
 
 
 def bind_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
@@ -63,9 +69,12 @@ class _DrainingServer(uvicorn.Server):
     """uvicorn whose first SIGTERM/SIGINT starts the drain instead of its own shutdown,
     which follows once the drain is done."""
 
-    def __init__(self, config: uvicorn.Config, ctx: IngressContext, systemd: Notifier) -> None:
+    def __init__(self, config: uvicorn.Config, ctx: IngressContext, systemd: Notifier,
+                 triton_stop: bool = False) -> None:
         super().__init__(config)
         self._ctx = ctx
+        # Triton's HTTPServer::Stop first (``_wait_for_connections``): the KServe endpoint under ``tritonserver``.
+        self._triton_stop = triton_stop
         self._systemd = systemd
         self._loop = asyncio.get_running_loop()
         self._drain_task: asyncio.Task[None] | None = None
@@ -83,9 +92,22 @@ class _DrainingServer(uvicorn.Server):
             self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
+        if self._triton_stop:
+            await self._wait_for_connections()
         # An open connection keeps the grace: a load balancer may still send on it.
         await self._ctx.drain.run(lambda: self._ctx.link.in_flight, lambda: len(self.server_state.connections))
         self.should_exit = True
+
+    async def _wait_for_connections(self) -> None:
+        """Triton's HTTPServer::Stop: no new connection is accepted, the open ones are served (requests included)
+        until their clients close them or the exit timeout has passed, with Triton's line each second."""
+        for server in self.servers:
+            server.close()  # the listener only: the connections stay
+        left = int(self._ctx.drain.clock.exit_timeout_s)
+        while left > 0 and self.server_state.connections:
+            log.info("Timeout %d: Found %d HTTP service connections", left, len(self.server_state.connections))
+            await asyncio.sleep(TRITON_STOP_LOG_S)
+            left -= 1
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.config.is_ssl:
@@ -243,7 +265,7 @@ async def _serve(
             ssl_keyfile=ssl_key or None,
         )
         systemd = Notifier()
-        server = _DrainingServer(config, ctx, systemd)
+        server = _DrainingServer(config, ctx, systemd, app_factory is None and stops_listening_at_once(drain_grace_s))
         if signals.received:
             server.should_exit = True
         announce = asyncio.create_task(notify_when_serving(ctx.link, lambda: server.started, systemd))

@@ -51,6 +51,10 @@ class WorkerDrain:
         self.pool = pool
         # Called once a worker may go: the router drops it and sends LeaveGranted.
         self._release = release
+        # The whole group stops (the supervisor's CORE_STOP_SIGNAL): every worker leaves, so a leaving worker's
+        # instances get no replacement. One moved to a worker about to leave would load there while it leaves and
+        # hold its stop up to the exit timeout (a model slow to create: L0_lifecycle's creation_delay_sec).
+        self.group_stopping = False
 
     @property
     def active(self) -> bool:
@@ -67,7 +71,7 @@ class WorkerDrain:
         log.info("worker pid %d is leaving: moving its %d instance(s)", worker.pid, len(worker.instances))
         for inst in worker.instances:
             state = inst.version
-            if state.per_worker:
+            if state.per_worker or self.group_stopping:
                 continue
             index = max(i.index for i in state.instances) + 1
             state.instances.append(Instance(state, index, inst.device, name=inst.name))  # it takes over that name

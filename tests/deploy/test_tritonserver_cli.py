@@ -22,6 +22,7 @@ from conveyor.deploy.settings import ServeSettings
 from conveyor.deploy.triton_flags import unused_given
 from conveyor.router.repository.backend_config import BackendConfig, parse_setting
 from tests.support.group import wait_ready
+from tests.support.waiting import eventually
 
 LEVEL = "e2e"
 
@@ -102,6 +103,16 @@ def test_booleans_parse_as_triton_parses_them() -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["--allow-gpu-metrics=maybe"])
     assert parser.parse_args(["--log-verbose=true"]).log_verbose == 1
+
+
+def test_modes_are_read_in_any_case_as_triton_reads_them() -> None:
+    """Triton lowercases --model-control-mode and --rate-limit (qa/L0_iterative_sequence starts its server with
+    --model-control-mode=EXPLICIT)."""
+    parser = build_tritonserver_parser()
+    args = parser.parse_args(["--model-control-mode=EXPLICIT", "--rate-limit=Execution_Count"])
+    assert (args.model_control_mode, args.rate_limit) == ("explicit", "execution_count")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-control-mode=sometimes"])
 
 
 def test_tritonserver_takes_tritons_defaults() -> None:
@@ -326,6 +337,9 @@ def test_doc_command_lines_serve(line: str, run_dir: str) -> None:
         meta = grpc.get_server_metadata()
         assert meta.name == "triton" and "model_repository(unload_dependents)" in meta.extensions
         assert grpc.get_model_metadata("simple").name == "simple"
+        # Closed first: as Triton's, a stopping tritonserver serves open HTTP connections until the exit timeout.
+        http.close()
+        grpc.close()
     finally:
         assert server.stop() == 0
 
@@ -380,7 +394,9 @@ def test_config_shows_tritons_cpu_defaults(run_dir: str) -> None:
     server = Triton("tritonserver --model-repository=/models --strict-model-config=false", repo, run_dir)
     try:
         wait_ready(server.http, server.proc, (server.grpc, server.metrics))
-        config = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}").get_model_config("cpu_instance")
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
+        config = client.get_model_config("cpu_instance")
+        client.close()
         (group,) = config["instance_group"]
         assert (group["name"], group["kind"], group["count"]) == ("cpu_instance", "KIND_CPU", 2)
         optimization = config["optimization"]
@@ -405,6 +421,7 @@ def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(ru
         time.sleep(1.0)
         assert not client.is_server_ready()
         assert client.get_server_metadata()["name"] == "edge-7"
+        client.close()
     finally:
         assert server.stop() == 0
 
@@ -503,3 +520,162 @@ def test_sagemaker_without_a_default_model_name_serves_tritons_unspecified_name(
             assert line in out
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize(("default", "second_model", "words"), [
+    ("subadd", False, "Expect the default model 'subadd' is loaded"),
+    ("", True, "Expect the model repository contains only a single model if default model is not specified"),
+])
+def test_vertex_ai_without_its_default_model_refuses_to_start(default: str, second_model: bool, words: str,
+                                                               run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's VertexAiAPIServer::Create checks the default model once the models are loaded: one that is not
+    ready, or none named and not exactly one model, and ``tritonserver`` exits 1 (qa/L0_vertex_ai's two "Expect
+    failed to start" checks grep these lines)."""
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
+    repo = _repo(run_dir)
+    if second_model:
+        add_sub(repo, "simple2", 8)
+    flag = f" --vertex-ai-default-model={default}" if default else ""
+    server = Triton(f"tritonserver --model-repository=/models --allow-vertex-ai=true "
+                    f"--vertex-ai-port={free_port()}{flag}", repo, run_dir)
+    try:
+        code = server.proc.wait(90)
+    finally:
+        server.stop()
+    out = server.output()
+    assert code == 1, out
+    assert f"failed to start Vertex AI service: Invalid argument - {words}" in out
+    assert "did not stop in time" not in out
+
+
+def test_vertex_ai_with_its_default_model_loaded_starts(run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.cloud_http import call
+
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
+    repo = _repo(run_dir)
+    add_sub(repo, "simple2", 8)
+    vertex = free_port()
+    server = Triton(f"tritonserver --model-repository=/models --allow-vertex-ai=true --vertex-ai-port={vertex} "
+                    "--vertex-ai-default-model=simple2", repo, run_dir)
+    try:
+        wait_ready(server.http, server.proc, (vertex,))
+        assert call(vertex, "/health")[0] == 200
+        assert server.proc.poll() is None and "failed to start Vertex AI service" not in server.output()
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_stop_closes_the_grpc_port_at_once_and_lets_running_calls_finish(run_dir: str) -> None:
+    """Triton's GracefulStop (qa/L0_lifecycle test_shutdown_dynamic): after SIGINT a new call, even on a channel
+    already connected, finds the port closed ("Connection refused"), the call running finishes, and the log counts
+    the connection each second as Triton's does."""
+    import signal
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.support.triton_test_models import identity
+
+    repo = os.path.join(run_dir, "models")
+    identity(repo, "slow", "TYPE_FP32", 4, 'parameters [ { key: "execute_delay_ms" value: { string_value: "3000" } } ]',
+             dims="[ 1 ]")
+    server = Triton("tritonserver --model-repository=/models", repo, run_dir)
+    client = None
+    try:
+        wait_ready(server.http, server.proc, (server.grpc,))
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+        row = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        row.set_data_from_numpy(np.full((1, 1), 7, np.float32))
+        answers: list[object] = []
+        client.async_infer("slow", [row], lambda result, error: answers.append(error or result))
+        eventually(lambda: _running(client), 30, what="the call running")
+        server.proc.send_signal(signal.SIGINT)
+        eventually(lambda: "gRPC service connections and inference handlers" in server.output(), 30,
+                   what="Triton's stop line")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("slow", [row])
+        assert "Connection refused" in str(refused.value), refused.value
+        eventually(lambda: bool(answers), 30, what="the running call's answer")
+        assert isinstance(answers[0], grpcclient.InferResult), answers[0]
+        assert answers[0].as_numpy("OUTPUT0").tolist() == [[7.0]]
+        assert server.proc.wait(60) == 0
+        assert re.search(r"Timeout \d+: Found 1 gRPC service connections and inference handlers", server.output())
+    finally:
+        if client is not None:
+            client.close()
+        server.stop()
+
+
+def _running(client: object) -> bool:
+    stats = client.get_inference_statistics("slow")  # type: ignore[attr-defined]
+    return bool(stats.model_stats[0].inference_stats.queue.count)
+
+
+def test_a_stop_serves_open_http_connections_and_refuses_new_ones(run_dir: str) -> None:
+    """Triton's HTTPServer::Stop (qa/L0_lifecycle test_shutdown_with_live_connection): after SIGINT a keep-alive
+    connection is still served while new connections are refused; once it closes, the stop goes on."""
+    import http.client
+    import json
+    import signal
+
+    server = Triton("tritonserver --model-repository=/models", _repo(run_dir), run_dir)
+    body = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                                  for n in ("INPUT0", "INPUT1")]})
+    conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=30)
+    try:
+        wait_ready(server.http, server.proc)
+
+        def infer() -> int:
+            conn.request("POST", "/v2/models/simple/infer", body, {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            return answer.status
+
+        assert infer() == 200
+        server.proc.send_signal(signal.SIGINT)
+        eventually(lambda: "Timeout 10: Found 1 HTTP service connections" in server.output(), 30,
+                   what="Triton's stop line")
+        assert infer() == 200  # the open connection is served
+        with pytest.raises(ConnectionRefusedError):
+            http.client.HTTPConnection("127.0.0.1", server.http, timeout=5).request("GET", "/v2/health/live")
+        conn.close()
+        assert server.proc.wait(60) == 0
+        out = server.output()
+        assert "Waiting for in-flight requests to complete." in out and out.count("Timeout 10: ") == 1
+    finally:
+        conn.close()
+        server.stop()
+
+
+def test_a_stop_logs_the_sequences_still_open_as_tritons_core_stop(run_dir: str) -> None:
+    """Triton's core stop counts a sequence model's open sequences as in-flight inferences (qa/L0_lifecycle
+    test_shutdown_sequence greps "Model 'custom_sequence_int32' (version 1) has 2 in-flight inferences")."""
+    import signal
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from tests.support.triton_test_models import build
+
+    repo = os.path.join(run_dir, "models")
+    build(repo)
+    server = Triton("tritonserver --model-repository=/models --model-control-mode=explicit "
+                    "--load-model=sequence_int32", repo, run_dir)
+    try:
+        wait_ready(server.http, server.proc, (server.grpc,))
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}") as client:
+            row = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            row.set_data_from_numpy(np.ones((1, 1), np.int32))
+            for sequence in (1, 2):  # started, not ended
+                client.infer("sequence_int32", [row], sequence_id=sequence, sequence_start=True)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0
+        out = server.output()
+        assert "Waiting for in-flight requests to complete." in out
+        assert re.search(r"Timeout \d+: Found 1 model versions that have in-flight inferences", out), out
+        assert "Model 'sequence_int32' (version 1) has 2 in-flight inferences" in out
+    finally:
+        server.stop()

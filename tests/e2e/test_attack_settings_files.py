@@ -248,4 +248,22 @@ def test_vertex_ai_does_not_redirect_to_the_settings(group: Group) -> None:
             assert (status, body) == (400, b""), route  # as any route Triton's Vertex AI server does not serve
     status, _, body = call(group.vertex, PREDICT, b"", "POST", {"X-Vertex-Ai-Triton-Redirect": "v2/models/simple"})
     assert status == 200 and json.loads(body)["name"] == "simple"
+
+
+def test_vertex_ai_refuses_to_redirect_to_shared_memory_registration_and_model_control(group: Group) -> None:
+    """Triton's Vertex AI server redirects to the shared-memory status and the repository index only: registration
+    and load/unload are a 403 with no body, whatever the restricted-API headers (qa/L0_vertex_ai)."""
+    register = as_json({"key": "test_shm", "byte_size": 1024}).encode()
+    for route, body in (("v2/systemsharedmemory/region/r/register", register),
+                        ("v2/systemsharedmemory/unregister", b""), ("v2/cudasharedmemory/region/r/register", register),
+                        ("v2/repository/models/simple/unload", b""), ("v2/repository/models/simple/load", b""),
+                        ("v2/repository/r/models/simple/unload", b"")):
+        for headers in ({}, TK):
+            status, _, answer = call(group.vertex, PREDICT, body, "POST",
+                                     {**headers, "X-Vertex-Ai-Triton-Redirect": route})
+            assert (status, answer) == (403, b""), route
+    for route in ("v2/systemsharedmemory/status", "v2/cudasharedmemory/status", "v2/repository/index"):
+        status, _, _ = call(group.vertex, PREDICT, b"", "POST", {"X-Vertex-Ai-Triton-Redirect": route})
+        assert status == 200, route
+    assert get(group, "/v2/models/simple/ready")[0] == 200  # still loaded
     assert group.pwned() == []

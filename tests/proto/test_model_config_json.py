@@ -21,7 +21,16 @@ def test_a_single_value_where_a_list_is_wanted_is_one_element() -> None:
     assert list(config.version_policy.specific.versions) == [2]
 
 
-@pytest.mark.parametrize("text", ['{"no_such_field": 1}', '{"max_batch_size": "many"}', "{"])
+def test_a_bare_key_is_read_as_protobufs_parser_reads_it() -> None:
+    config = parse_json_config('{"name": "m", sequence_batching: { "iterative_sequence": true, direct: '
+                               '{ "max_queue_delay_microseconds": 7 } }, "parameters": {"k": {"string_value": '
+                               '"a: b, c: d"}}}')
+    batching = config.sequence_batching
+    assert batching.iterative_sequence and batching.direct.max_queue_delay_microseconds == 7
+    assert config.parameters["k"].string_value == "a: b, c: d"  # a string's text is left as it is
+
+
+@pytest.mark.parametrize("text", ['{"no_such_field": 1}', "{max_batch_size 1}", '{"max_batch_size": "many"}', "{"])
 def test_what_triton_refuses_is_refused(text: str) -> None:
     with pytest.raises(json_format.ParseError):
         parse_json_config(text)
