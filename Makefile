@@ -34,7 +34,7 @@ typecheck:
 
 # The whole suite: every level.
 suite:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest tests named in CI's log: where suite time goes
 
 # One level alone (each test module states its LEVEL; tests/conftest.py says what each means).
 # unit: under a minute, no process started (refused), fuzz targets at a tenth of their cases: a check while

@@ -11,7 +11,7 @@ from typing import Any
 from conveyor.deploy.cloud_options import check_cloud_args, fold_storage_uri
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
 from conveyor.deploy.instances import ingress_protocol, worker_environment
-from conveyor.deploy.lifeline import die_with_supervisor, exit_now, mark_group_member
+from conveyor.deploy.lifeline import die_with_supervisor, mark_group_member
 from conveyor.deploy.listen import LISTEN_FAILED_CODE, endpoint, is_bind_failure
 from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.openai_frontend import add_frontend_flags, frontend_main
@@ -34,6 +34,7 @@ from conveyor.deploy.options import (
 from conveyor.deploy.runtime.dispatch_cpu import dispatch_cpu, pin_dispatch
 from conveyor.deploy.runtime.heap import keep_freed_heap
 from conveyor.deploy.runtime.io_threads import configure_io_threads
+from conveyor.deploy.runtime.leaving import exit_now
 from conveyor.deploy.scale import ROLES
 from conveyor.deploy.settings import (
     INGRESS,

@@ -24,11 +24,7 @@ namespace (another container, a test run under ``unshare``) is another host's, w
 and where /proc was mounted for another pid namespace than the supervisor's, its pids cannot be signalled
 from here, so nothing is.
 
-``exit_now``: an actor that has closed its sockets and unlinked its arena has nothing left
-for the interpreter's own teardown to do but free every module's objects and join thread
-pools: 0.1-0.2 s of CPU per process, and seconds of wall time when a whole group (every
-actor at once) stops on a busy 2-core host. Measured on ``tritonserver`` stopping idle:
-3.5-4.1 s with the teardown, 0.7-1.0 s without, on the same loaded host.
+``exit_now`` (deploy/runtime/leaving.py): how each actor leaves once its cleanup is done.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
 
 from conveyor.deploy.runtime.group_paths import GROUP_DIR_ENV, GROUP_MEMBER_ENV, run_dir
 from conveyor.deploy.runtime.procs import mapped_shm, named_by_pid, unlink_shm
@@ -153,11 +148,3 @@ def die_with_supervisor() -> None:
     if os.getppid() != int(supervisor):
         print(f"the supervisor (pid {supervisor}) that started this process is gone: exiting", file=sys.stderr)
         os._exit(1)
-
-
-def exit_now(code: int) -> NoReturn:
-    """Leave without the interpreter's teardown, once the process's own cleanup is done."""
-    logging.shutdown()  # the log handlers' buffers (a --log-file) first
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

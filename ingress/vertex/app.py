@@ -23,6 +23,7 @@ import re
 
 import orjson
 
+from conveyor.deploy.runtime.leaving import exit_now
 from conveyor.ingress.asgi_rewrite import (
     App,
     MisplacedBinaryMime,
@@ -144,8 +145,6 @@ async def default_model_problem(link: RouterClient, name: str) -> str:
 
 
 async def _refuse_start_without_default(link: RouterClient, name: str) -> None:
-    from conveyor.deploy.lifeline import exit_now
-
     problem = await default_model_problem(link, name)
     if problem:
         refusal = ConveyorError(Status.INVALID_ARG, problem)
