@@ -12,7 +12,7 @@ from conveyor.deploy.cloud_options import check_cloud_args, fold_storage_uri
 from conveyor.deploy.group_lock import DEFAULT_GROUP, check_name
 from conveyor.deploy.instances import ingress_protocol, worker_environment
 from conveyor.deploy.lifeline import die_with_supervisor, mark_group_member
-from conveyor.deploy.listen import LISTEN_FAILED_CODE, endpoint, is_bind_failure
+from conveyor.deploy.listen import endpoint, is_bind_failure
 from conveyor.deploy.logs import setup_logging
 from conveyor.deploy.openai_frontend import add_frontend_flags, frontend_main
 from conveyor.deploy.options import (
@@ -62,6 +62,7 @@ from conveyor.ingress.header_forward import header_forward
 from conveyor.ingress.limits import IngressLimits
 from conveyor.ingress.restricted import GRPC_HEADER_PREFIX, restrictions
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
+from conveyor.proto.exit_codes import GROUP_BUSY_CODE, LISTEN_FAILED_CODE
 from conveyor.proto.triton_cli import TRITON_CLI_ENV
 from conveyor.router.observability.histograms import parse_quantiles
 from conveyor.router.observability.trace_settings import parse_trace_config
@@ -433,7 +434,7 @@ def _start_actor(settings: EveryProcess, command: str) -> None:
 
 def _router(args: RouterSettings) -> int:
     from conveyor.deploy.compose import router_config
-    from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock
+    from conveyor.deploy.group_lock import GroupBusy, GroupLock
     from conveyor.deploy.options import run_dir
     from conveyor.router.observability.histograms import configure_summaries
     from conveyor.router.server import Router

@@ -22,8 +22,6 @@ DEFAULT_GROUP = "default"
 # one group's segments look like another's (group "a" would sweep "a.b"'s).
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_FREE_NAME_TRIES = 100
-# The exit code of a supervisor or router whose group's lock is held by another live process.
-GROUP_BUSY_CODE = 2
 
 
 class GroupBusy(Exception):

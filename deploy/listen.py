@@ -18,10 +18,6 @@ from typing import NamedTuple
 
 from conveyor.deploy.settings import Listening, ServeSettings
 
-# An ingress that could not bind its address exits with this code (1-3 are taken: errors,
-# argparse's and GroupBusy's 2, the router's "creating server" 3; a worker whose engine died: 5).
-LISTEN_FAILED_CODE = 4
-
 # What a failed bind or listen raises: the errno (h2, uvicorn) or grpcio's words (no errno).
 _BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 

@@ -32,17 +32,23 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.deploy import listen
-from conveyor.deploy.group_lock import GROUP_BUSY_CODE, GroupBusy, GroupLock, take_group
+from conveyor.deploy.group_lock import GroupBusy, GroupLock, take_group
 from conveyor.deploy.lifeline import child_environment, kill_orphans
 from conveyor.deploy.options import run_dir
 from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.deploy.scale import ROLES, ScaleServer, socket_path
 from conveyor.deploy.settings import INGRESS, ROUTER, WORKER, ServeSettings, handoff, handoff_environment
 from conveyor.proto.errors import ConveyorError, invalid_arg, triton_line
+from conveyor.proto.exit_codes import (
+    CREATE_FAILED_CODE,
+    GROUP_BUSY_CODE,
+    LISTEN_FAILED_CODE,
+    START_FAILED_CODE,
+    START_REFUSED_CODE,
+)
 from conveyor.proto.triton_cli import (
     CORE_STOP_SIGNAL,
     RESTART_ENV,
-    START_REFUSED_CODE,
     STOP_DEADLINE_FILE,
     keeps_running_when_unusable,
     stops_listening_at_once,
@@ -53,8 +59,6 @@ from conveyor.workers.stopping import UNLOAD_GRACE_S, UNLOAD_NOW_SIGNAL
 log = logging.getLogger("conveyor.supervisor")
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
-# The group's exit code when it could not start (Triton's for "failed to start ... service").
-START_FAILED_CODE = 1
 # systemd's notification variables belong to the supervisor (a unit's main process): a child
 # that inherited them would announce readiness for the whole group.
 _SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -343,10 +347,6 @@ class Supervisor:
     def _restart(self, child: Child) -> None:
         assert child.proc is not None
         code = child.proc.returncode
-        # Imported here, not at the top: router/config.py brings the router's lifecycle (numpy, onnx), a fifth
-        # of a second of the supervisor's start-up CPU, for one constant that only a restart reads.
-        from conveyor.router.config import CREATE_FAILED_CODE
-
         if child is self.router and code == CREATE_FAILED_CODE:
             # A repository it cannot use, or a model failed with --exit-on-error: a new router would fail the same way.
             self._fail(START_FAILED_CODE, "the router stopped: it could not create the server (above)")
@@ -358,7 +358,7 @@ class Supervisor:
             # An endpoint refused the start as Triton's StartEndpoints does (the Vertex AI default model): Triton exits.
             self._fail(START_FAILED_CODE, f"{child.role} refused to start (above)")
             return
-        if code == listen.LISTEN_FAILED_CODE and child.initial and child.restarts == 0:
+        if code == LISTEN_FAILED_CODE and child.initial and child.restarts == 0:
             # Something took the port between the check in run() and this child's bind: as the
             # check would have, fail the start. A restart (it had served) backs off instead.
             self._fail(START_FAILED_CODE, f"{child.role} could not listen (above)")

@@ -34,9 +34,6 @@ def picks_the_only_model() -> bool:
 # Set by the supervisor in the environment of a child it restarts: the checks Triton makes once, as its server
 # starts, are not made again by a restarted actor (a group that had started is not refused afterwards).
 RESTART_ENV = "CONVEYOR_RESTART"
-# The exit code of an actor that refuses the group's start as Triton's ``tritonserver`` refuses to start an
-# endpoint (StartEndpoints fails: Triton exits 1): the supervisor stops the group rather than restarting it.
-START_REFUSED_CODE = 5
 
 
 def checks_endpoints_at_start() -> bool:

@@ -12,11 +12,6 @@ from conveyor.router.scheduling.queue_policy import DEFAULT_QUEUE_CAP
 from conveyor.router.scheduling.rate_limiter import ResourceLimit
 from conveyor.router.shared_memory.client_regions import ClientShmConfig
 
-# The router's exit code when it could not create the server (Triton's "error: creating server"): a
-# repository root it cannot use, or a model that failed to load with --exit-on-error. The supervisor then
-# stops the whole group with a failure instead of restarting the router (which would fail again).
-CREATE_FAILED_CODE = 3
-
 
 @dataclass(frozen=True)
 class SchedulingConfig:

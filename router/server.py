@@ -36,6 +36,7 @@ from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.deploy.runtime.wake_pipe import WakePipe
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status, triton_line, triton_status_text
+from conveyor.proto.exit_codes import CREATE_FAILED_CODE
 from conveyor.proto.framing import PeerOutbox, drain_peers
 from conveyor.proto.triton_cli import (
     CORE_STOP_SIGNAL,
@@ -44,7 +45,7 @@ from conveyor.proto.triton_cli import (
     keeps_running_when_unusable,
 )
 from conveyor.router.admission import Admission
-from conveyor.router.config import CREATE_FAILED_CODE, RouterConfig
+from conveyor.router.config import RouterConfig
 from conveyor.router.context import RouterContext
 from conveyor.router.control import ControlHandler
 from conveyor.router.control_ops import router_ops

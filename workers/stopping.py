@@ -25,9 +25,6 @@ FINALIZE_WAIT_S = 5.0
 # plus the time to leave (flush the logs, close the sockets).
 UNLOAD_GRACE_S = FINALIZE_WAIT_S + 2.0
 
-# A worker's exit code when an engine it hosts died under it (workers/backends/vllm/engine.py): a failure, so
-# the supervisor (or systemd's Restart=on-failure) starts it again, and the router loads its models there again.
-ENGINE_DIED_CODE = 5
 
 _leave: Callable[[str], None] | None = None
 

@@ -24,6 +24,7 @@ from conveyor.deploy.runtime.polling import Poller, spin_seconds
 from conveyor.deploy.runtime.sd_notify import Notifier
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError, Status
+from conveyor.proto.exit_codes import ENGINE_DIED_CODE
 from conveyor.proto.framing import drain
 from conveyor.shm.arena import Arena
 from conveyor.shm.naming import segment_name
@@ -49,7 +50,7 @@ from conveyor.workers.instances import (
 from conveyor.workers.mailbox import Mailbox
 from conveyor.workers.reply_links import ReplyLinks
 from conveyor.workers.router_session import RouterSession
-from conveyor.workers.stopping import ENGINE_DIED_CODE, FINALIZE_WAIT_S, UNLOAD_NOW_SIGNAL, set_fatal_exit
+from conveyor.workers.stopping import FINALIZE_WAIT_S, UNLOAD_NOW_SIGNAL, set_fatal_exit
 
 __all__ = ["DEFAULT_ARENA_BYTES", "LoadedInstance", "Worker", "WorkerConfig"]
 

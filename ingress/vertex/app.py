@@ -42,7 +42,8 @@ from conveyor.ingress.metrics import MetricsOptions, build_metrics_app
 from conveyor.ingress.restricted import Restriction
 from conveyor.proto.control import RouterClient
 from conveyor.proto.errors import ConveyorError, Status, triton_log_line
-from conveyor.proto.triton_cli import START_REFUSED_CODE, checks_endpoints_at_start
+from conveyor.proto.exit_codes import START_REFUSED_CODE
+from conveyor.proto.triton_cli import checks_endpoints_at_start
 
 log = logging.getLogger(__name__)
 

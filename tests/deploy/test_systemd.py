@@ -20,7 +20,7 @@ from conveyor.deploy.example_repo import add_sub
 from conveyor.deploy.logs import JournalFormatter, stderr_is_journal
 from conveyor.deploy.ports import free_port
 from conveyor.deploy.runtime.sd_notify import Notifier, notify, watchdog_interval
-from conveyor.router.config import CREATE_FAILED_CODE
+from conveyor.proto.exit_codes import CREATE_FAILED_CODE
 from tests.support.group import _listening
 from tests.support.paths import ROOT
 
