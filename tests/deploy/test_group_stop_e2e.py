@@ -12,7 +12,7 @@ from tests.support.triton_test_models import write
 
 LEVEL = "e2e"
 
-CREATION_S = 12  # each instance's load: longer than the exit timeout below
+CREATION_S = 8  # each instance's load: longer than the exit timeout below
 EXIT_TIMEOUT_S = 5
 
 

@@ -241,5 +241,8 @@ def test_a_repository_root_that_cannot_be_used_leaves_the_server_neither_live_no
                 call()
         assert f"Internal: failed to stat file {tmp_path / 'missing'}" in log.read_text()
         assert proc.poll() is None
+        # Closed before the stop: as Triton's, a stop waits for open HTTP connections up to the exit timeout.
+        http.close()
+        grpc.close()
     finally:
         abandon(proc)

@@ -19,8 +19,9 @@ from tests.support.waiting import eventually
 LEVEL = "e2e"
 
 MODEL = "slow"
-# Fewer than the router's DEEP_IN_FLIGHT: the instance holds 2 of them (PIPELINE_DEPTH), 1 of which runs.
-REQUESTS = 5
+# Fewer than the router's DEEP_IN_FLIGHT: the instance holds 2 of them (PIPELINE_DEPTH), 1 of which runs, and one
+# more waits at the router.
+REQUESTS = 3
 DELAY_MS = 2500  # each request's execution: long enough to read the metric while the first one runs
 WAIT_S = 60.0  # generous: only reached when something is broken
 

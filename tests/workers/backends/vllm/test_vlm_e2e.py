@@ -52,8 +52,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     (media / "one.png").write_bytes(tiny_vlm.image_png(1))
     ref = tiny_vlm.reference(model_dir)  # before the group: one engine at a time on this host
     openai_port = free_port()
-    server = start_server(str(repo), f"vlm{openai_port}", "--openai-port", str(openai_port), "--openai-address",
-                          "127.0.0.1", "--allowed-local-media-path", str(media), ready_timeout=READY_TIMEOUT_S)
+    # One worker, for the model's one engine: a second would only cost the start its process.
+    server = start_server(str(repo), f"vlm{openai_port}", "--workers", "1", "--openai-port", str(openai_port),
+                          "--openai-address", "127.0.0.1", "--allowed-local-media-path", str(media),
+                          ready_timeout=READY_TIMEOUT_S)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{openai_port}/v1", api_key="none", max_retries=0, timeout=120)
     try:
         yield Served(server, client, ref, media)
