@@ -52,8 +52,6 @@ FIELDS: tuple[tuple[str, _Check, str], ...] = (
      "a batch's inputs are gathered by the worker on the CPU"),
     ("optimization.eager_batching", lambda c: c.optimization.eager_batching,
      "batches form in the router's dynamic batcher only"),
-    ("ensemble_scheduling.max_inflight_requests", lambda c: c.ensemble_scheduling.max_inflight_requests > 0,
-     "an ensemble's steps are not capped: the composing models' queues bound them"),
 )
 
 
