@@ -63,10 +63,11 @@ def client_for(server: Server, protocol: Any) -> Any:
     return protocol.InferenceServerClient(server.http_url if protocol is httpclient else server.grpc_url)
 
 
-def add_sub_inputs(protocol: Any, seed: int) -> tuple[list[Any], np.ndarray, np.ndarray]:
+def add_sub_inputs(protocol: Any, seed: int, names: tuple[str, str] = ("INPUT0", "INPUT1"),
+                   ) -> tuple[list[Any], np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     a, b = (rng.integers(-1000, 1000, (1, 16), dtype=np.int32) for _ in range(2))
-    inputs = [protocol.InferInput("INPUT0", [1, 16], "INT32"), protocol.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [protocol.InferInput(name, [1, 16], "INT32") for name in names]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs, a, b
@@ -143,12 +144,7 @@ def test_cache_metrics(cache_server: Server) -> None:
 
 
 def ensemble_inputs(seed: int) -> tuple[list[Any], np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    a, b = (rng.integers(-1000, 1000, (1, 16), dtype=np.int32) for _ in range(2))
-    inputs = [grpcclient.InferInput("A", [1, 16], "INT32"), grpcclient.InferInput("B", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs, a, b
+    return add_sub_inputs(grpcclient, seed, ("A", "B"))
 
 
 def run_twice(server: Server, model: str, seed: int) -> None:
