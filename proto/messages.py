@@ -142,7 +142,7 @@ class InferRequest(msgspec.Struct, tag="infer", array_like=True):
     flags: int = 0
     regions: list[ClientRegion] = []  # filled by the router when refs name client regions
     request_id: str = ""  # the client's own id for the request (Triton's request_id())
-    cache_key: bytes = b""  # response-cache models only: hash of the inputs and parameters (ingress/request_hash.py)
+    cache_key: bytes = b""  # response-cache models only: hash of the inputs and parameters (proto/request_hash.py)
     trace: TraceContext | None = None  # set by an ingress only while tracing is on (router/observability/tracing.py)
     # A prompt's chained block hashes (proto/prefix_keys.py), for models placed by prefix across their
     # engines (router/scheduling/engine_placement.py); [] for every other model.

@@ -11,7 +11,6 @@ from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
 from conveyor.proto.migration import MIGRATION
 from conveyor.proto.request_checks import check_step_inputs
-from conveyor.proto.request_hash import hash_request
 from conveyor.proto.signature import ModelSignature
 from conveyor.router.context import RouterContext
 from conveyor.router.dispatch import Dispatcher
@@ -21,7 +20,7 @@ from conveyor.router.models import VersionState, signature
 from conveyor.router.observability.stats import EnsembleRequestStats
 from conveyor.router.pending import Pending
 from conveyor.router.replies import count_failure
-from conveyor.router.response_cache import cache_key
+from conveyor.router.response_cache import cache_key, step_hash
 from conveyor.router.shared_memory.client_regions import ClientShmRegistry
 from conveyor.shm.regions import RegionCache
 
@@ -140,13 +139,10 @@ class Admission:
             self.ensembles.cancel(identity, request_id)
 
     def _step_cache_key(self, req: m.InferRequest) -> None:
-        """An ensemble's step to a model that caches its responses: keyed as the ingress keys a client's
-        request to it (Triton looks each step up in its model's cache), from the bytes the steps before it
-        wrote. Not a step that reads or writes a client's region (the ingress keys no such request)."""
-        if req.regions or any(o.region for o in req.outputs):
-            return
+        """An ensemble's step to a model that caches its responses (Triton looks each step up in its model's
+        cache): keyed by ``step_hash``."""
         view = self._regions.view
-        req.cache_key = hash_request(req.inputs, lambda r: view(r.region, r.offset, r.nbytes), req.parameters)
+        req.cache_key = step_hash(req, lambda r: view(r.region, r.offset, r.nbytes))
 
     def _answer_from_cache(self, identity: bytes, req: m.InferRequest, state: VersionState) -> bool:
         """Answer a cache hit at once (the cached block lent to the ingress). On a miss the

@@ -11,17 +11,22 @@ holds in Triton; an entry larger than the whole cache is not kept, and logged in
 Triton's words.
 
 The key is (model, version, the ingress's hash of the inputs and parameters,
-the requested outputs); see ``ingress/request_hash.py``.
+the requested outputs); see ``proto/request_hash.py``. An ensemble's step is hashed
+by the router itself (``step_hash``), in its loop: bounded by ``STEP_HASH_MAX_BYTES``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import invalid_arg
+from conveyor.proto.request_hash import hash_request
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,22 @@ class CachedResponse:
     outputs: list[m.TensorRef]
     blocks: list[m.Release]
     nbytes: int
+
+
+# The most input bytes an ensemble's step may have for the router to hash them (about 1 ms of its loop, at
+# BLAKE2b's ~1 GB/s): a larger step runs without the cache rather than holding every other request up.
+# Triton hashes in the step's own thread; the router's loop must never wait on slow work.
+STEP_HASH_MAX_BYTES = 1 << 20
+
+
+def step_hash(req: m.InferRequest, view: Callable[[m.TensorRef], np.ndarray]) -> bytes:
+    """An ensemble's step's cache key, hashed as the ingress hashes a client's request to the same model (so
+    both share one entry), from the bytes the steps before it wrote (``view``). ``b""`` (not cached) for a step
+    that reads or writes a client's region (the ingress keys no such request) or has more than
+    ``STEP_HASH_MAX_BYTES`` of inputs."""
+    if req.regions or any(o.region for o in req.outputs) or sum(r.nbytes for r in req.inputs) > STEP_HASH_MAX_BYTES:
+        return b""
+    return hash_request(req.inputs, view, req.parameters)
 
 
 def cache_key(model: str, version: str, request: m.InferRequest) -> CacheKey:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from conveyor.proto import messages as m
 from conveyor.proto.errors import ConveyorError
-from conveyor.router.response_cache import ResponseCache, cache_key, parse_cache_config
+from conveyor.router.response_cache import STEP_HASH_MAX_BYTES, ResponseCache, cache_key, parse_cache_config, step_hash
 from conveyor.router.shared_memory.held_blocks import HeldBlocks
 from conveyor.shm.arena import HELD, OUTSTANDING, RELEASED, Arena
 from conveyor.shm.naming import segment_name
@@ -65,3 +66,20 @@ def test_an_entry_larger_than_the_cache_is_logged_in_tritons_words(caplog: pytes
         assert arena.array[0] == OUTSTANDING and len(cache) == 0
     finally:
         arena.close()
+
+
+def test_a_step_is_hashed_as_a_client_request_up_to_its_bound() -> None:
+    """An ensemble's step keyed in the router's loop: alike for the same inputs, and not at all (no cache)
+    past STEP_HASH_MAX_BYTES of inputs, which would hold every other request up while it hashes."""
+    data = {"small": np.arange(16, dtype=np.int32), "large": np.zeros(STEP_HASH_MAX_BYTES // 4 + 1, np.int32)}
+
+    def step(name: str) -> m.InferRequest:
+        ref = m.TensorRef("INPUT0", "INT32", [data[name].size], name, 0, data[name].nbytes)
+        return m.InferRequest(0, "model", "", [ref], [m.OutputSpec("OUTPUT0")])
+
+    def view(ref: m.TensorRef) -> np.ndarray:
+        return data[ref.region].view(np.uint8)
+
+    small = step_hash(step("small"), view)
+    assert small and small == step_hash(step("small"), view)
+    assert step_hash(step("large"), view) == b""

@@ -174,10 +174,7 @@ def test_an_ensembles_step_is_looked_up_in_its_models_cache(cache_server: Server
     assert counts(stats(cache_server, "simple_cached_step")) == (1, 1, 2, 1)
     # A client's own request with the same inputs is the same entry.
     client = grpcclient.InferenceServerClient(cache_server.grpc_url)
-    _, a, b = ensemble_inputs(8)
-    inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
+    inputs, a, b = add_sub_inputs(grpcclient, 8)
     np.testing.assert_array_equal(client.infer("simple_cached_step", inputs).as_numpy("OUTPUT0"), a + b)
     assert counts(stats(cache_server, "simple_cached_step"))[:2] == (2, 1)
 
