@@ -307,6 +307,14 @@ def _cases(args: argparse.Namespace) -> list[Case]:
     return [c for c in cases if not args.cases or any(word in c.name for word in args.cases)]
 
 
+# Requests per second aiperf may start, far above what either server answers here, so that the clients stay
+# back to back (a freed slot waits at most 1/PACED_RATE s). Without a rate aiperf's concurrency mode issues in
+# a loop that only yields to its event loop while every slot is taken (0.13.0's CONCURRENCY_BURST): its
+# timing process spun a whole core of this 2-vCPU host, taken from the servers (the engine, at ENGINE_NICE,
+# first). With a rate its pacer sleeps between intervals (timerfd).
+PACED_RATE = 1000
+
+
 def aiperf_arguments(bench: Bench, server: Server, case: Case) -> list[str]:
     args = bench.args
     models = server.models if case.mixed else server.models[:1]
@@ -320,7 +328,8 @@ def aiperf_arguments(bench: Bench, server: Server, case: Case) -> list[str]:
             *(["--per-chunk-usage"] if case.endpoint == "chat" else []),
             "--input-file", str(bench.prompts), "--custom-dataset-type", "single-turn",
             "--dataset-sampling-strategy", "sequential", "--output-tokens-mean", str(args.tokens),
-            "--extra-inputs", json.dumps(extra), "--concurrency", str(case.clients), *load,
+            "--extra-inputs", json.dumps(extra), "--concurrency", str(case.clients),
+            "--request-rate", str(PACED_RATE), *load,
             "--warmup-request-count", str(max(case.clients, 4, len(models))),
             "--request-timeout-seconds", "120", "--random-seed", "1"]
 
