@@ -153,6 +153,7 @@ class EngineLoop:
                      environment: dict[str, str]) -> Any:
         from vllm import envs
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.executor.abstract import Executor
@@ -166,11 +167,12 @@ class EngineLoop:
             # starts with the environment as it is now.
             envs.disable_envs_cache()
             # AsyncLLM.from_engine_args, but for the executor class: an engine core of its own (not one run
-            # in this threaded process) forks its model workers unless the operator chose a method.
+            # in this threaded process) forks its model workers unless the operator chose a method, or the
+            # engine runs on the CPU (model_workers.py: a forked CPU model worker is not bound to its cores).
             config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
             executor = Executor.get_class(config)
             if (executor is MultiprocExecutor and _OPERATORS_START_METHOD is None
-                    and envs.VLLM_ENABLE_V1_MULTIPROCESSING):
+                    and envs.VLLM_ENABLE_V1_MULTIPROCESSING and not current_platform.is_cpu()):
                 from conveyor.workers.backends.vllm.model_workers import ForkedModelWorkers
 
                 executor = ForkedModelWorkers

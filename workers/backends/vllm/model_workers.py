@@ -8,6 +8,14 @@ process whose executor starts before its I/O threads, the case vLLM's default (f
 executor forks. vLLM still spawns where it must (CUDA already initialised in the engine core, and the other
 cases of ``vllm.utils.system_utils._maybe_force_spawn``).
 
+Not a CPU engine's (``engine.py`` spawns its model worker, as vLLM's own server does): vLLM binds a CPU
+model worker's compute threads to their cores, and sizes their pool, through OpenMP's environment
+(``GOMP_CPU_AFFINITY``/``OMP_PLACES``, ``OMP_NUM_THREADS``), set around the worker's start, which OpenMP
+reads once, as it loads. A forked worker has the engine core's OpenMP, loaded before: its threads were not
+bound (on 2 vCPUs they ran beside the server's, 2.3 times a spawned worker's CPU per token at 1 client and
+less than half its tokens/s), and bound afterwards, its inherited pool of two threads took turns on one
+core (ten times slower).
+
 Imported by the engine core process (the executor class is pickled by name): vLLM and nothing of the worker.
 """
 
