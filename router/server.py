@@ -137,6 +137,7 @@ class Router:
         self.settings = SettingsHub(config.trace, self._broadcast_settings)
         self._stopping = False
         self._report_in_flight = False  # CORE_STOP_SIGNAL arrived: log Triton's in-flight lines
+        self._in_flight_at_stop: list[tuple[str, int, int]] = []
         self.exit_code = 0
         self.systemd = Notifier()
         self.group = group = config.group
@@ -186,16 +187,24 @@ class Router:
 
     def _core_stop(self, *_: Any) -> None:
         self.worker_drain.group_stopping = True  # set here: before any worker of the stop says it leaves
-        self._report_in_flight = is_triton_cli()  # logged by the loop (``_log_in_flight``), not in the handler
+        if is_triton_cli():
+            # Counted here, before any worker of the stop leaves (a leaving worker's messages may come in the
+            # loop's turn before it logs); logged by the loop (``_log_in_flight``), not in the handler.
+            self._in_flight_at_stop = self._in_flight()
+            self._report_in_flight = True
 
-    def _log_in_flight(self) -> None:
-        """Triton's core-stop lines (InferenceServer::Stop): the versions with inferences in flight, each with
-        its count: requests queued or running, and a sequence model's sequences still open."""
+    def _in_flight(self) -> list[tuple[str, int, int]]:
+        """(model, version, count) of the versions with inferences in flight: requests queued or running, and
+        a sequence model's sequences still open."""
         counts = self.ctx.ledger.in_flight()
         for state in self.registry.versions():
             if isinstance(state.batcher, SequenceBatcher) and state.batcher.open:
                 counts[state] = counts.get(state, 0) + len(state.batcher.open)
-        busy = sorted(((s.model, s.version, n) for s, n in counts.items() if n), key=lambda row: row[:2])
+        return sorted(((s.model, s.version, n) for s, n in counts.items() if n), key=lambda row: row[:2])
+
+    def _log_in_flight(self) -> None:
+        """Triton's core-stop lines (InferenceServer::Stop), from the count taken as the stop began."""
+        busy = self._in_flight_at_stop
         timeout = int(self.config.stop.exit_timeout_s)
         try:  # what is left of the exit timeout: the supervisor's deadline (Triton counts down from there)
             with open(os.path.join(run_dir(self.group), STOP_DEADLINE_FILE)) as f:
