@@ -8,9 +8,7 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,7 +20,7 @@ from conveyor.deploy.settings import ServeSettings
 from conveyor.deploy.triton_flags import unused_given
 from conveyor.router.repository.backend_config import BackendConfig, parse_setting
 from tests.support.group import wait_ready
-from tests.support.waiting import eventually
+from tests.support.tritonserver import Triton, repo_with_simple
 
 LEVEL = "e2e"
 
@@ -265,52 +263,6 @@ def test_the_load_thread_count_reaches_the_router() -> None:
 
 # --- against a running group --------------------------------------------------------------
 
-def _repo(root: str, broken: bool = False) -> str:
-    repo = os.path.join(root, "models")
-    os.makedirs(repo, exist_ok=True)
-    add_sub(repo, "simple", 8)
-    if broken:
-        # A config Triton cannot read fails its poll (the model is never added); a model file it cannot load
-        # fails the load (the model is there, not ready).
-        write_model(repo, "bad_config", 'platform: "onnxruntime_onnx"\nmax_batch_size: [oops\n')
-        write_model(repo, "bad_model", 'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
-                    'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\n'
-                    'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n', {"model.onnx": b"no model"})
-    return repo
-
-
-class Triton:
-    """``python -m conveyor.deploy.tritonserver`` with a command line from Triton's docs."""
-
-    def __init__(self, line: str, repo: str, run_dir: str) -> None:
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
-        argv = line.replace("/models", repo).split()[1:]
-        # The line runs as written; the harness only moves it to free loopback ports and makes it
-        # quick to stop (later flags win, in Triton as here).
-        harness = [f"--http-port={self.http}", f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics}",
-                   "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--workers=1",
-                   f"--arena-size={32 << 20}", "--exit-timeout-secs=10", "--drain-grace-secs=0"]
-        self.log = os.path.join(run_dir, f"triton-{self.http}.log")
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "conveyor.deploy.tritonserver", *argv, *harness],
-                                         stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "CONVEYOR_RUN_DIR": run_dir})
-
-    def output(self) -> str:
-        with open(self.log, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        return self.proc.wait(30)
-
-
-@pytest.fixture
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield str(tmp_path_factory.mktemp("run"))
-
-
 DOC_LINES = [
     "tritonserver --model-repository=/models",  # the quickstart
     "tritonserver --model-repository=/models --model-control-mode=explicit --load-model=*",
@@ -326,7 +278,7 @@ def test_doc_command_lines_serve(line: str, run_dir: str) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    server = Triton(line, _repo(run_dir), run_dir)
+    server = Triton(line, repo_with_simple(run_dir), run_dir)
     try:
         wait_ready(server.http, server.proc, (server.grpc, server.metrics))
         http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
@@ -347,7 +299,7 @@ def test_doc_command_lines_serve(line: str, run_dir: str) -> None:
 def test_exit_on_error_is_tritons_default(run_dir: str) -> None:
     """A model that fails to load stops the server with a non-zero code, as Triton
     ("error: creating server: Internal - failed to load all models")."""
-    server = Triton("tritonserver --model-repository=/models", _repo(run_dir, broken=True), run_dir)
+    server = Triton("tritonserver --model-repository=/models", repo_with_simple(run_dir, broken=True), run_dir)
     try:
         code = server.proc.wait(60)
     finally:
@@ -361,7 +313,7 @@ def test_exit_on_error_is_tritons_default(run_dir: str) -> None:
 def test_a_refused_config_is_logged_as_triton_logs_it(run_dir: str) -> None:
     """Triton's L0_model_config greps the server log for ``^E[0-9][0-9][0-9][0-9].*<Triton's message>``: the
     glog-like line (level letter, MMDD, time, pid, file:line]) with the message as a JSON string."""
-    repo = _repo(run_dir)
+    repo = repo_with_simple(run_dir)
     write_model(repo, "reshape_elementcount0", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
                 'input [{ name: "input" data_type: TYPE_FP32 dims: [4, 4] reshape: { shape: [ 2, 2 ] } }]\n'
                 'output [{ name: "output" data_type: TYPE_FP32 dims: [16] }]\n')
@@ -384,7 +336,7 @@ def test_config_shows_tritons_cpu_defaults(run_dir: str) -> None:
 
     from conveyor.deploy.example_repo import IR_VERSION, OPSET
 
-    repo = _repo(run_dir)
+    repo = repo_with_simple(run_dir)
     graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "g",
                               [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT16, [-1, -1, -1])],
                               [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT16, [-1, -1, -1])])
@@ -410,7 +362,7 @@ def test_exit_on_error_false_serves_the_rest_not_ready_under_strict_readiness(ru
     import tritonclient.http as httpclient
 
     server = Triton("tritonserver --model-repository=/models --exit-on-error=false --id=edge-7",
-                    _repo(run_dir, broken=True), run_dir)
+                    repo_with_simple(run_dir, broken=True), run_dir)
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
         deadline = time.monotonic() + 60
@@ -434,7 +386,7 @@ def test_http_max_input_size_bounds_a_requests_json_and_what_it_inflates_to(run_
     import json
 
     limit = 4096
-    server = Triton(f"tritonserver --model-repository=/models --http-max-input-size={limit}", _repo(run_dir),
+    server = Triton(f"tritonserver --model-repository=/models --http-max-input-size={limit}", repo_with_simple(run_dir),
                     run_dir)
 
     def infer(body: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
@@ -504,7 +456,7 @@ def test_sagemaker_without_a_default_model_name_serves_tritons_unspecified_name(
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SAGEMAKER_")}
     try:
         server = Triton(f"tritonserver --model-repository=/models --allow-sagemaker=true "
-                        f"--sagemaker-port={sagemaker}", _repo(run_dir), run_dir)
+                        f"--sagemaker-port={sagemaker}", repo_with_simple(run_dir), run_dir)
     finally:
         os.environ.update(saved)
     try:
@@ -533,7 +485,7 @@ def test_vertex_ai_without_its_default_model_refuses_to_start(default: str, seco
     failed to start" checks grep these lines)."""
     monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
     monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
-    repo = _repo(run_dir)
+    repo = repo_with_simple(run_dir)
     if second_model:
         add_sub(repo, "simple2", 8)
     flag = f" --vertex-ai-default-model={default}" if default else ""
@@ -554,7 +506,7 @@ def test_vertex_ai_with_its_default_model_loaded_starts(run_dir: str, monkeypatc
 
     monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
     monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
-    repo = _repo(run_dir)
+    repo = repo_with_simple(run_dir)
     add_sub(repo, "simple2", 8)
     vertex = free_port()
     server = Triton(f"tritonserver --model-repository=/models --allow-vertex-ai=true --vertex-ai-port={vertex} "
@@ -565,117 +517,3 @@ def test_vertex_ai_with_its_default_model_loaded_starts(run_dir: str, monkeypatc
         assert server.proc.poll() is None and "failed to start Vertex AI service" not in server.output()
     finally:
         assert server.stop() == 0
-
-
-def test_a_stop_closes_the_grpc_port_at_once_and_lets_running_calls_finish(run_dir: str) -> None:
-    """Triton's GracefulStop (qa/L0_lifecycle test_shutdown_dynamic): after SIGINT a new call, even on a channel
-    already connected, finds the port closed ("Connection refused"), the call running finishes, and the log counts
-    the connection each second as Triton's does."""
-    import signal
-
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
-    from tests.support.triton_test_models import identity
-
-    repo = os.path.join(run_dir, "models")
-    identity(repo, "slow", "TYPE_FP32", 4, 'parameters [ { key: "execute_delay_ms" value: { string_value: "3000" } } ]',
-             dims="[ 1 ]")
-    server = Triton("tritonserver --model-repository=/models", repo, run_dir)
-    client = None
-    try:
-        wait_ready(server.http, server.proc, (server.grpc,))
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
-        row = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
-        row.set_data_from_numpy(np.full((1, 1), 7, np.float32))
-        answers: list[object] = []
-        client.async_infer("slow", [row], lambda result, error: answers.append(error or result))
-        eventually(lambda: _running(client), 30, what="the call running")
-        server.proc.send_signal(signal.SIGINT)
-        eventually(lambda: "gRPC service connections and inference handlers" in server.output(), 30,
-                   what="Triton's stop line")
-        with pytest.raises(InferenceServerException) as refused:
-            client.infer("slow", [row])
-        assert "Connection refused" in str(refused.value), refused.value
-        eventually(lambda: bool(answers), 30, what="the running call's answer")
-        assert isinstance(answers[0], grpcclient.InferResult), answers[0]
-        assert answers[0].as_numpy("OUTPUT0").tolist() == [[7.0]]
-        assert server.proc.wait(60) == 0
-        assert re.search(r"Timeout \d+: Found 1 gRPC service connections and inference handlers", server.output())
-    finally:
-        if client is not None:
-            client.close()
-        server.stop()
-
-
-def _running(client: object) -> bool:
-    stats = client.get_inference_statistics("slow")  # type: ignore[attr-defined]
-    return bool(stats.model_stats[0].inference_stats.queue.count)
-
-
-def test_a_stop_serves_open_http_connections_and_refuses_new_ones(run_dir: str) -> None:
-    """Triton's HTTPServer::Stop (qa/L0_lifecycle test_shutdown_with_live_connection): after SIGINT a keep-alive
-    connection is still served while new connections are refused; once it closes, the stop goes on."""
-    import http.client
-    import json
-    import signal
-
-    server = Triton("tritonserver --model-repository=/models", _repo(run_dir), run_dir)
-    body = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
-                                  for n in ("INPUT0", "INPUT1")]})
-    conn = http.client.HTTPConnection("127.0.0.1", server.http, timeout=30)
-    try:
-        wait_ready(server.http, server.proc)
-
-        def infer() -> int:
-            conn.request("POST", "/v2/models/simple/infer", body, {"Content-Type": "application/json"})
-            answer = conn.getresponse()
-            answer.read()
-            return answer.status
-
-        assert infer() == 200
-        server.proc.send_signal(signal.SIGINT)
-        eventually(lambda: "Timeout 10: Found 1 HTTP service connections" in server.output(), 30,
-                   what="Triton's stop line")
-        assert infer() == 200  # the open connection is served
-        with pytest.raises(ConnectionRefusedError):
-            http.client.HTTPConnection("127.0.0.1", server.http, timeout=5).request("GET", "/v2/health/live")
-        conn.close()
-        assert server.proc.wait(60) == 0
-        out = server.output()
-        assert "Waiting for in-flight requests to complete." in out and out.count("Timeout 10: ") == 1
-    finally:
-        conn.close()
-        server.stop()
-
-
-def test_a_stop_logs_the_sequences_still_open_as_tritons_core_stop(run_dir: str) -> None:
-    """Triton's core stop counts a sequence model's open sequences as in-flight inferences (qa/L0_lifecycle
-    test_shutdown_sequence greps "Model 'custom_sequence_int32' (version 1) has 2 in-flight inferences")."""
-    import signal
-
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
-    from tests.support.triton_test_models import build
-
-    repo = os.path.join(run_dir, "models")
-    build(repo)
-    server = Triton("tritonserver --model-repository=/models --model-control-mode=explicit "
-                    "--load-model=sequence_int32", repo, run_dir)
-    try:
-        wait_ready(server.http, server.proc, (server.grpc,))
-        with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}") as client:
-            row = grpcclient.InferInput("INPUT", [1, 1], "INT32")
-            row.set_data_from_numpy(np.ones((1, 1), np.int32))
-            for sequence in (1, 2):  # started, not ended
-                client.infer("sequence_int32", [row], sequence_id=sequence, sequence_start=True)
-        server.proc.send_signal(signal.SIGINT)
-        assert server.proc.wait(60) == 0
-        out = server.output()
-        assert "Waiting for in-flight requests to complete." in out
-        assert re.search(r"Timeout \d+: Found 1 model versions that have in-flight inferences", out), out
-        assert "Model 'sequence_int32' (version 1) has 2 in-flight inferences" in out
-    finally:
-        server.stop()
